@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
+# machine, writes logs and JSON into OUT_DIR, prints one summary line last.
+#
+#   run.sh OUT_DIR [--sanitize]
+#
+# OUT_DIR receives at most 8 files (the device tool brings back no more):
+#   summary.txt  tests.log  programs.log  sanitizer.log  launch_overhead.json
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: run.sh OUT_DIR [--sanitize]}
+sanitize=${2:-}
+mkdir -p "$out"
+work=$(mktemp -d)
+export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/summary.txt"
+
+# 1. Tests: each bundled binary, results as XML, all output in one log.
+: >"$out/tests.log"
+for binary in "$here"/tests/*; do
+  name=$(basename "$binary")
+  echo "=== $name" >>"$out/tests.log"
+  "$binary" --gtest_output="xml:$work/$name.xml" >>"$out/tests.log" 2>&1
+  echo "=== $name exit $?" >>"$out/tests.log"
+done
+test_line=$(python3 "$here/count_test_results.py" --quiet-skips "$work"/*.xml | tee -a "$out/tests.log" | tail -n 1)
+
+# 2. Programs: the trainer and the benchmarks.
+programs_failed=0
+: >"$out/programs.log"
+run_program() {
+  echo "=== $*" >>"$out/programs.log"
+  "$@" >>"$out/programs.log" 2>&1
+  local status=$?
+  echo "=== exit $status" >>"$out/programs.log"
+  [ "$status" -eq 0 ] || programs_failed=$((programs_failed + 1))
+}
+run_program "$here/bin/trainer" --device cuda
+run_program "$here/bin/launch_overhead" --out "$out/launch_overhead.json"
+
+# 3. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
+sanitizer_line="sanitizer not run"
+if [ "$sanitize" = "--sanitize" ]; then
+  sanitizer_errors=0
+  : >"$out/sanitizer.log"
+  for tool in memcheck racecheck; do
+    for binary in "$here"/tests/*; do
+      echo "=== $tool $(basename "$binary")" >>"$out/sanitizer.log"
+      compute-sanitizer --tool "$tool" --error-exitcode 99 "$binary" >>"$out/sanitizer.log" 2>&1
+      status=$?
+      echo "=== exit $status" >>"$out/sanitizer.log"
+      [ "$status" -eq 0 ] || sanitizer_errors=$((sanitizer_errors + 1))
+    done
+  done
+  sanitizer_line="sanitizer: $sanitizer_errors failing run(s)"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log" | sort | uniq -c >>"$out/summary.txt"
+fi
+
+summary="gpu bundle: tests $test_line; programs: $programs_failed failed; $sanitizer_line"
+echo "$summary" | tee -a "$out/summary.txt"
+rm -rf "$work"
+case "$test_line" in *" 0 failed"*) ;; *) exit 1 ;; esac
+[ "$programs_failed" -eq 0 ] || exit 1

@@ -1,0 +1,68 @@
+// Planner: from a Program to a PoolPlan. CUDA-free.
+//
+//  1. Order: walks the program with StreamOrder and inserts event records and
+//     waits where streams meet (RAW/WAR/WAW across streams), a fork at the
+//     start of each segment for every side stream the segment uses, and a
+//     join of every such side stream into the main stream at its end (a
+//     captured graph must end joined).
+//  2. Lifetimes: with the happens-before order that results, two pool values
+//     may share memory only if every access of one completes before the
+//     other's first write. Sharing across streams therefore waits for a join:
+//     a value read on a side stream lives until that stream joins back.
+//  3. Packing: 256-byte aligned offsets in one pool, reusing memory after a
+//     value's last use (several greedy orders tried; the smallest pool wins).
+//  4. The lower bound: the peak, over program positions, of the aligned bytes
+//     of pool values live there ([first access, last access], to the end for
+//     live_out values). pool_bytes / lower_bound_bytes is the packing quality.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graphs/program.h"
+
+namespace stepgraph {
+
+struct ScheduleEntry {
+  enum class Kind : std::uint8_t {
+    kRun,     // run `instruction` on `stream`
+    kRecord,  // record event `event` on `stream`
+    kWait,    // make `stream` wait on event `event`
+  };
+  Kind kind = Kind::kRun;
+  std::int32_t instruction = -1;  // kRun only
+  std::int32_t stream = 0;
+  std::int32_t event = -1;        // kRecord / kWait only
+
+  bool operator==(const ScheduleEntry&) const = default;
+};
+
+struct PoolPlan {
+  static constexpr std::int64_t kAlignment = 256;
+
+  std::vector<std::int64_t> offsets;  // per value id; -1 for persistent values
+  std::int64_t pool_bytes = 0;
+  std::int64_t lower_bound_bytes = 0;
+  // Every instruction once, in program order, with records and waits between.
+  // Each event id is recorded once before it is waited on.
+  std::vector<ScheduleEntry> schedule;
+  std::int32_t event_count = 0;
+  // Per segment of the program: [begin, end) into `schedule`. Each range
+  // starts with its forks, ends with its joins, and holds the segment's
+  // instructions; events never cross ranges.
+  struct Range {
+    std::int32_t begin = 0;
+    std::int32_t end = 0;
+  };
+  std::vector<Range> segment_ranges;
+
+  double ratio_to_lower_bound() const {
+    return lower_bound_bytes == 0 ? 1.0 : static_cast<double>(pool_bytes) / static_cast<double>(lower_bound_bytes);
+  }
+};
+
+// Throws Error(kInvalidArgument) for malformed programs: a pool value read
+// before any instruction wrote it, a value id out of range, a negative stream.
+PoolPlan plan_pool(const Program& program);
+
+}  // namespace stepgraph

@@ -12,8 +12,11 @@
 //  3. Packing: 256-byte aligned offsets in one pool, reusing memory after a
 //     value's last use (several greedy orders tried; the smallest pool wins).
 //  4. The lower bound: the peak, over program positions, of the aligned bytes
-//     of pool values live there ([first access, last access], to the end for
-//     live_out values). pool_bytes / lower_bound_bytes is the packing quality.
+//     of pool values that must be live there at once ([first access, last
+//     access], to the end for live_out values; plus, where they conflict with
+//     all of those, values whose last access ran on a stream not yet joined
+//     back). Any valid plan needs at least that much; pool_bytes /
+//     lower_bound_bytes is the packing quality.
 #pragma once
 
 #include <cstdint>

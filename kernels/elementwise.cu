@@ -1,50 +1,103 @@
 #include "kernels/elementwise.h"
 
-#include <algorithm>
-
 #include "engine/cuda_check.h"
+#include "kernels/launch_config.cuh"
 
 namespace stepgraph::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-// Grid-stride loops: a bounded grid covers any n; 4 waves of 132 SMs' worth
-// of blocks keeps an H100 busy without launching millions of blocks.
-constexpr std::int64_t kMaxBlocks = 4 * 132 * 8;
-
-int blocks_for(std::int64_t n) {
-  return static_cast<int>(std::clamp<std::int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
-
 __global__ void fill_f32_kernel(float* out, float value, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = value;
-  }
+  grid_stride(n, [&](std::int64_t i) { out[i] = value; });
 }
 
-__global__ void axpy_f32_kernel(float* y, const float* x, float alpha, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    y[i] += alpha * x[i];
+__global__ void copy_f32_kernel(float* out, const float* x, std::int64_t n) {
+  grid_stride(n, [&](std::int64_t i) { out[i] = x[i]; });
+}
+
+__global__ void axpy_f32_kernel(float* out, const float* y, const float* x, float alpha, std::int64_t n) {
+  grid_stride(n, [&](std::int64_t i) { out[i] = y[i] + alpha * x[i]; });
+}
+
+__global__ void add_f32_kernel(float* out, const float* a, const float* b, std::int64_t n) {
+  grid_stride(n, [&](std::int64_t i) { out[i] = a[i] + b[i]; });
+}
+
+__global__ void mul_f32_kernel(float* out, const float* a, const float* b, std::int64_t n) {
+  grid_stride(n, [&](std::int64_t i) { out[i] = a[i] * b[i]; });
+}
+
+constexpr int kSumThreads = 1024;
+
+// Thread t sums x[t], x[t + 1024], ... in order; then a fixed tree over the
+// 1024 partial sums. No atomics, so the result is bitwise reproducible.
+__global__ void __launch_bounds__(kSumThreads) sum_f32_kernel(float* out, const float* x, std::int64_t n) {
+  __shared__ float partial[kSumThreads];
+  float acc = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < n; i += kSumThreads) acc += x[i];
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = kSumThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = partial[0];
+}
+
+void check_count(const char* op, std::int64_t n) { SG_CHECK(n >= 0, op, ": element count must be >= 0, got ", n); }
+
+void check_pointers(const char* op, std::int64_t n, std::initializer_list<const void*> pointers) {
+  for (const void* pointer : pointers) {
+    SG_CHECK(pointer != nullptr, op, ": null pointer for ", n, " elements");
   }
 }
 
 }  // namespace
 
 void launch_fill_f32(float* out, float value, std::int64_t n, cudaStream_t stream) {
-  SG_CHECK(n >= 0, "fill_f32: element count must be >= 0, got ", n);
+  check_count("fill_f32", n);
   if (n == 0) return;
-  SG_CHECK(out != nullptr, "fill_f32: output pointer is null for ", n, " elements");
-  fill_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, value, n);
+  check_pointers("fill_f32", n, {out});
+  fill_f32_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(out, value, n);
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_axpy_f32(float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream) {
-  SG_CHECK(n >= 0, "axpy_f32: element count must be >= 0, got ", n);
+void launch_copy_f32(float* out, const float* x, std::int64_t n, cudaStream_t stream) {
+  check_count("copy_f32", n);
   if (n == 0) return;
-  SG_CHECK(y != nullptr && x != nullptr, "axpy_f32: null pointer (y=", y, ", x=", x, ") for ", n, " elements");
-  axpy_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, alpha, n);
+  check_pointers("copy_f32", n, {out, x});
+  copy_f32_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(out, x, n);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_axpy_f32(float* out, const float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream) {
+  check_count("axpy_f32", n);
+  if (n == 0) return;
+  check_pointers("axpy_f32", n, {out, y, x});
+  axpy_f32_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(out, y, x, alpha, n);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_add_f32(float* out, const float* a, const float* b, std::int64_t n, cudaStream_t stream) {
+  check_count("add_f32", n);
+  if (n == 0) return;
+  check_pointers("add_f32", n, {out, a, b});
+  add_f32_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(out, a, b, n);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_mul_f32(float* out, const float* a, const float* b, std::int64_t n, cudaStream_t stream) {
+  check_count("mul_f32", n);
+  if (n == 0) return;
+  check_pointers("mul_f32", n, {out, a, b});
+  mul_f32_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(out, a, b, n);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t stream) {
+  check_count("sum_f32", n);
+  check_pointers("sum_f32", n, {out});
+  if (n > 0) check_pointers("sum_f32", n, {x});
+  sum_f32_kernel<<<1, kSumThreads, 0, stream>>>(out, x, n);
   SG_CUDA_CHECK(cudaGetLastError());
 }
 

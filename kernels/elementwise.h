@@ -1,5 +1,6 @@
-// Elementwise fp32 kernels: fill and axpy. Each launcher checks its arguments,
-// launches on the given stream (captured or not) and checks the launch.
+// Elementwise fp32 kernels and a deterministic sum. Each launcher checks its
+// arguments, launches on the given stream (captured or not) and checks the
+// launch. Host references with the same contracts are in elementwise_host.h.
 #pragma once
 
 #include <cstdint>
@@ -8,10 +9,28 @@
 
 namespace stepgraph::kernels {
 
-// out[i] = value for i in [0, n).
+// out[i] = value
 void launch_fill_f32(float* out, float value, std::int64_t n, cudaStream_t stream);
 
-// y[i] += alpha * x[i] for i in [0, n).
-void launch_axpy_f32(float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream);
+// out[i] = x[i]
+void launch_copy_f32(float* out, const float* x, std::int64_t n, cudaStream_t stream);
+
+// out[i] = y[i] + alpha * x[i]; out may be y (in place).
+void launch_axpy_f32(float* out, const float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream);
+
+// In place: y[i] += alpha * x[i].
+inline void launch_axpy_f32(float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream) {
+  launch_axpy_f32(y, y, x, alpha, n, stream);
+}
+
+// out[i] = a[i] + b[i]
+void launch_add_f32(float* out, const float* a, const float* b, std::int64_t n, cudaStream_t stream);
+
+// out[i] = a[i] * b[i]
+void launch_mul_f32(float* out, const float* a, const float* b, std::int64_t n, cudaStream_t stream);
+
+// out[0] = sum of x[0..n). One block, a fixed summation order: the same
+// inputs give the same bits on every run, eager or replayed.
+void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t stream);
 
 }  // namespace stepgraph::kernels

@@ -1,0 +1,16 @@
+// The op registry: every op by its stable name.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "engine/op.h"
+
+namespace stepgraph::ops {
+
+std::span<const OpDef* const> all_ops();
+
+// Error(kInvalidArgument) listing the known names when `name` is unknown.
+const OpDef& find_op(std::string_view name);
+
+}  // namespace stepgraph::ops

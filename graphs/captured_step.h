@@ -1,0 +1,136 @@
+// CapturedStep: a step traced once, planned into one static pool, captured
+// into CUDA graphs (one per segment) and replayed with one launch each.
+//
+//   Tensor x = ctx.persistent("x", {Shape{64, 512}, DType::kFloat32});  // a step input
+//   auto step = CapturedStep::capture(ctx, [&] {
+//     Tensor y = ops::add(ctx, x, w).set_name("y");
+//     return std::vector<Tensor>{ops::sum(ctx, y).set_name("loss")};
+//   });
+//   step->replay({{x, batch}});            // copies batch into x unless it *is* x
+//   float loss = ops::item(ctx, step->outputs()[0]);
+//
+// Stages are explicit (trace -> plan -> instantiate -> replay) and the state
+// is an enum: a call in the wrong state is an Error saying what to do.
+// On a host context the same plan is interpreted with the host references
+// over a host arena at the planned offsets.
+//
+// Note [Capturing by stream capture]
+// Each segment is captured by running its schedule on the context's streams
+// under cudaStreamBeginCapture: our kernels' launchers and library calls
+// (cuBLASLt, NCCL) alike are recorded by the very code eager execution runs,
+// and the plan's event records and waits become the graph's edges. Building
+// kernel nodes by hand would duplicate each launcher's configuration for no
+// gain: graphs are instantiated once and replayed unchanged (inputs are bound
+// by copying into static buffers, never by patching node parameters).
+//
+// Note [Inputs at fixed addresses]
+// A graph reads its inputs where they were at capture. Step inputs are
+// persistent tensors; replay() takes bindings {static input, source} and
+// copies each source into its static input first, unless the source is that
+// very tensor. A replay therefore never reads a stale address, whatever the
+// caller passes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/cuda_graph.h"
+#include "engine/stream.h"
+#include "graphs/graph_cache.h"
+#include "graphs/planner.h"
+#include "graphs/pool_report.h"
+#include "graphs/program.h"
+
+namespace stepgraph {
+
+enum class GraphState : std::uint8_t {
+  kInstantiated,  // captured and ready to replay
+  kReleased,      // release_pool() was called: replay is an Error
+};
+std::string_view graph_state_name(GraphState state);
+
+struct CaptureOptions {
+  PoolReportPolicy pool_report_policy = PoolReportPolicy::kWarn;
+};
+
+struct InputBinding {
+  Tensor static_input;  // a persistent tensor the step reads
+  Tensor source;        // copied into static_input before the replay
+};
+
+struct CaptureTimings {
+  double trace_ms = 0;
+  double plan_ms = 0;
+  double capture_ms = 0;      // stream capture of every segment (cuda)
+  double instantiate_ms = 0;  // cudaGraphInstantiate + upload (cuda)
+};
+
+class CapturedStep final : public CachedGraph {
+ public:
+  using StepFunction = std::function<std::vector<Tensor>()>;
+
+  // Traces `step` on `ctx`, applies the pool report policy, plans, allocates
+  // the pool and (cuda) captures and instantiates each segment. The context
+  // must outlive the returned step.
+  static std::shared_ptr<CapturedStep> capture(Context& ctx, const StepFunction& step,
+                                               const CaptureOptions& options = {});
+  ~CapturedStep() override;
+  CapturedStep(const CapturedStep&) = delete;
+  CapturedStep& operator=(const CapturedStep&) = delete;
+
+  // Binds inputs (see Note [Inputs at fixed addresses]) and runs every segment in order.
+  void replay(std::span<const InputBinding> bindings = {});
+  // Runs one segment (pipeline schedules); segments share the pool, so run
+  // them in an order that respects their data flow.
+  void replay_segment(std::size_t index, std::span<const InputBinding> bindings = {});
+
+  // Frees the pool now; later replays and reads of pool outputs are Errors.
+  void release_pool();
+
+  GraphState state() const { return state_; }
+  const std::vector<Tensor>& outputs() const { return outputs_; }
+  const Program& program() const { return program_; }
+  const PoolPlan& plan() const { return plan_; }
+  const PoolReport& report() const { return report_; }
+  const CaptureTimings& timings() const { return timings_; }
+  std::size_t segment_count() const { return plan_.segment_ranges.size(); }
+  std::int64_t replay_count() const { return replays_; }
+  std::int64_t pool_bytes() const override { return plan_.pool_bytes; }
+  // The pool base the graphs were captured with (null on host): replays use
+  // it unchanged, nothing is re-recorded.
+  const void* recorded_pool_base() const { return recorded_pool_base_; }
+
+  // How many CUDA stream captures this process has made (all steps).
+  static std::int64_t total_stream_captures();
+
+ private:
+  CapturedStep(Context& ctx, const CaptureOptions& options) : ctx_(ctx), options_(options) {}
+  void check_state(GraphState expected, std::string_view action) const;
+  void bind_inputs(std::span<const InputBinding> bindings);
+  void run_segment(std::size_t index);
+
+  Context& ctx_;
+  CaptureOptions options_;
+  GraphState state_ = GraphState::kInstantiated;
+  Program program_;
+  PoolPlan plan_;
+  PoolReport report_;
+  CaptureTimings timings_;
+  std::shared_ptr<PoolMemory> pool_;
+  const void* recorded_pool_base_ = nullptr;
+  std::vector<void*> addresses_;                               // per value id
+  std::vector<std::shared_ptr<detail::TensorImpl>> keep_alive_;  // persistent tensors the graphs read or write
+  std::vector<Tensor> persistent_reads_;
+  std::vector<Tensor> persistent_writes_;
+  std::vector<Tensor> outputs_;
+  std::vector<Event> events_;
+  std::vector<GraphExec> execs_;  // per segment (cuda)
+  std::int64_t replays_ = 0;
+};
+
+}  // namespace stepgraph

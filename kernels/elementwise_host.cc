@@ -1,0 +1,29 @@
+#include "kernels/elementwise_host.h"
+
+#include <algorithm>
+
+namespace stepgraph::kernels::host {
+
+void fill_f32(float* out, float value, std::int64_t n) { std::fill(out, out + n, value); }
+
+void copy_f32(float* out, const float* x, std::int64_t n) { std::copy(x, x + n, out); }
+
+void axpy_f32(float* out, const float* y, const float* x, float alpha, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = y[i] + alpha * x[i];
+}
+
+void add_f32(float* out, const float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void mul_f32(float* out, const float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+}
+
+void sum_f32(float* out, const float* x, std::int64_t n) {
+  double acc = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) acc += x[i];
+  out[0] = static_cast<float>(acc);
+}
+
+}  // namespace stepgraph::kernels::host

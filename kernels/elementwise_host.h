@@ -1,0 +1,17 @@
+// Host references of kernels/elementwise.h: the same contracts, run now on
+// the host in fp32. Used by the host device and by the kernel tests.
+#pragma once
+
+#include <cstdint>
+
+namespace stepgraph::kernels::host {
+
+void fill_f32(float* out, float value, std::int64_t n);
+void copy_f32(float* out, const float* x, std::int64_t n);
+void axpy_f32(float* out, const float* y, const float* x, float alpha, std::int64_t n);
+void add_f32(float* out, const float* a, const float* b, std::int64_t n);
+void mul_f32(float* out, const float* a, const float* b, std::int64_t n);
+// Summed in double and rounded once: the reference the GPU sum is compared to.
+void sum_f32(float* out, const float* x, std::int64_t n);
+
+}  // namespace stepgraph::kernels::host

@@ -104,12 +104,13 @@ Ordering order(const Program& program) {
       out.clocks[index] = stream_order.clock(instruction.stream);
     }
 
+    // Joins, except where stream 0 already waited for all of a side stream's
+    // work through a data dependency.
     for (int side = 1; side < stream_count; ++side) {
-      if (!used[side]) continue;
+      if (!used[side] || stream_order.order_after(0, side).empty()) continue;
       const std::int32_t event = out.event_count++;
       entries.push_back(record(event, side));
       entries.push_back(wait_on(event, 0));
-      stream_order.order_after(0, side);
     }
 
     PoolPlan::Range range;

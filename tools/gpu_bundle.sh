@@ -18,7 +18,7 @@ bundle=gpu_bundle
 limit_bytes=$((48 * 1024 * 1024))
 
 test_targets=$(./bazelw query 'attr(tags, "gpu_bundle", kind("cc_test", //...))' 2>/dev/null)
-binary_targets=$(./bazelw query 'kind("cc_binary", //trainer/... + //benchmarks/...)' 2>/dev/null)
+binary_targets=$(./bazelw query 'kind("cc_binary", //trainer/... + //benchmarks/... + //tools/demo/...)' 2>/dev/null)
 echo "gpu_bundle: building $(echo $test_targets | wc -w) test binaries and $(echo $binary_targets | wc -w) programs" >&2
 # shellcheck disable=SC2086
 ./bazelw build --config=bundle $test_targets $binary_targets

@@ -38,6 +38,7 @@ run_program() {
 }
 run_program "$here/bin/trainer" --device cuda
 run_program "$here/bin/launch_overhead" --out "$out/launch_overhead.json"
+run_program "$here/bin/capture_demo" --device cuda --replays 10
 
 # 3. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
 # API errors are not reported: every CUDA call's status is already checked by

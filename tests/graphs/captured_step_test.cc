@@ -13,7 +13,7 @@
 #include "graphs/graph_cache.h"
 #include "graphs/graph_key.h"
 #include "graphs/program_dump.h"
-#include "tests/graphs/two_stream_step.h"
+#include "tests/support/two_stream_step.h"
 #include "tests/support/gpu.h"
 
 namespace stepgraph {

@@ -1,7 +1,11 @@
+// Every elementwise kernel and the sum against its host reference, on sizes
+// that are not multiples of the block size, with fresh random inputs and
+// NaN-poisoned outputs (an unwritten element fails).
 #include "kernels/elementwise.h"
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -12,6 +16,7 @@
 #include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "engine/stream.h"
+#include "kernels/elementwise_host.h"
 #include "tests/support/gpu.h"
 
 namespace stepgraph::kernels {
@@ -22,50 +27,126 @@ TEST(ElementwiseTest, BadArgumentsAreErrorsBeforeAnyLaunch) {
   EXPECT_THROW(launch_fill_f32(nullptr, 1.0f, -1, nullptr), Error);
   EXPECT_THROW(launch_fill_f32(nullptr, 1.0f, 8, nullptr), Error);
   EXPECT_THROW(launch_axpy_f32(nullptr, nullptr, 1.0f, 8, nullptr), Error);
+  EXPECT_THROW(launch_add_f32(nullptr, nullptr, nullptr, 8, nullptr), Error);
+  EXPECT_THROW(launch_sum_f32(nullptr, nullptr, 8, nullptr), Error);
   EXPECT_NO_THROW(launch_fill_f32(nullptr, 1.0f, 0, nullptr));  // empty is fine
 }
 
-class ElementwiseSizes : public ::testing::TestWithParam<std::int64_t> {};
+// Device buffers for one test, freed at the end.
+class DeviceBuffers {
+ public:
+  float* make(std::int64_t n) {
+    void* p = nullptr;
+    SG_CUDA_CHECK(cudaMalloc(&p, std::max<std::int64_t>(n, 1) * sizeof(float)));
+    buffers_.push_back(p);
+    return static_cast<float*>(p);
+  }
+  ~DeviceBuffers() {
+    for (void* p : buffers_) cudaFree(p);
+  }
 
-// fill then axpy against the host, on sizes that are not multiples of the
-// block size; the output is poisoned with NaN first so an unwritten element
-// fails, and inputs are fresh random numbers each run.
-TEST_P(ElementwiseSizes, FillAxpyF32MatchHost) {
+ private:
+  std::vector<void*> buffers_;
+};
+
+std::vector<float> random_floats(std::int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (float& v : out) v = uniform(rng);
+  return out;
+}
+
+void upload(float* device, const std::vector<float>& host) {
+  SG_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+std::vector<float> download(const float* device, std::int64_t n) {
+  std::vector<float> host(static_cast<std::size_t>(n));
+  SG_CUDA_CHECK(cudaMemcpy(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+void poison(float* device, std::int64_t n) {
+  upload(device, std::vector<float>(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN()));
+}
+
+// fp32 elementwise results may differ from the host by one rounding (the
+// device contracts y + a*x into one fused multiply-add).
+std::int64_t mismatches(const std::vector<float>& got, const std::vector<float>& want) {
+  std::int64_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    bad += !(std::fabs(got[i] - want[i]) <= 1e-6f * (1.0f + std::fabs(want[i])));
+  }
+  return bad;
+}
+
+class ElementwiseF32Ragged : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(ElementwiseF32Ragged, EveryKernelMatchesItsHostReference) {
   SG_SKIP_WITHOUT_GPU();
   const std::int64_t n = GetParam();
   std::mt19937 rng(std::random_device{}());
-  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
-  std::vector<float> x(n);
-  for (float& v : x) v = uniform(rng);
-  const float fill_value = uniform(rng);
-  const float alpha = uniform(rng);
-
-  float* d_x = nullptr;
-  float* d_y = nullptr;
-  SG_CUDA_CHECK(cudaMalloc(&d_x, n * sizeof(float)));
-  SG_CUDA_CHECK(cudaMalloc(&d_y, n * sizeof(float)));
+  const std::vector<float> a = random_floats(n, rng);
+  const std::vector<float> b = random_floats(n, rng);
+  const float alpha = random_floats(1, rng)[0];
+  DeviceBuffers buffers;
+  float* d_a = buffers.make(n);
+  float* d_b = buffers.make(n);
+  float* d_out = buffers.make(n);
+  upload(d_a, a);
+  upload(d_b, b);
   Stream stream;
-  const std::vector<float> poison(n, std::numeric_limits<float>::quiet_NaN());
-  SG_CUDA_CHECK(cudaMemcpy(d_y, poison.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  SG_CUDA_CHECK(cudaMemcpy(d_x, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  launch_fill_f32(d_y, fill_value, n, stream.get());
-  launch_axpy_f32(d_y, d_x, alpha, n, stream.get());
-  stream.synchronize();
-  std::vector<float> y(n);
-  SG_CUDA_CHECK(cudaMemcpy(y.data(), d_y, n * sizeof(float), cudaMemcpyDeviceToHost));
-  cudaFree(d_x);
-  cudaFree(d_y);
+  std::vector<float> want(static_cast<std::size_t>(n));
 
-  std::int64_t mismatches = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    // fp32 fused multiply-add on the device, separate on the host: one rounding apart.
-    const float expected = fill_value + alpha * x[i];
-    mismatches += !(std::fabs(y[i] - expected) <= 1e-6f * (1.0f + std::fabs(expected)));
-  }
-  EXPECT_EQ(mismatches, 0) << "n = " << n;
+  const auto check = [&](const char* what, auto&& launch, auto&& reference) {
+    poison(d_out, n);
+    launch();
+    stream.synchronize();
+    reference();
+    EXPECT_EQ(mismatches(download(d_out, n), want), 0) << what << ", n = " << n;
+  };
+  check("fill", [&] { launch_fill_f32(d_out, alpha, n, stream.get()); }, [&] { host::fill_f32(want.data(), alpha, n); });
+  check("copy", [&] { launch_copy_f32(d_out, d_a, n, stream.get()); }, [&] { host::copy_f32(want.data(), a.data(), n); });
+  check("axpy", [&] { launch_axpy_f32(d_out, d_a, d_b, alpha, n, stream.get()); },
+        [&] { host::axpy_f32(want.data(), a.data(), b.data(), alpha, n); });
+  check("add", [&] { launch_add_f32(d_out, d_a, d_b, n, stream.get()); },
+        [&] { host::add_f32(want.data(), a.data(), b.data(), n); });
+  check("mul", [&] { launch_mul_f32(d_out, d_a, d_b, n, stream.get()); },
+        [&] { host::mul_f32(want.data(), a.data(), b.data(), n); });
+
+  // In place: out starts as a copy of a, then out += alpha * b.
+  upload(d_out, a);
+  launch_axpy_f32(d_out, d_b, alpha, n, stream.get());
+  stream.synchronize();
+  host::axpy_f32(want.data(), a.data(), b.data(), alpha, n);
+  EXPECT_EQ(mismatches(download(d_out, n), want), 0) << "axpy in place, n = " << n;
 }
 
-INSTANTIATE_TEST_SUITE_P(RaggedSizes, ElementwiseSizes, ::testing::Values(1, 7, 255, 257, 100003, 4'000'037));
+TEST_P(ElementwiseF32Ragged, SumMatchesTheDoubleReferenceAndIsDeterministic) {
+  SG_SKIP_WITHOUT_GPU();
+  const std::int64_t n = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<float> x = random_floats(n, rng);
+  DeviceBuffers buffers;
+  float* d_x = buffers.make(n);
+  float* d_sum = buffers.make(2);
+  upload(d_x, x);
+  poison(d_sum, 2);
+  Stream stream;
+  launch_sum_f32(d_sum, d_x, n, stream.get());
+  launch_sum_f32(d_sum + 1, d_x, n, stream.get());
+  stream.synchronize();
+  const std::vector<float> got = download(d_sum, 2);
+  float want = 0.0f;
+  host::sum_f32(&want, x.data(), n);
+  double magnitude = 0.0;
+  for (float v : x) magnitude += std::fabs(v);
+  // fp32 partial sums of |x| <= 4: the error grows with the summed magnitude.
+  EXPECT_LE(std::fabs(got[0] - want), 1e-6 * magnitude + 1e-6) << "n = " << n;
+  EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(float)), 0) << "two sums of the same input differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(RaggedSizes, ElementwiseF32Ragged, ::testing::Values(1, 7, 255, 257, 1025, 100003, 4'000'037));
 
 }  // namespace
 }  // namespace stepgraph::kernels

@@ -94,8 +94,11 @@ void* ContextState::allocate(std::int64_t bytes, StorageKind kind, int stream_in
     SG_CHECK_CODE(address != nullptr, ErrorCode::kOutOfMemory, "host allocation of ", bytes, " bytes failed");
     std::memset(address, 0, rounded);
   } else if (kind == StorageKind::kPersistent) {
+    // Zero-filled on stream 0 (the caller records that write in StreamOrder):
+    // a plain cudaMemset runs on the legacy stream, which our non-blocking
+    // streams do not wait for.
     SG_CUDA_CHECK(cudaMalloc(&address, static_cast<std::size_t>(bytes)));
-    SG_CUDA_CHECK(cudaMemset(address, 0, static_cast<std::size_t>(bytes)));
+    SG_CUDA_CHECK(cudaMemsetAsync(address, 0, static_cast<std::size_t>(bytes), stream(0)));
   } else {
     SG_CUDA_CHECK(cudaMallocFromPoolAsync(&address, static_cast<std::size_t>(bytes), memory_pool, stream(stream_index)));
   }
@@ -195,6 +198,10 @@ Tensor Context::persistent(std::string name, const TensorMeta& meta) {
   SG_CHECK(!name.empty(), "a persistent tensor needs a name (it appears in dumps, reports and errors)");
   auto impl = std::make_shared<TensorImpl>(state_, meta, std::move(name), StorageKind::kPersistent);
   impl->address = state_->allocate(meta.bytes(), StorageKind::kPersistent, 0);
+  if (device() == Device::kCuda && impl->address != nullptr) {
+    const std::int64_t id = impl->order_id;
+    state_->order.issue(0, {}, std::span(&id, 1));  // the zero fill
+  }
   return Tensor(std::move(impl));
 }
 

@@ -72,7 +72,7 @@ TEST(ContextCudaTest, CopiesRoundTripAndCheckSizes) {
   for (int i = 0; i < 15; ++i) values[i] = 0.5f * static_cast<float>(i) - 3.0f;
   ctx.copy_from_host(t, values.data(), values.size() * sizeof(float));
   EXPECT_EQ(ctx.to_vector<float>(t), values);
-  EXPECT_EQ(ops::item(ctx, ops::sum(ctx, t)), 22.5f);
+  EXPECT_EQ(ops::item(ctx, ops::sum(ctx, t)), 7.5f);  // 0.5 * (0 + ... + 14) - 15 * 3
   EXPECT_THROW(ctx.copy_from_host(t, values.data(), 4), Error);
 }
 

@@ -25,8 +25,11 @@ class DeviceFloats {
   DeviceFloats(const DeviceFloats&) = delete;
   DeviceFloats& operator=(const DeviceFloats&) = delete;
   float* get() const { return data_; }
+  // cudaMemcpy from pageable memory may return before its DMA lands, and the
+  // test's non-blocking streams do not wait for the legacy stream.
   void upload(const std::vector<float>& host) {
     SG_CUDA_CHECK(cudaMemcpy(data_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice));
+    SG_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<float> download() const {
     std::vector<float> host(n_);

@@ -56,8 +56,11 @@ std::vector<float> random_floats(std::int64_t n, std::mt19937& rng) {
   return out;
 }
 
+// cudaMemcpy from pageable memory may return before its DMA lands, and our
+// non-blocking streams do not wait for the legacy stream: synchronize.
 void upload(float* device, const std::vector<float>& host) {
   SG_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  SG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 std::vector<float> download(const float* device, std::int64_t n) {

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -85,6 +86,7 @@ class CapturedStep final : public CachedGraph {
 
   // Binds inputs (see Note [Inputs at fixed addresses]) and runs every segment in order.
   void replay(std::span<const InputBinding> bindings = {});
+  void replay(std::initializer_list<InputBinding> bindings) { replay(std::span(bindings.begin(), bindings.size())); }
   // Runs one segment (pipeline schedules); segments share the pool, so run
   // them in an order that respects their data flow.
   void replay_segment(std::size_t index, std::span<const InputBinding> bindings = {});

@@ -12,7 +12,7 @@ std::string describe_value(const Program& program, ValueId id, const PoolPlan* p
   std::string text = detail::concat("%", id, " ", value.name, ":", value.meta.shape, " ", dtype_name(value.meta.dtype));
   if (value.kind == ValueKind::kPersistent) return text + " @persistent";
   if (plan != nullptr) text += detail::concat(" @pool+", plan->offsets.at(id));
-  if (value.live_out) text += " (out)";
+  if (value.live_out) text += " (live out)";
   return text;
 }
 

@@ -51,7 +51,12 @@ if [ "$sanitize" = "--sanitize" ]; then
   for tool in memcheck racecheck; do
     for binary in "$here"/tests/*; do
       echo "=== $tool $(basename "$binary")" >>"$out/sanitizer.log"
-      compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 "$binary" >>"$out/sanitizer.log" 2>&1
+      # racecheck looks at shared memory inside kernels; under it the thousand
+      # graph replays take minutes and add nothing memcheck has not covered.
+      filter=()
+      [ "$tool" = racecheck ] && filter=(--gtest_filter='-*ThousandReplays*')
+      compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 "$binary" "${filter[@]}" \
+        >>"$out/sanitizer.log" 2>&1
       status=$?
       echo "=== exit $status" >>"$out/sanitizer.log"
       [ "$status" -eq 0 ] || sanitizer_errors=$((sanitizer_errors + 1))

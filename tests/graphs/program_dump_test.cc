@@ -38,7 +38,7 @@ TEST(ProgramDumpTest, TracedProgramDumpsOneLinePerInstructionWithOffsets) {
   EXPECT_NE(planned.find("@pool+"), std::string::npos) << planned;
   EXPECT_NE(planned.find("s1 wait e"), std::string::npos) << planned;
   EXPECT_NE(planned.find("loss:[] fp32 @pool+"), std::string::npos) << planned;
-  EXPECT_NE(planned.find("(out)"), std::string::npos) << planned;
+  EXPECT_NE(planned.find("(live out)"), std::string::npos) << planned;
 }
 
 TEST(TracerTest, TracingRunsNothingAndNestingIsAnError) {

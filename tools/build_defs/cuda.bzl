@@ -121,16 +121,19 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
 
     Args:
       name: target name; depend on it like any cc_library.
-      srcs: .cu files.
+      srcs: .cu files (nvcc), and .cc files (the host compiler; host
+        references of the same kernel family live there).
       hdrs: headers the .cu files and the dependents include (.h or .cuh).
       deps: cc_library dependencies (their headers and defines reach nvcc).
       copts: extra nvcc flags (rarely needed; prefer none).
       visibility: as for cc_library.
       **kwargs: passed to the cc_library (tags, testonly, ...).
     """
+    cu_srcs = [src for src in srcs if src.endswith(".cu")]
+    cc_srcs = [src for src in srcs if not src.endswith(".cu")]
     _cuda_objects(
         name = name + "_nvcc",
-        srcs = srcs,
+        srcs = cu_srcs,
         hdrs = hdrs,
         deps = deps + ["@cuda//:headers"],
         copts = copts,
@@ -140,7 +143,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
     )
     native.cc_library(
         name = name,
-        srcs = [":" + name + "_nvcc"],
+        srcs = [":" + name + "_nvcc"] + cc_srcs,
         hdrs = hdrs,
         deps = deps + ["@cuda//:cudart"],
         visibility = visibility,

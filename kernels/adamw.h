@@ -1,0 +1,54 @@
+// AdamW over many parameter tensors in one launch (multi-tensor apply).
+//
+// Each tensor has an fp32 master weight, an fp32 gradient, fp32 first and
+// second moments, and optionally a bf16 copy of the weight that the forward
+// pass reads. The step counter lives on the device (int64): the kernel reads
+// t = step + 1 for its bias corrections and a final tiny launch stores t, so
+// a replayed graph needs nothing from the host. For each element:
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   w = w - lr (m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay w)
+//   bf16_copy = bf16(w)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+namespace stepgraph::kernels {
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+// One parameter tensor: device (or host, for the reference) pointers.
+struct AdamWTensor {
+  float* weight = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  void* bf16_copy = nullptr;  // __nv_bfloat16*, optional
+  std::int64_t numel = 0;
+};
+
+// The launch table: built once per parameter set on the host, uploaded to a
+// device buffer the kernel reads (adamw_table_bytes), so a captured step
+// replays with fixed pointers.
+std::size_t adamw_table_bytes(const std::vector<AdamWTensor>& tensors);
+// Writes the table into host memory `table_host` (adamw_table_bytes of it);
+// the caller copies it to `table_device` before the first launch.
+void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host);
+
+void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
+                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream);
+
+namespace host {
+void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step);
+}  // namespace host
+
+}  // namespace stepgraph::kernels

@@ -1,0 +1,78 @@
+// GEMM on cuBLASLt, in row-major terms (as tensors are stored):
+//
+//   D[m, n] = alpha * opA(A)[m, k] * opB(B)[k, n] (+ beta * D)   then the epilogue
+//
+// A is stored [m, k] (trans_a = false) or [k, m] (trans_a = true); B is stored
+// [k, n] or [n, k] (trans_b = true). D is [m, n]. fp32 accumulation always.
+// The three products of a linear layer y = x W^T + b:
+//   forward  y[T,out]  = x[T,in]   * W[out,in]^T   A = x,  B = W (trans_b), kBias / kGeluAuxBias
+//   dgrad    dx[T,in]  = dy[T,out] * W[out,in]     A = dy, B = W,           kNone / kDGeluBGrad
+//   wgrad    dW[out,in]= dy[T,out]^T * x[T,in]     A = dy (trans_a), B = x, kNone / kBiasGradOfA,
+//                                                  beta = 1 to accumulate into an fp32 main grad
+//
+// The algorithm is chosen once per GemmDesc (cuBLASLt's heuristic) and
+// cached, so eager execution and graph capture use the same one; call
+// gemm_prepare() before capturing (it creates the handle and picks the
+// algorithm, neither of which may happen under stream capture).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "engine/dtype.h"
+
+namespace stepgraph::kernels {
+
+enum class GemmEpilogue : std::uint8_t {
+  kNone,          // D = alpha AB + beta D
+  kBias,          // D = alpha AB + bias[n]
+  kGeluAuxBias,   // aux = alpha AB + bias[n]; D = gelu_tanh(aux)       (aux: [m, n], D's dtype)
+  kDGeluBGrad,    // D = (alpha AB) * gelu_tanh'(aux); bias_grad[n] = sum over m of D
+  kBiasGradOfA,   // D = alpha AB + beta D; bias_grad[m] = sum over k of opA(A)   (cuBLASLt BGRADB)
+};
+std::string gemm_epilogue_name(GemmEpilogue epilogue);
+
+struct GemmDesc {
+  std::int64_t m = 0;
+  std::int64_t n = 0;
+  std::int64_t k = 0;
+  bool trans_a = false;
+  bool trans_b = false;
+  DType a_type = DType::kBFloat16;  // A and B share a type: bf16, fp16 or fp32
+  DType b_type = DType::kBFloat16;
+  DType d_type = DType::kBFloat16;  // bf16, fp16 or fp32; bias, aux and bias_grad use it too
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  float alpha = 1.0f;
+  float beta = 0.0f;  // only with kNone and kBiasGradOfA
+
+  bool operator==(const GemmDesc&) const = default;
+  std::string to_string() const;
+};
+
+// Throws Error naming what is wrong: unsupported dtype or combination, beta
+// with an epilogue that cannot accumulate, a non-positive dimension.
+void check_gemm(const GemmDesc& desc);
+
+// Workspace every gemm launch gets (bytes, 256-byte aligned).
+std::size_t gemm_workspace_bytes();
+
+// Creates the cuBLASLt handle and caches the algorithm for `desc`.
+void gemm_prepare(const GemmDesc& desc);
+
+// Pointers by role; unused ones may be null. Pointers must be 16-byte aligned.
+struct GemmOperands {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  const void* bias = nullptr;  // kBias, kGeluAuxBias
+  void* aux = nullptr;         // kGeluAuxBias (written), kDGeluBGrad (read)
+  void* bias_grad = nullptr;   // kDGeluBGrad, kBiasGradOfA
+  void* workspace = nullptr;   // gemm_workspace_bytes()
+};
+
+void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_t stream);
+
+}  // namespace stepgraph::kernels

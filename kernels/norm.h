@@ -1,0 +1,55 @@
+// LayerNorm and RMSNorm over the last dimension of x[rows, hidden], forward
+// and backward. x, y, dy, dx, gamma and beta share one dtype (bf16, fp16 or
+// fp32); statistics and parameter gradients are fp32. 16-byte vector access:
+// pointers 16-byte aligned and hidden a multiple of 8 (bf16/fp16) or 4
+// (fp32), else an Error naming the requirement.
+//
+//   layernorm: y = (x - mean) * rstd * gamma + beta,   rstd = 1/sqrt(var + eps)
+//   rmsnorm:   y = x * rstd * gamma,                  rstd = 1/sqrt(mean(x^2) + eps)
+//
+// The backward writes dx and the parameter gradients dgamma (and dbeta)
+// [hidden] fp32, reduced over rows deterministically in two passes through
+// `workspace` (norm_backward_workspace_bytes). Parameter gradients are
+// overwritten, not accumulated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "engine/dtype.h"
+
+namespace stepgraph::kernels {
+
+enum class NormKind : std::uint8_t { kLayerNorm, kRMSNorm };
+
+struct NormDesc {
+  NormKind kind = NormKind::kLayerNorm;
+  DType dtype = DType::kBFloat16;
+  std::int64_t rows = 0;
+  std::int64_t hidden = 0;
+  float eps = 1e-5f;
+};
+
+// Error for unsupported dtypes, hidden not a multiple of the vector width, rows or hidden <= 0.
+void check_norm(const NormDesc& desc);
+
+std::size_t norm_backward_workspace_bytes(const NormDesc& desc);
+
+// mean is unused (may be null) for RMSNorm; beta likewise.
+void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
+                         float* mean, float* rstd, cudaStream_t stream);
+
+void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
+                          const void* gamma, void* dx, float* dgamma, float* dbeta, void* workspace,
+                          cudaStream_t stream);
+
+namespace host {
+void norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y, float* mean,
+                  float* rstd);
+void norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
+                   const void* gamma, void* dx, float* dgamma, float* dbeta);
+}  // namespace host
+
+}  // namespace stepgraph::kernels

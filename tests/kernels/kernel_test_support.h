@@ -1,0 +1,171 @@
+// Shared by the kernel tests: device buffers, random inputs in any float
+// dtype, NaN poisoning, host <-> device copies, and the relative error norm
+// ||got - want|| / ||want|| that tolerances are written against.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "engine/cuda_check.h"
+#include "engine/dtype.h"
+#include "engine/half_precision.h"
+
+namespace stepgraph::testing {
+
+// Raw element bytes on the host, in `dtype`.
+struct HostArray {
+  DType dtype = DType::kFloat32;
+  std::int64_t numel = 0;
+  std::vector<std::uint8_t> bytes;
+
+  HostArray() = default;
+  HostArray(DType d, std::int64_t n) : dtype(d), numel(n), bytes(static_cast<std::size_t>(n) * dtype_size(d)) {}
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+
+  float get(std::int64_t i) const {
+    switch (dtype) {
+      case DType::kFloat32: {
+        float v;
+        std::memcpy(&v, bytes.data() + i * 4, 4);
+        return v;
+      }
+      case DType::kBFloat16: {
+        std::uint16_t v;
+        std::memcpy(&v, bytes.data() + i * 2, 2);
+        return bf16_to_float(v);
+      }
+      case DType::kFloat16: {
+        std::uint16_t v;
+        std::memcpy(&v, bytes.data() + i * 2, 2);
+        return fp16_to_float(v);
+      }
+      case DType::kInt32: {
+        std::int32_t v;
+        std::memcpy(&v, bytes.data() + i * 4, 4);
+        return static_cast<float>(v);
+      }
+      case DType::kInt64: {
+        std::int64_t v;
+        std::memcpy(&v, bytes.data() + i * 8, 8);
+        return static_cast<float>(v);
+      }
+      default:
+        return std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  // Floats are rounded to the dtype (nearest even); integers are truncated.
+  void set(std::int64_t i, float value) {
+    switch (dtype) {
+      case DType::kFloat32:
+        std::memcpy(bytes.data() + i * 4, &value, 4);
+        break;
+      case DType::kBFloat16: {
+        const std::uint16_t v = float_to_bf16(value);
+        std::memcpy(bytes.data() + i * 2, &v, 2);
+        break;
+      }
+      case DType::kFloat16: {
+        const std::uint16_t v = float_to_fp16(value);
+        std::memcpy(bytes.data() + i * 2, &v, 2);
+        break;
+      }
+      case DType::kInt32: {
+        const auto v = static_cast<std::int32_t>(value);
+        std::memcpy(bytes.data() + i * 4, &v, 4);
+        break;
+      }
+      case DType::kInt64: {
+        const auto v = static_cast<std::int64_t>(value);
+        std::memcpy(bytes.data() + i * 8, &v, 8);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  std::vector<float> to_floats() const {
+    std::vector<float> out(static_cast<std::size_t>(numel));
+    for (std::int64_t i = 0; i < numel; ++i) out[i] = get(i);
+    return out;
+  }
+};
+
+// Uniform in [low, high), rounded to the dtype. Seeded from the clock by the
+// caller's std::random_device so every run draws fresh inputs.
+inline HostArray random_array(DType dtype, std::int64_t n, std::mt19937& rng, float low = -1.0f, float high = 1.0f) {
+  HostArray out(dtype, n);
+  std::uniform_real_distribution<float> uniform(low, high);
+  for (std::int64_t i = 0; i < n; ++i) out.set(i, uniform(rng));
+  return out;
+}
+
+// A device allocation freed with the test (at least 256 bytes, 256-aligned).
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t bytes) { SG_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 256 : bytes)); bytes_ = bytes; }
+  explicit DeviceArray(const HostArray& host) : DeviceArray(host.bytes.size()) { upload(host); }
+  ~DeviceArray() { cudaFree(data_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  void* get() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+  // Pageable copies synchronize the device: our kernels run on non-blocking
+  // streams that do not wait for the legacy stream's copies.
+  void upload(const HostArray& host) {
+    SG_CUDA_CHECK(cudaMemcpy(data_, host.data(), host.bytes.size(), cudaMemcpyHostToDevice));
+    SG_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  HostArray download(DType dtype, std::int64_t n) const {
+    SG_CUDA_CHECK(cudaDeviceSynchronize());
+    HostArray host(dtype, n);
+    SG_CUDA_CHECK(cudaMemcpy(host.data(), data_, host.bytes.size(), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  // Every byte 0xFF: NaN in fp32, bf16 and fp16, -1 in integers.
+  void poison() {
+    SG_CUDA_CHECK(cudaMemset(data_, 0xFF, bytes_ == 0 ? 256 : bytes_));
+    SG_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// ||got - want|| / ||want||; infinity if any value is NaN or the sizes differ.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double diff = 0.0;
+  double norm = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) || std::isnan(want[i])) return std::numeric_limits<double>::infinity();
+    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return norm == 0.0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+// Tolerances on the relative error norm, by the dtype results are stored in.
+inline double tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 1e-5;
+    case DType::kFloat16: return 2e-3;
+    case DType::kBFloat16: return 1e-2;
+    default: return 0.0;
+  }
+}
+
+}  // namespace stepgraph::testing

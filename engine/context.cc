@@ -92,7 +92,7 @@ void* ContextState::allocate(std::int64_t bytes, StorageKind kind, int stream_in
     const auto rounded = static_cast<std::size_t>((bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
     address = std::aligned_alloc(kHostAlignment, rounded);
     SG_CHECK_CODE(address != nullptr, ErrorCode::kOutOfMemory, "host allocation of ", bytes, " bytes failed");
-    std::memset(address, 0, rounded);
+    if (kind == StorageKind::kPersistent) std::memset(address, 0, rounded);  // eager outputs are written by their op
   } else if (kind == StorageKind::kPersistent) {
     // Zero-filled on stream 0 (the caller records that write in StreamOrder):
     // a plain cudaMemset runs on the legacy stream, which our non-blocking
@@ -298,7 +298,7 @@ std::vector<Tensor> Context::call(const OpDef& op, OpParams params, std::vector<
   std::vector<std::int64_t> writes;
   for (const Tensor& input : inputs) reads.push_back(input.impl()->order_id);
   for (const Tensor& output : outputs) writes.push_back(output.impl()->order_id);
-  for (int index : op.mutated_inputs) writes.push_back(inputs.at(index).impl()->order_id);
+  for (int index : op.written_inputs(params, inputs.size())) writes.push_back(inputs.at(index).impl()->order_id);
   state_->perform(state_->order.prepare(stream_index, reads, writes));
   op.launch_cuda(params, args, state_->stream(stream_index));
   state_->order.issue(stream_index, reads, writes);

@@ -82,6 +82,9 @@ struct OpDef {
   std::vector<TensorMeta> (*check)(const OpParams& params, std::span<const TensorMeta> inputs) = nullptr;
   // Indices of inputs the op writes in place (e.g. copy_ writes input 0).
   std::vector<int> mutated_inputs;
+  // For ops whose in-place inputs depend on the call (AdamW over N tensors):
+  // when set, it decides instead of `mutated_inputs`. See written_inputs().
+  std::vector<int> (*mutated_inputs_for)(const OpParams& params, std::size_t input_count) = nullptr;
   // Launches on `stream` (captured or not). Null where there is no CUDA kernel.
   void (*launch_cuda)(const OpParams& params, const KernelArgs& args, CUstream_st* stream) = nullptr;
   // Runs now on the host.
@@ -89,6 +92,14 @@ struct OpDef {
   // True for ops whose result must be read on the host (such ops cannot be
   // traced: a device-to-host read would end the capture).
   bool reads_to_host = false;
+  // Work that must happen before a graph capture on CUDA (library handles,
+  // algorithm choice: calls not allowed under stream capture). Optional.
+  void (*prepare_cuda)(const OpParams& params, std::span<const TensorMeta> inputs) = nullptr;
+
+  // The inputs this call writes in place.
+  std::vector<int> written_inputs(const OpParams& params, std::size_t input_count) const {
+    return mutated_inputs_for != nullptr ? mutated_inputs_for(params, input_count) : mutated_inputs;
+  }
 };
 
 }  // namespace stepgraph

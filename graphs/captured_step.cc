@@ -117,6 +117,13 @@ std::shared_ptr<CapturedStep> CapturedStep::capture(Context& ctx, const StepFunc
              " streams but the context has ", ctx.stream_count());
     std::vector<cudaEvent_t> events;
     for (std::int32_t i = 0; i < self->plan_.event_count; ++i) events.push_back(self->events_.emplace_back().get());
+    // Library setup (handles, algorithm choice) cannot happen under capture.
+    for (const Instruction& instruction : self->program_.instructions()) {
+      if (instruction.op->prepare_cuda == nullptr) continue;
+      std::vector<TensorMeta> metas;
+      for (ValueId id : instruction.inputs) metas.push_back(self->program_.value(id).meta);
+      instruction.op->prepare_cuda(instruction.params, metas);
+    }
     std::vector<Graph> graphs;
     clock = std::chrono::steady_clock::now();
     for (const PoolPlan::Range& range : self->plan_.segment_ranges) {

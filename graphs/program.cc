@@ -8,7 +8,7 @@ namespace stepgraph {
 
 std::vector<ValueId> Instruction::writes() const {
   std::vector<ValueId> written = outputs;
-  for (int index : op->mutated_inputs) written.push_back(inputs.at(index));
+  for (int index : op->written_inputs(params, inputs.size())) written.push_back(inputs.at(index));
   return written;
 }
 

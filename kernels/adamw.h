@@ -8,6 +8,8 @@
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w = w - lr (m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay w)
 //   bf16_copy = bf16(w)
+// in fp32, with the bias corrections 1 - beta^t = -expm1(t log1p(beta - 1))
+// (accurate for small t, exactly 1 in the limit of large t).
 #pragma once
 
 #include <cstddef>
@@ -36,18 +38,29 @@ struct AdamWTensor {
   std::int64_t numel = 0;
 };
 
+// lr, eps, weight_decay >= 0 and betas in [0, 1), all finite; else Error.
+void check_adamw_hyper(const AdamWHyper& hyper);
+
 // The launch table: built once per parameter set on the host, uploaded to a
 // device buffer the kernel reads (adamw_table_bytes), so a captured step
-// replays with fixed pointers.
+// replays with fixed pointers. It lists the tensors and their fixed-size
+// chunks; each block of the kernel takes one chunk. Tensors may be empty
+// (null pointers allowed); the others need weight, grad, m, v and the
+// optional bf16_copy 16-byte aligned, else Error (no scalar fallback).
 std::size_t adamw_table_bytes(const std::vector<AdamWTensor>& tensors);
 // Writes the table into host memory `table_host` (adamw_table_bytes of it);
-// the caller copies it to `table_device` before the first launch.
+// the caller copies it to `table_device` (16-byte aligned) before the first
+// launch.
 void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host);
 
+// tensor_count and total_numel (the sum of numel) describe the table and size
+// the grid. The update kernel runs when total_numel > 0; the step always
+// advances.
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
                   std::int64_t total_numel, std::int64_t* step, cudaStream_t stream);
 
 namespace host {
+// The same fp32 formula in the same order; advances *step.
 void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step);
 }  // namespace host
 

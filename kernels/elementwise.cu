@@ -2,6 +2,7 @@
 
 #include "engine/cuda_check.h"
 #include "kernels/launch_config.cuh"
+#include "kernels/vector_io.cuh"
 
 namespace stepgraph::kernels {
 namespace {
@@ -41,6 +42,28 @@ __global__ void __launch_bounds__(kSumThreads) sum_f32_kernel(float* out, const 
     __syncthreads();
   }
   if (threadIdx.x == 0) out[0] = partial[0];
+}
+
+template <typename From, typename To>
+__global__ void cast_kernel(const From* x, To* out, std::int64_t n) {
+  grid_stride(n, [&](std::int64_t i) { out[i] = from_float<To>(to_float(x[i])); });
+}
+
+template <typename From>
+void launch_cast_from(DType to, const From* x, void* out, std::int64_t n, cudaStream_t stream) {
+  switch (to) {
+    case DType::kFloat32:
+      cast_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(x, static_cast<float*>(out), n);
+      return;
+    case DType::kBFloat16:
+      cast_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(x, static_cast<__nv_bfloat16*>(out), n);
+      return;
+    case DType::kFloat16:
+      cast_kernel<<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(x, static_cast<__half*>(out), n);
+      return;
+    default:
+      SG_THROW(ErrorCode::kUnsupported, "cast: target dtype ", dtype_name(to), " is not supported (fp32, bf16, fp16)");
+  }
 }
 
 void check_count(const char* op, std::int64_t n) { SG_CHECK(n >= 0, op, ": element count must be >= 0, got ", n); }
@@ -98,6 +121,20 @@ void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t str
   check_pointers("sum_f32", n, {out});
   if (n > 0) check_pointers("sum_f32", n, {x});
   sum_f32_kernel<<<1, kSumThreads, 0, stream>>>(out, x, n);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_cast(DType from, DType to, const void* x, void* out, std::int64_t n, cudaStream_t stream) {
+  check_count("cast", n);
+  if (n == 0) return;
+  check_pointers("cast", n, {x, out});
+  switch (from) {
+    case DType::kFloat32: launch_cast_from(to, static_cast<const float*>(x), out, n, stream); break;
+    case DType::kBFloat16: launch_cast_from(to, static_cast<const __nv_bfloat16*>(x), out, n, stream); break;
+    case DType::kFloat16: launch_cast_from(to, static_cast<const __half*>(x), out, n, stream); break;
+    default:
+      SG_THROW(ErrorCode::kUnsupported, "cast: source dtype ", dtype_name(from), " is not supported (fp32, bf16, fp16)");
+  }
   SG_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "engine/dtype.h"
+
 namespace stepgraph::kernels {
 
 // out[i] = value
@@ -32,5 +34,9 @@ void launch_mul_f32(float* out, const float* a, const float* b, std::int64_t n, 
 // out[0] = sum of x[0..n). One block, a fixed summation order: the same
 // inputs give the same bits on every run, eager or replayed.
 void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t stream);
+
+// out[i] = convert(x[i]) between fp32, bf16 and fp16 (round to nearest even).
+// Sizes are in elements; any n.
+void launch_cast(DType from, DType to, const void* x, void* out, std::int64_t n, cudaStream_t stream);
 
 }  // namespace stepgraph::kernels

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "engine/dtype.h"
+
 namespace stepgraph::kernels::host {
 
 void fill_f32(float* out, float value, std::int64_t n);
@@ -13,5 +15,8 @@ void add_f32(float* out, const float* a, const float* b, std::int64_t n);
 void mul_f32(float* out, const float* a, const float* b, std::int64_t n);
 // Summed in double and rounded once: the reference the GPU sum is compared to.
 void sum_f32(float* out, const float* x, std::int64_t n);
+
+// out[i] = convert(x[i]) between fp32, bf16 and fp16, as launch_cast.
+void cast(DType from, DType to, const void* x, void* out, std::int64_t n);
 
 }  // namespace stepgraph::kernels::host

@@ -28,6 +28,12 @@ struct FillParams {
   std::string to_string() const { return "value=" + format_float(value); }
 };
 
+struct CastParams {
+  DType to = DType::kFloat32;
+  bool operator==(const CastParams&) const = default;
+  std::string to_string() const { return "to=" + std::string(dtype_name(to)); }
+};
+
 struct AxpyParams {
   float alpha = 1.0f;
   bool operator==(const AxpyParams&) const = default;
@@ -74,6 +80,16 @@ std::vector<TensorMeta> check_sum(const OpParams&, std::span<const TensorMeta> i
   check_arity("sum", inputs, 1);
   check_fp32("sum", inputs);
   return {TensorMeta{Shape{}, DType::kFloat32}};
+}
+
+std::vector<TensorMeta> check_cast(const OpParams& params, std::span<const TensorMeta> inputs) {
+  check_arity("cast", inputs, 1);
+  const DType to = params.as<CastParams>().to;
+  for (DType dtype : {inputs[0].dtype, to}) {
+    SG_CHECK_CODE(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+                  ErrorCode::kUnsupported, "op cast: dtype ", dtype_name(dtype), " is not supported (fp32, bf16, fp16)");
+  }
+  return {TensorMeta{inputs[0].shape, to}};
 }
 
 // --- launchers and host references ----------------------------------------------
@@ -208,6 +224,22 @@ const OpDef& sum_op() {
   };
   return op;
 }
+
+const OpDef& cast_op() {
+  static const OpDef op{
+      .name = "cast",
+      .check = check_cast,
+      .launch_cuda = [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+        kernels::launch_cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a), s);
+      },
+      .run_host = [](const OpParams& p, const KernelArgs& a) {
+        kernels::host::cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a));
+      },
+  };
+  return op;
+}
+
+Tensor cast(Context& ctx, const Tensor& x, DType dtype) { return ctx.call(cast_op(), CastParams{dtype}, {x}).front(); }
 
 Tensor fill(Context& ctx, const TensorMeta& meta, float value) {
   return ctx.call(fill_op(), FillParams{meta, value}, {}).front();

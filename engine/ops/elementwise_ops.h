@@ -21,6 +21,9 @@ void axpy_(Context& ctx, const Tensor& y, const Tensor& x, float alpha);   // y 
 Tensor add(Context& ctx, const Tensor& a, const Tensor& b);
 Tensor mul(Context& ctx, const Tensor& a, const Tensor& b);
 Tensor sum(Context& ctx, const Tensor& x);  // fp32 scalar (shape [])
+// x converted to `dtype` (fp32, bf16, fp16), rounding to nearest even.
+Tensor cast(Context& ctx, const Tensor& x, DType dtype);
+
 // The value of a one-element tensor on the host. Needs a device-to-host read,
 // so it is an Error while tracing.
 float item(Context& ctx, const Tensor& x);
@@ -34,5 +37,6 @@ const OpDef& axpy_inplace_op();
 const OpDef& add_op();
 const OpDef& mul_op();
 const OpDef& sum_op();
+const OpDef& cast_op();
 
 }  // namespace stepgraph::ops

@@ -11,7 +11,7 @@ namespace stepgraph::ops {
 std::span<const OpDef* const> all_ops() {
   // One line per op family as they arrive.
   static const std::vector<const OpDef*> ops = {
-      &fill_op(), &copy_op(), &copy_inplace_op(), &axpy_op(), &axpy_inplace_op(), &add_op(), &mul_op(), &sum_op(),
+      &fill_op(), &copy_op(), &copy_inplace_op(), &axpy_op(), &axpy_inplace_op(), &add_op(), &mul_op(), &sum_op(), &cast_op(),
   };
   return ops;
 }

@@ -1,0 +1,81 @@
+// A language-model-shaped stack for training steps: N residual blocks
+// h = h + LayerNormMLP(h), a final norm, an LM head (Linear without bias) and
+// softmax cross-entropy; and TrainStep, the whole step (forward, loss,
+// backward, AdamW) that graph mode captures as one unit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/layers/adamw.h"
+#include "engine/layers/layernorm_mlp.h"
+#include "engine/layers/linear.h"
+#include "engine/layers/norm.h"
+
+namespace stepgraph {
+
+struct ModelConfig {
+  std::int64_t hidden = 256;
+  std::int64_t ffn = 1024;
+  std::int64_t layers = 4;
+  std::int64_t vocab = 512;
+  kernels::NormKind norm = kernels::NormKind::kLayerNorm;
+  float eps = 1e-5f;
+  DType dtype = DType::kBFloat16;
+  std::uint32_t seed = 1;
+};
+
+class Model {
+ public:
+  struct Saved {
+    std::vector<LayerNormMLP::Saved> blocks;
+    Norm::Saved final_norm;
+    Linear::Saved head;
+  };
+  struct Forward {
+    Tensor logits;  // [tokens, vocab]
+    Saved saved;
+  };
+
+  Model(Context& ctx, const ModelConfig& config);
+
+  Forward forward(Context& ctx, const Tensor& x) const;  // x: [tokens, hidden]
+  // Writes every parameter gradient; returns d loss / d x.
+  Tensor backward(Context& ctx, const Saved& saved, const Tensor& dlogits) const;
+
+  const ModelConfig& config() const { return config_; }
+  std::vector<Parameter*> parameters();
+
+ private:
+  ModelConfig config_;
+  std::vector<std::unique_ptr<LayerNormMLP>> blocks_;
+  std::unique_ptr<Norm> final_norm_;
+  std::unique_ptr<Linear> head_;
+};
+
+class TrainStep {
+ public:
+  // Creates the step inputs (persistent): activations x [tokens, hidden] in
+  // the model dtype, labels [tokens] int32, and the label error flag.
+  TrainStep(Context& ctx, Model& model, AdamW& optimizer, std::int64_t tokens);
+
+  // One training step; returns {loss}. The same call runs eager or is traced.
+  std::vector<Tensor> operator()(Context& ctx) const;
+
+  const Tensor& inputs() const { return x_; }
+  const Tensor& labels() const { return labels_; }
+  // Error if any label so far was outside [0, vocab) (reads the device flag
+  // once: call it after a step, never inside one).
+  void check_labels(Context& ctx) const;
+
+ private:
+  Model& model_;
+  AdamW& optimizer_;
+  Tensor x_;
+  Tensor labels_;
+  Tensor error_flag_;
+};
+
+}  // namespace stepgraph

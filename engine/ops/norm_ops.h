@@ -1,0 +1,44 @@
+// LayerNorm and RMSNorm ops over the last dimension (kernels/norm.h). Leading
+// dimensions are flattened into rows. Statistics and parameter gradients are
+// fp32; the backward's reduction scratch is one more output.
+#pragma once
+
+#include <string>
+
+#include "engine/context.h"
+#include "engine/op.h"
+#include "kernels/norm.h"
+
+namespace stepgraph::ops {
+
+struct NormParams {
+  kernels::NormKind kind = kernels::NormKind::kLayerNorm;
+  float eps = 1e-5f;
+
+  bool operator==(const NormParams&) const = default;
+  std::string to_string() const;
+};
+
+struct NormForward {
+  Tensor y;
+  Tensor mean;  // [rows] fp32; undefined for RMSNorm
+  Tensor rstd;  // [rows] fp32
+};
+
+struct NormBackward {
+  Tensor dx;
+  Tensor dgamma;  // [hidden] fp32
+  Tensor dbeta;   // [hidden] fp32; undefined for RMSNorm
+};
+
+// beta is ignored (may be undefined) for RMSNorm.
+NormForward norm_forward(Context& ctx, const NormParams& params, const Tensor& x, const Tensor& gamma,
+                         const Tensor& beta = {});
+// mean is ignored (may be undefined) for RMSNorm.
+NormBackward norm_backward(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& gamma);
+
+const OpDef& norm_forward_op();
+const OpDef& norm_backward_op();
+
+}  // namespace stepgraph::ops

@@ -1,0 +1,31 @@
+// AdamW over many parameters in one op (kernels/adamw.h). Its inputs are the
+// launch table and the device step counter (persistent), then per parameter
+// its fp32 master, fp32 grad, moments m and v, and its dtype copy if it has
+// one; everything but the grads and the table is written in place.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/op.h"
+#include "kernels/adamw.h"
+
+namespace stepgraph::ops {
+
+struct AdamWParams {
+  kernels::AdamWHyper hyper;
+  std::vector<bool> has_copy;  // per parameter
+  std::int64_t total_numel = 0;
+
+  bool operator==(const AdamWParams& other) const;
+  std::string to_string() const;
+};
+
+// `tensors`: per parameter {master, grad, m, v[, copy]} in has_copy's order.
+void adamw_step(Context& ctx, const AdamWParams& params, const Tensor& table, const Tensor& step,
+                const std::vector<Tensor>& tensors);
+
+const OpDef& adamw_op();
+
+}  // namespace stepgraph::ops

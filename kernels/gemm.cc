@@ -1,0 +1,293 @@
+// GEMM on cuBLASLt (see gemm.h). cuBLASLt is column-major, and a row-major
+// [r, c] matrix is the column-major [c, r] one with ld = c, so the row-major
+//   D[m, n] = opA(A) opB(B)   is the column-major   D^T[n, m] = opB(B)^T opA(A)^T:
+// our B is cuBLASLt's A, our A is its B, m and n swap, and each operand keeps
+// its own transpose flag (trans_b becomes cuBLASLt's transa).
+#include "kernels/gemm.h"
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include <cublasLt.h>
+
+#include "engine/cuda_check.h"
+#include "engine/error.h"
+
+namespace stepgraph::kernels {
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+constexpr std::uintptr_t kAlignment = 16;
+// cuBLAS asks for workspaces aligned like its own allocations.
+constexpr std::uintptr_t kWorkspaceAlignment = 256;
+constexpr int kHeuristicCandidates = 8;
+
+bool is_gemm_dtype(DType dtype) {
+  return dtype == DType::kBFloat16 || dtype == DType::kFloat16 || dtype == DType::kFloat32;
+}
+
+bool is_known(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kNone:
+    case GemmEpilogue::kBias:
+    case GemmEpilogue::kGeluAuxBias:
+    case GemmEpilogue::kDGeluBGrad:
+    case GemmEpilogue::kBiasGradOfA:
+      return true;
+  }
+  return false;
+}
+
+bool reads_bias(GemmEpilogue e) { return e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias; }
+bool uses_aux(GemmEpilogue e) { return e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad; }
+bool writes_bias_grad(GemmEpilogue e) { return e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kBiasGradOfA; }
+bool can_accumulate(GemmEpilogue e) { return e == GemmEpilogue::kNone || e == GemmEpilogue::kBiasGradOfA; }
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return CUDA_R_32F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+    case DType::kFloat16: return CUDA_R_16F;
+    default: SG_THROW(ErrorCode::kInternal, "gemm: dtype ", dtype_name(dtype), " got past check_gemm");
+  }
+}
+
+// In the column-major view our columns are cuBLASLt's rows: the bias (and
+// DGELU's bias gradient) has n elements, and BGRADB reduces cuBLASLt's B,
+// which is our A, over k, giving m elements.
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kNone: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kBiasGradOfA: return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  SG_THROW(ErrorCode::kInternal, "gemm: epilogue ", static_cast<int>(epilogue), " got past check_gemm");
+}
+
+// Created on first use (thread-safe static init; a failed creation is
+// retried by the next call) and never destroyed: a static destructor could
+// run after the CUDA driver has shut down at exit.
+cublasLtHandle_t lt_handle() {
+  static const cublasLtHandle_t handle = [] {
+    cublasLtHandle_t created = nullptr;
+    SG_CUBLAS_CHECK(cublasLtCreate(&created));
+    return created;
+  }();
+  return handle;
+}
+
+template <typename T>
+void set_attribute(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  SG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, attribute, &value, sizeof(value)));
+}
+
+template <typename T>
+void set_preference(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+                    const T& value) {
+  SG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
+}
+
+// A row-major [rows, cols] matrix: column-major [cols, rows] with ld = cols.
+void init_row_major(cublasLtMatrixLayoutOpaque_t& layout, DType dtype, std::int64_t rows, std::int64_t cols) {
+  SG_CUBLAS_CHECK(cublasLtMatrixLayoutInit(&layout, cuda_type(dtype), static_cast<std::uint64_t>(cols),
+                                           static_cast<std::uint64_t>(rows), cols));
+}
+
+// cuBLASLt's descriptors of one matmul, initialised in place: the Init
+// functions allocate nothing, so a launch under stream capture is safe.
+struct LtMatmul {
+  cublasLtMatmulDescOpaque_t op{};
+  cublasLtMatrixLayoutOpaque_t a{};  // our B
+  cublasLtMatrixLayoutOpaque_t b{};  // our A
+  cublasLtMatrixLayoutOpaque_t d{};  // D, also C: beta reads D in place
+
+  // `vector` is the bias or the bias gradient, `aux` the GELU input; each
+  // only where the epilogue uses it.
+  LtMatmul(const GemmDesc& desc, const void* vector, const void* aux) {
+    SG_CUBLAS_CHECK(cublasLtMatmulDescInit(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(desc.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+    set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(desc.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+    set_attribute(&op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(lt_epilogue(desc.epilogue)));
+    const auto d_type = static_cast<std::int32_t>(cuda_type(desc.d_type));
+    if (vector != nullptr) {
+      set_attribute(&op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+      set_attribute(&op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, d_type);
+    }
+    if (aux != nullptr) {
+      set_attribute(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+      set_attribute(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(desc.n));
+      set_attribute(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, d_type);
+    }
+    init_row_major(a, desc.b_type, desc.trans_b ? desc.n : desc.k, desc.trans_b ? desc.k : desc.n);
+    init_row_major(b, desc.a_type, desc.trans_a ? desc.k : desc.m, desc.trans_a ? desc.m : desc.k);
+    init_row_major(d, desc.d_type, desc.m, desc.n);
+  }
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+};
+
+// cuBLASLt's heuristic reads the alignment of every pointer it is given
+// (never the memory). The algorithm is chosen once per desc and then used for
+// any operands launch_gemm accepts, so it is asked for 16-byte alignment and
+// shown epilogue pointers aligned to 16 bytes and no more.
+cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc) {
+  const void* probe = reinterpret_cast<const void*>(kAlignment);
+  const bool has_vector = reads_bias(desc.epilogue) || writes_bias_grad(desc.epilogue);
+  LtMatmul problem(desc, has_vector ? probe : nullptr, uses_aux(desc.epilogue) ? probe : nullptr);
+  cublasLtMatmulPreferenceOpaque_t preference{};
+  SG_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference));
+  set_preference(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes});
+  for (const auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    set_preference(&preference, attribute, static_cast<std::uint32_t>(kAlignment));
+  }
+  cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
+  int returned = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt_handle(), &problem.op, &problem.a, &problem.b, &problem.d, &problem.d,
+                                     &preference, kHeuristicCandidates, results, &returned);
+  // NOT_SUPPORTED is the heuristic's "no algorithm": reported below.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) SG_CUBLAS_CHECK(status);
+  for (int i = 0; i < returned; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes) {
+      return results[i].algo;
+    }
+  }
+  SG_THROW(ErrorCode::kUnsupported, "gemm: cuBLASLt has no algorithm for ", desc.to_string(),
+           " on this device within ", kWorkspaceBytes >> 20, " MiB of workspace; change the dtypes, the "
+           "epilogue or the layout");
+}
+
+struct GemmDescHash {
+  std::size_t operator()(const GemmDesc& desc) const noexcept {
+    std::size_t seed = 0;
+    const auto mix = [&seed](std::size_t value) { seed ^= value + 0x9e3779b97f4a7c15ull + (seed << 6) + (seed >> 2); };
+    mix(std::hash<std::int64_t>{}(desc.m));
+    mix(std::hash<std::int64_t>{}(desc.n));
+    mix(std::hash<std::int64_t>{}(desc.k));
+    mix(static_cast<std::size_t>(desc.trans_a) | static_cast<std::size_t>(desc.trans_b) << 1);
+    mix(static_cast<std::size_t>(desc.a_type) | static_cast<std::size_t>(desc.b_type) << 8 |
+        static_cast<std::size_t>(desc.d_type) << 16 | static_cast<std::size_t>(desc.epilogue) << 24);
+    // std::hash<float> hashes 0.0f and -0.0f alike, as operator== wants.
+    mix(std::hash<float>{}(desc.alpha));
+    mix(std::hash<float>{}(desc.beta));
+    return seed;
+  }
+};
+
+// The algorithm of every desc seen, for the device the handle was created on.
+class AlgoCache {
+ public:
+  cublasLtMatmulAlgo_t get(const GemmDesc& desc) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto found = algos_.find(desc);
+    if (found == algos_.end()) found = algos_.emplace(desc, select_algo(desc)).first;
+    return found->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<GemmDesc, cublasLtMatmulAlgo_t, GemmDescHash> algos_;
+};
+
+cublasLtMatmulAlgo_t cached_algo(const GemmDesc& desc) {
+  static AlgoCache cache;
+  return cache.get(desc);
+}
+
+void check_pointer(const void* pointer, const char* role, const GemmDesc& desc,
+                   std::uintptr_t alignment = kAlignment) {
+  SG_CHECK(pointer != nullptr, "gemm: operand '", role, "' is null, but ", desc.to_string(), " needs it");
+  SG_CHECK(reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0, "gemm: operand '", role, "' at ", pointer,
+           " is not ", alignment, "-byte aligned (", desc.to_string(), "); pass an allocation, or an offset into one "
+           "that is a multiple of ", alignment, " bytes");
+}
+
+void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
+  check_pointer(operands.a, "a", desc);
+  check_pointer(operands.b, "b", desc);
+  check_pointer(operands.d, "d", desc);
+  check_pointer(operands.workspace, "workspace", desc, kWorkspaceAlignment);
+  if (reads_bias(desc.epilogue)) check_pointer(operands.bias, "bias", desc);
+  if (uses_aux(desc.epilogue)) check_pointer(operands.aux, "aux", desc);
+  if (writes_bias_grad(desc.epilogue)) check_pointer(operands.bias_grad, "bias_grad", desc);
+}
+
+}  // namespace
+
+std::string gemm_epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kNone: return "none";
+    case GemmEpilogue::kBias: return "bias";
+    case GemmEpilogue::kGeluAuxBias: return "gelu_aux_bias";
+    case GemmEpilogue::kDGeluBGrad: return "dgelu_bgrad";
+    case GemmEpilogue::kBiasGradOfA: return "bias_grad_of_a";
+  }
+  return "epilogue(" + std::to_string(static_cast<int>(epilogue)) + ")";
+}
+
+std::string GemmDesc::to_string() const {
+  std::ostringstream out;
+  out << "gemm " << m << "x" << n << "x" << k << " A=" << dtype_name(a_type) << (trans_a ? "^T" : "")
+      << " B=" << dtype_name(b_type) << (trans_b ? "^T" : "") << " D=" << dtype_name(d_type)
+      << " epilogue=" << gemm_epilogue_name(epilogue) << " alpha=" << alpha << " beta=" << beta;
+  return out.str();
+}
+
+void check_gemm(const GemmDesc& desc) {
+  SG_CHECK(desc.m > 0 && desc.n > 0 && desc.k > 0, "gemm: m, n and k must be > 0, got ", desc.m, "x", desc.n, "x",
+           desc.k);
+  SG_CHECK(std::isfinite(desc.alpha) && std::isfinite(desc.beta), "gemm: alpha and beta must be finite, got alpha=",
+           desc.alpha, " beta=", desc.beta);
+  SG_CHECK(is_known(desc.epilogue), "gemm: unknown epilogue ", static_cast<int>(desc.epilogue),
+           "; use a GemmEpilogue enumerator");
+  SG_CHECK_CODE(desc.a_type == desc.b_type, ErrorCode::kUnsupported, "gemm: A and B must share a dtype, got A=",
+                dtype_name(desc.a_type), " B=", dtype_name(desc.b_type), "; convert one of them");
+  SG_CHECK_CODE(is_gemm_dtype(desc.a_type), ErrorCode::kUnsupported, "gemm: A and B must be bf16, fp16 or fp32, got ",
+                dtype_name(desc.a_type));
+  SG_CHECK_CODE(is_gemm_dtype(desc.d_type), ErrorCode::kUnsupported, "gemm: D must be bf16, fp16 or fp32, got ",
+                dtype_name(desc.d_type));
+  SG_CHECK_CODE(desc.a_type != DType::kFloat32 || desc.d_type == DType::kFloat32, ErrorCode::kUnsupported,
+                "gemm: fp32 inputs need an fp32 D (cuBLASLt has no fp32 GEMM with a 16-bit output), got D=",
+                dtype_name(desc.d_type), "; ask for fp32 and convert");
+  SG_CHECK_CODE(desc.beta == 0.0f || can_accumulate(desc.epilogue), ErrorCode::kUnsupported, "gemm: beta=",
+                desc.beta, " needs epilogue none or bias_grad_of_a, got ", gemm_epilogue_name(desc.epilogue),
+                "; use beta=0 and add separately");
+  SG_CHECK_CODE(!uses_aux(desc.epilogue) || desc.n % 8 == 0, ErrorCode::kUnsupported, "gemm: epilogue ",
+                gemm_epilogue_name(desc.epilogue), " needs n divisible by 8 (cuBLASLt's aux leading dimension), got n=",
+                desc.n, "; pad the feature dimension or use epilogue none with a separate GeLU");
+  SG_CHECK_CODE(desc.epilogue != GemmEpilogue::kBiasGradOfA || desc.trans_a, ErrorCode::kUnsupported,
+                "gemm: epilogue bias_grad_of_a needs trans_a (cuBLASLt's BGRADB reduces a transposed operand "
+                "only), got ", desc.to_string(), "; store A as [k, m]");
+}
+
+std::size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
+
+void gemm_prepare(const GemmDesc& desc) {
+  check_gemm(desc);
+  cached_algo(desc);
+}
+
+void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_t stream) {
+  // Everything checkable on the host first: a bad call fails before touching the device.
+  check_gemm(desc);
+  check_operands(desc, operands);
+  const cublasLtMatmulAlgo_t algo = cached_algo(desc);
+  const void* vector = reads_bias(desc.epilogue)         ? operands.bias
+                       : writes_bias_grad(desc.epilogue) ? operands.bias_grad
+                                                         : nullptr;
+  LtMatmul problem(desc, vector, uses_aux(desc.epilogue) ? operands.aux : nullptr);
+  const float alpha = desc.alpha;
+  const float beta = desc.beta;
+  SG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), &problem.op, &alpha, operands.b, &problem.a, operands.a, &problem.b,
+                                 &beta, operands.d, &problem.d, operands.d, &problem.d, &algo, operands.workspace,
+                                 kWorkspaceBytes, stream));
+}
+
+}  // namespace stepgraph::kernels

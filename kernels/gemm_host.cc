@@ -1,0 +1,159 @@
+// The fp32 host reference of launch_gemm: the same checks, bf16/fp16 inputs
+// widened, alpha * opA(A) opB(B) accumulated in fp32, then the epilogue in
+// fp32 and one rounding to D's dtype per output.
+#include "kernels/gemm_host.h"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/half_precision.h"
+
+namespace stepgraph::kernels::host {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+float load(DType dtype, const void* data, std::int64_t i) {
+  switch (dtype) {
+    case DType::kFloat32: return static_cast<const float*>(data)[i];
+    case DType::kBFloat16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kFloat16: return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    default: SG_THROW(ErrorCode::kInternal, "host gemm: dtype ", dtype_name(dtype), " got past check_gemm");
+  }
+}
+
+void store(DType dtype, void* data, std::int64_t i, float value) {
+  switch (dtype) {
+    case DType::kFloat32: static_cast<float*>(data)[i] = value; return;
+    case DType::kBFloat16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value); return;
+    case DType::kFloat16: static_cast<std::uint16_t*>(data)[i] = float_to_fp16(value); return;
+    default: SG_THROW(ErrorCode::kInternal, "host gemm: dtype ", dtype_name(dtype), " got past check_gemm");
+  }
+}
+
+void check_pointer(const void* pointer, const char* role, const GemmDesc& desc) {
+  SG_CHECK(pointer != nullptr, "host gemm: operand '", role, "' is null, but ", desc.to_string(), " needs it");
+}
+
+void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
+  check_pointer(operands.a, "a", desc);
+  check_pointer(operands.b, "b", desc);
+  check_pointer(operands.d, "d", desc);
+  const GemmEpilogue e = desc.epilogue;
+  if (e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias) check_pointer(operands.bias, "bias", desc);
+  if (e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad) check_pointer(operands.aux, "aux", desc);
+  if (e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kBiasGradOfA) {
+    check_pointer(operands.bias_grad, "bias_grad", desc);
+  }
+}
+
+// op(X) as a dense row-major [rows, cols] fp32 matrix; X is stored
+// [rows, cols], or [cols, rows] when transposed.
+std::vector<float> widen(DType dtype, const void* data, std::int64_t rows, std::int64_t cols, bool transposed) {
+  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = load(dtype, data, transposed ? c * rows + r : r * cols + c);
+  }
+  return out;
+}
+
+// alpha * a[m, k] b[k, n], row-major [m, n], accumulated in i-k-j order.
+std::vector<float> scaled_product(const GemmDesc& desc, const std::vector<float>& a, const std::vector<float>& b) {
+  const std::int64_t m = desc.m, n = desc.n, k = desc.k;
+  std::vector<float> acc(static_cast<std::size_t>(m * n), 0.0f);
+  for (std::int64_t i = 0; i < m; ++i) {
+    float* acc_row = acc.data() + i * n;
+    for (std::int64_t p = 0; p < k; ++p) {
+      const float a_ip = a[i * k + p];
+      const float* b_row = b.data() + p * n;
+      for (std::int64_t j = 0; j < n; ++j) acc_row[j] += a_ip * b_row[j];
+    }
+  }
+  for (float& value : acc) value *= desc.alpha;
+  return acc;
+}
+
+// D = alpha AB + beta D; D is not read when beta is 0 (it may hold NaN).
+void accumulate(const GemmDesc& desc, const std::vector<float>& ab, void* d) {
+  for (std::int64_t i = 0; i < desc.m * desc.n; ++i) {
+    const float old = desc.beta != 0.0f ? desc.beta * load(desc.d_type, d, i) : 0.0f;
+    store(desc.d_type, d, i, ab[i] + old);
+  }
+}
+
+void add_bias(const GemmDesc& desc, const std::vector<float>& ab, const void* bias, void* d) {
+  for (std::int64_t i = 0; i < desc.m * desc.n; ++i) store(desc.d_type, d, i, ab[i] + load(desc.d_type, bias, i % desc.n));
+}
+
+// aux = alpha AB + bias; D = gelu_tanh(aux), from aux before its rounding.
+void gelu_aux_bias(const GemmDesc& desc, const std::vector<float>& ab, const GemmOperands& operands) {
+  for (std::int64_t i = 0; i < desc.m * desc.n; ++i) {
+    const float pre = ab[i] + load(desc.d_type, operands.bias, i % desc.n);
+    store(desc.d_type, operands.aux, i, pre);
+    store(desc.d_type, operands.d, i, gelu_tanh(pre));
+  }
+}
+
+// D = alpha AB * gelu_tanh'(aux); bias_grad[n] = the column sums of D
+// before its rounding.
+void dgelu_bgrad(const GemmDesc& desc, const std::vector<float>& ab, const GemmOperands& operands) {
+  std::vector<float> sums(static_cast<std::size_t>(desc.n), 0.0f);
+  for (std::int64_t i = 0; i < desc.m * desc.n; ++i) {
+    const float grad = ab[i] * gelu_tanh_grad(load(desc.d_type, operands.aux, i));
+    store(desc.d_type, operands.d, i, grad);
+    sums[i % desc.n] += grad;
+  }
+  for (std::int64_t j = 0; j < desc.n; ++j) store(desc.d_type, operands.bias_grad, j, sums[j]);
+}
+
+// bias_grad[m] = the row sums of opA(A) over k, not scaled by alpha.
+void bias_grad_of_a(const GemmDesc& desc, const std::vector<float>& a, void* bias_grad) {
+  for (std::int64_t i = 0; i < desc.m; ++i) {
+    float sum = 0.0f;
+    for (std::int64_t p = 0; p < desc.k; ++p) sum += a[i * desc.k + p];
+    store(desc.d_type, bias_grad, i, sum);
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmDesc& desc, const GemmOperands& operands) {
+  check_gemm(desc);
+  check_operands(desc, operands);
+  const std::vector<float> a = widen(desc.a_type, operands.a, desc.m, desc.k, desc.trans_a);
+  const std::vector<float> b = widen(desc.b_type, operands.b, desc.k, desc.n, desc.trans_b);
+  const std::vector<float> ab = scaled_product(desc, a, b);
+  switch (desc.epilogue) {
+    case GemmEpilogue::kNone:
+      accumulate(desc, ab, operands.d);
+      return;
+    case GemmEpilogue::kBias:
+      add_bias(desc, ab, operands.bias, operands.d);
+      return;
+    case GemmEpilogue::kGeluAuxBias:
+      gelu_aux_bias(desc, ab, operands);
+      return;
+    case GemmEpilogue::kDGeluBGrad:
+      dgelu_bgrad(desc, ab, operands);
+      return;
+    case GemmEpilogue::kBiasGradOfA:
+      accumulate(desc, ab, operands.d);
+      bias_grad_of_a(desc, a, operands.bias_grad);
+      return;
+  }
+}
+
+float gelu_tanh(float x) {
+  const float inner = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+float gelu_tanh_grad(float x) {
+  const float t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+}  // namespace stepgraph::kernels::host

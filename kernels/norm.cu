@@ -1,0 +1,571 @@
+// LayerNorm and RMSNorm forward and backward (contract in norm.h).
+//
+// Rows over threads. A row is owned by a "row slice" of threads_per_row
+// threads (blockDim.x, a multiple of 32); a block holds rows_per_block slices
+// (blockDim.y) that work on consecutive rows. threads_per_row is sized so
+// that each thread holds `vecs` 16-byte vectors of the row (of x, and of dy
+// in the backward) in registers, in the raw dtype: x and dy are read from HBM
+// exactly once, and the statistics are exact two-pass sums over registers
+// (the mean, then squared deviations from it; no E[x^2] - E[x]^2
+// cancellation), each reduced over the slice with block_sum.
+//
+// Why a slice of several warps per row rather than one warp per row: at
+// hidden 4096 bf16 a warp would need 16 vectors per thread (64 registers of x
+// and dy each in the backward, before the dgamma/dbeta accumulators). 128-256
+// threads per row keep 2-4 vectors per thread, registers for several blocks
+// per SM, and the two or three block reductions per row are cheap next to
+// the 16-24 KB each such row moves. Short rows (up to 32 vectors per warp)
+// get one warp per row and several rows per block, so blocks stay at 128
+// (forward) or 256 (backward) threads.
+//
+// Rows longer than one tile of vecs * max threads vectors (forward: 32768
+// bf16/fp16 or 16384 fp32 elements; backward: 16384 or 8192) are processed
+// in tiles and re-read for each pass (mostly from L2): correct, not tuned.
+//
+// Backward parameter gradients. The backward grid is persistent: as many
+// blocks as are resident on the device at once, each looping over a fixed set
+// of row groups. Each thread accumulates dy * xhat and dy for its columns
+// over its block's rows in registers; the slices of a block are summed in
+// shared memory in slice order, and block b writes partial row b of
+// `workspace` ([partial_rows, hidden] fp32 for dgamma, then the same for
+// dbeta). A second kernel sums each column's partial rows in a fixed order.
+// No atomics: dgamma/dbeta are bitwise reproducible from run to run.
+#include "kernels/norm.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "engine/cuda_check.h"
+#include "engine/error.h"
+#include "kernels/launch_config.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/vector_io.cuh"
+
+namespace stepgraph::kernels {
+namespace {
+
+// Forward: 4 vectors of x per thread (16 registers of raw data).
+constexpr int kForwardVecs = 4;
+constexpr int kForwardMaxThreads = 1024;  // threads per row, also the launch bounds
+constexpr int kForwardBlockThreads = 128;  // block size when rows share a block
+
+// Backward: x and dy held raw (8 registers per vector pair) plus two fp32
+// accumulators per element. Two register budgets:
+//   2 vectors per thread, <= 80 registers: rows up to 512 vectors (4096
+//     bf16/fp16, 2048 fp32) on up to 256 threads; 3 blocks of 256 per SM.
+//   4 vectors per thread, <= 128 registers: rows up to 2048 vectors (16384
+//     bf16/fp16, 8192 fp32) on up to 512 threads; 2 blocks of 256 per SM.
+// Longer rows are processed in tiles of 4 * 512 vectors (see the backward).
+constexpr int kBackwardMaxThreads = 512;
+constexpr int kBackwardBlockThreads = 256;
+constexpr int backward_max_registers(int vecs) { return vecs == 2 ? 80 : 128; }
+
+constexpr int kMaxRowsPerBlock = std::max(kForwardBlockThreads, kBackwardBlockThreads) / 32;
+
+// Upper bound on backward blocks, hence on partial rows in the workspace
+// (4 blocks of 256 threads per SM of an H100). The launch uses the number
+// that fits on the device at once, never more than this.
+constexpr std::int64_t kMaxBackwardBlocks = kMaxBlocks / 2;
+
+// Partial-row reduction: 32 columns x 8 partial-row strides per block.
+constexpr int kReduceColumns = 32;
+constexpr int kReduceStrides = 8;
+
+constexpr int vector_count(DType dtype) { return 16 / static_cast<int>(dtype_size(dtype)); }
+
+const char* kind_name(NormKind kind) { return kind == NormKind::kRMSNorm ? "rmsnorm" : "layernorm"; }
+
+// How a launch lays rows over threads.
+struct RowPlan {
+  int vecs = 1;              // 16-byte vectors per thread per tile
+  bool resident = true;      // the whole row fits in one tile (registers)
+  int threads_per_row = 32;  // blockDim.x, a multiple of 32
+  int rows_per_block = 1;    // blockDim.y
+  std::int64_t groups = 1;   // groups of rows_per_block rows
+};
+
+RowPlan plan_rows(const NormDesc& desc, int vecs, int max_threads, int block_threads) {
+  const std::int64_t vectors = desc.hidden / vector_count(desc.dtype);
+  const std::int64_t threads = (vectors + vecs - 1) / vecs;
+  RowPlan plan;
+  plan.vecs = vecs;
+  plan.threads_per_row = static_cast<int>(std::clamp<std::int64_t>((threads + 31) / 32 * 32, 32, max_threads));
+  plan.resident = vectors <= static_cast<std::int64_t>(vecs) * plan.threads_per_row;
+  plan.rows_per_block = static_cast<int>(std::clamp<std::int64_t>(block_threads / plan.threads_per_row, 1, desc.rows));
+  plan.groups = (desc.rows + plan.rows_per_block - 1) / plan.rows_per_block;
+  return plan;
+}
+
+RowPlan forward_plan(const NormDesc& desc) {
+  return plan_rows(desc, kForwardVecs, kForwardMaxThreads, kForwardBlockThreads);
+}
+
+RowPlan backward_plan(const NormDesc& desc) {
+  const std::int64_t vectors = desc.hidden / vector_count(desc.dtype);
+  if (vectors <= 2 * kBackwardBlockThreads) return plan_rows(desc, 2, kBackwardBlockThreads, kBackwardBlockThreads);
+  return plan_rows(desc, 4, kBackwardMaxThreads, kBackwardBlockThreads);
+}
+
+std::int64_t max_partial_rows(const NormDesc& desc) { return std::min(backward_plan(desc).groups, kMaxBackwardBlocks); }
+
+// ---------------------------------------------------------------------------
+// Device side.
+
+template <typename T>
+struct ForwardArgs {
+  const T* x;
+  const T* gamma;
+  const T* beta;
+  T* y;
+  float* mean;
+  float* rstd;
+  std::int64_t rows;
+  int hidden;
+  float eps;
+};
+
+template <typename T>
+struct BackwardArgs {
+  const T* dy;
+  const T* x;
+  const float* mean;
+  const float* rstd;
+  const T* gamma;
+  T* dx;
+  float* partials;  // [2][gridDim.x][hidden]: dgamma partial rows, then dbeta
+  std::int64_t rows;
+  int hidden;
+};
+
+// The part of one row that the calling thread owns: vector v = base +
+// threadIdx.x + i * blockDim.x of each tile [base, base + kVecs * blockDim.x).
+// When the row fits in one tile (kResident), it is loaded once and stays in
+// registers for every pass; otherwise each pass reloads its tiles.
+template <typename T, int kVecs, int kInputs, bool kResident>
+struct RowSlice {
+  static constexpr int kCount = Vec16<T>::kCount;
+
+  const T* inputs[kInputs];  // row starts of x (and dy)
+  int vectors;               // hidden / kCount
+  bool live;                 // this slice has a row (the last block may not)
+  Vec16<T> held[kInputs][kVecs];
+
+  __device__ __forceinline__ int tile() const { return kVecs * static_cast<int>(blockDim.x); }
+  __device__ __forceinline__ int vector_at(int base, int i) const {
+    return base + static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
+  }
+
+  __device__ __forceinline__ void load(int base) {
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int v = vector_at(base, i);
+      if (live && v < vectors) {
+#pragma unroll
+        for (int in = 0; in < kInputs; ++in) held[in][i] = load16(inputs[in] + static_cast<std::int64_t>(v) * kCount);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void begin() {
+    if constexpr (kResident) load(0);
+  }
+
+  // Keeps the held vectors in their raw 16-bit form between passes: without
+  // this barrier the compiler keeps the fp32 conversions of the first pass
+  // alive for the next, twice the registers for bf16/fp16 (and spills in the
+  // backward). Converting again costs one instruction per pair.
+  __device__ __forceinline__ void keep_raw() {
+    if constexpr (kResident && sizeof(T) < 4) {
+#pragma unroll
+      for (int in = 0; in < kInputs; ++in) {
+#pragma unroll
+        for (int i = 0; i < kVecs; ++i) {
+          auto* words = reinterpret_cast<unsigned*>(held[in][i].values);
+#pragma unroll
+          for (int w = 0; w < 4; ++w) asm volatile("" : "+r"(words[w]));
+        }
+      }
+    }
+  }
+
+  // body(i, v, values) for each vector this thread owns, in fp32:
+  // values[in][k] is element k of vector v of input `in`; i is the slot.
+  template <typename Body>
+  __device__ __forceinline__ void sweep(Body&& body) {
+    keep_raw();
+    for (int base = 0; kResident ? base == 0 : base < vectors; base += tile()) {
+      if constexpr (!kResident) load(base);
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int v = vector_at(base, i);
+        if (live && v < vectors) {
+          float values[kInputs][kCount];
+#pragma unroll
+          for (int in = 0; in < kInputs; ++in) held[in][i].to_float(values[in]);
+          body(i, v, values);
+        }
+      }
+    }
+  }
+};
+
+template <typename T, bool kRms, bool kResident>
+__global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(ForwardArgs<T> a) {
+  constexpr int kCount = Vec16<T>::kCount;
+  __shared__ float scratch[kMaxRowsPerBlock][32];
+  float* slice_scratch = scratch[threadIdx.y];
+  const float hidden = static_cast<float>(a.hidden);
+  const std::int64_t groups = (a.rows + blockDim.y - 1) / blockDim.y;
+
+  for (std::int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+    const std::int64_t row = group * blockDim.y + threadIdx.y;
+    RowSlice<T, kForwardVecs, 1, kResident> slice;
+    slice.live = row < a.rows;
+    slice.inputs[0] = a.x + row * a.hidden;
+    slice.vectors = a.hidden / kCount;
+    slice.begin();
+
+    // Two passes: the mean, then the mean squared deviation from it (no
+    // cancellation, unlike E[x^2] - E[x]^2). RMSNorm: mean(x^2) directly.
+    float mean = 0.0f;
+    if constexpr (!kRms) {
+      float sum = 0.0f;
+      slice.sweep([&](int, int, const float (&in)[1][kCount]) {
+#pragma unroll
+        for (int k = 0; k < kCount; ++k) sum += in[0][k];
+      });
+      mean = block_sum(sum, slice_scratch) / hidden;
+    }
+    float squares = 0.0f;
+    slice.sweep([&](int, int, const float (&in)[1][kCount]) {
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        const float centered = in[0][k] - mean;
+        squares += centered * centered;
+      }
+    });
+    const float rstd = rsqrtf(block_sum(squares, slice_scratch) / hidden + a.eps);
+
+    T* y_row = a.y + row * a.hidden;
+    slice.sweep([&](int, int v, const float (&in)[1][kCount]) {
+      float gamma[kCount];
+      float out[kCount];
+      load16(a.gamma + v * kCount).to_float(gamma);
+      if constexpr (kRms) {
+#pragma unroll
+        for (int k = 0; k < kCount; ++k) out[k] = in[0][k] * rstd * gamma[k];
+      } else {
+        float beta[kCount];
+        load16(a.beta + v * kCount).to_float(beta);
+#pragma unroll
+        for (int k = 0; k < kCount; ++k) out[k] = (in[0][k] - mean) * rstd * gamma[k] + beta[k];
+      }
+      store16(y_row + v * kCount, Vec16<T>::from_float(out));
+    });
+    if (slice.live && threadIdx.x == 0) {
+      if constexpr (!kRms) a.mean[row] = mean;
+      a.rstd[row] = rstd;
+    }
+  }
+}
+
+// A register cap rather than launch bounds: the budgets above (for 2
+// vectors per thread, 88 registers unconstrained would fit only two blocks
+// of 256 threads per SM instead of three).
+template <typename T, bool kRms, int kVecs, bool kResident>
+__global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(BackwardArgs<T> a) {
+  constexpr int kCount = Vec16<T>::kCount;
+  __shared__ float scratch[kMaxRowsPerBlock][32];
+  float* slice_scratch = scratch[threadIdx.y];
+  const float hidden = static_cast<float>(a.hidden);
+  const std::int64_t groups = (a.rows + blockDim.y - 1) / blockDim.y;
+  const int vectors = a.hidden / kCount;
+  float* partial_gamma = a.partials + static_cast<std::int64_t>(blockIdx.x) * a.hidden;
+  float* partial_beta = a.partials + static_cast<std::int64_t>(gridDim.x + blockIdx.x) * a.hidden;
+
+  // Resident rows: this thread's share of dgamma (sum dy * xhat) and dbeta
+  // (sum dy) over the block's rows, for the columns it holds. Rows in tiles:
+  // one slice per block (threads_per_row is the maximum), so each thread owns
+  // its columns of the block's partial rows and accumulates there directly.
+  float acc_gamma[kVecs][kCount] = {};
+  float acc_beta[kVecs][kCount] = {};
+  if constexpr (!kResident) {
+    for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        partial_gamma[v * kCount + k] = 0.0f;
+        if constexpr (!kRms) partial_beta[v * kCount + k] = 0.0f;
+      }
+    }
+  }
+
+  for (std::int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+    const std::int64_t row = group * blockDim.y + threadIdx.y;
+    RowSlice<T, kVecs, 2, kResident> slice;  // inputs: x, dy
+    slice.live = row < a.rows;
+    slice.inputs[0] = a.x + row * a.hidden;
+    slice.inputs[1] = a.dy + row * a.hidden;
+    slice.vectors = vectors;
+    const float mean = (kRms || !slice.live) ? 0.0f : a.mean[row];
+    const float rstd = slice.live ? a.rstd[row] : 0.0f;
+    slice.begin();
+
+    // Means over the row of gamma*dy and gamma*dy*xhat.
+    float sum_gdy = 0.0f;
+    float sum_gdy_xhat = 0.0f;
+    slice.sweep([&](int, int v, const float (&in)[2][kCount]) {
+      float gamma[kCount];
+      load16(a.gamma + v * kCount).to_float(gamma);
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        const float xhat = (in[0][k] - mean) * rstd;
+        const float gdy = gamma[k] * in[1][k];
+        sum_gdy += gdy;
+        sum_gdy_xhat += gdy * xhat;
+      }
+    });
+    const float mean_gdy = kRms ? 0.0f : block_sum(sum_gdy, slice_scratch) / hidden;
+    const float mean_gdy_xhat = block_sum(sum_gdy_xhat, slice_scratch) / hidden;
+
+    T* dx_row = a.dx + row * a.hidden;
+    slice.sweep([&](int i, int v, const float (&in)[2][kCount]) {
+      float gamma[kCount];
+      float dx[kCount];
+      load16(a.gamma + v * kCount).to_float(gamma);
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) {
+        const float xhat = (in[0][k] - mean) * rstd;
+        const float dy = in[1][k];
+        dx[k] = rstd * (gamma[k] * dy - mean_gdy - xhat * mean_gdy_xhat);
+        if constexpr (kResident) {
+          acc_gamma[i][k] += dy * xhat;
+          if constexpr (!kRms) acc_beta[i][k] += dy;
+        } else {
+          partial_gamma[v * kCount + k] += dy * xhat;
+          if constexpr (!kRms) partial_beta[v * kCount + k] += dy;
+        }
+      }
+      store16(dx_row + v * kCount, Vec16<T>::from_float(dx));
+    });
+  }
+
+  if constexpr (kResident) {
+    // This block's partial rows: slice 0 + slice 1 + ... in order.
+    __shared__ float exchange[kBackwardBlockThreads * kCount];
+    const int slices = blockDim.y;
+    const int tpr = blockDim.x;
+    auto write_partial = [&](const float (&acc)[kVecs][kCount], float* partial) {
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int v = threadIdx.x + i * tpr;
+        if (slices == 1) {
+          if (v < vectors) {
+#pragma unroll
+            for (int k = 0; k < kCount; k += 4) {
+              *reinterpret_cast<float4*>(partial + v * kCount + k) =
+                  make_float4(acc[i][k], acc[i][k + 1], acc[i][k + 2], acc[i][k + 3]);
+            }
+          }
+          continue;
+        }
+        __syncthreads();  // the previous round's readers are done
+#pragma unroll
+        for (int k = 0; k < kCount; ++k) exchange[(threadIdx.y * kCount + k) * tpr + threadIdx.x] = acc[i][k];
+        __syncthreads();
+        if (threadIdx.y == 0 && v < vectors) {
+#pragma unroll
+          for (int k = 0; k < kCount; ++k) {
+            float total = exchange[k * tpr + threadIdx.x];
+            for (int s = 1; s < slices; ++s) total += exchange[(s * kCount + k) * tpr + threadIdx.x];
+            partial[v * kCount + k] = total;
+          }
+        }
+      }
+    };
+    write_partial(acc_gamma, partial_gamma);
+    if constexpr (!kRms) write_partial(acc_beta, partial_beta);
+  }
+}
+
+// out[c] = sum over p = 0, 1, ... of partials[p][c], for dgamma (blockIdx.y 0)
+// and dbeta (blockIdx.y 1). Thread (x, y) sums partial rows y, y + 8, ... of
+// column x in order, then the 8 strides are added in order.
+__global__ void __launch_bounds__(kReduceColumns * kReduceStrides)
+    norm_reduce_partials_kernel(const float* partials, float* dgamma, float* dbeta, int partial_rows, int hidden) {
+  __shared__ float strides[kReduceStrides][kReduceColumns + 1];
+  const float* source = partials + static_cast<std::int64_t>(blockIdx.y) * partial_rows * hidden;
+  float* out = blockIdx.y == 0 ? dgamma : dbeta;
+  const int column = blockIdx.x * kReduceColumns + threadIdx.x;
+  float sum = 0.0f;
+  if (column < hidden) {
+    for (int p = threadIdx.y; p < partial_rows; p += kReduceStrides) {
+      sum += source[static_cast<std::int64_t>(p) * hidden + column];
+    }
+  }
+  strides[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && column < hidden) {
+    float total = strides[0][threadIdx.x];
+#pragma unroll
+    for (int s = 1; s < kReduceStrides; ++s) total += strides[s][threadIdx.x];
+    out[column] = total;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+// fn.template operator()<T, kRms>() for the desc's dtype and kind.
+template <typename Fn>
+void dispatch_norm(const NormDesc& desc, Fn&& fn) {
+  auto with_kind = [&]<typename T>() {
+    if (desc.kind == NormKind::kRMSNorm) return fn.template operator()<T, true>();
+    return fn.template operator()<T, false>();
+  };
+  switch (desc.dtype) {
+    case DType::kFloat32: return with_kind.template operator()<float>();
+    case DType::kBFloat16: return with_kind.template operator()<__nv_bfloat16>();
+    case DType::kFloat16: return with_kind.template operator()<__half>();
+    default: SG_THROW(ErrorCode::kInternal, "norm: dtype ", dtype_name(desc.dtype), " passed check_norm");
+  }
+}
+
+void check_device_pointer(const std::string& op, const char* name, const void* pointer, bool vector_access) {
+  SG_CHECK(pointer != nullptr, op, ": ", name, " is null; pass a device pointer");
+  if (vector_access) {
+    SG_CHECK(is_aligned16(pointer), op, ": ", name, " (", pointer,
+             ") is not 16-byte aligned; the kernel reads it in 16-byte vectors, so allocate it with cudaMalloc or "
+             "offset it by a multiple of 16 bytes");
+  }
+}
+
+std::string op_name(const NormDesc& desc, const char* direction) {
+  return detail::concat(kind_name(desc.kind), "_", direction, " (", dtype_name(desc.dtype), ", ", desc.rows, "x",
+                        desc.hidden, ")");
+}
+
+}  // namespace
+
+void check_norm(const NormDesc& desc) {
+  SG_CHECK(desc.kind == NormKind::kLayerNorm || desc.kind == NormKind::kRMSNorm, "norm: unknown NormKind ",
+           static_cast<int>(desc.kind), "; use kLayerNorm or kRMSNorm");
+  const char* kind = kind_name(desc.kind);
+  SG_CHECK(desc.dtype == DType::kFloat32 || desc.dtype == DType::kBFloat16 || desc.dtype == DType::kFloat16, kind,
+           ": dtype ", dtype_name(desc.dtype), " is not supported; use bf16, fp16 or fp32");
+  SG_CHECK(desc.rows > 0, kind, ": rows must be > 0, got ", desc.rows);
+  SG_CHECK(desc.hidden > 0, kind, ": hidden must be > 0, got ", desc.hidden);
+  SG_CHECK(desc.hidden <= std::numeric_limits<int>::max(), kind, ": hidden ", desc.hidden,
+           " is too large; it must fit in a 32-bit int");
+  const int count = vector_count(desc.dtype);
+  SG_CHECK(desc.hidden % count == 0, kind, ": hidden ", desc.hidden, " is not a multiple of ", count,
+           " (the kernels access ", dtype_name(desc.dtype), " rows in 16-byte vectors of ", count,
+           " elements); pad hidden to a multiple of ", count);
+  SG_CHECK(desc.eps > 0.0f, kind, ": eps must be > 0, got ", desc.eps);
+}
+
+std::size_t norm_backward_workspace_bytes(const NormDesc& desc) {
+  check_norm(desc);
+  const std::int64_t outputs = desc.kind == NormKind::kLayerNorm ? 2 : 1;
+  return static_cast<std::size_t>(outputs * max_partial_rows(desc) * desc.hidden) * sizeof(float);
+}
+
+void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
+                         float* mean, float* rstd, cudaStream_t stream) {
+  check_norm(desc);
+  const std::string op = op_name(desc, "forward");
+  const bool layer_norm = desc.kind == NormKind::kLayerNorm;
+  check_device_pointer(op, "x", x, true);
+  check_device_pointer(op, "gamma", gamma, true);
+  if (layer_norm) check_device_pointer(op, "beta", beta, true);
+  check_device_pointer(op, "y", y, true);
+  if (layer_norm) check_device_pointer(op, "mean", mean, false);
+  check_device_pointer(op, "rstd", rstd, false);
+
+  const RowPlan plan = forward_plan(desc);
+  const dim3 block(plan.threads_per_row, plan.rows_per_block);
+  const auto grid = static_cast<unsigned>(std::min<std::int64_t>(plan.groups, std::numeric_limits<int>::max()));
+  dispatch_norm(desc, [&]<typename T, bool kRms>() {
+    const ForwardArgs<T> args{.x = static_cast<const T*>(x),
+                              .gamma = static_cast<const T*>(gamma),
+                              .beta = static_cast<const T*>(beta),
+                              .y = static_cast<T*>(y),
+                              .mean = mean,
+                              .rstd = rstd,
+                              .rows = desc.rows,
+                              .hidden = static_cast<int>(desc.hidden),
+                              .eps = desc.eps};
+    if (plan.resident) {
+      norm_forward_kernel<T, kRms, true><<<grid, block, 0, stream>>>(args);
+    } else {
+      norm_forward_kernel<T, kRms, false><<<grid, block, 0, stream>>>(args);
+    }
+  });
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
+                          const void* gamma, void* dx, float* dgamma, float* dbeta, void* workspace,
+                          cudaStream_t stream) {
+  check_norm(desc);
+  const std::string op = op_name(desc, "backward");
+  const bool layer_norm = desc.kind == NormKind::kLayerNorm;
+  check_device_pointer(op, "dy", dy, true);
+  check_device_pointer(op, "x", x, true);
+  if (layer_norm) check_device_pointer(op, "mean", mean, false);
+  check_device_pointer(op, "rstd", rstd, false);
+  check_device_pointer(op, "gamma", gamma, true);
+  check_device_pointer(op, "dx", dx, true);
+  check_device_pointer(op, "dgamma", dgamma, false);
+  if (layer_norm) check_device_pointer(op, "dbeta", dbeta, false);
+  check_device_pointer(op, "workspace (norm_backward_workspace_bytes)", workspace, true);
+
+  const RowPlan plan = backward_plan(desc);
+  const dim3 block(plan.threads_per_row, plan.rows_per_block);
+  int device = 0;
+  int sms = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int partial_rows = 0;
+  dispatch_norm(desc, [&]<typename T, bool kRms>() {
+    const BackwardArgs<T> args{.dy = static_cast<const T*>(dy),
+                               .x = static_cast<const T*>(x),
+                               .mean = mean,
+                               .rstd = rstd,
+                               .gamma = static_cast<const T*>(gamma),
+                               .dx = static_cast<T*>(dx),
+                               .partials = static_cast<float*>(workspace),
+                               .rows = desc.rows,
+                               .hidden = static_cast<int>(desc.hidden)};
+    // Persistent grid: the blocks resident at once (a fixed number on a given
+    // device, so the row-to-block assignment and with it dgamma/dbeta are
+    // reproducible), and no more partial rows than that.
+    auto launch = [&](auto kernel) {
+      int per_sm = 0;
+      SG_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(block.x * block.y), 0));
+      const std::int64_t fit = std::max<std::int64_t>(1, static_cast<std::int64_t>(per_sm) * sms);
+      partial_rows = static_cast<int>(std::min(max_partial_rows(desc), fit));
+      kernel<<<partial_rows, block, 0, stream>>>(args);
+    };
+    if (plan.vecs == 2) {
+      launch(norm_backward_kernel<T, kRms, 2, true>);
+    } else if (plan.resident) {
+      launch(norm_backward_kernel<T, kRms, 4, true>);
+    } else {
+      launch(norm_backward_kernel<T, kRms, 4, false>);
+    }
+  });
+  SG_CUDA_CHECK(cudaGetLastError());
+  const dim3 reduce_grid(static_cast<unsigned>((desc.hidden + kReduceColumns - 1) / kReduceColumns),
+                         layer_norm ? 2 : 1);
+  norm_reduce_partials_kernel<<<reduce_grid, dim3(kReduceColumns, kReduceStrides), 0, stream>>>(
+      static_cast<const float*>(workspace), dgamma, dbeta, partial_rows, static_cast<int>(desc.hidden));
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace stepgraph::kernels

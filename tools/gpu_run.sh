@@ -5,7 +5,7 @@
 #   run.sh OUT_DIR [--sanitize]
 #
 # OUT_DIR receives at most 8 files (the device tool brings back no more):
-#   summary.txt  tests.log  programs.log  sanitizer.log  launch_overhead.json
+#   summary.txt tests.log programs.log sanitizer.log and the benchmarks JSON
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT_DIR [--sanitize]}
@@ -39,6 +39,8 @@ run_program() {
 run_program "$here/bin/trainer" --device cuda
 run_program "$here/bin/launch_overhead" --out "$out/launch_overhead.json"
 run_program "$here/bin/capture_demo" --device cuda --replays 10
+run_program "$here/bin/gemm_bench" --out "$out/gemm_bench.json"
+run_program "$here/bin/memory_bound_bench" --out "$out/memory_bound.json"
 
 # 3. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
 # API errors are not reported: every CUDA call's status is already checked by

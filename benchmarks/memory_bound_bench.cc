@@ -1,0 +1,227 @@
+// Memory-bound kernels against the device-to-device copy bandwidth measured in
+// the same run: LayerNorm forward and backward (hidden 4096 x 16384 tokens,
+// bf16), softmax cross-entropy (vocab 32768, bf16 logits) and AdamW over 100M
+// parameters (fp32 master, grads and moments, bf16 copies). Each kernel's
+// bandwidth counts the bytes it must move (inputs read once, outputs written
+// once); the goal is >= 80% of the copy's.
+//
+//   memory_bound_bench --repeats 50 --out memory_bound.json
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/cuda_check.h"
+#include "engine/device.h"
+#include "engine/error.h"
+#include "engine/half_precision.h"
+#include "engine/stream.h"
+#include "kernels/adamw.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/norm.h"
+
+namespace stepgraph {
+namespace {
+
+struct Timing {
+  double median_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+};
+
+Timing time_it(Stream& stream, int repeats, const std::function<void()>& launch) {
+  for (int i = 0; i < 5; ++i) launch();
+  stream.synchronize();
+  Event start(Event::Timing::kEnabled);
+  Event stop(Event::Timing::kEnabled);
+  std::vector<double> samples;
+  for (int i = 0; i < repeats; ++i) {
+    start.record(stream.get());
+    launch();
+    stop.record(stream.get());
+    stop.synchronize();
+    samples.push_back(Event::elapsed_ms(start, stop));
+  }
+  std::sort(samples.begin(), samples.end());
+  return {samples[samples.size() / 2], samples.front(), samples.back()};
+}
+
+// A device buffer filled with random values in [-1, 1) of the given kind
+// (never zeros: zeros can run faster than real data).
+class Buffer {
+ public:
+  // `bf16`: the buffer holds bf16 values, else fp32.
+  Buffer(double bytes_in, Stream& stream, std::uint32_t seed, bool bf16 = false)
+      : bytes_(static_cast<std::size_t>(bytes_in)) {
+    SG_CUDA_CHECK(cudaMalloc(&data_, bytes_));
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<std::uint8_t> host(bytes_);
+    if (bf16) {
+      auto* values = reinterpret_cast<std::uint16_t*>(host.data());
+      for (std::size_t i = 0; i < bytes_ / 2; ++i) values[i] = float_to_bf16(uniform(rng));
+    } else {
+      auto* values = reinterpret_cast<float*>(host.data());
+      for (std::size_t i = 0; i < bytes_ / 4; ++i) values[i] = uniform(rng);
+    }
+    SG_CUDA_CHECK(cudaMemcpyAsync(data_, host.data(), bytes_, cudaMemcpyHostToDevice, stream.get()));
+    stream.synchronize();
+  }
+  ~Buffer() { cudaFree(data_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* get() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_;
+};
+
+nlohmann::json row(const std::string& name, const Timing& t, double bytes, double copy_gbps) {
+  const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;
+  std::cout << "  " << name << ": median " << t.median_ms << " ms (min " << t.min_ms << ", max " << t.max_ms << "), "
+            << gbps << " GB/s, " << 100.0 * gbps / copy_gbps << "% of copy\n";
+  return {{"kernel", name},          {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
+          {"max_ms", t.max_ms},      {"bytes", bytes},           {"gbps", gbps},
+          {"fraction_of_copy", gbps / copy_gbps}};
+}
+
+int run(int repeats, const std::string& out_path) {
+  const DeviceProperties device = device_properties(0);
+  std::cout << "device: " << describe(device) << "\n";
+  Stream stream;
+  nlohmann::json rows = nlohmann::json::array();
+
+  // Device-to-device copy: 1 GiB, bytes read + written.
+  const std::size_t copy_bytes = std::size_t{1} << 30;
+  Buffer src(copy_bytes, stream, 1);
+  Buffer dst(copy_bytes, stream, 2);
+  const Timing copy = time_it(stream, repeats, [&] {
+    SG_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice, stream.get()));
+  });
+  const double copy_gbps = 2.0 * copy_bytes / (copy.median_ms * 1e-3) / 1e9;
+  std::cout << "  copy 1 GiB: median " << copy.median_ms << " ms, " << copy_gbps << " GB/s (read + write)\n";
+  rows.push_back(row("copy_d2d_1GiB", copy, 2.0 * copy_bytes, copy_gbps));
+
+  {  // LayerNorm bf16, hidden 4096, 16384 tokens.
+    const kernels::NormDesc desc{kernels::NormKind::kLayerNorm, DType::kBFloat16, 16384, 4096, 1e-5f};
+    const double elems = static_cast<double>(desc.rows) * desc.hidden;
+    Buffer x(elems * 2, stream, 3, true), y(elems * 2, stream, 4, true), dy(elems * 2, stream, 5, true),
+        dx(elems * 2, stream, 6, true);
+    Buffer gamma(desc.hidden * 2, stream, 7, true), beta(desc.hidden * 2, stream, 8, true);
+    Buffer mean(desc.rows * 4, stream, 9), rstd(desc.rows * 4, stream, 10);
+    Buffer dgamma(desc.hidden * 4, stream, 11), dbeta(desc.hidden * 4, stream, 12);
+    Buffer workspace(std::max<std::size_t>(kernels::norm_backward_workspace_bytes(desc), 256), stream, 13);
+    const Timing fwd = time_it(stream, repeats, [&] {
+      kernels::launch_norm_forward(desc, x.get(), gamma.get(), beta.get(), y.get(), mean.as<float>(), rstd.as<float>(),
+                                   stream.get());
+    });
+    // Reads x, gamma, beta; writes y, mean, rstd.
+    rows.push_back(row("layernorm_fwd_bf16_16384x4096", fwd, elems * 2 * 2 + desc.rows * 8.0 + desc.hidden * 4.0, copy_gbps));
+    const Timing bwd = time_it(stream, repeats, [&] {
+      kernels::launch_norm_backward(desc, dy.get(), x.get(), mean.as<float>(), rstd.as<float>(), gamma.get(), dx.get(),
+                                    dgamma.as<float>(), dbeta.as<float>(), workspace.get(), stream.get());
+    });
+    // Reads dy, x, mean, rstd, gamma; writes dx, dgamma, dbeta.
+    rows.push_back(row("layernorm_bwd_bf16_16384x4096", bwd, elems * 2 * 3 + desc.rows * 8.0 + desc.hidden * 10.0, copy_gbps));
+  }
+
+  {  // Cross-entropy, bf16 logits, vocab 32768, 8192 tokens.
+    kernels::CrossEntropyDesc desc;
+    desc.logits_type = DType::kBFloat16;
+    desc.label_type = DType::kInt32;
+    desc.tokens = 8192;
+    desc.vocab = 32768;
+    const double elems = static_cast<double>(desc.tokens) * desc.vocab;
+    Buffer logits(elems * 2, stream, 14, true), dlogits(elems * 2, stream, 15, true);
+    std::vector<std::int32_t> labels_host(desc.tokens);
+    std::mt19937 rng(16);
+    for (auto& l : labels_host) l = static_cast<std::int32_t>(rng() % desc.vocab);
+    Buffer labels(desc.tokens * 4, stream, 17);
+    SG_CUDA_CHECK(cudaMemcpyAsync(labels.get(), labels_host.data(), desc.tokens * 4, cudaMemcpyHostToDevice, stream.get()));
+    Buffer loss(256, stream, 18), flag(256, stream, 19);
+    SG_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, 4, stream.get()));
+    Buffer workspace(std::max<std::size_t>(kernels::cross_entropy_workspace_bytes(desc), 256), stream, 20);
+    const Timing t = time_it(stream, repeats, [&] {
+      kernels::launch_cross_entropy(desc, logits.get(), labels.get(), loss.as<float>(), dlogits.get(), workspace.get(),
+                                    flag.as<std::int32_t>(), stream.get());
+    });
+    rows.push_back(row("cross_entropy_bf16_8192x32768", t, elems * 2 * 2 + desc.tokens * 4.0, copy_gbps));
+  }
+
+  {  // AdamW over 100M parameters in 100 tensors of 1M.
+    constexpr int kTensors = 100;
+    constexpr std::int64_t kNumel = 1 << 20;
+    std::vector<std::unique_ptr<Buffer>> buffers;
+    std::vector<kernels::AdamWTensor> tensors;
+    for (int t = 0; t < kTensors; ++t) {
+      auto make = [&](std::size_t bytes) {
+        buffers.push_back(std::make_unique<Buffer>(bytes, stream, 100 + static_cast<std::uint32_t>(buffers.size())));
+        return buffers.back()->get();
+      };
+      kernels::AdamWTensor tensor;
+      tensor.weight = static_cast<float*>(make(kNumel * 4));
+      tensor.grad = static_cast<const float*>(make(kNumel * 4));
+      tensor.m = static_cast<float*>(make(kNumel * 4));
+      tensor.v = static_cast<float*>(make(kNumel * 4));
+      SG_CUDA_CHECK(cudaMemsetAsync(tensor.v, 0, kNumel * 4, stream.get()));  // second moments start at 0
+      tensor.bf16_copy = make(kNumel * 2);  // written, never read: its contents do not matter
+      tensor.numel = kNumel;
+      tensors.push_back(tensor);
+    }
+    const std::size_t table_bytes = kernels::adamw_table_bytes(tensors);
+    std::vector<std::uint8_t> table_host(table_bytes);
+    kernels::build_adamw_table(tensors, table_host.data());
+    Buffer table(table_bytes, stream, 21);
+    SG_CUDA_CHECK(cudaMemcpyAsync(table.get(), table_host.data(), table_bytes, cudaMemcpyHostToDevice, stream.get()));
+    Buffer step(256, stream, 22);
+    SG_CUDA_CHECK(cudaMemsetAsync(step.get(), 0, 8, stream.get()));
+    const std::int64_t total = kTensors * kNumel;
+    const Timing t = time_it(stream, repeats, [&] {
+      kernels::launch_adamw({.lr = 1e-4f}, table.get(), kTensors, total, step.as<std::int64_t>(), stream.get());
+    });
+    // Reads w, g, m, v (16 B); writes w, m, v (12 B) and the bf16 copy (2 B).
+    rows.push_back(row("adamw_104.9M_params", t, static_cast<double>(total) * 30.0, copy_gbps));
+  }
+
+  const nlohmann::json result = {{"benchmark", "memory_bound"}, {"device", device.name}, {"repeats", repeats},
+                                 {"copy_gbps", copy_gbps},       {"rows", rows}};
+  if (!out_path.empty()) {
+    std::ofstream file(out_path);
+    SG_CHECK_CODE(file.good(), ErrorCode::kIo, "cannot write ", out_path);
+    file << result.dump(2) << "\n";
+  }
+  return EXIT_SUCCESS;
+}
+
+}  // namespace
+}  // namespace stepgraph
+
+int main(int argc, char** argv) {
+  CLI::App app{"Memory-bound kernels against the device-to-device copy bandwidth"};
+  int repeats = 50;
+  std::string out;
+  app.add_option("--repeats", repeats, "timed launches per kernel")->capture_default_str();
+  app.add_option("--out", out, "write the results as JSON here");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return stepgraph::run(repeats, out);
+  } catch (const stepgraph::Error& error) {
+    std::cerr << "memory_bound_bench: " << error.message() << "\n";
+    return EXIT_FAILURE;
+  }
+}

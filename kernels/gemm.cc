@@ -133,11 +133,13 @@ struct LtMatmul {
 };
 
 // cuBLASLt's heuristic reads the alignment of every pointer it is given
-// (never the memory). The algorithm is chosen once per desc and then used for
-// any operands launch_gemm accepts, so it is asked for 16-byte alignment and
-// shown epilogue pointers aligned to 16 bytes and no more.
-cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc) {
-  const void* probe = reinterpret_cast<const void*>(kAlignment);
+// (never the memory), and better-aligned operands get faster algorithms (on
+// an H100, 8192^3 bf16 ran 20% slower with an algorithm chosen for 16-byte
+// alignment). So the algorithm is chosen per desc and alignment: the
+// smallest power-of-two alignment (16 to 256 bytes) of the operands. The
+// pool and the allocators hand out 256-byte-aligned memory.
+cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment) {
+  const void* probe = reinterpret_cast<const void*>(alignment);
   const bool has_vector = reads_bias(desc.epilogue) || writes_bias_grad(desc.epilogue);
   LtMatmul problem(desc, has_vector ? probe : nullptr, uses_aux(desc.epilogue) ? probe : nullptr);
   cublasLtMatmulPreferenceOpaque_t preference{};
@@ -145,7 +147,7 @@ cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc) {
   set_preference(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes});
   for (const auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    set_preference(&preference, attribute, static_cast<std::uint32_t>(kAlignment));
+    set_preference(&preference, attribute, static_cast<std::uint32_t>(alignment));
   }
   cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
   int returned = 0;
@@ -184,21 +186,36 @@ struct GemmDescHash {
 // The algorithm of every desc seen, for the device the handle was created on.
 class AlgoCache {
  public:
-  cublasLtMatmulAlgo_t get(const GemmDesc& desc) {
+  cublasLtMatmulAlgo_t get(const GemmDesc& desc, std::uintptr_t alignment) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    auto found = algos_.find(desc);
-    if (found == algos_.end()) found = algos_.emplace(desc, select_algo(desc)).first;
+    auto& by_alignment = algos_[desc];
+    auto found = by_alignment.find(alignment);
+    if (found == by_alignment.end()) found = by_alignment.emplace(alignment, select_algo(desc, alignment)).first;
     return found->second;
   }
 
  private:
   std::mutex mutex_;
-  std::unordered_map<GemmDesc, cublasLtMatmulAlgo_t, GemmDescHash> algos_;
+  std::unordered_map<GemmDesc, std::unordered_map<std::uintptr_t, cublasLtMatmulAlgo_t>, GemmDescHash> algos_;
 };
 
-cublasLtMatmulAlgo_t cached_algo(const GemmDesc& desc) {
+cublasLtMatmulAlgo_t cached_algo(const GemmDesc& desc, std::uintptr_t alignment) {
   static AlgoCache cache;
-  return cache.get(desc);
+  return cache.get(desc, alignment);
+}
+
+constexpr std::uintptr_t kBestAlignment = 256;
+
+// The largest power of two in [kAlignment, kBestAlignment] dividing every operand address.
+std::uintptr_t alignment_of(const GemmOperands& operands) {
+  std::uintptr_t alignment = kBestAlignment;
+  for (const void* pointer : {operands.a, operands.b, static_cast<const void*>(operands.d), operands.bias,
+                              static_cast<const void*>(operands.aux), static_cast<const void*>(operands.bias_grad)}) {
+    if (pointer == nullptr) continue;
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    while (alignment > kAlignment && address % alignment != 0) alignment /= 2;
+  }
+  return alignment;
 }
 
 void check_pointer(const void* pointer, const char* role, const GemmDesc& desc,
@@ -271,14 +288,14 @@ std::size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
 void gemm_prepare(const GemmDesc& desc) {
   check_gemm(desc);
-  cached_algo(desc);
+  cached_algo(desc, kBestAlignment);  // what pools and allocators hand out
 }
 
 void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_t stream) {
   // Everything checkable on the host first: a bad call fails before touching the device.
   check_gemm(desc);
   check_operands(desc, operands);
-  const cublasLtMatmulAlgo_t algo = cached_algo(desc);
+  const cublasLtMatmulAlgo_t algo = cached_algo(desc, alignment_of(operands));
   const void* vector = reads_bias(desc.epilogue)         ? operands.bias
                        : writes_bias_grad(desc.epilogue) ? operands.bias_grad
                                                          : nullptr;

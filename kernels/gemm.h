@@ -10,8 +10,8 @@
 //   wgrad    dW[out,in]= dy[T,out]^T * x[T,in]     A = dy (trans_a), B = x, kNone / kBiasGradOfA,
 //                                                  beta = 1 to accumulate into an fp32 main grad
 //
-// The algorithm is chosen once per GemmDesc (cuBLASLt's heuristic) and
-// cached, so eager execution and graph capture use the same one; call
+// The algorithm is chosen once per GemmDesc and operand alignment (cuBLASLt's
+// heuristic) and cached, so eager execution and graph capture use the same one; call
 // gemm_prepare() before capturing (it creates the handle and picks the
 // algorithm, neither of which may happen under stream capture).
 #pragma once
@@ -59,7 +59,9 @@ void check_gemm(const GemmDesc& desc);
 // Workspace every gemm launch gets (bytes, 256-byte aligned).
 std::size_t gemm_workspace_bytes();
 
-// Creates the cuBLASLt handle and caches the algorithm for `desc`.
+// Creates the cuBLASLt handle and caches the algorithm for `desc` with
+// 256-byte-aligned operands (what pools and allocators hand out; other
+// alignments get their own algorithm, chosen at their first launch).
 void gemm_prepare(const GemmDesc& desc);
 
 // Pointers by role; unused ones may be null. Pointers must be 16-byte aligned.

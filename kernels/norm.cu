@@ -14,17 +14,21 @@
 // and dy each in the backward, before the dgamma/dbeta accumulators). 128-256
 // threads per row keep 2-4 vectors per thread, registers for several blocks
 // per SM, and the two or three block reductions per row are cheap next to
-// the 16-24 KB each such row moves. Short rows (up to 32 vectors per warp)
-// get one warp per row and several rows per block, so blocks stay at 128
-// (forward) or 256 (backward) threads.
+// the 16-24 KB each such row moves. Short rows (up to 128 vectors in the
+// forward, 64 in the backward) get one warp per row, and several rows share a
+// block so that blocks stay at 128 (forward) or 256 (backward) threads.
 //
 // Rows longer than one tile of vecs * max threads vectors (forward: 32768
 // bf16/fp16 or 16384 fp32 elements; backward: 16384 or 8192) are processed
-// in tiles and re-read for each pass (mostly from L2): correct, not tuned.
+// in tiles and re-read for each pass (mostly from L2), and the backward
+// accumulates dgamma/dbeta in its partial rows in global memory: correct,
+// not tuned.
 //
-// Backward parameter gradients. The backward grid is persistent: as many
-// blocks as are resident on the device at once, each looping over a fixed set
-// of row groups. Each thread accumulates dy * xhat and dy for its columns
+// Backward. The grid is persistent: as many blocks as are resident on the
+// device at once, each looping over a fixed set of row groups; while a slice
+// reduces and writes one row, its next row streams into L2 (a bulk prefetch
+// issued by one thread), so a second row is in flight without registers.
+// Parameter gradients: each thread accumulates dy * xhat and dy for its columns
 // over its block's rows in registers; the slices of a block are summed in
 // shared memory in slice order, and block b writes partial row b of
 // `workspace` ([partial_rows, hidden] fp32 for dgamma, then the same for

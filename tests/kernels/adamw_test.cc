@@ -4,7 +4,7 @@
 // the host over five steps for tensors of 1, 7, 0, 4097 and 2^20 elements
 // packed into shared buffers in one launch (gaps between them must stay
 // untouched), bitwise determinism, a captured step replayed, the step counter
-// without tensors, and a bandwidth report at 100M parameters.
+// without tensors. Bandwidth is measured in benchmarks/memory_bound_bench.
 #include "kernels/adamw.h"
 
 #include <cmath>
@@ -430,57 +430,6 @@ TEST(AdamWDevice, NoElements_StepStillAdvances) {
   EXPECT_EQ(download<std::int64_t>(step.get(), 1)[0], 43);
 }
 
-// Not a pass/fail check (sanitizer runs are slow): prints the fraction of a
-// device-to-device copy's bandwidth. Bytes: read w, g, m, v; write w, m, v and
-// the bf16 copy (30 a parameter).
-TEST(AdamWBandwidth, Fp32_100MParameters_96Tensors_ReportsFractionOfCopyBandwidth) {
-  SG_SKIP_WITHOUT_GPU();
-  std::vector<std::int64_t> sizes;
-  for (int layer = 0; layer < 48; ++layer) {
-    sizes.push_back(std::int64_t{1} << 21);  // a weight matrix
-    sizes.push_back(1031);                   // a bias, with a scalar tail
-  }
-  const Layout layout(sizes, std::vector<bool>(sizes.size(), true));
-  testing::DeviceArray w(layout.f32_total * 4), g(layout.f32_total * 4), m(layout.f32_total * 4),
-      v(layout.f32_total * 4), copy(layout.bf16_total * 2), step(8);
-  for (const testing::DeviceArray* a : {&w, &g, &m, &v, &copy, &step}) {
-    SG_CUDA_CHECK(cudaMemset(a->get(), 0, a->bytes()));
-  }
-  const auto tensors =
-      layout.tensors(w.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(), copy.as<std::uint16_t>());
-  testing::DeviceArray table(adamw_table_bytes(tensors));
-  std::vector<std::byte> host_table(table.bytes());
-  build_adamw_table(tensors, host_table.data());
-  upload(table.get(), host_table);
-
-  Stream stream;
-  Event start(Event::Timing::kEnabled);
-  Event stop(Event::Timing::kEnabled);
-  constexpr int kRepeats = 20;
-  const auto time_ms = [&](auto&& body) {
-    body();  // warm-up
-    start.record(stream.get());
-    for (int i = 0; i < kRepeats; ++i) body();
-    stop.record(stream.get());
-    stop.synchronize();
-    return Event::elapsed_ms(start, stop) / kRepeats;
-  };
-  const std::size_t copy_bytes = layout.f32_total * 4;
-  const float copy_ms = time_ms(
-      [&] { SG_CUDA_CHECK(cudaMemcpyAsync(m.get(), w.get(), copy_bytes, cudaMemcpyDeviceToDevice, stream.get())); });
-  const float op_ms = time_ms([&] {
-    launch_adamw(kTypical, table.get(), layout.count(), layout.total_numel, step.as<std::int64_t>(), stream.get());
-  });
-  EXPECT_EQ(download<std::int64_t>(step.get(), 1)[0], kRepeats + 1);
-  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
-  const double op_gbs = 30.0 * layout.total_numel / (op_ms * 1e6);
-  std::printf(
-      "[bandwidth] adamw fp32 %.1fM parameters in %lld tensors: %.1f us, %.0f GB/s = %.1f%% of a D2D copy "
-      "(%.0f GB/s)\n",
-      layout.total_numel / 1e6, static_cast<long long>(layout.count()), op_ms * 1e3, op_gbs, 100.0 * op_gbs / copy_gbs,
-      copy_gbs);
-  RecordProperty("fraction_of_copy_percent", std::to_string(100.0 * op_gbs / copy_gbs));
-}
 
 }  // namespace
 }  // namespace stepgraph::kernels

@@ -3,7 +3,7 @@
 // checks (all without a GPU); then the device against the host reference for
 // every logits/labels dtype on tiny, mid-size, ragged-tile and 32768-wide
 // rows, with ignored tokens, all tokens ignored, out-of-range labels, bitwise
-// determinism, graph capture, and a bandwidth report at the H100 target shape.
+// determinism and graph capture. Bandwidth: benchmarks/memory_bound_bench.
 #include "kernels/cross_entropy.h"
 
 #include <cmath>
@@ -475,60 +475,6 @@ TEST(CrossEntropyDeviceEdge, Bf16Int64_64x4096_CapturedGraphReplays_MatchEagerBi
   SG_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
-// Not a pass/fail check (sanitizer runs are slow): prints the fraction of a
-// device-to-device copy's bandwidth, bytes = read logits + write dlogits.
-TEST(CrossEntropyBandwidth, Bf16Int64_8192x32768_ReportsFractionOfCopyBandwidth) {
-  SG_SKIP_WITHOUT_GPU();
-  const CrossEntropyDesc desc{.logits_type = DType::kBFloat16,
-                              .label_type = DType::kInt64,
-                              .tokens = 8192,
-                              .vocab = 32768,
-                              .ignore_index = kIgnore,
-                              .loss_scale = 1.0f};
-  const std::size_t bytes = static_cast<std::size_t>(desc.tokens * desc.vocab) * 2;
-  std::mt19937 rng(std::random_device{}());
-  DeviceArray logits(bytes);
-  DeviceArray dlogits(bytes);
-  {
-    constexpr std::int64_t kBlockRows = 64;  // one random block, repeated
-    const HostArray block = random_array(DType::kBFloat16, kBlockRows * desc.vocab, rng, -5.0f, 5.0f);
-    for (std::int64_t row = 0; row < desc.tokens; row += kBlockRows) {
-      SG_CUDA_CHECK(cudaMemcpy(static_cast<std::byte*>(logits.get()) + row * desc.vocab * 2, block.data(),
-                               block.bytes.size(), cudaMemcpyHostToDevice));
-    }
-    SG_CUDA_CHECK(cudaDeviceSynchronize());  // pageable copies; the stream below does not wait for them
-  }
-  DeviceArray labels(labels_of(desc.label_type, random_labels(desc.tokens, desc.vocab, 0.05, rng)));
-  DeviceArray loss(sizeof(float));
-  DeviceArray workspace(cross_entropy_workspace_bytes(desc));
-  DeviceArray flag(HostArray(DType::kInt32, 1));
-  Stream stream;
-  Event start(Event::Timing::kEnabled);
-  Event stop(Event::Timing::kEnabled);
-  constexpr int kRepeats = 20;
-  const auto time_ms = [&](auto&& body) {
-    body();  // warm-up
-    start.record(stream.get());
-    for (int i = 0; i < kRepeats; ++i) body();
-    stop.record(stream.get());
-    stop.synchronize();
-    return Event::elapsed_ms(start, stop) / kRepeats;
-  };
-  const float copy_ms = time_ms([&] {
-    SG_CUDA_CHECK(cudaMemcpyAsync(dlogits.get(), logits.get(), bytes, cudaMemcpyDeviceToDevice, stream.get()));
-  });
-  const float op_ms = time_ms([&] {
-    launch_cross_entropy(desc, logits.get(), labels.get(), loss.as<float>(), dlogits.get(), workspace.get(),
-                         flag.as<std::int32_t>(), stream.get());
-  });
-  EXPECT_EQ(flag.download(DType::kInt32, 1).get(0), 0.0f);
-  EXPECT_TRUE(std::isfinite(loss.download(DType::kFloat32, 1).get(0)));
-  const double copy_gbs = 2.0 * bytes / (copy_ms * 1e6);
-  const double op_gbs = 2.0 * bytes / (op_ms * 1e6);
-  std::printf("[bandwidth] cross_entropy bf16 8192x32768: %.1f us, %.0f GB/s = %.1f%% of a D2D copy (%.0f GB/s)\n",
-              op_ms * 1e3, op_gbs, 100.0 * op_gbs / copy_gbs, copy_gbs);
-  ::testing::Test::RecordProperty("fraction_of_copy_percent", std::to_string(100.0 * op_gbs / copy_gbs));
-}
 
 }  // namespace
 }  // namespace stepgraph::kernels

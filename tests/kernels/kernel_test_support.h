@@ -158,6 +158,26 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
   return norm == 0.0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
+// ||got - want|| / ||scale||, for results whose rounding error grows with
+// `scale` (e.g. the sum of |terms| of a dot product) rather than with |want|.
+// An empty `scale` means `want`.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want,
+                             const std::vector<float>& scale) {
+  if (scale.empty()) return relative_error(got, want);
+  const double error = relative_error(got, want);
+  double want_norm = 0.0;
+  double scale_norm = 0.0;
+  for (std::size_t i = 0; i < want.size() && i < scale.size(); ++i) {
+    want_norm += static_cast<double>(want[i]) * want[i];
+    scale_norm += static_cast<double>(scale[i]) * scale[i];
+  }
+  if (!std::isfinite(error) || scale_norm == 0.0) return error;
+  // relative_error divides by ||want|| (or returns the absolute norm when
+  // want is all zeros); rescale to ||scale||.
+  const double absolute = want_norm == 0.0 ? error : error * std::sqrt(want_norm);
+  return absolute / std::sqrt(scale_norm);
+}
+
 // Tolerances on the relative error norm, by the dtype results are stored in.
 inline double tolerance_for(DType dtype) {
   switch (dtype) {

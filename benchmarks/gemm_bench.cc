@@ -7,13 +7,15 @@
 //
 // bf16 A[m, k] times B[n, k]^T into bf16 D[m, n] (a linear layer's forward),
 // fp32 accumulation, inputs uniform in [-1, 1). Each variant is timed with
-// device events around single launches after a warm-up; the report gives the
+// device events around single launches after a warm-up, the variants
+// interleaved round by round (see time_interleaved); the report gives the
 // median, min and max, TFLOP/s from the median, and ours / best (goal >= 0.95).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <random>
@@ -69,22 +71,32 @@ nlohmann::json to_json(const Options& options, const Summary& s) {
 }
 
 // Times `launch` (which enqueues one GEMM on `stream`) `repeats` times.
-template <typename Launch>
-Summary time_launches(const Options& options, cudaStream_t stream, Launch&& launch) {
-  for (int i = 0; i < options.warmup; ++i) launch();
+// Times every launch `repeats` times, interleaved: each round runs each
+// variant once, starting at a rotating position, so clock and temperature
+// drift over the run (an H100 slows as it heats under back-to-back 8192^3
+// GEMMs) falls on all variants alike instead of on whichever runs last.
+std::vector<Summary> time_interleaved(const Options& options, cudaStream_t stream,
+                                      const std::vector<std::function<void()>>& launches) {
+  for (const auto& launch : launches) {
+    for (int i = 0; i < options.warmup; ++i) launch();
+  }
   SG_CUDA_CHECK(cudaStreamSynchronize(stream));
   Event start(Event::Timing::kEnabled);
   Event stop(Event::Timing::kEnabled);
-  std::vector<double> samples;
-  samples.reserve(options.repeats);
-  for (int i = 0; i < options.repeats; ++i) {
-    start.record(stream);
-    launch();
-    stop.record(stream);
-    stop.synchronize();
-    samples.push_back(1000.0 * Event::elapsed_ms(start, stop));
+  std::vector<std::vector<double>> samples(launches.size());
+  for (int round = 0; round < options.repeats; ++round) {
+    for (std::size_t j = 0; j < launches.size(); ++j) {
+      const std::size_t v = (j + static_cast<std::size_t>(round)) % launches.size();
+      start.record(stream);
+      launches[v]();
+      stop.record(stream);
+      stop.synchronize();
+      samples[v].push_back(1000.0 * Event::elapsed_ms(start, stop));
+    }
   }
-  return summarize(std::move(samples));
+  std::vector<Summary> out;
+  for (auto& variant : samples) out.push_back(summarize(std::move(variant)));
+  return out;
 }
 
 // A device allocation owned by the benchmark.
@@ -201,24 +213,27 @@ int run(const Options& options) {
   Stream stream;
 
   DirectCublasLt direct(options, workspace_bytes);
+  const std::vector<cublasLtMatmulAlgo_t> algos = direct.top_algorithms(options.candidates);
+  kernels::gemm_prepare(desc);
+  const kernels::GemmOperands operands{.a = a.get(), .b = b.get(), .d = d.get(), .workspace = workspace.get()};
+  std::vector<std::function<void()>> launches;
+  for (const cublasLtMatmulAlgo_t& algo : algos) {
+    launches.emplace_back([&, algo] { direct.launch(algo, a.get(), b.get(), d.get(), workspace.get(), workspace_bytes, stream.get()); });
+  }
+  launches.emplace_back([&] { kernels::launch_gemm(desc, operands, stream.get()); });
+  const std::vector<Summary> timed = time_interleaved(options, stream.get(), launches);
+
   nlohmann::json candidates = nlohmann::json::array();
   Summary best;
   int best_index = -1;
-  const std::vector<cublasLtMatmulAlgo_t> algos = direct.top_algorithms(options.candidates);
   for (std::size_t i = 0; i < algos.size(); ++i) {
-    const Summary s = time_launches(options, stream.get(), [&] {
-      direct.launch(algos[i], a.get(), b.get(), d.get(), workspace.get(), workspace_bytes, stream.get());
-    });
-    candidates.push_back(to_json(options, s));
-    if (best_index < 0 || s.median_us < best.median_us) {
-      best = s;
+    candidates.push_back(to_json(options, timed[i]));
+    if (best_index < 0 || timed[i].median_us < best.median_us) {
+      best = timed[i];
       best_index = static_cast<int>(i);
     }
   }
-
-  kernels::gemm_prepare(desc);
-  const kernels::GemmOperands operands{.a = a.get(), .b = b.get(), .d = d.get(), .workspace = workspace.get()};
-  const Summary ours = time_launches(options, stream.get(), [&] { kernels::launch_gemm(desc, operands, stream.get()); });
+  const Summary ours = timed.back();
   const double ratio = tflops(options, ours.median_us) / tflops(options, best.median_us);
 
   nlohmann::json best_json = to_json(options, best);

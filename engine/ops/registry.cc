@@ -4,15 +4,27 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/ops/activation_ops.h"
 #include "engine/ops/elementwise_ops.h"
+#include "engine/ops/gemm_ops.h"
+#include "engine/ops/loss_ops.h"
+#include "engine/ops/norm_ops.h"
+#include "engine/ops/optimizer_ops.h"
 
 namespace stepgraph::ops {
 
 std::span<const OpDef* const> all_ops() {
-  // One line per op family as they arrive.
+  // One line per op family.
   static const std::vector<const OpDef*> ops = {
-      &fill_op(), &copy_op(), &copy_inplace_op(), &axpy_op(), &axpy_inplace_op(), &add_op(), &mul_op(), &sum_op(), &cast_op(),
+      &fill_op(), &copy_op(), &copy_inplace_op(), &axpy_op(), &axpy_inplace_op(), &add_op(), &mul_op(), &sum_op(),
+      &cast_op(),
+      &gemm_op(), &gemm_accumulate_op(),
+      &norm_forward_op(), &norm_backward_op(),
+      &gelu_op(), &gelu_backward_op(), &residual_add_op(),
+      &cross_entropy_op(),
+      &adamw_op(),
   };
+
   return ops;
 }
 

@@ -10,21 +10,21 @@
 // device events around single launches after a warm-up, the variants
 // interleaved round by round (see time_interleaved); the report gives the
 // median, min and max, TFLOP/s from the median, and ours / best (goal >= 0.95).
+#include <cublasLt.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
-#include <iomanip>
 #include <functional>
+#include <iomanip>
 #include <iostream>
-#include <sstream>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <cublasLt.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/cuda_check.h"
 #include "engine/device.h"
@@ -60,13 +60,15 @@ Summary summarize(std::vector<double> samples) {
 }
 
 double tflops(const Options& options, double microseconds) {
-  const double flops = 2.0 * static_cast<double>(options.m) * static_cast<double>(options.n) *
-                       static_cast<double>(options.k);
+  const double flops =
+      2.0 * static_cast<double>(options.m) * static_cast<double>(options.n) * static_cast<double>(options.k);
   return flops / (microseconds * 1e-6) / 1e12;
 }
 
 nlohmann::json to_json(const Options& options, const Summary& s) {
-  return {{"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us},
+  return {{"median_us", s.median_us},
+          {"min_us", s.min_us},
+          {"max_us", s.max_us},
           {"tflops_at_median", tflops(options, s.median_us)}};
 }
 
@@ -155,8 +157,8 @@ class DirectCublasLt {
   std::vector<cublasLtMatmulAlgo_t> top_algorithms(int count) {
     std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(count));
     int returned = 0;
-    SG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, op_, a_, b_, d_, d_, preference_, count, results.data(),
-                                                   &returned));
+    SG_CUBLAS_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(handle_, op_, a_, b_, d_, d_, preference_, count, results.data(), &returned));
     std::vector<cublasLtMatmulAlgo_t> algos;
     for (int i = 0; i < returned; ++i) {
       if (results[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[i].algo);
@@ -184,8 +186,8 @@ class DirectCublasLt {
 
 std::string format_row(const std::string& name, const Options& options, const Summary& s) {
   std::ostringstream row;
-  row << "  " << std::left << std::setw(22) << name << std::right << std::fixed << std::setprecision(1)
-      << std::setw(10) << s.median_us << std::setw(10) << s.min_us << std::setw(10) << s.max_us << std::setw(10)
+  row << "  " << std::left << std::setw(22) << name << std::right << std::fixed << std::setprecision(1) << std::setw(10)
+      << s.median_us << std::setw(10) << s.min_us << std::setw(10) << s.max_us << std::setw(10)
       << tflops(options, s.median_us) << "\n";
   return row.str();
 }
@@ -218,7 +220,8 @@ int run(const Options& options) {
   const kernels::GemmOperands operands{.a = a.get(), .b = b.get(), .d = d.get(), .workspace = workspace.get()};
   std::vector<std::function<void()>> launches;
   for (const cublasLtMatmulAlgo_t& algo : algos) {
-    launches.emplace_back([&, algo] { direct.launch(algo, a.get(), b.get(), d.get(), workspace.get(), workspace_bytes, stream.get()); });
+    launches.emplace_back(
+        [&, algo] { direct.launch(algo, a.get(), b.get(), d.get(), workspace.get(), workspace_bytes, stream.get()); });
   }
   launches.emplace_back([&] { kernels::launch_gemm(desc, operands, stream.get()); });
   const std::vector<Summary> timed = time_interleaved(options, stream.get(), launches);
@@ -254,7 +257,8 @@ int run(const Options& options) {
   };
   std::cout << "gemm_bench: " << desc.to_string() << ", " << options.repeats << " repeats\n"
             << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(10) << "median us"
-            << std::setw(10) << "min us" << std::setw(10) << "max us" << std::setw(10) << "TFLOP/s" << "\n";
+            << std::setw(10) << "min us" << std::setw(10) << "max us" << std::setw(10) << "TFLOP/s"
+            << "\n";
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     const nlohmann::json& c = candidates[i];
     std::cout << format_row("cuBLASLt algo #" + std::to_string(i), options,

@@ -6,16 +6,15 @@
 //
 // Reports per mode the wall time of one round of K kernels (median, min, max
 // over the repeats, timed with device events after a warm-up) and the ratio.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "engine/cuda_check.h"
 #include "engine/device.h"
@@ -72,7 +71,8 @@ Summary time_rounds(const Options& options, Stream& stream, Round&& round) {
 }
 
 int run(const Options& options) {
-  SG_CHECK(options.kernels > 0 && options.elements > 0 && options.repeats > 0, "--kernels, --elements and "
+  SG_CHECK(options.kernels > 0 && options.elements > 0 && options.repeats > 0,
+           "--kernels, --elements and "
            "--repeats must be positive");
   const DeviceProperties device = device_properties(0);
   std::cerr << "device: " << describe(device) << "\n";
@@ -112,10 +112,9 @@ int run(const Options& options) {
   };
   std::cout << "launch_overhead: " << options.kernels << " kernels of " << options.elements << " elements, "
             << options.repeats << " repeats\n"
-            << "  eager  median " << eager.median_us << " us (min " << eager.min_us << ", max " << eager.max_us
+            << "  eager  median " << eager.median_us << " us (min " << eager.min_us << ", max " << eager.max_us << ")\n"
+            << "  graph  median " << graphed.median_us << " us (min " << graphed.min_us << ", max " << graphed.max_us
             << ")\n"
-            << "  graph  median " << graphed.median_us << " us (min " << graphed.min_us << ", max "
-            << graphed.max_us << ")\n"
             << "  eager/graph " << eager.median_us / graphed.median_us << "x\n";
   if (!options.out.empty()) {
     std::ofstream file(options.out);

@@ -6,19 +6,19 @@
 // once); the goal is >= 80% of the copy's.
 //
 //   memory_bound_bench --repeats 50 --out memory_bound.json
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <cuda_runtime.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/cuda_check.h"
 #include "engine/device.h"
@@ -95,8 +95,12 @@ nlohmann::json row(const std::string& name, const Timing& t, double bytes, doubl
   const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;
   std::cout << "  " << name << ": median " << t.median_ms << " ms (min " << t.min_ms << ", max " << t.max_ms << "), "
             << gbps << " GB/s, " << 100.0 * gbps / copy_gbps << "% of copy\n";
-  return {{"kernel", name},          {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
-          {"max_ms", t.max_ms},      {"bytes", bytes},           {"gbps", gbps},
+  return {{"kernel", name},
+          {"median_ms", t.median_ms},
+          {"min_ms", t.min_ms},
+          {"max_ms", t.max_ms},
+          {"bytes", bytes},
+          {"gbps", gbps},
           {"fraction_of_copy", gbps / copy_gbps}};
 }
 
@@ -131,13 +135,15 @@ int run(int repeats, const std::string& out_path) {
                                    stream.get());
     });
     // Reads x, gamma, beta; writes y, mean, rstd.
-    rows.push_back(row("layernorm_fwd_bf16_16384x4096", fwd, elems * 2 * 2 + desc.rows * 8.0 + desc.hidden * 4.0, copy_gbps));
+    rows.push_back(
+        row("layernorm_fwd_bf16_16384x4096", fwd, elems * 2 * 2 + desc.rows * 8.0 + desc.hidden * 4.0, copy_gbps));
     const Timing bwd = time_it(stream, repeats, [&] {
       kernels::launch_norm_backward(desc, dy.get(), x.get(), mean.as<float>(), rstd.as<float>(), gamma.get(), dx.get(),
                                     dgamma.as<float>(), dbeta.as<float>(), workspace.get(), stream.get());
     });
     // Reads dy, x, mean, rstd, gamma; writes dx, dgamma, dbeta.
-    rows.push_back(row("layernorm_bwd_bf16_16384x4096", bwd, elems * 2 * 3 + desc.rows * 8.0 + desc.hidden * 10.0, copy_gbps));
+    rows.push_back(
+        row("layernorm_bwd_bf16_16384x4096", bwd, elems * 2 * 3 + desc.rows * 8.0 + desc.hidden * 10.0, copy_gbps));
   }
 
   {  // Cross-entropy, bf16 logits, vocab 32768, 8192 tokens.
@@ -152,7 +158,8 @@ int run(int repeats, const std::string& out_path) {
     std::mt19937 rng(16);
     for (auto& l : labels_host) l = static_cast<std::int32_t>(rng() % desc.vocab);
     Buffer labels(desc.tokens * 4, stream, 17);
-    SG_CUDA_CHECK(cudaMemcpyAsync(labels.get(), labels_host.data(), desc.tokens * 4, cudaMemcpyHostToDevice, stream.get()));
+    SG_CUDA_CHECK(
+        cudaMemcpyAsync(labels.get(), labels_host.data(), desc.tokens * 4, cudaMemcpyHostToDevice, stream.get()));
     Buffer loss(256, stream, 18), flag(256, stream, 19);
     SG_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, 4, stream.get()));
     Buffer workspace(std::max<std::size_t>(kernels::cross_entropy_workspace_bytes(desc), 256), stream, 20);
@@ -198,8 +205,11 @@ int run(int repeats, const std::string& out_path) {
     rows.push_back(row("adamw_104.9M_params", t, static_cast<double>(total) * 30.0, copy_gbps));
   }
 
-  const nlohmann::json result = {{"benchmark", "memory_bound"}, {"device", device.name}, {"repeats", repeats},
-                                 {"copy_gbps", copy_gbps},       {"rows", rows}};
+  const nlohmann::json result = {{"benchmark", "memory_bound"},
+                                 {"device", device.name},
+                                 {"repeats", repeats},
+                                 {"copy_gbps", copy_gbps},
+                                 {"rows", rows}};
   if (!out_path.empty()) {
     std::ofstream file(out_path);
     SG_CHECK_CODE(file.good(), ErrorCode::kIo, "cannot write ", out_path);

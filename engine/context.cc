@@ -1,11 +1,11 @@
 #include "engine/context.h"
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-
-#include <cuda_runtime_api.h>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -100,7 +100,8 @@ void* ContextState::allocate(std::int64_t bytes, StorageKind kind, int stream_in
     SG_CUDA_CHECK(cudaMalloc(&address, static_cast<std::size_t>(bytes)));
     SG_CUDA_CHECK(cudaMemsetAsync(address, 0, static_cast<std::size_t>(bytes), stream(0)));
   } else {
-    SG_CUDA_CHECK(cudaMallocFromPoolAsync(&address, static_cast<std::size_t>(bytes), memory_pool, stream(stream_index)));
+    SG_CUDA_CHECK(
+        cudaMallocFromPoolAsync(&address, static_cast<std::size_t>(bytes), memory_pool, stream(stream_index)));
   }
   if (kind == StorageKind::kPersistent) {
     stats.persistent_bytes += bytes;
@@ -209,8 +210,8 @@ void Context::copy_from_host(const Tensor& dst, const void* src, std::size_t byt
   state_->check_owned(dst, "copy_from_host");
   SG_CHECK_CODE(!tracing(), ErrorCode::kInvalidState, "copy_from_host into '", dst.name(),
                 "' while tracing would run now, not at replay; bind step inputs at replay instead");
-  SG_CHECK(bytes == static_cast<std::size_t>(dst.bytes()), "copy_from_host: tensor '", dst.name(), "' ",
-           dst.shape(), " ", dtype_name(dst.dtype()), " holds ", dst.bytes(), " bytes, got ", bytes);
+  SG_CHECK(bytes == static_cast<std::size_t>(dst.bytes()), "copy_from_host: tensor '", dst.name(), "' ", dst.shape(),
+           " ", dtype_name(dst.dtype()), " holds ", dst.bytes(), " bytes, got ", bytes);
   if (bytes == 0) return;
   void* address = dst.data();
   if (device() == Device::kHost) {
@@ -273,8 +274,9 @@ std::vector<Tensor> Context::call(const OpDef& op, OpParams params, std::vector<
   std::vector<void*> input_addresses;
   input_addresses.reserve(inputs.size());
   for (const Tensor& input : inputs) {
-    SG_CHECK_CODE(input.storage() != StorageKind::kTraced, ErrorCode::kInvalidState, "op ", op.name,
-                  ": tensor '", input.name(), "' is a traced value without memory; it exists only inside its "
+    SG_CHECK_CODE(input.storage() != StorageKind::kTraced, ErrorCode::kInvalidState, "op ", op.name, ": tensor '",
+                  input.name(),
+                  "' is a traced value without memory; it exists only inside its "
                   "capture (return it as a step output to read it after replay)");
     input_addresses.push_back(input.data());
   }
@@ -364,8 +366,7 @@ void* Tensor::data() const {
   SG_CHECK(defined(), "use of an undefined tensor");
   switch (impl_->storage) {
     case StorageKind::kPersistent:
-    case StorageKind::kEager:
-      return impl_->address;
+    case StorageKind::kEager: return impl_->address;
     case StorageKind::kTraced:
       SG_THROW(ErrorCode::kInvalidState, "tensor '", impl_->name,
                "' is a traced value: it has no memory while tracing, and none after its capture unless it is "

@@ -21,12 +21,12 @@ namespace stepgraph::detail {
 
 }  // namespace stepgraph::detail
 
-#define SG_CUDA_CHECK(expr)                                               \
-  do {                                                                    \
-    const cudaError_t sg_cuda_status_ = (expr);                           \
-    if (sg_cuda_status_ != cudaSuccess) [[unlikely]] {                    \
-      ::stepgraph::detail::raise_cuda(sg_cuda_status_, #expr, SG_HERE);   \
-    }                                                                     \
+#define SG_CUDA_CHECK(expr)                                             \
+  do {                                                                  \
+    const cudaError_t sg_cuda_status_ = (expr);                         \
+    if (sg_cuda_status_ != cudaSuccess) [[unlikely]] {                  \
+      ::stepgraph::detail::raise_cuda(sg_cuda_status_, #expr, SG_HERE); \
+    }                                                                   \
   } while (false)
 
 #define SG_CUBLAS_CHECK(expr)                                               \

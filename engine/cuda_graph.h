@@ -4,9 +4,9 @@
 // Capturing work into a Graph lives in graphs/stream_capture.h.
 #pragma once
 
-#include <cstddef>
-
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
 
 namespace stepgraph {
 

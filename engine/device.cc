@@ -1,8 +1,8 @@
 #include "engine/device.h"
 
-#include <cstdio>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdio>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -12,8 +12,7 @@ namespace {
 
 std::string reason_for(cudaError_t status) {
   switch (status) {
-    case cudaErrorNoDevice:
-      return "no CUDA device: the driver reports no GPU (cudaErrorNoDevice)";
+    case cudaErrorNoDevice: return "no CUDA device: the driver reports no GPU (cudaErrorNoDevice)";
     case cudaErrorInsufficientDriver:
       return "no CUDA device: no CUDA driver is loaded, or it is older than this CUDA runtime "
              "(cudaErrorInsufficientDriver)";

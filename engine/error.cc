@@ -29,10 +29,7 @@ std::string_view error_code_name(ErrorCode code) {
 }
 
 Error::Error(ErrorCode code, std::string message, SourcePlace place)
-    : std::runtime_error(format_what(code, message, place)),
-      code_(code),
-      message_(std::move(message)),
-      place_(place) {}
+    : std::runtime_error(format_what(code, message, place)), code_(code), message_(std::move(message)), place_(place) {}
 
 namespace detail {
 

@@ -21,11 +21,11 @@ enum class ErrorCode : int {
   kUnsupported = 3,      // valid, but not implemented for this combination
   kNoDevice = 4,         // no CUDA device, or the index does not exist
   kOutOfMemory = 5,
-  kCuda = 6,             // a CUDA runtime call failed
-  kCublas = 7,           // a cuBLAS/cuBLASLt call failed
-  kNccl = 8,             // an NCCL call failed
-  kIo = 9,               // files: checkpoints, data
-  kInternal = 10,        // a StepGraph bug: please report it
+  kCuda = 6,       // a CUDA runtime call failed
+  kCublas = 7,     // a cuBLAS/cuBLASLt call failed
+  kNccl = 8,       // an NCCL call failed
+  kIo = 9,         // files: checkpoints, data
+  kInternal = 10,  // a StepGraph bug: please report it
 };
 
 // "invalid_argument", "cuda", ...: stable names, also used by the C API.
@@ -78,11 +78,11 @@ std::string concat(const Parts&... parts) {
 
 // Throws stepgraph::Error(code, message...) unless `cond` holds. The message
 // parts are streamed together and evaluated only on failure.
-#define SG_CHECK_CODE(cond, code, ...)                                                     \
-  do {                                                                                     \
-    if (!(cond)) [[unlikely]] {                                                            \
+#define SG_CHECK_CODE(cond, code, ...)                                                       \
+  do {                                                                                       \
+    if (!(cond)) [[unlikely]] {                                                              \
       ::stepgraph::detail::raise((code), ::stepgraph::detail::concat(__VA_ARGS__), SG_HERE); \
-    }                                                                                      \
+    }                                                                                        \
   } while (false)
 
 #define SG_CHECK(cond, ...) SG_CHECK_CODE(cond, ::stepgraph::ErrorCode::kInvalidArgument, __VA_ARGS__)

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "engine/error.h"
+
 namespace stepgraph {
 
 float fp16_to_float(std::uint16_t bits) {
@@ -33,8 +35,8 @@ std::uint16_t float_to_fp16(float value) {
   const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
   const float magnitude = std::fabs(value);
   if (std::isnan(value)) return sign | 0x7e00u;
-  if (magnitude >= 65520.0f) return sign | 0x7c00u;  // rounds to infinity
-  if (magnitude < 6.103515625e-05f) {                // subnormal range: multiples of 2^-24
+  if (magnitude >= 65520.0f) return sign | 0x7c00u;                  // rounds to infinity
+  if (magnitude < 6.103515625e-05f) {                                // subnormal range: multiples of 2^-24
     const float scaled = std::nearbyint(std::ldexp(magnitude, 24));  // ties to even (default rounding mode)
     return sign | static_cast<std::uint16_t>(scaled);
   }
@@ -45,6 +47,30 @@ std::uint16_t float_to_fp16(float value) {
   const std::uint32_t exponent = (abs_bits >> 23) - 112;
   const std::uint32_t mantissa = (abs_bits >> 13) & 0x3ffu;
   return sign | static_cast<std::uint16_t>((exponent << 10) | mantissa);
+}
+
+float load_as_float(DType dtype, const void* base, std::int64_t i) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      float value;
+      std::memcpy(&value, static_cast<const float*>(base) + i, sizeof(value));
+      return value;
+    }
+    case DType::kBFloat16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kFloat16: return fp16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    default:
+      SG_THROW(ErrorCode::kUnsupported, "dtype ", dtype_name(dtype), " is not a float format (fp32, bf16, fp16)");
+  }
+}
+
+void store_from_float(DType dtype, void* base, std::int64_t i, float value) {
+  switch (dtype) {
+    case DType::kFloat32: std::memcpy(static_cast<float*>(base) + i, &value, sizeof(value)); return;
+    case DType::kBFloat16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(value); return;
+    case DType::kFloat16: static_cast<std::uint16_t*>(base)[i] = float_to_fp16(value); return;
+    default:
+      SG_THROW(ErrorCode::kUnsupported, "dtype ", dtype_name(dtype), " is not a float format (fp32, bf16, fp16)");
+  }
 }
 
 }  // namespace stepgraph

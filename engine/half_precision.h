@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/dtype.h"
+
 namespace stepgraph {
 
 inline float bf16_to_float(std::uint16_t bits) {
@@ -28,5 +30,11 @@ inline std::uint16_t float_to_bf16(float value) {
 // IEEE binary16.
 float fp16_to_float(std::uint16_t bits);
 std::uint16_t float_to_fp16(float value);
+
+// Element `i` of an fp32, bf16 or fp16 array widened to fp32, and stored back
+// rounded to nearest even: what every host reference reads and writes.
+// Other dtypes are an Error(kUnsupported).
+float load_as_float(DType dtype, const void* base, std::int64_t i);
+void store_from_float(DType dtype, void* base, std::int64_t i, float value);
 
 }  // namespace stepgraph

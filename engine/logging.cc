@@ -1,13 +1,13 @@
 #include "engine/logging.h"
 
+#include <spdlog/sinks/stdout_sinks.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
-
-#include <spdlog/sinks/stdout_sinks.h>
 
 namespace stepgraph {
 namespace {
@@ -25,8 +25,10 @@ spdlog::logger* make_logger() {
 spdlog::level::level_enum log_level_from_env(const char* value) {
   if (value == nullptr || *value == '\0') return kDefaultLogLevel;
   if (auto level = parse_log_level(value)) return *level;
-  std::fprintf(stderr, "[stepgraph] [warning] STEPGRAPH_LOG='%s' is not a level (trace, debug, info, warn, error, "
-               "critical, off); using warn\n", value);
+  std::fprintf(stderr,
+               "[stepgraph] [warning] STEPGRAPH_LOG='%s' is not a level (trace, debug, info, warn, error, "
+               "critical, off); using warn\n",
+               value);
   return kDefaultLogLevel;
 }
 

@@ -5,10 +5,10 @@
 //   stepgraph::logger().info("captured {} nodes in {:.2f} ms", n, ms);
 #pragma once
 
+#include <spdlog/logger.h>
+
 #include <optional>
 #include <string_view>
-
-#include <spdlog/logger.h>
 
 namespace stepgraph {
 

@@ -68,13 +68,13 @@ class StreamOrder {
     std::int64_t token = 0;
   };
   struct ValueState {
-    Access last_write;                        // token 0: never written
-    std::vector<std::int64_t> reads_since;    // per stream: highest read token since the last write
+    Access last_write;                      // token 0: never written
+    std::vector<std::int64_t> reads_since;  // per stream: highest read token since the last write
   };
   void wait(int waiter, int signal, std::int64_t token, std::vector<StreamWait>& out);
 
   int stream_count_;
-  std::vector<std::vector<std::int64_t>> clocks_;                 // per stream: current knowledge
+  std::vector<std::vector<std::int64_t>> clocks_;                // per stream: current knowledge
   std::vector<std::vector<std::vector<std::int64_t>>> history_;  // per stream, per token: clock at issue
   std::unordered_map<std::int64_t, ValueState> values_;
 };

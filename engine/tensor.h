@@ -88,13 +88,13 @@ struct TensorImpl {
   TensorMeta meta;
   std::string name;
   StorageKind storage;
-  void* address = nullptr;             // persistent and eager
-  std::int64_t order_id = -1;          // identity for eager stream ordering
-  std::int32_t value = -1;             // traced and pool: value id in the program
-  std::uint64_t trace_id = 0;          // traced: the trace that made it
-  std::shared_ptr<PoolMemory> pool;    // pool: the memory and our offset in it
+  void* address = nullptr;           // persistent and eager
+  std::int64_t order_id = -1;        // identity for eager stream ordering
+  std::int32_t value = -1;           // traced and pool: value id in the program
+  std::uint64_t trace_id = 0;        // traced: the trace that made it
+  std::shared_ptr<PoolMemory> pool;  // pool: the memory and our offset in it
   std::int64_t pool_offset = 0;
-  bool freed_by_policy = false;        // pool report policy `free` dropped it
+  bool freed_by_policy = false;  // pool report policy `free` dropped it
 };
 
 }  // namespace detail

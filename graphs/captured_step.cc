@@ -1,9 +1,9 @@
 #include "graphs/captured_step.h"
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <chrono>
-
-#include <cuda_runtime_api.h>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -166,8 +166,8 @@ void CapturedStep::bind_inputs(std::span<const InputBinding> bindings) {
     SG_CHECK(target.defined() && source.defined(), "replay: an input binding has an undefined tensor");
     SG_CHECK(target.is_persistent(), "replay: '", target.name(),
              "' is not a persistent tensor; step inputs are persistent tensors at fixed addresses");
-    SG_CHECK(target.context_id() == ctx_.id() && source.context_id() == ctx_.id(), "replay: input '",
-             target.name(), "' and its source must belong to the step's context");
+    SG_CHECK(target.context_id() == ctx_.id() && source.context_id() == ctx_.id(), "replay: input '", target.name(),
+             "' and its source must belong to the step's context");
     SG_CHECK(target.meta() == source.meta(), "replay: input '", target.name(), "' is ", target.shape(), " ",
              dtype_name(target.dtype()), " but its source '", source.name(), "' is ", source.shape(), " ",
              dtype_name(source.dtype()));

@@ -125,7 +125,7 @@ class CapturedStep final : public CachedGraph {
   CaptureTimings timings_;
   std::shared_ptr<PoolMemory> pool_;
   const void* recorded_pool_base_ = nullptr;
-  std::vector<void*> addresses_;                               // per value id
+  std::vector<void*> addresses_;                                 // per value id
   std::vector<std::shared_ptr<detail::TensorImpl>> keep_alive_;  // persistent tensors the graphs read or write
   std::vector<Tensor> persistent_reads_;
   std::vector<Tensor> persistent_writes_;

@@ -48,7 +48,7 @@ class GraphKey {
   // non-empty and unique within the key; order matters.
   GraphKey& add(std::string_view name, std::string_view value);
   GraphKey& add(std::string_view name, const char* value);  // else "mlp" would pick the bool overload
-  GraphKey& add(std::string_view name, double value);        // NaN is an Error; -0.0 equals 0.0
+  GraphKey& add(std::string_view name, double value);       // NaN is an Error; -0.0 equals 0.0
   GraphKey& add(std::string_view name, bool value);
   GraphKey& add(std::string_view name, const Shape& value);
   GraphKey& add(std::string_view name, DType value);
@@ -56,11 +56,9 @@ class GraphKey {
 
   // Every integer type but bool is stored as int64.
   template <std::integral T>
-    requires(!std::same_as<T, bool>)
-  GraphKey& add(std::string_view name, T value) {
+  requires(!std::same_as<T, bool>) GraphKey& add(std::string_view name, T value) {
     if constexpr (std::is_unsigned_v<T> && sizeof(T) >= sizeof(std::int64_t)) {
-      SG_CHECK(std::in_range<std::int64_t>(value), "graph key field '", name, "': ", value,
-               " does not fit in int64");
+      SG_CHECK(std::in_range<std::int64_t>(value), "graph key field '", name, "': ", value, " does not fit in int64");
     }
     return add_field(name, Value{static_cast<std::int64_t>(value)});
   }

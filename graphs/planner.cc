@@ -229,9 +229,8 @@ bool precedes(const Footprint& before, const Footprint& after, const Program& pr
 // known complete there (read on a side stream that has not joined back) when
 // they conflict with every value chosen. Without side streams this is the
 // peak of live bytes.
-std::int64_t lower_bound(const std::vector<Footprint>& values,
-                         const std::vector<std::vector<std::int32_t>>& conflicts, const Program& program,
-                         const Ordering& ordering) {
+std::int64_t lower_bound(const std::vector<Footprint>& values, const std::vector<std::vector<std::int32_t>>& conflicts,
+                         const Program& program, const Ordering& ordering) {
   const auto positions = static_cast<std::int32_t>(program.instructions().size());
   const auto count = static_cast<std::int32_t>(values.size());
   const auto conflict = [&](std::int32_t a, std::int32_t b) {

@@ -35,7 +35,7 @@ struct ScheduleEntry {
   Kind kind = Kind::kRun;
   std::int32_t instruction = -1;  // kRun only
   std::int32_t stream = 0;
-  std::int32_t event = -1;        // kRecord / kWait only
+  std::int32_t event = -1;  // kRecord / kWait only
 
   bool operator==(const ScheduleEntry&) const = default;
 };

@@ -1,9 +1,9 @@
 #include "graphs/pool_memory.h"
 
+#include <cuda_runtime_api.h>
+
 #include <cstdlib>
 #include <cstring>
-
-#include <cuda_runtime_api.h>
 
 #include "engine/cuda_check.h"
 #include "engine/logging.h"

@@ -37,13 +37,14 @@ std::string describe_instruction(const Program& program, std::int32_t index, con
 
 std::string dump_program(const Program& program, const PoolPlan* plan) {
   const std::vector<Segment> segments = program.segments();
-  std::string text = detail::concat("program: ", program.values().size(), " values, ", program.instructions().size(),
-                                    " instructions, ", program.stream_count(), " stream(s), ", segments.size(),
-                                    " segment(s)\n");
+  std::string text =
+      detail::concat("program: ", program.values().size(), " values, ", program.instructions().size(),
+                     " instructions, ", program.stream_count(), " stream(s), ", segments.size(), " segment(s)\n");
   if (plan == nullptr) {
     for (const Segment& segment : segments) {
       text += "segment '" + segment.name + "'\n";
-      for (std::int32_t i = segment.begin; i < segment.end; ++i) text += "  " + describe_instruction(program, i, nullptr) + "\n";
+      for (std::int32_t i = segment.begin; i < segment.end; ++i)
+        text += "  " + describe_instruction(program, i, nullptr) + "\n";
     }
     return text;
   }

@@ -50,12 +50,8 @@ void run_schedule_cuda(const Program& program, const PoolPlan& plan, PoolPlan::R
     const ScheduleEntry& entry = plan.schedule[e];
     const cudaStream_t stream = streams[entry.stream];
     switch (entry.kind) {
-      case ScheduleEntry::Kind::kRecord:
-        SG_CUDA_CHECK(cudaEventRecord(events[entry.event], stream));
-        break;
-      case ScheduleEntry::Kind::kWait:
-        SG_CUDA_CHECK(cudaStreamWaitEvent(stream, events[entry.event], 0));
-        break;
+      case ScheduleEntry::Kind::kRecord: SG_CUDA_CHECK(cudaEventRecord(events[entry.event], stream)); break;
+      case ScheduleEntry::Kind::kWait: SG_CUDA_CHECK(cudaStreamWaitEvent(stream, events[entry.event], 0)); break;
       case ScheduleEntry::Kind::kRun: {
         const Instruction& instruction = program.instructions()[entry.instruction];
         SG_CHECK_CODE(instruction.op->launch_cuda != nullptr, ErrorCode::kUnsupported, "op ", instruction.op->name,

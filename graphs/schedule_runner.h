@@ -7,9 +7,9 @@
 //            the schedule), ignoring records and waits.
 #pragma once
 
-#include <span>
-
 #include <cuda_runtime_api.h>
+
+#include <span>
 
 #include "graphs/planner.h"
 #include "graphs/program.h"

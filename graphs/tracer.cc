@@ -61,8 +61,8 @@ std::vector<Tensor> Tracer::record(const OpDef& op, const OpParams& params, std:
   std::vector<Tensor> outputs;
   for (TensorMeta& meta : output_metas) {
     const ValueId id = program_.add_value(std::string(op.name), meta, ValueKind::kPool);
-    auto impl = std::make_shared<detail::TensorImpl>(ctx_.state(), std::move(meta), std::string(op.name),
-                                                     StorageKind::kTraced);
+    auto impl =
+        std::make_shared<detail::TensorImpl>(ctx_.state(), std::move(meta), std::string(op.name), StorageKind::kTraced);
     impl->value = id;
     impl->trace_id = id_;
     pool_handles_.push_back(impl);

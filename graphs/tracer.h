@@ -54,7 +54,7 @@ class Tracer final : public OpRecorder {
   std::uint64_t id_;
   bool active_ = true;
   Program program_;
-  std::vector<std::weak_ptr<detail::TensorImpl>> pool_handles_;  // per value id (empty for persistent)
+  std::vector<std::weak_ptr<detail::TensorImpl>> pool_handles_;   // per value id (empty for persistent)
   std::vector<std::shared_ptr<detail::TensorImpl>> persistents_;  // per value id (null for pool values)
   std::unordered_map<const detail::TensorImpl*, ValueId> persistent_values_;
 };

@@ -3,16 +3,15 @@
 // operation: a grid-stride loop over 16-byte vectors (8 bf16/fp16 or 4 fp32
 // elements per thread per step, fp32 arithmetic), then a grid-stride loop
 // over the n % kCount tail elements, so any n works.
-#include "kernels/activation.h"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/activation.h"
 #include "kernels/launch_config.cuh"
 #include "kernels/vector_io.cuh"
 

@@ -23,26 +23,6 @@ void check_args(const char* op, DType dtype, std::int64_t n, std::initializer_li
   for (const void* pointer : pointers) SG_CHECK(pointer != nullptr, op, ": null pointer for ", n, " elements");
 }
 
-float load(DType dtype, const void* base, std::int64_t i) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      float value;
-      std::memcpy(&value, static_cast<const float*>(base) + i, sizeof(value));
-      return value;
-    }
-    case DType::kBFloat16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    default: return fp16_to_float(static_cast<const std::uint16_t*>(base)[i]);  // checked: fp16
-  }
-}
-
-void store(DType dtype, void* base, std::int64_t i, float value) {
-  switch (dtype) {
-    case DType::kFloat32: std::memcpy(static_cast<float*>(base) + i, &value, sizeof(value)); return;
-    case DType::kBFloat16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(value); return;
-    default: static_cast<std::uint16_t*>(base)[i] = float_to_fp16(value); return;  // checked: fp16
-  }
-}
-
 float gelu_tanh(float x) {
   const float t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
   return 0.5f * x * (1.0f + t);
@@ -59,19 +39,20 @@ float gelu_tanh_grad(float x) {
 
 void gelu_forward(DType dtype, const void* x, void* y, std::int64_t n) {
   check_args("host gelu_forward", dtype, n, {x, y});
-  for (std::int64_t i = 0; i < n; ++i) store(dtype, y, i, gelu_tanh(load(dtype, x, i)));
+  for (std::int64_t i = 0; i < n; ++i) store_from_float(dtype, y, i, gelu_tanh(load_as_float(dtype, x, i)));
 }
 
 void gelu_backward(DType dtype, const void* dy, const void* x, void* dx, std::int64_t n) {
   check_args("host gelu_backward", dtype, n, {dy, x, dx});
   for (std::int64_t i = 0; i < n; ++i) {
-    store(dtype, dx, i, load(dtype, dy, i) * gelu_tanh_grad(load(dtype, x, i)));
+    store_from_float(dtype, dx, i, load_as_float(dtype, dy, i) * gelu_tanh_grad(load_as_float(dtype, x, i)));
   }
 }
 
 void residual_add(DType dtype, const void* a, const void* b, void* out, std::int64_t n) {
   check_args("host residual_add", dtype, n, {a, b, out});
-  for (std::int64_t i = 0; i < n; ++i) store(dtype, out, i, load(dtype, a, i) + load(dtype, b, i));
+  for (std::int64_t i = 0; i < n; ++i)
+    store_from_float(dtype, out, i, load_as_float(dtype, a, i) + load_as_float(dtype, b, i));
 }
 
 }  // namespace stepgraph::kernels::host

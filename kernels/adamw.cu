@@ -16,7 +16,7 @@
 // numel % 8 elements of a tensor take a scalar tail. Chunks start at
 // multiples of kChunk, so 16-byte aligned tensors keep every vector aligned;
 // build_adamw_table rejects others.
-#include "kernels/adamw.h"
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,10 +25,9 @@
 #include <cstring>
 #include <limits>
 
-#include <cuda_bf16.h>
-
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/adamw.h"
 #include "kernels/launch_config.cuh"
 #include "kernels/vector_io.cuh"
 

@@ -12,11 +12,11 @@
 // (accurate for small t, exactly 1 in the limit of large t).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 namespace stepgraph::kernels {
 

@@ -19,7 +19,8 @@
 // offset kRowLossOffset holds tokens fp32 row losses (written by 2 for every
 // row, ignored rows included, read by 3). Every launch overwrites all of it,
 // so it needs no zeroing and may be any scratch memory.
-#include "kernels/cross_entropy.h"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <bit>
 #include <cmath>
@@ -27,11 +28,9 @@
 #include <cstdint>
 #include <limits>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/reduce.cuh"
 #include "kernels/vector_io.cuh"
 

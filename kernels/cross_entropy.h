@@ -11,10 +11,10 @@
 // ignored ones and not counted, and the caller raises after the step.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime_api.h>
 
 #include "engine/dtype.h"
 

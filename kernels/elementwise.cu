@@ -1,6 +1,5 @@
-#include "kernels/elementwise.h"
-
 #include "engine/cuda_check.h"
+#include "kernels/elementwise.h"
 #include "kernels/launch_config.cuh"
 #include "kernels/vector_io.cuh"
 
@@ -133,7 +132,8 @@ void launch_cast(DType from, DType to, const void* x, void* out, std::int64_t n,
     case DType::kBFloat16: launch_cast_from(to, static_cast<const __nv_bfloat16*>(x), out, n, stream); break;
     case DType::kFloat16: launch_cast_from(to, static_cast<const __half*>(x), out, n, stream); break;
     default:
-      SG_THROW(ErrorCode::kUnsupported, "cast: source dtype ", dtype_name(from), " is not supported (fp32, bf16, fp16)");
+      SG_THROW(ErrorCode::kUnsupported, "cast: source dtype ", dtype_name(from),
+               " is not supported (fp32, bf16, fp16)");
   }
   SG_CUDA_CHECK(cudaGetLastError());
 }

@@ -3,9 +3,9 @@
 // launch. Host references with the same contracts are in elementwise_host.h.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "engine/dtype.h"
 

@@ -5,6 +5,8 @@
 // its own transpose flag (trans_b becomes cuBLASLt's transa).
 #include "kernels/gemm.h"
 
+#include <cublasLt.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,8 +14,6 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
-
-#include <cublasLt.h>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -37,8 +37,7 @@ bool is_known(GemmEpilogue epilogue) {
     case GemmEpilogue::kBias:
     case GemmEpilogue::kGeluAuxBias:
     case GemmEpilogue::kDGeluBGrad:
-    case GemmEpilogue::kBiasGradOfA:
-      return true;
+    case GemmEpilogue::kBiasGradOfA: return true;
   }
   return false;
 }
@@ -112,8 +111,10 @@ struct LtMatmul {
   // only where the epilogue uses it.
   LtMatmul(const GemmDesc& desc, const void* vector, const void* aux) {
     SG_CUBLAS_CHECK(cublasLtMatmulDescInit(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(desc.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
-    set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(desc.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+    set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSA,
+                  static_cast<std::int32_t>(desc.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+    set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSB,
+                  static_cast<std::int32_t>(desc.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
     set_attribute(&op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(lt_epilogue(desc.epilogue)));
     const auto d_type = static_cast<std::int32_t>(cuda_type(desc.d_type));
     if (vector != nullptr) {
@@ -203,9 +204,9 @@ int fastest_candidate(const GemmDesc& desc, const cublasLtMatmulHeuristicResult_
   for (int i = 0; i < count; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
     const auto launch = [&] {
-      return cublasLtMatmul(lt_handle(), &problem.op, &alpha, b.get(), &problem.a, a.get(), &problem.b, &beta,
-                            d.get(), &problem.d, d.get(), &problem.d, &results[i].algo, workspace.get(),
-                            kWorkspaceBytes, stream);
+      return cublasLtMatmul(lt_handle(), &problem.op, &alpha, b.get(), &problem.a, a.get(), &problem.b, &beta, d.get(),
+                            &problem.d, d.get(), &problem.d, &results[i].algo, workspace.get(), kWorkspaceBytes,
+                            stream);
     };
     if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that fails is skipped
     cudaEventRecord(start, stream);
@@ -236,8 +237,9 @@ cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment,
   cublasLtMatmulPreferenceOpaque_t preference{};
   SG_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference));
   set_preference(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes});
-  for (const auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+  for (const auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     set_preference(&preference, attribute, static_cast<std::uint32_t>(alignment));
   }
   cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
@@ -253,8 +255,9 @@ cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment,
       return results[i].algo;
     }
   }
-  SG_THROW(ErrorCode::kUnsupported, "gemm: cuBLASLt has no algorithm for ", desc.to_string(),
-           " on this device within ", kWorkspaceBytes >> 20, " MiB of workspace; change the dtypes, the "
+  SG_THROW(ErrorCode::kUnsupported, "gemm: cuBLASLt has no algorithm for ", desc.to_string(), " on this device within ",
+           kWorkspaceBytes >> 20,
+           " MiB of workspace; change the dtypes, the "
            "epilogue or the layout");
 }
 
@@ -314,12 +317,13 @@ std::uintptr_t alignment_of(const GemmOperands& operands) {
   return alignment;
 }
 
-void check_pointer(const void* pointer, const char* role, const GemmDesc& desc,
-                   std::uintptr_t alignment = kAlignment) {
+void check_pointer(const void* pointer, const char* role, const GemmDesc& desc, std::uintptr_t alignment = kAlignment) {
   SG_CHECK(pointer != nullptr, "gemm: operand '", role, "' is null, but ", desc.to_string(), " needs it");
   SG_CHECK(reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0, "gemm: operand '", role, "' at ", pointer,
-           " is not ", alignment, "-byte aligned (", desc.to_string(), "); pass an allocation, or an offset into one "
-           "that is a multiple of ", alignment, " bytes");
+           " is not ", alignment, "-byte aligned (", desc.to_string(),
+           "); pass an allocation, or an offset into one "
+           "that is a multiple of ",
+           alignment, " bytes");
 }
 
 void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
@@ -356,12 +360,13 @@ std::string GemmDesc::to_string() const {
 void check_gemm(const GemmDesc& desc) {
   SG_CHECK(desc.m > 0 && desc.n > 0 && desc.k > 0, "gemm: m, n and k must be > 0, got ", desc.m, "x", desc.n, "x",
            desc.k);
-  SG_CHECK(std::isfinite(desc.alpha) && std::isfinite(desc.beta), "gemm: alpha and beta must be finite, got alpha=",
-           desc.alpha, " beta=", desc.beta);
+  SG_CHECK(std::isfinite(desc.alpha) && std::isfinite(desc.beta),
+           "gemm: alpha and beta must be finite, got alpha=", desc.alpha, " beta=", desc.beta);
   SG_CHECK(is_known(desc.epilogue), "gemm: unknown epilogue ", static_cast<int>(desc.epilogue),
            "; use a GemmEpilogue enumerator");
-  SG_CHECK_CODE(desc.a_type == desc.b_type, ErrorCode::kUnsupported, "gemm: A and B must share a dtype, got A=",
-                dtype_name(desc.a_type), " B=", dtype_name(desc.b_type), "; convert one of them");
+  SG_CHECK_CODE(desc.a_type == desc.b_type, ErrorCode::kUnsupported,
+                "gemm: A and B must share a dtype, got A=", dtype_name(desc.a_type), " B=", dtype_name(desc.b_type),
+                "; convert one of them");
   SG_CHECK_CODE(is_gemm_dtype(desc.a_type), ErrorCode::kUnsupported, "gemm: A and B must be bf16, fp16 or fp32, got ",
                 dtype_name(desc.a_type));
   SG_CHECK_CODE(is_gemm_dtype(desc.d_type), ErrorCode::kUnsupported, "gemm: D must be bf16, fp16 or fp32, got ",
@@ -369,15 +374,17 @@ void check_gemm(const GemmDesc& desc) {
   SG_CHECK_CODE(desc.a_type != DType::kFloat32 || desc.d_type == DType::kFloat32, ErrorCode::kUnsupported,
                 "gemm: fp32 inputs need an fp32 D (cuBLASLt has no fp32 GEMM with a 16-bit output), got D=",
                 dtype_name(desc.d_type), "; ask for fp32 and convert");
-  SG_CHECK_CODE(desc.beta == 0.0f || can_accumulate(desc.epilogue), ErrorCode::kUnsupported, "gemm: beta=",
-                desc.beta, " needs epilogue none or bias_grad_of_a, got ", gemm_epilogue_name(desc.epilogue),
+  SG_CHECK_CODE(desc.beta == 0.0f || can_accumulate(desc.epilogue), ErrorCode::kUnsupported, "gemm: beta=", desc.beta,
+                " needs epilogue none or bias_grad_of_a, got ", gemm_epilogue_name(desc.epilogue),
                 "; use beta=0 and add separately");
   SG_CHECK_CODE(!uses_aux(desc.epilogue) || desc.n % 8 == 0, ErrorCode::kUnsupported, "gemm: epilogue ",
-                gemm_epilogue_name(desc.epilogue), " needs n divisible by 8 (cuBLASLt's aux leading dimension), got n=",
-                desc.n, "; pad the feature dimension or use epilogue none with a separate GeLU");
+                gemm_epilogue_name(desc.epilogue),
+                " needs n divisible by 8 (cuBLASLt's aux leading dimension), got n=", desc.n,
+                "; pad the feature dimension or use epilogue none with a separate GeLU");
   SG_CHECK_CODE(desc.epilogue != GemmEpilogue::kBiasGradOfA || desc.trans_a, ErrorCode::kUnsupported,
                 "gemm: epilogue bias_grad_of_a needs trans_a (cuBLASLt's BGRADB reduces a transposed operand "
-                "only), got ", desc.to_string(), "; store A as [k, m]");
+                "only), got ",
+                desc.to_string(), "; store A as [k, m]");
 }
 
 std::size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
@@ -393,8 +400,7 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
   check_operands(desc, operands);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const cublasLtMatmulAlgo_t algo =
-      cached_algo(desc, alignment_of(operands), capture == cudaStreamCaptureStatusNone);
+  const cublasLtMatmulAlgo_t algo = cached_algo(desc, alignment_of(operands), capture == cudaStreamCaptureStatusNone);
   const void* vector = reads_bias(desc.epilogue)         ? operands.bias
                        : writes_bias_grad(desc.epilogue) ? operands.bias_grad
                                                          : nullptr;

@@ -16,22 +16,22 @@
 // algorithm, neither of which may happen under stream capture).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
-
-#include <cuda_runtime_api.h>
 
 #include "engine/dtype.h"
 
 namespace stepgraph::kernels {
 
 enum class GemmEpilogue : std::uint8_t {
-  kNone,          // D = alpha AB + beta D
-  kBias,          // D = alpha AB + bias[n]
-  kGeluAuxBias,   // aux = alpha AB + bias[n]; D = gelu_tanh(aux)       (aux: [m, n], D's dtype)
-  kDGeluBGrad,    // D = (alpha AB) * gelu_tanh'(aux); bias_grad[n] = sum over m of D
-  kBiasGradOfA,   // D = alpha AB + beta D; bias_grad[m] = sum over k of opA(A)   (cuBLASLt BGRADB)
+  kNone,         // D = alpha AB + beta D
+  kBias,         // D = alpha AB + bias[n]
+  kGeluAuxBias,  // aux = alpha AB + bias[n]; D = gelu_tanh(aux)       (aux: [m, n], D's dtype)
+  kDGeluBGrad,   // D = (alpha AB) * gelu_tanh'(aux); bias_grad[n] = sum over m of D
+  kBiasGradOfA,  // D = alpha AB + beta D; bias_grad[m] = sum over k of opA(A)   (cuBLASLt BGRADB)
 };
 std::string gemm_epilogue_name(GemmEpilogue epilogue);
 

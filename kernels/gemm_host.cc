@@ -16,24 +16,6 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
-float load(DType dtype, const void* data, std::int64_t i) {
-  switch (dtype) {
-    case DType::kFloat32: return static_cast<const float*>(data)[i];
-    case DType::kBFloat16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::kFloat16: return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
-    default: SG_THROW(ErrorCode::kInternal, "host gemm: dtype ", dtype_name(dtype), " got past check_gemm");
-  }
-}
-
-void store(DType dtype, void* data, std::int64_t i, float value) {
-  switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(data)[i] = value; return;
-    case DType::kBFloat16: static_cast<std::uint16_t*>(data)[i] = float_to_bf16(value); return;
-    case DType::kFloat16: static_cast<std::uint16_t*>(data)[i] = float_to_fp16(value); return;
-    default: SG_THROW(ErrorCode::kInternal, "host gemm: dtype ", dtype_name(dtype), " got past check_gemm");
-  }
-}
-
 void check_pointer(const void* pointer, const char* role, const GemmDesc& desc) {
   SG_CHECK(pointer != nullptr, "host gemm: operand '", role, "' is null, but ", desc.to_string(), " needs it");
 }
@@ -55,7 +37,9 @@ void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
 std::vector<float> widen(DType dtype, const void* data, std::int64_t rows, std::int64_t cols, bool transposed) {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = load(dtype, data, transposed ? c * rows + r : r * cols + c);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] = load_as_float(dtype, data, transposed ? c * rows + r : r * cols + c);
+    }
   }
   return out;
 }
@@ -79,21 +63,23 @@ std::vector<float> scaled_product(const GemmDesc& desc, const std::vector<float>
 // D = alpha AB + beta D; D is not read when beta is 0 (it may hold NaN).
 void accumulate(const GemmDesc& desc, const std::vector<float>& ab, void* d) {
   for (std::int64_t i = 0; i < desc.m * desc.n; ++i) {
-    const float old = desc.beta != 0.0f ? desc.beta * load(desc.d_type, d, i) : 0.0f;
-    store(desc.d_type, d, i, ab[i] + old);
+    const float old = desc.beta != 0.0f ? desc.beta * load_as_float(desc.d_type, d, i) : 0.0f;
+    store_from_float(desc.d_type, d, i, ab[i] + old);
   }
 }
 
 void add_bias(const GemmDesc& desc, const std::vector<float>& ab, const void* bias, void* d) {
-  for (std::int64_t i = 0; i < desc.m * desc.n; ++i) store(desc.d_type, d, i, ab[i] + load(desc.d_type, bias, i % desc.n));
+  for (std::int64_t i = 0; i < desc.m * desc.n; ++i) {
+    store_from_float(desc.d_type, d, i, ab[i] + load_as_float(desc.d_type, bias, i % desc.n));
+  }
 }
 
 // aux = alpha AB + bias; D = gelu_tanh(aux), from aux before its rounding.
 void gelu_aux_bias(const GemmDesc& desc, const std::vector<float>& ab, const GemmOperands& operands) {
   for (std::int64_t i = 0; i < desc.m * desc.n; ++i) {
-    const float pre = ab[i] + load(desc.d_type, operands.bias, i % desc.n);
-    store(desc.d_type, operands.aux, i, pre);
-    store(desc.d_type, operands.d, i, gelu_tanh(pre));
+    const float pre = ab[i] + load_as_float(desc.d_type, operands.bias, i % desc.n);
+    store_from_float(desc.d_type, operands.aux, i, pre);
+    store_from_float(desc.d_type, operands.d, i, gelu_tanh(pre));
   }
 }
 
@@ -102,11 +88,11 @@ void gelu_aux_bias(const GemmDesc& desc, const std::vector<float>& ab, const Gem
 void dgelu_bgrad(const GemmDesc& desc, const std::vector<float>& ab, const GemmOperands& operands) {
   std::vector<float> sums(static_cast<std::size_t>(desc.n), 0.0f);
   for (std::int64_t i = 0; i < desc.m * desc.n; ++i) {
-    const float grad = ab[i] * gelu_tanh_grad(load(desc.d_type, operands.aux, i));
-    store(desc.d_type, operands.d, i, grad);
+    const float grad = ab[i] * gelu_tanh_grad(load_as_float(desc.d_type, operands.aux, i));
+    store_from_float(desc.d_type, operands.d, i, grad);
     sums[i % desc.n] += grad;
   }
-  for (std::int64_t j = 0; j < desc.n; ++j) store(desc.d_type, operands.bias_grad, j, sums[j]);
+  for (std::int64_t j = 0; j < desc.n; ++j) store_from_float(desc.d_type, operands.bias_grad, j, sums[j]);
 }
 
 // bias_grad[m] = the row sums of opA(A) over k, not scaled by alpha.
@@ -114,7 +100,7 @@ void bias_grad_of_a(const GemmDesc& desc, const std::vector<float>& a, void* bia
   for (std::int64_t i = 0; i < desc.m; ++i) {
     float sum = 0.0f;
     for (std::int64_t p = 0; p < desc.k; ++p) sum += a[i * desc.k + p];
-    store(desc.d_type, bias_grad, i, sum);
+    store_from_float(desc.d_type, bias_grad, i, sum);
   }
 }
 
@@ -127,18 +113,10 @@ void gemm(const GemmDesc& desc, const GemmOperands& operands) {
   const std::vector<float> b = widen(desc.b_type, operands.b, desc.k, desc.n, desc.trans_b);
   const std::vector<float> ab = scaled_product(desc, a, b);
   switch (desc.epilogue) {
-    case GemmEpilogue::kNone:
-      accumulate(desc, ab, operands.d);
-      return;
-    case GemmEpilogue::kBias:
-      add_bias(desc, ab, operands.bias, operands.d);
-      return;
-    case GemmEpilogue::kGeluAuxBias:
-      gelu_aux_bias(desc, ab, operands);
-      return;
-    case GemmEpilogue::kDGeluBGrad:
-      dgelu_bgrad(desc, ab, operands);
-      return;
+    case GemmEpilogue::kNone: accumulate(desc, ab, operands.d); return;
+    case GemmEpilogue::kBias: add_bias(desc, ab, operands.bias, operands.d); return;
+    case GemmEpilogue::kGeluAuxBias: gelu_aux_bias(desc, ab, operands); return;
+    case GemmEpilogue::kDGeluBGrad: dgelu_bgrad(desc, ab, operands); return;
     case GemmEpilogue::kBiasGradOfA:
       accumulate(desc, ab, operands.d);
       bias_grad_of_a(desc, a, operands.bias_grad);

@@ -24,6 +24,15 @@
 // accumulates dgamma/dbeta in its partial rows in global memory: correct,
 // not tuned.
 //
+// Access width. Rows are read and written in 16-byte vectors when hidden is
+// a multiple of the vector width and every row pointer is 16-byte aligned;
+// otherwise (hidden 4097, or offset pointers) the same kernels run with
+// kVector false and access single elements. An element takes a 32-bit
+// register as 16 bytes take four, so the backward holds four elements per
+// vector of its budget (the same registers); the forward holds two (see
+// kForwardElements). Element-wise rows are register-resident up to 8192
+// elements in the forward and the backward (4096 + 1 included).
+//
 // Backward. The grid is persistent: as many blocks as are resident on the
 // device at once, each looping over a fixed set of row groups; while a slice
 // reduces and writes one row, its next row streams into L2 (a bulk prefetch
@@ -38,8 +47,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -53,8 +64,11 @@
 namespace stepgraph::kernels {
 namespace {
 
-// Forward: 4 vectors of x per thread (16 registers of raw data).
+// Forward: 4 vectors of x per thread (16 registers of raw data); element-wise,
+// 8 elements (16 spill under the 64-register launch bound: each element
+// carries its own bounds check and gamma/beta/y addresses).
 constexpr int kForwardVecs = 4;
+constexpr int kForwardElements = 8;
 constexpr int kForwardMaxThreads = 1024;  // threads per row, also the launch bounds
 constexpr int kForwardBlockThreads = 128;  // block size when rows share a block
 
@@ -82,43 +96,98 @@ constexpr int kReduceStrides = 8;
 
 constexpr int vector_count(DType dtype) { return 16 / static_cast<int>(dtype_size(dtype)); }
 
+// Elements per access.
+constexpr int access_width(DType dtype, bool vector) { return vector ? vector_count(dtype) : 1; }
+
+// Accesses per thread for a register budget of `vecs` 16-byte vectors (see
+// "Access width" above).
+constexpr int backward_slots(int vecs, bool vector) { return vector ? vecs : 4 * vecs; }
+constexpr int forward_slots(bool vector) { return vector ? kForwardVecs : kForwardElements; }
+
 const char* kind_name(NormKind kind) { return kind == NormKind::kRMSNorm ? "rmsnorm" : "layernorm"; }
 
 // How a launch lays rows over threads.
 struct RowPlan {
-  int vecs = 1;              // 16-byte vectors per thread per tile
+  bool vector = true;        // 16-byte accesses, else single elements
+  int vecs = 1;              // register budget: 16-byte vectors per thread per tile
   bool resident = true;      // the whole row fits in one tile (registers)
   int threads_per_row = 32;  // blockDim.x, a multiple of 32
   int rows_per_block = 1;    // blockDim.y
   std::int64_t groups = 1;   // groups of rows_per_block rows
 };
 
-RowPlan plan_rows(const NormDesc& desc, int vecs, int max_threads, int block_threads) {
-  const std::int64_t vectors = desc.hidden / vector_count(desc.dtype);
-  const std::int64_t threads = (vectors + vecs - 1) / vecs;
+RowPlan plan_rows(const NormDesc& desc, bool vector, int vecs, int slots, int max_threads, int block_threads) {
+  const std::int64_t accesses = desc.hidden / access_width(desc.dtype, vector);
+  const std::int64_t threads = (accesses + slots - 1) / slots;
   RowPlan plan;
+  plan.vector = vector;
   plan.vecs = vecs;
   plan.threads_per_row = static_cast<int>(std::clamp<std::int64_t>((threads + 31) / 32 * 32, 32, max_threads));
-  plan.resident = vectors <= static_cast<std::int64_t>(vecs) * plan.threads_per_row;
+  plan.resident = accesses <= static_cast<std::int64_t>(slots) * plan.threads_per_row;
   plan.rows_per_block = static_cast<int>(std::clamp<std::int64_t>(block_threads / plan.threads_per_row, 1, desc.rows));
   plan.groups = (desc.rows + plan.rows_per_block - 1) / plan.rows_per_block;
   return plan;
 }
 
-RowPlan forward_plan(const NormDesc& desc) {
-  return plan_rows(desc, kForwardVecs, kForwardMaxThreads, kForwardBlockThreads);
+RowPlan forward_plan(const NormDesc& desc, bool vector) {
+  return plan_rows(desc, vector, kForwardVecs, forward_slots(vector), kForwardMaxThreads, kForwardBlockThreads);
 }
 
-RowPlan backward_plan(const NormDesc& desc) {
-  const std::int64_t vectors = desc.hidden / vector_count(desc.dtype);
-  if (vectors <= 2 * kBackwardBlockThreads) return plan_rows(desc, 2, kBackwardBlockThreads, kBackwardBlockThreads);
-  return plan_rows(desc, 4, kBackwardMaxThreads, kBackwardBlockThreads);
+RowPlan backward_plan(const NormDesc& desc, bool vector) {
+  const std::int64_t accesses = desc.hidden / access_width(desc.dtype, vector);
+  if (accesses <= backward_slots(2, vector) * kBackwardBlockThreads) {
+    return plan_rows(desc, vector, 2, backward_slots(2, vector), kBackwardBlockThreads, kBackwardBlockThreads);
+  }
+  return plan_rows(desc, vector, 4, backward_slots(4, vector), kBackwardMaxThreads, kBackwardBlockThreads);
 }
 
-std::int64_t max_partial_rows(const NormDesc& desc) { return std::min(backward_plan(desc).groups, kMaxBackwardBlocks); }
+// Partial rows in the workspace: its size cannot depend on the pointers, so
+// it covers both plans (the element-wise one has as many or more threads per
+// row, hence as many or more row groups).
+std::int64_t max_partial_rows(const NormDesc& desc) {
+  std::int64_t groups = backward_plan(desc, false).groups;
+  if (desc.hidden % vector_count(desc.dtype) == 0) groups = std::max(groups, backward_plan(desc, true).groups);
+  return std::min(groups, kMaxBackwardBlocks);
+}
 
 // ---------------------------------------------------------------------------
 // Device side.
+
+// One element with Vec16's interface, for the element-wise path.
+template <typename T>
+struct Element {
+  static constexpr int kCount = 1;
+  T values[1];
+
+  __device__ __forceinline__ void to_float(float (&out)[1]) const {
+    out[0] = stepgraph::kernels::to_float(values[0]);
+  }
+  __device__ __forceinline__ static Element from_float(const float (&in)[1]) {
+    return {{stepgraph::kernels::from_float<T>(in[0])}};
+  }
+};
+
+// What one access moves: a 16-byte vector, or one element.
+template <typename T, bool kVector>
+using Pack = std::conditional_t<kVector, Vec16<T>, Element<T>>;
+
+template <typename T, bool kVector>
+__device__ __forceinline__ Pack<T, kVector> load_pack(const T* pointer) {
+  if constexpr (kVector) {
+    return load16(pointer);
+  } else {
+    return {{*pointer}};
+  }
+}
+
+template <typename T, bool kVector>
+__device__ __forceinline__ void store_pack(T* pointer, const Pack<T, kVector>& value) {
+  if constexpr (kVector) {
+    store16(pointer, value);
+  } else {
+    *pointer = value.values[0];
+  }
+}
 
 template <typename T>
 struct ForwardArgs {
@@ -146,31 +215,34 @@ struct BackwardArgs {
   int hidden;
 };
 
-// The part of one row that the calling thread owns: vector v = base +
-// threadIdx.x + i * blockDim.x of each tile [base, base + kVecs * blockDim.x).
-// When the row fits in one tile (kResident), it is loaded once and stays in
+// The part of one row that the calling thread owns: access v = base +
+// threadIdx.x + i * blockDim.x of each tile [base, base + kSlots * blockDim.x),
+// an access being kCount elements (one 16-byte vector or one element). When
+// the row fits in one tile (kResident), it is loaded once and stays in
 // registers for every pass; otherwise each pass reloads its tiles.
-template <typename T, int kVecs, int kInputs, bool kResident>
+template <typename T, bool kVector, int kSlots, int kInputs, bool kResident>
 struct RowSlice {
-  static constexpr int kCount = Vec16<T>::kCount;
+  static constexpr int kCount = Pack<T, kVector>::kCount;
 
   const T* inputs[kInputs];  // row starts of x (and dy)
-  int vectors;               // hidden / kCount
+  int vectors;               // accesses per row: hidden / kCount
   bool live;                 // this slice has a row (the last block may not)
-  Vec16<T> held[kInputs][kVecs];
+  Pack<T, kVector> held[kInputs][kSlots];
 
-  __device__ __forceinline__ int tile() const { return kVecs * static_cast<int>(blockDim.x); }
+  __device__ __forceinline__ int tile() const { return kSlots * static_cast<int>(blockDim.x); }
   __device__ __forceinline__ int vector_at(int base, int i) const {
     return base + static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
   }
 
   __device__ __forceinline__ void load(int base) {
 #pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       const int v = vector_at(base, i);
       if (live && v < vectors) {
 #pragma unroll
-        for (int in = 0; in < kInputs; ++in) held[in][i] = load16(inputs[in] + static_cast<std::int64_t>(v) * kCount);
+        for (int in = 0; in < kInputs; ++in) {
+          held[in][i] = load_pack<T, kVector>(inputs[in] + static_cast<std::int64_t>(v) * kCount);
+        }
       }
     }
   }
@@ -188,10 +260,14 @@ struct RowSlice {
 #pragma unroll
       for (int in = 0; in < kInputs; ++in) {
 #pragma unroll
-        for (int i = 0; i < kVecs; ++i) {
-          auto* words = reinterpret_cast<unsigned*>(held[in][i].values);
+        for (int i = 0; i < kSlots; ++i) {
+          if constexpr (kVector) {
+            auto* words = reinterpret_cast<unsigned*>(held[in][i].values);
 #pragma unroll
-          for (int w = 0; w < 4; ++w) asm volatile("" : "+r"(words[w]));
+            for (int w = 0; w < 4; ++w) asm volatile("" : "+r"(words[w]));
+          } else {
+            asm volatile("" : "+h"(*reinterpret_cast<unsigned short*>(held[in][i].values)));
+          }
         }
       }
     }
@@ -205,7 +281,7 @@ struct RowSlice {
     for (int base = 0; kResident ? base == 0 : base < vectors; base += tile()) {
       if constexpr (!kResident) load(base);
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
+      for (int i = 0; i < kSlots; ++i) {
         const int v = vector_at(base, i);
         if (live && v < vectors) {
           float values[kInputs][kCount];
@@ -227,9 +303,9 @@ __device__ __forceinline__ void prefetch_l2(const void* pointer, unsigned bytes)
 #endif
 }
 
-template <typename T, bool kRms, bool kResident>
+template <typename T, bool kRms, bool kVector, bool kResident>
 __global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(ForwardArgs<T> a) {
-  constexpr int kCount = Vec16<T>::kCount;
+  constexpr int kCount = Pack<T, kVector>::kCount;
   __shared__ float scratch[kMaxRowsPerBlock][32];
   float* slice_scratch = scratch[threadIdx.y];
   const float hidden = static_cast<float>(a.hidden);
@@ -237,7 +313,7 @@ __global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(Forwar
 
   for (std::int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
     const std::int64_t row = group * blockDim.y + threadIdx.y;
-    RowSlice<T, kForwardVecs, 1, kResident> slice;
+    RowSlice<T, kVector, forward_slots(kVector), 1, kResident> slice;
     slice.live = row < a.rows;
     slice.inputs[0] = a.x + row * a.hidden;
     slice.vectors = a.hidden / kCount;
@@ -268,17 +344,17 @@ __global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(Forwar
     slice.sweep([&](int, int v, const float (&in)[1][kCount]) {
       float gamma[kCount];
       float out[kCount];
-      load16(a.gamma + v * kCount).to_float(gamma);
+      load_pack<T, kVector>(a.gamma + v * kCount).to_float(gamma);
       if constexpr (kRms) {
 #pragma unroll
         for (int k = 0; k < kCount; ++k) out[k] = in[0][k] * rstd * gamma[k];
       } else {
         float beta[kCount];
-        load16(a.beta + v * kCount).to_float(beta);
+        load_pack<T, kVector>(a.beta + v * kCount).to_float(beta);
 #pragma unroll
         for (int k = 0; k < kCount; ++k) out[k] = (in[0][k] - mean) * rstd * gamma[k] + beta[k];
       }
-      store16(y_row + v * kCount, Vec16<T>::from_float(out));
+      store_pack<T, kVector>(y_row + v * kCount, Pack<T, kVector>::from_float(out));
     });
     if (slice.live && threadIdx.x == 0) {
       if constexpr (!kRms) a.mean[row] = mean;
@@ -290,9 +366,10 @@ __global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(Forwar
 // A register cap rather than launch bounds: the budgets above (for 2
 // vectors per thread, 88 registers unconstrained would fit only two blocks
 // of 256 threads per SM instead of three).
-template <typename T, bool kRms, int kVecs, bool kResident>
+template <typename T, bool kRms, bool kVector, int kVecs, bool kResident>
 __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(BackwardArgs<T> a) {
-  constexpr int kCount = Vec16<T>::kCount;
+  constexpr int kCount = Pack<T, kVector>::kCount;
+  constexpr int kSlots = backward_slots(kVecs, kVector);
   __shared__ float scratch[kMaxRowsPerBlock][32];
   float* slice_scratch = scratch[threadIdx.y];
   const float hidden = static_cast<float>(a.hidden);
@@ -305,8 +382,8 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
   // (sum dy) over the block's rows, for the columns it holds. Rows in tiles:
   // one slice per block (threads_per_row is the maximum), so each thread owns
   // its columns of the block's partial rows and accumulates there directly.
-  float acc_gamma[kVecs][kCount] = {};
-  float acc_beta[kVecs][kCount] = {};
+  float acc_gamma[kSlots][kCount] = {};
+  float acc_beta[kSlots][kCount] = {};
   if constexpr (!kResident) {
     for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
 #pragma unroll
@@ -319,7 +396,7 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
 
   for (std::int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
     const std::int64_t row = group * blockDim.y + threadIdx.y;
-    RowSlice<T, kVecs, 2, kResident> slice;  // inputs: x, dy
+    RowSlice<T, kVector, kSlots, 2, kResident> slice;  // inputs: x, dy
     slice.live = row < a.rows;
     slice.inputs[0] = a.x + row * a.hidden;
     slice.inputs[1] = a.dy + row * a.hidden;
@@ -327,9 +404,10 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
     const float mean = (kRms || !slice.live) ? 0.0f : a.mean[row];
     const float rstd = slice.live ? a.rstd[row] : 0.0f;
     slice.begin();
-    if constexpr (kResident) {
+    if constexpr (kResident && kVector) {
       // The slice's next row streams into L2 while this one is reduced and
       // written: a second row in flight without a second set of registers.
+      // (The bulk prefetch needs 16-byte aligned rows: vector path only.)
       const std::int64_t next = row + static_cast<std::int64_t>(gridDim.x) * blockDim.y;
       if (threadIdx.x == 0 && next < a.rows) {
         const auto bytes = static_cast<unsigned>(a.hidden * sizeof(T));
@@ -343,7 +421,7 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
     float sum_gdy_xhat = 0.0f;
     slice.sweep([&](int, int v, const float (&in)[2][kCount]) {
       float gamma[kCount];
-      load16(a.gamma + v * kCount).to_float(gamma);
+      load_pack<T, kVector>(a.gamma + v * kCount).to_float(gamma);
 #pragma unroll
       for (int k = 0; k < kCount; ++k) {
         const float xhat = (in[0][k] - mean) * rstd;
@@ -359,7 +437,7 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
     slice.sweep([&](int i, int v, const float (&in)[2][kCount]) {
       float gamma[kCount];
       float dx[kCount];
-      load16(a.gamma + v * kCount).to_float(gamma);
+      load_pack<T, kVector>(a.gamma + v * kCount).to_float(gamma);
 #pragma unroll
       for (int k = 0; k < kCount; ++k) {
         const float xhat = (in[0][k] - mean) * rstd;
@@ -373,7 +451,7 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
           if constexpr (!kRms) partial_beta[v * kCount + k] += dy;
         }
       }
-      store16(dx_row + v * kCount, Vec16<T>::from_float(dx));
+      store_pack<T, kVector>(dx_row + v * kCount, Pack<T, kVector>::from_float(dx));
     });
   }
 
@@ -382,16 +460,21 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
     __shared__ float exchange[kBackwardBlockThreads * kCount];
     const int slices = blockDim.y;
     const int tpr = blockDim.x;
-    auto write_partial = [&](const float (&acc)[kVecs][kCount], float* partial) {
+    auto write_partial = [&](const float (&acc)[kSlots][kCount], float* partial) {
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
+      for (int i = 0; i < kSlots; ++i) {
         const int v = threadIdx.x + i * tpr;
         if (slices == 1) {
           if (v < vectors) {
+            if constexpr (kVector) {
+              // Partial rows are 16-byte aligned: hidden is a multiple of 4.
 #pragma unroll
-            for (int k = 0; k < kCount; k += 4) {
-              *reinterpret_cast<float4*>(partial + v * kCount + k) =
-                  make_float4(acc[i][k], acc[i][k + 1], acc[i][k + 2], acc[i][k + 3]);
+              for (int k = 0; k < kCount; k += 4) {
+                *reinterpret_cast<float4*>(partial + v * kCount + k) =
+                    make_float4(acc[i][k], acc[i][k + 1], acc[i][k + 2], acc[i][k + 3]);
+              }
+            } else {
+              partial[v] = acc[i][0];
             }
           }
           continue;
@@ -458,13 +541,19 @@ void dispatch_norm(const NormDesc& desc, Fn&& fn) {
   }
 }
 
-void check_device_pointer(const std::string& op, const char* name, const void* pointer, bool vector_access) {
+// Non-null and aligned to `alignment` bytes (its element size; 16 for the workspace).
+void check_device_pointer(const std::string& op, const char* name, const void* pointer, std::size_t alignment) {
   SG_CHECK(pointer != nullptr, op, ": ", name, " is null; pass a device pointer");
-  if (vector_access) {
-    SG_CHECK(is_aligned16(pointer), op, ": ", name, " (", pointer,
-             ") is not 16-byte aligned; the kernel reads it in 16-byte vectors, so allocate it with cudaMalloc or "
-             "offset it by a multiple of 16 bytes");
-  }
+  SG_CHECK(reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0, op, ": ", name, " (", pointer,
+           ") is not ", alignment, "-byte aligned; pass a pointer to whole elements, e.g. from cudaMalloc plus a "
+           "multiple of ", alignment, " bytes");
+}
+
+// The 16-byte vector path: hidden a multiple of the vector width, so that
+// every row of the (non-null) pointers starts 16-byte aligned when the first does.
+bool vector_access(const NormDesc& desc, std::initializer_list<const void*> pointers) {
+  if (desc.hidden % vector_count(desc.dtype) != 0) return false;
+  return std::all_of(pointers.begin(), pointers.end(), [](const void* p) { return p == nullptr || is_aligned16(p); });
 }
 
 std::string op_name(const NormDesc& desc, const char* direction) {
@@ -484,10 +573,6 @@ void check_norm(const NormDesc& desc) {
   SG_CHECK(desc.hidden > 0, kind, ": hidden must be > 0, got ", desc.hidden);
   SG_CHECK(desc.hidden <= std::numeric_limits<int>::max(), kind, ": hidden ", desc.hidden,
            " is too large; it must fit in a 32-bit int");
-  const int count = vector_count(desc.dtype);
-  SG_CHECK(desc.hidden % count == 0, kind, ": hidden ", desc.hidden, " is not a multiple of ", count,
-           " (the kernels access ", dtype_name(desc.dtype), " rows in 16-byte vectors of ", count,
-           " elements); pad hidden to a multiple of ", count);
   SG_CHECK(desc.eps > 0.0f, kind, ": eps must be > 0, got ", desc.eps);
 }
 
@@ -502,14 +587,15 @@ void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma,
   check_norm(desc);
   const std::string op = op_name(desc, "forward");
   const bool layer_norm = desc.kind == NormKind::kLayerNorm;
-  check_device_pointer(op, "x", x, true);
-  check_device_pointer(op, "gamma", gamma, true);
-  if (layer_norm) check_device_pointer(op, "beta", beta, true);
-  check_device_pointer(op, "y", y, true);
-  if (layer_norm) check_device_pointer(op, "mean", mean, false);
-  check_device_pointer(op, "rstd", rstd, false);
+  const std::size_t element = dtype_size(desc.dtype);
+  check_device_pointer(op, "x", x, element);
+  check_device_pointer(op, "gamma", gamma, element);
+  if (layer_norm) check_device_pointer(op, "beta", beta, element);
+  check_device_pointer(op, "y", y, element);
+  if (layer_norm) check_device_pointer(op, "mean", mean, sizeof(float));
+  check_device_pointer(op, "rstd", rstd, sizeof(float));
 
-  const RowPlan plan = forward_plan(desc);
+  const RowPlan plan = forward_plan(desc, vector_access(desc, {x, gamma, layer_norm ? beta : nullptr, y}));
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   const auto grid = static_cast<unsigned>(std::min<std::int64_t>(plan.groups, std::numeric_limits<int>::max()));
   dispatch_norm(desc, [&]<typename T, bool kRms>() {
@@ -522,10 +608,14 @@ void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma,
                               .rows = desc.rows,
                               .hidden = static_cast<int>(desc.hidden),
                               .eps = desc.eps};
-    if (plan.resident) {
-      norm_forward_kernel<T, kRms, true><<<grid, block, 0, stream>>>(args);
+    if (plan.vector && plan.resident) {
+      norm_forward_kernel<T, kRms, true, true><<<grid, block, 0, stream>>>(args);
+    } else if (plan.vector) {
+      norm_forward_kernel<T, kRms, true, false><<<grid, block, 0, stream>>>(args);
+    } else if (plan.resident) {
+      norm_forward_kernel<T, kRms, false, true><<<grid, block, 0, stream>>>(args);
     } else {
-      norm_forward_kernel<T, kRms, false><<<grid, block, 0, stream>>>(args);
+      norm_forward_kernel<T, kRms, false, false><<<grid, block, 0, stream>>>(args);
     }
   });
   SG_CUDA_CHECK(cudaGetLastError());
@@ -537,17 +627,19 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
   check_norm(desc);
   const std::string op = op_name(desc, "backward");
   const bool layer_norm = desc.kind == NormKind::kLayerNorm;
-  check_device_pointer(op, "dy", dy, true);
-  check_device_pointer(op, "x", x, true);
-  if (layer_norm) check_device_pointer(op, "mean", mean, false);
-  check_device_pointer(op, "rstd", rstd, false);
-  check_device_pointer(op, "gamma", gamma, true);
-  check_device_pointer(op, "dx", dx, true);
-  check_device_pointer(op, "dgamma", dgamma, false);
-  if (layer_norm) check_device_pointer(op, "dbeta", dbeta, false);
-  check_device_pointer(op, "workspace (norm_backward_workspace_bytes)", workspace, true);
+  const std::size_t element = dtype_size(desc.dtype);
+  check_device_pointer(op, "dy", dy, element);
+  check_device_pointer(op, "x", x, element);
+  if (layer_norm) check_device_pointer(op, "mean", mean, sizeof(float));
+  check_device_pointer(op, "rstd", rstd, sizeof(float));
+  check_device_pointer(op, "gamma", gamma, element);
+  check_device_pointer(op, "dx", dx, element);
+  check_device_pointer(op, "dgamma", dgamma, sizeof(float));
+  if (layer_norm) check_device_pointer(op, "dbeta", dbeta, sizeof(float));
+  // The partial rows are written in float4 on the vector path.
+  check_device_pointer(op, "workspace (norm_backward_workspace_bytes)", workspace, 16);
 
-  const RowPlan plan = backward_plan(desc);
+  const RowPlan plan = backward_plan(desc, vector_access(desc, {dy, x, gamma, dx}));
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   int device = 0;
   int sms = 0;
@@ -572,15 +664,21 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
       SG_CUDA_CHECK(
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(block.x * block.y), 0));
       const std::int64_t fit = std::max<std::int64_t>(1, static_cast<std::int64_t>(per_sm) * sms);
-      partial_rows = static_cast<int>(std::min(max_partial_rows(desc), fit));
+      partial_rows = static_cast<int>(std::min({plan.groups, kMaxBackwardBlocks, fit}));
       kernel<<<partial_rows, block, 0, stream>>>(args);
     };
-    if (plan.vecs == 2) {
-      launch(norm_backward_kernel<T, kRms, 2, true>);
+    if (plan.vector && plan.vecs == 2) {
+      launch(norm_backward_kernel<T, kRms, true, 2, true>);
+    } else if (plan.vector && plan.resident) {
+      launch(norm_backward_kernel<T, kRms, true, 4, true>);
+    } else if (plan.vector) {
+      launch(norm_backward_kernel<T, kRms, true, 4, false>);
+    } else if (plan.vecs == 2) {
+      launch(norm_backward_kernel<T, kRms, false, 2, true>);
     } else if (plan.resident) {
-      launch(norm_backward_kernel<T, kRms, 4, true>);
+      launch(norm_backward_kernel<T, kRms, false, 4, true>);
     } else {
-      launch(norm_backward_kernel<T, kRms, 4, false>);
+      launch(norm_backward_kernel<T, kRms, false, 4, false>);
     }
   });
   SG_CUDA_CHECK(cudaGetLastError());

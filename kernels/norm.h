@@ -1,8 +1,10 @@
 // LayerNorm and RMSNorm over the last dimension of x[rows, hidden], forward
 // and backward. x, y, dy, dx, gamma and beta share one dtype (bf16, fp16 or
-// fp32); statistics and parameter gradients are fp32. 16-byte vector access:
-// pointers 16-byte aligned and hidden a multiple of 8 (bf16/fp16) or 4
-// (fp32), else an Error naming the requirement.
+// fp32); statistics and parameter gradients are fp32. Any hidden size and
+// any element-aligned pointers: the kernels use 16-byte vector accesses when
+// hidden is a multiple of 8 (bf16/fp16) or 4 (fp32) and the row pointers are
+// 16-byte aligned (the fast path, e.g. cudaMalloc'd buffers), and element
+// accesses otherwise. The backward workspace must be 16-byte aligned.
 //
 //   layernorm: y = (x - mean) * rstd * gamma + beta,   rstd = 1/sqrt(var + eps)
 //   rmsnorm:   y = x * rstd * gamma,                  rstd = 1/sqrt(mean(x^2) + eps)
@@ -32,7 +34,7 @@ struct NormDesc {
   float eps = 1e-5f;
 };
 
-// Error for unsupported dtypes, hidden not a multiple of the vector width, rows or hidden <= 0.
+// Error for unsupported kinds or dtypes, rows or hidden <= 0, hidden beyond int32, eps <= 0 (or NaN).
 void check_norm(const NormDesc& desc);
 
 std::size_t norm_backward_workspace_bytes(const NormDesc& desc);

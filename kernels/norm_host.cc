@@ -14,28 +14,6 @@
 namespace stepgraph::kernels::host {
 namespace {
 
-float load(DType dtype, const void* base, std::int64_t i) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      float value;
-      std::memcpy(&value, static_cast<const float*>(base) + i, sizeof(value));
-      return value;
-    }
-    case DType::kBFloat16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::kFloat16: return fp16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    default: SG_THROW(ErrorCode::kInternal, "host norm: dtype ", dtype_name(dtype), " passed check_norm");
-  }
-}
-
-void store(DType dtype, void* base, std::int64_t i, float value) {
-  switch (dtype) {
-    case DType::kFloat32: std::memcpy(static_cast<float*>(base) + i, &value, sizeof(value)); return;
-    case DType::kBFloat16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(value); return;
-    case DType::kFloat16: static_cast<std::uint16_t*>(base)[i] = float_to_fp16(value); return;
-    default: SG_THROW(ErrorCode::kInternal, "host norm: dtype ", dtype_name(dtype), " passed check_norm");
-  }
-}
-
 void check_host_pointer(const char* op, const char* name, const void* pointer) {
   SG_CHECK(pointer != nullptr, op, ": ", name, " is null; pass a host array");
 }
@@ -60,21 +38,21 @@ void norm_forward(const NormDesc& desc, const void* x, const void* gamma, const 
     float row_mean = 0.0f;
     if (layer_norm) {
       double sum = 0.0;
-      for (std::int64_t j = 0; j < hidden; ++j) sum += load(desc.dtype, x, start + j);
+      for (std::int64_t j = 0; j < hidden; ++j) sum += load_as_float(desc.dtype, x, start + j);
       row_mean = static_cast<float>(sum / static_cast<double>(hidden));
     }
     double squares = 0.0;
     for (std::int64_t j = 0; j < hidden; ++j) {
-      const double centered = static_cast<double>(load(desc.dtype, x, start + j)) - row_mean;
+      const double centered = static_cast<double>(load_as_float(desc.dtype, x, start + j)) - row_mean;
       squares += centered * centered;
     }
     const auto row_rstd =
         static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(hidden) + static_cast<double>(desc.eps)));
     for (std::int64_t j = 0; j < hidden; ++j) {
-      const float xhat = (load(desc.dtype, x, start + j) - row_mean) * row_rstd;
-      float out = xhat * load(desc.dtype, gamma, j);
-      if (layer_norm) out += load(desc.dtype, beta, j);
-      store(desc.dtype, y, start + j, out);
+      const float xhat = (load_as_float(desc.dtype, x, start + j) - row_mean) * row_rstd;
+      float out = xhat * load_as_float(desc.dtype, gamma, j);
+      if (layer_norm) out += load_as_float(desc.dtype, beta, j);
+      store_from_float(desc.dtype, y, start + j, out);
     }
     if (layer_norm) mean[r] = row_mean;
     rstd[r] = row_rstd;
@@ -107,9 +85,9 @@ void norm_backward(const NormDesc& desc, const void* dy, const void* x, const fl
     double sum_gdy = 0.0;
     double sum_gdy_xhat = 0.0;
     for (std::int64_t j = 0; j < hidden; ++j) {
-      const float d = load(desc.dtype, dy, start + j);
-      xhat[j] = (load(desc.dtype, x, start + j) - row_mean) * row_rstd;
-      gdy[j] = load(desc.dtype, gamma, j) * d;
+      const float d = load_as_float(desc.dtype, dy, start + j);
+      xhat[j] = (load_as_float(desc.dtype, x, start + j) - row_mean) * row_rstd;
+      gdy[j] = load_as_float(desc.dtype, gamma, j) * d;
       sum_gdy += gdy[j];
       sum_gdy_xhat += static_cast<double>(gdy[j]) * xhat[j];
       sum_gamma[j] += static_cast<double>(d) * xhat[j];
@@ -118,7 +96,7 @@ void norm_backward(const NormDesc& desc, const void* dy, const void* x, const fl
     const float mean_gdy = layer_norm ? static_cast<float>(sum_gdy / static_cast<double>(hidden)) : 0.0f;
     const auto mean_gdy_xhat = static_cast<float>(sum_gdy_xhat / static_cast<double>(hidden));
     for (std::int64_t j = 0; j < hidden; ++j) {
-      store(desc.dtype, dx, start + j, row_rstd * (gdy[j] - mean_gdy - xhat[j] * mean_gdy_xhat));
+      store_from_float(desc.dtype, dx, start + j, row_rstd * (gdy[j] - mean_gdy - xhat[j] * mean_gdy_xhat));
     }
   }
   for (std::int64_t j = 0; j < hidden; ++j) {

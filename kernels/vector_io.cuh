@@ -8,10 +8,10 @@
 //   v.to_float(f);
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <cstdint>
 
 namespace stepgraph::kernels {
 

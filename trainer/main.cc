@@ -2,11 +2,10 @@
 // training loop (eager and graphed) arrives with the dense layers.
 //
 //   ./bazelw run //trainer -- --device cuda
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "engine/device.h"
 #include "engine/error.h"

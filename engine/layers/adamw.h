@@ -23,8 +23,8 @@ class AdamW {
 
  private:
   ops::AdamWParams params_;
-  Tensor table_;  // the kernel's launch table (pointers), int64 words
-  Tensor step_;   // int64 [1]
+  Tensor table_;                 // the kernel's launch table (pointers), int64 words
+  Tensor step_;                  // int64 [1]
   std::vector<Tensor> tensors_;  // per parameter: master, grad, m, v[, copy]
 };
 

@@ -6,8 +6,7 @@ namespace stepgraph {
 
 LayerNormLinear::LayerNormLinear(Context& ctx, const std::string& name, const LayerNormLinearConfig& config,
                                  std::uint32_t seed)
-    : norm_(ctx, name + ".norm",
-            NormConfig{config.norm, config.linear.in_features, config.eps, config.linear.dtype}),
+    : norm_(ctx, name + ".norm", NormConfig{config.norm, config.linear.in_features, config.eps, config.linear.dtype}),
       linear_(ctx, name + ".linear", config.linear, seed) {}
 
 std::vector<Parameter*> LayerNormLinear::parameters() {

@@ -11,10 +11,8 @@ namespace stepgraph {
 
 using kernels::GemmEpilogue;
 
-LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNormMLPConfig& config,
-                           std::uint32_t seed)
-    : config_(config),
-      norm_(ctx, name + ".norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype}) {
+LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNormMLPConfig& config, std::uint32_t seed)
+    : config_(config), norm_(ctx, name + ".norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype}) {
   SG_CHECK(config.hidden > 0 && config.ffn > 0, "LayerNormMLP '", name, "': hidden and ffn must be > 0, got ",
            config.hidden, " and ", config.ffn);
   const float scale1 = 1.0f / std::sqrt(static_cast<float>(config.hidden));
@@ -22,7 +20,8 @@ LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNor
   const Shape fc1{config.ffn, config.hidden};
   const Shape fc2{config.hidden, config.ffn};
   w1_ = make_parameter(ctx, name + ".fc1.weight", fc1, config.dtype, uniform_init(fc1.numel(), scale1, seed));
-  b1_ = make_parameter(ctx, name + ".fc1.bias", Shape{config.ffn}, config.dtype, uniform_init(config.ffn, scale1, seed + 1));
+  b1_ = make_parameter(ctx, name + ".fc1.bias", Shape{config.ffn}, config.dtype,
+                       uniform_init(config.ffn, scale1, seed + 1));
   w2_ = make_parameter(ctx, name + ".fc2.weight", fc2, config.dtype, uniform_init(fc2.numel(), scale2, seed + 2));
   b2_ = make_parameter(ctx, name + ".fc2.bias", Shape{config.hidden}, config.dtype,
                        uniform_init(config.hidden, scale2, seed + 3));
@@ -43,14 +42,14 @@ LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) c
   Tensor pre;
   Tensor act;
   if (fused_gelu()) {
-    const ops::GemmResult fc1 = ops::gemm(
-        ctx, normed.y, w1_.value,
-        {.trans_b = true, .epilogue = GemmEpilogue::kGeluAuxBias, .out_dtype = config_.dtype}, b1_.value);
+    const ops::GemmResult fc1 =
+        ops::gemm(ctx, normed.y, w1_.value,
+                  {.trans_b = true, .epilogue = GemmEpilogue::kGeluAuxBias, .out_dtype = config_.dtype}, b1_.value);
     pre = fc1.aux;
     act = fc1.d;
   } else {
-    pre = ops::gemm(ctx, normed.y, w1_.value, {.trans_b = true, .epilogue = GemmEpilogue::kBias, .out_dtype = config_.dtype},
-                    b1_.value)
+    pre = ops::gemm(ctx, normed.y, w1_.value,
+                    {.trans_b = true, .epilogue = GemmEpilogue::kBias, .out_dtype = config_.dtype}, b1_.value)
               .d;
     act = ops::gelu(ctx, pre);
   }
@@ -64,9 +63,9 @@ LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) c
 
 Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB).
-  const Tensor b2_grad = ops::gemm_accumulate_(
-      ctx, w2_.grad, args.dy, saved.act,
-      {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
+  const Tensor b2_grad =
+      ops::gemm_accumulate_(ctx, w2_.grad, args.dy, saved.act,
+                            {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
   ops::copy_(ctx, b2_.grad, b2_grad);
   // d_pre = (dy W2) * gelu'(pre); then fc1: grad_W1 = d_pre^T normed, d_normed = d_pre W1.
   Tensor d_pre;
@@ -79,9 +78,9 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
   } else {
     const Tensor d_act = ops::gemm(ctx, args.dy, w2_.value, {.out_dtype = config_.dtype}).d;
     d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
-    const Tensor b1_grad = ops::gemm_accumulate_(
-        ctx, w1_.grad, d_pre, saved.normed,
-        {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
+    const Tensor b1_grad =
+        ops::gemm_accumulate_(ctx, w1_.grad, d_pre, saved.normed,
+                              {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
     ops::copy_(ctx, b1_.grad, b1_grad);
   }
   const Tensor d_normed = ops::gemm(ctx, d_pre, w1_.value, {.out_dtype = config_.dtype}).d;

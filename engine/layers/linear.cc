@@ -31,9 +31,9 @@ std::vector<Parameter*> Linear::parameters() {
 
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
   const TensorMeta& x = args.x.meta();
-  SG_CHECK(x.shape.rank() == 2 && x.shape.dim(1) == config_.in_features && x.dtype == config_.dtype,
-           "Linear '", weight_.name, "': input must be [tokens, ", config_.in_features, "] ", dtype_name(config_.dtype),
-           ", got ", x.shape, " ", dtype_name(x.dtype));
+  SG_CHECK(x.shape.rank() == 2 && x.shape.dim(1) == config_.in_features && x.dtype == config_.dtype, "Linear '",
+           weight_.name, "': input must be [tokens, ", config_.in_features, "] ", dtype_name(config_.dtype), ", got ",
+           x.shape, " ", dtype_name(x.dtype));
   ops::GemmParams params{.trans_b = true,
                          .epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
                          .out_dtype = config_.dtype};

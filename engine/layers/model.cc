@@ -17,9 +17,11 @@ Model::Model(Context& ctx, const ModelConfig& config) : config_(config) {
         LayerNormMLPConfig{config.hidden, config.ffn, config.norm, config.eps, config.dtype},
         config.seed + 16 * static_cast<std::uint32_t>(i)));
   }
-  final_norm_ = std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
+  final_norm_ =
+      std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
   head_ = std::make_unique<Linear>(
-      ctx, "head", LinearConfig{.in_features = config.hidden, .out_features = config.vocab, .bias = false, .dtype = config.dtype},
+      ctx, "head",
+      LinearConfig{.in_features = config.hidden, .out_features = config.vocab, .bias = false, .dtype = config.dtype},
       config.seed + 7919);
 }
 

@@ -25,7 +25,7 @@ class Norm {
     Tensor x;  // [..., hidden]
   };
   struct Saved {
-    Tensor x;  // the caller's input (a reference)
+    Tensor x;     // the caller's input (a reference)
     Tensor mean;  // undefined for RMSNorm
     Tensor rstd;
   };

@@ -87,7 +87,8 @@ std::vector<TensorMeta> check_cast(const OpParams& params, std::span<const Tenso
   const DType to = params.as<CastParams>().to;
   for (DType dtype : {inputs[0].dtype, to}) {
     SG_CHECK_CODE(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
-                  ErrorCode::kUnsupported, "op cast: dtype ", dtype_name(dtype), " is not supported (fp32, bf16, fp16)");
+                  ErrorCode::kUnsupported, "op cast: dtype ", dtype_name(dtype),
+                  " is not supported (fp32, bf16, fp16)");
   }
   return {TensorMeta{inputs[0].shape, to}};
 }
@@ -113,12 +114,14 @@ const OpDef& fill_op() {
   static const OpDef op{
       .name = "fill",
       .check = check_fill,
-      .launch_cuda = [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_fill_f32(out_f32(a, 0), p.as<FillParams>().value, count(a), s);
-      },
-      .run_host = [](const OpParams& p, const KernelArgs& a) {
-        kernels::host::fill_f32(out_f32(a, 0), p.as<FillParams>().value, count(a));
-      },
+      .launch_cuda =
+          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+            kernels::launch_fill_f32(out_f32(a, 0), p.as<FillParams>().value, count(a), s);
+          },
+      .run_host =
+          [](const OpParams& p, const KernelArgs& a) {
+            kernels::host::fill_f32(out_f32(a, 0), p.as<FillParams>().value, count(a));
+          },
   };
   return op;
 }
@@ -127,12 +130,10 @@ const OpDef& copy_op() {
   static const OpDef op{
       .name = kCopy,
       .check = check_elementwise<1, 1, kCopy>,
-      .launch_cuda = [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_copy_f32(out_f32(a, 0), in_f32(a, 0), count(a), s);
-      },
-      .run_host = [](const OpParams&, const KernelArgs& a) {
-        kernels::host::copy_f32(out_f32(a, 0), in_f32(a, 0), count(a));
-      },
+      .launch_cuda = [](const OpParams&, const KernelArgs& a,
+                        CUstream_st* s) { kernels::launch_copy_f32(out_f32(a, 0), in_f32(a, 0), count(a), s); },
+      .run_host = [](const OpParams&,
+                     const KernelArgs& a) { kernels::host::copy_f32(out_f32(a, 0), in_f32(a, 0), count(a)); },
   };
   return op;
 }
@@ -143,12 +144,10 @@ const OpDef& copy_inplace_op() {
       .name = kCopyInplace,
       .check = check_elementwise<2, 0, kCopyInplace>,
       .mutated_inputs = {0},
-      .launch_cuda = [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_copy_f32(in_f32(a, 0), in_f32(a, 1), count(a), s);
-      },
-      .run_host = [](const OpParams&, const KernelArgs& a) {
-        kernels::host::copy_f32(in_f32(a, 0), in_f32(a, 1), count(a));
-      },
+      .launch_cuda = [](const OpParams&, const KernelArgs& a,
+                        CUstream_st* s) { kernels::launch_copy_f32(in_f32(a, 0), in_f32(a, 1), count(a), s); },
+      .run_host = [](const OpParams&,
+                     const KernelArgs& a) { kernels::host::copy_f32(in_f32(a, 0), in_f32(a, 1), count(a)); },
   };
   return op;
 }
@@ -157,12 +156,14 @@ const OpDef& axpy_op() {
   static const OpDef op{
       .name = kAxpy,
       .check = check_elementwise<2, 1, kAxpy>,
-      .launch_cuda = [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_axpy_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a), s);
-      },
-      .run_host = [](const OpParams& p, const KernelArgs& a) {
-        kernels::host::axpy_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a));
-      },
+      .launch_cuda =
+          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+            kernels::launch_axpy_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a), s);
+          },
+      .run_host =
+          [](const OpParams& p, const KernelArgs& a) {
+            kernels::host::axpy_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a));
+          },
   };
   return op;
 }
@@ -173,12 +174,14 @@ const OpDef& axpy_inplace_op() {
       .name = kAxpyInplace,
       .check = check_elementwise<2, 0, kAxpyInplace>,
       .mutated_inputs = {0},
-      .launch_cuda = [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_axpy_f32(in_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a), s);
-      },
-      .run_host = [](const OpParams& p, const KernelArgs& a) {
-        kernels::host::axpy_f32(in_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a));
-      },
+      .launch_cuda =
+          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+            kernels::launch_axpy_f32(in_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a), s);
+          },
+      .run_host =
+          [](const OpParams& p, const KernelArgs& a) {
+            kernels::host::axpy_f32(in_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a));
+          },
   };
   return op;
 }
@@ -187,12 +190,14 @@ const OpDef& add_op() {
   static const OpDef op{
       .name = kAdd,
       .check = check_elementwise<2, 1, kAdd>,
-      .launch_cuda = [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_add_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a), s);
-      },
-      .run_host = [](const OpParams&, const KernelArgs& a) {
-        kernels::host::add_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a));
-      },
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
+            kernels::launch_add_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a), s);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            kernels::host::add_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a));
+          },
   };
   return op;
 }
@@ -201,12 +206,14 @@ const OpDef& mul_op() {
   static const OpDef op{
       .name = kMul,
       .check = check_elementwise<2, 1, kMul>,
-      .launch_cuda = [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_mul_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a), s);
-      },
-      .run_host = [](const OpParams&, const KernelArgs& a) {
-        kernels::host::mul_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a));
-      },
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
+            kernels::launch_mul_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a), s);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            kernels::host::mul_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a));
+          },
   };
   return op;
 }
@@ -215,12 +222,14 @@ const OpDef& sum_op() {
   static const OpDef op{
       .name = "sum",
       .check = check_sum,
-      .launch_cuda = [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_sum_f32(out_f32(a, 0), in_f32(a, 0), a.input_metas[0].numel(), s);
-      },
-      .run_host = [](const OpParams&, const KernelArgs& a) {
-        kernels::host::sum_f32(out_f32(a, 0), in_f32(a, 0), a.input_metas[0].numel());
-      },
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
+            kernels::launch_sum_f32(out_f32(a, 0), in_f32(a, 0), a.input_metas[0].numel(), s);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            kernels::host::sum_f32(out_f32(a, 0), in_f32(a, 0), a.input_metas[0].numel());
+          },
   };
   return op;
 }
@@ -229,12 +238,14 @@ const OpDef& cast_op() {
   static const OpDef op{
       .name = "cast",
       .check = check_cast,
-      .launch_cuda = [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-        kernels::launch_cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a), s);
-      },
-      .run_host = [](const OpParams& p, const KernelArgs& a) {
-        kernels::host::cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a));
-      },
+      .launch_cuda =
+          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+            kernels::launch_cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a), s);
+          },
+      .run_host =
+          [](const OpParams& p, const KernelArgs& a) {
+            kernels::host::cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a));
+          },
   };
   return op;
 }
@@ -267,8 +278,8 @@ float item(Context& ctx, const Tensor& x) {
   SG_CHECK_CODE(!ctx.tracing(), ErrorCode::kInvalidState, "op item reads tensor '", x.name(),
                 "' on the host (a device-to-host copy), which cannot be captured; return the tensor as an output "
                 "of the step and read it after replay");
-  SG_CHECK(x.numel() == 1 && x.dtype() == DType::kFloat32, "op item needs a one-element fp32 tensor, got '",
-           x.name(), "' ", x.shape(), " ", dtype_name(x.dtype()));
+  SG_CHECK(x.numel() == 1 && x.dtype() == DType::kFloat32, "op item needs a one-element fp32 tensor, got '", x.name(),
+           "' ", x.shape(), " ", dtype_name(x.dtype()));
   float value = 0.0f;
   ctx.copy_to_host(x, &value, sizeof(value));
   return value;

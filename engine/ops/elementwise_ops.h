@@ -13,9 +13,9 @@
 
 namespace stepgraph::ops {
 
-Tensor fill(Context& ctx, const TensorMeta& meta, float value);     // a new tensor of `value`
-Tensor copy(Context& ctx, const Tensor& x);                          // a new tensor equal to x
-void copy_(Context& ctx, const Tensor& dst, const Tensor& src);      // dst = src, in place
+Tensor fill(Context& ctx, const TensorMeta& meta, float value);            // a new tensor of `value`
+Tensor copy(Context& ctx, const Tensor& x);                                // a new tensor equal to x
+void copy_(Context& ctx, const Tensor& dst, const Tensor& src);            // dst = src, in place
 Tensor axpy(Context& ctx, const Tensor& y, const Tensor& x, float alpha);  // y + alpha x
 void axpy_(Context& ctx, const Tensor& y, const Tensor& x, float alpha);   // y += alpha x, in place
 Tensor add(Context& ctx, const Tensor& a, const Tensor& b);

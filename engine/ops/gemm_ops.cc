@@ -73,9 +73,9 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
            inputs[0].shape, " and B ", inputs[1].shape);
   const std::int64_t k_of_b = p.trans_b ? inputs[1].shape.dim(1) : inputs[1].shape.dim(0);
   const kernels::GemmDesc desc = describe(p, inputs);
-  SG_CHECK(desc.k == k_of_b, "op ", op, ": inner dimensions differ: opA(A) is ", desc.m, "x", desc.k,
-           " but opB(B) is ", k_of_b, "x", desc.n, " (A ", inputs[0].shape, p.trans_a ? " transposed" : "", ", B ",
-           inputs[1].shape, p.trans_b ? " transposed" : "", ")");
+  SG_CHECK(desc.k == k_of_b, "op ", op, ": inner dimensions differ: opA(A) is ", desc.m, "x", desc.k, " but opB(B) is ",
+           k_of_b, "x", desc.n, " (A ", inputs[0].shape, p.trans_a ? " transposed" : "", ", B ", inputs[1].shape,
+           p.trans_b ? " transposed" : "", ")");
   SG_CHECK(accumulate || p.beta == 0.0f, "op gemm: beta must be 0; use gemm_accumulate_ to accumulate into D");
   kernels::check_gemm(desc);
   const TensorMeta d_meta{Shape{desc.m, desc.n}, p.out_dtype};

@@ -35,8 +35,9 @@ std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta
   SG_CHECK(inputs[0].shape.rank() == 2, "op cross_entropy: logits must be [tokens, vocab], got ", inputs[0].shape);
   SG_CHECK(inputs[1].shape == Shape{inputs[0].shape.dim(0)}, "op cross_entropy: labels must be [",
            inputs[0].shape.dim(0), "] to match the logits ", inputs[0].shape, ", got ", inputs[1].shape);
-  SG_CHECK(inputs[2] == (TensorMeta{Shape{1}, DType::kInt32}), "op cross_entropy: the error flag must be int32 [1], got ",
-           inputs[2].shape, " ", dtype_name(inputs[2].dtype));
+  SG_CHECK(inputs[2] == (TensorMeta{Shape{1}, DType::kInt32}),
+           "op cross_entropy: the error flag must be int32 [1], got ", inputs[2].shape, " ",
+           dtype_name(inputs[2].dtype));
   const kernels::CrossEntropyDesc desc = describe(params.as<CrossEntropyParams>(), inputs);
   kernels::check_cross_entropy(desc);
   const auto scratch = static_cast<std::int64_t>((kernels::cross_entropy_workspace_bytes(desc) + 3) / 4);
@@ -50,15 +51,17 @@ const OpDef& cross_entropy_op() {
       .name = "cross_entropy",
       .check = check,
       .mutated_inputs = {2},
-      .launch_cuda = [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-        kernels::launch_cross_entropy(describe(params.as<CrossEntropyParams>(), a.input_metas), a.inputs[0],
-                                      a.inputs[1], static_cast<float*>(a.outputs[0]), a.outputs[1], a.outputs[2],
-                                      static_cast<std::int32_t*>(a.inputs[2]), stream);
-      },
-      .run_host = [](const OpParams& params, const KernelArgs& a) {
-        kernels::host::cross_entropy(describe(params.as<CrossEntropyParams>(), a.input_metas), a.inputs[0],
-                                     a.inputs[1], static_cast<float*>(a.outputs[0]), a.outputs[1]);
-      },
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            kernels::launch_cross_entropy(describe(params.as<CrossEntropyParams>(), a.input_metas), a.inputs[0],
+                                          a.inputs[1], static_cast<float*>(a.outputs[0]), a.outputs[1], a.outputs[2],
+                                          static_cast<std::int32_t*>(a.inputs[2]), stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            kernels::host::cross_entropy(describe(params.as<CrossEntropyParams>(), a.input_metas), a.inputs[0],
+                                         a.inputs[1], static_cast<float*>(a.outputs[0]), a.outputs[1]);
+          },
   };
   return op;
 }

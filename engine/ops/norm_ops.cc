@@ -128,16 +128,19 @@ const OpDef& norm_forward_op() {
   static const OpDef op{
       .name = "norm_forward",
       .check = check_forward,
-      .launch_cuda = [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-        const NormParams& p = params.as<NormParams>();
-        const ForwardPointers f = forward_pointers(p, a);
-        kernels::launch_norm_forward(describe(p, a.input_metas[0]), f.x, f.gamma, f.beta, f.y, f.mean, f.rstd, stream);
-      },
-      .run_host = [](const OpParams& params, const KernelArgs& a) {
-        const NormParams& p = params.as<NormParams>();
-        const ForwardPointers f = forward_pointers(p, a);
-        kernels::host::norm_forward(describe(p, a.input_metas[0]), f.x, f.gamma, f.beta, f.y, f.mean, f.rstd);
-      },
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const NormParams& p = params.as<NormParams>();
+            const ForwardPointers f = forward_pointers(p, a);
+            kernels::launch_norm_forward(describe(p, a.input_metas[0]), f.x, f.gamma, f.beta, f.y, f.mean, f.rstd,
+                                         stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const NormParams& p = params.as<NormParams>();
+            const ForwardPointers f = forward_pointers(p, a);
+            kernels::host::norm_forward(describe(p, a.input_metas[0]), f.x, f.gamma, f.beta, f.y, f.mean, f.rstd);
+          },
   };
   return op;
 }
@@ -146,18 +149,20 @@ const OpDef& norm_backward_op() {
   static const OpDef op{
       .name = "norm_backward",
       .check = check_backward,
-      .launch_cuda = [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-        const NormParams& p = params.as<NormParams>();
-        const BackwardPointers b = backward_pointers(p, a);
-        kernels::launch_norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx,
-                                      b.dgamma, b.dbeta, b.workspace, stream);
-      },
-      .run_host = [](const OpParams& params, const KernelArgs& a) {
-        const NormParams& p = params.as<NormParams>();
-        const BackwardPointers b = backward_pointers(p, a);
-        kernels::host::norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx,
-                                     b.dgamma, b.dbeta);
-      },
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const NormParams& p = params.as<NormParams>();
+            const BackwardPointers b = backward_pointers(p, a);
+            kernels::launch_norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx,
+                                          b.dgamma, b.dbeta, b.workspace, stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const NormParams& p = params.as<NormParams>();
+            const BackwardPointers b = backward_pointers(p, a);
+            kernels::host::norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx,
+                                         b.dgamma, b.dbeta);
+          },
   };
   return op;
 }

@@ -8,8 +8,8 @@ namespace stepgraph::ops {
 
 bool AdamWParams::operator==(const AdamWParams& other) const {
   return hyper.lr == other.hyper.lr && hyper.beta1 == other.hyper.beta1 && hyper.beta2 == other.hyper.beta2 &&
-         hyper.eps == other.hyper.eps && hyper.weight_decay == other.hyper.weight_decay &&
-         has_copy == other.has_copy && total_numel == other.total_numel;
+         hyper.eps == other.hyper.eps && hyper.weight_decay == other.hyper.weight_decay && has_copy == other.has_copy &&
+         total_numel == other.total_numel;
 }
 
 std::string AdamWParams::to_string() const {
@@ -41,8 +41,8 @@ std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta
   const AdamWParams& p = params.as<AdamWParams>();
   std::size_t expected = kFirstTensor;
   for (bool copy : p.has_copy) expected += copy ? 5 : 4;
-  SG_CHECK(inputs.size() == expected, "op adamw: ", p.has_copy.size(), " parameters need ", expected,
-           " inputs, got ", inputs.size());
+  SG_CHECK(inputs.size() == expected, "op adamw: ", p.has_copy.size(), " parameters need ", expected, " inputs, got ",
+           inputs.size());
   SG_CHECK(inputs[kStep] == (TensorMeta{Shape{1}, DType::kInt64}), "op adamw: the step counter must be int64 [1]");
   std::int64_t total = 0;
   for (std::size_t m : master_indices(p)) {
@@ -88,15 +88,17 @@ const OpDef& adamw_op() {
       .name = "adamw",
       .check = check,
       .mutated_inputs_for = written,
-      .launch_cuda = [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-        const AdamWParams& p = params.as<AdamWParams>();
-        kernels::launch_adamw(p.hyper, a.inputs[kTable], static_cast<std::int64_t>(p.has_copy.size()), p.total_numel,
-                              static_cast<std::int64_t*>(a.inputs[kStep]), stream);
-      },
-      .run_host = [](const OpParams& params, const KernelArgs& a) {
-        const AdamWParams& p = params.as<AdamWParams>();
-        kernels::host::adamw(p.hyper, tensors_of(p, a), static_cast<std::int64_t*>(a.inputs[kStep]));
-      },
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const AdamWParams& p = params.as<AdamWParams>();
+            kernels::launch_adamw(p.hyper, a.inputs[kTable], static_cast<std::int64_t>(p.has_copy.size()),
+                                  p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const AdamWParams& p = params.as<AdamWParams>();
+            kernels::host::adamw(p.hyper, tensors_of(p, a), static_cast<std::int64_t*>(a.inputs[kStep]));
+          },
   };
   return op;
 }

@@ -16,11 +16,22 @@ namespace stepgraph::ops {
 std::span<const OpDef* const> all_ops() {
   // One line per op family.
   static const std::vector<const OpDef*> ops = {
-      &fill_op(), &copy_op(), &copy_inplace_op(), &axpy_op(), &axpy_inplace_op(), &add_op(), &mul_op(), &sum_op(),
+      &fill_op(),
+      &copy_op(),
+      &copy_inplace_op(),
+      &axpy_op(),
+      &axpy_inplace_op(),
+      &add_op(),
+      &mul_op(),
+      &sum_op(),
       &cast_op(),
-      &gemm_op(), &gemm_accumulate_op(),
-      &norm_forward_op(), &norm_backward_op(),
-      &gelu_op(), &gelu_backward_op(), &residual_add_op(),
+      &gemm_op(),
+      &gemm_accumulate_op(),
+      &norm_forward_op(),
+      &norm_backward_op(),
+      &gelu_op(),
+      &gelu_backward_op(),
+      &residual_add_op(),
       &cross_entropy_op(),
       &adamw_op(),
   };

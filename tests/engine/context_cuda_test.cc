@@ -1,10 +1,10 @@
 // Eager execution on a CUDA context: two streams ordered by the data each op
 // reads and writes, the caching allocator, and agreement with the host.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/context.h"
 #include "engine/error.h"

@@ -2,10 +2,10 @@
 // the simple elementwise ones; their kernels are tested in tests/kernels.
 #include "engine/context.h"
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/error.h"
 #include "engine/ops/elementwise_ops.h"
@@ -69,8 +69,9 @@ TEST(ContextHostTest, ShapeMismatchNamesTheOpAndBothShapes) {
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
-    EXPECT_EQ(error.message(), "op add: input 1 has shape [3, 1] but input 0 has shape [3]; elementwise inputs must "
-                               "have equal shapes");
+    EXPECT_EQ(error.message(),
+              "op add: input 1 has shape [3, 1] but input 0 has shape [3]; elementwise inputs must "
+              "have equal shapes");
   }
 }
 
@@ -95,8 +96,7 @@ TEST(ContextHostTest, TensorFromAnotherContextIsAnError) {
     ops::add(first, mine, theirs);
     FAIL();
   } catch (const Error& error) {
-    EXPECT_NE(error.message().find("op add: tensor 'theirs' belongs to context"), std::string::npos)
-        << error.message();
+    EXPECT_NE(error.message().find("op add: tensor 'theirs' belongs to context"), std::string::npos) << error.message();
   }
 }
 

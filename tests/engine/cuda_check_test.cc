@@ -1,9 +1,9 @@
 // The check macros turn library status codes into Errors; no GPU needed.
 #include "engine/cuda_check.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 namespace stepgraph {
 namespace {

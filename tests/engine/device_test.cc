@@ -2,9 +2,9 @@
 // answer; on a GPU machine it checks the properties.
 #include "engine/device.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "engine/error.h"
 

@@ -1,8 +1,8 @@
 #include "engine/dtype.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "engine/error.h"
 

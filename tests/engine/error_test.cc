@@ -1,9 +1,9 @@
 #include "engine/error.h"
 
+#include <gtest/gtest.h>
+
 #include <set>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace stepgraph {
 namespace {

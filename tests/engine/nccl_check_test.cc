@@ -1,8 +1,8 @@
 #include "engine/nccl_check.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 namespace stepgraph {
 namespace {

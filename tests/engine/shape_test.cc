@@ -1,10 +1,10 @@
 #include "engine/shape.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <limits>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "engine/error.h"
 

@@ -1,9 +1,9 @@
 #include "engine/stream_order.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/error.h"
 

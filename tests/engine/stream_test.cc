@@ -1,8 +1,8 @@
 #include "engine/stream.h"
 
-#include <utility>
-
 #include <gtest/gtest.h>
+
+#include <utility>
 
 #include "engine/cuda_graph.h"
 #include "engine/error.h"

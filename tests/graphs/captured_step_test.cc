@@ -2,19 +2,19 @@
 // of the same step code. Host cases run everywhere; CUDA cases need a GPU.
 #include "graphs/captured_step.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/error.h"
 #include "engine/ops/elementwise_ops.h"
 #include "graphs/graph_cache.h"
 #include "graphs/graph_key.h"
 #include "graphs/program_dump.h"
-#include "tests/support/two_stream_step.h"
 #include "tests/support/gpu.h"
+#include "tests/support/two_stream_step.h"
 
 namespace stepgraph {
 namespace {
@@ -39,7 +39,8 @@ void expect_graph_equals_eager(Device device, int steps, std::int64_t rows, std:
   const TwoStreamState eager_state = make_two_stream_state(ctx, meta, 7, "eager.");
   const TwoStreamState graph_state = make_two_stream_state(ctx, meta, 7, "graph.");
 
-  auto step = CapturedStep::capture(ctx, [&] { return two_stream_step(ctx, graph_state); }, strict());
+  auto step = CapturedStep::capture(
+      ctx, [&] { return two_stream_step(ctx, graph_state); }, strict());
   EXPECT_TRUE(step->report().empty()) << step->report().to_string();
   EXPECT_EQ(step->program().instructions().size(), 24u);
   EXPECT_EQ(step->program().stream_count(), 2);
@@ -78,7 +79,9 @@ void expect_graph_equals_eager(Device device, int steps, std::int64_t rows, std:
   EXPECT_EQ(step->replay_count(), steps);
 }
 
-TEST(CapturedStepHostTest, TwoStreamStepGraphEqualsEagerBitForBit) { expect_graph_equals_eager(Device::kHost, 25, 7, 13); }
+TEST(CapturedStepHostTest, TwoStreamStepGraphEqualsEagerBitForBit) {
+  expect_graph_equals_eager(Device::kHost, 25, 7, 13);
+}
 
 TEST(CapturedStepCudaTest, TwoStreamStepGraphEqualsEagerBitForBitOverThousandReplays) {
   SG_SKIP_WITHOUT_GPU();
@@ -103,7 +106,8 @@ struct LeakyStep {
 TEST(PoolReportPolicyTest, ErrorPolicyRaisesWithTheReport) {
   LeakyStep leaky;
   try {
-    CapturedStep::capture(leaky.ctx, [&] { return leaky(); }, strict());
+    CapturedStep::capture(
+        leaky.ctx, [&] { return leaky(); }, strict());
     FAIL() << "a held intermediate was not reported";
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidState);
@@ -129,7 +133,8 @@ TEST(PoolReportPolicyTest, WarnPolicyKeepsTheTensorValid) {
 
 TEST(PoolReportPolicyTest, FreePolicyInvalidatesTheHandle) {
   LeakyStep leaky;
-  auto step = CapturedStep::capture(leaky.ctx, [&] { return leaky(); }, {.pool_report_policy = PoolReportPolicy::kFree});
+  auto step =
+      CapturedStep::capture(leaky.ctx, [&] { return leaky(); }, {.pool_report_policy = PoolReportPolicy::kFree});
   EXPECT_EQ(step->report().entries.size(), 1u);
   step->replay();
   try {
@@ -143,7 +148,8 @@ TEST(PoolReportPolicyTest, FreePolicyInvalidatesTheHandle) {
 TEST(PoolReportPolicyTest, CorrectStepReportsNothing) {
   Context ctx(Device::kHost);
   const TwoStreamState state = make_two_stream_state(ctx, f32(3, 5), 1, "");
-  auto step = CapturedStep::capture(ctx, [&] { return two_stream_step(ctx, state); }, strict());
+  auto step = CapturedStep::capture(
+      ctx, [&] { return two_stream_step(ctx, state); }, strict());
   EXPECT_TRUE(step->report().empty());
   EXPECT_EQ(step->report().to_string(), "0 tensor(s) in the graph pool not returned as outputs");
 }
@@ -153,7 +159,8 @@ TEST(PoolReportPolicyTest, CorrectStepReportsNothing) {
 TEST(CapturedStepHostTest, ReplayAfterReleaseIsAnError) {
   Context ctx(Device::kHost);
   const TwoStreamState state = make_two_stream_state(ctx, f32(2, 3), 3, "");
-  auto step = CapturedStep::capture(ctx, [&] { return two_stream_step(ctx, state); }, strict());
+  auto step = CapturedStep::capture(
+      ctx, [&] { return two_stream_step(ctx, state); }, strict());
   step->replay();
   const Tensor loss = step->outputs()[0];
   step->release_pool();
@@ -171,7 +178,8 @@ TEST(CapturedStepHostTest, ReplayAfterReleaseIsAnError) {
 TEST(CapturedStepHostTest, BindingWithAnotherShapeIsAnError) {
   Context ctx(Device::kHost);
   const TwoStreamState state = make_two_stream_state(ctx, f32(2, 3), 3, "");
-  auto step = CapturedStep::capture(ctx, [&] { return two_stream_step(ctx, state); }, strict());
+  auto step = CapturedStep::capture(
+      ctx, [&] { return two_stream_step(ctx, state); }, strict());
   const Tensor wrong = ctx.persistent("wrong", f32(3, 2));
   const InputBinding bindings[] = {{state.x, wrong}};
   EXPECT_THROW(step->replay(bindings), Error);
@@ -184,7 +192,8 @@ TEST(CapturedStepHostTest, EagerTensorsCannotEnterACapture) {
   const Tensor x = ctx.persistent("x", f32(2, 2));
   const Tensor eager = ops::add(ctx, x, x);
   try {
-    CapturedStep::capture(ctx, [&] { return std::vector<Tensor>{ops::mul(ctx, eager, x)}; }, strict());
+    CapturedStep::capture(
+        ctx, [&] { return std::vector<Tensor>{ops::mul(ctx, eager, x)}; }, strict());
     FAIL();
   } catch (const Error& error) {
     EXPECT_NE(error.message().find("computed eagerly outside this trace"), std::string::npos) << error.message();
@@ -238,14 +247,19 @@ TEST(CapturedStepHostTest, SegmentsShareOnePlanAndReplayInOrder) {
 struct ToyConfig {
   std::int64_t rows;
   std::int64_t cols;
-  GraphKey key() const { return GraphKey().add("step", "two_stream").add("x", Shape{rows, cols}).add("dtype", DType::kFloat32); }
+  GraphKey key() const {
+    return GraphKey().add("step", "two_stream").add("x", Shape{rows, cols}).add("dtype", DType::kFloat32);
+  }
 };
 
 TEST(CapturedStepHostTest, EqualConfigsBuiltSeparatelyHitOneCacheEntry) {
   Context ctx(Device::kHost);
   GraphCache cache(1 << 20);
   const TwoStreamState state = make_two_stream_state(ctx, f32(3, 4), 9, "");
-  auto capture = [&] { return CapturedStep::capture(ctx, [&] { return two_stream_step(ctx, state); }, strict()); };
+  auto capture = [&] {
+    return CapturedStep::capture(
+        ctx, [&] { return two_stream_step(ctx, state); }, strict());
+  };
   const ToyConfig first{3, 4};
   const ToyConfig second{3, 4};  // built separately, equal by value
   auto a = cache.get_or_capture<CapturedStep>(first.key(), capture);

@@ -2,12 +2,12 @@
 // bytes, failed captures, lifetimes of evicted entries, typed lookups, stats.
 #include "graphs/graph_cache.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "engine/error.h"
 #include "graphs/graph_key.h"

@@ -2,6 +2,8 @@
 // the NaN and duplicate-name checks.
 #include "graphs/graph_key.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -9,8 +11,6 @@
 #include <string_view>
 #include <unordered_set>
 #include <variant>
-
-#include <gtest/gtest.h>
 
 #include "engine/error.h"
 

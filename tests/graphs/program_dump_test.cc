@@ -1,8 +1,8 @@
 #include "graphs/program_dump.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "engine/error.h"
 #include "engine/ops/elementwise_ops.h"

@@ -1,7 +1,7 @@
 // The README's "Capturing a step" example, as written there, on the host.
-#include <vector>
-
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "engine/context.h"
 #include "engine/ops/elementwise_ops.h"
@@ -12,16 +12,21 @@ namespace {
 
 TEST(ReadmeExampleTest, CapturesReplaysAndReadsTheLoss) {
   Context ctx(Device::kHost, /*side_streams=*/1);
-  Tensor x = ctx.persistent("x", {Shape{64, 256}, DType::kFloat32});   // step input, fixed address
-  Tensor w = ctx.persistent("w", x.meta());                             // parameter
-  Tensor batch = ctx.persistent("batch", x.meta());                     // this step's data
-  auto step = CapturedStep::capture(ctx, [&] {
-    Tensor h = ops::mul(ctx, x, w).set_name("h");
-    Tensor s;
-    { StreamScope side(ctx, 1); s = ops::axpy(ctx, h, x, 0.5f); }      // overlaps on a side stream
-    return std::vector<Tensor>{ops::sum(ctx, ops::add(ctx, h, s)).set_name("loss")};
-  }, {.pool_report_policy = PoolReportPolicy::kError});
-  step->replay({{x, batch}});                     // copies batch into x (unless it is x), one launch
+  Tensor x = ctx.persistent("x", {Shape{64, 256}, DType::kFloat32});  // step input, fixed address
+  Tensor w = ctx.persistent("w", x.meta());                           // parameter
+  Tensor batch = ctx.persistent("batch", x.meta());                   // this step's data
+  auto step = CapturedStep::capture(ctx,
+                                    [&] {
+                                      Tensor h = ops::mul(ctx, x, w).set_name("h");
+                                      Tensor s;
+                                      {
+                                        StreamScope side(ctx, 1);
+                                        s = ops::axpy(ctx, h, x, 0.5f);
+                                      }  // overlaps on a side stream
+                                      return std::vector<Tensor>{ops::sum(ctx, ops::add(ctx, h, s)).set_name("loss")};
+                                    },
+                                    {.pool_report_policy = PoolReportPolicy::kError});
+  step->replay({{x, batch}});  // copies batch into x (unless it is x), one launch
   float loss = ops::item(ctx, step->outputs()[0]);
 
   EXPECT_EQ(loss, 0.0f);  // zero-filled inputs

@@ -1,10 +1,10 @@
 #include "graphs/stream_capture.h"
 
-#include <cstdint>
-#include <vector>
-
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -18,9 +18,7 @@ namespace {
 // Owns a device buffer of floats for the test.
 class DeviceFloats {
  public:
-  explicit DeviceFloats(std::int64_t n) : n_(n) {
-    SG_CUDA_CHECK(cudaMalloc(&data_, n * sizeof(float)));
-  }
+  explicit DeviceFloats(std::int64_t n) : n_(n) { SG_CUDA_CHECK(cudaMalloc(&data_, n * sizeof(float))); }
   ~DeviceFloats() { cudaFree(data_); }
   DeviceFloats(const DeviceFloats&) = delete;
   DeviceFloats& operator=(const DeviceFloats&) = delete;
@@ -49,8 +47,7 @@ TEST(StreamCaptureTest, LegacyDefaultStreamIsRefusedWithTheFix) {
     FAIL() << "captured the legacy default stream";
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(error.message().find("graph capture needs a non-default stream"), std::string::npos)
-        << error.message();
+    EXPECT_NE(error.message().find("graph capture needs a non-default stream"), std::string::npos) << error.message();
   }
   EXPECT_THROW(StreamCapture capture(cudaStreamLegacy), Error);
 }

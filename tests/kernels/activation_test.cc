@@ -6,6 +6,8 @@
 // inputs, and the residual add in place.
 #include "kernels/activation.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,8 +16,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/dtype.h"
 #include "engine/error.h"
@@ -27,6 +27,10 @@ namespace stepgraph::kernels {
 namespace {
 
 using testing::DeviceArray;
+using testing::expect_invalid_argument;
+using testing::floats;
+using testing::gelu_double;
+using testing::gelu_grad_double;
 using testing::HostArray;
 using testing::random_array;
 using testing::relative_error;
@@ -35,33 +39,6 @@ using testing::tolerance_for;
 constexpr DType kBf16 = DType::kBFloat16;
 constexpr DType kFp16 = DType::kFloat16;
 constexpr DType kFp32 = DType::kFloat32;
-
-double gelu_double(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
-  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
-}
-
-double gelu_grad_double(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
-  const double t = std::tanh(k * (x + 0.044715 * x * x * x));
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
-}
-
-void expect_invalid_argument(const std::function<void()>& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error mentioning '" << fragment << "'";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.what();
-    EXPECT_NE(error.message().find(fragment), std::string::npos) << error.what();
-  }
-}
-
-HostArray floats(const std::vector<float>& values) {
-  HostArray out(kFp32, static_cast<std::int64_t>(values.size()));
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-  return out;
-}
 
 // ---------------------------------------------------------------------------
 // Host references (no GPU needed).
@@ -224,18 +201,18 @@ constexpr std::int64_t kRagged = 1027;
 constexpr std::int64_t kLarge = 3'000'001;
 
 // ActivationTest.<Op><DType><Size>, e.g. ActivationTest.GeluForwardBf16Ragged.
-#define SG_ACTIVATION_DEVICE_TESTS(Name, Type)                                             \
-  TEST(ActivationTest, Name##Type##Tiny) {                                                 \
-    SG_SKIP_WITHOUT_GPU();                                                                 \
-    check_on_device(Op::k##Name, k##Type, kTiny);                                          \
-  }                                                                                        \
-  TEST(ActivationTest, Name##Type##Ragged) {                                               \
-    SG_SKIP_WITHOUT_GPU();                                                                 \
-    check_on_device(Op::k##Name, k##Type, kRagged);                                        \
-  }                                                                                        \
-  TEST(ActivationTest, Name##Type##Large) {                                                \
-    SG_SKIP_WITHOUT_GPU();                                                                 \
-    check_on_device(Op::k##Name, k##Type, kLarge);                                         \
+#define SG_ACTIVATION_DEVICE_TESTS(Name, Type)      \
+  TEST(ActivationTest, Name##Type##Tiny) {          \
+    SG_SKIP_WITHOUT_GPU();                          \
+    check_on_device(Op::k##Name, k##Type, kTiny);   \
+  }                                                 \
+  TEST(ActivationTest, Name##Type##Ragged) {        \
+    SG_SKIP_WITHOUT_GPU();                          \
+    check_on_device(Op::k##Name, k##Type, kRagged); \
+  }                                                 \
+  TEST(ActivationTest, Name##Type##Large) {         \
+    SG_SKIP_WITHOUT_GPU();                          \
+    check_on_device(Op::k##Name, k##Type, kLarge);  \
   }
 
 SG_ACTIVATION_DEVICE_TESTS(GeluForward, Bf16)

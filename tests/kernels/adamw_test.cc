@@ -7,6 +7,9 @@
 // without tensors. Bandwidth is measured in benchmarks/memory_bound_bench.
 #include "kernels/adamw.h"
 
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -16,9 +19,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <cuda_runtime.h>
-#include <gtest/gtest.h>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -30,21 +30,11 @@
 namespace stepgraph::kernels {
 namespace {
 
+using testing::expect_invalid_argument;
 using testing::relative_error;
 
 constexpr float kSentinel = 12345.0f;
 constexpr std::uint16_t kPoisonBf16 = 0xFFFF;  // what DeviceArray::poison leaves
-
-template <typename Call>
-void expect_invalid_argument(Call&& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "no Error; expected one mentioning '" << needle << "'";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.what();
-    EXPECT_NE(error.message().find(needle), std::string::npos) << error.what();
-  }
-}
 
 std::int64_t round_up(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -429,7 +419,6 @@ TEST(AdamWDevice, NoElements_StepStillAdvances) {
   stream.synchronize();
   EXPECT_EQ(download<std::int64_t>(step.get(), 1)[0], 43);
 }
-
 
 }  // namespace
 }  // namespace stepgraph::kernels

@@ -6,6 +6,9 @@
 // determinism and graph capture. Bandwidth: benchmarks/memory_bound_bench.
 #include "kernels/cross_entropy.h"
 
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,9 +16,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <cuda_runtime.h>
-#include <gtest/gtest.h>
 
 #include "engine/cuda_check.h"
 #include "engine/dtype.h"
@@ -29,26 +29,13 @@ namespace stepgraph::kernels {
 namespace {
 
 using testing::DeviceArray;
+using testing::expect_invalid_argument;
 using testing::HostArray;
 using testing::random_array;
 using testing::relative_error;
 using testing::tolerance_for;
 
 constexpr std::int64_t kIgnore = -100;
-
-// `call` throws Error(kInvalidArgument) whose message contains `needle`:
-// the launcher refused the input itself (a launch without a GPU would
-// fail with kCuda instead).
-template <typename Call>
-void expect_invalid_argument(Call&& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "no Error; expected one mentioning '" << needle << "'";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.what();
-    EXPECT_NE(error.message().find(needle), std::string::npos) << error.what();
-  }
-}
 
 HostArray labels_of(DType dtype, const std::vector<std::int64_t>& values) {
   HostArray out(dtype, static_cast<std::int64_t>(values.size()));
@@ -474,7 +461,6 @@ TEST(CrossEntropyDeviceEdge, Bf16Int64_64x4096_CapturedGraphReplays_MatchEagerBi
   SG_CUDA_CHECK(cudaGraphExecDestroy(exec));
   SG_CUDA_CHECK(cudaGraphDestroy(graph));
 }
-
 
 }  // namespace
 }  // namespace stepgraph::kernels

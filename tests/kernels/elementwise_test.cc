@@ -3,15 +3,15 @@
 // NaN-poisoned outputs (an unwritten element fails).
 #include "kernels/elementwise.h"
 
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
-
-#include <cuda_runtime.h>
-#include <gtest/gtest.h>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -108,14 +108,19 @@ TEST_P(ElementwiseF32Ragged, EveryKernelMatchesItsHostReference) {
     reference();
     EXPECT_EQ(mismatches(download(d_out, n), want), 0) << what << ", n = " << n;
   };
-  check("fill", [&] { launch_fill_f32(d_out, alpha, n, stream.get()); }, [&] { host::fill_f32(want.data(), alpha, n); });
-  check("copy", [&] { launch_copy_f32(d_out, d_a, n, stream.get()); }, [&] { host::copy_f32(want.data(), a.data(), n); });
-  check("axpy", [&] { launch_axpy_f32(d_out, d_a, d_b, alpha, n, stream.get()); },
-        [&] { host::axpy_f32(want.data(), a.data(), b.data(), alpha, n); });
-  check("add", [&] { launch_add_f32(d_out, d_a, d_b, n, stream.get()); },
-        [&] { host::add_f32(want.data(), a.data(), b.data(), n); });
-  check("mul", [&] { launch_mul_f32(d_out, d_a, d_b, n, stream.get()); },
-        [&] { host::mul_f32(want.data(), a.data(), b.data(), n); });
+  check(
+      "fill", [&] { launch_fill_f32(d_out, alpha, n, stream.get()); }, [&] { host::fill_f32(want.data(), alpha, n); });
+  check(
+      "copy", [&] { launch_copy_f32(d_out, d_a, n, stream.get()); }, [&] { host::copy_f32(want.data(), a.data(), n); });
+  check(
+      "axpy", [&] { launch_axpy_f32(d_out, d_a, d_b, alpha, n, stream.get()); },
+      [&] { host::axpy_f32(want.data(), a.data(), b.data(), alpha, n); });
+  check(
+      "add", [&] { launch_add_f32(d_out, d_a, d_b, n, stream.get()); },
+      [&] { host::add_f32(want.data(), a.data(), b.data(), n); });
+  check(
+      "mul", [&] { launch_mul_f32(d_out, d_a, d_b, n, stream.get()); },
+      [&] { host::mul_f32(want.data(), a.data(), b.data(), n); });
 
   // In place: out starts as a copy of a, then out += alpha * b.
   upload(d_out, a);

@@ -8,6 +8,8 @@
 // B stored [n, k], the forward of a linear layer).
 #include "kernels/gemm.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,8 +21,6 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "engine/error.h"
 #include "engine/stream.h"
 #include "kernels/gemm_host.h"
@@ -31,6 +31,8 @@ namespace stepgraph::kernels {
 namespace {
 
 using stepgraph::testing::DeviceArray;
+using stepgraph::testing::gelu_double;
+using stepgraph::testing::gelu_grad_double;
 using stepgraph::testing::HostArray;
 using stepgraph::testing::random_array;
 using stepgraph::testing::relative_error;
@@ -114,7 +116,11 @@ struct HostOperands {
         bias_grad(desc.d_type, bias_grad_length(desc)) {}
 
   GemmOperands pointers() {
-    return {.a = a.data(), .b = b.data(), .d = d.data(), .bias = bias.data(), .aux = aux.data(),
+    return {.a = a.data(),
+            .b = b.data(),
+            .d = d.data(),
+            .bias = bias.data(),
+            .aux = aux.data(),
             .bias_grad = bias_grad.data()};
   }
 };
@@ -131,16 +137,6 @@ struct Outputs {
 Outputs host_reference(const GemmDesc& desc, HostOperands operands) {
   host::gemm(desc, operands.pointers());
   return {operands.d.to_floats(), operands.aux.to_floats(), operands.bias_grad.to_floats()};
-}
-
-const double kSqrt2OverPi = std::sqrt(2.0 / std::numbers::pi);
-
-double gelu_double(double x) { return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x))); }
-
-double gelu_grad_double(double x) {
-  const double c = kSqrt2OverPi;
-  const double t = std::tanh(c * (x + 0.044715 * x * x * x));
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
 // The definition in gemm.h, term by term in double precision, no rounding.
@@ -217,12 +213,15 @@ void expect_error(const std::function<void()>& call, ErrorCode code, const std::
   }
 }
 
-GemmDesc valid_desc() { return make_desc({DType::kBFloat16, DType::kBFloat16}, false, true, GemmEpilogue::kNone, {8, 16, 32}); }
+GemmDesc valid_desc() {
+  return make_desc({DType::kBFloat16, DType::kBFloat16}, false, true, GemmEpilogue::kNone, {8, 16, 32});
+}
 
 // ---------------------------------------------------------------- CPU cases
 
 TEST(GemmTest, CheckGemmRejectsEachBadDescriptor) {
-  const auto expect_bad = [](const std::function<void(GemmDesc&)>& change, ErrorCode code, const std::string& mentions) {
+  const auto expect_bad = [](const std::function<void(GemmDesc&)>& change, ErrorCode code,
+                             const std::string& mentions) {
     GemmDesc desc = valid_desc();
     change(desc);
     expect_error([&] { check_gemm(desc); }, code, mentions);
@@ -236,18 +235,28 @@ TEST(GemmTest, CheckGemmRejectsEachBadDescriptor) {
   expect_bad([](GemmDesc& d) { d.beta = std::numeric_limits<float>::infinity(); }, invalid, "finite");
   expect_bad([](GemmDesc& d) { d.epilogue = static_cast<GemmEpilogue>(42); }, invalid, "unknown epilogue 42");
   expect_bad([](GemmDesc& d) { d.b_type = DType::kFloat16; }, unsupported, "share a dtype");
-  expect_bad([](GemmDesc& d) { d.a_type = d.b_type = DType::kInt32; }, unsupported, "A and B must be bf16, fp16 or fp32");
+  expect_bad([](GemmDesc& d) { d.a_type = d.b_type = DType::kInt32; }, unsupported,
+             "A and B must be bf16, fp16 or fp32");
   expect_bad([](GemmDesc& d) { d.a_type = d.b_type = DType::kFloat8E4M3; }, unsupported, "got fp8_e4m3");
   expect_bad([](GemmDesc& d) { d.d_type = DType::kInt64; }, unsupported, "D must be bf16, fp16 or fp32");
   expect_bad([](GemmDesc& d) { d.a_type = d.b_type = DType::kFloat32; }, unsupported, "fp32 inputs need an fp32 D");
   for (const GemmEpilogue epilogue : {GemmEpilogue::kBias, GemmEpilogue::kGeluAuxBias, GemmEpilogue::kDGeluBGrad}) {
-    expect_bad([&](GemmDesc& d) { d.epilogue = epilogue; d.beta = 1.0f; }, unsupported, "beta=1 needs epilogue none");
+    expect_bad(
+        [&](GemmDesc& d) {
+          d.epilogue = epilogue;
+          d.beta = 1.0f;
+        },
+        unsupported, "beta=1 needs epilogue none");
   }
   for (const GemmEpilogue epilogue : {GemmEpilogue::kGeluAuxBias, GemmEpilogue::kDGeluBGrad}) {
-    expect_bad([&](GemmDesc& d) { d.epilogue = epilogue; d.n = 13; }, unsupported, "needs n divisible by 8");
+    expect_bad(
+        [&](GemmDesc& d) {
+          d.epilogue = epilogue;
+          d.n = 13;
+        },
+        unsupported, "needs n divisible by 8");
   }
-  expect_bad([](GemmDesc& d) { d.epilogue = GemmEpilogue::kBiasGradOfA; }, unsupported,
-             "bias_grad_of_a needs trans_a");
+  expect_bad([](GemmDesc& d) { d.epilogue = GemmEpilogue::kBiasGradOfA; }, unsupported, "bias_grad_of_a needs trans_a");
 }
 
 TEST(GemmTest, CheckGemmAcceptsEverySupportedCombination) {
@@ -284,8 +293,13 @@ TEST(GemmTest, LaunchRejectsBadOperandsBeforeTouchingTheDevice) {
   // Checked on the host, so this runs without a GPU; the pointers are never
   // dereferenced.
   const auto fake = [](std::uintptr_t address) { return reinterpret_cast<void*>(address); };
-  const GemmOperands good{.a = fake(0x1000), .b = fake(0x2000), .d = fake(0x3000), .bias = fake(0x4000),
-                          .aux = fake(0x5000), .bias_grad = fake(0x6000), .workspace = fake(0x7000)};
+  const GemmOperands good{.a = fake(0x1000),
+                          .b = fake(0x2000),
+                          .d = fake(0x3000),
+                          .bias = fake(0x4000),
+                          .aux = fake(0x5000),
+                          .bias_grad = fake(0x6000),
+                          .workspace = fake(0x7000)};
   const auto expect_bad = [&](GemmEpilogue epilogue, const std::function<void(GemmOperands&)>& change,
                               const std::string& mentions) {
     GemmDesc desc = valid_desc();
@@ -295,18 +309,30 @@ TEST(GemmTest, LaunchRejectsBadOperandsBeforeTouchingTheDevice) {
     change(operands);
     expect_error([&] { launch_gemm(desc, operands, nullptr); }, ErrorCode::kInvalidArgument, mentions);
   };
-  expect_bad(GemmEpilogue::kNone, [](GemmOperands& o) { o.a = nullptr; }, "operand 'a' is null");
-  expect_bad(GemmEpilogue::kNone, [](GemmOperands& o) { o.b = nullptr; }, "operand 'b' is null");
-  expect_bad(GemmEpilogue::kNone, [](GemmOperands& o) { o.d = nullptr; }, "operand 'd' is null");
-  expect_bad(GemmEpilogue::kNone, [](GemmOperands& o) { o.workspace = nullptr; }, "operand 'workspace' is null");
-  expect_bad(GemmEpilogue::kBias, [](GemmOperands& o) { o.bias = nullptr; }, "operand 'bias' is null");
-  expect_bad(GemmEpilogue::kGeluAuxBias, [](GemmOperands& o) { o.aux = nullptr; }, "operand 'aux' is null");
-  expect_bad(GemmEpilogue::kDGeluBGrad, [](GemmOperands& o) { o.bias_grad = nullptr; }, "operand 'bias_grad'");
-  expect_bad(GemmEpilogue::kBiasGradOfA, [](GemmOperands& o) { o.bias_grad = nullptr; }, "operand 'bias_grad'");
-  expect_bad(GemmEpilogue::kNone, [&](GemmOperands& o) { o.a = fake(0x1002); }, "not 16-byte aligned");
-  expect_bad(GemmEpilogue::kNone, [&](GemmOperands& o) { o.d = fake(0x3008); }, "not 16-byte aligned");
-  expect_bad(GemmEpilogue::kBias, [&](GemmOperands& o) { o.bias = fake(0x4004); }, "not 16-byte aligned");
-  expect_bad(GemmEpilogue::kNone, [&](GemmOperands& o) { o.workspace = fake(0x7010); }, "not 256-byte aligned");
+  expect_bad(
+      GemmEpilogue::kNone, [](GemmOperands& o) { o.a = nullptr; }, "operand 'a' is null");
+  expect_bad(
+      GemmEpilogue::kNone, [](GemmOperands& o) { o.b = nullptr; }, "operand 'b' is null");
+  expect_bad(
+      GemmEpilogue::kNone, [](GemmOperands& o) { o.d = nullptr; }, "operand 'd' is null");
+  expect_bad(
+      GemmEpilogue::kNone, [](GemmOperands& o) { o.workspace = nullptr; }, "operand 'workspace' is null");
+  expect_bad(
+      GemmEpilogue::kBias, [](GemmOperands& o) { o.bias = nullptr; }, "operand 'bias' is null");
+  expect_bad(
+      GemmEpilogue::kGeluAuxBias, [](GemmOperands& o) { o.aux = nullptr; }, "operand 'aux' is null");
+  expect_bad(
+      GemmEpilogue::kDGeluBGrad, [](GemmOperands& o) { o.bias_grad = nullptr; }, "operand 'bias_grad'");
+  expect_bad(
+      GemmEpilogue::kBiasGradOfA, [](GemmOperands& o) { o.bias_grad = nullptr; }, "operand 'bias_grad'");
+  expect_bad(
+      GemmEpilogue::kNone, [&](GemmOperands& o) { o.a = fake(0x1002); }, "not 16-byte aligned");
+  expect_bad(
+      GemmEpilogue::kNone, [&](GemmOperands& o) { o.d = fake(0x3008); }, "not 16-byte aligned");
+  expect_bad(
+      GemmEpilogue::kBias, [&](GemmOperands& o) { o.bias = fake(0x4004); }, "not 16-byte aligned");
+  expect_bad(
+      GemmEpilogue::kNone, [&](GemmOperands& o) { o.workspace = fake(0x7010); }, "not 256-byte aligned");
   GemmDesc bad = valid_desc();
   bad.k = 0;
   expect_error([&] { launch_gemm(bad, good, nullptr); }, ErrorCode::kInvalidArgument, "must be > 0");
@@ -380,8 +406,7 @@ TEST_P(GemmHostReferenceTest, MatchesNaiveDoubleLoopOnRaggedShapes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryLayoutAndEpilogue, GemmHostReferenceTest, ::testing::ValuesIn(every_case()),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(EveryLayoutAndEpilogue, GemmHostReferenceTest, ::testing::ValuesIn(every_case()), case_name);
 
 // ---------------------------------------------------------------- GPU cases
 
@@ -394,12 +419,22 @@ struct DeviceOperands {
   DeviceArray a, b, d, bias, aux, bias_grad, workspace;
 
   explicit DeviceOperands(const HostOperands& host)
-      : a(host.a), b(host.b), d(host.d), bias(host.bias), aux(host.aux), bias_grad(host.bias_grad),
+      : a(host.a),
+        b(host.b),
+        d(host.d),
+        bias(host.bias),
+        aux(host.aux),
+        bias_grad(host.bias_grad),
         workspace(gemm_workspace_bytes()) {}
 
   GemmOperands pointers() const {
-    return {.a = a.get(), .b = b.get(), .d = d.get(), .bias = bias.get(), .aux = aux.get(),
-            .bias_grad = bias_grad.get(), .workspace = workspace.get()};
+    return {.a = a.get(),
+            .b = b.get(),
+            .d = d.get(),
+            .bias = bias.get(),
+            .aux = aux.get(),
+            .bias_grad = bias_grad.get(),
+            .workspace = workspace.get()};
   }
   // Every output the epilogue writes becomes NaN, D unless beta reads it.
   void poison_outputs(const GemmDesc& desc) {
@@ -492,8 +527,7 @@ TEST(GemmTest, Bf16MisalignedDeviceOperandIsAnError) {
   GemmOperands operands = device.pointers();
   operands.b = static_cast<const char*>(operands.b) + 2;  // one bf16 element in
   Stream stream;
-  expect_error([&] { launch_gemm(desc, operands, stream.get()); }, ErrorCode::kInvalidArgument,
-               "operand 'b' at");
+  expect_error([&] { launch_gemm(desc, operands, stream.get()); }, ErrorCode::kInvalidArgument, "operand 'b' at");
 }
 
 }  // namespace

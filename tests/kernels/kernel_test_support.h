@@ -3,17 +3,21 @@
 // ||got - want|| / ||want|| that tolerances are written against.
 #pragma once
 
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <random>
+#include <string>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "engine/cuda_check.h"
 #include "engine/dtype.h"
+#include "engine/error.h"
 #include "engine/half_precision.h"
 
 namespace stepgraph::testing {
@@ -56,16 +60,13 @@ struct HostArray {
         std::memcpy(&v, bytes.data() + i * 8, 8);
         return static_cast<float>(v);
       }
-      default:
-        return std::numeric_limits<float>::quiet_NaN();
+      default: return std::numeric_limits<float>::quiet_NaN();
     }
   }
   // Floats are rounded to the dtype (nearest even); integers are truncated.
   void set(std::int64_t i, float value) {
     switch (dtype) {
-      case DType::kFloat32:
-        std::memcpy(bytes.data() + i * 4, &value, 4);
-        break;
+      case DType::kFloat32: std::memcpy(bytes.data() + i * 4, &value, 4); break;
       case DType::kBFloat16: {
         const std::uint16_t v = float_to_bf16(value);
         std::memcpy(bytes.data() + i * 2, &v, 2);
@@ -86,8 +87,7 @@ struct HostArray {
         std::memcpy(bytes.data() + i * 8, &v, 8);
         break;
       }
-      default:
-        break;
+      default: break;
     }
   }
   std::vector<float> to_floats() const {
@@ -109,7 +109,10 @@ inline HostArray random_array(DType dtype, std::int64_t n, std::mt19937& rng, fl
 // A device allocation freed with the test (at least 256 bytes, 256-aligned).
 class DeviceArray {
  public:
-  explicit DeviceArray(std::size_t bytes) { SG_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 256 : bytes)); bytes_ = bytes; }
+  explicit DeviceArray(std::size_t bytes) {
+    SG_CUDA_CHECK(cudaMalloc(&data_, bytes == 0 ? 256 : bytes));
+    bytes_ = bytes;
+  }
   explicit DeviceArray(const HostArray& host) : DeviceArray(host.bytes.size()) { upload(host); }
   ~DeviceArray() { cudaFree(data_); }
   DeviceArray(const DeviceArray&) = delete;
@@ -186,6 +189,40 @@ inline double tolerance_for(DType dtype) {
     case DType::kBFloat16: return 1e-2;
     default: return 0.0;
   }
+}
+
+// `call` throws Error(kInvalidArgument) whose message contains `needle`: the
+// launcher refused the input itself, before any launch (so these checks run
+// without a GPU too).
+template <typename Call>
+void expect_invalid_argument(Call&& call, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no Error; expected one mentioning '" << needle << "'";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.what();
+    EXPECT_NE(error.message().find(needle), std::string::npos) << error.what();
+  }
+}
+
+// An fp32 HostArray holding `values`.
+inline HostArray floats(const std::vector<float>& values) {
+  HostArray out(DType::kFloat32, static_cast<std::int64_t>(values.size()));
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+  return out;
+}
+
+// GeLU (tanh approximation) and its derivative in double precision: the
+// references the kernels' fp32 versions are held to.
+inline double gelu_double(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+inline double gelu_grad_double(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  const double t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
 }  // namespace stepgraph::testing

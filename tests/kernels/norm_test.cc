@@ -29,6 +29,8 @@ namespace {
 
 using testing::DeviceArray;
 using testing::HostArray;
+using testing::floats;
+using testing::expect_invalid_argument;
 using testing::random_array;
 using testing::relative_error;
 using testing::tolerance_for;
@@ -42,23 +44,6 @@ NormDesc make_desc(NormKind kind, DType dtype, std::int64_t rows, std::int64_t h
 }
 
 bool is_layer_norm(const NormDesc& desc) { return desc.kind == NormKind::kLayerNorm; }
-
-// Runs fn, expecting an Error(kInvalidArgument) whose message contains `fragment`.
-void expect_invalid_argument(const std::function<void()>& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error mentioning '" << fragment << "'";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.what();
-    EXPECT_NE(error.message().find(fragment), std::string::npos) << error.what();
-  }
-}
-
-HostArray floats(const std::vector<float>& values) {
-  HostArray out(kFp32, static_cast<std::int64_t>(values.size()));
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-  return out;
-}
 
 // Random inputs of one norm problem, rounded to the dtype. x rows get a
 // per-row offset so the mean matters.
@@ -108,11 +93,15 @@ TEST(NormTest, CheckNormAcceptsSupportedShapes) {
   EXPECT_NO_THROW(check_norm(make_desc(NormKind::kLayerNorm, kFp32, 3, 4)));
 }
 
-TEST(NormTest, CheckNormRejectsHiddenNotAMultipleOfTheVector) {
-  expect_invalid_argument([] { check_norm(make_desc(NormKind::kLayerNorm, kBf16, 4, 4097)); }, "multiple of 8");
-  expect_invalid_argument([] { check_norm(make_desc(NormKind::kRMSNorm, kFp16, 4, 4)); }, "multiple of 8");
-  expect_invalid_argument([] { check_norm(make_desc(NormKind::kLayerNorm, kFp32, 4, 4097)); }, "multiple of 4");
-  expect_invalid_argument([] { check_norm(make_desc(NormKind::kLayerNorm, kFp32, 4, 6)); }, "multiple of 4");
+// Hidden sizes that are not a multiple of the 16-byte vector width take the
+// element-wise path: valid for every dtype.
+TEST(NormTest, CheckNormAcceptsAnyHidden) {
+  for (DType dtype : {kBf16, kFp16, kFp32}) {
+    for (std::int64_t hidden : {1, 4, 6, 13, 4097}) {
+      EXPECT_NO_THROW(check_norm(make_desc(NormKind::kLayerNorm, dtype, 7, hidden)));
+      EXPECT_NO_THROW(check_norm(make_desc(NormKind::kRMSNorm, dtype, 7, hidden)));
+    }
+  }
 }
 
 TEST(NormTest, CheckNormRejectsBadSizesEpsDTypeAndKind) {
@@ -120,6 +109,8 @@ TEST(NormTest, CheckNormRejectsBadSizesEpsDTypeAndKind) {
   expect_invalid_argument([] { check_norm(make_desc(NormKind::kLayerNorm, kBf16, -3, 8)); }, "rows");
   expect_invalid_argument([] { check_norm(make_desc(NormKind::kLayerNorm, kBf16, 4, 0)); }, "hidden");
   expect_invalid_argument([] { check_norm(make_desc(NormKind::kLayerNorm, kBf16, 4, -8)); }, "hidden");
+  expect_invalid_argument([] { check_norm(make_desc(NormKind::kLayerNorm, kBf16, 4, std::int64_t{1} << 31)); },
+                          "too large");
   expect_invalid_argument([] { check_norm(make_desc(NormKind::kRMSNorm, kBf16, 4, 8, 0.0f)); }, "eps");
   expect_invalid_argument([] { check_norm(make_desc(NormKind::kRMSNorm, kBf16, 4, 8, -1e-5f)); }, "eps");
   expect_invalid_argument([] { check_norm(make_desc(NormKind::kRMSNorm, kBf16, 4, 8, std::nanf(""))); }, "eps");
@@ -134,7 +125,11 @@ TEST(NormTest, CheckNormRejectsBadSizesEpsDTypeAndKind) {
 void* fake_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
 float* fake_floats(std::uintptr_t address) { return reinterpret_cast<float*>(address); }
 constexpr std::uintptr_t kAligned = 0x10000;
+// Not 16-byte aligned (fine for the data, which then takes the element-wise
+// path, but not for the backward workspace), and an odd address: no whole
+// elements of any dtype.
 constexpr std::uintptr_t kMisaligned = 0x10008;
+constexpr std::uintptr_t kOdd = 0x10001;
 
 TEST(NormTest, ForwardLauncherRejectsBadArgumentsBeforeLaunching) {
   const NormDesc desc = make_desc(NormKind::kLayerNorm, kBf16, 4, 64);
@@ -146,29 +141,33 @@ TEST(NormTest, ForwardLauncherRejectsBadArgumentsBeforeLaunching) {
   expect_invalid_argument([&] { launch_norm_forward(desc, p, p, p, nullptr, f, f, nullptr); }, "y is null");
   expect_invalid_argument([&] { launch_norm_forward(desc, p, p, p, p, nullptr, f, nullptr); }, "mean is null");
   expect_invalid_argument([&] { launch_norm_forward(desc, p, p, p, p, f, nullptr, nullptr); }, "rstd is null");
-  void* bad = fake_pointer(kMisaligned);
-  expect_invalid_argument([&] { launch_norm_forward(desc, bad, p, p, p, f, f, nullptr); }, "16-byte aligned");
-  expect_invalid_argument([&] { launch_norm_forward(desc, p, bad, p, p, f, f, nullptr); }, "16-byte aligned");
-  expect_invalid_argument([&] { launch_norm_forward(desc, p, p, bad, p, f, f, nullptr); }, "16-byte aligned");
-  expect_invalid_argument([&] { launch_norm_forward(desc, p, p, p, bad, f, f, nullptr); }, "16-byte aligned");
+  void* bad = fake_pointer(kOdd);
+  float* bad_f = fake_floats(kOdd);
+  expect_invalid_argument([&] { launch_norm_forward(desc, bad, p, p, p, f, f, nullptr); }, "2-byte aligned");
+  expect_invalid_argument([&] { launch_norm_forward(desc, p, bad, p, p, f, f, nullptr); }, "2-byte aligned");
+  expect_invalid_argument([&] { launch_norm_forward(desc, p, p, bad, p, f, f, nullptr); }, "2-byte aligned");
+  expect_invalid_argument([&] { launch_norm_forward(desc, p, p, p, bad, f, f, nullptr); }, "2-byte aligned");
+  expect_invalid_argument([&] { launch_norm_forward(desc, p, p, p, p, bad_f, f, nullptr); }, "4-byte aligned");
+  expect_invalid_argument([&] { launch_norm_forward(desc, p, p, p, p, f, bad_f, nullptr); }, "4-byte aligned");
   // Shape errors come first, whatever the pointers.
   expect_invalid_argument(
-      [&] { launch_norm_forward(make_desc(NormKind::kLayerNorm, kBf16, 4, 4097), p, p, p, p, f, f, nullptr); },
-      "multiple of 8");
+      [&] { launch_norm_forward(make_desc(NormKind::kLayerNorm, kBf16, 4, 0), p, p, p, p, f, f, nullptr); },
+      "hidden must be > 0");
   expect_invalid_argument(
       [&] { launch_norm_forward(make_desc(NormKind::kRMSNorm, DType::kInt32, 4, 64), p, p, p, p, f, f, nullptr); },
       "not supported");
   // RMSNorm: a null mean and beta are fine; its other pointers are still checked.
   const NormDesc rms = make_desc(NormKind::kRMSNorm, kFp16, 4, 64);
   expect_invalid_argument([&] { launch_norm_forward(rms, p, p, nullptr, bad, nullptr, f, nullptr); },
-                          "16-byte aligned");
+                          "2-byte aligned");
 }
 
 TEST(NormTest, BackwardLauncherRejectsBadArgumentsBeforeLaunching) {
   const NormDesc desc = make_desc(NormKind::kLayerNorm, kFp32, 4, 64);
   void* p = fake_pointer(kAligned);
   float* f = fake_floats(kAligned);
-  void* bad = fake_pointer(kMisaligned);
+  void* bad = fake_pointer(kOdd);
+  float* bad_f = fake_floats(kOdd);
   auto backward = [&](const void* dy, const void* x, const float* mean, const float* rstd, const void* gamma,
                       void* dx, float* dgamma, float* dbeta, void* workspace) {
     launch_norm_backward(desc, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, workspace, nullptr);
@@ -182,17 +181,22 @@ TEST(NormTest, BackwardLauncherRejectsBadArgumentsBeforeLaunching) {
   expect_invalid_argument([&] { backward(p, p, f, f, p, p, nullptr, f, p); }, "dgamma is null");
   expect_invalid_argument([&] { backward(p, p, f, f, p, p, f, nullptr, p); }, "dbeta is null");
   expect_invalid_argument([&] { backward(p, p, f, f, p, p, f, f, nullptr); }, "workspace");
-  expect_invalid_argument([&] { backward(bad, p, f, f, p, p, f, f, p); }, "16-byte aligned");
-  expect_invalid_argument([&] { backward(p, bad, f, f, p, p, f, f, p); }, "16-byte aligned");
-  expect_invalid_argument([&] { backward(p, p, f, f, bad, p, f, f, p); }, "16-byte aligned");
-  expect_invalid_argument([&] { backward(p, p, f, f, p, bad, f, f, p); }, "16-byte aligned");
-  expect_invalid_argument([&] { backward(p, p, f, f, p, p, f, f, bad); }, "16-byte aligned");
+  expect_invalid_argument([&] { backward(bad, p, f, f, p, p, f, f, p); }, "4-byte aligned");
+  expect_invalid_argument([&] { backward(p, bad, f, f, p, p, f, f, p); }, "4-byte aligned");
+  expect_invalid_argument([&] { backward(p, p, bad_f, f, p, p, f, f, p); }, "4-byte aligned");
+  expect_invalid_argument([&] { backward(p, p, f, bad_f, p, p, f, f, p); }, "4-byte aligned");
+  expect_invalid_argument([&] { backward(p, p, f, f, bad, p, f, f, p); }, "4-byte aligned");
+  expect_invalid_argument([&] { backward(p, p, f, f, p, bad, f, f, p); }, "4-byte aligned");
+  expect_invalid_argument([&] { backward(p, p, f, f, p, p, bad_f, f, p); }, "4-byte aligned");
+  expect_invalid_argument([&] { backward(p, p, f, f, p, p, f, bad_f, p); }, "4-byte aligned");
+  // Data may be 16-byte misaligned (element-wise path); the workspace may not.
+  expect_invalid_argument([&] { backward(p, p, f, f, p, p, f, f, fake_pointer(kMisaligned)); }, "16-byte aligned");
   expect_invalid_argument(
       [&] {
-        launch_norm_backward(make_desc(NormKind::kRMSNorm, kBf16, 4, 4097), p, p, nullptr, f, p, p, f, nullptr, p,
+        launch_norm_backward(make_desc(NormKind::kRMSNorm, kBf16, 0, 4097), p, p, nullptr, f, p, p, f, nullptr, p,
                              nullptr);
       },
-      "multiple of 8");
+      "rows must be > 0");
 }
 
 TEST(NormTest, WorkspaceHoldsPartialRowsOfEachParameterGradient) {
@@ -204,8 +208,14 @@ TEST(NormTest, WorkspaceHoldsPartialRowsOfEachParameterGradient) {
   EXPECT_GE(many, 2 * 4096 * sizeof(float));
   EXPECT_LE(many, std::size_t{2} * 1056 * 4096 * sizeof(float));
   EXPECT_EQ(many % (2 * 4096 * sizeof(float)), 0u);
-  expect_invalid_argument([] { norm_backward_workspace_bytes(make_desc(NormKind::kLayerNorm, kBf16, 4, 4097)); },
-                          "multiple of 8");
+  // Any hidden: partial rows of hidden floats.
+  const std::size_t odd = norm_backward_workspace_bytes(make_desc(NormKind::kLayerNorm, kBf16, 1 << 20, 4097));
+  EXPECT_GE(odd, 2 * 4097 * sizeof(float));
+  EXPECT_LE(odd, std::size_t{2} * 1056 * 4097 * sizeof(float));
+  EXPECT_EQ(odd % (2 * 4097 * sizeof(float)), 0u);
+  EXPECT_EQ(norm_backward_workspace_bytes(make_desc(NormKind::kRMSNorm, kFp32, 1, 1)), sizeof(float));
+  expect_invalid_argument([] { norm_backward_workspace_bytes(make_desc(NormKind::kLayerNorm, kBf16, 4, 0)); },
+                          "hidden");
 }
 
 // ---------------------------------------------------------------------------
@@ -262,6 +272,16 @@ TEST(NormTest, LayerNormFp32HostForwardMatchesFormula) {
 TEST(NormTest, RMSNormFp32HostForwardMatchesFormula) {
   check_host_forward_against_formula(NormKind::kRMSNorm, kFp32, 5, 16);
   check_host_forward_against_formula(NormKind::kRMSNorm, kFp32, 3, 1000);
+}
+
+TEST(NormTest, HostForwardMatchesFormulaForAnyHidden) {
+  for (NormKind kind : {NormKind::kLayerNorm, NormKind::kRMSNorm}) {
+    for (DType dtype : {kBf16, kFp16, kFp32}) {
+      check_host_forward_against_formula(kind, dtype, 7, 13);
+      check_host_forward_against_formula(kind, dtype, 7, 1);
+      check_host_forward_against_formula(kind, dtype, 2, 4097);
+    }
+  }
 }
 
 TEST(NormTest, LayerNormBf16HostForwardMatchesFormula) {
@@ -337,11 +357,13 @@ void check_host_backward_against_finite_differences(NormKind kind, std::int64_t 
 TEST(NormTest, LayerNormFp32HostBackwardMatchesFiniteDifferences) {
   check_host_backward_against_finite_differences(NormKind::kLayerNorm, 3, 8);
   check_host_backward_against_finite_differences(NormKind::kLayerNorm, 5, 16);
+  check_host_backward_against_finite_differences(NormKind::kLayerNorm, 7, 13);
 }
 
 TEST(NormTest, RMSNormFp32HostBackwardMatchesFiniteDifferences) {
   check_host_backward_against_finite_differences(NormKind::kRMSNorm, 3, 8);
   check_host_backward_against_finite_differences(NormKind::kRMSNorm, 5, 16);
+  check_host_backward_against_finite_differences(NormKind::kRMSNorm, 7, 13);
 }
 
 // ---------------------------------------------------------------------------
@@ -351,7 +373,36 @@ TEST(NormTest, RMSNormFp32HostBackwardMatchesFiniteDifferences) {
 // fp32 tolerance (they differ from the host only in summation order).
 const double kStatTolerance = tolerance_for(kFp32);
 
-void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden) {
+// Data arrays (x, y, dy, dx, gamma, beta) on the device `offset` elements
+// past the allocation's 256-byte aligned start: offset 1 sends them down the
+// element-wise path whatever hidden is.
+class ShiftedArray {
+ public:
+  ShiftedArray(DType dtype, std::int64_t n, std::int64_t offset)
+      : dtype_(dtype), n_(n), offset_(offset), array_(static_cast<std::size_t>(n + offset) * dtype_size(dtype)) {}
+  ShiftedArray(const HostArray& host, std::int64_t offset) : ShiftedArray(host.dtype, host.numel, offset) {
+    HostArray padded(host.dtype, host.numel + offset_);
+    std::memcpy(padded.bytes.data() + offset_ * dtype_size(dtype_), host.data(), host.bytes.size());
+    array_.upload(padded);
+  }
+  void* get() const { return static_cast<std::uint8_t*>(array_.get()) + offset_ * dtype_size(dtype_); }
+  void poison() { array_.poison(); }
+  HostArray download() const {
+    const HostArray padded = array_.download(dtype_, n_ + offset_);
+    HostArray out(dtype_, n_);
+    std::memcpy(out.data(), padded.bytes.data() + offset_ * dtype_size(dtype_), out.bytes.size());
+    return out;
+  }
+
+ private:
+  DType dtype_;
+  std::int64_t n_;
+  std::int64_t offset_;
+  DeviceArray array_;
+};
+
+void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden,
+                             std::int64_t offset = 0) {
   const NormDesc desc = make_desc(kind, dtype, rows, hidden);
   const std::uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -360,8 +411,8 @@ void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std:
   const ForwardResult want = host_forward(desc, in);
   const bool layer_norm = is_layer_norm(desc);
 
-  DeviceArray x(in.x), gamma(in.gamma), beta(in.beta);
-  DeviceArray y(in.x.bytes.size()), mean(rows * sizeof(float)), rstd(rows * sizeof(float));
+  ShiftedArray x(in.x, offset), gamma(in.gamma, offset), beta(in.beta, offset), y(dtype, rows * hidden, offset);
+  DeviceArray mean(rows * sizeof(float)), rstd(rows * sizeof(float));
   y.poison();
   mean.poison();
   rstd.poison();
@@ -371,14 +422,15 @@ void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std:
                       layer_norm ? mean.as<float>() : nullptr, rstd.as<float>(), stream.get());
   stream.synchronize();
 
-  EXPECT_LE(relative_error(y.download(dtype, rows * hidden).to_floats(), want.y.to_floats()), tolerance_for(dtype));
+  EXPECT_LE(relative_error(y.download().to_floats(), want.y.to_floats()), tolerance_for(dtype));
   if (layer_norm) {
     EXPECT_LE(relative_error(mean.download(kFp32, rows).to_floats(), want.mean), kStatTolerance);
   }
   EXPECT_LE(relative_error(rstd.download(kFp32, rows).to_floats(), want.rstd), kStatTolerance);
 }
 
-void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden) {
+void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden,
+                              std::int64_t offset = 0) {
   const NormDesc desc = make_desc(kind, dtype, rows, hidden);
   const std::uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -392,8 +444,9 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
   host::norm_backward(desc, in.dy.data(), in.x.data(), fwd.mean.data(), fwd.rstd.data(), in.gamma.data(),
                       dx_want.data(), dgamma_want.data(), layer_norm ? dbeta_want.data() : nullptr);
 
-  DeviceArray x(in.x), gamma(in.gamma), dy(in.dy), mean(floats(fwd.mean)), rstd(floats(fwd.rstd));
-  DeviceArray dx(in.x.bytes.size()), dgamma(hidden * sizeof(float)), dbeta(hidden * sizeof(float));
+  ShiftedArray x(in.x, offset), gamma(in.gamma, offset), dy(in.dy, offset), dx(dtype, rows * hidden, offset);
+  DeviceArray mean(floats(fwd.mean)), rstd(floats(fwd.rstd));
+  DeviceArray dgamma(hidden * sizeof(float)), dbeta(hidden * sizeof(float));
   DeviceArray workspace(norm_backward_workspace_bytes(desc));
   Stream stream;
   auto run = [&] {
@@ -405,8 +458,7 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
                          gamma.get(), dx.get(), dgamma.as<float>(), layer_norm ? dbeta.as<float>() : nullptr,
                          workspace.get(), stream.get());
     stream.synchronize();
-    return std::vector<HostArray>{dx.download(dtype, rows * hidden), dgamma.download(kFp32, hidden),
-                                  dbeta.download(kFp32, hidden)};
+    return std::vector<HostArray>{dx.download(), dgamma.download(kFp32, hidden), dbeta.download(kFp32, hidden)};
   };
   const std::vector<HostArray> first = run();
   EXPECT_LE(relative_error(first[0].to_floats(), dx_want.to_floats()), tolerance_for(dtype));
@@ -436,16 +488,25 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
   }
 
 // Shape classes: Single (one 16-byte vector), Ragged (rows not a multiple of
-// the rows per block), Square, Wide (hidden 4096 + 8: 4097 is rejected, see
-// above), Long (the longest register-resident backward row in bf16/fp16),
-// Huge (rows beyond the register-resident tiles).
-#define SG_NORM_DEVICE_SHAPES(Kind, Type)                 \
-  SG_NORM_DEVICE_TESTS(Kind, Type, Single, 1, 8)          \
-  SG_NORM_DEVICE_TESTS(Kind, Type, Ragged, 7, 1024)       \
-  SG_NORM_DEVICE_TESTS(Kind, Type, Square, 1000, 1000)    \
-  SG_NORM_DEVICE_TESTS(Kind, Type, Wide, 5, 4104)         \
-  SG_NORM_DEVICE_TESTS(Kind, Type, Long, 3, 16384)        \
-  SG_NORM_DEVICE_TESTS(Kind, Type, Huge, 3, 40000)
+// the rows per block), Square, Wide (hidden 4096 + 8), Long (the longest
+// register-resident backward row in bf16/fp16), Huge (rows beyond the
+// register-resident tiles). Hidden not a multiple of the vector width (the
+// element-wise path): Odd (4096 + 1), Thin (13), Unit (1), each with few and
+// many rows, and HugeOdd (beyond the element-wise path's resident tiles).
+#define SG_NORM_DEVICE_SHAPES(Kind, Type)                   \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Single, 1, 8)            \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Ragged, 7, 1024)         \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Square, 1000, 1000)      \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Wide, 5, 4104)           \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Long, 3, 16384)          \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Huge, 3, 40000)          \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Odd, 7, 4097)            \
+  SG_NORM_DEVICE_TESTS(Kind, Type, OddManyRows, 1000, 4097) \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Thin, 7, 13)             \
+  SG_NORM_DEVICE_TESTS(Kind, Type, ThinManyRows, 1000, 13)  \
+  SG_NORM_DEVICE_TESTS(Kind, Type, Unit, 1, 1)              \
+  SG_NORM_DEVICE_TESTS(Kind, Type, UnitManyRows, 1000, 1)   \
+  SG_NORM_DEVICE_TESTS(Kind, Type, HugeOdd, 3, 40001)
 
 SG_NORM_DEVICE_SHAPES(LayerNorm, Bf16)
 SG_NORM_DEVICE_SHAPES(LayerNorm, Fp16)
@@ -469,6 +530,20 @@ TEST(NormTest, RMSNormBf16BackwardManyRows) {
 TEST(NormTest, LayerNormBf16ForwardManyRows) {
   SG_SKIP_WITHOUT_GPU();
   check_forward_on_device(NormKind::kLayerNorm, kBf16, 2048, 4096);
+}
+
+// Pointers one element past a 16-byte boundary, with hidden a multiple of the
+// vector width: the element-wise path, every row misaligned.
+TEST(NormTest, MisalignedPointersMatchHost) {
+  SG_SKIP_WITHOUT_GPU();
+  for (NormKind kind : {NormKind::kLayerNorm, NormKind::kRMSNorm}) {
+    for (DType dtype : {kBf16, kFp16, kFp32}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (kind == NormKind::kLayerNorm ? " layernorm" : " rmsnorm"));
+      check_forward_on_device(kind, dtype, 64, 4096, 1);
+      check_backward_on_device(kind, dtype, 64, 4096, 1);
+      check_backward_on_device(kind, dtype, 7, 1024, 1);
+    }
+  }
 }
 
 TEST(NormTest, LayerNormFp32ForwardIsSoundForLargeMeans) {

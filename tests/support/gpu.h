@@ -10,8 +10,8 @@
 
 #include "engine/device.h"
 
-#define SG_SKIP_WITHOUT_GPU()                                               \
-  do {                                                                      \
+#define SG_SKIP_WITHOUT_GPU()                                                    \
+  do {                                                                           \
     const ::stepgraph::DeviceCount sg_found_ = ::stepgraph::cuda_device_count(); \
-    if (sg_found_.count == 0) GTEST_SKIP() << sg_found_.no_device_reason;   \
+    if (sg_found_.count == 0) GTEST_SKIP() << sg_found_.no_device_reason;        \
   } while (false)

@@ -14,8 +14,8 @@
 namespace stepgraph::testing {
 
 struct TwoStreamState {
-  Tensor x;    // step input
-  Tensor w1;   // parameters
+  Tensor x;   // step input
+  Tensor w1;  // parameters
   Tensor w2;
   Tensor acc;  // updated in place every step
 };

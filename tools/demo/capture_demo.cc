@@ -3,12 +3,11 @@
 // keeps one intermediate without returning it. The README shows its output.
 //
 //   ./bazelw run //tools/demo:capture_demo -- --device host
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "engine/context.h"
 #include "engine/error.h"
@@ -49,8 +48,8 @@ int run(Device device, int replays) {
 
   std::cout << dump_program(step->program(), &step->plan()) << "\n"
             << step->report().to_string() << "\n\n"
-            << "loss " << ops::item(ctx, step->outputs()[0]) << ", grad[0] "
-            << ctx.to_vector<float>(grad)[0] << " after " << replays << " replays on " << device_name(device) << "\n"
+            << "loss " << ops::item(ctx, step->outputs()[0]) << ", grad[0] " << ctx.to_vector<float>(grad)[0]
+            << " after " << replays << " replays on " << device_name(device) << "\n"
             << "trace " << step->timings().trace_ms << " ms, plan " << step->timings().plan_ms << " ms, capture "
             << step->timings().capture_ms << " ms, instantiate " << step->timings().instantiate_ms << " ms\n";
   return EXIT_SUCCESS;

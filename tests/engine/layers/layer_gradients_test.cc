@@ -1,14 +1,14 @@
 // Every layer's gradients against central finite differences, on the host in
 // fp32 (the unfused path of LayerNormMLP), with fresh random inputs each run.
 // The loss is L = sum(y * r) for a random r, so dL/dy = r.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/context.h"
 #include "engine/error.h"
@@ -92,7 +92,8 @@ TEST(LayerGradientsTest, LinearWithBiasFp32) {
   ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
   const Tensor dx = layer.backward(ctx, f.saved, {dy});
   check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters()) check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  for (Parameter* p : layer.parameters())
+    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
 }
 
 void check_norm(kernels::NormKind kind) {
@@ -112,7 +113,8 @@ void check_norm(kernels::NormKind kind) {
   ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
   const Tensor dx = layer.backward(ctx, f.saved, {dy});
   check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters()) check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  for (Parameter* p : layer.parameters())
+    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
 }
 
 TEST(LayerGradientsTest, LayerNormFp32) { check_norm(kernels::NormKind::kLayerNorm); }
@@ -131,7 +133,8 @@ TEST(LayerGradientsTest, LayerNormLinearFp32) {
   ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
   const Tensor dx = layer.backward(ctx, f.saved, {dy});
   check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters()) check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  for (Parameter* p : layer.parameters())
+    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
 }
 
 TEST(LayerGradientsTest, LayerNormMLPFp32) {
@@ -146,7 +149,8 @@ TEST(LayerGradientsTest, LayerNormMLPFp32) {
   ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
   const Tensor dx = layer.backward(ctx, f.saved, {dy});
   check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters()) check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  for (Parameter* p : layer.parameters())
+    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
 }
 
 TEST(LayerGradientsTest, SavedInputIsAReferenceNotACopy) {

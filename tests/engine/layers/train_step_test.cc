@@ -2,12 +2,12 @@
 // backward, AdamW), run eager and captured as one graph from identical
 // states: the losses must be identical, bit for bit, step after step. On the
 // host everywhere; on CUDA where there is a GPU.
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/context.h"
 #include "engine/error.h"
@@ -57,8 +57,8 @@ void expect_eager_equals_graph(Device device, int steps) {
   const ModelConfig config = small_model();
   Trainer eager(ctx, config);
   Trainer graphed(ctx, config);
-  auto captured = CapturedStep::capture(ctx, [&] { return graphed.step(ctx); },
-                                        {.pool_report_policy = PoolReportPolicy::kError});
+  auto captured =
+      CapturedStep::capture(ctx, [&] { return graphed.step(ctx); }, {.pool_report_policy = PoolReportPolicy::kError});
   EXPECT_LE(captured->plan().ratio_to_lower_bound(), 1.10);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
@@ -69,7 +69,8 @@ void expect_eager_equals_graph(Device device, int steps) {
     captured->replay();
     const float eager_loss = ctx.to_vector<float>(eager_out[0]).at(0);
     const float graph_loss = ctx.to_vector<float>(captured->outputs()[0]).at(0);
-    EXPECT_EQ(bits(eager_loss), bits(graph_loss)) << "step " << s << ": eager " << eager_loss << ", graph " << graph_loss;
+    EXPECT_EQ(bits(eager_loss), bits(graph_loss))
+        << "step " << s << ": eager " << eager_loss << ", graph " << graph_loss;
     losses.push_back(graph_loss);
     eager.step.check_labels(ctx);
     graphed.step.check_labels(ctx);

@@ -37,51 +37,62 @@ std::int64_t CapturedStep::total_stream_captures() { return stream_captures.load
 std::shared_ptr<CapturedStep> CapturedStep::capture(Context& ctx, const StepFunction& step,
                                                     const CaptureOptions& options) {
   std::shared_ptr<CapturedStep> self(new CapturedStep(ctx, options));
-  auto clock = std::chrono::steady_clock::now();
+  TraceResult traced = self->trace(step);
+  self->apply_pool_report_policy(traced);
+  self->plan_and_bind(std::move(traced));
+  if (ctx.device() == Device::kCuda) self->instantiate();
+  logger().info("captured a step: {} instructions, {} segment(s), pool {} bytes (lower bound {}), {} event(s)",
+                self->program_.instructions().size(), self->segment_count(), self->plan_.pool_bytes,
+                self->plan_.lower_bound_bytes, self->plan_.event_count);
+  return self;
+}
 
-  // 1. Trace. The step's locals die when it returns; what is still alive then
-  //    is held by the caller.
-  TraceResult traced;
-  {
-    Tracer tracer(ctx);
-    std::vector<Tensor> outputs = step();
-    traced = tracer.finish(outputs);
+// The step's locals die when it returns; what is still alive then is held by the caller.
+TraceResult CapturedStep::trace(const StepFunction& step) {
+  const auto clock = std::chrono::steady_clock::now();
+  Tracer tracer(ctx_);
+  std::vector<Tensor> outputs = step();
+  TraceResult traced = tracer.finish(outputs);
+  timings_.trace_ms = ms_since(clock);
+  return traced;
+}
+
+void CapturedStep::apply_pool_report_policy(TraceResult& traced) {
+  report_ = make_pool_report(traced.program, traced.held);
+  if (report_.empty()) return;
+  switch (options_.pool_report_policy) {
+    case PoolReportPolicy::kError:
+      SG_THROW(ErrorCode::kInvalidState, report_.to_string(),
+               "\nreturn them as outputs of the step, drop the handles before the step returns, or capture "
+               "with pool report policy warn (keep them) or free (reuse their memory)");
+    case PoolReportPolicy::kWarn:
+      logger().warn("{}\n(policy warn: they stay valid until the end of each replay, at the cost of pool memory)",
+                    report_.to_string());
+      for (ValueId id : traced.held) traced.program.value(id).live_out = true;
+      return;
+    case PoolReportPolicy::kFree:
+      logger().info("{}\n(policy free: their memory is reused; using them is an error)", report_.to_string());
+      for (ValueId id : traced.held) {
+        traced.impls[id]->storage = StorageKind::kPool;
+        traced.impls[id]->freed_by_policy = true;
+        traced.impls[id] = nullptr;
+      }
+      return;
   }
-  self->timings_.trace_ms = ms_since(clock);
+}
 
-  // 2. The pool report and its policy.
-  self->report_ = make_pool_report(traced.program, traced.held);
-  if (!self->report_.empty()) {
-    switch (options.pool_report_policy) {
-      case PoolReportPolicy::kError:
-        SG_THROW(ErrorCode::kInvalidState, self->report_.to_string(),
-                 "\nreturn them as outputs of the step, drop the handles before the step returns, or capture "
-                 "with pool report policy warn (keep them) or free (reuse their memory)");
-      case PoolReportPolicy::kWarn:
-        logger().warn("{}\n(policy warn: they stay valid until the end of each replay, at the cost of pool memory)",
-                      self->report_.to_string());
-        for (ValueId id : traced.held) traced.program.value(id).live_out = true;
-        break;
-      case PoolReportPolicy::kFree:
-        logger().info("{}\n(policy free: their memory is reused; using them is an error)", self->report_.to_string());
-        for (ValueId id : traced.held) {
-          traced.impls[id]->storage = StorageKind::kPool;
-          traced.impls[id]->freed_by_policy = true;
-          traced.impls[id] = nullptr;
-        }
-        break;
-    }
-  }
-
-  // 3. Plan and allocate the pool.
-  clock = std::chrono::steady_clock::now();
-  self->plan_ = plan_pool(traced.program);
-  self->timings_.plan_ms = ms_since(clock);
-  self->pool_ = allocate_pool_memory(ctx.device(), self->plan_.pool_bytes);
-  std::byte* base = static_cast<std::byte*>(self->pool_->base());
+// Plans the pool, allocates it, and gives every value its address: persistent
+// tensors keep theirs, pool values get base + offset, and the tensors that
+// outlive the trace (outputs, kept values) now point into the pool.
+void CapturedStep::plan_and_bind(TraceResult traced) {
+  const auto clock = std::chrono::steady_clock::now();
+  plan_ = plan_pool(traced.program);
+  timings_.plan_ms = ms_since(clock);
+  pool_ = allocate_pool_memory(ctx_.device(), plan_.pool_bytes);
+  std::byte* base = static_cast<std::byte*>(pool_->base());
 
   const auto& values = traced.program.values();
-  self->addresses_.resize(values.size(), nullptr);
+  addresses_.resize(values.size(), nullptr);
   std::vector<bool> read(values.size(), false);
   std::vector<bool> written(values.size(), false);
   for (const Instruction& instruction : traced.program.instructions()) {
@@ -91,60 +102,54 @@ std::shared_ptr<CapturedStep> CapturedStep::capture(Context& ctx, const StepFunc
   for (const ValueInfo& value : values) {
     const auto& impl = traced.impls[value.id];
     if (value.kind == ValueKind::kPersistent) {
-      self->addresses_[value.id] = impl->address;
-      self->keep_alive_.push_back(impl);
-      if (read[value.id]) self->persistent_reads_.emplace_back(impl);
-      if (written[value.id]) self->persistent_writes_.emplace_back(impl);
+      addresses_[value.id] = impl->address;
+      keep_alive_.push_back(impl);
+      if (read[value.id]) persistent_reads_.emplace_back(impl);
+      if (written[value.id]) persistent_writes_.emplace_back(impl);
       continue;
     }
-    const std::int64_t offset = self->plan_.offsets[value.id];
-    self->addresses_[value.id] = value.bytes() == 0 ? nullptr : base + offset;
+    const std::int64_t offset = plan_.offsets[value.id];
+    addresses_[value.id] = value.bytes() == 0 ? nullptr : base + offset;
     if (impl != nullptr) {  // an output or a value kept by the warn policy
       impl->storage = StorageKind::kPool;
-      impl->pool = self->pool_;
+      impl->pool = pool_;
       impl->pool_offset = offset;
-      self->persistent_writes_.emplace_back(impl);  // replays write it on the main stream
+      persistent_writes_.emplace_back(impl);  // replays write it on the main stream
     }
   }
-  for (ValueId id : traced.outputs) self->outputs_.emplace_back(traced.impls[id]);
-  self->program_ = std::move(traced.program);
+  for (ValueId id : traced.outputs) outputs_.emplace_back(traced.impls[id]);
+  program_ = std::move(traced.program);
+}
 
-  // 4. Capture and instantiate each segment (cuda). See Note [Capturing by stream capture].
-  if (ctx.device() == Device::kCuda) {
-    std::vector<cudaStream_t> streams;
-    for (int i = 0; i < ctx.stream_count(); ++i) streams.push_back(ctx.cuda_stream(i));
-    SG_CHECK(self->program_.stream_count() <= ctx.stream_count(), "the step uses ", self->program_.stream_count(),
-             " streams but the context has ", ctx.stream_count());
-    std::vector<cudaEvent_t> events;
-    for (std::int32_t i = 0; i < self->plan_.event_count; ++i) events.push_back(self->events_.emplace_back().get());
-    // Library setup (handles, algorithm choice) cannot happen under capture.
-    for (const Instruction& instruction : self->program_.instructions()) {
-      if (instruction.op->prepare_cuda == nullptr) continue;
-      std::vector<TensorMeta> metas;
-      for (ValueId id : instruction.inputs) metas.push_back(self->program_.value(id).meta);
-      instruction.op->prepare_cuda(instruction.params, metas);
-    }
-    std::vector<Graph> graphs;
-    clock = std::chrono::steady_clock::now();
-    for (const PoolPlan::Range& range : self->plan_.segment_ranges) {
-      StreamCapture capture(streams[0]);
-      ++stream_captures;
-      run_schedule_cuda(self->program_, self->plan_, range, self->addresses_, streams, events);
-      graphs.push_back(capture.end());
-    }
-    self->timings_.capture_ms = ms_since(clock);
-    clock = std::chrono::steady_clock::now();
-    for (const Graph& graph : graphs) {
-      self->execs_.emplace_back(graph);
-      self->execs_.back().upload(streams[0]);
-    }
-    self->timings_.instantiate_ms = ms_since(clock);
-    self->recorded_pool_base_ = base;
+// Captures and instantiates each segment. See Note [Capturing by stream capture].
+void CapturedStep::instantiate() {
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i < ctx_.stream_count(); ++i) streams.push_back(ctx_.cuda_stream(i));
+  std::vector<cudaEvent_t> events;
+  for (std::int32_t i = 0; i < plan_.event_count; ++i) events.push_back(events_.emplace_back().get());
+  // Library setup (handles, algorithm choice) cannot happen under capture.
+  for (const Instruction& instruction : program_.instructions()) {
+    if (instruction.op->prepare_cuda == nullptr) continue;
+    std::vector<TensorMeta> metas;
+    for (ValueId id : instruction.inputs) metas.push_back(program_.value(id).meta);
+    instruction.op->prepare_cuda(instruction.params, metas);
   }
-  logger().info("captured a step: {} instructions, {} segment(s), pool {} bytes (lower bound {}), {} event(s)",
-                self->program_.instructions().size(), self->segment_count(), self->plan_.pool_bytes,
-                self->plan_.lower_bound_bytes, self->plan_.event_count);
-  return self;
+  std::vector<Graph> graphs;
+  auto clock = std::chrono::steady_clock::now();
+  for (const PoolPlan::Range& range : plan_.segment_ranges) {
+    StreamCapture capture(streams[0]);
+    ++stream_captures;
+    run_schedule_cuda(program_, plan_, range, addresses_, streams, events);
+    graphs.push_back(capture.end());
+  }
+  timings_.capture_ms = ms_since(clock);
+  clock = std::chrono::steady_clock::now();
+  for (const Graph& graph : graphs) {
+    execs_.emplace_back(graph);
+    execs_.back().upload(streams[0]);
+  }
+  timings_.instantiate_ms = ms_since(clock);
+  recorded_pool_base_ = pool_->base();
 }
 
 CapturedStep::~CapturedStep() {

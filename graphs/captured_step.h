@@ -46,6 +46,7 @@
 #include "graphs/planner.h"
 #include "graphs/pool_report.h"
 #include "graphs/program.h"
+#include "graphs/tracer.h"
 
 namespace stepgraph {
 
@@ -112,6 +113,11 @@ class CapturedStep final : public CachedGraph {
 
  private:
   CapturedStep(Context& ctx, const CaptureOptions& options) : ctx_(ctx), options_(options) {}
+  // The stages of capture(), in order.
+  TraceResult trace(const StepFunction& step);
+  void apply_pool_report_policy(TraceResult& traced);
+  void plan_and_bind(TraceResult traced);
+  void instantiate();  // cuda only
   void check_state(GraphState expected, std::string_view action) const;
   void bind_inputs(std::span<const InputBinding> bindings);
   void run_segment(std::size_t index);

@@ -4,7 +4,6 @@
 
 #include "engine/error.h"
 #include "engine/ops/activation_ops.h"
-#include "engine/ops/loss_ops.h"
 
 namespace stepgraph {
 
@@ -58,29 +57,6 @@ Tensor Model::backward(Context& ctx, const Saved& saved, const Tensor& dlogits) 
     dh = ops::residual_add(ctx, dh, blocks_[i]->backward(ctx, saved.blocks[i], {dh}));
   }
   return dh;
-}
-
-TrainStep::TrainStep(Context& ctx, Model& model, AdamW& optimizer, std::int64_t tokens)
-    : model_(model), optimizer_(optimizer) {
-  SG_CHECK(tokens > 0, "TrainStep: tokens must be > 0, got ", tokens);
-  x_ = ctx.persistent("step.x", {Shape{tokens, model.config().hidden}, model.config().dtype});
-  labels_ = ctx.persistent("step.labels", {Shape{tokens}, DType::kInt32});
-  error_flag_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
-}
-
-std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
-  Model::Forward forward = model_.forward(ctx, x_);
-  ops::CrossEntropyResult loss = ops::cross_entropy(ctx, forward.logits, labels_, error_flag_);
-  loss.loss.set_name("loss");
-  model_.backward(ctx, forward.saved, loss.dlogits);
-  optimizer_.step(ctx);
-  return {loss.loss};
-}
-
-void TrainStep::check_labels(Context& ctx) const {
-  const std::int32_t flag = ctx.to_vector<std::int32_t>(error_flag_).at(0);
-  SG_CHECK(flag == 0, "a training label was outside [0, ", model_.config().vocab,
-           "): the cross-entropy of those tokens is undefined; check the data");
 }
 
 }  // namespace stepgraph

@@ -1,7 +1,6 @@
 // A language-model-shaped stack for training steps: N residual blocks
-// h = h + LayerNormMLP(h), a final norm, an LM head (Linear without bias) and
-// softmax cross-entropy; and TrainStep, the whole step (forward, loss,
-// backward, AdamW) that graph mode captures as one unit.
+// h = h + LayerNormMLP(h), a final norm and an LM head (Linear without bias).
+// TrainStep (train_step.h) adds the loss and the optimizer.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +8,6 @@
 #include <vector>
 
 #include "engine/context.h"
-#include "engine/layers/adamw.h"
 #include "engine/layers/layernorm_mlp.h"
 #include "engine/layers/linear.h"
 #include "engine/layers/norm.h"
@@ -53,29 +51,6 @@ class Model {
   std::vector<std::unique_ptr<LayerNormMLP>> blocks_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<Linear> head_;
-};
-
-class TrainStep {
- public:
-  // Creates the step inputs (persistent): activations x [tokens, hidden] in
-  // the model dtype, labels [tokens] int32, and the label error flag.
-  TrainStep(Context& ctx, Model& model, AdamW& optimizer, std::int64_t tokens);
-
-  // One training step; returns {loss}. The same call runs eager or is traced.
-  std::vector<Tensor> operator()(Context& ctx) const;
-
-  const Tensor& inputs() const { return x_; }
-  const Tensor& labels() const { return labels_; }
-  // Error if any label so far was outside [0, vocab) (reads the device flag
-  // once: call it after a step, never inside one).
-  void check_labels(Context& ctx) const;
-
- private:
-  Model& model_;
-  AdamW& optimizer_;
-  Tensor x_;
-  Tensor labels_;
-  Tensor error_flag_;
 };
 
 }  // namespace stepgraph

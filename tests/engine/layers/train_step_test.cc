@@ -13,6 +13,7 @@
 #include "engine/error.h"
 #include "engine/half_precision.h"
 #include "engine/layers/model.h"
+#include "engine/layers/train_step.h"
 #include "graphs/captured_step.h"
 #include "tests/support/gpu.h"
 

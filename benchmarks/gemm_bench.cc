@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <iomanip>
 #include <iostream>
@@ -26,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_support.h"
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
@@ -46,18 +46,7 @@ struct Options {
   std::string out;
 };
 
-struct Summary {
-  double median_us = 0;
-  double min_us = 0;
-  double max_us = 0;
-};
-
-Summary summarize(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  const std::size_t n = samples.size();
-  const double median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
-  return {median, samples.front(), samples.back()};
-}
+using bench::Summary;
 
 double tflops(const Options& options, double microseconds) {
   const double flops =
@@ -97,7 +86,7 @@ std::vector<Summary> time_interleaved(const Options& options, cudaStream_t strea
     }
   }
   std::vector<Summary> out;
-  for (auto& variant : samples) out.push_back(summarize(std::move(variant)));
+  for (auto& variant : samples) out.push_back(bench::summarize(std::move(variant)));
   return out;
 }
 
@@ -267,11 +256,7 @@ int run(const Options& options) {
   std::cout << format_row("cuBLASLt best (#" + std::to_string(best_index) + ")", options, best)
             << format_row("ours (launch_gemm)", options, ours) << "  ours / best " << std::setprecision(3) << ratio
             << (ratio >= 0.95 ? " (goal >= 0.95 met)" : " (goal >= 0.95 NOT met)") << "\n";
-  if (!options.out.empty()) {
-    std::ofstream file(options.out);
-    SG_CHECK_CODE(file.good(), ErrorCode::kIo, "cannot write ", options.out);
-    file << result.dump(2) << "\n";
-  }
+  bench::write_json(options.out, result);
   return EXIT_SUCCESS;
 }
 

@@ -10,12 +10,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_support.h"
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
@@ -33,42 +33,6 @@ struct Options {
   int warmup = 10;
   std::string out;
 };
-
-struct Summary {
-  double median_us = 0;
-  double min_us = 0;
-  double max_us = 0;
-};
-
-Summary summarize(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  const std::size_t n = samples.size();
-  const double median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
-  return {median, samples.front(), samples.back()};
-}
-
-nlohmann::json to_json(const Summary& s) {
-  return {{"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us}};
-}
-
-// Times `round` (which enqueues work on `stream`) `repeats` times.
-template <typename Round>
-Summary time_rounds(const Options& options, Stream& stream, Round&& round) {
-  for (int i = 0; i < options.warmup; ++i) round();
-  stream.synchronize();
-  Event start(Event::Timing::kEnabled);
-  Event stop(Event::Timing::kEnabled);
-  std::vector<double> samples;
-  samples.reserve(options.repeats);
-  for (int i = 0; i < options.repeats; ++i) {
-    start.record(stream.get());
-    round();
-    stop.record(stream.get());
-    stop.synchronize();
-    samples.push_back(1000.0 * Event::elapsed_ms(start, stop));
-  }
-  return summarize(std::move(samples));
-}
 
 int run(const Options& options) {
   SG_CHECK(options.kernels > 0 && options.elements > 0 && options.repeats > 0,
@@ -88,27 +52,24 @@ int run(const Options& options) {
   auto enqueue_round = [&] {
     for (int k = 0; k < options.kernels; ++k) kernels::launch_axpy_f32(y, x, 1e-3f, options.elements, stream.get());
   };
-  const Summary eager = time_rounds(options, stream, enqueue_round);
+  const bench::Summary eager = bench::time_launches(stream.get(), options.warmup, options.repeats, enqueue_round);
 
   StreamCapture capture(stream.get());
   enqueue_round();
   Graph graph = capture.end();
   GraphExec exec(graph);
   exec.upload(stream.get());
-  const Summary graphed = time_rounds(options, stream, [&] { exec.launch(stream.get()); });
+  const bench::Summary graphed =
+      bench::time_launches(stream.get(), options.warmup, options.repeats, [&] { exec.launch(stream.get()); });
 
   SG_CUDA_CHECK(cudaFree(x));
   SG_CUDA_CHECK(cudaFree(y));
 
   const nlohmann::json result = {
-      {"benchmark", "launch_overhead"},
-      {"device", device.name},
-      {"kernels_per_round", options.kernels},
-      {"elements_per_kernel", options.elements},
-      {"repeats", options.repeats},
-      {"eager", to_json(eager)},
-      {"graph", to_json(graphed)},
-      {"eager_over_graph_median", eager.median_us / graphed.median_us},
+      {"benchmark", "launch_overhead"},       {"device", device.name},
+      {"kernels_per_round", options.kernels}, {"elements_per_kernel", options.elements},
+      {"repeats", options.repeats},           {"eager", bench::to_json(eager)},
+      {"graph", bench::to_json(graphed)},     {"eager_over_graph_median", eager.median_us / graphed.median_us},
   };
   std::cout << "launch_overhead: " << options.kernels << " kernels of " << options.elements << " elements, "
             << options.repeats << " repeats\n"
@@ -116,11 +77,7 @@ int run(const Options& options) {
             << "  graph  median " << graphed.median_us << " us (min " << graphed.min_us << ", max " << graphed.max_us
             << ")\n"
             << "  eager/graph " << eager.median_us / graphed.median_us << "x\n";
-  if (!options.out.empty()) {
-    std::ofstream file(options.out);
-    SG_CHECK_CODE(file.good(), ErrorCode::kIo, "cannot write ", options.out);
-    file << result.dump(2) << "\n";
-  }
+  bench::write_json(options.out, result);
   return EXIT_SUCCESS;
 }
 

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -20,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_support.h"
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
@@ -32,29 +32,6 @@
 
 namespace stepgraph {
 namespace {
-
-struct Timing {
-  double median_ms = 0;
-  double min_ms = 0;
-  double max_ms = 0;
-};
-
-Timing time_it(Stream& stream, int repeats, const std::function<void()>& launch) {
-  for (int i = 0; i < 5; ++i) launch();
-  stream.synchronize();
-  Event start(Event::Timing::kEnabled);
-  Event stop(Event::Timing::kEnabled);
-  std::vector<double> samples;
-  for (int i = 0; i < repeats; ++i) {
-    start.record(stream.get());
-    launch();
-    stop.record(stream.get());
-    stop.synchronize();
-    samples.push_back(Event::elapsed_ms(start, stop));
-  }
-  std::sort(samples.begin(), samples.end());
-  return {samples[samples.size() / 2], samples.front(), samples.back()};
-}
 
 // A device buffer filled with random values in [-1, 1) of the given kind
 // (never zeros: zeros can run faster than real data).
@@ -91,14 +68,14 @@ class Buffer {
   std::size_t bytes_;
 };
 
-nlohmann::json row(const std::string& name, const Timing& t, double bytes, double copy_gbps) {
-  const double gbps = bytes / (t.median_ms * 1e-3) / 1e9;
-  std::cout << "  " << name << ": median " << t.median_ms << " ms (min " << t.min_ms << ", max " << t.max_ms << "), "
+nlohmann::json row(const std::string& name, const bench::Summary& t, double bytes, double copy_gbps) {
+  const double gbps = bytes / (t.median_us * 1e-6) / 1e9;
+  std::cout << "  " << name << ": median " << t.median_us << " us (min " << t.min_us << ", max " << t.max_us << "), "
             << gbps << " GB/s, " << 100.0 * gbps / copy_gbps << "% of copy\n";
   return {{"kernel", name},
-          {"median_ms", t.median_ms},
-          {"min_ms", t.min_ms},
-          {"max_ms", t.max_ms},
+          {"median_us", t.median_us},
+          {"min_us", t.min_us},
+          {"max_us", t.max_us},
           {"bytes", bytes},
           {"gbps", gbps},
           {"fraction_of_copy", gbps / copy_gbps}};
@@ -114,11 +91,11 @@ int run(int repeats, const std::string& out_path) {
   const std::size_t copy_bytes = std::size_t{1} << 30;
   Buffer src(copy_bytes, stream, 1);
   Buffer dst(copy_bytes, stream, 2);
-  const Timing copy = time_it(stream, repeats, [&] {
+  const bench::Summary copy = bench::time_launches(stream.get(), 5, repeats, [&] {
     SG_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice, stream.get()));
   });
-  const double copy_gbps = 2.0 * copy_bytes / (copy.median_ms * 1e-3) / 1e9;
-  std::cout << "  copy 1 GiB: median " << copy.median_ms << " ms, " << copy_gbps << " GB/s (read + write)\n";
+  const double copy_gbps = 2.0 * copy_bytes / (copy.median_us * 1e-6) / 1e9;
+  std::cout << "  copy 1 GiB: median " << copy.median_us << " us, " << copy_gbps << " GB/s (read + write)\n";
   rows.push_back(row("copy_d2d_1GiB", copy, 2.0 * copy_bytes, copy_gbps));
 
   {  // LayerNorm bf16, hidden 4096, 16384 tokens.
@@ -130,14 +107,14 @@ int run(int repeats, const std::string& out_path) {
     Buffer mean(desc.rows * 4, stream, 9), rstd(desc.rows * 4, stream, 10);
     Buffer dgamma(desc.hidden * 4, stream, 11), dbeta(desc.hidden * 4, stream, 12);
     Buffer workspace(std::max<std::size_t>(kernels::norm_backward_workspace_bytes(desc), 256), stream, 13);
-    const Timing fwd = time_it(stream, repeats, [&] {
+    const bench::Summary fwd = bench::time_launches(stream.get(), 5, repeats, [&] {
       kernels::launch_norm_forward(desc, x.get(), gamma.get(), beta.get(), y.get(), mean.as<float>(), rstd.as<float>(),
                                    stream.get());
     });
     // Reads x, gamma, beta; writes y, mean, rstd.
     rows.push_back(
         row("layernorm_fwd_bf16_16384x4096", fwd, elems * 2 * 2 + desc.rows * 8.0 + desc.hidden * 4.0, copy_gbps));
-    const Timing bwd = time_it(stream, repeats, [&] {
+    const bench::Summary bwd = bench::time_launches(stream.get(), 5, repeats, [&] {
       kernels::launch_norm_backward(desc, dy.get(), x.get(), mean.as<float>(), rstd.as<float>(), gamma.get(), dx.get(),
                                     dgamma.as<float>(), dbeta.as<float>(), workspace.get(), stream.get());
     });
@@ -163,7 +140,7 @@ int run(int repeats, const std::string& out_path) {
     Buffer loss(256, stream, 18), flag(256, stream, 19);
     SG_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, 4, stream.get()));
     Buffer workspace(std::max<std::size_t>(kernels::cross_entropy_workspace_bytes(desc), 256), stream, 20);
-    const Timing t = time_it(stream, repeats, [&] {
+    const bench::Summary t = bench::time_launches(stream.get(), 5, repeats, [&] {
       kernels::launch_cross_entropy(desc, logits.get(), labels.get(), loss.as<float>(), dlogits.get(), workspace.get(),
                                     flag.as<std::int32_t>(), stream.get());
     });
@@ -198,7 +175,7 @@ int run(int repeats, const std::string& out_path) {
     Buffer step(256, stream, 22);
     SG_CUDA_CHECK(cudaMemsetAsync(step.get(), 0, 8, stream.get()));
     const std::int64_t total = kTensors * kNumel;
-    const Timing t = time_it(stream, repeats, [&] {
+    const bench::Summary t = bench::time_launches(stream.get(), 5, repeats, [&] {
       kernels::launch_adamw({.lr = 1e-4f}, table.get(), kTensors, total, step.as<std::int64_t>(), stream.get());
     });
     // Reads w, g, m, v (16 B); writes w, m, v (12 B) and the bf16 copy (2 B).
@@ -210,11 +187,7 @@ int run(int repeats, const std::string& out_path) {
                                  {"repeats", repeats},
                                  {"copy_gbps", copy_gbps},
                                  {"rows", rows}};
-  if (!out_path.empty()) {
-    std::ofstream file(out_path);
-    SG_CHECK_CODE(file.good(), ErrorCode::kIo, "cannot write ", out_path);
-    file << result.dump(2) << "\n";
-  }
+  bench::write_json(out_path, result);
   return EXIT_SUCCESS;
 }
 

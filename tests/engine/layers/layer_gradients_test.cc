@@ -80,20 +80,29 @@ class GradientCheck {
   std::mt19937 rng_;
 };
 
+// For a layer with forward(ctx, {x}).y and backward(ctx, saved, {dy}) -> dx:
+// x and r random, dy = r; dx and every parameter gradient against finite differences.
+template <typename Layer>
+void expect_gradients_match(Context& ctx, GradientCheck& check, Layer& layer, std::int64_t in_features,
+                            std::int64_t out_features) {
+  const Tensor x = check.random_tensor("x", Shape{kTokens, in_features});
+  const std::vector<float> r = check.random_values(kTokens * out_features);
+  const Tensor dy = ctx.persistent("dy", {Shape{kTokens, out_features}, DType::kFloat32});
+  ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
+  auto forward = [&] { return layer.forward(ctx, {x}).y; };
+  const auto f = layer.forward(ctx, {x});
+  const Tensor dx = layer.backward(ctx, f.saved, {dy});
+  check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
+  for (Parameter* p : layer.parameters()) {
+    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  }
+}
+
 TEST(LayerGradientsTest, LinearWithBiasFp32) {
   Context ctx(Device::kHost);
   GradientCheck check(ctx);
   Linear layer(ctx, "fc", {.in_features = 5, .out_features = 4, .bias = true, .dtype = DType::kFloat32}, 3);
-  const Tensor x = check.random_tensor("x", Shape{kTokens, 5});
-  const std::vector<float> r = check.random_values(kTokens * 4);
-  auto forward = [&] { return layer.forward(ctx, {x}).y; };
-  const Linear::Forward f = layer.forward(ctx, {x});
-  const Tensor dy = check.random_tensor("dy", Shape{kTokens, 4});
-  ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
-  const Tensor dx = layer.backward(ctx, f.saved, {dy});
-  check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters())
-    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  expect_gradients_match(ctx, check, layer, 5, 4);
 }
 
 void check_norm(kernels::NormKind kind) {
@@ -105,16 +114,7 @@ void check_norm(kernels::NormKind kind) {
     const std::vector<float> values = check.random_values(8);
     ctx.copy_from_host(p->master, values.data(), 32);
   }
-  const Tensor x = check.random_tensor("x", Shape{kTokens, 8});
-  const std::vector<float> r = check.random_values(kTokens * 8);
-  auto forward = [&] { return layer.forward(ctx, {x}).y; };
-  const Norm::Forward f = layer.forward(ctx, {x});
-  const Tensor dy = check.random_tensor("dy", Shape{kTokens, 8});
-  ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
-  const Tensor dx = layer.backward(ctx, f.saved, {dy});
-  check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters())
-    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  expect_gradients_match(ctx, check, layer, 8, 8);
 }
 
 TEST(LayerGradientsTest, LayerNormFp32) { check_norm(kernels::NormKind::kLayerNorm); }
@@ -125,32 +125,14 @@ TEST(LayerGradientsTest, LayerNormLinearFp32) {
   GradientCheck check(ctx);
   LayerNormLinear layer(ctx, "lnl",
                         {.linear = {.in_features = 8, .out_features = 4, .bias = true, .dtype = DType::kFloat32}}, 5);
-  const Tensor x = check.random_tensor("x", Shape{kTokens, 8});
-  const std::vector<float> r = check.random_values(kTokens * 4);
-  auto forward = [&] { return layer.forward(ctx, {x}).y; };
-  const LayerNormLinear::Forward f = layer.forward(ctx, {x});
-  const Tensor dy = check.random_tensor("dy", Shape{kTokens, 4});
-  ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
-  const Tensor dx = layer.backward(ctx, f.saved, {dy});
-  check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters())
-    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  expect_gradients_match(ctx, check, layer, 8, 4);
 }
 
 TEST(LayerGradientsTest, LayerNormMLPFp32) {
   Context ctx(Device::kHost);
   GradientCheck check(ctx);
   LayerNormMLP layer(ctx, "mlp", {.hidden = 8, .ffn = 16, .dtype = DType::kFloat32}, 7);
-  const Tensor x = check.random_tensor("x", Shape{kTokens, 8});
-  const std::vector<float> r = check.random_values(kTokens * 8);
-  auto forward = [&] { return layer.forward(ctx, {x}).y; };
-  const LayerNormMLP::Forward f = layer.forward(ctx, {x});
-  const Tensor dy = check.random_tensor("dy", Shape{kTokens, 8});
-  ctx.copy_from_host(dy, r.data(), r.size() * sizeof(float));
-  const Tensor dx = layer.backward(ctx, f.saved, {dy});
-  check.expect_matches("dx", x, ctx.to_vector<float>(dx), forward, r);
-  for (Parameter* p : layer.parameters())
-    check.expect_matches(p->name, p->master, ctx.to_vector<float>(p->grad), forward, r);
+  expect_gradients_match(ctx, check, layer, 8, 8);
 }
 
 TEST(LayerGradientsTest, SavedInputIsAReferenceNotACopy) {

@@ -1,0 +1,49 @@
+#include "benchmarks/bench_support.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include "engine/cuda_check.h"
+#include "engine/error.h"
+#include "engine/stream.h"
+
+namespace stepgraph::bench {
+
+Summary summarize(std::vector<double> samples_us) {
+  SG_CHECK(!samples_us.empty(), "summarize: no samples");
+  std::sort(samples_us.begin(), samples_us.end());
+  const std::size_t n = samples_us.size();
+  const double median = n % 2 ? samples_us[n / 2] : 0.5 * (samples_us[n / 2 - 1] + samples_us[n / 2]);
+  return {median, samples_us.front(), samples_us.back()};
+}
+
+nlohmann::json to_json(const Summary& summary) {
+  return {{"median_us", summary.median_us}, {"min_us", summary.min_us}, {"max_us", summary.max_us}};
+}
+
+Summary time_launches(cudaStream_t stream, int warmup, int repeats, const std::function<void()>& launch) {
+  for (int i = 0; i < warmup; ++i) launch();
+  SG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  Event start(Event::Timing::kEnabled);
+  Event stop(Event::Timing::kEnabled);
+  std::vector<double> samples;
+  samples.reserve(static_cast<std::size_t>(repeats));
+  for (int i = 0; i < repeats; ++i) {
+    start.record(stream);
+    launch();
+    stop.record(stream);
+    stop.synchronize();
+    samples.push_back(1000.0 * Event::elapsed_ms(start, stop));
+  }
+  return summarize(std::move(samples));
+}
+
+void write_json(const std::string& path, const nlohmann::json& value) {
+  if (path.empty()) return;
+  std::ofstream file(path);
+  SG_CHECK_CODE(file.good(), ErrorCode::kIo, "cannot write ", path);
+  file << value.dump(2) << "\n";
+  SG_CHECK_CODE(file.good(), ErrorCode::kIo, "writing ", path, " failed");
+}
+
+}  // namespace stepgraph::bench

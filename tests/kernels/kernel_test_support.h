@@ -35,21 +35,6 @@ struct HostArray {
 
   float get(std::int64_t i) const {
     switch (dtype) {
-      case DType::kFloat32: {
-        float v;
-        std::memcpy(&v, bytes.data() + i * 4, 4);
-        return v;
-      }
-      case DType::kBFloat16: {
-        std::uint16_t v;
-        std::memcpy(&v, bytes.data() + i * 2, 2);
-        return bf16_to_float(v);
-      }
-      case DType::kFloat16: {
-        std::uint16_t v;
-        std::memcpy(&v, bytes.data() + i * 2, 2);
-        return fp16_to_float(v);
-      }
       case DType::kInt32: {
         std::int32_t v;
         std::memcpy(&v, bytes.data() + i * 4, 4);
@@ -60,34 +45,25 @@ struct HostArray {
         std::memcpy(&v, bytes.data() + i * 8, 8);
         return static_cast<float>(v);
       }
-      default: return std::numeric_limits<float>::quiet_NaN();
+      default:
+        return load_as_float(dtype, bytes.data(), i);
     }
   }
   // Floats are rounded to the dtype (nearest even); integers are truncated.
   void set(std::int64_t i, float value) {
     switch (dtype) {
-      case DType::kFloat32: std::memcpy(bytes.data() + i * 4, &value, 4); break;
-      case DType::kBFloat16: {
-        const std::uint16_t v = float_to_bf16(value);
-        std::memcpy(bytes.data() + i * 2, &v, 2);
-        break;
-      }
-      case DType::kFloat16: {
-        const std::uint16_t v = float_to_fp16(value);
-        std::memcpy(bytes.data() + i * 2, &v, 2);
-        break;
-      }
       case DType::kInt32: {
         const auto v = static_cast<std::int32_t>(value);
         std::memcpy(bytes.data() + i * 4, &v, 4);
-        break;
+        return;
       }
       case DType::kInt64: {
         const auto v = static_cast<std::int64_t>(value);
         std::memcpy(bytes.data() + i * 8, &v, 8);
-        break;
+        return;
       }
-      default: break;
+      default:
+        store_from_float(dtype, bytes.data(), i, value);
     }
   }
   std::vector<float> to_floats() const {

@@ -14,7 +14,7 @@
 namespace stepgraph::ops {
 
 std::span<const OpDef* const> all_ops() {
-  // One line per op family.
+  // Every op, by family: elementwise, gemm, norm, activation, loss, optimizer.
   static const std::vector<const OpDef*> ops = {
       &fill_op(),
       &copy_op(),

@@ -10,6 +10,8 @@ namespace stepgraph {
 Model::Model(Context& ctx, const ModelConfig& config) : config_(config) {
   SG_CHECK(config.layers >= 0 && config.vocab > 0, "Model: layers must be >= 0 and vocab > 0, got ", config.layers,
            " and ", config.vocab);
+  SG_CHECK_CODE(config.experts == 0, ErrorCode::kUnsupported, "Model: MoE blocks (experts = ", config.experts,
+                ") are not built yet");
   for (std::int64_t i = 0; i < config.layers; ++i) {
     blocks_.push_back(std::make_unique<LayerNormMLP>(
         ctx, "block" + std::to_string(i),

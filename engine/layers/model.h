@@ -23,6 +23,12 @@ struct ModelConfig {
   float eps = 1e-5f;
   DType dtype = DType::kBFloat16;
   std::uint32_t seed = 1;
+  // Mixture of experts: with experts > 0, every moe_every-th block (blocks
+  // moe_every-1, 2*moe_every-1, ...) is an MoE MLP routing each token to its
+  // top-k experts; the others stay dense LayerNormMLP blocks.
+  std::int64_t experts = 0;
+  std::int64_t topk = 2;
+  std::int64_t moe_every = 2;
 };
 
 class Model {

@@ -6,6 +6,7 @@
 #include "engine/error.h"
 #include "engine/ops/activation_ops.h"
 #include "engine/ops/elementwise_ops.h"
+#include "engine/ops/embedding_ops.h"
 #include "engine/ops/gemm_ops.h"
 #include "engine/ops/loss_ops.h"
 #include "engine/ops/norm_ops.h"
@@ -14,7 +15,8 @@
 namespace stepgraph::ops {
 
 std::span<const OpDef* const> all_ops() {
-  // Every op, by family: elementwise, gemm, norm, activation, loss, optimizer.
+  // Every op, by family: elementwise, gemm, norm, activation, embedding, loss,
+  // optimizer.
   static const std::vector<const OpDef*> ops = {
       &fill_op(),
       &copy_op(),
@@ -32,6 +34,8 @@ std::span<const OpDef* const> all_ops() {
       &gelu_op(),
       &gelu_backward_op(),
       &residual_add_op(),
+      &embedding_op(),
+      &embedding_backward_op(),
       &cross_entropy_op(),
       &adamw_op(),
   };

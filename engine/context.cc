@@ -114,6 +114,11 @@ void* ContextState::allocate(std::int64_t bytes, StorageKind kind, int stream_in
 
 void ContextState::release(TensorImpl& impl) noexcept {
   if (impl.address == nullptr) return;
+  if (impl.external) {  // the caller's memory (Context::wrap): only forget it
+    order.forget(impl.order_id);
+    impl.address = nullptr;
+    return;
+  }
   const std::int64_t bytes = impl.meta.bytes();
   try {
     if (device == Device::kHost) {
@@ -203,6 +208,22 @@ Tensor Context::persistent(std::string name, const TensorMeta& meta) {
     const std::int64_t id = impl->order_id;
     state_->order.issue(0, {}, std::span(&id, 1));  // the zero fill
   }
+  return Tensor(std::move(impl));
+}
+
+Tensor Context::wrap(std::string name, const TensorMeta& meta, void* address) {
+  SG_CHECK(!name.empty(), "a wrapped tensor needs a name (it appears in dumps, reports and errors)");
+  SG_CHECK(address != nullptr || meta.bytes() == 0, "wrap '", name, "': the address is null for ", meta.bytes(),
+           " bytes");
+  if (device() == Device::kCuda && address != nullptr) {
+    cudaPointerAttributes attributes{};
+    SG_CUDA_CHECK(cudaPointerGetAttributes(&attributes, address));
+    SG_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged, "wrap '", name,
+             "': the address is not device memory; a cuda context wraps device (or managed) memory only");
+  }
+  auto impl = std::make_shared<TensorImpl>(state_, meta, std::move(name), StorageKind::kPersistent);
+  impl->address = address;
+  impl->external = true;
   return Tensor(std::move(impl));
 }
 

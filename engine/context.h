@@ -56,6 +56,10 @@ class Context {
 
   // A zero-filled tensor at a fixed address for the context's life.
   Tensor persistent(std::string name, const TensorMeta& meta);
+  // A persistent tensor over memory the caller owns: device memory on cuda,
+  // host memory on host, contiguous and row-major. StepGraph never frees it;
+  // the caller keeps it alive for as long as any handle or captured step uses it.
+  Tensor wrap(std::string name, const TensorMeta& meta, void* address);
 
   // Copies between host memory and a tensor, ordered after the work that
   // writes or reads the tensor. copy_to_host is an Error while tracing (a

@@ -95,6 +95,7 @@ struct TensorImpl {
   std::shared_ptr<PoolMemory> pool;  // pool: the memory and our offset in it
   std::int64_t pool_offset = 0;
   bool freed_by_policy = false;  // pool report policy `free` dropped it
+  bool external = false;         // persistent memory the caller owns (Context::wrap): never freed here
 };
 
 }  // namespace detail

@@ -1,0 +1,345 @@
+/* StepGraph's C API: the one public header of libstepgraph_c.so.
+ *
+ * Flat calls over opaque handles. Every call returns an sg_result: SG_OK (0)
+ * or one of the error codes (they mirror stepgraph::ErrorCode). On an error,
+ * sg_last_error() holds the message of the failed call on this thread (a
+ * successful call leaves it unchanged). No C++ exception crosses this API.
+ *
+ *   sg_context ctx;
+ *   sg_model_config config;
+ *   sg_model_config_default(&config);
+ *   if (sg_context_create(SG_DEVICE_HOST, 1, &ctx) != SG_OK) puts(sg_last_error());
+ *
+ * Handles are reference holders: a layer keeps its context alive, a train step
+ * its model and optimizer, a graph what it replays; destroy each handle you
+ * were given (out-parameters), in any order. Tensors handed back by a call
+ * (outputs, parameters) are new handles owned by the caller.
+ *
+ * Strings come back through (buffer, capacity, length): the text is copied
+ * (truncated, always NUL-terminated when capacity > 0) and *length is set to
+ * the full length without the NUL, so a caller can size a second call.
+ *
+ * Not thread-safe per handle: use a context (and everything made from it) from
+ * one thread at a time.
+ */
+#ifndef STEPGRAPH_CAPI_STEPGRAPH_H_
+#define STEPGRAPH_CAPI_STEPGRAPH_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SG_API_VERSION 1
+
+/* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
+typedef enum sg_result {
+  SG_OK = 0,
+  SG_ERROR_INVALID_ARGUMENT = 1,
+  SG_ERROR_INVALID_STATE = 2,
+  SG_ERROR_UNSUPPORTED = 3,
+  SG_ERROR_NO_DEVICE = 4,
+  SG_ERROR_OUT_OF_MEMORY = 5,
+  SG_ERROR_CUDA = 6,
+  SG_ERROR_CUBLAS = 7,
+  SG_ERROR_NCCL = 8,
+  SG_ERROR_IO = 9,
+  SG_ERROR_INTERNAL = 10
+} sg_result;
+
+typedef enum sg_device { SG_DEVICE_CUDA = 0, SG_DEVICE_HOST = 1 } sg_device;
+
+/* The values of stepgraph::DType. */
+typedef enum sg_dtype {
+  SG_DTYPE_FLOAT32 = 0,
+  SG_DTYPE_BFLOAT16 = 1,
+  SG_DTYPE_FLOAT16 = 2,
+  SG_DTYPE_FLOAT8_E4M3 = 3,
+  SG_DTYPE_FLOAT8_E5M2 = 4,
+  SG_DTYPE_INT32 = 5,
+  SG_DTYPE_INT64 = 6
+} sg_dtype;
+
+typedef enum sg_norm_kind { SG_NORM_LAYERNORM = 0, SG_NORM_RMSNORM = 1 } sg_norm_kind;
+
+/* Where a tensor's memory is (stepgraph::StorageKind). */
+typedef enum sg_storage {
+  SG_STORAGE_PERSISTENT = 0, /* fixed address: created or wrapped */
+  SG_STORAGE_EAGER = 1,      /* an eager op's output */
+  SG_STORAGE_TRACED = 2,     /* a value of a step being traced: no memory */
+  SG_STORAGE_POOL = 3        /* a captured step's output, in its graph pool */
+} sg_storage;
+
+/* What a capture does with pool tensors the step keeps without returning them. */
+typedef enum sg_pool_report_policy {
+  SG_POOL_REPORT_WARN = 0,  /* keep them valid, log the report */
+  SG_POOL_REPORT_ERROR = 1, /* refuse the capture with the report */
+  SG_POOL_REPORT_FREE = 2   /* reuse their memory; using them is an error */
+} sg_pool_report_policy;
+
+typedef struct sg_context_s* sg_context;
+typedef struct sg_stream_scope_s* sg_stream_scope;
+typedef struct sg_tensor_s* sg_tensor;
+typedef struct sg_layer_s* sg_layer;
+typedef struct sg_saved_s* sg_saved;
+typedef struct sg_optimizer_s* sg_optimizer;
+typedef struct sg_train_step_s* sg_train_step;
+typedef struct sg_graph_s* sg_graph;
+typedef struct sg_graph_cache_s* sg_graph_cache;
+
+/* ---- Errors and versions ------------------------------------------------ */
+
+/* The message of the last failed call on this thread ("" if none). Valid until
+ * the next failing call on this thread. */
+const char* sg_last_error(void);
+/* "ok", "invalid_argument", "cuda", ...; "unknown" for other values. */
+const char* sg_result_name(int result);
+int sg_api_version(void);
+
+/* ---- Devices and contexts ------------------------------------------------ */
+
+/* How many CUDA devices this process sees; 0 with the reason in `reason`
+ * (never an error: a machine without a GPU is an answer). */
+sg_result sg_cuda_device_count(int* count, char* reason, size_t capacity, size_t* length);
+
+/* A context on `device` with `side_streams` streams besides the main one. */
+sg_result sg_context_create(sg_device device, int side_streams, sg_context* out);
+sg_result sg_context_destroy(sg_context ctx);
+sg_result sg_context_device(sg_context ctx, sg_device* out);
+sg_result sg_context_stream_count(sg_context ctx, int* out);
+/* The cudaStream_t of stream `index` (cuda contexts only). */
+sg_result sg_context_cuda_stream(sg_context ctx, int index, void** out);
+/* Waits for all work of the context (nothing to do on host). */
+sg_result sg_context_synchronize(sg_context ctx);
+/* Sends the ops called until sg_stream_scope_exit to stream `index` (0: main);
+ * exit restores the stream before enter. Scopes nest: exit them in reverse. */
+sg_result sg_stream_scope_enter(sg_context ctx, int index, sg_stream_scope* out);
+sg_result sg_stream_scope_exit(sg_stream_scope scope);
+/* Waits on the host for an external cudaStream_t (another library's stream,
+ * as __cuda_array_interface__ names it) before StepGraph reads its data. */
+sg_result sg_cuda_stream_synchronize(void* stream);
+/* Bytes of persistent tensors, and of eager tensors alive now and at peak. */
+sg_result sg_context_memory(sg_context ctx, int64_t* persistent_bytes, int64_t* eager_bytes, int64_t* eager_peak_bytes);
+
+/* ---- Tensors -------------------------------------------------------------- */
+
+/* A zero-filled persistent tensor (fixed address for the context's life). */
+sg_result sg_tensor_create(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
+                           sg_tensor* out);
+/* A persistent tensor over memory the caller owns (device memory on a cuda
+ * context, host memory on a host context); no copy. `strides` (in elements,
+ * may be NULL for row-major) must describe a contiguous row-major layout:
+ * StepGraph's kernels read dense rows, so a transposed or sliced view is an
+ * SG_ERROR_INVALID_ARGUMENT (make it contiguous first). Dimensions of size 1
+ * may have any stride. The memory must stay valid, at the same address, for as
+ * long as the tensor or a captured step that reads it is in use. */
+sg_result sg_tensor_wrap(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
+                         const int64_t* strides, void* data, sg_tensor* out);
+/* A second handle to the same tensor (destroy both). */
+sg_result sg_tensor_retain(sg_tensor tensor, sg_tensor* out);
+sg_result sg_tensor_destroy(sg_tensor tensor);
+
+sg_result sg_tensor_rank(sg_tensor tensor, int* out);
+/* Copies min(rank, capacity) dimensions into dims. */
+sg_result sg_tensor_dims(sg_tensor tensor, int64_t* dims, int capacity);
+sg_result sg_tensor_dtype(sg_tensor tensor, sg_dtype* out);
+sg_result sg_tensor_device(sg_tensor tensor, sg_device* out);
+sg_result sg_tensor_storage(sg_tensor tensor, sg_storage* out);
+sg_result sg_tensor_numel(sg_tensor tensor, int64_t* out);
+sg_result sg_tensor_bytes(sg_tensor tensor, int64_t* out);
+/* The data's address (device memory on cuda); an error for a traced value or
+ * a tensor whose graph pool was released. */
+sg_result sg_tensor_data(sg_tensor tensor, void** out);
+sg_result sg_tensor_name(sg_tensor tensor, char* buffer, size_t capacity, size_t* length);
+sg_result sg_tensor_set_name(sg_tensor tensor, const char* name);
+/* Copies exactly sg_tensor_bytes bytes in or out (not while tracing). */
+sg_result sg_tensor_copy_from_host(sg_tensor tensor, const void* src, size_t bytes);
+sg_result sg_tensor_copy_to_host(sg_tensor tensor, void* dst, size_t bytes);
+
+/* ---- Layers ---------------------------------------------------------------- */
+
+typedef struct sg_linear_config {
+  int64_t in_features;
+  int64_t out_features;
+  int bias; /* bool */
+  sg_dtype dtype;
+  int dgrad; /* bool: backward computes dx */
+  int wgrad; /* bool: backward writes the parameter gradients */
+} sg_linear_config;
+
+typedef struct sg_norm_config {
+  sg_norm_kind kind;
+  int64_t hidden;
+  float eps;
+  sg_dtype dtype;
+} sg_norm_config;
+
+typedef struct sg_layernorm_linear_config {
+  sg_norm_kind norm;
+  float eps;
+  sg_linear_config linear; /* in_features is the normalized hidden size */
+} sg_layernorm_linear_config;
+
+typedef struct sg_layernorm_mlp_config {
+  int64_t hidden;
+  int64_t ffn;
+  sg_norm_kind norm;
+  float eps;
+  sg_dtype dtype;
+} sg_layernorm_mlp_config;
+
+/* Residual blocks h = h + LayerNormMLP(h) (or MoE blocks), a final norm and an
+ * LM head. experts > 0 makes every moe_every-th block a mixture of experts
+ * routing each token to its topk experts (SG_ERROR_UNSUPPORTED until the
+ * engine has MoE). */
+typedef struct sg_model_config {
+  int64_t hidden;
+  int64_t ffn;
+  int64_t layers;
+  int64_t vocab;
+  sg_norm_kind norm;
+  float eps;
+  sg_dtype dtype;
+  uint32_t seed;
+  int64_t experts;
+  int64_t topk;
+  int64_t moe_every;
+} sg_model_config;
+
+/* The engine's defaults (bf16, eps 1e-5, bias/dgrad/wgrad on, ...). */
+void sg_linear_config_default(sg_linear_config* config);
+void sg_norm_config_default(sg_norm_config* config);
+void sg_layernorm_linear_config_default(sg_layernorm_linear_config* config);
+void sg_layernorm_mlp_config_default(sg_layernorm_mlp_config* config);
+void sg_model_config_default(sg_model_config* config);
+
+/* Layers: parameters initialised from `seed`, persistent in the context. */
+sg_result sg_linear_create(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
+                           sg_layer* out);
+sg_result sg_norm_create(sg_context ctx, const char* name, const sg_norm_config* config, sg_layer* out);
+sg_result sg_layernorm_linear_create(sg_context ctx, const char* name, const sg_layernorm_linear_config* config,
+                                     uint32_t seed, sg_layer* out);
+sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
+                                  uint32_t seed, sg_layer* out);
+/* A model is a layer too: forward gives logits [tokens, vocab] from
+ * x [tokens, hidden]; backward takes dlogits and gives dx. */
+sg_result sg_model_create(sg_context ctx, const sg_model_config* config, sg_layer* out);
+sg_result sg_layer_destroy(sg_layer layer);
+
+/* "linear", "norm", "layernorm_linear", "layernorm_mlp", "model". */
+sg_result sg_layer_kind(sg_layer layer, char* buffer, size_t capacity, size_t* length);
+/* Runs now (eager) or records (inside a capture's step function). `saved` is
+ * what backward needs: pass it to backward of the same layer. */
+sg_result sg_layer_forward(sg_layer layer, sg_tensor x, sg_tensor* y, sg_saved* saved);
+/* Writes every parameter gradient (fp32 main grads, overwritten). *dx is NULL
+ * when the layer computes no dx (a Linear with dgrad off). */
+sg_result sg_layer_backward(sg_layer layer, sg_saved saved, sg_tensor dy, sg_tensor* dx);
+sg_result sg_saved_destroy(sg_saved saved);
+
+sg_result sg_layer_parameter_count(sg_layer layer, int64_t* out);
+/* Parameter `index`: its fp32 master weight, the copy in the layer's dtype that
+ * the forward reads (the master itself in fp32), and its fp32 gradient. Any
+ * output pointer may be NULL. After writing a master from outside, call
+ * sg_layer_sync_parameters so the dtype copies follow. */
+sg_result sg_layer_parameter(sg_layer layer, int64_t index, char* name, size_t capacity, size_t* length,
+                             sg_tensor* master, sg_tensor* value, sg_tensor* grad);
+sg_result sg_layer_sync_parameters(sg_layer layer);
+
+/* ---- Optimizer and training step ------------------------------------------ */
+
+typedef struct sg_adamw_config {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+} sg_adamw_config;
+void sg_adamw_config_default(sg_adamw_config* config);
+
+/* AdamW over the parameters of `layer_count` layers (one multi-tensor op). */
+sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count, const sg_adamw_config* config,
+                          sg_optimizer* out);
+sg_result sg_optimizer_destroy(sg_optimizer optimizer);
+sg_result sg_optimizer_step(sg_optimizer optimizer);
+/* Steps taken so far (reads the device counter). */
+sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out);
+
+/* A whole training step of a model (forward, softmax cross-entropy, backward,
+ * AdamW) over `tokens` tokens. Its inputs are persistent tensors: x
+ * [tokens, hidden] in the model dtype and labels [tokens] int32. */
+sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out);
+sg_result sg_train_step_destroy(sg_train_step step);
+sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels);
+/* One step now (eager), or recorded inside a step function; *loss is a fp32
+ * scalar tensor. */
+sg_result sg_train_step_run(sg_train_step step, sg_tensor* loss);
+/* An error if any label so far was outside [0, vocab) (reads a device flag). */
+sg_result sg_train_step_check_labels(sg_train_step step);
+
+/* ---- Captured steps (graphs) -------------------------------------------------- */
+
+/* A step function for sg_capture: calls sg_* functions (they record while a
+ * step is traced) and writes up to `capacity` output tensors into `outputs`,
+ * their count into *count. The output handles pass to StepGraph (it destroys
+ * them): give new ones (sg_tensor_retain) for tensors you keep. Return 0, or
+ * non-zero to abandon the capture: it then fails with SG_ERROR_INVALID_ARGUMENT
+ * and the message given to sg_step_error, if the function called it. */
+typedef int (*sg_step_fn)(void* user, sg_tensor* outputs, size_t capacity, size_t* count);
+/* For a failing step function: the message its capture fails with (this thread). */
+void sg_step_error(const char* message);
+
+/* Traces `fn` once on `ctx`, plans its memory into one static pool, captures
+ * it into CUDA graphs (cuda) or a host plan (host). */
+sg_result sg_capture(sg_context ctx, sg_step_fn fn, void* user, sg_pool_report_policy policy, sg_graph* out);
+/* The same for a train step: the graph's output 0 is the loss. */
+sg_result sg_train_step_capture(sg_train_step step, sg_pool_report_policy policy, sg_graph* out);
+sg_result sg_graph_destroy(sg_graph graph);
+
+/* Copies sources[i] into static_inputs[i] (persistent tensors the step reads),
+ * unless they are the same tensor, then runs every segment once. */
+sg_result sg_graph_replay(sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources, size_t count);
+sg_result sg_graph_output_count(sg_graph graph, size_t* out);
+sg_result sg_graph_output(sg_graph graph, size_t index, sg_tensor* out);
+sg_result sg_graph_replay_count(sg_graph graph, int64_t* out);
+sg_result sg_graph_segment_count(sg_graph graph, size_t* out);
+sg_result sg_graph_pool_bytes(sg_graph graph, int64_t* out);
+/* The pool report: tensors the step kept in the pool without returning them. */
+sg_result sg_graph_pool_report_count(sg_graph graph, size_t* count, int64_t* bytes);
+sg_result sg_graph_pool_report(sg_graph graph, char* buffer, size_t capacity, size_t* length);
+/* The program and its plan, as text. */
+sg_result sg_graph_dump(sg_graph graph, char* buffer, size_t capacity, size_t* length);
+/* Frees the pool now; later replays and reads of its outputs are errors. */
+sg_result sg_graph_release_pool(sg_graph graph);
+
+/* ---- Graph cache ------------------------------------------------------------ */
+
+typedef struct sg_graph_cache_stats {
+  int64_t hits;
+  int64_t misses;
+  int64_t captures;
+  int64_t evictions;
+  int64_t entries;
+  int64_t pool_bytes;
+} sg_graph_cache_stats;
+
+/* Captured graphs by key, least recently used evicted beyond max_pool_bytes. */
+sg_result sg_graph_cache_create(int64_t max_pool_bytes, sg_graph_cache* out);
+sg_result sg_graph_cache_destroy(sg_graph_cache cache);
+/* A hit returns the graph stored under `key`; a miss captures `fn` on `ctx`
+ * (as sg_capture) and stores it. The key names everything the graph depends
+ * on (shapes, configs, and which persistent tensors it reads and writes). */
+sg_result sg_graph_cache_get_or_capture(sg_graph_cache cache, const char* key, sg_context ctx, sg_step_fn fn,
+                                        void* user, sg_pool_report_policy policy, sg_graph* out);
+/* Keys are per context: the same key on another context is another entry. */
+sg_result sg_graph_cache_contains(sg_graph_cache cache, const char* key, sg_context ctx, int* out);
+sg_result sg_graph_cache_erase(sg_graph_cache cache, const char* key, sg_context ctx);
+sg_result sg_graph_cache_clear(sg_graph_cache cache);
+sg_result sg_graph_cache_get_stats(sg_graph_cache cache, sg_graph_cache_stats* out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STEPGRAPH_CAPI_STEPGRAPH_H_ */

@@ -272,7 +272,9 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
   for (const auto& [name, entry] : header.items()) {
     if (name != kMetadataKey) entries.push_back(parse_entry(path, name, entry));
   }
-  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  // File order; an empty tensor sorts before the one that starts where it does.
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const auto& a, const auto& b) { return std::pair(a.begin, a.end) < std::pair(b.begin, b.end); });
   std::uint64_t offset = 0;
   for (const TensorEntry& entry : entries) {
     if (entry.begin != offset) {

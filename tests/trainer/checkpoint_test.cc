@@ -1,0 +1,203 @@
+#include "trainer/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/error.h"
+#include "tests/trainer/test_support.h"
+
+namespace stepgraph::trainer {
+namespace {
+
+using testing::expect_error;
+using testing::fresh_path;
+using testing::read_bytes;
+using testing::write_bytes;
+
+CheckpointTensor make_tensor(std::string name, DType dtype, std::vector<std::int64_t> shape, int salt) {
+  std::int64_t count = 1;
+  for (std::int64_t dim : shape) count *= dim;
+  CheckpointTensor tensor{std::move(name), dtype, std::move(shape), {}};
+  tensor.bytes.resize(static_cast<std::size_t>(count) * dtype_size(dtype));
+  for (std::size_t i = 0; i < tensor.bytes.size(); ++i) tensor.bytes[i] = static_cast<std::byte>(i * 31 + salt);
+  return tensor;
+}
+
+Checkpoint sample_checkpoint(int salt) {
+  Checkpoint checkpoint;
+  checkpoint.metadata = {{"step", std::to_string(100 + salt)}, {"data_position", "7"}, {"note", "caf\xc3\xa9"}};
+  checkpoint.tensors.push_back(make_tensor("layers.0.weight", DType::kFloat32, {3, 5}, salt));
+  checkpoint.tensors.push_back(make_tensor("layers.0.bias", DType::kBFloat16, {5}, salt));
+  checkpoint.tensors.push_back(make_tensor("adam.m", DType::kFloat16, {2, 3, 1}, salt));
+  checkpoint.tensors.push_back(make_tensor("fp8", DType::kFloat8E4M3, {7}, salt));
+  checkpoint.tensors.push_back(make_tensor("fp8b", DType::kFloat8E5M2, {1}, salt));
+  checkpoint.tensors.push_back(make_tensor("ids", DType::kInt32, {4}, salt));
+  checkpoint.tensors.push_back(make_tensor("step", DType::kInt64, {}, salt));  // a scalar
+  checkpoint.tensors.push_back(make_tensor("empty", DType::kFloat32, {0, 4}, salt));
+  return checkpoint;
+}
+
+void expect_same(const Checkpoint& a, const Checkpoint& b) {
+  EXPECT_EQ(a.metadata, b.metadata);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
+    EXPECT_EQ(a.tensors[i].dtype, b.tensors[i].dtype) << a.tensors[i].name;
+    EXPECT_EQ(a.tensors[i].shape, b.tensors[i].shape) << a.tensors[i].name;
+    EXPECT_EQ(a.tensors[i].bytes, b.tensors[i].bytes) << a.tensors[i].name;
+  }
+}
+
+TEST(CheckpointTest, RoundTripKeepsOrderMetadataAndBytes) {
+  const auto path = fresh_path("model.safetensors");
+  const Checkpoint written = sample_checkpoint(1);
+  write_checkpoint(path, written);
+  expect_same(read_checkpoint(path), written);
+  EXPECT_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+  // Overwriting replaces it.
+  const Checkpoint second = sample_checkpoint(2);
+  write_checkpoint(path, second);
+  expect_same(read_checkpoint(path), second);
+  EXPECT_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+}
+
+TEST(CheckpointTest, FileHasTheSafetensorsLayout) {
+  const auto path = fresh_path("layout.safetensors");
+  const Checkpoint written = sample_checkpoint(3);
+  write_checkpoint(path, written);
+  const std::string file = read_bytes(path);
+  std::uint64_t length = 0;
+  std::memcpy(&length, file.data(), 8);
+  EXPECT_EQ(length % 8, 0u);
+  const auto header = nlohmann::json::parse(file.substr(8, length));
+  EXPECT_EQ(header["__metadata__"]["step"], "103");
+  EXPECT_EQ(header["__metadata__"][std::string(kChecksumKey)].get<std::string>().rfind("fnv1a64:", 0), 0u);
+  EXPECT_EQ(header["layers.0.bias"]["dtype"], "BF16");
+  EXPECT_EQ(header["layers.0.weight"]["shape"], nlohmann::json({3, 5}));
+  EXPECT_EQ(header["layers.0.weight"]["data_offsets"], nlohmann::json({0, 60}));
+  EXPECT_EQ(header["layers.0.bias"]["data_offsets"], nlohmann::json({60, 70}));
+  EXPECT_EQ(header["step"]["shape"], nlohmann::json::array());
+  const std::size_t data = 8 + length;
+  EXPECT_EQ(file.size(), data + 60 + 10 + 12 + 7 + 1 + 16 + 8 + 0);
+  EXPECT_EQ(std::memcmp(file.data() + data + 60, written.tensors[1].bytes.data(), 10), 0);
+}
+
+TEST(CheckpointTest, CorruptBytesAreDetected) {
+  const auto path = fresh_path("corrupt.safetensors");
+  write_checkpoint(path, sample_checkpoint(4));
+  const std::string good = read_bytes(path);
+  std::uint64_t length = 0;
+  std::memcpy(&length, good.data(), 8);
+
+  std::string bad_data = good;
+  bad_data[8 + length + 61] ^= 0x01;  // one bit of a tensor
+  write_bytes(path, bad_data);
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "checksum mismatch"});
+
+  std::string bad_metadata = good;
+  bad_metadata.replace(bad_metadata.find("\"104\""), 5, "\"105\"");  // the stored step
+  write_bytes(path, bad_metadata);
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "checksum mismatch"});
+
+  std::string bad_shape = good;
+  bad_shape.replace(bad_shape.find("[2,3,1]"), 7, "[3,2,1]");  // same size, other shape
+  write_bytes(path, bad_shape);
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {"checksum mismatch"});
+
+  std::string bad_json = good;
+  bad_json[9] = '[';
+  write_bytes(path, bad_json);
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "not JSON"});
+}
+
+TEST(CheckpointTest, TruncatedFilesAreDetected) {
+  const auto path = fresh_path("truncated.safetensors");
+  write_checkpoint(path, sample_checkpoint(5));
+  const std::string good = read_bytes(path);
+  write_bytes(path, good.substr(0, good.size() - 1));
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "truncated"});
+  write_bytes(path, good.substr(0, 100));
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "header length"});
+  write_bytes(path, good.substr(0, 5));
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "fewer than the 8-byte"});
+  write_bytes(path, good + "extra");
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {"bytes of tensor data"});
+}
+
+TEST(CheckpointTest, MissingAndForeignFilesAreClearErrors) {
+  const auto missing = fresh_path("missing.safetensors");
+  expect_error([&] { read_checkpoint(missing); }, ErrorCode::kIo, {missing.string(), "does not exist"});
+  const auto text = fresh_path("text.safetensors");
+  write_bytes(text, "this is not a checkpoint at all, just some text");
+  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {text.string(), "header length"});
+  // A safetensors file from elsewhere: valid layout, no StepGraph checksum.
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  std::string foreign(8, '\0');
+  const std::uint64_t length = header.size();
+  std::memcpy(foreign.data(), &length, 8);
+  write_bytes(text, foreign + header + "abcd");
+  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {"__metadata__"});
+  const std::string bad_dtype =
+      R"({"__metadata__":{"stepgraph.checksum":"fnv1a64:0"},"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})";
+  const std::uint64_t bad_length = bad_dtype.size();
+  std::memcpy(foreign.data(), &bad_length, 8);
+  write_bytes(text, foreign.substr(0, 8) + bad_dtype + "abcdefgh");
+  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {"F64"});
+}
+
+TEST(CheckpointTest, OldCheckpointSurvivesAFailedWrite) {
+  const auto path = fresh_path("kept.safetensors");
+  const Checkpoint old = sample_checkpoint(6);
+  write_checkpoint(path, old);
+  // The temporary file cannot be created: a directory is in its place.
+  std::filesystem::create_directory(path.string() + ".tmp");
+  expect_error([&] { write_checkpoint(path, sample_checkpoint(7)); }, ErrorCode::kIo,
+               {".tmp", "previous checkpoint is unchanged"});
+  expect_same(read_checkpoint(path), old);
+  std::filesystem::remove(path.string() + ".tmp");
+  // A directory in PATH's place: the rename fails, the temporary file goes.
+  const auto blocked = fresh_path("blocked.safetensors");
+  std::filesystem::create_directory(blocked);
+  write_bytes(blocked / "inside", "keep me");
+  expect_error([&] { write_checkpoint(blocked, old); }, ErrorCode::kIo, {"cannot rename"});
+  EXPECT_FALSE(std::filesystem::exists(blocked.string() + ".tmp"));
+  EXPECT_EQ(read_bytes(blocked / "inside"), "keep me");
+}
+
+TEST(CheckpointTest, MalformedCheckpointsAreNotWritten) {
+  const auto path = fresh_path("never.safetensors");
+  Checkpoint wrong_size;
+  wrong_size.tensors.push_back(make_tensor("w", DType::kFloat32, {2}, 0));
+  wrong_size.tensors[0].bytes.pop_back();
+  expect_error([&] { write_checkpoint(path, wrong_size); }, ErrorCode::kInvalidArgument, {"'w'", "7 bytes"});
+  Checkpoint duplicate;
+  duplicate.tensors = {make_tensor("w", DType::kFloat32, {1}, 0), make_tensor("w", DType::kInt32, {1}, 0)};
+  expect_error([&] { write_checkpoint(path, duplicate); }, ErrorCode::kInvalidArgument, {"two tensors named 'w'"});
+  Checkpoint reserved;
+  reserved.metadata[std::string(kChecksumKey)] = "x";
+  expect_error([&] { write_checkpoint(path, reserved); }, ErrorCode::kInvalidArgument, {"reserved"});
+  Checkpoint bad_name;
+  bad_name.tensors.push_back(make_tensor("__metadata__", DType::kFloat32, {1}, 0));
+  expect_error([&] { write_checkpoint(path, bad_name); }, ErrorCode::kInvalidArgument, {"not allowed"});
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+}
+
+TEST(CheckpointTest, FindTensorNamesWhatIsThere) {
+  const Checkpoint checkpoint = sample_checkpoint(8);
+  EXPECT_EQ(&find_tensor(checkpoint, "ids"), &checkpoint.tensors[5]);
+  expect_error([&] { find_tensor(checkpoint, "layers.9.weight"); }, ErrorCode::kIo,
+               {"layers.9.weight", "layers.0.bias"});
+}
+
+TEST(CheckpointTest, DTypeNamesRoundTrip) {
+  for (DType dtype : kAllDTypes) EXPECT_EQ(parse_safetensors_dtype(safetensors_dtype(dtype)), dtype);
+  EXPECT_EQ(safetensors_dtype(DType::kBFloat16), "BF16");
+  EXPECT_THROW(parse_safetensors_dtype("F64"), Error);
+}
+
+}  // namespace
+}  // namespace stepgraph::trainer

@@ -32,4 +32,15 @@ void AdamW::step(Context& ctx) const { ops::adamw_step(ctx, params_, table_, ste
 
 std::int64_t AdamW::steps_taken(Context& ctx) const { return ctx.to_vector<std::int64_t>(step_).at(0); }
 
+std::vector<AdamW::Moments> AdamW::moments() const {
+  // tensors_ holds per parameter: master, grad, m, v[, copy].
+  std::vector<Moments> out;
+  std::size_t at = 0;
+  for (const bool has_copy : params_.has_copy) {
+    out.push_back({tensors_[at + 2], tensors_[at + 3]});
+    at += has_copy ? 5 : 4;
+  }
+  return out;
+}
+
 }  // namespace stepgraph

@@ -21,6 +21,15 @@ class AdamW {
   // Steps taken so far (reads the device counter: not while tracing).
   std::int64_t steps_taken(Context& ctx) const;
 
+  // The optimizer's state, for checkpoints: each parameter's moments in the
+  // constructor's order, and the device step counter (int64 [1]).
+  struct Moments {
+    Tensor m;
+    Tensor v;
+  };
+  std::vector<Moments> moments() const;
+  const Tensor& step_counter() const { return step_; }
+
  private:
   ops::AdamWParams params_;
   Tensor table_;                 // the kernel's launch table (pointers), int64 words

@@ -1,0 +1,194 @@
+"""The C API (engine/capi/stepgraph.h) through ctypes: prototypes, structs and
+the call wrapper that turns a failed call into StepGraphError. Internal."""
+
+import ctypes
+from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint32, c_void_p
+
+from stepgraph._library import StepGraphError, library_path
+
+API_VERSION = 1
+
+
+class LinearConfig(ctypes.Structure):
+    _fields_ = [("in_features", c_int64), ("out_features", c_int64), ("bias", c_int), ("dtype", c_int),
+                ("dgrad", c_int), ("wgrad", c_int)]
+
+
+class NormConfig(ctypes.Structure):
+    _fields_ = [("kind", c_int), ("hidden", c_int64), ("eps", c_float), ("dtype", c_int)]
+
+
+class LayerNormLinearConfig(ctypes.Structure):
+    _fields_ = [("norm", c_int), ("eps", c_float), ("linear", LinearConfig)]
+
+
+class LayerNormMLPConfig(ctypes.Structure):
+    _fields_ = [("hidden", c_int64), ("ffn", c_int64), ("norm", c_int), ("eps", c_float), ("dtype", c_int)]
+
+
+class ModelConfig(ctypes.Structure):
+    _fields_ = [("hidden", c_int64), ("ffn", c_int64), ("layers", c_int64), ("vocab", c_int64), ("norm", c_int),
+                ("eps", c_float), ("dtype", c_int), ("seed", c_uint32), ("experts", c_int64), ("topk", c_int64),
+                ("moe_every", c_int64)]
+
+
+class AdamWConfig(ctypes.Structure):
+    _fields_ = [("lr", c_float), ("beta1", c_float), ("beta2", c_float), ("eps", c_float),
+                ("weight_decay", c_float)]
+
+
+class GraphCacheStats(ctypes.Structure):
+    _fields_ = [("hits", c_int64), ("misses", c_int64), ("captures", c_int64), ("evictions", c_int64),
+                ("entries", c_int64), ("pool_bytes", c_int64)]
+
+
+# int (*)(void* user, sg_tensor* outputs, size_t capacity, size_t* count)
+STEP_FN = ctypes.CFUNCTYPE(c_int, c_void_p, POINTER(c_void_p), c_size_t, POINTER(c_size_t))
+
+H = c_void_p  # every opaque handle
+P = POINTER
+_STRING_OUT = [c_char_p, c_size_t, P(c_size_t)]
+
+# name: argument types (restype sg_result = int unless listed in _OTHER_RESTYPES)
+_PROTOTYPES = {
+    "sg_cuda_device_count": [P(c_int)] + _STRING_OUT,
+    "sg_context_create": [c_int, c_int, P(H)],
+    "sg_context_destroy": [H],
+    "sg_context_device": [H, P(c_int)],
+    "sg_context_stream_count": [H, P(c_int)],
+    "sg_context_cuda_stream": [H, c_int, P(c_void_p)],
+    "sg_context_synchronize": [H],
+    "sg_context_memory": [H, P(c_int64), P(c_int64), P(c_int64)],
+    "sg_stream_scope_enter": [H, c_int, P(H)],
+    "sg_stream_scope_exit": [H],
+    "sg_cuda_stream_synchronize": [c_void_p],
+    "sg_tensor_create": [H, c_char_p, c_int, c_int, P(c_int64), P(H)],
+    "sg_tensor_wrap": [H, c_char_p, c_int, c_int, P(c_int64), P(c_int64), c_void_p, P(H)],
+    "sg_tensor_retain": [H, P(H)],
+    "sg_tensor_destroy": [H],
+    "sg_tensor_rank": [H, P(c_int)],
+    "sg_tensor_dims": [H, P(c_int64), c_int],
+    "sg_tensor_dtype": [H, P(c_int)],
+    "sg_tensor_device": [H, P(c_int)],
+    "sg_tensor_storage": [H, P(c_int)],
+    "sg_tensor_numel": [H, P(c_int64)],
+    "sg_tensor_bytes": [H, P(c_int64)],
+    "sg_tensor_data": [H, P(c_void_p)],
+    "sg_tensor_name": [H] + _STRING_OUT,
+    "sg_tensor_set_name": [H, c_char_p],
+    "sg_tensor_copy_from_host": [H, c_void_p, c_size_t],
+    "sg_tensor_copy_to_host": [H, c_void_p, c_size_t],
+    "sg_linear_create": [H, c_char_p, P(LinearConfig), c_uint32, P(H)],
+    "sg_norm_create": [H, c_char_p, P(NormConfig), P(H)],
+    "sg_layernorm_linear_create": [H, c_char_p, P(LayerNormLinearConfig), c_uint32, P(H)],
+    "sg_layernorm_mlp_create": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(H)],
+    "sg_model_create": [H, P(ModelConfig), P(H)],
+    "sg_layer_destroy": [H],
+    "sg_layer_kind": [H] + _STRING_OUT,
+    "sg_layer_forward": [H, H, P(H), P(H)],
+    "sg_layer_backward": [H, H, H, P(H)],
+    "sg_saved_destroy": [H],
+    "sg_layer_parameter_count": [H, P(c_int64)],
+    "sg_layer_parameter": [H, c_int64] + _STRING_OUT + [P(H), P(H), P(H)],
+    "sg_layer_sync_parameters": [H],
+    "sg_adamw_create": [H, P(H), c_size_t, P(AdamWConfig), P(H)],
+    "sg_optimizer_destroy": [H],
+    "sg_optimizer_step": [H],
+    "sg_optimizer_steps_taken": [H, P(c_int64)],
+    "sg_train_step_create": [H, H, c_int64, P(H)],
+    "sg_train_step_destroy": [H],
+    "sg_train_step_inputs": [H, P(H), P(H)],
+    "sg_train_step_run": [H, P(H)],
+    "sg_train_step_check_labels": [H],
+    "sg_capture": [H, STEP_FN, c_void_p, c_int, P(H)],
+    "sg_train_step_capture": [H, c_int, P(H)],
+    "sg_graph_destroy": [H],
+    "sg_graph_replay": [H, P(H), P(H), c_size_t],
+    "sg_graph_output_count": [H, P(c_size_t)],
+    "sg_graph_output": [H, c_size_t, P(H)],
+    "sg_graph_replay_count": [H, P(c_int64)],
+    "sg_graph_segment_count": [H, P(c_size_t)],
+    "sg_graph_pool_bytes": [H, P(c_int64)],
+    "sg_graph_pool_report_count": [H, P(c_size_t), P(c_int64)],
+    "sg_graph_pool_report": [H] + _STRING_OUT,
+    "sg_graph_dump": [H] + _STRING_OUT,
+    "sg_graph_release_pool": [H],
+    "sg_graph_cache_create": [c_int64, P(H)],
+    "sg_graph_cache_destroy": [H],
+    "sg_graph_cache_get_or_capture": [H, c_char_p, H, STEP_FN, c_void_p, c_int, P(H)],
+    "sg_graph_cache_contains": [H, c_char_p, H, P(c_int)],
+    "sg_graph_cache_erase": [H, c_char_p, H],
+    "sg_graph_cache_clear": [H],
+    "sg_graph_cache_get_stats": [H, P(GraphCacheStats)],
+}
+
+_OTHER_RESTYPES = {
+    "sg_last_error": (c_char_p, []),
+    "sg_result_name": (c_char_p, [c_int]),
+    "sg_api_version": (c_int, []),
+    "sg_step_error": (None, [c_char_p]),
+    "sg_linear_config_default": (None, [P(LinearConfig)]),
+    "sg_norm_config_default": (None, [P(NormConfig)]),
+    "sg_layernorm_linear_config_default": (None, [P(LayerNormLinearConfig)]),
+    "sg_layernorm_mlp_config_default": (None, [P(LayerNormMLPConfig)]),
+    "sg_model_config_default": (None, [P(ModelConfig)]),
+    "sg_adamw_config_default": (None, [P(AdamWConfig)]),
+}
+
+_lib = None
+
+
+def lib():
+    """The loaded library with every prototype declared (loaded on first use)."""
+    global _lib
+    if _lib is None:
+        path = library_path()
+        try:
+            loaded = ctypes.CDLL(str(path))
+        except OSError as error:
+            raise StepGraphError(f"loading {path} failed: {error}") from error
+        for name, argtypes in _PROTOTYPES.items():
+            function = getattr(loaded, name)
+            function.argtypes = argtypes
+            function.restype = c_int
+        for name, (restype, argtypes) in _OTHER_RESTYPES.items():
+            function = getattr(loaded, name)
+            function.argtypes = argtypes
+            function.restype = restype
+        version = loaded.sg_api_version()
+        if version != API_VERSION:
+            raise StepGraphError(f"{path} has C API version {version}; this package needs {API_VERSION}")
+        _lib = loaded
+    return _lib
+
+
+def call(name, *args):
+    """Calls sg_<name>; a failed call raises StepGraphError with the engine's message."""
+    result = getattr(lib(), name)(*args)
+    if result != 0:
+        raise StepGraphError(lib().sg_last_error().decode("utf-8", "replace"), result)
+
+
+def string_out(name, *args):
+    """Calls a (buffer, capacity, length) function and returns the whole string."""
+    capacity = 256
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        length = c_size_t()
+        call(name, *args, buffer, capacity, ctypes.byref(length))
+        if length.value < capacity:
+            return buffer.value.decode("utf-8", "replace")
+        capacity = length.value + 1
+
+
+def new_handle():
+    return c_void_p()
+
+
+def destroy(name, handle):
+    """Destroys a handle from a finalizer: never raises (the interpreter may be exiting)."""
+    try:
+        if handle and _lib is not None:
+            getattr(_lib, name)(handle)
+    except Exception:  # noqa: BLE001 - finalizers must not raise
+        pass

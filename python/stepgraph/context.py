@@ -1,0 +1,135 @@
+"""Context: where StepGraph runs (cuda or host), and the tensors it owns or wraps."""
+
+import contextlib
+import ctypes
+import itertools
+
+import numpy as np
+
+from stepgraph import _capi
+from stepgraph._library import StepGraphError
+from stepgraph.dtypes import as_dtype, to_storage
+from stepgraph.tensor import Tensor, describe_array
+
+_DEVICES = {"cuda": 0, "host": 1}
+_names = itertools.count()
+
+
+def cuda_device_count():
+    """(count, reason): how many CUDA devices there are, and why none when 0."""
+    count = ctypes.c_int()
+    buffer = ctypes.create_string_buffer(512)
+    _capi.call("sg_cuda_device_count", ctypes.byref(count), buffer, 512, None)
+    return count.value, buffer.value.decode()
+
+
+class Context:
+    """A StepGraph context on "cuda" or "host", with `side_streams` extra streams.
+
+        with stepgraph.Context("host") as ctx:
+            x = ctx.from_numpy(np.ones((4, 8), np.float32))
+
+    Closing it (or leaving the with block) drops this handle; layers, tensors and
+    graphs made from it keep the engine's context alive until they go too.
+    """
+
+    def __init__(self, device="cuda", side_streams=1):
+        if device not in _DEVICES:
+            raise StepGraphError(f"device must be 'cuda' or 'host', got {device!r}")
+        self._handle = _capi.new_handle()
+        _capi.call("sg_context_create", _DEVICES[device], side_streams, ctypes.byref(self._handle))
+        self._device = device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        _capi.destroy("sg_context_destroy", getattr(self, "_handle", None))
+        self._handle = None
+
+    __del__ = close
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise StepGraphError("this Context is closed")
+        return self._handle
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def stream_count(self):
+        value = ctypes.c_int()
+        _capi.call("sg_context_stream_count", self.handle, ctypes.byref(value))
+        return value.value
+
+    def cuda_stream(self, index=0):
+        """The cudaStream_t of stream `index` as an int (cuda only)."""
+        value = ctypes.c_void_p()
+        _capi.call("sg_context_cuda_stream", self.handle, index, ctypes.byref(value))
+        return value.value or 0
+
+    def synchronize(self):
+        """Waits for all of this context's work (before another library reads its results)."""
+        _capi.call("sg_context_synchronize", self.handle)
+
+    def memory(self):
+        """{"persistent_bytes", "eager_bytes", "eager_peak_bytes"}."""
+        values = [ctypes.c_int64() for _ in range(3)]
+        _capi.call("sg_context_memory", self.handle, *[ctypes.byref(v) for v in values])
+        return dict(zip(("persistent_bytes", "eager_bytes", "eager_peak_bytes"), (v.value for v in values)))
+
+    @contextlib.contextmanager
+    def stream(self, index):
+        """Ops called inside the block go to stream `index` (0 is the main stream)."""
+        scope = _capi.new_handle()
+        _capi.call("sg_stream_scope_enter", self.handle, index, ctypes.byref(scope))
+        try:
+            yield
+        finally:
+            _capi.call("sg_stream_scope_exit", scope)
+
+    # --- tensors ------------------------------------------------------------------
+
+    def tensor(self, shape, dtype="float32", name=None):
+        """A zero-filled persistent tensor (a fixed address for the context's life)."""
+        shape = tuple(int(d) for d in shape)
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        handle = _capi.new_handle()
+        name = name or f"tensor{next(_names)}"
+        _capi.call("sg_tensor_create", self.handle, name.encode(), int(as_dtype(dtype)), len(shape), dims,
+                   ctypes.byref(handle))
+        return Tensor(handle)
+
+    def from_numpy(self, array, dtype=None, name=None):
+        """A persistent tensor holding a copy of `array` (converted to `dtype`, default the array's)."""
+        array = np.asarray(array)
+        dtype = as_dtype(dtype if dtype is not None else array.dtype)
+        tensor = self.tensor(array.shape, dtype, name)
+        tensor.copy_from(to_storage(array, dtype))
+        return tensor
+
+    def wrap(self, array, name=None):
+        """A persistent tensor over `array`'s own memory, no copy: torch tensors and objects with
+        __cuda_array_interface__ (cupy) on cuda, numpy arrays on host. The array must be
+        contiguous (row-major) and stay alive while StepGraph uses it (the Tensor keeps a
+        reference; a captured step that reads it needs it too)."""
+        dtype, shape, strides, pointer, stream, contiguous = describe_array(array, self._device)
+        if contiguous is False:
+            raise StepGraphError("cannot wrap a non-contiguous torch tensor: StepGraph reads dense rows; "
+                                 "call .contiguous() first")
+        if stream is not None and stream != 0:
+            # The producer's stream: wait for its pending writes (the array interface's stream rule).
+            _capi.call("sg_cuda_stream_synchronize", ctypes.c_void_p(stream))
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        stride_array = (ctypes.c_int64 * max(len(strides), 1))(*strides) if strides is not None else None
+        handle = _capi.new_handle()
+        name = name or f"wrapped{next(_names)}"
+        _capi.call("sg_tensor_wrap", self.handle, name.encode(), int(dtype), len(shape), dims, stride_array,
+                   ctypes.c_void_p(pointer), ctypes.byref(handle))
+        return Tensor(handle, owner=array)

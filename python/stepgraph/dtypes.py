@@ -1,0 +1,103 @@
+"""Element types, and bf16 <-> float32 conversions in NumPy (numpy has no bf16)."""
+
+import enum
+
+import numpy as np
+
+
+class DType(enum.IntEnum):
+    """The engine's element types (sg_dtype)."""
+
+    FLOAT32 = 0
+    BFLOAT16 = 1
+    FLOAT16 = 2
+    FLOAT8_E4M3 = 3
+    FLOAT8_E5M2 = 4
+    INT32 = 5
+    INT64 = 6
+
+    @property
+    def itemsize(self):
+        return _ITEMSIZE[self]
+
+    @property
+    def short_name(self):
+        return _SHORT[self]
+
+
+_ITEMSIZE = {DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2, DType.FLOAT8_E4M3: 1, DType.FLOAT8_E5M2: 1,
+             DType.INT32: 4, DType.INT64: 8}
+_SHORT = {DType.FLOAT32: "fp32", DType.BFLOAT16: "bf16", DType.FLOAT16: "fp16", DType.FLOAT8_E4M3: "fp8_e4m3",
+          DType.FLOAT8_E5M2: "fp8_e5m2", DType.INT32: "int32", DType.INT64: "int64"}
+_BY_NAME = {}
+for _dtype in DType:
+    _BY_NAME[_dtype.name.lower()] = _dtype
+    _BY_NAME[_SHORT[_dtype]] = _dtype
+_BY_NAME.update({"float8_e4m3fn": DType.FLOAT8_E4M3, "half": DType.FLOAT16, "float": DType.FLOAT32})
+
+# NumPy dtypes that hold each element type: the type itself, or raw bits of
+# the same size where NumPy has none (bf16 as uint16, fp8 as uint8).
+_NUMPY_STORAGE = {DType.FLOAT32: np.float32, DType.BFLOAT16: np.uint16, DType.FLOAT16: np.float16,
+                  DType.FLOAT8_E4M3: np.uint8, DType.FLOAT8_E5M2: np.uint8, DType.INT32: np.int32,
+                  DType.INT64: np.int64}
+# Array-interface type strings (bf16 and fp8 are opaque: '<V2', '|V1').
+_TYPESTR = {DType.FLOAT32: "<f4", DType.BFLOAT16: "<V2", DType.FLOAT16: "<f2", DType.FLOAT8_E4M3: "|V1",
+            DType.FLOAT8_E5M2: "|V1", DType.INT32: "<i4", DType.INT64: "<i8"}
+_FROM_TYPESTR = {"f4": DType.FLOAT32, "f2": DType.FLOAT16, "i4": DType.INT32, "i8": DType.INT64}
+
+
+def as_dtype(value):
+    """A DType from a DType, a name ("bf16", "bfloat16", "float32"...), a torch dtype or a numpy dtype."""
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        key = value.lower()
+    else:
+        text = str(value)  # torch.bfloat16 -> "torch.bfloat16"
+        key = text[len("torch."):] if text.startswith("torch.") else str(np.dtype(value))
+    if key not in _BY_NAME:
+        raise ValueError(f"unknown dtype {value!r}; use one of {sorted(set(_BY_NAME))}")
+    return _BY_NAME[key]
+
+
+def numpy_storage(dtype):
+    """The NumPy dtype holding `dtype`'s elements (raw bits for bf16 and fp8)."""
+    return np.dtype(_NUMPY_STORAGE[as_dtype(dtype)])
+
+
+def typestr(dtype):
+    return _TYPESTR[as_dtype(dtype)]
+
+
+def from_typestr(text):
+    """DType of an array-interface type string ('<f4', '|i4', ...), little-endian only."""
+    byteorder, code = text[0], text[1:]
+    if byteorder == ">" or code not in _FROM_TYPESTR:
+        raise TypeError(f"array type {text!r} has no StepGraph dtype; StepGraph takes little-endian float32, "
+                        f"float16, int32 and int64 arrays (and torch bfloat16 tensors)")
+    return _FROM_TYPESTR[code]
+
+
+def float32_to_bf16_bits(values):
+    """bf16 bit patterns (uint16) of float32 values, rounding to nearest even like the device."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    bits = values.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+
+def bf16_bits_to_float32(bits):
+    """float32 values of bf16 bit patterns (exact)."""
+    bits = np.ascontiguousarray(bits, dtype=np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_storage(array, dtype):
+    """`array` converted to the NumPy storage of `dtype` (floats to bf16 bits for bf16)."""
+    dtype = as_dtype(dtype)
+    array = np.asarray(array)
+    if dtype == DType.BFLOAT16 and array.dtype != np.uint16:
+        return float32_to_bf16_bits(array)
+    if dtype in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2) and array.dtype != np.uint8:
+        raise TypeError("fp8 tensors take their raw bits (uint8 arrays); NumPy has no fp8 type")
+    return np.ascontiguousarray(array, dtype=_NUMPY_STORAGE[dtype])

@@ -1,0 +1,184 @@
+"""Captured steps: a Python step function (or a TrainStep) traced once, planned into
+one static pool, captured into CUDA graphs (host: a planned program) and replayed.
+
+    def step():
+        y, saved = mlp.forward(x)
+        mlp.backward(saved, dy)
+        return y                       # outputs: a Tensor or a sequence of Tensors
+    graph = stepgraph.capture(ctx, step, policy="error")
+    graph.replay()                     # or graph.replay({x: batch}) to copy batch into x first
+    graph.outputs[0].numpy()
+"""
+
+import ctypes
+
+from stepgraph import _capi
+from stepgraph._library import StepGraphError
+from stepgraph.tensor import Tensor
+
+_POLICIES = {"warn": 0, "error": 1, "free": 2}
+
+
+def policy_value(policy):
+    if policy not in _POLICIES:
+        raise StepGraphError(f"pool report policy must be 'warn', 'error' or 'free', got {policy!r}")
+    return _POLICIES[policy]
+
+
+class CapturedStep:
+    """A captured step: replay it, read its outputs (tensors in the graph pool, valid until
+    the next replay), its pool report and its plan."""
+
+    def __init__(self, handle, keep_alive=None):
+        self._handle = handle
+        self._keep_alive = keep_alive
+
+    def __del__(self):
+        _capi.destroy("sg_graph_destroy", getattr(self, "_handle", None))
+        self._handle = None
+
+    def replay(self, bindings=None):
+        """Runs the step once. `bindings` ({static input: source} or pairs) copies each source
+        into its static input (a persistent tensor the step reads) first."""
+        pairs = list(bindings.items()) if isinstance(bindings, dict) else list(bindings or [])
+        for static, source in pairs:
+            if not isinstance(static, Tensor) or not isinstance(source, Tensor):
+                raise TypeError("replay bindings map stepgraph Tensors to stepgraph Tensors")
+        statics = (ctypes.c_void_p * max(len(pairs), 1))(*[s._handle.value for s, _ in pairs])
+        sources = (ctypes.c_void_p * max(len(pairs), 1))(*[t._handle.value for _, t in pairs])
+        _capi.call("sg_graph_replay", self._handle, statics, sources, len(pairs))
+
+    def _get(self, name, ctype):
+        value = ctype()
+        _capi.call(name, self._handle, ctypes.byref(value))
+        return value.value
+
+    @property
+    def outputs(self):
+        out = []
+        for index in range(self._get("sg_graph_output_count", ctypes.c_size_t)):
+            handle = _capi.new_handle()
+            _capi.call("sg_graph_output", self._handle, index, ctypes.byref(handle))
+            out.append(Tensor(handle))
+        return out
+
+    @property
+    def replay_count(self):
+        return self._get("sg_graph_replay_count", ctypes.c_int64)
+
+    @property
+    def segment_count(self):
+        return self._get("sg_graph_segment_count", ctypes.c_size_t)
+
+    @property
+    def pool_bytes(self):
+        return self._get("sg_graph_pool_bytes", ctypes.c_int64)
+
+    @property
+    def pool_report_count(self):
+        """How many pool tensors the step kept without returning them."""
+        count = ctypes.c_size_t()
+        _capi.call("sg_graph_pool_report_count", self._handle, ctypes.byref(count), None)
+        return count.value
+
+    @property
+    def pool_report(self):
+        """The pool report as text ("N tensor(s) in the graph pool not returned as outputs ...")."""
+        return _capi.string_out("sg_graph_pool_report", self._handle)
+
+    def dump(self):
+        """The program and its plan, as text."""
+        return _capi.string_out("sg_graph_dump", self._handle)
+
+    def release_pool(self):
+        """Frees the pool now; replaying or reading the outputs afterwards is an error."""
+        _capi.call("sg_graph_release_pool", self._handle)
+
+
+class _StepFunction:
+    """A Python step function as an sg_step_fn; keeps the exception it raised."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.error = None
+        self.c_function = _capi.STEP_FN(self._call)
+
+    def _call(self, _user, outputs, capacity, count):
+        written = 0
+        try:
+            result = self.fn()
+            tensors = [result] if isinstance(result, Tensor) else list(result or [])
+            if len(tensors) > capacity:
+                raise StepGraphError(f"a step function returns at most {capacity} tensors, got {len(tensors)}")
+            for tensor in tensors:
+                if not isinstance(tensor, Tensor):
+                    raise TypeError(f"a step function returns stepgraph Tensors, got {type(tensor).__name__}")
+                handle = _capi.new_handle()
+                _capi.call("sg_tensor_retain", tensor._handle, ctypes.byref(handle))
+                outputs[written] = handle.value
+                written += 1
+            count[0] = written
+            return 0
+        except BaseException as error:  # noqa: BLE001 - re-raised by run() after the C call returns
+            self.error = error
+            count[0] = written  # StepGraph owns (and frees) the handles written so far
+            _capi.lib().sg_step_error(f"{type(error).__name__}: {error}".encode("utf-8", "replace"))
+            return 1
+
+    def run(self, name, *args):
+        """Calls sg_<name>(..., this function, NULL, ...) and re-raises the step function's own error."""
+        try:
+            _capi.call(name, *args)
+        except StepGraphError:
+            if self.error is not None:
+                raise self.error
+            raise
+
+
+def capture(ctx, fn, policy="warn"):
+    """Traces `fn()` once on `ctx` (layer calls record, nothing runs), plans and captures it.
+    `fn` returns the step's outputs. Policy for pool tensors the step keeps without returning
+    them: "warn" (keep them valid), "error" (refuse the capture), "free" (reuse their memory)."""
+    step = _StepFunction(fn)
+    handle = _capi.new_handle()
+    step.run("sg_capture", ctx.handle, step.c_function, None, policy_value(policy), ctypes.byref(handle))
+    return CapturedStep(handle)
+
+
+class GraphCache:
+    """Captured steps by key, least recently used evicted beyond `max_pool_bytes` of pools.
+    A key names everything the graph depends on; keys are per context."""
+
+    def __init__(self, max_pool_bytes=8 << 30):
+        self._handle = _capi.new_handle()
+        _capi.call("sg_graph_cache_create", max_pool_bytes, ctypes.byref(self._handle))
+
+    def __del__(self):
+        _capi.destroy("sg_graph_cache_destroy", getattr(self, "_handle", None))
+        self._handle = None
+
+    def get_or_capture(self, key, ctx, fn, policy="warn"):
+        """The graph stored under `key` (a hit), or `fn` captured and stored (a miss)."""
+        step = _StepFunction(fn)
+        handle = _capi.new_handle()
+        step.run("sg_graph_cache_get_or_capture", self._handle, str(key).encode(), ctx.handle, step.c_function, None,
+                 policy_value(policy), ctypes.byref(handle))
+        return CapturedStep(handle)
+
+    def contains(self, key, ctx):
+        value = ctypes.c_int()
+        _capi.call("sg_graph_cache_contains", self._handle, str(key).encode(), ctx.handle, ctypes.byref(value))
+        return bool(value.value)
+
+    def erase(self, key, ctx):
+        _capi.call("sg_graph_cache_erase", self._handle, str(key).encode(), ctx.handle)
+
+    def clear(self):
+        _capi.call("sg_graph_cache_clear", self._handle)
+
+    @property
+    def stats(self):
+        """{"hits", "misses", "captures", "evictions", "entries", "pool_bytes"}."""
+        stats = _capi.GraphCacheStats()
+        _capi.call("sg_graph_cache_get_stats", self._handle, ctypes.byref(stats))
+        return {name: getattr(stats, name) for name, _ in _capi.GraphCacheStats._fields_}

@@ -1,0 +1,181 @@
+"""Layers: Linear, LayerNorm/RMSNorm, LayerNormLinear, LayerNormMLP and Model.
+
+Every layer's forward returns (y, saved) and its backward takes saved and dy,
+writes the parameter gradients (fp32, overwritten) and returns dx:
+
+    y, saved = mlp.forward(x)
+    dx = mlp.backward(saved, dy)
+
+The same calls run now (eager) or are recorded inside a captured step function.
+"""
+
+import collections
+import ctypes
+
+from stepgraph import _capi
+from stepgraph._library import StepGraphError
+from stepgraph.dtypes import as_dtype
+from stepgraph.tensor import Tensor
+
+_NORMS = {"layernorm": 0, "rmsnorm": 1}
+
+Forward = collections.namedtuple("Forward", ["y", "saved"])
+Parameter = collections.namedtuple("Parameter", ["name", "master", "value", "grad"])
+Parameter.__doc__ = ("A parameter: fp32 master weight, the copy in the layer dtype the forward reads "
+                     "(the master itself in fp32), and the fp32 gradient.")
+
+
+def _norm(kind):
+    if kind not in _NORMS:
+        raise StepGraphError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
+    return _NORMS[kind]
+
+
+class Saved:
+    """What a layer's backward needs from its forward (opaque)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __del__(self):
+        _capi.destroy("sg_saved_destroy", getattr(self, "_handle", None))
+        self._handle = None
+
+
+class Layer:
+    """Base of every layer: forward, backward, parameters."""
+
+    def __init__(self, ctx, create, *args):
+        self.ctx = ctx
+        self._handle = _capi.new_handle()
+        _capi.call(create, ctx.handle, *args, ctypes.byref(self._handle))
+
+    def __del__(self):
+        _capi.destroy("sg_layer_destroy", getattr(self, "_handle", None))
+        self._handle = None
+
+    @property
+    def kind(self):
+        return _capi.string_out("sg_layer_kind", self._handle)
+
+    def forward(self, x):
+        """(y, saved) for input `x` (a stepgraph Tensor)."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"forward takes a stepgraph Tensor (ctx.wrap or ctx.from_numpy), got {type(x).__name__}")
+        y, saved = _capi.new_handle(), _capi.new_handle()
+        _capi.call("sg_layer_forward", self._handle, x._handle, ctypes.byref(y), ctypes.byref(saved))
+        return Forward(Tensor(y), Saved(saved))
+
+    def __call__(self, x):
+        return self.forward(x).y
+
+    def backward(self, saved, dy):
+        """dx (None when the layer computes none); writes every parameter gradient."""
+        if not isinstance(saved, Saved) or not isinstance(dy, Tensor):
+            raise TypeError("backward takes the Saved of this layer's forward and a stepgraph Tensor dy")
+        dx = _capi.new_handle()
+        _capi.call("sg_layer_backward", self._handle, saved._handle, dy._handle, ctypes.byref(dx))
+        return Tensor._adopt(dx)
+
+    def parameters(self):
+        count = ctypes.c_int64()
+        _capi.call("sg_layer_parameter_count", self._handle, ctypes.byref(count))
+        out = []
+        for index in range(count.value):
+            handles = [_capi.new_handle() for _ in range(3)]
+            buffer = ctypes.create_string_buffer(512)
+            _capi.call("sg_layer_parameter", self._handle, index, buffer, 512, None,
+                       *[ctypes.byref(h) for h in handles])
+            out.append(Parameter(buffer.value.decode(), *[Tensor(h) for h in handles]))
+        return out
+
+    def sync_parameters(self):
+        """Refreshes the dtype copies from the fp32 masters (after writing masters from outside)."""
+        _capi.call("sg_layer_sync_parameters", self._handle)
+
+
+def _linear_config(in_features, out_features, bias, dtype, dgrad, wgrad):
+    config = _capi.LinearConfig()
+    _capi.lib().sg_linear_config_default(ctypes.byref(config))
+    config.in_features, config.out_features = in_features, out_features
+    config.bias, config.dtype, config.dgrad, config.wgrad = int(bias), int(as_dtype(dtype)), int(dgrad), int(wgrad)
+    return config
+
+
+class Linear(Layer):
+    """y = x W^T (+ b); W is [out_features, in_features]."""
+
+    def __init__(self, ctx, in_features, out_features, bias=True, dtype="bfloat16", dgrad=True, wgrad=True,
+                 name="linear", seed=1):
+        config = _linear_config(in_features, out_features, bias, dtype, dgrad, wgrad)
+        super().__init__(ctx, "sg_linear_create", name.encode(), ctypes.byref(config), seed)
+
+
+class Norm(Layer):
+    """LayerNorm ("layernorm": gamma, beta) or RMSNorm ("rmsnorm": gamma) over the last dimension."""
+
+    def __init__(self, ctx, hidden, kind="layernorm", eps=1e-5, dtype="bfloat16", name="norm"):
+        config = _capi.NormConfig()
+        _capi.lib().sg_norm_config_default(ctypes.byref(config))
+        config.kind, config.hidden, config.eps, config.dtype = _norm(kind), hidden, eps, int(as_dtype(dtype))
+        super().__init__(ctx, "sg_norm_create", name.encode(), ctypes.byref(config))
+
+
+class LayerNorm(Norm):
+    def __init__(self, ctx, hidden, eps=1e-5, dtype="bfloat16", name="layernorm"):
+        super().__init__(ctx, hidden, "layernorm", eps, dtype, name)
+
+
+class RMSNorm(Norm):
+    def __init__(self, ctx, hidden, eps=1e-5, dtype="bfloat16", name="rmsnorm"):
+        super().__init__(ctx, hidden, "rmsnorm", eps, dtype, name)
+
+
+class LayerNormLinear(Layer):
+    """norm -> Linear."""
+
+    def __init__(self, ctx, in_features, out_features, norm="layernorm", eps=1e-5, bias=True, dtype="bfloat16",
+                 dgrad=True, wgrad=True, name="layernorm_linear", seed=1):
+        config = _capi.LayerNormLinearConfig()
+        _capi.lib().sg_layernorm_linear_config_default(ctypes.byref(config))
+        config.norm, config.eps = _norm(norm), eps
+        config.linear = _linear_config(in_features, out_features, bias, dtype, dgrad, wgrad)
+        super().__init__(ctx, "sg_layernorm_linear_create", name.encode(), ctypes.byref(config), seed)
+
+
+class LayerNormMLP(Layer):
+    """norm -> fc1 (hidden -> ffn) -> GeLU (tanh) -> fc2 (ffn -> hidden); parameters in order
+    norm gamma[, beta], fc1 weight, fc1 bias, fc2 weight, fc2 bias."""
+
+    def __init__(self, ctx, hidden, ffn, norm="layernorm", eps=1e-5, dtype="bfloat16", name="mlp", seed=1):
+        config = _capi.LayerNormMLPConfig()
+        _capi.lib().sg_layernorm_mlp_config_default(ctypes.byref(config))
+        config.hidden, config.ffn, config.norm, config.eps = hidden, ffn, _norm(norm), eps
+        config.dtype = int(as_dtype(dtype))
+        super().__init__(ctx, "sg_layernorm_mlp_create", name.encode(), ctypes.byref(config), seed)
+
+
+def _model_defaults():
+    config = _capi.ModelConfig()
+    _capi.lib().sg_model_config_default(ctypes.byref(config))
+    return config
+
+
+class Model(Layer):
+    """Residual blocks h = h + LayerNormMLP(h), a final norm and an LM head: forward takes
+    x [tokens, hidden] and gives logits [tokens, vocab]. experts > 0 asks for mixture-of-
+    experts blocks (every moe_every-th block, top-k routing): an "unsupported" StepGraphError
+    until the engine has them. Unset arguments take the engine's defaults."""
+
+    def __init__(self, ctx, hidden=None, ffn=None, layers=None, vocab=None, norm="layernorm", eps=None,
+                 dtype="bfloat16", seed=None, experts=None, topk=None, moe_every=None):
+        config = _model_defaults()
+        for field, value in (("hidden", hidden), ("ffn", ffn), ("layers", layers), ("vocab", vocab), ("eps", eps),
+                             ("seed", seed), ("experts", experts), ("topk", topk), ("moe_every", moe_every)):
+            if value is not None:
+                setattr(config, field, value)
+        config.norm, config.dtype = _norm(norm), int(as_dtype(dtype))
+        self.config = {name: getattr(config, name) for name, _ in _capi.ModelConfig._fields_}
+        self.ctx = ctx
+        self._handle = _capi.new_handle()
+        _capi.call("sg_model_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))

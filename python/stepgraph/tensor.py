@@ -1,0 +1,208 @@
+"""Tensor: a handle to a StepGraph tensor, viewable by NumPy, torch and CuPy without copies."""
+
+import ctypes
+
+import numpy as np
+
+from stepgraph import _capi
+from stepgraph._library import StepGraphError
+from stepgraph.dtypes import DType, as_dtype, bf16_bits_to_float32, from_typestr, numpy_storage, to_storage, typestr
+
+STORAGE_NAMES = {0: "persistent", 1: "eager", 2: "traced", 3: "pool"}
+
+
+class _Interface:
+    """An array-interface view of a tensor (another type string), keeping the tensor alive."""
+
+    def __init__(self, tensor, interface_name, interface):
+        self._tensor = tensor
+        setattr(self, interface_name, interface)
+
+
+class Tensor:
+    """A StepGraph tensor. Made by a Context (create, wrap, from_numpy), by layers
+    (outputs), by captured steps (outputs) or by parameters.
+
+    On cuda it exposes `__cuda_array_interface__`, on host `__array_interface__`
+    (bf16 and fp8 as opaque '<V2' / '|V1'); `.torch()` and `.numpy()` give
+    typed views without a copy where the memory is reachable.
+    """
+
+    def __init__(self, handle, owner=None):
+        self._handle = handle  # c_void_p, owned
+        self._owner = owner  # the wrapped object whose memory this tensor uses
+
+    def __del__(self):
+        _capi.destroy("sg_tensor_destroy", getattr(self, "_handle", None))
+        self._handle = None
+
+    @classmethod
+    def _adopt(cls, handle):
+        """A Tensor owning a handle just returned by the C API (None stays None)."""
+        return cls(handle) if handle.value else None
+
+    def _get(self, name, ctype):
+        value = ctype()
+        _capi.call(name, self._handle, ctypes.byref(value))
+        return value.value
+
+    @property
+    def shape(self):
+        rank = self._get("sg_tensor_rank", ctypes.c_int)
+        dims = (ctypes.c_int64 * max(rank, 1))()
+        _capi.call("sg_tensor_dims", self._handle, dims, rank)
+        return tuple(dims[i] for i in range(rank))
+
+    @property
+    def dtype(self):
+        return DType(self._get("sg_tensor_dtype", ctypes.c_int))
+
+    @property
+    def device(self):
+        return "cuda" if self._get("sg_tensor_device", ctypes.c_int) == 0 else "host"
+
+    @property
+    def storage(self):
+        """"persistent", "eager", "traced" or "pool"."""
+        return STORAGE_NAMES[self._get("sg_tensor_storage", ctypes.c_int)]
+
+    @property
+    def numel(self):
+        return self._get("sg_tensor_numel", ctypes.c_int64)
+
+    @property
+    def nbytes(self):
+        return self._get("sg_tensor_bytes", ctypes.c_int64)
+
+    @property
+    def data_ptr(self):
+        """The data's address (device memory on cuda); an error for a traced value."""
+        return self._get("sg_tensor_data", ctypes.c_void_p) or 0
+
+    @property
+    def name(self):
+        return _capi.string_out("sg_tensor_name", self._handle)
+
+    @name.setter
+    def name(self, value):
+        _capi.call("sg_tensor_set_name", self._handle, value.encode())
+
+    def __repr__(self):
+        try:
+            return f"Tensor('{self.name}', {list(self.shape)}, {self.dtype.short_name}, {self.device}, {self.storage})"
+        except StepGraphError as error:
+            return f"Tensor(<{error.message}>)"
+
+    # --- zero-copy views -------------------------------------------------------
+
+    def _interface(self, type_string):
+        strides = None
+        return {"shape": self.shape, "typestr": type_string, "data": (self.data_ptr, False), "strides": strides,
+                "version": 3}
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.device != "cuda":
+            raise AttributeError("a host tensor has no __cuda_array_interface__; use __array_interface__")
+        interface = self._interface(typestr(self.dtype))
+        interface["stream"] = None  # StepGraph synchronizes its streams itself; see Context.synchronize
+        return interface
+
+    @property
+    def __array_interface__(self):
+        if self.device != "host":
+            raise AttributeError("a cuda tensor has no __array_interface__; use .numpy() for a host copy")
+        return self._interface(typestr(self.dtype))
+
+    def numpy(self):
+        """The data as a NumPy array: a view (no copy) on host, a copy from cuda.
+        bf16 comes as uint16 bits and fp8 as uint8 bits (see to_float32)."""
+        storage = numpy_storage(self.dtype)
+        if self.device == "host":
+            view = _Interface(self, "__array_interface__", self._interface(storage.str))
+            return np.asarray(view)
+        out = np.empty(self.shape, dtype=storage)
+        _capi.call("sg_tensor_copy_to_host", self._handle, out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
+        return out
+
+    def to_float32(self):
+        """A float32 NumPy copy of the values (bf16 converted exactly)."""
+        data = self.numpy()
+        if self.dtype == DType.BFLOAT16:
+            return bf16_bits_to_float32(data).reshape(self.shape)
+        return np.array(data, dtype=np.float32)
+
+    def item(self):
+        """The value of a one-element tensor."""
+        if self.numel != 1:
+            raise StepGraphError(f"item() needs one element; {self!r} has {self.numel}")
+        return self.to_float32().reshape(()).item()
+
+    def torch(self):
+        """A torch tensor over the same memory (no copy), with the same dtype."""
+        import torch  # imported here: torch is optional
+
+        dtype = self.dtype
+        storage = numpy_storage(dtype)
+        name = "__cuda_array_interface__" if self.device == "cuda" else "__array_interface__"
+        view = _Interface(self, name, self._interface(storage.str))
+        if self.device == "cuda":
+            raw = torch.as_tensor(view, device="cuda")
+        else:
+            raw = torch.from_numpy(np.asarray(view))
+        torch_dtype = {DType.BFLOAT16: torch.bfloat16, DType.FLOAT8_E4M3: torch.float8_e4m3fn,
+                       DType.FLOAT8_E5M2: torch.float8_e5m2}.get(dtype)
+        return raw.view(torch_dtype) if torch_dtype is not None else raw
+
+    def copy_from(self, array):
+        """Copies host data in (converted to this tensor's dtype: floats to bf16 bits for bf16)."""
+        data = to_storage(array, self.dtype)
+        if data.size != self.numel:
+            raise StepGraphError(f"copy_from: {self!r} has {self.numel} elements, got an array of {data.size}")
+        _capi.call("sg_tensor_copy_from_host", self._handle, data.ctypes.data_as(ctypes.c_void_p), data.nbytes)
+
+
+# --- wrapping other libraries' arrays ---------------------------------------------
+
+
+def _is_torch(obj):
+    return type(obj).__module__.split(".")[0] == "torch"
+
+
+def describe_array(obj, device):
+    """(dtype, shape, strides in elements, pointer, stream to wait for or None) of an
+    array to wrap on `device`; a clear error for what cannot be wrapped."""
+    if _is_torch(obj):
+        on_cuda = obj.device.type == "cuda"
+        if on_cuda != (device == "cuda"):
+            raise StepGraphError(f"cannot wrap a torch tensor on {obj.device} in a {device} context; "
+                                 f"move it with .to('{'cuda' if device == 'cuda' else 'cpu'}') first")
+        stream = None
+        if on_cuda:
+            import torch
+
+            stream = torch.cuda.current_stream(obj.device).cuda_stream
+        return as_dtype(obj.dtype), tuple(obj.shape), tuple(obj.stride()), obj.data_ptr(), stream, obj.is_contiguous()
+    if device == "cuda":
+        if not hasattr(obj, "__cuda_array_interface__"):
+            raise StepGraphError(f"a cuda context wraps objects with __cuda_array_interface__ (torch, cupy); "
+                                 f"got {type(obj).__name__}")
+        interface = obj.__cuda_array_interface__
+    else:
+        if not hasattr(obj, "__array_interface__"):
+            raise StepGraphError(f"a host context wraps objects with __array_interface__ (numpy); "
+                                 f"got {type(obj).__name__}")
+        interface = obj.__array_interface__
+    pointer, readonly = interface["data"]
+    if readonly:
+        raise StepGraphError("cannot wrap a read-only array: StepGraph may write the tensors it is given; "
+                             "pass a writable copy")
+    dtype = from_typestr(interface["typestr"])
+    shape = tuple(interface["shape"])
+    strides = interface.get("strides")
+    if strides is not None:
+        if any(s % dtype.itemsize for s in strides):
+            raise StepGraphError(f"strides {strides} (bytes) are not whole elements of {dtype.short_name}")
+        strides = tuple(s // dtype.itemsize for s in strides)
+    stream = interface.get("stream") if device == "cuda" else None
+    return dtype, shape, strides, pointer, stream, None

@@ -1,0 +1,65 @@
+// The named configs of step_bench: the shapes the issue asks for, and clear
+// errors for bad --configs lists.
+#include "benchmarks/step_configs.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/error.h"
+
+namespace stepgraph::bench {
+namespace {
+
+TEST(StepConfigsTest, BenchmarkConfigsHaveTheIssueShapes) {
+  const std::vector<StepConfig>& configs = benchmark_configs();
+  ASSERT_EQ(configs.size(), 4u);
+  struct Expected {
+    const char* name;
+    std::int64_t hidden, ffn, layers, tokens, experts;
+  };
+  const Expected expected[] = {{"small", 512, 2048, 8, 256, 0},
+                               {"medium", 2048, 8192, 8, 4096, 0},
+                               {"large", 4096, 16384, 4, 8192, 0},
+                               {"moe", 2048, 8192, 4, 8192, 8}};
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    SCOPED_TRACE(expected[i].name);
+    EXPECT_EQ(configs[i].name, expected[i].name);
+    EXPECT_EQ(configs[i].model.hidden, expected[i].hidden);
+    EXPECT_EQ(configs[i].model.ffn, expected[i].ffn);
+    EXPECT_EQ(configs[i].model.layers, expected[i].layers);
+    EXPECT_EQ(configs[i].tokens, expected[i].tokens);
+    EXPECT_EQ(configs[i].model.experts, expected[i].experts);
+    EXPECT_EQ(configs[i].model.vocab, kBenchVocab);
+    EXPECT_EQ(configs[i].model.dtype, DType::kBFloat16);
+  }
+  EXPECT_EQ(configs[3].model.topk, 2);
+  EXPECT_EQ(configs[3].model.moe_every, 1);
+}
+
+TEST(StepConfigsTest, ParsesAListInTheOrderGiven) {
+  const std::vector<StepConfig> configs = parse_config_list("large,small,tiny");
+  ASSERT_EQ(configs.size(), 3u);
+  EXPECT_EQ(configs[0].name, "large");
+  EXPECT_EQ(configs[1].name, "small");
+  EXPECT_EQ(configs[2].name, "tiny");
+  EXPECT_EQ(configs[2].model.vocab, 512);
+}
+
+TEST(StepConfigsTest, BadListsAreClearErrors) {
+  for (const char* bad : {"", "small,", ",small", "small,,medium", "huge", "small,small"}) {
+    SCOPED_TRACE(bad);
+    try {
+      parse_config_list(bad);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+    }
+  }
+  try {
+    step_config("huge");
+  } catch (const Error& error) {
+    EXPECT_NE(error.message().find("known: small, medium, large, moe, tiny"), std::string::npos) << error.message();
+  }
+}
+
+}  // namespace
+}  // namespace stepgraph::bench

@@ -114,13 +114,26 @@ int run(int repeats, const std::string& out_path) {
     // Reads x, gamma, beta; writes y, mean, rstd.
     rows.push_back(
         row("layernorm_fwd_bf16_16384x4096", fwd, elems * 2 * 2 + desc.rows * 8.0 + desc.hidden * 4.0, copy_gbps));
-    const bench::Summary bwd = bench::time_launches(stream.get(), 5, repeats, [&] {
-      kernels::launch_norm_backward(desc, dy.get(), x.get(), mean.as<float>(), rstd.as<float>(), gamma.get(), dx.get(),
-                                    dgamma.as<float>(), dbeta.as<float>(), workspace.get(), stream.get());
-    });
     // Reads dy, x, mean, rstd, gamma; writes dx, dgamma, dbeta.
-    rows.push_back(
-        row("layernorm_bwd_bf16_16384x4096", bwd, elems * 2 * 3 + desc.rows * 8.0 + desc.hidden * 10.0, copy_gbps));
+    const double bwd_bytes = elems * 2 * 3 + desc.rows * 8.0 + desc.hidden * 10.0;
+    auto time_backward = [&](const kernels::NormBackwardTuning& tuning) {
+      return bench::time_launches(stream.get(), 5, repeats, [&] {
+        kernels::launch_norm_backward(desc, dy.get(), x.get(), mean.as<float>(), rstd.as<float>(), gamma.get(),
+                                      dx.get(), dgamma.as<float>(), dbeta.as<float>(), workspace.get(), stream.get(),
+                                      tuning);
+      });
+    };
+    rows.push_back(row("layernorm_bwd_bf16_16384x4096", time_backward({}), bwd_bytes, copy_gbps));
+    // The plan's knobs around the default (2 vectors per thread, no rows
+    // prefetched), so the README can say why the default is what it is.
+    for (const kernels::NormBackwardTuning tuning : {kernels::NormBackwardTuning{.vecs = 4, .prefetch_rows = 0},
+                                                     kernels::NormBackwardTuning{.vecs = 2, .prefetch_rows = 1},
+                                                     kernels::NormBackwardTuning{.vecs = 2, .prefetch_rows = 2},
+                                                     kernels::NormBackwardTuning{.vecs = 4, .prefetch_rows = 2}}) {
+      rows.push_back(row("layernorm_bwd_bf16_16384x4096_vecs" + std::to_string(tuning.vecs) + "_prefetch" +
+                             std::to_string(tuning.prefetch_rows),
+                         time_backward(tuning), bwd_bytes, copy_gbps));
+    }
   }
 
   {  // Cross-entropy, bf16 logits, vocab 32768, 8192 tokens.

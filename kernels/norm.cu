@@ -34,9 +34,10 @@
 // elements in the forward and the backward (4096 + 1 included).
 //
 // Backward. The grid is persistent: as many blocks as are resident on the
-// device at once, each looping over a fixed set of row groups; while a slice
-// reduces and writes one row, its next row streams into L2 (a bulk prefetch
-// issued by one thread), so a second row is in flight without registers.
+// device at once, each looping over a fixed set of row groups. A slice can
+// pull its next rows into L2 while it reduces and writes one (a bulk prefetch
+// issued by one thread; NormBackwardTuning::prefetch_rows), but on the H100
+// that made the kernel 10-20% slower at hidden 4096, so it is off by default.
 // Parameter gradients: each thread accumulates dy * xhat and dy for its columns
 // over its block's rows in registers; the slices of a block are summed in
 // shared memory in slice order, and block b writes partial row b of
@@ -90,9 +91,11 @@ constexpr int kMaxRowsPerBlock = std::max(kForwardBlockThreads, kBackwardBlockTh
 // that fits on the device at once, never more than this.
 constexpr std::int64_t kMaxBackwardBlocks = kMaxBlocks / 2;
 
-// Partial-row reduction: 32 columns x 8 partial-row strides per block.
+// Partial-row reduction: 32 columns x 32 partial-row strides per block, so
+// that a few hundred partial rows take one wave of the whole device.
 constexpr int kReduceColumns = 32;
-constexpr int kReduceStrides = 8;
+constexpr int kReduceStrides = 32;
+constexpr int kMaxPrefetchRows = 4;
 
 constexpr int vector_count(DType dtype) { return 16 / static_cast<int>(dtype_size(dtype)); }
 
@@ -133,9 +136,17 @@ RowPlan forward_plan(const NormDesc& desc, bool vector) {
   return plan_rows(desc, vector, kForwardVecs, forward_slots(vector), kForwardMaxThreads, kForwardBlockThreads);
 }
 
-RowPlan backward_plan(const NormDesc& desc, bool vector) {
+// vecs: the register budget (2 or 4), 0 for the smallest that holds the row.
+// Budget 4 never has more row groups than budget 2 (more threads per row
+// never means fewer rows per block), so the workspace bound below holds.
+RowPlan backward_plan(const NormDesc& desc, bool vector, int vecs = 0) {
   const std::int64_t accesses = desc.hidden / access_width(desc.dtype, vector);
-  if (accesses <= backward_slots(2, vector) * kBackwardBlockThreads) {
+  const bool fits_two = accesses <= backward_slots(2, vector) * kBackwardBlockThreads;
+  if (vecs == 0) vecs = fits_two ? 2 : 4;
+  SG_CHECK(vecs == 4 || (vecs == 2 && fits_two), "norm backward tuning: vecs ", vecs, " is not a plan for hidden ",
+           desc.hidden, "; use 0 (automatic), 4, or 2 for rows up to ",
+           backward_slots(2, vector) * kBackwardBlockThreads * access_width(desc.dtype, vector), " elements");
+  if (vecs == 2) {
     return plan_rows(desc, vector, 2, backward_slots(2, vector), kBackwardBlockThreads, kBackwardBlockThreads);
   }
   return plan_rows(desc, vector, 4, backward_slots(4, vector), kBackwardMaxThreads, kBackwardBlockThreads);
@@ -213,6 +224,7 @@ struct BackwardArgs {
   float* partials;  // [2][gridDim.x][hidden]: dgamma partial rows, then dbeta
   std::int64_t rows;
   int hidden;
+  int prefetch_rows;  // NormBackwardTuning::prefetch_rows
 };
 
 // The part of one row that the calling thread owns: access v = base +
@@ -405,14 +417,20 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
     const float rstd = slice.live ? a.rstd[row] : 0.0f;
     slice.begin();
     if constexpr (kResident && kVector) {
-      // The slice's next row streams into L2 while this one is reduced and
-      // written: a second row in flight without a second set of registers.
+      // Optional (off by default, see the top): the slice's next rows stream
+      // into L2 while this one is reduced and written. The first group starts
+      // every row of the window, later groups the one entering it.
       // (The bulk prefetch needs 16-byte aligned rows: vector path only.)
-      const std::int64_t next = row + static_cast<std::int64_t>(gridDim.x) * blockDim.y;
-      if (threadIdx.x == 0 && next < a.rows) {
-        const auto bytes = static_cast<unsigned>(a.hidden * sizeof(T));
-        prefetch_l2(a.x + next * a.hidden, bytes);
-        prefetch_l2(a.dy + next * a.hidden, bytes);
+      const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.y;
+      const int first = group == blockIdx.x ? 1 : a.prefetch_rows;
+      if (threadIdx.x == 0) {
+        for (int ahead = first; ahead <= a.prefetch_rows; ++ahead) {
+          const std::int64_t next = row + ahead * stride;
+          if (next >= a.rows) break;
+          const auto bytes = static_cast<unsigned>(a.hidden * sizeof(T));
+          prefetch_l2(a.x + next * a.hidden, bytes);
+          prefetch_l2(a.dy + next * a.hidden, bytes);
+        }
       }
     }
 
@@ -499,8 +517,9 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
 }
 
 // out[c] = sum over p = 0, 1, ... of partials[p][c], for dgamma (blockIdx.y 0)
-// and dbeta (blockIdx.y 1). Thread (x, y) sums partial rows y, y + 8, ... of
-// column x in order, then the 8 strides are added in order.
+// and dbeta (blockIdx.y 1). Thread (x, y) sums partial rows y, y + 32, ... of
+// column x in that order (four loads in flight, added one by one), then the
+// 32 strides are added in order: a fixed order, so the result is reproducible.
 __global__ void __launch_bounds__(kReduceColumns * kReduceStrides)
     norm_reduce_partials_kernel(const float* partials, float* dgamma, float* dbeta, int partial_rows, int hidden) {
   __shared__ float strides[kReduceStrides][kReduceColumns + 1];
@@ -509,9 +528,17 @@ __global__ void __launch_bounds__(kReduceColumns * kReduceStrides)
   const int column = blockIdx.x * kReduceColumns + threadIdx.x;
   float sum = 0.0f;
   if (column < hidden) {
-    for (int p = threadIdx.y; p < partial_rows; p += kReduceStrides) {
-      sum += source[static_cast<std::int64_t>(p) * hidden + column];
+    auto at = [&](int p) { return source[static_cast<std::int64_t>(p) * hidden + column]; };
+    int p = threadIdx.y;
+    for (; p + 3 * kReduceStrides < partial_rows; p += 4 * kReduceStrides) {
+      const float v0 = at(p), v1 = at(p + kReduceStrides), v2 = at(p + 2 * kReduceStrides),
+                  v3 = at(p + 3 * kReduceStrides);
+      sum += v0;
+      sum += v1;
+      sum += v2;
+      sum += v3;
     }
+    for (; p < partial_rows; p += kReduceStrides) sum += at(p);
   }
   strides[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
@@ -623,8 +650,10 @@ void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma,
 
 void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
                           const void* gamma, void* dx, float* dgamma, float* dbeta, void* workspace,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const NormBackwardTuning& tuning) {
   check_norm(desc);
+  SG_CHECK(tuning.prefetch_rows >= 0 && tuning.prefetch_rows <= kMaxPrefetchRows,
+           "norm backward tuning: prefetch_rows must be in [0, ", kMaxPrefetchRows, "], got ", tuning.prefetch_rows);
   const std::string op = op_name(desc, "backward");
   const bool layer_norm = desc.kind == NormKind::kLayerNorm;
   const std::size_t element = dtype_size(desc.dtype);
@@ -639,7 +668,7 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
   // The partial rows are written in float4 on the vector path.
   check_device_pointer(op, "workspace (norm_backward_workspace_bytes)", workspace, 16);
 
-  const RowPlan plan = backward_plan(desc, vector_access(desc, {dy, x, gamma, dx}));
+  const RowPlan plan = backward_plan(desc, vector_access(desc, {dy, x, gamma, dx}), tuning.vecs);
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   int device = 0;
   int sms = 0;
@@ -655,7 +684,8 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
                                .dx = static_cast<T*>(dx),
                                .partials = static_cast<float*>(workspace),
                                .rows = desc.rows,
-                               .hidden = static_cast<int>(desc.hidden)};
+                               .hidden = static_cast<int>(desc.hidden),
+                               .prefetch_rows = tuning.prefetch_rows};
     // Persistent grid: the blocks resident at once (a fixed number on a given
     // device, so the row-to-block assignment and with it dgamma/dbeta are
     // reproducible), and no more partial rows than that.

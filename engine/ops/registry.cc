@@ -9,6 +9,7 @@
 #include "engine/ops/embedding_ops.h"
 #include "engine/ops/gemm_ops.h"
 #include "engine/ops/loss_ops.h"
+#include "engine/ops/moe_ops.h"
 #include "engine/ops/norm_ops.h"
 #include "engine/ops/optimizer_ops.h"
 
@@ -16,7 +17,7 @@ namespace stepgraph::ops {
 
 std::span<const OpDef* const> all_ops() {
   // Every op, by family: elementwise, gemm, norm, activation, embedding, loss,
-  // optimizer.
+  // optimizer, MoE routing.
   static const std::vector<const OpDef*> ops = {
       &fill_op(),
       &copy_op(),
@@ -38,6 +39,13 @@ std::span<const OpDef* const> all_ops() {
       &embedding_backward_op(),
       &cross_entropy_op(),
       &adamw_op(),
+      &router_topk_op(),
+      &router_topk_backward_op(),
+      &moe_plan_op(),
+      &split_offsets_op(),
+      &moe_permute_op(),
+      &moe_unpermute_op(),
+      &moe_unpermute_backward_op(),
   };
 
   return ops;

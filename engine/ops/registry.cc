@@ -8,6 +8,7 @@
 #include "engine/ops/elementwise_ops.h"
 #include "engine/ops/embedding_ops.h"
 #include "engine/ops/gemm_ops.h"
+#include "engine/ops/grouped_gemm_ops.h"
 #include "engine/ops/loss_ops.h"
 #include "engine/ops/moe_ops.h"
 #include "engine/ops/norm_ops.h"
@@ -16,7 +17,7 @@
 namespace stepgraph::ops {
 
 std::span<const OpDef* const> all_ops() {
-  // Every op, by family: elementwise, gemm, norm, activation, embedding, loss,
+  // Every op, by family: elementwise, gemm, grouped gemm, norm, activation, embedding, loss,
   // optimizer, MoE routing.
   static const std::vector<const OpDef*> ops = {
       &fill_op(),
@@ -30,6 +31,10 @@ std::span<const OpDef* const> all_ops() {
       &cast_op(),
       &gemm_op(),
       &gemm_accumulate_op(),
+      &grouped_linear_forward_op(),
+      &grouped_linear_dgrad_op(),
+      &grouped_linear_wgrad_op(),
+      &grouped_bias_grad_op(),
       &norm_forward_op(),
       &norm_backward_op(),
       &gelu_op(),

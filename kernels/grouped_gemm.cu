@@ -1,0 +1,394 @@
+// Grouped GEMM kernels (contract in grouped_gemm.h).
+//
+// bf16 inputs take the tensor-core kernel: a persistent grid of at most one
+// block per SM walks a tile schedule over (group, m-tile, n-tile) that every
+// block builds in shared memory from the device offsets; each tile runs the
+// shared cp.async + ldmatrix + mma.sync main loop (kernels/tile/mma_pipeline.cuh)
+// with the operand layouts of its kind, then writes its fp32 accumulators
+// through the kind's epilogue. fp32 inputs take a simple one-thread-per-output
+// kernel over the same clamped offsets. The grid size depends only on
+// (T, E, N, K, SM count).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "engine/cuda_check.h"
+#include "engine/error.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/tile/group_schedule.cuh"
+#include "kernels/tile/mma_pipeline.cuh"
+
+namespace stepgraph::kernels {
+namespace {
+
+using tile::MmaConfig;
+
+struct Problem {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* dy = nullptr;
+  const void* bias = nullptr;
+  const std::int32_t* offsets = nullptr;
+  void* out = nullptr;
+  int tokens = 0;
+  int experts = 0;
+  int n = 0;
+  int k = 0;
+  bool accumulate = false;
+};
+
+// The product a group of `kind` computes, in C[m, n] = sum_k A[m, k] B[n, k]
+// terms: its extents, its operands' layouts and where its output lives.
+template <GroupedGemmKind kKind>
+struct GroupShape {
+  // Tokens run along m for kForward/kDgrad and along the reduction for kWgrad.
+  static constexpr bool kTokensAlongM = kKind != GroupedGemmKind::kWgrad;
+  static constexpr bool kAKMajor = kKind != GroupedGemmKind::kWgrad;  // dy^T is m-major
+  static constexpr bool kBKMajor = kKind == GroupedGemmKind::kForward;
+
+  int m;      // rows of C
+  int cols;   // columns of C
+  int depth;  // reduction length
+  std::int64_t ldc;
+
+  __device__ __host__ static GroupShape of(const Problem& p, int count) {
+    switch (kKind) {
+      case GroupedGemmKind::kForward: return {count, p.n, p.k, p.n};
+      case GroupedGemmKind::kDgrad: return {count, p.k, p.n, p.k};
+      case GroupedGemmKind::kWgrad: return {p.n, p.k, count, p.k};
+    }
+    return {};
+  }
+  // Columns of the token-major output (y or dx), for rows outside every group.
+  __device__ __host__ static int output_cols(const Problem& p) {
+    return kKind == GroupedGemmKind::kForward ? p.n : p.k;
+  }
+};
+
+// Pointer arithmetic on type-erased operands.
+template <typename T>
+__device__ __forceinline__ const T* at(const void* base, std::int64_t element) {
+  return static_cast<const T*>(base) + element;
+}
+
+template <typename T>
+__device__ __forceinline__ float as_float(T value) {
+  if constexpr (std::is_same_v<T, float>) {
+    return value;
+  } else {
+    return __bfloat162float(value);
+  }
+}
+
+template <typename Out>
+__device__ __forceinline__ void store_pair(Out* p, float v0, float v1) {
+  if constexpr (std::is_same_v<Out, float>) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+  }
+}
+
+template <typename Out>
+__device__ __forceinline__ Out from_float(float v) {
+  if constexpr (std::is_same_v<Out, float>) {
+    return v;
+  } else {
+    return __float2bfloat16_rn(v);
+  }
+}
+
+// Zeros the rows of the token-major output outside [offs[0], offs[E]).
+template <typename Out>
+__device__ void zero_rows_outside_groups(const int* offs, int experts, int tokens, int cols, Out* out) {
+  const std::int64_t below = offs[0];
+  const std::int64_t above = offs[experts];
+  const std::int64_t count = (below + tokens - above) * cols;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    std::int64_t row = i / cols;
+    if (row >= below) row += above - below;
+    out[row * cols + i % cols] = from_float<Out>(0.0f);
+  }
+}
+
+// The global operands of group e (rows [start, start + count) of the tokens).
+template <GroupedGemmKind kKind>
+__device__ __forceinline__ void group_operands(const Problem& p, int e, int start, const GroupShape<kKind>& s,
+                                               tile::GlobalOperand& a, tile::GlobalOperand& b) {
+  using bf16 = __nv_bfloat16;
+  const std::int64_t weight = static_cast<std::int64_t>(e) * p.n * p.k;
+  switch (kKind) {
+    case GroupedGemmKind::kForward:  // A = x_e [count, K], B = w_e [N, K]
+      a = {at<bf16>(p.x, static_cast<std::int64_t>(start) * p.k), p.k, s.m, s.depth};
+      b = {at<bf16>(p.w, weight), p.k, s.cols, s.depth};
+      break;
+    case GroupedGemmKind::kDgrad:  // A = dy_e [count, N], B(kout, n) = w_e[n, kout]
+      a = {at<bf16>(p.dy, static_cast<std::int64_t>(start) * p.n), p.n, s.m, s.depth};
+      b = {at<bf16>(p.w, weight), p.k, s.cols, s.depth};
+      break;
+    case GroupedGemmKind::kWgrad:  // A(n, t) = dy_e[t, n], B(k, t) = x_e[t, k]
+      a = {at<bf16>(p.dy, static_cast<std::int64_t>(start) * p.n), p.n, s.m, s.depth};
+      b = {at<bf16>(p.x, static_cast<std::int64_t>(start) * p.k), p.k, s.cols, s.depth};
+      break;
+  }
+}
+
+template <GroupedGemmKind kKind, typename Out>
+__global__ void __launch_bounds__(MmaConfig::kThreads, 1) grouped_gemm_mma_kernel(Problem p) {
+  using Shape = GroupShape<kKind>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  int* offs = reinterpret_cast<int*>(smem + MmaConfig::kPipelineBytes);
+  int* tile_start = offs + tile::group_offsets_ints(p.experts);
+  tile::load_group_offsets(p.offsets, p.experts, p.tokens, offs);
+  const int tiles_n = (Shape::of(p, 0).cols + MmaConfig::kN - 1) / MmaConfig::kN;
+  tile::build_tile_starts(p.experts, tile_start, [&](int e) {
+    const Shape s = Shape::of(p, offs[e + 1] - offs[e]);
+    return (s.m + MmaConfig::kM - 1) / MmaConfig::kM * tiles_n;
+  });
+
+  Out* out = static_cast<Out*>(p.out);
+  const int total = tile_start[p.experts];
+  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
+    const int e = tile::group_of_tile(tile_start, p.experts, t);
+    const int start = offs[e];
+    const Shape s = Shape::of(p, offs[e + 1] - start);
+    const int local = t - tile_start[e];
+    const int m0 = local / tiles_n * MmaConfig::kM;
+    const int n0 = local % tiles_n * MmaConfig::kN;
+    tile::GlobalOperand a;
+    tile::GlobalOperand b;
+    group_operands<kKind>(p, e, start, s, a, b);
+
+    tile::Accumulators acc;
+    tile::block_mma<Shape::kAKMajor, Shape::kBKMajor>(acc, smem, a, b, m0, n0, s.depth);
+
+    Out* c = out + (Shape::kTokensAlongM ? static_cast<std::int64_t>(start) * s.ldc
+                                         : static_cast<std::int64_t>(e) * p.n * p.k);
+    const __nv_bfloat16* bias =
+        p.bias != nullptr ? at<__nv_bfloat16>(p.bias, static_cast<std::int64_t>(e) * p.n) : nullptr;
+    tile::for_each_accumulator_pair(acc, [&](int r, int col, float v0, float v1) {
+      const int row = m0 + r;
+      const int column = n0 + col;
+      if (row >= s.m || column >= s.cols) return;  // cols % 8 == 0: column + 1 is in too
+      Out* dst = c + row * s.ldc + column;
+      if (bias != nullptr) {
+        v0 += __bfloat162float(bias[column]);
+        v1 += __bfloat162float(bias[column + 1]);
+      }
+      if constexpr (std::is_same_v<Out, float>) {
+        if (p.accumulate) {
+          const float2 old = *reinterpret_cast<const float2*>(dst);
+          v0 += old.x;
+          v1 += old.y;
+        }
+      }
+      store_pair(dst, v0, v1);
+    });
+  }
+  if constexpr (Shape::kTokensAlongM) {
+    zero_rows_outside_groups(offs, p.experts, p.tokens, Shape::output_cols(p), out);
+  }
+}
+
+// fp32 (or any In) inputs: one thread per output element, the same clamped
+// offsets; the group of a token row by binary search.
+template <GroupedGemmKind kKind, typename In, typename Out>
+__global__ void grouped_gemm_simple_kernel(Problem p) {
+  extern __shared__ int offs[];
+  tile::load_group_offsets(p.offsets, p.experts, p.tokens, offs);
+  const In* x = static_cast<const In*>(p.x);
+  const In* w = static_cast<const In*>(p.w);
+  const In* dy = static_cast<const In*>(p.dy);
+  const In* bias = static_cast<const In*>(p.bias);
+  Out* out = static_cast<Out*>(p.out);
+  const std::int64_t n = p.n;
+  const std::int64_t k = p.k;
+  const std::int64_t cols = kKind == GroupedGemmKind::kForward ? n : k;
+  const std::int64_t count = kKind == GroupedGemmKind::kWgrad ? p.experts * n * k : p.tokens * cols;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    float sum = 0.0f;
+    if constexpr (kKind == GroupedGemmKind::kWgrad) {
+      const std::int64_t e = i / (n * k);
+      const std::int64_t row = i / k % n;
+      const std::int64_t col = i % k;
+      for (std::int64_t t = offs[e]; t < offs[e + 1]; ++t) sum += as_float(dy[t * n + row]) * as_float(x[t * k + col]);
+      if (p.accumulate) sum += as_float(out[i]);
+    } else {
+      const std::int64_t row = i / cols;
+      const std::int64_t col = i % cols;
+      if (row >= offs[0] && row < offs[p.experts]) {
+        const int e = tile::group_of_tile(offs, p.experts, static_cast<int>(row));
+        const In* we = w + e * n * k;
+        if constexpr (kKind == GroupedGemmKind::kForward) {
+          for (std::int64_t j = 0; j < k; ++j) sum += as_float(x[row * k + j]) * as_float(we[col * k + j]);
+          if (bias != nullptr) sum += as_float(bias[e * n + col]);
+        } else {
+          for (std::int64_t j = 0; j < n; ++j) sum += as_float(dy[row * n + j]) * as_float(we[j * k + col]);
+        }
+      }
+    }
+    out[i] = from_float<Out>(sum);
+  }
+}
+
+// db[e, col] (+)= sum over the rows of group e of dy[row, col]: a block per
+// (32 columns, group), 8 row lanes, a fixed-order reduction.
+template <typename In>
+__global__ void grouped_bias_grad_kernel(const In* dy, const std::int32_t* offsets, int tokens, int experts, int n,
+                                         bool accumulate, float* db) {
+  extern __shared__ int offs[];
+  __shared__ float partial[8][33];
+  tile::load_group_offsets(offsets, experts, tokens, offs);
+  const int e = static_cast<int>(blockIdx.y);
+  const int col = static_cast<int>(blockIdx.x) * 32 + static_cast<int>(threadIdx.x);
+  float sum = 0.0f;
+  if (col < n) {
+    for (std::int64_t row = offs[e] + threadIdx.y; row < offs[e + 1]; row += blockDim.y) {
+      sum += as_float(dy[row * n + col]);
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < n) {
+    float total = 0.0f;
+    for (int y = 0; y < 8; ++y) total += partial[y][threadIdx.x];
+    float* dst = db + static_cast<std::int64_t>(e) * n + col;
+    *dst = accumulate ? *dst + total : total;
+  }
+}
+
+int sm_count() {
+  int device = 0;
+  int count = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+template <GroupedGemmKind kKind, typename Out>
+void launch_mma(const Problem& p, cudaStream_t stream) {
+  auto kernel = grouped_gemm_mma_kernel<kKind, Out>;
+  const std::size_t smem =
+      MmaConfig::kPipelineBytes + 2 * sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
+  // Raise the kernel's shared-memory limit to what this launch needs (not a
+  // stream operation, so it is allowed while a stream is being captured).
+  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const GroupShape<kKind> s = GroupShape<kKind>::of(p, p.tokens);
+  const std::int64_t tiles_n = ceil_div(s.cols, MmaConfig::kN);
+  // A bound on the tile count from static sizes: every group's partial last
+  // m-tile adds at most one tile per n-tile.
+  const std::int64_t tiles = GroupShape<kKind>::kTokensAlongM
+                                 ? (ceil_div(p.tokens, MmaConfig::kM) + p.experts) * tiles_n
+                                 : p.experts * ceil_div(s.m, MmaConfig::kM) * tiles_n;
+  const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, sm_count())));
+  kernel<<<grid, MmaConfig::kThreads, smem, stream>>>(p);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <GroupedGemmKind kKind, typename Out>
+void launch_simple(const Problem& p, cudaStream_t stream) {
+  const std::int64_t cols = kKind == GroupedGemmKind::kForward ? p.n : p.k;
+  const std::int64_t count =
+      kKind == GroupedGemmKind::kWgrad ? static_cast<std::int64_t>(p.experts) * p.n * p.k : p.tokens * cols;
+  const int blocks = static_cast<int>(std::clamp<std::int64_t>(ceil_div(count, 256), 1, 8192));
+  const std::size_t smem = sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
+  grouped_gemm_simple_kernel<kKind, float, Out><<<blocks, 256, smem, stream>>>(p);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <GroupedGemmKind kKind>
+void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream) {
+  const bool bf16_out = d.out_type == DType::kBFloat16;
+  if (d.in_type == DType::kBFloat16) {
+    if constexpr (kKind == GroupedGemmKind::kWgrad) {
+      launch_mma<kKind, float>(p, stream);
+    } else {
+      bf16_out ? launch_mma<kKind, __nv_bfloat16>(p, stream) : launch_mma<kKind, float>(p, stream);
+    }
+  } else {
+    if constexpr (kKind == GroupedGemmKind::kWgrad) {
+      launch_simple<kKind, float>(p, stream);
+    } else {
+      bf16_out ? launch_simple<kKind, __nv_bfloat16>(p, stream) : launch_simple<kKind, float>(p, stream);
+    }
+  }
+}
+
+void check_pointer(const GroupedGemmDesc& d, const void* pointer, const char* name) {
+  SG_CHECK(pointer != nullptr, "grouped_gemm ", grouped_gemm_kind_name(d.kind), ": ", name,
+           " is null; pass a device pointer");
+  SG_CHECK(d.in_type != DType::kBFloat16 || reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0, "grouped_gemm ",
+           grouped_gemm_kind_name(d.kind), ": ", name, " (", pointer,
+           ") is not 16-byte aligned; the tensor-core path copies 16-byte chunks");
+}
+
+}  // namespace
+
+void launch_grouped_gemm(const GroupedGemmDesc& desc, const GroupedGemmOperands& o, cudaStream_t stream) {
+  check_grouped_gemm(desc);
+  const bool token_output = desc.kind != GroupedGemmKind::kWgrad;
+  if (token_output && desc.tokens == 0) return;  // nothing to write
+  Problem p;
+  p.x = o.x;
+  p.w = o.w;
+  p.dy = o.dy;
+  p.bias = desc.bias ? o.bias : nullptr;
+  p.offsets = o.offsets;
+  p.out = o.out;
+  p.tokens = static_cast<int>(desc.tokens);
+  p.experts = static_cast<int>(desc.experts);
+  p.n = static_cast<int>(desc.n);
+  p.k = static_cast<int>(desc.k);
+  p.accumulate = desc.accumulate;
+  SG_CHECK(o.offsets != nullptr, "grouped_gemm: offsets is null; pass the device int32 [E + 1] offsets");
+  check_pointer(desc, o.out, "out");
+  switch (desc.kind) {
+    case GroupedGemmKind::kForward:
+      check_pointer(desc, o.x, "x");
+      check_pointer(desc, o.w, "w");
+      if (desc.bias) SG_CHECK(o.bias != nullptr, "grouped_gemm forward: bias is null but desc.bias is set");
+      launch_kind<GroupedGemmKind::kForward>(desc, p, stream);
+      break;
+    case GroupedGemmKind::kDgrad:
+      check_pointer(desc, o.dy, "dy");
+      check_pointer(desc, o.w, "w");
+      launch_kind<GroupedGemmKind::kDgrad>(desc, p, stream);
+      break;
+    case GroupedGemmKind::kWgrad:
+      if (desc.tokens > 0) {
+        check_pointer(desc, o.dy, "dy");
+        check_pointer(desc, o.x, "x");
+      }
+      launch_kind<GroupedGemmKind::kWgrad>(desc, p, stream);
+      break;
+  }
+}
+
+void launch_grouped_bias_grad(const GroupedBiasGradDesc& desc, const void* dy, const std::int32_t* offsets, float* db,
+                              cudaStream_t stream) {
+  check_grouped_bias_grad(desc);
+  SG_CHECK(offsets != nullptr && db != nullptr && (dy != nullptr || desc.tokens == 0),
+           "grouped_bias_grad: null pointer (dy, offsets and db must be device pointers)");
+  const dim3 grid(static_cast<unsigned>(ceil_div(desc.n, 32)), static_cast<unsigned>(desc.experts));
+  const dim3 block(32, 8);
+  const std::size_t smem = sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(desc.experts));
+  const int tokens = static_cast<int>(desc.tokens);
+  const int experts = static_cast<int>(desc.experts);
+  const int n = static_cast<int>(desc.n);
+  if (desc.dy_type == DType::kBFloat16) {
+    grouped_bias_grad_kernel<<<grid, block, smem, stream>>>(static_cast<const __nv_bfloat16*>(dy), offsets, tokens,
+                                                            experts, n, desc.accumulate, db);
+  } else {
+    grouped_bias_grad_kernel<<<grid, block, smem, stream>>>(static_cast<const float*>(dy), offsets, tokens, experts, n,
+                                                            desc.accumulate, db);
+  }
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace stepgraph::kernels

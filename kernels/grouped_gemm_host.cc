@@ -1,0 +1,151 @@
+// The checks of kernels/grouped_gemm.h (shared by the CUDA launchers and the
+// host references) and the host references: plain loops in fp32 over the
+// same clamped offsets the kernels use.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/half_precision.h"
+#include "kernels/grouped_gemm.h"
+
+namespace stepgraph::kernels {
+namespace {
+
+// Bounded by the shared memory the kernels keep the offsets and tile starts in.
+constexpr std::int64_t kMaxExperts = 4096;
+// Element offsets fit int32 index math inside one group in the kernels.
+constexpr std::int64_t kMaxExtent = (std::int64_t{1} << 31) - 1;
+
+bool float_input(DType d) { return d == DType::kBFloat16 || d == DType::kFloat32; }
+
+}  // namespace
+
+std::string grouped_gemm_kind_name(GroupedGemmKind kind) {
+  switch (kind) {
+    case GroupedGemmKind::kForward: return "forward";
+    case GroupedGemmKind::kDgrad: return "dgrad";
+    case GroupedGemmKind::kWgrad: return "wgrad";
+  }
+  return "unknown";
+}
+
+std::string GroupedGemmDesc::to_string() const {
+  char text[200];
+  std::snprintf(text, sizeof(text), "%s T=%lld E=%lld N=%lld K=%lld in=%s out=%s%s%s",
+                grouped_gemm_kind_name(kind).c_str(), static_cast<long long>(tokens), static_cast<long long>(experts),
+                static_cast<long long>(n), static_cast<long long>(k), std::string(dtype_name(in_type)).c_str(),
+                std::string(dtype_name(out_type)).c_str(), bias ? " bias" : "", accumulate ? " accumulate" : "");
+  return text;
+}
+
+void check_grouped_gemm(const GroupedGemmDesc& d) {
+  const std::string kind = grouped_gemm_kind_name(d.kind);
+  SG_CHECK(d.experts >= 1 && d.experts <= kMaxExperts, "grouped_gemm ", kind, ": expert count must be in [1, ",
+           kMaxExperts, "], got ", d.experts);
+  SG_CHECK(d.tokens >= 0 && d.n >= 1 && d.k >= 1, "grouped_gemm ", kind,
+           ": sizes must be T >= 0, N >= 1, K >= 1, got T=", d.tokens, " N=", d.n, " K=", d.k);
+  SG_CHECK(d.tokens * std::max(d.n, d.k) <= kMaxExtent && d.n * d.k <= kMaxExtent, "grouped_gemm ", kind,
+           ": T * max(N, K) and N * K must stay below 2^31 elements, got T=", d.tokens, " N=", d.n, " K=", d.k);
+  SG_CHECK_CODE(float_input(d.in_type), ErrorCode::kUnsupported, "grouped_gemm ", kind, ": input dtype ",
+                dtype_name(d.in_type), " is not supported; use bf16 (tensor cores) or fp32");
+  if (d.in_type == DType::kBFloat16) {
+    SG_CHECK(d.n % 8 == 0 && d.k % 8 == 0, "grouped_gemm ", kind,
+             ": bf16 needs N and K multiples of 8 (16-byte rows), got N=", d.n, " K=", d.k);
+  }
+  if (d.kind == GroupedGemmKind::kWgrad) {
+    SG_CHECK(d.out_type == DType::kFloat32, "grouped_gemm wgrad: dw must be fp32, got ", dtype_name(d.out_type));
+  } else {
+    SG_CHECK(d.out_type == DType::kBFloat16 || d.out_type == DType::kFloat32, "grouped_gemm ", kind,
+             ": output dtype must be bf16 or fp32, got ", dtype_name(d.out_type));
+    SG_CHECK(!d.accumulate, "grouped_gemm ", kind, ": accumulate is for wgrad only");
+  }
+  SG_CHECK(!d.bias || d.kind == GroupedGemmKind::kForward, "grouped_gemm ", kind, ": bias is for forward only");
+}
+
+void check_grouped_bias_grad(const GroupedBiasGradDesc& d) {
+  SG_CHECK(d.experts >= 1 && d.experts <= kMaxExperts, "grouped_bias_grad: expert count must be in [1, ", kMaxExperts,
+           "], got ", d.experts);
+  SG_CHECK(d.tokens >= 0 && d.n >= 1 && d.tokens * d.n <= kMaxExtent,
+           "grouped_bias_grad: sizes must be T >= 0, N >= 1, T * N < 2^31, got T=", d.tokens, " N=", d.n);
+  SG_CHECK_CODE(float_input(d.dy_type), ErrorCode::kUnsupported, "grouped_bias_grad: dy dtype ", dtype_name(d.dy_type),
+                " is not supported; use bf16 or fp32");
+}
+
+namespace host {
+namespace {
+
+// The kernels' view of the offsets: clamped into [0, T], nondecreasing.
+std::vector<std::int64_t> clamped_offsets(const std::int32_t* offsets, std::int64_t experts, std::int64_t tokens) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(experts + 1));
+  for (std::int64_t e = 0; e <= experts; ++e) {
+    out[e] = std::clamp<std::int64_t>(offsets[e], 0, tokens);
+    if (e > 0) out[e] = std::max(out[e], out[e - 1]);
+  }
+  return out;
+}
+
+}  // namespace
+
+void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
+  check_grouped_gemm(d);
+  SG_CHECK(o.offsets != nullptr && o.out != nullptr, "host grouped_gemm: null offsets or out");
+  const std::vector<std::int64_t> offs = clamped_offsets(o.offsets, d.experts, d.tokens);
+  const DType in = d.in_type;
+  const std::int64_t n = d.n;
+  const std::int64_t k = d.k;
+  if (d.kind == GroupedGemmKind::kWgrad) {
+    for (std::int64_t e = 0; e < d.experts; ++e) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        for (std::int64_t j = 0; j < k; ++j) {
+          float sum = 0.0f;
+          for (std::int64_t t = offs[e]; t < offs[e + 1]; ++t) {
+            sum += load_as_float(in, o.dy, t * n + i) * load_as_float(in, o.x, t * k + j);
+          }
+          const std::int64_t index = (e * n + i) * k + j;
+          float* dw = static_cast<float*>(o.out);
+          dw[index] = d.accumulate ? dw[index] + sum : sum;
+        }
+      }
+    }
+    return;
+  }
+  const bool forward = d.kind == GroupedGemmKind::kForward;
+  const std::int64_t cols = forward ? n : k;
+  const std::int64_t depth = forward ? k : n;
+  const void* a = forward ? o.x : o.dy;
+  for (std::int64_t t = 0; t < d.tokens; ++t) {
+    const auto after = std::upper_bound(offs.begin(), offs.end(), t);
+    const bool in_group = t >= offs.front() && t < offs.back();
+    const std::int64_t e = in_group ? (after - offs.begin()) - 1 : -1;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      float sum = 0.0f;
+      if (in_group) {
+        for (std::int64_t j = 0; j < depth; ++j) {
+          // forward: w_e[c, j]; dgrad: w_e[j, c].
+          const std::int64_t w_index = e * n * k + (forward ? c * k + j : j * k + c);
+          sum += load_as_float(in, a, t * depth + j) * load_as_float(in, o.w, w_index);
+        }
+        if (forward && d.bias) sum += load_as_float(in, o.bias, e * n + c);
+      }
+      store_from_float(d.out_type, o.out, t * cols + c, sum);
+    }
+  }
+}
+
+void grouped_bias_grad(const GroupedBiasGradDesc& d, const void* dy, const std::int32_t* offsets, float* db) {
+  check_grouped_bias_grad(d);
+  SG_CHECK(offsets != nullptr && db != nullptr, "host grouped_bias_grad: null offsets or db");
+  const std::vector<std::int64_t> offs = clamped_offsets(offsets, d.experts, d.tokens);
+  for (std::int64_t e = 0; e < d.experts; ++e) {
+    for (std::int64_t c = 0; c < d.n; ++c) {
+      float sum = 0.0f;
+      for (std::int64_t t = offs[e]; t < offs[e + 1]; ++t) sum += load_as_float(d.dy_type, dy, t * d.n + c);
+      db[e * d.n + c] = d.accumulate ? db[e * d.n + c] + sum : sum;
+    }
+  }
+}
+
+}  // namespace host
+}  // namespace stepgraph::kernels

@@ -1,0 +1,63 @@
+// Device-side view of a grouped problem's split, shared by the grouped GEMM
+// and grouped reduction kernels: the group offsets read from device memory
+// (never the host), made safe, and a tile schedule over (group, m, n) tiles
+// computed from them inside the kernel, so a launch's configuration needs
+// only static bounds.
+#pragma once
+
+#include <cstdint>
+
+namespace stepgraph::kernels::tile {
+
+// Shared-memory ints group_offsets needs for `experts` groups.
+constexpr int group_offsets_ints(int experts) { return experts + 1; }
+
+// offsets[0..E] clamped into [0, tokens] and made nondecreasing (a prefix
+// max), into shared `out`. Whatever the routing wrote, every group then lies
+// inside [0, tokens), so no kernel reads or writes out of bounds. Every thread
+// of the block calls it; ends with a barrier.
+__device__ __forceinline__ void load_group_offsets(const std::int32_t* offsets, int experts, int tokens, int* out) {
+  for (int e = static_cast<int>(threadIdx.x); e <= experts; e += static_cast<int>(blockDim.x)) {
+    const int value = offsets[e];
+    out[e] = value < 0 ? 0 : (value > tokens ? tokens : value);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int e = 1; e <= experts; ++e) out[e] = out[e] < out[e - 1] ? out[e - 1] : out[e];
+  }
+  __syncthreads();
+}
+
+// tile_start[e] = the first tile of group e in a schedule where group e has
+// tiles_of(e) tiles; tile_start[E] is the total. Thread 0 computes it; ends
+// with a barrier.
+template <typename TilesOf>
+__device__ __forceinline__ void build_tile_starts(int experts, int* tile_start, TilesOf&& tiles_of) {
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int e = 0; e < experts; ++e) {
+      tile_start[e] = total;
+      total += tiles_of(e);
+    }
+    tile_start[experts] = total;
+  }
+  __syncthreads();
+}
+
+// The group that owns `tile` (< tile_start[E]): the last e with
+// tile_start[e] <= tile, which skips groups without tiles.
+__device__ __forceinline__ int group_of_tile(const int* tile_start, int experts, int tile) {
+  int lo = 0;
+  int hi = experts;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (tile_start[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+}  // namespace stepgraph::kernels::tile

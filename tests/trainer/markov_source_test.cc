@@ -63,19 +63,27 @@ std::int64_t state_of(const std::int32_t* window_end, std::int64_t order, std::i
 }
 
 TEST(MarkovSourceTest, StationaryMatchesDirectSolve) {
-  for (const MarkovConfig config : {MarkovConfig{.vocab = 3, .order = 2, .seed = 7},
-                                    MarkovConfig{.vocab = 5, .order = 3, .seed = 1, .concentration = 0.1},
-                                    MarkovConfig{.vocab = 4, .order = 1, .seed = 3, .smoothing = 1e-3}}) {
-    const MarkovSource source(config);
+  struct Case {
+    MarkovConfig config;
+    double l1_tolerance;  // see Note [Stationary error bound]
+  };
+  for (const Case& c : {Case{MarkovConfig{.vocab = 3, .order = 2, .seed = 7}, 1e-12},
+                        Case{MarkovConfig{.vocab = 16, .order = 2}, 1e-12},  // the default
+                        Case{MarkovConfig{.vocab = 5, .order = 3, .seed = 1, .concentration = 0.1}, 1e-12},
+                        Case{MarkovConfig{.vocab = 4, .order = 1, .seed = 3, .smoothing = 1e-3}, 1e-12},
+                        // Mixes slowly: round-off limits the power iteration.
+                        Case{MarkovConfig{.vocab = 8, .order = 3, .concentration = 0.05, .smoothing = 1e-4}, 1e-10}}) {
+    const MarkovSource source(c.config);
     const std::vector<double> pi = solve_stationary(source);
     ASSERT_EQ(source.stationary().size(), pi.size());
-    double total = 0;
+    double total = 0, l1 = 0;
     for (std::size_t s = 0; s < pi.size(); ++s) {
-      EXPECT_NEAR(source.stationary()[s], pi[s], 1e-12) << "state " << s << " of vocab " << config.vocab;
+      l1 += std::abs(source.stationary()[s] - pi[s]);
       total += source.stationary()[s];
     }
+    EXPECT_LT(l1, c.l1_tolerance) << source.describe();
     EXPECT_NEAR(total, 1.0, 1e-12);
-    EXPECT_NEAR(*source.entropy_rate(), entropy_rate_from(source, pi), 1e-12);
+    EXPECT_NEAR(*source.entropy_rate(), entropy_rate_from(source, pi), 10 * c.l1_tolerance);
   }
 }
 

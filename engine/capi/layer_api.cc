@@ -142,45 +142,45 @@ extern "C" void sg_model_config_default(sg_model_config* config) {
 
 extern "C" sg_result sg_linear_create(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
                                       sg_layer* out) {
-  return run_guarded(__func__, [&] {
-    require(config, __func__, "config");
-    capi::make_layer<Linear>(ctx, out, __func__, capi::checked_name(name, __func__), capi::to_linear_config(*config),
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function), capi::to_linear_config(*config),
                              seed);
   });
 }
 
 extern "C" sg_result sg_norm_create(sg_context ctx, const char* name, const sg_norm_config* config, sg_layer* out) {
-  return run_guarded(__func__, [&] {
-    require(config, __func__, "config");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
     const NormConfig c{capi::to_norm_kind(config->kind), config->hidden, config->eps, capi::to_dtype(config->dtype)};
-    capi::make_layer<Norm>(ctx, out, __func__, capi::checked_name(name, __func__), c);
+    capi::make_layer<Norm>(ctx, out, function, capi::checked_name(name, function), c);
   });
 }
 
 extern "C" sg_result sg_layernorm_linear_create(sg_context ctx, const char* name,
                                                 const sg_layernorm_linear_config* config, uint32_t seed,
                                                 sg_layer* out) {
-  return run_guarded(__func__, [&] {
-    require(config, __func__, "config");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
     const LayerNormLinearConfig c{capi::to_norm_kind(config->norm), config->eps,
                                   capi::to_linear_config(config->linear)};
-    capi::make_layer<LayerNormLinear>(ctx, out, __func__, capi::checked_name(name, __func__), c, seed);
+    capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
 
 extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
                                              uint32_t seed, sg_layer* out) {
-  return run_guarded(__func__, [&] {
-    require(config, __func__, "config");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
     const LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm), config->eps,
                                capi::to_dtype(config->dtype)};
-    capi::make_layer<LayerNormMLP>(ctx, out, __func__, capi::checked_name(name, __func__), c, seed);
+    capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
 
 extern "C" sg_result sg_model_create(sg_context ctx, const sg_model_config* config, sg_layer* out) {
-  return run_guarded(__func__, [&] {
-    require(config, __func__, "config");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
     const ModelConfig c{.hidden = config->hidden,
                         .ffn = config->ffn,
                         .layers = config->layers,
@@ -192,27 +192,27 @@ extern "C" sg_result sg_model_create(sg_context ctx, const sg_model_config* conf
                         .experts = config->experts,
                         .topk = config->topk,
                         .moe_every = config->moe_every};
-    capi::make_layer<Model>(ctx, out, __func__, c);
+    capi::make_layer<Model>(ctx, out, function, c);
   });
 }
 
 extern "C" sg_result sg_layer_destroy(sg_layer layer) {
-  return run_guarded(__func__, [&] { delete layer; });
+  return run_guarded(__func__, [&, function = __func__] { delete layer; });
 }
 
 extern "C" sg_result sg_layer_kind(sg_layer layer, char* buffer, size_t capacity, size_t* length) {
-  return run_guarded(__func__, [&] {
-    require(layer, __func__, "layer");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
     capi::copy_string(layer->layer->kind(), buffer, capacity, length);
   });
 }
 
 extern "C" sg_result sg_layer_forward(sg_layer layer, sg_tensor x, sg_tensor* y, sg_saved* saved) {
-  return run_guarded(__func__, [&] {
-    require(layer, __func__, "layer");
-    require(x, __func__, "x");
-    require(y, __func__, "y");
-    require(saved, __func__, "saved");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    require(x, function, "x");
+    require(y, function, "y");
+    require(saved, function, "saved");
     *y = nullptr;
     *saved = nullptr;
     auto [output, state] = layer->layer->forward(*layer->ctx, x->tensor);
@@ -223,34 +223,34 @@ extern "C" sg_result sg_layer_forward(sg_layer layer, sg_tensor x, sg_tensor* y,
 }
 
 extern "C" sg_result sg_layer_backward(sg_layer layer, sg_saved saved, sg_tensor dy, sg_tensor* dx) {
-  return run_guarded(__func__, [&] {
-    require(layer, __func__, "layer");
-    require(saved, __func__, "saved");
-    require(dy, __func__, "dy");
-    require(dx, __func__, "dx");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    require(saved, function, "saved");
+    require(dy, function, "dy");
+    require(dx, function, "dx");
     *dx = nullptr;
-    SG_CHECK(saved->layer == layer->layer, __func__, ": the saved state comes from the forward of another ",
+    SG_CHECK(saved->layer == layer->layer, function, ": the saved state comes from the forward of another ",
              saved->layer->kind(), " layer; pass the saved state of this layer's own forward");
     *dx = capi::new_tensor_handle(layer->ctx, layer->layer->backward(*layer->ctx, saved->saved, dy->tensor));
   });
 }
 
 extern "C" sg_result sg_saved_destroy(sg_saved saved) {
-  return run_guarded(__func__, [&] { delete saved; });
+  return run_guarded(__func__, [&, function = __func__] { delete saved; });
 }
 
 extern "C" sg_result sg_layer_parameter_count(sg_layer layer, int64_t* out) {
-  return run_guarded(__func__, [&] {
-    require(layer, __func__, "layer");
-    require(out, __func__, "out");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    require(out, function, "out");
     *out = static_cast<int64_t>(layer->layer->parameters().size());
   });
 }
 
 extern "C" sg_result sg_layer_parameter(sg_layer layer, int64_t index, char* name, size_t capacity, size_t* length,
                                         sg_tensor* master, sg_tensor* value, sg_tensor* grad) {
-  return run_guarded(__func__, [&] {
-    const Parameter& p = capi::parameter_at(layer, index, __func__);
+  return run_guarded(__func__, [&, function = __func__] {
+    const Parameter& p = capi::parameter_at(layer, index, function);
     capi::copy_string(p.name, name, capacity, length);
     if (master != nullptr) *master = capi::new_tensor_handle(layer->ctx, p.master);
     if (value != nullptr) *value = capi::new_tensor_handle(layer->ctx, p.value);
@@ -259,8 +259,8 @@ extern "C" sg_result sg_layer_parameter(sg_layer layer, int64_t index, char* nam
 }
 
 extern "C" sg_result sg_layer_sync_parameters(sg_layer layer) {
-  return run_guarded(__func__, [&] {
-    require(layer, __func__, "layer");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
     for (const Parameter* p : layer->layer->parameters()) sync_copy_from_master(*layer->ctx, *p);
   });
 }

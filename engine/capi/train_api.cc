@@ -16,19 +16,19 @@ extern "C" void sg_adamw_config_default(sg_adamw_config* config) {
 
 extern "C" sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count,
                                      const sg_adamw_config* config, sg_optimizer* out) {
-  return run_guarded(__func__, [&] {
-    require(ctx, __func__, "ctx");
-    require(config, __func__, "config");
-    require(out, __func__, "out");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(config, function, "config");
+    require(out, function, "out");
     *out = nullptr;
-    SG_CHECK(layer_count > 0, __func__, ": no layers given; AdamW needs the layers whose parameters it updates");
-    require(layers, __func__, "layers");
+    SG_CHECK(layer_count > 0, function, ": no layers given; AdamW needs the layers whose parameters it updates");
+    require(layers, function, "layers");
     auto state = std::make_shared<capi::OptimizerState>();
     state->ctx = ctx->ctx;
     std::vector<Parameter*> parameters;
     for (size_t i = 0; i < layer_count; ++i) {
-      SG_CHECK(layers[i] != nullptr, __func__, ": layers[", i, "] is NULL");
-      SG_CHECK(layers[i]->ctx == ctx->ctx, __func__, ": layers[", i,
+      SG_CHECK(layers[i] != nullptr, function, ": layers[", i, "] is NULL");
+      SG_CHECK(layers[i]->ctx == ctx->ctx, function, ": layers[", i,
                "] belongs to another context; an optimizer updates the parameters of its own context");
       state->layers.push_back(layers[i]->layer);
       for (Parameter* p : layers[i]->layer->parameters()) parameters.push_back(p);
@@ -40,31 +40,31 @@ extern "C" sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, siz
 }
 
 extern "C" sg_result sg_optimizer_destroy(sg_optimizer optimizer) {
-  return run_guarded(__func__, [&] { delete optimizer; });
+  return run_guarded(__func__, [&, function = __func__] { delete optimizer; });
 }
 
 extern "C" sg_result sg_optimizer_step(sg_optimizer optimizer) {
-  return run_guarded(__func__, [&] {
-    require(optimizer, __func__, "optimizer");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(optimizer, function, "optimizer");
     optimizer->state->adamw->step(*optimizer->state->ctx);
   });
 }
 
 extern "C" sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out) {
-  return run_guarded(__func__, [&] {
-    require(optimizer, __func__, "optimizer");
-    require(out, __func__, "out");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(optimizer, function, "optimizer");
+    require(out, function, "out");
     *out = optimizer->state->adamw->steps_taken(*optimizer->state->ctx);
   });
 }
 
 extern "C" sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out) {
-  return run_guarded(__func__, [&] {
-    require(model, __func__, "model");
-    require(optimizer, __func__, "optimizer");
-    require(out, __func__, "out");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(model, function, "model");
+    require(optimizer, function, "optimizer");
+    require(out, function, "out");
     *out = nullptr;
-    SG_CHECK(model->ctx == optimizer->state->ctx, __func__,
+    SG_CHECK(model->ctx == optimizer->state->ctx, function,
              ": the model and the optimizer belong to different contexts");
     auto state = std::make_shared<capi::TrainStepState>();
     state->ctx = model->ctx;
@@ -76,12 +76,12 @@ extern "C" sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer
 }
 
 extern "C" sg_result sg_train_step_destroy(sg_train_step step) {
-  return run_guarded(__func__, [&] { delete step; });
+  return run_guarded(__func__, [&, function = __func__] { delete step; });
 }
 
 extern "C" sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels) {
-  return run_guarded(__func__, [&] {
-    require(step, __func__, "step");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(step, function, "step");
     const capi::TrainStepState& s = *step->state;
     if (x != nullptr) *x = capi::new_tensor_handle(s.ctx, s.step->inputs());
     if (labels != nullptr) *labels = capi::new_tensor_handle(s.ctx, s.step->labels());
@@ -89,9 +89,9 @@ extern "C" sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_t
 }
 
 extern "C" sg_result sg_train_step_run(sg_train_step step, sg_tensor* loss) {
-  return run_guarded(__func__, [&] {
-    require(step, __func__, "step");
-    require(loss, __func__, "loss");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(step, function, "step");
+    require(loss, function, "loss");
     *loss = nullptr;
     const capi::TrainStepState& s = *step->state;
     *loss = capi::new_tensor_handle(s.ctx, (*s.step)(*s.ctx).at(0));
@@ -99,8 +99,8 @@ extern "C" sg_result sg_train_step_run(sg_train_step step, sg_tensor* loss) {
 }
 
 extern "C" sg_result sg_train_step_check_labels(sg_train_step step) {
-  return run_guarded(__func__, [&] {
-    require(step, __func__, "step");
+  return run_guarded(__func__, [&, function = __func__] {
+    require(step, function, "step");
     step->state->step->check_labels(*step->state->ctx);
   });
 }

@@ -142,7 +142,7 @@ def lib():
     """The loaded library with every prototype declared (loaded on first use)."""
     global _lib
     if _lib is None:
-        path = library_path()
+        path = library_path().resolve()
         try:
             loaded = ctypes.CDLL(str(path))
         except OSError as error:

@@ -50,7 +50,7 @@ def library_path() -> Path:
             raise StepGraphError(
                 f"{ENVIRONMENT_VARIABLE}={override} does not name a file; point it at {LIBRARY_NAME}"
             )
-        return path.resolve()
+        return path
     beside = Path(__file__).resolve().parent / LIBRARY_NAME
     if beside.is_file():
         return beside

@@ -50,10 +50,17 @@ def test_unsupported_dtype_array_is_refused(ctx):
         ctx.wrap(np.ones(3, np.float64))
 
 
-def test_moe_model_is_unsupported_until_the_engine_has_it(ctx):
-    with pytest.raises(sg.StepGraphError, match="MoE") as error:
-        sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32", experts=4, topk=2, moe_every=2)
-    assert error.value.code_name == "unsupported"
+def test_moe_fields_reach_the_engine(ctx):
+    """experts/topk/moe_every pass through the C config: an engine without MoE refuses
+    them as unsupported; one with MoE builds blocks with more parameters than dense ones."""
+    dense = sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32")
+    try:
+        moe = sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32", experts=4, topk=2, moe_every=2)
+    except sg.StepGraphError as error:
+        assert error.code_name == "unsupported" and "MoE" in error.message, error.message
+        return
+    assert moe.config["experts"] == 4 and moe.config["topk"] == 2 and moe.config["moe_every"] == 2
+    assert sum(p.master.numel for p in moe.parameters()) > sum(p.master.numel for p in dense.parameters())
 
 
 def test_saved_state_of_another_layer_is_refused(ctx):

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Merges step_bench's and pytorch_peer.py's JSON into a markdown table, a
+PNG plot, and the issue's goals.
+
+    python3 benchmarks/report.py --stepgraph step_bench.json --pytorch pytorch_peer.json \\
+        --markdown step_report.md --png step_times.png
+
+Prints the table, the first losses of every system (a sanity check that the
+systems train the same model), and one line per goal: PASS, FAIL or NOT
+MEASURED with the numbers behind it. The plot needs matplotlib (Debian's
+python3-matplotlib); without it the plot is skipped with a message.
+Exit status 0 whatever the goals say; 2 on unreadable or mismatched input.
+"""
+
+import argparse
+import json
+import math
+import sys
+
+OUR_EAGER = "stepgraph_eager"
+OUR_GRAPH = "stepgraph_graph"
+TORCH_EAGER = "pytorch_eager"
+TORCH_GRAPH = "pytorch_cuda_graph"
+TORCH_COMPILE = "pytorch_compile"
+SYSTEM_ORDER = [OUR_EAGER, OUR_GRAPH, TORCH_EAGER, TORCH_GRAPH, TORCH_COMPILE]
+SHAPE_KEYS = ["hidden", "ffn", "layers", "vocab", "tokens", "experts", "topk", "moe_every", "flops_per_step"]
+
+
+class ReportError(Exception):
+    pass
+
+
+def load(path, source):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ReportError(f"cannot read {path}: {error}")
+    if data.get("benchmark") != "training_step" or data.get("source") != source:
+        raise ReportError(f"{path} is not a training_step result from {source}")
+    return data
+
+
+def merge(stepgraph, pytorch=None):
+    """Returns (configs, warnings): configs is a list of
+    {"name", "header", "status", "reason", "systems": {system: result}}."""
+    warnings = []
+    merged = {}
+    for data in [d for d in (stepgraph, pytorch) if d]:
+        for c in data["configs"]:
+            entry = merged.setdefault(c["name"], {"name": c["name"], "header": c, "notes": [], "systems": {}})
+            for key in SHAPE_KEYS:
+                ours, theirs = entry["header"].get(key), c.get(key)
+                if ours is not None and theirs is not None and ours != theirs:
+                    warnings.append(f"{c['name']}: {key} differs between the files ({ours} vs {theirs})")
+            if c.get("status") != "ok":
+                entry["notes"].append(f"{data['source']}: {c.get('status')}: {c.get('reason')}")
+            for s in c.get("systems", []):
+                entry["systems"][s["system"]] = s
+    return list(merged.values()), warnings
+
+
+def ok(system):
+    return system is not None and system.get("status") == "ok"
+
+
+def median_us(system):
+    return system["step_us"]["median_us"]
+
+
+def fmt_bytes(n):
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def table_rows(configs):
+    """One row per (config, system) in a fixed system order, as lists of cells."""
+    rows = []
+    for c in configs:
+        systems = c["systems"]
+        base = systems.get(OUR_EAGER)
+        names = [s for s in SYSTEM_ORDER if s in systems] + sorted(set(systems) - set(SYSTEM_ORDER))
+        if not names:
+            rows.append([c["name"], "-", "not run: " + "; ".join(c["notes"])] + ["-"] * 6)
+        for name in names:
+            s = systems[name]
+            if not ok(s):
+                rows.append([c["name"], name, f"{s.get('status')}: {str(s.get('reason'))[:120]}"] + ["-"] * 6)
+                continue
+            t = s["step_us"]
+            speedup = f"{median_us(base) / median_us(s):.2f}x" if ok(base) else "-"
+            pool = f"{s['pool_ratio']:.3f}x" if "pool_ratio" in s else "-"
+            rows.append(
+                [
+                    c["name"],
+                    name,
+                    f"{t['median_us'] / 1000:.3f} [{t['min_us'] / 1000:.3f}-{t['max_us'] / 1000:.3f}]",
+                    f"{s['tokens_per_s']:,.0f}",
+                    speedup,
+                    f"{s['tflops']:.1f}",
+                    f"{100 * s['mfu']:.1f}%",
+                    f"{fmt_bytes(s.get('peak_bytes'))} / {fmt_bytes(s.get('device_used_delta_bytes'))}",
+                    pool,
+                ]
+            )
+    return rows
+
+
+HEADER = [
+    "config",
+    "system",
+    "step ms median [min-max]",
+    "tokens/s",
+    "speedup vs our eager",
+    "TFLOP/s",
+    "MFU",
+    "peak memory (tensors / device delta)",
+    "pool / lower bound",
+]
+
+
+def markdown_table(configs):
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(configs)]
+    return "\n".join(lines) + "\n"
+
+
+def first_losses(configs):
+    lines = []
+    for c in configs:
+        for name, s in c["systems"].items():
+            losses = s.get("first_losses")
+            if losses is None and "loss_check" in c["header"]:
+                losses = c["header"]["loss_check"].get(name)
+            if ok(s) and losses:
+                lines.append(f"{c['name']} {name}: " + " ".join(f"{v:.4f}" for v in losses))
+        check = c["header"].get("loss_check")
+        if check and "identical" in check:
+            verdict = "identical" if check["identical"] else f"differ (max {check['max_abs_diff']:.3g})"
+            lines.append(f"{c['name']}: our eager and graph losses over the first {check['steps']} steps: {verdict}")
+    return lines
+
+
+def goals(configs):
+    """The issue's goals: a list of (verdict, config, goal, detail)."""
+    by_name = {c["name"]: c["systems"] for c in configs}
+    out = []
+
+    def add(verdict, config, goal, detail):
+        out.append((verdict, config, goal, detail))
+
+    def ratio_goal(config, text, num, den, bound, at_least):
+        systems = by_name.get(config, {})
+        a, b = systems.get(num), systems.get(den)
+        if not (ok(a) and ok(b)):
+            missing = [n for n, s in ((num, a), (den, b)) if not ok(s)]
+            add("NOT MEASURED", config, text, f"{', '.join(missing)} missing or failed")
+            return
+        value = median_us(a) / median_us(b)
+        holds = value >= bound if at_least else value <= bound
+        add("PASS" if holds else "FAIL", config, text, f"{value:.2f}x")
+
+    # Speedups are "their median / our graph median"; time ratios the inverse.
+    ratio_goal("small", "graphed >= 2x our eager", OUR_EAGER, OUR_GRAPH, 2.0, True)
+    ratio_goal("small", "graphed >= 3x PyTorch eager", TORCH_EAGER, OUR_GRAPH, 3.0, True)
+    ratio_goal("small", "graphed step time <= 0.8x PyTorch CUDA graph", OUR_GRAPH, TORCH_GRAPH, 0.8, False)
+    for config in [c["name"] for c in configs if c["name"] != "small"]:
+        ratio_goal(config, "graphed step time <= 1.0x PyTorch CUDA graph", OUR_GRAPH, TORCH_GRAPH, 1.0, False)
+
+    graph = by_name.get("large", {}).get(OUR_GRAPH)
+    if ok(graph):
+        add("PASS" if graph["mfu"] >= 0.60 else "FAIL", "large", "MFU >= 60%", f"{100 * graph['mfu']:.1f}%")
+    else:
+        add("NOT MEASURED", "large", "MFU >= 60%", "our graphed run missing or failed")
+
+    for c in configs:
+        systems = c["systems"]
+        graph, eager = systems.get(OUR_GRAPH), systems.get(OUR_EAGER)
+        if not ok(graph):
+            why = "; ".join(c["notes"]) or "our graphed run missing or failed"
+            add("NOT MEASURED", c["name"], "pool <= 1.10x lower bound", why)
+            add("NOT MEASURED", c["name"], "graphed peak memory <= eager", why)
+            continue
+        ratio = graph["pool_ratio"]
+        add("PASS" if ratio <= 1.10 else "FAIL", c["name"], "pool <= 1.10x lower bound", f"{ratio:.3f}x")
+        if not ok(eager):
+            add("NOT MEASURED", c["name"], "graphed peak memory <= eager", "our eager run missing or failed")
+            continue
+        tensors = (graph["peak_bytes"], eager["peak_bytes"])
+        device = (graph.get("device_used_delta_bytes"), eager.get("device_used_delta_bytes"))
+        # The device delta is the honest footprint (allocator rounding and
+        # reserve, graph execs); the tensor bytes where there is none (host).
+        judged = device if None not in device else tensors
+        add(
+            "PASS" if judged[0] <= judged[1] else "FAIL",
+            c["name"],
+            "graphed peak memory <= eager",
+            f"device delta {fmt_bytes(device[0])} vs {fmt_bytes(device[1])}, tensors {fmt_bytes(tensors[0])} vs "
+            f"{fmt_bytes(tensors[1])}" + ("" if judged is device else " (judged on tensors: no device delta)"),
+        )
+    return out
+
+
+def plot(configs, path):
+    """Grouped bars: step time (median, min-max whiskers) per config and system, log scale."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib is not installed (Debian: python3-matplotlib)"
+    names = [c["name"] for c in configs]
+    systems = [s for s in SYSTEM_ORDER if any(ok(c["systems"].get(s)) for c in configs)]
+    if not systems:
+        return "plot skipped: no system has results"
+    width = 0.8 / len(systems)
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(names)), 4.5))
+    for i, system in enumerate(systems):
+        xs, ys, lo, hi = [], [], [], []
+        for j, c in enumerate(configs):
+            s = c["systems"].get(system)
+            if ok(s):
+                t = s["step_us"]
+                xs.append(j + (i - (len(systems) - 1) / 2) * width)
+                ys.append(t["median_us"] / 1000)
+                lo.append((t["median_us"] - t["min_us"]) / 1000)
+                hi.append((t["max_us"] - t["median_us"]) / 1000)
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=system)
+    for j, c in enumerate(configs):
+        if not any(ok(s) for s in c["systems"].values()):
+            ax.annotate("not run", (j, 1), xycoords=("data", "axes fraction"), ha="center", va="top")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names)
+    ax.set_yscale("log")
+    ax.set_ylabel("step time, ms (median; whiskers min-max)")
+    ax.set_title("Whole training step: StepGraph eager/graph vs PyTorch")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot written to {path}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Merge step_bench and pytorch_peer JSON into a table, plot and goals")
+    parser.add_argument("--stepgraph", required=True, help="step_bench --out JSON")
+    parser.add_argument("--pytorch", help="pytorch_peer.py --out JSON")
+    parser.add_argument("--markdown", help="write the table (and goals) here")
+    parser.add_argument("--png", help="write the plot here")
+    args = parser.parse_args(argv)
+    try:
+        stepgraph = load(args.stepgraph, "stepgraph")
+        pytorch = load(args.pytorch, "pytorch") if args.pytorch else None
+        configs, warnings = merge(stepgraph, pytorch)
+    except ReportError as error:
+        print(f"report: {error}", file=sys.stderr)
+        return 2
+    if warnings:
+        for w in warnings:
+            print(f"report: {w}", file=sys.stderr)
+        return 2
+    table = markdown_table(configs)
+    goal_lines = [f"- {verdict}: {config}: {goal}: {detail}" for verdict, config, goal, detail in goals(configs)]
+    devices = f"StepGraph on {stepgraph.get('device')}" + (
+        f"; PyTorch {pytorch.get('torch_version')} on {pytorch.get('device')}" if pytorch else ""
+    )
+    text = "\n".join(
+        [devices, "", table, "First losses:", *[f"    {l}" for l in first_losses(configs)], "", "Goals:", *goal_lines]
+    )
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    if args.png:
+        print(plot(configs, args.png))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

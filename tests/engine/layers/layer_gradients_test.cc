@@ -16,69 +16,14 @@
 #include "engine/layers/layernorm_mlp.h"
 #include "engine/layers/linear.h"
 #include "engine/layers/norm.h"
+#include "tests/engine/layers/gradient_check.h"
 
 namespace stepgraph {
 namespace {
 
 constexpr std::int64_t kTokens = 3;
 
-class GradientCheck {
- public:
-  explicit GradientCheck(Context& ctx) : ctx_(ctx), rng_(std::random_device{}()) {}
-
-  Tensor random_tensor(const std::string& name, const Shape& shape) {
-    Tensor t = ctx_.persistent(name, {shape, DType::kFloat32});
-    std::vector<float> values = random_values(shape.numel());
-    ctx_.copy_from_host(t, values.data(), values.size() * sizeof(float));
-    return t;
-  }
-
-  std::vector<float> random_values(std::int64_t n) {
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    std::vector<float> out(static_cast<std::size_t>(n));
-    for (float& v : out) v = uniform(rng_);
-    return out;
-  }
-
-  // The loss of forward(), which returns y; r is fixed per check.
-  double loss(const std::function<Tensor()>& forward, const std::vector<float>& r) {
-    const std::vector<float> y = ctx_.to_vector<float>(forward());
-    double total = 0.0;
-    for (std::size_t i = 0; i < y.size(); ++i) total += static_cast<double>(y[i]) * r[i];
-    return total;
-  }
-
-  // Compares `analytic` (the gradient w.r.t. `tensor`) with central
-  // differences of loss() at a few random elements of `tensor`.
-  void expect_matches(const std::string& what, const Tensor& tensor, const std::vector<float>& analytic,
-                      const std::function<Tensor()>& forward, const std::vector<float>& r) {
-    std::vector<float> values = ctx_.to_vector<float>(tensor);
-    ASSERT_EQ(values.size(), analytic.size()) << what;
-    std::uniform_int_distribution<std::size_t> pick(0, values.size() - 1);
-    constexpr float kStep = 1e-2f;
-    for (int trial = 0; trial < 6; ++trial) {
-      const std::size_t i = pick(rng_);
-      const float saved = values[i];
-      values[i] = saved + kStep;
-      ctx_.copy_from_host(tensor, values.data(), values.size() * sizeof(float));
-      const double up = loss(forward, r);
-      values[i] = saved - kStep;
-      ctx_.copy_from_host(tensor, values.data(), values.size() * sizeof(float));
-      const double down = loss(forward, r);
-      values[i] = saved;
-      ctx_.copy_from_host(tensor, values.data(), values.size() * sizeof(float));
-      const double numeric = (up - down) / (2.0 * kStep);
-      EXPECT_NEAR(analytic[i], numeric, 2e-2 * std::max(1.0, std::fabs(numeric)))
-          << what << "[" << i << "]: analytic " << analytic[i] << ", finite difference " << numeric;
-    }
-  }
-
-  Context& ctx() { return ctx_; }
-
- private:
-  Context& ctx_;
-  std::mt19937 rng_;
-};
+using testing::GradientCheck;
 
 // For a layer with forward(ctx, {x}).y and backward(ctx, saved, {dy}) -> dx:
 // x and r random, dy = r; dx and every parameter gradient against finite differences.

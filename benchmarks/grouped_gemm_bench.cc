@@ -1,0 +1,224 @@
+// Grouped GEMM throughput: launch_grouped_gemm on the rows of issue #5, with
+// the split in device memory as the MoE layer has it.
+//
+//   grouped_gemm_bench --out grouped_gemm.json                 # forward, every row
+//   grouped_gemm_bench --kinds forward,dgrad,wgrad --tokens 16384 --experts 8
+//
+// Rows: E in {8, 128} experts x T in {16384, 65536} tokens x hidden
+// {2048 -> 1536, 4096 -> 14336} x routing {balanced, skewed}. The forward is
+// y [T, N] = x_e [n_e, K] w_e [N, K]^T, bf16 in and out, fp32 accumulation;
+// TFLOP/s = 2 T N K / median time. benchmarks/grouped_gemm_peer.py times
+// torch._grouped_mm on the same rows (same routing formula, same JSON row
+// keys), so one GPU job gives both and the ratio.
+//
+// Routing (shared with the peer, integers only so both agree exactly):
+//   balanced  n_e = T / E, the remainder one each to the first groups;
+//   skewed    n_e = T * w_e / sum(w), w_e = 720720 / (e + 1) (Zipf-like: group 0
+//             holds ~1/3 of the tokens at E = 8, ~1/5 at E = 128), the
+//             remainder to group 0.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "benchmarks/bench_support.h"
+#include "engine/cuda_check.h"
+#include "engine/device.h"
+#include "engine/error.h"
+#include "engine/half_precision.h"
+#include "engine/stream.h"
+#include "kernels/grouped_gemm.h"
+
+namespace stepgraph {
+namespace {
+
+using kernels::GroupedGemmKind;
+
+struct Options {
+  std::vector<std::int64_t> experts = {8, 128};
+  std::vector<std::int64_t> tokens = {16384, 65536};
+  std::vector<std::string> shapes = {"2048x1536", "4096x14336"};  // K x N (in -> out features)
+  std::vector<std::string> routings = {"balanced", "skewed"};
+  std::vector<std::string> kinds = {"forward"};
+  int repeats = 20;
+  int warmup = 5;
+  std::string out;
+};
+
+std::vector<std::int32_t> group_sizes(const std::string& routing, std::int64_t tokens, std::int64_t experts) {
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(experts));
+  if (routing == "balanced") {
+    for (std::int64_t e = 0; e < experts; ++e) sizes[e] = tokens / experts + (e < tokens % experts ? 1 : 0);
+  } else {
+    SG_CHECK(routing == "skewed", "grouped_gemm_bench: routing must be balanced or skewed, got ", routing);
+    std::int64_t total_weight = 0;
+    for (std::int64_t e = 0; e < experts; ++e) total_weight += 720720 / (e + 1);
+    std::int64_t assigned = 0;
+    for (std::int64_t e = 0; e < experts; ++e) {
+      sizes[e] = tokens * (720720 / (e + 1)) / total_weight;
+      assigned += sizes[e];
+    }
+    sizes[0] += tokens - assigned;
+  }
+  return {sizes.begin(), sizes.end()};
+}
+
+GroupedGemmKind parse_kind(const std::string& name) {
+  if (name == "forward") return GroupedGemmKind::kForward;
+  if (name == "dgrad") return GroupedGemmKind::kDgrad;
+  SG_CHECK(name == "wgrad", "grouped_gemm_bench: kinds are forward, dgrad, wgrad; got ", name);
+  return GroupedGemmKind::kWgrad;
+}
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) { SG_CUDA_CHECK(cudaMalloc(&data_, std::max<std::size_t>(bytes, 256))); }
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// `count` bf16 values uniform in [-1, 1): a random block uploaded once, then
+// copied on the device over the rest (generating 7.5e9 values on the host
+// for the largest weights would take minutes).
+void fill_random_bf16(const DeviceBuffer& buffer, std::int64_t count, std::mt19937& rng) {
+  const std::int64_t block = std::min<std::int64_t>(count, std::int64_t{1} << 22);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<std::uint16_t> host(static_cast<std::size_t>(block));
+  for (std::uint16_t& value : host) value = float_to_bf16(uniform(rng));
+  auto* base = static_cast<std::uint16_t*>(buffer.get());
+  SG_CUDA_CHECK(cudaMemcpy(base, host.data(), block * 2, cudaMemcpyHostToDevice));
+  for (std::int64_t done = block; done < count;) {
+    const std::int64_t n = std::min(done, count - done);
+    SG_CUDA_CHECK(cudaMemcpy(base + done, base, n * 2, cudaMemcpyDeviceToDevice));
+    done += n;
+  }
+  SG_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+nlohmann::json run_row(const Options& options, const std::string& kind_name, std::int64_t experts, std::int64_t tokens,
+                       std::int64_t k, std::int64_t n, const std::string& routing, std::mt19937& rng, Stream& stream) {
+  const GroupedGemmKind kind = parse_kind(kind_name);
+  const std::vector<std::int32_t> sizes = group_sizes(routing, tokens, experts);
+  std::vector<std::int32_t> offsets{0};
+  for (std::int32_t s : sizes) offsets.push_back(offsets.back() + s);
+
+  kernels::GroupedGemmDesc desc;
+  desc.kind = kind;
+  desc.tokens = tokens;
+  desc.experts = experts;
+  desc.n = n;
+  desc.k = k;
+  desc.in_type = DType::kBFloat16;
+  desc.out_type = kind == GroupedGemmKind::kWgrad ? DType::kFloat32 : DType::kBFloat16;
+
+  const bool uses_x = kind != GroupedGemmKind::kDgrad;
+  const bool uses_w = kind != GroupedGemmKind::kWgrad;
+  const bool uses_dy = kind != GroupedGemmKind::kForward;
+  DeviceBuffer x(uses_x ? tokens * k * 2 : 0);
+  DeviceBuffer w(uses_w ? experts * n * k * 2 : 0);
+  DeviceBuffer dy(uses_dy ? tokens * n * 2 : 0);
+  const std::int64_t out_elements = kind == GroupedGemmKind::kForward ? tokens * n
+                                    : kind == GroupedGemmKind::kDgrad ? tokens * k
+                                                                      : experts * n * k;
+  DeviceBuffer out(out_elements * static_cast<std::int64_t>(dtype_size(desc.out_type)));
+  DeviceBuffer offs(offsets.size() * sizeof(std::int32_t));
+  if (uses_x) fill_random_bf16(x, tokens * k, rng);
+  if (uses_w) fill_random_bf16(w, experts * n * k, rng);
+  if (uses_dy) fill_random_bf16(dy, tokens * n, rng);
+  SG_CUDA_CHECK(cudaMemcpy(offs.get(), offsets.data(), offsets.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+
+  const kernels::GroupedGemmOperands operands{.x = x.get(),
+                                              .w = w.get(),
+                                              .dy = dy.get(),
+                                              .offsets = static_cast<const std::int32_t*>(offs.get()),
+                                              .out = out.get()};
+  const bench::Summary s = bench::time_launches(stream.get(), options.warmup, options.repeats,
+                                                [&] { kernels::launch_grouped_gemm(desc, operands, stream.get()); });
+  const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(n) * static_cast<double>(k);
+  std::ostringstream name;
+  name << kind_name << " E=" << experts << " T=" << tokens << " " << k << "->" << n << " " << routing;
+  nlohmann::json row = bench::to_json(s);
+  row["name"] = name.str();
+  row["impl"] = "stepgraph";
+  row["kind"] = kind_name;
+  row["experts"] = experts;
+  row["tokens"] = tokens;
+  row["in_features"] = k;
+  row["out_features"] = n;
+  row["routing"] = routing;
+  row["largest_group"] = *std::max_element(sizes.begin(), sizes.end());
+  row["tflops"] = flops / (s.median_us * 1e-6) / 1e12;
+  return row;
+}
+
+int run(const Options& options) {
+  SG_CHECK(options.repeats > 0 && options.warmup >= 0, "grouped_gemm_bench: --repeats > 0, --warmup >= 0");
+  const DeviceProperties device = device_properties(0);
+  std::cerr << "device: " << describe(device) << "\n";
+  std::mt19937 rng(std::random_device{}());
+  Stream stream;
+  nlohmann::json rows = nlohmann::json::array();
+  std::cout << std::left << std::setw(52) << "row" << std::right << std::setw(12) << "median us" << std::setw(10)
+            << "TFLOP/s\n";
+  for (const std::string& kind : options.kinds) {
+    for (const std::string& shape : options.shapes) {
+      const auto cross = shape.find('x');
+      SG_CHECK(cross != std::string::npos, "grouped_gemm_bench: shapes are KxN, got ", shape);
+      const std::int64_t k = std::stoll(shape.substr(0, cross));
+      const std::int64_t n = std::stoll(shape.substr(cross + 1));
+      for (std::int64_t experts : options.experts) {
+        for (std::int64_t tokens : options.tokens) {
+          for (const std::string& routing : options.routings) {
+            nlohmann::json row = run_row(options, kind, experts, tokens, k, n, routing, rng, stream);
+            std::cout << std::left << std::setw(52) << row["name"].get<std::string>() << std::right << std::fixed
+                      << std::setprecision(1) << std::setw(12) << row["median_us"].get<double>() << std::setw(10)
+                      << row["tflops"].get<double>() << "\n";
+            rows.push_back(std::move(row));
+          }
+        }
+      }
+    }
+  }
+  bench::write_json(options.out, {{"benchmark", "grouped_gemm"},
+                                  {"impl", "stepgraph"},
+                                  {"device", device.name},
+                                  {"repeats", options.repeats},
+                                  {"warmup", options.warmup},
+                                  {"rows", rows}});
+  return EXIT_SUCCESS;
+}
+
+}  // namespace
+}  // namespace stepgraph
+
+int main(int argc, char** argv) {
+  CLI::App app{"Grouped GEMM over device offsets: TFLOP/s on the rows of issue #5"};
+  stepgraph::Options options;
+  app.add_option("--experts", options.experts, "expert counts")->delimiter(',')->capture_default_str();
+  app.add_option("--tokens", options.tokens, "token counts")->delimiter(',')->capture_default_str();
+  app.add_option("--shapes", options.shapes, "KxN (in x out features)")->delimiter(',')->capture_default_str();
+  app.add_option("--routings", options.routings, "balanced, skewed")->delimiter(',')->capture_default_str();
+  app.add_option("--kinds", options.kinds, "forward, dgrad, wgrad")->delimiter(',')->capture_default_str();
+  app.add_option("--repeats", options.repeats, "timed launches per row")->capture_default_str();
+  app.add_option("--warmup", options.warmup, "untimed launches first")->capture_default_str();
+  app.add_option("--out", options.out, "write the results as JSON here");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return stepgraph::run(options);
+  } catch (const stepgraph::Error& error) {
+    std::cerr << "grouped_gemm_bench: " << error.message() << "\n";
+    return EXIT_FAILURE;
+  }
+}

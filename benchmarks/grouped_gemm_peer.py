@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""PyTorch peer of grouped_gemm_bench: torch._grouped_mm on the same rows.
+
+    python3 benchmarks/grouped_gemm_peer.py --out grouped_gemm_peer.json
+    python3 benchmarks/grouped_gemm_peer.py --kinds forward,dgrad,wgrad --tokens 16384 --experts 8
+
+Same rows, routing formula, timing (device events around single calls after a
+warm-up, median of --repeats) and JSON row keys as benchmarks/grouped_gemm_bench.cc,
+with "impl": "torch._grouped_mm". torch._grouped_mm takes the group ends as a
+device int32 tensor (offs = our offsets[1:]), so it too never reads the split
+on the host:
+  forward  y  = _grouped_mm(x [T, K], w.transpose(-2, -1) [E, K, N], offs)
+  dgrad    dx = _grouped_mm(dy [T, N], w [E, N, K], offs)
+  wgrad    dw = _grouped_mm(dy.t() [N, T], x [T, K], offs)   (bf16 out; ours is fp32)
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+
+def group_sizes(routing, tokens, experts):
+    """The integer routing formula of grouped_gemm_bench.cc."""
+    if routing == "balanced":
+        return [tokens // experts + (1 if e < tokens % experts else 0) for e in range(experts)]
+    if routing != "skewed":
+        raise SystemExit(f"grouped_gemm_peer: routing must be balanced or skewed, got {routing}")
+    weights = [720720 // (e + 1) for e in range(experts)]
+    total = sum(weights)
+    sizes = [tokens * w // total for w in weights]
+    sizes[0] += tokens - sum(sizes)
+    return sizes
+
+
+def time_call(fn, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(1000.0 * start.elapsed_time(stop))
+    return {"median_us": statistics.median(samples), "min_us": min(samples), "max_us": max(samples)}
+
+
+def run_row(kind, experts, tokens, k, n, routing, args):
+    dev = torch.device("cuda")
+    sizes = group_sizes(routing, tokens, experts)
+    offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(device=dev, dtype=torch.int32)
+
+    def rand(*shape):
+        return torch.empty(shape, device=dev, dtype=torch.bfloat16).uniform_(-1.0, 1.0)
+
+    if kind == "forward":
+        x, w = rand(tokens, k), rand(experts, n, k)
+        fn = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)  # noqa: E731
+    elif kind == "dgrad":
+        dy, w = rand(tokens, n), rand(experts, n, k)
+        fn = lambda: torch._grouped_mm(dy, w, offs=offs)  # noqa: E731
+    elif kind == "wgrad":
+        dy, x = rand(tokens, n), rand(tokens, k)
+        fn = lambda: torch._grouped_mm(dy.t(), x, offs=offs)  # noqa: E731
+    else:
+        raise SystemExit(f"grouped_gemm_peer: kinds are forward, dgrad, wgrad; got {kind}")
+    row = time_call(fn, args.warmup, args.repeats)
+    row.update(
+        name=f"{kind} E={experts} T={tokens} {k}->{n} {routing}",
+        impl="torch._grouped_mm",
+        kind=kind,
+        experts=experts,
+        tokens=tokens,
+        in_features=k,
+        out_features=n,
+        routing=routing,
+        largest_group=max(sizes),
+        tflops=2.0 * tokens * n * k / (row["median_us"] * 1e-6) / 1e12,
+    )
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+    strs = lambda s: s.split(",")  # noqa: E731
+    parser.add_argument("--experts", type=ints, default=[8, 128])
+    parser.add_argument("--tokens", type=ints, default=[16384, 65536])
+    parser.add_argument("--shapes", type=strs, default=["2048x1536", "4096x14336"], help="KxN (in x out features)")
+    parser.add_argument("--routings", type=strs, default=["balanced", "skewed"])
+    parser.add_argument("--kinds", type=strs, default=["forward"])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
+        print("grouped_gemm_peer: needs CUDA and torch._grouped_mm", file=sys.stderr)
+        return 1
+    print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}", file=sys.stderr)
+    rows = []
+    print(f"{'row':<52}{'median us':>12}{'TFLOP/s':>10}")
+    for kind in args.kinds:
+        for shape in args.shapes:
+            k, n = (int(v) for v in shape.split("x"))
+            for experts in args.experts:
+                for tokens in args.tokens:
+                    for routing in args.routings:
+                        row = run_row(kind, experts, tokens, k, n, routing, args)
+                        print(f"{row['name']:<52}{row['median_us']:>12.1f}{row['tflops']:>10.1f}", flush=True)
+                        rows.append(row)
+                        torch.cuda.empty_cache()
+    result = {
+        "benchmark": "grouped_gemm",
+        "impl": "torch._grouped_mm",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "rows": rows,
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -218,7 +218,8 @@ class Setup:
 
 
 def build_system(system, c):
-    """Returns (run_one, extra JSON, what to keep alive); run_one() -> the loss tensor."""
+    """Returns (run_one, extra JSON, the losses of the steps setup ran, what to
+    keep alive); run_one() -> the loss tensor."""
     start = time.perf_counter()
     if system == "eager":
         s = Setup(c, capturable=False)
@@ -227,17 +228,20 @@ def build_system(system, c):
             s.optimizer.zero_grad(set_to_none=True)
             return s.train_step()
 
-        return run_one, {}, s
+        return run_one, {}, [], s
 
     if system == "cuda_graph":
         s = Setup(c, capturable=True)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        losses = []
         with torch.cuda.stream(side):  # warm-up on a side stream, as the recipe asks
             for _ in range(3):
                 s.optimizer.zero_grad(set_to_none=True)
-                s.train_step()
+                losses.append(s.train_step())
         torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        losses = [loss.item() for loss in losses]  # capture runs nothing: replay 1 is step 4
         s.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
@@ -252,7 +256,7 @@ def build_system(system, c):
             return static_loss
 
         extra = {"capture_ms": {"capture_plus_instantiate": capture_ms, "wall": 1000 * (time.perf_counter() - start)}}
-        return run_one, extra, (s, graph)
+        return run_one, extra, losses, (s, graph)
 
     if system == "compile":
         s = Setup(c, capturable=True)
@@ -267,11 +271,9 @@ def build_system(system, c):
             return compiled()
 
         compile_start = time.perf_counter()
-        for _ in range(3):  # compiles, records the CUDA graph trees, then replays
-            run_one()
-        torch.cuda.synchronize()
+        losses = [run_one().item() for _ in range(3)]  # compiles, records the CUDA graph trees, replays
         extra = {"compile_ms": 1000 * (time.perf_counter() - compile_start)}
-        return run_one, extra, s
+        return run_one, extra, losses, s
     raise ValueError(system)
 
 
@@ -297,12 +299,12 @@ def run_system(system, c, steps, warmup):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     used_before = device_used_bytes()
-    run_one, extra, keep = build_system(system, c)
-    first_losses = []
+    run_one, extra, first_losses, keep = build_system(system, c)
+    first_losses = first_losses[:LOSS_CHECK_STEPS]
     loss = None
-    for i in range(warmup):
+    for _ in range(warmup):
         loss = run_one()
-        if i < LOSS_CHECK_STEPS:
+        if len(first_losses) < LOSS_CHECK_STEPS:
             first_losses.append(loss.item())
     torch.cuda.synchronize()
     samples = []

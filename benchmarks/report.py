@@ -81,8 +81,9 @@ def table_rows(configs):
         systems = c["systems"]
         base = systems.get(OUR_EAGER)
         names = [s for s in SYSTEM_ORDER if s in systems] + sorted(set(systems) - set(SYSTEM_ORDER))
-        if not names:
-            rows.append([c["name"], "-", "not run: " + "; ".join(c["notes"])] + ["-"] * 6)
+        for note in c["notes"]:  # a whole file's config not run or failed
+            source, _, text = note.partition(": ")
+            rows.append([c["name"], source, text[:160]] + ["-"] * 6)
         for name in names:
             s = systems[name]
             if not ok(s):

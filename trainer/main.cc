@@ -1,43 +1,40 @@
-// The StepGraph trainer. Today it reports the device it would train on; the
-// training loop (eager and graphed) arrives with the dense layers.
+// The StepGraph trainer: trains a token language model (window embedding,
+// residual LayerNormMLP blocks, LM head, softmax cross-entropy, AdamW) on a
+// synthetic Markov source or a file, eager or as one replayed CUDA graph per
+// step. See trainer/README.md.
 //
-//   ./bazelw run //trainer -- --device cuda
-#include <CLI/CLI.hpp>
+//   ./bazelw run //trainer -- --mode graph --steps 2000
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "engine/device.h"
 #include "engine/error.h"
-
-namespace {
-
-int run(const std::string& device) {
-  const stepgraph::DeviceCount found = stepgraph::cuda_device_count();
-  if (device == "host" || (device == "auto" && found.count == 0)) {
-    if (device == "auto") std::cout << found.no_device_reason << "; using the host\n";
-    std::cout << "device: host\n";
-  } else {
-    // --device cuda without a GPU is an error with the reason.
-    const std::string description = stepgraph::describe(stepgraph::device_properties(0));
-    std::cout << "device: " << description << "\n";
-  }
-  std::cout << "training is not implemented yet: this build only reports the device\n";
-  return EXIT_SUCCESS;
-}
-
-}  // namespace
+#include "trainer/options.h"
+#include "trainer/train_loop.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"StepGraph trainer: trains a transformer-style model eager or as replayed CUDA graphs"};
-  std::string device = "auto";
-  app.add_option("--device", device, "cuda, host, or auto (cuda when there is a GPU)")
-      ->check(CLI::IsMember({"auto", "cuda", "host"}));
-  CLI11_PARSE(app, argc, argv);
+  namespace trainer = stepgraph::trainer;
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  const trainer::ParsedCommandLine parsed = trainer::parse_command_line(args);
+  if (!parsed.options) {
+    (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
+    return parsed.exit_code;
+  }
   try {
-    return run(device);
+    const trainer::DeviceChoice choice = trainer::choose_device(*parsed.options);
+    if (!choice.note.empty()) std::cout << choice.note << "\n";
+    const trainer::TrainerOptions options = trainer::resolve_defaults(*parsed.options, choice.device);
+    if (choice.device == stepgraph::Device::kCuda) {
+      std::cout << "device: " << stepgraph::describe(stepgraph::device_properties(0)) << "\n";
+    } else {
+      std::cout << "device: host\n";
+    }
+    trainer::train(options, choice.device, std::cout);
+    return EXIT_SUCCESS;
   } catch (const stepgraph::Error& error) {
     std::cerr << "trainer: " << error.message() << "\n";
-    return EXIT_FAILURE;
+    return error.code() == stepgraph::ErrorCode::kInvalidArgument ? 2 : EXIT_FAILURE;
   }
 }

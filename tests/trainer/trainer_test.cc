@@ -1,0 +1,248 @@
+// The trainer's loop and flags, on the host (cuda where there is a GPU): eager
+// and graphed runs give identical losses step for step; a run stopped at a
+// checkpoint and resumed continues exactly like an uninterrupted one; a
+// checkpoint of another configuration, a missing one and bad flags are clear
+// errors.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "tests/support/gpu.h"
+#include "trainer/options.h"
+#include "trainer/train_loop.h"
+
+namespace stepgraph::trainer {
+namespace {
+
+// A small, fast configuration; bf16 unless a test says otherwise.
+TrainerOptions small_options(Device device) {
+  TrainerOptions o;
+  o.steps = 20;
+  o.layers = 2;
+  o.hidden = 32;
+  o.ffn = 64;
+  o.batch = 16;
+  o.context = 2;
+  o.log_every = 5;
+  o.dtype = "bf16";
+  o.seed = 11;
+  return resolve_defaults(o, device);
+}
+
+std::uint32_t bits(float value) {
+  std::uint32_t out;
+  std::memcpy(&out, &value, sizeof(out));
+  return out;
+}
+
+void expect_same_losses(const std::vector<float>& got, const std::vector<float>& want, std::int64_t first_step) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(bits(got[i]), bits(want[i]))
+        << "step " << first_step + static_cast<std::int64_t>(i) << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+std::filesystem::path temp_path(const std::string& name) { return std::filesystem::path(::testing::TempDir()) / name; }
+
+void expect_eager_equals_graph(Device device) {
+  TrainerOptions o = small_options(device);
+  std::ostringstream log;
+  o.mode = "eager";
+  const TrainResult eager = train(o, device, log);
+  o.mode = "graph";
+  const TrainResult graph = train(o, device, log);
+  ASSERT_EQ(eager.losses.size(), 20u);
+  expect_same_losses(graph.losses, eager.losses, 1);
+  EXPECT_LT(graph.losses.back(), graph.losses.front()) << log.str();
+}
+
+TEST(TrainerHostTest, EagerAndGraphLossesAreEqualOverTwentySteps) { expect_eager_equals_graph(Device::kHost); }
+
+TEST(TrainerCudaTest, EagerAndGraphLossesAreEqualOverTwentySteps) {
+  SG_SKIP_WITHOUT_GPU();
+  expect_eager_equals_graph(Device::kCuda);
+}
+
+TEST(TrainerHostTest, LogHasStepLinesAndASummary) {
+  TrainerOptions o = small_options(Device::kHost);
+  std::ostringstream log;
+  train(o, Device::kHost, log);
+  const std::string text = log.str();
+  EXPECT_NE(text.find("entropy rate: "), std::string::npos) << text;
+  EXPECT_NE(text.find("\nstep 5 loss "), std::string::npos) << text;
+  EXPECT_NE(text.find("\nstep 20 loss "), std::string::npos) << text;
+  EXPECT_NE(text.find(" tokens/s "), std::string::npos) << text;
+  EXPECT_NE(text.find(" step_ms "), std::string::npos) << text;
+  EXPECT_NE(text.find("summary: 20 steps, mean tokens/s "), std::string::npos) << text;
+  EXPECT_NE(text.find("pool: "), std::string::npos) << text;
+  EXPECT_NE(text.find("capture+instantiate: "), std::string::npos) << text;
+  EXPECT_NE(text.find("pool report: "), std::string::npos) << text;
+  o.mode = "eager";
+  std::ostringstream eager_log;
+  train(o, Device::kHost, eager_log);
+  EXPECT_NE(eager_log.str().find("eager peak memory: "), std::string::npos) << eager_log.str();
+}
+
+void expect_resume_equals_uninterrupted(const std::string& dtype, const std::string& mode) {
+  TrainerOptions o = small_options(Device::kHost);
+  o.dtype = dtype;
+  o.mode = mode;
+  o.steps = 24;
+  std::ostringstream log;
+  const TrainResult whole = train(o, Device::kHost, log);
+
+  const std::filesystem::path path = temp_path("resume_" + dtype + "_" + mode + ".safetensors");
+  std::filesystem::remove(path);
+  o.checkpoint = path.string();
+  o.save_every = 5;
+  o.steps = 13;  // saves at 5, 10 and 13
+  const TrainResult first = train(o, Device::kHost, log);
+  expect_same_losses(first.losses, std::vector<float>(whole.losses.begin(), whole.losses.begin() + 13), 1);
+  o.steps = 24;
+  o.resume = true;
+  const TrainResult rest = train(o, Device::kHost, log);
+  EXPECT_EQ(rest.first_step, 14);
+  expect_same_losses(rest.losses, std::vector<float>(whole.losses.begin() + 13, whole.losses.end()), 14);
+}
+
+TEST(TrainerHostTest, ResumedBf16GraphRunEqualsAnUninterruptedOne) {
+  expect_resume_equals_uninterrupted("bf16", "graph");
+}
+TEST(TrainerHostTest, ResumedFp32EagerRunEqualsAnUninterruptedOne) {
+  expect_resume_equals_uninterrupted("fp32", "eager");
+}
+
+// `call` throws Error with `code` whose message contains `needle`.
+template <typename Call>
+void expect_error(Call&& call, ErrorCode code, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "no Error; expected one mentioning '" << needle << "'";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), code) << error.message();
+    EXPECT_NE(error.message().find(needle), std::string::npos) << error.message();
+  }
+}
+
+TEST(TrainerHostTest, ResumingWithAnotherConfigurationOrNoFileIsAClearError) {
+  TrainerOptions o = small_options(Device::kHost);
+  const std::filesystem::path path = temp_path("mismatch.safetensors");
+  std::filesystem::remove(path);
+  o.checkpoint = path.string();
+  o.resume = true;
+  std::ostringstream log;
+  expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kIo, "mismatch.safetensors");
+
+  o.resume = false;
+  o.steps = 3;
+  train(o, Device::kHost, log);
+  o.resume = true;
+  o.steps = 6;
+  o.hidden = 64;
+  expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kInvalidArgument,
+               "config.hidden: checkpoint 32, this run 64");
+  o.hidden = 32;
+  o.steps = 3;
+  expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kInvalidArgument, "nothing to resume");
+}
+
+ParsedCommandLine parse(std::vector<std::string> args) { return parse_command_line(args); }
+
+TEST(TrainerOptionsTest, BadFlagsGiveClearErrors) {
+  auto expect_parse_error = [](std::vector<std::string> args, const std::string& needle) {
+    const ParsedCommandLine parsed = parse(args);
+    EXPECT_FALSE(parsed.options.has_value()) << args[0];
+    EXPECT_NE(parsed.exit_code, 0) << args[0];
+    EXPECT_NE(parsed.message.find(needle), std::string::npos) << parsed.message;
+    EXPECT_NE(parsed.message.find("--help"), std::string::npos) << parsed.message;
+  };
+  expect_parse_error({"--bogus"}, "--bogus");
+  expect_parse_error({"--mode", "fast"}, "fast");
+  expect_parse_error({"--device", "tpu"}, "tpu");
+  expect_parse_error({"--steps", "0"}, "--steps");
+  expect_parse_error({"--steps", "ten"}, "ten");
+  expect_parse_error({"--lr", "-1"}, "--lr");
+
+  const ParsedCommandLine help = parse({"--help"});
+  EXPECT_FALSE(help.options.has_value());
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.message.find("--log-every"), std::string::npos) << help.message;
+
+  auto resolved = [](std::vector<std::string> args) {
+    return resolve_defaults(*parse(std::move(args)).options, Device::kHost);
+  };
+  expect_error(
+      [&] {
+        resolved({"--hidden", "50", "--context", "4"});
+      },
+      ErrorCode::kInvalidArgument, "must be a multiple of --context");
+  expect_error([&] { resolved({"--resume"}); }, ErrorCode::kInvalidArgument, "--resume needs --checkpoint");
+  expect_error([&] { resolved({"--save-every", "5"}); }, ErrorCode::kInvalidArgument, "--save-every needs");
+  expect_error([&] { resolved({"--experts", "2", "--topk", "3"}); }, ErrorCode::kInvalidArgument, "--topk");
+  expect_error([&] { resolved({"--data", "x.txt", "--vocab", "8"}); }, ErrorCode::kInvalidArgument, "--vocab");
+}
+
+TEST(TrainerOptionsTest, EveryFlagOfTheIssueParses) {
+  const ParsedCommandLine parsed = parse({"--device",
+                                          "host",
+                                          "--mode",
+                                          "eager",
+                                          "--steps",
+                                          "7",
+                                          "--layers",
+                                          "3",
+                                          "--hidden",
+                                          "48",
+                                          "--ffn",
+                                          "96",
+                                          "--experts",
+                                          "4",
+                                          "--topk",
+                                          "1",
+                                          "--batch",
+                                          "9",
+                                          "--context",
+                                          "3",
+                                          "--lr",
+                                          "0.02",
+                                          "--seed",
+                                          "5",
+                                          "--log-every",
+                                          "2",
+                                          "--checkpoint",
+                                          "c.safetensors",
+                                          "--resume",
+                                          "--save-every",
+                                          "4"});
+  ASSERT_TRUE(parsed.options.has_value()) << parsed.message;
+  const TrainerOptions o = resolve_defaults(*parsed.options, Device::kHost);
+  EXPECT_EQ(o.device, "host");
+  EXPECT_EQ(o.mode, "eager");
+  EXPECT_EQ(o.steps, 7);
+  EXPECT_EQ(o.layers, 3);
+  EXPECT_EQ(o.hidden, 48);
+  EXPECT_EQ(o.ffn, 96);
+  EXPECT_EQ(o.experts, 4);
+  EXPECT_EQ(o.topk, 1);
+  EXPECT_EQ(o.batch, 9);
+  EXPECT_EQ(o.context, 3);
+  EXPECT_DOUBLE_EQ(o.lr, 0.02);
+  EXPECT_EQ(o.seed, 5u);
+  EXPECT_EQ(o.log_every, 2);
+  EXPECT_EQ(o.checkpoint, "c.safetensors");
+  EXPECT_TRUE(o.resume);
+  EXPECT_EQ(o.save_every, 4);
+  const ParsedCommandLine data = parse({"--data", "corpus.txt"});
+  ASSERT_TRUE(data.options.has_value());
+  EXPECT_EQ(data.options->data, "corpus.txt");
+}
+
+}  // namespace
+}  // namespace stepgraph::trainer

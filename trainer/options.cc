@@ -1,0 +1,136 @@
+#include "trainer/options.h"
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <vector>
+
+#include "engine/error.h"
+
+namespace stepgraph::trainer {
+namespace {
+
+// See Note [Trainer defaults]: measured values live in trainer/README.md.
+struct Defaults {
+  std::int64_t steps, layers, hidden, ffn, batch, context, log_every, vocab, order;
+  double lr;
+  const char* dtype;
+};
+constexpr Defaults kHostDefaults{.steps = 600,
+                                 .layers = 2,
+                                 .hidden = 64,
+                                 .ffn = 128,
+                                 .batch = 128,
+                                 .context = 4,
+                                 .log_every = 50,
+                                 .vocab = 16,
+                                 .order = 2,
+                                 .lr = 3e-3,
+                                 .dtype = "fp32"};
+constexpr Defaults kCudaDefaults{.steps = 2000,
+                                 .layers = 4,
+                                 .hidden = 512,
+                                 .ffn = 2048,
+                                 .batch = 1024,
+                                 .context = 8,
+                                 .log_every = 100,
+                                 .vocab = 16,
+                                 .order = 2,
+                                 .lr = 1e-3,
+                                 .dtype = "bf16"};
+
+template <typename T>
+void default_if(T& value, T unset, T fallback) {
+  if (value == unset) value = fallback;
+}
+
+}  // namespace
+
+ParsedCommandLine parse_command_line(std::span<const std::string> args) {
+  TrainerOptions o;
+  CLI::App app{"StepGraph trainer: trains a token language model eager or as one replayed CUDA graph per step"};
+  app.add_option("--device", o.device, "cuda, host, or auto (cuda when there is a GPU)")
+      ->check(CLI::IsMember({"auto", "cuda", "host"}));
+  app.add_option("--mode", o.mode, "eager (ops launched one by one) or graph (the step captured once, replayed)")
+      ->check(CLI::IsMember({"eager", "graph"}));
+  app.add_option("--dtype", o.dtype, "model dtype: bf16 or fp32 (default: bf16 on cuda, fp32 on the host)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--steps", o.steps, "total training steps (a resumed run continues to this step)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "residual LayerNormMLP blocks")->check(CLI::NonNegativeNumber);
+  app.add_option("--hidden", o.hidden, "hidden size (a multiple of --context)")->check(CLI::PositiveNumber);
+  app.add_option("--ffn", o.ffn, "MLP inner size")->check(CLI::PositiveNumber);
+  app.add_option("--experts", o.experts, "experts per MoE block (0: dense blocks only)")->check(CLI::NonNegativeNumber);
+  app.add_option("--topk", o.topk, "experts each token is routed to")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "examples (predicted tokens) per step")->check(CLI::PositiveNumber);
+  app.add_option("--context", o.context, "tokens of context per example (the window W)")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--seed", o.seed, "seed of the model, the Markov chain and the sampling");
+  app.add_option("--log-every", o.log_every, "print a step line every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--data", o.data, "a text or StepGraph token file (default: a synthetic Markov source)");
+  app.add_option("--vocab", o.vocab, "Markov source: vocabulary size")->check(CLI::Range(2, 65536));
+  app.add_option("--order", o.order, "Markov source: order (tokens of history that matter)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint", o.checkpoint, "checkpoint file, written at the end and every --save-every steps");
+  app.add_flag("--resume", o.resume, "continue from --checkpoint to --steps");
+  app.add_option("--save-every", o.save_every, "also write the checkpoint every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+
+  std::vector<const char*> argv{"trainer"};
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  ParsedCommandLine parsed;
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::CallForHelp&) {
+    parsed.message = app.help();
+    return parsed;
+  } catch (const CLI::ParseError& error) {
+    parsed.exit_code = error.get_exit_code() == 0 ? 2 : error.get_exit_code();
+    parsed.message = std::string("trainer: ") + error.what() + "\nRun with --help for the flags.";
+    return parsed;
+  }
+  parsed.options = o;
+  return parsed;
+}
+
+DeviceChoice choose_device(const TrainerOptions& options) {
+  if (options.device == "host") return {Device::kHost, ""};
+  if (options.device == "cuda") return {Device::kCuda, ""};
+  const DeviceCount found = cuda_device_count();
+  if (found.count > 0) return {Device::kCuda, ""};
+  return {Device::kHost, found.no_device_reason + "; training on the host with a small model"};
+}
+
+TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
+  TrainerOptions o = options;
+  const Defaults& d = device == Device::kCuda ? kCudaDefaults : kHostDefaults;
+  default_if<std::int64_t>(o.steps, 0, d.steps);
+  default_if<std::int64_t>(o.layers, -1, d.layers);
+  default_if<std::int64_t>(o.hidden, 0, d.hidden);
+  default_if<std::int64_t>(o.ffn, 0, d.ffn);
+  default_if<std::int64_t>(o.batch, 0, d.batch);
+  default_if<std::int64_t>(o.context, 0, d.context);
+  default_if<std::int64_t>(o.log_every, 0, d.log_every);
+  default_if<double>(o.lr, 0, d.lr);
+  if (o.dtype.empty()) o.dtype = d.dtype;
+  if (o.data.empty()) {
+    default_if<std::int64_t>(o.vocab, 0, d.vocab);
+    default_if<std::int64_t>(o.order, 0, d.order);
+  } else {
+    SG_CHECK(o.vocab == 0 && o.order == 0, "--vocab and --order describe the synthetic Markov source; with --data ",
+             o.data, " the file decides the vocabulary");
+  }
+
+  SG_CHECK(o.steps > 0 && o.layers >= 0 && o.hidden > 0 && o.ffn > 0 && o.batch > 0 && o.context > 0 &&
+               o.log_every > 0 && o.save_every >= 0,
+           "--steps, --hidden, --ffn, --batch, --context and --log-every must be > 0 and --layers, --save-every >= 0");
+  SG_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got ", o.lr);
+  SG_CHECK(o.hidden % o.context == 0, "--hidden (", o.hidden, ") must be a multiple of --context (", o.context,
+           "): each of the context tokens gets hidden / context embedding columns");
+  SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
+           ") must be between 1 and --experts (", o.experts, ")");
+  SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
+  SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
+  return o;
+}
+
+}  // namespace stepgraph::trainer

@@ -1,0 +1,237 @@
+#include "trainer/train_loop.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <numeric>
+#include <string>
+
+#include "engine/context.h"
+#include "engine/error.h"
+#include "engine/layers/adamw.h"
+#include "engine/layers/language_model.h"
+#include "engine/layers/token_train_step.h"
+#include "graphs/captured_step.h"
+#include "trainer/checkpoint.h"
+#include "trainer/data_source.h"
+#include "trainer/markov_source.h"
+#include "trainer/token_file.h"
+#include "trainer/train_state.h"
+
+namespace stepgraph::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+std::unique_ptr<DataSource> open_data(const TrainerOptions& o) {
+  if (!o.data.empty()) return open_token_data(o.data, o.seed);
+  return make_markov_source(MarkovConfig{.vocab = o.vocab, .order = o.order, .seed = o.seed, .context = o.context});
+}
+
+// Cross-entropy reads 16-byte vectors of logits: the LM head's width is the
+// data's vocabulary rounded up to 8 (extra logits are never a label).
+std::int64_t model_vocab(std::int64_t vocab) { return (vocab + 7) / 8 * 8; }
+
+LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
+  LanguageModelConfig config;
+  config.model.hidden = o.hidden;
+  config.model.ffn = o.ffn;
+  config.model.layers = o.layers;
+  config.model.vocab = model_vocab(vocab);
+  config.model.dtype = o.dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+  config.model.seed = static_cast<std::uint32_t>(o.seed);
+  config.model.experts = o.experts;
+  config.model.topk = o.topk;
+  config.context = o.context;
+  return config;
+}
+
+// What must match for a resumed run to continue the saved one exactly.
+RunConfig run_config(const TrainerOptions& o, const DataSource& data) {
+  return {{"config.layers", std::to_string(o.layers)},
+          {"config.hidden", std::to_string(o.hidden)},
+          {"config.ffn", std::to_string(o.ffn)},
+          {"config.experts", std::to_string(o.experts)},
+          {"config.topk", std::to_string(o.topk)},
+          {"config.batch", std::to_string(o.batch)},
+          {"config.context", std::to_string(o.context)},
+          {"config.dtype", o.dtype},
+          {"config.lr", fmt::format("{}", o.lr)},
+          {"config.seed", std::to_string(o.seed)},
+          {"config.data", data.describe()}};
+}
+
+std::string mebibytes(std::int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); }
+
+// "\r[step 120/600 20%] loss 2.31" on stderr when it is a terminal, cleared
+// before each step line.
+class ProgressLine {
+ public:
+  ProgressLine() : enabled_(isatty(STDERR_FILENO) == 1) {}
+  void show(std::int64_t step, std::int64_t steps, float loss) {
+    if (!enabled_) return;
+    std::fprintf(stderr, "\r[step %lld/%lld %3lld%%] loss %.4f ", static_cast<long long>(step),
+                 static_cast<long long>(steps), static_cast<long long>(100 * step / steps), loss);
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void clear() {
+    if (!shown_) return;
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    shown_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+};
+
+}  // namespace
+
+TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
+  std::unique_ptr<DataSource> data = open_data(o);
+  out << "data: " << data->describe() << "\n";
+  TrainResult result;
+  result.entropy_rate = data->entropy_rate();
+  if (result.entropy_rate) {
+    out << fmt::format("entropy rate: {:.4f} nats/token\n", *result.entropy_rate);
+  } else {
+    out << "entropy rate: unknown for this data (no loss floor to compare with)\n";
+  }
+
+  Context ctx(device);
+  const LanguageModelConfig config = model_config(o, data->vocab());
+  LanguageModel model(ctx, config);
+  AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)});
+  TokenTrainStep step(ctx, model, optimizer, o.batch);
+  const RunConfig run = run_config(o, *data);
+  out << fmt::format(
+      "model: {} blocks, hidden {}, ffn {}, vocab {}, context {} (embedding width {}), {}, batch {}, lr {}; "
+      "device {}, mode {}\n",
+      o.layers, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
+      device_name(device), o.mode);
+
+  std::int64_t done = 0;
+  if (o.resume) {
+    const Progress progress = load_state(ctx, model, optimizer, run, read_checkpoint(o.checkpoint));
+    SG_CHECK(progress.step < o.steps, "the checkpoint ", o.checkpoint, " is at step ", progress.step,
+             ", not before --steps ", o.steps, ": nothing to resume");
+    data->seek(progress.data_position);
+    done = progress.step;
+    out << fmt::format("resumed from {} at step {}\n", o.checkpoint, done);
+  }
+  auto save = [&](std::int64_t steps_done) {
+    write_checkpoint(o.checkpoint, save_state(ctx, model, optimizer, run, {steps_done, data->position()}));
+  };
+
+  std::shared_ptr<CapturedStep> graph;
+  if (o.mode == "graph") {
+    const auto start = Clock::now();
+    graph = CapturedStep::capture(ctx, [&] { return step(ctx); });
+    const CaptureTimings& t = graph->timings();
+    out << fmt::format(
+        "captured the step in {:.1f} ms (trace {:.1f}, plan {:.1f}, capture {:.1f}, instantiate {:.1f}): {} "
+        "segment(s), {} instructions\n",
+        seconds_since(start) * 1e3, t.trace_ms, t.plan_ms, t.capture_ms, t.instantiate_ms, graph->segment_count(),
+        graph->program().instructions().size());
+  }
+
+  Batch batch;
+  ProgressLine progress;
+  std::deque<float> window;
+  double window_sum = 0;
+  double total_seconds = 0;
+  double interval_seconds = 0;
+  std::int64_t interval_steps = 0;
+  result.first_step = done + 1;
+  for (std::int64_t s = done + 1; s <= o.steps; ++s) {
+    const auto start = Clock::now();
+    data->next_batch(o.batch, o.context, batch);
+    ctx.copy_from_host(step.tokens(), batch.windows.data(), batch.windows.size() * sizeof(std::int32_t));
+    ctx.copy_from_host(step.labels(), batch.labels.data(), batch.labels.size() * sizeof(std::int32_t));
+    Tensor loss_tensor;
+    if (graph) {
+      graph->replay();
+      loss_tensor = graph->outputs()[0];
+    } else {
+      loss_tensor = step(ctx)[0];
+    }
+    const float loss = ctx.to_vector<float>(loss_tensor).at(0);
+    step.check_inputs(ctx);
+    const double seconds = seconds_since(start);
+    total_seconds += seconds;
+    interval_seconds += seconds;
+    ++interval_steps;
+
+    result.losses.push_back(loss);
+    window.push_back(loss);
+    window_sum += loss;
+    if (static_cast<std::int64_t>(window.size()) > kFloorWindow) {
+      window_sum -= window.front();
+      window.pop_front();
+    }
+    const double window_mean = window_sum / static_cast<double>(window.size());
+    if (result.entropy_rate && !result.floor_step && static_cast<std::int64_t>(window.size()) == kFloorWindow &&
+        window_mean <= *result.entropy_rate + kFloorMargin) {
+      result.floor_step = s;
+    }
+
+    if (s % o.log_every == 0 || s == o.steps) {
+      progress.clear();
+      out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}\n", s, loss,
+                         static_cast<double>(o.batch * interval_steps) / interval_seconds,
+                         interval_seconds * 1e3 / static_cast<double>(interval_steps));
+      out.flush();
+      interval_seconds = 0;
+      interval_steps = 0;
+    } else {
+      progress.show(s, o.steps, loss);
+    }
+    if (!o.checkpoint.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) save(s);
+  }
+  progress.clear();
+  if (!o.checkpoint.empty()) {
+    save(o.steps);
+    out << "checkpoint: " << o.checkpoint << " at step " << o.steps << "\n";
+  }
+
+  const auto steps_run = static_cast<std::int64_t>(result.losses.size());
+  result.mean_tokens_per_s = steps_run > 0 ? static_cast<double>(o.batch * steps_run) / total_seconds : 0.0;
+  result.final_mean_loss = window.empty() ? 0.0 : window_sum / static_cast<double>(window.size());
+  out << fmt::format("summary: {} steps, mean tokens/s {:.0f}, mean step_ms {:.3f}\n", steps_run,
+                     result.mean_tokens_per_s, steps_run > 0 ? total_seconds * 1e3 / steps_run : 0.0);
+  if (result.entropy_rate) {
+    out << fmt::format("final loss (mean of the last {} steps) {:.4f}, {:+.4f} nats from the entropy rate {:.4f}; ",
+                       window.size(), result.final_mean_loss, result.final_mean_loss - *result.entropy_rate,
+                       *result.entropy_rate);
+    out << (result.floor_step ? fmt::format("within {} nats from step {}\n", kFloorMargin, *result.floor_step)
+                              : fmt::format("not within {} nats\n", kFloorMargin));
+  } else {
+    out << fmt::format("final loss (mean of the last {} steps) {:.4f}\n", window.size(), result.final_mean_loss);
+  }
+  if (graph) {
+    const PoolPlan& plan = graph->plan();
+    const CaptureTimings& t = graph->timings();
+    out << fmt::format("pool: {} ({} bytes), lower bound {} ({} bytes), ratio {:.3f}\n", mebibytes(plan.pool_bytes),
+                       plan.pool_bytes, mebibytes(plan.lower_bound_bytes), plan.lower_bound_bytes,
+                       plan.ratio_to_lower_bound());
+    out << fmt::format("capture+instantiate: {:.1f} ms\n", t.trace_ms + t.plan_ms + t.capture_ms + t.instantiate_ms);
+    out << "pool report: "
+        << (graph->report().empty() ? "every pool tensor is returned or freed (0 held)" : graph->report().to_string())
+        << "\n";
+  } else {
+    const MemoryStats stats = ctx.memory_stats();
+    out << fmt::format("eager peak memory: {} ({} bytes) of transient tensors; persistent {}\n",
+                       mebibytes(stats.eager_peak_bytes), stats.eager_peak_bytes, mebibytes(stats.persistent_bytes));
+  }
+  return result;
+}
+
+}  // namespace stepgraph::trainer

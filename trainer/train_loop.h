@@ -1,0 +1,41 @@
+// The training loop: data source -> LanguageModel + AdamW -> TokenTrainStep,
+// run eager or captured once as a graph and replayed, with step lines, a
+// progress line on a terminal, checkpoints, resume, and a summary.
+//
+//   step 50 loss 2.3456 tokens/s 123456 step_ms 1.23
+//
+// tokens/s counts predicted tokens (one per example: batch per step); the
+// time of a step is the wall time from drawing its batch to its loss and
+// input checks on the host (every step reads both back).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <vector>
+
+#include "engine/device.h"
+#include "engine/tensor.h"
+#include "trainer/options.h"
+
+namespace stepgraph::trainer {
+
+struct TrainResult {
+  std::int64_t first_step = 1;  // the first step this run took (after a resume: checkpoint step + 1)
+  std::vector<float> losses;    // the loss of every step this run took, in order
+  std::optional<double> entropy_rate;
+  double mean_tokens_per_s = 0;
+  // The mean loss of the last kFloorWindow steps, and the first step at which
+  // that moving mean came within kFloorMargin nats of the entropy rate.
+  double final_mean_loss = 0;
+  std::optional<std::int64_t> floor_step;
+};
+
+inline constexpr std::int64_t kFloorWindow = 50;
+inline constexpr double kFloorMargin = 0.05;
+
+// `options` as returned by resolve_defaults for `device`. Writes the log to
+// `out`; a progress line goes to stderr when it is a terminal.
+TrainResult train(const TrainerOptions& options, Device device, std::ostream& out);
+
+}  // namespace stepgraph::trainer

@@ -1,0 +1,36 @@
+// The trainer's state as a checkpoint (trainer/checkpoint.h) and back: every
+// parameter's fp32 master, AdamW's m and v, the device step counter, the data
+// source's position, and the run's configuration as metadata, so resuming
+// with another configuration is a clear error instead of a silently different
+// run. Resuming restores everything a step reads, so the steps after a resume
+// equal an uninterrupted run's bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/context.h"
+#include "engine/layers/adamw.h"
+#include "engine/layers/language_model.h"
+#include "trainer/checkpoint.h"
+
+namespace stepgraph::trainer {
+
+struct Progress {
+  std::int64_t step = 0;            // steps completed
+  std::uint64_t data_position = 0;  // DataSource::position() after them
+};
+
+using RunConfig = std::map<std::string, std::string>;  // "config.<name>" -> value
+
+Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
+                      const Progress& progress);
+
+// Checks `checkpoint`'s configuration against `config` (Error(kInvalidArgument)
+// listing every difference), loads every tensor into the model and optimizer
+// (Error(kIo) for a missing tensor or a wrong shape) and returns the progress.
+Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
+                    const Checkpoint& checkpoint);
+
+}  // namespace stepgraph::trainer

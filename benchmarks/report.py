@@ -2,8 +2,8 @@
 """Merges step_bench's and pytorch_peer.py's JSON into a markdown table, a
 PNG plot, and the issue's goals.
 
-    python3 benchmarks/report.py --stepgraph step_bench.json --pytorch pytorch_peer.json \\
-        --markdown step_report.md --png step_times.png
+    python3 benchmarks/report.py step_bench.json pytorch_peer.json \\
+        --markdown step_report.md --png step_report.png
 
 Prints the table, the first losses of every system (a sanity check that the
 systems train the same model), and one line per goal: PASS, FAIL or NOT
@@ -247,10 +247,10 @@ def plot(configs, path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Merge step_bench and pytorch_peer JSON into a table, plot and goals")
-    parser.add_argument("--stepgraph", required=True, help="step_bench --out JSON")
-    parser.add_argument("--pytorch", help="pytorch_peer.py --out JSON")
+    parser.add_argument("stepgraph", help="step_bench --out JSON")
+    parser.add_argument("pytorch", nargs="?", help="pytorch_peer.py --out JSON")
     parser.add_argument("--markdown", help="write the table (and goals) here")
-    parser.add_argument("--png", help="write the plot here")
+    parser.add_argument("--png", "--plot", dest="png", help="write the plot here")
     args = parser.parse_args(argv)
     try:
         stepgraph = load(args.stepgraph, "stepgraph")

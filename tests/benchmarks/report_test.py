@@ -163,7 +163,7 @@ def test_main_writes_markdown_and_plot(tmp_path):
     a.write_text(json.dumps(ours()))
     b.write_text(json.dumps(theirs()))
     md, png = tmp_path / "r.md", tmp_path / "r.png"
-    assert report.main(["--stepgraph", str(a), "--pytorch", str(b), "--markdown", str(md), "--png", str(png)]) == 0
+    assert report.main([str(a), str(b), "--markdown", str(md), "--plot", str(png)]) == 0
     text = md.read_text()
     assert "| small | stepgraph_graph |" in text and "- PASS: large: MFU >= 60%: 60.7%" in text
     pytest.importorskip("matplotlib")
@@ -173,8 +173,8 @@ def test_main_writes_markdown_and_plot(tmp_path):
 def test_main_refuses_the_wrong_file(tmp_path):
     a = tmp_path / "ours.json"
     a.write_text(json.dumps(ours()))
-    assert report.main(["--stepgraph", str(a), "--pytorch", str(a)]) == 2
-    assert report.main(["--stepgraph", str(tmp_path / "missing.json")]) == 2
+    assert report.main([str(a), str(a)]) == 2
+    assert report.main([str(tmp_path / "missing.json")]) == 2
 
 
 def test_a_real_host_step_bench_run_merges(tmp_path):

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <optional>
 #include <utility>
 
 #include "engine/error.h"
@@ -54,11 +54,26 @@ class Fnv1a64 {
   std::uint64_t hash_ = 0xcbf29ce484222325ULL;
 };
 
-std::uint64_t numel(const std::vector<std::int64_t>& shape) {
-  std::uint64_t count = 1;
-  for (std::int64_t dim : shape) count *= static_cast<std::uint64_t>(dim);
-  return count;
+// Bytes of a tensor; nullopt for a negative dimension or one past 2^62 bytes.
+std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, DType dtype) {
+  constexpr std::uint64_t kLimit = std::uint64_t{1} << 62;
+  std::uint64_t bytes = dtype_size(dtype);
+  for (std::int64_t dim : shape) {
+    if (dim < 0) return std::nullopt;
+    if (dim != 0 && bytes > kLimit / static_cast<std::uint64_t>(dim)) return std::nullopt;
+    bytes *= static_cast<std::uint64_t>(dim);
+  }
+  return bytes;
 }
+
+std::optional<DType> find_dtype(std::string_view name) {
+  for (const DTypeName& entry : kDTypeNames) {
+    if (entry.name == name) return entry.dtype;
+  }
+  return std::nullopt;
+}
+
+constexpr std::string_view kDTypeList = "F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64";
 
 // Owns a file descriptor; closing in the destructor never throws.
 class Fd {
@@ -108,10 +123,9 @@ Json build_header(const Checkpoint& checkpoint) {
     SG_CHECK(!tensor.name.empty() && tensor.name != kMetadataKey, "checkpoint tensor name '", tensor.name,
              "' is not allowed");
     SG_CHECK(!header.contains(tensor.name), "checkpoint has two tensors named '", tensor.name, "'");
-    for (std::int64_t dim : tensor.shape) {
-      SG_CHECK(dim >= 0, "checkpoint tensor '", tensor.name, "' has a negative dimension ", dim);
-    }
-    const std::uint64_t bytes = numel(tensor.shape) * dtype_size(tensor.dtype);
+    const std::optional<std::uint64_t> size = byte_size(tensor.shape, tensor.dtype);
+    SG_CHECK(size.has_value(), "checkpoint tensor '", tensor.name, "' has a negative or huge dimension");
+    const std::uint64_t bytes = *size;
     SG_CHECK(tensor.bytes.size() == bytes, "checkpoint tensor '", tensor.name, "' has ", tensor.bytes.size(),
              " bytes; its shape and dtype ", dtype_name(tensor.dtype), " need ", bytes);
     header[tensor.name] = {{"dtype", safetensors_dtype(tensor.dtype)},
@@ -151,10 +165,15 @@ TensorEntry parse_entry(const std::filesystem::path& path, const std::string& na
   const Json& shape = entry["shape"];
   const Json& offsets = entry["data_offsets"];
   if (!dtype.is_string()) corrupt(path, fmt::format("tensor '{}' has a dtype that is not a string", name));
-  TensorEntry out{name, parse_safetensors_dtype(dtype.get<std::string>()), {}, 0, 0};
+  const std::optional<DType> found = find_dtype(dtype.get<std::string>());
+  if (!found)
+    corrupt(path, fmt::format("tensor '{}' has dtype {}; StepGraph reads {}", name, dtype.dump(), kDTypeList));
+  TensorEntry out{name, *found, {}, 0, 0};
   if (!shape.is_array()) corrupt(path, fmt::format("tensor '{}' has a shape that is not a list", name));
   for (const Json& dim : shape) {
-    if (!dim.is_number_unsigned()) corrupt(path, fmt::format("tensor '{}' has a bad dimension {}", name, dim.dump()));
+    if (!dim.is_number_unsigned() || dim.get<std::uint64_t>() > std::uint64_t{1} << 62) {
+      corrupt(path, fmt::format("tensor '{}' has a bad dimension {}", name, dim.dump()));
+    }
     out.shape.push_back(dim.get<std::int64_t>());
   }
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -163,10 +182,11 @@ TensorEntry parse_entry(const std::filesystem::path& path, const std::string& na
   }
   out.begin = offsets[0].get<std::uint64_t>();
   out.end = offsets[1].get<std::uint64_t>();
-  const std::uint64_t bytes = numel(out.shape) * dtype_size(out.dtype);
-  if (out.end < out.begin || out.end - out.begin != bytes) {
+  const std::optional<std::uint64_t> bytes = byte_size(out.shape, out.dtype);
+  if (!bytes) corrupt(path, fmt::format("tensor '{}' has a shape too large for any file", name));
+  if (out.end < out.begin || out.end - out.begin != *bytes) {
     corrupt(path, fmt::format("tensor '{}' has data_offsets [{}, {}] but its shape and dtype need {} bytes", name,
-                              out.begin, out.end, bytes));
+                              out.begin, out.end, *bytes));
   }
   return out;
 }
@@ -187,11 +207,10 @@ std::string_view safetensors_dtype(DType dtype) {
 }
 
 DType parse_safetensors_dtype(std::string_view name) {
-  for (const DTypeName& entry : kDTypeNames) {
-    if (entry.name == name) return entry.dtype;
-  }
-  SG_THROW(ErrorCode::kIo, "checkpoint tensor dtype '", name,
-           "' is not one StepGraph reads (F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64)");
+  const std::optional<DType> found = find_dtype(name);
+  SG_CHECK_CODE(found.has_value(), ErrorCode::kIo, "checkpoint tensor dtype '", name, "' is not one StepGraph reads (",
+                kDTypeList, ")");
+  return *found;
 }
 
 void write_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint) {

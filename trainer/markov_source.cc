@@ -202,6 +202,13 @@ void MarkovSource::next_batch(std::int64_t batch, std::int64_t context, Batch& o
   SG_CHECK(context >= 1, "next_batch: context must be >= 1, got ", context);
   const std::int64_t order = config_.order;
   const std::int64_t v = config_.vocab;
+  if (context < order && !warned_short_context_) {
+    logger().warn(
+        "Markov source: context {} < order {}: the entropy rate {:.6f} is not reachable, the best loss with this "
+        "window is {:.6f} nats/token",
+        context, order, entropy_rate_, conditional_entropy(context));
+    warned_short_context_ = true;
+  }
   // The start state's tokens, then enough steps to fill the window and label.
   const std::int64_t length = std::max(order, context) + 1;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(length));

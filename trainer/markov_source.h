@@ -70,6 +70,7 @@ class MarkovSource final : public DataSource {
   std::vector<double> stationary_cdf_;  // [states]
   double entropy_rate_ = 0;
   std::uint64_t position_ = 0;
+  bool warned_short_context_ = false;
 };
 
 std::unique_ptr<DataSource> make_markov_source(const MarkovConfig& config);

@@ -6,7 +6,6 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -33,10 +32,14 @@ std::vector<char> read_all(const std::filesystem::path& path) {
   SG_CHECK_CODE(std::filesystem::exists(path, error), ErrorCode::kIo, "data file ", path, " does not exist");
   SG_CHECK_CODE(!std::filesystem::is_directory(path, error), ErrorCode::kIo, "data file ", path,
                 " is a directory; pass a text or token file");
+  const std::uintmax_t size = std::filesystem::file_size(path, error);
+  SG_CHECK_CODE(!error, ErrorCode::kIo, "cannot stat data file ", path, ": ", error.message());
   std::ifstream in(path, std::ios::binary);
   SG_CHECK_CODE(in.good(), ErrorCode::kIo, "cannot open data file ", path, ": ", std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  SG_CHECK_CODE(!in.bad(), ErrorCode::kIo, "cannot read data file ", path);
+  std::vector<char> bytes(size);
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  SG_CHECK_CODE(in.gcount() == static_cast<std::streamsize>(size), ErrorCode::kIo, "cannot read data file ", path,
+                ": got ", in.gcount(), " of its ", size, " bytes");
   return bytes;
 }
 

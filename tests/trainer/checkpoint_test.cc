@@ -145,7 +145,7 @@ TEST(CheckpointTest, MissingAndForeignFilesAreClearErrors) {
   const std::uint64_t bad_length = bad_dtype.size();
   std::memcpy(foreign.data(), &bad_length, 8);
   write_bytes(text, foreign.substr(0, 8) + bad_dtype + "abcdefgh");
-  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {"F64"});
+  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {text.string(), "F64"});
 }
 
 TEST(CheckpointTest, OldCheckpointSurvivesAFailedWrite) {
@@ -179,6 +179,9 @@ TEST(CheckpointTest, MalformedCheckpointsAreNotWritten) {
   Checkpoint reserved;
   reserved.metadata[std::string(kChecksumKey)] = "x";
   expect_error([&] { write_checkpoint(path, reserved); }, ErrorCode::kInvalidArgument, {"reserved"});
+  Checkpoint negative;
+  negative.tensors.push_back(CheckpointTensor{"n", DType::kFloat32, {2, -1}, {}});
+  expect_error([&] { write_checkpoint(path, negative); }, ErrorCode::kInvalidArgument, {"'n'", "negative"});
   Checkpoint bad_name;
   bad_name.tensors.push_back(make_tensor("__metadata__", DType::kFloat32, {1}, 0));
   expect_error([&] { write_checkpoint(path, bad_name); }, ErrorCode::kInvalidArgument, {"not allowed"});

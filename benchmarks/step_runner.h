@@ -36,10 +36,10 @@ struct StepRunOptions {
   std::uint32_t data_seed = 1;
   float lr = 1e-4f;
   float weight_decay = 0.01f;
-  // Before measuring, one untimed eager step of the config in a throwaway
-  // Context (cuda only): kernel modules load lazily and cuBLASLt's algorithms
-  // are timed on first use, so neither mode's memory delta or capture time
-  // carries those one-time costs.
+  // Before measuring, one untimed eager step of the config's first blocks
+  // (every shape it has) in a throwaway Context (cuda only): kernel modules
+  // load lazily and cuBLASLt's algorithms are timed on first use, so neither
+  // mode's memory delta or capture time carries those one-time costs.
   bool prime = true;
 };
 

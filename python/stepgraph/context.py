@@ -123,7 +123,7 @@ class Context:
         if contiguous is False:
             raise StepGraphError("cannot wrap a non-contiguous torch tensor: StepGraph reads dense rows; "
                                  "call .contiguous() first")
-        if stream is not None and stream != 0:
+        if stream is not None:
             # The producer's stream: wait for its pending writes (the array interface's stream rule).
             _capi.call("sg_cuda_stream_synchronize", ctypes.c_void_p(stream))
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)

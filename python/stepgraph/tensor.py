@@ -143,9 +143,11 @@ class Tensor:
         import torch  # imported here: torch is optional
 
         dtype = self.dtype
-        storage = numpy_storage(dtype)
+        # Raw bits torch reads from an array interface (int16: every torch version has it), then
+        # viewed as the real type.
+        bits = "<i2" if dtype == DType.BFLOAT16 else numpy_storage(dtype).str
         name = "__cuda_array_interface__" if self.device == "cuda" else "__array_interface__"
-        view = _Interface(self, name, self._interface(storage.str))
+        view = _Interface(self, name, self._interface(bits))
         if self.device == "cuda":
             raw = torch.as_tensor(view, device="cuda")
         else:
@@ -181,6 +183,8 @@ def describe_array(obj, device):
         if on_cuda:
             import torch
 
+            # torch's current stream (0 is the legacy default stream, which StepGraph's
+            # non-blocking streams do not wait for): synchronized before the wrap.
             stream = torch.cuda.current_stream(obj.device).cuda_stream
         return as_dtype(obj.dtype), tuple(obj.shape), tuple(obj.stride()), obj.data_ptr(), stream, obj.is_contiguous()
     if device == "cuda":

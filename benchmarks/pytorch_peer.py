@@ -6,10 +6,11 @@
 
 The step (as StepGraph's TrainStep): x [tokens, hidden] bf16 -> N residual
 blocks h = h + MLP(LayerNorm(h)) with MLP = Linear+bias -> GeLU(tanh) ->
-Linear+bias (MoE blocks: top-k softmax router, permute, torch._grouped_mm
-over device offsets, GeLU, torch._grouped_mm, unpermute weighted by the
-gates) -> final LayerNorm -> head Linear without bias -> softmax
-cross-entropy (mean, on fp32 logits) -> backward -> AdamW. Parameters are
+Linear+bias; MoE blocks as MoEMLP: router Linear without bias, top-k
+softmax gates renormalized over the k, stable permutation by expert,
+torch._grouped_mm over device offsets + expert bias, GeLU, again + bias,
+unpermute weighted by the gates) -> final LayerNorm -> head Linear without
+bias -> softmax cross-entropy (mean, on fp32 logits) -> backward -> AdamW. Parameters are
 fp32 masters that the forward casts to bf16 (so gradients and AdamW are
 fp32, as in StepGraph, where the optimizer refreshes a bf16 copy instead).
 
@@ -137,7 +138,9 @@ def make_params(c, seed):
         if is_moe_block(c, block):
             p["router"] = uniform((e, h), 1 / math.sqrt(h), g)
             p["w1"] = uniform((e, f, h), 1 / math.sqrt(h), g)  # [E, out, in] as GroupedLinear
+            p["b1"] = uniform((e, f), 1 / math.sqrt(h), g)
             p["w2"] = uniform((e, h, f), 1 / math.sqrt(f), g)
+            p["b2"] = uniform((e, h), 1 / math.sqrt(f), g)
         else:
             p["w1"] = uniform((f, h), 1 / math.sqrt(h), g)
             p["b1"] = uniform((f,), 1 / math.sqrt(h), g)
@@ -178,9 +181,12 @@ def moe_mlp(p, n, topk):
     counts = torch.zeros(experts, dtype=torch.int64, device=n.device).scatter_add_(0, flat, torch.ones_like(flat))
     offsets = torch.cumsum(counts, 0).to(torch.int32)  # end of each expert's rows
     positions = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=n.device))
+    row_expert = torch.index_select(flat, 0, order)  # each row's expert, for the biases
     x_perm = torch.index_select(n, 0, order // topk)
-    a = F.gelu(torch._grouped_mm(x_perm, bf(p["w1"]).transpose(-2, -1), offs=offsets), approximate="tanh")
+    pre = torch._grouped_mm(x_perm, bf(p["w1"]).transpose(-2, -1), offs=offsets)
+    a = F.gelu(pre + torch.index_select(bf(p["b1"]), 0, row_expert), approximate="tanh")
     y_perm = torch._grouped_mm(a, bf(p["w2"]).transpose(-2, -1), offs=offsets)
+    y_perm = y_perm + torch.index_select(bf(p["b2"]), 0, row_expert)
     y = torch.index_select(y_perm, 0, positions).view(tokens, topk, -1)
     return (y * gates.unsqueeze(-1).to(y.dtype)).sum(dim=1)
 

@@ -112,6 +112,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   }
   ctx.synchronize();
   step.check_labels(ctx);
+  model.check_errors(ctx);  // MoE routing error words
 
   std::vector<double> samples;
   samples.reserve(static_cast<std::size_t>(options.steps));

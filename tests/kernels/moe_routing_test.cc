@@ -267,7 +267,7 @@ void check_case_on_gpu(const Case& c, std::mt19937& rng) {
   d_gates.poison();
   launch_router_topk(rdesc, d_logits.get(), d_experts.as<std::int32_t>(), d_gates.as<float>(), stream.get());
   ASSERT_EQ(host_of<std::int32_t>(d_experts, n), want_experts);
-  EXPECT_LE(relative_error(host_of<float>(d_gates, n), want_gates), 1e-5);
+  EXPECT_LE(relative_error(host_of<float>(d_gates, n), want_gates), 1e-4);
 
   // Router backward.
   const HostArray dg = testing::random_array(DType::kFloat32, n, rng);
@@ -331,7 +331,7 @@ void check_case_on_gpu(const Case& c, std::mt19937& rng) {
                                 d_dy_perm.get(), d_dgates.as<float>(), stream.get());
   EXPECT_LE(relative_error(d_dy_perm.download(c.dtype, n * H).to_floats(), want_dy_perm.to_floats()),
             tolerance_for(c.dtype));
-  EXPECT_LE(relative_error(host_of<float>(d_dgates, n), want_dgates), 1e-5);
+  EXPECT_LE(relative_error(host_of<float>(d_dgates, n), want_dgates), 1e-4);
 }
 
 TEST(MoERoutingCudaTest, EveryKernelMatchesTheHostReference) {

@@ -213,3 +213,13 @@ def test_peer_refuses_bad_lists():
     with pytest.raises(SystemExit):
         pytorch_peer.parse_list("small,small", list(pytorch_peer.CONFIGS), "config")
     assert pytorch_peer.parse_list("large,small", list(pytorch_peer.CONFIGS), "config") == ["large", "small"]
+
+
+def test_peer_starts_no_system_after_its_budget():
+    out = pytorch_peer.run_config("small", ["eager", "compile"], steps=1, warmup=1, deadline=0.0)
+    assert [s["status"] for s in out["systems"]] == ["not_run", "not_run"]
+    assert out["status"] == "failed" and out["reason"] == "no system ran"
+    assert "budget" in out["systems"][0]["reason"]
+    configs, _ = report.merge(ours(), {"benchmark": "training_step", "source": "pytorch", "configs": [out]})
+    rows = {(r[0], r[1]): r for r in report.table_rows(configs)}
+    assert rows[("small", "pytorch_eager")][2].startswith("not_run: the --budget-s time was spent")

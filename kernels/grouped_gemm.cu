@@ -12,107 +12,22 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_common.cuh"
 #include "kernels/tile/group_schedule.cuh"
 #include "kernels/tile/mma_pipeline.cuh"
 
 namespace stepgraph::kernels {
 namespace {
 
+using namespace grouped;  // NOLINT(google-build-using-namespace): this file implements them
 using tile::MmaConfig;
-
-struct Problem {
-  const void* x = nullptr;
-  const void* w = nullptr;
-  const void* dy = nullptr;
-  const void* bias = nullptr;
-  const std::int32_t* offsets = nullptr;
-  void* out = nullptr;
-  int tokens = 0;
-  int experts = 0;
-  int n = 0;
-  int k = 0;
-  bool accumulate = false;
-};
-
-// The product a group of `kind` computes, in C[m, n] = sum_k A[m, k] B[n, k]
-// terms: its extents, its operands' layouts and where its output lives.
-template <GroupedGemmKind kKind>
-struct GroupShape {
-  // Tokens run along m for kForward/kDgrad and along the reduction for kWgrad.
-  static constexpr bool kTokensAlongM = kKind != GroupedGemmKind::kWgrad;
-  static constexpr bool kAKMajor = kKind != GroupedGemmKind::kWgrad;  // dy^T is m-major
-  static constexpr bool kBKMajor = kKind == GroupedGemmKind::kForward;
-
-  int m;      // rows of C
-  int cols;   // columns of C
-  int depth;  // reduction length
-  std::int64_t ldc;
-
-  __device__ __host__ static GroupShape of(const Problem& p, int count) {
-    switch (kKind) {
-      case GroupedGemmKind::kForward: return {count, p.n, p.k, p.n};
-      case GroupedGemmKind::kDgrad: return {count, p.k, p.n, p.k};
-      case GroupedGemmKind::kWgrad: return {p.n, p.k, count, p.k};
-    }
-    return {};
-  }
-  // Columns of the token-major output (y or dx), for rows outside every group.
-  __device__ __host__ static int output_cols(const Problem& p) {
-    return kKind == GroupedGemmKind::kForward ? p.n : p.k;
-  }
-};
-
-// Pointer arithmetic on type-erased operands.
-template <typename T>
-__device__ __forceinline__ const T* at(const void* base, std::int64_t element) {
-  return static_cast<const T*>(base) + element;
-}
-
-template <typename T>
-__device__ __forceinline__ float as_float(T value) {
-  if constexpr (std::is_same_v<T, float>) {
-    return value;
-  } else {
-    return __bfloat162float(value);
-  }
-}
-
-template <typename Out>
-__device__ __forceinline__ void store_pair(Out* p, float v0, float v1) {
-  if constexpr (std::is_same_v<Out, float>) {
-    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
-  } else {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
-  }
-}
-
-template <typename Out>
-__device__ __forceinline__ Out from_float(float v) {
-  if constexpr (std::is_same_v<Out, float>) {
-    return v;
-  } else {
-    return __float2bfloat16_rn(v);
-  }
-}
-
-// Zeros the rows of the token-major output outside [offs[0], offs[E]).
-template <typename Out>
-__device__ void zero_rows_outside_groups(const int* offs, int experts, int tokens, int cols, Out* out) {
-  const std::int64_t below = offs[0];
-  const std::int64_t above = offs[experts];
-  const std::int64_t count = (below + tokens - above) * cols;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    std::int64_t row = i / cols;
-    if (row >= below) row += above - below;
-    out[row * cols + i % cols] = from_float<Out>(0.0f);
-  }
-}
 
 // The global operands of group e (rows [start, start + count) of the tokens).
 template <GroupedGemmKind kKind>
@@ -155,9 +70,10 @@ __global__ void __launch_bounds__(MmaConfig::kThreads, 1) grouped_gemm_mma_kerne
     const int e = tile::group_of_tile(tile_start, p.experts, t);
     const int start = offs[e];
     const Shape s = Shape::of(p, offs[e + 1] - start);
-    const int local = t - tile_start[e];
-    const int m0 = local / tiles_n * MmaConfig::kM;
-    const int n0 = local % tiles_n * MmaConfig::kN;
+    const tile::TileMN mn = tile::band_raster(t - tile_start[e], (s.m + MmaConfig::kM - 1) / MmaConfig::kM, tiles_n,
+                                              /*band=*/8);
+    const int m0 = mn.m * MmaConfig::kM;
+    const int n0 = mn.n * MmaConfig::kN;
     tile::GlobalOperand a;
     tile::GlobalOperand b;
     group_operands<kKind>(p, e, start, s, a, b);
@@ -302,12 +218,23 @@ void launch_simple(const Problem& p, cudaStream_t stream) {
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
+// The forward runs on wgmma + TMA unless SG_GROUPED_GEMM_FORWARD=mma_sync
+// (read at every launch, so tests and benchmarks can compare both paths).
+bool forward_on_wgmma() {
+  const char* path = std::getenv("SG_GROUPED_GEMM_FORWARD");
+  if (path == nullptr || std::string_view(path) == "wgmma") return true;
+  SG_CHECK(std::string_view(path) == "mma_sync", "SG_GROUPED_GEMM_FORWARD must be wgmma or mma_sync, got '", path, "'");
+  return false;
+}
+
 template <GroupedGemmKind kKind>
 void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream) {
   const bool bf16_out = d.out_type == DType::kBFloat16;
   if (d.in_type == DType::kBFloat16) {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {
       launch_mma<kKind, float>(p, stream);
+    } else if (kKind == GroupedGemmKind::kForward && forward_on_wgmma()) {
+      bf16_out ? launch_forward_wgmma<__nv_bfloat16>(p, stream) : launch_forward_wgmma<float>(p, stream);
     } else {
       bf16_out ? launch_mma<kKind, __nv_bfloat16>(p, stream) : launch_mma<kKind, float>(p, stream);
     }

@@ -60,4 +60,20 @@ __device__ __forceinline__ int group_of_tile(const int* tile_start, int experts,
   return lo;
 }
 
+// The local-th tile of a group of m_tiles x n_tiles output tiles, ordered in
+// bands of `band` m-tiles with the n-tiles outer inside a band: the blocks
+// running at once then cover a band x (blocks / band) patch, so they share
+// both the operand rows of the band and the weight columns through L2 (a plain
+// row-major order would stream a weight matrix larger than L2 once per m-tile).
+struct TileMN {
+  int m;
+  int n;
+};
+__device__ __forceinline__ TileMN band_raster(int local, int m_tiles, int n_tiles, int band) {
+  const int first = local / (band * n_tiles) * band;
+  const int in_band = local - first * n_tiles;
+  const int rows = m_tiles - first < band ? m_tiles - first : band;
+  return {first + in_band % rows, in_band / rows};
+}
+
 }  // namespace stepgraph::kernels::tile

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -418,9 +419,26 @@ TEST(GroupedGemmCudaTest, MatchesHostReferenceOnEverySplit) {
   for_each_case(/*tokens=*/700, /*experts=*/6, /*n=*/200, /*k=*/264, rng, [&](Case& c) {
     EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
   });
+  for_each_case(/*tokens=*/1500, /*experts=*/4, /*n=*/520, /*k=*/136, rng, [&](Case& c) {
+    if (c.desc.kind != GroupedGemmKind::kForward) return;  // more than one 256-column tile
+    EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
+  });
   for_each_case(/*tokens=*/45, /*experts=*/4, /*n=*/16, /*k=*/8, rng, [&](Case& c) {
     EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
   });
+}
+
+// The forward's other path (mma.sync, as dgrad and wgrad use) on the same cases.
+TEST(GroupedGemmCudaTest, ForwardOnMmaSyncMatchesHostReference) {
+  SG_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(std::random_device{}());
+  Stream stream;
+  ASSERT_EQ(setenv("SG_GROUPED_GEMM_FORWARD", "mma_sync", 1), 0);
+  for_each_case(/*tokens=*/700, /*experts=*/6, /*n=*/200, /*k=*/264, rng, [&](Case& c) {
+    if (c.desc.kind != GroupedGemmKind::kForward) return;
+    EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
+  });
+  ASSERT_EQ(unsetenv("SG_GROUPED_GEMM_FORWARD"), 0);
 }
 
 TEST(GroupedGemmCudaTest, BiasGradMatchesHostReference) {

@@ -1,0 +1,109 @@
+// Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_wgmma.cu):
+// the problem a launch describes, the per-kind shape of a group's product,
+// element conversions and the zeroing of rows outside every group.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/grouped_gemm.h"
+
+namespace stepgraph::kernels::grouped {
+
+struct Problem {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* dy = nullptr;
+  const void* bias = nullptr;
+  const std::int32_t* offsets = nullptr;
+  void* out = nullptr;
+  int tokens = 0;
+  int experts = 0;
+  int n = 0;
+  int k = 0;
+  bool accumulate = false;
+};
+
+// The product a group of `kind` computes, in C[m, n] = sum_k A[m, k] B[n, k]
+// terms: its extents, its operands' layouts and where its output lives.
+template <GroupedGemmKind kKind>
+struct GroupShape {
+  // Tokens run along m for kForward/kDgrad and along the reduction for kWgrad.
+  static constexpr bool kTokensAlongM = kKind != GroupedGemmKind::kWgrad;
+  static constexpr bool kAKMajor = kKind != GroupedGemmKind::kWgrad;  // dy^T is m-major
+  static constexpr bool kBKMajor = kKind == GroupedGemmKind::kForward;
+
+  int m;      // rows of C
+  int cols;   // columns of C
+  int depth;  // reduction length
+  std::int64_t ldc;
+
+  __device__ __host__ static GroupShape of(const Problem& p, int count) {
+    switch (kKind) {
+      case GroupedGemmKind::kForward: return {count, p.n, p.k, p.n};
+      case GroupedGemmKind::kDgrad: return {count, p.k, p.n, p.k};
+      case GroupedGemmKind::kWgrad: return {p.n, p.k, count, p.k};
+    }
+    return {};
+  }
+  // Columns of the token-major output (y or dx), for rows outside every group.
+  __device__ __host__ static int output_cols(const Problem& p) {
+    return kKind == GroupedGemmKind::kForward ? p.n : p.k;
+  }
+};
+
+// Pointer arithmetic on type-erased operands.
+template <typename T>
+__device__ __forceinline__ const T* at(const void* base, std::int64_t element) {
+  return static_cast<const T*>(base) + element;
+}
+
+template <typename T>
+__device__ __forceinline__ float as_float(T value) {
+  if constexpr (std::is_same_v<T, float>) {
+    return value;
+  } else {
+    return __bfloat162float(value);
+  }
+}
+
+template <typename Out>
+__device__ __forceinline__ void store_pair(Out* p, float v0, float v1) {
+  if constexpr (std::is_same_v<Out, float>) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+  }
+}
+
+template <typename Out>
+__device__ __forceinline__ Out from_float(float v) {
+  if constexpr (std::is_same_v<Out, float>) {
+    return v;
+  } else {
+    return __float2bfloat16_rn(v);
+  }
+}
+
+// Zeros the rows of the token-major output outside [offs[0], offs[E]).
+template <typename Out>
+__device__ void zero_rows_outside_groups(const int* offs, int experts, int tokens, int cols, Out* out) {
+  const std::int64_t below = offs[0];
+  const std::int64_t above = offs[experts];
+  const std::int64_t count = (below + tokens - above) * cols;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    std::int64_t row = i / cols;
+    if (row >= below) row += above - below;
+    out[row * cols + i % cols] = from_float<Out>(0.0f);
+  }
+}
+
+// The forward on wgmma + TMA (grouped_gemm_wgmma.cu); bf16 x and w, Out bf16 or float.
+template <typename Out>
+void launch_forward_wgmma(const Problem& p, cudaStream_t stream);
+
+}  // namespace stepgraph::kernels::grouped

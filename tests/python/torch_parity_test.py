@@ -8,10 +8,10 @@ Needs torch and a CUDA device; skips saying which is missing. Runs under pytest
 or as a plain script: `python3 torch_parity_test.py` (exit status 1 on failure).
 """
 
-import sys
 import unittest
 
 import stepgraph as sg
+from gpu_support import require_cuda, require_torch, run_as_script
 
 TOKENS, HIDDEN, FFN = 128, 256, 1024
 EPS = 1e-5
@@ -25,17 +25,9 @@ MAX_ABS_FRACTION = 6e-2  # largest |ours - torch| over the largest |torch|
 
 
 def requirements():
-    """(torch, context) or unittest.SkipTest naming what is missing."""
-    try:
-        import torch
-    except ImportError as error:
-        raise unittest.SkipTest(f"torch is not installed: {error}")
-    if not torch.cuda.is_available():
-        raise unittest.SkipTest("torch sees no CUDA device")
-    count, reason = sg.cuda_device_count()
-    if count == 0:
-        raise unittest.SkipTest(f"StepGraph sees no CUDA device: {reason}")
-    return torch, sg.Context("cuda")
+    """(torch, cuda context), or a skip naming what is missing."""
+    torch = require_torch()
+    return torch, require_cuda()
 
 
 def compare(what, ours, reference, rel_l2_bound):
@@ -157,20 +149,4 @@ def test_cupy_array_is_wrapped_through_cuda_array_interface():
 
 
 if __name__ == "__main__":
-    failed = 0
-    tests = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("test_") and callable(fn)]
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    for name, fn in tests:
-        try:
-            fn()
-        except unittest.SkipTest as skip:
-            counts["skipped"] += 1
-            print(f"SKIP {name}: {skip}")
-        except Exception as error:  # noqa: BLE001 - report every failure, then exit 1
-            counts["failed"] += 1
-            print(f"FAIL {name}: {type(error).__name__}: {error}")
-        else:
-            counts["passed"] += 1
-            print(f"PASS {name}")
-    print(f"torch_parity_test: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
-    sys.exit(1 if counts["failed"] else 0)
+    run_as_script(globals(), "torch_parity_test")

@@ -15,14 +15,14 @@ struct Defaults {
   double lr;
   const char* dtype;
 };
-constexpr Defaults kHostDefaults{.steps = 600,
+constexpr Defaults kHostDefaults{.steps = 1000,
                                  .layers = 2,
                                  .hidden = 64,
                                  .ffn = 128,
-                                 .batch = 128,
-                                 .context = 4,
+                                 .batch = 256,
+                                 .context = 2,
                                  .log_every = 50,
-                                 .vocab = 16,
+                                 .vocab = 8,
                                  .order = 2,
                                  .lr = 3e-3,
                                  .dtype = "fp32"};
@@ -31,9 +31,9 @@ constexpr Defaults kCudaDefaults{.steps = 2000,
                                  .hidden = 512,
                                  .ffn = 2048,
                                  .batch = 1024,
-                                 .context = 8,
+                                 .context = 4,
                                  .log_every = 100,
-                                 .vocab = 16,
+                                 .vocab = 8,
                                  .order = 2,
                                  .lr = 1e-3,
                                  .dtype = "bf16"};

@@ -6,9 +6,13 @@
 //
 // Note [Trainer defaults]
 // The defaults are chosen so the default run's loss comes within 0.05 nats of
-// the Markov source's entropy rate: on the host a small model that gets
-// there in under two minutes on two cores, on cuda a larger one with a larger
-// batch. trainer/README.md records the measured runs.
+// the Markov source's entropy rate. Data on both devices: order 2 over 8
+// tokens (64 states; entropy rate 1.2469 nats/token at seed 1). Host: a small
+// fp32 model (2 blocks, hidden 64, ffn 128, context 2 = the order, batch 256,
+// lr 3e-3, 1000 steps) that gets there in a few hundred steps and well under
+// two minutes on two cores. cuda: bf16 like the benchmarks, 4 blocks of
+// hidden 512 / ffn 2048, context 4, batch 1024, lr 1e-3, 2000 steps.
+// trainer/README.md records the measured runs.
 #pragma once
 
 #include <cstdint>

@@ -12,9 +12,7 @@
 
 using stepgraph::Context;
 using stepgraph::Device;
-using stepgraph::ErrorCode;
 using stepgraph::Shape;
-using stepgraph::Tensor;
 using stepgraph::TensorMeta;
 using stepgraph::capi::copy_string;
 using stepgraph::capi::require;

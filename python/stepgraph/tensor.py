@@ -96,8 +96,8 @@ class Tensor:
     # --- zero-copy views -------------------------------------------------------
 
     def _interface(self, type_string):
-        strides = None
-        return {"shape": self.shape, "typestr": type_string, "data": (self.data_ptr, False), "strides": strides,
+        # Always dense row-major: strides None.
+        return {"shape": self.shape, "typestr": type_string, "data": (self.data_ptr, False), "strides": None,
                 "version": 3}
 
     @property

@@ -78,6 +78,7 @@ int run(const Options& options) {
   run_options.device = device;
   run_options.steps = options.steps;
   run_options.warmup = options.warmup;
+  check_run_options(run_options);
 
   nlohmann::json result = {
       {"benchmark", "training_step"},

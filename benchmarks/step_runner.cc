@@ -48,12 +48,6 @@ std::int64_t device_used_bytes() {
   return static_cast<std::int64_t>(memory.total_bytes - memory.free_bytes);
 }
 
-void check_options(const StepRunOptions& options) {
-  SG_CHECK(options.steps >= 1, "--steps must be >= 1, got ", options.steps);
-  SG_CHECK(options.warmup >= 1, "--warmup must be >= 1 (the first steps check the losses), got ", options.warmup);
-  SG_CHECK(options.loss_check_steps >= 1, "loss_check_steps must be >= 1, got ", options.loss_check_steps);
-}
-
 nlohmann::json system_json(const std::string& name, const StepConfig& config, const ModeResult& r,
                            const ModeResult& eager) {
   const double median_s = r.step_us.median_us * 1e-6;
@@ -78,8 +72,14 @@ nlohmann::json system_json(const std::string& name, const StepConfig& config, co
 
 }  // namespace
 
+void check_run_options(const StepRunOptions& options) {
+  SG_CHECK(options.steps >= 1, "--steps must be >= 1, got ", options.steps);
+  SG_CHECK(options.warmup >= 1, "--warmup must be >= 1 (the first steps check the losses), got ", options.warmup);
+  SG_CHECK(options.loss_check_steps >= 1, "loss_check_steps must be >= 1, got ", options.loss_check_steps);
+}
+
 ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOptions& options) {
-  check_options(options);
+  check_run_options(options);
   const bool cuda = options.device == Device::kCuda;
   const std::int64_t used_before = cuda ? device_used_bytes() : 0;
   ModeResult r;

@@ -66,6 +66,9 @@ struct ModeResult {
   double capture_wall_ms = 0;  // the whole CapturedStep::capture call
 };
 
+// Error (kInvalidArgument) naming the flag when `options` are out of range.
+void check_run_options(const StepRunOptions& options);
+
 // Throws stepgraph::Error on bad options or when the config cannot run
 // (e.g. kUnsupported while MoE blocks do not exist).
 ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOptions& options);

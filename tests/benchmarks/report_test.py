@@ -223,3 +223,19 @@ def test_peer_starts_no_system_after_its_budget():
     configs, _ = report.merge(ours(), {"benchmark": "training_step", "source": "pytorch", "configs": [out]})
     rows = {(r[0], r[1]): r for r in report.table_rows(configs)}
     assert rows[("small", "pytorch_eager")][2].startswith("not_run: the --budget-s time was spent")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--device", "host", "--configs", "small"], "runs only the smoke config 'tiny'"),
+        (["--device", "tpu", "--configs", "tiny"], "--device must be cuda or host"),
+        (["--device", "host", "--configs", "tiny,,small"], "empty name"),
+        (["--device", "host", "--configs", "tiny", "--steps", "0"], "--steps must be >= 1"),
+    ],
+)
+def test_step_bench_refuses_bad_flags_clearly(flags, message):
+    binary = os.path.join(HERE, "benchmarks", "step_bench")
+    done = subprocess.run([binary, *flags], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert message in done.stderr

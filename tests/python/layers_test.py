@@ -157,3 +157,13 @@ def test_bf16_layernorm_mlp_runs_on_host_close_to_fp32(ctx):
     y32 = fp32(ctx.from_numpy(x)).to_float32()
     y16 = bf16(ctx.from_numpy(x, dtype="bf16")).to_float32()
     assert_close(y16, y32, 5e-2, 5e-2, "bf16 y against fp32 y")
+
+
+def test_memory_counts_created_tensors_but_not_wrapped_ones(ctx):
+    before = ctx.memory()["persistent_bytes"]
+    kept = ctx.tensor((16, 16), "float32")
+    assert ctx.memory()["persistent_bytes"] == before + 1024
+    wrapped = ctx.wrap(np.zeros((16, 16), np.float32))
+    assert ctx.memory()["persistent_bytes"] == before + 1024, "the caller's memory is not StepGraph's"
+    del kept, wrapped
+    assert ctx.memory()["persistent_bytes"] == before

@@ -26,11 +26,11 @@ int main(int argc, char** argv) {
     const trainer::DeviceChoice choice = trainer::choose_device(*parsed.options);
     if (!choice.note.empty()) std::cout << choice.note << "\n";
     const trainer::TrainerOptions options = trainer::resolve_defaults(*parsed.options, choice.device);
-    if (choice.device == stepgraph::Device::kCuda) {
-      std::cout << "device: " << stepgraph::describe(stepgraph::device_properties(0)) << "\n";
-    } else {
-      std::cout << "device: host\n";
-    }
+    // --device cuda without a GPU is an Error with the reason.
+    const std::string description = choice.device == stepgraph::Device::kCuda
+                                        ? stepgraph::describe(stepgraph::device_properties(0))
+                                        : std::string("host");
+    std::cout << "device: " << description << "\n";
     trainer::train(options, choice.device, std::cout);
     return EXIT_SUCCESS;
   } catch (const stepgraph::Error& error) {

@@ -84,7 +84,7 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
     parsed.message = app.help();
     return parsed;
   } catch (const CLI::ParseError& error) {
-    parsed.exit_code = error.get_exit_code() == 0 ? 2 : error.get_exit_code();
+    parsed.exit_code = 2;  // a usage error, like every bad flag value (main's convention)
     parsed.message = std::string("trainer: ") + error.what() + "\nRun with --help for the flags.";
     return parsed;
   }

@@ -83,11 +83,11 @@ def table_rows(configs):
         names = [s for s in SYSTEM_ORDER if s in systems] + sorted(set(systems) - set(SYSTEM_ORDER))
         for note in c["notes"]:  # a whole file's config not run or failed
             source, _, text = note.partition(": ")
-            rows.append([c["name"], source, text[:160]] + ["-"] * 6)
+            rows.append([c["name"], source, text[:160]] + ["-"] * 7)
         for name in names:
             s = systems[name]
             if not ok(s):
-                rows.append([c["name"], name, f"{s.get('status')}: {str(s.get('reason'))[:120]}"] + ["-"] * 6)
+                rows.append([c["name"], name, f"{s.get('status')}: {str(s.get('reason'))[:120]}"] + ["-"] * 7)
                 continue
             t = s["step_us"]
             speedup = f"{median_us(base) / median_us(s):.2f}x" if ok(base) else "-"
@@ -103,6 +103,7 @@ def table_rows(configs):
                     f"{100 * s['mfu']:.1f}%",
                     f"{fmt_bytes(s.get('peak_bytes'))} / {fmt_bytes(s.get('device_used_delta_bytes'))}",
                     pool,
+                    f"{s['pipelined_step_us'] / 1000:.3f}" if "pipelined_step_us" in s else "-",
                 ]
             )
     return rows
@@ -118,6 +119,7 @@ HEADER = [
     "MFU",
     "peak memory (tensors / device delta)",
     "pool / lower bound",
+    "pipelined step ms",
 ]
 
 

@@ -55,6 +55,7 @@ nlohmann::json system_json(const std::string& name, const StepConfig& config, co
   nlohmann::json out = {
       {"system", name},
       {"status", "ok"},
+      {"reason", nullptr},
       {"step_us", to_json(r.step_us)},
       {"pipelined_step_us", r.pipelined_step_us},
       {"tokens_per_s", static_cast<double>(config.tokens) / median_s},
@@ -214,9 +215,10 @@ nlohmann::json run_config(const StepConfig& config, const StepRunOptions& option
     const ModeResult eager = run_mode(config, StepMode::kEager, options);
     const ModeResult graph = run_mode(config, StepMode::kGraph, options);
     return config_json(config, eager, graph);
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {
+    const auto* engine_error = dynamic_cast<const Error*>(&error);
     nlohmann::json out = config_header_json(config);
-    out["status"] = error.code() == ErrorCode::kUnsupported ? "not_run" : "failed";
+    out["status"] = engine_error && engine_error->code() == ErrorCode::kUnsupported ? "not_run" : "failed";
     out["reason"] = error.what();
     out["systems"] = nlohmann::json::array();
     return out;

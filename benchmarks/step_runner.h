@@ -73,9 +73,10 @@ void check_run_options(const StepRunOptions& options);
 // (e.g. kUnsupported while MoE blocks do not exist).
 ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOptions& options);
 
-// Primes (see StepRunOptions::prime), runs both modes and returns the config's JSON object; an Error becomes
-// "status": "not_run" (kUnsupported) or "failed", with its message as
-// "reason", so one config cannot stop the others.
+// Primes (see StepRunOptions::prime), runs both modes and returns the
+// config's JSON object; an exception becomes "status": "not_run" (an Error
+// of kUnsupported) or "failed", with its message as "reason", so one config
+// cannot stop the others.
 nlohmann::json run_config(const StepConfig& config, const StepRunOptions& options);
 
 // The JSON of one config from measured results (also for tests).

@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # Builds what the GPU machines run into gpu_bundle/ (git-ignored): one
-# statically linked test binary per test package with GPU tests, the trainer,
-# the benchmarks, the Python package, the result counter and run.sh.
+# statically linked test binary per test package with GPU tests, the trainer
+# and its checks, the benchmarks (C++ and the PyTorch peers), the Python
+# package with libstepgraph_c.so and its tests, the result counter and run.sh;
+# then packs it into gpu_bundle_packed/bundle.tar.xz, which is what travels.
 #
 #   tools/gpu_bundle.sh            # build here, on the machine with Bazel
-#   # then, through the device tool, with gpu_bundle in carry:
-#   gpu_bundle/run.sh "$OUT"       # tests, trainer, benchmarks; one summary line
-#   gpu_bundle/run.sh "$OUT" --sanitize   # also memcheck and racecheck on the tests
+#   # then, through the device tool, with gpu_bundle_packed in carry:
+#   tar -xJf gpu_bundle_packed/bundle.tar.xz -C /tmp && /tmp/gpu_bundle/run.sh "$OUT" [--sanitize]
 #
 # Binaries are stripped and only cudart, cuBLASLt, NCCL and the C/C++ runtime
-# are loaded from the system there. The bundle must stay well under the 64 MiB
-# that may travel to the GPU machine; this script fails above 48 MiB.
+# are loaded from the system there. Every binary carries the compiled kernels
+# (about 10 MB each), so the folder is larger than the 64 MiB that may travel;
+# packed it must stay under 48 MiB, or this script fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bundle=gpu_bundle
+packed=gpu_bundle_packed
 limit_bytes=$((48 * 1024 * 1024))
 
 test_targets=$(./bazelw query 'attr(tags, "gpu_bundle", kind("cc_test", //...))' 2>/dev/null)
 binary_targets=$(./bazelw query 'kind("cc_binary", //trainer/... + //benchmarks/... + //tools/demo/...)' 2>/dev/null)
 echo "gpu_bundle: building $(echo $test_targets | wc -w) test binaries and $(echo $binary_targets | wc -w) programs" >&2
 # shellcheck disable=SC2086
-./bazelw build --config=bundle $test_targets $binary_targets
+./bazelw build --config=bundle $test_targets $binary_targets //engine/capi:libstepgraph_c.so
 
 rm -rf "$bundle"
 mkdir -p "$bundle/tests" "$bundle/bin" "$bundle/python"
@@ -36,13 +39,22 @@ for label in $binary_targets; do
   install -m 0755 "bazel-bin/$package/$name" "$bundle/bin/$name"
 done
 cp -r python/stepgraph "$bundle/python/"
-find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
+install -m 0755 bazel-bin/engine/capi/libstepgraph_c.so "$bundle/python/stepgraph/"
+mkdir -p "$bundle/python_tests" "$bundle/benchmarks"
+cp tests/python/*.py python/README.md "$bundle/python_tests/"
+cp benchmarks/*.py "$bundle/benchmarks/"
+find "$bundle" -name __pycache__ -prune -exec rm -rf {} +
 install -m 0755 tools/count_test_results.py "$bundle/count_test_results.py"
+install -m 0755 tools/trainer_checks.sh "$bundle/trainer_checks.sh"
 install -m 0755 tools/gpu_run.sh "$bundle/run.sh"
 
-size=$(du -sb "$bundle" | cut -f1)
-echo "gpu_bundle: $(du -sh "$bundle" | cut -f1) in $bundle/ ($(find "$bundle" -type f | wc -l) files)" >&2
+rm -rf "$packed"
+mkdir -p "$packed"
+tar -cJf "$packed/bundle.tar.xz" "$bundle"
+size=$(du -sb "$packed" | cut -f1)
+echo "gpu_bundle: $(du -sh "$bundle" | cut -f1) in $bundle/ ($(find "$bundle" -type f | wc -l) files)," \
+  "packed $(du -sh "$packed" | cut -f1) in $packed/bundle.tar.xz" >&2
 if [ "$size" -gt "$limit_bytes" ]; then
-  echo "gpu_bundle: larger than 48 MiB; the device tool carries at most 64 MiB. Merge or shrink binaries." >&2
+  echo "gpu_bundle: packed larger than 48 MiB; the device tool carries at most 64 MiB. Merge or shrink binaries." >&2
   exit 1
 fi

@@ -1,75 +1,134 @@
 #!/usr/bin/env bash
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
-# machine, writes logs and JSON into OUT_DIR, prints one summary line last.
+# machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks]
 #
-# OUT_DIR receives at most 8 files (the device tool brings back no more):
-#   summary.txt tests.log programs.log sanitizer.log and the benchmarks JSON
+# Every log and JSON is written into OUT_DIR/results/ as it is made; at the
+# end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
+# tool brings back at most 8 files), leaving it and summary.txt:
+#   summary.txt                  the summary line and the sanitizer totals
+#   tests.log, pytest.log        GoogleTest binaries; the Python binding's tests
+#   programs.log                 the trainer runs and the demo
+#   benchmarks.log               every benchmark's output; *.json their results
+#   sanitizer.log                with --sanitize: memcheck and racecheck
+# Stages default to all of them.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: run.sh OUT_DIR [--sanitize]}
-sanitize=${2:-}
-mkdir -p "$out"
+out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks]}
+shift
+sanitize=no
+stages=tests,python,programs,benchmarks
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) sanitize=yes ;;
+    --stages) stages=${2:?--stages needs a list}; shift ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+results="$out/results"
+mkdir -p "$results"
 work=$(mktemp -d)
 export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
+export STEPGRAPH_LIBRARY="$here/python/stepgraph/libstepgraph_c.so"
+export PYTHONUNBUFFERED=1
+wants() { case ",$stages," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/summary.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$results/summary.txt"
 
-# 1. Tests: each bundled binary, results as XML, all output in one log.
-: >"$out/tests.log"
-for binary in "$here"/tests/*; do
-  name=$(basename "$binary")
-  echo "=== $name" >>"$out/tests.log"
-  "$binary" --gtest_output="xml:$work/$name.xml" >>"$out/tests.log" 2>&1
-  echo "=== $name exit $?" >>"$out/tests.log"
-done
-test_line=$(python3 "$here/count_test_results.py" --quiet-skips "$work"/*.xml | tee -a "$out/tests.log" | tail -n 1)
-
-# 2. Programs: the trainer and the benchmarks.
-programs_failed=0
-: >"$out/programs.log"
-run_program() {
-  echo "=== $*" >>"$out/programs.log"
-  "$@" >>"$out/programs.log" 2>&1
+# Runs a command, appending its output to a log; counts a failure.
+failed_steps=0
+step() {
+  local log=$1
+  shift
+  echo "=== $*" >>"$results/$log"
+  local start=$SECONDS
+  "$@" >>"$results/$log" 2>&1
   local status=$?
-  echo "=== exit $status" >>"$out/programs.log"
-  [ "$status" -eq 0 ] || programs_failed=$((programs_failed + 1))
+  echo "=== exit $status ($((SECONDS - start)) s)" >>"$results/$log"
+  if [ "$status" -ne 0 ]; then
+    failed_steps=$((failed_steps + 1))
+    echo "FAILED ($log): $*" | tee -a "$results/summary.txt"
+  fi
+  return "$status"
 }
-run_program "$here/bin/trainer" --device cuda
-run_program "$here/bin/launch_overhead" --out "$out/launch_overhead.json"
-run_program "$here/bin/capture_demo" --device cuda --replays 10
-run_program "$here/bin/gemm_bench" --out "$out/gemm_bench.json"
-run_program "$here/bin/memory_bound_bench" --out "$out/memory_bound.json"
 
-# 3. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
+# 1. GoogleTest binaries, results as XML.
+test_line="tests not run"
+if wants tests; then
+  : >"$results/tests.log"
+  for binary in "$here"/tests/*; do
+    name=$(basename "$binary")
+    echo "=== $name" >>"$results/tests.log"
+    "$binary" --gtest_output="xml:$work/$name.xml" >>"$results/tests.log" 2>&1
+    echo "=== $name exit $?" >>"$results/tests.log"
+  done
+fi
+
+# 2. The Python binding's tests (pytest), on this GPU and against torch.
+if wants python; then
+  : >"$results/pytest.log"
+  (cd "$here/python_tests" && STEPGRAPH_README="$here/python_tests/README.md" \
+    python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$work/pytest.xml" .) >>"$results/pytest.log" 2>&1
+  echo "=== pytest exit $?" >>"$results/pytest.log"
+fi
+if wants tests || wants python; then
+  test_line=$(python3 "$here/count_test_results.py" --quiet-skips "$work"/*.xml | tee -a "$results/tests.log" | tail -n 1)
+fi
+
+# 3. Programs: the trainer's checks and the capture demo.
+if wants programs; then
+  : >"$results/programs.log"
+  step programs.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/trainer"
+  step programs.log "$here/bin/capture_demo" --device cuda --replays 10
+fi
+
+# 4. Benchmarks, each writing JSON beside its log.
+if wants benchmarks; then
+  : >"$results/benchmarks.log"
+  step benchmarks.log "$here/bin/launch_overhead" --out "$results/launch_overhead.json"
+  step benchmarks.log "$here/bin/gemm_bench" --out "$results/gemm_bench.json"
+  step benchmarks.log "$here/bin/memory_bound_bench" --out "$results/memory_bound.json"
+  step benchmarks.log "$here/bin/grouped_gemm_bench" --out "$results/grouped_gemm.json"
+  step benchmarks.log python3 "$here/benchmarks/grouped_gemm_peer.py" --out "$results/grouped_gemm_peer.json"
+  step benchmarks.log "$here/bin/moe_layer_bench" --out "$results/moe_layer.json"
+  step benchmarks.log "$here/bin/step_bench" --out "$results/step_bench.json"
+  step benchmarks.log python3 "$here/benchmarks/pytorch_peer.py" --out "$results/pytorch_peer.json"
+  step benchmarks.log python3 "$here/benchmarks/report.py" "$results/step_bench.json" "$results/pytorch_peer.json" \
+    --markdown "$results/step_report.md" --plot "$results/step_report.png"
+fi
+
+# 5. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
 # API errors are not reported: every CUDA call's status is already checked by
 # SG_CUDA_CHECK, and the negative tests provoke some on purpose (an unjoined
 # capture, timing untimed events); the sanitizer's job here is kernel memory.
 sanitizer_line="sanitizer not run"
-if [ "$sanitize" = "--sanitize" ]; then
+if [ "$sanitize" = yes ]; then
   sanitizer_errors=0
-  : >"$out/sanitizer.log"
+  : >"$results/sanitizer.log"
   for tool in memcheck racecheck; do
     for binary in "$here"/tests/*; do
-      echo "=== $tool $(basename "$binary")" >>"$out/sanitizer.log"
+      echo "=== $tool $(basename "$binary")" >>"$results/sanitizer.log"
       # racecheck looks at shared memory inside kernels; under it the thousand
       # graph replays take minutes and add nothing memcheck has not covered.
       filter=()
-      [ "$tool" = racecheck ] && filter=(--gtest_filter='-*ThousandReplays*')
+      [ "$tool" = racecheck ] && filter=(--gtest_filter='-*ThousandReplays*:*HundredReplays*')
       compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 "$binary" "${filter[@]}" \
-        >>"$out/sanitizer.log" 2>&1
+        >>"$results/sanitizer.log" 2>&1
       status=$?
-      echo "=== exit $status" >>"$out/sanitizer.log"
+      echo "=== exit $status" >>"$results/sanitizer.log"
       [ "$status" -eq 0 ] || sanitizer_errors=$((sanitizer_errors + 1))
     done
   done
   sanitizer_line="sanitizer: $sanitizer_errors failing run(s)"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log" | sort | uniq -c >>"$out/summary.txt"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$results/sanitizer.log" | sort | uniq -c >>"$results/summary.txt"
 fi
 
-summary="gpu bundle: tests $test_line; programs: $programs_failed failed; $sanitizer_line"
-echo "$summary" | tee -a "$out/summary.txt"
+summary="gpu bundle: tests $test_line; steps: $failed_steps failed; $sanitizer_line"
+echo "$summary" | tee -a "$results/summary.txt"
+cp "$results/summary.txt" "$out/summary.txt"
+tar -czf "$out/results.tar.gz" -C "$out" results && rm -rf "$results"
 rm -rf "$work"
-case "$test_line" in *" 0 failed"*) ;; *) exit 1 ;; esac
-[ "$programs_failed" -eq 0 ] || exit 1
+case "$test_line" in *" 0 failed"* | "tests not run") ;; *) exit 1 ;; esac
+[ "$failed_steps" -eq 0 ] || exit 1

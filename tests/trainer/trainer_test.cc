@@ -15,6 +15,7 @@
 #include "engine/error.h"
 #include "tests/support/gpu.h"
 #include "trainer/options.h"
+#include "trainer/token_file.h"
 #include "trainer/train_loop.h"
 
 namespace stepgraph::trainer {
@@ -151,6 +152,26 @@ TEST(TrainerHostTest, ResumingWithAnotherConfigurationOrNoFileIsAClearError) {
   o.hidden = 32;
   o.steps = 3;
   expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kInvalidArgument, "nothing to resume");
+}
+
+TEST(TrainerHostTest, TrainsOnATokenFileWhoseVocabularyIsNotAMultipleOfEight) {
+  // A repeating 0 1 2 3 4 pattern over 5 tokens: the next token is determined,
+  // so the loss must fall well below log 5; the LM head is 8 wide.
+  std::vector<std::int32_t> tokens(4000);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i % 5);
+  const std::filesystem::path path = temp_path("pattern.tokens");
+  write_token_file(path, 5, tokens);
+  TrainerOptions o;
+  o.data = path.string();
+  o.steps = 60;
+  o.batch = 32;
+  o.lr = 1e-2;
+  o = resolve_defaults(o, Device::kHost);
+  std::ostringstream log;
+  const TrainResult result = train(o, Device::kHost, log);
+  EXPECT_FALSE(result.entropy_rate.has_value());
+  EXPECT_NE(log.str().find("vocab 8"), std::string::npos) << log.str();
+  EXPECT_LT(result.losses.back(), 0.5) << log.str();
 }
 
 ParsedCommandLine parse(std::vector<std::string> args) { return parse_command_line(args); }

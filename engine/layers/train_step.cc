@@ -26,6 +26,7 @@ void TrainStep::check_labels(Context& ctx) const {
   const std::int32_t flag = ctx.to_vector<std::int32_t>(error_flag_).at(0);
   SG_CHECK(flag == 0, "a training label was outside [0, ", model_.config().vocab,
            "): the cross-entropy of those tokens is undefined; check the data");
+  model_.check_errors(ctx);  // MoE blocks: routing and split-size error words
 }
 
 }  // namespace stepgraph

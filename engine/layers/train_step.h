@@ -23,8 +23,9 @@ class TrainStep {
 
   const Tensor& inputs() const { return x_; }
   const Tensor& labels() const { return labels_; }
-  // Error if any label so far was outside [0, vocab) (reads the device flag
-  // once: call it after a step, never inside one).
+  // Error if any label so far was outside [0, vocab), or an MoE block's
+  // routing or split sizes were bad (reads the device flags once: call it
+  // after a step, never inside one).
   void check_labels(Context& ctx) const;
 
  private:

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -69,6 +70,19 @@ TEST(TrainerHostTest, EagerAndGraphLossesAreEqualOverTwentySteps) { expect_eager
 TEST(TrainerCudaTest, EagerAndGraphLossesAreEqualOverTwentySteps) {
   SG_SKIP_WITHOUT_GPU();
   expect_eager_equals_graph(Device::kCuda);
+}
+
+// The default cuda run (./bazelw run //trainer on a GPU machine) reaches the
+// entropy rate + kFloorMargin, like the host's (trainer_default_run_test).
+TEST(TrainerCudaTest, CudaDefaultsReachTheEntropyRate) {
+  SG_SKIP_WITHOUT_GPU();
+  const TrainerOptions o = resolve_defaults(TrainerOptions{}, Device::kCuda);
+  std::ostringstream log;
+  const TrainResult result = train(o, Device::kCuda, log);
+  std::cout << log.str();
+  ASSERT_TRUE(result.entropy_rate.has_value());
+  EXPECT_LE(result.final_mean_loss, *result.entropy_rate + kFloorMargin) << log.str();
+  EXPECT_TRUE(result.floor_step.has_value()) << log.str();
 }
 
 TEST(TrainerHostTest, LogHasStepLinesAndASummary) {

@@ -112,10 +112,13 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)});
   TokenTrainStep step(ctx, model, optimizer, o.batch);
   const RunConfig run = run_config(o, *data);
+  const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
+                                                      config.model.moe_every, o.experts, o.topk)
+                                        : std::string();
   out << fmt::format(
-      "model: {} blocks, hidden {}, ffn {}, vocab {}, context {} (embedding width {}), {}, batch {}, lr {}; "
+      "model: {} blocks{}, hidden {}, ffn {}, vocab {}, context {} (embedding width {}), {}, batch {}, lr {}; "
       "device {}, mode {}\n",
-      o.layers, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
+      o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
       device_name(device), o.mode);
 
   std::int64_t done = 0;

@@ -50,6 +50,10 @@ class LanguageModel {
   // Writes every parameter gradient.
   void backward(Context& ctx, const Saved& saved, const Tensor& dlogits) const;
 
+  // Errors the blocks raise on the device (MoE routing and split sizes): an
+  // Error after the step, like Model::check_errors.
+  void check_errors(Context& ctx) const { model_.check_errors(ctx); }
+
   const LanguageModelConfig& config() const { return config_; }
   // The embedding table first, then Model's parameters in its order.
   std::vector<Parameter*> parameters();

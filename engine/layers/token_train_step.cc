@@ -29,6 +29,7 @@ void TokenTrainStep::check_inputs(Context& ctx) const {
            "): its embedding does not exist; check the data and --data's vocabulary against the model");
   SG_CHECK(ctx.to_vector<std::int32_t>(label_error_).at(0) == 0, "a training label was outside [0, ", vocab,
            "): the cross-entropy of those tokens is undefined; check the data");
+  model_.check_errors(ctx);  // MoE blocks: routing and split-size error words
 }
 
 }  // namespace stepgraph

@@ -31,8 +31,9 @@ class TokenTrainStep {
   const Tensor& tokens() const { return tokens_; }
   const Tensor& labels() const { return labels_; }
   std::int64_t batch() const { return tokens_.shape().dim(0); }
-  // Error if any token or label so far was outside [0, vocab) (reads the
-  // device flags: call it after a step, never inside one).
+  // Error if any token or label so far was outside [0, vocab), or a block
+  // raised an error word (reads device flags: call it after a step, never
+  // inside one).
   void check_inputs(Context& ctx) const;
 
  private:

@@ -53,8 +53,9 @@ void expect_same_losses(const std::vector<float>& got, const std::vector<float>&
 
 std::filesystem::path temp_path(const std::string& name) { return std::filesystem::path(::testing::TempDir()) / name; }
 
-void expect_eager_equals_graph(Device device) {
+void expect_eager_equals_graph(Device device, std::int64_t experts = 0) {
   TrainerOptions o = small_options(device);
+  o.experts = experts;
   std::ostringstream log;
   o.mode = "eager";
   const TrainResult eager = train(o, device, log);
@@ -66,6 +67,13 @@ void expect_eager_equals_graph(Device device) {
 }
 
 TEST(TrainerHostTest, EagerAndGraphLossesAreEqualOverTwentySteps) { expect_eager_equals_graph(Device::kHost); }
+
+TEST(TrainerHostTest, MoeEagerAndGraphLossesAreEqualOverTwentySteps) { expect_eager_equals_graph(Device::kHost, 4); }
+
+TEST(TrainerCudaTest, MoeEagerAndGraphLossesAreEqualOverTwentySteps) {
+  SG_SKIP_WITHOUT_GPU();
+  expect_eager_equals_graph(Device::kCuda, 4);
+}
 
 TEST(TrainerCudaTest, EagerAndGraphLossesAreEqualOverTwentySteps) {
   SG_SKIP_WITHOUT_GPU();

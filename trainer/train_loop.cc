@@ -9,6 +9,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "engine/context.h"
 #include "engine/error.h"
@@ -130,8 +131,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
     done = progress.step;
     out << fmt::format("resumed from {} at step {}\n", o.checkpoint, done);
   }
-  auto save = [&](std::int64_t steps_done) {
-    write_checkpoint(o.checkpoint, save_state(ctx, model, optimizer, run, {steps_done, data->position()}));
+  auto save = [&](std::int64_t steps_done, std::uint64_t data_position) {
+    write_checkpoint(o.checkpoint, save_state(ctx, model, optimizer, run, {steps_done, data_position}));
   };
 
   std::shared_ptr<CapturedStep> graph;
@@ -146,7 +147,15 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
         graph->program().instructions().size());
   }
 
+  // Note [Drawing the next batch during the step]
+  // The next step's batch is drawn on the host while the device runs this
+  // step (launches and replays return at once on cuda), so tokens/s measures
+  // the step rather than the sampler. `position` is the data position after
+  // the batch of the step in flight: what a checkpoint after it records.
   Batch batch;
+  Batch next_batch;
+  data->next_batch(o.batch, o.context, batch);
+  std::uint64_t position = data->position();
   ProgressLine progress;
   std::deque<float> window;
   double window_sum = 0;
@@ -156,7 +165,6 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
   result.first_step = done + 1;
   for (std::int64_t s = done + 1; s <= o.steps; ++s) {
     const auto start = Clock::now();
-    data->next_batch(o.batch, o.context, batch);
     ctx.copy_from_host(step.tokens(), batch.windows.data(), batch.windows.size() * sizeof(std::int32_t));
     ctx.copy_from_host(step.labels(), batch.labels.data(), batch.labels.size() * sizeof(std::int32_t));
     Tensor loss_tensor;
@@ -165,6 +173,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
       loss_tensor = graph->outputs()[0];
     } else {
       loss_tensor = step(ctx)[0];
+    }
+    std::uint64_t next_position = position;
+    if (s < o.steps) {
+      data->next_batch(o.batch, o.context, next_batch);
+      next_position = data->position();
     }
     const float loss = ctx.to_vector<float>(loss_tensor).at(0);
     step.check_inputs(ctx);
@@ -197,11 +210,13 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
     } else {
       progress.show(s, o.steps, loss);
     }
-    if (!o.checkpoint.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) save(s);
+    if (!o.checkpoint.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) save(s, position);
+    std::swap(batch, next_batch);
+    position = next_position;
   }
   progress.clear();
   if (!o.checkpoint.empty()) {
-    save(o.steps);
+    save(o.steps, position);
     out << "checkpoint: " << o.checkpoint << " at step " << o.steps << "\n";
   }
 

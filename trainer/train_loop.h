@@ -5,8 +5,9 @@
 //   step 50 loss 2.3456 tokens/s 123456 step_ms 1.23
 //
 // tokens/s counts predicted tokens (one per example: batch per step); the
-// time of a step is the wall time from drawing its batch to its loss and
-// input checks on the host (every step reads both back).
+// time of a step is the wall time from copying its batch in to reading its
+// loss and input checks back (every step reads both), with the next batch
+// drawn meanwhile (Note [Drawing the next batch during the step]).
 #pragma once
 
 #include <cstdint>

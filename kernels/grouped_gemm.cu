@@ -218,13 +218,26 @@ void launch_simple(const Problem& p, cudaStream_t stream) {
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
-// The forward runs on wgmma + TMA unless SG_GROUPED_GEMM_FORWARD=mma_sync
-// (read at every launch, so tests and benchmarks can compare both paths).
-bool forward_on_wgmma() {
-  const char* path = std::getenv("SG_GROUPED_GEMM_FORWARD");
-  if (path == nullptr || std::string_view(path) == "wgmma") return true;
-  SG_CHECK(std::string_view(path) == "mma_sync", "SG_GROUPED_GEMM_FORWARD must be wgmma or mma_sync, got '", path, "'");
-  return false;
+// The kernel of the forward and of dgrad: wgmma + TMA, one block per SM
+// (default); SG_GROUPED_GEMM_PATH = wgmma_pair_m | wgmma_pair_n runs it in
+// clusters of 2 blocks sharing a TMA box (correct, but slower on the H100 in
+// the run of benchmarks/README.md), mma_sync the kernel wgrad uses. Read at
+// every launch, so tests and benchmarks can compare the paths.
+struct WgmmaPath {
+  bool wgmma = true;
+  WgmmaCluster cluster = WgmmaCluster::kNone;
+};
+
+WgmmaPath wgmma_path() {
+  const char* path = std::getenv("SG_GROUPED_GEMM_PATH");
+  if (path == nullptr) return {};
+  const std::string_view name(path);
+  if (name == "wgmma_pair_m") return {true, WgmmaCluster::kPairM};
+  if (name == "wgmma_pair_n") return {true, WgmmaCluster::kPairN};
+  if (name == "wgmma") return {true, WgmmaCluster::kNone};
+  SG_CHECK(name == "mma_sync", "SG_GROUPED_GEMM_PATH must be wgmma_pair_m, wgmma_pair_n, wgmma or mma_sync, got '",
+           path, "'");
+  return {false, WgmmaCluster::kNone};
 }
 
 template <GroupedGemmKind kKind>
@@ -233,8 +246,10 @@ void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream
   if (d.in_type == DType::kBFloat16) {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {
       launch_mma<kKind, float>(p, stream);
-    } else if (kKind == GroupedGemmKind::kForward && forward_on_wgmma()) {
-      bf16_out ? launch_forward_wgmma<__nv_bfloat16>(p, stream) : launch_forward_wgmma<float>(p, stream);
+    } else if (wgmma_path().wgmma) {
+      const WgmmaCluster cluster = wgmma_path().cluster;
+      bf16_out ? launch_grouped_wgmma<kKind, __nv_bfloat16>(p, cluster, stream)
+               : launch_grouped_wgmma<kKind, float>(p, cluster, stream);
     } else {
       bf16_out ? launch_mma<kKind, __nv_bfloat16>(p, stream) : launch_mma<kKind, float>(p, stream);
     }

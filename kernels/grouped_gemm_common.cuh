@@ -102,8 +102,13 @@ __device__ void zero_rows_outside_groups(const int* offs, int experts, int token
   }
 }
 
-// The forward on wgmma + TMA (grouped_gemm_wgmma.cu); bf16 x and w, Out bf16 or float.
-template <typename Out>
-void launch_forward_wgmma(const Problem& p, cudaStream_t stream);
+// How the wgmma kernel's blocks pair up in clusters of 2 that share a TMA
+// box (see grouped_gemm_wgmma.cu): not at all (the default), adjacent m-tiles
+// (sharing w) or adjacent n-tiles (sharing x / dy).
+enum class WgmmaCluster { kNone, kPairM, kPairN };
+
+// The forward or dgrad on wgmma + TMA (grouped_gemm_wgmma.cu); bf16 inputs, Out bf16 or float.
+template <GroupedGemmKind kKind, typename Out>
+void launch_grouped_wgmma(const Problem& p, WgmmaCluster cluster, cudaStream_t stream);
 
 }  // namespace stepgraph::kernels::grouped

@@ -68,6 +68,62 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, s
       : "memory");
 }
 
+// A 3-D box at (inner, middle, outer); out-of-bounds elements zero-filled.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
+                                            int middle, int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
+          "r"(smem_address(dst)),
+      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(middle), "r"(outer)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
+                                                      int middle, int outer, std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(smem_address(dst)),
+      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(middle), "r"(outer), "h"(cta_mask)
+      : "memory");
+}
+
+// The same load, written at the same shared offset of every block of the
+// cluster in `cta_mask`, completing bytes on the barrier at `bar`'s offset in each.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
+                                                      int outer, std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;\n" ::"r"(smem_address(dst)),
+      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(outer), "h"(cta_mask)
+      : "memory");
+}
+
+// --- clusters -------------------------------------------------------------------
+
+__device__ __forceinline__ std::uint32_t cluster_rank() {
+  std::uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every block of the cluster; orders shared memory writes
+// (barrier initialisation included) before the peers' later accesses.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Arrives on the barrier at `bar`'s offset in block `cta` of the cluster.
+__device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, std::uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(cta)
+      : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
@@ -84,6 +140,19 @@ __device__ __forceinline__ std::uint64_t wgmma_descriptor(const void* tile) {
   return desc;
 }
 
+// Descriptor of an MN-major operand: [k][64] bf16 blocks of 64 MN elements
+// (128-byte rows, 128-byte swizzle, 1024-byte aligned), `block_bytes` apart
+// along MN; with the transpose bit the leading byte offset steps along MN and
+// the stride byte offset along K (8 k-rows, 1024 bytes).
+__device__ __forceinline__ std::uint64_t wgmma_descriptor_mn_major(const void* tile, std::uint32_t block_bytes) {
+  const std::uint64_t address = smem_address(tile);
+  std::uint64_t desc = (address & 0x3FFFF) >> 4;
+  desc |= std::uint64_t{(block_bytes >> 4) & 0x3FFF} << 16;
+  desc |= std::uint64_t{1024 >> 4} << 32;
+  desc |= std::uint64_t{1} << 62;
+  return desc;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -95,6 +164,8 @@ __device__ __forceinline__ void wgmma_wait() {
 // ignores d's old value. d: the warpgroup's 64 x 256 fp32 accumulators, 128
 // per thread: d[j] is row (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2),
 // column (j / 4) * 8 + (lane % 4) * 2 + j % 2.
+// kTransB: B is N-major (wgmma_descriptor_mn_major) instead of K-major.
+template <bool kTransB = false>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
                                                  int scale_d) {
   asm volatile(
@@ -108,7 +179,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], std::uint64_t 
       "%68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, "
       "%90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "
       "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, 0, 0;\n"
+      "%128, %129, p, 1, 1, 0, %131;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
@@ -126,7 +197,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], std::uint64_t 
         "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
         "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
         "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));
 }
 
 }  // namespace stepgraph::kernels::tile

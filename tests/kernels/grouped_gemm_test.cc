@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -419,7 +420,7 @@ TEST(GroupedGemmCudaTest, MatchesHostReferenceOnEverySplit) {
   for_each_case(/*tokens=*/700, /*experts=*/6, /*n=*/200, /*k=*/264, rng, [&](Case& c) {
     EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
   });
-  for_each_case(/*tokens=*/1500, /*experts=*/4, /*n=*/520, /*k=*/136, rng, [&](Case& c) {
+  for_each_case(/*tokens=*/1500, /*experts=*/4, /*n=*/520, /*k=*/72, rng, [&](Case& c) {
     if (c.desc.kind != GroupedGemmKind::kForward) return;  // more than one 256-column tile
     EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
   });
@@ -428,17 +429,32 @@ TEST(GroupedGemmCudaTest, MatchesHostReferenceOnEverySplit) {
   });
 }
 
-// The forward's other path (mma.sync, as dgrad and wgrad use) on the same cases.
-TEST(GroupedGemmCudaTest, ForwardOnMmaSyncMatchesHostReference) {
+// Every kernel path of the forward and dgrad (SG_GROUPED_GEMM_PATH), on
+// ragged splits, a partial last n-tile, and an odd number of n-tiles (a pair
+// of blocks along n with its second tile past the output's columns).
+TEST(GroupedGemmCudaTest, EveryForwardAndDgradPathMatchesHostReference) {
   SG_SKIP_WITHOUT_GPU();
   std::mt19937 rng(std::random_device{}());
   Stream stream;
-  ASSERT_EQ(setenv("SG_GROUPED_GEMM_FORWARD", "mma_sync", 1), 0);
-  for_each_case(/*tokens=*/700, /*experts=*/6, /*n=*/200, /*k=*/264, rng, [&](Case& c) {
-    if (c.desc.kind != GroupedGemmKind::kForward) return;
-    EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
-  });
-  ASSERT_EQ(unsetenv("SG_GROUPED_GEMM_FORWARD"), 0);
+  // The cases and their host references once; every path against them.
+  std::vector<Case> cases;
+  std::vector<std::vector<float>> want;
+  for (auto [tokens, experts, n, k] :
+       {std::array<std::int64_t, 4>{700, 6, 200, 264}, {600, 4, 520, 72}, {300, 3, 136, 520}}) {
+    for_each_case(tokens, experts, n, k, rng, [&](Case& c) {
+      if (c.desc.kind == GroupedGemmKind::kWgrad) return;
+      want.push_back(run_host(c));
+      cases.push_back(std::move(c));
+    });
+  }
+  for (const char* path : {"mma_sync", "wgmma", "wgmma_pair_m", "wgmma_pair_n"}) {
+    ASSERT_EQ(setenv("SG_GROUPED_GEMM_PATH", path, 1), 0);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_LE(relative_error(run_cuda(cases[i], stream.get()), want[i]), cuda_tolerance(cases[i].desc))
+          << path << " " << cases[i].desc.to_string();
+    }
+  }
+  ASSERT_EQ(unsetenv("SG_GROUPED_GEMM_PATH"), 0);
 }
 
 TEST(GroupedGemmCudaTest, BiasGradMatchesHostReference) {

@@ -1,13 +1,16 @@
-// Grouped GEMM kernels (contract in grouped_gemm.h).
+// Grouped GEMM kernels (contract in grouped_gemm.h): the launchers, the
+// mma.sync kernel, the simple fp32 kernel and the bias gradient.
 //
-// bf16 inputs take the tensor-core kernel: a persistent grid of at most one
+// bf16 inputs take a tensor-core kernel: a persistent grid of at most one
 // block per SM walks a tile schedule over (group, m-tile, n-tile) that every
-// block builds in shared memory from the device offsets; each tile runs the
-// shared cp.async + ldmatrix + mma.sync main loop (kernels/tile/mma_pipeline.cuh)
-// with the operand layouts of its kind, then writes its fp32 accumulators
-// through the kind's epilogue. fp32 inputs take a simple one-thread-per-output
-// kernel over the same clamped offsets. The grid size depends only on
-// (T, E, N, K, SM count).
+// block builds in shared memory from the device offsets. The forward and
+// dgrad run on wgmma + TMA (grouped_gemm_wgmma.cu); wgrad, whose reduction runs
+// over each group's ragged token range, runs the shared cp.async + ldmatrix +
+// mma.sync main loop (kernels/tile/mma_pipeline.cuh) with the operand layouts
+// of its kind, then writes its fp32 accumulators through the kind's epilogue
+// (the forward and dgrad can take it too, see wgmma_path()). fp32 inputs take
+// a simple one-thread-per-output kernel over the same clamped offsets. The
+// grid size depends only on (T, E, N, K, SM count).
 #include <cuda_bf16.h>
 
 #include <algorithm>

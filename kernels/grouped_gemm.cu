@@ -221,26 +221,42 @@ void launch_simple(const Problem& p, cudaStream_t stream) {
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
-// The kernel of the forward and of dgrad: wgmma + TMA, one block per SM
-// (default); SG_GROUPED_GEMM_PATH = wgmma_pair_m | wgmma_pair_n runs it in
-// clusters of 2 blocks sharing a TMA box (correct, but slower on the H100 in
-// the run of benchmarks/README.md), mma_sync the kernel wgrad uses. Read at
-// every launch, so tests and benchmarks can compare the paths.
+// The kernel of the forward and of dgrad, picked by SG_GROUPED_GEMM_PATH
+// (read at every launch, so tests and benchmarks can compare the paths):
+//   wgmma (default)   wgmma + TMA, one block per SM, two warpgroups on one
+//                     128 x 256 tile, the loads issued by a consumer thread;
+//   wgmma_pair_m / wgmma_pair_n  that kernel in clusters of 2 blocks sharing
+//                     a TMA box (correct, slower on the H100);
+//   wgmma_pingpong    warp-specialised: a producer warpgroup and two consumer
+//                     warpgroups on their own 128 x 128 tiles, in turn;
+//   wgmma_coop        warp-specialised, both consumers on one 128 x 256 tile;
+//   wgmma_pingpong_pair / wgmma_coop_pair  those in clusters of 2 blocks
+//                     (adjacent m-tiles) sharing the w box by multicast;
+//   mma_sync          the Ampere-style kernel wgrad uses.
+enum class ForwardKernel { kWgmma, kWarpSpecialised, kMmaSync };
 struct WgmmaPath {
-  bool wgmma = true;
+  ForwardKernel kernel = ForwardKernel::kWgmma;
   WgmmaCluster cluster = WgmmaCluster::kNone;
+  WsSchedule schedule = WsSchedule::kPingPong;
 };
 
 WgmmaPath wgmma_path() {
   const char* path = std::getenv("SG_GROUPED_GEMM_PATH");
   if (path == nullptr) return {};
   const std::string_view name(path);
-  if (name == "wgmma_pair_m") return {true, WgmmaCluster::kPairM};
-  if (name == "wgmma_pair_n") return {true, WgmmaCluster::kPairN};
-  if (name == "wgmma") return {true, WgmmaCluster::kNone};
-  SG_CHECK(name == "mma_sync", "SG_GROUPED_GEMM_PATH must be wgmma_pair_m, wgmma_pair_n, wgmma or mma_sync, got '",
+  using enum ForwardKernel;
+  if (name == "wgmma") return {kWgmma, WgmmaCluster::kNone};
+  if (name == "wgmma_pair_m") return {kWgmma, WgmmaCluster::kPairM};
+  if (name == "wgmma_pair_n") return {kWgmma, WgmmaCluster::kPairN};
+  if (name == "wgmma_pingpong") return {kWarpSpecialised, WgmmaCluster::kNone, WsSchedule::kPingPong};
+  if (name == "wgmma_pingpong_pair") return {kWarpSpecialised, WgmmaCluster::kPairM, WsSchedule::kPingPong};
+  if (name == "wgmma_coop") return {kWarpSpecialised, WgmmaCluster::kNone, WsSchedule::kCooperative};
+  if (name == "wgmma_coop_pair") return {kWarpSpecialised, WgmmaCluster::kPairM, WsSchedule::kCooperative};
+  SG_CHECK(name == "mma_sync",
+           "SG_GROUPED_GEMM_PATH must be wgmma, wgmma_pair_m, wgmma_pair_n, wgmma_pingpong, wgmma_pingpong_pair, "
+           "wgmma_coop, wgmma_coop_pair or mma_sync, got '",
            path, "'");
-  return {false, WgmmaCluster::kNone};
+  return {kMmaSync, WgmmaCluster::kNone};
 }
 
 template <GroupedGemmKind kKind>
@@ -249,10 +265,12 @@ void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream
   if (d.in_type == DType::kBFloat16) {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {
       launch_mma<kKind, float>(p, stream);
-    } else if (wgmma_path().wgmma) {
-      const WgmmaCluster cluster = wgmma_path().cluster;
-      bf16_out ? launch_grouped_wgmma<kKind, __nv_bfloat16>(p, cluster, stream)
-               : launch_grouped_wgmma<kKind, float>(p, cluster, stream);
+    } else if (const WgmmaPath path = wgmma_path(); path.kernel == ForwardKernel::kWgmma) {
+      bf16_out ? launch_grouped_wgmma<kKind, __nv_bfloat16>(p, path.cluster, stream)
+               : launch_grouped_wgmma<kKind, float>(p, path.cluster, stream);
+    } else if (path.kernel == ForwardKernel::kWarpSpecialised) {
+      bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(p, path.schedule, path.cluster, stream)
+               : launch_grouped_ws<kKind, float>(p, path.schedule, path.cluster, stream);
     } else {
       bf16_out ? launch_mma<kKind, __nv_bfloat16>(p, stream) : launch_mma<kKind, float>(p, stream);
     }

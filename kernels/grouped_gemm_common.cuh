@@ -1,11 +1,14 @@
-// Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_wgmma.cu):
+// Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_wgmma.cu,
+// grouped_gemm_ws.cu):
 // the problem a launch describes, the per-kind shape of a group's product,
 // element conversions and the zeroing of rows outside every group.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -110,5 +113,23 @@ enum class WgmmaCluster { kNone, kPairM, kPairN };
 // The forward or dgrad on wgmma + TMA (grouped_gemm_wgmma.cu); bf16 inputs, Out bf16 or float.
 template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_wgmma(const Problem& p, WgmmaCluster cluster, cudaStream_t stream);
+
+// The same, warp-specialised (grouped_gemm_ws.cu): a TMA producer
+// warpgroup and two consumer warpgroups that either take 128 x 128 tiles in
+// turn (ping-pong, the epilogue of one overlapping the other's main loop) or
+// share each 128 x 256 tile (cooperative); kPairM puts blocks in clusters of
+// 2 sharing the w box by TMA multicast (kPairN is not supported).
+enum class WsSchedule { kPingPong, kCooperative };
+template <GroupedGemmKind kKind, typename Out>
+void launch_grouped_ws(const Problem& p, WsSchedule schedule, WgmmaCluster cluster, cudaStream_t stream);
+
+// Host helpers of the wgmma launchers (grouped_gemm_wgmma.cu): a TMA
+// descriptor of a row-major bf16 tensor (dims innermost first; kRank 2 or 3)
+// read in boxes of `box` elements whose innermost extent is 64 (128 bytes,
+// 128-byte swizzled), and the current device's SM count.
+template <int kRank>
+CUtensorMap bf16_tensor_map(const void* base, const std::array<std::int64_t, kRank>& dims,
+                            const std::array<int, kRank>& box);
+int sm_count();
 
 }  // namespace stepgraph::kernels::grouped

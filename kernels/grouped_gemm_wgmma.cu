@@ -33,6 +33,59 @@
 #include "kernels/tile/wgmma_pipeline.cuh"
 
 namespace stepgraph::kernels::grouped {
+
+namespace {
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    SG_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
+    SG_CHECK_CODE(found == cudaDriverEntryPointSuccess && function != nullptr, ErrorCode::kCuda,
+                  "grouped_gemm: the driver has no cuTensorMapEncodeTiled (needs CUDA 12+ drivers)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+}  // namespace
+
+template <int kRank>
+CUtensorMap bf16_tensor_map(const void* base, const std::array<std::int64_t, kRank>& dims,
+                            const std::array<int, kRank>& box) {
+  CUtensorMap map;
+  cuuint64_t global_dims[kRank];
+  cuuint64_t strides[kRank - 1];
+  cuuint32_t box_dims[kRank];
+  cuuint32_t element_strides[kRank];
+  std::uint64_t stride = 2;
+  for (int i = 0; i < kRank; ++i) {
+    global_dims[i] = static_cast<cuuint64_t>(dims[i]);
+    box_dims[i] = static_cast<cuuint32_t>(box[i]);
+    element_strides[i] = 1;
+    if (i + 1 < kRank) strides[i] = stride *= static_cast<std::uint64_t>(dims[i]);
+  }
+  const CUresult result =
+      tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kRank, const_cast<void*>(base), global_dims, strides,
+                           box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SG_CHECK_CODE(result == CUDA_SUCCESS, ErrorCode::kCuda, "grouped_gemm: cuTensorMapEncodeTiled failed (CUresult ",
+                static_cast<int>(result), ") for a rank-", kRank, " bf16 tensor at ", base, " (innermost ", dims[0],
+                ")");
+  return map;
+}
+
+int sm_count() {
+  int device = 0;
+  int count = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+template CUtensorMap bf16_tensor_map<2>(const void*, const std::array<std::int64_t, 2>&, const std::array<int, 2>&);
+template CUtensorMap bf16_tensor_map<3>(const void*, const std::array<std::int64_t, 3>&, const std::array<int, 3>&);
+
 namespace {
 
 struct WgmmaConfig {
@@ -49,13 +102,6 @@ struct WgmmaConfig {
 };
 
 constexpr int kRasterBand = 8;  // m-tiles per band of the tile order (see tile::band_raster)
-
-// Keeps the compiler from moving accumulator reads or writes across the
-// asynchronous wgmma boundaries.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(acc[i])::"memory");
-}
 
 // kCluster = 2: the two blocks of a cluster compute adjacent tiles of one
 // group and share the operand box the two tiles have in common, each loading
@@ -194,7 +240,7 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
     for (int kt = 0; kt < k_tiles; ++kt, ++consumed) {
       const int slot = consumed % C::kStages;
       tile::mbarrier_wait(&full[slot], (consumed / C::kStages) & 1);
-      fence_accumulators(acc);
+      tile::fence_accumulators(acc);
       tile::wgmma_fence();
       const std::uint64_t desc_a = tile::wgmma_descriptor(tile_a(slot) + warpgroup * 64 * 128);
 #pragma unroll
@@ -211,13 +257,13 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
       }
       tile::wgmma_commit();
       tile::wgmma_wait<1>();  // the previous stage's wgmma group is done
-      fence_accumulators(acc);
+      tile::fence_accumulators(acc);
       if (kt > 0 && lane == 0) release(&empty[(consumed - 1) % C::kStages]);
       if (threadIdx.x == 0) produce_until(consumed + C::kStages);
       __syncwarp();  // warp 0 reconverges before the next warpgroup-wide wgmma
     }
     tile::wgmma_wait<0>();
-    fence_accumulators(acc);
+    tile::fence_accumulators(acc);
     if (lane == 0) release(&empty[(consumed - 1) % C::kStages]);
     if (threadIdx.x == 0) produce_until(consumed + C::kStages);  // the next tile loads during the epilogue
     __syncwarp();
@@ -245,54 +291,6 @@ __global__ void __launch_bounds__(WgmmaConfig::kThreads, 1)
   zero_rows_outside_groups(offs, p.experts, p.tokens, cols, out);
   // No block may exit while a peer can still arrive on its barriers.
   if constexpr (kCluster > 1) tile::cluster_sync();
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    SG_CUDA_CHECK(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
-    SG_CHECK_CODE(found == cudaDriverEntryPointSuccess && function != nullptr, ErrorCode::kCuda,
-                  "grouped_gemm: the driver has no cuTensorMapEncodeTiled (needs CUDA 12+ drivers)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encode;
-}
-
-// A row-major bf16 tensor (dims innermost first) read in boxes of `box`
-// elements whose innermost extent is 64 (128 bytes, 128-byte swizzled).
-template <int kRank>
-CUtensorMap bf16_tensor_map(const void* base, const std::array<std::int64_t, kRank>& dims,
-                            const std::array<int, kRank>& box) {
-  CUtensorMap map;
-  cuuint64_t global_dims[kRank];
-  cuuint64_t strides[kRank - 1];
-  cuuint32_t box_dims[kRank];
-  cuuint32_t element_strides[kRank];
-  std::uint64_t stride = 2;
-  for (int i = 0; i < kRank; ++i) {
-    global_dims[i] = static_cast<cuuint64_t>(dims[i]);
-    box_dims[i] = static_cast<cuuint32_t>(box[i]);
-    element_strides[i] = 1;
-    if (i + 1 < kRank) strides[i] = stride *= static_cast<std::uint64_t>(dims[i]);
-  }
-  const CUresult result =
-      tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kRank, const_cast<void*>(base), global_dims, strides,
-                           box_dims, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  SG_CHECK_CODE(result == CUDA_SUCCESS, ErrorCode::kCuda, "grouped_gemm: cuTensorMapEncodeTiled failed (CUresult ",
-                static_cast<int>(result), ") for a rank-", kRank, " bf16 tensor at ", base, " (innermost ", dims[0],
-                ")");
-  return map;
-}
-
-int sm_count() {
-  int device = 0;
-  int count = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
 }
 
 template <GroupedGemmKind kKind, typename Out, int kCluster, bool kAlongN>

@@ -234,7 +234,7 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
 }
 
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
-                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream) {
+                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step) {
   check_adamw_hyper(hyper);
   SG_CHECK(tensor_count >= 0 && total_numel >= 0, "adamw: tensor_count and total_numel must be >= 0, got ",
            tensor_count, " and ", total_numel);
@@ -265,8 +265,10 @@ void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_
         static_cast<const std::byte*>(table_device), step, constants);
     SG_CUDA_CHECK(cudaGetLastError());
   }
-  adamw_advance_step_kernel<<<1, 1, 0, stream>>>(step);
-  SG_CUDA_CHECK(cudaGetLastError());
+  if (advance_step) {
+    adamw_advance_step_kernel<<<1, 1, 0, stream>>>(step);
+    SG_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace stepgraph::kernels

@@ -54,14 +54,17 @@ std::size_t adamw_table_bytes(const std::vector<AdamWTensor>& tensors);
 void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host);
 
 // tensor_count and total_numel (the sum of numel) describe the table and size
-// the grid. The update kernel runs when total_numel > 0; the step always
-// advances.
+// the grid. The update kernel runs when total_numel > 0. The step advances
+// when advance_step is true: a step split into several updates (parameter
+// groups updated as their gradients become final) reads the same counter in
+// each and advances it in the last one.
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
-                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream);
+                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step = true);
 
 namespace host {
-// The same fp32 formula in the same order; advances *step.
-void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step);
+// The same fp32 formula in the same order; advances *step if advance_step.
+void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step,
+           bool advance_step = true);
 }  // namespace host
 
 }  // namespace stepgraph::kernels

@@ -13,7 +13,7 @@
 
 namespace stepgraph::kernels::host {
 
-void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step) {
+void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step, bool advance_step) {
   check_adamw_hyper(hyper);
   SG_CHECK(step != nullptr, "adamw (host): step is null; pass the counter of steps taken (0 before the first)");
   for (std::size_t i = 0; i < tensors.size(); ++i) {  // all checked before anything changes
@@ -47,7 +47,7 @@ void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std
       if (copy != nullptr) copy[i] = float_to_bf16(w);
     }
   }
-  *step = t_step;
+  if (advance_step) *step = t_step;
 }
 
 }  // namespace stepgraph::kernels::host

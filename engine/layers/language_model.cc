@@ -39,9 +39,19 @@ LanguageModel::Forward LanguageModel::forward(Context& ctx, const Tensor& tokens
   return out;
 }
 
-void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlogits) const {
-  const Tensor dx = model_.backward(ctx, saved.model, dlogits);
+std::vector<std::size_t> LanguageModel::parameter_group_sizes() {
+  std::vector<std::size_t> sizes{embedding_.parameters().size()};
+  for (const std::size_t size : model_.parameter_group_sizes()) sizes.push_back(size);
+  return sizes;
+}
+
+void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
+                             const Model::GradientsReady& ready) const {
+  Model::GradientsReady shifted;
+  if (ready) shifted = [&](std::size_t group) { ready(group + 1); };
+  const Tensor dx = model_.backward(ctx, saved.model, dlogits, shifted);
   embedding_.backward(ctx, saved.embedding, {dx});
+  if (ready) ready(0);
 }
 
 }  // namespace stepgraph

@@ -48,7 +48,8 @@ class LanguageModel {
   // outside [0, vocab).
   Forward forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag) const;
   // Writes every parameter gradient.
-  void backward(Context& ctx, const Saved& saved, const Tensor& dlogits) const;
+  // `ready` as in Model::backward, over parameter_group_sizes()' groups.
+  void backward(Context& ctx, const Saved& saved, const Tensor& dlogits, const Model::GradientsReady& ready = {}) const;
 
   // Errors the blocks raise on the device (MoE routing and split sizes): an
   // Error after the step, like Model::check_errors.
@@ -57,6 +58,8 @@ class LanguageModel {
   const LanguageModelConfig& config() const { return config_; }
   // The embedding table first, then Model's parameters in its order.
   std::vector<Parameter*> parameters();
+  // parameters() in consecutive groups: the embedding, then Model's groups.
+  std::vector<std::size_t> parameter_group_sizes();
 
  private:
   LanguageModelConfig config_;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "engine/layers/weight_grad_scope.h"
 #include "engine/ops/activation_ops.h"
 #include "engine/ops/elementwise_ops.h"
 #include "engine/ops/gemm_ops.h"
@@ -62,22 +63,29 @@ LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) c
 }
 
 Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
-  // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB).
-  const Tensor b2_grad =
-      ops::gemm_accumulate_(ctx, w2_.grad, args.dy, saved.act,
-                            {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
-  ops::copy_(ctx, b2_.grad, b2_grad);
+  // The data-gradient chain (dy -> d_pre -> d_normed -> dx) stays on the
+  // current stream; weight and bias gradients go to the weight-gradient
+  // stream (WeightGradScope) and overlap it.
+  {  // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB).
+    WeightGradScope weight_grads(ctx);
+    const Tensor b2_grad =
+        ops::gemm_accumulate_(ctx, w2_.grad, args.dy, saved.act,
+                              {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
+    ops::copy_(ctx, b2_.grad, b2_grad);
+  }
   // d_pre = (dy W2) * gelu'(pre); then fc1: grad_W1 = d_pre^T normed, d_normed = d_pre W1.
   Tensor d_pre;
   if (fused_gelu()) {
     const ops::GemmResult fused = ops::gemm(
         ctx, args.dy, w2_.value, {.epilogue = GemmEpilogue::kDGeluBGrad, .out_dtype = config_.dtype}, {}, saved.pre);
     d_pre = fused.d;
+    WeightGradScope weight_grads(ctx);
     ops::copy_(ctx, b1_.grad, ops::cast(ctx, fused.bias_grad, DType::kFloat32));
     ops::gemm_accumulate_(ctx, w1_.grad, d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
   } else {
     const Tensor d_act = ops::gemm(ctx, args.dy, w2_.value, {.out_dtype = config_.dtype}).d;
     d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
+    WeightGradScope weight_grads(ctx);
     const Tensor b1_grad =
         ops::gemm_accumulate_(ctx, w1_.grad, d_pre, saved.normed,
                               {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});

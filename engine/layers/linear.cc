@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "engine/layers/weight_grad_scope.h"
 #include "engine/ops/elementwise_ops.h"
 #include "engine/ops/gemm_ops.h"
 
@@ -45,7 +46,9 @@ Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
 
 Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   if (saved.wgrad) {
-    // grad_W[out, in] = dy^T x, with grad_b = sum over tokens of dy fused (BGRADB).
+    // grad_W[out, in] = dy^T x, with grad_b = sum over tokens of dy fused
+    // (BGRADB), on the weight-gradient stream.
+    WeightGradScope weight_grads(ctx);
     ops::GemmParams wgrad{.trans_a = true,
                           .epilogue = config_.bias ? GemmEpilogue::kBiasGradOfA : GemmEpilogue::kNone,
                           .out_dtype = DType::kFloat32};

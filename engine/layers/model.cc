@@ -79,13 +79,29 @@ Model::Forward Model::forward(Context& ctx, const Tensor& x) const {
   return out;
 }
 
-Tensor Model::backward(Context& ctx, const Saved& saved, const Tensor& dlogits) const {
+std::vector<std::size_t> Model::parameter_group_sizes() {
+  std::vector<std::size_t> sizes;
+  for (Block& block : blocks_)
+    sizes.push_back((block.moe ? block.moe->parameters() : block.dense->parameters()).size());
+  sizes.push_back(final_norm_->parameters().size());
+  sizes.push_back(head_->parameters().size());
+  return sizes;
+}
+
+Tensor Model::backward(Context& ctx, const Saved& saved, const Tensor& dlogits, const GradientsReady& ready) const {
+  auto done = [&](std::size_t group) {
+    if (ready) ready(group);
+  };
+  const std::size_t head_group = blocks_.size() + 1;
   const Tensor d_normed = head_->backward(ctx, saved.head, {dlogits});
+  done(head_group);
   Tensor dh = final_norm_->backward(ctx, saved.final_norm, {d_normed});
+  done(head_group - 1);
   for (std::size_t i = blocks_.size(); i-- > 0;) {
     const Block& block = blocks_[i];
     const Tensor d_block = block.moe ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(saved.blocks[i]), {dh})
                                      : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(saved.blocks[i]), {dh});
+    done(i);
     dh = ops::residual_add(ctx, dh, d_block);
   }
   return dh;

@@ -5,12 +5,14 @@
 // TrainStep (train_step.h) adds the loss and the optimizer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <variant>
 #include <vector>
 
 #include "engine/context.h"
+#include "engine/layers/gradients_ready.h"
 #include "engine/layers/layernorm_mlp.h"
 #include "engine/layers/linear.h"
 #include "engine/layers/moe_mlp.h"
@@ -54,8 +56,12 @@ class Model {
   Model(Context& ctx, const ModelConfig& config);
 
   Forward forward(Context& ctx, const Tensor& x) const;  // x: [tokens, hidden]
+  // Called during the backward with the index of a parameter group (see
+  // parameter_group_sizes) as soon as that group's gradients are final.
+  using GradientsReady = stepgraph::GradientsReady;
+
   // Writes every parameter gradient; returns d loss / d x.
-  Tensor backward(Context& ctx, const Saved& saved, const Tensor& dlogits) const;
+  Tensor backward(Context& ctx, const Saved& saved, const Tensor& dlogits, const GradientsReady& ready = {}) const;
 
   // Error if an MoE block's routing went wrong in a step since the last
   // check (reads device error words: after a step, never inside one).
@@ -63,6 +69,9 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   std::vector<Parameter*> parameters();
+  // parameters() in consecutive groups: one per block, the final norm, the
+  // head. The backward finishes them in reverse order.
+  std::vector<std::size_t> parameter_group_sizes();
   // Whether block i is an MoE block.
   bool is_moe_block(std::int64_t i) const;
 

@@ -12,14 +12,15 @@ TokenTrainStep::TokenTrainStep(Context& ctx, LanguageModel& model, AdamW& optimi
   labels_ = ctx.persistent("step.labels", {Shape{batch}, DType::kInt32});
   token_error_ = ctx.persistent("step.token_error", {Shape{1}, DType::kInt32});
   label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
+  optimizer.group_for_overlap(ctx, model.parameter_group_sizes());
 }
 
 std::vector<Tensor> TokenTrainStep::operator()(Context& ctx) const {
   LanguageModel::Forward forward = model_.forward(ctx, tokens_, token_error_);
   ops::CrossEntropyResult loss = ops::cross_entropy(ctx, forward.logits, labels_, label_error_);
   loss.loss.set_name("loss");
-  model_.backward(ctx, forward.saved, loss.dlogits);
-  optimizer_.step(ctx);
+  backward_and_update(ctx, optimizer_,
+                      [&](const GradientsReady& ready) { model_.backward(ctx, forward.saved, loss.dlogits, ready); });
   return {loss.loss};
 }
 

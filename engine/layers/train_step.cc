@@ -11,14 +11,15 @@ TrainStep::TrainStep(Context& ctx, Model& model, AdamW& optimizer, std::int64_t 
   x_ = ctx.persistent("step.x", {Shape{tokens, model.config().hidden}, model.config().dtype});
   labels_ = ctx.persistent("step.labels", {Shape{tokens}, DType::kInt32});
   error_flag_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
+  optimizer.group_for_overlap(ctx, model.parameter_group_sizes());
 }
 
 std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
   Model::Forward forward = model_.forward(ctx, x_);
   ops::CrossEntropyResult loss = ops::cross_entropy(ctx, forward.logits, labels_, error_flag_);
   loss.loss.set_name("loss");
-  model_.backward(ctx, forward.saved, loss.dlogits);
-  optimizer_.step(ctx);
+  backward_and_update(ctx, optimizer_,
+                      [&](const GradientsReady& ready) { model_.backward(ctx, forward.saved, loss.dlogits, ready); });
   return {loss.loss};
 }
 

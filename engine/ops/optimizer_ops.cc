@@ -9,14 +9,15 @@ namespace stepgraph::ops {
 bool AdamWParams::operator==(const AdamWParams& other) const {
   return hyper.lr == other.hyper.lr && hyper.beta1 == other.hyper.beta1 && hyper.beta2 == other.hyper.beta2 &&
          hyper.eps == other.hyper.eps && hyper.weight_decay == other.hyper.weight_decay && has_copy == other.has_copy &&
-         total_numel == other.total_numel;
+         total_numel == other.total_numel && advance_step == other.advance_step;
 }
 
 std::string AdamWParams::to_string() const {
-  char text[128];
-  std::snprintf(text, sizeof(text), "lr=%g, betas=(%g, %g), eps=%g, wd=%g, %zu tensors", static_cast<double>(hyper.lr),
-                static_cast<double>(hyper.beta1), static_cast<double>(hyper.beta2), static_cast<double>(hyper.eps),
-                static_cast<double>(hyper.weight_decay), has_copy.size());
+  char text[160];
+  std::snprintf(text, sizeof(text), "lr=%g, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s",
+                static_cast<double>(hyper.lr), static_cast<double>(hyper.beta1), static_cast<double>(hyper.beta2),
+                static_cast<double>(hyper.eps), static_cast<double>(hyper.weight_decay), has_copy.size(),
+                advance_step ? "" : ", step not advanced");
   return text;
 }
 
@@ -59,7 +60,8 @@ std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta
 
 std::vector<int> written(const OpParams& params, std::size_t) {
   const AdamWParams& p = params.as<AdamWParams>();
-  std::vector<int> out{static_cast<int>(kStep)};
+  std::vector<int> out;
+  if (p.advance_step) out.push_back(static_cast<int>(kStep));
   const std::vector<std::size_t> masters = master_indices(p);
   for (std::size_t t = 0; t < masters.size(); ++t) {
     const int m = static_cast<int>(masters[t]);
@@ -92,12 +94,13 @@ const OpDef& adamw_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const AdamWParams& p = params.as<AdamWParams>();
             kernels::launch_adamw(p.hyper, a.inputs[kTable], static_cast<std::int64_t>(p.has_copy.size()),
-                                  p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream);
+                                  p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream, p.advance_step);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const AdamWParams& p = params.as<AdamWParams>();
-            kernels::host::adamw(p.hyper, tensors_of(p, a), static_cast<std::int64_t*>(a.inputs[kStep]));
+            kernels::host::adamw(p.hyper, tensors_of(p, a), static_cast<std::int64_t*>(a.inputs[kStep]),
+                                 p.advance_step);
           },
   };
   return op;

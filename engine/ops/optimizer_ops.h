@@ -17,6 +17,7 @@ struct AdamWParams {
   kernels::AdamWHyper hyper;
   std::vector<bool> has_copy;  // per parameter
   std::int64_t total_numel = 0;
+  bool advance_step = true;  // false: every update of a split step but its last (kernels/adamw.h)
 
   bool operator==(const AdamWParams& other) const;
   std::string to_string() const;

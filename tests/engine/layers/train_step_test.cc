@@ -2,6 +2,8 @@
 // backward, AdamW), run eager and captured as one graph from identical
 // states: the losses must be identical, bit for bit, step after step. On the
 // host everywhere; on CUDA where there is a GPU.
+#include "engine/layers/train_step.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,7 +15,6 @@
 #include "engine/error.h"
 #include "engine/half_precision.h"
 #include "engine/layers/model.h"
-#include "engine/layers/train_step.h"
 #include "graphs/captured_step.h"
 #include "tests/support/gpu.h"
 
@@ -81,7 +82,48 @@ void expect_eager_equals_graph(Device device, int steps) {
   EXPECT_LT(losses.back(), losses.front()) << "training on two fixed batches did not reduce the loss";
 }
 
+// With a side stream the optimizer updates each block as soon as its
+// gradients are final, overlapping the backward (weight gradients and AdamW
+// groups on stream 1); without one, one update follows the backward. Same
+// arithmetic: the losses and the final weights must be identical, and the
+// overlapped version must stay so when captured.
+void expect_overlapped_update_equals_single_update(Device device, int steps) {
+  const ModelConfig config = small_model();
+  Context serial_ctx(device, /*side_streams=*/0);
+  Context overlap_ctx(device, /*side_streams=*/1);
+  Trainer serial(serial_ctx, config);
+  Trainer overlapped(overlap_ctx, config);
+  EXPECT_EQ(serial.optimizer.group_count(), 0u);
+  EXPECT_EQ(overlapped.optimizer.group_count(), static_cast<std::size_t>(config.layers + 2));
+  auto captured = CapturedStep::capture(overlap_ctx, [&] { return overlapped.step(overlap_ctx); },
+                                        {.pool_report_policy = PoolReportPolicy::kError});
+  for (int s = 0; s < steps; ++s) {
+    const auto seed = 200 + static_cast<std::uint32_t>(s);
+    load_batch(serial_ctx, serial.step, seed, config.hidden, config.vocab);
+    load_batch(overlap_ctx, overlapped.step, seed, config.hidden, config.vocab);
+    const float serial_loss = serial_ctx.to_vector<float>(serial.step(serial_ctx)[0]).at(0);
+    captured->replay();
+    const float overlap_loss = overlap_ctx.to_vector<float>(captured->outputs()[0]).at(0);
+    EXPECT_EQ(bits(serial_loss), bits(overlap_loss)) << "step " << s;
+  }
+  EXPECT_EQ(overlapped.optimizer.steps_taken(overlap_ctx), steps);
+  const std::vector<Parameter*> a = serial.model.parameters();
+  const std::vector<Parameter*> b = overlapped.model.parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(serial_ctx.to_vector<float>(a[i]->master), overlap_ctx.to_vector<float>(b[i]->master)) << a[i]->name;
+  }
+}
+
 TEST(TrainStepHostTest, FourBlockModelEagerEqualsGraphForTenSteps) { expect_eager_equals_graph(Device::kHost, 10); }
+
+TEST(TrainStepHostTest, OverlappedUpdateEqualsSingleUpdate) {
+  expect_overlapped_update_equals_single_update(Device::kHost, 4);
+}
+
+TEST(TrainStepCudaTest, OverlappedUpdateEqualsSingleUpdate) {
+  SG_SKIP_WITHOUT_GPU();
+  expect_overlapped_update_equals_single_update(Device::kCuda, 6);
+}
 
 TEST(TrainStepCudaTest, FourBlockModelEagerEqualsGraphForTenSteps) {
   SG_SKIP_WITHOUT_GPU();

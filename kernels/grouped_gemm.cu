@@ -4,7 +4,8 @@
 // bf16 inputs take a tensor-core kernel: a persistent grid of at most one
 // block per SM walks a tile schedule over (group, m-tile, n-tile) that every
 // block builds in shared memory from the device offsets. The forward and
-// dgrad run on wgmma + TMA (grouped_gemm_wgmma.cu); wgrad, whose reduction runs
+// dgrad run on warp-specialised wgmma + TMA (grouped_gemm_ws.cu; the first
+// wgmma kernel, grouped_gemm_wgmma.cu, on request); wgrad, whose reduction runs
 // over each group's ragged token range, runs the shared cp.async + ldmatrix +
 // mma.sync main loop (kernels/tile/mma_pipeline.cuh) with the operand layouts
 // of its kind, then writes its fp32 accumulators through the kind's epilogue
@@ -223,21 +224,27 @@ void launch_simple(const Problem& p, cudaStream_t stream) {
 
 // The kernel of the forward and of dgrad, picked by SG_GROUPED_GEMM_PATH
 // (read at every launch, so tests and benchmarks can compare the paths):
-//   wgmma (default)   wgmma + TMA, one block per SM, two warpgroups on one
-//                     128 x 256 tile, the loads issued by a consumer thread;
-//   wgmma_pair_m / wgmma_pair_n  that kernel in clusters of 2 blocks sharing
-//                     a TMA box (correct, slower on the H100);
-//   wgmma_pingpong    warp-specialised: a producer warpgroup and two consumer
-//                     warpgroups on their own 128 x 128 tiles, in turn;
-//   wgmma_coop        warp-specialised, both consumers on one 128 x 256 tile;
-//   wgmma_pingpong_pair / wgmma_coop_pair  those in clusters of 2 blocks
-//                     (adjacent m-tiles) sharing the w box by multicast;
+//   wgmma_coop (default)  warp-specialised (grouped_gemm_ws.cu): a TMA
+//                     producer warpgroup, two consumer warpgroups sharing
+//                     each 128 x 256 tile;
+//   wgmma_pingpong    warp-specialised, the two consumers on their own
+//                     128 x 128 tiles, in turn (slower on the H100: more
+//                     L2 -> shared traffic per flop);
+//   wgmma_coop_pair / wgmma_pingpong_pair  those in clusters of 2 blocks
+//                     (adjacent m-tiles) sharing the w box by multicast
+//                     (correct, much slower on the H100);
+//   wgmma             the first wgmma kernel (grouped_gemm_wgmma.cu): two
+//                     warpgroups on one 128 x 256 tile, the loads issued by
+//                     a consumer thread; wgmma_pair_m / wgmma_pair_n  it in
+//                     clusters of 2 blocks;
 //   mma_sync          the Ampere-style kernel wgrad uses.
+// SG_GROUPED_GEMM_RASTER_BAND (a positive integer) overrides the
+// warp-specialised kernels' m-tiles per band of the tile order, for tuning.
 enum class ForwardKernel { kWgmma, kWarpSpecialised, kMmaSync };
 struct WgmmaPath {
-  ForwardKernel kernel = ForwardKernel::kWgmma;
+  ForwardKernel kernel = ForwardKernel::kWarpSpecialised;
   WgmmaCluster cluster = WgmmaCluster::kNone;
-  WsSchedule schedule = WsSchedule::kPingPong;
+  WsSchedule schedule = WsSchedule::kCooperative;
 };
 
 WgmmaPath wgmma_path() {
@@ -259,6 +266,14 @@ WgmmaPath wgmma_path() {
   return {kMmaSync, WgmmaCluster::kNone};
 }
 
+int raster_band() {
+  const char* value = std::getenv("SG_GROUPED_GEMM_RASTER_BAND");
+  if (value == nullptr) return 0;
+  const int band = std::atoi(value);
+  SG_CHECK(band > 0 && band <= 4096, "SG_GROUPED_GEMM_RASTER_BAND must be an integer in [1, 4096], got '", value, "'");
+  return band;
+}
+
 template <GroupedGemmKind kKind>
 void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream) {
   const bool bf16_out = d.out_type == DType::kBFloat16;
@@ -269,8 +284,10 @@ void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream
       bf16_out ? launch_grouped_wgmma<kKind, __nv_bfloat16>(p, path.cluster, stream)
                : launch_grouped_wgmma<kKind, float>(p, path.cluster, stream);
     } else if (path.kernel == ForwardKernel::kWarpSpecialised) {
-      bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(p, path.schedule, path.cluster, stream)
-               : launch_grouped_ws<kKind, float>(p, path.schedule, path.cluster, stream);
+      Problem tuned = p;
+      tuned.raster_band = raster_band();
+      bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(tuned, path.schedule, path.cluster, stream)
+               : launch_grouped_ws<kKind, float>(tuned, path.schedule, path.cluster, stream);
     } else {
       bf16_out ? launch_mma<kKind, __nv_bfloat16>(p, stream) : launch_mma<kKind, float>(p, stream);
     }

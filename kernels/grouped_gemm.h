@@ -18,7 +18,7 @@
 // (a simple CUDA path); bias has the dtype of w; fp32 accumulation always.
 // The launch configuration depends only on (T, E, N, K): a persistent tile
 // scheduler finds each CTA's (group, m-tile, n-tile) on the device from offsets.
-// Forward and dgrad run on wgmma fed by TMA, wgrad on mma.sync (see
+// Forward and dgrad run on warp-specialised wgmma fed by TMA, wgrad on mma.sync (see
 // grouped_gemm.cu); all three share the tile helpers of kernels/tile/.
 #pragma once
 

@@ -28,6 +28,7 @@ struct Problem {
   int n = 0;
   int k = 0;
   bool accumulate = false;
+  int raster_band = 0;  // warp-specialised kernels: m-tiles per band of the tile order; 0: their default
 };
 
 // The product a group of `kind` computes, in C[m, n] = sum_k A[m, k] B[n, k]

@@ -120,13 +120,14 @@ __global__ void __launch_bounds__(WsConfig<kPingPong>::kThreads, 1)
   const int cluster = static_cast<int>(blockIdx.x) / kCluster;
   const int my_tiles = total > cluster ? (total - cluster + grid - 1) / grid : 0;
   const int k_tiles = (depth + C::kK - 1) / C::kK;
+  const int band = max(1, (p.raster_band > 0 ? p.raster_band : C::kRasterBand) / kCluster);  // in units
   struct TileAt {
     int e, m0, n0;
   };
   auto tile_at = [&](int i) {
     const int t = cluster + i * grid;
     const int e = tile::group_of_tile(tile_start, p.experts, t);
-    const tile::TileMN mn = tile::band_raster(t - tile_start[e], m_units(e), tiles_n, C::kRasterBand / kCluster);
+    const tile::TileMN mn = tile::band_raster(t - tile_start[e], m_units(e), tiles_n, band);
     return TileAt{e, (mn.m * kCluster + rank) * C::kM, mn.n * C::kN};
   };
 

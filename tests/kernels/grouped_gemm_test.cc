@@ -431,7 +431,8 @@ TEST(GroupedGemmCudaTest, MatchesHostReferenceOnEverySplit) {
 
 // Every kernel path of the forward and dgrad (SG_GROUPED_GEMM_PATH), on
 // ragged splits, a partial last n-tile, and an odd number of n-tiles (a pair
-// of blocks along n with its second tile past the output's columns).
+// of blocks along n with its second tile past the output's columns); the
+// default kernel also with other tile orders (SG_GROUPED_GEMM_RASTER_BAND).
 TEST(GroupedGemmCudaTest, EveryForwardAndDgradPathMatchesHostReference) {
   SG_SKIP_WITHOUT_GPU();
   std::mt19937 rng(std::random_device{}());
@@ -456,6 +457,15 @@ TEST(GroupedGemmCudaTest, EveryForwardAndDgradPathMatchesHostReference) {
     }
   }
   ASSERT_EQ(unsetenv("SG_GROUPED_GEMM_PATH"), 0);
+  // The tile order of the warp-specialised kernels is a tuning knob; any band covers every tile once.
+  for (const char* band : {"1", "3"}) {
+    ASSERT_EQ(setenv("SG_GROUPED_GEMM_RASTER_BAND", band, 1), 0);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_LE(relative_error(run_cuda(cases[i], stream.get()), want[i]), cuda_tolerance(cases[i].desc))
+          << "raster band " << band << " " << cases[i].desc.to_string();
+    }
+  }
+  ASSERT_EQ(unsetenv("SG_GROUPED_GEMM_RASTER_BAND"), 0);
 }
 
 TEST(GroupedGemmCudaTest, BiasGradMatchesHostReference) {

@@ -107,7 +107,7 @@ __device__ void zero_rows_outside_groups(const int* offs, int experts, int token
 }
 
 // How the wgmma kernel's blocks pair up in clusters of 2 that share a TMA
-// box (see grouped_gemm_wgmma.cu): not at all (the default), adjacent m-tiles
+// box (see grouped_gemm_wgmma.cu): not at all (the usual case), adjacent m-tiles
 // (sharing w) or adjacent n-tiles (sharing x / dy).
 enum class WgmmaCluster { kNone, kPairM, kPairN };
 

@@ -4,7 +4,10 @@
 // grouped_gemm_common.cuh and kernels/tile/*.cuh). Both multiply a
 // token-major operand a (x or dy, K-major) by a weight operand: K-major for
 // the forward (w_e rows), N-major for dgrad (w_e read as [N][K] blocks of 64
-// output columns, the wgmma transpose bit set).
+// output columns, the wgmma transpose bit set). Since the warp-specialised
+// kernel of grouped_gemm_ws.cu became the default, this one runs on request
+// (SG_GROUPED_GEMM_PATH=wgmma, wgmma_pair_m, wgmma_pair_n; see grouped_gemm.cu);
+// it also holds the host helpers both launchers use (bf16_tensor_map, sm_count).
 //
 // A persistent block per SM (2 warpgroups, 256 threads) walks the device-built
 // tile schedule over (group, 128-row m-tile, 256-column n-tile). Thread 0 is

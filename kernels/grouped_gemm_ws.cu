@@ -20,7 +20,9 @@
 //     cooperative: both compute each 128 x 256 tile, 64 rows each
 //       (m64n256k16), as grouped_gemm_wgmma.cu does, but fed by the producer.
 // Optionally in clusters of 2 blocks on adjacent m-tiles sharing the w box
-// through TMA multicast (half the w traffic from L2).
+// through TMA multicast (half the w traffic from L2; correct, but at about
+// half the speed of the plain kernels on the H100, cause not yet known:
+// benchmarks/README.md). The cooperative kernel without clusters is the default.
 #include <cuda.h>
 
 #include <algorithm>

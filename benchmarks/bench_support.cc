@@ -5,6 +5,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "engine/half_precision.h"
 #include "engine/stream.h"
 
 namespace stepgraph::bench {
@@ -44,6 +45,25 @@ void write_json(const std::string& path, const nlohmann::json& value) {
   SG_CHECK_CODE(file.good(), ErrorCode::kIo, "cannot write ", path);
   file << value.dump(2) << "\n";
   SG_CHECK_CODE(file.good(), ErrorCode::kIo, "writing ", path, " failed");
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) { SG_CUDA_CHECK(cudaMalloc(&data_, std::max<std::size_t>(bytes, 256))); }
+
+DeviceBuffer::~DeviceBuffer() { cudaFree(data_); }
+
+void fill_random_bf16(const DeviceBuffer& buffer, std::int64_t count, std::mt19937& rng) {
+  const std::int64_t block = std::min<std::int64_t>(count, std::int64_t{1} << 22);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<std::uint16_t> host(static_cast<std::size_t>(block));
+  for (std::uint16_t& value : host) value = float_to_bf16(uniform(rng));
+  auto* base = static_cast<std::uint16_t*>(buffer.get());
+  SG_CUDA_CHECK(cudaMemcpy(base, host.data(), block * sizeof(std::uint16_t), cudaMemcpyHostToDevice));
+  for (std::int64_t done = block; done < count;) {
+    const std::int64_t n = std::min(done, count - done);
+    SG_CUDA_CHECK(cudaMemcpy(base + done, base, n * sizeof(std::uint16_t), cudaMemcpyDeviceToDevice));
+    done += n;
+  }
+  SG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace stepgraph::bench

@@ -4,8 +4,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -28,5 +31,24 @@ Summary time_launches(cudaStream_t stream, int warmup, int repeats, const std::f
 
 // Writes `value` (indented) to `path`; nothing when `path` is empty.
 void write_json(const std::string& path, const nlohmann::json& value);
+
+// A device allocation owned by a benchmark (at least 256 bytes).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// Fills the first `count` bf16 values of `buffer` uniform in [-1, 1) (never
+// zeros: they can run faster than real data). A random block of up to 4M
+// values is uploaded once and copied on the device over the rest: generating
+// billions of values on the host would take minutes.
+void fill_random_bf16(const DeviceBuffer& buffer, std::int64_t count, std::mt19937& rng);
 
 }  // namespace stepgraph::bench

@@ -46,6 +46,8 @@ struct Options {
   std::string out;
 };
 
+using bench::DeviceBuffer;
+using bench::fill_random_bf16;
 using bench::Summary;
 
 double tflops(const Options& options, double microseconds) {
@@ -88,28 +90,6 @@ std::vector<Summary> time_interleaved(const Options& options, cudaStream_t strea
   std::vector<Summary> out;
   for (auto& variant : samples) out.push_back(bench::summarize(std::move(variant)));
   return out;
-}
-
-// A device allocation owned by the benchmark.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) { SG_CUDA_CHECK(cudaMalloc(&data_, bytes)); }
-  ~DeviceBuffer() { cudaFree(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-};
-
-// `count` bf16 values uniform in [-1, 1), uploaded.
-void fill_random_bf16(const DeviceBuffer& buffer, std::int64_t count, std::mt19937& rng) {
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<std::uint16_t> host(static_cast<std::size_t>(count));
-  for (std::uint16_t& value : host) value = float_to_bf16(uniform(rng));
-  SG_CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice));
-  SG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // cuBLASLt with no wrapper: D^T[n, m] = B[n, k] A[k, m] in its column-major

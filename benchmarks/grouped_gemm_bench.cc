@@ -39,6 +39,8 @@
 namespace stepgraph {
 namespace {
 
+using bench::DeviceBuffer;
+using bench::fill_random_bf16;
 using kernels::GroupedGemmKind;
 
 struct Options {
@@ -75,36 +77,6 @@ GroupedGemmKind parse_kind(const std::string& name) {
   if (name == "dgrad") return GroupedGemmKind::kDgrad;
   SG_CHECK(name == "wgrad", "grouped_gemm_bench: kinds are forward, dgrad, wgrad; got ", name);
   return GroupedGemmKind::kWgrad;
-}
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) { SG_CUDA_CHECK(cudaMalloc(&data_, std::max<std::size_t>(bytes, 256))); }
-  ~DeviceBuffer() { cudaFree(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-};
-
-// `count` bf16 values uniform in [-1, 1): a random block uploaded once, then
-// copied on the device over the rest (generating 7.5e9 values on the host
-// for the largest weights would take minutes).
-void fill_random_bf16(const DeviceBuffer& buffer, std::int64_t count, std::mt19937& rng) {
-  const std::int64_t block = std::min<std::int64_t>(count, std::int64_t{1} << 22);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<std::uint16_t> host(static_cast<std::size_t>(block));
-  for (std::uint16_t& value : host) value = float_to_bf16(uniform(rng));
-  auto* base = static_cast<std::uint16_t*>(buffer.get());
-  SG_CUDA_CHECK(cudaMemcpy(base, host.data(), block * 2, cudaMemcpyHostToDevice));
-  for (std::int64_t done = block; done < count;) {
-    const std::int64_t n = std::min(done, count - done);
-    SG_CUDA_CHECK(cudaMemcpy(base + done, base, n * 2, cudaMemcpyDeviceToDevice));
-    done += n;
-  }
-  SG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 nlohmann::json run_row(const Options& options, const std::string& kind_name, std::int64_t experts, std::int64_t tokens,

@@ -9,6 +9,14 @@
 
 namespace stepgraph::kernels::tile {
 
+// This thread's index in its block and the block's size, over all three
+// dimensions (the bias-gradient kernel's blocks are 32 x 8: threadIdx.x alone
+// would make eight "thread 0"s race on the shared schedule).
+__device__ __forceinline__ int block_thread() {
+  return static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+__device__ __forceinline__ int block_threads() { return static_cast<int>(blockDim.x * blockDim.y * blockDim.z); }
+
 // Shared-memory ints group_offsets needs for `experts` groups.
 constexpr int group_offsets_ints(int experts) { return experts + 1; }
 
@@ -17,12 +25,12 @@ constexpr int group_offsets_ints(int experts) { return experts + 1; }
 // inside [0, tokens), so no kernel reads or writes out of bounds. Every thread
 // of the block calls it; ends with a barrier.
 __device__ __forceinline__ void load_group_offsets(const std::int32_t* offsets, int experts, int tokens, int* out) {
-  for (int e = static_cast<int>(threadIdx.x); e <= experts; e += static_cast<int>(blockDim.x)) {
+  for (int e = block_thread(); e <= experts; e += block_threads()) {
     const int value = offsets[e];
     out[e] = value < 0 ? 0 : (value > tokens ? tokens : value);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (block_thread() == 0) {
     for (int e = 1; e <= experts; ++e) out[e] = out[e] < out[e - 1] ? out[e - 1] : out[e];
   }
   __syncthreads();
@@ -33,7 +41,7 @@ __device__ __forceinline__ void load_group_offsets(const std::int32_t* offsets, 
 // with a barrier.
 template <typename TilesOf>
 __device__ __forceinline__ void build_tile_starts(int experts, int* tile_start, TilesOf&& tiles_of) {
-  if (threadIdx.x == 0) {
+  if (block_thread() == 0) {
     int total = 0;
     for (int e = 0; e < experts; ++e) {
       tile_start[e] = total;

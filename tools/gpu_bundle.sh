@@ -42,6 +42,7 @@ cp -r python/stepgraph "$bundle/python/"
 install -m 0755 bazel-bin/engine/capi/libstepgraph_c.so "$bundle/python/stepgraph/"
 mkdir -p "$bundle/python_tests" "$bundle/benchmarks"
 cp tests/python/*.py python/README.md "$bundle/python_tests/"
+cp README.md "$bundle/python_tests/top_README.md"   # readme_test checks it shows the tested example
 cp benchmarks/*.py "$bundle/benchmarks/"
 find "$bundle" -name __pycache__ -prune -exec rm -rf {} +
 install -m 0755 tools/count_test_results.py "$bundle/count_test_results.py"

@@ -40,8 +40,24 @@ def test_readme_example_runs_and_trains():
     assert "0 tensor(s) in the pool report" in text, text
 
 
+def top_readme_path():
+    candidates = [os.environ.get("STEPGRAPH_TOP_README", ""), "README.md",
+                  Path(__file__).resolve().parent / "top_README.md",
+                  Path(__file__).resolve().parents[2] / "README.md"]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and Path(candidate).read_text().startswith("# StepGraph\n"):
+            return Path(candidate)
+    raise FileNotFoundError(f"the repository's README.md not found (looked at {candidates})")
+
+
+def test_top_readme_shows_the_tested_example():
+    """The repository README shows the very example the test above runs."""
+    assert example_code(top_readme_path()) == example_code(readme_path())
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1:
         os.environ["STEPGRAPH_README"] = sys.argv[1]
     test_readme_example_runs_and_trains()
-    print("readme_test: 1 passed")
+    test_top_readme_shows_the_tested_example()
+    print("readme_test: 2 passed")

@@ -4,10 +4,9 @@
 // bf16 inputs take a tensor-core kernel: a persistent grid of at most one
 // block per SM walks a tile schedule over (group, m-tile, n-tile) that every
 // block builds in shared memory from the device offsets. The forward and
-// dgrad run on warp-specialised wgmma + TMA (grouped_gemm_ws.cu; the first
-// wgmma kernel, grouped_gemm_wgmma.cu, on request); wgrad, whose reduction runs
-// over each group's ragged token range, runs the shared cp.async + ldmatrix +
-// mma.sync main loop (kernels/tile/mma_pipeline.cuh) with the operand layouts
+// dgrad run on warp-specialised wgmma + TMA (grouped_gemm_ws.cu); wgrad,
+// whose reduction runs over each group's ragged token range, runs the shared
+// cp.async + ldmatrix + mma.sync main loop (kernels/tile/mma_pipeline.cuh) with the operand layouts
 // of its kind, then writes its fp32 accumulators through the kind's epilogue
 // (the forward and dgrad can take it too, see wgmma_path()). fp32 inputs take
 // a simple one-thread-per-output kernel over the same clamped offsets. The
@@ -181,14 +180,6 @@ __global__ void grouped_bias_grad_kernel(const In* dy, const std::int32_t* offse
   }
 }
 
-int sm_count() {
-  int device = 0;
-  int count = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 template <GroupedGemmKind kKind, typename Out>
@@ -233,14 +224,10 @@ void launch_simple(const Problem& p, cudaStream_t stream) {
 //   wgmma_coop_pair / wgmma_pingpong_pair  those in clusters of 2 blocks
 //                     (adjacent m-tiles) sharing the w box by multicast
 //                     (correct, much slower on the H100);
-//   wgmma             the first wgmma kernel (grouped_gemm_wgmma.cu): two
-//                     warpgroups on one 128 x 256 tile, the loads issued by
-//                     a consumer thread; wgmma_pair_m / wgmma_pair_n  it in
-//                     clusters of 2 blocks;
 //   mma_sync          the Ampere-style kernel wgrad uses.
 // SG_GROUPED_GEMM_RASTER_BAND (a positive integer) overrides the
 // warp-specialised kernels' m-tiles per band of the tile order, for tuning.
-enum class ForwardKernel { kWgmma, kWarpSpecialised, kMmaSync };
+enum class ForwardKernel { kWarpSpecialised, kMmaSync };
 struct WgmmaPath {
   ForwardKernel kernel = ForwardKernel::kWarpSpecialised;
   WgmmaCluster cluster = WgmmaCluster::kNone;
@@ -252,16 +239,13 @@ WgmmaPath wgmma_path() {
   if (path == nullptr) return {};
   const std::string_view name(path);
   using enum ForwardKernel;
-  if (name == "wgmma") return {kWgmma, WgmmaCluster::kNone};
-  if (name == "wgmma_pair_m") return {kWgmma, WgmmaCluster::kPairM};
-  if (name == "wgmma_pair_n") return {kWgmma, WgmmaCluster::kPairN};
   if (name == "wgmma_pingpong") return {kWarpSpecialised, WgmmaCluster::kNone, WsSchedule::kPingPong};
   if (name == "wgmma_pingpong_pair") return {kWarpSpecialised, WgmmaCluster::kPairM, WsSchedule::kPingPong};
   if (name == "wgmma_coop") return {kWarpSpecialised, WgmmaCluster::kNone, WsSchedule::kCooperative};
   if (name == "wgmma_coop_pair") return {kWarpSpecialised, WgmmaCluster::kPairM, WsSchedule::kCooperative};
   SG_CHECK(name == "mma_sync",
-           "SG_GROUPED_GEMM_PATH must be wgmma, wgmma_pair_m, wgmma_pair_n, wgmma_pingpong, wgmma_pingpong_pair, "
-           "wgmma_coop, wgmma_coop_pair or mma_sync, got '",
+           "SG_GROUPED_GEMM_PATH must be wgmma_coop, wgmma_coop_pair, wgmma_pingpong, wgmma_pingpong_pair or "
+           "mma_sync, got '",
            path, "'");
   return {kMmaSync, WgmmaCluster::kNone};
 }
@@ -280,10 +264,7 @@ void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream
   if (d.in_type == DType::kBFloat16) {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {
       launch_mma<kKind, float>(p, stream);
-    } else if (const WgmmaPath path = wgmma_path(); path.kernel == ForwardKernel::kWgmma) {
-      bf16_out ? launch_grouped_wgmma<kKind, __nv_bfloat16>(p, path.cluster, stream)
-               : launch_grouped_wgmma<kKind, float>(p, path.cluster, stream);
-    } else if (path.kernel == ForwardKernel::kWarpSpecialised) {
+    } else if (const WgmmaPath path = wgmma_path(); path.kernel == ForwardKernel::kWarpSpecialised) {
       Problem tuned = p;
       tuned.raster_band = raster_band();
       bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(tuned, path.schedule, path.cluster, stream)

@@ -1,5 +1,5 @@
-// Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_wgmma.cu,
-// grouped_gemm_ws.cu):
+// Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_ws.cu,
+// grouped_gemm_tma.cu):
 // the problem a launch describes, the per-kind shape of a group's product,
 // element conversions and the zeroing of rows outside every group.
 #pragma once
@@ -107,24 +107,20 @@ __device__ void zero_rows_outside_groups(const int* offs, int experts, int token
 }
 
 // How the wgmma kernel's blocks pair up in clusters of 2 that share a TMA
-// box (see grouped_gemm_wgmma.cu): not at all (the usual case), adjacent m-tiles
-// (sharing w) or adjacent n-tiles (sharing x / dy).
-enum class WgmmaCluster { kNone, kPairM, kPairN };
+// box: not at all (the usual case), or adjacent m-tiles (sharing w).
+enum class WgmmaCluster { kNone, kPairM };
 
-// The forward or dgrad on wgmma + TMA (grouped_gemm_wgmma.cu); bf16 inputs, Out bf16 or float.
-template <GroupedGemmKind kKind, typename Out>
-void launch_grouped_wgmma(const Problem& p, WgmmaCluster cluster, cudaStream_t stream);
-
-// The same, warp-specialised (grouped_gemm_ws.cu): a TMA producer
+// The forward or dgrad on wgmma + TMA, warp-specialised (grouped_gemm_ws.cu;
+// bf16 inputs, Out bf16 or float): a TMA producer
 // warpgroup and two consumer warpgroups that either take 128 x 128 tiles in
 // turn (ping-pong, the epilogue of one overlapping the other's main loop) or
 // share each 128 x 256 tile (cooperative); kPairM puts blocks in clusters of
-// 2 sharing the w box by TMA multicast (kPairN is not supported).
+// 2 sharing the w box by TMA multicast.
 enum class WsSchedule { kPingPong, kCooperative };
 template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_ws(const Problem& p, WsSchedule schedule, WgmmaCluster cluster, cudaStream_t stream);
 
-// Host helpers of the wgmma launchers (grouped_gemm_wgmma.cu): a TMA
+// Host helpers of the wgmma launcher (grouped_gemm_tma.cu): a TMA
 // descriptor of a row-major bf16 tensor (dims innermost first; kRank 2 or 3)
 // read in boxes of `box` elements whose innermost extent is 64 (128 bytes,
 // 128-byte swizzled), and the current device's SM count.

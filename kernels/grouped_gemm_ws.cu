@@ -1,7 +1,16 @@
 // The grouped forward y = x_e w_e^T (+ bias_e) and dgrad dx = dy_e w_e on
 // wgmma, warp-specialised (contract in grouped_gemm.h; shared pieces in
-// grouped_gemm_common.cuh and kernels/tile/*.cuh; operand layouts and TMA
-// boxes as in grouped_gemm_wgmma.cu).
+// grouped_gemm_common.cuh and kernels/tile/*.cuh; TMA descriptors from
+// grouped_gemm_tma.cu).
+//
+// Operands. Both multiply a token-major operand a (x or dy, K-major) by a
+// weight operand: K-major for the forward (w_e rows), N-major for dgrad (w_e
+// read as [N][K] blocks of 64 output columns, the wgmma transpose bit set).
+// TMA boxes ignore group boundaries: an x box may run past the group's last
+// row into the next group (those rows of the product are never stored) or
+// past T (zero-filled); a forward w box past N into the next expert likewise.
+// dgrad reduces over w_e's rows, so its w boxes come from a 3-D view
+// [E][N][K] whose N bound zero-fills instead of reading the next expert.
 //
 // A persistent block per SM has three warpgroups (384 threads):
 //   warpgroup 0, the producer (registers cut to 40 with setmaxnreg): one
@@ -18,7 +27,9 @@
 //       a stage only after every earlier load has landed, which the mbarrier
 //       phase parity needs;
 //     cooperative: both compute each 128 x 256 tile, 64 rows each
-//       (m64n256k16), as grouped_gemm_wgmma.cu does, but fed by the producer.
+//       (m64n256k16), fed by the producer (an earlier kernel, with one of
+//       the consumer threads issuing the loads, reached 0.60-1.06x of
+//       torch._grouped_mm against this one's 0.65-1.09x and was removed).
 // Optionally in clusters of 2 blocks on adjacent m-tiles sharing the w box
 // through TMA multicast (half the w traffic from L2; correct, but at about
 // half the speed of the plain kernels on the H100, cause not yet known:
@@ -322,7 +333,6 @@ void launch_ws(const Problem& p, cudaStream_t stream) {
 
 template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_ws(const Problem& p, WsSchedule schedule, WgmmaCluster cluster, cudaStream_t stream) {
-  SG_CHECK(cluster != WgmmaCluster::kPairN, "grouped_gemm: the warp-specialised kernels pair blocks along m only");
   const bool pair = cluster == WgmmaCluster::kPairM;
   if (schedule == WsSchedule::kPingPong) {
     pair ? launch_ws<kKind, Out, true, 2>(p, stream) : launch_ws<kKind, Out, true, 1>(p, stream);

@@ -448,8 +448,7 @@ TEST(GroupedGemmCudaTest, EveryForwardAndDgradPathMatchesHostReference) {
       cases.push_back(std::move(c));
     });
   }
-  for (const char* path : {"mma_sync", "wgmma", "wgmma_pair_m", "wgmma_pair_n", "wgmma_pingpong", "wgmma_pingpong_pair",
-                           "wgmma_coop", "wgmma_coop_pair"}) {
+  for (const char* path : {"mma_sync", "wgmma_pingpong", "wgmma_pingpong_pair", "wgmma_coop", "wgmma_coop_pair"}) {
     ASSERT_EQ(setenv("SG_GROUPED_GEMM_PATH", path, 1), 0);
     for (std::size_t i = 0; i < cases.size(); ++i) {
       EXPECT_LE(relative_error(run_cuda(cases[i], stream.get()), want[i]), cuda_tolerance(cases[i].desc))

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "engine/layers/model.h"
+#include "layers/model.h"
 
 namespace stepgraph::bench {
 

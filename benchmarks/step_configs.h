@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/layers/model.h"
+#include "layers/model.h"
 
 namespace stepgraph::bench {
 

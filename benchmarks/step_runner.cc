@@ -13,9 +13,9 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
-#include "engine/layers/adamw.h"
-#include "engine/layers/model.h"
-#include "engine/layers/train_step.h"
+#include "layers/adamw.h"
+#include "layers/model.h"
+#include "layers/train_step.h"
 
 namespace stepgraph::bench {
 namespace {

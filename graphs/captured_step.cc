@@ -86,7 +86,7 @@ void CapturedStep::apply_pool_report_policy(TraceResult& traced) {
 // outlive the trace (outputs, kept values) now point into the pool.
 void CapturedStep::plan_and_bind(TraceResult traced) {
   const auto clock = std::chrono::steady_clock::now();
-  plan_ = plan_pool(traced.program);
+  plan_ = plan_step(traced.program);
   timings_.plan_ms = ms_since(clock);
   pool_ = allocate_pool_memory(ctx_.device(), plan_.pool_bytes);
   std::byte* base = static_cast<std::byte*>(pool_->base());
@@ -136,7 +136,7 @@ void CapturedStep::instantiate() {
   }
   std::vector<Graph> graphs;
   auto clock = std::chrono::steady_clock::now();
-  for (const PoolPlan::Range& range : plan_.segment_ranges) {
+  for (const StepPlan::Range& range : plan_.segment_ranges) {
     StreamCapture capture(streams[0]);
     ++stream_captures;
     run_schedule_cuda(program_, plan_, range, addresses_, streams, events);

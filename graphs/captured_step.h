@@ -98,7 +98,7 @@ class CapturedStep final : public CachedGraph {
   GraphState state() const { return state_; }
   const std::vector<Tensor>& outputs() const { return outputs_; }
   const Program& program() const { return program_; }
-  const PoolPlan& plan() const { return plan_; }
+  const StepPlan& plan() const { return plan_; }
   const PoolReport& report() const { return report_; }
   const CaptureTimings& timings() const { return timings_; }
   std::size_t segment_count() const { return plan_.segment_ranges.size(); }
@@ -126,7 +126,7 @@ class CapturedStep final : public CachedGraph {
   CaptureOptions options_;
   GraphState state_ = GraphState::kInstantiated;
   Program program_;
-  PoolPlan plan_;
+  StepPlan plan_;
   PoolReport report_;
   CaptureTimings timings_;
   std::shared_ptr<PoolMemory> pool_;

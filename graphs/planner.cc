@@ -11,7 +11,7 @@ namespace stepgraph {
 namespace {
 
 std::int64_t aligned(std::int64_t bytes) {
-  return (bytes + PoolPlan::kAlignment - 1) / PoolPlan::kAlignment * PoolPlan::kAlignment;
+  return (bytes + StepPlan::kAlignment - 1) / StepPlan::kAlignment * StepPlan::kAlignment;
 }
 
 std::vector<std::int64_t> widen(const std::vector<ValueId>& ids) { return {ids.begin(), ids.end()}; }
@@ -49,7 +49,7 @@ ScheduleEntry wait_on(std::int32_t event, int stream) {
 // The schedule with its events, and the happens-before order it gives.
 struct Ordering {
   std::vector<ScheduleEntry> schedule;
-  std::vector<PoolPlan::Range> segment_ranges;
+  std::vector<StepPlan::Range> segment_ranges;
   std::int32_t event_count = 0;
   // Per instruction: its clock when it runs (its stream's clock after its
   // waits, its own token included).
@@ -113,7 +113,7 @@ Ordering order(const Program& program) {
       entries.push_back(wait_on(event, 0));
     }
 
-    PoolPlan::Range range;
+    StepPlan::Range range;
     range.begin = static_cast<std::int32_t>(out.schedule.size());
     for (const ScheduleEntry& entry : entries) {
       out.schedule.push_back(entry);
@@ -269,7 +269,7 @@ std::int64_t lower_bound(const std::vector<Footprint>& values, const std::vector
 
 }  // namespace
 
-PoolPlan plan_pool(const Program& program) {
+StepPlan plan_step(const Program& program) {
   validate(program);
   Ordering ordering = order(program);
   const std::vector<Footprint> values = footprints(program, ordering);
@@ -307,7 +307,7 @@ PoolPlan plan_pool(const Program& program) {
     if (packed.bytes < best.bytes) best = std::move(packed);
   }
 
-  PoolPlan plan;
+  StepPlan plan;
   plan.offsets.assign(program.values().size(), 0);
   for (const ValueInfo& info : program.values()) {
     if (info.kind == ValueKind::kPersistent) plan.offsets[info.id] = -1;

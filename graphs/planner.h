@@ -1,4 +1,4 @@
-// Planner: from a Program to a PoolPlan. CUDA-free.
+// Planner: from a Program to a StepPlan. CUDA-free.
 //
 //  1. Order: walks the program with StreamOrder and inserts event records and
 //     waits where streams meet (RAW/WAR/WAW across streams), a fork at the
@@ -40,7 +40,7 @@ struct ScheduleEntry {
   bool operator==(const ScheduleEntry&) const = default;
 };
 
-struct PoolPlan {
+struct StepPlan {
   static constexpr std::int64_t kAlignment = 256;
 
   std::vector<std::int64_t> offsets;  // per value id; -1 for persistent values
@@ -66,6 +66,6 @@ struct PoolPlan {
 
 // Throws Error(kInvalidArgument) for malformed programs: a pool value read
 // before any instruction wrote it, a value id out of range, a negative stream.
-PoolPlan plan_pool(const Program& program);
+StepPlan plan_step(const Program& program);
 
 }  // namespace stepgraph

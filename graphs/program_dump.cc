@@ -7,7 +7,7 @@
 namespace stepgraph {
 namespace {
 
-std::string describe_value(const Program& program, ValueId id, const PoolPlan* plan) {
+std::string describe_value(const Program& program, ValueId id, const StepPlan* plan) {
   const ValueInfo& value = program.value(id);
   std::string text = detail::concat("%", id, " ", value.name, ":", value.meta.shape, " ", dtype_name(value.meta.dtype));
   if (value.kind == ValueKind::kPersistent) return text + " @persistent";
@@ -16,7 +16,7 @@ std::string describe_value(const Program& program, ValueId id, const PoolPlan* p
   return text;
 }
 
-std::string describe_instruction(const Program& program, std::int32_t index, const PoolPlan* plan) {
+std::string describe_instruction(const Program& program, std::int32_t index, const StepPlan* plan) {
   const Instruction& instruction = program.instructions()[index];
   std::string text = detail::concat("[", index, "] s", instruction.stream, "  ");
   for (std::size_t i = 0; i < instruction.outputs.size(); ++i) {
@@ -35,7 +35,7 @@ std::string describe_instruction(const Program& program, std::int32_t index, con
 
 }  // namespace
 
-std::string dump_program(const Program& program, const PoolPlan* plan) {
+std::string dump_program(const Program& program, const StepPlan* plan) {
   const std::vector<Segment> segments = program.segments();
   std::string text =
       detail::concat("program: ", program.values().size(), " values, ", program.instructions().size(),
@@ -54,7 +54,7 @@ std::string dump_program(const Program& program, const PoolPlan* plan) {
                          "x), ", plan->event_count, " event(s)\n");
   for (std::size_t s = 0; s < segments.size() && s < plan->segment_ranges.size(); ++s) {
     text += "segment '" + segments[s].name + "'\n";
-    const PoolPlan::Range range = plan->segment_ranges[s];
+    const StepPlan::Range range = plan->segment_ranges[s];
     for (std::int32_t e = range.begin; e < range.end; ++e) {
       const ScheduleEntry& entry = plan->schedule[e];
       switch (entry.kind) {

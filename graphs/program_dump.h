@@ -16,6 +16,6 @@
 
 namespace stepgraph {
 
-std::string dump_program(const Program& program, const PoolPlan* plan = nullptr);
+std::string dump_program(const Program& program, const StepPlan* plan = nullptr);
 
 }  // namespace stepgraph

@@ -30,7 +30,7 @@ struct BoundArgs {
 
 }  // namespace
 
-void run_schedule_host(const Program& program, const PoolPlan& plan, PoolPlan::Range range,
+void run_schedule_host(const Program& program, const StepPlan& plan, StepPlan::Range range,
                        std::span<void* const> addresses) {
   for (std::int32_t e = range.begin; e < range.end; ++e) {
     const ScheduleEntry& entry = plan.schedule[e];
@@ -43,7 +43,7 @@ void run_schedule_host(const Program& program, const PoolPlan& plan, PoolPlan::R
   }
 }
 
-void run_schedule_cuda(const Program& program, const PoolPlan& plan, PoolPlan::Range range,
+void run_schedule_cuda(const Program& program, const StepPlan& plan, StepPlan::Range range,
                        std::span<void* const> addresses, std::span<const cudaStream_t> streams,
                        std::span<const cudaEvent_t> events) {
   for (std::int32_t e = range.begin; e < range.end; ++e) {

@@ -16,10 +16,10 @@
 
 namespace stepgraph {
 
-void run_schedule_host(const Program& program, const PoolPlan& plan, PoolPlan::Range range,
+void run_schedule_host(const Program& program, const StepPlan& plan, StepPlan::Range range,
                        std::span<void* const> addresses);
 
-void run_schedule_cuda(const Program& program, const PoolPlan& plan, PoolPlan::Range range,
+void run_schedule_cuda(const Program& program, const StepPlan& plan, StepPlan::Range range,
                        std::span<void* const> addresses, std::span<const cudaStream_t> streams,
                        std::span<const cudaEvent_t> events);
 

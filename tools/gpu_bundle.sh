@@ -24,7 +24,7 @@ test_targets=$(./bazelw query 'attr(tags, "gpu_bundle", kind("cc_test", //...))'
 binary_targets=$(./bazelw query 'kind("cc_binary", //trainer/... + //benchmarks/... + //tools/demo/...)' 2>/dev/null)
 echo "gpu_bundle: building $(echo $test_targets | wc -w) test binaries and $(echo $binary_targets | wc -w) programs" >&2
 # shellcheck disable=SC2086
-./bazelw build --config=bundle $test_targets $binary_targets //engine/capi:libstepgraph_c.so
+./bazelw build --config=bundle $test_targets $binary_targets //capi:libstepgraph_c.so
 
 rm -rf "$bundle"
 mkdir -p "$bundle/tests" "$bundle/bin" "$bundle/python"
@@ -39,7 +39,7 @@ for label in $binary_targets; do
   install -m 0755 "bazel-bin/$package/$name" "$bundle/bin/$name"
 done
 cp -r python/stepgraph "$bundle/python/"
-install -m 0755 bazel-bin/engine/capi/libstepgraph_c.so "$bundle/python/stepgraph/"
+install -m 0755 bazel-bin/capi/libstepgraph_c.so "$bundle/python/stepgraph/"
 mkdir -p "$bundle/python_tests" "$bundle/benchmarks"
 cp tests/python/*.py python/README.md "$bundle/python_tests/"
 cp README.md "$bundle/python_tests/top_README.md"   # readme_test checks it shows the tested example

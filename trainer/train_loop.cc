@@ -13,9 +13,9 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
-#include "engine/layers/adamw.h"
-#include "engine/layers/language_model.h"
-#include "engine/layers/token_train_step.h"
+#include "layers/adamw.h"
+#include "layers/language_model.h"
+#include "layers/token_train_step.h"
 #include "graphs/captured_step.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_source.h"
@@ -235,7 +235,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
     out << fmt::format("final loss (mean of the last {} steps) {:.4f}\n", window.size(), result.final_mean_loss);
   }
   if (graph) {
-    const PoolPlan& plan = graph->plan();
+    const StepPlan& plan = graph->plan();
     const CaptureTimings& t = graph->timings();
     out << fmt::format("pool: {} ({} bytes), lower bound {} ({} bytes), ratio {:.3f}\n", mebibytes(plan.pool_bytes),
                        plan.pool_bytes, mebibytes(plan.lower_bound_bytes), plan.lower_bound_bytes,

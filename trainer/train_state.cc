@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/layers/parameter.h"
+#include "layers/parameter.h"
 
 namespace stepgraph::trainer {
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 
 #include "engine/context.h"
-#include "engine/layers/adamw.h"
-#include "engine/layers/language_model.h"
+#include "layers/adamw.h"
+#include "layers/language_model.h"
 #include "trainer/checkpoint.h"
 
 namespace stepgraph::trainer {

@@ -1,5 +1,5 @@
 """StepGraph from Python: a thin ctypes binding over the engine's C API
-(engine/capi/stepgraph.h, libstepgraph_c.so). No compiled extension: the same
+(capi/stepgraph.h, libstepgraph_c.so). No compiled extension: the same
 files work with any Python 3.
 
     import stepgraph as sg

@@ -1,4 +1,4 @@
-"""The C API (engine/capi/stepgraph.h) through ctypes: prototypes, structs and
+"""The C API (capi/stepgraph.h) through ctypes: prototypes, structs and
 the call wrapper that turns a failed call into StepGraphError. Internal."""
 
 import ctypes

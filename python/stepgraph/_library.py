@@ -11,7 +11,7 @@ from pathlib import Path
 LIBRARY_NAME = "libstepgraph_c.so"
 ENVIRONMENT_VARIABLE = "STEPGRAPH_LIBRARY"
 
-# sg_result values (engine/capi/stepgraph.h, mirroring stepgraph::ErrorCode).
+# sg_result values (capi/stepgraph.h, mirroring stepgraph::ErrorCode).
 RESULT_NAMES = {
     1: "invalid_argument",
     2: "invalid_state",

@@ -8,7 +8,7 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
-#include "engine/ops/elementwise_ops.h"
+#include "ops/elementwise_ops.h"
 #include "tests/support/gpu.h"
 #include "tests/support/two_stream_step.h"
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/ops/elementwise_ops.h"
-#include "engine/ops/registry.h"
+#include "ops/elementwise_ops.h"
+#include "ops/registry.h"
 
 namespace stepgraph {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/ops/elementwise_ops.h"
+#include "ops/elementwise_ops.h"
 #include "graphs/graph_cache.h"
 #include "graphs/graph_key.h"
 #include "graphs/program_dump.h"

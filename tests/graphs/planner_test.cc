@@ -35,7 +35,7 @@ const OpDef kCompute = test_op("compute", {});
 const OpDef kUpdate = test_op("update_", {0});  // writes input 0 in place
 
 std::int64_t aligned(std::int64_t bytes) {
-  return (bytes + PoolPlan::kAlignment - 1) / PoolPlan::kAlignment * PoolPlan::kAlignment;
+  return (bytes + StepPlan::kAlignment - 1) / StepPlan::kAlignment * StepPlan::kAlignment;
 }
 
 // Builds Programs of byte-sized values (fp8: one byte per element).
@@ -111,7 +111,7 @@ std::vector<std::vector<Access>> accesses_of(const Program& program) {
 // its segment's range; events recorded once and waited on only after their
 // record in the same range; side streams join the capture from stream 0 before
 // running and are joined back into stream 0 by the range's end.
-Replay replay(const Program& program, const PoolPlan& plan) {
+Replay replay(const Program& program, const StepPlan& plan) {
   const auto& instructions = program.instructions();
   const int streams = program.stream_count();
   const std::vector<Segment> segments = program.segments();
@@ -128,7 +128,7 @@ Replay replay(const Program& program, const PoolPlan& plan) {
   EXPECT_EQ(plan.segment_ranges.size(), segments.size());
   std::int32_t position = 0;
   for (std::size_t range_index = 0; range_index < plan.segment_ranges.size(); ++range_index) {
-    const PoolPlan::Range range = plan.segment_ranges[range_index];
+    const StepPlan::Range range = plan.segment_ranges[range_index];
     EXPECT_EQ(range.begin, position) << "ranges must tile the schedule";
     position = range.end;
     std::vector<bool> in_capture(streams, false);
@@ -211,7 +211,7 @@ std::int64_t program_order_peak(const Program& program, const std::vector<std::v
 }
 
 // Runs every check of the plan of `program`: (a) to (d) of the property test.
-void check_plan(const Program& program, const PoolPlan& plan) {
+void check_plan(const Program& program, const StepPlan& plan) {
   const Replay order = replay(program, plan);
   if (::testing::Test::HasFailure()) return;  // the order is broken; the rest would only repeat it
   const auto accesses = accesses_of(program);
@@ -226,7 +226,7 @@ void check_plan(const Program& program, const PoolPlan& plan) {
       continue;
     }
     EXPECT_GE(offset, 0) << value.name;
-    EXPECT_EQ(offset % PoolPlan::kAlignment, 0) << value.name;
+    EXPECT_EQ(offset % StepPlan::kAlignment, 0) << value.name;
     EXPECT_LE(offset + aligned(value.bytes()), plan.pool_bytes) << value.name;
   }
   // The bound is at least the program-order peak, and no valid packing (this
@@ -272,13 +272,13 @@ void check_plan(const Program& program, const PoolPlan& plan) {
   }
 }
 
-bool overlap(const Program& program, const PoolPlan& plan, ValueId a, ValueId b) {
+bool overlap(const Program& program, const StepPlan& plan, ValueId a, ValueId b) {
   const std::int64_t a_end = plan.offsets[a] + aligned(program.value(a).bytes());
   const std::int64_t b_end = plan.offsets[b] + aligned(program.value(b).bytes());
   return plan.offsets[a] < b_end && plan.offsets[b] < a_end;
 }
 
-std::vector<std::int32_t> run_order(const PoolPlan& plan) {
+std::vector<std::int32_t> run_order(const StepPlan& plan) {
   std::vector<std::int32_t> out;
   for (const ScheduleEntry& entry : plan.schedule) {
     if (entry.kind == Kind::kRun) out.push_back(entry.instruction);
@@ -294,7 +294,7 @@ ScheduleEntry record(std::int32_t event, int stream) {
 }
 ScheduleEntry wait(std::int32_t event, int stream) { return {.kind = Kind::kWait, .stream = stream, .event = event}; }
 
-void report_ratio(const char* what, const PoolPlan& plan) {
+void report_ratio(const char* what, const StepPlan& plan) {
   std::printf("[ ratio    ] %s: pool %lld / lower bound %lld = %.4f\n", what, static_cast<long long>(plan.pool_bytes),
               static_cast<long long>(plan.lower_bound_bytes), plan.ratio_to_lower_bound());
 }
@@ -386,7 +386,7 @@ Program two_streams(int blocks, int main_depth, int side_depth, std::int64_t byt
 
 TEST(PlannerTest, ChainReusesMemory) {
   const Program program = chain(std::vector<std::int64_t>(12, 10000));
-  const PoolPlan plan = plan_pool(program);
+  const StepPlan plan = plan_step(program);
   check_plan(program, plan);
   EXPECT_EQ(plan.lower_bound_bytes, 2 * aligned(10000));
   EXPECT_EQ(plan.pool_bytes, plan.lower_bound_bytes);
@@ -395,7 +395,7 @@ TEST(PlannerTest, ChainReusesMemory) {
 
 TEST(PlannerTest, ChainOfMixedSizesPacksNearTheLowerBound) {
   const Program program = chain({4096, 65536, 1000, 30000, 70000, 512, 8192, 65536, 300, 20000, 50000, 4096});
-  const PoolPlan plan = plan_pool(program);
+  const StepPlan plan = plan_step(program);
   check_plan(program, plan);
   report_ratio("mixed chain", plan);
   EXPECT_LE(plan.ratio_to_lower_bound(), 1.10);
@@ -403,7 +403,7 @@ TEST(PlannerTest, ChainOfMixedSizesPacksNearTheLowerBound) {
 
 TEST(PlannerTest, ScheduleRunsEveryInstructionOnceInProgramOrder) {
   const Program program = mlp(32, {256, 512, 512, 128, 10});
-  const PoolPlan plan = plan_pool(program);
+  const StepPlan plan = plan_step(program);
   std::vector<std::int32_t> expected(program.instructions().size());
   for (std::size_t index = 0; index < expected.size(); ++index) expected[index] = static_cast<std::int32_t>(index);
   EXPECT_EQ(run_order(plan), expected);
@@ -419,7 +419,7 @@ TEST(PlannerTest, CrossStreamDependencyRecordsAfterTheWriterAndWaitsBeforeTheRea
   const ValueId a = b.op(0, {x}, 1024);  // 0
   b.op(0, {x}, 1024);                    // 1
   b.op(1, {a}, 1024);                    // 2: reads a, written on stream 0
-  const PoolPlan plan = plan_pool(b.program);
+  const StepPlan plan = plan_step(b.program);
   const std::vector<ScheduleEntry> expected = {
       record(0, 0), wait(0, 1),    // the fork
       run(0, 0),    record(1, 0),  // a is ready
@@ -441,7 +441,7 @@ TEST(PlannerTest, OneEventServesSeveralWaitsOnTheSameInstruction) {
   const ValueId a = b.op(0, {x}, 1024);
   b.op(1, {a}, 1024);
   b.op(2, {a}, 1024);
-  const PoolPlan plan = plan_pool(b.program);
+  const StepPlan plan = plan_step(b.program);
   int records_after_a = 0;
   for (std::size_t at = 0; at + 1 < plan.schedule.size(); ++at) {
     if (plan.schedule[at] == run(0, 0)) {
@@ -462,12 +462,12 @@ TEST(PlannerTest, ForksAndJoinsEverySideStreamOfEachSegment) {
   b.op(2, {x}, 512);
   b.program.begin_segment("second");
   b.op(2, {a, c}, 512);  // stream 2 only: still forked from stream 0 and joined back
-  const PoolPlan plan = plan_pool(b.program);
+  const StepPlan plan = plan_step(b.program);
   check_plan(b.program, plan);
   ASSERT_EQ(plan.segment_ranges.size(), 2u);
 
   const auto range = [&](int index) {
-    const PoolPlan::Range r = plan.segment_ranges[index];
+    const StepPlan::Range r = plan.segment_ranges[index];
     return std::vector<ScheduleEntry>(plan.schedule.begin() + r.begin, plan.schedule.begin() + r.end);
   };
   const std::vector<ScheduleEntry> first = range(0);
@@ -509,7 +509,7 @@ TEST(PlannerTest, ValueReadOnASideStreamIsNotReusedByTheMainStreamBeforeTheJoin)
   b.program.begin_segment("after_join");
   const ValueId e = b.op(0, {x}, 4096);
   b.op(0, {e}, 256);
-  const PoolPlan plan = plan_pool(b.program);
+  const StepPlan plan = plan_step(b.program);
   check_plan(b.program, plan);
   EXPECT_FALSE(overlap(b.program, plan, a, c));
   EXPECT_FALSE(overlap(b.program, plan, a, d));
@@ -525,7 +525,7 @@ TEST(PlannerTest, LiveOutValuesAreNeverReused) {
   ValueId previous = b.op(0, {kept}, 8192);
   std::vector<ValueId> later = {previous};
   for (int step = 0; step < 6; ++step) later.push_back(previous = b.op(0, {previous}, 8192));
-  const PoolPlan plan = plan_pool(b.program);
+  const StepPlan plan = plan_step(b.program);
   check_plan(b.program, plan);
   for (ValueId value : later) EXPECT_FALSE(overlap(b.program, plan, kept, value)) << value;
   EXPECT_EQ(plan.pool_bytes, 3 * 8192);
@@ -538,7 +538,7 @@ TEST(PlannerTest, PersistentAndZeroByteValues) {
   const ValueId empty = b.op(0, {weight}, 0);
   const ValueId small = b.op(0, {empty, weight}, 1);
   b.update(0, weight, {small});
-  const PoolPlan plan = plan_pool(b.program);
+  const StepPlan plan = plan_step(b.program);
   check_plan(b.program, plan);
   EXPECT_EQ(plan.offsets[weight], -1);
   EXPECT_EQ(plan.offsets[empty], 0);
@@ -554,7 +554,7 @@ TEST(PlannerTest, ReadBeforeWriteIsAnError) {
   const ValueId never_written = b.program.add_value("ghost", TensorMeta{Shape{16}, DType::kFloat32}, ValueKind::kPool);
   b.op(0, {never_written}, 64);
   try {
-    plan_pool(b.program);
+    plan_step(b.program);
     FAIL() << "planned a read of an unwritten pool value";
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
@@ -565,12 +565,12 @@ TEST(PlannerTest, ReadBeforeWriteIsAnError) {
   Builder in_place;
   const ValueId pool = in_place.program.add_value("p", TensorMeta{Shape{16}, DType::kFloat32}, ValueKind::kPool);
   in_place.update(0, pool);  // reads the value it writes: nothing wrote it before
-  EXPECT_THROW(plan_pool(in_place.program), Error);
+  EXPECT_THROW(plan_step(in_place.program), Error);
 }
 
 TEST(PlannerTest, EmptyProgram) {
   const Program program;
-  const PoolPlan plan = plan_pool(program);
+  const StepPlan plan = plan_step(program);
   EXPECT_TRUE(plan.schedule.empty());
   EXPECT_EQ(plan.pool_bytes, 0);
   EXPECT_EQ(plan.lower_bound_bytes, 0);
@@ -593,7 +593,7 @@ TEST(PlannerTest, StructuredProgramsPackWithinTenPercentOfTheLowerBound) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const PoolPlan plan = plan_pool(c.program);
+    const StepPlan plan = plan_step(c.program);
     check_plan(c.program, plan);
     report_ratio(c.name, plan);
     EXPECT_LE(plan.ratio_to_lower_bound(), 1.10);
@@ -609,7 +609,7 @@ TEST(PlannerTest, ConcurrentChainsOutliveTheProgramOrderLowerBound) {
   const Program both_deep = two_streams(3, 4, 4, 32768, true);
   const Program no_residual = two_streams(3, 4, 4, 32768, false);
   for (const Program* program : {&both_deep, &no_residual}) {
-    const PoolPlan plan = plan_pool(*program);
+    const StepPlan plan = plan_step(*program);
     check_plan(*program, plan);
     report_ratio(program == &both_deep ? "two streams, both paths deep" : "two streams, both deep, no residual", plan);
   }
@@ -666,7 +666,7 @@ TEST(PlannerTest, RandomProgramsArePlannedSafely) {
   for (int seed = 1; seed <= kPrograms; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const Program program = random_program(static_cast<std::uint32_t>(seed));
-    const PoolPlan plan = plan_pool(program);
+    const StepPlan plan = plan_step(program);
     check_plan(program, plan);
     if (HasFailure()) break;  // one broken program is enough to read
     const double ratio = plan.ratio_to_lower_bound();

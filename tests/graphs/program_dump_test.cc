@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/error.h"
-#include "engine/ops/elementwise_ops.h"
+#include "ops/elementwise_ops.h"
 #include "graphs/tracer.h"
 
 namespace stepgraph {
@@ -23,7 +23,7 @@ TEST(ProgramDumpTest, TracedProgramDumpsOneLinePerInstructionWithOffsets) {
   }
   const Tensor loss = ops::sum(ctx, ops::add(ctx, h, s)).set_name("loss");
   TraceResult traced = tracer.finish(std::vector<Tensor>{loss});
-  const PoolPlan plan = plan_pool(traced.program);
+  const StepPlan plan = plan_step(traced.program);
 
   const std::string unplanned = dump_program(traced.program);
   EXPECT_NE(unplanned.find("program: 5 values, 4 instructions, 2 stream(s), 1 segment(s)"), std::string::npos)

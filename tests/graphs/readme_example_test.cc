@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "engine/context.h"
-#include "engine/ops/elementwise_ops.h"
+#include "ops/elementwise_ops.h"
 #include "graphs/captured_step.h"
 
 namespace stepgraph {

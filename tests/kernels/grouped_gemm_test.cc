@@ -24,7 +24,7 @@
 #include "engine/context.h"
 #include "engine/cuda_check.h"
 #include "engine/error.h"
-#include "engine/ops/grouped_gemm_ops.h"
+#include "ops/grouped_gemm_ops.h"
 #include "engine/stream.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/context.h"
-#include "engine/ops/elementwise_ops.h"
+#include "ops/elementwise_ops.h"
 
 namespace stepgraph::testing {
 

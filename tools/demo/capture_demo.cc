@@ -11,7 +11,7 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
-#include "engine/ops/elementwise_ops.h"
+#include "ops/elementwise_ops.h"
 #include "graphs/captured_step.h"
 #include "graphs/program_dump.h"
 

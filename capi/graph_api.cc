@@ -1,0 +1,262 @@
+// The C API's captured steps (a C step function or a train step), their
+// replay, outputs and pool report, and the graph cache.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capi/handles.h"
+#include "graphs/program_dump.h"
+
+using namespace stepgraph;  // NOLINT(google-build-using-namespace): the C entry points below
+using capi::require;
+using capi::run_guarded;
+
+namespace {
+
+thread_local std::string step_error;  // set by a failing step function (sg_step_error)
+
+// What the cache holds: the step and the context it needs alive (destroyed in
+// that order). See Note [Handles hold references] in handles.h.
+class CachedStep final : public CachedGraph {
+ public:
+  CachedStep(std::shared_ptr<Context> ctx, std::shared_ptr<CapturedStep> step)
+      : ctx_(std::move(ctx)), step_(std::move(step)) {}
+  std::int64_t pool_bytes() const override { return step_->pool_bytes(); }
+  const std::shared_ptr<CapturedStep>& step() const { return step_; }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  std::shared_ptr<CapturedStep> step_;
+};
+
+CapturedStep& step_of(sg_graph graph, const char* function) {
+  require(graph, function, "graph");
+  return *graph->step;
+}
+
+}  // namespace
+
+namespace stepgraph::capi {
+
+std::shared_ptr<CapturedStep> capture_step_function(Context& ctx, sg_step_fn fn, void* user,
+                                                    sg_pool_report_policy policy) {
+  require(reinterpret_cast<const void*>(fn), "sg_capture", "fn");
+  const CaptureOptions options{.pool_report_policy = to_policy(policy)};
+  return CapturedStep::capture(
+      ctx,
+      [&]() -> std::vector<Tensor> {
+        constexpr std::size_t kCapacity = 64;
+        std::vector<sg_tensor> handles(kCapacity, nullptr);
+        std::size_t count = 0;
+        step_error.clear();
+        const int status = fn(user, handles.data(), kCapacity, &count);
+        // The handles written are ours now, whatever happens next.
+        std::vector<std::unique_ptr<sg_tensor_s>> owned;
+        for (std::size_t i = 0; i < std::min(count, kCapacity); ++i) owned.emplace_back(handles[i]);
+        SG_CHECK(status == 0, "the step function failed (it returned ", status, ")",
+                 step_error.empty() ? std::string() : ": " + step_error);
+        SG_CHECK(count <= kCapacity, "the step function returned ", count, " outputs; at most ", kCapacity);
+        std::vector<Tensor> outputs;
+        for (std::size_t i = 0; i < count; ++i) {
+          SG_CHECK(owned[i] != nullptr, "the step function's output ", i, " is NULL");
+          outputs.push_back(owned[i]->tensor);
+        }
+        return outputs;
+      },
+      options);
+}
+
+}  // namespace stepgraph::capi
+
+extern "C" void sg_step_error(const char* message) {
+  try {
+    step_error = message != nullptr ? message : "";
+  } catch (...) {
+  }
+}
+
+extern "C" sg_result sg_capture(sg_context ctx, sg_step_fn fn, void* user, sg_pool_report_policy policy,
+                                sg_graph* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(out, function, "out");
+    *out = nullptr;
+    auto step = capi::capture_step_function(*ctx->ctx, fn, user, policy);
+    *out = new sg_graph_s{ctx->ctx, std::move(step), nullptr};
+  });
+}
+
+extern "C" sg_result sg_train_step_capture(sg_train_step step, sg_pool_report_policy policy, sg_graph* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(step, function, "step");
+    require(out, function, "out");
+    *out = nullptr;
+    const std::shared_ptr<capi::TrainStepState> state = step->state;
+    auto captured = CapturedStep::capture(*state->ctx, [&] { return (*state->step)(*state->ctx); },
+                                          {.pool_report_policy = capi::to_policy(policy)});
+    *out = new sg_graph_s{state->ctx, std::move(captured), state};
+  });
+}
+
+extern "C" sg_result sg_graph_destroy(sg_graph graph) {
+  return run_guarded(__func__, [&, function = __func__] { delete graph; });
+}
+
+extern "C" sg_result sg_graph_replay(sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources,
+                                     size_t count) {
+  return run_guarded(__func__, [&, function = __func__] {
+    CapturedStep& step = step_of(graph, function);
+    std::vector<InputBinding> bindings;
+    if (count > 0) {
+      require(static_inputs, function, "static_inputs");
+      require(sources, function, "sources");
+    }
+    for (size_t i = 0; i < count; ++i) {
+      SG_CHECK(static_inputs[i] != nullptr && sources[i] != nullptr, function, ": binding ", i, " has a NULL tensor");
+      bindings.push_back({static_inputs[i]->tensor, sources[i]->tensor});
+    }
+    step.replay(bindings);
+  });
+}
+
+extern "C" sg_result sg_graph_output_count(sg_graph graph, size_t* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const CapturedStep& step = step_of(graph, function);
+    require(out, function, "out");
+    *out = step.outputs().size();
+  });
+}
+
+extern "C" sg_result sg_graph_output(sg_graph graph, size_t index, sg_tensor* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const CapturedStep& step = step_of(graph, function);
+    require(out, function, "out");
+    *out = nullptr;
+    SG_CHECK(index < step.outputs().size(), function, ": output ", index, " does not exist; the step has ",
+             step.outputs().size());
+    *out = capi::new_tensor_handle(graph->ctx, step.outputs()[index]);
+  });
+}
+
+extern "C" sg_result sg_graph_replay_count(sg_graph graph, int64_t* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const CapturedStep& step = step_of(graph, function);
+    require(out, function, "out");
+    *out = step.replay_count();
+  });
+}
+
+extern "C" sg_result sg_graph_segment_count(sg_graph graph, size_t* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const CapturedStep& step = step_of(graph, function);
+    require(out, function, "out");
+    *out = step.segment_count();
+  });
+}
+
+extern "C" sg_result sg_graph_pool_bytes(sg_graph graph, int64_t* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const CapturedStep& step = step_of(graph, function);
+    require(out, function, "out");
+    *out = step.pool_bytes();
+  });
+}
+
+extern "C" sg_result sg_graph_pool_report_count(sg_graph graph, size_t* count, int64_t* bytes) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const PoolReport& report = step_of(graph, function).report();
+    if (count != nullptr) *count = report.entries.size();
+    if (bytes != nullptr) *bytes = report.total_bytes();
+  });
+}
+
+extern "C" sg_result sg_graph_pool_report(sg_graph graph, char* buffer, size_t capacity, size_t* length) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const PoolReport& report = step_of(graph, function).report();
+    capi::copy_string(report.to_string(), buffer, capacity, length);
+  });
+}
+
+extern "C" sg_result sg_graph_dump(sg_graph graph, char* buffer, size_t capacity, size_t* length) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const CapturedStep& step = step_of(graph, function);
+    capi::copy_string(dump_program(step.program(), &step.plan()), buffer, capacity, length);
+  });
+}
+
+extern "C" sg_result sg_graph_release_pool(sg_graph graph) {
+  return run_guarded(__func__, [&, function = __func__] { step_of(graph, function).release_pool(); });
+}
+
+namespace {
+
+// One context's graphs never meet another's: the key names the context too.
+GraphKey cache_key(const char* key, const char* function, const Context* ctx) {
+  require(key, function, "key");
+  GraphKey out;
+  out.add("key", std::string_view(key));
+  out.add("context", ctx->id());
+  return out;
+}
+
+}  // namespace
+
+extern "C" sg_result sg_graph_cache_create(int64_t max_pool_bytes, sg_graph_cache* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(out, function, "out");
+    *out = nullptr;
+    *out = new sg_graph_cache_s{GraphCache(max_pool_bytes)};
+  });
+}
+
+extern "C" sg_result sg_graph_cache_destroy(sg_graph_cache cache) {
+  return run_guarded(__func__, [&, function = __func__] { delete cache; });
+}
+
+extern "C" sg_result sg_graph_cache_get_or_capture(sg_graph_cache cache, const char* key, sg_context ctx, sg_step_fn fn,
+                                                   void* user, sg_pool_report_policy policy, sg_graph* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(cache, function, "cache");
+    require(ctx, function, "ctx");
+    require(out, function, "out");
+    *out = nullptr;
+    const std::function<std::shared_ptr<CachedStep>()> capture = [&] {
+      return std::make_shared<CachedStep>(ctx->ctx, capi::capture_step_function(*ctx->ctx, fn, user, policy));
+    };
+    const auto entry = cache->cache.get_or_capture<CachedStep>(cache_key(key, function, ctx->ctx.get()), capture);
+    *out = new sg_graph_s{ctx->ctx, entry->step(), nullptr};
+  });
+}
+
+extern "C" sg_result sg_graph_cache_contains(sg_graph_cache cache, const char* key, sg_context ctx, int* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(cache, function, "cache");
+    require(ctx, function, "ctx");
+    require(out, function, "out");
+    *out = cache->cache.contains(cache_key(key, function, ctx->ctx.get())) ? 1 : 0;
+  });
+}
+
+extern "C" sg_result sg_graph_cache_erase(sg_graph_cache cache, const char* key, sg_context ctx) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(cache, function, "cache");
+    require(ctx, function, "ctx");
+    cache->cache.erase(cache_key(key, function, ctx->ctx.get()));
+  });
+}
+
+extern "C" sg_result sg_graph_cache_clear(sg_graph_cache cache) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(cache, function, "cache");
+    cache->cache.clear();
+  });
+}
+
+extern "C" sg_result sg_graph_cache_get_stats(sg_graph_cache cache, sg_graph_cache_stats* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(cache, function, "cache");
+    require(out, function, "out");
+    const GraphCache::Stats s = cache->cache.stats();
+    *out = {s.hits, s.misses, s.captures, s.evictions, s.entries, s.pool_bytes};
+  });
+}

@@ -1,0 +1,137 @@
+// What the C API's opaque handles hold, and the edge every call goes through.
+// Internal to capi: no C++ type leaves through stepgraph.h.
+//
+// Note [Handles hold references]
+// A C caller may destroy handles in any order, so each handle holds shared
+// references to what it needs: a layer its context, an optimizer its layers, a
+// train step its model and optimizer, a graph its context (CapturedStep needs
+// its Context alive). Destroying a handle only drops its references.
+#pragma once
+
+#include <any>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "capi/stepgraph.h"
+#include "engine/context.h"
+#include "engine/error.h"
+#include "layers/adamw.h"
+#include "layers/model.h"
+#include "layers/parameter.h"
+#include "layers/train_step.h"
+#include "graphs/captured_step.h"
+#include "graphs/graph_cache.h"
+
+namespace stepgraph::capi {
+
+// A layer behind the C API: the four dense layers and the Model share forward
+// (x -> y and what backward needs), backward and parameters.
+class LayerBase {
+ public:
+  virtual ~LayerBase() = default;
+  virtual std::string_view kind() const = 0;
+  virtual std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& x) = 0;
+  // `saved` comes from this layer's forward (the caller checks that).
+  virtual Tensor backward(Context& ctx, const std::any& saved, const Tensor& dy) = 0;
+  virtual std::vector<Parameter*> parameters() = 0;
+};
+
+struct OptimizerState {
+  std::shared_ptr<Context> ctx;
+  std::vector<std::shared_ptr<LayerBase>> layers;  // owners of the parameters AdamW updates
+  std::unique_ptr<AdamW> adamw;
+};
+
+struct TrainStepState {
+  std::shared_ptr<Context> ctx;
+  std::shared_ptr<LayerBase> model;
+  std::shared_ptr<OptimizerState> optimizer;
+  std::unique_ptr<TrainStep> step;
+};
+
+// Runs `body`, turning any exception into a result code and the thread's last
+// error. `function` names the C call in messages logged on unexpected errors.
+sg_result run_guarded(const char* function, const std::function<void()>& body) noexcept;
+
+// Throws Error(kInvalidArgument) "<function>: <what> is NULL" for a null pointer.
+void require(const void* pointer, const char* function, const char* what);
+
+// Copies `text` into (buffer, capacity) (truncated, NUL-terminated) and sets
+// *length (if given) to its full length.
+void copy_string(std::string_view text, char* buffer, std::size_t capacity, std::size_t* length);
+
+// C enums to engine values, with a clear error for values outside the enum.
+Device to_device(sg_device device);
+DType to_dtype(sg_dtype dtype);
+sg_dtype from_dtype(DType dtype);
+kernels::NormKind to_norm_kind(sg_norm_kind kind);
+PoolReportPolicy to_policy(sg_pool_report_policy policy);
+
+// Capture by a C step function (shared by sg_capture and the graph cache).
+std::shared_ptr<CapturedStep> capture_step_function(Context& ctx, sg_step_fn fn, void* user,
+                                                    sg_pool_report_policy policy);
+
+}  // namespace stepgraph::capi
+
+struct sg_context_s {
+  std::shared_ptr<stepgraph::Context> ctx;
+};
+
+struct sg_stream_scope_s {
+  explicit sg_stream_scope_s(std::shared_ptr<stepgraph::Context> context) : ctx(std::move(context)) {}
+  std::shared_ptr<stepgraph::Context> ctx;
+  std::optional<stepgraph::StreamScope> scope;  // destroyed first: restores the previous stream
+};
+
+struct sg_tensor_s {
+  std::shared_ptr<stepgraph::Context> ctx;  // copies to and from the host go through it
+  stepgraph::Tensor tensor;
+};
+
+struct sg_layer_s {
+  std::shared_ptr<stepgraph::Context> ctx;
+  std::shared_ptr<stepgraph::capi::LayerBase> layer;
+};
+
+struct sg_saved_s {
+  std::shared_ptr<stepgraph::capi::LayerBase> layer;  // whose forward made it
+  std::any saved;
+};
+
+struct sg_optimizer_s {
+  std::shared_ptr<stepgraph::capi::OptimizerState> state;
+};
+
+struct sg_train_step_s {
+  std::shared_ptr<stepgraph::capi::TrainStepState> state;
+};
+
+struct sg_graph_s {
+  std::shared_ptr<stepgraph::Context> ctx;
+  std::shared_ptr<stepgraph::CapturedStep> step;
+  std::shared_ptr<const void> keep_alive;  // a train step's state, for train-step graphs
+};
+
+struct sg_graph_cache_s {
+  stepgraph::GraphCache cache;
+};
+
+namespace stepgraph::capi {
+
+// The Model behind a layer handle; an Error for other layers.
+Model& model_of(const sg_layer_s& layer);
+
+// A new caller-owned tensor handle (nullptr for an undefined tensor).
+inline sg_tensor new_tensor_handle(const std::shared_ptr<Context>& ctx, Tensor tensor) {
+  if (!tensor.defined()) return nullptr;
+  return new sg_tensor_s{ctx, std::move(tensor)};
+}
+
+}  // namespace stepgraph::capi

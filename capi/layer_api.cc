@@ -1,0 +1,266 @@
+// The C API's layers: configs, the four dense layers and the Model behind one
+// LayerBase, forward/backward with an opaque saved state, parameters.
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "capi/handles.h"
+#include "layers/layernorm_linear.h"
+#include "layers/layernorm_mlp.h"
+#include "layers/linear.h"
+#include "layers/model.h"
+#include "layers/norm.h"
+
+namespace stepgraph::capi {
+namespace {
+
+template <typename L>
+constexpr std::string_view kind_name() {
+  if constexpr (std::is_same_v<L, Linear>) return "linear";
+  if constexpr (std::is_same_v<L, Norm>) return "norm";
+  if constexpr (std::is_same_v<L, LayerNormLinear>) return "layernorm_linear";
+  if constexpr (std::is_same_v<L, LayerNormMLP>) return "layernorm_mlp";
+  if constexpr (std::is_same_v<L, Model>) return "model";
+}
+
+template <typename L>
+class LayerAdapter final : public LayerBase {
+ public:
+  template <typename... Args>
+  explicit LayerAdapter(Args&&... args) : layer_(std::forward<Args>(args)...) {}
+
+  std::string_view kind() const override { return kind_name<L>(); }
+
+  std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& x) override {
+    if constexpr (std::is_same_v<L, Model>) {
+      typename L::Forward out = layer_.forward(ctx, x);
+      return {out.logits, std::any(std::move(out.saved))};
+    } else {
+      typename L::Forward out = layer_.forward(ctx, {x});
+      return {out.y, std::any(std::move(out.saved))};
+    }
+  }
+
+  Tensor backward(Context& ctx, const std::any& saved, const Tensor& dy) override {
+    const auto& state = std::any_cast<const typename L::Saved&>(saved);
+    if constexpr (std::is_same_v<L, Model>) {
+      return layer_.backward(ctx, state, dy);
+    } else {
+      return layer_.backward(ctx, state, {dy});
+    }
+  }
+
+  std::vector<Parameter*> parameters() override { return layer_.parameters(); }
+  L& layer() { return layer_; }
+
+ private:
+  L layer_;
+};
+
+LinearConfig to_linear_config(const sg_linear_config& c) {
+  return {.in_features = c.in_features,
+          .out_features = c.out_features,
+          .bias = c.bias != 0,
+          .dtype = to_dtype(c.dtype),
+          .dgrad = c.dgrad != 0,
+          .wgrad = c.wgrad != 0};
+}
+
+sg_linear_config from_linear_config(const LinearConfig& c) {
+  return {c.in_features, c.out_features, c.bias ? 1 : 0, from_dtype(c.dtype), c.dgrad ? 1 : 0, c.wgrad ? 1 : 0};
+}
+
+sg_norm_kind from_norm_kind(kernels::NormKind kind) {
+  return kind == kernels::NormKind::kLayerNorm ? SG_NORM_LAYERNORM : SG_NORM_RMSNORM;
+}
+
+template <typename L, typename... Args>
+void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... args) {
+  require(ctx, function, "ctx");
+  require(out, function, "out");
+  *out = nullptr;
+  auto layer = std::make_shared<LayerAdapter<L>>(*ctx->ctx, std::forward<Args>(args)...);
+  *out = new sg_layer_s{ctx->ctx, std::move(layer)};
+}
+
+const char* checked_name(const char* name, const char* function) {
+  require(name, function, "name");
+  SG_CHECK(name[0] != '\0', function, ": name is empty; layers name their parameters after it");
+  return name;
+}
+
+Parameter& parameter_at(sg_layer layer, int64_t index, const char* function) {
+  require(layer, function, "layer");
+  std::vector<Parameter*> parameters = layer->layer->parameters();
+  SG_CHECK(index >= 0 && index < static_cast<int64_t>(parameters.size()), function, ": parameter index ", index,
+           " is outside [0, ", parameters.size(), ") for this ", layer->layer->kind(), " layer");
+  return *parameters[static_cast<std::size_t>(index)];
+}
+
+}  // namespace
+
+Model& model_of(const sg_layer_s& layer) {
+  auto* adapter = dynamic_cast<LayerAdapter<Model>*>(layer.layer.get());
+  SG_CHECK(adapter != nullptr, "a train step needs a model (sg_model_create), got a ", layer.layer->kind(), " layer");
+  return adapter->layer();
+}
+
+}  // namespace stepgraph::capi
+
+using namespace stepgraph;  // NOLINT(google-build-using-namespace): the C entry points below
+using capi::require;
+using capi::run_guarded;
+
+extern "C" void sg_linear_config_default(sg_linear_config* config) {
+  if (config != nullptr) *config = capi::from_linear_config(LinearConfig{});
+}
+
+extern "C" void sg_norm_config_default(sg_norm_config* config) {
+  if (config == nullptr) return;
+  const NormConfig d;
+  *config = {capi::from_norm_kind(d.kind), d.hidden, d.eps, capi::from_dtype(d.dtype)};
+}
+
+extern "C" void sg_layernorm_linear_config_default(sg_layernorm_linear_config* config) {
+  if (config == nullptr) return;
+  const LayerNormLinearConfig d;
+  *config = {capi::from_norm_kind(d.norm), d.eps, capi::from_linear_config(d.linear)};
+}
+
+extern "C" void sg_layernorm_mlp_config_default(sg_layernorm_mlp_config* config) {
+  if (config == nullptr) return;
+  const LayerNormMLPConfig d;
+  *config = {d.hidden, d.ffn, capi::from_norm_kind(d.norm), d.eps, capi::from_dtype(d.dtype)};
+}
+
+extern "C" void sg_model_config_default(sg_model_config* config) {
+  if (config == nullptr) return;
+  const ModelConfig d;
+  *config = {d.hidden, d.ffn,     d.layers, d.vocab,    capi::from_norm_kind(d.norm), d.eps, capi::from_dtype(d.dtype),
+             d.seed,   d.experts, d.topk,   d.moe_every};
+}
+
+extern "C" sg_result sg_linear_create(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
+                                      sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function), capi::to_linear_config(*config),
+                             seed);
+  });
+}
+
+extern "C" sg_result sg_norm_create(sg_context ctx, const char* name, const sg_norm_config* config, sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    const NormConfig c{capi::to_norm_kind(config->kind), config->hidden, config->eps, capi::to_dtype(config->dtype)};
+    capi::make_layer<Norm>(ctx, out, function, capi::checked_name(name, function), c);
+  });
+}
+
+extern "C" sg_result sg_layernorm_linear_create(sg_context ctx, const char* name,
+                                                const sg_layernorm_linear_config* config, uint32_t seed,
+                                                sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    const LayerNormLinearConfig c{capi::to_norm_kind(config->norm), config->eps,
+                                  capi::to_linear_config(config->linear)};
+    capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
+  });
+}
+
+extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
+                                             uint32_t seed, sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    const LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm), config->eps,
+                               capi::to_dtype(config->dtype)};
+    capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
+  });
+}
+
+extern "C" sg_result sg_model_create(sg_context ctx, const sg_model_config* config, sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    const ModelConfig c{.hidden = config->hidden,
+                        .ffn = config->ffn,
+                        .layers = config->layers,
+                        .vocab = config->vocab,
+                        .norm = capi::to_norm_kind(config->norm),
+                        .eps = config->eps,
+                        .dtype = capi::to_dtype(config->dtype),
+                        .seed = config->seed,
+                        .experts = config->experts,
+                        .topk = config->topk,
+                        .moe_every = config->moe_every};
+    capi::make_layer<Model>(ctx, out, function, c);
+  });
+}
+
+extern "C" sg_result sg_layer_destroy(sg_layer layer) {
+  return run_guarded(__func__, [&, function = __func__] { delete layer; });
+}
+
+extern "C" sg_result sg_layer_kind(sg_layer layer, char* buffer, size_t capacity, size_t* length) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    capi::copy_string(layer->layer->kind(), buffer, capacity, length);
+  });
+}
+
+extern "C" sg_result sg_layer_forward(sg_layer layer, sg_tensor x, sg_tensor* y, sg_saved* saved) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    require(x, function, "x");
+    require(y, function, "y");
+    require(saved, function, "saved");
+    *y = nullptr;
+    *saved = nullptr;
+    auto [output, state] = layer->layer->forward(*layer->ctx, x->tensor);
+    auto saved_handle = std::make_unique<sg_saved_s>(sg_saved_s{layer->layer, std::move(state)});
+    *y = capi::new_tensor_handle(layer->ctx, std::move(output));
+    *saved = saved_handle.release();
+  });
+}
+
+extern "C" sg_result sg_layer_backward(sg_layer layer, sg_saved saved, sg_tensor dy, sg_tensor* dx) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    require(saved, function, "saved");
+    require(dy, function, "dy");
+    require(dx, function, "dx");
+    *dx = nullptr;
+    SG_CHECK(saved->layer == layer->layer, function, ": the saved state comes from the forward of another ",
+             saved->layer->kind(), " layer; pass the saved state of this layer's own forward");
+    *dx = capi::new_tensor_handle(layer->ctx, layer->layer->backward(*layer->ctx, saved->saved, dy->tensor));
+  });
+}
+
+extern "C" sg_result sg_saved_destroy(sg_saved saved) {
+  return run_guarded(__func__, [&, function = __func__] { delete saved; });
+}
+
+extern "C" sg_result sg_layer_parameter_count(sg_layer layer, int64_t* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    require(out, function, "out");
+    *out = static_cast<int64_t>(layer->layer->parameters().size());
+  });
+}
+
+extern "C" sg_result sg_layer_parameter(sg_layer layer, int64_t index, char* name, size_t capacity, size_t* length,
+                                        sg_tensor* master, sg_tensor* value, sg_tensor* grad) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const Parameter& p = capi::parameter_at(layer, index, function);
+    capi::copy_string(p.name, name, capacity, length);
+    if (master != nullptr) *master = capi::new_tensor_handle(layer->ctx, p.master);
+    if (value != nullptr) *value = capi::new_tensor_handle(layer->ctx, p.value);
+    if (grad != nullptr) *grad = capi::new_tensor_handle(layer->ctx, p.grad);
+  });
+}
+
+extern "C" sg_result sg_layer_sync_parameters(sg_layer layer) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(layer, function, "layer");
+    for (const Parameter* p : layer->layer->parameters()) sync_copy_from_master(*layer->ctx, *p);
+  });
+}

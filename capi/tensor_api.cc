@@ -1,0 +1,275 @@
+// The C API's devices, contexts and tensors.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capi/handles.h"
+#include "engine/cuda_check.h"
+#include "engine/device.h"
+
+using stepgraph::Context;
+using stepgraph::Device;
+using stepgraph::Shape;
+using stepgraph::TensorMeta;
+using stepgraph::capi::copy_string;
+using stepgraph::capi::require;
+using stepgraph::capi::run_guarded;
+
+namespace {
+
+Shape make_shape(const char* function, int rank, const int64_t* dims) {
+  SG_CHECK(rank >= 0 && rank <= 8, function, ": rank must be in [0, 8], got ", rank);
+  if (rank > 0) require(dims, function, "dims");
+  std::vector<std::int64_t> values(dims, dims + rank);
+  for (int i = 0; i < rank; ++i) {
+    SG_CHECK(values[i] >= 0, function, ": dimension ", i, " is ", values[i], "; dimensions must be >= 0");
+  }
+  return Shape(std::move(values));
+}
+
+// Row-major strides in elements; a dimension of size 1 may have any stride.
+void check_contiguous(const char* name, const Shape& shape, const int64_t* strides) {
+  if (strides == nullptr || shape.numel() == 0) return;
+  std::int64_t expected = 1;
+  for (int i = shape.rank() - 1; i >= 0; --i) {
+    const std::int64_t dim = shape.dims()[i];
+    SG_CHECK(
+        dim == 1 || strides[i] == expected, "sg_tensor_wrap '", name, "': strides (in elements) [",
+        [&] {
+          std::string text;
+          for (int j = 0; j < shape.rank(); ++j) text += (j ? ", " : "") + std::to_string(strides[j]);
+          return text;
+        }(),
+        "] for shape ", shape,
+        " are not contiguous row-major; StepGraph reads dense rows, so make the array contiguous first "
+        "(torch: .contiguous(), numpy: np.ascontiguousarray)");
+    expected *= dim;
+  }
+}
+
+sg_tensor_s& tensor_of(sg_tensor tensor, const char* function) {
+  require(tensor, function, "tensor");
+  return *tensor;
+}
+
+}  // namespace
+
+extern "C" sg_result sg_cuda_device_count(int* count, char* reason, size_t capacity, size_t* length) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(count, function, "count");
+    const stepgraph::DeviceCount found = stepgraph::cuda_device_count();
+    *count = found.count;
+    copy_string(found.no_device_reason, reason, capacity, length);
+  });
+}
+
+extern "C" sg_result sg_context_create(sg_device device, int side_streams, sg_context* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(out, function, "out");
+    *out = nullptr;
+    auto ctx = std::make_shared<Context>(stepgraph::capi::to_device(device), side_streams);
+    *out = new sg_context_s{std::move(ctx)};
+  });
+}
+
+extern "C" sg_result sg_context_destroy(sg_context ctx) {
+  return run_guarded(__func__, [&, function = __func__] { delete ctx; });
+}
+
+extern "C" sg_result sg_context_device(sg_context ctx, sg_device* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(out, function, "out");
+    *out = ctx->ctx->device() == Device::kCuda ? SG_DEVICE_CUDA : SG_DEVICE_HOST;
+  });
+}
+
+extern "C" sg_result sg_context_stream_count(sg_context ctx, int* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(out, function, "out");
+    *out = ctx->ctx->stream_count();
+  });
+}
+
+extern "C" sg_result sg_context_cuda_stream(sg_context ctx, int index, void** out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(out, function, "out");
+    *out = ctx->ctx->cuda_stream(index);
+  });
+}
+
+extern "C" sg_result sg_context_synchronize(sg_context ctx) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    ctx->ctx->synchronize();
+  });
+}
+
+extern "C" sg_result sg_stream_scope_enter(sg_context ctx, int index, sg_stream_scope* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(out, function, "out");
+    *out = nullptr;
+    auto scope = std::make_unique<sg_stream_scope_s>(ctx->ctx);
+    scope->scope.emplace(*scope->ctx, index);
+    *out = scope.release();
+  });
+}
+
+extern "C" sg_result sg_stream_scope_exit(sg_stream_scope scope) {
+  return run_guarded(__func__, [&, function = __func__] { delete scope; });
+}
+
+extern "C" sg_result sg_cuda_stream_synchronize(void* stream) {
+  return run_guarded(
+      __func__, [&, function = __func__] { SG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); });
+}
+
+extern "C" sg_result sg_context_memory(sg_context ctx, int64_t* persistent_bytes, int64_t* eager_bytes,
+                                       int64_t* eager_peak_bytes) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    const stepgraph::MemoryStats stats = ctx->ctx->memory_stats();
+    if (persistent_bytes != nullptr) *persistent_bytes = stats.persistent_bytes;
+    if (eager_bytes != nullptr) *eager_bytes = stats.eager_bytes;
+    if (eager_peak_bytes != nullptr) *eager_peak_bytes = stats.eager_peak_bytes;
+  });
+}
+
+extern "C" sg_result sg_tensor_create(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
+                                      sg_tensor* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(name, function, "name");
+    require(out, function, "out");
+    *out = nullptr;
+    const TensorMeta meta{make_shape(function, rank, dims), stepgraph::capi::to_dtype(dtype)};
+    *out = stepgraph::capi::new_tensor_handle(ctx->ctx, ctx->ctx->persistent(name, meta));
+  });
+}
+
+extern "C" sg_result sg_tensor_wrap(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
+                                    const int64_t* strides, void* data, sg_tensor* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(ctx, function, "ctx");
+    require(name, function, "name");
+    require(out, function, "out");
+    *out = nullptr;
+    const TensorMeta meta{make_shape(function, rank, dims), stepgraph::capi::to_dtype(dtype)};
+    check_contiguous(name, meta.shape, strides);
+    *out = stepgraph::capi::new_tensor_handle(ctx->ctx, ctx->ctx->wrap(name, meta, data));
+  });
+}
+
+extern "C" sg_result sg_tensor_retain(sg_tensor tensor, sg_tensor* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = new sg_tensor_s{t.ctx, t.tensor};
+  });
+}
+
+extern "C" sg_result sg_tensor_destroy(sg_tensor tensor) {
+  return run_guarded(__func__, [&, function = __func__] { delete tensor; });
+}
+
+extern "C" sg_result sg_tensor_rank(sg_tensor tensor, int* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = t.tensor.shape().rank();
+  });
+}
+
+extern "C" sg_result sg_tensor_dims(sg_tensor tensor, int64_t* dims, int capacity) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    const std::vector<std::int64_t>& values = t.tensor.shape().dims();
+    SG_CHECK(capacity >= 0, function, ": capacity is negative (", capacity, ")");
+    if (capacity > 0) require(dims, function, "dims");
+    for (int i = 0; i < capacity && i < static_cast<int>(values.size()); ++i) dims[i] = values[i];
+  });
+}
+
+extern "C" sg_result sg_tensor_dtype(sg_tensor tensor, sg_dtype* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = stepgraph::capi::from_dtype(t.tensor.dtype());
+  });
+}
+
+extern "C" sg_result sg_tensor_device(sg_tensor tensor, sg_device* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = t.ctx->device() == Device::kCuda ? SG_DEVICE_CUDA : SG_DEVICE_HOST;
+  });
+}
+
+extern "C" sg_result sg_tensor_storage(sg_tensor tensor, sg_storage* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = static_cast<sg_storage>(t.tensor.storage());
+  });
+}
+
+extern "C" sg_result sg_tensor_numel(sg_tensor tensor, int64_t* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = t.tensor.numel();
+  });
+}
+
+extern "C" sg_result sg_tensor_bytes(sg_tensor tensor, int64_t* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = t.tensor.bytes();
+  });
+}
+
+extern "C" sg_result sg_tensor_data(sg_tensor tensor, void** out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = t.tensor.data();
+  });
+}
+
+extern "C" sg_result sg_tensor_name(sg_tensor tensor, char* buffer, size_t capacity, size_t* length) {
+  return run_guarded(__func__, [&, function = __func__] {
+    copy_string(tensor_of(tensor, function).tensor.name(), buffer, capacity, length);
+  });
+}
+
+extern "C" sg_result sg_tensor_set_name(sg_tensor tensor, const char* name) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    require(name, function, "name");
+    t.tensor.set_name(name);
+  });
+}
+
+extern "C" sg_result sg_tensor_copy_from_host(sg_tensor tensor, const void* src, size_t bytes) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    if (bytes > 0) require(src, function, "src");
+    t.ctx->copy_from_host(t.tensor, src, bytes);
+  });
+}
+
+extern "C" sg_result sg_tensor_copy_to_host(sg_tensor tensor, void* dst, size_t bytes) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const sg_tensor_s& t = tensor_of(tensor, function);
+    if (bytes > 0) require(dst, function, "dst");
+    t.ctx->copy_to_host(t.tensor, dst, bytes);
+  });
+}

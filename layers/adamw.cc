@@ -1,0 +1,114 @@
+#include "layers/adamw.h"
+
+#include "engine/error.h"
+#include "layers/weight_grad_scope.h"
+
+namespace stepgraph {
+
+AdamW::AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kernels::AdamWHyper& hyper)
+    : hyper_(hyper), parameters_(parameters) {
+  SG_CHECK(!parameters.empty(), "AdamW needs at least one parameter");
+  for (const Parameter* p : parameters) {
+    const TensorMeta meta = p->master.meta();
+    m_.push_back(ctx.persistent(p->name + ".adam_m", meta));
+    v_.push_back(ctx.persistent(p->name + ".adam_v", meta));
+  }
+  step_ = ctx.persistent("adamw.step", {Shape{1}, DType::kInt64});
+  all_ = make_update(ctx, 0, parameters.size(), "adamw.table");
+}
+
+AdamW::Update AdamW::make_update(Context& ctx, std::size_t first, std::size_t count,
+                                 const std::string& table_name) const {
+  Update update;
+  update.params.hyper = hyper_;
+  std::vector<kernels::AdamWTensor> table_entries;
+  for (std::size_t i = first; i < first + count; ++i) {
+    const Parameter* p = parameters_[i];
+    update.tensors.insert(update.tensors.end(), {p->master, p->grad, m_[i], v_[i]});
+    if (p->has_copy()) update.tensors.push_back(p->value);
+    update.params.has_copy.push_back(p->has_copy());
+    update.params.total_numel += p->master.meta().numel();
+    table_entries.push_back({p->master.data_as<float>(), p->grad.data_as<float>(), m_[i].data_as<float>(),
+                             v_[i].data_as<float>(), p->has_copy() ? p->value.data() : nullptr,
+                             p->master.meta().numel()});
+  }
+  const std::size_t table_bytes = kernels::adamw_table_bytes(table_entries);
+  const auto words = static_cast<std::int64_t>((table_bytes + 7) / 8);
+  std::vector<std::int64_t> table_host(static_cast<std::size_t>(words), 0);
+  kernels::build_adamw_table(table_entries, table_host.data());
+  update.table = ctx.persistent(table_name, {Shape{words}, DType::kInt64});
+  ctx.copy_from_host(update.table, table_host.data(), table_host.size() * sizeof(std::int64_t));
+  return update;
+}
+
+void AdamW::step(Context& ctx) const { ops::adamw_step(ctx, all_.params, all_.table, step_, all_.tensors); }
+
+void AdamW::set_groups(Context& ctx, std::span<const std::size_t> sizes) {
+  std::size_t total = 0;
+  for (const std::size_t size : sizes) {
+    SG_CHECK(size > 0, "AdamW::set_groups: every group needs at least one parameter");
+    total += size;
+  }
+  SG_CHECK(total == parameters_.size(), "AdamW::set_groups: the groups hold ", total, " parameters, the optimizer has ",
+           parameters_.size());
+  groups_.clear();
+  std::size_t first = 0;
+  for (std::size_t g = 0; g < sizes.size(); ++g) {
+    groups_.push_back(make_update(ctx, first, sizes[g], "adamw.group" + std::to_string(g) + ".table"));
+    first += sizes[g];
+  }
+}
+
+void AdamW::group_for_overlap(Context& ctx, std::span<const std::size_t> sizes) {
+  std::size_t total = 0;
+  for (const std::size_t size : sizes) total += size;
+  if (ctx.stream_count() > WeightGradScope::kStream && total == parameters_.size()) set_groups(ctx, sizes);
+}
+
+void AdamW::step_group(Context& ctx, std::size_t group, bool advance_step) const {
+  SG_CHECK(group < groups_.size(), "AdamW::step_group: group ", group, " of ", groups_.size(),
+           "; call set_groups first");
+  ops::AdamWParams params = groups_[group].params;
+  params.advance_step = advance_step;
+  ops::adamw_step(ctx, params, groups_[group].table, step_, groups_[group].tensors);
+}
+
+AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer)
+    : ctx_(ctx), optimizer_(optimizer), done_(optimizer.group_count(), false), remaining_(optimizer.group_count()) {
+  SG_CHECK(remaining_ > 0, "AdamW::GroupedStep: the optimizer has no groups; call set_groups first");
+}
+
+void AdamW::GroupedStep::operator()(std::size_t group) {
+  SG_CHECK(group < done_.size() && !done_[group], "AdamW::GroupedStep: group ", group, " of ", done_.size(),
+           done_.size() > group ? " was already updated this step" : " does not exist");
+  done_[group] = true;
+  --remaining_;
+  WeightGradScope weight_grads(ctx_);
+  optimizer_.step_group(ctx_, group, /*advance_step=*/remaining_ == 0);
+}
+
+void AdamW::GroupedStep::finish() const {
+  SG_CHECK(remaining_ == 0, "AdamW::GroupedStep: ", remaining_, " of ", done_.size(),
+           " parameter groups were not updated this step (the backward did not report them)");
+}
+
+std::int64_t AdamW::steps_taken(Context& ctx) const { return ctx.to_vector<std::int64_t>(step_).at(0); }
+
+std::vector<AdamW::Moments> AdamW::moments() const {
+  std::vector<Moments> out;
+  for (std::size_t i = 0; i < m_.size(); ++i) out.push_back({m_[i], v_[i]});
+  return out;
+}
+
+void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward) {
+  if (optimizer.group_count() == 0) {
+    backward({});
+    optimizer.step(ctx);
+    return;
+  }
+  AdamW::GroupedStep update(ctx, optimizer);
+  backward(std::ref(update));
+  update.finish();
+}
+
+}  // namespace stepgraph

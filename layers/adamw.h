@@ -1,0 +1,103 @@
+// AdamW over a model's parameters: one multi-tensor op per step, with fp32
+// master weights, fp32 moments, the model-dtype copies refreshed in the same
+// launch, and the step counter kept on the device so a replayed step needs
+// no value from the host.
+//
+// Grouped steps: set_groups() splits the parameters into consecutive groups
+// (a model's blocks, its head, ...), each with its own launch table, so a
+// training step can update each group as soon as its gradients are final,
+// overlapping the rest of the backward (TrainStep does this on the
+// weight-gradient stream). Every group's update reads the same step counter;
+// the last one of a step advances it. The arithmetic per element is the same
+// as step()'s, so results are bitwise unchanged.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/context.h"
+#include "layers/gradients_ready.h"
+#include "layers/parameter.h"
+#include "ops/optimizer_ops.h"
+
+namespace stepgraph {
+
+class AdamW {
+ public:
+  AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kernels::AdamWHyper& hyper);
+
+  void step(Context& ctx) const;
+
+  // Splits the parameters (in the constructor's order) into consecutive
+  // groups of these sizes; they must add up to the parameter count.
+  void set_groups(Context& ctx, std::span<const std::size_t> sizes);
+  std::size_t group_count() const { return groups_.size(); }
+  std::size_t parameter_count() const { return parameters_.size(); }
+  // set_groups(sizes) where the update can overlap the backward: the
+  // context has a weight-gradient stream and the sizes cover every
+  // parameter; otherwise the optimizer stays one update after the backward.
+  void group_for_overlap(Context& ctx, std::span<const std::size_t> sizes);
+  // Updates group `group`; advance_step for the last update of a step only.
+  void step_group(Context& ctx, std::size_t group, bool advance_step) const;
+
+  // One step's grouped updates, driven by a backward's "gradients ready"
+  // calls (Model::GradientsReady): each group updates on the
+  // weight-gradient stream (WeightGradScope) when it is called; the last
+  // call advances the step counter. finish() checks every group ran once.
+  //
+  //   AdamW::GroupedStep update(ctx, optimizer);
+  //   model.backward(ctx, saved, dlogits, std::ref(update));
+  //   update.finish();
+  class GroupedStep {
+   public:
+    GroupedStep(Context& ctx, const AdamW& optimizer);
+    void operator()(std::size_t group);
+    void finish() const;
+
+   private:
+    Context& ctx_;
+    const AdamW& optimizer_;
+    std::vector<bool> done_;
+    std::size_t remaining_;
+  };
+
+  // Steps taken so far (reads the device counter: not while tracing).
+  std::int64_t steps_taken(Context& ctx) const;
+
+  // The optimizer's state, for checkpoints: each parameter's moments in the
+  // constructor's order, and the device step counter (int64 [1]).
+  struct Moments {
+    Tensor m;
+    Tensor v;
+  };
+  std::vector<Moments> moments() const;
+  const Tensor& step_counter() const { return step_; }
+
+ private:
+  // One launch: its parameters' table and tensors.
+  struct Update {
+    ops::AdamWParams params;
+    Tensor table;                 // the kernel's launch table (pointers), int64 words
+    std::vector<Tensor> tensors;  // per parameter: master, grad, m, v[, copy]
+  };
+  // The update of parameters [first, first + count).
+  Update make_update(Context& ctx, std::size_t first, std::size_t count, const std::string& table_name) const;
+
+  kernels::AdamWHyper hyper_;
+  std::vector<Parameter*> parameters_;
+  std::vector<Tensor> m_;  // per parameter
+  std::vector<Tensor> v_;
+  Tensor step_;  // int64 [1]
+  Update all_;
+  std::vector<Update> groups_;
+};
+
+// Runs `backward` and the optimizer's step: each group's update as soon as
+// the backward reports it (AdamW::GroupedStep) when the optimizer has
+// groups, else one update after the whole backward.
+void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward);
+
+}  // namespace stepgraph

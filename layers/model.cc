@@ -1,0 +1,116 @@
+#include "layers/model.h"
+
+#include <string>
+
+#include "engine/error.h"
+#include "ops/activation_ops.h"
+
+namespace stepgraph {
+
+Model::Model(Context& ctx, const ModelConfig& config) : config_(config) {
+  SG_CHECK(config.layers >= 0 && config.vocab > 0, "Model: layers must be >= 0 and vocab > 0, got ", config.layers,
+           " and ", config.vocab);
+  SG_CHECK(config.experts >= 0, "Model: experts must be >= 0 (0: no MoE blocks), got ", config.experts);
+  if (config.experts > 0) {
+    SG_CHECK(config.topk == 1 || config.topk == 2, "Model: topk must be 1 or 2, got ", config.topk);
+    SG_CHECK(config.topk <= config.experts, "Model: topk (", config.topk, ") must not exceed experts (", config.experts,
+             "): each token goes to topk distinct experts");
+    SG_CHECK(config.moe_every >= 1 && config.moe_every <= config.layers,
+             "Model: moe_every must be in [1, layers = ", config.layers, "] so that some block is an MoE block, got ",
+             config.moe_every);
+  }
+  for (std::int64_t i = 0; i < config.layers; ++i) {
+    const std::string name = "block" + std::to_string(i);
+    const std::uint32_t seed = config.seed + 16 * static_cast<std::uint32_t>(i);
+    Block block;
+    if (is_moe_block(i)) {
+      block.moe =
+          std::make_unique<MoEMLP>(ctx, name,
+                                   MoEMLPConfig{config.hidden, config.ffn, config.experts,
+                                                static_cast<int>(config.topk), config.norm, config.eps, config.dtype},
+                                   seed);
+    } else {
+      block.dense = std::make_unique<LayerNormMLP>(
+          ctx, name, LayerNormMLPConfig{config.hidden, config.ffn, config.norm, config.eps, config.dtype}, seed);
+    }
+    blocks_.push_back(std::move(block));
+  }
+  final_norm_ =
+      std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
+  head_ = std::make_unique<Linear>(
+      ctx, "head",
+      LinearConfig{.in_features = config.hidden, .out_features = config.vocab, .bias = false, .dtype = config.dtype},
+      config.seed + 7919);
+}
+
+bool Model::is_moe_block(std::int64_t i) const { return config_.experts > 0 && (i + 1) % config_.moe_every == 0; }
+
+std::vector<Parameter*> Model::parameters() {
+  std::vector<Parameter*> out;
+  for (Block& block : blocks_) {
+    for (Parameter* p : block.moe ? block.moe->parameters() : block.dense->parameters()) out.push_back(p);
+  }
+  for (Parameter* p : final_norm_->parameters()) out.push_back(p);
+  for (Parameter* p : head_->parameters()) out.push_back(p);
+  return out;
+}
+
+Model::Forward Model::forward(Context& ctx, const Tensor& x) const {
+  Forward out;
+  Tensor h = x;
+  for (const Block& block : blocks_) {
+    Tensor y;
+    if (block.moe) {
+      MoEMLP::Forward f = block.moe->forward(ctx, {h});
+      y = f.y;
+      out.saved.blocks.emplace_back(std::move(f.saved));
+    } else {
+      LayerNormMLP::Forward f = block.dense->forward(ctx, {h});
+      y = f.y;
+      out.saved.blocks.emplace_back(std::move(f.saved));
+    }
+    h = ops::residual_add(ctx, h, y);
+  }
+  const Norm::Forward normed = final_norm_->forward(ctx, {h});
+  const Linear::Forward logits = head_->forward(ctx, {normed.y});
+  out.logits = logits.y;
+  out.saved.final_norm = normed.saved;
+  out.saved.head = logits.saved;
+  return out;
+}
+
+std::vector<std::size_t> Model::parameter_group_sizes() {
+  std::vector<std::size_t> sizes;
+  for (Block& block : blocks_)
+    sizes.push_back((block.moe ? block.moe->parameters() : block.dense->parameters()).size());
+  sizes.push_back(final_norm_->parameters().size());
+  sizes.push_back(head_->parameters().size());
+  return sizes;
+}
+
+Tensor Model::backward(Context& ctx, const Saved& saved, const Tensor& dlogits, const GradientsReady& ready) const {
+  auto done = [&](std::size_t group) {
+    if (ready) ready(group);
+  };
+  const std::size_t head_group = blocks_.size() + 1;
+  const Tensor d_normed = head_->backward(ctx, saved.head, {dlogits});
+  done(head_group);
+  Tensor dh = final_norm_->backward(ctx, saved.final_norm, {d_normed});
+  done(head_group - 1);
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    const Block& block = blocks_[i];
+    const Tensor d_block = block.moe ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(saved.blocks[i]), {dh})
+                                     : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(saved.blocks[i]), {dh});
+    done(i);
+    dh = ops::residual_add(ctx, dh, d_block);
+  }
+  return dh;
+}
+
+void Model::check_errors(Context& ctx) const {
+  for (const Block& block : blocks_) {
+    if (block.moe) block.moe->check_errors(ctx);
+  }
+}
+
+}  // namespace stepgraph

@@ -1,0 +1,91 @@
+// A language-model-shaped stack for training steps: N residual blocks
+// h = h + MLP(h), a final norm and an LM head (Linear without bias). The MLP
+// is a dense LayerNormMLP, or with experts > 0 a mixture-of-experts MoEMLP in
+// every moe_every-th block (see ModelConfig).
+// TrainStep (train_step.h) adds the loss and the optimizer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "engine/context.h"
+#include "layers/gradients_ready.h"
+#include "layers/layernorm_mlp.h"
+#include "layers/linear.h"
+#include "layers/moe_mlp.h"
+#include "layers/norm.h"
+
+namespace stepgraph {
+
+struct ModelConfig {
+  std::int64_t hidden = 256;
+  std::int64_t ffn = 1024;
+  std::int64_t layers = 4;
+  std::int64_t vocab = 512;
+  kernels::NormKind norm = kernels::NormKind::kLayerNorm;
+  float eps = 1e-5f;
+  DType dtype = DType::kBFloat16;
+  std::uint32_t seed = 1;
+  // Mixture of experts: with experts > 0, every moe_every-th block (blocks
+  // moe_every-1, 2*moe_every-1, ...: with moe_every = 1 all of them) is an
+  // MoE MLP routing each token to its top-k experts, each expert an fc1/fc2
+  // of `ffn`; the others stay dense LayerNormMLP blocks. topk must be 1 or 2
+  // and at most experts, and at least one block must be MoE (Error at build
+  // time otherwise).
+  std::int64_t experts = 0;
+  std::int64_t topk = 2;
+  std::int64_t moe_every = 2;
+};
+
+class Model {
+ public:
+  using BlockSaved = std::variant<LayerNormMLP::Saved, MoEMLP::Saved>;
+  struct Saved {
+    std::vector<BlockSaved> blocks;
+    Norm::Saved final_norm;
+    Linear::Saved head;
+  };
+  struct Forward {
+    Tensor logits;  // [tokens, vocab]
+    Saved saved;
+  };
+
+  Model(Context& ctx, const ModelConfig& config);
+
+  Forward forward(Context& ctx, const Tensor& x) const;  // x: [tokens, hidden]
+  // Called during the backward with the index of a parameter group (see
+  // parameter_group_sizes) as soon as that group's gradients are final.
+  using GradientsReady = stepgraph::GradientsReady;
+
+  // Writes every parameter gradient; returns d loss / d x.
+  Tensor backward(Context& ctx, const Saved& saved, const Tensor& dlogits, const GradientsReady& ready = {}) const;
+
+  // Error if an MoE block's routing went wrong in a step since the last
+  // check (reads device error words: after a step, never inside one).
+  void check_errors(Context& ctx) const;
+
+  const ModelConfig& config() const { return config_; }
+  std::vector<Parameter*> parameters();
+  // parameters() in consecutive groups: one per block, the final norm, the
+  // head. The backward finishes them in reverse order.
+  std::vector<std::size_t> parameter_group_sizes();
+  // Whether block i is an MoE block.
+  bool is_moe_block(std::int64_t i) const;
+
+ private:
+  // One residual block: exactly one of the two is set.
+  struct Block {
+    std::unique_ptr<LayerNormMLP> dense;
+    std::unique_ptr<MoEMLP> moe;
+  };
+
+  ModelConfig config_;
+  std::vector<Block> blocks_;
+  std::unique_ptr<Norm> final_norm_;
+  std::unique_ptr<Linear> head_;
+};
+
+}  // namespace stepgraph

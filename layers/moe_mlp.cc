@@ -1,0 +1,95 @@
+#include "layers/moe_mlp.h"
+
+#include "engine/error.h"
+#include "ops/activation_ops.h"
+#include "kernels/moe_routing.h"
+
+namespace stepgraph {
+namespace {
+
+const MoEMLPConfig& checked(const std::string& name, const MoEMLPConfig& config) {
+  SG_CHECK(config.hidden > 0 && config.ffn > 0, "MoEMLP '", name, "': hidden and ffn must be > 0, got ", config.hidden,
+           " and ", config.ffn);
+  SG_CHECK(config.topk == 1 || config.topk == 2, "MoEMLP '", name, "': topk must be 1 or 2, got ", config.topk);
+  SG_CHECK(config.experts >= config.topk && config.experts <= kernels::kMaxExperts, "MoEMLP '", name,
+           "': experts must be in [topk = ", config.topk, ", ", kernels::kMaxExperts, "], got ", config.experts);
+  return config;
+}
+
+}  // namespace
+
+MoEMLP::MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config, std::uint32_t seed)
+    : name_(name),
+      config_(checked(name, config)),
+      norm_(ctx, name + ".norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype}),
+      router_(ctx, name + ".router",
+              LinearConfig{
+                  .in_features = config.hidden, .out_features = config.experts, .bias = false, .dtype = config.dtype},
+              seed),
+      fc1_(ctx, name + ".fc1", GroupedLinearConfig{config.experts, config.hidden, config.ffn, true, config.dtype},
+           seed + 2),
+      fc2_(ctx, name + ".fc2", GroupedLinearConfig{config.experts, config.ffn, config.hidden, true, config.dtype},
+           seed + 4) {
+  // The router's outputs, and both expert layers, must agree on the expert count.
+  SG_CHECK(router_.config().out_features == config.experts && fc1_.config().experts == config.experts &&
+               fc2_.config().experts == config.experts,
+           "MoEMLP '", name, "': the router has ", router_.config().out_features, " outputs but the experts are ",
+           fc1_.config().experts, " and ", fc2_.config().experts, "; they must all be ", config.experts);
+  routing_error_ = ctx.persistent(name + ".routing_error", {Shape{1}, DType::kInt32});
+}
+
+std::vector<Parameter*> MoEMLP::parameters() {
+  std::vector<Parameter*> out = norm_.parameters();
+  for (Parameter* p : router_.parameters()) out.push_back(p);
+  for (Parameter* p : fc1_.parameters()) out.push_back(p);
+  for (Parameter* p : fc2_.parameters()) out.push_back(p);
+  return out;
+}
+
+MoEMLP::Forward MoEMLP::forward(Context& ctx, const FwdArgs& args) const {
+  const TensorMeta& x = args.x.meta();
+  SG_CHECK(x.shape.rank() == 2 && x.shape.dim(1) == config_.hidden && x.dtype == config_.dtype, "MoEMLP '", name_,
+           "': input must be [tokens, ", config_.hidden, "] ", dtype_name(config_.dtype), ", got ", x.shape, " ",
+           dtype_name(x.dtype));
+  Forward out;
+  Saved& s = out.saved;
+  const Norm::Forward normed = norm_.forward(ctx, {args.x});
+  s.norm = normed.saved;
+  const Linear::Forward router = router_.forward(ctx, {normed.y});
+  s.router = router.saved;
+  s.logits = router.y;
+  s.routed = ops::router_topk(ctx, s.logits, config_.topk);
+  s.plan = ops::moe_plan(ctx, s.routed.experts, routing_error_, config_.experts);
+  const Tensor x_perm = ops::moe_permute(ctx, normed.y, s.plan.sources);
+  const GroupedLinear::Forward fc1 = fc1_.forward(ctx, {x_perm, s.plan.splits});
+  s.fc1 = fc1.saved;
+  s.pre = fc1.y;
+  const GroupedLinear::Forward fc2 = fc2_.forward(ctx, {ops::gelu(ctx, s.pre), s.plan.splits});
+  s.fc2 = fc2.saved;
+  s.expert_out = fc2.y;
+  out.y = ops::moe_unpermute(ctx, s.expert_out, s.plan.positions, s.routed.gates);
+  return out;
+}
+
+Tensor MoEMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  const ops::UnpermuteGrads unpermuted =
+      ops::moe_unpermute_backward(ctx, args.dy, saved.expert_out, saved.plan.positions, saved.routed.gates);
+  const Tensor d_act = fc2_.backward(ctx, saved.fc2, {unpermuted.dy_perm});
+  const Tensor d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
+  const Tensor d_x_perm = fc1_.backward(ctx, saved.fc1, {d_pre});
+  // The normed rows reach the output through the experts (summed back over
+  // the k copies: permute's backward) and through the router's gates.
+  const Tensor d_normed_experts = ops::moe_unpermute(ctx, d_x_perm, saved.plan.positions);
+  const Tensor d_logits = ops::router_topk_backward(ctx, unpermuted.dgates, saved.logits, saved.routed);
+  const Tensor d_normed_router = router_.backward(ctx, saved.router, {d_logits});
+  const Tensor d_normed = ops::residual_add(ctx, d_normed_experts, d_normed_router);
+  return norm_.backward(ctx, saved.norm, {d_normed});
+}
+
+void MoEMLP::check_errors(Context& ctx) const {
+  check_routing_error_word(ctx, routing_error_, "MoEMLP '" + name_ + "'");
+  fc1_.check_splits(ctx);
+  fc2_.check_splits(ctx);
+}
+
+}  // namespace stepgraph

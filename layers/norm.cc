@@ -1,0 +1,37 @@
+#include "layers/norm.h"
+
+#include "engine/error.h"
+#include "ops/elementwise_ops.h"
+#include "ops/norm_ops.h"
+
+namespace stepgraph {
+
+Norm::Norm(Context& ctx, const std::string& name, const NormConfig& config) : config_(config) {
+  SG_CHECK(config.hidden > 0, "Norm '", name, "': hidden must be > 0, got ", config.hidden);
+  gamma_ = make_parameter(ctx, name + ".gamma", Shape{config.hidden}, config.dtype, constant_init(config.hidden, 1.0f));
+  if (layernorm()) {
+    beta_ = make_parameter(ctx, name + ".beta", Shape{config.hidden}, config.dtype, constant_init(config.hidden, 0.0f));
+  }
+}
+
+std::vector<Parameter*> Norm::parameters() {
+  std::vector<Parameter*> out{&gamma_};
+  if (layernorm()) out.push_back(&beta_);
+  return out;
+}
+
+Norm::Forward Norm::forward(Context& ctx, const FwdArgs& args) const {
+  const ops::NormParams params{config_.kind, config_.eps};
+  const ops::NormForward f = ops::norm_forward(ctx, params, args.x, gamma_.value, layernorm() ? beta_.value : Tensor());
+  return {f.y, Saved{args.x, f.mean, f.rstd}};
+}
+
+Tensor Norm::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  const ops::NormParams params{config_.kind, config_.eps};
+  const ops::NormBackward b = ops::norm_backward(ctx, params, args.dy, saved.x, saved.mean, saved.rstd, gamma_.value);
+  ops::copy_(ctx, gamma_.grad, b.dgamma);
+  if (layernorm()) ops::copy_(ctx, beta_.grad, b.dbeta);
+  return b.dx;
+}
+
+}  // namespace stepgraph

@@ -1,0 +1,53 @@
+#include "layers/parameter.h"
+
+#include <random>
+
+#include "engine/error.h"
+#include "ops/elementwise_ops.h"
+
+namespace stepgraph {
+
+Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
+                         std::span<const float> init) {
+  SG_CHECK(static_cast<std::int64_t>(init.size()) == shape.numel(), "parameter '", name, "' ", shape, " needs ",
+           shape.numel(), " initial values, got ", init.size());
+  SG_CHECK_CODE(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+                ErrorCode::kUnsupported, "parameter '", name, "': dtype ", dtype_name(dtype),
+                " is not supported (fp32, bf16, fp16)");
+  Parameter p;
+  p.name = name;
+  p.master = ctx.persistent(name + ".master", {shape, DType::kFloat32});
+  ctx.copy_from_host(p.master, init.data(), init.size() * sizeof(float));
+  p.grad = ctx.persistent(name + ".grad", {shape, DType::kFloat32});
+  if (dtype == DType::kFloat32) {
+    p.value = p.master;
+  } else {
+    p.value = ctx.persistent(name, {shape, dtype});
+    sync_copy_from_master(ctx, p);
+  }
+  return p;
+}
+
+void sync_copy_from_master(Context& ctx, const Parameter& parameter) {
+  if (!parameter.has_copy()) return;
+  const Tensor converted = ops::cast(ctx, parameter.master, parameter.value.dtype());
+  // copy_ is fp32-only; a cast into the persistent copy goes through a
+  // bytewise copy of the converted tensor instead.
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(converted.bytes()));
+  ctx.copy_to_host(converted, bytes.data(), bytes.size());
+  ctx.copy_from_host(parameter.value, bytes.data(), bytes.size());
+}
+
+std::vector<float> uniform_init(std::int64_t numel, float scale, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-scale, scale);
+  std::vector<float> values(static_cast<std::size_t>(numel));
+  for (float& v : values) v = uniform(rng);
+  return values;
+}
+
+std::vector<float> constant_init(std::int64_t numel, float value) {
+  return std::vector<float>(static_cast<std::size_t>(numel), value);
+}
+
+}  // namespace stepgraph

@@ -1,0 +1,116 @@
+#include "ops/optimizer_ops.h"
+
+#include <cstdio>
+
+#include "engine/error.h"
+
+namespace stepgraph::ops {
+
+bool AdamWParams::operator==(const AdamWParams& other) const {
+  return hyper.lr == other.hyper.lr && hyper.beta1 == other.hyper.beta1 && hyper.beta2 == other.hyper.beta2 &&
+         hyper.eps == other.hyper.eps && hyper.weight_decay == other.hyper.weight_decay && has_copy == other.has_copy &&
+         total_numel == other.total_numel && advance_step == other.advance_step;
+}
+
+std::string AdamWParams::to_string() const {
+  char text[160];
+  std::snprintf(text, sizeof(text), "lr=%g, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s",
+                static_cast<double>(hyper.lr), static_cast<double>(hyper.beta1), static_cast<double>(hyper.beta2),
+                static_cast<double>(hyper.eps), static_cast<double>(hyper.weight_decay), has_copy.size(),
+                advance_step ? "" : ", step not advanced");
+  return text;
+}
+
+namespace {
+
+constexpr std::size_t kTable = 0;
+constexpr std::size_t kStep = 1;
+constexpr std::size_t kFirstTensor = 2;
+
+// Per parameter, the index of its master among the inputs.
+std::vector<std::size_t> master_indices(const AdamWParams& p) {
+  std::vector<std::size_t> out;
+  std::size_t next = kFirstTensor;
+  for (bool copy : p.has_copy) {
+    out.push_back(next);
+    next += copy ? 5 : 4;
+  }
+  return out;
+}
+
+std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const AdamWParams& p = params.as<AdamWParams>();
+  std::size_t expected = kFirstTensor;
+  for (bool copy : p.has_copy) expected += copy ? 5 : 4;
+  SG_CHECK(inputs.size() == expected, "op adamw: ", p.has_copy.size(), " parameters need ", expected, " inputs, got ",
+           inputs.size());
+  SG_CHECK(inputs[kStep] == (TensorMeta{Shape{1}, DType::kInt64}), "op adamw: the step counter must be int64 [1]");
+  std::int64_t total = 0;
+  for (std::size_t m : master_indices(p)) {
+    const TensorMeta& master = inputs[m];
+    SG_CHECK(master.dtype == DType::kFloat32, "op adamw: master weights are fp32, got ", dtype_name(master.dtype));
+    for (std::size_t i = 1; i < 4; ++i) {
+      SG_CHECK(inputs[m + i] == master, "op adamw: grad, m and v must match their master ", master.shape, " fp32");
+    }
+    total += master.numel();
+  }
+  SG_CHECK(total == p.total_numel, "op adamw: parameters hold ", total, " elements, the params say ", p.total_numel);
+  return {};
+}
+
+std::vector<int> written(const OpParams& params, std::size_t) {
+  const AdamWParams& p = params.as<AdamWParams>();
+  std::vector<int> out;
+  if (p.advance_step) out.push_back(static_cast<int>(kStep));
+  const std::vector<std::size_t> masters = master_indices(p);
+  for (std::size_t t = 0; t < masters.size(); ++t) {
+    const int m = static_cast<int>(masters[t]);
+    out.insert(out.end(), {m, m + 2, m + 3});
+    if (p.has_copy[t]) out.push_back(m + 4);
+  }
+  return out;
+}
+
+std::vector<kernels::AdamWTensor> tensors_of(const AdamWParams& p, const KernelArgs& a) {
+  std::vector<kernels::AdamWTensor> out;
+  const std::vector<std::size_t> masters = master_indices(p);
+  for (std::size_t t = 0; t < masters.size(); ++t) {
+    const std::size_t m = masters[t];
+    out.push_back({static_cast<float*>(a.inputs[m]), static_cast<const float*>(a.inputs[m + 1]),
+                   static_cast<float*>(a.inputs[m + 2]), static_cast<float*>(a.inputs[m + 3]),
+                   p.has_copy[t] ? a.inputs[m + 4] : nullptr, a.input_metas[m].numel()});
+  }
+  return out;
+}
+
+}  // namespace
+
+const OpDef& adamw_op() {
+  static const OpDef op{
+      .name = "adamw",
+      .check = check,
+      .mutated_inputs_for = written,
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const AdamWParams& p = params.as<AdamWParams>();
+            kernels::launch_adamw(p.hyper, a.inputs[kTable], static_cast<std::int64_t>(p.has_copy.size()),
+                                  p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream, p.advance_step);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const AdamWParams& p = params.as<AdamWParams>();
+            kernels::host::adamw(p.hyper, tensors_of(p, a), static_cast<std::int64_t*>(a.inputs[kStep]),
+                                 p.advance_step);
+          },
+  };
+  return op;
+}
+
+void adamw_step(Context& ctx, const AdamWParams& params, const Tensor& table, const Tensor& step,
+                const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> inputs{table, step};
+  inputs.insert(inputs.end(), tensors.begin(), tensors.end());
+  ctx.call(adamw_op(), params, std::move(inputs));
+}
+
+}  // namespace stepgraph::ops

@@ -1,0 +1,69 @@
+#include "ops/registry.h"
+
+#include <string>
+#include <vector>
+
+#include "engine/error.h"
+#include "ops/activation_ops.h"
+#include "ops/elementwise_ops.h"
+#include "ops/embedding_ops.h"
+#include "ops/gemm_ops.h"
+#include "ops/grouped_gemm_ops.h"
+#include "ops/loss_ops.h"
+#include "ops/moe_ops.h"
+#include "ops/norm_ops.h"
+#include "ops/optimizer_ops.h"
+
+namespace stepgraph::ops {
+
+std::span<const OpDef* const> all_ops() {
+  // Every op, by family: elementwise, gemm, grouped gemm, norm, activation, embedding, loss,
+  // optimizer, MoE routing.
+  static const std::vector<const OpDef*> ops = {
+      &fill_op(),
+      &copy_op(),
+      &copy_inplace_op(),
+      &axpy_op(),
+      &axpy_inplace_op(),
+      &add_op(),
+      &mul_op(),
+      &sum_op(),
+      &cast_op(),
+      &gemm_op(),
+      &gemm_accumulate_op(),
+      &grouped_linear_forward_op(),
+      &grouped_linear_dgrad_op(),
+      &grouped_linear_wgrad_op(),
+      &grouped_bias_grad_op(),
+      &norm_forward_op(),
+      &norm_backward_op(),
+      &gelu_op(),
+      &gelu_backward_op(),
+      &residual_add_op(),
+      &embedding_op(),
+      &embedding_backward_op(),
+      &cross_entropy_op(),
+      &adamw_op(),
+      &router_topk_op(),
+      &router_topk_backward_op(),
+      &moe_plan_op(),
+      &split_offsets_op(),
+      &moe_permute_op(),
+      &moe_unpermute_op(),
+      &moe_unpermute_backward_op(),
+  };
+
+  return ops;
+}
+
+const OpDef& find_op(std::string_view name) {
+  std::string known;
+  for (const OpDef* op : all_ops()) {
+    if (op->name == name) return *op;
+    known += known.empty() ? "" : ", ";
+    known += op->name;
+  }
+  SG_THROW(ErrorCode::kInvalidArgument, "unknown op '", name, "'; known ops: ", known);
+}
+
+}  // namespace stepgraph::ops

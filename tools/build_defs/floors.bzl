@@ -1,0 +1,39 @@
+"""The floors of the tree and who may build on each (README: Layout).
+
+Every dependency points down. A target's `visibility` names the floors above
+it, so a dependency from a lower floor to a higher one is a build error:
+
+    trainer/ benchmarks/ tools/ python/   the programs
+    capi/                                 the C API
+    layers/                               layers, models, optimizer, steps
+    ops/        graphs/                   op definitions | trace, plan, capture (siblings:
+                                          neither sees the other)
+    kernels/                              CUDA kernels and host references
+    engine/                               the ground floor
+
+tests/ sees every floor. tools/check_layering.sh proves the rule holds.
+"""
+
+_PROGRAMS = [
+    "//benchmarks:__subpackages__",
+    "//python:__subpackages__",
+    "//tests:__subpackages__",
+    "//tools:__subpackages__",
+    "//trainer:__subpackages__",
+]
+
+# capi/ is used by the programs only.
+CAPI_USERS = _PROGRAMS
+
+# layers/ by capi/ and the programs.
+LAYERS_USERS = ["//capi:__subpackages__"] + _PROGRAMS
+
+# ops/ and graphs/ (one floor, two rooms) by layers/ and everything above.
+OPS_USERS = ["//layers:__subpackages__"] + LAYERS_USERS
+GRAPHS_USERS = OPS_USERS
+
+# kernels/ by ops/ and everything above it (layers name kernel enums in their configs).
+KERNELS_USERS = ["//ops:__subpackages__"] + OPS_USERS
+
+# engine/ by everyone.
+ENGINE_USERS = ["//:__subpackages__"]

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Checks the floors of the tree (tools/build_defs/floors.bzl, README: Layout):
+#   1. no target of a floor depends on a target of a higher floor (or of its
+#      sibling: ops/ and graphs/ do not see each other), by bazel query;
+#   2. `visibility` turns a new upward dependency into a build error: a probe
+#      package under engine/ that depends on //layers:linear must fail
+#      analysis with "is not visible" (the probe is removed afterwards);
+#   3. no device branch outside the backends, no getenv in kernels/ or ops/.
+# Prints one line per check and exits non-zero on the first failure.
+#
+#   tools/check_layering.sh        # .ci/run runs it after the tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail() {
+  echo "check_layering: FAIL: $*" >&2
+  exit 1
+}
+
+# 1. Every floor, and what it must not reach.
+declare -A above=(
+  [engine]="//kernels/... + //ops/... + //graphs/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
+  [kernels]="//ops/... + //graphs/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
+  [ops]="//graphs/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
+  [graphs]="//ops/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
+  [layers]="//capi/... + //trainer/... + //benchmarks/..."
+  [capi]="//trainer/... + //benchmarks/..."
+)
+for floor in engine kernels ops graphs layers capi; do
+  upward=$(./bazelw query --noshow_progress "deps(//$floor/...) intersect (${above[$floor]})" 2>/dev/null) ||
+    fail "bazel query for //$floor failed"
+  [ -z "$upward" ] || fail "//$floor depends on a higher floor: $upward"
+done
+echo "check_layering: no floor depends on a higher one (engine, kernels, ops, graphs, layers, capi)"
+
+# 2. An upward dependency must not build.
+probe=engine/layering_probe
+trap 'rm -rf "$probe"' EXIT
+mkdir -p "$probe"
+cat >"$probe/BUILD.bazel" <<'EOF'
+cc_library(
+    name = "probe",
+    deps = ["//layers:linear"],
+)
+EOF
+if output=$(./bazelw build --nobuild --noshow_progress "//$probe:probe" 2>&1); then
+  fail "a target under engine/ could depend on //layers:linear; visibility does not guard the floors"
+fi
+grep -q "is not visible" <<<"$output" || fail "the probe failed for another reason than visibility: $output"
+echo "check_layering: an upward dependency (//$probe -> //layers:linear) fails to build: not visible"
+rm -rf "$probe"
+
+# 3. Device branches live in the backends only; no environment switches in kernels or ops.
+branches=$(grep -rnE 'device\(\) *[!=]=|Device::kCuda *[!=)]|Device::kHost *[!=)]|== *Device::k|!= *Device::k' \
+  --include=*.cc --include=*.h --include=*.cu --include=*.cuh engine graphs ops layers kernels capi |
+  grep -vE '^engine/(backend|cuda/|host_backend)' || true)
+[ -z "$branches" ] || fail "device branches outside the backends:
+$branches"
+envs=$(grep -rn 'getenv' --include=*.cc --include=*.h --include=*.cu --include=*.cuh kernels ops || true)
+[ -z "$envs" ] || fail "getenv in kernels/ or ops/ (a kernel choice must be an op parameter):
+$envs"
+echo "check_layering: no device branch outside the backends, no getenv in kernels/ or ops/"

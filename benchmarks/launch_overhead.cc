@@ -20,7 +20,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/stream.h"
-#include "graphs/stream_capture.h"
+#include "engine/stream_capture.h"
 #include "kernels/elementwise.h"
 
 namespace stepgraph {

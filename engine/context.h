@@ -1,6 +1,7 @@
-// Context: where ops run. One device (cuda or host), a main stream and side
-// streams, a caching allocator for eager work, and, while a step is being
-// traced, the recorder that turns op calls into Program instructions.
+// Context: where ops run. One backend (cuda or host, chosen once: see Note
+// [One backend per context] in backend.h) with a main stream and side
+// streams and an allocator for eager work, and, while a step is being traced,
+// the recorder that turns op calls into Program instructions.
 //
 // An op is called the same way in every mode (see Context::call):
 //   eager on cuda  launch now on the current stream; outputs from a stream-
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/op.h"
 #include "engine/tensor.h"
 
@@ -87,8 +89,12 @@ class Context {
   bool tracing() const;
   MemoryStats memory_stats() const;
 
-  // For the engine's graph code.
+  // The CUDA stream behind stream `index` (an Error on a host context): for
+  // callers that launch their own work, ordered by synchronize().
   CUstream_st* cuda_stream(int index) const;
+
+  // For the engine's graph code.
+  Backend& backend() const;
   OpRecorder* recorder() const;
   void set_recorder(OpRecorder* recorder);  // null ends tracing
   // Orders stream 0 after all work touching `persistent` values (before a graph

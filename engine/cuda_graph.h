@@ -1,7 +1,7 @@
 // RAII owners of a CUDA graph (the recorded work) and of its executable
 // instance (what is launched). Move-only; destructors never throw.
 //
-// Capturing work into a Graph lives in graphs/stream_capture.h.
+// Capturing work into a Graph lives in engine/stream_capture.h.
 #pragma once
 
 #include <cuda_runtime_api.h>

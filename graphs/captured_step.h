@@ -11,11 +11,16 @@
 //
 // Stages are explicit (trace -> plan -> instantiate -> replay) and the state
 // is an enum: a call in the wrong state is an Error saying what to do.
-// On a host context the same plan is interpreted with the host references
-// over a host arena at the planned offsets.
+// On a host context the same plan runs with the host references over a host
+// arena at the planned offsets.
+//
+// On every backend the stages are the same (see Note [One backend per
+// context] in engine/backend.h): each segment's schedule, bound to its
+// addresses, is recorded by the context's backend and instantiated; a replay
+// launches each segment's executable once. This header knows no CUDA.
 //
 // Note [Capturing by stream capture]
-// Each segment is captured by running its schedule on the context's streams
+// On cuda, each segment is captured by running its schedule on the context's streams
 // under cudaStreamBeginCapture: our kernels' launchers and library calls
 // (cuBLASLt, NCCL) alike are recorded by the very code eager execution runs,
 // and the plan's event records and waits become the graph's edges. Building
@@ -39,9 +44,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/context.h"
-#include "engine/cuda_graph.h"
-#include "engine/stream.h"
+#include "graphs/bound_schedule.h"
 #include "graphs/graph_cache.h"
 #include "graphs/planner.h"
 #include "graphs/pool_report.h"
@@ -68,8 +73,8 @@ struct InputBinding {
 struct CaptureTimings {
   double trace_ms = 0;
   double plan_ms = 0;
-  double capture_ms = 0;      // stream capture of every segment (cuda)
-  double instantiate_ms = 0;  // cudaGraphInstantiate + upload (cuda)
+  double capture_ms = 0;      // recording every segment (cuda: stream capture)
+  double instantiate_ms = 0;  // building each executable (cuda: cudaGraphInstantiate + upload)
 };
 
 class CapturedStep final : public CachedGraph {
@@ -77,7 +82,7 @@ class CapturedStep final : public CachedGraph {
   using StepFunction = std::function<std::vector<Tensor>()>;
 
   // Traces `step` on `ctx`, applies the pool report policy, plans, allocates
-  // the pool and (cuda) captures and instantiates each segment. The context
+  // the pool, records and instantiates each segment. The context
   // must outlive the returned step.
   static std::shared_ptr<CapturedStep> capture(Context& ctx, const StepFunction& step,
                                                const CaptureOptions& options = {});
@@ -104,20 +109,20 @@ class CapturedStep final : public CachedGraph {
   std::size_t segment_count() const { return plan_.segment_ranges.size(); }
   std::int64_t replay_count() const { return replays_; }
   std::int64_t pool_bytes() const override { return plan_.pool_bytes; }
-  // The pool base the graphs were captured with (null on host): replays use
-  // it unchanged, nothing is re-recorded.
+  // The pool base the segments were recorded with: replays use it
+  // unchanged, nothing is re-recorded.
   const void* recorded_pool_base() const { return recorded_pool_base_; }
 
-  // How many CUDA stream captures this process has made (all steps).
-  static std::int64_t total_stream_captures();
+  // How many segment recordings (cuda: stream captures) this process has
+  // made, all steps together: replays add none.
+  static std::int64_t total_recordings();
 
  private:
   CapturedStep(Context& ctx, const CaptureOptions& options) : ctx_(ctx), options_(options) {}
   // The stages of capture(), in order.
   TraceResult trace(const StepFunction& step);
-  void apply_pool_report_policy(TraceResult& traced);
   void plan_and_bind(TraceResult traced);
-  void instantiate();  // cuda only
+  void record_and_instantiate();
   void check_state(GraphState expected, std::string_view action) const;
   void bind_inputs(std::span<const InputBinding> bindings);
   void run_segment(std::size_t index);
@@ -136,8 +141,8 @@ class CapturedStep final : public CachedGraph {
   std::vector<Tensor> persistent_reads_;
   std::vector<Tensor> persistent_writes_;
   std::vector<Tensor> outputs_;
-  std::vector<Event> events_;
-  std::vector<GraphExec> execs_;  // per segment (cuda)
+  std::vector<BoundSchedule> segments_;                 // what each segment's recording points into
+  std::vector<std::unique_ptr<Executable>> executables_;  // per segment
   std::int64_t replays_ = 0;
 };
 

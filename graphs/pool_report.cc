@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/error.h"
+#include "engine/logging.h"
 
 namespace stepgraph {
 
@@ -38,6 +39,32 @@ std::string PoolReport::to_string() const {
                            " (instruction ", entry.producer, ")");
   }
   return text;
+}
+
+PoolReport apply_pool_report_policy(TraceResult& traced, PoolReportPolicy policy) {
+  PoolReport report = make_pool_report(traced.program, traced.held);
+  if (report.empty()) return report;
+  switch (policy) {
+    case PoolReportPolicy::kError:
+      SG_THROW(ErrorCode::kInvalidState, report.to_string(),
+               "\nreturn them as outputs of the step, drop the handles before the step returns, or capture "
+               "with pool report policy warn (keep them) or free (reuse their memory)");
+    case PoolReportPolicy::kWarn:
+      logger().warn("{}\n(policy warn: they stay valid until the end of each replay, at the cost of pool memory)",
+                    report.to_string());
+      for (ValueId id : traced.held) traced.program.value(id).live_out = true;
+      return report;
+    case PoolReportPolicy::kFree:
+      logger().info("{}\n(policy free: their memory is reused; using them is an error)", report.to_string());
+      for (ValueId id : traced.held) {
+        traced.impls[id]->make_unavailable(
+            "was left in the graph pool without being returned as an output, and the pool report policy 'free' "
+            "released it; return it as an output to keep it");
+        traced.impls[id] = nullptr;
+      }
+      return report;
+  }
+  return report;
 }
 
 PoolReport make_pool_report(const Program& program, std::span<const ValueId> held) {

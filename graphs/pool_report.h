@@ -19,6 +19,7 @@
 
 #include "engine/op.h"
 #include "graphs/program.h"
+#include "graphs/tracer.h"
 
 namespace stepgraph {
 
@@ -46,5 +47,12 @@ struct PoolReport {
 
 // The report for pool values `held` (ids in `program`), in value order.
 PoolReport make_pool_report(const Program& program, std::span<const ValueId> held);
+
+// Makes the report of a finished trace and applies `policy` to it: error
+// throws the report with what to do; warn logs it and marks the values
+// live_out (the planner keeps their memory); free logs it and makes the held
+// tensors unavailable (their memory is reused). Every word a user reads
+// about the policy is written here.
+PoolReport apply_pool_report_policy(TraceResult& traced, PoolReportPolicy policy);
 
 }  // namespace stepgraph

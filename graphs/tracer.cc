@@ -18,27 +18,28 @@ Tracer::~Tracer() {
 
 ValueId Tracer::value_of(const Tensor& tensor, std::string_view op) {
   const auto& impl = tensor.impl();
-  switch (impl->storage) {
+  switch (impl->storage()) {
     case StorageKind::kTraced:
-      SG_CHECK(impl->trace_id == id_, "op ", op, ": tensor '", impl->name,
+      SG_CHECK(impl->trace_id() == id_, "op ", op, ": tensor '", impl->name(),
                "' is a value of another trace; values cannot cross captures (return it as an output there and "
                "copy it into a persistent tensor)");
-      return impl->value;
+      return impl->value();
     case StorageKind::kPersistent: {
       auto [it, inserted] = persistent_values_.try_emplace(impl.get(), -1);
       if (inserted) {
-        it->second = program_.add_value(impl->name, impl->meta, ValueKind::kPersistent);
+        it->second = program_.add_value(impl->name(), impl->meta(), ValueKind::kPersistent);
         pool_handles_.emplace_back();
         persistents_.push_back(impl);
       }
       return it->second;
     }
     case StorageKind::kEager:
-      SG_THROW(ErrorCode::kInvalidArgument, "op ", op, ": tensor '", impl->name,
+      SG_THROW(ErrorCode::kInvalidArgument, "op ", op, ": tensor '", impl->name(),
                "' was computed eagerly outside this trace; a captured step reads only persistent tensors "
                "(Context::persistent) and its own values, so that every replay finds them at a fixed address");
     case StorageKind::kPool:
-      SG_THROW(ErrorCode::kInvalidArgument, "op ", op, ": tensor '", impl->name,
+    case StorageKind::kUnavailable:
+      SG_THROW(ErrorCode::kInvalidArgument, "op ", op, ": tensor '", impl->name(),
                "' lives in another graph's pool, which its replays overwrite; copy it into a persistent tensor "
                "first");
   }
@@ -61,10 +62,7 @@ std::vector<Tensor> Tracer::record(const OpDef& op, const OpParams& params, std:
   std::vector<Tensor> outputs;
   for (TensorMeta& meta : output_metas) {
     const ValueId id = program_.add_value(std::string(op.name), meta, ValueKind::kPool);
-    auto impl =
-        std::make_shared<detail::TensorImpl>(ctx_.state(), std::move(meta), std::string(op.name), StorageKind::kTraced);
-    impl->value = id;
-    impl->trace_id = id_;
+    auto impl = detail::TensorImpl::traced(ctx_.state(), std::move(meta), std::string(op.name), id, id_);
     pool_handles_.push_back(impl);
     persistents_.emplace_back();
     instruction.outputs.push_back(id);
@@ -98,7 +96,7 @@ TraceResult Tracer::finish(std::span<const Tensor> outputs) {
     }
     auto impl = pool_handles_[id].lock();
     if (impl == nullptr) continue;
-    value.name = impl->name;  // names set after the op call (set_name) count
+    value.name = impl->name();  // names set after the op call (set_name) count
     result.impls[id] = impl;
     if (!value.live_out) result.held.push_back(id);
   }

@@ -46,7 +46,7 @@ void expect_graph_equals_eager(Device device, int steps, std::int64_t rows, std:
   EXPECT_EQ(step->program().stream_count(), 2);
   EXPECT_GT(step->plan().event_count, 0);
   EXPECT_LE(step->plan().ratio_to_lower_bound(), 1.10) << dump_program(step->program(), &step->plan());
-  const std::int64_t captures = CapturedStep::total_stream_captures();
+  const std::int64_t captures = CapturedStep::total_recordings();
   const void* pool_base = step->recorded_pool_base();
 
   // A few distinct inputs, passed as sources that are not the static input.
@@ -74,7 +74,7 @@ void expect_graph_equals_eager(Device device, int steps, std::int64_t rows, std:
     }
   }
   // Replays with unchanged addresses re-record nothing.
-  EXPECT_EQ(CapturedStep::total_stream_captures(), captures);
+  EXPECT_EQ(CapturedStep::total_recordings(), captures);
   EXPECT_EQ(step->recorded_pool_base(), pool_base);
   EXPECT_EQ(step->replay_count(), steps);
 }

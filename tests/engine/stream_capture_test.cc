@@ -1,4 +1,4 @@
-#include "graphs/stream_capture.h"
+#include "engine/stream_capture.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

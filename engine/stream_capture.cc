@@ -1,4 +1,4 @@
-#include "graphs/stream_capture.h"
+#include "engine/stream_capture.h"
 
 #include "engine/cuda_check.h"
 #include "engine/logging.h"

@@ -1,0 +1,107 @@
+// Backend: everything that depends on where ops run, behind one interface.
+//
+// Note [One backend per context]
+// A Context picks its backend once, from its Device (make_backend), and
+// never asks again: memory, copies, waits between streams, running an op now,
+// and recording a planned schedule into something replayed with one launch
+// all go through this interface. The CUDA backend (cuda_backend.h) is the one
+// place where CUDA runtime calls of the engine and the graph path live
+// (streams, the caching allocator, stream capture, graph instantiation); the
+// host backend runs the host references on host memory, so every path of the
+// engine, tracing and replay included, runs on machines without a GPU. Code
+// above this floor has no `if (device == ...)`: it calls the backend.
+// CUDA-free header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "engine/device_kind.h"
+#include "engine/memory.h"
+#include "engine/op.h"
+#include "engine/stream_order.h"
+
+namespace stepgraph {
+
+// Where an allocation's memory comes from.
+enum class MemoryKind : std::uint8_t {
+  kPersistent,  // fixed for the context's life, zero-filled (on stream 0)
+  kEager,       // stream-ordered: usable on its stream at once, reused after free
+};
+
+// One entry of a schedule to record: run an op on bound addresses, or record
+// or wait on an event (the plan's edges between streams).
+struct LaunchEntry {
+  enum class Kind : std::uint8_t { kRun, kRecord, kWait };
+  Kind kind = Kind::kRun;
+  int stream = 0;
+  int event = -1;                    // kRecord / kWait
+  const OpDef* op = nullptr;         // kRun
+  const OpParams* params = nullptr;  // kRun
+  KernelArgs args;                   // kRun; the arrays outlive the recording
+};
+
+// A recorded schedule, launched as a whole on stream 0: a CUDA graph on cuda,
+// the host references in order on host. Launches never re-record.
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  virtual void launch() = 0;
+};
+
+// A schedule recorded but not yet instantiated (the stages are explicit:
+// record every segment, then instantiate them, before the first launch).
+class Recording {
+ public:
+  virtual ~Recording() = default;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual int stream_count() const = 0;
+
+  // Memory of `bytes` (0 gives null), 256-byte aligned (Note [256-byte alignment]).
+  virtual void* allocate(std::int64_t bytes, MemoryKind kind, int stream) = 0;
+  // Returns memory from allocate(). Eager memory is freed in order on `stream`
+  // (the caller has made `stream` wait for every access). Never throws.
+  virtual void free(void* address, MemoryKind kind, int stream) noexcept = 0;
+  // One static pool for a captured step.
+  virtual std::shared_ptr<PoolMemory> allocate_pool(std::int64_t bytes) = 0;
+  // An Error naming `name` if the caller's memory at `address` cannot be used
+  // by this backend (Context::wrap of host memory on cuda).
+  virtual void check_wrappable(std::string_view name, const void* address) const = 0;
+
+  // Copies on stream 0, after the waits the caller performed. Both return once
+  // the host side may be reused (the source read, or the destination filled).
+  virtual void copy_from_host(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, std::size_t bytes) = 0;
+  // Stream-ordered copy between two allocations of this backend.
+  virtual void copy_within(void* dst, const void* src, std::size_t bytes, int stream) = 0;
+
+  // Makes each waiter stream wait for its signal stream's work so far.
+  virtual void wait(std::span<const StreamWait> waits) = 0;
+  // Runs one op now on `stream` (an Error if the op has no implementation here).
+  virtual void run(const OpDef& op, const OpParams& params, const KernelArgs& args, int stream) = 0;
+  // Records a schedule (nothing runs on cuda: see Note [Capturing by stream
+  // capture] in graphs/captured_step.h); `event_count` events are numbered
+  // from 0 and never cross recordings.
+  virtual std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int event_count) = 0;
+  // Builds the executable of a recording (no work is launched).
+  virtual std::unique_ptr<Executable> instantiate(const Recording& recording) = 0;
+  // Waits for all work on every stream.
+  virtual void synchronize() = 0;
+
+  // The CUDA stream behind stream `index` (an Error on host).
+  virtual CUstream_st* native_stream(int index) const = 0;
+};
+
+// The backend of `device` with `stream_count` streams (main + side streams).
+std::unique_ptr<Backend> make_backend(Device device, int stream_count);
+
+}  // namespace stepgraph

@@ -1,0 +1,178 @@
+#include "engine/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "engine/cuda_allocator.h"
+#include "engine/cuda_check.h"
+#include "engine/cuda_graph.h"
+#include "engine/error.h"
+#include "engine/logging.h"
+#include "engine/stream.h"
+#include "engine/stream_capture.h"
+
+namespace stepgraph {
+namespace {
+
+class CudaPoolMemory final : public PoolMemory {
+ public:
+  explicit CudaPoolMemory(std::int64_t bytes) : bytes_(bytes) {
+    if (bytes > 0) SG_CUDA_CHECK(cudaMalloc(&base_, static_cast<std::size_t>(bytes)));
+  }
+  ~CudaPoolMemory() override { release(); }
+  void* base() const override { return base_; }
+  std::int64_t bytes() const override { return bytes_; }
+  void release() override {
+    if (base_ == nullptr) return;
+    // cudaFree waits for the device, so no replay still reads the pool.
+    if (const cudaError_t status = cudaFree(base_); status != cudaSuccess) {
+      logger().error("cudaFree of a graph pool failed: {}", cudaGetErrorString(status));
+    }
+    base_ = nullptr;
+  }
+
+ private:
+  void* base_ = nullptr;
+  std::int64_t bytes_;
+};
+
+// Runs a schedule's entries on the streams now; under stream capture the
+// event records and waits become the graph's edges.
+void issue(std::span<const LaunchEntry> schedule, const std::vector<Stream>& streams,
+           const std::vector<Event>& events) {
+  for (const LaunchEntry& entry : schedule) {
+    const cudaStream_t stream = streams[entry.stream].get();
+    switch (entry.kind) {
+      case LaunchEntry::Kind::kRecord: SG_CUDA_CHECK(cudaEventRecord(events[entry.event].get(), stream)); break;
+      case LaunchEntry::Kind::kWait: SG_CUDA_CHECK(cudaStreamWaitEvent(stream, events[entry.event].get(), 0)); break;
+      case LaunchEntry::Kind::kRun:
+        SG_CHECK_CODE(entry.op->launch_cuda != nullptr, ErrorCode::kUnsupported, "op ", entry.op->name,
+                      " has no CUDA launcher");
+        entry.op->launch_cuda(*entry.params, entry.args, stream);
+        break;
+    }
+  }
+}
+
+struct CudaRecording final : Recording {
+  explicit CudaRecording(Graph recorded) : graph(std::move(recorded)) {}
+  Graph graph;
+};
+
+class CudaExecutable final : public Executable {
+ public:
+  CudaExecutable(const Graph& graph, cudaStream_t stream) : exec_(graph), stream_(stream) { exec_.upload(stream_); }
+  void launch() override { exec_.launch(stream_); }
+
+ private:
+  GraphExec exec_;
+  cudaStream_t stream_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int stream_count) : allocator_(current_device()) {
+    for (int i = 0; i < stream_count; ++i) {
+      streams_.emplace_back(i == 0 ? Stream::Priority::kDefault : Stream::Priority::kHigh);
+      signals_.emplace_back();
+    }
+  }
+
+  Device device() const override { return Device::kCuda; }
+  int stream_count() const override { return static_cast<int>(streams_.size()); }
+
+  void* allocate(std::int64_t bytes, MemoryKind kind, int stream) override {
+    if (bytes == 0) return nullptr;
+    if (kind == MemoryKind::kEager) return allocator_.allocate(bytes, this->stream(stream));
+    void* address = nullptr;
+    SG_CUDA_CHECK(cudaMalloc(&address, static_cast<std::size_t>(bytes)));
+    // Zero-filled on stream 0 (the caller records that write): a plain
+    // cudaMemset runs on the legacy stream, which our non-blocking streams do
+    // not wait for.
+    SG_CUDA_CHECK(cudaMemsetAsync(address, 0, static_cast<std::size_t>(bytes), this->stream(0)));
+    return address;
+  }
+  void free(void* address, MemoryKind kind, int stream) noexcept override {
+    if (kind == MemoryKind::kEager) {
+      allocator_.free(address, streams_[stream].get());
+    } else if (const cudaError_t status = cudaFree(address); status != cudaSuccess) {  // waits for every use
+      logger().error("cudaFree of a persistent tensor failed: {}", cudaGetErrorString(status));
+    }
+  }
+  std::shared_ptr<PoolMemory> allocate_pool(std::int64_t bytes) override {
+    return std::make_shared<CudaPoolMemory>(bytes);
+  }
+  void check_wrappable(std::string_view name, const void* address) const override {
+    cudaPointerAttributes attributes{};
+    SG_CUDA_CHECK(cudaPointerGetAttributes(&attributes, address));
+    SG_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged, "wrap '", name,
+             "': the address is not device memory; a cuda context wraps device (or managed) memory only");
+  }
+
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    SG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(0)));
+    SG_CUDA_CHECK(cudaStreamSynchronize(stream(0)));  // `src` may go away after we return
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    SG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(0)));
+    SG_CUDA_CHECK(cudaStreamSynchronize(stream(0)));
+  }
+  void copy_within(void* dst, const void* src, std::size_t bytes, int stream) override {
+    SG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, this->stream(stream)));
+  }
+
+  // Records on the signal stream now (covering at least the token asked for)
+  // and makes the waiter wait on it.
+  void wait(std::span<const StreamWait> waits) override {
+    for (const StreamWait& wait : waits) {
+      signals_[wait.signal].record(stream(wait.signal));
+      signals_[wait.signal].wait_on(stream(wait.waiter));
+    }
+  }
+  void run(const OpDef& op, const OpParams& params, const KernelArgs& args, int stream) override {
+    SG_CHECK_CODE(op.launch_cuda != nullptr, ErrorCode::kUnsupported, "op ", op.name, " has no CUDA launcher");
+    op.launch_cuda(params, args, this->stream(stream));
+  }
+
+  std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int event_count) override {
+    // Library setup (handles, algorithm choice) cannot happen under capture.
+    for (const LaunchEntry& entry : schedule) {
+      if (entry.kind == LaunchEntry::Kind::kRun && entry.op->prepare_cuda != nullptr) {
+        entry.op->prepare_cuda(*entry.params, entry.args.input_metas);
+      }
+    }
+    const std::vector<Event> events(static_cast<std::size_t>(event_count));
+    StreamCapture capture(stream(0));
+    issue(schedule, streams_, events);
+    return std::make_unique<CudaRecording>(capture.end());
+  }
+  std::unique_ptr<Executable> instantiate(const Recording& recording) override {
+    return std::make_unique<CudaExecutable>(dynamic_cast<const CudaRecording&>(recording).graph, stream(0));
+  }
+  void synchronize() override {
+    for (const Stream& s : streams_) s.synchronize();
+  }
+
+  CUstream_st* native_stream(int index) const override { return stream(index); }
+
+ private:
+  static int current_device() {
+    int device = 0;
+    SG_CUDA_CHECK(cudaGetDevice(&device));
+    return device;
+  }
+  cudaStream_t stream(int index) const { return streams_.at(static_cast<std::size_t>(index)).get(); }
+
+  // The allocator goes last: its destructor needs idle streams (the context
+  // synchronises before its backend goes).
+  CudaCachingAllocator allocator_;
+  std::vector<Stream> streams_;
+  std::vector<Event> signals_;  // one per stream, re-recorded for each wait
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int stream_count) { return std::make_unique<CudaBackend>(stream_count); }
+
+}  // namespace stepgraph

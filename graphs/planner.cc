@@ -10,9 +10,7 @@
 namespace stepgraph {
 namespace {
 
-std::int64_t aligned(std::int64_t bytes) {
-  return (bytes + StepPlan::kAlignment - 1) / StepPlan::kAlignment * StepPlan::kAlignment;
-}
+std::int64_t aligned(std::int64_t bytes) { return align_allocation(bytes); }
 
 std::vector<std::int64_t> widen(const std::vector<ValueId>& ids) { return {ids.begin(), ids.end()}; }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/memory.h"
 #include "graphs/program.h"
 
 namespace stepgraph {
@@ -41,7 +42,8 @@ struct ScheduleEntry {
 };
 
 struct StepPlan {
-  static constexpr std::int64_t kAlignment = 256;
+  // Every offset is a multiple of this. See Note [256-byte alignment].
+  static constexpr std::int64_t kAlignment = kAllocationAlignment;
 
   std::vector<std::int64_t> offsets;  // per value id; -1 for persistent values
   std::int64_t pool_bytes = 0;

@@ -139,7 +139,8 @@ struct LtMatmul {
 // an H100, 8192^3 bf16 ran 20% slower with an algorithm chosen for 16-byte
 // alignment). So the algorithm is chosen per desc and alignment: the
 // smallest power-of-two alignment (16 to 256 bytes) of the operands. The
-// pool and the allocators hand out 256-byte-aligned memory.
+// pool and the allocators hand out 256-byte-aligned memory (Note [256-byte
+// alignment] in engine/memory.h).
 // Device memory for timing candidate algorithms, freed without throwing.
 class Scratch {
  public:

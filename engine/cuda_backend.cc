@@ -7,6 +7,7 @@
 #include "engine/cuda_allocator.h"
 #include "engine/cuda_check.h"
 #include "engine/cuda_graph.h"
+#include "engine/device.h"
 #include "engine/error.h"
 #include "engine/logging.h"
 #include "engine/stream.h"
@@ -173,6 +174,11 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int stream_count) { return std::make_unique<CudaBackend>(stream_count); }
+std::unique_ptr<Backend> make_cuda_backend(int stream_count) {
+  const DeviceCount found = cuda_device_count();
+  SG_CHECK_CODE(found.count > 0, ErrorCode::kNoDevice, found.no_device_reason,
+                "; a cuda context needs a GPU: create the context on the host (Device::kHost, \"host\") instead");
+  return std::make_unique<CudaBackend>(stream_count);
+}
 
 }  // namespace stepgraph

@@ -6,6 +6,7 @@
 
 #include "benchmarks/step_configs.h"
 #include "engine/error.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph::bench {
 namespace {
@@ -39,9 +40,10 @@ TEST(ModelFlopsTest, TflopsAndMfu) {
 TEST(ModelFlopsTest, BadInputsAreErrors) {
   ModelConfig config = step_config("moe").model;
   config.topk = 9;
-  EXPECT_THROW(matmul_params_per_token(config), Error);
-  EXPECT_THROW(step_flops(step_config("small").model, 0), Error);
-  EXPECT_THROW(tflops_per_s(1.0, 0.0), Error);
+  EXPECT_ERROR_CONTAINS(matmul_params_per_token(config), "matmul_params_per_token", "topk must be in [1, experts]",
+                        "got topk 9");
+  EXPECT_ERROR_CONTAINS(step_flops(step_config("small").model, 0), "step_flops: tokens must be > 0, got 0");
+  EXPECT_ERROR_CONTAINS(tflops_per_s(1.0, 0.0), "tflops_per_s: seconds must be > 0, got 0");
 }
 
 }  // namespace

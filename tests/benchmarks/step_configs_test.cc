@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "engine/error.h"
 
 namespace stepgraph::bench {
@@ -45,17 +48,27 @@ TEST(StepConfigsTest, ParsesAListInTheOrderGiven) {
 }
 
 TEST(StepConfigsTest, BadListsAreClearErrors) {
-  for (const char* bad : {"", "small,", ",small", "small,,medium", "huge", "small,small"}) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"", "--configs: empty name in ''"},
+      {"small,", "empty name in 'small,'"},
+      {",small", "empty name in ',small'"},
+      {"small,,medium", "empty name in 'small,,medium'"},
+      {"huge", "unknown step config 'huge'"},
+      {"small,small", "--configs: 'small' is listed twice"},
+  };
+  for (const auto& [bad, words] : cases) {
     SCOPED_TRACE(bad);
     try {
       parse_config_list(bad);
       ADD_FAILURE() << "no error";
     } catch (const Error& error) {
       EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(error.message().find(words), std::string::npos) << error.message();
     }
   }
   try {
     step_config("huge");
+    ADD_FAILURE() << "no error for step config 'huge'";
   } catch (const Error& error) {
     EXPECT_NE(error.message().find("known: small, medium, large, moe, tiny"), std::string::npos) << error.message();
   }

@@ -9,6 +9,7 @@
 
 #include "engine/error.h"
 #include "tests/support/gpu.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph::bench {
 namespace {
@@ -88,10 +89,10 @@ TEST(StepRunnerHostTest, AFailingConfigIsReportedNotThrown) {
 TEST(StepRunnerHostTest, BadOptionsAreErrors) {
   StepRunOptions options = quick(Device::kHost);
   options.steps = 0;
-  EXPECT_THROW(run_mode(step_config("tiny"), StepMode::kEager, options), Error);
+  EXPECT_ERROR_CONTAINS(run_mode(step_config("tiny"), StepMode::kEager, options), "--steps must be >= 1, got 0");
   options = quick(Device::kHost);
   options.warmup = 0;
-  EXPECT_THROW(run_mode(step_config("tiny"), StepMode::kGraph, options), Error);
+  EXPECT_ERROR_CONTAINS(run_mode(step_config("tiny"), StepMode::kGraph, options), "--warmup must be >= 1", "got 0");
 }
 
 TEST(StepRunnerCudaTest, SmallConfigRunsBothModesWithIdenticalLosses) {

@@ -10,6 +10,7 @@
 #include "engine/error.h"
 #include "ops/elementwise_ops.h"
 #include "ops/registry.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -44,7 +45,7 @@ TEST(ContextHostTest, PersistentTensorsAreZeroFilledAndNamed) {
   EXPECT_EQ(ctx.to_vector<float>(t), std::vector<float>(5, 0.0f));
   EXPECT_EQ(t.name(), "weights");
   EXPECT_TRUE(t.is_persistent());
-  EXPECT_THROW(ctx.persistent("", f32(1)), Error);
+  EXPECT_ERROR_CONTAINS(ctx.persistent("", f32(1)), "a persistent tensor needs a name");
 }
 
 TEST(ContextHostTest, EagerMemoryIsCountedAndReturned) {
@@ -103,22 +104,23 @@ TEST(ContextHostTest, TensorFromAnotherContextIsAnError) {
 TEST(ContextHostTest, UndefinedTensorsAndBadStreamsAreErrors) {
   Context ctx(Device::kHost, /*side_streams=*/1);
   const Tensor a = ctx.persistent("a", f32(2));
-  EXPECT_THROW(ops::add(ctx, a, Tensor()), Error);
-  EXPECT_THROW(StreamScope(ctx, 2), Error);
+  EXPECT_ERROR_CONTAINS(ops::add(ctx, a, Tensor()), "op add", "undefined");
+  EXPECT_ERROR_CONTAINS(StreamScope(ctx, 2), "StreamScope: stream 2 does not exist", "streams 0..1");
   {
     StreamScope side(ctx, 1);
     EXPECT_EQ(ctx.current_stream(), 1);
   }
   EXPECT_EQ(ctx.current_stream(), 0);
-  EXPECT_THROW(Context(Device::kHost, -1), Error);
+  EXPECT_ERROR_CONTAINS(Context(Device::kHost, 9), "side_streams must be in [0, 8], got 9");
+  EXPECT_ERROR_CONTAINS(Context(Device::kHost, -1), "side_streams must be in [0, 8], got -1");
 }
 
 TEST(ContextHostTest, HostCopiesCheckSizes) {
   Context ctx(Device::kHost);
   const Tensor a = ctx.persistent("a", f32(4));
   float buffer[3] = {};
-  EXPECT_THROW(ctx.copy_from_host(a, buffer, sizeof(buffer)), Error);
-  EXPECT_THROW(ctx.copy_to_host(a, buffer, sizeof(buffer)), Error);
+  EXPECT_ERROR_CONTAINS(ctx.copy_from_host(a, buffer, sizeof(buffer)), "copy_from_host: tensor 'a'", "holds 16 bytes, got 12");
+  EXPECT_ERROR_CONTAINS(ctx.copy_to_host(a, buffer, sizeof(buffer)), "copy_to_host: tensor 'a' holds 16 bytes, got a buffer of 12");
 }
 
 TEST(OpRegistryTest, EveryOpHasAUniqueNameACheckAndBothImplementations) {
@@ -132,7 +134,7 @@ TEST(OpRegistryTest, EveryOpHasAUniqueNameACheckAndBothImplementations) {
   }
   std::sort(names.begin(), names.end());
   EXPECT_EQ(std::unique(names.begin(), names.end()), names.end());
-  EXPECT_THROW(ops::find_op("conv3d"), Error);
+  EXPECT_ERROR_CONTAINS(ops::find_op("conv3d"), "unknown op 'conv3d'", "known ops:");
 }
 
 }  // namespace

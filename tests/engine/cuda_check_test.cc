@@ -30,12 +30,14 @@ TEST(CudaCheckTest, OutOfMemoryAndMissingDriverGetTheirOwnCodes) {
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(error.message().find("failed: cudaErrorMemoryAllocation"), std::string::npos) << error.message();
   }
   try {
     SG_CUDA_CHECK(cudaErrorNoDevice);
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kNoDevice);
+    EXPECT_NE(error.message().find("failed: cudaErrorNoDevice"), std::string::npos) << error.message();
   }
 }
 
@@ -52,6 +54,7 @@ TEST(CudaCheckTest, CublasFailureNamesTheStatus) {
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(error.message().find("failed: CUBLAS_STATUS_ALLOC_FAILED"), std::string::npos) << error.message();
   }
 }
 

@@ -41,6 +41,7 @@ TEST(ErrorTest, CheckCodeAndThrowUseTheGivenCode) {
           SG_CHECK_CODE(false, ErrorCode::kInvalidState, "replay after release");
         } catch (const Error& error) {
           EXPECT_EQ(error.code(), ErrorCode::kInvalidState);
+          EXPECT_EQ(error.message(), "replay after release");
           throw;
         }
       },

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -164,18 +165,18 @@ TEST(StreamOrderTest, BadStreamIndexIsAnError) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(error.message().find("stream index 2"), std::string::npos) << error.message();
   }
-  EXPECT_THROW(order.prepare(-1, none, none), Error);
-  EXPECT_THROW(order.issue(2, none, none), Error);
-  EXPECT_THROW(order.order_after(0, 2), Error);
-  EXPECT_THROW(order.order_after(-1, 0), Error);
-  EXPECT_THROW(order.clock(5), Error);
-  EXPECT_THROW(StreamOrder{0}, Error);
+  EXPECT_ERROR_CONTAINS(order.prepare(-1, none, none), "stream index -1 out of range", "has 2 streams");
+  EXPECT_ERROR_CONTAINS(order.issue(2, none, none), "stream index 2 out of range");
+  EXPECT_ERROR_CONTAINS(order.order_after(0, 2), "stream index 2 out of range");
+  EXPECT_ERROR_CONTAINS(order.order_after(-1, 0), "stream index -1 out of range");
+  EXPECT_ERROR_CONTAINS(order.clock(5), "stream index 5 out of range");
+  EXPECT_ERROR_CONTAINS(StreamOrder{0}, "StreamOrder needs at least one stream, got 0");
 }
 
 TEST(StreamOrderTest, NegativeValueIdIsAnError) {
   StreamOrder order(1);
-  EXPECT_THROW(order.prepare(0, Ids{-1}, Ids{}), Error);
-  EXPECT_THROW(order.issue(0, Ids{}, Ids{-3}), Error);
+  EXPECT_ERROR_CONTAINS(order.prepare(0, Ids{-1}, Ids{}), "value ids must be >= 0", "-1");
+  EXPECT_ERROR_CONTAINS(order.issue(0, Ids{}, Ids{-3}), "value ids must be >= 0", "-3");
 }
 
 }  // namespace

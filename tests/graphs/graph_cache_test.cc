@@ -11,6 +11,7 @@
 
 #include "engine/error.h"
 #include "graphs/graph_key.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -312,8 +313,8 @@ TEST(GraphCacheTest, CaptureMayUseTheCache) {
 }
 
 TEST(GraphCacheTest, BoundMustBePositive) {
-  EXPECT_THROW(GraphCache(0), Error);
-  EXPECT_THROW(GraphCache(-1), Error);
+  EXPECT_ERROR_CONTAINS(GraphCache(0), "graph cache: max_pool_bytes must be > 0, got 0");
+  EXPECT_ERROR_CONTAINS(GraphCache(-1), "max_pool_bytes must be > 0, got -1");
   EXPECT_EQ(GraphCache(42).max_pool_bytes(), 42);
 }
 

@@ -15,6 +15,7 @@
 
 #include "engine/error.h"
 #include "graphs/program.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -565,7 +566,7 @@ TEST(PlannerTest, ReadBeforeWriteIsAnError) {
   Builder in_place;
   const ValueId pool = in_place.program.add_value("p", TensorMeta{Shape{16}, DType::kFloat32}, ValueKind::kPool);
   in_place.update(0, pool);  // reads the value it writes: nothing wrote it before
-  EXPECT_THROW(plan_step(in_place.program), Error);
+  EXPECT_ERROR_CONTAINS(plan_step(in_place.program), "reads pool value", "(p) before any instruction wrote it");
 }
 
 TEST(PlannerTest, EmptyProgram) {

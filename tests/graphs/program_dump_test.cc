@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "ops/elementwise_ops.h"
 #include "graphs/tracer.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -46,7 +47,7 @@ TEST(TracerTest, TracingRunsNothingAndNestingIsAnError) {
   const Tensor x = ctx.persistent("x", {Shape{2}, DType::kFloat32});
   Tracer tracer(ctx);
   ops::axpy_(ctx, x, x, 1.0f);  // recorded, not run
-  EXPECT_THROW(Tracer nested(ctx), Error);
+  EXPECT_ERROR_CONTAINS(Tracer nested(ctx), "already being traced on this context; traces cannot nest");
   TraceResult traced = tracer.finish({});
   EXPECT_EQ(traced.program.instructions().size(), 1u);
   EXPECT_EQ(ctx.to_vector<float>(x), std::vector<float>(2, 0.0f));
@@ -59,11 +60,11 @@ TEST(TracerTest, TracedValuesHaveNoMemory) {
   {
     Tracer tracer(ctx);
     y = ops::add(ctx, x, x).set_name("y");
-    EXPECT_THROW(y.data(), Error);
-    EXPECT_THROW(ctx.to_vector<float>(y), Error);
+    EXPECT_ERROR_CONTAINS(y.data(), "tensor 'y' is a traced value: it has no memory while tracing");
+    EXPECT_ERROR_CONTAINS(ctx.to_vector<float>(y), "reading tensor 'y' on the host", "cannot happen while tracing");
     tracer.finish({});
   }
-  EXPECT_THROW(ops::add(ctx, y, x), Error);  // a traced value outside its trace
+  EXPECT_ERROR_CONTAINS(ops::add(ctx, y, x), "op add: tensor 'y' is a traced value without memory");  // outside its trace
 }
 
 }  // namespace

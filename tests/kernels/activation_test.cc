@@ -22,6 +22,7 @@
 #include "engine/stream.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -44,7 +45,7 @@ constexpr DType kFp32 = DType::kFloat32;
 // Host references (no GPU needed).
 
 TEST(ActivationTest, GeluFp32HostForwardMatchesFormula) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   HostArray x = random_array(kFp32, 4096, rng, -6.0f, 6.0f);
   x.set(0, 0.0f);
   x.set(1, 20.0f);
@@ -60,7 +61,7 @@ TEST(ActivationTest, GeluFp32HostForwardMatchesFormula) {
 }
 
 TEST(ActivationTest, GeluBf16HostForwardRoundsLikeTheDType) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const HostArray x = random_array(kBf16, 1000, rng, -4.0f, 4.0f);
   HostArray y(kBf16, x.numel);
   host::gelu_forward(kBf16, x.data(), y.data(), x.numel);
@@ -70,7 +71,7 @@ TEST(ActivationTest, GeluBf16HostForwardRoundsLikeTheDType) {
 }
 
 TEST(ActivationTest, GeluFp32HostBackwardMatchesFormulaAndFiniteDifferences) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const std::int64_t n = 257;
   const HostArray x = random_array(kFp32, n, rng, -4.0f, 4.0f);
   const HostArray dy = random_array(kFp32, n, rng, -1.0f, 1.0f);
@@ -106,7 +107,7 @@ TEST(ActivationTest, GeluFp32HostBackwardIsFiniteForHugeInputs) {
 }
 
 TEST(ActivationTest, ResidualAddFp16HostRoundsTheSum) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const HostArray a = random_array(kFp16, 999, rng, -100.0f, 100.0f);
   const HostArray b = random_array(kFp16, 999, rng, -100.0f, 100.0f);
   HostArray out(kFp16, 999);
@@ -179,9 +180,8 @@ void launch_on_device(Op op, DType dtype, const void* a, const void* b, void* ou
 // a = x (forward) or dy (backward) or the first addend; b = x (backward) or
 // the second addend.
 void check_on_device(Op op, DType dtype, std::int64_t n) {
-  const std::uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed) + ", n " + std::to_string(n));
-  std::mt19937 rng(seed);
+  testing::SeededRng rng;
+  SCOPED_TRACE("n " + std::to_string(n));
   const HostArray a = random_array(dtype, n, rng, -5.0f, 5.0f);
   const HostArray b = random_array(dtype, n, rng, -5.0f, 5.0f);
   const HostArray want = run_on_host(op, dtype, a, b);
@@ -228,7 +228,7 @@ SG_ACTIVATION_DEVICE_TESTS(ResidualAdd, Fp32)
 // out aliasing either input: each element is read before it is written.
 void check_residual_add_in_place(DType dtype) {
   const std::int64_t n = kRagged;
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const HostArray a = random_array(dtype, n, rng, -5.0f, 5.0f);
   const HostArray b = random_array(dtype, n, rng, -5.0f, 5.0f);
   const HostArray want = run_on_host(Op::kResidualAdd, dtype, a, b);

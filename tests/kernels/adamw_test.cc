@@ -26,6 +26,7 @@
 #include "engine/stream.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -141,7 +142,7 @@ std::vector<float> to_floats(const std::vector<double>& x, std::int64_t offset, 
 
 void expect_host_matches_double(const AdamWHyper& hyper, std::int64_t first_step, int steps) {
   const Layout layout({1, 7, 0, 33, 100}, {true, false, true, true, false});
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const State start = [&] {
     State s = initial_state(layout, rng);
     s.step = first_step;
@@ -383,7 +384,7 @@ TEST(AdamWDevice, Fp32_Sizes1_7_0_4097_1M_Packed_OneLaunch_FiveSteps_MatchHost_D
   SG_SKIP_WITHOUT_GPU();
   // Tensor 1 (7 elements) has no bf16 copy; tensor 2 is empty.
   const Layout layout({1, 7, 0, 4097, 1 << 20}, {true, false, true, true, true});
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const State start = initial_state(layout, rng);
   const auto grads = random_grads(layout, 5, rng);
   const State got = run_device(kTypical, layout, start, grads);
@@ -398,7 +399,7 @@ TEST(AdamWDevice, Fp32_Sizes1_7_0_4097_1M_Packed_OneLaunch_FiveSteps_MatchHost_D
 TEST(AdamWDevice, Fp32_Sizes7_4097_CapturedStep_ReplayedFiveTimes_AdvancesStepAndMatchesHost) {
   SG_SKIP_WITHOUT_GPU();
   const Layout layout({7, 4097}, {true, true});
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const State start = initial_state(layout, rng);
   const std::vector<float> grad = random_grads(layout, 1, rng)[0];
 

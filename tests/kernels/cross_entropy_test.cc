@@ -24,6 +24,7 @@
 #include "engine/stream.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -98,7 +99,7 @@ TEST_P(CrossEntropyHostTiny, MatchesNaiveDoubleFormulas_WithAnIgnoredToken) {
                               .vocab = 16,
                               .ignore_index = kIgnore,
                               .loss_scale = 2.5f};
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const HostArray logits = random_array(logits_type, desc.tokens * desc.vocab, rng, -3.0f, 3.0f);
   const std::vector<std::int64_t> labels = {3, kIgnore, 15, 0};
   HostArray dlogits(logits_type, desc.tokens * desc.vocab);
@@ -136,7 +137,7 @@ TEST(CrossEntropyHost, Fp32Int32_3x8_GradientMatchesCentralDifferences) {
                               .vocab = 8,
                               .ignore_index = kIgnore,
                               .loss_scale = 1.0f};
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   HostArray logits = random_array(DType::kFloat32, 24, rng, -2.0f, 2.0f);
   const HostArray labels = labels_of(DType::kInt32, {2, kIgnore, 7});
   HostArray dlogits(DType::kFloat32, 24);
@@ -168,7 +169,7 @@ TEST(CrossEntropyHost, Fp32Int32_3x8_GradientMatchesCentralDifferences) {
 
 TEST(CrossEntropyHost, Bf16Int64_7x64_AllTokensIgnored_LossZeroAndZeroGradients) {
   const CrossEntropyDesc desc{.logits_type = DType::kBFloat16, .label_type = DType::kInt64, .tokens = 7, .vocab = 64};
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const HostArray logits = random_array(DType::kBFloat16, 7 * 64, rng);
   HostArray dlogits = random_array(DType::kBFloat16, 7 * 64, rng, 1.0f, 2.0f);  // must all become 0
   float loss = NAN;
@@ -338,7 +339,7 @@ TEST_P(CrossEntropyDevice, MatchesHostReference_AndIsBitwiseDeterministic) {
                               .vocab = c.vocab,
                               .ignore_index = kIgnore,
                               .loss_scale = c.loss_scale};
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const Inputs in = random_inputs(desc, c.ignored_fraction, rng);
   const Outputs first = run_device(desc, in);
   expect_matches_host(desc, first, run_host(desc, in), "");
@@ -381,7 +382,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyDevice,
 TEST(CrossEntropyDeviceEdge, Bf16Int32_7x1024_AllTokensIgnored_LossZeroAndZeroGradients) {
   SG_SKIP_WITHOUT_GPU();
   const CrossEntropyDesc desc{.logits_type = DType::kBFloat16, .label_type = DType::kInt32, .tokens = 7, .vocab = 1024};
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const Inputs in{random_array(desc.logits_type, 7 * 1024, rng), std::vector<std::int64_t>(7, kIgnore)};
   const Outputs got = run_device(desc, in);
   EXPECT_EQ(got.loss, 0.0f);
@@ -392,7 +393,7 @@ TEST(CrossEntropyDeviceEdge, Bf16Int32_7x1024_AllTokensIgnored_LossZeroAndZeroGr
 TEST(CrossEntropyDeviceEdge, Fp32Int64_7x1024_OutOfRangeLabels_SetStickyErrorFlag_RowsWrittenAsIgnored) {
   SG_SKIP_WITHOUT_GPU();
   const CrossEntropyDesc desc{.logits_type = DType::kFloat32, .label_type = DType::kInt64, .tokens = 7, .vocab = 1024};
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   Inputs in = random_inputs(desc, 0.0, rng);
   in.labels[2] = 1024;  // == vocab
   in.labels[5] = -1;    // negative, not ignore_index
@@ -431,7 +432,7 @@ TEST(CrossEntropyDeviceEdge, Bf16Int64_64x4096_CapturedGraphReplays_MatchEagerBi
                               .vocab = 4096,
                               .ignore_index = kIgnore,
                               .loss_scale = 1.0f};
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const Inputs in = random_inputs(desc, 0.2, rng);
   const Outputs eager = run_device(desc, in);
 

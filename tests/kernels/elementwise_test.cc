@@ -18,17 +18,19 @@
 #include "engine/stream.h"
 #include "kernels/elementwise_host.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph::kernels {
 namespace {
 
 TEST(ElementwiseTest, BadArgumentsAreErrorsBeforeAnyLaunch) {
   // Checked on the host, so these run without a GPU.
-  EXPECT_THROW(launch_fill_f32(nullptr, 1.0f, -1, nullptr), Error);
-  EXPECT_THROW(launch_fill_f32(nullptr, 1.0f, 8, nullptr), Error);
-  EXPECT_THROW(launch_axpy_f32(nullptr, nullptr, 1.0f, 8, nullptr), Error);
-  EXPECT_THROW(launch_add_f32(nullptr, nullptr, nullptr, 8, nullptr), Error);
-  EXPECT_THROW(launch_sum_f32(nullptr, nullptr, 8, nullptr), Error);
+  EXPECT_ERROR_CONTAINS(launch_fill_f32(nullptr, 1.0f, -1, nullptr), "fill_f32: element count must be >= 0, got -1");
+  EXPECT_ERROR_CONTAINS(launch_fill_f32(nullptr, 1.0f, 8, nullptr), "fill_f32: null pointer for 8 elements");
+  EXPECT_ERROR_CONTAINS(launch_axpy_f32(nullptr, nullptr, 1.0f, 8, nullptr), "axpy_f32: null pointer");
+  EXPECT_ERROR_CONTAINS(launch_add_f32(nullptr, nullptr, nullptr, 8, nullptr), "add_f32: null pointer");
+  EXPECT_ERROR_CONTAINS(launch_sum_f32(nullptr, nullptr, 8, nullptr), "sum_f32: null pointer for 8 elements");
   EXPECT_NO_THROW(launch_fill_f32(nullptr, 1.0f, 0, nullptr));  // empty is fine
 }
 
@@ -88,7 +90,7 @@ class ElementwiseF32Ragged : public ::testing::TestWithParam<std::int64_t> {};
 TEST_P(ElementwiseF32Ragged, EveryKernelMatchesItsHostReference) {
   SG_SKIP_WITHOUT_GPU();
   const std::int64_t n = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const std::vector<float> a = random_floats(n, rng);
   const std::vector<float> b = random_floats(n, rng);
   const float alpha = random_floats(1, rng)[0];
@@ -133,7 +135,7 @@ TEST_P(ElementwiseF32Ragged, EveryKernelMatchesItsHostReference) {
 TEST_P(ElementwiseF32Ragged, SumMatchesTheDoubleReferenceAndIsDeterministic) {
   SG_SKIP_WITHOUT_GPU();
   const std::int64_t n = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const std::vector<float> x = random_floats(n, rng);
   DeviceBuffers buffers;
   float* d_x = buffers.make(n);

@@ -20,6 +20,7 @@
 #include "engine/stream.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -46,7 +47,7 @@ std::vector<std::uint8_t> bytes_of(const HostArray& array) { return array.bytes;
 // Host references (no GPU needed).
 
 TEST(EmbeddingTest, Bf16HostForwardConcatenatesTheWindowsRows) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const EmbeddingDesc desc{.dtype = kBf16, .vocab = 11, .dim = 5, .rows = 7, .width = 3};
   const HostArray table = random_array(kBf16, desc.vocab * desc.dim, rng);
   const std::vector<std::int32_t> tokens = random_tokens(desc.positions(), desc.vocab, rng);
@@ -67,7 +68,7 @@ TEST(EmbeddingTest, Bf16HostForwardConcatenatesTheWindowsRows) {
 }
 
 TEST(EmbeddingTest, Fp32HostForwardZeroesAndFlagsOutOfRangeTokens) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const EmbeddingDesc desc{.dtype = kFp32, .vocab = 4, .dim = 3, .rows = 2, .width = 2};
   const HostArray table = random_array(kFp32, desc.vocab * desc.dim, rng, 1.0f, 2.0f);
   const std::vector<std::int32_t> tokens = {1, 4, -1, 3};  // 4 and -1 are outside [0, 4)
@@ -84,7 +85,7 @@ TEST(EmbeddingTest, Fp32HostForwardZeroesAndFlagsOutOfRangeTokens) {
 }
 
 TEST(EmbeddingTest, Bf16HostBackwardSumsEachTokensRowsInPositionOrder) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const EmbeddingDesc desc{.dtype = kBf16, .vocab = 9, .dim = 6, .rows = 40, .width = 4};
   const HostArray dout = random_array(kBf16, desc.positions() * desc.dim, rng);
   std::vector<std::int32_t> tokens = random_tokens(desc.positions(), desc.vocab - 1, rng);  // row 8 never used
@@ -136,7 +137,7 @@ struct Case {
 };
 
 void expect_device_matches_host(const Case& c) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const EmbeddingDesc desc{.dtype = c.dtype, .vocab = c.vocab, .dim = c.dim, .rows = c.rows, .width = c.width};
   const HostArray table = random_array(c.dtype, desc.vocab * desc.dim, rng);
   const HostArray dout = random_array(c.dtype, desc.positions() * desc.dim, rng);

@@ -26,6 +26,7 @@
 #include "kernels/gemm_host.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -340,7 +341,7 @@ TEST(GemmTest, LaunchRejectsBadOperandsBeforeTouchingTheDevice) {
 }
 
 TEST(GemmTest, HostReferenceRejectsMissingOperands) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   GemmDesc desc = valid_desc();
   desc.epilogue = GemmEpilogue::kBias;
   HostOperands operands(desc, rng);
@@ -396,7 +397,7 @@ class GemmHostReferenceTest : public ::testing::TestWithParam<GemmCase> {};
 
 TEST_P(GemmHostReferenceTest, MatchesNaiveDoubleLoopOnRaggedShapes) {
   const GemmCase& c = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   for (const Shape ragged : {Shape{7, 13, 5}, Shape{1, 1, 1}}) {
     GemmDesc desc = make_desc(c.types, c.trans_a, c.trans_b, c.epilogue, for_epilogue(ragged, c.epilogue));
     desc.alpha = 0.75f;
@@ -468,7 +469,7 @@ class GemmDeviceTest : public ::testing::TestWithParam<GemmCase> {};
 TEST_P(GemmDeviceTest, MatchesHostReferenceOnRaggedShapes) {
   SG_SKIP_WITHOUT_GPU();
   const GemmCase& c = GetParam();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   for (const Shape ragged : {Shape{7, 13, 257}, Shape{1, 1, 1}, Shape{33, 4097, 64}}) {
     GemmDesc desc = make_desc(c.types, c.trans_a, c.trans_b, c.epilogue, for_epilogue(ragged, c.epilogue));
     desc.alpha = 0.5f;  // shows which outputs cuBLASLt scales
@@ -480,7 +481,7 @@ INSTANTIATE_TEST_SUITE_P(EveryLayoutAndEpilogue, GemmDeviceTest, ::testing::Valu
 
 TEST(GemmTest, Bf16NtFp32OutBias1000Cubed) {
   SG_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   expect_device_matches_host(
       make_desc({DType::kBFloat16, DType::kFloat32}, false, true, GemmEpilogue::kBias, {1000, 1000, 1000}), rng);
 }
@@ -489,7 +490,7 @@ TEST(GemmTest, Bf16TnFp32OutBetaOneAccumulatesIntoD) {
   // The weight gradient: dW[out, in] += dy[T, out]^T x[T, in], with and
   // without the bias gradient; D holds the previous gradient, not NaN.
   SG_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   for (const GemmEpilogue epilogue : {GemmEpilogue::kNone, GemmEpilogue::kBiasGradOfA}) {
     GemmDesc desc = make_desc({DType::kBFloat16, DType::kFloat32}, true, false, epilogue, {96, 200, 333});
     desc.beta = 1.0f;
@@ -505,7 +506,7 @@ TEST(GemmTest, Bf16SameDescTwiceIsBitwiseEqual) {
   // Small m and n with a long k invite split-k; the cached algorithm must
   // still give the same bits every time.
   SG_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   for (const GemmEpilogue epilogue : {GemmEpilogue::kNone, GemmEpilogue::kDGeluBGrad}) {
     const GemmDesc desc = make_desc({DType::kBFloat16, DType::kBFloat16}, false, false, epilogue, {64, 64, 8192});
     const HostOperands operands(desc, rng);
@@ -520,7 +521,7 @@ TEST(GemmTest, Bf16SameDescTwiceIsBitwiseEqual) {
 
 TEST(GemmTest, Bf16MisalignedDeviceOperandIsAnError) {
   SG_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const GemmDesc desc = valid_desc();
   const HostOperands host(desc, rng);
   const DeviceOperands device(host);

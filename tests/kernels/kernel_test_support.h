@@ -73,8 +73,8 @@ struct HostArray {
   }
 };
 
-// Uniform in [low, high), rounded to the dtype. Seeded from the clock by the
-// caller's std::random_device so every run draws fresh inputs.
+// Uniform in [low, high), rounded to the dtype. `rng` is the caller's
+// testing::SeededRng (tests/support/seed.h): fresh inputs every run, and a failure prints the seed.
 inline HostArray random_array(DType dtype, std::int64_t n, std::mt19937& rng, float low = -1.0f, float high = 1.0f) {
   HostArray out(dtype, n);
   std::uniform_real_distribution<float> uniform(low, high);

@@ -23,6 +23,7 @@
 #include "engine/stream.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -164,7 +165,7 @@ TEST(MoERoutingHostTest, PermuteUnpermuteAndBackwardByHand) {
 
 // L = sum(dg * gates) against central differences of the logits.
 void check_router_backward(int topk) {
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   constexpr std::int64_t kTokens = 5, kExperts = 6;
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<float> logits(kTokens * kExperts);
@@ -202,12 +203,14 @@ TEST(MoERoutingHostTest, RouterBackwardMatchesFiniteDifferencesTop1) { check_rou
 TEST(MoERoutingHostTest, RouterBackwardMatchesFiniteDifferencesTop2) { check_router_backward(2); }
 
 TEST(MoERoutingHostTest, BadArgumentsAreErrors) {
-  EXPECT_THROW(check_router({DType::kFloat32, 4, 4, 3}), Error);
-  EXPECT_THROW(check_router({DType::kFloat32, 4, 1, 2}), Error);  // topk > experts
-  EXPECT_THROW(check_router({DType::kInt32, 4, 4, 1}), Error);
-  EXPECT_THROW(check_router({DType::kFloat32, 4, kMaxExperts + 1, 1}), Error);
-  EXPECT_THROW(check_plan({0, 4, 1}), Error);
-  EXPECT_THROW(check_permute({DType::kFloat32, 4, 0, 1}), Error);
+  using testing::expect_invalid_argument;
+  expect_invalid_argument([] { check_router({DType::kFloat32, 4, 4, 3}); }, "router_topk: topk must be 1 or 2, got 3");
+  expect_invalid_argument([] { check_router({DType::kFloat32, 4, 1, 2}); }, "experts must be in [topk = 2, ");
+  expect_invalid_argument([] { check_router({DType::kInt32, 4, 4, 1}); }, "logits must be bf16, fp16 or fp32, got int32");
+  expect_invalid_argument([] { check_router({DType::kFloat32, 4, kMaxExperts + 1, 1}); },
+                          "], got " + std::to_string(kMaxExperts + 1));
+  expect_invalid_argument([] { check_plan({0, 4, 1}); }, "moe_plan: tokens * topk must be in [1, 2^31), got 0 tokens");
+  expect_invalid_argument([] { check_permute({DType::kFloat32, 4, 0, 1}); }, "moe_permute: hidden must be in [1, 2^31), got 0");
 }
 
 // ---- GPU: every kernel against the host reference ----
@@ -336,7 +339,7 @@ void check_case_on_gpu(const Case& c, std::mt19937& rng) {
 
 TEST(MoERoutingCudaTest, EveryKernelMatchesTheHostReference) {
   SG_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const std::vector<Case> cases = {
       {DType::kFloat32, 7, 4, 1, 13},        // scalar rows, fewer tokens than a warp
       {DType::kBFloat16, 300, 8, 2, 64},     // vector rows
@@ -376,7 +379,7 @@ TEST(MoERoutingCudaTest, AllTokensToOneExpertAndOutOfRangeExperts) {
 TEST(MoERoutingCudaTest, SplitOffsetsMatchTheHostOnGoodAndBadSplits) {
   SG_SKIP_WITHOUT_GPU();
   Stream stream;
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   for (const std::int64_t experts : {1, 3, 128, 1000, 1024}) {
     for (int variant = 0; variant < 4; ++variant) {
       std::uniform_int_distribution<int> size(0, 50);

@@ -23,6 +23,7 @@
 #include "engine/stream.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -250,7 +251,7 @@ std::vector<float> to_float_vector(const std::vector<double>& values) { return {
 
 void check_host_forward_against_formula(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden) {
   const NormDesc desc = make_desc(kind, dtype, rows, hidden);
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const NormInputs in = random_inputs(desc, rng);
   const ForwardResult got = host_forward(desc, in);
   std::vector<double> y, mean, rstd;
@@ -295,7 +296,7 @@ TEST(NormTest, RMSNormFp16HostForwardMatchesFormula) {
 TEST(NormTest, LayerNormFp32HostForwardIsSoundForLargeMeans) {
   // Rows of 1000 + u(-1, 1): E[x^2] - E[x]^2 in fp32 would lose every digit.
   const NormDesc desc = make_desc(NormKind::kLayerNorm, kFp32, 4, 512);
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   NormInputs in = random_inputs(desc, rng);
   for (std::int64_t i = 0; i < in.x.numel; ++i) in.x.set(i, in.x.get(i) + 1000.0f);
   const ForwardResult got = host_forward(desc, in);
@@ -309,9 +310,7 @@ TEST(NormTest, LayerNormFp32HostForwardIsSoundForLargeMeans) {
 // against the host backward (fp32) at the same point.
 void check_host_backward_against_finite_differences(NormKind kind, std::int64_t rows, std::int64_t hidden) {
   const NormDesc desc = make_desc(kind, kFp32, rows, hidden);
-  const std::uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
+  testing::SeededRng rng;
   const NormInputs in = random_inputs(desc, rng);
   const std::int64_t n = rows * hidden;
 
@@ -404,9 +403,7 @@ class ShiftedArray {
 void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden,
                              std::int64_t offset = 0) {
   const NormDesc desc = make_desc(kind, dtype, rows, hidden);
-  const std::uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
+  testing::SeededRng rng;
   const NormInputs in = random_inputs(desc, rng);
   const ForwardResult want = host_forward(desc, in);
   const bool layer_norm = is_layer_norm(desc);
@@ -432,9 +429,7 @@ void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std:
 void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden,
                               std::int64_t offset = 0) {
   const NormDesc desc = make_desc(kind, dtype, rows, hidden);
-  const std::uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
+  testing::SeededRng rng;
   const NormInputs in = random_inputs(desc, rng);
   const bool layer_norm = is_layer_norm(desc);
   // Both sides get the host forward's statistics: this checks the backward alone.
@@ -558,7 +553,7 @@ TEST(NormTest, MisalignedPointersMatchHost) {
 TEST(NormTest, LayerNormFp32ForwardIsSoundForLargeMeans) {
   SG_SKIP_WITHOUT_GPU();
   const NormDesc desc = make_desc(NormKind::kLayerNorm, kFp32, 64, 4096);
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   NormInputs in = random_inputs(desc, rng);
   for (std::int64_t i = 0; i < in.x.numel; ++i) in.x.set(i, in.x.get(i) + 1000.0f);
   std::vector<double> y_naive, mean_naive, rstd_naive;

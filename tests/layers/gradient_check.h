@@ -14,12 +14,13 @@
 #include <vector>
 
 #include "engine/context.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph::testing {
 
 class GradientCheck {
  public:
-  explicit GradientCheck(Context& ctx) : ctx_(ctx), rng_(std::random_device{}()) {}
+  explicit GradientCheck(Context& ctx) : ctx_(ctx), rng_() {}
 
   Tensor random_tensor(const std::string& name, const Shape& shape) {
     Tensor t = ctx_.persistent(name, {shape, DType::kFloat32});
@@ -82,7 +83,7 @@ class GradientCheck {
 
  private:
   Context& ctx_;
-  std::mt19937 rng_;
+  SeededRng rng_;  // failures print its seed (tests/support/seed.h)
 };
 
 }  // namespace stepgraph::testing

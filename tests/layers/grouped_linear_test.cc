@@ -20,6 +20,8 @@
 #include "tests/layers/tensor_io.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -150,21 +152,22 @@ TEST(GroupedLinearHostTest, BadShapesAndConfigsAreErrors) {
   const Tensor splits = ctx.persistent("splits", {Shape{3}, DType::kInt32});
   const Tensor wrong_count = ctx.persistent("wrong_count", {Shape{4}, DType::kInt32});
   const Tensor wrong_dtype = ctx.persistent("wrong_dtype", {Shape{3}, DType::kFloat32});
-  EXPECT_THROW(layer.forward(ctx, {wrong_x, splits}), Error);
-  EXPECT_THROW(layer.forward(ctx, {x, wrong_count}), Error);
-  EXPECT_THROW(layer.forward(ctx, {x, wrong_dtype}), Error);
-  EXPECT_THROW(layer.forward(ctx, {x, Tensor()}), Error);
-  EXPECT_THROW(GroupedLinear(ctx, "none", {.experts = 0, .in_features = 4, .out_features = 2}, 1), Error);
-  EXPECT_THROW(
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {wrong_x, splits}), "GroupedLinear 'experts': input must be [tokens, 4] fp32, got [5, 3] fp32");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, wrong_count}), "splits must be int32 [3] (one size per expert), got [4] int32");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, wrong_dtype}), "splits must be int32 [3]", "got [3] fp32");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, Tensor()}), "splits must be int32 [3]", "undefined");
+  EXPECT_ERROR_CONTAINS(GroupedLinear(ctx, "none", {.experts = 0, .in_features = 4, .out_features = 2}, 1),
+                        "GroupedLinear 'none': experts must be in [1, 1024], got 0");
+  EXPECT_ERROR_CONTAINS(
       GroupedLinear(ctx, "fp16", {.experts = 2, .in_features = 4, .out_features = 2, .dtype = DType::kFloat16}, 1),
-      Error);
+      "GroupedLinear 'fp16': dtype fp16 is not supported");
 }
 
 // ---- GPU ----
 
 TEST(GroupedLinearCudaTest, CudaMatchesHostForwardAndEveryGradient) {
   SG_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   constexpr std::int64_t kIn = 64, kOut = 48, kTokens = 300, kExperts = 8;
   Ints splits(kExperts, 0);  // random, with empty experts
   std::uniform_int_distribution<int> pick(0, kExperts - 1);

@@ -22,6 +22,7 @@
 #include "ops/loss_ops.h"
 #include "graphs/captured_step.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
@@ -55,7 +56,7 @@ TEST(LanguageModelTest, EmbeddingGradientMatchesFiniteDifferencesOfTheLoss) {
   Context ctx(Device::kHost);
   const LanguageModelConfig config = small_config(DType::kFloat32);
   LanguageModel model(ctx, config);
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   const std::int64_t batch = 6;
   const Tensor tokens = int_tensor(ctx, "tokens", Shape{batch, config.context},
                                    random_tokens(batch * config.context, config.model.vocab, rng));

@@ -17,6 +17,7 @@
 #include "layers/linear.h"
 #include "layers/norm.h"
 #include "tests/layers/gradient_check.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -93,8 +94,9 @@ TEST(LayerGradientsTest, BadInputShapesAreErrors) {
   Context ctx(Device::kHost);
   Linear layer(ctx, "fc", {.in_features = 4, .out_features = 2, .dtype = DType::kFloat32}, 1);
   const Tensor wrong = ctx.persistent("wrong", {Shape{3, 5}, DType::kFloat32});
-  EXPECT_THROW(layer.forward(ctx, {wrong}), Error);
-  EXPECT_THROW(Linear(ctx, "bad", {.in_features = 0, .out_features = 2}, 1), Error);
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {wrong}), "input must be [tokens, 4] fp32, got [3, 5] fp32");
+  EXPECT_ERROR_CONTAINS(Linear(ctx, "bad", {.in_features = 0, .out_features = 2}, 1),
+                        "Linear 'bad': in_features and out_features must be > 0, got 0 and 2");
 }
 
 }  // namespace

@@ -25,6 +25,8 @@
 #include "tests/layers/tensor_io.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
+#include "tests/support/seed.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -150,7 +152,7 @@ void expect_graph_equals_eager(Device device, DType dtype, int replays) {
     for (Parameter* p : layer.parameters()) out.push_back(bytes_of(p->grad));
     return out;
   };
-  std::mt19937 rng(std::random_device{}());
+  testing::SeededRng rng;
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
   std::set<std::vector<std::int32_t>> distinct_splits;
   for (int replay = 0; replay < replays; ++replay) {
@@ -187,13 +189,17 @@ TEST(MoEMLPHostTest, GraphedStepEqualsEagerBf16) { expect_graph_equals_eager(Dev
 
 TEST(MoEMLPHostTest, BadConfigsAreErrorsAtBuildTime) {
   Context ctx(Device::kHost);
-  EXPECT_THROW(MoEMLP(ctx, "k3", {.hidden = 8, .ffn = 8, .experts = 4, .topk = 3}, 1), Error);
-  EXPECT_THROW(MoEMLP(ctx, "k_over_e", {.hidden = 8, .ffn = 8, .experts = 1, .topk = 2}, 1), Error);
-  EXPECT_THROW(MoEMLP(ctx, "none", {.hidden = 8, .ffn = 8, .experts = 0, .topk = 1}, 1), Error);
-  EXPECT_THROW(MoEMLP(ctx, "too_many", {.hidden = 8, .ffn = 8, .experts = 4096, .topk = 1}, 1), Error);
+  EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "k3", {.hidden = 8, .ffn = 8, .experts = 4, .topk = 3}, 1),
+                        "MoEMLP 'k3': topk must be 1 or 2, got 3");
+  EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "k_over_e", {.hidden = 8, .ffn = 8, .experts = 1, .topk = 2}, 1),
+                        "MoEMLP 'k_over_e': experts must be in [topk = 2, 1024], got 1");
+  EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "none", {.hidden = 8, .ffn = 8, .experts = 0, .topk = 1}, 1),
+                        "MoEMLP 'none': experts must be in [topk = 1, 1024], got 0");
+  EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "too_many", {.hidden = 8, .ffn = 8, .experts = 4096, .topk = 1}, 1),
+                        "MoEMLP 'too_many': experts must be in [topk = 1, 1024], got 4096");
   MoEMLP layer(ctx, "moe", small_config(2, DType::kFloat32), 1);
   const Tensor wrong = ctx.persistent("wrong", {Shape{3, 7}, DType::kFloat32});
-  EXPECT_THROW(layer.forward(ctx, {wrong}), Error);
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {wrong}), "MoEMLP 'moe': input must be [tokens, ", "got [3, 7] fp32");
 }
 
 TEST(MoERoutingOpsTest, BadInputsAreClearErrors) {
@@ -201,23 +207,32 @@ TEST(MoERoutingOpsTest, BadInputsAreClearErrors) {
   auto t = [&](const char* name, Shape shape, DType dtype) { return ctx.persistent(name, {std::move(shape), dtype}); };
   const Tensor logits = t("logits", Shape{4, 4}, DType::kFloat32);
   const Tensor word = t("word", Shape{1}, DType::kInt32);
-  EXPECT_THROW(ops::router_topk(ctx, t("int_logits", Shape{4, 4}, DType::kInt32), 1), Error);
-  EXPECT_THROW(ops::router_topk(ctx, logits, 3), Error);
-  EXPECT_THROW(ops::router_topk(ctx, t("vector", Shape{16}, DType::kFloat32), 1), Error);
-  EXPECT_THROW(ops::moe_plan(ctx, t("float_experts", Shape{4, 2}, DType::kFloat32), word, 4), Error);
-  EXPECT_THROW(ops::moe_plan(ctx, t("experts", Shape{4, 2}, DType::kInt32), t("long_word", Shape{2}, DType::kInt32), 4),
-               Error);
-  EXPECT_THROW(ops::moe_plan(ctx, t("experts3", Shape{4, 3}, DType::kInt32), word, 4), Error);
-  EXPECT_THROW(ops::split_offsets(ctx, t("float_splits", Shape{3}, DType::kFloat32), word, 8), Error);
-  EXPECT_THROW(ops::moe_permute(ctx, t("x", Shape{4, 8}, DType::kFloat32), t("sources", Shape{12}, DType::kInt32)),
-               Error);
+  EXPECT_ERROR_CONTAINS(ops::router_topk(ctx, t("int_logits", Shape{4, 4}, DType::kInt32), 1),
+                        "router_topk: logits must be bf16, fp16 or fp32, got int32");
+  EXPECT_ERROR_CONTAINS(ops::router_topk(ctx, logits, 3), "router_topk: topk must be 1 or 2, got 3");
+  EXPECT_ERROR_CONTAINS(ops::router_topk(ctx, t("vector", Shape{16}, DType::kFloat32), 1),
+                        "op router_topk: logits must be a matrix, got [16]");
+  EXPECT_ERROR_CONTAINS(ops::moe_plan(ctx, t("float_experts", Shape{4, 2}, DType::kFloat32), word, 4),
+                        "op moe_plan: experts must be int32, got fp32");
+  EXPECT_ERROR_CONTAINS(
+      ops::moe_plan(ctx, t("experts", Shape{4, 2}, DType::kInt32), t("long_word", Shape{2}, DType::kInt32), 4),
+      "op moe_plan: the error word must be [1] int32, got [2] int32");
+  EXPECT_ERROR_CONTAINS(ops::moe_plan(ctx, t("experts3", Shape{4, 3}, DType::kInt32), word, 4),
+                        "moe_plan: topk must be 1 or 2, got 3");
+  EXPECT_ERROR_CONTAINS(ops::split_offsets(ctx, t("float_splits", Shape{3}, DType::kFloat32), word, 8),
+                        "op split_offsets: splits must be int32 [E]", "got [3] fp32");
+  EXPECT_ERROR_CONTAINS(ops::moe_permute(ctx, t("x", Shape{4, 8}, DType::kFloat32), t("sources", Shape{12}, DType::kInt32)),
+                        "op moe_permute: sources must be int32 [tokens * k] with k 1 or 2 (tokens = 4), got [12] int32");
   const Tensor positions = t("positions", Shape{4, 2}, DType::kInt32);
-  EXPECT_THROW(ops::moe_unpermute(ctx, t("rows", Shape{7, 8}, DType::kFloat32), positions), Error);
+  EXPECT_ERROR_CONTAINS(ops::moe_unpermute(ctx, t("rows", Shape{7, 8}, DType::kFloat32), positions),
+                        "op moe_unpermute: the expert-ordered rows [7, 8] must have one row per (token, slot) of "
+                        "positions [4, 2]");
   const Tensor rows = t("rows8", Shape{8, 8}, DType::kFloat32);
-  EXPECT_THROW(ops::moe_unpermute(ctx, rows, positions, t("gates", Shape{4, 1}, DType::kFloat32)), Error);
-  EXPECT_THROW(ops::moe_unpermute_backward(ctx, t("dy", Shape{4, 7}, DType::kFloat32), rows, positions,
-                                           t("gates2", Shape{4, 2}, DType::kFloat32)),
-               Error);
+  EXPECT_ERROR_CONTAINS(ops::moe_unpermute(ctx, rows, positions, t("gates", Shape{4, 1}, DType::kFloat32)),
+                        "op moe_unpermute: gates must be [4, 2] fp32, got [4, 1] fp32");
+  EXPECT_ERROR_CONTAINS(ops::moe_unpermute_backward(ctx, t("dy", Shape{4, 7}, DType::kFloat32), rows, positions,
+                                                    t("gates2", Shape{4, 2}, DType::kFloat32)),
+                        "op moe_unpermute_backward: dy must be [4, 8] fp32, got [4, 7] fp32");
 }
 
 // ---- GPU ----
@@ -232,7 +247,7 @@ TEST(MoEMLPCudaTest, CudaMatchesHost) {
   for (const int topk : {1, 2}) {
     SCOPED_TRACE("k=" + std::to_string(topk));
     constexpr std::int64_t kTokens = 200, kHidden = 64;
-    std::mt19937 rng(std::random_device{}());
+    testing::SeededRng rng;
     std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
     std::vector<float> xs(kTokens * kHidden), dys(kTokens * kHidden);
     for (float& v : xs) v = uniform(rng);

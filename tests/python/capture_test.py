@@ -141,7 +141,7 @@ def test_released_pool_makes_replay_an_error(ctx):
     x = ctx.tensor((2, 4))
     graph = sg.capture(ctx, lambda: layer(x))
     graph.release_pool()
-    with pytest.raises(sg.StepGraphError) as error:
+    with pytest.raises(sg.StepGraphError, match="cannot replay: the captured step is released") as error:
         graph.replay()
     assert error.value.code_name == "invalid_state"
 

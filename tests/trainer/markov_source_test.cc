@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -229,8 +230,8 @@ TEST(MarkovSourceTest, BadConfigsAndArgumentsAreClearErrors) {
   expect_invalid(MarkovConfig{.context = -1}, "context");
   auto source = make_markov_source(MarkovConfig{});
   Batch out;
-  EXPECT_THROW(source->next_batch(0, 4, out), Error);
-  EXPECT_THROW(source->next_batch(4, 0, out), Error);
+  EXPECT_ERROR_CONTAINS(source->next_batch(0, 4, out), "next_batch: batch must be >= 1, got 0");
+  EXPECT_ERROR_CONTAINS(source->next_batch(4, 0, out), "next_batch: context must be >= 1, got 0");
   EXPECT_EQ(source->position(), 0u);
 }
 

@@ -1,5 +1,7 @@
 #include "engine/shape.h"
 
+#include <string_view>
+
 #include "engine/error.h"
 
 namespace stepgraph {
@@ -11,9 +13,10 @@ void check_dims(const std::vector<std::int64_t>& dims) {
   }
 }
 
-std::int64_t checked_multiply(std::int64_t a, std::int64_t b, const Shape& shape) {
+// `what` names the count: "elements" or "bytes".
+std::int64_t checked_multiply(std::int64_t a, std::int64_t b, const Shape& shape, std::string_view what) {
   std::int64_t product = 0;
-  SG_CHECK(!__builtin_mul_overflow(a, b, &product), "shape ", shape, " has more elements than int64 can count");
+  SG_CHECK(!__builtin_mul_overflow(a, b, &product), "shape ", shape, " has more ", what, " than int64 can count");
   return product;
 }
 
@@ -31,12 +34,12 @@ std::int64_t Shape::dim(int index) const {
 
 std::int64_t Shape::numel() const {
   std::int64_t product = 1;
-  for (std::int64_t d : dims_) product = checked_multiply(product, d, *this);
+  for (std::int64_t d : dims_) product = checked_multiply(product, d, *this, "elements");
   return product;
 }
 
 std::int64_t Shape::bytes(std::size_t element_size) const {
-  return checked_multiply(numel(), static_cast<std::int64_t>(element_size), *this);
+  return checked_multiply(numel(), static_cast<std::int64_t>(element_size), *this, "bytes");
 }
 
 std::string Shape::to_string() const {

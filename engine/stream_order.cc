@@ -13,7 +13,7 @@ void check_stream(int stream, int stream_count) {
 }
 
 void check_values(std::span<const std::int64_t> values) {
-  for (std::int64_t value : values) SG_CHECK(value >= 0, "value ids must be >= 0, got %", value);
+  for (std::int64_t value : values) SG_CHECK(value >= 0, "value ids must be >= 0, got ", value);
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ TEST(ShapeTest, DimIndexOutOfRangeIsAnError) {
 TEST(ShapeTest, OverflowingElementCountIsAnError) {
   const std::int64_t big = std::numeric_limits<std::int64_t>::max() / 2;
   EXPECT_ERROR_CONTAINS((Shape{big, 3}).numel(), "more elements than int64 can count");
-  EXPECT_ERROR_CONTAINS((Shape{big}).bytes(4), "than int64 can count");
+  EXPECT_ERROR_CONTAINS((Shape{big}).bytes(4), "more bytes than int64 can count");
 }
 
 }  // namespace

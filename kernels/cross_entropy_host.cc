@@ -14,29 +14,6 @@
 namespace stepgraph::kernels::host {
 namespace {
 
-double load_logit(DType dtype, const void* data, std::int64_t i) {
-  const auto* bytes = static_cast<const std::uint8_t*>(data);
-  if (dtype == DType::kFloat32) {
-    float value;
-    std::memcpy(&value, bytes + i * 4, 4);
-    return value;
-  }
-  std::uint16_t bits;
-  std::memcpy(&bits, bytes + i * 2, 2);
-  return dtype == DType::kBFloat16 ? bf16_to_float(bits) : fp16_to_float(bits);
-}
-
-void store_logit(DType dtype, void* data, std::int64_t i, double value) {
-  auto* bytes = static_cast<std::uint8_t*>(data);
-  const auto narrow = static_cast<float>(value);
-  if (dtype == DType::kFloat32) {
-    std::memcpy(bytes + i * 4, &narrow, 4);
-    return;
-  }
-  const std::uint16_t bits = dtype == DType::kBFloat16 ? float_to_bf16(narrow) : float_to_fp16(narrow);
-  std::memcpy(bytes + i * 2, &bits, 2);
-}
-
 std::int64_t load_label(DType dtype, const void* data, std::int64_t i) {
   const auto* bytes = static_cast<const std::uint8_t*>(data);
   if (dtype == DType::kInt32) {
@@ -74,12 +51,12 @@ void cross_entropy(const CrossEntropyDesc& desc, const void* logits, const void*
     const std::int64_t label = load_label(desc.label_type, labels, t);
     const std::int64_t base = t * vocab;
     if (label == desc.ignore_index) {
-      for (std::int64_t j = 0; j < vocab; ++j) store_logit(desc.logits_type, dlogits, base + j, 0.0);
+      for (std::int64_t j = 0; j < vocab; ++j) store_from_float(desc.logits_type, dlogits, base + j, 0.0f);
       continue;
     }
     double max = -INFINITY;
     for (std::int64_t j = 0; j < vocab; ++j) {
-      row[j] = load_logit(desc.logits_type, logits, base + j);
+      row[j] = load_as_float(desc.logits_type, logits, base + j);
       max = std::fmax(max, row[j]);
     }
     double sum = 0.0;
@@ -87,10 +64,10 @@ void cross_entropy(const CrossEntropyDesc& desc, const void* logits, const void*
       row[j] = std::exp(row[j] - max);  // the row now holds exp(x - max)
       sum += row[j];
     }
-    total += max + std::log(sum) - load_logit(desc.logits_type, logits, base + label);
+    total += max + std::log(sum) - load_as_float(desc.logits_type, logits, base + label);
     for (std::int64_t j = 0; j < vocab; ++j) {
       const double onehot = j == label ? 1.0 : 0.0;
-      store_logit(desc.logits_type, dlogits, base + j, (row[j] / sum - onehot) * scale);
+      store_from_float(desc.logits_type, dlogits, base + j, static_cast<float>((row[j] / sum - onehot) * scale));
     }
   }
   *loss = count > 0 ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;

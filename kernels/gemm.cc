@@ -42,9 +42,6 @@ bool is_known(GemmEpilogue epilogue) {
   return false;
 }
 
-bool reads_bias(GemmEpilogue e) { return e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias; }
-bool uses_aux(GemmEpilogue e) { return e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad; }
-bool writes_bias_grad(GemmEpilogue e) { return e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kBiasGradOfA; }
 bool can_accumulate(GemmEpilogue e) { return e == GemmEpilogue::kNone || e == GemmEpilogue::kBiasGradOfA; }
 
 cudaDataType_t cuda_type(DType dtype) {
@@ -186,8 +183,8 @@ int fastest_candidate(const GemmDesc& desc, const cublasLtMatmulHeuristicResult_
     (void)cudaGetLastError();
     return 0;
   }
-  const bool has_vector = reads_bias(desc.epilogue) || writes_bias_grad(desc.epilogue);
-  LtMatmul problem(desc, has_vector ? vector.get() : nullptr, uses_aux(desc.epilogue) ? aux.get() : nullptr);
+  const bool has_vector = epilogue_reads_bias(desc.epilogue) || epilogue_writes_bias_grad(desc.epilogue);
+  LtMatmul problem(desc, has_vector ? vector.get() : nullptr, epilogue_uses_aux(desc.epilogue) ? aux.get() : nullptr);
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr;
   cudaEvent_t stop = nullptr;
@@ -233,8 +230,8 @@ int fastest_candidate(const GemmDesc& desc, const cublasLtMatmulHeuristicResult_
 
 cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time) {
   const void* probe = reinterpret_cast<const void*>(alignment);
-  const bool has_vector = reads_bias(desc.epilogue) || writes_bias_grad(desc.epilogue);
-  LtMatmul problem(desc, has_vector ? probe : nullptr, uses_aux(desc.epilogue) ? probe : nullptr);
+  const bool has_vector = epilogue_reads_bias(desc.epilogue) || epilogue_writes_bias_grad(desc.epilogue);
+  LtMatmul problem(desc, has_vector ? probe : nullptr, epilogue_uses_aux(desc.epilogue) ? probe : nullptr);
   cublasLtMatmulPreferenceOpaque_t preference{};
   SG_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference));
   set_preference(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes});
@@ -332,9 +329,9 @@ void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
   check_pointer(operands.b, "b", desc);
   check_pointer(operands.d, "d", desc);
   check_pointer(operands.workspace, "workspace", desc, kWorkspaceAlignment);
-  if (reads_bias(desc.epilogue)) check_pointer(operands.bias, "bias", desc);
-  if (uses_aux(desc.epilogue)) check_pointer(operands.aux, "aux", desc);
-  if (writes_bias_grad(desc.epilogue)) check_pointer(operands.bias_grad, "bias_grad", desc);
+  if (epilogue_reads_bias(desc.epilogue)) check_pointer(operands.bias, "bias", desc);
+  if (epilogue_uses_aux(desc.epilogue)) check_pointer(operands.aux, "aux", desc);
+  if (epilogue_writes_bias_grad(desc.epilogue)) check_pointer(operands.bias_grad, "bias_grad", desc);
 }
 
 }  // namespace
@@ -378,7 +375,7 @@ void check_gemm(const GemmDesc& desc) {
   SG_CHECK_CODE(desc.beta == 0.0f || can_accumulate(desc.epilogue), ErrorCode::kUnsupported, "gemm: beta=", desc.beta,
                 " needs epilogue none or bias_grad_of_a, got ", gemm_epilogue_name(desc.epilogue),
                 "; use beta=0 and add separately");
-  SG_CHECK_CODE(!uses_aux(desc.epilogue) || desc.n % 8 == 0, ErrorCode::kUnsupported, "gemm: epilogue ",
+  SG_CHECK_CODE(!epilogue_uses_aux(desc.epilogue) || desc.n % 8 == 0, ErrorCode::kUnsupported, "gemm: epilogue ",
                 gemm_epilogue_name(desc.epilogue),
                 " needs n divisible by 8 (cuBLASLt's aux leading dimension), got n=", desc.n,
                 "; pad the feature dimension or use epilogue none with a separate GeLU");
@@ -402,10 +399,10 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const cublasLtMatmulAlgo_t algo = cached_algo(desc, alignment_of(operands), capture == cudaStreamCaptureStatusNone);
-  const void* vector = reads_bias(desc.epilogue)         ? operands.bias
-                       : writes_bias_grad(desc.epilogue) ? operands.bias_grad
-                                                         : nullptr;
-  LtMatmul problem(desc, vector, uses_aux(desc.epilogue) ? operands.aux : nullptr);
+  const void* vector = epilogue_reads_bias(desc.epilogue)         ? operands.bias
+                       : epilogue_writes_bias_grad(desc.epilogue) ? operands.bias_grad
+                                                                  : nullptr;
+  LtMatmul problem(desc, vector, epilogue_uses_aux(desc.epilogue) ? operands.aux : nullptr);
   const float alpha = desc.alpha;
   const float beta = desc.beta;
   SG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), &problem.op, &alpha, operands.b, &problem.a, operands.a, &problem.b,

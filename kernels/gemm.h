@@ -35,6 +35,18 @@ enum class GemmEpilogue : std::uint8_t {
 };
 std::string gemm_epilogue_name(GemmEpilogue epilogue);
 
+// What an epilogue reads or writes besides A, B and D: launch_gemm, the host
+// reference and ops/gemm_ops.cc all go by these.
+constexpr bool epilogue_reads_bias(GemmEpilogue e) {
+  return e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias;
+}
+constexpr bool epilogue_writes_aux(GemmEpilogue e) { return e == GemmEpilogue::kGeluAuxBias; }
+constexpr bool epilogue_reads_aux(GemmEpilogue e) { return e == GemmEpilogue::kDGeluBGrad; }
+constexpr bool epilogue_uses_aux(GemmEpilogue e) { return epilogue_writes_aux(e) || epilogue_reads_aux(e); }
+constexpr bool epilogue_writes_bias_grad(GemmEpilogue e) {
+  return e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kBiasGradOfA;
+}
+
 struct GemmDesc {
   std::int64_t m = 0;
   std::int64_t n = 0;

@@ -24,12 +24,9 @@ void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
   check_pointer(operands.a, "a", desc);
   check_pointer(operands.b, "b", desc);
   check_pointer(operands.d, "d", desc);
-  const GemmEpilogue e = desc.epilogue;
-  if (e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias) check_pointer(operands.bias, "bias", desc);
-  if (e == GemmEpilogue::kGeluAuxBias || e == GemmEpilogue::kDGeluBGrad) check_pointer(operands.aux, "aux", desc);
-  if (e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kBiasGradOfA) {
-    check_pointer(operands.bias_grad, "bias_grad", desc);
-  }
+  if (epilogue_reads_bias(desc.epilogue)) check_pointer(operands.bias, "bias", desc);
+  if (epilogue_uses_aux(desc.epilogue)) check_pointer(operands.aux, "aux", desc);
+  if (epilogue_writes_bias_grad(desc.epilogue)) check_pointer(operands.bias_grad, "bias_grad", desc);
 }
 
 // op(X) as a dense row-major [rows, cols] fp32 matrix; X is stored

@@ -1,23 +1,48 @@
 // Grouped GEMM kernels (contract in grouped_gemm.h): the launchers, the
-// mma.sync kernel, the simple fp32 kernel and the bias gradient.
+// mma.sync wgrad kernel, the simple fp32 kernel and the bias gradient.
 //
 // bf16 inputs take a tensor-core kernel: a persistent grid of at most one
 // block per SM walks a tile schedule over (group, m-tile, n-tile) that every
-// block builds in shared memory from the device offsets. The forward and
-// dgrad run on warp-specialised wgmma + TMA (grouped_gemm_ws.cu); wgrad,
-// whose reduction runs over each group's ragged token range, runs the shared
-// cp.async + ldmatrix + mma.sync main loop (kernels/tile/mma_pipeline.cuh) with the operand layouts
-// of its kind, then writes its fp32 accumulators through the kind's epilogue
-// (the forward and dgrad can take it too, see wgmma_path()). fp32 inputs take
-// a simple one-thread-per-output kernel over the same clamped offsets. The
-// grid size depends only on (T, E, N, K, SM count).
+// block computes from the device offsets. The forward and dgrad run on the
+// cooperative warp-specialised wgmma + TMA kernel (grouped_gemm_ws.cu);
+// wgrad, whose reduction runs over each group's ragged token range, runs the
+// cp.async + ldmatrix + mma.sync main loop of kernels/tile/mma_pipeline.cuh.
+// fp32 inputs take a simple one-thread-per-output kernel over the same
+// clamped offsets. Which kernel runs depends only on the desc, and the grid
+// size only on (T, E, N, K, SM count), so a captured graph is fixed by them.
+//
+// Note [Grouped GEMM variants that lost]
+// Tried on the H100 for the bf16 forward and dgrad, timed against
+// torch._grouped_mm in the same job on the 16 forward rows of
+// benchmarks/README.md (ratio: our TFLOP/s over torch's; run1/ to run3/ are
+// in benchmarks/results/h100-2026-11-23-grouped-gemm-ws/), and deleted once
+// the cooperative kernel won. Commit 1da726c still has them all, behind
+// SG_GROUPED_GEMM_PATH and SG_GROUPED_GEMM_RASTER_BAND:
+//   - mma.sync for the forward and dgrad (wgrad keeps it): the first version
+//     reached forward 0.32-0.79x, and dgrad stayed at 0.32-0.83x in the run
+//     of commit bcf403d, whose wgmma forward reached 0.61-1.06x. mma.sync is
+//     the Ampere instruction; the H100's tensor-core rate needs wgmma.
+//   - ping-pong: each consumer warpgroup on its own 128 x 128 tile, the two
+//     alternating through named barriers so that one's epilogue hides under
+//     the other's main loop. 0.41-1.04x against 0.57-1.06x for the
+//     cooperative kernel in the same job (run1/): a 128 x 128 x 64 stage
+//     moves 32 KiB per 2.1 MFLOP against 48 KiB per 4.2 MFLOP at 128 x 256,
+//     and L2 -> shared traffic is what limits these kernels.
+//   - clusters of 2 blocks on adjacent m-tiles sharing the w box by TMA
+//     multicast (half the w traffic, as CUTLASS does): correct, but
+//     cooperative pairs 0.41-0.52x and ping-pong pairs 0.24-0.34x (run1/),
+//     dgrad on pairs 0.35-0.71x (commit 7cfac56). Not short of blocks (66
+//     clusters of 2 fit: run2/occupancy_probe.cu); never profiled, so the
+//     cause is unknown.
+//   - raster bands of 4 and 8 m-tiles: 421 and 387 TFLOP/s against 612 for
+//     16 on E=8 T=65536 4096->14336 balanced (run2/fwd_band*.json); 32 was
+//     5-10% lower on the E=128 T=65536 rows (run3/). The band is fixed at 16.
+// With band 16 the cooperative kernel reached forward 0.65-1.09x and dgrad
+// 0.84-1.11x (commit 0b3da6d, run3/).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
-#include <type_traits>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -32,83 +57,43 @@ namespace {
 using namespace grouped;  // NOLINT(google-build-using-namespace): this file implements them
 using tile::MmaConfig;
 
-// The global operands of group e (rows [start, start + count) of the tokens).
-template <GroupedGemmKind kKind>
-__device__ __forceinline__ void group_operands(const Problem& p, int e, int start, const GroupShape<kKind>& s,
-                                               tile::GlobalOperand& a, tile::GlobalOperand& b) {
+// dw_e (+)= dy_e^T x_e as C[n, k] = sum over the group's tokens t of
+// A(n, t) B(k, t), with A = dy_e and B = x_e, both MN-major. Every group has
+// the same tiles (an empty group's product is zero).
+__global__ void __launch_bounds__(MmaConfig::kThreads, 1) grouped_wgrad_mma_kernel(Problem p) {
   using bf16 = __nv_bfloat16;
-  const std::int64_t weight = static_cast<std::int64_t>(e) * p.n * p.k;
-  switch (kKind) {
-    case GroupedGemmKind::kForward:  // A = x_e [count, K], B = w_e [N, K]
-      a = {at<bf16>(p.x, static_cast<std::int64_t>(start) * p.k), p.k, s.m, s.depth};
-      b = {at<bf16>(p.w, weight), p.k, s.cols, s.depth};
-      break;
-    case GroupedGemmKind::kDgrad:  // A = dy_e [count, N], B(kout, n) = w_e[n, kout]
-      a = {at<bf16>(p.dy, static_cast<std::int64_t>(start) * p.n), p.n, s.m, s.depth};
-      b = {at<bf16>(p.w, weight), p.k, s.cols, s.depth};
-      break;
-    case GroupedGemmKind::kWgrad:  // A(n, t) = dy_e[t, n], B(k, t) = x_e[t, k]
-      a = {at<bf16>(p.dy, static_cast<std::int64_t>(start) * p.n), p.n, s.m, s.depth};
-      b = {at<bf16>(p.x, static_cast<std::int64_t>(start) * p.k), p.k, s.cols, s.depth};
-      break;
-  }
-}
-
-template <GroupedGemmKind kKind, typename Out>
-__global__ void __launch_bounds__(MmaConfig::kThreads, 1) grouped_gemm_mma_kernel(Problem p) {
-  using Shape = GroupShape<kKind>;
   extern __shared__ __align__(128) unsigned char smem[];
   int* offs = reinterpret_cast<int*>(smem + MmaConfig::kPipelineBytes);
-  int* tile_start = offs + tile::group_offsets_ints(p.experts);
   tile::load_group_offsets(p.offsets, p.experts, p.tokens, offs);
-  const int tiles_n = (Shape::of(p, 0).cols + MmaConfig::kN - 1) / MmaConfig::kN;
-  tile::build_tile_starts(p.experts, tile_start, [&](int e) {
-    const Shape s = Shape::of(p, offs[e + 1] - offs[e]);
-    return (s.m + MmaConfig::kM - 1) / MmaConfig::kM * tiles_n;
-  });
-
-  Out* out = static_cast<Out*>(p.out);
-  const int total = tile_start[p.experts];
-  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-    const int e = tile::group_of_tile(tile_start, p.experts, t);
+  const int tiles_m = (p.n + MmaConfig::kM - 1) / MmaConfig::kM;
+  const int tiles_n = (p.k + MmaConfig::kN - 1) / MmaConfig::kN;
+  const int per_group = tiles_m * tiles_n;
+  float* dw = static_cast<float*>(p.out);
+  for (int t = static_cast<int>(blockIdx.x); t < p.experts * per_group; t += static_cast<int>(gridDim.x)) {
+    const int e = t / per_group;
     const int start = offs[e];
-    const Shape s = Shape::of(p, offs[e + 1] - start);
-    const tile::TileMN mn = tile::band_raster(t - tile_start[e], (s.m + MmaConfig::kM - 1) / MmaConfig::kM, tiles_n,
-                                              /*band=*/8);
+    const int count = offs[e + 1] - start;
+    const tile::TileMN mn = tile::band_raster(t % per_group, tiles_m, tiles_n, /*band=*/8);
     const int m0 = mn.m * MmaConfig::kM;
     const int n0 = mn.n * MmaConfig::kN;
-    tile::GlobalOperand a;
-    tile::GlobalOperand b;
-    group_operands<kKind>(p, e, start, s, a, b);
-
+    const tile::GlobalOperand a{at<bf16>(p.dy, static_cast<std::int64_t>(start) * p.n), p.n, p.n, count};
+    const tile::GlobalOperand b{at<bf16>(p.x, static_cast<std::int64_t>(start) * p.k), p.k, p.k, count};
     tile::Accumulators acc;
-    tile::block_mma<Shape::kAKMajor, Shape::kBKMajor>(acc, smem, a, b, m0, n0, s.depth);
+    tile::block_mma(acc, smem, a, b, m0, n0, count);
 
-    Out* c = out + (Shape::kTokensAlongM ? static_cast<std::int64_t>(start) * s.ldc
-                                         : static_cast<std::int64_t>(e) * p.n * p.k);
-    const __nv_bfloat16* bias =
-        p.bias != nullptr ? at<__nv_bfloat16>(p.bias, static_cast<std::int64_t>(e) * p.n) : nullptr;
+    float* c = dw + static_cast<std::int64_t>(e) * p.n * p.k;
     tile::for_each_accumulator_pair(acc, [&](int r, int col, float v0, float v1) {
       const int row = m0 + r;
       const int column = n0 + col;
-      if (row >= s.m || column >= s.cols) return;  // cols % 8 == 0: column + 1 is in too
-      Out* dst = c + row * s.ldc + column;
-      if (bias != nullptr) {
-        v0 += __bfloat162float(bias[column]);
-        v1 += __bfloat162float(bias[column + 1]);
-      }
-      if constexpr (std::is_same_v<Out, float>) {
-        if (p.accumulate) {
-          const float2 old = *reinterpret_cast<const float2*>(dst);
-          v0 += old.x;
-          v1 += old.y;
-        }
+      if (row >= p.n || column >= p.k) return;  // k % 8 == 0: column + 1 is in too
+      float* dst = c + static_cast<std::int64_t>(row) * p.k + column;
+      if (p.accumulate) {
+        const float2 old = *reinterpret_cast<const float2*>(dst);
+        v0 += old.x;
+        v1 += old.y;
       }
       store_pair(dst, v0, v1);
     });
-  }
-  if constexpr (Shape::kTokensAlongM) {
-    zero_rows_outside_groups(offs, p.experts, p.tokens, Shape::output_cols(p), out);
   }
 }
 
@@ -182,23 +167,16 @@ __global__ void grouped_bias_grad_kernel(const In* dy, const std::int32_t* offse
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-template <GroupedGemmKind kKind, typename Out>
-void launch_mma(const Problem& p, cudaStream_t stream) {
-  auto kernel = grouped_gemm_mma_kernel<kKind, Out>;
+void launch_wgrad_mma(const Problem& p, cudaStream_t stream) {
   const std::size_t smem =
-      MmaConfig::kPipelineBytes + 2 * sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
+      MmaConfig::kPipelineBytes + sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
   // Raise the kernel's shared-memory limit to what this launch needs (not a
   // stream operation, so it is allowed while a stream is being captured).
-  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const GroupShape<kKind> s = GroupShape<kKind>::of(p, p.tokens);
-  const std::int64_t tiles_n = ceil_div(s.cols, MmaConfig::kN);
-  // A bound on the tile count from static sizes: every group's partial last
-  // m-tile adds at most one tile per n-tile.
-  const std::int64_t tiles = GroupShape<kKind>::kTokensAlongM
-                                 ? (ceil_div(p.tokens, MmaConfig::kM) + p.experts) * tiles_n
-                                 : p.experts * ceil_div(s.m, MmaConfig::kM) * tiles_n;
+  SG_CUDA_CHECK(cudaFuncSetAttribute(grouped_wgrad_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+  const std::int64_t tiles = p.experts * ceil_div(p.n, MmaConfig::kM) * ceil_div(p.k, MmaConfig::kN);
   const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, sm_count())));
-  kernel<<<grid, MmaConfig::kThreads, smem, stream>>>(p);
+  grouped_wgrad_mma_kernel<<<grid, MmaConfig::kThreads, smem, stream>>>(p);
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -213,64 +191,14 @@ void launch_simple(const Problem& p, cudaStream_t stream) {
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
-// The kernel of the forward and of dgrad, picked by SG_GROUPED_GEMM_PATH
-// (read at every launch, so tests and benchmarks can compare the paths):
-//   wgmma_coop (default)  warp-specialised (grouped_gemm_ws.cu): a TMA
-//                     producer warpgroup, two consumer warpgroups sharing
-//                     each 128 x 256 tile;
-//   wgmma_pingpong    warp-specialised, the two consumers on their own
-//                     128 x 128 tiles, in turn (slower on the H100: more
-//                     L2 -> shared traffic per flop);
-//   wgmma_coop_pair / wgmma_pingpong_pair  those in clusters of 2 blocks
-//                     (adjacent m-tiles) sharing the w box by multicast
-//                     (correct, much slower on the H100);
-//   mma_sync          the Ampere-style kernel wgrad uses.
-// SG_GROUPED_GEMM_RASTER_BAND (a positive integer) overrides the
-// warp-specialised kernels' m-tiles per band of the tile order, for tuning.
-enum class ForwardKernel { kWarpSpecialised, kMmaSync };
-struct WgmmaPath {
-  ForwardKernel kernel = ForwardKernel::kWarpSpecialised;
-  WgmmaCluster cluster = WgmmaCluster::kNone;
-  WsSchedule schedule = WsSchedule::kCooperative;
-};
-
-WgmmaPath wgmma_path() {
-  const char* path = std::getenv("SG_GROUPED_GEMM_PATH");
-  if (path == nullptr) return {};
-  const std::string_view name(path);
-  using enum ForwardKernel;
-  if (name == "wgmma_pingpong") return {kWarpSpecialised, WgmmaCluster::kNone, WsSchedule::kPingPong};
-  if (name == "wgmma_pingpong_pair") return {kWarpSpecialised, WgmmaCluster::kPairM, WsSchedule::kPingPong};
-  if (name == "wgmma_coop") return {kWarpSpecialised, WgmmaCluster::kNone, WsSchedule::kCooperative};
-  if (name == "wgmma_coop_pair") return {kWarpSpecialised, WgmmaCluster::kPairM, WsSchedule::kCooperative};
-  SG_CHECK(name == "mma_sync",
-           "SG_GROUPED_GEMM_PATH must be wgmma_coop, wgmma_coop_pair, wgmma_pingpong, wgmma_pingpong_pair or "
-           "mma_sync, got '",
-           path, "'");
-  return {kMmaSync, WgmmaCluster::kNone};
-}
-
-int raster_band() {
-  const char* value = std::getenv("SG_GROUPED_GEMM_RASTER_BAND");
-  if (value == nullptr) return 0;
-  const int band = std::atoi(value);
-  SG_CHECK(band > 0 && band <= 4096, "SG_GROUPED_GEMM_RASTER_BAND must be an integer in [1, 4096], got '", value, "'");
-  return band;
-}
-
 template <GroupedGemmKind kKind>
 void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream) {
   const bool bf16_out = d.out_type == DType::kBFloat16;
   if (d.in_type == DType::kBFloat16) {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {
-      launch_mma<kKind, float>(p, stream);
-    } else if (const WgmmaPath path = wgmma_path(); path.kernel == ForwardKernel::kWarpSpecialised) {
-      Problem tuned = p;
-      tuned.raster_band = raster_band();
-      bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(tuned, path.schedule, path.cluster, stream)
-               : launch_grouped_ws<kKind, float>(tuned, path.schedule, path.cluster, stream);
+      launch_wgrad_mma(p, stream);
     } else {
-      bf16_out ? launch_mma<kKind, __nv_bfloat16>(p, stream) : launch_mma<kKind, float>(p, stream);
+      bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(p, stream) : launch_grouped_ws<kKind, float>(p, stream);
     }
   } else {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {

@@ -1,7 +1,7 @@
 // Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_ws.cu,
 // grouped_gemm_tma.cu):
-// the problem a launch describes, the per-kind shape of a group's product,
-// element conversions and the zeroing of rows outside every group.
+// the problem a launch describes, element conversions and the zeroing of rows
+// outside every group.
 #pragma once
 
 #include <cuda.h>
@@ -28,35 +28,6 @@ struct Problem {
   int n = 0;
   int k = 0;
   bool accumulate = false;
-  int raster_band = 0;  // warp-specialised kernels: m-tiles per band of the tile order; 0: their default
-};
-
-// The product a group of `kind` computes, in C[m, n] = sum_k A[m, k] B[n, k]
-// terms: its extents, its operands' layouts and where its output lives.
-template <GroupedGemmKind kKind>
-struct GroupShape {
-  // Tokens run along m for kForward/kDgrad and along the reduction for kWgrad.
-  static constexpr bool kTokensAlongM = kKind != GroupedGemmKind::kWgrad;
-  static constexpr bool kAKMajor = kKind != GroupedGemmKind::kWgrad;  // dy^T is m-major
-  static constexpr bool kBKMajor = kKind == GroupedGemmKind::kForward;
-
-  int m;      // rows of C
-  int cols;   // columns of C
-  int depth;  // reduction length
-  std::int64_t ldc;
-
-  __device__ __host__ static GroupShape of(const Problem& p, int count) {
-    switch (kKind) {
-      case GroupedGemmKind::kForward: return {count, p.n, p.k, p.n};
-      case GroupedGemmKind::kDgrad: return {count, p.k, p.n, p.k};
-      case GroupedGemmKind::kWgrad: return {p.n, p.k, count, p.k};
-    }
-    return {};
-  }
-  // Columns of the token-major output (y or dx), for rows outside every group.
-  __device__ __host__ static int output_cols(const Problem& p) {
-    return kKind == GroupedGemmKind::kForward ? p.n : p.k;
-  }
 };
 
 // Pointer arithmetic on type-erased operands.
@@ -106,19 +77,11 @@ __device__ void zero_rows_outside_groups(const int* offs, int experts, int token
   }
 }
 
-// How the wgmma kernel's blocks pair up in clusters of 2 that share a TMA
-// box: not at all (the usual case), or adjacent m-tiles (sharing w).
-enum class WgmmaCluster { kNone, kPairM };
-
 // The forward or dgrad on wgmma + TMA, warp-specialised (grouped_gemm_ws.cu;
-// bf16 inputs, Out bf16 or float): a TMA producer
-// warpgroup and two consumer warpgroups that either take 128 x 128 tiles in
-// turn (ping-pong, the epilogue of one overlapping the other's main loop) or
-// share each 128 x 256 tile (cooperative); kPairM puts blocks in clusters of
-// 2 sharing the w box by TMA multicast.
-enum class WsSchedule { kPingPong, kCooperative };
+// bf16 inputs, Out bf16 or float): a TMA producer warpgroup and two consumer
+// warpgroups sharing each 128 x 256 tile.
 template <GroupedGemmKind kKind, typename Out>
-void launch_grouped_ws(const Problem& p, WsSchedule schedule, WgmmaCluster cluster, cudaStream_t stream);
+void launch_grouped_ws(const Problem& p, cudaStream_t stream);
 
 // Host helpers of the wgmma launcher (grouped_gemm_tma.cu): a TMA
 // descriptor of a row-major bf16 tensor (dims innermost first; kRank 2 or 3)

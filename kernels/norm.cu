@@ -34,16 +34,24 @@
 // elements in the forward and the backward (4096 + 1 included).
 //
 // Backward. The grid is persistent: as many blocks as are resident on the
-// device at once, each looping over a fixed set of row groups. A slice can
-// pull its next rows into L2 while it reduces and writes one (a bulk prefetch
-// issued by one thread; NormBackwardTuning::prefetch_rows), but on the H100
-// that made the kernel 10-20% slower at hidden 4096, so it is off by default.
+// device at once, each looping over a fixed set of row groups (no prefetch:
+// Note [Norm backward L2 prefetch]).
 // Parameter gradients: each thread accumulates dy * xhat and dy for its columns
 // over its block's rows in registers; the slices of a block are summed in
 // shared memory in slice order, and block b writes partial row b of
 // `workspace` ([partial_rows, hidden] fp32 for dgamma, then the same for
 // dbeta). A second kernel sums each column's partial rows in a fixed order.
 // No atomics: dgamma/dbeta are bitwise reproducible from run to run.
+//
+// Note [Norm backward L2 prefetch]
+// The backward could have each slice pull its next 1-4 rows of x and dy into
+// L2 (cp.async.bulk.prefetch.L2 from one thread) while it reduced and wrote
+// the current row, to keep a second row in flight. On the H100 it only cost
+// (LayerNorm bf16, 16384 x 4096, two runs; benchmarks/README.md and
+// results/h100-2026-11-23-lnbwd/): 2 vectors per thread took 158.8 / 156.3 us
+// (84.7% / 86.6% of copy bandwidth) without it, 176.2 / 172.8 us prefetching
+// one row, 196.2 / 194.4 us prefetching two. So it is gone; commit 1da726c
+// has it (NormBackwardTuning::prefetch_rows).
 #include "kernels/norm.h"
 
 #include <algorithm>
@@ -95,7 +103,6 @@ constexpr std::int64_t kMaxBackwardBlocks = kMaxBlocks / 2;
 // that a few hundred partial rows take one wave of the whole device.
 constexpr int kReduceColumns = 32;
 constexpr int kReduceStrides = 32;
-constexpr int kMaxPrefetchRows = 4;
 
 constexpr int vector_count(DType dtype) { return 16 / static_cast<int>(dtype_size(dtype)); }
 
@@ -224,7 +231,6 @@ struct BackwardArgs {
   float* partials;  // [2][gridDim.x][hidden]: dgamma partial rows, then dbeta
   std::int64_t rows;
   int hidden;
-  int prefetch_rows;  // NormBackwardTuning::prefetch_rows
 };
 
 // The part of one row that the calling thread owns: access v = base +
@@ -305,15 +311,6 @@ struct RowSlice {
     }
   }
 };
-
-// Starts pulling [pointer, pointer + bytes) into L2 through the TMA unit
-// (sm_90; 16-byte aligned, a multiple of 16 bytes). A hint with nothing to
-// wait for: results never depend on it.
-__device__ __forceinline__ void prefetch_l2(const void* pointer, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pointer), "r"(bytes));
-#endif
-}
 
 template <typename T, bool kRms, bool kVector, bool kResident>
 __global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(ForwardArgs<T> a) {
@@ -416,24 +413,6 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
     const float mean = (kRms || !slice.live) ? 0.0f : a.mean[row];
     const float rstd = slice.live ? a.rstd[row] : 0.0f;
     slice.begin();
-    if constexpr (kResident && kVector) {
-      // Optional (off by default, see the top): the slice's next rows stream
-      // into L2 while this one is reduced and written. The first group starts
-      // every row of the window, later groups the one entering it.
-      // (The bulk prefetch needs 16-byte aligned rows: vector path only.)
-      const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.y;
-      const int first = group == blockIdx.x ? 1 : a.prefetch_rows;
-      if (threadIdx.x == 0) {
-        for (int ahead = first; ahead <= a.prefetch_rows; ++ahead) {
-          const std::int64_t next = row + ahead * stride;
-          if (next >= a.rows) break;
-          const auto bytes = static_cast<unsigned>(a.hidden * sizeof(T));
-          prefetch_l2(a.x + next * a.hidden, bytes);
-          prefetch_l2(a.dy + next * a.hidden, bytes);
-        }
-      }
-    }
-
     // Means over the row of gamma*dy and gamma*dy*xhat.
     float sum_gdy = 0.0f;
     float sum_gdy_xhat = 0.0f;
@@ -652,8 +631,6 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
                           const void* gamma, void* dx, float* dgamma, float* dbeta, void* workspace,
                           cudaStream_t stream, const NormBackwardTuning& tuning) {
   check_norm(desc);
-  SG_CHECK(tuning.prefetch_rows >= 0 && tuning.prefetch_rows <= kMaxPrefetchRows,
-           "norm backward tuning: prefetch_rows must be in [0, ", kMaxPrefetchRows, "], got ", tuning.prefetch_rows);
   const std::string op = op_name(desc, "backward");
   const bool layer_norm = desc.kind == NormKind::kLayerNorm;
   const std::size_t element = dtype_size(desc.dtype);
@@ -684,8 +661,7 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
                                .dx = static_cast<T*>(dx),
                                .partials = static_cast<float*>(workspace),
                                .rows = desc.rows,
-                               .hidden = static_cast<int>(desc.hidden),
-                               .prefetch_rows = tuning.prefetch_rows};
+                               .hidden = static_cast<int>(desc.hidden)};
     // Persistent grid: the blocks resident at once (a fixed number on a given
     // device, so the row-to-block assignment and with it dgamma/dbeta are
     // reproducible), and no more partial rows than that.

@@ -43,13 +43,10 @@ std::size_t norm_backward_workspace_bytes(const NormDesc& desc);
 void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
                          float* mean, float* rstd, cudaStream_t stream);
 
-// Knobs of the backward's launch plan, swept by benchmarks/memory_bound_bench
-// to choose the defaults; every op uses the defaults.
+// The backward's register budget, swept by benchmarks/memory_bound_bench to
+// choose the default; every op uses the default.
 struct NormBackwardTuning {
-  int vecs = 0;           // 16-byte vectors per thread (2 or 4); 0: the smallest that holds the row
-  // How many of a slice's rows ahead are pulled into L2 (0 to 4). 0: on the
-  // H100 a prefetch cost 10-20% (hidden 4096 bf16; README of benchmarks/).
-  int prefetch_rows = 0;
+  int vecs = 0;  // 16-byte vectors per thread (2 or 4); 0: the smallest that holds the row
 };
 
 void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,

@@ -20,11 +20,6 @@ std::string GemmParams::to_string() const {
 
 namespace {
 
-bool takes_bias(GemmEpilogue e) { return e == GemmEpilogue::kBias || e == GemmEpilogue::kGeluAuxBias; }
-bool writes_aux(GemmEpilogue e) { return e == GemmEpilogue::kGeluAuxBias; }
-bool reads_aux(GemmEpilogue e) { return e == GemmEpilogue::kDGeluBGrad; }
-bool writes_bias_grad(GemmEpilogue e) { return e == GemmEpilogue::kDGeluBGrad || e == GemmEpilogue::kBiasGradOfA; }
-
 // Input positions: a, b, then bias or aux (by epilogue), then d (accumulate).
 struct Layout {
   int bias = -1;
@@ -35,8 +30,8 @@ struct Layout {
 
 Layout input_layout(const GemmParams& p, bool accumulate) {
   Layout layout;
-  if (takes_bias(p.epilogue)) layout.bias = static_cast<int>(layout.inputs++);
-  if (reads_aux(p.epilogue)) layout.aux = static_cast<int>(layout.inputs++);
+  if (kernels::epilogue_reads_bias(p.epilogue)) layout.bias = static_cast<int>(layout.inputs++);
+  if (kernels::epilogue_reads_aux(p.epilogue)) layout.aux = static_cast<int>(layout.inputs++);
   if (accumulate) layout.d = static_cast<int>(layout.inputs++);
   return layout;
 }
@@ -85,8 +80,8 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
 
   std::vector<TensorMeta> outputs;
   if (!accumulate) outputs.push_back(d_meta);
-  if (writes_aux(p.epilogue)) outputs.push_back(d_meta);
-  if (writes_bias_grad(p.epilogue)) {
+  if (kernels::epilogue_writes_aux(p.epilogue)) outputs.push_back(d_meta);
+  if (kernels::epilogue_writes_bias_grad(p.epilogue)) {
     const std::int64_t length = p.epilogue == GemmEpilogue::kBiasGradOfA ? desc.m : desc.n;
     outputs.push_back({Shape{length}, p.out_dtype});
   }
@@ -103,8 +98,8 @@ kernels::GemmOperands operands(const GemmParams& p, const KernelArgs& args, bool
   if (layout.aux >= 0) o.aux = args.inputs[layout.aux];
   std::size_t next = 0;
   o.d = accumulate ? args.inputs[layout.d] : args.outputs[next++];
-  if (writes_aux(p.epilogue)) o.aux = args.outputs[next++];
-  if (writes_bias_grad(p.epilogue)) o.bias_grad = args.outputs[next++];
+  if (kernels::epilogue_writes_aux(p.epilogue)) o.aux = args.outputs[next++];
+  if (kernels::epilogue_writes_bias_grad(p.epilogue)) o.bias_grad = args.outputs[next++];
   o.workspace = args.outputs[next];
   return o;
 }
@@ -162,14 +157,14 @@ const OpDef& gemm_accumulate_op() {
 GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams& params, const Tensor& bias,
                 const Tensor& aux) {
   std::vector<Tensor> inputs{a, b};
-  if (takes_bias(params.epilogue)) inputs.push_back(bias);
-  if (reads_aux(params.epilogue)) inputs.push_back(aux);
+  if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
+  if (kernels::epilogue_reads_aux(params.epilogue)) inputs.push_back(aux);
   std::vector<Tensor> outputs = ctx.call(gemm_op(), params, std::move(inputs));
   GemmResult result;
   std::size_t next = 0;
   result.d = outputs[next++];
-  if (writes_aux(params.epilogue)) result.aux = outputs[next++];
-  if (writes_bias_grad(params.epilogue)) result.bias_grad = outputs[next++];
+  if (kernels::epilogue_writes_aux(params.epilogue)) result.aux = outputs[next++];
+  if (kernels::epilogue_writes_bias_grad(params.epilogue)) result.bias_grad = outputs[next++];
   return result;
 }
 

@@ -1,18 +1,17 @@
-// Tensor-core tile helpers shared by the grouped GEMM kernels (forward,
-// dgrad, wgrad): cp.async multi-stage loading of bf16 operand tiles into
-// swizzled shared memory, ldmatrix fragment loads (plain for K-major tiles,
-// .trans for M/N-major ones), mma.sync m16n8k16 with fp32 accumulators, and
-// the block's main loop over the reduction dimension.
+// Tensor-core tile helpers of the grouped wgrad kernel (grouped_gemm.cu):
+// cp.async multi-stage loading of bf16 operand tiles into swizzled shared
+// memory, ldmatrix.trans fragment loads, mma.sync m16n8k16 with fp32
+// accumulators, and the block's main loop over the reduction dimension.
 //
-// Every product is computed as C[m, n] = sum_k A[m, k] B[n, k]; each operand
-// is either K-major (k contiguous in memory) or MN-major (m or n contiguous),
-// which covers x w^T, dy w and dy^T x without copies or transposes.
+// The product is computed as C[m, n] = sum_k A[m, k] B[n, k] with both
+// operands MN-major (m or n contiguous in memory): dw_e = dy_e^T x_e without
+// copies or transposes. (The forward and dgrad, whose operands are K-major,
+// run on wgmma: wgmma_pipeline.cuh.)
 //
-// Note [Swizzled operand tiles]: a K-major tile is [rows][64] bf16 (128-byte
-// rows, 8 chunks of 16 bytes); an MN-major tile is [64][rows] (rows / 8 chunks
-// per k row). Chunk c of row r is stored at chunk c ^ (r & 7), so the 8 rows
-// one ldmatrix reads, and the chunks one cp.async wave writes, fall on
-// distinct banks.
+// Note [Swizzled operand tiles]: an MN-major tile is [64][rows] bf16 (rows / 8
+// chunks of 16 bytes per k row). Chunk c of row r is stored at chunk
+// c ^ (r & 7), so the 8 rows one ldmatrix reads, and the chunks one cp.async
+// wave writes, fall on distinct banks.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,17 +56,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-template <bool kTrans>
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t address) {
-  if constexpr (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-  }
+// Four 8x8 b16 matrices, transposed on the way from shared memory to registers.
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
 }
 
 // d += a * b for one m16n8k16 bf16 tile, fp32 accumulators.
@@ -80,10 +73,9 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One operand of a block product in global memory: element (mn, k) is at
-// base[mn * ld + k] (K-major) or base[k * ld + mn] (MN-major). Loads outside
-// mn < extent and k < depth read nothing and give zeros. K-major operands
-// need depth % 8 == 0, MN-major ones extent % 8 == 0 (16-byte chunks).
+// One MN-major operand of a block product in global memory: element (mn, k)
+// is at base[k * ld + mn]. Loads outside mn < extent and k < depth read
+// nothing and give zeros. Needs extent % 8 == 0 (16-byte chunks).
 struct GlobalOperand {
   const __nv_bfloat16* base = nullptr;
   std::int64_t ld = 0;
@@ -92,10 +84,10 @@ struct GlobalOperand {
 };
 
 // A [kRows x kK] tile of one operand in shared memory (see Note [Swizzled operand tiles]).
-template <int kRows, bool kKMajor>
+template <int kRows>
 struct OperandTile {
   static constexpr int kK = MmaConfig::kK;
-  static constexpr int kChunksPerRow = kKMajor ? kK / 8 : kRows / 8;
+  static constexpr int kChunksPerRow = kRows / 8;
   static constexpr int kRowBytes = kChunksPerRow * 16;
   static constexpr int kChunks = kRows * kK / 8;
 
@@ -108,10 +100,10 @@ struct OperandTile {
     for (int i = static_cast<int>(threadIdx.x); i < kChunks; i += MmaConfig::kThreads) {
       const int row = i / kChunksPerRow;
       const int chunk = i % kChunksPerRow;
-      const int mn = kKMajor ? mn0 + row : mn0 + chunk * 8;
-      const int k = kKMajor ? k0 + chunk * 8 : k0 + row;
+      const int mn = mn0 + chunk * 8;
+      const int k = k0 + row;
       const bool valid = mn < g.extent && k < g.depth;
-      const std::int64_t element = kKMajor ? mn * g.ld + k : k * g.ld + mn;
+      const std::int64_t element = k * g.ld + mn;
       cp_async16(tile + offset(row, chunk), valid ? g.base + element : g.base, valid);
     }
   }
@@ -119,13 +111,8 @@ struct OperandTile {
   // A operand fragment (m16 x k16) at tile row/col origin mn0, k step ks:
   // registers (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
   __device__ __forceinline__ static void load_a(std::uint32_t (&a)[4], std::uint32_t tile, int mn0, int ks, int lane) {
-    if constexpr (kKMajor) {
-      const int row = mn0 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      ldmatrix_x4<false>(a, tile + offset(row, ks * 2 + (lane >> 4)));
-    } else {
-      const int row = ks * 16 + (lane & 7) + (lane >> 4) * 8;
-      ldmatrix_x4<true>(a, tile + offset(row, mn0 / 8 + ((lane >> 3) & 1)));
-    }
+    const int row = ks * 16 + (lane & 7) + (lane >> 4) * 8;
+    ldmatrix_x4_trans(a, tile + offset(row, mn0 / 8 + ((lane >> 3) & 1)));
   }
 
   // B operand fragments of two n8 tiles (n 0-7 and n 8-15 from mn0), k step ks:
@@ -133,13 +120,8 @@ struct OperandTile {
   __device__ __forceinline__ static void load_b(std::uint32_t (&b)[2][2], std::uint32_t tile, int mn0, int ks,
                                                 int lane) {
     std::uint32_t r[4];
-    if constexpr (kKMajor) {
-      const int row = mn0 + (lane & 7) + (lane >> 4) * 8;
-      ldmatrix_x4<false>(r, tile + offset(row, ks * 2 + ((lane >> 3) & 1)));
-    } else {
-      const int row = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      ldmatrix_x4<true>(r, tile + offset(row, mn0 / 8 + (lane >> 4)));
-    }
+    const int row = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    ldmatrix_x4_trans(r, tile + offset(row, mn0 / 8 + (lane >> 4)));
     b[0][0] = r[0];
     b[0][1] = r[1];
     b[1][0] = r[2];
@@ -155,12 +137,11 @@ using Accumulators = float[MmaConfig::kFragsM][MmaConfig::kFragsN][4];
 // C tile (m0, n0) = sum over k < depth of A[m, k] B[n, k], through the
 // kStages-deep cp.async pipeline in `smem` (kPipelineBytes). Every thread of
 // the block calls it; on return the pipeline is drained and reusable.
-template <bool kAKMajor, bool kBKMajor>
 __device__ __forceinline__ void block_mma(Accumulators& acc, unsigned char* smem, const GlobalOperand& a,
                                           const GlobalOperand& b, int m0, int n0, int depth) {
   using C = MmaConfig;
-  using TileA = OperandTile<C::kM, kAKMajor>;
-  using TileB = OperandTile<C::kN, kBKMajor>;
+  using TileA = OperandTile<C::kM>;
+  using TileB = OperandTile<C::kN>;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int warp_m = (warp / C::kWarpsN) * C::kWarpTileM;

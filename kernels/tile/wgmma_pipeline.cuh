@@ -1,15 +1,15 @@
 // Hopper tile helpers: the tensor memory accelerator (TMA) loading 2-D
 // boxes into 128-byte-swizzled shared memory, mbarriers that carry a stage
 // from the loading thread to the warpgroups that consume it, and wgmma
-// (m64n256k16 and m64n128k16, bf16 in, fp32 accumulators in registers) reading both operands
+// (m64n256k16, bf16 in, fp32 accumulators in registers) reading both operands
 // from shared memory through matrix descriptors.
 //
 // Note [wgmma operand tiles]: a K-major [rows][64] bf16 tile whose 16-byte
 // chunk c of row r sits at chunk c ^ (r & 7), the tile 1024-byte aligned, is
 // what a TMA box with CU_TENSOR_MAP_SWIZZLE_128B writes and what a wgmma
 // descriptor with the 128-byte swizzle mode reads (8-row atoms of 1024
-// bytes: stride byte offset 1024). It is also the K-major layout of
-// OperandTile in mma_pipeline.cuh (See Note [Swizzled operand tiles]).
+// bytes: stride byte offset 1024), the swizzle of Note [Swizzled operand
+// tiles] (mma_pipeline.cuh) on K-major rows.
 // The k16 slices of a tile start 32 bytes apart inside each 128-byte row.
 #pragma once
 
@@ -75,52 +75,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, s
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
           "r"(smem_address(dst)),
       "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(middle), "r"(outer)
-      : "memory");
-}
-
-__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
-                                                      int middle, int outer, std::uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4, %5}], [%2], %6;\n" ::"r"(smem_address(dst)),
-      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(middle), "r"(outer), "h"(cta_mask)
-      : "memory");
-}
-
-// The same load, written at the same shared offset of every block of the
-// cluster in `cta_mask`, completing bytes on the barrier at `bar`'s offset in each.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
-                                                      int outer, std::uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4}], [%2], %5;\n" ::"r"(smem_address(dst)),
-      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(outer), "h"(cta_mask)
-      : "memory");
-}
-
-// --- clusters -------------------------------------------------------------------
-
-__device__ __forceinline__ std::uint32_t cluster_rank() {
-  std::uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-
-// Every thread of every block of the cluster; orders shared memory writes
-// (barrier initialisation included) before the peers' later accesses.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// Arrives on the barrier at `bar`'s offset in block `cta` of the cluster.
-__device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, std::uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(smem_address(bar)),
-      "r"(cta)
       : "memory");
 }
 
@@ -200,32 +154,6 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], std::uint64_t 
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));
 }
 
-// The same with N = 128: d is the warpgroup's 64 x 128 fp32 accumulators, 64
-// per thread, laid out like wgmma_m64n256k16's (column (j / 4) * 8 + ...).
-template <bool kTransB = false>
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
-                                                 int scale_d) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
-      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, %67;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));
-}
-
 // Keeps the compiler from moving accumulator reads or writes across the
 // asynchronous wgmma boundaries.
 template <int kCount>
@@ -245,15 +173,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <int kRegisters>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-}
-
-// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a
-// multiple of 32): sync waits for the count, arrive only counts.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace stepgraph::kernels::tile

@@ -198,6 +198,13 @@ TEST(NormTest, BackwardLauncherRejectsBadArgumentsBeforeLaunching) {
                              nullptr);
       },
       "rows must be > 0");
+  // A register budget that does not hold the row (bf16 16384: only 4 does), or no budget at all.
+  const NormDesc long_rows = make_desc(NormKind::kLayerNorm, kBf16, 4, 16384);
+  for (int vecs : {2, 3}) {
+    expect_invalid_argument(
+        [&] { launch_norm_backward(long_rows, p, p, f, f, p, p, f, f, p, nullptr, {.vecs = vecs}); },
+        "is not a plan for hidden 16384");
+  }
 }
 
 TEST(NormTest, WorkspaceHoldsPartialRowsOfEachParameterGradient) {
@@ -427,7 +434,7 @@ void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std:
 }
 
 void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden,
-                              std::int64_t offset = 0) {
+                              std::int64_t offset = 0, const NormBackwardTuning& tuning = {}) {
   const NormDesc desc = make_desc(kind, dtype, rows, hidden);
   testing::SeededRng rng;
   const NormInputs in = random_inputs(desc, rng);
@@ -451,7 +458,7 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
     workspace.poison();
     launch_norm_backward(desc, dy.get(), x.get(), layer_norm ? mean.as<float>() : nullptr, rstd.as<float>(),
                          gamma.get(), dx.get(), dgamma.as<float>(), layer_norm ? dbeta.as<float>() : nullptr,
-                         workspace.get(), stream.get());
+                         workspace.get(), stream.get(), tuning);
     stream.synchronize();
     return std::vector<HostArray>{dx.download(), dgamma.download(kFp32, hidden), dbeta.download(kFp32, hidden)};
   };
@@ -529,6 +536,13 @@ TEST(NormTest, LayerNormBf16BackwardManyRows) {
 TEST(NormTest, RMSNormBf16BackwardManyRows) {
   SG_SKIP_WITHOUT_GPU();
   check_backward_on_device(NormKind::kRMSNorm, kBf16, 2048, 4096);
+}
+
+// The same rows on the 4-vector register budget (memory_bound_bench times it
+// against the default 2-vector one).
+TEST(NormTest, LayerNormBf16BackwardManyRowsFourVectors) {
+  SG_SKIP_WITHOUT_GPU();
+  check_backward_on_device(NormKind::kLayerNorm, kBf16, 2048, 4096, 0, {.vecs = 4});
 }
 
 TEST(NormTest, LayerNormBf16ForwardManyRows) {

@@ -74,6 +74,14 @@ Device to_device(sg_device device) {
            " is not an sg_device (SG_DEVICE_CUDA = 0, SG_DEVICE_HOST = 1)");
 }
 
+sg_device to_c_device(Device device) {
+  switch (device) {
+    case Device::kCuda: return SG_DEVICE_CUDA;
+    case Device::kHost: return SG_DEVICE_HOST;
+  }
+  SG_THROW(ErrorCode::kInternal, "device ", static_cast<int>(device), " has no sg_device");
+}
+
 DType to_dtype(sg_dtype dtype) {
   const int value = static_cast<int>(dtype);
   SG_CHECK(value >= 0 && value < static_cast<int>(kAllDTypes.size()), "dtype ", value,

@@ -69,6 +69,7 @@ void copy_string(std::string_view text, char* buffer, std::size_t capacity, std:
 
 // C enums to engine values, with a clear error for values outside the enum.
 Device to_device(sg_device device);
+sg_device to_c_device(Device device);
 DType to_dtype(sg_dtype dtype);
 sg_dtype from_dtype(DType dtype);
 kernels::NormKind to_norm_kind(sg_norm_kind kind);

@@ -33,13 +33,18 @@ def gib(b):
     return f"{b / 2**30:.2f} GiB"
 
 
+def table_head(comment, columns, rule):
+    """A table's source comment (which JSON it comes from), header and rule."""
+    print(comment)
+    print(columns)
+    print(rule)
+
+
 def launch_overhead(folder):
     d = load(folder, "launch_overhead.json")
     if d is None:
         return
-    print("\n<!-- launch_overhead.json -->")
-    print("| kernels × elements | eager median (min–max) | graph median (min–max) | eager / graph |")
-    print("|---|---|---|---|")
+    table_head("\n<!-- launch_overhead.json -->", "| kernels × elements | eager median (min–max) | graph median (min–max) | eager / graph |", "|---|---|---|---|")
     print(f"| {d['kernels_per_round']} × {d['elements_per_kernel']} | {us(d['eager'])} | {us(d['graph'])} "
           f"| {d['eager_over_graph_median']:.2f}× |")
 
@@ -49,9 +54,7 @@ def gemm(folder):
     if d is None:
         return
     best, ours = d["cublaslt_best"], d["ours"]
-    print("\n<!-- gemm_bench.json -->")
-    print("| m × n × k | cuBLASLt best of its candidates | ours (`launch_gemm`) | ours / best |")
-    print("|---|---|---|---|")
+    table_head("\n<!-- gemm_bench.json -->", "| m × n × k | cuBLASLt best of its candidates | ours (`launch_gemm`) | ours / best |", "|---|---|---|---|")
     print(f"| {d['m']} × {d['n']} × {d['k']} | {us(best)}, {best['tflops_at_median']:.0f} TFLOP/s "
           f"| {us(ours)}, {ours['tflops_at_median']:.0f} TFLOP/s | {d['ours_over_best']:.3f} |")
 
@@ -60,9 +63,7 @@ def memory_bound(folder):
     d = load(folder, "memory_bound.json")
     if d is None:
         return
-    print(f"\n<!-- memory_bound.json (copy {d['copy_gbps']:.0f} GB/s, {d['repeats']} repeats) -->")
-    print("| kernel | median µs (min–max) | GB/s | of copy | goal ≥ 80% |")
-    print("|---|---|---|---|---|")
+    table_head(f"\n<!-- memory_bound.json (copy {d['copy_gbps']:.0f} GB/s, {d['repeats']} repeats) -->", "| kernel | median µs (min–max) | GB/s | of copy | goal ≥ 80% |", "|---|---|---|---|---|")
     sweep = []
     for r in d["rows"]:
         if r["kernel"].startswith("copy"):
@@ -103,9 +104,7 @@ def grouped_forward(folder):
     table, ratios = pair_rows(folder, "grouped_gemm.json", "grouped_gemm_peer.json", "forward")
     if table is None:
         return
-    print("\n<!-- " + summary("forward", "grouped_gemm.json against grouped_gemm_peer.json", ratios) + " -->")
-    print("| forward row | balanced: ours / torch TFLOP/s / ratio | skewed |")
-    print("|---|---:|---:|")
+    table_head("\n<!-- " + summary("forward", "grouped_gemm.json against grouped_gemm_peer.json", ratios) + " -->", "| forward row | balanced: ours / torch TFLOP/s / ratio | skewed |", "|---|---:|---:|")
     for key, c in table.items():
         print(f"| {key} | {c.get('balanced', '-')} | {c.get('skewed', '-')} |")
 
@@ -121,9 +120,7 @@ def grouped_backward(folder):
             return
         tables[kind] = table
         notes.append(summary(kind, f"{ours_name} against {peer_name}", ratios))
-    print("\n<!-- " + "; ".join(notes) + " -->")
-    print("| row | dgrad balanced: ours / torch / ratio | dgrad skewed | wgrad balanced | wgrad skewed |")
-    print("|---|---:|---:|---:|---:|")
+    table_head("\n<!-- " + "; ".join(notes) + " -->", "| row | dgrad balanced: ours / torch / ratio | dgrad skewed | wgrad balanced | wgrad skewed |", "|---|---:|---:|---:|---:|")
     for key in tables["dgrad"]:
         d, w = tables["dgrad"][key], tables["wgrad"].get(key, {})
         print(f"| {key} | {d.get('balanced', '-')} | {d.get('skewed', '-')} | {w.get('balanced', '-')} "

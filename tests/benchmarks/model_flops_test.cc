@@ -23,7 +23,7 @@ TEST(ModelFlopsTest, MoEBlocksCountTheRouterAndTopKExperts) {
   // moe: every block routes (2048 x 8 router) to 2 experts of 2*2048*8192.
   EXPECT_EQ(matmul_params_per_token(step_config("moe").model), 4LL * (2048 * 8 + 2 * 2 * 2048 * 8192) + 2048 * 8192);
   // Every second block MoE (blocks 1 and 3 of 4), top-1.
-  ModelConfig config = step_config("moe").model;
+  ResidualStackConfig config = step_config("moe").model;
   config.moe_every = 2;
   config.topk = 1;
   const std::int64_t mlp = 2LL * 2048 * 8192;
@@ -37,7 +37,7 @@ TEST(ModelFlopsTest, TflopsAndMfu) {
 }
 
 TEST(ModelFlopsTest, BadInputsAreErrors) {
-  ModelConfig config = step_config("moe").model;
+  ResidualStackConfig config = step_config("moe").model;
   config.topk = 9;
   EXPECT_THROW(matmul_params_per_token(config), Error);
   EXPECT_THROW(step_flops(step_config("small").model, 0), Error);

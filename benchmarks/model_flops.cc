@@ -4,7 +4,7 @@
 
 namespace stepgraph::bench {
 
-std::int64_t matmul_params_per_token(const ModelConfig& config) {
+std::int64_t matmul_params_per_token(const ResidualStackConfig& config) {
   SG_CHECK(config.hidden > 0 && config.ffn > 0 && config.layers >= 0 && config.vocab > 0,
            "matmul_params_per_token: hidden, ffn, vocab must be > 0 and layers >= 0");
   SG_CHECK(config.experts == 0 || (config.topk >= 1 && config.topk <= config.experts && config.moe_every >= 1),
@@ -19,7 +19,7 @@ std::int64_t matmul_params_per_token(const ModelConfig& config) {
   return params;
 }
 
-double step_flops(const ModelConfig& config, std::int64_t tokens) {
+double step_flops(const ResidualStackConfig& config, std::int64_t tokens) {
   SG_CHECK(tokens > 0, "step_flops: tokens must be > 0, got ", tokens);
   return 6.0 * static_cast<double>(tokens) * static_cast<double>(matmul_params_per_token(config));
 }

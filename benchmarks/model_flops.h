@@ -8,13 +8,13 @@
 //   MoE block     hidden * experts                      (the router)
 //                 + topk * 2 * hidden * ffn             (its k experts)
 //   LM head       hidden * vocab
-// Which blocks are MoE follows ModelConfig: with experts > 0, blocks
+// Which blocks are MoE follows ResidualStackConfig: with experts > 0, blocks
 // moe_every-1, 2*moe_every-1, ...
 #pragma once
 
 #include <cstdint>
 
-#include "layers/model.h"
+#include "layers/residual_stack.h"
 
 namespace stepgraph::bench {
 
@@ -22,10 +22,10 @@ namespace stepgraph::bench {
 inline constexpr double kH100PeakTflops = 989.0;
 
 // Matmul parameters one token passes through (see above).
-std::int64_t matmul_params_per_token(const ModelConfig& config);
+std::int64_t matmul_params_per_token(const ResidualStackConfig& config);
 
 // 6 * tokens * matmul_params_per_token(config).
-double step_flops(const ModelConfig& config, std::int64_t tokens);
+double step_flops(const ResidualStackConfig& config, std::int64_t tokens);
 
 // TFLOP/s of `flops` done in `seconds`, and its fraction of kH100PeakTflops.
 double tflops_per_s(double flops, double seconds);

@@ -136,7 +136,7 @@ class HostSplitMoE {
     });
     const Tensor d_normed_experts = ops::moe_unpermute(ctx_, d_x_perm_, plan.positions);
     const Tensor d_logits = ops::router_topk_backward(ctx_, unpermuted.dgates, logits, routed);
-    ops::gemm_accumulate_(ctx_, d_router_, d_logits, normed.y, {.trans_a = true, .out_dtype = DType::kFloat32});
+    ops::gemm_into_(ctx_, d_router_, d_logits, normed.y, {.trans_a = true, .out_dtype = DType::kFloat32});
     const Tensor d_normed_router = ops::gemm(ctx_, d_logits, p_[2]->value, {.out_dtype = kBf16}).d;
     const Tensor d_normed = ops::residual_add(ctx_, d_normed_experts, d_normed_router);
     const ops::NormBackward dx = ops::norm_backward(ctx_, norm, d_normed, x, normed.mean, normed.rstd, p_[0]->value);

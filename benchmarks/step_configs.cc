@@ -8,7 +8,7 @@ namespace stepgraph::bench {
 namespace {
 
 StepConfig make(std::string name, std::int64_t hidden, std::int64_t ffn, std::int64_t layers, std::int64_t tokens) {
-  ModelConfig model;
+  ResidualStackConfig model;
   model.hidden = hidden;
   model.ffn = ffn;
   model.layers = layers;

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "layers/model.h"
+#include "layers/residual_stack.h"
 
 namespace stepgraph::bench {
 
@@ -25,7 +25,7 @@ inline constexpr std::int64_t kBenchVocab = 8192;
 
 struct StepConfig {
   std::string name;
-  ModelConfig model;
+  ResidualStackConfig model;
   std::int64_t tokens = 0;  // per step
 };
 

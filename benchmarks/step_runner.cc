@@ -14,7 +14,7 @@
 #include "engine/error.h"
 #include "engine/half_precision.h"
 #include "layers/adamw.h"
-#include "layers/model.h"
+#include "layers/residual_stack.h"
 #include "layers/train_step.h"
 
 namespace stepgraph::bench {
@@ -85,7 +85,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   const std::int64_t used_before = cuda ? device_used_bytes() : 0;
   ModeResult r;
   Context ctx(options.device);
-  Model model(ctx, config.model);
+  ResidualStack model(ctx, config.model);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
   TrainStep step(ctx, model, optimizer, config.tokens);
   load_batch(ctx, step, config, options.data_seed);
@@ -112,8 +112,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
     if (i < checked) r.first_losses.push_back(read_loss(ctx, loss));
   }
   ctx.synchronize();
-  step.check_labels(ctx);
-  model.check_errors(ctx);  // MoE routing error words
+  step.check_errors(ctx);
 
   std::vector<double> samples;
   samples.reserve(static_cast<std::size_t>(options.steps));
@@ -141,7 +140,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
 }
 
 nlohmann::json config_header_json(const StepConfig& config) {
-  const ModelConfig& m = config.model;
+  const ResidualStackConfig& m = config.model;
   nlohmann::json out = {
       {"name", config.name},
       {"hidden", m.hidden},

@@ -70,7 +70,7 @@ struct ModeResult {
 void check_run_options(const StepRunOptions& options);
 
 // Throws stepgraph::Error on bad options or when the config cannot run
-// (e.g. kUnsupported while MoE blocks do not exist).
+// (e.g. kUnsupported where a kernel has no path for its shape or dtype).
 ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOptions& options);
 
 // Primes (see StepRunOptions::prime), runs both modes and returns the

@@ -22,17 +22,17 @@
 #include "capi/stepgraph.h"
 #include "engine/context.h"
 #include "engine/error.h"
-#include "layers/adamw.h"
-#include "layers/model.h"
-#include "layers/parameter.h"
-#include "layers/train_step.h"
 #include "graphs/captured_step.h"
 #include "graphs/graph_cache.h"
+#include "layers/adamw.h"
+#include "layers/parameter.h"
+#include "layers/residual_stack.h"
+#include "layers/train_step.h"
 
 namespace stepgraph::capi {
 
-// A layer behind the C API: the four dense layers and the Model share forward
-// (x -> y and what backward needs), backward and parameters.
+// A layer behind the C API: the four dense layers and the ResidualStack share
+// forward (x -> y and what backward needs), backward and parameters.
 class LayerBase {
  public:
   virtual ~LayerBase() = default;
@@ -126,8 +126,8 @@ struct sg_graph_cache_s {
 
 namespace stepgraph::capi {
 
-// The Model behind a layer handle; an Error for other layers.
-Model& model_of(const sg_layer_s& layer);
+// The ResidualStack behind a layer handle; an Error for other layers.
+ResidualStack& residual_stack_of(const sg_layer_s& layer);
 
 // A new caller-owned tensor handle (nullptr for an undefined tensor).
 inline sg_tensor new_tensor_handle(const std::shared_ptr<Context>& ctx, Tensor tensor) {

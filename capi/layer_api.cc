@@ -1,5 +1,6 @@
-// The C API's layers: configs, the four dense layers and the Model behind one
-// LayerBase, forward/backward with an opaque saved state, parameters.
+// The C API's layers: configs, the four dense layers and the ResidualStack
+// behind one LayerBase, forward/backward with an opaque saved state,
+// parameters.
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -8,8 +9,8 @@
 #include "layers/layernorm_linear.h"
 #include "layers/layernorm_mlp.h"
 #include "layers/linear.h"
-#include "layers/model.h"
 #include "layers/norm.h"
+#include "layers/residual_stack.h"
 
 namespace stepgraph::capi {
 namespace {
@@ -20,7 +21,7 @@ constexpr std::string_view kind_name() {
   if constexpr (std::is_same_v<L, Norm>) return "norm";
   if constexpr (std::is_same_v<L, LayerNormLinear>) return "layernorm_linear";
   if constexpr (std::is_same_v<L, LayerNormMLP>) return "layernorm_mlp";
-  if constexpr (std::is_same_v<L, Model>) return "model";
+  if constexpr (std::is_same_v<L, ResidualStack>) return "residual_stack";
 }
 
 template <typename L>
@@ -32,7 +33,7 @@ class LayerAdapter final : public LayerBase {
   std::string_view kind() const override { return kind_name<L>(); }
 
   std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& x) override {
-    if constexpr (std::is_same_v<L, Model>) {
+    if constexpr (std::is_same_v<L, ResidualStack>) {
       typename L::Forward out = layer_.forward(ctx, x);
       return {out.logits, std::any(std::move(out.saved))};
     } else {
@@ -43,7 +44,7 @@ class LayerAdapter final : public LayerBase {
 
   Tensor backward(Context& ctx, const std::any& saved, const Tensor& dy) override {
     const auto& state = std::any_cast<const typename L::Saved&>(saved);
-    if constexpr (std::is_same_v<L, Model>) {
+    if constexpr (std::is_same_v<L, ResidualStack>) {
       return layer_.backward(ctx, state, dy);
     } else {
       return layer_.backward(ctx, state, {dy});
@@ -99,9 +100,10 @@ Parameter& parameter_at(sg_layer layer, int64_t index, const char* function) {
 
 }  // namespace
 
-Model& model_of(const sg_layer_s& layer) {
-  auto* adapter = dynamic_cast<LayerAdapter<Model>*>(layer.layer.get());
-  SG_CHECK(adapter != nullptr, "a train step needs a model (sg_model_create), got a ", layer.layer->kind(), " layer");
+ResidualStack& residual_stack_of(const sg_layer_s& layer) {
+  auto* adapter = dynamic_cast<LayerAdapter<ResidualStack>*>(layer.layer.get());
+  SG_CHECK(adapter != nullptr, "a train step needs a residual stack (sg_residual_stack_create), got a ",
+           layer.layer->kind(), " layer");
   return adapter->layer();
 }
 
@@ -133,9 +135,9 @@ extern "C" void sg_layernorm_mlp_config_default(sg_layernorm_mlp_config* config)
   *config = {d.hidden, d.ffn, capi::from_norm_kind(d.norm), d.eps, capi::from_dtype(d.dtype)};
 }
 
-extern "C" void sg_model_config_default(sg_model_config* config) {
+extern "C" void sg_residual_stack_config_default(sg_residual_stack_config* config) {
   if (config == nullptr) return;
-  const ModelConfig d;
+  const ResidualStackConfig d;
   *config = {d.hidden, d.ffn,     d.layers, d.vocab,    capi::from_norm_kind(d.norm), d.eps, capi::from_dtype(d.dtype),
              d.seed,   d.experts, d.topk,   d.moe_every};
 }
@@ -178,21 +180,21 @@ extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, c
   });
 }
 
-extern "C" sg_result sg_model_create(sg_context ctx, const sg_model_config* config, sg_layer* out) {
+extern "C" sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const ModelConfig c{.hidden = config->hidden,
-                        .ffn = config->ffn,
-                        .layers = config->layers,
-                        .vocab = config->vocab,
-                        .norm = capi::to_norm_kind(config->norm),
-                        .eps = config->eps,
-                        .dtype = capi::to_dtype(config->dtype),
-                        .seed = config->seed,
-                        .experts = config->experts,
-                        .topk = config->topk,
-                        .moe_every = config->moe_every};
-    capi::make_layer<Model>(ctx, out, function, c);
+    const ResidualStackConfig c{.hidden = config->hidden,
+                                .ffn = config->ffn,
+                                .layers = config->layers,
+                                .vocab = config->vocab,
+                                .norm = capi::to_norm_kind(config->norm),
+                                .eps = config->eps,
+                                .dtype = capi::to_dtype(config->dtype),
+                                .seed = config->seed,
+                                .experts = config->experts,
+                                .topk = config->topk,
+                                .moe_every = config->moe_every};
+    capi::make_layer<ResidualStack>(ctx, out, function, c);
   });
 }
 

@@ -6,8 +6,8 @@
  * successful call leaves it unchanged). No C++ exception crosses this API.
  *
  *   sg_context ctx;
- *   sg_model_config config;
- *   sg_model_config_default(&config);
+ *   sg_residual_stack_config config;
+ *   sg_residual_stack_config_default(&config);
  *   if (sg_context_create(SG_DEVICE_HOST, 1, &ctx) != SG_OK) puts(sg_last_error());
  *
  * Handles are reference holders: a layer keeps its context alive, a train step
@@ -32,7 +32,9 @@
 extern "C" {
 #endif
 
-#define SG_API_VERSION 1
+/* 2: sg_model_* became sg_residual_stack_*, sg_train_step_check_labels became
+ * sg_train_step_check_errors. */
+#define SG_API_VERSION 2
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -190,11 +192,12 @@ typedef struct sg_layernorm_mlp_config {
   sg_dtype dtype;
 } sg_layernorm_mlp_config;
 
-/* Residual blocks h = h + LayerNormMLP(h) (or MoE blocks), a final norm and an
- * LM head. experts > 0 makes every moe_every-th block a mixture of experts
- * routing each token to its topk experts (SG_ERROR_UNSUPPORTED until the
- * engine has MoE). */
-typedef struct sg_model_config {
+/* The residual trunk of a language model, fed activations: residual blocks
+ * h = h + LayerNormMLP(h) (or MoE blocks), a final norm and an LM head.
+ * experts > 0 makes every moe_every-th block a mixture of experts routing each
+ * token to its topk experts (topk 1 or 2, at most experts; split sizes stay on
+ * the device); a bad combination is an error at creation. */
+typedef struct sg_residual_stack_config {
   int64_t hidden;
   int64_t ffn;
   int64_t layers;
@@ -206,14 +209,14 @@ typedef struct sg_model_config {
   int64_t experts;
   int64_t topk;
   int64_t moe_every;
-} sg_model_config;
+} sg_residual_stack_config;
 
 /* The engine's defaults (bf16, eps 1e-5, bias/dgrad/wgrad on, ...). */
 void sg_linear_config_default(sg_linear_config* config);
 void sg_norm_config_default(sg_norm_config* config);
 void sg_layernorm_linear_config_default(sg_layernorm_linear_config* config);
 void sg_layernorm_mlp_config_default(sg_layernorm_mlp_config* config);
-void sg_model_config_default(sg_model_config* config);
+void sg_residual_stack_config_default(sg_residual_stack_config* config);
 
 /* Layers: parameters initialised from `seed`, persistent in the context. */
 sg_result sg_linear_create(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
@@ -223,12 +226,12 @@ sg_result sg_layernorm_linear_create(sg_context ctx, const char* name, const sg_
                                      uint32_t seed, sg_layer* out);
 sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
                                   uint32_t seed, sg_layer* out);
-/* A model is a layer too: forward gives logits [tokens, vocab] from
+/* A residual stack is a layer too: forward gives logits [tokens, vocab] from
  * x [tokens, hidden]; backward takes dlogits and gives dx. */
-sg_result sg_model_create(sg_context ctx, const sg_model_config* config, sg_layer* out);
+sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out);
 sg_result sg_layer_destroy(sg_layer layer);
 
-/* "linear", "norm", "layernorm_linear", "layernorm_mlp", "model". */
+/* "linear", "norm", "layernorm_linear", "layernorm_mlp", "residual_stack". */
 sg_result sg_layer_kind(sg_layer layer, char* buffer, size_t capacity, size_t* length);
 /* Runs now (eager) or records (inside a capture's step function). `saved` is
  * what backward needs: pass it to backward of the same layer. */
@@ -266,17 +269,19 @@ sg_result sg_optimizer_step(sg_optimizer optimizer);
 /* Steps taken so far (reads the device counter). */
 sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out);
 
-/* A whole training step of a model (forward, softmax cross-entropy, backward,
- * AdamW) over `tokens` tokens. Its inputs are persistent tensors: x
- * [tokens, hidden] in the model dtype and labels [tokens] int32. */
+/* A whole training step of a residual stack (sg_residual_stack_create):
+ * forward, softmax cross-entropy, backward, AdamW over `tokens` tokens.
+ * Its inputs are persistent tensors: x [tokens, hidden] in the model dtype and
+ * labels [tokens] int32. */
 sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out);
 sg_result sg_train_step_destroy(sg_train_step step);
 sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels);
 /* One step now (eager), or recorded inside a step function; *loss is a fp32
  * scalar tensor. */
 sg_result sg_train_step_run(sg_train_step step, sg_tensor* loss);
-/* An error if any label so far was outside [0, vocab) (reads a device flag). */
-sg_result sg_train_step_check_labels(sg_train_step step);
+/* An error if any label so far was outside [0, vocab) or an MoE block's routing
+ * or split sizes went wrong (reads device flags: after a step). */
+sg_result sg_train_step_check_errors(sg_train_step step);
 
 /* ---- Captured steps (graphs) -------------------------------------------------- */
 

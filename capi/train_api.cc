@@ -70,7 +70,8 @@ extern "C" sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer
     state->ctx = model->ctx;
     state->model = model->layer;
     state->optimizer = optimizer->state;
-    state->step = std::make_unique<TrainStep>(*state->ctx, capi::model_of(*model), *state->optimizer->adamw, tokens);
+    state->step =
+        std::make_unique<TrainStep>(*state->ctx, capi::residual_stack_of(*model), *state->optimizer->adamw, tokens);
     *out = new sg_train_step_s{std::move(state)};
   });
 }
@@ -98,9 +99,9 @@ extern "C" sg_result sg_train_step_run(sg_train_step step, sg_tensor* loss) {
   });
 }
 
-extern "C" sg_result sg_train_step_check_labels(sg_train_step step) {
+extern "C" sg_result sg_train_step_check_errors(sg_train_step step) {
   return run_guarded(__func__, [&, function = __func__] {
     require(step, function, "step");
-    step->state->step->check_labels(*step->state->ctx);
+    step->state->step->check_errors(*step->state->ctx);
   });
 }

@@ -44,7 +44,7 @@ class AdamW {
   void step_group(Context& ctx, std::size_t group, bool advance_step) const;
 
   // One step's grouped updates, driven by a backward's "gradients ready"
-  // calls (Model::GradientsReady): each group updates on the
+  // calls (ResidualStack::GradientsReady): each group updates on the
   // weight-gradient stream (WeightGradScope) when it is called; the last
   // call advances the step counter. finish() checks every group ran once.
   //

@@ -1,6 +1,6 @@
 // The hook between a backward and an optimizer that overlaps it: a backward
 // calls `ready(group)` as soon as the gradients of one parameter group are
-// final (Model::backward: one group per block, the final norm, the head), so
+// final (ResidualStack::backward: one group per block, the final norm, the head), so
 // that group's update can start while the backward goes on (AdamW::GroupedStep).
 #pragma once
 

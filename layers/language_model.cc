@@ -20,11 +20,11 @@ LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config)
     : config_(checked(config)),
       embedding_(ctx, "embedding", EmbeddingConfig{config.model.vocab, config.embedding_dim(), config.model.dtype},
                  config.model.seed + 104729),
-      model_(ctx, config.model) {}
+      stack_(ctx, config.model) {}
 
 std::vector<Parameter*> LanguageModel::parameters() {
   std::vector<Parameter*> out = embedding_.parameters();
-  for (Parameter* p : model_.parameters()) out.push_back(p);
+  for (Parameter* p : stack_.parameters()) out.push_back(p);
   return out;
 }
 
@@ -33,23 +33,23 @@ LanguageModel::Forward LanguageModel::forward(Context& ctx, const Tensor& tokens
            "batch, ", config_.context, "], got ", tokens.shape());
   Forward out;
   const Embedding::Forward embedded = embedding_.forward(ctx, {tokens, error_flag});
-  Model::Forward model = model_.forward(ctx, embedded.y);
-  out.logits = model.logits;
-  out.saved = Saved{embedded.saved, std::move(model.saved)};
+  ResidualStack::Forward stack = stack_.forward(ctx, embedded.y);
+  out.logits = stack.logits;
+  out.saved = Saved{embedded.saved, std::move(stack.saved)};
   return out;
 }
 
 std::vector<std::size_t> LanguageModel::parameter_group_sizes() {
   std::vector<std::size_t> sizes{embedding_.parameters().size()};
-  for (const std::size_t size : model_.parameter_group_sizes()) sizes.push_back(size);
+  for (const std::size_t size : stack_.parameter_group_sizes()) sizes.push_back(size);
   return sizes;
 }
 
 void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
-                             const Model::GradientsReady& ready) const {
-  Model::GradientsReady shifted;
+                             const ResidualStack::GradientsReady& ready) const {
+  ResidualStack::GradientsReady shifted;
   if (ready) shifted = [&](std::size_t group) { ready(group + 1); };
-  const Tensor dx = model_.backward(ctx, saved.model, dlogits, shifted);
+  const Tensor dx = stack_.backward(ctx, saved.stack, dlogits, shifted);
   embedding_.backward(ctx, saved.embedding, {dx});
   if (ready) ready(0);
 }

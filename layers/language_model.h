@@ -1,18 +1,18 @@
 // LanguageModel: next-token prediction from a fixed window of previous tokens.
 //
 //   tokens [batch, context] --Embedding--> [batch, context * (hidden / context)] = [batch, hidden]
-//                           --Model------> logits [batch, vocab]
+//                           --ResidualStack--> logits [batch, vocab]
 //
 // Note [Window embedding by concatenation]
 // Each example's `context` tokens are embedded (one shared table of width
 // hidden / context) and concatenated into one hidden-wide row, which the
-// residual blocks of Model (model.h) treat as one token's activations. The
-// position of a token in the window is its slice of the row, so no position
-// embedding is needed and the first block's fc1 sees every (position, token)
-// pair through its own weights: an MLP over the window, the exact form a
-// Markov source of order <= context needs. Summing position-embedded tokens
-// instead would blur positions together in one width. hidden must be a
-// multiple of context.
+// residual blocks of the ResidualStack (residual_stack.h) treat as one
+// token's activations. The position of a token in the window is its slice of
+// the row, so no position embedding is needed and the first block's fc1 sees
+// every (position, token) pair through its own weights: an MLP over the
+// window, the exact form a Markov source of order <= context needs. Summing
+// position-embedded tokens instead would blur positions together in one
+// width. hidden must be a multiple of context.
 #pragma once
 
 #include <cstdint>
@@ -20,13 +20,13 @@
 
 #include "engine/context.h"
 #include "layers/embedding.h"
-#include "layers/model.h"
+#include "layers/residual_stack.h"
 
 namespace stepgraph {
 
 struct LanguageModelConfig {
-  ModelConfig model;         // hidden, ffn, layers, vocab, dtype, seed, experts...
-  std::int64_t context = 8;  // tokens per example
+  ResidualStackConfig model;  // hidden, ffn, layers, vocab, dtype, seed, experts...
+  std::int64_t context = 8;   // tokens per example
 
   std::int64_t embedding_dim() const { return model.hidden / context; }
 };
@@ -35,7 +35,7 @@ class LanguageModel {
  public:
   struct Saved {
     Embedding::Saved embedding;
-    Model::Saved model;
+    ResidualStack::Saved stack;
   };
   struct Forward {
     Tensor logits;  // [batch, vocab]
@@ -48,23 +48,25 @@ class LanguageModel {
   // outside [0, vocab).
   Forward forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag) const;
   // Writes every parameter gradient.
-  // `ready` as in Model::backward, over parameter_group_sizes()' groups.
-  void backward(Context& ctx, const Saved& saved, const Tensor& dlogits, const Model::GradientsReady& ready = {}) const;
+  // `ready` as in ResidualStack::backward, over parameter_group_sizes()' groups.
+  void backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
+                const ResidualStack::GradientsReady& ready = {}) const;
 
   // Errors the blocks raise on the device (MoE routing and split sizes): an
-  // Error after the step, like Model::check_errors.
-  void check_errors(Context& ctx) const { model_.check_errors(ctx); }
+  // Error after the step, like ResidualStack::check_errors.
+  void check_errors(Context& ctx) const { stack_.check_errors(ctx); }
 
   const LanguageModelConfig& config() const { return config_; }
-  // The embedding table first, then Model's parameters in its order.
+  // The embedding table first, then ResidualStack's parameters in its order.
   std::vector<Parameter*> parameters();
-  // parameters() in consecutive groups: the embedding, then Model's groups.
+  // parameters() in consecutive groups: the embedding, then the
+  // ResidualStack's groups.
   std::vector<std::size_t> parameter_group_sizes();
 
  private:
   LanguageModelConfig config_;
   Embedding embedding_;
-  Model model_;
+  ResidualStack stack_;
 };
 
 }  // namespace stepgraph

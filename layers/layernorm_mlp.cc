@@ -69,8 +69,8 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
   {  // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB).
     WeightGradScope weight_grads(ctx);
     const Tensor b2_grad =
-        ops::gemm_accumulate_(ctx, w2_.grad, args.dy, saved.act,
-                              {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
+        ops::gemm_into_(ctx, w2_.grad, args.dy, saved.act,
+                        {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
     ops::copy_(ctx, b2_.grad, b2_grad);
   }
   // d_pre = (dy W2) * gelu'(pre); then fc1: grad_W1 = d_pre^T normed, d_normed = d_pre W1.
@@ -81,14 +81,14 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
     d_pre = fused.d;
     WeightGradScope weight_grads(ctx);
     ops::copy_(ctx, b1_.grad, ops::cast(ctx, fused.bias_grad, DType::kFloat32));
-    ops::gemm_accumulate_(ctx, w1_.grad, d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
+    ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
   } else {
     const Tensor d_act = ops::gemm(ctx, args.dy, w2_.value, {.out_dtype = config_.dtype}).d;
     d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
     WeightGradScope weight_grads(ctx);
     const Tensor b1_grad =
-        ops::gemm_accumulate_(ctx, w1_.grad, d_pre, saved.normed,
-                              {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
+        ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed,
+                        {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
     ops::copy_(ctx, b1_.grad, b1_grad);
   }
   const Tensor d_normed = ops::gemm(ctx, d_pre, w1_.value, {.out_dtype = config_.dtype}).d;

@@ -52,7 +52,7 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
     ops::GemmParams wgrad{.trans_a = true,
                           .epilogue = config_.bias ? GemmEpilogue::kBiasGradOfA : GemmEpilogue::kNone,
                           .out_dtype = DType::kFloat32};
-    const Tensor bias_grad = ops::gemm_accumulate_(ctx, weight_.grad, args.dy, saved.x, wgrad);
+    const Tensor bias_grad = ops::gemm_into_(ctx, weight_.grad, args.dy, saved.x, wgrad);
     if (config_.bias) ops::copy_(ctx, bias_.grad, bias_grad);
   }
   if (!saved.dgrad) return {};

@@ -1,33 +1,141 @@
 #include "layers/train_step.h"
 
+#include <functional>
+#include <utility>
+
 #include "engine/error.h"
 #include "ops/loss_ops.h"
 
 namespace stepgraph {
 
-TrainStep::TrainStep(Context& ctx, Model& model, AdamW& optimizer, std::int64_t tokens)
-    : model_(model), optimizer_(optimizer) {
-  SG_CHECK(tokens > 0, "TrainStep: tokens must be > 0, got ", tokens);
-  x_ = ctx.persistent("step.x", {Shape{tokens, model.config().hidden}, model.config().dtype});
-  labels_ = ctx.persistent("step.labels", {Shape{tokens}, DType::kInt32});
-  error_flag_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
-  optimizer.group_for_overlap(ctx, model.parameter_group_sizes());
+// The model side of a step: it owns the model's persistent inputs (and their
+// error flags); forward reads them and hands back the logits with the
+// backward of that forward.
+class TrainStep::ModelSide {
+ public:
+  struct Forward {
+    Tensor logits;  // [rows, vocab]
+    // Writes every parameter gradient from d loss / d logits, calling `ready`
+    // as each parameter group's gradients become final.
+    std::function<void(const Tensor& dlogits, const GradientsReady& ready)> backward;
+  };
+
+  virtual ~ModelSide() = default;
+  virtual const Tensor& inputs() const = 0;
+  virtual Forward forward(Context& ctx) const = 0;
+  virtual std::vector<std::size_t> parameter_group_sizes() = 0;
+  virtual std::int64_t vocab() const = 0;
+  // Errors of the inputs, checked before the labels (a bad token explains a
+  // bad label better than the other way round).
+  virtual void check_input_errors(Context& ctx) const = 0;
+  // The model's own device error words (MoE routing and split sizes).
+  virtual void check_model_errors(Context& ctx) const = 0;
+};
+
+namespace {
+
+std::int64_t checked_rows(std::int64_t rows, const char* what) {
+  SG_CHECK(rows > 0, "TrainStep: ", what, " must be > 0, got ", rows);
+  return rows;
 }
 
+// What both kinds share over their model type M: the backward of M's
+// forward (its Saved kept by the closure), the parameter groups and M's
+// error words.
+template <typename M>
+class ModelSideOf : public TrainStep::ModelSide {
+ public:
+  Forward forward(Context& ctx) const final {
+    typename M::Forward f = model_forward(ctx);
+    return {f.logits, [&ctx, this, saved = std::move(f.saved)](const Tensor& dlogits, const GradientsReady& ready) {
+              model_.backward(ctx, saved, dlogits, ready);
+            }};
+  }
+  std::vector<std::size_t> parameter_group_sizes() final { return model_.parameter_group_sizes(); }
+  void check_model_errors(Context& ctx) const final { model_.check_errors(ctx); }
+
+ protected:
+  explicit ModelSideOf(M& model) : model_(model) {}
+  // M's forward from the step's inputs.
+  virtual typename M::Forward model_forward(Context& ctx) const = 0;
+
+  M& model_;
+};
+
+// A LanguageModel on tokens [batch, context].
+class LanguageModelSide final : public ModelSideOf<LanguageModel> {
+ public:
+  LanguageModelSide(Context& ctx, LanguageModel& model, std::int64_t batch)
+      : ModelSideOf(model),
+        tokens_(ctx.persistent("step.tokens", {Shape{batch, model.config().context}, DType::kInt32})),
+        token_error_(ctx.persistent("step.token_error", {Shape{1}, DType::kInt32})) {}
+
+  const Tensor& inputs() const override { return tokens_; }
+  std::int64_t vocab() const override { return model_.config().model.vocab; }
+  void check_input_errors(Context& ctx) const override {
+    SG_CHECK(ctx.to_vector<std::int32_t>(token_error_).at(0) == 0, "an input token was outside [0, ", vocab(),
+             "): its embedding does not exist; check the data and --data's vocabulary against the model");
+  }
+
+ private:
+  LanguageModel::Forward model_forward(Context& ctx) const override {
+    return model_.forward(ctx, tokens_, token_error_);
+  }
+
+  Tensor tokens_;
+  Tensor token_error_;
+};
+
+// A ResidualStack on activations [tokens, hidden].
+class ResidualStackSide final : public ModelSideOf<ResidualStack> {
+ public:
+  ResidualStackSide(Context& ctx, ResidualStack& model, std::int64_t tokens)
+      : ModelSideOf(model),
+        x_(ctx.persistent("step.x", {Shape{tokens, model.config().hidden}, model.config().dtype})) {}
+
+  const Tensor& inputs() const override { return x_; }
+  std::int64_t vocab() const override { return model_.config().vocab; }
+  void check_input_errors(Context&) const override {}  // activations have no range to check
+
+ private:
+  ResidualStack::Forward model_forward(Context& ctx) const override { return model_.forward(ctx, x_); }
+
+  Tensor x_;
+};
+
+}  // namespace
+
+TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch)
+    : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer, batch) {}
+
+TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens)
+    : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens")), optimizer,
+                tokens) {}
+
+TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows)
+    : model_(std::move(model)), optimizer_(optimizer) {
+  labels_ = ctx.persistent("step.labels", {Shape{rows}, DType::kInt32});
+  label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
+  optimizer.group_for_overlap(ctx, model_->parameter_group_sizes());
+}
+
+TrainStep::~TrainStep() = default;
+
+const Tensor& TrainStep::inputs() const { return model_->inputs(); }
+
 std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
-  Model::Forward forward = model_.forward(ctx, x_);
-  ops::CrossEntropyResult loss = ops::cross_entropy(ctx, forward.logits, labels_, error_flag_);
+  const ModelSide::Forward forward = model_->forward(ctx);
+  ops::CrossEntropyResult loss = ops::cross_entropy(ctx, forward.logits, labels_, label_error_);
   loss.loss.set_name("loss");
-  backward_and_update(ctx, optimizer_,
-                      [&](const GradientsReady& ready) { model_.backward(ctx, forward.saved, loss.dlogits, ready); });
+  backward_and_update(ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); });
   return {loss.loss};
 }
 
-void TrainStep::check_labels(Context& ctx) const {
-  const std::int32_t flag = ctx.to_vector<std::int32_t>(error_flag_).at(0);
-  SG_CHECK(flag == 0, "a training label was outside [0, ", model_.config().vocab,
+void TrainStep::check_errors(Context& ctx) const {
+  model_->check_input_errors(ctx);
+  SG_CHECK(ctx.to_vector<std::int32_t>(label_error_).at(0) == 0, "a training label was outside [0, ", model_->vocab(),
            "): the cross-entropy of those tokens is undefined; check the data");
-  model_.check_errors(ctx);  // MoE blocks: routing and split-size error words
+  model_->check_model_errors(ctx);
 }
 
 }  // namespace stepgraph

@@ -1,39 +1,71 @@
-// TrainStep: one whole training step of a Model (forward, softmax
-// cross-entropy, backward, AdamW), written once: called directly it runs
-// eagerly; passed to CapturedStep::capture it becomes one graph.
+// TrainStep: one whole training step (forward, softmax cross-entropy,
+// backward, AdamW), written once: called directly it runs eagerly; passed to
+// CapturedStep::capture it becomes one graph, replayed with new data bound
+// into its persistent inputs.
+//
+// The step trains either model kind; the kind decides the step's inputs:
+//   - a LanguageModel (language_model.h) on tokens int32 [batch, context],
+//     one label per example (the trainer's step);
+//   - a ResidualStack (residual_stack.h) on activations x [tokens, hidden]
+//     in the model dtype, one label per token (the C API's and the
+//     benchmarks' step).
+// The loss, the backward with its optimizer groups (each group updates as
+// soon as its gradients are final when the context has a weight-gradient
+// stream) and the error flags are shared.
+//
+//   TrainStep step(ctx, model, optimizer, batch);
+//   auto graph = CapturedStep::capture(ctx, [&] { return step(ctx); });
+//   graph->replay({{step.inputs(), tokens}, {step.labels(), labels}});
+//   step.check_errors(ctx);
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/context.h"
 #include "layers/adamw.h"
-#include "layers/model.h"
+#include "layers/language_model.h"
+#include "layers/residual_stack.h"
 
 namespace stepgraph {
 
 class TrainStep {
  public:
-  // Creates the step inputs (persistent): activations x [tokens, hidden] in
-  // the model dtype, labels [tokens] int32, and the label error flag.
-  TrainStep(Context& ctx, Model& model, AdamW& optimizer, std::int64_t tokens);
+  // Creates the step's persistent inputs: tokens int32 [batch, context],
+  // labels int32 [batch], and the token and label error flags.
+  TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch);
+  // Creates the step's persistent inputs: activations x [tokens, hidden] in
+  // the model dtype, labels int32 [tokens], and the label error flag.
+  TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens);
+  ~TrainStep();
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
 
-  // One training step; returns {loss}. The same call runs eager or is traced.
+  // One training step; returns {loss} (fp32 scalar, the mean over the rows).
+  // The same call runs eager or is traced.
   std::vector<Tensor> operator()(Context& ctx) const;
 
-  const Tensor& inputs() const { return x_; }
+  // The model's input: tokens (LanguageModel) or activations (ResidualStack).
+  const Tensor& inputs() const;
   const Tensor& labels() const { return labels_; }
-  // Error if any label so far was outside [0, vocab), or an MoE block's
-  // routing or split sizes were bad (reads the device flags once: call it
-  // after a step, never inside one).
-  void check_labels(Context& ctx) const;
+
+  // Error if any token (LanguageModel) or label so far was outside
+  // [0, vocab), or an MoE block raised a routing or split-size error word.
+  // Reads device flags: call it after a step, never inside one.
+  void check_errors(Context& ctx) const;
+
+  // What differs between the model kinds (train_step.cc): the inputs the
+  // model reads, its forward and backward, its parameter groups and errors.
+  class ModelSide;
 
  private:
-  Model& model_;
+  TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows);
+
+  std::unique_ptr<ModelSide> model_;
   AdamW& optimizer_;
-  Tensor x_;
   Tensor labels_;
-  Tensor error_flag_;
+  Tensor label_error_;
 };
 
 }  // namespace stepgraph

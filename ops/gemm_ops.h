@@ -1,5 +1,6 @@
 // The GEMM op on cuBLASLt (kernels/gemm.h), in row-major terms:
-//   D[m, n] = alpha * opA(A) opB(B) (+ beta * D) then the epilogue.
+//   D[m, n] = alpha * opA(A) opB(B) then the epilogue,
+// D a new tensor (gemm) or an existing one overwritten (gemm_into_).
 // Its cuBLASLt workspace is one more output, so it comes from the caching
 // allocator in eager execution and from the pool in a captured step.
 //
@@ -20,7 +21,6 @@ struct GemmParams {
   bool trans_b = false;
   kernels::GemmEpilogue epilogue = kernels::GemmEpilogue::kNone;
   float alpha = 1.0f;
-  float beta = 0.0f;  // gemm_accumulate_ only
   DType out_dtype = DType::kBFloat16;
 
   bool operator==(const GemmParams&) const = default;
@@ -28,7 +28,7 @@ struct GemmParams {
 };
 
 struct GemmResult {
-  Tensor d;          // [m, n] (undefined for gemm_accumulate_)
+  Tensor d;          // [m, n]
   Tensor aux;        // kGeluAuxBias: the pre-activation [m, n]
   Tensor bias_grad;  // kDGeluBGrad: [n]; kBiasGradOfA: [m]
 };
@@ -37,12 +37,13 @@ struct GemmResult {
 GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams& params, const Tensor& bias = {},
                 const Tensor& aux = {});
 
-// d = alpha opA(A) opB(B) + beta d, in place (e.g. a weight gradient into an
-// fp32 main grad); epilogue kNone or kBiasGradOfA. Returns the bias gradient
-// for kBiasGradOfA, else an undefined tensor.
-Tensor gemm_accumulate_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params);
+// d = alpha opA(A) opB(B), written into the existing tensor d (e.g. a weight
+// gradient into its fp32 main grad; d's old values are not read); epilogue
+// kNone or kBiasGradOfA. Returns the bias gradient for kBiasGradOfA, else an
+// undefined tensor.
+Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params);
 
 const OpDef& gemm_op();
-const OpDef& gemm_accumulate_op();
+const OpDef& gemm_into_op();
 
 }  // namespace stepgraph::ops

@@ -30,7 +30,7 @@ std::span<const OpDef* const> all_ops() {
       &sum_op(),
       &cast_op(),
       &gemm_op(),
-      &gemm_accumulate_op(),
+      &gemm_into_op(),
       &grouped_linear_forward_op(),
       &grouped_linear_dgrad_op(),
       &grouped_linear_wgrad_op(),

@@ -15,7 +15,7 @@
 #include "engine/error.h"
 #include "layers/adamw.h"
 #include "layers/language_model.h"
-#include "layers/token_train_step.h"
+#include "layers/train_step.h"
 #include "graphs/captured_step.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_source.h"
@@ -111,7 +111,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
   const LanguageModelConfig config = model_config(o, data->vocab());
   LanguageModel model(ctx, config);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)});
-  TokenTrainStep step(ctx, model, optimizer, o.batch);
+  TrainStep step(ctx, model, optimizer, o.batch);
   const RunConfig run = run_config(o, *data);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
                                                       config.model.moe_every, o.experts, o.topk)
@@ -165,7 +165,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
   result.first_step = done + 1;
   for (std::int64_t s = done + 1; s <= o.steps; ++s) {
     const auto start = Clock::now();
-    ctx.copy_from_host(step.tokens(), batch.windows.data(), batch.windows.size() * sizeof(std::int32_t));
+    ctx.copy_from_host(step.inputs(), batch.windows.data(), batch.windows.size() * sizeof(std::int32_t));
     ctx.copy_from_host(step.labels(), batch.labels.data(), batch.labels.size() * sizeof(std::int32_t));
     Tensor loss_tensor;
     if (graph) {
@@ -180,7 +180,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
       next_position = data->position();
     }
     const float loss = ctx.to_vector<float>(loss_tensor).at(0);
-    step.check_inputs(ctx);
+    step.check_errors(ctx);
     const double seconds = seconds_since(start);
     total_seconds += seconds;
     interval_seconds += seconds;

@@ -1,4 +1,4 @@
-// The training loop: data source -> LanguageModel + AdamW -> TokenTrainStep,
+// The training loop: data source -> LanguageModel + AdamW -> TrainStep,
 // run eager or captured once as a graph and replayed, with step lines, a
 // progress line on a terminal, checkpoints, resume, and a summary.
 //

@@ -4,7 +4,7 @@ files work with any Python 3.
 
     import stepgraph as sg
     with sg.Context("host") as ctx:
-        model = sg.Model(ctx, hidden=64, ffn=256, layers=2, vocab=128, dtype="float32")
+        model = sg.ResidualStack(ctx, hidden=64, ffn=256, layers=2, vocab=128, dtype="float32")
         step = sg.TrainStep(model, sg.AdamW(ctx, model, lr=1e-2), tokens=32)
         graph = step.capture()
         graph.replay()
@@ -17,13 +17,14 @@ from stepgraph._library import StepGraphError, library_path
 from stepgraph.context import Context, cuda_device_count
 from stepgraph.dtypes import DType, bf16_bits_to_float32, float32_to_bf16_bits
 from stepgraph.graph import CapturedStep, GraphCache, capture
-from stepgraph.layers import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, Model, Norm, Parameter, RMSNorm, Saved
+from stepgraph.layers import (LayerNorm, LayerNormLinear, LayerNormMLP, Linear, Norm, Parameter, ResidualStack, RMSNorm,
+                              Saved)
 from stepgraph.tensor import Tensor
 from stepgraph.training import AdamW, TrainStep
 
 __version__ = "0.2.0"
 __all__ = [
     "AdamW", "CapturedStep", "Context", "DType", "GraphCache", "LayerNorm", "LayerNormLinear", "LayerNormMLP",
-    "Linear", "Model", "Norm", "Parameter", "RMSNorm", "Saved", "StepGraphError", "Tensor", "TrainStep",
+    "Linear", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor", "TrainStep",
     "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits", "library_path",
 ]

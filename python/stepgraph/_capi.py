@@ -6,7 +6,7 @@ from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint3
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 1
+API_VERSION = 2
 
 
 class LinearConfig(ctypes.Structure):
@@ -26,7 +26,7 @@ class LayerNormMLPConfig(ctypes.Structure):
     _fields_ = [("hidden", c_int64), ("ffn", c_int64), ("norm", c_int), ("eps", c_float), ("dtype", c_int)]
 
 
-class ModelConfig(ctypes.Structure):
+class ResidualStackConfig(ctypes.Structure):
     _fields_ = [("hidden", c_int64), ("ffn", c_int64), ("layers", c_int64), ("vocab", c_int64), ("norm", c_int),
                 ("eps", c_float), ("dtype", c_int), ("seed", c_uint32), ("experts", c_int64), ("topk", c_int64),
                 ("moe_every", c_int64)]
@@ -82,7 +82,7 @@ _PROTOTYPES = {
     "sg_norm_create": [H, c_char_p, P(NormConfig), P(H)],
     "sg_layernorm_linear_create": [H, c_char_p, P(LayerNormLinearConfig), c_uint32, P(H)],
     "sg_layernorm_mlp_create": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(H)],
-    "sg_model_create": [H, P(ModelConfig), P(H)],
+    "sg_residual_stack_create": [H, P(ResidualStackConfig), P(H)],
     "sg_layer_destroy": [H],
     "sg_layer_kind": [H] + _STRING_OUT,
     "sg_layer_forward": [H, H, P(H), P(H)],
@@ -99,7 +99,7 @@ _PROTOTYPES = {
     "sg_train_step_destroy": [H],
     "sg_train_step_inputs": [H, P(H), P(H)],
     "sg_train_step_run": [H, P(H)],
-    "sg_train_step_check_labels": [H],
+    "sg_train_step_check_errors": [H],
     "sg_capture": [H, STEP_FN, c_void_p, c_int, P(H)],
     "sg_train_step_capture": [H, c_int, P(H)],
     "sg_graph_destroy": [H],
@@ -131,7 +131,7 @@ _OTHER_RESTYPES = {
     "sg_norm_config_default": (None, [P(NormConfig)]),
     "sg_layernorm_linear_config_default": (None, [P(LayerNormLinearConfig)]),
     "sg_layernorm_mlp_config_default": (None, [P(LayerNormMLPConfig)]),
-    "sg_model_config_default": (None, [P(ModelConfig)]),
+    "sg_residual_stack_config_default": (None, [P(ResidualStackConfig)]),
     "sg_adamw_config_default": (None, [P(AdamWConfig)]),
 }
 

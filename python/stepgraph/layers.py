@@ -1,4 +1,4 @@
-"""Layers: Linear, LayerNorm/RMSNorm, LayerNormLinear, LayerNormMLP and Model.
+"""Layers: Linear, LayerNorm/RMSNorm, LayerNormLinear, LayerNormMLP and ResidualStack.
 
 Every layer's forward returns (y, saved) and its backward takes saved and dy,
 writes the parameter gradients (fp32, overwritten) and returns dx:
@@ -156,16 +156,17 @@ class LayerNormMLP(Layer):
 
 
 def _model_defaults():
-    config = _capi.ModelConfig()
-    _capi.lib().sg_model_config_default(ctypes.byref(config))
+    config = _capi.ResidualStackConfig()
+    _capi.lib().sg_residual_stack_config_default(ctypes.byref(config))
     return config
 
 
-class Model(Layer):
-    """Residual blocks h = h + LayerNormMLP(h), a final norm and an LM head: forward takes
-    x [tokens, hidden] and gives logits [tokens, vocab]. experts > 0 asks for mixture-of-
-    experts blocks (every moe_every-th block, top-k routing): an "unsupported" StepGraphError
-    until the engine has them. Unset arguments take the engine's defaults."""
+class ResidualStack(Layer):
+    """The residual trunk of a language model, fed activations: residual blocks
+    h = h + LayerNormMLP(h), a final norm and an LM head; forward takes x [tokens, hidden] and
+    gives logits [tokens, vocab]. experts > 0 makes every moe_every-th block a mixture of experts
+    routing each token to its topk experts (topk 1 or 2, at most experts); a bad combination
+    raises StepGraphError when the stack is built. Unset arguments take the engine's defaults."""
 
     def __init__(self, ctx, hidden=None, ffn=None, layers=None, vocab=None, norm="layernorm", eps=None,
                  dtype="bfloat16", seed=None, experts=None, topk=None, moe_every=None):
@@ -175,7 +176,7 @@ class Model(Layer):
             if value is not None:
                 setattr(config, field, value)
         config.norm, config.dtype = _norm(norm), int(as_dtype(dtype))
-        self.config = {name: getattr(config, name) for name, _ in _capi.ModelConfig._fields_}
+        self.config = {name: getattr(config, name) for name, _ in _capi.ResidualStackConfig._fields_}
         self.ctx = ctx
         self._handle = _capi.new_handle()
-        _capi.call("sg_model_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))
+        _capi.call("sg_residual_stack_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))

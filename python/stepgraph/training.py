@@ -1,4 +1,4 @@
-"""AdamW and the whole training step of a Model (forward, cross-entropy, backward, AdamW)."""
+"""AdamW and the whole training step of a ResidualStack (forward, cross-entropy, backward, AdamW)."""
 
 import ctypes
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from stepgraph import _capi
 from stepgraph.graph import CapturedStep, policy_value
-from stepgraph.layers import Layer, Model
+from stepgraph.layers import Layer, ResidualStack
 from stepgraph.tensor import Tensor
 
 
@@ -37,7 +37,7 @@ class AdamW:
 
 
 class TrainStep:
-    """One training step of `model` over `tokens` tokens. Its inputs are persistent
+    """One training step of `model` (a ResidualStack) over `tokens` tokens. Its inputs are persistent
     tensors: `x` [tokens, hidden] in the model dtype and `labels` [tokens] int32.
 
         step = TrainStep(model, AdamW(ctx, model), tokens=64)
@@ -47,8 +47,8 @@ class TrainStep:
     """
 
     def __init__(self, model, optimizer, tokens):
-        if not isinstance(model, Model):
-            raise TypeError(f"TrainStep needs a stepgraph Model, got {type(model).__name__}")
+        if not isinstance(model, ResidualStack):
+            raise TypeError(f"TrainStep needs a stepgraph ResidualStack, got {type(model).__name__}")
         self.model, self.optimizer = model, optimizer
         self._handle = _capi.new_handle()
         _capi.call("sg_train_step_create", model._handle, optimizer._handle, tokens, ctypes.byref(self._handle))
@@ -71,9 +71,10 @@ class TrainStep:
         _capi.call("sg_train_step_run", self._handle, ctypes.byref(loss))
         return Tensor(loss)
 
-    def check_labels(self):
-        """Raises if any label so far was outside [0, vocab)."""
-        _capi.call("sg_train_step_check_labels", self._handle)
+    def check_errors(self):
+        """Raises if any label so far was outside [0, vocab) or an MoE block's routing or split
+        sizes went wrong (reads device flags: after a step)."""
+        _capi.call("sg_train_step_check_errors", self._handle)
 
     def capture(self, policy="error"):
         """The whole step captured as one graph (CUDA graphs on cuda, a planned host program on

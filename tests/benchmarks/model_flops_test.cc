@@ -24,7 +24,7 @@ TEST(ModelFlopsTest, MoEBlocksCountTheRouterAndTopKExperts) {
   // moe: every block routes (2048 x 8 router) to 2 experts of 2*2048*8192.
   EXPECT_EQ(matmul_params_per_token(step_config("moe").model), 4LL * (2048 * 8 + 2 * 2 * 2048 * 8192) + 2048 * 8192);
   // Every second block MoE (blocks 1 and 3 of 4), top-1.
-  ModelConfig config = step_config("moe").model;
+  ResidualStackConfig config = step_config("moe").model;
   config.moe_every = 2;
   config.topk = 1;
   const std::int64_t mlp = 2LL * 2048 * 8192;
@@ -38,7 +38,7 @@ TEST(ModelFlopsTest, TflopsAndMfu) {
 }
 
 TEST(ModelFlopsTest, BadInputsAreErrors) {
-  ModelConfig config = step_config("moe").model;
+  ResidualStackConfig config = step_config("moe").model;
   config.topk = 9;
   EXPECT_ERROR_CONTAINS(matmul_params_per_token(config), "matmul_params_per_token", "topk must be in [1, experts]",
                         "got topk 9");

@@ -178,14 +178,14 @@ TEST(CapiHostTest, FailingStepFunctionFailsTheCaptureWithItsMessage) {
 // A model, its optimizer and step; eager and graphed copies from one seed.
 struct Training {
   Training(sg_context ctx, int64_t tokens) {
-    sg_model_config config;
-    sg_model_config_default(&config);
+    sg_residual_stack_config config;
+    sg_residual_stack_config_default(&config);
     config.hidden = 32;
     config.ffn = 64;
     config.layers = 2;
     config.vocab = 40;
     config.seed = 7;
-    EXPECT_EQ(sg_model_create(ctx, &config, &model), SG_OK) << sg_last_error();
+    EXPECT_EQ(sg_residual_stack_create(ctx, &config, &model), SG_OK) << sg_last_error();
     sg_adamw_config adamw;
     sg_adamw_config_default(&adamw);
     adamw.lr = 1e-2f;
@@ -246,7 +246,7 @@ void expect_graph_equals_eager(sg_device device) {
     sg_tensor_destroy(eager_loss);
     sg_tensor_destroy(graph_loss);
   }
-  ASSERT_SG_OK(sg_train_step_check_labels(graphed.step));
+  ASSERT_SG_OK(sg_train_step_check_errors(graphed.step));
   int64_t steps = 0;
   ASSERT_SG_OK(sg_optimizer_steps_taken(graphed.optimizer, &steps));
   EXPECT_EQ(steps, 4);

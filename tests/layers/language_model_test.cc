@@ -1,4 +1,4 @@
-// LanguageModel (window embedding -> Model) and TokenTrainStep. Host: the
+// LanguageModel (window embedding -> ResidualStack) and TrainStep. Host: the
 // embedding table's gradient against central finite differences of the
 // cross-entropy loss (fp32), config errors, out-of-range tokens, and the whole
 // token training step eager and captured as one graph from identical states,
@@ -17,10 +17,10 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
-#include "layers/adamw.h"
-#include "layers/token_train_step.h"
-#include "ops/loss_ops.h"
 #include "graphs/captured_step.h"
+#include "layers/adamw.h"
+#include "layers/train_step.h"
+#include "ops/loss_ops.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
@@ -133,13 +133,13 @@ TEST(LanguageModelTest, OutOfRangeTokenIsAClearErrorAfterTheStep) {
   const LanguageModelConfig config = small_config(DType::kBFloat16);
   LanguageModel model(ctx, config);
   AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
-  TokenTrainStep step(ctx, model, optimizer, 4);
+  TrainStep step(ctx, model, optimizer, 4);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(4 * config.context), 1);
   tokens[2] = 16;  // vocab is 16
-  ctx.copy_from_host(step.tokens(), tokens.data(), tokens.size() * sizeof(std::int32_t));
+  ctx.copy_from_host(step.inputs(), tokens.data(), tokens.size() * sizeof(std::int32_t));
   step(ctx);
   try {
-    step.check_inputs(ctx);
+    step.check_errors(ctx);
     ADD_FAILURE() << "no Error for token 16 with vocab 16";
   } catch (const Error& error) {
     EXPECT_NE(error.message().find("input token was outside [0, 16)"), std::string::npos) << error.message();
@@ -152,7 +152,7 @@ struct Trainer {
       : model(ctx, config), optimizer(ctx, model.parameters(), {.lr = 1e-2f}), step(ctx, model, optimizer, kBatch) {}
   LanguageModel model;
   AdamW optimizer;
-  TokenTrainStep step;
+  TrainStep step;
 };
 
 void expect_eager_equals_graph(Device device, int steps) {
@@ -184,17 +184,17 @@ void expect_eager_equals_graph(Device device, int steps) {
     const Tensor& labels = batch_labels[s % 2];
     std::vector<std::int32_t> t = ctx.to_vector<std::int32_t>(tokens);
     std::vector<std::int32_t> l = ctx.to_vector<std::int32_t>(labels);
-    ctx.copy_from_host(eager.step.tokens(), t.data(), t.size() * sizeof(std::int32_t));
+    ctx.copy_from_host(eager.step.inputs(), t.data(), t.size() * sizeof(std::int32_t));
     ctx.copy_from_host(eager.step.labels(), l.data(), l.size() * sizeof(std::int32_t));
     const std::vector<Tensor> eager_out = eager.step(ctx);
-    captured->replay({{graphed.step.tokens(), tokens}, {graphed.step.labels(), labels}});
+    captured->replay({{graphed.step.inputs(), tokens}, {graphed.step.labels(), labels}});
     const float eager_loss = ctx.to_vector<float>(eager_out[0]).at(0);
     const float graph_loss = ctx.to_vector<float>(captured->outputs()[0]).at(0);
     EXPECT_EQ(bits(eager_loss), bits(graph_loss))
         << "step " << s << ": eager " << eager_loss << ", graph " << graph_loss;
     losses.push_back(graph_loss);
-    eager.step.check_inputs(ctx);
-    graphed.step.check_inputs(ctx);
+    eager.step.check_errors(ctx);
+    graphed.step.check_errors(ctx);
   }
   EXPECT_EQ(eager.optimizer.steps_taken(ctx), steps);
   EXPECT_EQ(graphed.optimizer.steps_taken(ctx), steps);

@@ -1,4 +1,4 @@
-// A Model with MoE blocks: which blocks are MoE, build-time errors for bad
+// A ResidualStack with MoE blocks: which blocks are MoE, build-time errors for bad
 // expert configurations, and its whole training step (forward, cross-entropy,
 // backward, AdamW) captured once and replayed with a new batch every step (so
 // the routing and the splits change every replay), equal to the same step run
@@ -15,10 +15,10 @@
 #include "engine/context.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
-#include "layers/adamw.h"
-#include "layers/model.h"
-#include "layers/train_step.h"
 #include "graphs/captured_step.h"
+#include "layers/adamw.h"
+#include "layers/residual_stack.h"
+#include "layers/train_step.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
@@ -27,7 +27,7 @@ namespace {
 
 constexpr std::int64_t kTokens = 64;
 
-ModelConfig moe_model(DType dtype) {
+ResidualStackConfig moe_model(DType dtype) {
   return {.hidden = 64,
           .ffn = 64,
           .layers = 4,
@@ -40,14 +40,14 @@ ModelConfig moe_model(DType dtype) {
 }
 
 struct Trainer {
-  Trainer(Context& ctx, const ModelConfig& config)
+  Trainer(Context& ctx, const ResidualStackConfig& config)
       : model(ctx, config), optimizer(ctx, model.parameters(), {.lr = 1e-2f}), step(ctx, model, optimizer, kTokens) {}
-  Model model;
+  ResidualStack model;
   AdamW optimizer;
   TrainStep step;
 };
 
-void load_batch(Context& ctx, const TrainStep& step, std::uint32_t seed, const ModelConfig& config) {
+void load_batch(Context& ctx, const TrainStep& step, std::uint32_t seed, const ResidualStackConfig& config) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
   std::vector<std::uint8_t> x(static_cast<std::size_t>(step.inputs().bytes()));
@@ -67,7 +67,7 @@ std::uint32_t bits(float value) {
 
 void expect_eager_equals_graph(Device device, DType dtype, int steps) {
   Context ctx(device);
-  const ModelConfig config = moe_model(dtype);
+  const ResidualStackConfig config = moe_model(dtype);
   Trainer eager(ctx, config);
   Trainer graphed(ctx, config);
   auto captured =
@@ -84,19 +84,17 @@ void expect_eager_equals_graph(Device device, DType dtype, int steps) {
     ASSERT_EQ(bits(eager_loss), bits(graph_loss))
         << "step " << s << ": eager " << eager_loss << ", graph " << graph_loss;
     ASSERT_TRUE(std::isfinite(graph_loss)) << "step " << s;
-    eager.model.check_errors(ctx);
-    graphed.model.check_errors(ctx);
-    eager.step.check_labels(ctx);
-    graphed.step.check_labels(ctx);
+    eager.step.check_errors(ctx);
+    graphed.step.check_errors(ctx);
   }
   EXPECT_EQ(graphed.optimizer.steps_taken(ctx), steps);
 }
 
 TEST(MoEModelHostTest, EveryMoeEveryThBlockIsMoE) {
   Context ctx(Device::kHost);
-  ModelConfig config = moe_model(DType::kFloat32);
+  ResidualStackConfig config = moe_model(DType::kFloat32);
   config.moe_every = 2;
-  Model model(ctx, config);
+  ResidualStack model(ctx, config);
   EXPECT_FALSE(model.is_moe_block(0));
   EXPECT_TRUE(model.is_moe_block(1));
   EXPECT_FALSE(model.is_moe_block(2));
@@ -106,21 +104,21 @@ TEST(MoEModelHostTest, EveryMoeEveryThBlockIsMoE) {
   EXPECT_EQ(routers, 2);
   config.moe_every = 1;
   config.experts = 0;
-  Model dense(ctx, config);
+  ResidualStack dense(ctx, config);
   EXPECT_FALSE(dense.is_moe_block(0));
 }
 
 TEST(MoEModelHostTest, BadExpertConfigsAreErrorsAtBuildTime) {
   Context ctx(Device::kHost);
-  auto expect_error = [&](ModelConfig config, const std::string& needle) {
+  auto expect_error = [&](ResidualStackConfig config, const std::string& needle) {
     try {
-      Model model(ctx, config);
+      ResidualStack model(ctx, config);
       ADD_FAILURE() << "no Error; expected one mentioning '" << needle << "'";
     } catch (const Error& error) {
       EXPECT_NE(error.message().find(needle), std::string::npos) << error.what();
     }
   };
-  ModelConfig c = moe_model(DType::kFloat32);
+  ResidualStackConfig c = moe_model(DType::kFloat32);
   c.topk = 3;
   expect_error(c, "topk must be 1 or 2");
   c = moe_model(DType::kFloat32);

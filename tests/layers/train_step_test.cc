@@ -1,7 +1,8 @@
-// A 4-block LayerNormMLP model's whole training step (forward, cross-entropy,
-// backward, AdamW), run eager and captured as one graph from identical
-// states: the losses must be identical, bit for bit, step after step. On the
-// host everywhere; on CUDA where there is a GPU.
+// TrainStep over a 4-block LayerNormMLP ResidualStack (forward,
+// cross-entropy, backward, AdamW), run eager and captured as one graph from
+// identical states: the losses must be identical, bit for bit, step after
+// step. On the host everywhere; on CUDA where there is a GPU. (TrainStep over
+// a LanguageModel: language_model_test.)
 #include "layers/train_step.h"
 
 #include <gtest/gtest.h>
@@ -14,8 +15,8 @@
 #include "engine/context.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
-#include "layers/model.h"
 #include "graphs/captured_step.h"
+#include "layers/residual_stack.h"
 #include "tests/support/gpu.h"
 
 namespace stepgraph {
@@ -23,15 +24,15 @@ namespace {
 
 constexpr std::int64_t kTokens = 64;
 
-ModelConfig small_model() {
+ResidualStackConfig small_model() {
   return {.hidden = 64, .ffn = 256, .layers = 4, .vocab = 128, .dtype = DType::kBFloat16, .seed = 5};
 }
 
 // One model with its optimizer and step, all persistent in `ctx`.
 struct Trainer {
-  Trainer(Context& ctx, const ModelConfig& config)
+  Trainer(Context& ctx, const ResidualStackConfig& config)
       : model(ctx, config), optimizer(ctx, model.parameters(), {.lr = 1e-2f}), step(ctx, model, optimizer, kTokens) {}
-  Model model;
+  ResidualStack model;
   AdamW optimizer;
   TrainStep step;
 };
@@ -56,7 +57,7 @@ std::uint32_t bits(float value) {
 
 void expect_eager_equals_graph(Device device, int steps) {
   Context ctx(device);
-  const ModelConfig config = small_model();
+  const ResidualStackConfig config = small_model();
   Trainer eager(ctx, config);
   Trainer graphed(ctx, config);
   auto captured =
@@ -74,8 +75,8 @@ void expect_eager_equals_graph(Device device, int steps) {
     EXPECT_EQ(bits(eager_loss), bits(graph_loss))
         << "step " << s << ": eager " << eager_loss << ", graph " << graph_loss;
     losses.push_back(graph_loss);
-    eager.step.check_labels(ctx);
-    graphed.step.check_labels(ctx);
+    eager.step.check_errors(ctx);
+    graphed.step.check_errors(ctx);
   }
   EXPECT_EQ(eager.optimizer.steps_taken(ctx), steps);
   EXPECT_EQ(graphed.optimizer.steps_taken(ctx), steps);
@@ -88,7 +89,7 @@ void expect_eager_equals_graph(Device device, int steps) {
 // arithmetic: the losses and the final weights must be identical, and the
 // overlapped version must stay so when captured.
 void expect_overlapped_update_equals_single_update(Device device, int steps) {
-  const ModelConfig config = small_model();
+  const ResidualStackConfig config = small_model();
   Context serial_ctx(device, /*side_streams=*/0);
   Context overlap_ctx(device, /*side_streams=*/1);
   Trainer serial(serial_ctx, config);

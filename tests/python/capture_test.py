@@ -19,7 +19,7 @@ def ctx():
 
 
 def small_model(ctx):
-    return sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=48, dtype="float32", seed=3)
+    return sg.ResidualStack(ctx, hidden=32, ffn=64, layers=2, vocab=48, dtype="float32", seed=3)
 
 
 def batch(seed):
@@ -43,7 +43,7 @@ def test_captured_train_step_replays_like_eager_steps(ctx):
         graph_loss = graph.outputs[0].item()
         assert eager_loss == graph_loss, f"step {step}: eager {eager_loss}, graph {graph_loss}"
         losses.append(graph_loss)
-    graphed.check_labels()
+    graphed.check_errors()
     assert graph.replay_count == 6
     assert graphed.optimizer.steps_taken == 6 and eager.optimizer.steps_taken == 6
     assert losses[-1] < losses[0], "training on two fixed batches did not reduce the loss"
@@ -161,7 +161,7 @@ def test_side_stream_scope_records_ops_on_stream_one(ctx):
 
 def test_moe_train_step_graph_equals_eager(ctx):
     def make():
-        return sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=48, dtype="float32", seed=3, experts=4, topk=2,
+        return sg.ResidualStack(ctx, hidden=32, ffn=64, layers=2, vocab=48, dtype="float32", seed=3, experts=4, topk=2,
                         moe_every=2)
 
     eager_model, graph_model = make(), make()

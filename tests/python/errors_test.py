@@ -53,10 +53,10 @@ def test_unsupported_dtype_array_is_refused(ctx):
 def test_moe_fields_reach_the_engine(ctx):
     """experts/topk/moe_every pass through the C config: MoE blocks hold more parameters
     than dense ones, and a bad combination is refused when the model is built."""
-    dense = sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32")
-    moe = sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32", experts=4, topk=2, moe_every=2)
+    dense = sg.ResidualStack(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32")
+    moe = sg.ResidualStack(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32", experts=4, topk=2, moe_every=2)
     with pytest.raises(sg.StepGraphError, match="topk"):
-        sg.Model(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32", experts=4, topk=3, moe_every=2)
+        sg.ResidualStack(ctx, hidden=32, ffn=64, layers=2, vocab=16, dtype="float32", experts=4, topk=3, moe_every=2)
     assert moe.config["experts"] == 4 and moe.config["topk"] == 2 and moe.config["moe_every"] == 2
     assert sum(p.master.numel for p in moe.parameters()) > sum(p.master.numel for p in dense.parameters())
 

@@ -1,8 +1,10 @@
-// A language-model-shaped stack for training steps: N residual blocks
-// h = h + MLP(h), a final norm and an LM head (Linear without bias). The MLP
-// is a dense LayerNormMLP, or with experts > 0 a mixture-of-experts MoEMLP in
-// every moe_every-th block (see ModelConfig).
-// TrainStep (train_step.h) adds the loss and the optimizer.
+// ResidualStack: the residual trunk of a language model, fed activations:
+// N residual blocks h = h + MLP(h), a final norm and an LM head (Linear
+// without bias), x [tokens, hidden] -> logits [tokens, vocab]. The MLP is a
+// dense LayerNormMLP, or with experts > 0 a mixture-of-experts MoEMLP in
+// every moe_every-th block (see ResidualStackConfig). The whole model on
+// tokens is LanguageModel (language_model.h: an embedding, then this stack);
+// TrainStep (train_step.h) adds the loss and the optimizer to either.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +22,7 @@
 
 namespace stepgraph {
 
-struct ModelConfig {
+struct ResidualStackConfig {
   std::int64_t hidden = 256;
   std::int64_t ffn = 1024;
   std::int64_t layers = 4;
@@ -40,7 +42,7 @@ struct ModelConfig {
   std::int64_t moe_every = 2;
 };
 
-class Model {
+class ResidualStack {
  public:
   using BlockSaved = std::variant<LayerNormMLP::Saved, MoEMLP::Saved>;
   struct Saved {
@@ -53,7 +55,7 @@ class Model {
     Saved saved;
   };
 
-  Model(Context& ctx, const ModelConfig& config);
+  ResidualStack(Context& ctx, const ResidualStackConfig& config);
 
   Forward forward(Context& ctx, const Tensor& x) const;  // x: [tokens, hidden]
   // Called during the backward with the index of a parameter group (see
@@ -67,7 +69,7 @@ class Model {
   // check (reads device error words: after a step, never inside one).
   void check_errors(Context& ctx) const;
 
-  const ModelConfig& config() const { return config_; }
+  const ResidualStackConfig& config() const { return config_; }
   std::vector<Parameter*> parameters();
   // parameters() in consecutive groups: one per block, the final norm, the
   // head. The backward finishes them in reverse order.
@@ -82,7 +84,7 @@ class Model {
     std::unique_ptr<MoEMLP> moe;
   };
 
-  ModelConfig config_;
+  ResidualStackConfig config_;
   std::vector<Block> blocks_;
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<Linear> head_;

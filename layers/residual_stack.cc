@@ -1,4 +1,4 @@
-#include "layers/model.h"
+#include "layers/residual_stack.h"
 
 #include <string>
 
@@ -7,17 +7,17 @@
 
 namespace stepgraph {
 
-Model::Model(Context& ctx, const ModelConfig& config) : config_(config) {
-  SG_CHECK(config.layers >= 0 && config.vocab > 0, "Model: layers must be >= 0 and vocab > 0, got ", config.layers,
-           " and ", config.vocab);
-  SG_CHECK(config.experts >= 0, "Model: experts must be >= 0 (0: no MoE blocks), got ", config.experts);
+ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config) : config_(config) {
+  SG_CHECK(config.layers >= 0 && config.vocab > 0, "ResidualStack: layers must be >= 0 and vocab > 0, got ",
+           config.layers, " and ", config.vocab);
+  SG_CHECK(config.experts >= 0, "ResidualStack: experts must be >= 0 (0: no MoE blocks), got ", config.experts);
   if (config.experts > 0) {
-    SG_CHECK(config.topk == 1 || config.topk == 2, "Model: topk must be 1 or 2, got ", config.topk);
-    SG_CHECK(config.topk <= config.experts, "Model: topk (", config.topk, ") must not exceed experts (", config.experts,
-             "): each token goes to topk distinct experts");
+    SG_CHECK(config.topk == 1 || config.topk == 2, "ResidualStack: topk must be 1 or 2, got ", config.topk);
+    SG_CHECK(config.topk <= config.experts, "ResidualStack: topk (", config.topk, ") must not exceed experts (",
+             config.experts, "): each token goes to topk distinct experts");
     SG_CHECK(config.moe_every >= 1 && config.moe_every <= config.layers,
-             "Model: moe_every must be in [1, layers = ", config.layers, "] so that some block is an MoE block, got ",
-             config.moe_every);
+             "ResidualStack: moe_every must be in [1, layers = ", config.layers,
+             "] so that some block is an MoE block, got ", config.moe_every);
   }
   for (std::int64_t i = 0; i < config.layers; ++i) {
     const std::string name = "block" + std::to_string(i);
@@ -43,9 +43,11 @@ Model::Model(Context& ctx, const ModelConfig& config) : config_(config) {
       config.seed + 7919);
 }
 
-bool Model::is_moe_block(std::int64_t i) const { return config_.experts > 0 && (i + 1) % config_.moe_every == 0; }
+bool ResidualStack::is_moe_block(std::int64_t i) const {
+  return config_.experts > 0 && (i + 1) % config_.moe_every == 0;
+}
 
-std::vector<Parameter*> Model::parameters() {
+std::vector<Parameter*> ResidualStack::parameters() {
   std::vector<Parameter*> out;
   for (Block& block : blocks_) {
     for (Parameter* p : block.moe ? block.moe->parameters() : block.dense->parameters()) out.push_back(p);
@@ -55,7 +57,7 @@ std::vector<Parameter*> Model::parameters() {
   return out;
 }
 
-Model::Forward Model::forward(Context& ctx, const Tensor& x) const {
+ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x) const {
   Forward out;
   Tensor h = x;
   for (const Block& block : blocks_) {
@@ -79,7 +81,7 @@ Model::Forward Model::forward(Context& ctx, const Tensor& x) const {
   return out;
 }
 
-std::vector<std::size_t> Model::parameter_group_sizes() {
+std::vector<std::size_t> ResidualStack::parameter_group_sizes() {
   std::vector<std::size_t> sizes;
   for (Block& block : blocks_)
     sizes.push_back((block.moe ? block.moe->parameters() : block.dense->parameters()).size());
@@ -88,7 +90,8 @@ std::vector<std::size_t> Model::parameter_group_sizes() {
   return sizes;
 }
 
-Tensor Model::backward(Context& ctx, const Saved& saved, const Tensor& dlogits, const GradientsReady& ready) const {
+Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
+                               const GradientsReady& ready) const {
   auto done = [&](std::size_t group) {
     if (ready) ready(group);
   };
@@ -107,7 +110,7 @@ Tensor Model::backward(Context& ctx, const Saved& saved, const Tensor& dlogits, 
   return dh;
 }
 
-void Model::check_errors(Context& ctx) const {
+void ResidualStack::check_errors(Context& ctx) const {
   for (const Block& block : blocks_) {
     if (block.moe) block.moe->check_errors(ctx);
   }

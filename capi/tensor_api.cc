@@ -83,7 +83,7 @@ extern "C" sg_result sg_context_device(sg_context ctx, sg_device* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(ctx, function, "ctx");
     require(out, function, "out");
-    *out = to_c_device(ctx->ctx->device());
+    *out = stepgraph::capi::to_c_device(ctx->ctx->device());
   });
 }
 
@@ -208,7 +208,7 @@ extern "C" sg_result sg_tensor_device(sg_tensor tensor, sg_device* out) {
   return run_guarded(__func__, [&, function = __func__] {
     const sg_tensor_s& t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = to_c_device(t.ctx->device());
+    *out = stepgraph::capi::to_c_device(t.ctx->device());
   });
 }
 

@@ -190,6 +190,7 @@ nlohmann::json config_json(const StepConfig& config, const ModeResult& eager, co
   const CaptureTimings& t = graph.capture;
   graph_json["capture_ms"] = {{"trace", t.trace_ms},
                               {"plan", t.plan_ms},
+                              {"prepare", t.prepare_ms},
                               {"capture", t.capture_ms},
                               {"instantiate", t.instantiate_ms},
                               {"capture_plus_instantiate", t.capture_ms + t.instantiate_ms},

@@ -88,9 +88,12 @@ class Backend {
   virtual void wait(std::span<const StreamWait> waits) = 0;
   // Runs one op now on `stream` (an Error if the op has no implementation here).
   virtual void run(const OpDef& op, const OpParams& params, const KernelArgs& args, int stream) = 0;
-  // Records a schedule (nothing runs on cuda: see Note [Capturing by stream
-  // capture] in graphs/captured_step.h); `event_count` events are numbered
-  // from 0 and never cross recordings.
+  // Work a schedule needs before it can be recorded (cuda: library handles
+  // and algorithm choice, which are not allowed under stream capture).
+  virtual void prepare(std::span<const LaunchEntry> schedule) = 0;
+  // Records a prepared schedule (nothing runs on cuda: see Note [Capturing by
+  // stream capture] in graphs/captured_step.h); `event_count` events are
+  // numbered from 0 and never cross recordings.
   virtual std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int event_count) = 0;
   // Builds the executable of a recording (no work is launched).
   virtual std::unique_ptr<Executable> instantiate(const Recording& recording) = 0;

@@ -136,13 +136,14 @@ class CudaBackend final : public Backend {
     op.launch_cuda(params, args, this->stream(stream));
   }
 
-  std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int event_count) override {
-    // Library setup (handles, algorithm choice) cannot happen under capture.
+  void prepare(std::span<const LaunchEntry> schedule) override {
     for (const LaunchEntry& entry : schedule) {
       if (entry.kind == LaunchEntry::Kind::kRun && entry.op->prepare_cuda != nullptr) {
         entry.op->prepare_cuda(*entry.params, entry.args.input_metas);
       }
     }
+  }
+  std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int event_count) override {
     const std::vector<Event> events(static_cast<std::size_t>(event_count));
     StreamCapture capture(stream(0));
     issue(schedule, streams_, events);

@@ -87,6 +87,7 @@ class HostBackend final : public Backend {
   void run(const OpDef& op, const OpParams& params, const KernelArgs& args, int /*stream*/) override {
     run_host_reference(op, params, args);
   }
+  void prepare(std::span<const LaunchEntry> /*schedule*/) override {}
   std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int /*event_count*/) override {
     return std::make_unique<HostRecording>(schedule);
   }

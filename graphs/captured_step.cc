@@ -89,13 +89,16 @@ void CapturedStep::plan_and_bind(TraceResult traced) {
   program_ = std::move(traced.program);
 }
 
-// Records every segment, then instantiates them: no work runs before the
-// first replay. See Note [Capturing by stream capture].
+// Prepares every segment, records them, then instantiates them: no work
+// runs before the first replay. See Note [Capturing by stream capture].
 void CapturedStep::record_and_instantiate() {
   Backend& backend = ctx_.backend();
   for (const StepPlan::Range& range : plan_.segment_ranges) segments_.emplace_back(program_, plan_, range, addresses_);
-  std::vector<std::unique_ptr<Recording>> recorded;
   auto clock = std::chrono::steady_clock::now();
+  for (const BoundSchedule& segment : segments_) backend.prepare(segment.entries());
+  timings_.prepare_ms = ms_since(clock);
+  std::vector<std::unique_ptr<Recording>> recorded;
+  clock = std::chrono::steady_clock::now();
   for (const BoundSchedule& segment : segments_) {
     recorded.push_back(backend.record(segment.entries(), plan_.event_count));
     ++recordings;

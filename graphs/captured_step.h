@@ -73,6 +73,7 @@ struct InputBinding {
 struct CaptureTimings {
   double trace_ms = 0;
   double plan_ms = 0;
+  double prepare_ms = 0;      // library setup before recording (cuda: cuBLASLt algorithm choice)
   double capture_ms = 0;      // recording every segment (cuda: stream capture)
   double instantiate_ms = 0;  // building each executable (cuda: cudaGraphInstantiate + upload)
 };

@@ -110,11 +110,10 @@ def grouped_forward(folder):
 
 
 def grouped_backward(folder):
-    """dgrad and wgrad side by side, each kind from its own pair of files."""
-    files = {"dgrad": ("grouped_gemm_dgrad.json", "grouped_gemm_dgrad_peer.json"),
-             "wgrad": ("grouped_gemm_backward.json", "grouped_gemm_backward_peer.json")}
+    """dgrad and wgrad side by side, from one pair of files (ours, torch)."""
+    ours_name, peer_name = "grouped_gemm_backward.json", "grouped_gemm_backward_peer.json"
     tables, notes = {}, []
-    for kind, (ours_name, peer_name) in files.items():
+    for kind in ("dgrad", "wgrad"):
         table, ratios = pair_rows(folder, ours_name, peer_name, kind)
         if table is None:
             return

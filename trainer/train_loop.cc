@@ -141,9 +141,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
     graph = CapturedStep::capture(ctx, [&] { return step(ctx); });
     const CaptureTimings& t = graph->timings();
     out << fmt::format(
-        "captured the step in {:.1f} ms (trace {:.1f}, plan {:.1f}, capture {:.1f}, instantiate {:.1f}): {} "
-        "segment(s), {} instructions\n",
-        seconds_since(start) * 1e3, t.trace_ms, t.plan_ms, t.capture_ms, t.instantiate_ms, graph->segment_count(),
+        "captured the step in {:.1f} ms (trace {:.1f}, plan {:.1f}, prepare {:.1f}, capture {:.1f}, instantiate "
+        "{:.1f}): {} segment(s), {} instructions\n",
+        seconds_since(start) * 1e3, t.trace_ms, t.plan_ms, t.prepare_ms, t.capture_ms, t.instantiate_ms,
+        graph->segment_count(),
         graph->program().instructions().size());
   }
 

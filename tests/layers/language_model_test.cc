@@ -21,11 +21,16 @@
 #include "layers/adamw.h"
 #include "layers/train_step.h"
 #include "ops/loss_ops.h"
+#include "tests/layers/train_rig.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
+
+using testing::TrainRig;
+using testing::expect_same_step;
+using testing::expect_trained_alike;
 
 constexpr std::int64_t kBatch = 32;
 
@@ -44,12 +49,6 @@ Tensor int_tensor(Context& ctx, const std::string& name, const Shape& shape, con
   Tensor t = ctx.persistent(name, {shape, DType::kInt32});
   ctx.copy_from_host(t, values.data(), values.size() * sizeof(std::int32_t));
   return t;
-}
-
-std::uint32_t bits(float value) {
-  std::uint32_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
 }
 
 TEST(LanguageModelTest, EmbeddingGradientMatchesFiniteDifferencesOfTheLoss) {
@@ -147,12 +146,8 @@ TEST(LanguageModelTest, OutOfRangeTokenIsAClearErrorAfterTheStep) {
 }
 
 // One model with its optimizer and step, all persistent in `ctx`.
-struct Trainer {
-  Trainer(Context& ctx, const LanguageModelConfig& config)
-      : model(ctx, config), optimizer(ctx, model.parameters(), {.lr = 1e-2f}), step(ctx, model, optimizer, kBatch) {}
-  LanguageModel model;
-  AdamW optimizer;
-  TrainStep step;
+struct Trainer : TrainRig<LanguageModel> {
+  Trainer(Context& ctx, const LanguageModelConfig& config) : TrainRig(ctx, config, kBatch) {}
 };
 
 void expect_eager_equals_graph(Device device, int steps) {
@@ -186,19 +181,10 @@ void expect_eager_equals_graph(Device device, int steps) {
     std::vector<std::int32_t> l = ctx.to_vector<std::int32_t>(labels);
     ctx.copy_from_host(eager.step.inputs(), t.data(), t.size() * sizeof(std::int32_t));
     ctx.copy_from_host(eager.step.labels(), l.data(), l.size() * sizeof(std::int32_t));
-    const std::vector<Tensor> eager_out = eager.step(ctx);
-    captured->replay({{graphed.step.inputs(), tokens}, {graphed.step.labels(), labels}});
-    const float eager_loss = ctx.to_vector<float>(eager_out[0]).at(0);
-    const float graph_loss = ctx.to_vector<float>(captured->outputs()[0]).at(0);
-    EXPECT_EQ(bits(eager_loss), bits(graph_loss))
-        << "step " << s << ": eager " << eager_loss << ", graph " << graph_loss;
-    losses.push_back(graph_loss);
-    eager.step.check_errors(ctx);
-    graphed.step.check_errors(ctx);
+    const InputBinding bindings[] = {{graphed.step.inputs(), tokens}, {graphed.step.labels(), labels}};
+    losses.push_back(expect_same_step<LanguageModel>(ctx, eager, graphed, *captured, s, bindings));
   }
-  EXPECT_EQ(eager.optimizer.steps_taken(ctx), steps);
-  EXPECT_EQ(graphed.optimizer.steps_taken(ctx), steps);
-  EXPECT_LT(losses.back(), losses.front()) << "training on two fixed batches did not reduce the loss";
+  expect_trained_alike<LanguageModel>(ctx, eager, graphed, losses, steps);
 }
 
 TEST(LanguageModelHostTest, TokenStepEagerEqualsGraphForTwelveSteps) { expect_eager_equals_graph(Device::kHost, 12); }

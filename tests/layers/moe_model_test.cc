@@ -19,11 +19,15 @@
 #include "layers/adamw.h"
 #include "layers/residual_stack.h"
 #include "layers/train_step.h"
+#include "tests/layers/train_rig.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
+
+using testing::TrainRig;
+using testing::bits;
 
 constexpr std::int64_t kTokens = 64;
 
@@ -39,12 +43,8 @@ ResidualStackConfig moe_model(DType dtype) {
           .moe_every = 2};
 }
 
-struct Trainer {
-  Trainer(Context& ctx, const ResidualStackConfig& config)
-      : model(ctx, config), optimizer(ctx, model.parameters(), {.lr = 1e-2f}), step(ctx, model, optimizer, kTokens) {}
-  ResidualStack model;
-  AdamW optimizer;
-  TrainStep step;
+struct Trainer : TrainRig<ResidualStack> {
+  Trainer(Context& ctx, const ResidualStackConfig& config) : TrainRig(ctx, config, kTokens) {}
 };
 
 void load_batch(Context& ctx, const TrainStep& step, std::uint32_t seed, const ResidualStackConfig& config) {
@@ -57,12 +57,6 @@ void load_batch(Context& ctx, const TrainStep& step, std::uint32_t seed, const R
   for (auto& v : labels) v = label(rng);
   ctx.copy_from_host(step.inputs(), x.data(), x.size());
   ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
-}
-
-std::uint32_t bits(float value) {
-  std::uint32_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
 }
 
 void expect_eager_equals_graph(Device device, DType dtype, int steps) {

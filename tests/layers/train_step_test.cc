@@ -17,10 +17,16 @@
 #include "engine/half_precision.h"
 #include "graphs/captured_step.h"
 #include "layers/residual_stack.h"
+#include "tests/layers/train_rig.h"
 #include "tests/support/gpu.h"
 
 namespace stepgraph {
 namespace {
+
+using testing::TrainRig;
+using testing::bits;
+using testing::expect_same_step;
+using testing::expect_trained_alike;
 
 constexpr std::int64_t kTokens = 64;
 
@@ -29,12 +35,8 @@ ResidualStackConfig small_model() {
 }
 
 // One model with its optimizer and step, all persistent in `ctx`.
-struct Trainer {
-  Trainer(Context& ctx, const ResidualStackConfig& config)
-      : model(ctx, config), optimizer(ctx, model.parameters(), {.lr = 1e-2f}), step(ctx, model, optimizer, kTokens) {}
-  ResidualStack model;
-  AdamW optimizer;
-  TrainStep step;
+struct Trainer : TrainRig<ResidualStack> {
+  Trainer(Context& ctx, const ResidualStackConfig& config) : TrainRig(ctx, config, kTokens) {}
 };
 
 void load_batch(Context& ctx, const TrainStep& step, std::uint32_t seed, std::int64_t hidden, std::int64_t vocab) {
@@ -47,12 +49,6 @@ void load_batch(Context& ctx, const TrainStep& step, std::uint32_t seed, std::in
   for (auto& v : labels) v = label(rng);
   ctx.copy_from_host(step.inputs(), x.data(), x.size() * sizeof(std::uint16_t));
   ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
-}
-
-std::uint32_t bits(float value) {
-  std::uint32_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
 }
 
 void expect_eager_equals_graph(Device device, int steps) {
@@ -68,19 +64,9 @@ void expect_eager_equals_graph(Device device, int steps) {
     const std::uint32_t seed = 100 + static_cast<std::uint32_t>(s % 2);  // two batches, alternating
     load_batch(ctx, eager.step, seed, config.hidden, config.vocab);
     load_batch(ctx, graphed.step, seed, config.hidden, config.vocab);
-    const std::vector<Tensor> eager_out = eager.step(ctx);
-    captured->replay();
-    const float eager_loss = ctx.to_vector<float>(eager_out[0]).at(0);
-    const float graph_loss = ctx.to_vector<float>(captured->outputs()[0]).at(0);
-    EXPECT_EQ(bits(eager_loss), bits(graph_loss))
-        << "step " << s << ": eager " << eager_loss << ", graph " << graph_loss;
-    losses.push_back(graph_loss);
-    eager.step.check_errors(ctx);
-    graphed.step.check_errors(ctx);
+    losses.push_back(expect_same_step<ResidualStack>(ctx, eager, graphed, *captured, s));
   }
-  EXPECT_EQ(eager.optimizer.steps_taken(ctx), steps);
-  EXPECT_EQ(graphed.optimizer.steps_taken(ctx), steps);
-  EXPECT_LT(losses.back(), losses.front()) << "training on two fixed batches did not reduce the loss";
+  expect_trained_alike<ResidualStack>(ctx, eager, graphed, losses, steps);
 }
 
 // With a side stream the optimizer updates each block as soon as its

@@ -86,6 +86,10 @@ class Backend {
 
   // Makes each waiter stream wait for its signal stream's work so far.
   virtual void wait(std::span<const StreamWait> waits) = 0;
+  // Makes `external`, a stream the backend does not own (a framework's, e.g.
+  // torch's current stream; null is the legacy default stream), wait for the
+  // work issued on `stream` so far. Nothing to do on host.
+  virtual void order_external_after(int stream, CUstream_st* external) = 0;
   // Runs one op now on `stream` (an Error if the op has no implementation here).
   virtual void run(const OpDef& op, const OpParams& params, const KernelArgs& args, int stream) = 0;
   // Work a schedule needs before it can be recorded (cuda: library handles

@@ -131,6 +131,10 @@ class CudaBackend final : public Backend {
       signals_[wait.signal].wait_on(stream(wait.waiter));
     }
   }
+  void order_external_after(int stream, CUstream_st* external) override {
+    signals_[stream].record(this->stream(stream));
+    signals_[stream].wait_on(external);
+  }
   void run(const OpDef& op, const OpParams& params, const KernelArgs& args, int stream) override {
     SG_CHECK_CODE(op.launch_cuda != nullptr, ErrorCode::kUnsupported, "op ", op.name, " has no CUDA launcher");
     op.launch_cuda(params, args, this->stream(stream));

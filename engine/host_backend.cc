@@ -84,6 +84,7 @@ class HostBackend final : public Backend {
   }
 
   void wait(std::span<const StreamWait> /*waits*/) override {}
+  void order_external_after(int /*stream*/, CUstream_st* /*external*/) override {}
   void run(const OpDef& op, const OpParams& params, const KernelArgs& args, int /*stream*/) override {
     run_host_reference(op, params, args);
   }

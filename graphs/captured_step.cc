@@ -122,7 +122,8 @@ void CapturedStep::check_state(GraphState expected, std::string_view action) con
                 state_ == GraphState::kReleased ? " (its pool was released; capture the step again)" : "");
 }
 
-void CapturedStep::bind_inputs(std::span<const InputBinding> bindings) {
+void CapturedStep::bind_inputs(std::span<const InputBinding> bindings,
+                               std::span<CUstream_st* const> source_streams) {
   for (const InputBinding& binding : bindings) {
     const Tensor& target = binding.static_input;
     const Tensor& source = binding.source;
@@ -141,6 +142,10 @@ void CapturedStep::bind_inputs(std::span<const InputBinding> bindings) {
     ctx_.backend().copy_within(target.data(), source.data(), static_cast<std::size_t>(target.bytes()), 0);
     ctx_.mark_main_stream_access(reads, writes);
   }
+  // See Note [Sources the caller reuses].
+  if (!bindings.empty()) {
+    for (CUstream_st* stream : source_streams) ctx_.backend().order_external_after(0, stream);
+  }
 }
 
 void CapturedStep::run_segment(std::size_t index) {
@@ -151,18 +156,19 @@ void CapturedStep::run_segment(std::size_t index) {
   ctx_.mark_main_stream_access(persistent_reads_, persistent_writes_);
 }
 
-void CapturedStep::replay(std::span<const InputBinding> bindings) {
+void CapturedStep::replay(std::span<const InputBinding> bindings, std::span<CUstream_st* const> source_streams) {
   check_state(GraphState::kInstantiated, "replay");
   SG_CHECK_CODE(!ctx_.tracing(), ErrorCode::kInvalidState, "cannot replay a captured step while tracing");
-  bind_inputs(bindings);
+  bind_inputs(bindings, source_streams);
   for (std::size_t i = 0; i < segment_count(); ++i) run_segment(i);
   ++replays_;
 }
 
-void CapturedStep::replay_segment(std::size_t index, std::span<const InputBinding> bindings) {
+void CapturedStep::replay_segment(std::size_t index, std::span<const InputBinding> bindings,
+                                  std::span<CUstream_st* const> source_streams) {
   check_state(GraphState::kInstantiated, "replay a segment");
   SG_CHECK_CODE(!ctx_.tracing(), ErrorCode::kInvalidState, "cannot replay a captured step while tracing");
-  bind_inputs(bindings);
+  bind_inputs(bindings, source_streams);
   run_segment(index);
   if (index + 1 == segment_count()) ++replays_;
 }

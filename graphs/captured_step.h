@@ -34,6 +34,16 @@
 // copies each source into its static input first, unless the source is that
 // very tensor. A replay therefore never reads a stale address, whatever the
 // caller passes.
+//
+// Note [Sources the caller reuses]
+// replay() returns before the copies run (cuda). A source over memory that
+// the caller's allocator hands out again as soon as the caller drops it
+// (torch's caching allocator after `del batch`) would then be overwritten by
+// the caller's next work before our stream read it. replay() therefore takes
+// the streams on which the caller may reuse the sources' memory: each is made
+// to wait for the copies (not for the step), so the caller's next batch can
+// still be prepared while the step runs. The Python binding passes torch's
+// current stream and the stream each source was produced on.
 #pragma once
 
 #include <cstdint>
@@ -91,12 +101,16 @@ class CapturedStep final : public CachedGraph {
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
 
-  // Binds inputs (see Note [Inputs at fixed addresses]) and runs every segment in order.
-  void replay(std::span<const InputBinding> bindings = {});
+  // Binds inputs (see Note [Inputs at fixed addresses]) and runs every
+  // segment in order. `source_streams`: streams of the caller that may reuse
+  // the sources' memory; each waits until the copies have read them (see
+  // Note [Sources the caller reuses]).
+  void replay(std::span<const InputBinding> bindings = {}, std::span<CUstream_st* const> source_streams = {});
   void replay(std::initializer_list<InputBinding> bindings) { replay(std::span(bindings.begin(), bindings.size())); }
   // Runs one segment (pipeline schedules); segments share the pool, so run
   // them in an order that respects their data flow.
-  void replay_segment(std::size_t index, std::span<const InputBinding> bindings = {});
+  void replay_segment(std::size_t index, std::span<const InputBinding> bindings = {},
+                      std::span<CUstream_st* const> source_streams = {});
 
   // Frees the pool now; later replays and reads of pool outputs are Errors.
   void release_pool();
@@ -125,7 +139,7 @@ class CapturedStep final : public CachedGraph {
   void plan_and_bind(TraceResult traced);
   void record_and_instantiate();
   void check_state(GraphState expected, std::string_view action) const;
-  void bind_inputs(std::span<const InputBinding> bindings);
+  void bind_inputs(std::span<const InputBinding> bindings, std::span<CUstream_st* const> source_streams);
   void run_segment(std::size_t index);
 
   Context& ctx_;

@@ -4,10 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
+#include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "ops/elementwise_ops.h"
 #include "graphs/graph_cache.h"
@@ -87,6 +93,51 @@ TEST(CapturedStepHostTest, TwoStreamStepGraphEqualsEagerBitForBit) {
 TEST(CapturedStepCudaTest, TwoStreamStepGraphEqualsEagerBitForBitOverThousandReplays) {
   SG_SKIP_WITHOUT_GPU();
   expect_graph_equals_eager(Device::kCuda, 1000, 257, 129);
+}
+
+// See Note [Sources the caller reuses]. Stream 0 is held back by a host
+// function, so the copy of the source runs late; the caller then reuses the
+// source's memory on its own stream at once (as torch's allocator does after
+// `del batch`). With the caller's stream passed to replay() the reuse waits
+// for the copy; without it the step reads the reused memory (the hazard the
+// ordering exists for, shown deterministically).
+float replay_then_reuse_source(bool pass_source_stream) {
+  Context ctx(Device::kCuda);
+  const TensorMeta meta{Shape{1024}, DType::kFloat32};
+  const Tensor x = ctx.persistent("x", meta);
+  auto step = CapturedStep::capture(
+      ctx, [&] { return std::vector<Tensor>{ops::sum(ctx, x).set_name("total")}; }, strict());
+  cudaStream_t caller = nullptr;
+  SG_CUDA_CHECK(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking));
+  void* memory = nullptr;
+  const std::vector<float> ones(1024, 1.0f);
+  SG_CUDA_CHECK(cudaMalloc(&memory, ones.size() * sizeof(float)));
+  SG_CUDA_CHECK(cudaMemcpy(memory, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+  {
+    const Tensor source = ctx.wrap("batch", meta, memory);
+    SG_CUDA_CHECK(cudaLaunchHostFunc(
+        ctx.cuda_stream(0), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr));
+    const InputBinding bindings[] = {{x, source}};
+    CUstream_st* const streams[] = {caller};
+    step->replay(bindings, pass_source_stream ? std::span(streams) : std::span<CUstream_st* const>());
+  }
+  SG_CUDA_CHECK(cudaMemsetAsync(memory, 0, ones.size() * sizeof(float), caller));  // the caller's next batch
+  SG_CUDA_CHECK(cudaStreamSynchronize(caller));
+  const float total = ops::item(ctx, step->outputs()[0]);
+  SG_CUDA_CHECK(cudaFree(memory));
+  SG_CUDA_CHECK(cudaStreamDestroy(caller));
+  return total;
+}
+
+TEST(CapturedStepCudaTest, SourceStreamsWaitUntilTheInputCopiesReadTheSources) {
+  SG_SKIP_WITHOUT_GPU();
+  EXPECT_EQ(replay_then_reuse_source(/*pass_source_stream=*/true), 1024.0f);
+}
+
+TEST(CapturedStepCudaTest, WithoutSourceStreamsAReusedSourceIsReadAfterTheReuse) {
+  SG_SKIP_WITHOUT_GPU();
+  EXPECT_EQ(replay_then_reuse_source(/*pass_source_stream=*/false), 0.0f)
+      << "the caller's reuse was expected to win the race against the held-back copy";
 }
 
 // --- the pool report -------------------------------------------------------------

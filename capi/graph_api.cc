@@ -102,20 +102,40 @@ extern "C" sg_result sg_graph_destroy(sg_graph graph) {
   return run_guarded(__func__, [&, function = __func__] { delete graph; });
 }
 
+namespace {
+
+// sg_graph_replay and sg_graph_replay_ordered: bindings from the C arrays.
+void replay_from_c(const char* function, sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources,
+                   size_t count, void* const* source_streams, size_t stream_count) {
+  CapturedStep& step = step_of(graph, function);
+  std::vector<InputBinding> bindings;
+  if (count > 0) {
+    require(static_inputs, function, "static_inputs");
+    require(sources, function, "sources");
+  }
+  for (size_t i = 0; i < count; ++i) {
+    SG_CHECK(static_inputs[i] != nullptr && sources[i] != nullptr, function, ": binding ", i, " has a NULL tensor");
+    bindings.push_back({static_inputs[i]->tensor, sources[i]->tensor});
+  }
+  if (stream_count > 0) require(source_streams, function, "source_streams");
+  std::vector<CUstream_st*> streams;
+  for (size_t i = 0; i < stream_count; ++i) streams.push_back(static_cast<CUstream_st*>(source_streams[i]));
+  step.replay(bindings, streams);
+}
+
+}  // namespace
+
 extern "C" sg_result sg_graph_replay(sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources,
                                      size_t count) {
   return run_guarded(__func__, [&, function = __func__] {
-    CapturedStep& step = step_of(graph, function);
-    std::vector<InputBinding> bindings;
-    if (count > 0) {
-      require(static_inputs, function, "static_inputs");
-      require(sources, function, "sources");
-    }
-    for (size_t i = 0; i < count; ++i) {
-      SG_CHECK(static_inputs[i] != nullptr && sources[i] != nullptr, function, ": binding ", i, " has a NULL tensor");
-      bindings.push_back({static_inputs[i]->tensor, sources[i]->tensor});
-    }
-    step.replay(bindings);
+    replay_from_c(function, graph, static_inputs, sources, count, nullptr, 0);
+  });
+}
+
+extern "C" sg_result sg_graph_replay_ordered(sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources,
+                                             size_t count, void* const* source_streams, size_t stream_count) {
+  return run_guarded(__func__, [&, function = __func__] {
+    replay_from_c(function, graph, static_inputs, sources, count, source_streams, stream_count);
   });
 }
 

@@ -305,6 +305,14 @@ sg_result sg_graph_destroy(sg_graph graph);
 /* Copies sources[i] into static_inputs[i] (persistent tensors the step reads),
  * unless they are the same tensor, then runs every segment once. */
 sg_result sg_graph_replay(sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources, size_t count);
+/* sg_graph_replay, and then each of source_streams[0..stream_count) (cudaStream_t
+ * values of the caller, e.g. torch's current stream; NULL is the legacy default
+ * stream) waits until the copies have read the sources, so memory the caller's
+ * allocator reuses on those streams after the call is not overwritten before it
+ * was read. sg_graph_replay returns before the copies run: use this one when the
+ * sources' memory may be reused right away. Ignored on a host context. */
+sg_result sg_graph_replay_ordered(sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources,
+                                  size_t count, void* const* source_streams, size_t stream_count);
 sg_result sg_graph_output_count(sg_graph graph, size_t* out);
 sg_result sg_graph_output(sg_graph graph, size_t index, sg_tensor* out);
 sg_result sg_graph_replay_count(sg_graph graph, int64_t* out);

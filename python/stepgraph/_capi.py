@@ -104,6 +104,7 @@ _PROTOTYPES = {
     "sg_train_step_capture": [H, c_int, P(H)],
     "sg_graph_destroy": [H],
     "sg_graph_replay": [H, P(H), P(H), c_size_t],
+    "sg_graph_replay_ordered": [H, P(H), P(H), c_size_t, P(c_void_p), c_size_t],
     "sg_graph_output_count": [H, P(c_size_t)],
     "sg_graph_output": [H, c_size_t, P(H)],
     "sg_graph_replay_count": [H, P(c_int64)],

@@ -132,4 +132,6 @@ class Context:
         name = name or f"wrapped{next(_names)}"
         _capi.call("sg_tensor_wrap", self.handle, name.encode(), int(dtype), len(shape), dims, stride_array,
                    ctypes.c_void_p(pointer), ctypes.byref(handle))
-        return Tensor(handle, owner=array)
+        tensor = Tensor(handle, owner=array)
+        tensor._source_stream = stream
+        return tensor

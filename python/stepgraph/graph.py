@@ -11,6 +11,7 @@ one static pool, captured into CUDA graphs (host: a planned program) and replaye
 """
 
 import ctypes
+import sys
 
 from stepgraph import _capi
 from stepgraph._library import StepGraphError
@@ -39,14 +40,21 @@ class CapturedStep:
 
     def replay(self, bindings=None):
         """Runs the step once. `bindings` ({static input: source} or pairs) copies each source
-        into its static input (a persistent tensor the step reads) first."""
+        into its static input (a persistent tensor the step reads) first.
+
+        Returns before the copies run (cuda). Sources wrapped from torch or CuPy arrays may be
+        dropped right away: the stream each was produced on, and torch's current stream, wait
+        until the copies have read them, so the allocator's reuse of their memory cannot
+        overwrite a batch before the step reads it."""
         pairs = list(bindings.items()) if isinstance(bindings, dict) else list(bindings or [])
         for static, source in pairs:
             if not isinstance(static, Tensor) or not isinstance(source, Tensor):
                 raise TypeError("replay bindings map stepgraph Tensors to stepgraph Tensors")
         statics = (ctypes.c_void_p * max(len(pairs), 1))(*[s._handle.value for s, _ in pairs])
         sources = (ctypes.c_void_p * max(len(pairs), 1))(*[t._handle.value for _, t in pairs])
-        _capi.call("sg_graph_replay", self._handle, statics, sources, len(pairs))
+        streams = _source_streams(source for _, source in pairs)
+        stream_array = (ctypes.c_void_p * max(len(streams), 1))(*streams)
+        _capi.call("sg_graph_replay_ordered", self._handle, statics, sources, len(pairs), stream_array, len(streams))
 
     def _get(self, name, ctype):
         value = ctype()
@@ -93,6 +101,16 @@ class CapturedStep:
     def release_pool(self):
         """Frees the pool now; replaying or reading the outputs afterwards is an error."""
         _capi.call("sg_graph_release_pool", self._handle)
+
+
+def _source_streams(sources):
+    """The streams that may reuse the sources' memory: each wrapped source's producer stream
+    and, once torch is in use, torch's current stream (deduplicated; 0 is the legacy stream)."""
+    streams = {source._source_stream for source in sources if source._source_stream is not None}
+    torch = sys.modules.get("torch")
+    if streams and torch is not None and torch.cuda.is_initialized():
+        streams.add(torch.cuda.current_stream().cuda_stream)
+    return sorted(streams)
 
 
 class _StepFunction:

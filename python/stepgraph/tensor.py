@@ -28,6 +28,11 @@ class Tensor:
     typed views without a copy where the memory is reachable.
     """
 
+    # The stream a wrapped array was produced on (torch's current stream, or the
+    # array interface's stream), which may reuse its memory once it is dropped:
+    # a replay that copies from this tensor orders it after the copy.
+    _source_stream = None
+
     def __init__(self, handle, owner=None):
         self._handle = handle  # c_void_p, owned
         self._owner = owner  # the wrapped object whose memory this tensor uses

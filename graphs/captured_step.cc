@@ -74,7 +74,10 @@ void CapturedStep::plan_and_bind(TraceResult traced) {
     if (value.kind == ValueKind::kPersistent) {
       addresses_[value.id] = impl->raw_address();
       keep_alive_.push_back(impl);
-      if (read[value.id]) persistent_reads_.emplace_back(impl);
+      if (read[value.id]) {
+        persistent_reads_.emplace_back(impl);
+        read_inputs_.insert(impl.get());
+      }
       if (written[value.id]) persistent_writes_.emplace_back(impl);
       continue;
     }
@@ -132,6 +135,8 @@ void CapturedStep::bind_inputs(std::span<const InputBinding> bindings,
              "' is not a persistent tensor; step inputs are persistent tensors at fixed addresses");
     SG_CHECK(target.context_id() == ctx_.id() && source.context_id() == ctx_.id(), "replay: input '", target.name(),
              "' and its source must belong to the step's context");
+    SG_CHECK(read_inputs_.count(target.impl().get()) > 0, "replay: the captured step never reads '", target.name(),
+             "', so binding a source to it would change nothing; bind the persistent inputs the step reads");
     SG_CHECK(target.meta() == source.meta(), "replay: input '", target.name(), "' is ", target.shape(), " ",
              dtype_name(target.dtype()), " but its source '", source.name(), "' is ", source.shape(), " ",
              dtype_name(source.dtype()));

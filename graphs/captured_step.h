@@ -52,6 +52,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/backend.h"
@@ -154,6 +155,7 @@ class CapturedStep final : public CachedGraph {
   std::vector<void*> addresses_;                                 // per value id
   std::vector<std::shared_ptr<detail::TensorImpl>> keep_alive_;  // persistent tensors the graphs read or write
   std::vector<Tensor> persistent_reads_;
+  std::unordered_set<const detail::TensorImpl*> read_inputs_;  // what a replay binding may target
   std::vector<Tensor> persistent_writes_;
   std::vector<Tensor> outputs_;
   std::vector<BoundSchedule> segments_;                 // what each segment's recording points into

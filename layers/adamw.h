@@ -36,6 +36,7 @@ class AdamW {
   void set_groups(Context& ctx, std::span<const std::size_t> sizes);
   std::size_t group_count() const { return groups_.size(); }
   std::size_t parameter_count() const { return parameters_.size(); }
+  const std::vector<Parameter*>& parameters() const { return parameters_; }
   // set_groups(sizes) where the update can overlap the backward: the
   // context has a weight-gradient stream and the sizes cover every
   // parameter; otherwise the optimizer stays one update after the backward.

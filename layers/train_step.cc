@@ -1,6 +1,7 @@
 #include "layers/train_step.h"
 
 #include <functional>
+#include <unordered_set>
 #include <utility>
 
 #include "engine/error.h"
@@ -24,6 +25,7 @@ class TrainStep::ModelSide {
   virtual const Tensor& inputs() const = 0;
   virtual Forward forward(Context& ctx) const = 0;
   virtual std::vector<std::size_t> parameter_group_sizes() = 0;
+  virtual std::vector<Parameter*> parameters() = 0;
   virtual std::int64_t vocab() const = 0;
   // Errors of the inputs, checked before the labels (a bad token explains a
   // bad label better than the other way round).
@@ -52,6 +54,7 @@ class ModelSideOf : public TrainStep::ModelSide {
             }};
   }
   std::vector<std::size_t> parameter_group_sizes() final { return model_.parameter_group_sizes(); }
+  std::vector<Parameter*> parameters() final { return model_.parameters(); }
   void check_model_errors(Context& ctx) const final { model_.check_errors(ctx); }
 
  protected:
@@ -112,8 +115,29 @@ TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::
     : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens")), optimizer,
                 tokens) {}
 
+namespace {
+
+// The optimizer must update exactly the model's parameters: with any other
+// set the step trains nothing, or another model, without a word.
+void check_optimizer_covers(const std::vector<Parameter*>& model, const std::vector<Parameter*>& optimizer) {
+  const std::unordered_set<const Parameter*> in_model(model.begin(), model.end());
+  const std::unordered_set<const Parameter*> in_optimizer(optimizer.begin(), optimizer.end());
+  for (const Parameter* p : optimizer) {
+    SG_CHECK(in_model.count(p) > 0, "TrainStep: the optimizer updates parameter '", p->name,
+             "', which is not a parameter of the step's model; build the AdamW over this model's parameters");
+  }
+  for (const Parameter* p : model) {
+    SG_CHECK(in_optimizer.count(p) > 0, "TrainStep: the model's parameter '", p->name,
+             "' is not updated by the optimizer (it updates ", optimizer.size(),
+             " parameter(s)); build the AdamW over this model's parameters");
+  }
+}
+
+}  // namespace
+
 TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows)
     : model_(std::move(model)), optimizer_(optimizer) {
+  check_optimizer_covers(model_->parameters(), optimizer.parameters());
   labels_ = ctx.persistent("step.labels", {Shape{rows}, DType::kInt32});
   label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
   optimizer.group_for_overlap(ctx, model_->parameter_group_sizes());

@@ -239,6 +239,17 @@ TEST(CapturedStepHostTest, BindingWithAnotherShapeIsAnError) {
   EXPECT_ERROR_CONTAINS(step->replay(not_persistent), "replay: 'y' is not a persistent tensor");
 }
 
+TEST(CapturedStepHostTest, BindingATensorTheStepNeverReadsIsAnError) {
+  Context ctx(Device::kHost);
+  const Tensor x = ctx.persistent("x", f32(4, 8));
+  const Tensor unread = ctx.persistent("unread", f32(4, 8));
+  const Tensor batch = ctx.persistent("batch", f32(4, 8));
+  auto step = CapturedStep::capture(
+      ctx, [&] { return std::vector<Tensor>{ops::sum(ctx, x).set_name("total")}; }, strict());
+  EXPECT_ERROR_CONTAINS(step->replay({{unread, batch}}), "never reads 'unread'", "bind the persistent inputs");
+  EXPECT_NO_THROW(step->replay({{x, batch}}));
+}
+
 TEST(CapturedStepHostTest, EagerTensorsCannotEnterACapture) {
   Context ctx(Device::kHost);
   const Tensor x = ctx.persistent("x", f32(2, 2));

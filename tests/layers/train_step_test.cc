@@ -19,6 +19,7 @@
 #include "layers/residual_stack.h"
 #include "tests/layers/train_rig.h"
 #include "tests/support/gpu.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph {
 namespace {
@@ -102,6 +103,21 @@ void expect_overlapped_update_equals_single_update(Device device, int steps) {
 }
 
 TEST(TrainStepHostTest, FourBlockModelEagerEqualsGraphForTenSteps) { expect_eager_equals_graph(Device::kHost, 10); }
+
+TEST(TrainStepHostTest, AnOptimizerOverAnotherModelIsAnErrorNamingTheParameter) {
+  Context ctx(Device::kHost);
+  ResidualStack a(ctx, small_model());
+  ResidualStack b(ctx, small_model());
+  AdamW over_a(ctx, a.parameters(), {.lr = 1e-2f});
+  EXPECT_ERROR_CONTAINS(TrainStep(ctx, b, over_a, kTokens), "TrainStep: the optimizer updates parameter",
+                        "which is not a parameter of the step's model");
+  std::vector<Parameter*> some = a.parameters();
+  some.pop_back();
+  AdamW partial(ctx, some, {.lr = 1e-2f});
+  EXPECT_ERROR_CONTAINS(TrainStep(ctx, a, partial, kTokens), "is not updated by the optimizer");
+  AdamW all(ctx, a.parameters(), {.lr = 1e-2f});
+  EXPECT_NO_THROW(TrainStep(ctx, a, all, kTokens));
+}
 
 TEST(TrainStepHostTest, OverlappedUpdateEqualsSingleUpdate) {
   expect_overlapped_update_equals_single_update(Device::kHost, 4);

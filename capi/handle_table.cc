@@ -98,8 +98,8 @@ class HandleTable {
       const bool alive = d.generation == slot.generation && slot.object != nullptr;
       SG_CHECK(its_kind == kind, function, ": ", what, " ", hex(handle), " is a ", handle_kind_name(its_kind),
                " handle", alive ? "" : " (destroyed)", ", not a ", wanted, " handle");
-      SG_CHECK(alive, function, ": ", wanted, " handle ", what, " ", hex(handle),
-               remove ? " was already destroyed (destroyed twice)" : " was destroyed");
+      SG_CHECK(alive, function, ": ", wanted, " handle ", hex(handle), " (", what, ")",
+               remove ? " was already destroyed (a second destroy)" : " was destroyed; a handle is unusable after its destroy");
       if (!remove) return slot.object;
       taken = std::move(slot.object);
       slot.object.reset();

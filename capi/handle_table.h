@@ -48,8 +48,10 @@ enum class HandleKind : std::uint8_t {
 std::string_view handle_kind_name(HandleKind kind);
 
 // The table's untyped operations (handle_table.cc). `function` and `what` (the
-// argument's name) start every message: "sg_graph_replay: graph handle 0x...
-// (graph) was destroyed".
+// argument's name) start every message: "sg_graph_replay: graph handle
+// 0x... (graph) was destroyed; ...", "sg_graph_replay: graph 0x... is a tensor
+// handle, not a graph handle", "sg_tensor_rank: tensor 0x... is not a handle
+// this library issued (...)".
 std::uint64_t insert_handle(HandleKind kind, std::shared_ptr<void> object);
 // The object behind `handle`, removed from the table when `remove`. Throws
 // Error(kInvalidArgument) for NULL, a destroyed, foreign or wrong-kind handle.

@@ -1,5 +1,6 @@
 // The C API's captured steps (a C step function or a train step), their
 // replay, outputs and pool report, and the graph cache.
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,9 +30,14 @@ class CachedStep final : public CachedGraph {
   std::shared_ptr<CapturedStep> step_;
 };
 
-CapturedStep& step_of(sg_graph graph, const char* function) {
-  require(graph, function, "graph");
-  return *graph->step;
+// The step behind a live graph handle (the shared_ptr keeps it alive for the call).
+std::shared_ptr<CapturedStep> step_of(sg_graph graph, const char* function) {
+  return capi::handle_object(graph, function, "graph")->step;
+}
+
+std::shared_ptr<GraphCache> cache_of(sg_graph_cache cache, const char* function) {
+  const std::shared_ptr<sg_graph_cache_s> owner = capi::handle_object(cache, function, "cache");
+  return {owner, &owner->cache};  // aliases the handle's object
 }
 
 }  // namespace
@@ -50,12 +56,22 @@ std::shared_ptr<CapturedStep> capture_step_function(Context& ctx, sg_step_fn fn,
         std::size_t count = 0;
         step_error.clear();
         const int status = fn(user, handles.data(), kCapacity, &count);
-        // The handles written are ours now, whatever happens next.
-        std::vector<std::unique_ptr<sg_tensor_s>> owned;
-        for (std::size_t i = 0; i < std::min(count, kCapacity); ++i) owned.emplace_back(handles[i]);
+        // The handles written are ours now, whatever happens next: each valid
+        // one leaves the table; the first bad one fails the capture.
+        std::vector<std::shared_ptr<sg_tensor_s>> owned;
+        std::exception_ptr bad_output;
+        for (std::size_t i = 0; i < std::min(count, kCapacity); ++i) {
+          try {
+            owned.push_back(take_handle(handles[i], "sg_capture", "the step function's output " + std::to_string(i)));
+          } catch (const Error&) {
+            if (!bad_output) bad_output = std::current_exception();
+            owned.push_back(nullptr);
+          }
+        }
         SG_CHECK(status == 0, "the step function failed (it returned ", status, ")",
                  step_error.empty() ? std::string() : ": " + step_error);
         SG_CHECK(count <= kCapacity, "the step function returned ", count, " outputs; at most ", kCapacity);
+        if (bad_output) std::rethrow_exception(bad_output);
         std::vector<Tensor> outputs;
         for (std::size_t i = 0; i < count; ++i) {
           SG_CHECK(owned[i] != nullptr, "the step function's output ", i, " is NULL");
@@ -78,28 +94,27 @@ extern "C" void sg_step_error(const char* message) {
 extern "C" sg_result sg_capture(sg_context ctx, sg_step_fn fn, void* user, sg_pool_report_policy policy,
                                 sg_graph* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<Context> context = capi::context_of(ctx, function);
     require(out, function, "out");
     *out = nullptr;
-    auto step = capi::capture_step_function(*ctx->ctx, fn, user, policy);
-    *out = new sg_graph_s{ctx->ctx, std::move(step), nullptr};
+    auto step = capi::capture_step_function(*context, fn, user, policy);
+    *out = capi::issue_handle(std::make_shared<sg_graph_s>(sg_graph_s{context, std::move(step), nullptr}));
   });
 }
 
 extern "C" sg_result sg_train_step_capture(sg_train_step step, sg_pool_report_policy policy, sg_graph* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(step, function, "step");
+    const std::shared_ptr<capi::TrainStepState> state = capi::handle_object(step, function, "step")->state;
     require(out, function, "out");
     *out = nullptr;
-    const std::shared_ptr<capi::TrainStepState> state = step->state;
     auto captured = CapturedStep::capture(*state->ctx, [&] { return (*state->step)(*state->ctx); },
                                           {.pool_report_policy = capi::to_policy(policy)});
-    *out = new sg_graph_s{state->ctx, std::move(captured), state};
+    *out = capi::issue_handle(std::make_shared<sg_graph_s>(sg_graph_s{state->ctx, std::move(captured), state}));
   });
 }
 
 extern "C" sg_result sg_graph_destroy(sg_graph graph) {
-  return run_guarded(__func__, [&, function = __func__] { delete graph; });
+  return capi::destroy_handle(graph, __func__, "graph");
 }
 
 namespace {
@@ -107,20 +122,21 @@ namespace {
 // sg_graph_replay and sg_graph_replay_ordered: bindings from the C arrays.
 void replay_from_c(const char* function, sg_graph graph, const sg_tensor* static_inputs, const sg_tensor* sources,
                    size_t count, void* const* source_streams, size_t stream_count) {
-  CapturedStep& step = step_of(graph, function);
+  const std::shared_ptr<CapturedStep> step = step_of(graph, function);
   std::vector<InputBinding> bindings;
   if (count > 0) {
     require(static_inputs, function, "static_inputs");
     require(sources, function, "sources");
   }
   for (size_t i = 0; i < count; ++i) {
-    SG_CHECK(static_inputs[i] != nullptr && sources[i] != nullptr, function, ": binding ", i, " has a NULL tensor");
-    bindings.push_back({static_inputs[i]->tensor, sources[i]->tensor});
+    const std::string index = "[" + std::to_string(i) + "]";
+    bindings.push_back({capi::handle_object(static_inputs[i], function, "static_inputs" + index)->tensor,
+                        capi::handle_object(sources[i], function, "sources" + index)->tensor});
   }
   if (stream_count > 0) require(source_streams, function, "source_streams");
   std::vector<CUstream_st*> streams;
   for (size_t i = 0; i < stream_count; ++i) streams.push_back(static_cast<CUstream_st*>(source_streams[i]));
-  step.replay(bindings, streams);
+  step->replay(bindings, streams);
 }
 
 }  // namespace
@@ -141,7 +157,8 @@ extern "C" sg_result sg_graph_replay_ordered(sg_graph graph, const sg_tensor* st
 
 extern "C" sg_result sg_graph_output_count(sg_graph graph, size_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const CapturedStep& step = step_of(graph, function);
+    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
+    const CapturedStep& step = *owner;
     require(out, function, "out");
     *out = step.outputs().size();
   });
@@ -149,18 +166,20 @@ extern "C" sg_result sg_graph_output_count(sg_graph graph, size_t* out) {
 
 extern "C" sg_result sg_graph_output(sg_graph graph, size_t index, sg_tensor* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const CapturedStep& step = step_of(graph, function);
+    const std::shared_ptr<sg_graph_s> g = capi::handle_object(graph, function, "graph");
+    const CapturedStep& step = *g->step;
     require(out, function, "out");
     *out = nullptr;
     SG_CHECK(index < step.outputs().size(), function, ": output ", index, " does not exist; the step has ",
              step.outputs().size());
-    *out = capi::new_tensor_handle(graph->ctx, step.outputs()[index]);
+    *out = capi::new_tensor_handle(g->ctx, step.outputs()[index]);
   });
 }
 
 extern "C" sg_result sg_graph_replay_count(sg_graph graph, int64_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const CapturedStep& step = step_of(graph, function);
+    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
+    const CapturedStep& step = *owner;
     require(out, function, "out");
     *out = step.replay_count();
   });
@@ -168,7 +187,8 @@ extern "C" sg_result sg_graph_replay_count(sg_graph graph, int64_t* out) {
 
 extern "C" sg_result sg_graph_segment_count(sg_graph graph, size_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const CapturedStep& step = step_of(graph, function);
+    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
+    const CapturedStep& step = *owner;
     require(out, function, "out");
     *out = step.segment_count();
   });
@@ -176,7 +196,8 @@ extern "C" sg_result sg_graph_segment_count(sg_graph graph, size_t* out) {
 
 extern "C" sg_result sg_graph_pool_bytes(sg_graph graph, int64_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const CapturedStep& step = step_of(graph, function);
+    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
+    const CapturedStep& step = *owner;
     require(out, function, "out");
     *out = step.pool_bytes();
   });
@@ -184,7 +205,8 @@ extern "C" sg_result sg_graph_pool_bytes(sg_graph graph, int64_t* out) {
 
 extern "C" sg_result sg_graph_pool_report_count(sg_graph graph, size_t* count, int64_t* bytes) {
   return run_guarded(__func__, [&, function = __func__] {
-    const PoolReport& report = step_of(graph, function).report();
+    const std::shared_ptr<CapturedStep> step = step_of(graph, function);
+    const PoolReport& report = step->report();
     if (count != nullptr) *count = report.entries.size();
     if (bytes != nullptr) *bytes = report.total_bytes();
   });
@@ -192,20 +214,21 @@ extern "C" sg_result sg_graph_pool_report_count(sg_graph graph, size_t* count, i
 
 extern "C" sg_result sg_graph_pool_report(sg_graph graph, char* buffer, size_t capacity, size_t* length) {
   return run_guarded(__func__, [&, function = __func__] {
-    const PoolReport& report = step_of(graph, function).report();
-    capi::copy_string(report.to_string(), buffer, capacity, length);
+    const std::shared_ptr<CapturedStep> step = step_of(graph, function);
+    capi::copy_string(step->report().to_string(), buffer, capacity, length);
   });
 }
 
 extern "C" sg_result sg_graph_dump(sg_graph graph, char* buffer, size_t capacity, size_t* length) {
   return run_guarded(__func__, [&, function = __func__] {
-    const CapturedStep& step = step_of(graph, function);
+    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
+    const CapturedStep& step = *owner;
     capi::copy_string(dump_program(step.program(), &step.plan()), buffer, capacity, length);
   });
 }
 
 extern "C" sg_result sg_graph_release_pool(sg_graph graph) {
-  return run_guarded(__func__, [&, function = __func__] { step_of(graph, function).release_pool(); });
+  return run_guarded(__func__, [&, function = __func__] { step_of(graph, function)->release_pool(); });
 }
 
 namespace {
@@ -225,58 +248,58 @@ extern "C" sg_result sg_graph_cache_create(int64_t max_pool_bytes, sg_graph_cach
   return run_guarded(__func__, [&, function = __func__] {
     require(out, function, "out");
     *out = nullptr;
-    *out = new sg_graph_cache_s{GraphCache(max_pool_bytes)};
+    *out = capi::issue_handle(std::make_shared<sg_graph_cache_s>(max_pool_bytes));
   });
 }
 
 extern "C" sg_result sg_graph_cache_destroy(sg_graph_cache cache) {
-  return run_guarded(__func__, [&, function = __func__] { delete cache; });
+  return capi::destroy_handle(cache, __func__, "cache");
 }
 
 extern "C" sg_result sg_graph_cache_get_or_capture(sg_graph_cache cache, const char* key, sg_context ctx, sg_step_fn fn,
                                                    void* user, sg_pool_report_policy policy, sg_graph* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(cache, function, "cache");
-    require(ctx, function, "ctx");
+    const std::shared_ptr<GraphCache> graphs = cache_of(cache, function);
+    const std::shared_ptr<Context> context = capi::context_of(ctx, function);
     require(out, function, "out");
     *out = nullptr;
     const std::function<std::shared_ptr<CachedStep>()> capture = [&] {
-      return std::make_shared<CachedStep>(ctx->ctx, capi::capture_step_function(*ctx->ctx, fn, user, policy));
+      return std::make_shared<CachedStep>(context, capi::capture_step_function(*context, fn, user, policy));
     };
-    const auto entry = cache->cache.get_or_capture<CachedStep>(cache_key(key, function, ctx->ctx.get()), capture);
-    *out = new sg_graph_s{ctx->ctx, entry->step(), nullptr};
+    const auto entry = graphs->get_or_capture<CachedStep>(cache_key(key, function, context.get()), capture);
+    *out = capi::issue_handle(std::make_shared<sg_graph_s>(sg_graph_s{context, entry->step(), nullptr}));
   });
 }
 
 extern "C" sg_result sg_graph_cache_contains(sg_graph_cache cache, const char* key, sg_context ctx, int* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(cache, function, "cache");
-    require(ctx, function, "ctx");
+    const std::shared_ptr<GraphCache> graphs = cache_of(cache, function);
+    const std::shared_ptr<Context> context = capi::context_of(ctx, function);
     require(out, function, "out");
-    *out = cache->cache.contains(cache_key(key, function, ctx->ctx.get())) ? 1 : 0;
+    *out = graphs->contains(cache_key(key, function, context.get())) ? 1 : 0;
   });
 }
 
 extern "C" sg_result sg_graph_cache_erase(sg_graph_cache cache, const char* key, sg_context ctx) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(cache, function, "cache");
-    require(ctx, function, "ctx");
-    cache->cache.erase(cache_key(key, function, ctx->ctx.get()));
+    const std::shared_ptr<GraphCache> graphs = cache_of(cache, function);
+    const std::shared_ptr<Context> context = capi::context_of(ctx, function);
+    graphs->erase(cache_key(key, function, context.get()));
   });
 }
 
 extern "C" sg_result sg_graph_cache_clear(sg_graph_cache cache) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(cache, function, "cache");
-    cache->cache.clear();
+    const std::shared_ptr<GraphCache> graphs = cache_of(cache, function);
+    graphs->clear();
   });
 }
 
 extern "C" sg_result sg_graph_cache_get_stats(sg_graph_cache cache, sg_graph_cache_stats* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(cache, function, "cache");
+    const std::shared_ptr<GraphCache> graphs = cache_of(cache, function);
     require(out, function, "out");
-    const GraphCache::Stats s = cache->cache.stats();
+    const GraphCache::Stats s = graphs->stats();
     *out = {s.hits, s.misses, s.captures, s.evictions, s.entries, s.pool_bytes};
   });
 }

@@ -1,6 +1,9 @@
 // What the C API's opaque handles hold, and the edge every call goes through.
 // Internal to capi: no C++ type leaves through stepgraph.h.
 //
+// Every handle a C caller holds is a checked value of the handle table
+// (capi/handle_table.h), which owns these structs through shared_ptrs.
+//
 // Note [Handles hold references]
 // A C caller may destroy handles in any order, so each handle holds shared
 // references to what it needs: a layer its context, an optimizer its layers, a
@@ -19,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "capi/handle_table.h"
 #include "capi/stepgraph.h"
 #include "engine/context.h"
 #include "engine/error.h"
@@ -121,6 +125,7 @@ struct sg_graph_s {
 };
 
 struct sg_graph_cache_s {
+  explicit sg_graph_cache_s(std::int64_t max_pool_bytes) : cache(max_pool_bytes) {}
   stepgraph::GraphCache cache;
 };
 
@@ -132,7 +137,19 @@ ResidualStack& residual_stack_of(const sg_layer_s& layer);
 // A new caller-owned tensor handle (nullptr for an undefined tensor).
 inline sg_tensor new_tensor_handle(const std::shared_ptr<Context>& ctx, Tensor tensor) {
   if (!tensor.defined()) return nullptr;
-  return new sg_tensor_s{ctx, std::move(tensor)};
+  return issue_handle(std::make_shared<sg_tensor_s>(sg_tensor_s{ctx, std::move(tensor)}));
+}
+
+// The context behind a live context handle (argument `ctx`).
+inline std::shared_ptr<Context> context_of(sg_context ctx, const char* function) {
+  return handle_object(ctx, function, "ctx")->ctx;
+}
+
+// sg_*_destroy: removes the handle from the table and drops its references
+// (NULL is allowed; a destroyed, foreign or wrong-type handle is an error).
+template <typename T>
+sg_result destroy_handle(T* handle, const char* function, const char* what) noexcept {
+  return run_guarded(function, [&] { take_handle(handle, function, what); });
 }
 
 }  // namespace stepgraph::capi

@@ -77,11 +77,11 @@ sg_norm_kind from_norm_kind(kernels::NormKind kind) {
 
 template <typename L, typename... Args>
 void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... args) {
-  require(ctx, function, "ctx");
+  const std::shared_ptr<Context> context = capi::context_of(ctx, function);
   require(out, function, "out");
   *out = nullptr;
-  auto layer = std::make_shared<LayerAdapter<L>>(*ctx->ctx, std::forward<Args>(args)...);
-  *out = new sg_layer_s{ctx->ctx, std::move(layer)};
+  auto layer = std::make_shared<LayerAdapter<L>>(*context, std::forward<Args>(args)...);
+  *out = capi::issue_handle(std::make_shared<sg_layer_s>(sg_layer_s{context, std::move(layer)}));
 }
 
 const char* checked_name(const char* name, const char* function) {
@@ -90,11 +90,10 @@ const char* checked_name(const char* name, const char* function) {
   return name;
 }
 
-Parameter& parameter_at(sg_layer layer, int64_t index, const char* function) {
-  require(layer, function, "layer");
-  std::vector<Parameter*> parameters = layer->layer->parameters();
+Parameter& parameter_at(const sg_layer_s& layer, int64_t index, const char* function) {
+  std::vector<Parameter*> parameters = layer.layer->parameters();
   SG_CHECK(index >= 0 && index < static_cast<int64_t>(parameters.size()), function, ": parameter index ", index,
-           " is outside [0, ", parameters.size(), ") for this ", layer->layer->kind(), " layer");
+           " is outside [0, ", parameters.size(), ") for this ", layer.layer->kind(), " layer");
   return *parameters[static_cast<std::size_t>(index)];
 }
 
@@ -199,70 +198,71 @@ extern "C" sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_
 }
 
 extern "C" sg_result sg_layer_destroy(sg_layer layer) {
-  return run_guarded(__func__, [&, function = __func__] { delete layer; });
+  return capi::destroy_handle(layer, __func__, "layer");
 }
 
 extern "C" sg_result sg_layer_kind(sg_layer layer, char* buffer, size_t capacity, size_t* length) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(layer, function, "layer");
-    capi::copy_string(layer->layer->kind(), buffer, capacity, length);
+    const auto l = capi::handle_object(layer, function, "layer");
+    capi::copy_string(l->layer->kind(), buffer, capacity, length);
   });
 }
 
 extern "C" sg_result sg_layer_forward(sg_layer layer, sg_tensor x, sg_tensor* y, sg_saved* saved) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(layer, function, "layer");
-    require(x, function, "x");
+    const auto l = capi::handle_object(layer, function, "layer");
+    const auto input = capi::handle_object(x, function, "x");
     require(y, function, "y");
     require(saved, function, "saved");
     *y = nullptr;
     *saved = nullptr;
-    auto [output, state] = layer->layer->forward(*layer->ctx, x->tensor);
-    auto saved_handle = std::make_unique<sg_saved_s>(sg_saved_s{layer->layer, std::move(state)});
-    *y = capi::new_tensor_handle(layer->ctx, std::move(output));
-    *saved = saved_handle.release();
+    auto [output, state] = l->layer->forward(*l->ctx, input->tensor);
+    auto saved_object = std::make_shared<sg_saved_s>(sg_saved_s{l->layer, std::move(state)});
+    *y = capi::new_tensor_handle(l->ctx, std::move(output));
+    *saved = capi::issue_handle(std::move(saved_object));
   });
 }
 
 extern "C" sg_result sg_layer_backward(sg_layer layer, sg_saved saved, sg_tensor dy, sg_tensor* dx) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(layer, function, "layer");
-    require(saved, function, "saved");
-    require(dy, function, "dy");
+    const auto l = capi::handle_object(layer, function, "layer");
+    const auto s = capi::handle_object(saved, function, "saved");
+    const auto gradient = capi::handle_object(dy, function, "dy");
     require(dx, function, "dx");
     *dx = nullptr;
-    SG_CHECK(saved->layer == layer->layer, function, ": the saved state comes from the forward of another ",
-             saved->layer->kind(), " layer; pass the saved state of this layer's own forward");
-    *dx = capi::new_tensor_handle(layer->ctx, layer->layer->backward(*layer->ctx, saved->saved, dy->tensor));
+    SG_CHECK(s->layer == l->layer, function, ": the saved state comes from the forward of another ",
+             s->layer->kind(), " layer; pass the saved state of this layer's own forward");
+    *dx = capi::new_tensor_handle(l->ctx, l->layer->backward(*l->ctx, s->saved, gradient->tensor));
   });
 }
 
 extern "C" sg_result sg_saved_destroy(sg_saved saved) {
-  return run_guarded(__func__, [&, function = __func__] { delete saved; });
+  return capi::destroy_handle(saved, __func__, "saved");
 }
 
 extern "C" sg_result sg_layer_parameter_count(sg_layer layer, int64_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(layer, function, "layer");
+    const auto l = capi::handle_object(layer, function, "layer");
     require(out, function, "out");
-    *out = static_cast<int64_t>(layer->layer->parameters().size());
+    *out = static_cast<int64_t>(l->layer->parameters().size());
   });
 }
 
 extern "C" sg_result sg_layer_parameter(sg_layer layer, int64_t index, char* name, size_t capacity, size_t* length,
                                         sg_tensor* master, sg_tensor* value, sg_tensor* grad) {
   return run_guarded(__func__, [&, function = __func__] {
-    const Parameter& p = capi::parameter_at(layer, index, function);
+    const auto l = capi::handle_object(layer, function, "layer");
+    const Parameter& p = capi::parameter_at(*l, index, function);
     capi::copy_string(p.name, name, capacity, length);
-    if (master != nullptr) *master = capi::new_tensor_handle(layer->ctx, p.master);
-    if (value != nullptr) *value = capi::new_tensor_handle(layer->ctx, p.value);
-    if (grad != nullptr) *grad = capi::new_tensor_handle(layer->ctx, p.grad);
+    if (master != nullptr) *master = capi::new_tensor_handle(l->ctx, p.master);
+    if (value != nullptr) *value = capi::new_tensor_handle(l->ctx, p.value);
+    if (grad != nullptr) *grad = capi::new_tensor_handle(l->ctx, p.grad);
   });
 }
 
 extern "C" sg_result sg_layer_sync_parameters(sg_layer layer) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(layer, function, "layer");
-    for (const Parameter* p : layer->layer->parameters()) sync_copy_from_master(*layer->ctx, *p);
+    const auto l = capi::handle_object(layer, function, "layer");
+    for (const Parameter* p : l->layer->parameters()) sync_copy_from_master(*l->ctx, *p);
   });
 }

@@ -10,10 +10,30 @@
  *   sg_residual_stack_config_default(&config);
  *   if (sg_context_create(SG_DEVICE_HOST, 1, &ctx) != SG_OK) puts(sg_last_error());
  *
- * Handles are reference holders: a layer keeps its context alive, a train step
- * its model and optimizer, a graph what it replays; destroy each handle you
- * were given (out-parameters), in any order. Tensors handed back by a call
- * (outputs, parameters) are new handles owned by the caller.
+ * Handles are opaque 64-bit values checked on every call, not addresses: the
+ * library keeps a table of the handles it issued (with a generation count per
+ * entry), so a handle that was destroyed, that this library never issued
+ * (garbage, 0xdeadbeef) or that is of another type (a tensor passed as a
+ * graph) makes the call return SG_ERROR_INVALID_ARGUMENT, with a last error
+ * naming the call, the argument and the handle, e.g.
+ * "sg_graph_replay: graph handle 0x... (graph) was destroyed; ...". Never a
+ * crash.
+ *
+ * Handles are reference holders: a tensor keeps its context alive, a layer its
+ * context, a train step its model and optimizer, a graph what it replays;
+ * destroy each handle you were given (out-parameters), in any order.
+ * Destroying a handle only ends that handle: whatever other handles still use
+ * stays alive and usable (a tensor after sg_context_destroy of its context
+ * still reads, writes and is destroyed normally; the context goes when its
+ * last user goes). Tensors handed back by a call (outputs, parameters) are new
+ * handles owned by the caller.
+ *
+ * Destroying NULL is SG_OK (like free). Destroying a handle twice, or using it
+ * after its destroy, is SG_ERROR_INVALID_ARGUMENT ("... was already destroyed"),
+ * never undefined behaviour. A handle value is never reissued for a new object
+ * (a slot's generation moves on). Handles stay valid until destroyed or the
+ * process ends. Handle checks are thread-safe; a destroy on one thread while
+ * another thread's call uses the handle lets that call finish first.
  *
  * Strings come back through (buffer, capacity, length): the text is copied
  * (truncated, always NUL-terminated when capacity > 0) and *length is set to
@@ -135,8 +155,12 @@ sg_result sg_tensor_create(sg_context ctx, const char* name, sg_dtype dtype, int
  * may be NULL for row-major) must describe a contiguous row-major layout:
  * StepGraph's kernels read dense rows, so a transposed or sliced view is an
  * SG_ERROR_INVALID_ARGUMENT (make it contiguous first). Dimensions of size 1
- * may have any stride. The memory must stay valid, at the same address, for as
- * long as the tensor or a captured step that reads it is in use. */
+ * may have any stride. NULL `data` is refused for a tensor of more than 0
+ * bytes; a cuda context refuses memory that is not device memory. Past that
+ * the caller guarantees the memory: readable and writable for the tensor's
+ * bytes (on a host context the library cannot check an address reliably), and
+ * valid, at the same address, for as long as the tensor or a captured step
+ * that reads it is in use. */
 sg_result sg_tensor_wrap(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
                          const int64_t* strides, void* data, sg_tensor* out);
 /* A second handle to the same tensor (destroy both). */

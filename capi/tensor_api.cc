@@ -50,9 +50,9 @@ void check_contiguous(const char* name, const Shape& shape, const int64_t* strid
   }
 }
 
-sg_tensor_s& tensor_of(sg_tensor tensor, const char* function) {
-  require(tensor, function, "tensor");
-  return *tensor;
+// The tensor behind a live handle (the shared_ptr keeps it alive for the call).
+std::shared_ptr<sg_tensor_s> tensor_of(sg_tensor tensor, const char* function) {
+  return stepgraph::capi::handle_object(tensor, function, "tensor");
 }
 
 }  // namespace
@@ -71,58 +71,58 @@ extern "C" sg_result sg_context_create(sg_device device, int side_streams, sg_co
     require(out, function, "out");
     *out = nullptr;
     auto ctx = std::make_shared<Context>(stepgraph::capi::to_device(device), side_streams);
-    *out = new sg_context_s{std::move(ctx)};
+    *out = stepgraph::capi::issue_handle(std::make_shared<sg_context_s>(sg_context_s{std::move(ctx)}));
   });
 }
 
 extern "C" sg_result sg_context_destroy(sg_context ctx) {
-  return run_guarded(__func__, [&, function = __func__] { delete ctx; });
+  return stepgraph::capi::destroy_handle(ctx, __func__, "ctx");
 }
 
 extern "C" sg_result sg_context_device(sg_context ctx, sg_device* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
     require(out, function, "out");
-    *out = stepgraph::capi::to_c_device(ctx->ctx->device());
+    *out = stepgraph::capi::to_c_device(context->device());
   });
 }
 
 extern "C" sg_result sg_context_stream_count(sg_context ctx, int* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
     require(out, function, "out");
-    *out = ctx->ctx->stream_count();
+    *out = context->stream_count();
   });
 }
 
 extern "C" sg_result sg_context_cuda_stream(sg_context ctx, int index, void** out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
     require(out, function, "out");
-    *out = ctx->ctx->cuda_stream(index);
+    *out = context->cuda_stream(index);
   });
 }
 
 extern "C" sg_result sg_context_synchronize(sg_context ctx) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
-    ctx->ctx->synchronize();
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
+    context->synchronize();
   });
 }
 
 extern "C" sg_result sg_stream_scope_enter(sg_context ctx, int index, sg_stream_scope* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
     require(out, function, "out");
     *out = nullptr;
-    auto scope = std::make_unique<sg_stream_scope_s>(ctx->ctx);
+    auto scope = std::make_shared<sg_stream_scope_s>(context);
     scope->scope.emplace(*scope->ctx, index);
-    *out = scope.release();
+    *out = stepgraph::capi::issue_handle(std::move(scope));
   });
 }
 
 extern "C" sg_result sg_stream_scope_exit(sg_stream_scope scope) {
-  return run_guarded(__func__, [&, function = __func__] { delete scope; });
+  return stepgraph::capi::destroy_handle(scope, __func__, "scope");
 }
 
 extern "C" sg_result sg_cuda_stream_synchronize(void* stream) {
@@ -133,8 +133,8 @@ extern "C" sg_result sg_cuda_stream_synchronize(void* stream) {
 extern "C" sg_result sg_context_memory(sg_context ctx, int64_t* persistent_bytes, int64_t* eager_bytes,
                                        int64_t* eager_peak_bytes) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
-    const stepgraph::MemoryStats stats = ctx->ctx->memory_stats();
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
+    const stepgraph::MemoryStats stats = context->memory_stats();
     if (persistent_bytes != nullptr) *persistent_bytes = stats.persistent_bytes;
     if (eager_bytes != nullptr) *eager_bytes = stats.eager_bytes;
     if (eager_peak_bytes != nullptr) *eager_peak_bytes = stats.eager_peak_bytes;
@@ -144,52 +144,52 @@ extern "C" sg_result sg_context_memory(sg_context ctx, int64_t* persistent_bytes
 extern "C" sg_result sg_tensor_create(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
                                       sg_tensor* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
     require(name, function, "name");
     require(out, function, "out");
     *out = nullptr;
     const TensorMeta meta{make_shape(function, rank, dims), stepgraph::capi::to_dtype(dtype)};
-    *out = stepgraph::capi::new_tensor_handle(ctx->ctx, ctx->ctx->persistent(name, meta));
+    *out = stepgraph::capi::new_tensor_handle(context, context->persistent(name, meta));
   });
 }
 
 extern "C" sg_result sg_tensor_wrap(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
                                     const int64_t* strides, void* data, sg_tensor* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
     require(name, function, "name");
     require(out, function, "out");
     *out = nullptr;
     const TensorMeta meta{make_shape(function, rank, dims), stepgraph::capi::to_dtype(dtype)};
     check_contiguous(name, meta.shape, strides);
-    *out = stepgraph::capi::new_tensor_handle(ctx->ctx, ctx->ctx->wrap(name, meta, data));
+    *out = stepgraph::capi::new_tensor_handle(context, context->wrap(name, meta, data));
   });
 }
 
 extern "C" sg_result sg_tensor_retain(sg_tensor tensor, sg_tensor* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = new sg_tensor_s{t.ctx, t.tensor};
+    *out = stepgraph::capi::issue_handle(std::make_shared<sg_tensor_s>(sg_tensor_s{t->ctx, t->tensor}));
   });
 }
 
 extern "C" sg_result sg_tensor_destroy(sg_tensor tensor) {
-  return run_guarded(__func__, [&, function = __func__] { delete tensor; });
+  return stepgraph::capi::destroy_handle(tensor, __func__, "tensor");
 }
 
 extern "C" sg_result sg_tensor_rank(sg_tensor tensor, int* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = t.tensor.shape().rank();
+    *out = t->tensor.shape().rank();
   });
 }
 
 extern "C" sg_result sg_tensor_dims(sg_tensor tensor, int64_t* dims, int capacity) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
-    const std::vector<std::int64_t>& values = t.tensor.shape().dims();
+    const auto t = tensor_of(tensor, function);
+    const std::vector<std::int64_t>& values = t->tensor.shape().dims();
     SG_CHECK(capacity >= 0, function, ": capacity is negative (", capacity, ")");
     if (capacity > 0) require(dims, function, "dims");
     for (int i = 0; i < capacity && i < static_cast<int>(values.size()); ++i) dims[i] = values[i];
@@ -198,78 +198,78 @@ extern "C" sg_result sg_tensor_dims(sg_tensor tensor, int64_t* dims, int capacit
 
 extern "C" sg_result sg_tensor_dtype(sg_tensor tensor, sg_dtype* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = stepgraph::capi::from_dtype(t.tensor.dtype());
+    *out = stepgraph::capi::from_dtype(t->tensor.dtype());
   });
 }
 
 extern "C" sg_result sg_tensor_device(sg_tensor tensor, sg_device* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = stepgraph::capi::to_c_device(t.ctx->device());
+    *out = stepgraph::capi::to_c_device(t->ctx->device());
   });
 }
 
 extern "C" sg_result sg_tensor_storage(sg_tensor tensor, sg_storage* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = static_cast<sg_storage>(t.tensor.storage());
+    *out = static_cast<sg_storage>(t->tensor.storage());
   });
 }
 
 extern "C" sg_result sg_tensor_numel(sg_tensor tensor, int64_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = t.tensor.numel();
+    *out = t->tensor.numel();
   });
 }
 
 extern "C" sg_result sg_tensor_bytes(sg_tensor tensor, int64_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = t.tensor.bytes();
+    *out = t->tensor.bytes();
   });
 }
 
 extern "C" sg_result sg_tensor_data(sg_tensor tensor, void** out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(out, function, "out");
-    *out = t.tensor.data();
+    *out = t->tensor.data();
   });
 }
 
 extern "C" sg_result sg_tensor_name(sg_tensor tensor, char* buffer, size_t capacity, size_t* length) {
   return run_guarded(__func__, [&, function = __func__] {
-    copy_string(tensor_of(tensor, function).tensor.name(), buffer, capacity, length);
+    copy_string(tensor_of(tensor, function)->tensor.name(), buffer, capacity, length);
   });
 }
 
 extern "C" sg_result sg_tensor_set_name(sg_tensor tensor, const char* name) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     require(name, function, "name");
-    t.tensor.set_name(name);
+    t->tensor.set_name(name);
   });
 }
 
 extern "C" sg_result sg_tensor_copy_from_host(sg_tensor tensor, const void* src, size_t bytes) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     if (bytes > 0) require(src, function, "src");
-    t.ctx->copy_from_host(t.tensor, src, bytes);
+    t->ctx->copy_from_host(t->tensor, src, bytes);
   });
 }
 
 extern "C" sg_result sg_tensor_copy_to_host(sg_tensor tensor, void* dst, size_t bytes) {
   return run_guarded(__func__, [&, function = __func__] {
-    const sg_tensor_s& t = tensor_of(tensor, function);
+    const auto t = tensor_of(tensor, function);
     if (bytes > 0) require(dst, function, "dst");
-    t.ctx->copy_to_host(t.tensor, dst, bytes);
+    t->ctx->copy_to_host(t->tensor, dst, bytes);
   });
 }

@@ -1,5 +1,6 @@
 // The C API's optimizer (AdamW) and whole training step.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "capi/handles.h"
@@ -17,73 +18,72 @@ extern "C" void sg_adamw_config_default(sg_adamw_config* config) {
 extern "C" sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count,
                                      const sg_adamw_config* config, sg_optimizer* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(ctx, function, "ctx");
+    const std::shared_ptr<Context> context = capi::context_of(ctx, function);
     require(config, function, "config");
     require(out, function, "out");
     *out = nullptr;
     SG_CHECK(layer_count > 0, function, ": no layers given; AdamW needs the layers whose parameters it updates");
     require(layers, function, "layers");
     auto state = std::make_shared<capi::OptimizerState>();
-    state->ctx = ctx->ctx;
+    state->ctx = context;
     std::vector<Parameter*> parameters;
     for (size_t i = 0; i < layer_count; ++i) {
-      SG_CHECK(layers[i] != nullptr, function, ": layers[", i, "] is NULL");
-      SG_CHECK(layers[i]->ctx == ctx->ctx, function, ": layers[", i,
+      const auto layer = capi::handle_object(layers[i], function, "layers[" + std::to_string(i) + "]");
+      SG_CHECK(layer->ctx == context, function, ": layers[", i,
                "] belongs to another context; an optimizer updates the parameters of its own context");
-      state->layers.push_back(layers[i]->layer);
-      for (Parameter* p : layers[i]->layer->parameters()) parameters.push_back(p);
+      state->layers.push_back(layer->layer);
+      for (Parameter* p : layer->layer->parameters()) parameters.push_back(p);
     }
     const kernels::AdamWHyper hyper{config->lr, config->beta1, config->beta2, config->eps, config->weight_decay};
-    state->adamw = std::make_unique<AdamW>(*ctx->ctx, parameters, hyper);
-    *out = new sg_optimizer_s{std::move(state)};
+    state->adamw = std::make_unique<AdamW>(*context, parameters, hyper);
+    *out = capi::issue_handle(std::make_shared<sg_optimizer_s>(sg_optimizer_s{std::move(state)}));
   });
 }
 
 extern "C" sg_result sg_optimizer_destroy(sg_optimizer optimizer) {
-  return run_guarded(__func__, [&, function = __func__] { delete optimizer; });
+  return capi::destroy_handle(optimizer, __func__, "optimizer");
 }
 
 extern "C" sg_result sg_optimizer_step(sg_optimizer optimizer) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(optimizer, function, "optimizer");
-    optimizer->state->adamw->step(*optimizer->state->ctx);
+    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
+    state->adamw->step(*state->ctx);
   });
 }
 
 extern "C" sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(optimizer, function, "optimizer");
+    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
     require(out, function, "out");
-    *out = optimizer->state->adamw->steps_taken(*optimizer->state->ctx);
+    *out = state->adamw->steps_taken(*state->ctx);
   });
 }
 
 extern "C" sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(model, function, "model");
-    require(optimizer, function, "optimizer");
+    const auto m = capi::handle_object(model, function, "model");
+    const auto o = capi::handle_object(optimizer, function, "optimizer");
     require(out, function, "out");
     *out = nullptr;
-    SG_CHECK(model->ctx == optimizer->state->ctx, function,
-             ": the model and the optimizer belong to different contexts");
+    SG_CHECK(m->ctx == o->state->ctx, function, ": the model and the optimizer belong to different contexts");
     auto state = std::make_shared<capi::TrainStepState>();
-    state->ctx = model->ctx;
-    state->model = model->layer;
-    state->optimizer = optimizer->state;
+    state->ctx = m->ctx;
+    state->model = m->layer;
+    state->optimizer = o->state;
     state->step =
-        std::make_unique<TrainStep>(*state->ctx, capi::residual_stack_of(*model), *state->optimizer->adamw, tokens);
-    *out = new sg_train_step_s{std::move(state)};
+        std::make_unique<TrainStep>(*state->ctx, capi::residual_stack_of(*m), *state->optimizer->adamw, tokens);
+    *out = capi::issue_handle(std::make_shared<sg_train_step_s>(sg_train_step_s{std::move(state)}));
   });
 }
 
 extern "C" sg_result sg_train_step_destroy(sg_train_step step) {
-  return run_guarded(__func__, [&, function = __func__] { delete step; });
+  return capi::destroy_handle(step, __func__, "step");
 }
 
 extern "C" sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(step, function, "step");
-    const capi::TrainStepState& s = *step->state;
+    const std::shared_ptr<capi::TrainStepState> state = capi::handle_object(step, function, "step")->state;
+    const capi::TrainStepState& s = *state;
     if (x != nullptr) *x = capi::new_tensor_handle(s.ctx, s.step->inputs());
     if (labels != nullptr) *labels = capi::new_tensor_handle(s.ctx, s.step->labels());
   });
@@ -91,17 +91,17 @@ extern "C" sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_t
 
 extern "C" sg_result sg_train_step_run(sg_train_step step, sg_tensor* loss) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(step, function, "step");
+    const std::shared_ptr<capi::TrainStepState> state = capi::handle_object(step, function, "step")->state;
     require(loss, function, "loss");
     *loss = nullptr;
-    const capi::TrainStepState& s = *step->state;
+    const capi::TrainStepState& s = *state;
     *loss = capi::new_tensor_handle(s.ctx, (*s.step)(*s.ctx).at(0));
   });
 }
 
 extern "C" sg_result sg_train_step_check_errors(sg_train_step step) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(step, function, "step");
-    step->state->step->check_errors(*step->state->ctx);
+    const std::shared_ptr<capi::TrainStepState> state = capi::handle_object(step, function, "step")->state;
+    state->step->check_errors(*state->ctx);
   });
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -308,6 +309,280 @@ TEST(CapiHostTest, GraphCacheCountsHitsAndMisses) {
   sg_context_destroy(ctx);
   ASSERT_SG_OK(sg_graph_cache_clear(cache));
   ASSERT_SG_OK(sg_graph_cache_destroy(cache));
+}
+
+// ---- Checked handles: misuse is an error code and a message, never a crash ----
+
+// `result` is SG_ERROR_INVALID_ARGUMENT and the last error starts with the call
+// and names the problem.
+void expect_handle_error(sg_result result, const std::string& function, const std::string& problem) {
+  EXPECT_EQ(result, SG_ERROR_INVALID_ARGUMENT) << sg_last_error();
+  const std::string message = sg_last_error();
+  EXPECT_NE(message.find(function + ": "), std::string::npos) << "names the call " << function << ": " << message;
+  EXPECT_NE(message.find(problem), std::string::npos) << "says '" << problem << "': " << message;
+}
+
+template <typename Handle>
+Handle forged(uint64_t value) {
+  return reinterpret_cast<Handle>(static_cast<uintptr_t>(value));
+}
+
+sg_layer make_linear(sg_context ctx, int64_t in, int64_t out) {
+  sg_linear_config config;
+  sg_linear_config_default(&config);
+  config.in_features = in;
+  config.out_features = out;
+  config.dtype = SG_DTYPE_FLOAT32;
+  sg_layer layer = nullptr;
+  EXPECT_EQ(sg_linear_create(ctx, "fc", &config, 1, &layer), SG_OK) << sg_last_error();
+  return layer;
+}
+
+sg_tensor make_tensor(sg_context ctx, int64_t rows, int64_t cols) {
+  const int64_t dims[] = {rows, cols};
+  sg_tensor t = nullptr;
+  EXPECT_EQ(sg_tensor_create(ctx, "t", SG_DTYPE_FLOAT32, 2, dims, &t), SG_OK) << sg_last_error();
+  return t;
+}
+
+TEST(CapiHandlesTest, DoubleDestroyOfEachHandleTypeIsAnError) {
+  sg_context ctx = make_context(SG_DEVICE_HOST);
+  sg_tensor t = make_tensor(ctx, 3, 4);
+  sg_layer layer = make_linear(ctx, 4, 2);
+  sg_tensor y = nullptr;
+  sg_saved saved = nullptr;
+  ASSERT_SG_OK(sg_layer_forward(layer, t, &y, &saved));
+  sg_stream_scope scope = nullptr;
+  ASSERT_SG_OK(sg_stream_scope_enter(ctx, 0, &scope));
+  sg_graph_cache cache = nullptr;
+  ASSERT_SG_OK(sg_graph_cache_create(1 << 20, &cache));
+  auto* training = new Training(ctx, 8);
+  sg_graph graph = nullptr;
+  ASSERT_SG_OK(sg_train_step_capture(training->step, SG_POOL_REPORT_ERROR, &graph));
+  sg_layer model = training->model;
+  sg_optimizer optimizer = training->optimizer;
+  sg_train_step step = training->step;
+  training->model = nullptr;  // destroyed here, twice; ~Training destroys NULL (SG_OK)
+  training->optimizer = nullptr;
+  training->step = nullptr;
+
+  ASSERT_SG_OK(sg_stream_scope_exit(scope));
+  expect_handle_error(sg_stream_scope_exit(scope), "sg_stream_scope_exit", "stream scope handle");
+  expect_handle_error(sg_stream_scope_exit(scope), "sg_stream_scope_exit", "was already destroyed");
+  ASSERT_SG_OK(sg_saved_destroy(saved));
+  expect_handle_error(sg_saved_destroy(saved), "sg_saved_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_tensor_destroy(y));
+  expect_handle_error(sg_tensor_destroy(y), "sg_tensor_destroy", "tensor handle");
+  expect_handle_error(sg_tensor_destroy(y), "sg_tensor_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_graph_destroy(graph));
+  expect_handle_error(sg_graph_destroy(graph), "sg_graph_destroy", "graph handle");
+  expect_handle_error(sg_graph_destroy(graph), "sg_graph_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_train_step_destroy(step));
+  expect_handle_error(sg_train_step_destroy(step), "sg_train_step_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_optimizer_destroy(optimizer));
+  expect_handle_error(sg_optimizer_destroy(optimizer), "sg_optimizer_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_layer_destroy(model));
+  expect_handle_error(sg_layer_destroy(model), "sg_layer_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_layer_destroy(layer));
+  expect_handle_error(sg_layer_destroy(layer), "sg_layer_destroy", "layer handle");
+  ASSERT_SG_OK(sg_graph_cache_destroy(cache));
+  expect_handle_error(sg_graph_cache_destroy(cache), "sg_graph_cache_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_context_destroy(ctx));
+  expect_handle_error(sg_context_destroy(ctx), "sg_context_destroy", "context handle");
+  expect_handle_error(sg_context_destroy(ctx), "sg_context_destroy", "was already destroyed");
+  delete training;  // its tensors outlive the context handle (they hold the context)
+  ASSERT_SG_OK(sg_tensor_destroy(t));
+  expect_handle_error(sg_tensor_destroy(t), "sg_tensor_destroy", "was already destroyed");
+}
+
+TEST(CapiHandlesTest, UseAfterDestroyIsAnErrorNamingTheCallAndTheHandle) {
+  sg_context ctx = make_context(SG_DEVICE_HOST);
+  sg_tensor t = make_tensor(ctx, 2, 4);
+  ASSERT_SG_OK(sg_tensor_destroy(t));
+  int rank = 0;
+  expect_handle_error(sg_tensor_rank(t, &rank), "sg_tensor_rank", "tensor handle 0x");
+  expect_handle_error(sg_tensor_rank(t, &rank), "sg_tensor_rank", "(tensor) was destroyed");
+
+  // A replay of a destroyed graph.
+  Training training(ctx, 8);
+  sg_graph graph = nullptr;
+  ASSERT_SG_OK(sg_train_step_capture(training.step, SG_POOL_REPORT_ERROR, &graph));
+  ASSERT_SG_OK(sg_graph_replay(graph, nullptr, nullptr, 0));
+  ASSERT_SG_OK(sg_graph_destroy(graph));
+  expect_handle_error(sg_graph_replay(graph, nullptr, nullptr, 0), "sg_graph_replay", "graph handle 0x");
+  expect_handle_error(sg_graph_replay(graph, nullptr, nullptr, 0), "sg_graph_replay", "was destroyed");
+  size_t outputs = 0;
+  expect_handle_error(sg_graph_output_count(graph, &outputs), "sg_graph_output_count", "was destroyed");
+
+  // A destroyed tensor inside an array argument names its place.
+  sg_tensor a = make_tensor(ctx, 2, 4);
+  sg_tensor b = make_tensor(ctx, 2, 4);
+  ASSERT_SG_OK(sg_tensor_destroy(b));
+  ASSERT_SG_OK(sg_train_step_capture(training.step, SG_POOL_REPORT_ERROR, &graph));
+  expect_handle_error(sg_graph_replay(graph, &a, &b, 1), "sg_graph_replay", "(sources[0]) was destroyed");
+
+  // A forward through a destroyed layer, and of a destroyed input.
+  sg_layer layer = make_linear(ctx, 4, 3);
+  sg_tensor y = nullptr;
+  sg_saved saved = nullptr;
+  expect_handle_error(sg_layer_forward(layer, b, &y, &saved), "sg_layer_forward", "(x) was destroyed");
+  ASSERT_SG_OK(sg_layer_destroy(layer));
+  expect_handle_error(sg_layer_forward(layer, a, &y, &saved), "sg_layer_forward", "layer handle");
+  EXPECT_EQ(y, nullptr);
+
+  // The slot of a destroyed handle is reused with a new generation: the old
+  // value never reaches the new object.
+  sg_tensor fresh = make_tensor(ctx, 5, 1);
+  expect_handle_error(sg_tensor_rank(b, &rank), "sg_tensor_rank", "was destroyed");
+  ASSERT_SG_OK(sg_tensor_rank(fresh, &rank));
+  EXPECT_EQ(rank, 2);
+
+  // A destroyed context makes no new objects; a destroyed optimizer takes no step.
+  sg_context gone = make_context(SG_DEVICE_HOST);
+  ASSERT_SG_OK(sg_context_destroy(gone));
+  sg_tensor never = nullptr;
+  const int64_t dims[] = {2};
+  expect_handle_error(sg_tensor_create(gone, "n", SG_DTYPE_FLOAT32, 1, dims, &never), "sg_tensor_create",
+                      "context handle 0x");
+  EXPECT_EQ(never, nullptr);
+  for (sg_tensor h : {a, fresh}) ASSERT_SG_OK(sg_tensor_destroy(h));
+  ASSERT_SG_OK(sg_graph_destroy(graph));
+  ASSERT_SG_OK(sg_context_destroy(ctx));
+}
+
+TEST(CapiHandlesTest, WrongTypeHandleIsAnErrorAndLeavesTheHandleAlone) {
+  sg_context ctx = make_context(SG_DEVICE_HOST);
+  sg_tensor t = make_tensor(ctx, 2, 4);
+  expect_handle_error(sg_graph_replay(reinterpret_cast<sg_graph>(t), nullptr, nullptr, 0), "sg_graph_replay",
+                      "is a tensor handle, not a graph handle");
+  expect_handle_error(sg_graph_destroy(reinterpret_cast<sg_graph>(t)), "sg_graph_destroy",
+                      "is a tensor handle, not a graph handle");
+  expect_handle_error(sg_context_destroy(reinterpret_cast<sg_context>(t)), "sg_context_destroy",
+                      "is a tensor handle, not a context handle");
+  int rank = 0;
+  expect_handle_error(sg_tensor_rank(reinterpret_cast<sg_tensor>(ctx), &rank), "sg_tensor_rank",
+                      "is a context handle, not a tensor handle");
+  sg_layer layer = make_linear(ctx, 4, 2);
+  sg_tensor y = nullptr;
+  sg_saved saved = nullptr;
+  expect_handle_error(sg_layer_forward(reinterpret_cast<sg_layer>(t), t, &y, &saved), "sg_layer_forward",
+                      "layer 0x");
+  expect_handle_error(sg_layer_forward(layer, reinterpret_cast<sg_tensor>(layer), &y, &saved), "sg_layer_forward",
+                      "x 0x");
+  EXPECT_NE(std::string(sg_last_error()).find("is a layer handle, not a tensor handle"), std::string::npos);
+  // A destroyed handle of another type says both.
+  ASSERT_SG_OK(sg_layer_destroy(layer));
+  expect_handle_error(sg_tensor_destroy(reinterpret_cast<sg_tensor>(layer)), "sg_tensor_destroy",
+                      "is a layer handle (destroyed), not a tensor handle");
+  // The wrongly used handles still work.
+  ASSERT_SG_OK(sg_tensor_rank(t, &rank));
+  EXPECT_EQ(rank, 2);
+  ASSERT_SG_OK(sg_tensor_destroy(t));
+  ASSERT_SG_OK(sg_context_destroy(ctx));
+}
+
+TEST(CapiHandlesTest, GarbageHandlesAreNotHandlesThisLibraryIssued) {
+  sg_context ctx = make_context(SG_DEVICE_HOST);
+  sg_tensor t = make_tensor(ctx, 2, 2);
+  int rank = 0;
+  expect_handle_error(sg_tensor_rank(forged<sg_tensor>(0xdeadbeef), &rank), "sg_tensor_rank",
+                      "tensor 0x00000000deadbeef is not a handle this library issued");
+  expect_handle_error(sg_tensor_destroy(forged<sg_tensor>(0xdeadbeef)), "sg_tensor_destroy",
+                      "is not a handle this library issued");
+  expect_handle_error(sg_graph_replay(forged<sg_graph>(0xdeadbeef), nullptr, nullptr, 0), "sg_graph_replay",
+                      "is not a handle this library issued");
+  // An address (what a handle was before the table) is not a handle either.
+  expect_handle_error(sg_context_synchronize(reinterpret_cast<sg_context>(&rank)), "sg_context_synchronize",
+                      "is not a handle this library issued");
+  // A handle's tag with a slot or a generation never issued.
+  const auto value = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t));
+  expect_handle_error(sg_tensor_rank(forged<sg_tensor>(value + 1), &rank), "sg_tensor_rank",
+                      "is not a handle this library issued");
+  expect_handle_error(sg_tensor_rank(forged<sg_tensor>(value | (uint64_t{0xFFFFFF} << 32)), &rank), "sg_tensor_rank",
+                      "is not a handle this library issued");
+  std::mt19937_64 random(20240612);
+  for (int i = 0; i < 2000; ++i) {
+    const uint64_t garbage = random();
+    sg_graph as_graph = forged<sg_graph>(garbage);
+    expect_handle_error(sg_graph_replay(as_graph, nullptr, nullptr, 0), "sg_graph_replay",
+                        "is not a handle this library issued");
+    expect_handle_error(sg_graph_destroy(as_graph), "sg_graph_destroy", "is not a handle this library issued");
+    expect_handle_error(sg_tensor_rank(forged<sg_tensor>(garbage), &rank), "sg_tensor_rank",
+                        "is not a handle this library issued");
+    if (HasFailure()) break;
+  }
+  ASSERT_SG_OK(sg_tensor_rank(t, &rank));
+  ASSERT_SG_OK(sg_tensor_destroy(t));
+  ASSERT_SG_OK(sg_context_destroy(ctx));
+}
+
+TEST(CapiHandlesTest, TensorsAndLayersKeepTheirContextAliveAfterItsDestroy) {
+  sg_context ctx = make_context(SG_DEVICE_HOST);
+  sg_tensor t = make_tensor(ctx, 2, 4);
+  sg_layer layer = make_linear(ctx, 4, 3);
+  ASSERT_SG_OK(sg_context_destroy(ctx));
+  const std::vector<float> in = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> out(8, 0.0f);
+  ASSERT_SG_OK(sg_tensor_copy_from_host(t, in.data(), 32));
+  ASSERT_SG_OK(sg_tensor_copy_to_host(t, out.data(), 32));
+  EXPECT_EQ(out, in);
+  sg_device device = SG_DEVICE_CUDA;
+  ASSERT_SG_OK(sg_tensor_device(t, &device));
+  EXPECT_EQ(device, SG_DEVICE_HOST);
+  sg_tensor y = nullptr;
+  sg_saved saved = nullptr;
+  ASSERT_SG_OK(sg_layer_forward(layer, t, &y, &saved));
+  int64_t numel = 0;
+  ASSERT_SG_OK(sg_tensor_numel(y, &numel));
+  EXPECT_EQ(numel, 6);
+  // The context handle itself is gone.
+  int streams = 0;
+  expect_handle_error(sg_context_stream_count(ctx, &streams), "sg_context_stream_count", "was destroyed");
+  ASSERT_SG_OK(sg_saved_destroy(saved));
+  ASSERT_SG_OK(sg_layer_destroy(layer));
+  ASSERT_SG_OK(sg_tensor_destroy(y));
+  ASSERT_SG_OK(sg_tensor_destroy(t));  // the last user: the context goes now
+}
+
+struct GarbageOutputStep {
+  static int run(void*, sg_tensor* outputs, size_t capacity, size_t* count) {
+    if (capacity < 1) return 1;
+    outputs[0] = forged<sg_tensor>(0xdeadbeef);
+    *count = 1;
+    return 0;
+  }
+};
+
+TEST(CapiHandlesTest, StepFunctionOutputsAreCheckedHandles) {
+  sg_context ctx = make_context(SG_DEVICE_HOST);
+  sg_graph graph = nullptr;
+  expect_handle_error(sg_capture(ctx, &GarbageOutputStep::run, nullptr, SG_POOL_REPORT_ERROR, &graph), "sg_capture",
+                      "the step function's output 0 0x00000000deadbeef is not a handle this library issued");
+  EXPECT_EQ(graph, nullptr);
+  ASSERT_SG_OK(sg_context_destroy(ctx));
+}
+
+TEST(CapiHandlesTest, HandlesAreThreadSafe) {
+  sg_context ctx = make_context(SG_DEVICE_HOST);
+  sg_tensor shared = make_tensor(ctx, 2, 2);
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      for (int n = 0; n < 500; ++n) {
+        sg_tensor copy = nullptr;
+        int rank = 0;
+        if (sg_tensor_retain(shared, &copy) != SG_OK || sg_tensor_rank(copy, &rank) != SG_OK || rank != 2 ||
+            sg_tensor_destroy(copy) != SG_OK || sg_tensor_destroy(copy) != SG_ERROR_INVALID_ARGUMENT) {
+          ++failures[i];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures, std::vector<int>(4, 0));
+  ASSERT_SG_OK(sg_tensor_destroy(shared));
+  ASSERT_SG_OK(sg_context_destroy(ctx));
 }
 
 }  // namespace

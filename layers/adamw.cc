@@ -1,12 +1,14 @@
 #include "layers/adamw.h"
 
 #include "engine/error.h"
+#include "kernels/adamw.h"
 #include "layers/weight_grad_scope.h"
 
 namespace stepgraph {
 
 AdamW::AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kernels::AdamWHyper& hyper)
     : hyper_(hyper), parameters_(parameters) {
+  kernels::check_adamw_hyper(hyper);  // refused here, not at the first step
   SG_CHECK(!parameters.empty(), "AdamW needs at least one parameter");
   for (const Parameter* p : parameters) {
     const TensorMeta meta = p->master.meta();

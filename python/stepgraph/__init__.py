@@ -13,7 +13,7 @@ files work with any Python 3.
 See python/README.md.
 """
 
-from stepgraph._library import StepGraphError, library_path
+from stepgraph._library import ArgumentError, StepGraphError, library_path
 from stepgraph.context import Context, cuda_device_count
 from stepgraph.dtypes import DType, bf16_bits_to_float32, float32_to_bf16_bits
 from stepgraph.graph import CapturedStep, GraphCache, capture
@@ -24,7 +24,8 @@ from stepgraph.training import AdamW, TrainStep
 
 __version__ = "0.2.0"
 __all__ = [
-    "AdamW", "CapturedStep", "Context", "DType", "GraphCache", "LayerNorm", "LayerNormLinear", "LayerNormMLP",
-    "Linear", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor", "TrainStep",
+    "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "GraphCache", "LayerNorm", "LayerNormLinear",
+    "LayerNormMLP", "Linear", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
+    "TrainStep",
     "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits", "library_path",
 ]

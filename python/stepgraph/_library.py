@@ -30,8 +30,8 @@ class StepGraphError(RuntimeError):
     """An error from StepGraph, carrying the engine's message and result code.
 
     `code` is the C API's sg_result (None for errors raised by the binding
-    itself before any call), `code_name` its stable name ("invalid_argument",
-    "cuda", ...), `message` the engine's full message.
+    itself before any call, except ArgumentError), `code_name` its stable name
+    ("invalid_argument", "cuda", ...), `message` the engine's full message.
     """
 
     def __init__(self, message, code=None):
@@ -39,6 +39,15 @@ class StepGraphError(RuntimeError):
         self.message = message
         self.code = code
         self.code_name = RESULT_NAMES.get(code, "unknown") if code is not None else None
+
+
+class ArgumentError(StepGraphError, ValueError):
+    """An argument the binding refuses before it reaches ctypes (an integer out of its C type's
+    range, a shape or dtype that does not match the tensor, a label outside [0, vocab)): code
+    "invalid_argument" like the engine's own checks, and a ValueError too."""
+
+    def __init__(self, message):
+        super().__init__(message, 1)
 
 
 def library_path() -> Path:

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from stepgraph import _capi
+from stepgraph import _capi, _checks
 from stepgraph._library import StepGraphError
 from stepgraph.dtypes import as_dtype, to_storage
 from stepgraph.tensor import Tensor, describe_array
@@ -36,6 +36,7 @@ class Context:
     def __init__(self, device="cuda", side_streams=1):
         if device not in _DEVICES:
             raise StepGraphError(f"device must be 'cuda' or 'host', got {device!r}")
+        side_streams = _checks.check_int("side_streams", side_streams, *_checks.NON_NEGATIVE_INT32, "Context")
         self._handle = _capi.new_handle()
         _capi.call("sg_context_create", _DEVICES[device], side_streams, ctypes.byref(self._handle))
         self._device = device
@@ -70,6 +71,7 @@ class Context:
 
     def cuda_stream(self, index=0):
         """The cudaStream_t of stream `index` as an int (cuda only)."""
+        index = _checks.check_int("index", index, *_checks.NON_NEGATIVE_INT32, "cuda_stream")
         value = ctypes.c_void_p()
         _capi.call("sg_context_cuda_stream", self.handle, index, ctypes.byref(value))
         return value.value or 0
@@ -87,6 +89,7 @@ class Context:
     @contextlib.contextmanager
     def stream(self, index):
         """Ops called inside the block go to stream `index` (0 is the main stream)."""
+        index = _checks.check_int("index", index, *_checks.NON_NEGATIVE_INT32, "stream")
         scope = _capi.new_handle()
         _capi.call("sg_stream_scope_enter", self.handle, index, ctypes.byref(scope))
         try:
@@ -98,7 +101,7 @@ class Context:
 
     def tensor(self, shape, dtype="float32", name=None):
         """A zero-filled persistent tensor (a fixed address for the context's life)."""
-        shape = tuple(int(d) for d in shape)
+        shape = _checks.check_shape("shape", shape, "tensor")
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         handle = _capi.new_handle()
         name = name or f"tensor{next(_names)}"
@@ -110,8 +113,9 @@ class Context:
         """A persistent tensor holding a copy of `array` (converted to `dtype`, default the array's)."""
         array = np.asarray(array)
         dtype = as_dtype(dtype if dtype is not None else array.dtype)
+        data = to_storage(array, dtype, "from_numpy: array")  # refused before a tensor is made
         tensor = self.tensor(array.shape, dtype, name)
-        tensor.copy_from(to_storage(array, dtype))
+        tensor.copy_from(data, "from_numpy: array")
         return tensor
 
     def wrap(self, array, name=None):
@@ -126,6 +130,7 @@ class Context:
         if stream is not None:
             # The producer's stream: wait for its pending writes (the array interface's stream rule).
             _capi.call("sg_cuda_stream_synchronize", ctypes.c_void_p(stream))
+        shape = _checks.check_shape("shape", shape, "wrap")
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         stride_array = (ctypes.c_int64 * max(len(strides), 1))(*strides) if strides is not None else None
         handle = _capi.new_handle()

@@ -4,6 +4,8 @@ import enum
 
 import numpy as np
 
+from stepgraph import _checks
+
 
 class DType(enum.IntEnum):
     """The engine's element types (sg_dtype)."""
@@ -92,12 +94,32 @@ def bf16_bits_to_float32(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def to_storage(array, dtype):
-    """`array` converted to the NumPy storage of `dtype` (floats to bf16 bits for bf16)."""
+def to_storage(array, dtype, name="array"):
+    """`array` converted to the NumPy storage of `dtype`, refusing what would change values silently:
+    float tensors (fp32, fp16) take integer and float arrays (rounded to the tensor's precision);
+    bf16 takes uint16 arrays as raw bits, integer and float arrays rounded to bf16 bits; fp8 takes
+    uint8 raw bits only; int32 and int64 tensors take integer arrays whose values fit (floats
+    would truncate, larger integers wrap). Bool, complex and other arrays are refused (TypeError)."""
     dtype = as_dtype(dtype)
     array = np.asarray(array)
+    storage = numpy_storage(dtype)
+    kind = array.dtype.kind
+    if dtype in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2):
+        if array.dtype != np.uint8:
+            raise TypeError(f"{name}: fp8 tensors take their raw bits (uint8 arrays), got {array.dtype}; "
+                            f"NumPy has no fp8 type")
+        return np.ascontiguousarray(array)
+    if dtype in (DType.INT32, DType.INT64):
+        if kind not in "iu":
+            raise TypeError(f"{name} must be an integer array for a {dtype.short_name} tensor, got {array.dtype} "
+                            f"(floats would be truncated, bools are not integers); convert it with "
+                            f".astype(np.{storage.name}) if you mean that")
+        info = np.iinfo(storage)
+        _checks.check_values(name, array, int(info.min), int(info.max))
+        return np.ascontiguousarray(array, dtype=storage)
+    if kind not in "iuf":
+        raise TypeError(f"{name} must be a real (integer or float) array for a {dtype.short_name} tensor, got "
+                        f"{array.dtype}")
     if dtype == DType.BFLOAT16 and array.dtype != np.uint16:
         return float32_to_bf16_bits(array)
-    if dtype in (DType.FLOAT8_E4M3, DType.FLOAT8_E5M2) and array.dtype != np.uint8:
-        raise TypeError("fp8 tensors take their raw bits (uint8 arrays); NumPy has no fp8 type")
-    return np.ascontiguousarray(array, dtype=_NUMPY_STORAGE[dtype])
+    return np.ascontiguousarray(array, dtype=storage)

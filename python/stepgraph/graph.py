@@ -13,7 +13,7 @@ one static pool, captured into CUDA graphs (host: a planned program) and replaye
 import ctypes
 import sys
 
-from stepgraph import _capi
+from stepgraph import _capi, _checks
 from stepgraph._library import StepGraphError
 from stepgraph.tensor import Tensor
 
@@ -168,6 +168,7 @@ class GraphCache:
     A key names everything the graph depends on; keys are per context."""
 
     def __init__(self, max_pool_bytes=8 << 30):
+        max_pool_bytes = _checks.check_int("max_pool_bytes", max_pool_bytes, *_checks.POSITIVE_INT64, "GraphCache")
         self._handle = _capi.new_handle()
         _capi.call("sg_graph_cache_create", max_pool_bytes, ctypes.byref(self._handle))
 

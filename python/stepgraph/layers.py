@@ -12,7 +12,7 @@ The same calls run now (eager) or are recorded inside a captured step function.
 import collections
 import ctypes
 
-from stepgraph import _capi
+from stepgraph import _capi, _checks
 from stepgraph._library import StepGraphError
 from stepgraph.dtypes import as_dtype
 from stepgraph.tensor import Tensor
@@ -94,11 +94,22 @@ class Layer:
         _capi.call("sg_layer_sync_parameters", self._handle)
 
 
-def _linear_config(in_features, out_features, bias, dtype, dgrad, wgrad):
+def _sizes(owner, **sizes):
+    """Each size (hidden, ffn, in_features, ...) as an int in [1, 2**63 - 1] (int64_t, > 0)."""
+    return [_checks.check_int(name, value, *_checks.POSITIVE_INT64, owner) for name, value in sizes.items()]
+
+
+def _seed(owner, seed):
+    return _checks.check_int("seed", seed, *_checks.UINT32, owner)
+
+
+def _linear_config(owner, in_features, out_features, bias, dtype, dgrad, wgrad):
     config = _capi.LinearConfig()
     _capi.lib().sg_linear_config_default(ctypes.byref(config))
-    config.in_features, config.out_features = in_features, out_features
-    config.bias, config.dtype, config.dgrad, config.wgrad = int(bias), int(as_dtype(dtype)), int(dgrad), int(wgrad)
+    config.in_features, config.out_features = _sizes(owner, in_features=in_features, out_features=out_features)
+    config.bias, config.dgrad, config.wgrad = (_checks.check_flag(name, value, owner) for name, value in
+                                               (("bias", bias), ("dgrad", dgrad), ("wgrad", wgrad)))
+    config.dtype = int(as_dtype(dtype))
     return config
 
 
@@ -107,8 +118,8 @@ class Linear(Layer):
 
     def __init__(self, ctx, in_features, out_features, bias=True, dtype="bfloat16", dgrad=True, wgrad=True,
                  name="linear", seed=1):
-        config = _linear_config(in_features, out_features, bias, dtype, dgrad, wgrad)
-        super().__init__(ctx, "sg_linear_create", name.encode(), ctypes.byref(config), seed)
+        config = _linear_config("Linear", in_features, out_features, bias, dtype, dgrad, wgrad)
+        super().__init__(ctx, "sg_linear_create", name.encode(), ctypes.byref(config), _seed("Linear", seed))
 
 
 class Norm(Layer):
@@ -117,6 +128,7 @@ class Norm(Layer):
     def __init__(self, ctx, hidden, kind="layernorm", eps=1e-5, dtype="bfloat16", name="norm"):
         config = _capi.NormConfig()
         _capi.lib().sg_norm_config_default(ctypes.byref(config))
+        (hidden,) = _sizes("Norm", hidden=hidden)
         config.kind, config.hidden, config.eps, config.dtype = _norm(kind), hidden, eps, int(as_dtype(dtype))
         super().__init__(ctx, "sg_norm_create", name.encode(), ctypes.byref(config))
 
@@ -139,8 +151,9 @@ class LayerNormLinear(Layer):
         config = _capi.LayerNormLinearConfig()
         _capi.lib().sg_layernorm_linear_config_default(ctypes.byref(config))
         config.norm, config.eps = _norm(norm), eps
-        config.linear = _linear_config(in_features, out_features, bias, dtype, dgrad, wgrad)
-        super().__init__(ctx, "sg_layernorm_linear_create", name.encode(), ctypes.byref(config), seed)
+        config.linear = _linear_config("LayerNormLinear", in_features, out_features, bias, dtype, dgrad, wgrad)
+        super().__init__(ctx, "sg_layernorm_linear_create", name.encode(), ctypes.byref(config),
+                         _seed("LayerNormLinear", seed))
 
 
 class LayerNormMLP(Layer):
@@ -150,9 +163,18 @@ class LayerNormMLP(Layer):
     def __init__(self, ctx, hidden, ffn, norm="layernorm", eps=1e-5, dtype="bfloat16", name="mlp", seed=1):
         config = _capi.LayerNormMLPConfig()
         _capi.lib().sg_layernorm_mlp_config_default(ctypes.byref(config))
-        config.hidden, config.ffn, config.norm, config.eps = hidden, ffn, _norm(norm), eps
-        config.dtype = int(as_dtype(dtype))
-        super().__init__(ctx, "sg_layernorm_mlp_create", name.encode(), ctypes.byref(config), seed)
+        config.hidden, config.ffn = _sizes("LayerNormMLP", hidden=hidden, ffn=ffn)
+        config.norm, config.eps, config.dtype = _norm(norm), eps, int(as_dtype(dtype))
+        super().__init__(ctx, "sg_layernorm_mlp_create", name.encode(), ctypes.byref(config),
+                         _seed("LayerNormMLP", seed))
+
+
+# The integer fields of a ResidualStack: their C types and the engine's rules (layers >= 0,
+# vocab > 0, ...); topk and moe_every matter only with experts > 0, where the engine checks
+# the combination (topk 1 or 2, moe_every in [1, layers]).
+_MODEL_RANGES = {"hidden": _checks.POSITIVE_INT64, "ffn": _checks.POSITIVE_INT64, "layers": _checks.NON_NEGATIVE_INT64,
+                 "vocab": _checks.POSITIVE_INT64, "seed": _checks.UINT32, "experts": _checks.NON_NEGATIVE_INT64,
+                 "topk": _checks.INT64, "moe_every": _checks.INT64}
 
 
 def _model_defaults():
@@ -171,10 +193,13 @@ class ResidualStack(Layer):
     def __init__(self, ctx, hidden=None, ffn=None, layers=None, vocab=None, norm="layernorm", eps=None,
                  dtype="bfloat16", seed=None, experts=None, topk=None, moe_every=None):
         config = _model_defaults()
-        for field, value in (("hidden", hidden), ("ffn", ffn), ("layers", layers), ("vocab", vocab), ("eps", eps),
-                             ("seed", seed), ("experts", experts), ("topk", topk), ("moe_every", moe_every)):
+        values = {"hidden": hidden, "ffn": ffn, "layers": layers, "vocab": vocab, "seed": seed, "experts": experts,
+                  "topk": topk, "moe_every": moe_every}
+        for field, value in values.items():
             if value is not None:
-                setattr(config, field, value)
+                setattr(config, field, _checks.check_int(field, value, *_MODEL_RANGES[field], "ResidualStack"))
+        if eps is not None:
+            config.eps = eps
         config.norm, config.dtype = _norm(norm), int(as_dtype(dtype))
         self.config = {name: getattr(config, name) for name, _ in _capi.ResidualStackConfig._fields_}
         self.ctx = ctx

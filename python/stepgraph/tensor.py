@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 
-from stepgraph import _capi
+from stepgraph import _capi, _checks
 from stepgraph._library import StepGraphError
 from stepgraph.dtypes import DType, as_dtype, bf16_bits_to_float32, from_typestr, numpy_storage, to_storage, typestr
 
@@ -123,6 +123,8 @@ class Tensor:
         """The data as a NumPy array: a view (no copy) on host, a copy from cuda.
         bf16 comes as uint16 bits and fp8 as uint8 bits (see to_float32)."""
         storage = numpy_storage(self.dtype)
+        if self.numel == 0:  # no memory to view (its address may be null): an empty array
+            return np.empty(self.shape, dtype=storage)
         if self.device == "host":
             view = _Interface(self, "__array_interface__", self._interface(storage.str))
             return np.asarray(view)
@@ -152,20 +154,22 @@ class Tensor:
         # viewed as the real type.
         bits = "<i2" if dtype == DType.BFLOAT16 else numpy_storage(dtype).str
         name = "__cuda_array_interface__" if self.device == "cuda" else "__array_interface__"
-        view = _Interface(self, name, self._interface(bits))
-        if self.device == "cuda":
-            raw = torch.as_tensor(view, device="cuda")
+        if self.numel == 0:  # no memory to view (its address may be null): an empty tensor
+            raw = torch.from_numpy(np.empty(self.shape, dtype=bits)).to("cuda" if self.device == "cuda" else "cpu")
+        elif self.device == "cuda":
+            raw = torch.as_tensor(_Interface(self, name, self._interface(bits)), device="cuda")
         else:
-            raw = torch.from_numpy(np.asarray(view))
+            raw = torch.from_numpy(np.asarray(_Interface(self, name, self._interface(bits))))
         torch_dtype = {DType.BFLOAT16: torch.bfloat16, DType.FLOAT8_E4M3: torch.float8_e4m3fn,
                        DType.FLOAT8_E5M2: torch.float8_e5m2}.get(dtype)
         return raw.view(torch_dtype) if torch_dtype is not None else raw
 
-    def copy_from(self, array):
-        """Copies host data in (converted to this tensor's dtype: floats to bf16 bits for bf16)."""
-        data = to_storage(array, self.dtype)
-        if data.size != self.numel:
-            raise StepGraphError(f"copy_from: {self!r} has {self.numel} elements, got an array of {data.size}")
+    def copy_from(self, array, name="copy_from: array"):
+        """Copies host data in. The array's shape must be this tensor's shape exactly; its values are
+        converted to this tensor's dtype as dtypes.to_storage says (floats to bf16 bits for bf16,
+        integer arrays only for int32/int64, values that fit)."""
+        array = _checks.check_array_shape(name, array, self.shape, self.dtype.short_name)
+        data = to_storage(array, self.dtype, name)
         _capi.call("sg_tensor_copy_from_host", self._handle, data.ctypes.data_as(ctypes.c_void_p), data.nbytes)
 
 

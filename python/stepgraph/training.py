@@ -1,13 +1,18 @@
 """AdamW and the whole training step of a ResidualStack (forward, cross-entropy, backward, AdamW)."""
 
 import ctypes
+import math
 
 import numpy as np
 
-from stepgraph import _capi
+from stepgraph import _capi, _checks
+from stepgraph.dtypes import to_storage
 from stepgraph.graph import CapturedStep, policy_value
 from stepgraph.layers import Layer, ResidualStack
 from stepgraph.tensor import Tensor
+
+# The label the training step's cross-entropy skips (ops/loss_ops.h CrossEntropyParams::ignore_index).
+IGNORE_INDEX = -100
 
 
 class AdamW:
@@ -15,8 +20,19 @@ class AdamW:
 
     def __init__(self, ctx, layers, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         layers = [layers] if isinstance(layers, Layer) else list(layers)
+        for layer in layers:
+            if not isinstance(layer, Layer):
+                raise TypeError(f"AdamW: layers must be stepgraph layers (a model or a list of layers), got "
+                                f"{type(layer).__name__}")
+        if isinstance(betas, (str, bytes)) or len(betas) != 2:
+            raise TypeError(f"AdamW: betas must be a pair (beta1, beta2), got {betas!r}")
+        # The engine's rules (kernels/adamw.cu check_adamw_hyper), on the float32 values it stores.
+        config = _capi.AdamWConfig(_checks.check_float32("lr", lr, 0.0, math.inf, owner="AdamW"),
+                                   _checks.check_float32("beta1", betas[0], 0.0, 1.0, hi_open=True, owner="AdamW"),
+                                   _checks.check_float32("beta2", betas[1], 0.0, 1.0, hi_open=True, owner="AdamW"),
+                                   _checks.check_float32("eps", eps, 0.0, math.inf, owner="AdamW"),
+                                   _checks.check_float32("weight_decay", weight_decay, 0.0, math.inf, owner="AdamW"))
         self._layers = layers  # the parameters' owners
-        config = _capi.AdamWConfig(lr, betas[0], betas[1], eps, weight_decay)
         handles = (ctypes.c_void_p * len(layers))(*[layer._handle.value for layer in layers])
         self._handle = _capi.new_handle()
         _capi.call("sg_adamw_create", ctx.handle, handles, len(layers), ctypes.byref(config),
@@ -49,6 +65,9 @@ class TrainStep:
     def __init__(self, model, optimizer, tokens):
         if not isinstance(model, ResidualStack):
             raise TypeError(f"TrainStep needs a stepgraph ResidualStack, got {type(model).__name__}")
+        if not isinstance(optimizer, AdamW):
+            raise TypeError(f"TrainStep needs a stepgraph AdamW, got {type(optimizer).__name__}")
+        tokens = _checks.check_int("tokens", tokens, *_checks.POSITIVE_INT64, "TrainStep")
         self.model, self.optimizer = model, optimizer
         self._handle = _capi.new_handle()
         _capi.call("sg_train_step_create", model._handle, optimizer._handle, tokens, ctypes.byref(self._handle))
@@ -61,9 +80,22 @@ class TrainStep:
         self._handle = None
 
     def load(self, x, labels):
-        """Copies a batch into the step's inputs (x floats are rounded to the model dtype)."""
-        self.x.copy_from(x)
-        self.labels.copy_from(np.asarray(labels, dtype=np.int32))
+        """Copies a batch into the step's inputs: x of shape [tokens, hidden] (floats rounded to the
+        model dtype), labels of shape [tokens], an integer array with every value in [0, vocab) or
+        IGNORE_INDEX (-100: the token counts for nothing in the loss). Both are checked before
+        either is copied."""
+        labels = _checks.check_array_shape("labels", labels, self.labels.shape, "int32", "TrainStep.load")
+        if labels.dtype.kind not in "iu":
+            raise TypeError(f"TrainStep.load: labels must be an integer array (class indices), got {labels.dtype}; "
+                            f"floats would be truncated into classes")
+        vocab = self.model.config["vocab"]
+        _checks.check_values("labels", labels, 0, vocab - 1, allowed=(IGNORE_INDEX,), owner="TrainStep.load",
+                             note=f"; labels are classes in [0, vocab = {vocab}), or {IGNORE_INDEX} for a token "
+                                  f"the loss skips")
+        x = _checks.check_array_shape("x", x, self.x.shape, self.x.dtype.short_name, "TrainStep.load")
+        data = to_storage(x, self.x.dtype, "TrainStep.load: x")
+        self.x.copy_from(data, "TrainStep.load: x")
+        self.labels.copy_from(labels.astype(np.int32), "TrainStep.load: labels")
 
     def __call__(self):
         """Runs one step now (eager); returns the loss tensor (fp32 scalar)."""

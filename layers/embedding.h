@@ -49,6 +49,7 @@ class Embedding {
   const Parameter& table() const { return table_; }
 
  private:
+  std::string label_;  // "Embedding 'name'", for argument errors
   EmbeddingConfig config_;
   Parameter table_;  // [vocab, dim]
 };

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "layers/layer_checks.h"
 #include "ops/grouped_gemm_ops.h"
 #include "ops/moe_ops.h"
 #include "kernels/moe_routing.h"
@@ -36,14 +37,10 @@ std::vector<Parameter*> GroupedLinear::parameters() {
 }
 
 GroupedLinear::Forward GroupedLinear::forward(Context& ctx, const FwdArgs& args) const {
+  const std::string label = layer_label("GroupedLinear", name_);
+  check_input(label, "forward", "input", args.x, {"tokens", config_.in_features}, config_.dtype);
+  check_input(label, "forward", "splits", args.splits, {config_.experts}, DType::kInt32, "one size per expert");
   const TensorMeta& x = args.x.meta();
-  SG_CHECK(x.shape.rank() == 2 && x.shape.dim(1) == config_.in_features && x.dtype == config_.dtype, "GroupedLinear '",
-           name_, "': input must be [tokens, ", config_.in_features, "] ", dtype_name(config_.dtype), ", got ", x.shape,
-           " ", dtype_name(x.dtype));
-  SG_CHECK(args.splits.defined() && args.splits.meta() == (TensorMeta{Shape{config_.experts}, DType::kInt32}),
-           "GroupedLinear '", name_, "': splits must be int32 [", config_.experts, "] (one size per expert), got ",
-           args.splits.defined() ? args.splits.shape() : Shape{}, " ",
-           args.splits.defined() ? dtype_name(args.splits.dtype()) : "undefined");
   Forward out;
   out.saved.x = args.x;
   out.saved.offsets = ops::split_offsets(ctx, args.splits, error_word_, x.shape.dim(0));
@@ -54,6 +51,13 @@ GroupedLinear::Forward GroupedLinear::forward(Context& ctx, const FwdArgs& args)
 }
 
 Tensor GroupedLinear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  const std::string label = layer_label("GroupedLinear", name_);
+  check_input(label, "backward", "saved.x", saved.x, {"tokens", config_.in_features}, config_.dtype,
+              "the forward's input");
+  check_input(label, "backward", "saved.offsets", saved.offsets, {config_.experts + 1}, DType::kInt32,
+              "the forward's split offsets");
+  check_input(label, "backward", "dy", args.dy, {saved.x.shape().dim(0), config_.out_features}, config_.dtype,
+              "the forward's output");
   ops::grouped_linear_wgrad_(ctx, weight_.grad, args.dy, saved.x, saved.offsets, /*accumulate=*/false);
   if (config_.bias) ops::grouped_bias_grad_(ctx, bias_.grad, args.dy, saved.offsets, /*accumulate=*/false);
   return ops::grouped_linear_dgrad(ctx, args.dy, weight_.value, saved.offsets, config_.dtype);

@@ -1,6 +1,7 @@
 #include "layers/language_model.h"
 
 #include "engine/error.h"
+#include "layers/layer_checks.h"
 
 namespace stepgraph {
 namespace {
@@ -29,8 +30,8 @@ std::vector<Parameter*> LanguageModel::parameters() {
 }
 
 LanguageModel::Forward LanguageModel::forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag) const {
-  SG_CHECK(tokens.shape().rank() == 2 && tokens.shape().dim(1) == config_.context, "LanguageModel: tokens must be [",
-           "batch, ", config_.context, "], got ", tokens.shape());
+  check_input("LanguageModel", "forward", "tokens", tokens, {"batch", config_.context}, DType::kInt32);
+  check_input("LanguageModel", "forward", "error_flag", error_flag, {1}, DType::kInt32);
   Forward out;
   const Embedding::Forward embedded = embedding_.forward(ctx, {tokens, error_flag});
   ResidualStack::Forward stack = stack_.forward(ctx, embedded.y);
@@ -47,6 +48,10 @@ std::vector<std::size_t> LanguageModel::parameter_group_sizes() {
 
 void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
                              const ResidualStack::GradientsReady& ready) const {
+  check_input("LanguageModel", "backward", "saved.embedding.tokens", saved.embedding.tokens,
+              {"batch", config_.context}, DType::kInt32, "the forward's tokens");
+  check_input("LanguageModel", "backward", "dlogits", dlogits,
+              {saved.embedding.tokens.shape().dim(0), config_.model.vocab}, config_.model.dtype, "the forward's logits");
   ResidualStack::GradientsReady shifted;
   if (ready) shifted = [&](std::size_t group) { ready(group + 1); };
   const Tensor dx = stack_.backward(ctx, saved.stack, dlogits, shifted);

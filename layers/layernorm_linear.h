@@ -44,6 +44,7 @@ class LayerNormLinear {
   std::vector<Parameter*> parameters();
 
  private:
+  std::string label_;  // "LayerNormLinear 'name'", for argument errors
   Norm norm_;
   Linear linear_;
 };

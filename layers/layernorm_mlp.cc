@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "layers/layer_checks.h"
 #include "layers/weight_grad_scope.h"
 #include "ops/activation_ops.h"
 #include "ops/elementwise_ops.h"
@@ -13,7 +14,9 @@ namespace stepgraph {
 using kernels::GemmEpilogue;
 
 LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNormMLPConfig& config, std::uint32_t seed)
-    : config_(config), norm_(ctx, name + ".norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype}) {
+    : label_(layer_label("LayerNormMLP", name)),
+      config_(config),
+      norm_(ctx, name + ".norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype}) {
   SG_CHECK(config.hidden > 0 && config.ffn > 0, "LayerNormMLP '", name, "': hidden and ffn must be > 0, got ",
            config.hidden, " and ", config.ffn);
   const float scale1 = 1.0f / std::sqrt(static_cast<float>(config.hidden));
@@ -35,10 +38,7 @@ std::vector<Parameter*> LayerNormMLP::parameters() {
 }
 
 LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) const {
-  const TensorMeta& x = args.x.meta();
-  SG_CHECK(x.shape.rank() == 2 && x.shape.dim(1) == config_.hidden && x.dtype == config_.dtype, "LayerNormMLP '",
-           w1_.name, "': input must be [tokens, ", config_.hidden, "] ", dtype_name(config_.dtype), ", got ", x.shape,
-           " ", dtype_name(x.dtype));
+  check_input(label_, "forward", "input", args.x, {"tokens", config_.hidden}, config_.dtype);
   const Norm::Forward normed = norm_.forward(ctx, {args.x});
   Tensor pre;
   Tensor act;
@@ -63,6 +63,12 @@ LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) c
 }
 
 Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  check_input(label_, "backward", "saved.norm.x", saved.norm.x, {"tokens", config_.hidden}, config_.dtype,
+              "the forward's input");
+  const std::int64_t tokens = saved.norm.x.shape().dim(0);
+  check_input(label_, "backward", "saved.act", saved.act, {tokens, config_.ffn}, config_.dtype,
+              "the forward's activation");
+  check_input(label_, "backward", "dy", args.dy, {tokens, config_.hidden}, config_.dtype, "the forward's output");
   // The data-gradient chain (dy -> d_pre -> d_normed -> dx) stays on the
   // current stream; weight and bias gradients go to the weight-gradient
   // stream (WeightGradScope) and overlap it.

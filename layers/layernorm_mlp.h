@@ -56,6 +56,7 @@ class LayerNormMLP {
  private:
   bool fused_gelu() const { return config_.dtype != DType::kFloat32; }
 
+  std::string label_;  // "LayerNormMLP 'name'", for argument errors
   LayerNormMLPConfig config_;
   Norm norm_;
   Parameter w1_;  // [ffn, hidden]

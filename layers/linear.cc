@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "layers/layer_checks.h"
 #include "layers/weight_grad_scope.h"
 #include "ops/elementwise_ops.h"
 #include "ops/gemm_ops.h"
@@ -12,7 +13,7 @@ namespace stepgraph {
 using kernels::GemmEpilogue;
 
 Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config, std::uint32_t seed)
-    : config_(config) {
+    : label_(layer_label("Linear", name)), config_(config) {
   SG_CHECK(config.in_features > 0 && config.out_features > 0, "Linear '", name,
            "': in_features and out_features must be > 0, got ", config.in_features, " and ", config.out_features);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config.in_features));
@@ -31,10 +32,7 @@ std::vector<Parameter*> Linear::parameters() {
 }
 
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
-  const TensorMeta& x = args.x.meta();
-  SG_CHECK(x.shape.rank() == 2 && x.shape.dim(1) == config_.in_features && x.dtype == config_.dtype, "Linear '",
-           weight_.name, "': input must be [tokens, ", config_.in_features, "] ", dtype_name(config_.dtype), ", got ",
-           x.shape, " ", dtype_name(x.dtype));
+  check_input(label_, "forward", "input", args.x, {"tokens", config_.in_features}, config_.dtype);
   ops::GemmParams params{.trans_b = true,
                          .epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
                          .out_dtype = config_.dtype};
@@ -45,6 +43,10 @@ Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
 }
 
 Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  check_input(label_, "backward", "saved.x", saved.x, {"tokens", config_.in_features}, config_.dtype,
+              "the forward's input");
+  check_input(label_, "backward", "dy", args.dy, {saved.x.shape().dim(0), config_.out_features}, config_.dtype,
+              "the forward's output");
   if (saved.wgrad) {
     // grad_W[out, in] = dy^T x, with grad_b = sum over tokens of dy fused
     // (BGRADB), on the weight-gradient stream.

@@ -54,6 +54,7 @@ class Linear {
   const Parameter& weight() const { return weight_; }
 
  private:
+  std::string label_;  // "Linear 'name'", for argument errors
   LinearConfig config_;
   Parameter weight_;  // [out, in]
   Parameter bias_;    // [out], absent without bias

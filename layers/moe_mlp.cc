@@ -1,6 +1,7 @@
 #include "layers/moe_mlp.h"
 
 #include "engine/error.h"
+#include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
 #include "kernels/moe_routing.h"
 
@@ -47,10 +48,7 @@ std::vector<Parameter*> MoEMLP::parameters() {
 }
 
 MoEMLP::Forward MoEMLP::forward(Context& ctx, const FwdArgs& args) const {
-  const TensorMeta& x = args.x.meta();
-  SG_CHECK(x.shape.rank() == 2 && x.shape.dim(1) == config_.hidden && x.dtype == config_.dtype, "MoEMLP '", name_,
-           "': input must be [tokens, ", config_.hidden, "] ", dtype_name(config_.dtype), ", got ", x.shape, " ",
-           dtype_name(x.dtype));
+  check_input(layer_label("MoEMLP", name_), "forward", "input", args.x, {"tokens", config_.hidden}, config_.dtype);
   Forward out;
   Saved& s = out.saved;
   const Norm::Forward normed = norm_.forward(ctx, {args.x});
@@ -72,6 +70,15 @@ MoEMLP::Forward MoEMLP::forward(Context& ctx, const FwdArgs& args) const {
 }
 
 Tensor MoEMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  const std::string label = layer_label("MoEMLP", name_);
+  check_input(label, "backward", "saved.norm.x", saved.norm.x, {"tokens", config_.hidden}, config_.dtype,
+              "the forward's input");
+  const std::int64_t tokens = saved.norm.x.shape().dim(0);
+  check_input(label, "backward", "saved.logits", saved.logits, {tokens, config_.experts}, config_.dtype,
+              "the forward's router logits");
+  check_input(label, "backward", "saved.expert_out", saved.expert_out, {tokens * config_.topk, config_.hidden},
+              config_.dtype, "the forward's expert outputs");
+  check_input(label, "backward", "dy", args.dy, {tokens, config_.hidden}, config_.dtype, "the forward's output");
   const ops::UnpermuteGrads unpermuted =
       ops::moe_unpermute_backward(ctx, args.dy, saved.expert_out, saved.plan.positions, saved.routed.gates);
   const Tensor d_act = fc2_.backward(ctx, saved.fc2, {unpermuted.dy_perm});

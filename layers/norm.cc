@@ -1,12 +1,13 @@
 #include "layers/norm.h"
 
 #include "engine/error.h"
+#include "layers/layer_checks.h"
 #include "ops/elementwise_ops.h"
 #include "ops/norm_ops.h"
 
 namespace stepgraph {
 
-Norm::Norm(Context& ctx, const std::string& name, const NormConfig& config) : config_(config) {
+Norm::Norm(Context& ctx, const std::string& name, const NormConfig& config) : label_(layer_label("Norm", name)), config_(config) {
   SG_CHECK(config.hidden > 0, "Norm '", name, "': hidden must be > 0, got ", config.hidden);
   gamma_ = make_parameter(ctx, name + ".gamma", Shape{config.hidden}, config.dtype, constant_init(config.hidden, 1.0f));
   if (layernorm()) {
@@ -21,12 +22,15 @@ std::vector<Parameter*> Norm::parameters() {
 }
 
 Norm::Forward Norm::forward(Context& ctx, const FwdArgs& args) const {
+  check_input(label_, "forward", "input", args.x, {"...", config_.hidden}, config_.dtype);
   const ops::NormParams params{config_.kind, config_.eps};
   const ops::NormForward f = ops::norm_forward(ctx, params, args.x, gamma_.value, layernorm() ? beta_.value : Tensor());
   return {f.y, Saved{args.x, f.mean, f.rstd}};
 }
 
 Tensor Norm::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  check_input(label_, "backward", "saved.x", saved.x, {"...", config_.hidden}, config_.dtype, "the forward's input");
+  check_input(label_, "backward", "dy", args.dy, exactly(saved.x.shape()), config_.dtype, "the forward's output");
   const ops::NormParams params{config_.kind, config_.eps};
   const ops::NormBackward b = ops::norm_backward(ctx, params, args.dy, saved.x, saved.mean, saved.rstd, gamma_.value);
   ops::copy_(ctx, gamma_.grad, b.dgamma);

@@ -48,6 +48,7 @@ class Norm {
  private:
   bool layernorm() const { return config_.kind == kernels::NormKind::kLayerNorm; }
 
+  std::string label_;  // "Norm 'name'", for argument errors
   NormConfig config_;
   Parameter gamma_;
   Parameter beta_;  // LayerNorm only

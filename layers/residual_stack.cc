@@ -3,6 +3,7 @@
 #include <string>
 
 #include "engine/error.h"
+#include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
 
 namespace stepgraph {
@@ -58,6 +59,7 @@ std::vector<Parameter*> ResidualStack::parameters() {
 }
 
 ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x) const {
+  check_input("ResidualStack", "forward", "input", x, {"tokens", config_.hidden}, config_.dtype);
   Forward out;
   Tensor h = x;
   for (const Block& block : blocks_) {
@@ -92,6 +94,12 @@ std::vector<std::size_t> ResidualStack::parameter_group_sizes() {
 
 Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
                                const GradientsReady& ready) const {
+  SG_CHECK(saved.blocks.size() == blocks_.size(), "ResidualStack backward: saved.blocks must hold ", blocks_.size(),
+           " blocks (the forward's), got ", saved.blocks.size());
+  check_input("ResidualStack", "backward", "saved.head.x", saved.head.x, {"tokens", config_.hidden}, config_.dtype,
+              "the forward's normed output");
+  check_input("ResidualStack", "backward", "dlogits", dlogits, {saved.head.x.shape().dim(0), config_.vocab},
+              config_.dtype, "the forward's logits");
   auto done = [&](std::size_t group) {
     if (ready) ready(group);
   };

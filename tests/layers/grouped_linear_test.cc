@@ -152,10 +152,10 @@ TEST(GroupedLinearHostTest, BadShapesAndConfigsAreErrors) {
   const Tensor splits = ctx.persistent("splits", {Shape{3}, DType::kInt32});
   const Tensor wrong_count = ctx.persistent("wrong_count", {Shape{4}, DType::kInt32});
   const Tensor wrong_dtype = ctx.persistent("wrong_dtype", {Shape{3}, DType::kFloat32});
-  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {wrong_x, splits}), "GroupedLinear 'experts': input must be [tokens, 4] fp32, got [5, 3] fp32");
-  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, wrong_count}), "splits must be int32 [3] (one size per expert), got [4] int32");
-  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, wrong_dtype}), "splits must be int32 [3]", "got [3] fp32");
-  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, Tensor()}), "splits must be int32 [3]", "undefined");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {wrong_x, splits}), "GroupedLinear 'experts' forward: input must be [tokens, 4] fp32, got [5, 3] fp32");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, wrong_count}), "splits must be [3] int32 (one size per expert), got [4] int32");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, wrong_dtype}), "splits must be [3] int32", "got [3] fp32");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {x, Tensor()}), "splits must be [3] int32", "undefined");
   EXPECT_ERROR_CONTAINS(GroupedLinear(ctx, "none", {.experts = 0, .in_features = 4, .out_features = 2}, 1),
                         "GroupedLinear 'none': experts must be in [1, 1024], got 0");
   EXPECT_ERROR_CONTAINS(

@@ -199,7 +199,7 @@ TEST(MoEMLPHostTest, BadConfigsAreErrorsAtBuildTime) {
                         "MoEMLP 'too_many': experts must be in [topk = 1, 1024], got 4096");
   MoEMLP layer(ctx, "moe", small_config(2, DType::kFloat32), 1);
   const Tensor wrong = ctx.persistent("wrong", {Shape{3, 7}, DType::kFloat32});
-  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {wrong}), "MoEMLP 'moe': input must be [tokens, ", "got [3, 7] fp32");
+  EXPECT_ERROR_CONTAINS(layer.forward(ctx, {wrong}), "MoEMLP 'moe' forward: input must be [tokens, ", "got [3, 7] fp32");
 }
 
 TEST(MoERoutingOpsTest, BadInputsAreClearErrors) {

@@ -19,8 +19,8 @@ def test_shape_mismatch_carries_the_engine_message_code_and_place(ctx):
     with pytest.raises(sg.StepGraphError) as error:
         layer.forward(ctx.from_numpy(np.ones((3, 7), np.float32)))
     assert error.value.code == 1 and error.value.code_name == "invalid_argument"
-    assert "input must be [tokens, 8] fp32, got [3, 7] fp32" in error.value.message
-    assert "layers/linear.cc" in str(error.value)  # the place the C++ code raised it
+    assert "Linear 'fc' forward: input must be [tokens, 8] fp32, got [3, 7] fp32" in error.value.message
+    assert "layers/layer_checks.cc" in str(error.value)  # the place the C++ code raised it
     assert _capi.lib().sg_last_error().decode() == error.value.message
 
 

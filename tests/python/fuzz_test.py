@@ -113,11 +113,12 @@ def test_table_has_enough_cases_in_both_areas():
     assert areas.count("capi") >= 20 and areas.count("binding") >= 20
 
 
-def test_summary():
-    """Prints the table (pytest -s) and fails naming every crash, silent or unclear case that is
-    not a known failure, so the JUnit output carries the list."""
+def test_summary(record_testsuite_property):
+    """Prints the table (pytest -s), records it as a JUnit test-suite property, and fails naming every crash,
+    silent or unclear case that is not a known failure, so the JUnit output carries the list."""
     text = table()
     print("\n" + text)
+    record_testsuite_property("fuzz_table", text)
     bad = [f"{case.area}/{case.name}" for case in fuzz_cases.CASES if not case.xfail and _run_all()[case.area, case.name][0] != "clear error"]
     assert not bad, f"{len(bad)} case(s) without a clear error: {bad}\n{text}"
 

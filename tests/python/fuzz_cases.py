@@ -122,13 +122,15 @@ case("capi", "negative_rank", "_capi.call('sg_tensor_create', raw_ctx, b't', 0, 
 case("capi", "huge_rank", """
 _capi.call('sg_tensor_create', raw_ctx, b't', 0, 1000, (c.c_int64 * 1000)(*([1] * 1000)), byref(c.c_void_p()))
 """, words=["sg_tensor_create", "rank"])
-case("capi", "int_max_rank", "_capi.call('sg_tensor_create', raw_ctx, b't', 0, 2**31 - 1, dims(2), byref(c.c_void_p()))",
+case("capi", "int_max_rank",
+     "_capi.call('sg_tensor_create', raw_ctx, b't', 0, 2**31 - 1, dims(2), byref(c.c_void_p()))",
      words=["sg_tensor_create", "rank"])
 case("capi", "negative_dim", "new_tensor(raw_ctx, 2, -3)", words=["sg_tensor_create"])
 case("capi", "huge_dims_overflow", "new_tensor(raw_ctx, 2**62, 2**62)", words=["more elements than int64"])
 case("capi", "null_dims", "_capi.call('sg_tensor_create', raw_ctx, b't', 0, 2, None, byref(c.c_void_p()))",
      words=["sg_tensor_create"])
-case("capi", "wrap_null_data", "_capi.call('sg_tensor_wrap', raw_ctx, b'w', 0, 1, dims(4), None, None, byref(c.c_void_p()))",
+case("capi", "wrap_null_data",
+     "_capi.call('sg_tensor_wrap', raw_ctx, b'w', 0, 1, dims(4), None, None, byref(c.c_void_p()))",
      words=["address is null"])
 case("capi", "wrap_transposed_strides", """
 buf = (c.c_float * 12)()
@@ -307,7 +309,8 @@ case("binding", "trainstep_bool_tokens", "m = small_model(ctx); sg.TrainStep(m, 
      TYPE, ["tokens", "bool"])
 case("binding", "trainstep_float_tokens", "m = small_model(ctx); sg.TrainStep(m, sg.AdamW(ctx, m), tokens=4.0)",
      TYPE, ["tokens", "float"])
-case("binding", "trainstep_linear_model", "l = sg.Linear(ctx, 4, 4, dtype='float32'); sg.TrainStep(l, sg.AdamW(ctx, l), 4)",
+case("binding", "trainstep_linear_model",
+     "l = sg.Linear(ctx, 4, 4, dtype='float32'); sg.TrainStep(l, sg.AdamW(ctx, l), 4)",
      TYPE, ["ResidualStack"])
 case("binding", "trainstep_optimizer_of_other_model", """
 a, b = small_model(ctx), small_model(ctx)

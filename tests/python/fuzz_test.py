@@ -119,7 +119,9 @@ def test_summary(record_testsuite_property):
     text = table()
     print("\n" + text)
     record_testsuite_property("fuzz_table", text)
-    bad = [f"{case.area}/{case.name}" for case in fuzz_cases.CASES if not case.xfail and _run_all()[case.area, case.name][0] != "clear error"]
+    results = _run_all()
+    bad = [f"{case.area}/{case.name}" for case in fuzz_cases.CASES
+           if not case.xfail and results[case.area, case.name][0] != "clear error"]
     assert not bad, f"{len(bad)} case(s) without a clear error: {bad}\n{text}"
 
 

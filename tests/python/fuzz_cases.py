@@ -1,0 +1,428 @@
+"""The bad-input table of fuzz_test.py: each case is a Python snippet that makes one bad call
+(through the raw C API in stepgraph._capi, or through the binding) and the error that call
+must raise: an exception type and words its message contains.
+
+Case fields:
+    area     "capi" (raw ctypes calls) or "binding" (the Python API)
+    name     unique id
+    body     the snippet; runs after PRELUDE, its last statement is the bad call
+    errors   exception type names (from the snippet's namespace) that count as a clear error
+    words    strings the message must contain
+    xfail    None, or the reason (naming the bug) a case is a known failure
+"""
+
+import collections
+
+Case = collections.namedtuple("Case", "area name body errors words xfail")
+
+# Runs before every body. DEVICE comes from argv[1] ("host" or "cuda").
+PRELUDE = r'''
+import ctypes, math, sys
+import numpy as np
+import stepgraph as sg
+from stepgraph import _capi
+from stepgraph._library import StepGraphError
+c = ctypes
+DEVICE = sys.argv[1]
+DEV = 0 if DEVICE == "cuda" else 1
+HUGE = 2**64 + 32
+def byref(x): return c.byref(x)
+def dims(*values): return (c.c_int64 * max(len(values), 1))(*values)
+def new_ctx():
+    h = _capi.new_handle()
+    _capi.call("sg_context_create", DEV, 0, byref(h))
+    return h
+def new_tensor(ctx, *shape, dtype=0):
+    h = _capi.new_handle()
+    _capi.call("sg_tensor_create", ctx, b"t", dtype, len(shape), dims(*shape), byref(h))
+    return h
+def small_model(ctx, **overrides):
+    args = dict(hidden=8, ffn=16, layers=1, vocab=16, dtype="float32")
+    args.update(overrides)
+    return sg.ResidualStack(ctx, **args)
+def train_step(ctx, tokens=4):
+    model = small_model(ctx)
+    return sg.TrainStep(model, sg.AdamW(ctx, model), tokens=tokens)
+X = np.arange(32, dtype=np.float32).reshape(4, 8) / 32
+def linear_graph(ctx):
+    """A captured step reading the persistent x [2, 4] fp32: returns (graph, x, layer)."""
+    layer = sg.Linear(ctx, 4, 4, dtype="float32")
+    x = ctx.tensor((2, 4))
+    graph = sg.capture(ctx, lambda: [layer(x)])
+    return graph, x, layer
+ctx = sg.Context(DEVICE)
+raw_ctx = new_ctx()
+_buffer_tensor = ctx.tensor((64,))  # memory of the context's device, for sg_tensor_wrap
+BUF = c.c_void_p(_buffer_tensor.data_ptr)
+'''
+
+_CASES = []
+
+
+def case(area, name, body, errors=("StepGraphError",), words=(), xfail=None):
+    _CASES.append(Case(area, name, body.strip("\n"), tuple(errors), tuple(words), xfail))
+
+
+SGE = ("StepGraphError",)
+ARG = ("ArgumentError",)  # sg.ArgumentError (a StepGraphError and a ValueError)
+TYPE = ("TypeError",)
+
+# ---- raw C API through ctypes -------------------------------------------------------------
+
+case("capi", "null_tensor_handle", "_capi.call('sg_tensor_rank', None, byref(c.c_int()))",
+     words=["sg_tensor_rank"])
+case("capi", "garbage_tensor_handle", "_capi.call('sg_tensor_numel', c.c_void_p(0xDEADBEEF), byref(c.c_int64()))",
+     words=["sg_tensor_numel", "not a handle this library issued"])
+case("capi", "random_garbage_graph_handle", "_capi.call('sg_graph_replay', c.c_void_p(0x7f3a12345678), None, None, 0)",
+     words=["sg_graph_replay", "not a handle this library issued"])
+case("capi", "destroyed_tensor_handle", """
+t = new_tensor(raw_ctx, 2, 3)
+_capi.call('sg_tensor_destroy', t)
+_capi.call('sg_tensor_bytes', t, byref(c.c_int64()))
+""", words=["sg_tensor_bytes", "destroyed"])
+case("capi", "double_destroy_graph", """
+g, x, layer = linear_graph(ctx)
+h = c.c_void_p(g._handle.value)
+_capi.call('sg_graph_destroy', h)
+_capi.call('sg_graph_destroy', h)
+""", words=["sg_graph_destroy", "destroyed"])
+case("capi", "context_as_tensor", "_capi.call('sg_tensor_rank', raw_ctx, byref(c.c_int()))",
+     words=["sg_tensor_rank", "not a tensor handle"])
+case("capi", "tensor_as_layer", """
+t = new_tensor(raw_ctx, 2)
+_capi.call('sg_layer_forward', t, t, byref(c.c_void_p()), byref(c.c_void_p()))
+""", words=["sg_layer_forward", "not a layer handle"])
+case("capi", "layer_as_optimizer", """
+layer = sg.Linear(ctx, 4, 4, dtype="float32")
+_capi.call('sg_optimizer_step', layer._handle)
+""", words=["sg_optimizer_step", "not a"])
+case("capi", "destroyed_context_create_tensor", """
+h = new_ctx()
+_capi.call('sg_context_destroy', h)
+new_tensor(h, 2)
+""", words=["sg_tensor_create", "destroyed"])
+case("capi", "null_out_context_create", "_capi.call('sg_context_create', DEV, 0, None)",
+     words=["sg_context_create"])
+case("capi", "null_out_tensor_rank", "_capi.call('sg_tensor_rank', new_tensor(raw_ctx, 2), None)",
+     words=["sg_tensor_rank"])
+case("capi", "null_out_tensor_create", "_capi.call('sg_tensor_create', raw_ctx, b't', 0, 1, dims(2), None)",
+     words=["sg_tensor_create"])
+case("capi", "null_out_graph_output", """
+g, x, layer = linear_graph(ctx)
+_capi.call('sg_graph_output', g._handle, 0, None)
+""", words=["sg_graph_output"])
+case("capi", "bad_device_enum", "_capi.call('sg_context_create', 7, 0, byref(c.c_void_p()))",
+     words=["device 7 is not an sg_device"])
+case("capi", "negative_side_streams", "_capi.call('sg_context_create', DEV, -1, byref(c.c_void_p()))",
+     words=["side_streams", "got -1"])
+case("capi", "bad_dtype_code_99", "new_tensor(raw_ctx, 2, dtype=99)", words=["dtype 99 is not an sg_dtype"])
+case("capi", "bad_dtype_code_negative", "new_tensor(raw_ctx, 2, dtype=-1)", words=["dtype -1 is not an sg_dtype"])
+case("capi", "negative_rank", "_capi.call('sg_tensor_create', raw_ctx, b't', 0, -1, dims(2), byref(c.c_void_p()))",
+     words=["sg_tensor_create", "rank"])
+case("capi", "huge_rank", """
+_capi.call('sg_tensor_create', raw_ctx, b't', 0, 1000, (c.c_int64 * 1000)(*([1] * 1000)), byref(c.c_void_p()))
+""", words=["sg_tensor_create", "rank"])
+case("capi", "int_max_rank",
+     "_capi.call('sg_tensor_create', raw_ctx, b't', 0, 2**31 - 1, dims(2), byref(c.c_void_p()))",
+     words=["sg_tensor_create", "rank"])
+case("capi", "negative_dim", "new_tensor(raw_ctx, 2, -3)", words=["sg_tensor_create"])
+case("capi", "huge_dims_overflow", "new_tensor(raw_ctx, 2**62, 2**62)", words=["more elements than int64"])
+case("capi", "null_dims", "_capi.call('sg_tensor_create', raw_ctx, b't', 0, 2, None, byref(c.c_void_p()))",
+     words=["sg_tensor_create"])
+case("capi", "wrap_null_data",
+     "_capi.call('sg_tensor_wrap', raw_ctx, b'w', 0, 1, dims(4), None, None, byref(c.c_void_p()))",
+     words=["address is null"])
+case("capi", "wrap_transposed_strides", """
+buf = (c.c_float * 12)()
+_capi.call('sg_tensor_wrap', raw_ctx, b'w', 0, 2, dims(3, 4), dims(1, 3), BUF,
+           byref(c.c_void_p()))
+""", words=["sg_tensor_wrap"])
+case("capi", "wrap_bad_dtype", """
+_capi.call('sg_tensor_wrap', raw_ctx, b'w', 42, 1, dims(4), None, BUF, byref(c.c_void_p()))
+""", words=["dtype 42 is not an sg_dtype"])
+case("capi", "wrap_negative_dim", """
+_capi.call('sg_tensor_wrap', raw_ctx, b'w', 0, 2, dims(2, -2), None, BUF, byref(c.c_void_p()))
+""", words=["sg_tensor_wrap"])
+case("capi", "copy_from_host_too_few_bytes", """
+buf = (c.c_float * 6)()
+_capi.call('sg_tensor_copy_from_host', new_tensor(raw_ctx, 2, 3), buf, 8)
+""", words=["holds 24 bytes, got 8"])
+case("capi", "copy_to_host_too_many_bytes", """
+buf = (c.c_float * 64)()
+_capi.call('sg_tensor_copy_to_host', new_tensor(raw_ctx, 2, 3), buf, 256)
+""", words=["holds 24 bytes", "256"])
+case("capi", "copy_from_host_null_src", "_capi.call('sg_tensor_copy_from_host', new_tensor(raw_ctx, 4), None, 16)",
+     words=["sg_tensor_copy_from_host"])
+case("capi", "copy_to_host_huge_bytes", """
+buf = (c.c_float * 4)()
+_capi.call('sg_tensor_copy_to_host', new_tensor(raw_ctx, 4), buf, 2**63)
+""", words=["holds 16 bytes", "9223372036854775808"])
+case("capi", "tensor_dims_null_dims", "_capi.call('sg_tensor_dims', new_tensor(raw_ctx, 2, 3), None, 3)",
+     words=["sg_tensor_dims", "dims is NULL"])
+case("capi", "tensor_dims_negative_capacity", """
+out = (c.c_int64 * 4)()
+_capi.call('sg_tensor_dims', new_tensor(raw_ctx, 2, 3), out, -1)
+""", words=["sg_tensor_dims"])
+case("capi", "tensor_set_name_null", "_capi.call('sg_tensor_set_name', new_tensor(raw_ctx, 2), None)",
+     words=["sg_tensor_set_name", "name is NULL"])
+case("capi", "replay_huge_count_null_arrays", """
+g, x, layer = linear_graph(ctx)
+_capi.call('sg_graph_replay', g._handle, None, None, 2**63)
+""", words=["sg_graph_replay"])
+case("capi", "replay_binding_wrong_shape", """
+g, x, layer = linear_graph(ctx)
+src = ctx.tensor((4, 2))
+_capi.call('sg_graph_replay', g._handle, (c.c_void_p * 1)(x._handle.value), (c.c_void_p * 1)(src._handle.value), 1)
+""", words=["is [2, 4] fp32 but its source", "[4, 2]"])
+case("capi", "replay_binding_wrong_dtype", """
+g, x, layer = linear_graph(ctx)
+src = ctx.tensor((2, 4), "int32")
+_capi.call('sg_graph_replay', g._handle, (c.c_void_p * 1)(x._handle.value), (c.c_void_p * 1)(src._handle.value), 1)
+""", words=["but its source", "int32"])
+case("capi", "replay_binding_other_context", """
+g, x, layer = linear_graph(ctx)
+other = sg.Context(DEVICE)
+src = other.tensor((2, 4))
+_capi.call('sg_graph_replay', g._handle, (c.c_void_p * 1)(x._handle.value), (c.c_void_p * 1)(src._handle.value), 1)
+""", words=["must belong to the step's context"])
+case("capi", "replay_binding_unread_static", """
+g, x, layer = linear_graph(ctx)
+unread, src = ctx.tensor((2, 4)), ctx.tensor((2, 4))
+_capi.call('sg_graph_replay', g._handle, (c.c_void_p * 1)(unread._handle.value), (c.c_void_p * 1)(src._handle.value), 1)
+""", words=["never reads"])
+case("capi", "replay_binding_garbage_source", """
+g, x, layer = linear_graph(ctx)
+_capi.call('sg_graph_replay', g._handle, (c.c_void_p * 1)(x._handle.value), (c.c_void_p * 1)(0xDEADBEEF), 1)
+""", words=["sg_graph_replay", "not a handle this library issued"])
+case("capi", "replay_ordered_huge_stream_count", """
+g, x, layer = linear_graph(ctx)
+_capi.call('sg_graph_replay_ordered', g._handle, None, None, 0, None, 2**63)
+""", words=["sg_graph_replay_ordered"])
+case("capi", "graph_output_index_out_of_range", """
+g, x, layer = linear_graph(ctx)
+_capi.call('sg_graph_output', g._handle, 5, byref(c.c_void_p()))
+""", words=["sg_graph_output"])
+case("capi", "layer_parameter_negative_index", """
+layer = sg.Linear(ctx, 4, 4, dtype="float32")
+buf = c.create_string_buffer(64)
+_capi.call('sg_layer_parameter', layer._handle, -1, buf, 64, byref(c.c_size_t()), byref(c.c_void_p()),
+           byref(c.c_void_p()), byref(c.c_void_p()))
+""", words=["sg_layer_parameter"])
+case("capi", "layer_parameter_huge_index", """
+layer = sg.Linear(ctx, 4, 4, dtype="float32")
+buf = c.create_string_buffer(64)
+_capi.call('sg_layer_parameter', layer._handle, 2**62, buf, 64, byref(c.c_size_t()), byref(c.c_void_p()),
+           byref(c.c_void_p()), byref(c.c_void_p()))
+""", words=["sg_layer_parameter"])
+case("capi", "adamw_null_layers", """
+cfg = _capi.AdamWConfig(); _capi.lib().sg_adamw_config_default(byref(cfg))
+_capi.call('sg_adamw_create', raw_ctx, None, 3, byref(cfg), byref(c.c_void_p()))
+""", words=["sg_adamw_create"])
+case("capi", "adamw_nan_lr", """
+layer = sg.Linear(ctx, 4, 4, dtype="float32")
+cfg = _capi.AdamWConfig(); _capi.lib().sg_adamw_config_default(byref(cfg)); cfg.lr = float('nan')
+_capi.call('sg_adamw_create', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, byref(cfg), byref(c.c_void_p()))
+""", words=["lr must be finite"])
+case("capi", "adamw_null_config", """
+layer = sg.Linear(ctx, 4, 4, dtype="float32")
+_capi.call('sg_adamw_create', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, None, byref(c.c_void_p()))
+""", words=["sg_adamw_create"])
+case("capi", "train_step_negative_tokens", """
+model = small_model(ctx)
+opt = sg.AdamW(ctx, model)
+_capi.call('sg_train_step_create', model._handle, opt._handle, -4, byref(c.c_void_p()))
+""", words=["tokens must be > 0, got -4"])
+case("capi", "train_step_capture_bad_policy", """
+step = train_step(ctx)
+_capi.call('sg_train_step_capture', step._handle, 7, byref(c.c_void_p()))
+""", words=["policy 7 is not an sg_pool_report_policy"])
+case("capi", "cuda_stream_negative_index", "_capi.call('sg_context_cuda_stream', raw_ctx, -1, byref(c.c_void_p()))",
+     words=["stream index -1 out of range"])
+case("capi", "stream_scope_index_99", "_capi.call('sg_stream_scope_enter', raw_ctx, 99, byref(c.c_void_p()))",
+     words=["stream 99 does not exist"])
+case("capi", "graph_cache_negative_bytes", "_capi.call('sg_graph_cache_create', -1, byref(c.c_void_p()))",
+     words=["max_pool_bytes must be > 0"])
+case("capi", "layer_forward_null_input", """
+layer = sg.Linear(ctx, 4, 4, dtype="float32")
+_capi.call('sg_layer_forward', layer._handle, None, byref(c.c_void_p()), byref(c.c_void_p()))
+""", words=["sg_layer_forward"])
+case("capi", "linear_null_config", "_capi.call('sg_linear_create', raw_ctx, b'l', None, 0, byref(c.c_void_p()))",
+     words=["sg_linear_create"])
+case("capi", "linear_bad_dtype", """
+cfg = _capi.LinearConfig(); _capi.lib().sg_linear_config_default(byref(cfg)); cfg.in_features = 4; cfg.out_features = 4
+cfg.dtype = 42
+_capi.call('sg_linear_create', raw_ctx, b'l', byref(cfg), 0, byref(c.c_void_p()))
+""", words=["dtype 42 is not an sg_dtype"])
+case("capi", "linear_negative_features", """
+cfg = _capi.LinearConfig(); _capi.lib().sg_linear_config_default(byref(cfg)); cfg.in_features = -4; cfg.out_features = 4
+cfg.dtype = 0
+_capi.call('sg_linear_create', raw_ctx, b'l', byref(cfg), 0, byref(c.c_void_p()))
+""", words=["in_features and out_features must be > 0"])
+case("capi", "norm_bad_kind", """
+cfg = _capi.NormConfig(); _capi.lib().sg_norm_config_default(byref(cfg)); cfg.hidden = 8; cfg.dtype = 0; cfg.kind = 9
+_capi.call('sg_norm_create', raw_ctx, b'n', byref(cfg), byref(c.c_void_p()))
+""", words=["norm kind 9 is not an sg_norm_kind"])
+case("capi", "residual_stack_zero_hidden", """
+cfg = _capi.ResidualStackConfig(); _capi.lib().sg_residual_stack_config_default(byref(cfg))
+cfg.hidden = 0; cfg.ffn = 16; cfg.layers = 1; cfg.vocab = 16; cfg.dtype = 0
+_capi.call('sg_residual_stack_create', raw_ctx, byref(cfg), byref(c.c_void_p()))
+""", words=["hidden must be > 0"])
+case("capi", "layer_backward_destroyed_saved", """
+layer = sg.Linear(ctx, 4, 4, dtype="float32")
+x = ctx.tensor((2, 4))
+y, saved = _capi.new_handle(), _capi.new_handle()
+_capi.call('sg_layer_forward', layer._handle, x._handle, byref(y), byref(saved))
+_capi.call('sg_saved_destroy', saved)
+_capi.call('sg_layer_backward', layer._handle, saved, y, byref(c.c_void_p()))
+""", words=["sg_layer_backward", "destroyed"])
+case("capi", "capture_bad_policy", """
+fn = _capi.STEP_FN(lambda user, outputs, capacity, count: 0)
+_capi.call('sg_capture', raw_ctx, fn, None, 99, byref(c.c_void_p()))
+""", words=["policy 99 is not an sg_pool_report_policy"])
+
+# ---- the Python binding -----------------------------------------------------------------
+
+case("binding", "tensor_huge_dim", "ctx.tensor((HUGE, 2))", ARG, ["shape[0]", str(2**64 + 32)])
+case("binding", "tensor_negative_dim", "ctx.tensor((2, -1))", ARG, ["shape[1]", "got -1"])
+case("binding", "tensor_bool_dim", "ctx.tensor((True, 2))", TYPE, ["shape[0]", "bool"])
+case("binding", "tensor_float_dim", "ctx.tensor((2.5,))", TYPE, ["shape[0]", "float"])
+case("binding", "tensor_shape_not_sequence", "ctx.tensor(5)", TYPE, ["shape must be a sequence"])
+case("binding", "tensor_unknown_dtype", "ctx.tensor((2,), 'float64')", ("ValueError",), ["unknown dtype"])
+case("binding", "linear_huge_in", "sg.Linear(ctx, HUGE, 4, dtype='float32')", ARG, ["in_features"])
+case("binding", "linear_negative_out", "sg.Linear(ctx, 4, -1, dtype='float32')", ARG, ["out_features", "got -1"])
+case("binding", "linear_bool_in", "sg.Linear(ctx, True, 4, dtype='float32')", TYPE, ["in_features", "bool"])
+case("binding", "linear_float_seed", "sg.Linear(ctx, 4, 4, dtype='float32', seed=1.0)", TYPE, ["seed"])
+case("binding", "linear_huge_seed", "sg.Linear(ctx, 4, 4, dtype='float32', seed=2**32)", ARG, ["seed"])
+case("binding", "norm_zero_hidden", "sg.LayerNorm(ctx, 0, dtype='float32')", ARG, ["hidden"])
+case("binding", "mlp_negative_ffn", "sg.LayerNormMLP(ctx, 8, -16, dtype='float32')", ARG, ["ffn"])
+case("binding", "stack_hidden_2_63", "small_model(ctx, hidden=2**63)", ARG, ["hidden"])
+case("binding", "stack_negative_layers", "small_model(ctx, layers=-1)", ARG, ["layers", "got -1"])
+case("binding", "stack_bool_vocab", "small_model(ctx, vocab=False)", TYPE, ["vocab", "bool"])
+case("binding", "stack_float_ffn", "small_model(ctx, ffn=16.0)", TYPE, ["ffn", "float"])
+case("binding", "stack_topk_over_experts", "small_model(ctx, experts=4, topk=5, moe_every=1)", SGE, ["topk"])
+case("binding", "stack_huge_topk", "small_model(ctx, experts=2, topk=HUGE + 1)", ARG, ["topk"])
+case("binding", "trainstep_zero_tokens", "m = small_model(ctx); sg.TrainStep(m, sg.AdamW(ctx, m), tokens=0)",
+     ARG, ["tokens", "got 0"])
+case("binding", "trainstep_huge_tokens", "m = small_model(ctx); sg.TrainStep(m, sg.AdamW(ctx, m), tokens=HUGE)",
+     ARG, ["tokens"])
+case("binding", "trainstep_bool_tokens", "m = small_model(ctx); sg.TrainStep(m, sg.AdamW(ctx, m), tokens=True)",
+     TYPE, ["tokens", "bool"])
+case("binding", "trainstep_float_tokens", "m = small_model(ctx); sg.TrainStep(m, sg.AdamW(ctx, m), tokens=4.0)",
+     TYPE, ["tokens", "float"])
+case("binding", "trainstep_linear_model",
+     "l = sg.Linear(ctx, 4, 4, dtype='float32'); sg.TrainStep(l, sg.AdamW(ctx, l), 4)",
+     TYPE, ["ResidualStack"])
+case("binding", "trainstep_optimizer_of_other_model", """
+a, b = small_model(ctx), small_model(ctx)
+step = sg.TrainStep(a, sg.AdamW(ctx, b), tokens=4)
+""", SGE, ["not a parameter of the step's model"])
+case("binding", "context_negative_side_streams", "sg.Context(DEVICE, side_streams=-1)", ARG, ["side_streams"])
+case("binding", "context_bad_device", "sg.Context('tpu')", SGE, ["device must be"])
+case("binding", "stream_huge_index", "\nwith ctx.stream(HUGE):\n    pass", ARG, ["index"])
+case("binding", "stream_out_of_range_index", "\nwith ctx.stream(7):\n    pass", SGE, ["stream"])
+case("binding", "cuda_stream_negative", "ctx.cuda_stream(-1)", ARG, ["index"])
+case("binding", "graph_cache_negative", "sg.GraphCache(-5)", ARG, ["max_pool_bytes"])
+case("binding", "copy_from_wrong_shape", "ctx.tensor((2, 3)).copy_from(np.ones((3, 2), np.float32))", ARG,
+     ["must have shape [2, 3]"])
+case("binding", "copy_from_complex", "ctx.tensor((2,)).copy_from(np.ones(2, complex))", TYPE, ["complex"])
+case("binding", "copy_from_float_into_int32", "ctx.tensor((3,), 'int32').copy_from([1.5, 2.0, 3.0])", TYPE,
+     ["integer array"])
+case("binding", "copy_from_int_overflow_int32", "ctx.tensor((3,), 'int32').copy_from(np.array([1, 2, 2**40]))", ARG,
+     ["2147483647"])
+case("binding", "copy_from_bool_into_float", "ctx.tensor((2,)).copy_from(np.array([True, False]))", TYPE, ["bool"])
+case("binding", "copy_from_fp8_float", "ctx.tensor((2,), 'fp8_e4m3').copy_from(np.ones(2))", TYPE, ["fp8"])
+case("binding", "load_x_transposed", "train_step(ctx).load(X.T.copy(), [0, 1, 2, 3])", ARG, ["x must have shape"])
+case("binding", "load_x_wrong_dtype", "train_step(ctx).load(X.astype(complex), [0, 1, 2, 3])", TYPE, ["complex"])
+case("binding", "load_label_equal_vocab", "train_step(ctx).load(X, [16, 0, 0, 0])", ARG, ["labels", "got 16"])
+case("binding", "load_label_negative", "train_step(ctx).load(X, [0, -5, 0, 0])", ARG, ["labels", "got -5"])
+case("binding", "load_label_float", "train_step(ctx).load(X, [0.0, 1.0, 2.0, 3.5])", TYPE, ["integer array"])
+case("binding", "load_label_uint64_huge", "train_step(ctx).load(X, np.array([0, 2**63, 0, 0], np.uint64))", ARG,
+     ["9223372036854775808"])
+case("binding", "load_label_wrong_shape", "train_step(ctx).load(X, [[0], [1], [2], [3]])", ARG,
+     ["labels must have shape [4]"])
+case("binding", "adamw_negative_lr", "sg.AdamW(ctx, small_model(ctx), lr=-1e-3)", ARG, ["lr"])
+case("binding", "adamw_nan_lr", "sg.AdamW(ctx, small_model(ctx), lr=float('nan'))", ARG, ["lr"])
+case("binding", "adamw_beta1_one", "sg.AdamW(ctx, small_model(ctx), betas=(1.0, 0.999))", ARG, ["beta1"])
+case("binding", "adamw_beta2_negative", "sg.AdamW(ctx, small_model(ctx), betas=(0.9, -0.1))", ARG, ["beta2"])
+case("binding", "adamw_one_beta", "sg.AdamW(ctx, small_model(ctx), betas=(0.9,))", TYPE, ["betas"])
+case("binding", "adamw_inf_eps", "sg.AdamW(ctx, small_model(ctx), eps=float('inf'))", ARG, ["eps"])
+case("binding", "adamw_negative_weight_decay", "sg.AdamW(ctx, small_model(ctx), weight_decay=-0.1)", ARG,
+     ["weight_decay"])
+case("binding", "adamw_string_lr", "sg.AdamW(ctx, small_model(ctx), lr='0.1')", TYPE, ["lr"])
+case("binding", "adamw_not_layers", "sg.AdamW(ctx, [None])", TYPE, ["layers"])
+case("binding", "replay_bind_unread_tensor", """
+g, x, layer = linear_graph(ctx)
+g.replay({ctx.tensor((2, 4)): ctx.tensor((2, 4))})
+""", SGE, ["never reads"])
+case("binding", "replay_bind_wrong_shape", """
+g, x, layer = linear_graph(ctx)
+g.replay({x: ctx.tensor((4, 2))})
+""", SGE, ["but its source", "[4, 2]"])
+case("binding", "replay_bind_wrong_dtype", """
+g, x, layer = linear_graph(ctx)
+g.replay({x: ctx.tensor((2, 4), 'float16')})
+""", SGE, ["but its source", "fp16"])
+case("binding", "replay_bind_other_context", """
+g, x, layer = linear_graph(ctx)
+g.replay({x: sg.Context(DEVICE).tensor((2, 4))})
+""", SGE, ["must belong to the step's context"])
+case("binding", "replay_bind_non_tensor", """
+g, x, layer = linear_graph(ctx)
+g.replay({x: np.ones((2, 4), np.float32)})
+""", TYPE, ["replay bindings"])
+case("binding", "release_pool_then_replay", """
+g, x, layer = linear_graph(ctx)
+g.replay()
+g.release_pool()
+g.replay()
+""", SGE, ["released"])
+case("binding", "train_graph_release_pool_then_replay", """
+step = train_step(ctx)
+step.load(X, [0, 1, 2, 3])
+g = step.capture()
+g.release_pool()
+g.replay()
+""", SGE, ["released"])
+case("binding", "forward_tensor_of_other_context", """
+layer = sg.Linear(ctx, 4, 4, dtype='float32')
+layer(sg.Context(DEVICE).tensor((2, 4)))
+""", SGE, ["context"])
+case("binding", "forward_wrong_shape", "sg.Linear(ctx, 8, 4, dtype='float32').forward(ctx.tensor((3, 7)))", SGE,
+     ["input must be [tokens, 8]"])
+case("binding", "forward_wrong_dtype", "sg.Linear(ctx, 4, 4, dtype='float32')(ctx.tensor((2, 4), 'int32'))", SGE,
+     ["linear"])
+case("binding", "backward_saved_of_other_layer", """
+a, b = sg.Linear(ctx, 4, 4, dtype='float32'), sg.Linear(ctx, 4, 4, dtype='float32')
+_, saved = a.forward(ctx.tensor((2, 4)))
+b.backward(saved, ctx.tensor((2, 4)))
+""", SGE, ["another linear"])
+case("binding", "capture_step_that_raises", """
+def step():
+    raise ValueError("boom in the step")
+sg.capture(ctx, step)
+""", ("ValueError",), ["boom in the step"])
+case("binding", "capture_step_returns_non_tensor", "sg.capture(ctx, lambda: [np.ones(2)])", TYPE,
+     ["returns stepgraph Tensors"])
+case("binding", "capture_bad_policy", "sg.capture(ctx, lambda: [], policy='sometimes')", SGE, ["policy"])
+case("binding", "item_of_many_elements", "ctx.tensor((3,)).item()", SGE, ["item() needs one element"])
+case("binding", "closed_context", "ctx.close(); ctx.tensor((2,))", SGE, ["closed"])
+case("binding", "wrap_float64", "ctx.wrap(np.ones(3, np.float64))", TYPE + SGE, [])
+case("binding", "wrap_read_only_or_wrong_device", """
+a = np.ones((2, 2), np.float32)
+a.setflags(write=False)
+ctx.wrap(a)
+""", SGE, [])
+case("binding", "wrap_transposed", "ctx.wrap(np.ones((4, 6), np.float32).T)", SGE, [])
+
+case("binding", "tensor_numel_overflow", "ctx.tensor((2**40, 2**40))", SGE, ["more elements than int64"])
+case("binding", "tensor_out_of_memory", "ctx.tensor((2**50,))", SGE, ["out_of_memory"])
+case("binding", "read_output_after_release_pool", """
+g, x, layer = linear_graph(ctx)
+g.replay()
+y = g.outputs[0]
+g.release_pool()
+y.numpy()
+""", SGE, [])
+
+CASES = tuple(_CASES)
+assert len({(c.area, c.name) for c in CASES}) == len(CASES), "case names must be unique in an area"

@@ -176,7 +176,10 @@ sg_result sg_tensor_storage(sg_tensor tensor, sg_storage* out);
 sg_result sg_tensor_numel(sg_tensor tensor, int64_t* out);
 sg_result sg_tensor_bytes(sg_tensor tensor, int64_t* out);
 /* The data's address (device memory on cuda); an error for a traced value or
- * a tensor whose graph pool was released. */
+ * a tensor whose graph pool was released. For a graph output the address is
+ * valid until sg_graph_release_pool: do not read it after that. (Without a
+ * release, the pool lives as long as the graph or a handle to one of its
+ * outputs.) */
 sg_result sg_tensor_data(sg_tensor tensor, void** out);
 sg_result sg_tensor_name(sg_tensor tensor, char* buffer, size_t capacity, size_t* length);
 sg_result sg_tensor_set_name(sg_tensor tensor, const char* name);

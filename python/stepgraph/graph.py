@@ -12,6 +12,7 @@ one static pool, captured into CUDA graphs (host: a planned program) and replaye
 
 import ctypes
 import sys
+import weakref
 
 from stepgraph import _capi, _checks
 from stepgraph._library import StepGraphError
@@ -33,6 +34,9 @@ class CapturedStep:
     def __init__(self, handle, keep_alive=None):
         self._handle = handle
         self._keep_alive = keep_alive
+        # Output tensors handed out (a NumPy or torch view keeps its tensor alive):
+        # release_pool() refuses while any is in use, since their memory is the pool.
+        self._outputs_in_use = weakref.WeakSet()
 
     def __del__(self):
         _capi.destroy("sg_graph_destroy", getattr(self, "_handle", None))
@@ -68,6 +72,7 @@ class CapturedStep:
             handle = _capi.new_handle()
             _capi.call("sg_graph_output", self._handle, index, ctypes.byref(handle))
             out.append(Tensor(handle))
+        self._outputs_in_use.update(out)
         return out
 
     @property
@@ -99,7 +104,15 @@ class CapturedStep:
         return _capi.string_out("sg_graph_dump", self._handle)
 
     def release_pool(self):
-        """Frees the pool now; replaying or reading the outputs afterwards is an error."""
+        """Frees the pool now; replaying or reading the outputs afterwards is an error. Refused
+        while an output tensor taken from `outputs`, or a NumPy or torch view of one, is still
+        alive: a view reads the pool's memory directly and would read freed memory."""
+        in_use = list(self._outputs_in_use)
+        if in_use:
+            names = ", ".join(sorted({repr(tensor.name) for tensor in in_use}))
+            raise StepGraphError(f"release_pool: {len(in_use)} output tensor(s) of this graph ({names}) or NumPy/"
+                                 f"torch views of them are still in use, and their memory is the pool; drop them "
+                                 f"(del) first")
         _capi.call("sg_graph_release_pool", self._handle)
 
 

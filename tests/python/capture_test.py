@@ -3,6 +3,8 @@ eager steps bit for bit; a Python step function (layer forward and backward) is
 traced, replayed with input bindings, and reports the pool tensors it keeps; the
 graph cache counts hits and misses."""
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -144,6 +146,22 @@ def test_released_pool_makes_replay_an_error(ctx):
     with pytest.raises(sg.StepGraphError, match="cannot replay: the captured step is released") as error:
         graph.replay()
     assert error.value.code_name == "invalid_state"
+
+
+def test_release_pool_refuses_while_a_view_of_an_output_is_alive(ctx):
+    layer = sg.Linear(ctx, 4, 4, dtype="float32")
+    x = ctx.tensor((2, 4))
+    graph = sg.capture(ctx, lambda: layer(x))
+    graph.replay()
+    view = graph.outputs[0].numpy()  # on host a view into the pool
+    with pytest.raises(sg.StepGraphError, match=r"release_pool: 1 output tensor\(s\).*still in use.*drop them"):
+        graph.release_pool()
+    assert view.shape == (2, 4)  # still readable: the pool is still there
+    del view
+    gc.collect()
+    graph.release_pool()
+    with pytest.raises(sg.StepGraphError, match="released"):
+        graph.replay()
 
 
 def test_side_stream_scope_records_ops_on_stream_one(ctx):

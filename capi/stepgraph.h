@@ -91,7 +91,9 @@ typedef enum sg_storage {
   SG_STORAGE_PERSISTENT = 0, /* fixed address: created or wrapped */
   SG_STORAGE_EAGER = 1,      /* an eager op's output */
   SG_STORAGE_TRACED = 2,     /* a value of a step being traced: no memory */
-  SG_STORAGE_POOL = 3        /* a captured step's output, in its graph pool */
+  SG_STORAGE_POOL = 3,       /* a captured step's output, in its graph pool */
+  SG_STORAGE_UNAVAILABLE = 4 /* held past a capture whose pool report policy was
+                              * "free": its memory is reused, reading it is an error */
 } sg_storage;
 
 /* What a capture does with pool tensors the step keeps without returning them. */

@@ -212,6 +212,10 @@ extern "C" sg_result sg_tensor_device(sg_tensor tensor, sg_device* out) {
   });
 }
 
+// sg_storage mirrors StorageKind value for value.
+static_assert(static_cast<int>(stepgraph::StorageKind::kPool) == SG_STORAGE_POOL &&
+              static_cast<int>(stepgraph::StorageKind::kUnavailable) == SG_STORAGE_UNAVAILABLE);
+
 extern "C" sg_result sg_tensor_storage(sg_tensor tensor, sg_storage* out) {
   return run_guarded(__func__, [&, function = __func__] {
     const auto t = tensor_of(tensor, function);

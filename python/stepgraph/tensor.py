@@ -8,7 +8,7 @@ from stepgraph import _capi, _checks
 from stepgraph._library import StepGraphError
 from stepgraph.dtypes import DType, as_dtype, bf16_bits_to_float32, from_typestr, numpy_storage, to_storage, typestr
 
-STORAGE_NAMES = {0: "persistent", 1: "eager", 2: "traced", 3: "pool"}
+STORAGE_NAMES = {0: "persistent", 1: "eager", 2: "traced", 3: "pool", 4: "unavailable"}
 
 
 class _Interface:

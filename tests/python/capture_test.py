@@ -99,6 +99,24 @@ def test_pool_report_lists_a_kept_tensor_and_error_policy_refuses_it(ctx):
     assert error.value.code_name == "invalid_state" and error.value.code == 2
 
 
+def test_free_policy_makes_a_kept_tensor_unavailable(ctx):
+    layer = sg.Linear(ctx, 16, 8, dtype="float32", name="fc")
+    x = ctx.tensor((4, 16), "float32", name="x")
+    kept = []
+
+    def step():
+        h = layer(x)
+        h.name = "h"
+        kept.append(h)
+        return layer.parameters()[0].master
+
+    graph = sg.capture(ctx, step, policy="free")
+    assert graph.pool_report_count == 1
+    assert kept[0].storage == "unavailable"
+    with pytest.raises(sg.StepGraphError, match="pool report policy 'free' released it"):
+        kept[0].numpy()
+
+
 def test_error_in_step_function_surfaces_as_the_python_exception(ctx):
     def step():
         raise ValueError("bad batch")

@@ -12,7 +12,7 @@ Embedding::Embedding(Context& ctx, const std::string& name, const EmbeddingConfi
            " and ", config.dim);
   // Entries of size ~1, like the normalized activations the blocks produce.
   const Shape shape{config.vocab, config.dim};
-  table_ = make_parameter(ctx, name + ".table", shape, config.dtype, uniform_init(shape.numel(), 1.0f, seed));
+  table_ = make_parameter(ctx, name + ".table", shape, config.dtype, ParameterInit::uniform(1.0f, seed));
 }
 
 Embedding::Forward Embedding::forward(Context& ctx, const FwdArgs& args) const {

@@ -22,10 +22,10 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
                 " is not supported (the grouped GEMM takes bf16 or fp32)");
   const float scale = 1.0f / std::sqrt(static_cast<float>(config.in_features));
   const Shape shape{config.experts, config.out_features, config.in_features};
-  weight_ = make_parameter(ctx, name + ".weight", shape, config.dtype, uniform_init(shape.numel(), scale, seed));
+  weight_ = make_parameter(ctx, name + ".weight", shape, config.dtype, ParameterInit::uniform(scale, seed));
   if (config.bias) {
     const Shape bias{config.experts, config.out_features};
-    bias_ = make_parameter(ctx, name + ".bias", bias, config.dtype, uniform_init(bias.numel(), scale, seed + 1));
+    bias_ = make_parameter(ctx, name + ".bias", bias, config.dtype, ParameterInit::uniform(scale, seed + 1));
   }
   error_word_ = ctx.persistent(name + ".split_error", {Shape{1}, DType::kInt32});
 }

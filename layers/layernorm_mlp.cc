@@ -23,12 +23,12 @@ LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNor
   const float scale2 = 1.0f / std::sqrt(static_cast<float>(config.ffn));
   const Shape fc1{config.ffn, config.hidden};
   const Shape fc2{config.hidden, config.ffn};
-  w1_ = make_parameter(ctx, name + ".fc1.weight", fc1, config.dtype, uniform_init(fc1.numel(), scale1, seed));
+  w1_ = make_parameter(ctx, name + ".fc1.weight", fc1, config.dtype, ParameterInit::uniform(scale1, seed));
   b1_ = make_parameter(ctx, name + ".fc1.bias", Shape{config.ffn}, config.dtype,
-                       uniform_init(config.ffn, scale1, seed + 1));
-  w2_ = make_parameter(ctx, name + ".fc2.weight", fc2, config.dtype, uniform_init(fc2.numel(), scale2, seed + 2));
+                       ParameterInit::uniform(scale1, seed + 1));
+  w2_ = make_parameter(ctx, name + ".fc2.weight", fc2, config.dtype, ParameterInit::uniform(scale2, seed + 2));
   b2_ = make_parameter(ctx, name + ".fc2.bias", Shape{config.hidden}, config.dtype,
-                       uniform_init(config.hidden, scale2, seed + 3));
+                       ParameterInit::uniform(scale2, seed + 3));
 }
 
 std::vector<Parameter*> LayerNormMLP::parameters() {

@@ -18,10 +18,10 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
            "': in_features and out_features must be > 0, got ", config.in_features, " and ", config.out_features);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config.in_features));
   const Shape shape{config.out_features, config.in_features};
-  weight_ = make_parameter(ctx, name + ".weight", shape, config.dtype, uniform_init(shape.numel(), scale, seed));
+  weight_ = make_parameter(ctx, name + ".weight", shape, config.dtype, ParameterInit::uniform(scale, seed));
   if (config.bias) {
     bias_ = make_parameter(ctx, name + ".bias", Shape{config.out_features}, config.dtype,
-                           uniform_init(config.out_features, scale, seed + 1));
+                           ParameterInit::uniform(scale, seed + 1));
   }
 }
 

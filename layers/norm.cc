@@ -9,9 +9,9 @@ namespace stepgraph {
 
 Norm::Norm(Context& ctx, const std::string& name, const NormConfig& config) : label_(layer_label("Norm", name)), config_(config) {
   SG_CHECK(config.hidden > 0, "Norm '", name, "': hidden must be > 0, got ", config.hidden);
-  gamma_ = make_parameter(ctx, name + ".gamma", Shape{config.hidden}, config.dtype, constant_init(config.hidden, 1.0f));
+  gamma_ = make_parameter(ctx, name + ".gamma", Shape{config.hidden}, config.dtype, ParameterInit::constant(1.0f));
   if (layernorm()) {
-    beta_ = make_parameter(ctx, name + ".beta", Shape{config.hidden}, config.dtype, constant_init(config.hidden, 0.0f));
+    beta_ = make_parameter(ctx, name + ".beta", Shape{config.hidden}, config.dtype, ParameterInit::constant(0.0f));
   }
 }
 

@@ -7,25 +7,53 @@
 
 namespace stepgraph {
 
-Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
-                         std::span<const float> init) {
-  SG_CHECK(static_cast<std::int64_t>(init.size()) == shape.numel(), "parameter '", name, "' ", shape, " needs ",
-           shape.numel(), " initial values, got ", init.size());
+namespace {
+
+// The parameter's tensors, allocated (zero-filled), before any value is written.
+Parameter allocate_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype) {
   SG_CHECK_CODE(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
                 ErrorCode::kUnsupported, "parameter '", name, "': dtype ", dtype_name(dtype),
                 " is not supported (fp32, bf16, fp16)");
   Parameter p;
   p.name = name;
   p.master = ctx.persistent(name + ".master", {shape, DType::kFloat32});
-  ctx.copy_from_host(p.master, init.data(), init.size() * sizeof(float));
   p.grad = ctx.persistent(name + ".grad", {shape, DType::kFloat32});
-  if (dtype == DType::kFloat32) {
-    p.value = p.master;
-  } else {
-    p.value = ctx.persistent(name, {shape, dtype});
-    sync_copy_from_master(ctx, p);
-  }
+  p.value = dtype == DType::kFloat32 ? p.master : ctx.persistent(name, {shape, dtype});
   return p;
+}
+
+void write_initial_values(Context& ctx, const Parameter& p, std::span<const float> init) {
+  ctx.copy_from_host(p.master, init.data(), init.size() * sizeof(float));
+  sync_copy_from_master(ctx, p);
+}
+
+}  // namespace
+
+Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
+                         std::span<const float> init) {
+  SG_CHECK(static_cast<std::int64_t>(init.size()) == shape.numel(), "parameter '", name, "' ", shape, " needs ",
+           shape.numel(), " initial values, got ", init.size());
+  Parameter p = allocate_parameter(ctx, name, shape, dtype);
+  write_initial_values(ctx, p, init);
+  return p;
+}
+
+Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
+                         const ParameterInit& init) {
+  Parameter p = allocate_parameter(ctx, name, shape, dtype);
+  std::vector<float> values;
+  try {
+    values = init.values(shape.numel());
+  } catch (const std::bad_alloc&) {
+    SG_THROW(ErrorCode::kOutOfMemory, "parameter '", name, "' ", shape, ": its ", shape.numel(),
+             " initial values do not fit in host memory");
+  }
+  write_initial_values(ctx, p, values);
+  return p;
+}
+
+std::vector<float> ParameterInit::values(std::int64_t numel) const {
+  return is_constant ? constant_init(numel, scale_or_value) : uniform_init(numel, scale_or_value, seed);
 }
 
 void sync_copy_from_master(Context& ctx, const Parameter& parameter) {

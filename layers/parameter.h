@@ -30,6 +30,21 @@ Parameter make_parameter(Context& ctx, const std::string& name, const Shape& sha
 std::vector<float> uniform_init(std::int64_t numel, float scale, std::uint32_t seed);
 std::vector<float> constant_init(std::int64_t numel, float value);
 
+// How a layer initialises a parameter, made only once its device memory
+// exists: a model too large for memory then fails on the allocation, with an
+// error naming the parameter, before any host buffer of its size is made.
+struct ParameterInit {
+  static ParameterInit uniform(float scale, std::uint32_t seed) { return {false, scale, seed}; }
+  static ParameterInit constant(float value) { return {true, value, 0}; }
+  std::vector<float> values(std::int64_t numel) const;
+
+  bool is_constant = false;
+  float scale_or_value = 0;
+  std::uint32_t seed = 0;
+};
+Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
+                         const ParameterInit& init);
+
 // Writes `value` into the dtype copy from the master (after the optimizer
 // changed the master outside a step).
 void sync_copy_from_master(Context& ctx, const Parameter& parameter);

@@ -11,6 +11,12 @@ namespace stepgraph {
 ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config) : config_(config) {
   SG_CHECK(config.layers >= 0 && config.vocab > 0, "ResidualStack: layers must be >= 0 and vocab > 0, got ",
            config.layers, " and ", config.vocab);
+  // The loss reads the logits in 16-byte vectors (kernels/cross_entropy):
+  // refuse here, at construction, rather than at the first step or capture.
+  const auto logits_width = static_cast<std::int64_t>(16 / dtype_size(config.dtype));
+  SG_CHECK(config.vocab % logits_width == 0, "ResidualStack: vocab ", config.vocab, " must be a multiple of ",
+           logits_width, " for ", dtype_name(config.dtype),
+           " logits (the loss reads 16-byte vectors); pad the vocabulary and never use the padded classes as labels");
   SG_CHECK(config.experts >= 0, "ResidualStack: experts must be >= 0 (0: no MoE blocks), got ", config.experts);
   if (config.experts > 0) {
     SG_CHECK(config.topk == 1 || config.topk == 2, "ResidualStack: topk must be 1 or 2, got ", config.topk);

@@ -416,6 +416,12 @@ case("binding", "wrap_transposed", "ctx.wrap(np.ones((4, 6), np.float32).T)", SG
 
 case("binding", "tensor_numel_overflow", "ctx.tensor((2**40, 2**40))", SGE, ["more elements than int64"])
 case("binding", "tensor_out_of_memory", "ctx.tensor((2**50,))", SGE, ["out_of_memory"])
+case("binding", "tensor_out_of_memory_names_tensor", "ctx.tensor((2**50,))", SGE,
+     ["does not fit", "persistent tensor 'tensor"])
+case("binding", "model_out_of_memory_names_parameter", "small_model(ctx, hidden=2**20, ffn=2**22)", SGE,
+     ["out_of_memory", "block0", "does not fit"])
+case("binding", "stack_bf16_vocab_not_multiple_of_8", "small_model(ctx, vocab=12, dtype='bf16')", SGE,
+     ["vocab 12", "multiple of 8"])
 case("binding", "read_output_after_release_pool", """
 g, x, layer = linear_graph(ctx)
 g.replay()

@@ -30,8 +30,7 @@ ContextState::~ContextState() {
   }
 }
 
-void ContextState::order_before(int stream, std::span<const std::int64_t> reads,
-                                std::span<const std::int64_t> writes) {
+void ContextState::order_before(int stream, std::span<const std::int64_t> reads, std::span<const std::int64_t> writes) {
   backend->wait(order.prepare(stream, reads, writes));
 }
 
@@ -105,6 +104,15 @@ void Context::set_recorder(OpRecorder* recorder) {
   state_->recorder = recorder;
 }
 
+void Context::set_communication_stream(int index) {
+  SG_CHECK(index == -1 || (index >= 1 && index < state_->stream_count),
+           "the communication stream must be a side stream in [1, ", state_->stream_count,
+           ") (create the context with enough side streams), or -1 for none, got ", index);
+  state_->communication_stream = index;
+}
+
+int Context::communication_stream() const { return state_->communication_stream; }
+
 CUstream_st* Context::cuda_stream(int index) const {
   SG_CHECK(index >= 0 && index < state_->stream_count, "stream index ", index, " out of range [0, ",
            state_->stream_count, ")");
@@ -113,7 +121,18 @@ CUstream_st* Context::cuda_stream(int index) const {
 
 Tensor Context::persistent(std::string name, const TensorMeta& meta) {
   SG_CHECK(!name.empty(), "a persistent tensor needs a name (it appears in dumps, reports and errors)");
-  void* address = state_->allocate(meta.bytes(), MemoryKind::kPersistent, 0);
+  void* address = nullptr;
+  try {
+    address = state_->allocate(meta.bytes(), MemoryKind::kPersistent, 0);
+  } catch (const Error& error) {
+    if (error.code() != ErrorCode::kOutOfMemory) throw;
+    // Name the tensor: "out of memory" alone does not say which parameter of
+    // a large model did not fit.
+    SG_CHECK_CODE(false, ErrorCode::kOutOfMemory, "persistent tensor '", name, "' ", meta.shape.to_string(), " ",
+                  dtype_name(meta.dtype), " (", meta.bytes(), " bytes) does not fit in ",
+                  device_name(state_->backend->device()), " memory after ", state_->stats.persistent_bytes,
+                  " persistent bytes: ", error.message());
+  }
   auto impl = TensorImpl::persistent(state_, meta, std::move(name), address, TensorImpl::Ownership::kOwned);
   const std::int64_t id = impl->order_id();
   state_->order.issue(0, {}, std::span(&id, 1));  // the zero fill on stream 0
@@ -174,7 +193,9 @@ std::vector<Tensor> Context::call(const OpDef& op, OpParams params, std::vector<
     input_metas.push_back(input.meta());
   }
   std::vector<TensorMeta> output_metas = op.check(params, input_metas);
-  const int stream = state_->current_stream;
+  // Collectives go to the communication stream (Note [Collectives are ops]).
+  const int stream = op.collective != nullptr && state_->communication_stream >= 0 ? state_->communication_stream
+                                                                                   : state_->current_stream;
 
   if (tracing()) {
     SG_CHECK_CODE(!op.reads_to_host, ErrorCode::kInvalidState, "op ", op.name,

@@ -86,6 +86,12 @@ class Context {
   // step's pool). Nothing happens in eager execution.
   void begin_segment(std::string name);
 
+  // Where collective ops run (eager and traced), whatever the current
+  // stream: a side stream, so communication overlaps compute and the
+  // planner's events order it; -1 (the default): the current stream.
+  void set_communication_stream(int index);
+  int communication_stream() const;
+
   bool tracing() const;
   MemoryStats memory_stats() const;
 

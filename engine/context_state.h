@@ -30,6 +30,7 @@ struct ContextState {
   std::uint64_t id;
   int stream_count;
   int current_stream = 0;
+  int communication_stream = -1;  // where collectives run; -1: the current stream
   StreamOrder order;
   std::int64_t next_order_id = 0;
   OpRecorder* recorder = nullptr;

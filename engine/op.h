@@ -74,6 +74,20 @@ struct KernelArgs {
   std::span<const TensorMeta> output_metas;
 };
 
+// A collective call as the ranks see it (OpDef::collective).
+struct CollectiveCall {
+  std::uint64_t communicator = 0;  // Communicator::id()
+  // Point to point (send, recv, send_recv): the ranks this call sends to and
+  // receives from; both -1 for the collectives of the whole group.
+  int send_to = -1;
+  int recv_from = -1;
+  bool point_to_point() const { return send_to >= 0 || recv_from >= 0; }
+  // What every rank's matching call must equal, without this rank's own
+  // numbers: "group=dp size=2 op=sum" (the op name, shapes and dtypes are
+  // compared besides).
+  std::string signature;
+};
+
 struct OpDef {
   // Stable name, used in Program dumps, graph keys and errors: "axpy".
   std::string_view name;
@@ -95,6 +109,12 @@ struct OpDef {
   // Work that must happen before a graph capture on CUDA (library handles,
   // algorithm choice: calls not allowed under stream capture). Optional.
   void (*prepare_cuda)(const OpParams& params, std::span<const TensorMeta> inputs) = nullptr;
+  // Collectives only: which Communicator the call runs on and what every
+  // rank must agree on (see Note [Collectives are ops] in
+  // engine/communicator.h). Such an op goes to the context's communication
+  // stream, and a captured step compares its collectives across ranks before
+  // recording.
+  CollectiveCall (*collective)(const OpParams& params) = nullptr;
 
   // The inputs this call writes in place.
   std::vector<int> written_inputs(const OpParams& params, std::size_t input_count) const {

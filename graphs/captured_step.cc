@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "engine/logging.h"
+#include "graphs/collective_check.h"
 #include "graphs/tracer.h"
 
 namespace stepgraph {
@@ -32,6 +33,7 @@ std::shared_ptr<CapturedStep> CapturedStep::capture(Context& ctx, const StepFunc
                                                     const CaptureOptions& options) {
   std::shared_ptr<CapturedStep> self(new CapturedStep(ctx, options));
   TraceResult traced = self->trace(step);
+  check_uniform_collectives(traced.program, options.communicators);  // before anything is recorded
   self->report_ = apply_pool_report_policy(traced, options.pool_report_policy);
   self->plan_and_bind(std::move(traced));
   self->record_and_instantiate();
@@ -125,8 +127,7 @@ void CapturedStep::check_state(GraphState expected, std::string_view action) con
                 state_ == GraphState::kReleased ? " (its pool was released; capture the step again)" : "");
 }
 
-void CapturedStep::bind_inputs(std::span<const InputBinding> bindings,
-                               std::span<CUstream_st* const> source_streams) {
+void CapturedStep::bind_inputs(std::span<const InputBinding> bindings, std::span<CUstream_st* const> source_streams) {
   for (const InputBinding& binding : bindings) {
     const Tensor& target = binding.static_input;
     const Tensor& source = binding.source;

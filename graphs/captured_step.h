@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "graphs/bound_schedule.h"
 #include "graphs/graph_cache.h"
@@ -74,6 +75,12 @@ std::string_view graph_state_name(GraphState state);
 
 struct CaptureOptions {
   PoolReportPolicy pool_report_policy = PoolReportPolicy::kWarn;
+  // The groups whose ranks capture this step together: before recording,
+  // their ranks compare the collectives they would record
+  // (graphs/collective_check.h). Communicators the step uses are checked
+  // whether listed or not; list them so that a rank whose step makes no
+  // collective on one is found too.
+  std::vector<Communicator*> communicators;
 };
 
 struct InputBinding {
@@ -158,7 +165,7 @@ class CapturedStep final : public CachedGraph {
   std::unordered_set<const detail::TensorImpl*> read_inputs_;  // what a replay binding may target
   std::vector<Tensor> persistent_writes_;
   std::vector<Tensor> outputs_;
-  std::vector<BoundSchedule> segments_;                 // what each segment's recording points into
+  std::vector<BoundSchedule> segments_;                   // what each segment's recording points into
   std::vector<std::unique_ptr<Executable>> executables_;  // per segment
   std::int64_t replays_ = 0;
 };

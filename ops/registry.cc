@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "ops/activation_ops.h"
+#include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/embedding_ops.h"
 #include "ops/gemm_ops.h"
@@ -18,7 +19,7 @@ namespace stepgraph::ops {
 
 std::span<const OpDef* const> all_ops() {
   // Every op, by family: elementwise, gemm, grouped gemm, norm, activation, embedding, loss,
-  // optimizer, MoE routing.
+  // optimizer, MoE routing, collectives.
   static const std::vector<const OpDef*> ops = {
       &fill_op(),
       &copy_op(),
@@ -51,6 +52,14 @@ std::span<const OpDef* const> all_ops() {
       &moe_permute_op(),
       &moe_unpermute_op(),
       &moe_unpermute_backward_op(),
+      &all_reduce_op(),
+      &all_reduce_inplace_op(),
+      &reduce_scatter_op(),
+      &all_gather_op(),
+      &broadcast_inplace_op(),
+      &send_op(),
+      &recv_op(),
+      &send_recv_op(),
   };
 
   return ops;

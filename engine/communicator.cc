@@ -1,0 +1,80 @@
+#include "engine/communicator.h"
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "engine/error.h"
+
+namespace stepgraph {
+namespace {
+
+// The live communicators by id (Note [Collectives are ops]).
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<std::uint64_t, Communicator*> live;
+};
+
+Registry& registry() {
+  static Registry* instance = new Registry;  // never destroyed: communicators may outlive static destruction order
+  return *instance;
+}
+
+std::atomic<std::uint64_t> next_id{1};
+
+}  // namespace
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+Communicator::Communicator(std::string name, int rank, int world_size)
+    : name_(std::move(name)), rank_(rank), world_size_(world_size), id_(next_id.fetch_add(1)) {
+  SG_CHECK(!name_.empty(), "a communicator needs a name (it appears in errors): 'world', 'dp', 'tp', ...");
+  SG_CHECK(world_size >= 1, "communicator '", name_, "': world size must be >= 1, got ", world_size);
+  SG_CHECK(rank >= 0 && rank < world_size, "communicator '", name_, "': rank must be in [0, ", world_size, "), got ",
+           rank);
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.live.emplace(id_, this);
+}
+
+Communicator::~Communicator() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.live.erase(id_);
+}
+
+std::string Communicator::describe() const {
+  return detail::concat("communicator '", name_, "' (rank ", rank_, " of ", world_size_, ", ", device_name(device()),
+                        ")");
+}
+
+void Communicator::check_count(std::string_view call, std::int64_t count) const {
+  SG_CHECK(count >= 0, describe(), " ", call, ": count must be >= 0, got ", count);
+}
+
+void Communicator::check_peer(std::string_view call, int peer, std::string_view role) const {
+  SG_CHECK(peer >= 0 && peer < world_size_, describe(), " ", call, ": ", role, " must be a rank in [0, ", world_size_,
+           "), got ", peer);
+  if (role == "peer") {
+    SG_CHECK(peer != rank_, describe(), " ", call, ": the peer must be another rank, got this rank (", peer, ")");
+  }
+}
+
+Communicator& find_communicator(std::uint64_t id) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  const auto it = r.live.find(id);
+  SG_CHECK_CODE(it != r.live.end(), ErrorCode::kInvalidState, "communicator #", id,
+                " was destroyed; a collective op or captured step still refers to it (keep the communicator alive "
+                "for as long as the steps that use it)");
+  return *it->second;
+}
+
+}  // namespace stepgraph

@@ -1,0 +1,355 @@
+#include "engine/host_world.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "engine/error.h"
+#include "engine/half_precision.h"
+#include "engine/logging.h"
+
+namespace stepgraph {
+namespace {
+
+// One rank's posted call (Note [Host collectives]).
+struct Call {
+  std::string kind;
+  std::int64_t count = 0;
+  DType dtype = DType::kFloat32;
+  std::optional<ReduceOp> op;
+  int root = -1;
+  const void* send = nullptr;
+  std::string bytes;  // exchange()
+
+  bool same_as(const Call& other) const {
+    return kind == other.kind && count == other.count && dtype == other.dtype && op == other.op && root == other.root;
+  }
+  std::string describe() const {
+    std::ostringstream out;
+    out << kind << "(" << count << " " << dtype_name(dtype);
+    if (op) out << ", " << reduce_op_name(*op);
+    if (root >= 0) out << ", root " << root;
+    out << ")";
+    return out.str();
+  }
+};
+
+template <typename T>
+T combine(T a, T b, ReduceOp op) {
+  return op == ReduceOp::kSum ? static_cast<T>(a + b) : (b > a ? b : a);
+}
+
+// out[i] = reduce over ranks (in rank order) of sources[r][first + i].
+void reduce_into(std::byte* out, const std::vector<const void*>& sources, std::int64_t first, std::int64_t count,
+                 DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::kInt32:
+    case DType::kInt64: {
+      for (std::int64_t i = 0; i < count; ++i) {
+        if (dtype == DType::kInt32) {
+          std::int32_t acc = static_cast<const std::int32_t*>(sources[0])[first + i];
+          for (std::size_t r = 1; r < sources.size(); ++r) {
+            acc = combine(acc, static_cast<const std::int32_t*>(sources[r])[first + i], op);
+          }
+          std::memcpy(out + i * 4, &acc, 4);
+        } else {
+          std::int64_t acc = static_cast<const std::int64_t*>(sources[0])[first + i];
+          for (std::size_t r = 1; r < sources.size(); ++r) {
+            acc = combine(acc, static_cast<const std::int64_t*>(sources[r])[first + i], op);
+          }
+          std::memcpy(out + i * 8, &acc, 8);
+        }
+      }
+      return;
+    }
+    default:
+      // fp32 adds in fp32; bf16 and fp16 add in fp32 and round once.
+      for (std::int64_t i = 0; i < count; ++i) {
+        float acc = load_as_float(dtype, sources[0], first + i);
+        for (std::size_t r = 1; r < sources.size(); ++r)
+          acc = combine(acc, load_as_float(dtype, sources[r], first + i), op);
+        store_from_float(dtype, out, i, acc);
+      }
+  }
+}
+
+}  // namespace
+
+struct HostWorld::Shared {
+  Shared(int size, std::chrono::milliseconds timeout)
+      : size(size), timeout(timeout), posted(static_cast<std::size_t>(size)), waiting(static_cast<std::size_t>(size)) {}
+
+  const int size;
+  const std::chrono::milliseconds timeout;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Call> posted;   // per rank, valid between the two barriers of a call
+  std::vector<bool> waiting;  // per rank: arrived at the current barrier
+  int arrived = 0;
+  std::int64_t generation = 0;  // barriers passed
+  std::string abort_reason;     // set once: the world is aborted
+  std::exception_ptr first_failure;
+  int first_failed_rank = -1;
+  std::map<std::pair<int, int>, std::deque<std::string>> mailbox;  // (from, to) -> messages
+
+  // Both under `mutex`.
+  void abort_locked(std::string reason) {
+    if (!abort_reason.empty()) return;
+    abort_reason = std::move(reason);
+    logger().error("host world aborted: {}", abort_reason);
+    changed.notify_all();
+  }
+  [[noreturn]] void raise_aborted(int rank, const std::string& call) const {
+    SG_THROW(ErrorCode::kInvalidState, "host world rank ", rank, " at ", call,
+             ": the world was aborted: ", abort_reason);
+  }
+
+  // Waits until every rank reached this barrier, or the world aborts.
+  void barrier(int rank, const std::string& call, std::unique_lock<std::mutex>& lock) {
+    if (!abort_reason.empty()) raise_aborted(rank, call);
+    const std::int64_t gen = generation;
+    waiting[static_cast<std::size_t>(rank)] = true;
+    if (++arrived == size) {
+      arrived = 0;
+      waiting.assign(waiting.size(), false);
+      ++generation;
+      changed.notify_all();
+      return;
+    }
+    const bool passed = changed.wait_for(lock, timeout, [&] { return generation != gen || !abort_reason.empty(); });
+    if (!abort_reason.empty()) raise_aborted(rank, call);
+    if (!passed) {
+      std::string missing;
+      for (int r = 0; r < size; ++r) {
+        if (!waiting[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      abort_locked(detail::concat("rank ", rank, " waited ", timeout.count(), " ms at ", call, "; rank(s) ", missing,
+                                  " never arrived (dead, stalled, or issuing other collectives)"));
+      raise_aborted(rank, call);
+    }
+  }
+};
+
+namespace {
+
+class HostCommunicator final : public Communicator {
+ public:
+  HostCommunicator(std::shared_ptr<HostWorld::Shared> shared, int rank, std::string name)
+      : Communicator(std::move(name), rank, shared->size), shared_(std::move(shared)) {}
+
+  Device device() const override { return Device::kHost; }
+
+  void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op, CUstream_st*) override {
+    check_count("all_reduce", count);
+    check_reducible("all_reduce", dtype);
+    meet(
+        {"all_reduce", count, dtype, op, -1, send, {}}, recv,
+        [&](const std::vector<const void*>& sends, std::byte* out) { reduce_into(out, sends, 0, count, dtype, op); },
+        count * static_cast<std::int64_t>(dtype_size(dtype)));
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType dtype, ReduceOp op,
+                      CUstream_st*) override {
+    check_count("reduce_scatter", recv_count);
+    check_reducible("reduce_scatter", dtype);
+    meet(
+        {"reduce_scatter", recv_count, dtype, op, -1, send, {}}, recv,
+        [&](const std::vector<const void*>& sends, std::byte* out) {
+          reduce_into(out, sends, rank() * recv_count, recv_count, dtype, op);
+        },
+        recv_count * static_cast<std::int64_t>(dtype_size(dtype)));
+  }
+
+  void all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype, CUstream_st*) override {
+    check_count("all_gather", send_count);
+    const std::int64_t block = send_count * static_cast<std::int64_t>(dtype_size(dtype));
+    meet(
+        {"all_gather", send_count, dtype, std::nullopt, -1, send, {}}, recv,
+        [&](const std::vector<const void*>& sends, std::byte* out) {
+          for (std::size_t r = 0; r < sends.size(); ++r) {
+            if (block > 0)
+              std::memcpy(out + static_cast<std::int64_t>(r) * block, sends[r], static_cast<std::size_t>(block));
+          }
+        },
+        block * world_size());
+  }
+
+  void broadcast(const void* send, void* recv, std::int64_t count, DType dtype, int root, CUstream_st*) override {
+    check_count("broadcast", count);
+    check_peer("broadcast", root, "root");
+    const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+    meet(
+        {"broadcast", count, dtype, std::nullopt, root, send, {}}, recv,
+        [&](const std::vector<const void*>& sends, std::byte* out) {
+          if (bytes > 0) std::memcpy(out, sends[static_cast<std::size_t>(root)], static_cast<std::size_t>(bytes));
+        },
+        bytes);
+  }
+
+  void send(const void* data, std::int64_t count, DType dtype, int peer, CUstream_st*) override {
+    check_count("send", count);
+    check_peer("send", peer, "peer");
+    const std::string message(static_cast<const char*>(data), static_cast<std::size_t>(count) * dtype_size(dtype));
+    std::lock_guard lock(shared_->mutex);
+    const std::string call = next_call_name("send");
+    if (!shared_->abort_reason.empty()) shared_->raise_aborted(rank(), call);
+    shared_->mailbox[{rank(), peer}].push_back(message);
+    shared_->changed.notify_all();
+  }
+
+  void recv(void* data, std::int64_t count, DType dtype, int peer, CUstream_st*) override {
+    check_count("recv", count);
+    check_peer("recv", peer, "peer");
+    std::unique_lock lock(shared_->mutex);
+    const std::string call = next_call_name("recv");
+    auto& queue = shared_->mailbox[{peer, rank()}];
+    const bool ready = shared_->changed.wait_for(lock, shared_->timeout,
+                                                 [&] { return !queue.empty() || !shared_->abort_reason.empty(); });
+    if (!shared_->abort_reason.empty()) shared_->raise_aborted(rank(), call);
+    if (!ready) {
+      shared_->abort_locked(detail::concat("rank ", rank(), " waited ", shared_->timeout.count(), " ms at ", call,
+                                           " for rank ", peer, ", which sent nothing"));
+      shared_->raise_aborted(rank(), call);
+    }
+    const std::string message = std::move(queue.front());
+    queue.pop_front();
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    if (message.size() != bytes) {
+      shared_->abort_locked(detail::concat(call, " on rank ", rank(), " expected ", bytes, " bytes from rank ", peer,
+                                           ", which sent ", message.size()));
+      shared_->raise_aborted(rank(), call);
+    }
+    if (bytes > 0) std::memcpy(data, message.data(), bytes);
+  }
+
+  // Sends are buffered here, so the pair needs no grouping.
+  void send_recv(const void* send_data, int to, void* recv_data, int from, std::int64_t count, DType dtype,
+                 CUstream_st*) override {
+    send(send_data, count, dtype, to, nullptr);
+    recv(recv_data, count, dtype, from, nullptr);
+  }
+
+  std::vector<std::string> exchange(std::string_view local, std::string_view what) override {
+    std::unique_lock lock(shared_->mutex);
+    const std::string call = next_call_name(detail::concat("exchange '", what, "'"));
+    shared_->posted[static_cast<std::size_t>(rank())] =
+        Call{"exchange", 0, DType::kInt32, std::nullopt, -1, nullptr, std::string(local)};
+    shared_->barrier(rank(), call, lock);
+    std::vector<std::string> all;
+    for (const Call& posted : shared_->posted) all.push_back(posted.bytes);
+    shared_->barrier(rank(), call, lock);
+    return all;
+  }
+
+  void abort(std::string_view reason) noexcept override {
+    try {
+      std::lock_guard lock(shared_->mutex);
+      shared_->abort_locked(detail::concat("rank ", rank(), " aborted: ", reason));
+    } catch (...) {
+      logger().error("host world: abort failed");
+    }
+  }
+
+  void check_health() override {
+    std::lock_guard lock(shared_->mutex);
+    if (!shared_->abort_reason.empty()) shared_->raise_aborted(rank(), "check_health");
+  }
+
+ private:
+  void check_reducible(std::string_view call, DType dtype) const {
+    SG_CHECK(!is_fp8(dtype), describe(), " ", call,
+             ": fp8 values cannot be reduced (NCCL neither); reduce in bf16 or "
+             "fp32, got ",
+             dtype_name(dtype));
+  }
+
+  std::string next_call_name(std::string_view kind) { return detail::concat(kind, " #", ++calls_); }
+
+  // Note [Host collectives]: post, meet, compute from every rank's buffer,
+  // meet again, then write.
+  template <typename Compute>
+  void meet(Call call, void* recv, const Compute& compute, std::int64_t result_bytes) {
+    std::unique_lock lock(shared_->mutex);
+    const std::string name = next_call_name(call.describe());
+    shared_->posted[static_cast<std::size_t>(rank())] = call;
+    shared_->barrier(rank(), name, lock);
+    for (int r = 0; r < world_size(); ++r) {
+      const Call& other = shared_->posted[static_cast<std::size_t>(r)];
+      if (!other.same_as(shared_->posted[0])) {
+        // Every rank sees the same posts and raises the same error.
+        shared_->abort_locked(detail::concat("collective #", calls_, " differs between ranks: rank 0 calls ",
+                                             shared_->posted[0].describe(), ", rank ", r, " calls ", other.describe()));
+        shared_->raise_aborted(rank(), name);
+      }
+    }
+    std::vector<const void*> sends;
+    for (const Call& posted : shared_->posted) sends.push_back(posted.send);
+    std::vector<std::byte> result(static_cast<std::size_t>(result_bytes));
+    lock.unlock();  // the reads of other ranks' buffers need no lock: nobody writes before the next barrier
+    compute(sends, result.data());
+    lock.lock();
+    shared_->barrier(rank(), name, lock);
+    if (result_bytes > 0) std::memcpy(recv, result.data(), result.size());
+  }
+
+  std::shared_ptr<HostWorld::Shared> shared_;
+  std::int64_t calls_ = 0;
+};
+
+}  // namespace
+
+HostWorld::HostWorld(int size, std::chrono::milliseconds timeout) {
+  SG_CHECK(size >= 1, "HostWorld: size must be >= 1, got ", size);
+  SG_CHECK(timeout.count() > 0, "HostWorld: the timeout must be positive, got ", timeout.count(), " ms");
+  shared_ = std::make_shared<Shared>(size, timeout);
+}
+
+HostWorld::~HostWorld() = default;
+
+int HostWorld::size() const { return shared_->size; }
+
+std::unique_ptr<Communicator> HostWorld::communicator(int rank, std::string name) {
+  SG_CHECK(rank >= 0 && rank < shared_->size, "HostWorld: rank must be in [0, ", shared_->size, "), got ", rank);
+  return std::make_unique<HostCommunicator>(shared_, rank, std::move(name));
+}
+
+void HostWorld::run(int size, const std::function<void(Communicator& comm)>& body, std::chrono::milliseconds timeout) {
+  HostWorld world(size, timeout);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < size; ++r) comms.push_back(world.communicator(r));
+  Shared& shared = *world.shared_;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*comms[static_cast<std::size_t>(r)]);
+      } catch (const std::exception& error) {
+        std::lock_guard lock(shared.mutex);
+        if (!shared.first_failure && shared.abort_reason.empty()) {
+          shared.first_failure = std::current_exception();
+          shared.first_failed_rank = r;
+        }
+        shared.abort_locked(detail::concat("rank ", r, " failed: ", error.what()));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  if (shared.first_failure) {
+    try {
+      std::rethrow_exception(shared.first_failure);
+    } catch (const Error& error) {
+      SG_THROW(error.code(), "rank ", shared.first_failed_rank, ": ", error.message());
+    }
+  }
+  if (!shared.abort_reason.empty()) SG_THROW(ErrorCode::kInvalidState, "host world aborted: ", shared.abort_reason);
+}
+
+}  // namespace stepgraph

@@ -1,0 +1,259 @@
+#include "engine/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "engine/cuda_check.h"
+#include "engine/error.h"
+#include "engine/logging.h"
+#include "engine/nccl_check.h"
+
+namespace stepgraph {
+namespace {
+
+// NVLink multicast must stay off on shared hosts (it can take a host's GPUs
+// out of service); NCCL reads the variable when the first communicator is made.
+void keep_nvls_off() { ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0); }
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return ncclUint8;  // moved as bytes; never reduced (check_reducible)
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const NcclUniqueId& id, int rank, int world_size, const NcclCommunicatorOptions& options)
+      : Communicator(options.name, rank, world_size), device_(options.device), timeout_(options.timeout) {
+    keep_nvls_off();
+    SG_CUDA_CHECK(cudaSetDevice(device_));
+    ncclUniqueId nccl_id;
+    static_assert(sizeof(nccl_id.internal) == sizeof(id.bytes));
+    std::memcpy(nccl_id.internal, id.bytes.data(), sizeof(nccl_id.internal));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    SG_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_size, nccl_id, rank, &config));
+    wait_for_nccl("ncclCommInitRankConfig");
+    SG_CUDA_CHECK(cudaStreamCreateWithFlags(&exchange_stream_, cudaStreamNonBlocking));
+  }
+
+  ~NcclCommunicator() override {
+    if (exchange_stream_ != nullptr && cudaStreamDestroy(exchange_stream_) != cudaSuccess) {
+      logger().error("{}: cudaStreamDestroy failed", describe());
+    }
+    if (comm_ == nullptr) return;
+    // A communicator that failed is aborted (destroy would wait for peers
+    // that may be gone); a healthy one is finalized and destroyed.
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      ncclCommAbort(comm_);
+      return;
+    }
+    if (ncclCommFinalize(comm_) == ncclSuccess) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      do {
+        ncclCommGetAsyncError(comm_, &state);
+      } while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline);
+    }
+    if (state == ncclSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      logger().error("{}: finalize did not complete ({}); aborting", describe(), ncclGetErrorString(state));
+      ncclCommAbort(comm_);
+    }
+  }
+
+  Device device() const override { return Device::kCuda; }
+
+  void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
+                  CUstream_st* stream) override {
+    check_count("all_reduce", count);
+    check_reducible("all_reduce", dtype);
+    issue("ncclAllReduce",
+          ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_type(dtype), nccl_op(op), comm_, stream));
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType dtype, ReduceOp op,
+                      CUstream_st* stream) override {
+    check_count("reduce_scatter", recv_count);
+    check_reducible("reduce_scatter", dtype);
+    issue("ncclReduceScatter", ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), nccl_type(dtype),
+                                                 nccl_op(op), comm_, stream));
+  }
+
+  void all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype, CUstream_st* stream) override {
+    check_count("all_gather", send_count);
+    issue("ncclAllGather",
+          ncclAllGather(send, recv, static_cast<std::size_t>(send_count), nccl_type(dtype), comm_, stream));
+  }
+
+  void broadcast(const void* send, void* recv, std::int64_t count, DType dtype, int root,
+                 CUstream_st* stream) override {
+    check_count("broadcast", count);
+    check_peer("broadcast", root, "root");
+    issue("ncclBroadcast",
+          ncclBroadcast(send, recv, static_cast<std::size_t>(count), nccl_type(dtype), root, comm_, stream));
+  }
+
+  void send(const void* data, std::int64_t count, DType dtype, int peer, CUstream_st* stream) override {
+    check_count("send", count);
+    check_peer("send", peer, "peer");
+    issue("ncclSend", ncclSend(data, static_cast<std::size_t>(count), nccl_type(dtype), peer, comm_, stream));
+  }
+
+  void recv(void* data, std::int64_t count, DType dtype, int peer, CUstream_st* stream) override {
+    check_count("recv", count);
+    check_peer("recv", peer, "peer");
+    issue("ncclRecv", ncclRecv(data, static_cast<std::size_t>(count), nccl_type(dtype), peer, comm_, stream));
+  }
+
+  void send_recv(const void* send_data, int to, void* recv_data, int from, std::int64_t count, DType dtype,
+                 CUstream_st* stream) override {
+    check_count("send_recv", count);
+    check_peer("send_recv", to, "peer");
+    check_peer("send_recv", from, "peer");
+    const auto n = static_cast<std::size_t>(count);
+    SG_NCCL_CHECK(ncclGroupStart());
+    const ncclResult_t sent = ncclSend(send_data, n, nccl_type(dtype), to, comm_, stream);
+    const ncclResult_t received = ncclRecv(recv_data, n, nccl_type(dtype), from, comm_, stream);
+    const ncclResult_t ended = ncclGroupEnd();
+    for (const ncclResult_t status : {sent, received}) {
+      if (status != ncclSuccess && status != ncclInProgress) issue("ncclSend/ncclRecv", status);
+    }
+    issue("ncclGroupEnd (send_recv)", ended);
+  }
+
+  // Two all-gathers on a private stream: every rank's length, then the bytes
+  // padded to the longest.
+  std::vector<std::string> exchange(std::string_view local, std::string_view what) override {
+    const auto n = static_cast<std::size_t>(world_size());
+    std::vector<std::int64_t> lengths(n);
+    const std::int64_t length = static_cast<std::int64_t>(local.size());
+    gather_on_device(&length, lengths.data(), sizeof(length), what);
+    std::int64_t longest = 0;
+    for (std::int64_t l : lengths) longest = std::max(longest, l);
+    std::string padded(local);
+    padded.resize(static_cast<std::size_t>(longest));
+    std::string all(static_cast<std::size_t>(longest) * n, '\0');
+    gather_on_device(padded.data(), all.data(), static_cast<std::size_t>(longest), what);
+    std::vector<std::string> out;
+    for (std::size_t r = 0; r < n; ++r) {
+      out.push_back(all.substr(r * static_cast<std::size_t>(longest), static_cast<std::size_t>(lengths[r])));
+    }
+    return out;
+  }
+
+  void abort(std::string_view reason) noexcept override {
+    if (comm_ == nullptr) return;
+    logger().error("{}: aborting: {}", describe(), reason);
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  void check_health() override {
+    SG_CHECK_CODE(comm_ != nullptr, ErrorCode::kNccl, describe(), " was aborted");
+    ncclResult_t state = ncclSuccess;
+    SG_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      SG_THROW(ErrorCode::kNccl, describe(), " failed asynchronously: ", ncclGetErrorString(state), " (",
+               ncclGetLastError(comm_), ")");
+    }
+  }
+
+ private:
+  void check_reducible(std::string_view call, DType dtype) const {
+    SG_CHECK(!is_fp8(dtype), describe(), " ", call, ": fp8 values cannot be reduced; reduce in bf16 or fp32, got ",
+             dtype_name(dtype));
+  }
+
+  // A non-blocking call returns ncclInProgress until NCCL has taken it.
+  void issue(const char* call, ncclResult_t status) {
+    SG_CHECK_CODE(comm_ != nullptr, ErrorCode::kNccl, describe(), " ", call, ": the communicator was aborted");
+    if (status != ncclSuccess && status != ncclInProgress) {
+      SG_THROW(ErrorCode::kNccl, describe(), " ", call, " failed: ", ncclGetErrorString(status), " (",
+               ncclGetLastError(comm_), ")");
+    }
+    wait_for_nccl(call);
+  }
+
+  void wait_for_nccl(const char* call) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    ncclResult_t state = ncclInProgress;
+    while (true) {
+      SG_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state != ncclInProgress) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        abort(detail::concat(call, " did not complete within ", timeout_.count(), " ms"));
+        SG_THROW(ErrorCode::kNccl, describe(), " ", call, " did not complete within ", timeout_.count(),
+                 " ms (a peer that never came?); the communicator was aborted");
+      }
+      std::this_thread::yield();
+    }
+    if (state != ncclSuccess) {
+      SG_THROW(ErrorCode::kNccl, describe(), " ", call, " failed: ", ncclGetErrorString(state), " (",
+               ncclGetLastError(comm_), ")");
+    }
+  }
+
+  void gather_on_device(const void* local, void* all, std::size_t bytes, std::string_view what) {
+    const std::size_t n = static_cast<std::size_t>(world_size());
+    void* buffer = nullptr;
+    SG_CUDA_CHECK(cudaMalloc(&buffer, std::max<std::size_t>(bytes * (n + 1), 1)));
+    try {
+      auto* base = static_cast<char*>(buffer);
+      SG_CUDA_CHECK(cudaMemcpyAsync(base, local, bytes, cudaMemcpyHostToDevice, exchange_stream_));
+      issue(detail::concat("exchange '", what, "'").c_str(),
+            ncclAllGather(base, base + bytes, bytes, ncclUint8, comm_, exchange_stream_));
+      SG_CUDA_CHECK(cudaMemcpyAsync(all, base + bytes, bytes * n, cudaMemcpyDeviceToHost, exchange_stream_));
+      SG_CUDA_CHECK(cudaStreamSynchronize(exchange_stream_));
+    } catch (...) {
+      cudaFree(buffer);
+      throw;
+    }
+    SG_CUDA_CHECK(cudaFree(buffer));
+  }
+
+  int device_;
+  std::chrono::milliseconds timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t exchange_stream_ = nullptr;
+};
+
+}  // namespace
+
+NcclUniqueId make_nccl_unique_id() {
+  keep_nvls_off();
+  ncclUniqueId nccl_id;
+  SG_NCCL_CHECK(ncclGetUniqueId(&nccl_id));
+  NcclUniqueId id;
+  std::memcpy(id.bytes.data(), nccl_id.internal, id.bytes.size());
+  return id;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int world_size,
+                                                     const NcclCommunicatorOptions& options) {
+  return std::make_unique<NcclCommunicator>(id, rank, world_size, options);
+}
+
+std::string nccl_version() {
+  int version = 0;
+  SG_NCCL_CHECK(ncclGetVersion(&version));
+  return detail::concat(version / 10000, ".", (version / 100) % 100, ".", version % 100);
+}
+
+}  // namespace stepgraph

@@ -55,6 +55,11 @@ std::string Communicator::describe() const {
                         ")");
 }
 
+void Communicator::check_device(Device device, std::string_view what) const {
+  SG_CHECK(this->device() == device, what, ": ", describe(), " cannot move ", device_name(device),
+           " tensors; make the communicator for the context's device");
+}
+
 void Communicator::check_count(std::string_view call, std::int64_t count) const {
   SG_CHECK(count >= 0, describe(), " ", call, ": count must be >= 0, got ", count);
 }

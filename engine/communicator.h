@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,8 @@ class Communicator {
   std::string describe() const;
 
   virtual Device device() const = 0;
+  // An Error naming `what` unless this communicator moves `device` memory.
+  void check_device(Device device, std::string_view what) const;
 
   // The collectives. Buffers are memory of the communicator's device; counts
   // are elements of `dtype`. On cuda each call is enqueued on `stream` (under
@@ -59,6 +62,10 @@ class Communicator {
   // send at recv + rank * send_count.
   virtual void all_reduce(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
                           CUstream_st* stream) = 0;
+  // Several all-reduces issued together (one NCCL group: NCCL fuses them
+  // into few kernels), each buffer in place; one dtype for all.
+  virtual void all_reduce_many(std::span<void* const> buffers, std::span<const std::int64_t> counts, DType dtype,
+                               ReduceOp op, CUstream_st* stream) = 0;
   // send holds world_size * recv_count elements; rank r receives the
   // reduction of block r.
   virtual void reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType dtype, ReduceOp op,

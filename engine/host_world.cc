@@ -230,6 +230,13 @@ class HostCommunicator final : public Communicator {
     if (bytes > 0) std::memcpy(data, message.data(), bytes);
   }
 
+  void all_reduce_many(std::span<void* const> buffers, std::span<const std::int64_t> counts, DType dtype, ReduceOp op,
+                       CUstream_st*) override {
+    SG_CHECK(buffers.size() == counts.size(), describe(), " all_reduce_many: ", buffers.size(), " buffers but ",
+             counts.size(), " counts");
+    for (std::size_t i = 0; i < buffers.size(); ++i) all_reduce(buffers[i], buffers[i], counts[i], dtype, op, nullptr);
+  }
+
   // Sends are buffered here, so the pair needs no grouping.
   void send_recv(const void* send_data, int to, void* recv_data, int from, std::int64_t count, DType dtype,
                  CUstream_st*) override {

@@ -3,7 +3,7 @@
 // capture uniformity check, faults) runs in CI on machines without a GPU.
 //
 //   HostWorld::run(4, [](Communicator& comm) {
-//     Context ctx(Device::kHost);              // each rank its own context
+//     Context ctx(Device::kHost, 1);           // each rank its own context
 //     ... ops::all_reduce_(ctx, comm, grads, ReduceOp::kSum) ...
 //   });
 //

@@ -88,6 +88,24 @@ class NcclCommunicator final : public Communicator {
           ncclAllReduce(send, recv, static_cast<std::size_t>(count), nccl_type(dtype), nccl_op(op), comm_, stream));
   }
 
+  void all_reduce_many(std::span<void* const> buffers, std::span<const std::int64_t> counts, DType dtype, ReduceOp op,
+                       CUstream_st* stream) override {
+    SG_CHECK(buffers.size() == counts.size(), describe(), " all_reduce_many: ", buffers.size(), " buffers but ",
+             counts.size(), " counts");
+    check_reducible("all_reduce_many", dtype);
+    for (const std::int64_t count : counts) check_count("all_reduce_many", count);
+    SG_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t first_failure = ncclSuccess;
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      const ncclResult_t status = ncclAllReduce(buffers[i], buffers[i], static_cast<std::size_t>(counts[i]),
+                                                nccl_type(dtype), nccl_op(op), comm_, stream);
+      if (status != ncclSuccess && status != ncclInProgress && first_failure == ncclSuccess) first_failure = status;
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    if (first_failure != ncclSuccess) issue("ncclAllReduce (all_reduce_many)", first_failure);
+    issue("ncclGroupEnd (all_reduce_many)", ended);
+  }
+
   void reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType dtype, ReduceOp op,
                       CUstream_st* stream) override {
     check_count("reduce_scatter", recv_count);

@@ -3,6 +3,7 @@
 #include "engine/error.h"
 #include "kernels/adamw.h"
 #include "layers/weight_grad_scope.h"
+#include "ops/collective_ops.h"
 
 namespace stepgraph {
 
@@ -27,6 +28,7 @@ AdamW::Update AdamW::make_update(Context& ctx, std::size_t first, std::size_t co
   for (std::size_t i = first; i < first + count; ++i) {
     const Parameter* p = parameters_[i];
     update.tensors.insert(update.tensors.end(), {p->master, p->grad, m_[i], v_[i]});
+    update.grads.push_back(p->grad);
     if (p->has_copy()) update.tensors.push_back(p->value);
     update.params.has_copy.push_back(p->has_copy());
     update.params.total_numel += p->master.meta().numel();
@@ -75,8 +77,23 @@ void AdamW::step_group(Context& ctx, std::size_t group, bool advance_step) const
   ops::adamw_step(ctx, params, groups_[group].table, step_, groups_[group].tensors);
 }
 
-AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer)
-    : ctx_(ctx), optimizer_(optimizer), done_(optimizer.group_count(), false), remaining_(optimizer.group_count()) {
+const std::vector<Tensor>& AdamW::group_gradients(std::size_t group) const {
+  SG_CHECK(group < groups_.size(), "AdamW::group_gradients: group ", group, " of ", groups_.size());
+  return groups_[group].grads;
+}
+
+namespace {
+
+bool several_ranks(const Communicator* comm) { return comm != nullptr && comm->world_size() > 1; }
+
+}  // namespace
+
+AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel)
+    : ctx_(ctx),
+      optimizer_(optimizer),
+      data_parallel_(data_parallel),
+      done_(optimizer.group_count(), false),
+      remaining_(optimizer.group_count()) {
   SG_CHECK(remaining_ > 0, "AdamW::GroupedStep: the optimizer has no groups; call set_groups first");
 }
 
@@ -85,6 +102,9 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
            done_.size() > group ? " was already updated this step" : " does not exist");
   done_[group] = true;
   --remaining_;
+  if (several_ranks(data_parallel_)) {
+    ops::all_reduce_many_(ctx_, *data_parallel_, optimizer_.group_gradients(group), ReduceOp::kSum);
+  }
   WeightGradScope weight_grads(ctx_);
   optimizer_.step_group(ctx_, group, /*advance_step=*/remaining_ == 0);
 }
@@ -102,13 +122,17 @@ std::vector<AdamW::Moments> AdamW::moments() const {
   return out;
 }
 
-void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward) {
+void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
+                         Communicator* data_parallel) {
   if (optimizer.group_count() == 0) {
     backward({});
+    if (several_ranks(data_parallel)) {
+      ops::all_reduce_many_(ctx, *data_parallel, optimizer.all_gradients(), ReduceOp::kSum);
+    }
     optimizer.step(ctx);
     return;
   }
-  AdamW::GroupedStep update(ctx, optimizer);
+  AdamW::GroupedStep update(ctx, optimizer, data_parallel);
   backward(std::ref(update));
   update.finish();
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "layers/gradients_ready.h"
 #include "layers/parameter.h"
@@ -43,6 +44,9 @@ class AdamW {
   void group_for_overlap(Context& ctx, std::span<const std::size_t> sizes);
   // Updates group `group`; advance_step for the last update of a step only.
   void step_group(Context& ctx, std::size_t group, bool advance_step) const;
+  // The gradients a group's update reads (all of them for step()).
+  const std::vector<Tensor>& group_gradients(std::size_t group) const;
+  const std::vector<Tensor>& all_gradients() const { return all_.grads; }
 
   // One step's grouped updates, driven by a backward's "gradients ready"
   // calls (ResidualStack::GradientsReady): each group updates on the
@@ -52,15 +56,21 @@ class AdamW {
   //   AdamW::GroupedStep update(ctx, optimizer);
   //   model.backward(ctx, saved, dlogits, std::ref(update));
   //   update.finish();
+  //
+  // With a data-parallel communicator of several ranks, each group's
+  // gradients are first summed across the ranks (one all-reduce bucket per
+  // group, on the communication stream), so the reduction of one group
+  // overlaps the backward of the groups before it.
   class GroupedStep {
    public:
-    GroupedStep(Context& ctx, const AdamW& optimizer);
+    GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel = nullptr);
     void operator()(std::size_t group);
     void finish() const;
 
    private:
     Context& ctx_;
     const AdamW& optimizer_;
+    Communicator* data_parallel_;
     std::vector<bool> done_;
     std::size_t remaining_;
   };
@@ -83,6 +93,7 @@ class AdamW {
     ops::AdamWParams params;
     Tensor table;                 // the kernel's launch table (pointers), int64 words
     std::vector<Tensor> tensors;  // per parameter: master, grad, m, v[, copy]
+    std::vector<Tensor> grads;    // per parameter
   };
   // The update of parameters [first, first + count).
   Update make_update(Context& ctx, std::size_t first, std::size_t count, const std::string& table_name) const;
@@ -98,7 +109,10 @@ class AdamW {
 
 // Runs `backward` and the optimizer's step: each group's update as soon as
 // the backward reports it (AdamW::GroupedStep) when the optimizer has
-// groups, else one update after the whole backward.
-void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward);
+// groups, else one update after the whole backward. With `data_parallel`
+// (several ranks), the gradients are summed across its ranks before they
+// are used (the loss must already divide by the world size).
+void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
+                         Communicator* data_parallel = nullptr);
 
 }  // namespace stepgraph

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "engine/error.h"
+#include "ops/collective_ops.h"
+#include "ops/elementwise_ops.h"
 #include "ops/loss_ops.h"
 
 namespace stepgraph {
@@ -108,12 +110,15 @@ class ResidualStackSide final : public ModelSideOf<ResidualStack> {
 
 }  // namespace
 
-TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch)
-    : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer, batch) {}
+TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
+                     Communicator* data_parallel)
+    : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer, batch,
+                data_parallel) {}
 
-TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens)
-    : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens")), optimizer,
-                tokens) {}
+TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
+                     Communicator* data_parallel)
+    : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens")), optimizer, tokens,
+                data_parallel) {}
 
 namespace {
 
@@ -135,9 +140,13 @@ void check_optimizer_covers(const std::vector<Parameter*>& model, const std::vec
 
 }  // namespace
 
-TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows)
-    : model_(std::move(model)), optimizer_(optimizer) {
+TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows,
+                     Communicator* data_parallel)
+    : model_(std::move(model)), optimizer_(optimizer), data_parallel_(data_parallel) {
   check_optimizer_covers(model_->parameters(), optimizer.parameters());
+  if (data_parallel != nullptr) {
+    data_parallel->check_device(ctx.device(), "TrainStep (data parallel)");
+  }
   labels_ = ctx.persistent("step.labels", {Shape{rows}, DType::kInt32});
   label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
   optimizer.group_for_overlap(ctx, model_->parameter_group_sizes());
@@ -147,12 +156,26 @@ TrainStep::~TrainStep() = default;
 
 const Tensor& TrainStep::inputs() const { return model_->inputs(); }
 
+std::vector<Communicator*> TrainStep::communicators() const {
+  return data_parallel_ != nullptr ? std::vector<Communicator*>{data_parallel_} : std::vector<Communicator*>{};
+}
+
 std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
+  const int ranks = data_parallel_ != nullptr ? data_parallel_->world_size() : 1;
   const ModelSide::Forward forward = model_->forward(ctx);
-  ops::CrossEntropyResult loss = ops::cross_entropy(ctx, forward.logits, labels_, label_error_);
-  loss.loss.set_name("loss");
-  backward_and_update(ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); });
-  return {loss.loss};
+  // Each rank's gradient is of its share of the global mean loss: summed
+  // across the ranks it is the gradient of the global mean.
+  ops::CrossEntropyResult loss =
+      ops::cross_entropy(ctx, forward.logits, labels_, label_error_, {.loss_scale = 1.0f / static_cast<float>(ranks)});
+  Tensor reported = loss.loss;
+  if (ranks > 1) {
+    const Tensor share = ops::axpy(ctx, ops::fill(ctx, loss.loss.meta(), 0.0f), loss.loss, 1.0f / ranks);
+    reported = ops::all_reduce(ctx, *data_parallel_, share, ReduceOp::kSum);
+  }
+  reported.set_name("loss");
+  backward_and_update(
+      ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); }, data_parallel_);
+  return {reported};
 }
 
 void TrainStep::check_errors(Context& ctx) const {

@@ -23,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "layers/adamw.h"
 #include "layers/language_model.h"
@@ -34,10 +35,19 @@ class TrainStep {
  public:
   // Creates the step's persistent inputs: tokens int32 [batch, context],
   // labels int32 [batch], and the token and label error flags.
-  TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch);
+  //
+  // Data parallelism: with `data_parallel` of N > 1 ranks, each rank's step
+  // trains on its own `batch` rows of a global batch of N * batch: the loss
+  // divides by N, each parameter group's gradients are summed across the
+  // ranks as soon as the backward finishes them (overlapping the rest of the
+  // backward, see AdamW::GroupedStep), and the returned loss is the global
+  // mean. Every rank must build the same model (same seed) and step.
+  TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
+            Communicator* data_parallel = nullptr);
   // Creates the step's persistent inputs: activations x [tokens, hidden] in
   // the model dtype, labels int32 [tokens], and the label error flag.
-  TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens);
+  TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
+            Communicator* data_parallel = nullptr);
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
@@ -49,6 +59,9 @@ class TrainStep {
   // The model's input: tokens (LanguageModel) or activations (ResidualStack).
   const Tensor& inputs() const;
   const Tensor& labels() const { return labels_; }
+  // The communicators a capture of this step must check
+  // (CaptureOptions::communicators): the data-parallel one, if any.
+  std::vector<Communicator*> communicators() const;
 
   // Error if any token (LanguageModel) or label so far was outside
   // [0, vocab), or an MoE block raised a routing or split-size error word.
@@ -60,10 +73,12 @@ class TrainStep {
   class ModelSide;
 
  private:
-  TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows);
+  TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows,
+            Communicator* data_parallel);
 
   std::unique_ptr<ModelSide> model_;
   AdamW& optimizer_;
+  Communicator* data_parallel_;
   Tensor labels_;
   Tensor label_error_;
 };

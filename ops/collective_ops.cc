@@ -32,8 +32,7 @@ using P2P = CollectiveParams::PointToPoint;
 
 CollectiveParams params_for(Context& ctx, Communicator& comm, std::string_view what, ReduceOp op = ReduceOp::kSum,
                             int peer = -1, P2P p2p = P2P::kNone, TensorMeta meta = {}) {
-  SG_CHECK(comm.device() == ctx.device(), what, ": ", comm.describe(), " cannot move ", device_name(ctx.device()),
-           " tensors; make the communicator for the context's device");
+  comm.check_device(ctx.device(), what);
   return {comm.id(), comm.name(), comm.rank(), comm.world_size(), op, peer, -1, p2p, meta};
 }
 
@@ -118,6 +117,42 @@ const OpDef& all_reduce_inplace_op() {
       .launch_cuda = [](const OpParams& p, const KernelArgs& a,
                         CUstream_st* s) { all_reduce_run(p, a, s, /*in_place=*/true); },
       .run_host = [](const OpParams& p, const KernelArgs& a) { all_reduce_run(p, a, nullptr, /*in_place=*/true); },
+      .collective = collective_call,
+  };
+  return op;
+}
+
+namespace {
+void all_reduce_many_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+  std::vector<std::int64_t> counts;
+  for (const TensorMeta& meta : a.input_metas) counts.push_back(meta.numel());
+  comm_of(p).all_reduce_many(a.inputs, counts, a.input_metas.empty() ? DType::kFloat32 : a.input_metas[0].dtype,
+                             of(p).op, s);
+}
+
+std::vector<int> all_inputs(const OpParams&, std::size_t count) {
+  std::vector<int> indices(count);
+  for (std::size_t i = 0; i < count; ++i) indices[i] = static_cast<int>(i);
+  return indices;
+}
+}  // namespace
+
+const OpDef& all_reduce_many_op() {
+  static const OpDef op{
+      .name = "all_reduce_many_",
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> in) {
+            SG_CHECK(!in.empty(), "op all_reduce_many_ takes at least one tensor");
+            for (std::size_t i = 0; i < in.size(); ++i) {
+              check_reducible("all_reduce_many_", in[i]);
+              SG_CHECK(in[i].dtype == in[0].dtype, "op all_reduce_many_: tensor ", i, " is ", dtype_name(in[i].dtype),
+                       " but tensor 0 is ", dtype_name(in[0].dtype), "; one call reduces one dtype");
+            }
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs_for = all_inputs,
+      .launch_cuda = all_reduce_many_run,
+      .run_host = [](const OpParams& p, const KernelArgs& a) { all_reduce_many_run(p, a, nullptr); },
       .collective = collective_call,
   };
   return op;
@@ -249,6 +284,10 @@ Tensor all_reduce(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op
 
 void all_reduce_(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
   ctx.call(all_reduce_inplace_op(), params_for(ctx, comm, "all_reduce_", op), {x});
+}
+
+void all_reduce_many_(Context& ctx, Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op) {
+  ctx.call(all_reduce_many_op(), params_for(ctx, comm, "all_reduce_many_", op), tensors);
 }
 
 Tensor reduce_scatter(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {

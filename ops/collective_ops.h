@@ -12,6 +12,8 @@
 // shapes; a captured step checks this before recording (graphs/collective_check.h).
 #pragma once
 
+#include <vector>
+
 #include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/op.h"
@@ -21,6 +23,9 @@ namespace stepgraph::ops {
 
 Tensor all_reduce(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op);
 void all_reduce_(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op);  // in place
+// Every tensor reduced in place, issued together (one NCCL group): a bucket
+// of gradients. One dtype for all.
+void all_reduce_many_(Context& ctx, Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op);
 // x [N n, ...] (N the world size): rank r gets the reduction of rows [r n, (r + 1) n).
 Tensor reduce_scatter(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op);
 // x [n, ...]: every rank gets [N n, ...], rank r's rows at [r n, (r + 1) n).
@@ -37,6 +42,7 @@ Tensor send_recv(Context& ctx, Communicator& comm, const Tensor& x, int to, int 
 
 const OpDef& all_reduce_op();
 const OpDef& all_reduce_inplace_op();
+const OpDef& all_reduce_many_op();
 const OpDef& reduce_scatter_op();
 const OpDef& all_gather_op();
 const OpDef& broadcast_inplace_op();

@@ -54,6 +54,7 @@ std::span<const OpDef* const> all_ops() {
       &moe_unpermute_backward_op(),
       &all_reduce_op(),
       &all_reduce_inplace_op(),
+      &all_reduce_many_op(),
       &reduce_scatter_op(),
       &all_gather_op(),
       &broadcast_inplace_op(),

@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "engine/error.h"
-#include "engine/half_precision.h"
+#include "engine/host_reduce.h"
 #include "engine/logging.h"
 
 namespace stepgraph {
@@ -41,45 +41,6 @@ struct Call {
     return out.str();
   }
 };
-
-template <typename T>
-T combine(T a, T b, ReduceOp op) {
-  return op == ReduceOp::kSum ? static_cast<T>(a + b) : (b > a ? b : a);
-}
-
-// out[i] = reduce over ranks (in rank order) of sources[r][first + i].
-void reduce_into(std::byte* out, const std::vector<const void*>& sources, std::int64_t first, std::int64_t count,
-                 DType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DType::kInt32:
-    case DType::kInt64: {
-      for (std::int64_t i = 0; i < count; ++i) {
-        if (dtype == DType::kInt32) {
-          std::int32_t acc = static_cast<const std::int32_t*>(sources[0])[first + i];
-          for (std::size_t r = 1; r < sources.size(); ++r) {
-            acc = combine(acc, static_cast<const std::int32_t*>(sources[r])[first + i], op);
-          }
-          std::memcpy(out + i * 4, &acc, 4);
-        } else {
-          std::int64_t acc = static_cast<const std::int64_t*>(sources[0])[first + i];
-          for (std::size_t r = 1; r < sources.size(); ++r) {
-            acc = combine(acc, static_cast<const std::int64_t*>(sources[r])[first + i], op);
-          }
-          std::memcpy(out + i * 8, &acc, 8);
-        }
-      }
-      return;
-    }
-    default:
-      // fp32 adds in fp32; bf16 and fp16 add in fp32 and round once.
-      for (std::int64_t i = 0; i < count; ++i) {
-        float acc = load_as_float(dtype, sources[0], first + i);
-        for (std::size_t r = 1; r < sources.size(); ++r)
-          acc = combine(acc, load_as_float(dtype, sources[r], first + i), op);
-        store_from_float(dtype, out, i, acc);
-      }
-  }
-}
 
 }  // namespace
 
@@ -152,7 +113,7 @@ class HostCommunicator final : public Communicator {
     check_reducible("all_reduce", dtype);
     meet(
         {"all_reduce", count, dtype, op, -1, send, {}}, recv,
-        [&](const std::vector<const void*>& sends, std::byte* out) { reduce_into(out, sends, 0, count, dtype, op); },
+        [&](const std::vector<const void*>& sends, std::byte* out) { reduce_on_host(out, sends, 0, count, dtype, op); },
         count * static_cast<std::int64_t>(dtype_size(dtype)));
   }
 
@@ -163,7 +124,7 @@ class HostCommunicator final : public Communicator {
     meet(
         {"reduce_scatter", recv_count, dtype, op, -1, send, {}}, recv,
         [&](const std::vector<const void*>& sends, std::byte* out) {
-          reduce_into(out, sends, rank() * recv_count, recv_count, dtype, op);
+          reduce_on_host(out, sends, rank() * recv_count, recv_count, dtype, op);
         },
         recv_count * static_cast<std::int64_t>(dtype_size(dtype)));
   }

@@ -4,6 +4,7 @@
 // step. See trainer/README.md.
 //
 //   ./bazelw run //trainer -- --mode graph --steps 2000
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -11,8 +12,35 @@
 
 #include "engine/device.h"
 #include "engine/error.h"
+#include "trainer/distributed.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
+
+namespace {
+
+// The worker's command line: the launcher's own flag removed.
+std::vector<std::string> without_nproc_flag(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc-per-node") {
+      ++i;  // and its value
+    } else if (args[i].rfind("--nproc-per-node=", 0) != 0) {
+      out.push_back(args[i]);
+    }
+  }
+  return out;
+}
+
+std::chrono::milliseconds timeout_of(const stepgraph::trainer::TrainerOptions& options) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(options.comm_timeout_s * 1000));
+}
+
+std::ostream& null_stream() {
+  static std::ostream discard(nullptr);
+  return discard;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   namespace trainer = stepgraph::trainer;
@@ -22,19 +50,31 @@ int main(int argc, char** argv) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;
   }
+  trainer::World world;
   try {
+    if (parsed.options->nproc_per_node > 1 && std::getenv(trainer::kLocalWorkerVariable) == nullptr) {
+      return trainer::run_local_workers(static_cast<int>(parsed.options->nproc_per_node), without_nproc_flag(args),
+                                        timeout_of(*parsed.options), std::cerr);
+    }
     const trainer::DeviceChoice choice = trainer::choose_device(*parsed.options);
-    if (!choice.note.empty()) std::cout << choice.note << "\n";
     const trainer::TrainerOptions options = trainer::resolve_defaults(*parsed.options, choice.device);
+    world = trainer::join_world(choice.device, timeout_of(options));
+    // Rank 0 speaks for the run; the others print only their errors.
+    std::ostream& out = world.rank() == 0 ? std::cout : null_stream();
+    if (!choice.note.empty()) out << choice.note << "\n";
     // --device cuda without a GPU is an Error with the reason.
     const std::string description = choice.device == stepgraph::Device::kCuda
-                                        ? stepgraph::describe(stepgraph::device_properties(0))
+                                        ? stepgraph::describe(stepgraph::device_properties(world.launch.local_rank))
                                         : std::string("host");
-    std::cout << "device: " << description << "\n";
-    trainer::train(options, choice.device, std::cout);
+    out << "device: " << description << "\n";
+    if (world.size() > 1) out << "world: " << stepgraph::describe(world.launch) << "\n";
+    trainer::train(options, choice.device, out, world.comm.get());
     return EXIT_SUCCESS;
   } catch (const stepgraph::Error& error) {
-    std::cerr << "trainer: " << error.message() << "\n";
+    const std::string who = world.size() > 1 ? "rank " + std::to_string(world.rank()) + ": " : "";
+    std::cerr << "trainer: " << who << error.message() << "\n";
+    // The other ranks may be waiting for this one: end them now, not at their timeout.
+    if (world.comm) world.comm->abort(error.message());
     return error.code() == stepgraph::ErrorCode::kInvalidArgument ? 2 : EXIT_FAILURE;
   }
 }

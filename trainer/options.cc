@@ -75,6 +75,16 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   app.add_option("--save-every", o.save_every, "also write the checkpoint every N steps (0: only at the end)")
       ->check(CLI::NonNegativeNumber);
 
+  app.add_option("--nproc-per-node", o.nproc_per_node,
+                 "start this many ranks on this host (one process per GPU); under torchrun, srun or mpirun leave it "
+                 "out: their variables set the world")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--dp", o.dp, "data-parallel ranks (default: the world size); the global --batch is split among them")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--comm-timeout", o.comm_timeout_s,
+                 "seconds a rank waits for the others (a collective, a step, the start) before it aborts them all")
+      ->check(CLI::PositiveNumber);
+
   std::vector<const char*> argv{"trainer"};
   for (const std::string& arg : args) argv.push_back(arg.c_str());
   ParsedCommandLine parsed;

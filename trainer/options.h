@@ -47,6 +47,12 @@ struct TrainerOptions {
   std::string checkpoint;  // empty: no checkpoints
   bool resume = false;
   std::int64_t save_every = 0;  // 0: only at the end
+  // Several ranks (trainer/distributed.h). --nproc-per-node N starts N worker
+  // processes of this program on this host; without it the launcher's
+  // variables (torchrun, srun, mpirun) decide the world.
+  std::int64_t nproc_per_node = 0;  // 0: not the local launcher
+  std::int64_t dp = 0;              // data-parallel ranks; 0: the world size
+  double comm_timeout_s = 300;      // a collective or step longer than this ends every rank
 };
 
 struct ParsedCommandLine {

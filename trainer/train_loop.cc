@@ -13,15 +13,17 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
+#include "graphs/captured_step.h"
 #include "layers/adamw.h"
 #include "layers/language_model.h"
 #include "layers/train_step.h"
-#include "graphs/captured_step.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_source.h"
+#include "trainer/distributed.h"
 #include "trainer/markov_source.h"
 #include "trainer/token_file.h"
 #include "trainer/train_state.h"
+#include "trainer/watchdog.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -53,9 +55,11 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   return config;
 }
 
-// What must match for a resumed run to continue the saved one exactly.
-RunConfig run_config(const TrainerOptions& o, const DataSource& data) {
-  return {{"config.layers", std::to_string(o.layers)},
+// What must match for a resumed run to continue the saved one exactly (and
+// between the ranks of one run).
+RunConfig run_config(const TrainerOptions& o, const DataSource& data, int ranks) {
+  return {{"config.dp", std::to_string(ranks)},
+          {"config.layers", std::to_string(o.layers)},
           {"config.hidden", std::to_string(o.hidden)},
           {"config.ffn", std::to_string(o.ffn)},
           {"config.experts", std::to_string(o.experts)},
@@ -96,7 +100,14 @@ class ProgressLine {
 
 }  // namespace
 
-TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
+TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Communicator* world) {
+  const int ranks = world != nullptr ? world->world_size() : 1;
+  const int rank = world != nullptr ? world->rank() : 0;
+  SG_CHECK(o.dp == 0 || o.dp == ranks, "--dp ", o.dp, " needs a world of ", o.dp, " ranks, but this run has ", ranks,
+           " (data parallelism is the only parallelism so far: start --dp ranks, or leave --dp out)");
+  SG_CHECK(o.batch % ranks == 0, "--batch ", o.batch, " is the global batch and must split evenly over the ", ranks,
+           " data-parallel ranks");
+  const std::int64_t local_batch = o.batch / ranks;
   std::unique_ptr<DataSource> data = open_data(o);
   out << "data: " << data->describe() << "\n";
   TrainResult result;
@@ -107,12 +118,17 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
     out << "entropy rate: unknown for this data (no loss floor to compare with)\n";
   }
 
-  Context ctx(device);
+  const RunConfig run = run_config(o, *data, ranks);
+  if (world != nullptr) check_same_flags(*world, run);  // before any work: a mismatch would hang in NCCL
+
+  // With several ranks the gradient all-reduces run on a stream of their own
+  // (stream 2), beside the weight-gradient stream (1).
+  Context ctx(device, ranks > 1 ? 2 : 1);
+  if (ranks > 1) ctx.set_communication_stream(2);
   const LanguageModelConfig config = model_config(o, data->vocab());
   LanguageModel model(ctx, config);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)});
-  TrainStep step(ctx, model, optimizer, o.batch);
-  const RunConfig run = run_config(o, *data);
+  TrainStep step(ctx, model, optimizer, local_batch, world);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
                                                       config.model.moe_every, o.experts, o.topk)
                                         : std::string();
@@ -121,6 +137,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
       "device {}, mode {}\n",
       o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
       device_name(device), o.mode);
+  if (ranks > 1) {
+    out << fmt::format("data parallel: {} ranks ({}), {} examples each per step\n", ranks, world->describe(),
+                       local_batch);
+  }
 
   std::int64_t done = 0;
   if (o.resume) {
@@ -131,21 +151,22 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
     done = progress.step;
     out << fmt::format("resumed from {} at step {}\n", o.checkpoint, done);
   }
+  // Every rank holds the same state: rank 0 alone writes it.
   auto save = [&](std::int64_t steps_done, std::uint64_t data_position) {
+    if (rank != 0) return;
     write_checkpoint(o.checkpoint, save_state(ctx, model, optimizer, run, {steps_done, data_position}));
   };
 
   std::shared_ptr<CapturedStep> graph;
   if (o.mode == "graph") {
     const auto start = Clock::now();
-    graph = CapturedStep::capture(ctx, [&] { return step(ctx); });
+    graph = CapturedStep::capture(ctx, [&] { return step(ctx); }, {.communicators = step.communicators()});
     const CaptureTimings& t = graph->timings();
     out << fmt::format(
         "captured the step in {:.1f} ms (trace {:.1f}, plan {:.1f}, prepare {:.1f}, capture {:.1f}, instantiate "
         "{:.1f}): {} segment(s), {} instructions\n",
         seconds_since(start) * 1e3, t.trace_ms, t.plan_ms, t.prepare_ms, t.capture_ms, t.instantiate_ms,
-        graph->segment_count(),
-        graph->program().instructions().size());
+        graph->segment_count(), graph->program().instructions().size());
   }
 
   // Note [Drawing the next batch during the step]
@@ -164,56 +185,76 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out) {
   double interval_seconds = 0;
   std::int64_t interval_steps = 0;
   result.first_step = done + 1;
+  // On cuda a dead peer leaves this rank waiting inside the step's graph:
+  // the watchdog ends it (trainer/watchdog.h). On host the collectives run
+  // on this thread and time out by themselves.
+  std::unique_ptr<Watchdog> watchdog;
+  if (ranks > 1 && device == Device::kCuda) {
+    watchdog = std::make_unique<Watchdog>(*world,
+                                          std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000)),
+                                          "the loss all-reduce and one gradient all-reduce per parameter group");
+  }
   for (std::int64_t s = done + 1; s <= o.steps; ++s) {
-    const auto start = Clock::now();
-    ctx.copy_from_host(step.inputs(), batch.windows.data(), batch.windows.size() * sizeof(std::int32_t));
-    ctx.copy_from_host(step.labels(), batch.labels.data(), batch.labels.size() * sizeof(std::int32_t));
-    Tensor loss_tensor;
-    if (graph) {
-      graph->replay();
-      loss_tensor = graph->outputs()[0];
-    } else {
-      loss_tensor = step(ctx)[0];
-    }
-    std::uint64_t next_position = position;
-    if (s < o.steps) {
-      data->next_batch(o.batch, o.context, next_batch);
-      next_position = data->position();
-    }
-    const float loss = ctx.to_vector<float>(loss_tensor).at(0);
-    step.check_errors(ctx);
-    const double seconds = seconds_since(start);
-    total_seconds += seconds;
-    interval_seconds += seconds;
-    ++interval_steps;
+    if (watchdog) watchdog->start_step(s);
+    try {
+      const auto start = Clock::now();
+      // This rank's slice of the global batch.
+      const auto first = static_cast<std::size_t>(rank * local_batch);
+      const auto rows = static_cast<std::size_t>(local_batch);
+      const auto width = static_cast<std::size_t>(o.context);
+      ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
+      ctx.copy_from_host(step.labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
+      Tensor loss_tensor;
+      if (graph) {
+        graph->replay();
+        loss_tensor = graph->outputs()[0];
+      } else {
+        loss_tensor = step(ctx)[0];
+      }
+      std::uint64_t next_position = position;
+      if (s < o.steps) {
+        data->next_batch(o.batch, o.context, next_batch);
+        next_position = data->position();
+      }
+      const float loss = ctx.to_vector<float>(loss_tensor).at(0);
+      step.check_errors(ctx);
+      if (watchdog) watchdog->finish_step();
+      const double seconds = seconds_since(start);
+      total_seconds += seconds;
+      interval_seconds += seconds;
+      ++interval_steps;
 
-    result.losses.push_back(loss);
-    window.push_back(loss);
-    window_sum += loss;
-    if (static_cast<std::int64_t>(window.size()) > kFloorWindow) {
-      window_sum -= window.front();
-      window.pop_front();
-    }
-    const double window_mean = window_sum / static_cast<double>(window.size());
-    if (result.entropy_rate && !result.floor_step && static_cast<std::int64_t>(window.size()) == kFloorWindow &&
-        window_mean <= *result.entropy_rate + kFloorMargin) {
-      result.floor_step = s;
-    }
+      result.losses.push_back(loss);
+      window.push_back(loss);
+      window_sum += loss;
+      if (static_cast<std::int64_t>(window.size()) > kFloorWindow) {
+        window_sum -= window.front();
+        window.pop_front();
+      }
+      const double window_mean = window_sum / static_cast<double>(window.size());
+      if (result.entropy_rate && !result.floor_step && static_cast<std::int64_t>(window.size()) == kFloorWindow &&
+          window_mean <= *result.entropy_rate + kFloorMargin) {
+        result.floor_step = s;
+      }
 
-    if (s % o.log_every == 0 || s == o.steps) {
-      progress.clear();
-      out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}\n", s, loss,
-                         static_cast<double>(o.batch * interval_steps) / interval_seconds,
-                         interval_seconds * 1e3 / static_cast<double>(interval_steps));
-      out.flush();
-      interval_seconds = 0;
-      interval_steps = 0;
-    } else {
-      progress.show(s, o.steps, loss);
+      if (s % o.log_every == 0 || s == o.steps) {
+        progress.clear();
+        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}\n", s, loss,
+                           static_cast<double>(o.batch * interval_steps) / interval_seconds,
+                           interval_seconds * 1e3 / static_cast<double>(interval_steps));
+        out.flush();
+        interval_seconds = 0;
+        interval_steps = 0;
+      } else {
+        progress.show(s, o.steps, loss);
+      }
+      if (!o.checkpoint.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) save(s, position);
+      std::swap(batch, next_batch);
+      position = next_position;
+    } catch (const Error& error) {
+      // Which step failed: with several ranks, what the others were doing then.
+      SG_THROW(error.code(), "step ", s, ": ", error.message());
     }
-    if (!o.checkpoint.empty() && o.save_every > 0 && s % o.save_every == 0 && s != o.steps) save(s, position);
-    std::swap(batch, next_batch);
-    position = next_position;
   }
   progress.clear();
   if (!o.checkpoint.empty()) {

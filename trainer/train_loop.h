@@ -15,6 +15,7 @@
 #include <ostream>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/device.h"
 #include "engine/tensor.h"
 #include "trainer/options.h"
@@ -37,6 +38,13 @@ inline constexpr double kFloorMargin = 0.05;
 
 // `options` as returned by resolve_defaults for `device`. Writes the log to
 // `out`; a progress line goes to stderr when it is a terminal.
-TrainResult train(const TrainerOptions& options, Device device, std::ostream& out);
+//
+// With `world` (a communicator of N > 1 ranks: trainer/distributed.h) this
+// rank trains data-parallel: every rank draws the same global batch of
+// --batch examples and trains on its 1/N slice; the gradients are summed
+// across the ranks inside the step and the loss is the global mean, so every
+// rank holds the same model. Rank 0 writes the checkpoints (the state is the
+// same on every rank); the ranks compare their flags first.
+TrainResult train(const TrainerOptions& options, Device device, std::ostream& out, Communicator* world = nullptr);
 
 }  // namespace stepgraph::trainer

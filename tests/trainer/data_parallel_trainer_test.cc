@@ -1,0 +1,139 @@
+// The trainer's data parallelism on host thread worlds (the same train() the
+// trainer's ranks run, each thread a rank): 2 and 4 ranks against one
+// process on the same global batch, eager against graph bit for bit on every
+// rank, resume against an uninterrupted run, and ranks started with
+// different flags. The process-level launch (--nproc-per-node, a killed
+// rank) is tested in data_parallel_launch_test.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "engine/host_world.h"
+#include "tests/support/expect_error.h"
+#include "trainer/options.h"
+#include "trainer/train_loop.h"
+
+namespace stepgraph::trainer {
+namespace {
+
+// fp32 on the host: the reduction-order tolerance below is fp32's.
+TrainerOptions options(const std::string& mode) {
+  TrainerOptions o;
+  o.steps = 12;
+  o.layers = 2;
+  o.hidden = 32;
+  o.ffn = 64;
+  o.batch = 32;  // the global batch
+  o.context = 2;
+  o.log_every = 4;
+  o.dtype = "fp32";
+  o.seed = 5;
+  o.mode = mode;
+  return resolve_defaults(o, Device::kHost);
+}
+
+// Each rank's losses from train() on a thread world of `ranks`.
+std::vector<std::vector<float>> train_ranks(const TrainerOptions& o, int ranks) {
+  std::vector<std::vector<float>> losses(static_cast<std::size_t>(ranks));
+  HostWorld::run(ranks, [&](Communicator& comm) {
+    std::ostringstream log;
+    losses[static_cast<std::size_t>(comm.rank())] = train(o, Device::kHost, log, &comm).losses;
+  });
+  return losses;
+}
+
+std::vector<std::uint32_t> bits(const std::vector<float>& values) {
+  std::vector<std::uint32_t> out(values.size());
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+  return out;
+}
+
+class DataParallelTrainerTest : public ::testing::TestWithParam<int> {};
+
+// Tolerance: the ranks' gradients differ from one process's only in the
+// order of fp32 additions (a rank's rows, then the ranks), 1e-7 relative per
+// step; 1e-5 relative on the loss over 12 steps leaves room for AdamW to
+// amplify that, while a missing or mis-scaled reduction is off by 1e-2 and
+// more (the rank's own slice alone trains on other data).
+TEST_P(DataParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
+  const int ranks = GetParam();
+  std::ostringstream log;
+  const std::vector<float> single = train(options("graph"), Device::kHost, log).losses;
+  const std::vector<std::vector<float>> graph = train_ranks(options("graph"), ranks);
+  const std::vector<std::vector<float>> eager = train_ranks(options("eager"), ranks);
+  double worst = 0;
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(bits(graph[r]), bits(graph[0])) << "rank " << r << " reports another global loss than rank 0";
+    EXPECT_EQ(bits(eager[r]), bits(graph[r])) << "rank " << r << ": eager and graph differ";
+  }
+  ASSERT_EQ(graph[0].size(), single.size());
+  for (std::size_t s = 0; s < single.size(); ++s) {
+    worst = std::max(worst, std::abs(static_cast<double>(graph[0][s]) - single[s]) / std::abs(single[s]));
+  }
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_LT(graph[0].back(), graph[0].front());
+  std::printf("%d ranks: largest relative loss difference to one process over %zu steps: %.3g\n", ranks, single.size(),
+              worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DataParallelTrainerTest, ::testing::Values(2, 4),
+                         [](const auto& info) { return "ranks" + std::to_string(info.param); });
+
+TEST(DataParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRunOnTwoRanks) {
+  const std::vector<std::vector<float>> whole = train_ranks(options("graph"), 2);
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "dp_resume.safetensors";
+  std::filesystem::remove(path);
+  TrainerOptions first = options("graph");
+  first.checkpoint = path.string();
+  first.steps = 5;
+  train_ranks(first, 2);
+  TrainerOptions rest = first;
+  rest.steps = 12;
+  rest.resume = true;
+  const std::vector<std::vector<float>> resumed = train_ranks(rest, 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(bits(resumed[r]), bits(std::vector<float>(whole[r].begin() + 5, whole[r].end()))) << "rank " << r;
+  }
+  // The checkpoint of 2 ranks is refused at another world size, naming it.
+  TrainerOptions single = rest;
+  std::ostringstream log;
+  EXPECT_ERROR_CONTAINS(train(single, Device::kHost, log), "config.dp");
+}
+
+TEST(DataParallelTrainerFlagsTest, RanksWithDifferentFlagsStopNamingTheFlag) {
+  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
+                                       [](Communicator& comm) {
+                                         TrainerOptions o = options("graph");
+                                         if (comm.rank() == 1) o.hidden = 64;
+                                         std::ostringstream log;
+                                         train(o, Device::kHost, log, &comm);
+                                       }),
+                        "different flags: --hidden is 32 on rank 0 but 64 on rank 1");
+}
+
+TEST(DataParallelTrainerFlagsTest, BatchAndDpMustFitTheWorld) {
+  EXPECT_ERROR_CONTAINS(HostWorld::run(4,
+                                       [](Communicator& comm) {
+                                         TrainerOptions o = options("graph");
+                                         o.batch = 30;
+                                         std::ostringstream log;
+                                         train(o, Device::kHost, log, &comm);
+                                       }),
+                        "--batch 30 is the global batch and must split evenly over the 4");
+  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
+                                       [](Communicator& comm) {
+                                         TrainerOptions o = options("graph");
+                                         o.dp = 4;
+                                         std::ostringstream log;
+                                         train(o, Device::kHost, log, &comm);
+                                       }),
+                        "--dp 4 needs a world of 4 ranks, but this run has 2");
+}
+
+}  // namespace
+}  // namespace stepgraph::trainer

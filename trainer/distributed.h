@@ -1,0 +1,58 @@
+// The trainer's ranks: one process per GPU (NCCL's model), started by the
+// trainer itself (--nproc-per-node N) or by the launchers people use
+// (torchrun, Slurm srun, Open MPI mpirun: engine/launch/launch_env.h).
+//
+//   trainer --nproc-per-node 2 ...            # this host, 2 ranks
+//   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 trainer ...   (or srun / mpirun)
+//
+// Every rank meets at MASTER_ADDR:MASTER_PORT (engine/launch/rendezvous.h):
+// rank 0's NCCL unique id reaches the others there, and the ranks compare
+// their flags before any work, so ranks started differently stop at once
+// with an error naming the flag. On the host backend the ranks' collectives
+// run over the same rendezvous (a host communicator), so every multi-rank
+// path of the trainer runs without a GPU.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/device_kind.h"
+#include "engine/launch/launch_env.h"
+
+namespace stepgraph::trainer {
+
+// Set in the workers --nproc-per-node starts (they must not start workers).
+inline constexpr const char* kLocalWorkerVariable = "STEPGRAPH_LOCAL_WORKER";
+
+// Starts `nproc` copies of this program with `args` (the worker's command
+// line: --nproc-per-node removed) as ranks 0..nproc-1 of a local world, on a
+// free port of 127.0.0.1, with NVLink multicast kept off in their
+// environment. Waits for all; once one fails, the others get `timeout` to
+// end on their own (they notice the dead rank) before they are killed.
+// Returns the first failure's exit code (0 when every rank succeeded).
+int run_local_workers(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                      std::ostream& err);
+
+struct World {
+  LaunchInfo launch;
+  std::unique_ptr<Communicator> comm;  // null for a single process
+  int rank() const { return launch.rank; }
+  int size() const { return launch.world_size; }
+};
+
+// Joins the world the launcher's variables describe. On cuda the rank drives
+// GPU `local_rank` (made current here, before any Context exists) over NCCL;
+// on host its collectives run over the rendezvous.
+World join_world(Device device, std::chrono::milliseconds timeout);
+
+// Every rank's configuration must equal rank 0's: otherwise an Error on
+// every rank naming the first flag that differs and both values.
+// `config`: "config.<flag>" -> value (trainer/train_state.h's RunConfig).
+void check_same_flags(Communicator& comm, const std::map<std::string, std::string>& config);
+
+}  // namespace stepgraph::trainer

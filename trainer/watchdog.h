@@ -1,0 +1,53 @@
+// Watchdog: ends a rank whose step does not finish in time.
+//
+// On cuda a step's collectives run inside the step's graph: when a peer dies
+// or stalls, the kernels wait for it and the host waits for the step's loss
+// forever. A thread polls the communicator's health (ncclCommGetAsyncError)
+// and the time since the last finished step; past the timeout it aborts the
+// communicator (ncclCommAbort, so no peer waits on this rank either), prints
+// what it was waiting for, naming the rank and the step, and ends the
+// process with status 3.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "engine/communicator.h"
+
+namespace stepgraph::trainer {
+
+class Watchdog {
+ public:
+  static constexpr int kExitStatus = 3;
+
+  // `what`: the collectives a step holds, for the message.
+  Watchdog(Communicator& comm, std::chrono::milliseconds timeout, std::string what);
+  ~Watchdog();  // stops the thread; never throws
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // Step `step` starts now / has finished.
+  void start_step(std::int64_t step);
+  void finish_step();
+
+ private:
+  void watch();
+
+  Communicator& comm_;
+  std::chrono::milliseconds timeout_;
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable stop_signal_;
+  bool stop_ = false;
+  std::int64_t step_ = 0;
+  bool in_step_ = false;
+  std::chrono::steady_clock::time_point step_start_;
+  std::thread thread_;
+};
+
+}  // namespace stepgraph::trainer

@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -11,14 +11,15 @@
 #   tests.log, pytest.log        GoogleTest binaries; the Python binding's tests
 #   programs.log                 the trainer runs and the demo
 #   benchmarks.log               every benchmark's output; *.json their results
+#   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
 #   sanitizer.log                with --sanitize: memcheck and racecheck
 # Stages default to all of them.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks]}
+out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]}
 shift
 sanitize=no
-stages=tests,python,programs,benchmarks
+stages=tests,python,programs,benchmarks,comm
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=yes ;;
@@ -99,7 +100,15 @@ if wants benchmarks; then
     --markdown "$results/step_report.md" --plot "$results/step_report.png"
 fi
 
-# 5. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
+# 5. Collectives: comm_bench and its torch.distributed peer, one process
+# (world size 1: NCCL's collectives are local copies; both say so), 1-256 MiB.
+if wants comm; then
+  : >"$results/comm.log"
+  step comm.log "$here/bin/comm_bench" --max-bytes 256M --out "$results/comm_bench.json"
+  step comm.log python3 "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer.json"
+fi
+
+# 6. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
 # API errors are not reported: every CUDA call's status is already checked by
 # SG_CUDA_CHECK, and the negative tests provoke some on purpose (an unjoined
 # capture, timing untimed events); the sanitizer's job here is kernel memory.

@@ -496,19 +496,12 @@ json run_row(Bench& c, const Row& row, std::vector<std::string>* failures) {
 
 // ---------------------------------------------------------------- the run
 
-// The rendezvous port: --rendezvous-port, else MASTER_PORT; but torchrun's
-// agent keeps its own store listening on MASTER_PORT when it shares it with
-// the workers (TORCHELASTIC_USE_AGENT_STORE=True), so then MASTER_PORT + 1.
+// The rendezvous port: --rendezvous-port, else the launcher's (launch_env.h:
+// MASTER_PORT, one up under torchrun's agent store).
 int rendezvous_port(const Options& options, const LaunchInfo& info, std::string* note) {
-  if (options.rendezvous_port != 0) return options.rendezvous_port;
-  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  if (info.launcher == "torchrun" && agent_store != nullptr && std::string_view(agent_store) == "True") {
-    const int port = info.master_port == 65535 ? info.master_port - 1 : info.master_port + 1;
-    *note = detail::concat("torchrun's agent holds MASTER_PORT=", info.master_port, " for its store; the rendezvous",
-                           " uses port ", port, " (--rendezvous-port to choose another)");
-    return port;
-  }
-  return info.master_port;
+  if (options.rendezvous_port == 0) return info.master_port;
+  *note = detail::concat("the rendezvous uses --rendezvous-port ", options.rendezvous_port);
+  return options.rendezvous_port;
 }
 
 std::string run_tag(const Options& options, const Plan& plan) {

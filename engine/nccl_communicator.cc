@@ -46,7 +46,9 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(nccl_id.internal, id.bytes.data(), sizeof(nccl_id.internal));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    SG_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_size, nccl_id, rank, &config));
+    // Non-blocking: the init returns ncclInProgress and completes in the background.
+    const ncclResult_t started = ncclCommInitRankConfig(&comm_, world_size, nccl_id, rank, &config);
+    if (started != ncclSuccess && started != ncclInProgress) SG_NCCL_CHECK(started);
     wait_for_nccl("ncclCommInitRankConfig");
     SG_CUDA_CHECK(cudaStreamCreateWithFlags(&exchange_stream_, cudaStreamNonBlocking));
   }

@@ -212,6 +212,19 @@ LaunchInfo launch_info_from_env(const EnvLookup& env) {
   } else {
     info.master_port = kDefaultPort;
   }
+  // torchrun's agent keeps its own store listening on MASTER_PORT when it
+  // shares it with the workers (TORCHELASTIC_USE_AGENT_STORE=True, its
+  // default; seen on the H100 machines): our rendezvous then meets one port
+  // up. STEPGRAPH_RENDEZVOUS_PORT chooses the port outright.
+  const std::optional<std::string> agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+  if (info.launcher == "torchrun" && agent_store.has_value() && *agent_store == "True") {
+    info.master_port = info.master_port == 65535 ? info.master_port - 1 : info.master_port + 1;
+  }
+  if (const std::optional<std::string> port = env("STEPGRAPH_RENDEZVOUS_PORT")) {
+    info.master_port = parse_int("STEPGRAPH_RENDEZVOUS_PORT", *port);
+    SG_CHECK(info.master_port >= 1 && info.master_port <= 65535, named("STEPGRAPH_RENDEZVOUS_PORT", *port),
+             " is outside [1, 65535]");
+  }
 
   const bool one_host = info.world_size == info.local_world_size;
   if (const std::optional<std::string> addr = env("MASTER_ADDR")) {

@@ -32,7 +32,7 @@ struct LaunchInfo {
   int local_rank = 0;  // this process's index among the processes of its host: its GPU
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";  // where rank 0 listens for the rendezvous
-  int master_port = 29500;
+  int master_port = 29500;  // where rank 0 listens: MASTER_PORT (+1 under torchrun's agent store; see launch_env.cc)
   std::string launcher = "none";  // "torchrun", "slurm", "mpirun", or "none" (a single process)
 };
 

@@ -101,6 +101,20 @@ TEST(LaunchEnvTest, Torchrun) {
   EXPECT_EQ(describe(info), "rank 1 of 4 (local 1 of 2) via torchrun, rendezvous 10.0.0.1:29500");
 }
 
+// torchrun's agent keeps its store on MASTER_PORT (seen on the H100 machines):
+// the rendezvous meets one port up; STEPGRAPH_RENDEZVOUS_PORT chooses outright.
+TEST(LaunchEnvTest, TorchrunsAgentStoreMovesTheRendezvousOnePortUp) {
+  Vars vars = kTorchrun;
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  EXPECT_EQ(read(vars).master_port, 29501);
+  vars["MASTER_PORT"] = "65535";
+  EXPECT_EQ(read(vars).master_port, 65534);
+  vars["STEPGRAPH_RENDEZVOUS_PORT"] = "4000";
+  EXPECT_EQ(read(vars).master_port, 4000);
+  vars["STEPGRAPH_RENDEZVOUS_PORT"] = "70000";
+  EXPECT_ERROR_CONTAINS(read(vars), "STEPGRAPH_RENDEZVOUS_PORT", "outside [1, 65535]");
+}
+
 TEST(LaunchEnvTest, TorchrunOnOneHostNeedsNoMasterAddr) {
   const LaunchInfo info = read(
       {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_PORT", "6000"}});

@@ -91,6 +91,16 @@ void launch_copy_f32(float* out, const float* x, std::int64_t n, cudaStream_t st
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
+void launch_copy_bytes(void* out, const void* x, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  SG_CUDA_CHECK(cudaMemcpyAsync(out, x, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+void launch_zero_bytes(void* out, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  SG_CUDA_CHECK(cudaMemsetAsync(out, 0, bytes, stream));
+}
+
 void launch_axpy_f32(float* out, const float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream) {
   check_count("axpy_f32", n);
   if (n == 0) return;

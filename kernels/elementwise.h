@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/dtype.h"
@@ -16,6 +17,11 @@ void launch_fill_f32(float* out, float value, std::int64_t n, cudaStream_t strea
 
 // out[i] = x[i]
 void launch_copy_f32(float* out, const float* x, std::int64_t n, cudaStream_t stream);
+
+// Byte copies and zero fills on `stream` (a copy or memset node under stream
+// capture): the packing of gradient and weight buckets, any dtype.
+void launch_copy_bytes(void* out, const void* x, std::size_t bytes, cudaStream_t stream);
+void launch_zero_bytes(void* out, std::size_t bytes, cudaStream_t stream);
 
 // out[i] = y[i] + alpha * x[i]; out may be y (in place).
 void launch_axpy_f32(float* out, const float* y, const float* x, float alpha, std::int64_t n, cudaStream_t stream);

@@ -22,19 +22,28 @@ AdamW::AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kern
 
 AdamW::Update AdamW::make_update(Context& ctx, std::size_t first, std::size_t count,
                                  const std::string& table_name) const {
+  std::vector<UpdateTensors> entries;
+  for (std::size_t i = first; i < first + count; ++i) {
+    const Parameter* p = parameters_[i];
+    entries.push_back({p->master, p->grad, m_[i], v_[i], p->has_copy() ? p->value : Tensor()});
+  }
+  return make_update(ctx, entries, table_name);
+}
+
+AdamW::Update AdamW::make_update(Context& ctx, const std::vector<UpdateTensors>& entries,
+                                 const std::string& table_name) const {
   Update update;
   update.params.hyper = hyper_;
   std::vector<kernels::AdamWTensor> table_entries;
-  for (std::size_t i = first; i < first + count; ++i) {
-    const Parameter* p = parameters_[i];
-    update.tensors.insert(update.tensors.end(), {p->master, p->grad, m_[i], v_[i]});
-    update.grads.push_back(p->grad);
-    if (p->has_copy()) update.tensors.push_back(p->value);
-    update.params.has_copy.push_back(p->has_copy());
-    update.params.total_numel += p->master.meta().numel();
-    table_entries.push_back({p->master.data_as<float>(), p->grad.data_as<float>(), m_[i].data_as<float>(),
-                             v_[i].data_as<float>(), p->has_copy() ? p->value.data() : nullptr,
-                             p->master.meta().numel()});
+  for (const UpdateTensors& e : entries) {
+    const bool has_copy = e.copy.defined();
+    update.tensors.insert(update.tensors.end(), {e.master, e.grad, e.m, e.v});
+    update.grads.push_back(e.grad);
+    if (has_copy) update.tensors.push_back(e.copy);
+    update.params.has_copy.push_back(has_copy);
+    update.params.total_numel += e.master.meta().numel();
+    table_entries.push_back({e.master.data_as<float>(), e.grad.data_as<float>(), e.m.data_as<float>(),
+                             e.v.data_as<float>(), has_copy ? e.copy.data() : nullptr, e.master.meta().numel()});
   }
   const std::size_t table_bytes = kernels::adamw_table_bytes(table_entries);
   const auto words = static_cast<std::int64_t>((table_bytes + 7) / 8);
@@ -45,7 +54,14 @@ AdamW::Update AdamW::make_update(Context& ctx, std::size_t first, std::size_t co
   return update;
 }
 
-void AdamW::step(Context& ctx) const { ops::adamw_step(ctx, all_.params, all_.table, step_, all_.tensors); }
+void AdamW::step(Context& ctx) const {
+  if (sharded()) {
+    SG_CHECK(groups_.empty(), "AdamW::step: a sharded optimizer with groups updates by step_group");
+    step_shard(ctx, shards_.at(0), /*advance_step=*/true);
+    return;
+  }
+  ops::adamw_step(ctx, all_.params, all_.table, step_, all_.tensors);
+}
 
 void AdamW::set_groups(Context& ctx, std::span<const std::size_t> sizes) {
   std::size_t total = 0;
@@ -55,6 +71,9 @@ void AdamW::set_groups(Context& ctx, std::span<const std::size_t> sizes) {
   }
   SG_CHECK(total == parameters_.size(), "AdamW::set_groups: the groups hold ", total, " parameters, the optimizer has ",
            parameters_.size());
+  SG_CHECK_CODE(!sharded(), ErrorCode::kInvalidState,
+                "AdamW::set_groups: the optimizer is already sharded; set the "
+                "groups first, then shard()");
   groups_.clear();
   std::size_t first = 0;
   for (std::size_t g = 0; g < sizes.size(); ++g) {
@@ -72,6 +91,10 @@ void AdamW::group_for_overlap(Context& ctx, std::span<const std::size_t> sizes) 
 void AdamW::step_group(Context& ctx, std::size_t group, bool advance_step) const {
   SG_CHECK(group < groups_.size(), "AdamW::step_group: group ", group, " of ", groups_.size(),
            "; call set_groups first");
+  if (sharded()) {
+    step_shard(ctx, shards_.at(group), advance_step);
+    return;
+  }
   ops::AdamWParams params = groups_[group].params;
   params.advance_step = advance_step;
   ops::adamw_step(ctx, params, groups_[group].table, step_, groups_[group].tensors);
@@ -102,7 +125,7 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
            done_.size() > group ? " was already updated this step" : " does not exist");
   done_[group] = true;
   --remaining_;
-  if (several_ranks(data_parallel_)) {
+  if (several_ranks(data_parallel_) && !optimizer_.sharded()) {
     ops::all_reduce_many_(ctx_, *data_parallel_, optimizer_.group_gradients(group), ReduceOp::kSum);
   }
   WeightGradScope weight_grads(ctx_);
@@ -117,6 +140,9 @@ void AdamW::GroupedStep::finish() const {
 std::int64_t AdamW::steps_taken(Context& ctx) const { return ctx.to_vector<std::int64_t>(step_).at(0); }
 
 std::vector<AdamW::Moments> AdamW::moments() const {
+  SG_CHECK_CODE(!sharded(), ErrorCode::kUnsupported,
+                "AdamW::moments: a sharded optimizer holds only this rank's "
+                "shard of the moments");
   std::vector<Moments> out;
   for (std::size_t i = 0; i < m_.size(); ++i) out.push_back({m_[i], v_[i]});
   return out;
@@ -126,7 +152,7 @@ void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWit
                          Communicator* data_parallel) {
   if (optimizer.group_count() == 0) {
     backward({});
-    if (several_ranks(data_parallel)) {
+    if (several_ranks(data_parallel) && !optimizer.sharded()) {
       ops::all_reduce_many_(ctx, *data_parallel, optimizer.all_gradients(), ReduceOp::kSum);
     }
     optimizer.step(ctx);

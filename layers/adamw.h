@@ -75,6 +75,16 @@ class AdamW {
     std::size_t remaining_;
   };
 
+  // ZeRO-1 (Note [Sharded AdamW]): from now on each update reduce-scatters
+  // its group's gradients over `comm`, updates this rank's 1/N of the
+  // group's elements (this rank owns 1/N of the master weights and moments;
+  // the per-parameter moments are released), and all-gathers the updated
+  // weights into every parameter's value. Call after the groups are set,
+  // before any step; every rank must call it with the same parameters.
+  void shard(Context& ctx, Communicator& comm);
+  bool sharded() const { return sharding_ != nullptr; }
+  Communicator* sharding() const { return sharding_; }
+
   // Steps taken so far (reads the device counter: not while tracing).
   std::int64_t steps_taken(Context& ctx) const;
 
@@ -89,6 +99,9 @@ class AdamW {
 
  private:
   // One launch: its parameters' table and tensors.
+  struct UpdateTensors {
+    Tensor master, grad, m, v, copy;  // copy: undefined when the master is the value
+  };
   struct Update {
     ops::AdamWParams params;
     Tensor table;                 // the kernel's launch table (pointers), int64 words
@@ -97,6 +110,23 @@ class AdamW {
   };
   // The update of parameters [first, first + count).
   Update make_update(Context& ctx, std::size_t first, std::size_t count, const std::string& table_name) const;
+  Update make_update(Context& ctx, const std::vector<UpdateTensors>& entries, const std::string& table_name) const;
+
+  // This rank's shard of a group's parameters [first, first + count), laid
+  // end to end (Note [Sharded AdamW]).
+  struct Shard {
+    std::size_t first = 0;
+    std::size_t count = 0;
+    std::int64_t padded = 0;     // the bucket: the group's elements, padded to N equal shards
+    Tensor grad;                 // fp32 [padded / N]: this rank's reduced gradients
+    Tensor master;               // fp32 [padded / N]
+    Tensor value;                // what is gathered: the bf16 copy, or the master itself
+    std::vector<Tensor> grads;   // the group's parameter gradients, packed in order
+    std::vector<Tensor> values;  // the group's parameter values, unpacked in order
+    Update update;
+  };
+  Shard make_shard(Context& ctx, std::size_t first, std::size_t count, const std::string& name) const;
+  void step_shard(Context& ctx, const Shard& shard, bool advance_step) const;
 
   kernels::AdamWHyper hyper_;
   std::vector<Parameter*> parameters_;
@@ -105,6 +135,8 @@ class AdamW {
   Tensor step_;  // int64 [1]
   Update all_;
   std::vector<Update> groups_;
+  Communicator* sharding_ = nullptr;
+  std::vector<Shard> shards_;  // per group (or one for all) once sharded
 };
 
 // Runs `backward` and the optimizer's step: each group's update as soon as

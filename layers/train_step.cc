@@ -111,14 +111,14 @@ class ResidualStackSide final : public ModelSideOf<ResidualStack> {
 }  // namespace
 
 TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
-                     Communicator* data_parallel)
+                     Communicator* data_parallel, DataParallelMode mode)
     : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer, batch,
-                data_parallel) {}
+                data_parallel, mode) {}
 
 TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
-                     Communicator* data_parallel)
+                     Communicator* data_parallel, DataParallelMode mode)
     : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens")), optimizer, tokens,
-                data_parallel) {}
+                data_parallel, mode) {}
 
 namespace {
 
@@ -141,7 +141,7 @@ void check_optimizer_covers(const std::vector<Parameter*>& model, const std::vec
 }  // namespace
 
 TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows,
-                     Communicator* data_parallel)
+                     Communicator* data_parallel, DataParallelMode mode)
     : model_(std::move(model)), optimizer_(optimizer), data_parallel_(data_parallel) {
   check_optimizer_covers(model_->parameters(), optimizer.parameters());
   if (data_parallel != nullptr) {
@@ -150,6 +150,9 @@ TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& opti
   labels_ = ctx.persistent("step.labels", {Shape{rows}, DType::kInt32});
   label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
   optimizer.group_for_overlap(ctx, model_->parameter_group_sizes());
+  if (mode == DataParallelMode::kZero1 && data_parallel != nullptr && data_parallel->world_size() > 1) {
+    optimizer.shard(ctx, *data_parallel);
+  }
 }
 
 TrainStep::~TrainStep() = default;

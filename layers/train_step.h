@@ -31,6 +31,12 @@
 
 namespace stepgraph {
 
+// How data-parallel ranks combine their gradients (TrainStep).
+enum class DataParallelMode : std::uint8_t {
+  kAllReduce,  // every rank all-reduces the gradients and runs the whole update
+  kZero1,      // reduce-scatter, each rank updates its 1/N shard, all-gather the weights (Note [Sharded AdamW])
+};
+
 class TrainStep {
  public:
   // Creates the step's persistent inputs: tokens int32 [batch, context],
@@ -41,13 +47,15 @@ class TrainStep {
   // divides by N, each parameter group's gradients are summed across the
   // ranks as soon as the backward finishes them (overlapping the rest of the
   // backward, see AdamW::GroupedStep), and the returned loss is the global
-  // mean. Every rank must build the same model (same seed) and step.
+  // mean. Every rank must build the same model (same seed) and step. With
+  // DataParallelMode::kZero1 the optimizer is sharded over the ranks
+  // (AdamW::shard) instead of all-reducing the gradients.
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
-            Communicator* data_parallel = nullptr);
+            Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   // Creates the step's persistent inputs: activations x [tokens, hidden] in
   // the model dtype, labels int32 [tokens], and the label error flag.
   TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
-            Communicator* data_parallel = nullptr);
+            Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
@@ -74,7 +82,7 @@ class TrainStep {
 
  private:
   TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows,
-            Communicator* data_parallel);
+            Communicator* data_parallel, DataParallelMode mode);
 
   std::unique_ptr<ModelSide> model_;
   AdamW& optimizer_;

@@ -199,6 +199,35 @@ const OpDef& reduce_scatter_op() {
   return op;
 }
 
+const OpDef& reduce_scatter_into_op() {
+  static const OpDef op{
+      .name = "reduce_scatter_into_",
+      .check =
+          [](const OpParams& p, std::span<const TensorMeta> in) {
+            SG_CHECK(in.size() == 2, "op reduce_scatter_into_ takes x and out, got ", in.size(), " tensors");
+            check_reducible("reduce_scatter_into_", in[0]);
+            const int n = of(p).world_size;
+            SG_CHECK(in[1].dtype == in[0].dtype && in[1].numel() * n == in[0].numel(),
+                     "op reduce_scatter_into_: out must hold x's ", in[0].numel(), " ", dtype_name(in[0].dtype),
+                     " elements / ", n, " ranks, got ", in[1].numel(), " ", dtype_name(in[1].dtype));
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs = {1},
+      .launch_cuda =
+          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+            comm_of(p).reduce_scatter(a.inputs[0], a.inputs[1], a.input_metas[1].numel(), a.input_metas[0].dtype,
+                                      of(p).op, s);
+          },
+      .run_host =
+          [](const OpParams& p, const KernelArgs& a) {
+            comm_of(p).reduce_scatter(a.inputs[0], a.inputs[1], a.input_metas[1].numel(), a.input_metas[0].dtype,
+                                      of(p).op, nullptr);
+          },
+      .collective = collective_call,
+  };
+  return op;
+}
+
 const OpDef& all_gather_op() {
   static const OpDef op{
       .name = "all_gather",
@@ -292,6 +321,10 @@ void all_reduce_many_(Context& ctx, Communicator& comm, const std::vector<Tensor
 
 Tensor reduce_scatter(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
   return ctx.call(reduce_scatter_op(), params_for(ctx, comm, "reduce_scatter", op), {x})[0];
+}
+
+void reduce_scatter_into_(Context& ctx, Communicator& comm, const Tensor& x, const Tensor& out, ReduceOp op) {
+  ctx.call(reduce_scatter_into_op(), params_for(ctx, comm, "reduce_scatter_into_", op), {x, out});
 }
 
 Tensor all_gather(Context& ctx, Communicator& comm, const Tensor& x) {

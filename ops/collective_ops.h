@@ -28,6 +28,9 @@ void all_reduce_(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op)
 void all_reduce_many_(Context& ctx, Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op);
 // x [N n, ...] (N the world size): rank r gets the reduction of rows [r n, (r + 1) n).
 Tensor reduce_scatter(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op);
+// The same into an existing tensor of x.numel() / N elements (a persistent
+// shard the optimizer reads through its table).
+void reduce_scatter_into_(Context& ctx, Communicator& comm, const Tensor& x, const Tensor& out, ReduceOp op);
 // x [n, ...]: every rank gets [N n, ...], rank r's rows at [r n, (r + 1) n).
 Tensor all_gather(Context& ctx, Communicator& comm, const Tensor& x);
 // Every rank's x becomes root's x.
@@ -44,6 +47,7 @@ const OpDef& all_reduce_op();
 const OpDef& all_reduce_inplace_op();
 const OpDef& all_reduce_many_op();
 const OpDef& reduce_scatter_op();
+const OpDef& reduce_scatter_into_op();
 const OpDef& all_gather_op();
 const OpDef& broadcast_inplace_op();
 const OpDef& send_op();

@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "ops/activation_ops.h"
+#include "ops/bucket_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/embedding_ops.h"
@@ -52,10 +53,13 @@ std::span<const OpDef* const> all_ops() {
       &moe_permute_op(),
       &moe_unpermute_op(),
       &moe_unpermute_backward_op(),
+      &pack_op(),
+      &unpack_inplace_op(),
       &all_reduce_op(),
       &all_reduce_inplace_op(),
       &all_reduce_many_op(),
       &reduce_scatter_op(),
+      &reduce_scatter_into_op(),
       &all_gather_op(),
       &broadcast_inplace_op(),
       &send_op(),

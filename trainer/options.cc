@@ -81,6 +81,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(CLI::Range(1, 64));
   app.add_option("--dp", o.dp, "data-parallel ranks (default: the world size); the global --batch is split among them")
       ->check(CLI::PositiveNumber);
+  app.add_option("--dp-mode", o.dp_mode,
+                 "allreduce (every rank updates every parameter) or zero1 (reduce-scatter, each rank updates its 1/N "
+                 "shard of the optimizer, all-gather the weights)")
+      ->check(CLI::IsMember({"allreduce", "zero1"}));
   app.add_option("--comm-timeout", o.comm_timeout_s,
                  "seconds a rank waits for the others (a collective, a step, the start) before it aborts them all")
       ->check(CLI::PositiveNumber);
@@ -139,6 +143,9 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
+  SG_CHECK_CODE(o.dp_mode != "zero1" || o.checkpoint.empty(), ErrorCode::kUnsupported,
+                "--dp-mode zero1 does not write checkpoints yet (each rank holds only its shard of the optimizer); "
+                "use --dp-mode allreduce with --checkpoint");
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
   return o;
 }

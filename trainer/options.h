@@ -50,9 +50,10 @@ struct TrainerOptions {
   // Several ranks (trainer/distributed.h). --nproc-per-node N starts N worker
   // processes of this program on this host; without it the launcher's
   // variables (torchrun, srun, mpirun) decide the world.
-  std::int64_t nproc_per_node = 0;  // 0: not the local launcher
-  std::int64_t dp = 0;              // data-parallel ranks; 0: the world size
-  double comm_timeout_s = 300;      // a collective or step longer than this ends every rank
+  std::int64_t nproc_per_node = 0;    // 0: not the local launcher
+  std::int64_t dp = 0;                // data-parallel ranks; 0: the world size
+  std::string dp_mode = "allreduce";  // allreduce | zero1 (layers/train_step.h DataParallelMode)
+  double comm_timeout_s = 300;        // a collective or step longer than this ends every rank
 };
 
 struct ParsedCommandLine {

@@ -59,6 +59,7 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
 // between the ranks of one run).
 RunConfig run_config(const TrainerOptions& o, const DataSource& data, int ranks) {
   return {{"config.dp", std::to_string(ranks)},
+          {"config.dp-mode", o.dp_mode},
           {"config.layers", std::to_string(o.layers)},
           {"config.hidden", std::to_string(o.hidden)},
           {"config.ffn", std::to_string(o.ffn)},
@@ -128,7 +129,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const LanguageModelConfig config = model_config(o, data->vocab());
   LanguageModel model(ctx, config);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)});
-  TrainStep step(ctx, model, optimizer, local_batch, world);
+  TrainStep step(ctx, model, optimizer, local_batch, world,
+                 o.dp_mode == "zero1" ? DataParallelMode::kZero1 : DataParallelMode::kAllReduce);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
                                                       config.model.moe_every, o.experts, o.topk)
                                         : std::string();
@@ -138,8 +140,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
       device_name(device), o.mode);
   if (ranks > 1) {
-    out << fmt::format("data parallel: {} ranks ({}), {} examples each per step\n", ranks, world->describe(),
-                       local_batch);
+    out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", ranks, world->describe(),
+                       local_batch, o.dp_mode == "zero1" ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
   }
 
   std::int64_t done = 0;

@@ -199,7 +199,8 @@ TEST(CheckpointTest, FindTensorNamesWhatIsThere) {
 TEST(CheckpointTest, DTypeNamesRoundTrip) {
   for (DType dtype : kAllDTypes) EXPECT_EQ(parse_safetensors_dtype(safetensors_dtype(dtype)), dtype);
   EXPECT_EQ(safetensors_dtype(DType::kBFloat16), "BF16");
-  expect_error([] { parse_safetensors_dtype("F64"); }, ErrorCode::kIo, {"checkpoint tensor dtype 'F64' is not one StepGraph reads", "BF16"});
+  expect_error([] { parse_safetensors_dtype("F64"); }, ErrorCode::kIo,
+               {"checkpoint tensor dtype 'F64' is not one StepGraph reads", "BF16"});
 }
 
 }  // namespace

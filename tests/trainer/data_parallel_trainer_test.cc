@@ -81,6 +81,17 @@ TEST_P(DataParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
               worst);
 }
 
+// --dp-mode zero1 trains exactly like allreduce on the host (its reduce-scatter
+// adds in the same rank order as its all-reduce: Note [Sharded AdamW]).
+TEST_P(DataParallelTrainerTest, Zero1EqualsAllReduceBitForBit) {
+  const int ranks = GetParam();
+  TrainerOptions zero1 = options("graph");
+  zero1.dp_mode = "zero1";
+  const std::vector<std::vector<float>> sharded = train_ranks(zero1, ranks);
+  const std::vector<std::vector<float>> all_reduce = train_ranks(options("graph"), ranks);
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(bits(sharded[r]), bits(all_reduce[r])) << "rank " << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, DataParallelTrainerTest, ::testing::Values(2, 4),
                          [](const auto& info) { return "ranks" + std::to_string(info.param); });
 

@@ -139,8 +139,11 @@ TEST(TokenFileTest, DamagedTokenFilesAreClearErrors) {
   write_bytes(damaged, bad_token);
   expect_error([&] { open_token_data(damaged); }, ErrorCode::kIo, {"token 2 is 300", "[0, 300)"});
 
-  expect_error([&] { write_token_file(damaged, 10, std::vector<std::int32_t>{3, 10}); }, ErrorCode::kInvalidArgument,
-               {"write_token_file: token 1 is 10, outside the vocab [0, 10)"});
+  expect_error(
+      [&] {
+        write_token_file(damaged, 10, std::vector<std::int32_t>{3, 10});
+      },
+      ErrorCode::kInvalidArgument, {"write_token_file: token 1 is 10, outside the vocab [0, 10)"});
 }
 
 }  // namespace

@@ -85,6 +85,14 @@ class AdamW {
   bool sharded() const { return sharding_ != nullptr; }
   Communicator* sharding() const { return sharding_; }
 
+  // A sharded optimizer's state on this rank, for checkpoints: per shard
+  // (one per group) its name and this rank's master, m and v.
+  struct ShardState {
+    std::string name;
+    Tensor master, m, v;
+  };
+  std::vector<ShardState> shard_states() const;
+
   // Steps taken so far (reads the device counter: not while tracing).
   std::int64_t steps_taken(Context& ctx) const;
 
@@ -115,6 +123,7 @@ class AdamW {
   // This rank's shard of a group's parameters [first, first + count), laid
   // end to end (Note [Sharded AdamW]).
   struct Shard {
+    std::string name;
     std::size_t first = 0;
     std::size_t count = 0;
     std::int64_t padded = 0;     // the bucket: the group's elements, padded to N equal shards

@@ -42,6 +42,7 @@ AdamW::Shard AdamW::make_shard(Context& ctx, std::size_t first, std::size_t coun
   const int n = sharding_->world_size();
   const int rank = sharding_->rank();
   Shard shard;
+  shard.name = name;
   shard.first = first;
   shard.count = count;
   std::int64_t total = 0;
@@ -102,6 +103,16 @@ void AdamW::shard(Context& ctx, Communicator& comm) {
   m_.clear();
   v_.clear();
   all_ = Update{};
+}
+
+std::vector<AdamW::ShardState> AdamW::shard_states() const {
+  SG_CHECK_CODE(sharded(), ErrorCode::kInvalidState, "AdamW::shard_states: the optimizer is not sharded");
+  std::vector<ShardState> out;
+  // The update's tensors are {master, grad, m, v[, copy]} (make_update).
+  for (const Shard& shard : shards_) {
+    out.push_back({shard.name, shard.update.tensors[0], shard.update.tensors[2], shard.update.tensors[3]});
+  }
+  return out;
 }
 
 void AdamW::step_shard(Context& ctx, const Shard& shard, bool advance_step) const {

@@ -143,9 +143,7 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
-  SG_CHECK_CODE(o.dp_mode != "zero1" || o.checkpoint.empty(), ErrorCode::kUnsupported,
-                "--dp-mode zero1 does not write checkpoints yet (each rank holds only its shard of the optimizer); "
-                "use --dp-mode allreduce with --checkpoint");
+
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
   return o;
 }

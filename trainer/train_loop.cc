@@ -144,19 +144,33 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                        local_batch, o.dp_mode == "zero1" ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
   }
 
+  // A sharded optimizer writes one file per rank (its shard); otherwise
+  // every rank holds the same state and rank 0 alone writes it.
+  const bool per_rank_files = optimizer.sharded();
+  const std::string checkpoint_path = per_rank_files ? shard_checkpoint_path(o.checkpoint, rank, ranks) : o.checkpoint;
   std::int64_t done = 0;
   if (o.resume) {
-    const Progress progress = load_state(ctx, model, optimizer, run, read_checkpoint(o.checkpoint));
-    SG_CHECK(progress.step < o.steps, "the checkpoint ", o.checkpoint, " is at step ", progress.step,
+    const Progress progress = load_state(ctx, model, optimizer, run, read_checkpoint(checkpoint_path));
+    if (world != nullptr && per_rank_files) {
+      // The ranks' files are written one by one: a crash between them leaves
+      // files of different steps, which must not be mixed.
+      const std::vector<std::string> steps = world->exchange(std::to_string(progress.step), "checkpoint steps");
+      for (std::size_t r = 0; r < steps.size(); ++r) {
+        SG_CHECK_CODE(steps[r] == steps[0], ErrorCode::kIo, "the ranks' checkpoint files are of different steps: ",
+                      shard_checkpoint_path(o.checkpoint, 0, ranks), " is at step ", steps[0], ", ",
+                      shard_checkpoint_path(o.checkpoint, static_cast<int>(r), ranks), " at step ", steps[r],
+                      " (a run ended while writing them); resume from an earlier, complete set");
+      }
+    }
+    SG_CHECK(progress.step < o.steps, "the checkpoint ", checkpoint_path, " is at step ", progress.step,
              ", not before --steps ", o.steps, ": nothing to resume");
     data->seek(progress.data_position);
     done = progress.step;
-    out << fmt::format("resumed from {} at step {}\n", o.checkpoint, done);
+    out << fmt::format("resumed from {} at step {}\n", checkpoint_path, done);
   }
-  // Every rank holds the same state: rank 0 alone writes it.
   auto save = [&](std::int64_t steps_done, std::uint64_t data_position) {
-    if (rank != 0) return;
-    write_checkpoint(o.checkpoint, save_state(ctx, model, optimizer, run, {steps_done, data_position}));
+    if (rank != 0 && !per_rank_files) return;
+    write_checkpoint(checkpoint_path, save_state(ctx, model, optimizer, run, {steps_done, data_position}));
   };
 
   std::shared_ptr<CapturedStep> graph;
@@ -261,7 +275,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   progress.clear();
   if (!o.checkpoint.empty()) {
     save(o.steps, position);
-    out << "checkpoint: " << o.checkpoint << " at step " << o.steps << "\n";
+    out << "checkpoint: "
+        << (per_rank_files ? shard_checkpoint_path(o.checkpoint, 0, ranks) + " (one file per rank)" : o.checkpoint)
+        << " at step " << o.steps << "\n";
   }
 
   const auto steps_run = static_cast<std::int64_t>(result.losses.size());

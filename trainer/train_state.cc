@@ -45,6 +45,10 @@ std::uint64_t parse_count(const Checkpoint& checkpoint, const char* key) {
 
 }  // namespace
 
+std::string shard_checkpoint_path(const std::string& path, int rank, int ranks) {
+  return path + ".rank" + std::to_string(rank) + "-of-" + std::to_string(ranks);
+}
+
 Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress) {
   Checkpoint out;
@@ -52,6 +56,16 @@ Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer
   out.metadata[kStepKey] = std::to_string(progress.step);
   out.metadata[kPositionKey] = std::to_string(progress.data_position);
   const std::vector<Parameter*> parameters = model.parameters();
+  if (optimizer.sharded()) {
+    for (const Parameter* p : parameters) out.tensors.push_back(to_checkpoint(ctx, p->name, p->value));
+    for (const AdamW::ShardState& shard : optimizer.shard_states()) {
+      out.tensors.push_back(to_checkpoint(ctx, shard.name + ".master", shard.master));
+      out.tensors.push_back(to_checkpoint(ctx, shard.name + ".adam_m", shard.m));
+      out.tensors.push_back(to_checkpoint(ctx, shard.name + ".adam_v", shard.v));
+    }
+    out.tensors.push_back(to_checkpoint(ctx, "adamw.step", optimizer.step_counter()));
+    return out;
+  }
   const std::vector<AdamW::Moments> moments = optimizer.moments();
   SG_CHECK_CODE(parameters.size() == moments.size(), ErrorCode::kInternal, "save_state: ", parameters.size(),
                 " parameters but ", moments.size(), " optimizer moments");
@@ -79,8 +93,16 @@ Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, 
            differences);
 
   const std::vector<Parameter*> parameters = model.parameters();
-  const std::vector<AdamW::Moments> moments = optimizer.moments();
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
+  if (optimizer.sharded()) {
+    for (const Parameter* p : parameters) from_checkpoint(ctx, checkpoint, p->name, p->value);
+    for (const AdamW::ShardState& shard : optimizer.shard_states()) {
+      from_checkpoint(ctx, checkpoint, shard.name + ".master", shard.master);
+      from_checkpoint(ctx, checkpoint, shard.name + ".adam_m", shard.m);
+      from_checkpoint(ctx, checkpoint, shard.name + ".adam_v", shard.v);
+    }
+  }
+  const std::vector<AdamW::Moments> moments = optimizer.sharded() ? std::vector<AdamW::Moments>{} : optimizer.moments();
+  for (std::size_t i = 0; i < moments.size(); ++i) {
     const std::string& name = parameters[i]->name;
     from_checkpoint(ctx, checkpoint, name + ".master", parameters[i]->master);
     sync_copy_from_master(ctx, *parameters[i]);

@@ -24,8 +24,15 @@ struct Progress {
 
 using RunConfig = std::map<std::string, std::string>;  // "config.<name>" -> value
 
+// A sharded optimizer (ZeRO-1) is saved per rank: this rank's shards of the
+// masters and moments, the step counter, and every parameter's value (what
+// the layers read), so each rank's file restores that rank alone.
 Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress);
+
+// Where rank `rank` of `ranks` keeps its file when the optimizer is sharded:
+// "PATH.rank1-of-4".
+std::string shard_checkpoint_path(const std::string& path, int rank, int ranks);
 
 // Checks `checkpoint`'s configuration against `config` (Error(kInvalidArgument)
 // listing every difference), loads every tensor into the model and optimizer

@@ -17,6 +17,7 @@
 #include "tests/support/expect_error.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
+#include "trainer/train_state.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -114,6 +115,42 @@ TEST(DataParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRunOnTwoRanks) {
   TrainerOptions single = rest;
   std::ostringstream log;
   EXPECT_ERROR_CONTAINS(train(single, Device::kHost, log), "config.dp");
+}
+
+// ZeRO-1: each rank writes its own shard file, and a resume continues exactly.
+TEST(DataParallelTrainerResumeTest, Zero1ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
+  TrainerOptions o = options("graph");
+  o.dp_mode = "zero1";
+  const std::vector<std::vector<float>> whole = train_ranks(o, 2);
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "zero1_resume.safetensors";
+  for (int r = 0; r < 2; ++r) std::filesystem::remove(shard_checkpoint_path(path.string(), r, 2));
+  TrainerOptions first = o;
+  first.checkpoint = path.string();
+  first.steps = 5;
+  train_ranks(first, 2);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(std::filesystem::exists(shard_checkpoint_path(path.string(), r, 2)));
+  EXPECT_FALSE(std::filesystem::exists(path)) << "a sharded run writes per-rank files only";
+  TrainerOptions rest = first;
+  rest.steps = 12;
+  rest.resume = true;
+  const std::vector<std::vector<float>> resumed = train_ranks(rest, 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(bits(resumed[r]), bits(std::vector<float>(whole[r].begin() + 5, whole[r].end()))) << "rank " << r;
+  }
+  // Files of different steps (a run that ended while writing them) are refused.
+  TrainerOptions at7 = first;
+  at7.checkpoint = path.string() + ".mixed";
+  at7.steps = 7;
+  train_ranks(at7, 2);
+  const std::string rank0 = shard_checkpoint_path(at7.checkpoint, 0, 2);
+  std::filesystem::copy_file(rank0, rank0 + ".step7", std::filesystem::copy_options::overwrite_existing);
+  TrainerOptions at9 = at7;
+  at9.steps = 9;
+  at9.resume = true;
+  train_ranks(at9, 2);
+  std::filesystem::copy_file(rank0 + ".step7", rank0, std::filesystem::copy_options::overwrite_existing);
+  at9.steps = 12;
+  EXPECT_ERROR_CONTAINS(train_ranks(at9, 2), "checkpoint files are of different steps", "at step 7", "at step 9");
 }
 
 TEST(DataParallelTrainerFlagsTest, RanksWithDifferentFlagsStopNamingTheFlag) {

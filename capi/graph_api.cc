@@ -107,15 +107,15 @@ extern "C" sg_result sg_train_step_capture(sg_train_step step, sg_pool_report_po
     const std::shared_ptr<capi::TrainStepState> state = capi::handle_object(step, function, "step")->state;
     require(out, function, "out");
     *out = nullptr;
-    auto captured = CapturedStep::capture(*state->ctx, [&] { return (*state->step)(*state->ctx); },
-                                          {.pool_report_policy = capi::to_policy(policy)});
+    // A data-parallel step's ranks compare the collectives they would record (CaptureOptions::communicators).
+    auto captured = CapturedStep::capture(
+        *state->ctx, [&] { return (*state->step)(*state->ctx); },
+        {.pool_report_policy = capi::to_policy(policy), .communicators = state->step->communicators()});
     *out = capi::issue_handle(std::make_shared<sg_graph_s>(sg_graph_s{state->ctx, std::move(captured), state}));
   });
 }
 
-extern "C" sg_result sg_graph_destroy(sg_graph graph) {
-  return capi::destroy_handle(graph, __func__, "graph");
-}
+extern "C" sg_result sg_graph_destroy(sg_graph graph) { return capi::destroy_handle(graph, __func__, "graph"); }
 
 namespace {
 

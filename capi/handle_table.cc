@@ -21,7 +21,7 @@ constexpr int kSlotShift = 32;
 constexpr std::uint64_t kSlotMask = 0xFFFFFF;  // 24 bits
 constexpr std::uint32_t kMaxGeneration = std::numeric_limits<std::uint32_t>::max();
 constexpr std::uint8_t kFirstKind = static_cast<std::uint8_t>(HandleKind::kContext);
-constexpr std::uint8_t kLastKind = static_cast<std::uint8_t>(HandleKind::kGraphCache);
+constexpr std::uint8_t kLastKind = static_cast<std::uint8_t>(HandleKind::kWorld);
 
 struct Decoded {
   std::uint8_t kind = 0;  // 0: the tag is not ours
@@ -87,19 +87,19 @@ class HandleTable {
     std::shared_ptr<void> taken;  // dies after the lock is released
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      const bool issued = d.kind != 0 && d.slot < slots_.size() && d.generation != 0 &&
-                          d.generation <= slots_[d.slot].generation &&
-                          (d.generation < slots_[d.slot].generation ||
-                           static_cast<std::uint8_t>(slots_[d.slot].kind) == d.kind);
-      SG_CHECK(issued, function, ": ", what, " ", hex(handle), " is not a handle this library issued (not a ",
-               wanted, " handle, nor any other sg_* handle)");
+      const bool issued =
+          d.kind != 0 && d.slot < slots_.size() && d.generation != 0 && d.generation <= slots_[d.slot].generation &&
+          (d.generation < slots_[d.slot].generation || static_cast<std::uint8_t>(slots_[d.slot].kind) == d.kind);
+      SG_CHECK(issued, function, ": ", what, " ", hex(handle), " is not a handle this library issued (not a ", wanted,
+               " handle, nor any other sg_* handle)");
       const auto its_kind = static_cast<HandleKind>(d.kind);
       Slot& slot = slots_[d.slot];
       const bool alive = d.generation == slot.generation && slot.object != nullptr;
       SG_CHECK(its_kind == kind, function, ": ", what, " ", hex(handle), " is a ", handle_kind_name(its_kind),
                " handle", alive ? "" : " (destroyed)", ", not a ", wanted, " handle");
       SG_CHECK(alive, function, ": ", wanted, " handle ", hex(handle), " (", what, ")",
-               remove ? " was already destroyed (a second destroy)" : " was destroyed; a handle is unusable after its destroy");
+               remove ? " was already destroyed (a second destroy)"
+                      : " was destroyed; a handle is unusable after its destroy");
       if (!remove) return slot.object;
       taken = std::move(slot.object);
       slot.object.reset();
@@ -130,7 +130,8 @@ HandleTable& table() {
 
 std::string_view handle_kind_name(HandleKind kind) {
   static constexpr std::array<std::string_view, kLastKind + 1> kNames = {
-      "?", "context", "stream scope", "tensor", "layer", "saved", "optimizer", "train step", "graph", "graph cache"};
+      "?",         "context",    "stream scope", "tensor",      "layer", "saved",
+      "optimizer", "train step", "graph",        "graph cache", "world"};
   const auto index = static_cast<std::size_t>(kind);
   return index < kNames.size() ? kNames[index] : "?";
 }

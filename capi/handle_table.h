@@ -42,6 +42,7 @@ enum class HandleKind : std::uint8_t {
   kTrainStep = 7,
   kGraph = 8,
   kGraphCache = 9,
+  kWorld = 10,
 };
 
 // "context", "tensor", "graph", ... (for messages).
@@ -63,9 +64,9 @@ std::size_t live_handle_count();
 // Which kind each C handle type is: sg_tensor is sg_tensor_s*, and so on.
 template <typename T>
 struct HandleKindOf;
-#define SG_HANDLE_KIND(type, value) \
-  template <>                       \
-  struct HandleKindOf<type> {       \
+#define SG_HANDLE_KIND(type, value)                       \
+  template <>                                             \
+  struct HandleKindOf<type> {                             \
     static constexpr HandleKind kind = HandleKind::value; \
   }
 SG_HANDLE_KIND(sg_context_s, kContext);
@@ -77,6 +78,7 @@ SG_HANDLE_KIND(sg_optimizer_s, kOptimizer);
 SG_HANDLE_KIND(sg_train_step_s, kTrainStep);
 SG_HANDLE_KIND(sg_graph_s, kGraph);
 SG_HANDLE_KIND(sg_graph_cache_s, kGraphCache);
+SG_HANDLE_KIND(sg_world_s, kWorld);
 #undef SG_HANDLE_KIND
 
 static_assert(sizeof(void*) == sizeof(std::uint64_t), "handles are 64-bit values in pointer-typed C handles");

@@ -8,7 +8,8 @@
 // A C caller may destroy handles in any order, so each handle holds shared
 // references to what it needs: a layer its context, an optimizer its layers, a
 // train step its model and optimizer, a graph its context (CapturedStep needs
-// its Context alive). Destroying a handle only drops its references.
+// its Context alive), a data-parallel train step its world (its TrainStep
+// uses the communicator). Destroying a handle only drops its references.
 #pragma once
 
 #include <any>
@@ -24,8 +25,10 @@
 
 #include "capi/handle_table.h"
 #include "capi/stepgraph.h"
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/error.h"
+#include "engine/launch/launch_env.h"
 #include "graphs/captured_step.h"
 #include "graphs/graph_cache.h"
 #include "layers/adamw.h"
@@ -53,10 +56,19 @@ struct OptimizerState {
   std::unique_ptr<AdamW> adamw;
 };
 
+// A world (sg_world_init): where this process stands among the ranks, and the
+// communicator over them (null for a world of one). Shared by the world handle
+// and every train step made with it. See Note [Handles hold references].
+struct WorldState {
+  LaunchInfo launch;
+  std::unique_ptr<Communicator> comm;
+};
+
 struct TrainStepState {
   std::shared_ptr<Context> ctx;
   std::shared_ptr<LayerBase> model;
   std::shared_ptr<OptimizerState> optimizer;
+  std::shared_ptr<WorldState> world;  // before `step`: the step uses its communicator until it goes
   std::unique_ptr<TrainStep> step;
 };
 
@@ -119,9 +131,16 @@ struct sg_train_step_s {
 };
 
 struct sg_graph_s {
+  // The captured step goes before what it replays (a data-parallel step's
+  // graphs hold collectives of the communicator that keep_alive may own).
+  ~sg_graph_s() { step.reset(); }
   std::shared_ptr<stepgraph::Context> ctx;
   std::shared_ptr<stepgraph::CapturedStep> step;
   std::shared_ptr<const void> keep_alive;  // a train step's state, for train-step graphs
+};
+
+struct sg_world_s {
+  std::shared_ptr<stepgraph::capi::WorldState> state;
 };
 
 struct sg_graph_cache_s {

@@ -20,7 +20,7 @@
  * crash.
  *
  * Handles are reference holders: a tensor keeps its context alive, a layer its
- * context, a train step its model and optimizer, a graph what it replays;
+ * context, a train step its model, optimizer and world, a graph what it replays;
  * destroy each handle you were given (out-parameters), in any order.
  * Destroying a handle only ends that handle: whatever other handles still use
  * stays alive and usable (a tensor after sg_context_destroy of its context
@@ -53,8 +53,11 @@ extern "C" {
 #endif
 
 /* 2: sg_model_* became sg_residual_stack_*, sg_train_step_check_labels became
- * sg_train_step_check_errors. */
-#define SG_API_VERSION 2
+ * sg_train_step_check_errors.
+ * 3: additions only: worlds (sg_world_*), sg_train_step_config and
+ * sg_train_step_create_with_config (data parallelism), the context's
+ * communication stream; exported as STEPGRAPH_C_3 (capi/stepgraph.lds). */
+#define SG_API_VERSION 3
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -112,6 +115,7 @@ typedef struct sg_optimizer_s* sg_optimizer;
 typedef struct sg_train_step_s* sg_train_step;
 typedef struct sg_graph_s* sg_graph;
 typedef struct sg_graph_cache_s* sg_graph_cache;
+typedef struct sg_world_s* sg_world;
 
 /* ---- Errors and versions ------------------------------------------------ */
 
@@ -146,6 +150,13 @@ sg_result sg_stream_scope_exit(sg_stream_scope scope);
 sg_result sg_cuda_stream_synchronize(void* stream);
 /* Bytes of persistent tensors, and of eager tensors alive now and at peak. */
 sg_result sg_context_memory(sg_context ctx, int64_t* persistent_bytes, int64_t* eager_bytes, int64_t* eager_peak_bytes);
+/* Where collective ops run (a data-parallel step's gradient all-reduces), eager
+ * and captured: side stream `index` (in [1, stream count)), so communication
+ * overlaps compute, or -1 (the default): the current stream. Set it before the
+ * step is captured, e.g. sg_context_create(device, 2, &ctx) and then
+ * sg_context_set_communication_stream(ctx, 2). */
+sg_result sg_context_set_communication_stream(sg_context ctx, int index);
+sg_result sg_context_communication_stream(sg_context ctx, int* out);
 
 /* ---- Tensors -------------------------------------------------------------- */
 
@@ -279,6 +290,48 @@ sg_result sg_layer_parameter(sg_layer layer, int64_t index, char* name, size_t c
                              sg_tensor* master, sg_tensor* value, sg_tensor* grad);
 sg_result sg_layer_sync_parameters(sg_layer layer);
 
+/* ---- Worlds: the processes of a data-parallel run ------------------------- */
+
+/* This process's place among the processes of a run (one per GPU, NCCL's
+ * model), read from the environment a launcher sets up:
+ *   torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+ *   srun      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (or
+ *             SLURM_TASKS_PER_NODE); MASTER_ADDR/MASTER_PORT, else the first node;
+ *   mpirun    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; MASTER_ADDR, MASTER_PORT
+ * (in this order; engine/launch/launch_env.h has the details, e.g. torchrun's
+ * agent store moving the meeting to MASTER_PORT + 1). None of them set:
+ * a world of one (rank 0 of 1) with no communicator and no socket, so the same
+ * program runs alone unchanged.
+ *
+ * With several ranks, every rank meets rank 0 at MASTER_ADDR:MASTER_PORT and
+ * waits at most `timeout_seconds` (in [0.001, 604800], a week) for the others.
+ * On SG_DEVICE_CUDA the ranks then build an NCCL communicator (rank 0's unique
+ * id travels over that connection) and this call makes GPU `local_rank` the
+ * current device: call it before sg_context_create. On SG_DEVICE_HOST the
+ * collectives run over the same TCP connections (slow; for tests and CI).
+ * Every rank must call it with the same device. Inconsistent launcher
+ * variables, a local rank without a GPU, a rank that does not come or that
+ * passed another device: an error naming the variable or the rank, never a
+ * hang. The timeout also bounds each later collective: a rank that died ends
+ * the others' next step with an error after at most that long.
+ *
+ * Lifetime: a train step made with the world (sg_train_step_config::world),
+ * and its graphs, hold the world's communicator, like every handle here holds
+ * what it uses: sg_world_destroy ends the handle, and the connections to the
+ * other ranks close when the last of the world handle, those steps and their
+ * graphs is destroyed. A rank whose world closes early ends the other ranks'
+ * next collective with an error: keep the world until every rank's last step. */
+sg_result sg_world_init(sg_device device, double timeout_seconds, sg_world* out);
+sg_result sg_world_destroy(sg_world world);
+/* This process's rank in [0, size), the number of ranks, and its index among
+ * the ranks of its host (its GPU on cuda). */
+sg_result sg_world_rank(sg_world world, int* out);
+sg_result sg_world_size(sg_world world, int* out);
+sg_result sg_world_local_rank(sg_world world, int* out);
+/* "rank 1 of 2 (local 1 of 2) via torchrun, rendezvous 127.0.0.1:29500;
+ * communicator 'world' (rank 1 of 2, host)", for logs. */
+sg_result sg_world_describe(sg_world world, char* buffer, size_t capacity, size_t* length);
+
 /* ---- Optimizer and training step ------------------------------------------ */
 
 typedef struct sg_adamw_config {
@@ -303,6 +356,35 @@ sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out);
  * Its inputs are persistent tensors: x [tokens, hidden] in the model dtype and
  * labels [tokens] int32. */
 sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out);
+
+/* A train step's settings, versioned across the ABI like ncclConfig_t: new
+ * fields are appended in later versions, and `size`, `magic` and `version` tell
+ * the library which fields the caller knows. Start from
+ * sg_train_step_config_default (or SG_TRAIN_STEP_CONFIG_INITIALIZER), then set
+ * the fields. A struct that was not initialised that way is refused. */
+#define SG_TRAIN_STEP_CONFIG_MAGIC 0x53475453u /* "SGTS" */
+#define SG_TRAIN_STEP_CONFIG_VERSION 1
+typedef struct sg_train_step_config {
+  size_t size;      /* sizeof(sg_train_step_config) where the caller was compiled */
+  uint32_t magic;   /* SG_TRAIN_STEP_CONFIG_MAGIC */
+  uint32_t version; /* SG_TRAIN_STEP_CONFIG_VERSION where the caller was compiled */
+  /* Version 1. */
+  int64_t tokens; /* this rank's tokens: x [tokens, hidden], labels [tokens] */
+  sg_world world; /* NULL (the default) or a world of one: this process alone.
+                   * Otherwise data parallel over the world: each rank trains on
+                   * its own `tokens` rows of a global batch of size * tokens, the
+                   * gradients are summed across the ranks inside the step, and
+                   * the loss is the global mean (the same on every rank). Every
+                   * rank must build the same model (same seed and config),
+                   * optimizer and step, and capture or run the same steps. */
+} sg_train_step_config;
+#define SG_TRAIN_STEP_CONFIG_INITIALIZER \
+  { sizeof(sg_train_step_config), SG_TRAIN_STEP_CONFIG_MAGIC, SG_TRAIN_STEP_CONFIG_VERSION, 0, NULL }
+void sg_train_step_config_default(sg_train_step_config* config);
+/* sg_train_step_create with a config (tokens and, for data parallelism, a
+ * world). The step keeps the world's communicator alive (see sg_world_init). */
+sg_result sg_train_step_create_with_config(sg_layer model, sg_optimizer optimizer, const sg_train_step_config* config,
+                                           sg_train_step* out);
 sg_result sg_train_step_destroy(sg_train_step step);
 sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels);
 /* One step now (eager), or recorded inside a step function; *loss is a fp32
@@ -327,7 +409,10 @@ void sg_step_error(const char* message);
 /* Traces `fn` once on `ctx`, plans its memory into one static pool, captures
  * it into CUDA graphs (cuda) or a host plan (host). */
 sg_result sg_capture(sg_context ctx, sg_step_fn fn, void* user, sg_pool_report_policy policy, sg_graph* out);
-/* The same for a train step: the graph's output 0 is the loss. */
+/* The same for a train step: the graph's output 0 is the loss. A data-parallel
+ * step is captured by every rank together: before recording, the ranks compare
+ * the collectives they would record, and a difference is an error on every
+ * rank naming the first that differs. */
 sg_result sg_train_step_capture(sg_train_step step, sg_pool_report_policy policy, sg_graph* out);
 sg_result sg_graph_destroy(sg_graph graph);
 

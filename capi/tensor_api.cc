@@ -141,6 +141,21 @@ extern "C" sg_result sg_context_memory(sg_context ctx, int64_t* persistent_bytes
   });
 }
 
+extern "C" sg_result sg_context_set_communication_stream(sg_context ctx, int index) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
+    context->set_communication_stream(index);
+  });
+}
+
+extern "C" sg_result sg_context_communication_stream(sg_context ctx, int* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
+    require(out, function, "out");
+    *out = context->communication_stream();
+  });
+}
+
 extern "C" sg_result sg_tensor_create(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
                                       sg_tensor* out) {
   return run_guarded(__func__, [&, function = __func__] {

@@ -1,4 +1,7 @@
 // The C API's optimizer (AdamW) and whole training step.
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,26 +62,73 @@ extern "C" sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* o
   });
 }
 
+namespace {
+
+// A train step of `model` and `optimizer` over `tokens` rows, data parallel over `world` when it has a communicator.
+sg_train_step create_train_step(const char* function, sg_layer model, sg_optimizer optimizer, std::int64_t tokens,
+                                std::shared_ptr<capi::WorldState> world) {
+  const auto m = capi::handle_object(model, function, "model");
+  const auto o = capi::handle_object(optimizer, function, "optimizer");
+  SG_CHECK(m->ctx == o->state->ctx, function, ": the model and the optimizer belong to different contexts");
+  auto state = std::make_shared<capi::TrainStepState>();
+  state->ctx = m->ctx;
+  state->model = m->layer;
+  state->optimizer = o->state;
+  state->world = std::move(world);
+  Communicator* data_parallel = state->world != nullptr ? state->world->comm.get() : nullptr;
+  state->step = std::make_unique<TrainStep>(*state->ctx, capi::residual_stack_of(*m), *state->optimizer->adamw, tokens,
+                                            data_parallel);
+  return capi::issue_handle(std::make_shared<sg_train_step_s>(sg_train_step_s{std::move(state)}));
+}
+
+// The size of each version of sg_train_step_config (index: version).
+constexpr std::size_t kTrainStepConfigSize[] = {0, sizeof(sg_train_step_config)};
+constexpr std::uint32_t kTrainStepConfigVersions = std::size(kTrainStepConfigSize) - 1;
+static_assert(kTrainStepConfigVersions == SG_TRAIN_STEP_CONFIG_VERSION, "a new config version needs its size here");
+
+// Which fields of `config` the caller knows (its version); an Error for a
+// struct that was not initialised or that this library cannot read.
+void check_config_header(const sg_train_step_config& config, const char* function) {
+  SG_CHECK(config.magic == SG_TRAIN_STEP_CONFIG_MAGIC, function, ": config was not initialised (magic 0x", std::hex,
+           config.magic, ", expected 0x", SG_TRAIN_STEP_CONFIG_MAGIC, std::dec,
+           "); start from sg_train_step_config_default or SG_TRAIN_STEP_CONFIG_INITIALIZER");
+  SG_CHECK(config.version >= 1 && config.version <= kTrainStepConfigVersions, function, ": config version ",
+           config.version, " is not one this library reads (1 to ", kTrainStepConfigVersions,
+           "); the caller was built against another stepgraph.h (a newer one?)");
+  SG_CHECK(config.size == kTrainStepConfigSize[config.version], function, ": config size ", config.size,
+           " does not match version ", config.version, " (", kTrainStepConfigSize[config.version],
+           " bytes); set size = sizeof(sg_train_step_config) as sg_train_step_config_default does");
+}
+
+}  // namespace
+
 extern "C" sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    const auto m = capi::handle_object(model, function, "model");
-    const auto o = capi::handle_object(optimizer, function, "optimizer");
     require(out, function, "out");
     *out = nullptr;
-    SG_CHECK(m->ctx == o->state->ctx, function, ": the model and the optimizer belong to different contexts");
-    auto state = std::make_shared<capi::TrainStepState>();
-    state->ctx = m->ctx;
-    state->model = m->layer;
-    state->optimizer = o->state;
-    state->step =
-        std::make_unique<TrainStep>(*state->ctx, capi::residual_stack_of(*m), *state->optimizer->adamw, tokens);
-    *out = capi::issue_handle(std::make_shared<sg_train_step_s>(sg_train_step_s{std::move(state)}));
+    *out = create_train_step(function, model, optimizer, tokens, nullptr);
   });
 }
 
-extern "C" sg_result sg_train_step_destroy(sg_train_step step) {
-  return capi::destroy_handle(step, __func__, "step");
+extern "C" void sg_train_step_config_default(sg_train_step_config* config) {
+  if (config == nullptr) return;
+  *config = SG_TRAIN_STEP_CONFIG_INITIALIZER;
 }
+
+extern "C" sg_result sg_train_step_create_with_config(sg_layer model, sg_optimizer optimizer,
+                                                      const sg_train_step_config* config, sg_train_step* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(out, function, "out");
+    *out = nullptr;
+    require(config, function, "config");
+    check_config_header(*config, function);
+    std::shared_ptr<capi::WorldState> world;
+    if (config->world != nullptr) world = capi::handle_object(config->world, function, "config->world")->state;
+    *out = create_train_step(function, model, optimizer, config->tokens, std::move(world));
+  });
+}
+
+extern "C" sg_result sg_train_step_destroy(sg_train_step step) { return capi::destroy_handle(step, __func__, "step"); }
 
 extern "C" sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels) {
   return run_guarded(__func__, [&, function = __func__] {

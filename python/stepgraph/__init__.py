@@ -10,11 +10,13 @@ files work with any Python 3.
         graph.replay()
         print(graph.outputs[0].item())
 
-See python/README.md.
+Data parallel over the ranks a launcher started (torchrun, srun, mpirun): sg.init_distributed(),
+then sg.TrainStep(..., world=world). See python/README.md.
 """
 
 from stepgraph._library import ArgumentError, StepGraphError, library_path
 from stepgraph.context import Context, cuda_device_count
+from stepgraph.distributed import World, init_distributed
 from stepgraph.dtypes import DType, bf16_bits_to_float32, float32_to_bf16_bits
 from stepgraph.graph import CapturedStep, GraphCache, capture
 from stepgraph.layers import (LayerNorm, LayerNormLinear, LayerNormMLP, Linear, Norm, Parameter, ResidualStack, RMSNorm,
@@ -22,10 +24,11 @@ from stepgraph.layers import (LayerNorm, LayerNormLinear, LayerNormMLP, Linear, 
 from stepgraph.tensor import Tensor
 from stepgraph.training import AdamW, TrainStep
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = [
     "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "GraphCache", "LayerNorm", "LayerNormLinear",
     "LayerNormMLP", "Linear", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
-    "TrainStep",
-    "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits", "library_path",
+    "TrainStep", "World",
+    "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits",
+    "init_distributed", "library_path",
 ]

@@ -2,11 +2,11 @@
 the call wrapper that turns a failed call into StepGraphError. Internal."""
 
 import ctypes
-from ctypes import POINTER, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint32, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint32, c_void_p
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 2
+API_VERSION = 3
 
 
 class LinearConfig(ctypes.Structure):
@@ -37,6 +37,13 @@ class AdamWConfig(ctypes.Structure):
                 ("weight_decay", c_float)]
 
 
+class TrainStepConfig(ctypes.Structure):
+    """sg_train_step_config (version 1): fill it with sg_train_step_config_default, which sets
+    size, magic and version, then set the fields."""
+    _fields_ = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32), ("tokens", c_int64),
+                ("world", c_void_p)]
+
+
 class GraphCacheStats(ctypes.Structure):
     _fields_ = [("hits", c_int64), ("misses", c_int64), ("captures", c_int64), ("evictions", c_int64),
                 ("entries", c_int64), ("pool_bytes", c_int64)]
@@ -59,6 +66,8 @@ _PROTOTYPES = {
     "sg_context_cuda_stream": [H, c_int, P(c_void_p)],
     "sg_context_synchronize": [H],
     "sg_context_memory": [H, P(c_int64), P(c_int64), P(c_int64)],
+    "sg_context_set_communication_stream": [H, c_int],
+    "sg_context_communication_stream": [H, P(c_int)],
     "sg_stream_scope_enter": [H, c_int, P(H)],
     "sg_stream_scope_exit": [H],
     "sg_cuda_stream_synchronize": [c_void_p],
@@ -95,7 +104,14 @@ _PROTOTYPES = {
     "sg_optimizer_destroy": [H],
     "sg_optimizer_step": [H],
     "sg_optimizer_steps_taken": [H, P(c_int64)],
+    "sg_world_init": [c_int, c_double, P(H)],
+    "sg_world_destroy": [H],
+    "sg_world_rank": [H, P(c_int)],
+    "sg_world_size": [H, P(c_int)],
+    "sg_world_local_rank": [H, P(c_int)],
+    "sg_world_describe": [H] + _STRING_OUT,
     "sg_train_step_create": [H, H, c_int64, P(H)],
+    "sg_train_step_create_with_config": [H, H, P(TrainStepConfig), P(H)],
     "sg_train_step_destroy": [H],
     "sg_train_step_inputs": [H, P(H), P(H)],
     "sg_train_step_run": [H, P(H)],
@@ -134,6 +150,7 @@ _OTHER_RESTYPES = {
     "sg_layernorm_mlp_config_default": (None, [P(LayerNormMLPConfig)]),
     "sg_residual_stack_config_default": (None, [P(ResidualStackConfig)]),
     "sg_adamw_config_default": (None, [P(AdamWConfig)]),
+    "sg_train_step_config_default": (None, [P(TrainStepConfig)]),
 }
 
 _lib = None

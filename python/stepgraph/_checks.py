@@ -72,6 +72,21 @@ def check_float32(name, value, lo, hi, hi_open=False, owner=None):
     return stored
 
 
+def check_real(name, value, lo, hi, owner=None):
+    """`value` as a Python float (a C double), finite and in [lo, hi]: TypeError for bools, strings and
+    other non-numbers, ArgumentError for NaN, infinities and values outside."""
+    where = _where(owner, name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{where} must be a real number in [{lo}, {hi}], got {type(value).__name__} {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a double's range
+        number = math.inf
+    if not (math.isfinite(number) and lo <= number <= hi):
+        raise ArgumentError(f"{where} must be finite and in [{lo}, {hi}], got {value!r}")
+    return number
+
+
 def check_shape(name, shape, owner=None):
     """A shape as a tuple of ints, each dimension in [0, 2**63 - 1] (int64_t, >= 0)."""
     where = _where(owner, name)

@@ -29,17 +29,27 @@ class Context:
         with stepgraph.Context("host") as ctx:
             x = ctx.from_numpy(np.ones((4, 8), np.float32))
 
+    `communication_stream`: the side stream collective ops run on (a data-parallel
+    TrainStep's gradient all-reduces), so communication overlaps compute; None (the
+    default) runs them on the current stream. E.g. Context(device, side_streams=2,
+    communication_stream=2).
+
     Closing it (or leaving the with block) drops this handle; layers, tensors and
     graphs made from it keep the engine's context alive until they go too.
     """
 
-    def __init__(self, device="cuda", side_streams=1):
+    def __init__(self, device="cuda", side_streams=1, communication_stream=None):
         if device not in _DEVICES:
             raise StepGraphError(f"device must be 'cuda' or 'host', got {device!r}")
         side_streams = _checks.check_int("side_streams", side_streams, *_checks.NON_NEGATIVE_INT32, "Context")
+        if communication_stream is not None:
+            communication_stream = _checks.check_int("communication_stream", communication_stream,
+                                                     *_checks.NON_NEGATIVE_INT32, "Context")
         self._handle = _capi.new_handle()
         _capi.call("sg_context_create", _DEVICES[device], side_streams, ctypes.byref(self._handle))
         self._device = device
+        if communication_stream is not None:
+            self.communication_stream = communication_stream
 
     def __enter__(self):
         return self
@@ -68,6 +78,22 @@ class Context:
         value = ctypes.c_int()
         _capi.call("sg_context_stream_count", self.handle, ctypes.byref(value))
         return value.value
+
+    @property
+    def communication_stream(self):
+        """The side stream collective ops run on, or None: the current stream."""
+        value = ctypes.c_int()
+        _capi.call("sg_context_communication_stream", self.handle, ctypes.byref(value))
+        return None if value.value < 0 else value.value
+
+    @communication_stream.setter
+    def communication_stream(self, index):
+        """A side stream in [1, stream_count), or None for the current stream. Set it before capturing."""
+        if index is None:
+            index = -1
+        else:
+            index = _checks.check_int("communication_stream", index, *_checks.NON_NEGATIVE_INT32, "Context")
+        _capi.call("sg_context_set_communication_stream", self.handle, index)
 
     def cuda_stream(self, index=0):
         """The cudaStream_t of stream `index` as an int (cuda only)."""

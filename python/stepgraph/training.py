@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from stepgraph import _capi, _checks
+from stepgraph.distributed import World
 from stepgraph.dtypes import to_storage
 from stepgraph.graph import CapturedStep, policy_value
 from stepgraph.layers import Layer, ResidualStack
@@ -60,17 +61,31 @@ class TrainStep:
         step.load(x, labels)
         loss = step().item()              # eager
         graph = step.capture()            # or one graph, replayed
+
+    With `world` (from init_distributed) the step is data parallel: `tokens` is this rank's share,
+    each rank loads its own slice of a global batch of world.size * tokens rows, the gradients are
+    summed across the ranks inside the step (captured too), and the loss is the global mean, the
+    same on every rank. Every rank builds the same model (same seed), optimizer and step, and runs
+    or captures the same steps.
     """
 
-    def __init__(self, model, optimizer, tokens):
+    def __init__(self, model, optimizer, tokens, world=None):
         if not isinstance(model, ResidualStack):
             raise TypeError(f"TrainStep needs a stepgraph ResidualStack, got {type(model).__name__}")
         if not isinstance(optimizer, AdamW):
             raise TypeError(f"TrainStep needs a stepgraph AdamW, got {type(optimizer).__name__}")
+        if world is not None and not isinstance(world, World):
+            raise TypeError(f"TrainStep: world must be a stepgraph World (from init_distributed) or None, got "
+                            f"{type(world).__name__}")
         tokens = _checks.check_int("tokens", tokens, *_checks.POSITIVE_INT64, "TrainStep")
-        self.model, self.optimizer = model, optimizer
+        self.model, self.optimizer, self.world = model, optimizer, world
+        config = _capi.TrainStepConfig()
+        _capi.lib().sg_train_step_config_default(ctypes.byref(config))
+        config.tokens = tokens
+        config.world = world.handle.value if world is not None else None
         self._handle = _capi.new_handle()
-        _capi.call("sg_train_step_create", model._handle, optimizer._handle, tokens, ctypes.byref(self._handle))
+        _capi.call("sg_train_step_create_with_config", model._handle, optimizer._handle, ctypes.byref(config),
+                   ctypes.byref(self._handle))
         x, labels = _capi.new_handle(), _capi.new_handle()
         _capi.call("sg_train_step_inputs", self._handle, ctypes.byref(x), ctypes.byref(labels))
         self.x, self.labels = Tensor(x), Tensor(labels)

@@ -356,6 +356,8 @@ TEST(CapiHandlesTest, DoubleDestroyOfEachHandleTypeIsAnError) {
   ASSERT_SG_OK(sg_stream_scope_enter(ctx, 0, &scope));
   sg_graph_cache cache = nullptr;
   ASSERT_SG_OK(sg_graph_cache_create(1 << 20, &cache));
+  sg_world world = nullptr;
+  ASSERT_SG_OK(sg_world_init(SG_DEVICE_HOST, 10.0, &world));  // no launcher here: a world of one
   auto* training = new Training(ctx, 8);
   sg_graph graph = nullptr;
   ASSERT_SG_OK(sg_train_step_capture(training->step, SG_POOL_REPORT_ERROR, &graph));
@@ -387,6 +389,9 @@ TEST(CapiHandlesTest, DoubleDestroyOfEachHandleTypeIsAnError) {
   expect_handle_error(sg_layer_destroy(layer), "sg_layer_destroy", "layer handle");
   ASSERT_SG_OK(sg_graph_cache_destroy(cache));
   expect_handle_error(sg_graph_cache_destroy(cache), "sg_graph_cache_destroy", "was already destroyed");
+  ASSERT_SG_OK(sg_world_destroy(world));
+  expect_handle_error(sg_world_destroy(world), "sg_world_destroy", "world handle");
+  expect_handle_error(sg_world_destroy(world), "sg_world_destroy", "was already destroyed");
   ASSERT_SG_OK(sg_context_destroy(ctx));
   expect_handle_error(sg_context_destroy(ctx), "sg_context_destroy", "context handle");
   expect_handle_error(sg_context_destroy(ctx), "sg_context_destroy", "was already destroyed");
@@ -465,8 +470,7 @@ TEST(CapiHandlesTest, WrongTypeHandleIsAnErrorAndLeavesTheHandleAlone) {
   sg_layer layer = make_linear(ctx, 4, 2);
   sg_tensor y = nullptr;
   sg_saved saved = nullptr;
-  expect_handle_error(sg_layer_forward(reinterpret_cast<sg_layer>(t), t, &y, &saved), "sg_layer_forward",
-                      "layer 0x");
+  expect_handle_error(sg_layer_forward(reinterpret_cast<sg_layer>(t), t, &y, &saved), "sg_layer_forward", "layer 0x");
   expect_handle_error(sg_layer_forward(layer, reinterpret_cast<sg_tensor>(layer), &y, &saved), "sg_layer_forward",
                       "x 0x");
   EXPECT_NE(std::string(sg_last_error()).find("is a layer handle, not a tensor handle"), std::string::npos);
@@ -474,7 +478,27 @@ TEST(CapiHandlesTest, WrongTypeHandleIsAnErrorAndLeavesTheHandleAlone) {
   ASSERT_SG_OK(sg_layer_destroy(layer));
   expect_handle_error(sg_tensor_destroy(reinterpret_cast<sg_tensor>(layer)), "sg_tensor_destroy",
                       "is a layer handle (destroyed), not a tensor handle");
+  // Worlds are checked like every other handle, also inside a config struct.
+  sg_world world = nullptr;
+  ASSERT_SG_OK(sg_world_init(SG_DEVICE_HOST, 10.0, &world));
+  expect_handle_error(sg_world_rank(reinterpret_cast<sg_world>(t), &rank), "sg_world_rank",
+                      "is a tensor handle, not a world handle");
+  expect_handle_error(sg_context_synchronize(reinterpret_cast<sg_context>(world)), "sg_context_synchronize",
+                      "is a world handle, not a context handle");
+  Training training(ctx, 4);
+  sg_train_step_config config;
+  sg_train_step_config_default(&config);
+  config.tokens = 4;
+  config.world = reinterpret_cast<sg_world>(ctx);
+  sg_train_step step = nullptr;
+  expect_handle_error(sg_train_step_create_with_config(training.model, training.optimizer, &config, &step),
+                      "sg_train_step_create_with_config", "config->world 0x");
+  EXPECT_NE(std::string(sg_last_error()).find("is a context handle, not a world handle"), std::string::npos);
+  EXPECT_EQ(step, nullptr);
   // The wrongly used handles still work.
+  ASSERT_SG_OK(sg_world_rank(world, &rank));
+  EXPECT_EQ(rank, 0);
+  ASSERT_SG_OK(sg_world_destroy(world));
   ASSERT_SG_OK(sg_tensor_rank(t, &rank));
   EXPECT_EQ(rank, 2);
   ASSERT_SG_OK(sg_tensor_destroy(t));

@@ -1,6 +1,6 @@
 // libstepgraph_c.so exports the C API and no C++ symbol of the engine (the
 // version script capi/stepgraph.lds): loaded with dlopen as Python does.
-#include <dlfcn.h>
+#include <dlfcn.h>  // dlvsym: a GNU extension (g++ defines _GNU_SOURCE)
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -22,10 +22,24 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 2);
+  EXPECT_EQ(version(), 3);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
+    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_2"), nullptr) << name << " left version STEPGRAPH_C_2";
+  }
+}
+
+// API version 3's additions (capi/stepgraph.lds), in their own version node.
+TEST(CapiExportsTest, Version3AdditionsAreExportedAsStepgraphC3) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  for (const char* name : {"sg_world_init", "sg_world_destroy", "sg_world_rank", "sg_world_size", "sg_world_local_rank",
+                           "sg_world_describe", "sg_train_step_config_default", "sg_train_step_create_with_config",
+                           "sg_context_set_communication_stream", "sg_context_communication_stream"}) {
+    EXPECT_NE(dlsym(library, name), nullptr) << name;
+    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_3"), nullptr) << name << " is not in STEPGRAPH_C_3";
+    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_2"), nullptr) << name << " is in STEPGRAPH_C_2";
   }
 }
 

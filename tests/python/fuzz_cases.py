@@ -40,6 +40,19 @@ def small_model(ctx, **overrides):
     args = dict(hidden=8, ffn=16, layers=1, vocab=16, dtype="float32")
     args.update(overrides)
     return sg.ResidualStack(ctx, **args)
+def new_world():
+    h = _capi.new_handle()
+    _capi.call("sg_world_init", DEV, 30.0, byref(h))  # no launcher variables here: a world of one
+    return h
+def step_config(tokens=4, world=None):
+    cfg = _capi.TrainStepConfig()
+    _capi.lib().sg_train_step_config_default(byref(cfg))
+    cfg.tokens, cfg.world = tokens, world
+    return cfg
+def create_step(cfg):
+    model = small_model(ctx)
+    opt = sg.AdamW(ctx, model)
+    _capi.call('sg_train_step_create_with_config', model._handle, opt._handle, byref(cfg), byref(c.c_void_p()))
 def train_step(ctx, tokens=4):
     model = small_model(ctx)
     return sg.TrainStep(model, sg.AdamW(ctx, model), tokens=tokens)
@@ -280,6 +293,71 @@ fn = _capi.STEP_FN(lambda user, outputs, capacity, count: 0)
 _capi.call('sg_capture', raw_ctx, fn, None, 99, byref(c.c_void_p()))
 """, words=["policy 99 is not an sg_pool_report_policy"])
 
+# Worlds, the versioned train step config and the communication stream (issue 13).
+case("capi", "null_out_world_init", "_capi.call('sg_world_init', DEV, 30.0, None)",
+     words=["sg_world_init", "out is NULL"])
+case("capi", "world_init_bad_device", "_capi.call('sg_world_init', 7, 30.0, byref(c.c_void_p()))",
+     words=["sg_world_init", "device 7 is not an sg_device"])
+case("capi", "world_init_nan_timeout", "_capi.call('sg_world_init', DEV, float('nan'), byref(c.c_void_p()))",
+     words=["sg_world_init", "timeout_seconds must be in", "nan"])
+case("capi", "world_init_negative_timeout", "_capi.call('sg_world_init', DEV, -1.0, byref(c.c_void_p()))",
+     words=["sg_world_init", "timeout_seconds must be in", "-1"])
+case("capi", "world_init_huge_timeout", "_capi.call('sg_world_init', DEV, 1e300, byref(c.c_void_p()))",
+     words=["sg_world_init", "timeout_seconds must be in"])
+case("capi", "null_out_world_rank", "_capi.call('sg_world_rank', new_world(), None)",
+     words=["sg_world_rank", "out is NULL"])
+case("capi", "destroyed_world_handle", """
+w = new_world()
+_capi.call('sg_world_destroy', w)
+_capi.call('sg_world_size', w, byref(c.c_int()))
+""", words=["sg_world_size", "world handle", "was destroyed"])
+case("capi", "double_destroy_world", """
+w = new_world()
+_capi.call('sg_world_destroy', w)
+_capi.call('sg_world_destroy', w)
+""", words=["sg_world_destroy", "was already destroyed"])
+case("capi", "context_as_world", "_capi.call('sg_world_local_rank', raw_ctx, byref(c.c_int()))",
+     words=["sg_world_local_rank", "is a context handle, not a world handle"])
+case("capi", "world_as_context", "_capi.call('sg_context_synchronize', new_world())",
+     words=["sg_context_synchronize", "is a world handle, not a context handle"])
+case("capi", "garbage_world_handle", "_capi.call('sg_world_rank', c.c_void_p(0xDEADBEEF), byref(c.c_int()))",
+     words=["sg_world_rank", "not a handle this library issued"])
+case("capi", "train_step_config_null", """
+model = small_model(ctx)
+opt = sg.AdamW(ctx, model)
+_capi.call('sg_train_step_create_with_config', model._handle, opt._handle, None, byref(c.c_void_p()))
+""", words=["sg_train_step_create_with_config", "config is NULL"])
+case("capi", "train_step_config_not_initialised", """
+cfg = _capi.TrainStepConfig(); cfg.tokens = 4
+create_step(cfg)
+""", words=["sg_train_step_create_with_config", "config was not initialised"])
+case("capi", "train_step_config_newer_version", """
+cfg = step_config(); cfg.version = 99
+create_step(cfg)
+""", words=["config version 99 is not one this library reads"])
+case("capi", "train_step_config_wrong_size", """
+cfg = step_config(); cfg.size = 16
+create_step(cfg)
+""", words=["config size 16 does not match version 1"])
+case("capi", "train_step_config_zero_tokens", "create_step(step_config(tokens=0))", words=["tokens must be > 0"])
+case("capi", "train_step_config_destroyed_world", """
+w = new_world()
+_capi.call('sg_world_destroy', w)
+create_step(step_config(world=w.value))
+""", words=["sg_train_step_create_with_config", "config->world", "was destroyed"])
+case("capi", "train_step_config_tensor_as_world", """
+create_step(step_config(world=new_tensor(raw_ctx, 2).value))
+""", words=["sg_train_step_create_with_config", "is a tensor handle, not a world handle"])
+case("capi", "train_step_config_null_out", """
+model = small_model(ctx)
+opt = sg.AdamW(ctx, model)
+_capi.call('sg_train_step_create_with_config', model._handle, opt._handle, byref(step_config()), None)
+""", words=["sg_train_step_create_with_config", "out is NULL"])
+case("capi", "communication_stream_out_of_range", "_capi.call('sg_context_set_communication_stream', raw_ctx, 5)",
+     words=["communication stream must be a side stream", "got 5"])
+case("capi", "communication_stream_null_out", "_capi.call('sg_context_communication_stream', raw_ctx, None)",
+     words=["sg_context_communication_stream", "out is NULL"])
+
 # ---- the Python binding -----------------------------------------------------------------
 
 case("binding", "tensor_huge_dim", "ctx.tensor((HUGE, 2))", ARG, ["shape[0]", str(2**64 + 32)])
@@ -413,6 +491,26 @@ a.setflags(write=False)
 ctx.wrap(a)
 """, SGE, [])
 case("binding", "wrap_transposed", "ctx.wrap(np.ones((4, 6), np.float32).T)", SGE, [])
+case("binding", "init_distributed_bad_device", "sg.init_distributed('tpu')", ARG, ["device must be", "'tpu'"])
+case("binding", "init_distributed_int_device", "sg.init_distributed(1)", TYPE, ["device must be"])
+case("binding", "init_distributed_zero_timeout", "sg.init_distributed(DEVICE, timeout=0)", ARG, ["timeout", "got 0"])
+case("binding", "init_distributed_nan_timeout", "sg.init_distributed(DEVICE, timeout=float('nan'))", ARG,
+     ["timeout"])
+case("binding", "init_distributed_string_timeout", "sg.init_distributed(DEVICE, timeout='300')", TYPE, ["timeout"])
+case("binding", "init_distributed_bool_timeout", "sg.init_distributed(DEVICE, timeout=True)", TYPE, ["timeout"])
+case("binding", "trainstep_world_not_a_world", "m = small_model(ctx); sg.TrainStep(m, sg.AdamW(ctx, m), 4, world=3)",
+     TYPE, ["world must be a stepgraph World"])
+case("binding", "trainstep_closed_world", """
+w = sg.init_distributed(DEVICE)
+w.close()
+m = small_model(ctx)
+sg.TrainStep(m, sg.AdamW(ctx, m), 4, world=w)
+""", SGE, ["this World is closed"])
+case("binding", "world_constructed_directly", "sg.World()", TYPE, ["init_distributed"])
+case("binding", "context_communication_stream_out_of_range", "sg.Context(DEVICE, side_streams=1, "
+     "communication_stream=4)", SGE, ["communication stream must be a side stream"])
+case("binding", "context_communication_stream_negative", "ctx.communication_stream = -2", ARG,
+     ["communication_stream", "got -2"])
 
 case("binding", "tensor_numel_overflow", "ctx.tensor((2**40, 2**40))", SGE, ["more elements than int64"])
 case("binding", "tensor_out_of_memory", "ctx.tensor((2**50,))", SGE, ["out_of_memory"])

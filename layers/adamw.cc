@@ -107,7 +107,9 @@ const std::vector<Tensor>& AdamW::group_gradients(std::size_t group) const {
 
 namespace {
 
-bool several_ranks(const Communicator* comm) { return comm != nullptr && comm->world_size() > 1; }
+// A data-parallel communicator, even of one rank: its collectives then are
+// identities, but they run (and are captured) as at any size.
+bool reduces(const Communicator* comm) { return comm != nullptr; }
 
 }  // namespace
 
@@ -125,7 +127,7 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
            done_.size() > group ? " was already updated this step" : " does not exist");
   done_[group] = true;
   --remaining_;
-  if (several_ranks(data_parallel_) && !optimizer_.sharded()) {
+  if (reduces(data_parallel_) && !optimizer_.sharded()) {
     ops::all_reduce_many_(ctx_, *data_parallel_, optimizer_.group_gradients(group), ReduceOp::kSum);
   }
   WeightGradScope weight_grads(ctx_);
@@ -152,7 +154,7 @@ void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWit
                          Communicator* data_parallel) {
   if (optimizer.group_count() == 0) {
     backward({});
-    if (several_ranks(data_parallel) && !optimizer.sharded()) {
+    if (reduces(data_parallel) && !optimizer.sharded()) {
       ops::all_reduce_many_(ctx, *data_parallel, optimizer.all_gradients(), ReduceOp::kSum);
     }
     optimizer.step(ctx);

@@ -57,8 +57,8 @@ class AdamW {
   //   model.backward(ctx, saved, dlogits, std::ref(update));
   //   update.finish();
   //
-  // With a data-parallel communicator of several ranks, each group's
-  // gradients are first summed across the ranks (one all-reduce bucket per
+  // With a data-parallel communicator, each group's gradients are first
+  // summed across the ranks (one all-reduce bucket per
   // group, on the communication stream), so the reduction of one group
   // overlaps the backward of the groups before it.
   class GroupedStep {
@@ -151,8 +151,8 @@ class AdamW {
 // Runs `backward` and the optimizer's step: each group's update as soon as
 // the backward reports it (AdamW::GroupedStep) when the optimizer has
 // groups, else one update after the whole backward. With `data_parallel`
-// (several ranks), the gradients are summed across its ranks before they
-// are used (the loss must already divide by the world size).
+// the gradients are summed across its ranks before they are used (the loss
+// must already divide by the world size); at one rank that sum is a copy.
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
                          Communicator* data_parallel = nullptr);
 

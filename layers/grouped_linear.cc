@@ -3,10 +3,10 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "kernels/moe_routing.h"
 #include "layers/layer_checks.h"
 #include "ops/grouped_gemm_ops.h"
 #include "ops/moe_ops.h"
-#include "kernels/moe_routing.h"
 
 namespace stepgraph {
 

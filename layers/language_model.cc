@@ -48,10 +48,11 @@ std::vector<std::size_t> LanguageModel::parameter_group_sizes() {
 
 void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
                              const ResidualStack::GradientsReady& ready) const {
-  check_input("LanguageModel", "backward", "saved.embedding.tokens", saved.embedding.tokens,
-              {"batch", config_.context}, DType::kInt32, "the forward's tokens");
+  check_input("LanguageModel", "backward", "saved.embedding.tokens", saved.embedding.tokens, {"batch", config_.context},
+              DType::kInt32, "the forward's tokens");
   check_input("LanguageModel", "backward", "dlogits", dlogits,
-              {saved.embedding.tokens.shape().dim(0), config_.model.vocab}, config_.model.dtype, "the forward's logits");
+              {saved.embedding.tokens.shape().dim(0), config_.model.vocab}, config_.model.dtype,
+              "the forward's logits");
   ResidualStack::GradientsReady shifted;
   if (ready) shifted = [&](std::size_t group) { ready(group + 1); };
   const Tensor dx = stack_.backward(ctx, saved.stack, dlogits, shifted);

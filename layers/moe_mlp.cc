@@ -1,9 +1,9 @@
 #include "layers/moe_mlp.h"
 
 #include "engine/error.h"
+#include "kernels/moe_routing.h"
 #include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
-#include "kernels/moe_routing.h"
 
 namespace stepgraph {
 namespace {

@@ -7,7 +7,8 @@
 
 namespace stepgraph {
 
-Norm::Norm(Context& ctx, const std::string& name, const NormConfig& config) : label_(layer_label("Norm", name)), config_(config) {
+Norm::Norm(Context& ctx, const std::string& name, const NormConfig& config)
+    : label_(layer_label("Norm", name)), config_(config) {
   SG_CHECK(config.hidden > 0, "Norm '", name, "': hidden must be > 0, got ", config.hidden);
   gamma_ = make_parameter(ctx, name + ".gamma", Shape{config.hidden}, config.dtype, ParameterInit::constant(1.0f));
   if (layernorm()) {

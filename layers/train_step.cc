@@ -150,7 +150,7 @@ TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& opti
   labels_ = ctx.persistent("step.labels", {Shape{rows}, DType::kInt32});
   label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
   optimizer.group_for_overlap(ctx, model_->parameter_group_sizes());
-  if (mode == DataParallelMode::kZero1 && data_parallel != nullptr && data_parallel->world_size() > 1) {
+  if (mode == DataParallelMode::kZero1 && data_parallel != nullptr) {
     optimizer.shard(ctx, *data_parallel);
   }
 }
@@ -171,7 +171,7 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
   ops::CrossEntropyResult loss =
       ops::cross_entropy(ctx, forward.logits, labels_, label_error_, {.loss_scale = 1.0f / static_cast<float>(ranks)});
   Tensor reported = loss.loss;
-  if (ranks > 1) {
+  if (data_parallel_ != nullptr) {  // also at one rank: the collectives run as at any size
     const Tensor share = ops::axpy(ctx, ops::fill(ctx, loss.loss.meta(), 0.0f), loss.loss, 1.0f / ranks);
     reported = ops::all_reduce(ctx, *data_parallel_, share, ReduceOp::kSum);
   }

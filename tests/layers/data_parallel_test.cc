@@ -20,10 +20,12 @@
 
 #include "engine/half_precision.h"
 #include "engine/host_world.h"
+#include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "layers/adamw.h"
 #include "layers/residual_stack.h"
 #include "layers/train_step.h"
+#include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
@@ -229,6 +231,59 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Zero1Test,
                            return "ranks" + std::to_string(info.param.ranks) + "_side" +
                                   std::to_string(info.param.side_streams) + "_" +
                                   std::string(dtype_name(info.param.dtype));
+                         });
+
+// On the GPU, a world of one rank through real NCCL: the step's collectives
+// (the loss all-reduce and one per parameter group, or ZeRO-1's
+// reduce-scatters and all-gathers) are identities at one rank, but they are
+// captured into the step's graph like at any size. Replayed 1,000 times, the
+// step must equal the same step without a communicator, bit for bit.
+class DataParallelCudaTest : public ::testing::TestWithParam<DataParallelMode> {};
+
+TEST_P(DataParallelCudaTest, OneNcclRankCapturedAndReplayedAThousandTimesEqualsNoCommunicator) {
+  SG_SKIP_WITHOUT_GPU();
+  const std::unique_ptr<Communicator> comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  Rig with(ctx, kLocalTokens, comm.get(), GetParam(), DType::kBFloat16);
+  Rig without(ctx, kLocalTokens, nullptr, DataParallelMode::kAllReduce, DType::kBFloat16);
+  auto graph_with = CapturedStep::capture(
+      ctx, [&] { return with.step(ctx); },
+      {.pool_report_policy = PoolReportPolicy::kError, .communicators = with.step.communicators()});
+  auto graph_without =
+      CapturedStep::capture(ctx, [&] { return without.step(ctx); }, {.pool_report_policy = PoolReportPolicy::kError});
+  int collectives = 0;
+  for (const Instruction& instruction : graph_with->program().instructions()) {
+    if (instruction.op->collective == nullptr) continue;
+    ++collectives;
+    EXPECT_EQ(instruction.stream, 2) << instruction.op->name;
+  }
+  EXPECT_GT(collectives, 2);
+  const testing::TestSeed seed;
+  const Batch b = global_batch(seed.value(), 0, kLocalTokens);
+  with.load(ctx, b, 0, kLocalTokens);
+  without.load(ctx, b, 0, kLocalTokens);
+  for (int i = 0; i < 1000; ++i) {
+    graph_with->replay();
+    graph_without->replay();
+    if (i % 100 == 99) {
+      const float a = ctx.to_vector<float>(graph_with->outputs()[0]).at(0);
+      const float c = ctx.to_vector<float>(graph_without->outputs()[0]).at(0);
+      ASSERT_EQ(std::memcmp(&a, &c, 4), 0) << "replay " << i + 1 << ": " << a << " vs " << c;
+    }
+  }
+  comm->check_health();
+  EXPECT_EQ(with.values(ctx), without.values(ctx));
+  EXPECT_EQ(with.optimizer.steps_taken(ctx), 1000);
+  std::printf("%s over NCCL %s: %d collectives in the step, 1000 replays equal to the step without them\n",
+              GetParam() == DataParallelMode::kZero1 ? "ZeRO-1" : "all-reduce", nccl_version().c_str(), collectives);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DataParallelCudaTest,
+                         ::testing::Values(DataParallelMode::kAllReduce, DataParallelMode::kZero1),
+                         [](const auto& info) {
+                           return info.param == DataParallelMode::kZero1 ? std::string("zero1")
+                                                                         : std::string("allreduce");
                          });
 
 // The tolerance above is tight enough to matter: training on one rank's

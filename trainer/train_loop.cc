@@ -173,8 +173,21 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     write_checkpoint(checkpoint_path, save_state(ctx, model, optimizer, run, {steps_done, data_position}));
   };
 
+  // On cuda a dead peer leaves this rank waiting inside the device (the
+  // capture's exchange, a step's graph): the watchdog ends it
+  // (trainer/watchdog.h). On host the collectives run on this thread and
+  // time out by themselves.
+  std::unique_ptr<Watchdog> watchdog;
+  if (ranks > 1 && device == Device::kCuda) {
+    watchdog = std::make_unique<Watchdog>(
+        *world, std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000)),
+        o.dp_mode == "zero1" ? "the loss all-reduce, and per parameter group a gradient reduce-scatter and a weight "
+                               "all-gather"
+                             : "the loss all-reduce and one gradient all-reduce per parameter group");
+  }
   std::shared_ptr<CapturedStep> graph;
   if (o.mode == "graph") {
+    if (watchdog) watchdog->start("the capture of the step (the ranks compare their collectives)");
     const auto start = Clock::now();
     graph = CapturedStep::capture(ctx, [&] { return step(ctx); }, {.communicators = step.communicators()});
     const CaptureTimings& t = graph->timings();
@@ -183,6 +196,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         "{:.1f}): {} segment(s), {} instructions\n",
         seconds_since(start) * 1e3, t.trace_ms, t.plan_ms, t.prepare_ms, t.capture_ms, t.instantiate_ms,
         graph->segment_count(), graph->program().instructions().size());
+    if (watchdog) watchdog->finish();
   }
 
   // Note [Drawing the next batch during the step]
@@ -201,17 +215,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   double interval_seconds = 0;
   std::int64_t interval_steps = 0;
   result.first_step = done + 1;
-  // On cuda a dead peer leaves this rank waiting inside the step's graph:
-  // the watchdog ends it (trainer/watchdog.h). On host the collectives run
-  // on this thread and time out by themselves.
-  std::unique_ptr<Watchdog> watchdog;
-  if (ranks > 1 && device == Device::kCuda) {
-    watchdog = std::make_unique<Watchdog>(*world,
-                                          std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000)),
-                                          "the loss all-reduce and one gradient all-reduce per parameter group");
-  }
   for (std::int64_t s = done + 1; s <= o.steps; ++s) {
-    if (watchdog) watchdog->start_step(s);
+    if (watchdog) watchdog->start("step " + std::to_string(s));
     try {
       const auto start = Clock::now();
       // This rank's slice of the global batch.
@@ -234,7 +239,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       }
       const float loss = ctx.to_vector<float>(loss_tensor).at(0);
       step.check_errors(ctx);
-      if (watchdog) watchdog->finish_step();
+      if (watchdog) watchdog->finish();
       const double seconds = seconds_since(start);
       total_seconds += seconds;
       interval_seconds += seconds;

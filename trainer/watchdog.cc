@@ -19,16 +19,16 @@ Watchdog::~Watchdog() {
   thread_.join();
 }
 
-void Watchdog::start_step(std::int64_t step) {
+void Watchdog::start(std::string phase) {
   std::lock_guard lock(mutex_);
-  step_ = step;
-  in_step_ = true;
-  step_start_ = std::chrono::steady_clock::now();
+  phase_ = std::move(phase);
+  in_phase_ = true;
+  phase_start_ = std::chrono::steady_clock::now();
 }
 
-void Watchdog::finish_step() {
+void Watchdog::finish() {
   std::lock_guard lock(mutex_);
-  in_step_ = false;
+  in_phase_ = false;
 }
 
 void Watchdog::watch() {
@@ -40,8 +40,8 @@ void Watchdog::watch() {
     } catch (const Error& error) {
       failure = error.message();
     }
-    if (failure.empty() && in_step_ && std::chrono::steady_clock::now() - step_start_ > timeout_) {
-      failure = detail::concat("step ", step_, " did not finish within ", timeout_.count() / 1000.0,
+    if (failure.empty() && in_phase_ && std::chrono::steady_clock::now() - phase_start_ > timeout_) {
+      failure = detail::concat(phase_, " did not finish within ", timeout_.count() / 1000.0,
                                " s: a peer rank died or stalled in the step's collectives (", what_, ")");
     }
     if (failure.empty()) continue;

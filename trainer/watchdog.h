@@ -5,7 +5,7 @@
 // forever. A thread polls the communicator's health (ncclCommGetAsyncError)
 // and the time since the last finished step; past the timeout it aborts the
 // communicator (ncclCommAbort, so no peer waits on this rank either), prints
-// what it was waiting for, naming the rank and the step, and ends the
+// what it was waiting for, naming the rank and the step (or the capture), and ends the
 // process with status 3.
 #pragma once
 
@@ -31,9 +31,10 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Step `step` starts now / has finished.
-  void start_step(std::int64_t step);
-  void finish_step();
+  // A phase that waits on the peers starts now ("step 12", "the capture") /
+  // has finished.
+  void start(std::string phase);
+  void finish();
 
  private:
   void watch();
@@ -44,9 +45,9 @@ class Watchdog {
   std::mutex mutex_;
   std::condition_variable stop_signal_;
   bool stop_ = false;
-  std::int64_t step_ = 0;
-  bool in_step_ = false;
-  std::chrono::steady_clock::time_point step_start_;
+  std::string phase_;
+  bool in_phase_ = false;
+  std::chrono::steady_clock::time_point phase_start_;
   std::thread thread_;
 };
 

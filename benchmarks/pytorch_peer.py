@@ -34,20 +34,66 @@ minus before the system's setup. The JSON schema is step_bench's (see
 benchmarks/README.md).
 
 The config table and the FLOP count need no torch (tests import them).
+
+--ddp: data parallelism, the peer of step_bench --dp (Note [Data-parallel
+rows] in step_runner.h), one process per GPU:
+
+    python3 benchmarks/pytorch_peer.py --ddp --out ddp1.json                  # one process: world size 1
+    torchrun --nproc-per-node 8 benchmarks/pytorch_peer.py --ddp --out ddp8.json
+
+Rank, world size and local rank come from torchrun, srun or mpirun variables
+(comm_peer.launch_info; none set: one process of world size 1 whose process
+group meets through a file store); rank r uses GPU LOCAL_RANK and trains on
+its own batch of the config's tokens (seed 2 + r): weak scaling, the global
+batch is N x tokens. Per config:
+  pytorch_eager_dp1, pytorch_cuda_graph_dp1   the baseline: the systems above,
+                      alone on every rank's GPU (no process group in the step),
+                      all ranks at the same time
+  pytorch_ddp_eager_dpN       the same model as an nn.Module wrapped in
+                      torch.nn.parallel.DistributedDataParallel (NCCL,
+                      bucketed all-reduce, default bucket_cap_mb,
+                      gradient_as_bucket_view=True), fused AdamW,
+                      zero_grad(set_to_none=True) every step
+  pytorch_ddp_cuda_graph_dpN  the same whole step captured with
+                      torch.cuda.graph (capture_error_mode "thread_local"),
+                      PyTorch's recipe for DDP: the DDP model built on a side
+                      stream, 11 eager DDP steps on it before the capture
+                      (recorded on that stream too),
+                      TORCH_NCCL_ASYNC_ERROR_HANDLING=0 before the process
+                      group starts
+At world size 1 the DDP rows run too (pytorch_ddp_*_dp1: DDP's hooks and a
+one-rank NCCL all-reduce, no peer): they show DDP's own overhead and that the
+capture works, not scaling. Timing, scaling_efficiency and exposed_comm_* as
+step_bench's (the ranks meet with dist.barrier before each sample; a sample
+is the largest over the ranks); the rows have step_bench's data-parallel
+fields; rank 0 writes the JSON. NVLink multicast stays off:
+NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
+NVSHMEM_DISABLE_NVLS=1 are set in os.environ (by comm_peer, on import) before
+torch is imported.
 """
 
-import argparse
-import gc
-import json
-import math
+import os
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from comm_peer import MULTICAST_ENV, launch_info  # noqa: E402  (sets the multicast variables before torch loads)
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
 
 try:
     import torch
+    import torch.distributed as dist
     import torch.nn.functional as F
 except ImportError:  # the build machines: config table and FLOPs still work
     torch = None
+    dist = None
     F = None
 
 VOCAB = 8192
@@ -57,6 +103,9 @@ LR = 1e-4
 WEIGHT_DECAY = 0.01
 LOSS_CHECK_STEPS = 5
 SYSTEMS = ("eager", "cuda_graph", "compile")
+DDP_SYSTEMS = ("eager", "cuda_graph")
+DDP_GRAPH_WARMUP = 11  # eager DDP steps before the capture (PyTorch's CUDA graph notes)
+DP_LOSS_TOLERANCE = 1e-4  # relative: DDP's first loss against the mean of the ranks' own
 
 # name: hidden, ffn, layers, tokens, experts, topk, moe_every (as benchmarks/step_configs.cc)
 CONFIGS = {
@@ -201,34 +250,66 @@ def forward_loss(c, blocks, top, x, labels):
     return F.cross_entropy(logits.float(), labels)
 
 
-class Setup:
-    """Fresh parameters, optimizer and the fixed batch of one system."""
+def step_module(c, blocks, top, params):
+    """The step's forward as an nn.Module over `params` (nn.Parameters, in
+    make_params' order: DDP buckets them in reverse, the order the backward
+    finishes them)."""
 
-    def __init__(self, c, capturable):
+    class StepModule(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = torch.nn.ParameterList(params)
+
+        def forward(self, x, labels):
+            return forward_loss(c, blocks, top, x, labels)
+
+    return StepModule()
+
+
+class Setup:
+    """Fresh parameters, optimizer and the fixed batch of one system; with
+    `ddp_device` the model is an nn.Module wrapped in DistributedDataParallel
+    (default bucket size, gradient_as_bucket_view=True)."""
+
+    def __init__(self, c, capturable, data_seed=2, ddp_device=None):
         self.c = c
         self.blocks, self.top, self.params = make_params(c, seed=1)
         g = torch.Generator(device="cuda")
-        g.manual_seed(2)
+        g.manual_seed(data_seed)
         self.x = uniform((c["tokens"], c["hidden"]), 1.0, g).to(torch.bfloat16)
         self.labels = torch.randint(0, VOCAB, (c["tokens"],), generator=g, device="cuda")
+        self.ddp = None
+        if ddp_device is not None:
+            # The same tensors as nn.Parameters, the very objects the forward reads, so that DDP's hooks see them.
+            as_param = {id(t): torch.nn.Parameter(t.detach()) for t in self.params}
+            self.blocks = [{k: as_param[id(t)] for k, t in p.items()} for p in self.blocks]
+            self.top = {k: as_param[id(t)] for k, t in self.top.items()}
+            self.params = [as_param[id(t)] for t in self.params]
+            module = step_module(c, self.blocks, self.top, self.params)
+            self.ddp = torch.nn.parallel.DistributedDataParallel(
+                module, device_ids=[ddp_device], gradient_as_bucket_view=True
+            )
         self.optimizer = torch.optim.AdamW(
             self.params, lr=LR, weight_decay=WEIGHT_DECAY, fused=True, capturable=capturable
         )
 
     def train_step(self):
         """One step; returns the loss tensor (no host read)."""
-        loss = forward_loss(self.c, self.blocks, self.top, self.x, self.labels)
+        if self.ddp is not None:
+            loss = self.ddp(self.x, self.labels)
+        else:
+            loss = forward_loss(self.c, self.blocks, self.top, self.x, self.labels)
         loss.backward()
         self.optimizer.step()
         return loss
 
 
-def build_system(system, c):
+def build_system(system, c, data_seed=2):
     """Returns (run_one, extra JSON, the losses of the steps setup ran, what to
     keep alive); run_one() -> the loss tensor."""
     start = time.perf_counter()
     if system == "eager":
-        s = Setup(c, capturable=False)
+        s = Setup(c, capturable=False, data_seed=data_seed)
 
         def run_one():
             s.optimizer.zero_grad(set_to_none=True)
@@ -237,7 +318,7 @@ def build_system(system, c):
         return run_one, {}, [], s
 
     if system == "cuda_graph":
-        s = Setup(c, capturable=True)
+        s = Setup(c, capturable=True, data_seed=data_seed)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         losses = []
@@ -299,53 +380,86 @@ def device_used_bytes():
     return total - free
 
 
-def run_system(system, c, steps, warmup):
+def fresh_memory():
+    """Frees what earlier systems left, resets the peak; the device bytes in use now."""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    used_before = device_used_bytes()
-    run_one, extra, first_losses, keep = build_system(system, c)
+    return device_used_bytes()
+
+
+def time_system(built, steps, warmup, used_before, meet=None, loss_of=None):
+    """Times a built system (build_system's tuple): this rank's raw numbers.
+    meet(): the ranks' barrier before each timed sample and before the
+    pipelined steps (data parallel); loss_of(tensor): the loss reported (the
+    global mean under DDP), float(loss) by default."""
+    run_one, extra, first_losses, _ = built
+    loss_of = loss_of or (lambda t: t.item())
     first_losses = first_losses[:LOSS_CHECK_STEPS]
     loss = None
     for _ in range(warmup):
         loss = run_one()
         if len(first_losses) < LOSS_CHECK_STEPS:
-            first_losses.append(loss.item())
+            first_losses.append(loss_of(loss))
     torch.cuda.synchronize()
     samples = []
     for _ in range(steps):
+        if meet:
+            meet()
         start = time.perf_counter()
         loss = run_one()
         torch.cuda.synchronize()
         samples.append(1e6 * (time.perf_counter() - start))
+    if meet:
+        meet()
     start = time.perf_counter()
     for _ in range(steps):
         loss = run_one()
     torch.cuda.synchronize()
     pipelined_us = 1e6 * (time.perf_counter() - start) / steps
-    final_loss = loss.item()
+    final_loss = loss_of(loss)
     if not math.isfinite(final_loss):
         raise RuntimeError(f"the loss after {warmup + 2 * steps} steps is not finite ({final_loss})")
-    step_us = summarize(samples)
-    median_s = step_us["median_us"] * 1e-6
-    tflops = step_flops(c) / median_s / 1e12
-    result = {
-        "system": "pytorch_" + system,
-        "status": "ok",
-        "reason": None,
-        "step_us": step_us,
+    return {
+        "samples_us": samples,
         "pipelined_step_us": pipelined_us,
-        "tokens_per_s": c["tokens"] / median_s,
-        "tflops": tflops,
-        "mfu": tflops / PEAK_TFLOPS,
         "peak_bytes": torch.cuda.max_memory_allocated(),
         "device_used_delta_bytes": device_used_bytes() - used_before,
         "final_loss": final_loss,
         "first_losses": first_losses,
+        "extra": extra,
     }
-    result.update(extra)
-    del keep, run_one, loss
+
+
+def system_json(name, c, raw):
+    """A system's row from its raw numbers (time_system's, or combine_ranks')."""
+    step_us = summarize(raw["samples_us"])
+    median_s = step_us["median_us"] * 1e-6
+    tflops = step_flops(c) / median_s / 1e12
+    result = {
+        "system": name,
+        "status": "ok",
+        "reason": None,
+        "step_us": step_us,
+        "pipelined_step_us": raw["pipelined_step_us"],
+        "tokens_per_s": c["tokens"] / median_s,
+        "tflops": tflops,
+        "mfu": tflops / PEAK_TFLOPS,
+        "peak_bytes": raw["peak_bytes"],
+        "device_used_delta_bytes": raw["device_used_delta_bytes"],
+        "final_loss": raw["final_loss"],
+        "first_losses": raw["first_losses"],
+    }
+    result.update(raw["extra"])
+    return result
+
+
+def run_system(system, c, steps, warmup):
+    used_before = fresh_memory()
+    built = build_system(system, c)
+    result = system_json("pytorch_" + system, c, time_system(built, steps, warmup, used_before))
+    del built
     return result
 
 
@@ -392,28 +506,389 @@ def describe(name, r):
     )
 
 
+# --- data parallelism (--ddp; the peer of step_bench --dp) ------------------
+
+DP_SCALING_KEYS = (
+    "baseline_system",
+    "scaling_efficiency",
+    "pipelined_scaling_efficiency",
+    "exposed_comm_us",
+    "exposed_comm_fraction",
+    "pipelined_exposed_comm_us",
+    "pipelined_exposed_comm_fraction",
+)
+DP_FORMULAS = {
+    "tokens_per_s": "per GPU: tokens / median step time",
+    "global_tokens_per_s": "world_size x tokens_per_s",
+    "scaling_efficiency": "tokens_per_s(dpN) / tokens_per_s(dp1), same mode",
+    "exposed_comm_us": "median step time(dpN) - median step time(dp1), same mode",
+    "exposed_comm_fraction": "exposed_comm_us / median step time(dpN) = 1 - scaling_efficiency",
+}
+DP_TIMING = (
+    "the ranks meet (dist.barrier) before each timed sample; a sample is the largest over the ranks of their step + "
+    "synchronize; pipelined: the largest over the ranks of `steps` steps and one synchronize, / steps"
+)
+
+
+def dp_name(system, world, ddp):
+    """pytorch_eager_dp1 (alone), pytorch_ddp_cuda_graph_dp8 (under DDP)."""
+    return f"pytorch_{'ddp_' if ddp else ''}{system}_dp{world}"
+
+
+def combine_ranks(raws):
+    """One system's raw numbers from every rank (time_system's, rank order):
+    samples and pipelined time the largest over the ranks, sample by sample;
+    memory the largest; losses, extra fields rank 0's; each rank's median and
+    first loss."""
+    counts = {len(r["samples_us"]) for r in raws}
+    if len(counts) != 1:
+        raise RuntimeError(f"the ranks timed different numbers of steps: {sorted(counts)}")
+    deltas = [r["device_used_delta_bytes"] for r in raws]
+    return {
+        "samples_us": [max(values) for values in zip(*(r["samples_us"] for r in raws))],
+        "pipelined_step_us": max(r["pipelined_step_us"] for r in raws),
+        "peak_bytes": max(r["peak_bytes"] for r in raws),
+        "device_used_delta_bytes": None if None in deltas else max(deltas),
+        "final_loss": raws[0]["final_loss"],
+        "first_losses": raws[0]["first_losses"],
+        "extra": raws[0]["extra"],
+        "rank_median_us": [summarize(r["samples_us"])["median_us"] for r in raws],
+        "rank_first_loss": [r["first_losses"][0] if r["first_losses"] else None for r in raws],
+    }
+
+
+def dp_row(name, c, world, dp_mode, combined, baseline=None, baseline_name=None):
+    """A data-parallel row: system_json per GPU plus step_bench's data-parallel
+    fields (Note [Data-parallel rows] in benchmarks/step_runner.h)."""
+    row = system_json(name, c, combined)
+    row["world_size"] = world
+    row["dp_mode"] = dp_mode
+    row["rank_median_us"] = combined["rank_median_us"]
+    row["global_tokens_per_s"] = world * row["tokens_per_s"]
+    scaling = dict.fromkeys(DP_SCALING_KEYS)
+    if baseline is not None:
+        median, pipelined = row["step_us"]["median_us"], row["pipelined_step_us"]
+        base, base_pipelined = summarize(baseline["samples_us"])["median_us"], baseline["pipelined_step_us"]
+        scaling.update(
+            baseline_system=baseline_name,
+            scaling_efficiency=base / median,
+            pipelined_scaling_efficiency=base_pipelined / pipelined,
+            exposed_comm_us=median - base,
+            exposed_comm_fraction=(median - base) / median,
+            pipelined_exposed_comm_us=pipelined - base_pipelined,
+            pipelined_exposed_comm_fraction=(pipelined - base_pipelined) / pipelined,
+        )
+    row.update(scaling)
+    return row
+
+
+def dp_loss_check(baseline, dp):
+    """The data-parallel first loss against the mean of the ranks' first losses alone."""
+    losses = baseline["rank_first_loss"]
+    mean = sum(losses) / len(losses)
+    got = dp["first_losses"][0] if dp["first_losses"] else float("nan")
+    diff = abs(got - mean)
+    return {
+        "baseline_rank_first_losses": losses,
+        "baseline_mean_first_loss": mean,
+        "dp_first_loss": got,
+        "abs_diff": diff,
+        "agrees": diff <= DP_LOSS_TOLERANCE * max(1.0, abs(mean)),
+    }
+
+
+class Group:
+    """The ranks of the process group, for what the benchmark itself needs."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+
+    def gather(self, value):
+        out = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
+
+    def agree(self, value):
+        """Rank 0's value on every rank."""
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def meet(self):
+        dist.barrier()
+        torch.cuda.synchronize()
+
+    def global_mean(self, loss):
+        total = loss.detach().float().clone()
+        dist.all_reduce(total)
+        return total.item() / self.world
+
+
+def build_ddp_system(system, c, group, local_rank):
+    """As build_system, the model under DDP and rank r's batch (seed 2 + r);
+    losses are global means."""
+    start = time.perf_counter()
+    if system == "eager":
+        s = Setup(c, capturable=False, data_seed=2 + group.rank, ddp_device=local_rank)
+
+        def run_one():
+            s.optimizer.zero_grad(set_to_none=True)
+            return s.train_step()
+
+        return run_one, {}, [], s
+    if system != "cuda_graph":
+        raise ValueError(system)
+    # PyTorch's recipe for DDP under a whole-step graph: DDP built on a side
+    # stream, DDP_GRAPH_WARMUP eager steps there, then the capture (here on that stream too).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    losses = []
+    with torch.cuda.stream(side):
+        s = Setup(c, capturable=True, data_seed=2 + group.rank, ddp_device=local_rank)
+        for _ in range(DDP_GRAPH_WARMUP):
+            s.optimizer.zero_grad(set_to_none=True)
+            losses.append(s.train_step())
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    losses = [group.global_mean(loss) for loss in losses[:LOSS_CHECK_STEPS]]
+    s.optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    capture_start = time.perf_counter()
+    # Captured on the stream DDP was built and warmed up on: DDP keeps the
+    # gradient accumulators it made there, and autograd warns (and may add
+    # synchronization) when the backward runs on another stream.
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        static_loss = s.train_step()
+    torch.cuda.synchronize()
+    capture_ms = 1000 * (time.perf_counter() - capture_start)
+
+    def run_one():
+        graph.replay()
+        return static_loss
+
+    extra = {"capture_ms": {"capture_plus_instantiate": capture_ms, "wall": 1000 * (time.perf_counter() - start)}}
+    return run_one, extra, losses, (s, graph)
+
+
+def run_everywhere(build, c, steps, warmup, group, loss_of=None, world_one=False):
+    """Builds a system on every rank, checks that every rank could, times it
+    with the ranks meeting before each sample, and combines the ranks'
+    numbers. Returns (combined, None) or (None, why). A failure while timing
+    ends the process at world size > 1 (the ranks could be in different
+    collectives); at world size 1 it is a failed row."""
+    start = time.perf_counter()
+    used_before = fresh_memory()
+    built, error = None, None
+    try:
+        built = build()
+    except Exception as e:  # a capture DDP refuses, say: every rank says so before anything is timed
+        error = f"{type(e).__name__}: {e}"[:2000]
+    errors = group.gather(error)
+    if any(errors):
+        del built
+        return None, "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+    try:
+        raw = time_system(built, steps, warmup, used_before, meet=group.meet, loss_of=loss_of)
+    except Exception as e:
+        if not world_one:
+            raise
+        return None, f"{type(e).__name__}: {e}"[:2000]
+    finally:
+        del built
+    raw["extra"] = dict(raw["extra"], wall_s=time.perf_counter() - start)
+    return combine_ranks(group.gather(raw)), None
+
+
+def run_dp_config(name, systems, steps, warmup, deadline, group, local_rank):
+    """One config's data-parallel rows: each system alone on every rank
+    (dp1, the baseline), then under DDP at the world's size."""
+    c = CONFIGS[name]
+    n = group.world
+    out = config_header(name)
+    out.update(status="ok", reason=None, world_size=n, global_tokens=n * c["tokens"], dp_mode="ddp")
+    out["systems"] = []
+    combined = {}
+    plan = [(system, False) for system in systems] + [(system, True) for system in systems]
+    for system, ddp in plan:
+        row_name = dp_name(system, n if ddp else 1, ddp)
+        if not group.agree(time.perf_counter() <= deadline):  # rank 0's clock decides for all
+            row = {"system": row_name, "status": "not_run", "reason": "the --budget-s time was spent"}
+        else:
+            if ddp:
+                result, why = run_everywhere(
+                    lambda: build_ddp_system(system, c, group, local_rank), c, steps, warmup, group,
+                    loss_of=group.global_mean, world_one=n == 1)
+            else:
+                result, why = run_everywhere(
+                    lambda: build_system(system, c, data_seed=2 + group.rank), c, steps, warmup, group,
+                    world_one=n == 1)
+            if result is None:
+                row = {"system": row_name, "status": "failed", "reason": why}
+            else:
+                combined[row_name] = result
+                baseline_name = dp_name(system, 1, False)
+                baseline = combined.get(baseline_name) if ddp else None
+                row = dp_row(row_name, c, n if ddp else 1, "ddp" if ddp else None, result, baseline,
+                             baseline_name if baseline is not None else None)
+                if ddp and baseline is None:
+                    row["reason"] = f"no scaling: {baseline_name} did not run"
+        out["systems"].append(row)
+        if group.rank == 0:
+            print(describe(name, row), flush=True)
+    if all(r["status"] != "ok" for r in out["systems"]):
+        out["status"], out["reason"] = "failed", "no system ran"
+    compared = [dp_name(system, n, True) for system in DDP_SYSTEMS]
+    firsts = {k: v["first_losses"] for k, v in combined.items()}
+    check = {"steps": min((len(v) for v in firsts.values()), default=0), "compared": compared, **firsts}
+    if all(k in firsts for k in compared):
+        a, b = firsts[compared[0]], firsts[compared[1]]
+        check["identical"] = a == b
+        check["max_abs_diff"] = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+    out["loss_check"] = check
+    out["dp_loss_check"] = {}
+    for system in systems:
+        base, dp = combined.get(dp_name(system, 1, False)), combined.get(dp_name(system, n, True))
+        if base is not None and dp is not None:
+            out["dp_loss_check"]["eager" if system == "eager" else "graph"] = dp_loss_check(base, dp)
+    return out
+
+
+def run_ddp(args, configs, systems):
+    """main() for --ddp: joins the process group, runs every config, rank 0 writes the JSON."""
+    rank, world, local_rank, local_world, launcher, init_method = launch_info()
+    if local_rank >= torch.cuda.device_count():
+        raise SystemExit(f"pytorch_peer: local rank {local_rank} but this host has {torch.cuda.device_count()} "
+                         "GPU(s): start at most one rank per GPU")
+    # PyTorch's notes for DDP under a whole-step CUDA graph; set before the process group starts.
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    store_dir = None
+    if init_method is None:  # one process: a file store of its own
+        store_dir = tempfile.mkdtemp(prefix="pytorch_peer_")
+        init_method = f"file://{store_dir}/store"
+    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=world, device_id=device,
+                            timeout=datetime.timedelta(seconds=args.timeout_s))
+    try:
+        group = Group(rank, world)
+        leader = rank == 0
+        note = ("world size 1: the dp1 rows are the baseline of a run at N > 1; pytorch_ddp_*_dp1 run DDP with no peer "
+                "(its hooks and a one-rank NCCL all-reduce): DDP's own overhead and a check that the capture works, "
+                "not scaling") if world == 1 else ""
+        result = {
+            "benchmark": "training_step",
+            "source": "pytorch",
+            "device": torch.cuda.get_device_name(device),
+            "torch_version": torch.__version__,
+            "peak_tflops": PEAK_TFLOPS,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
+            "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
+            "flops": "6 * tokens * matmul parameters a token passes through; nothing else counted",
+            "memory": "peak_bytes: torch.cuda.max_memory_allocated over the system's run (largest over the ranks); "
+            "device_used_delta_bytes: cudaMemGetInfo used after the timed steps minus before the system's setup",
+            "optimizer": {"name": "AdamW (fused)", "lr": LR, "weight_decay": WEIGHT_DECAY},
+            "data_parallel": {
+                "world_size": world,
+                "local_world_size": local_world,
+                "launcher": launcher,
+                "dp_mode": "ddp",
+                "ddp": {
+                    "bucket_cap_mb": "default (25)",
+                    "gradient_as_bucket_view": True,
+                    "zero_grad": "set_to_none=True every step (eager); once before the capture (graph)",
+                    "graph_recipe": f"DDP built on a side stream, {DDP_GRAPH_WARMUP} eager steps and the capture "
+                    "there, capture_error_mode thread_local, TORCH_NCCL_ASYNC_ERROR_HANDLING=0",
+                },
+                "nccl_version": comm_nccl_version(),
+                "multicast_env": MULTICAST_ENV,
+                "weak_scaling": "every rank trains the config's `tokens` per step at every world size: global batch "
+                "N x tokens",
+                "baseline": "pytorch_<system>_dp1: every rank runs the system without DDP alone on its own GPU, all "
+                "ranks at the same time",
+                "timing": DP_TIMING,
+                "formulas": DP_FORMULAS,
+                "note": note,
+            },
+            "configs": [],
+        }
+        if leader:
+            how = f"rank 0 of {world} ({local_world} per host) via {launcher}" if launcher != "none" else "one process"
+            print(f"device: {result['device']}, torch {torch.__version__}, NCCL {comm_nccl_version()}; {how}; DDP",
+                  flush=True)
+            if note:
+                print(f"NOTE: {note}", flush=True)
+        deadline = time.perf_counter() + args.budget_s
+        for name in configs:
+            result["configs"].append(run_dp_config(name, systems, args.steps, args.warmup, deadline, group,
+                                                   local_rank))
+            if leader and args.out:  # after every config: a later crash keeps the earlier results
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=2)
+        failed = [f"{c['name']}/{s['system']}" for c in result["configs"] for s in c["systems"] if s["status"] != "ok"]
+        wrong = [f"{c['name']}/{mode}" for c in result["configs"] for mode, d in c["dp_loss_check"].items()
+                 if not d["agrees"]]
+        if leader and failed:
+            print(f"pytorch_peer: failed or not run: {', '.join(failed)}", file=sys.stderr)
+        if leader and wrong:
+            print(f"pytorch_peer: DDP's first loss differs from the ranks' mean alone: {', '.join(wrong)}",
+                  file=sys.stderr)
+        return 1 if failed or wrong else 0
+    finally:
+        dist.destroy_process_group()
+        if store_dir is not None:
+            shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def comm_nccl_version():
+    version = torch.cuda.nccl.version()
+    if isinstance(version, int):  # older torch: 22803
+        version = (version // 10000, version // 100 % 100, version % 100)
+    return ".".join(str(v) for v in version[:3])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default="small,medium,large,moe")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="eager, cuda_graph, compile")
+    parser.add_argument("--systems", help="eager, cuda_graph, compile (default all; with --ddp: eager, cuda_graph)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per system")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after capture or compile)")
     parser.add_argument("--quick", action="store_true", help="--steps 20 --warmup 5")
     parser.add_argument(
         "--budget-s", type=float, default=300, help="start no system after this many seconds (it is then not_run)"
     )
-    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument(
+        "--ddp",
+        action="store_true",
+        help="data parallel over the launch's ranks (torchrun/srun/mpirun; one process: world size 1): each system "
+        "alone on every GPU, then under DistributedDataParallel (systems eager, cuda_graph)",
+    )
+    parser.add_argument("--timeout-s", type=int, default=300, help="with --ddp: torch.distributed's timeout")
+    parser.add_argument("--out", help="write the results as JSON here (with --ddp: rank 0)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.warmup = 20, 5
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("pytorch_peer: --steps and --warmup must be >= 1")
     configs = parse_list(args.configs, list(CONFIGS), "config")
-    systems = parse_list(args.systems, list(SYSTEMS), "system")
+    if args.ddp:
+        systems = parse_list(args.systems or ",".join(DDP_SYSTEMS), list(DDP_SYSTEMS), "system (with --ddp)")
+        if args.timeout_s <= 0:
+            raise SystemExit(f"pytorch_peer: --timeout-s must be positive, got {args.timeout_s}")
+        try:
+            launch_info()  # bad launcher variables before torch is needed
+        except ValueError as error:
+            raise SystemExit(f"pytorch_peer: {error}")
+    else:
+        systems = parse_list(args.systems or ",".join(SYSTEMS), list(SYSTEMS), "system")
     if torch is None:
         raise SystemExit("pytorch_peer: PyTorch is not installed here (run it on the GPU machine)")
     if not torch.cuda.is_available():
         raise SystemExit("pytorch_peer: no CUDA device (torch.cuda.is_available() is False)")
+    if args.ddp:
+        return run_ddp(args, configs, systems)
     result = {
         "benchmark": "training_step",
         "source": "pytorch",

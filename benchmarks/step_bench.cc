@@ -3,6 +3,8 @@
 //
 //   step_bench --configs small,medium,large,moe --steps 50 --warmup 10 --out step_bench.json
 //   step_bench --device host --configs tiny --steps 3 --warmup 2   # host smoke run
+//   torchrun --no-python --nproc-per-node 8 bin/step_bench --dp 8 --out step_bench_dp8.json
+//   step_bench --dp 1 --out step_bench_dp1.json                     # one process: the baseline rows only
 //
 // Per config and mode: step time (median, min, max; see Note [How a step is
 // timed] in step_runner.h), tokens/s, model TFLOP/s and MFU (model_flops.h),
@@ -10,19 +12,46 @@
 // capture+instantiate time, peak memory, and whether the first losses of the
 // two modes agree. A config that cannot run yet (MoE blocks before they
 // exist) is reported as not run with the reason; the others still run.
+//
+// --dp N: data parallelism over the N ranks of a launch (torchrun, Slurm
+// srun, Open MPI mpirun: launch_info_from_env; one process per GPU, rank r on
+// GPU local_rank). Per config, the step alone on every rank's GPU (dp1, the
+// baseline) and data-parallel over all of them (dpN), eager and graphed:
+// per-GPU tokens/s, scaling efficiency and exposed communication (Note
+// [Data-parallel rows] in step_runner.h). --dp-mode allreduce|zero1. Rank 0
+// prints and writes the JSON. In one process --dp 1 runs the dp1 rows alone
+// (the baseline; no all-reduce exists at N = 1). Under a launcher of N > 1
+// ranks an error on any rank ends that rank (its communicator aborted) and
+// the launcher ends the others: the ranks may be inside different
+// collectives; rank 0 has written the configs finished before. NVLink
+// multicast stays off (DESIGN.md): NCCL_NVLS_ENABLE=0,
+// TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 are set
+// before NCCL starts.
+#include <cuda_runtime_api.h>
+
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "benchmarks/bench_support.h"
 #include "benchmarks/model_flops.h"
 #include "benchmarks/step_configs.h"
 #include "benchmarks/step_runner.h"
+#include "engine/communicator.h"
+#include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
+#include "engine/launch/launch_env.h"
+#include "engine/launch/rendezvous.h"
+#include "engine/launch/rendezvous_communicator.h"
+#include "engine/nccl_communicator.h"
 
 namespace stepgraph::bench {
 namespace {
@@ -32,15 +61,36 @@ struct Options {
   std::string device = "cuda";
   int steps = 50;
   int warmup = 10;
+  int dp = 0;  // 0: the single-GPU benchmark; N: data-parallel rows over N ranks
+  std::string dp_mode = "allreduce";
+  int timeout_s = 300;
   std::string out;
 };
 
-std::string describe_device(Device device) {
+std::string describe_device(Device device, int index = 0) {
   if (device == Device::kHost) return "host (reference kernels)";
   const DeviceCount found = cuda_device_count();
   SG_CHECK_CODE(found.count > 0, ErrorCode::kNoDevice, found.no_device_reason,
                 "; step_bench --device host --configs tiny runs the host smoke config");
-  return describe(device_properties(0));
+  return describe(device_properties(index));
+}
+
+// NVLink multicast stays off (DESIGN.md): the three variables are put in the
+// environment before NCCL reads them (another value is replaced, with a warning).
+nlohmann::json keep_multicast_off() {
+  static constexpr std::pair<const char*, const char*> kOff[] = {
+      {"NCCL_NVLS_ENABLE", "0"}, {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"}, {"NVSHMEM_DISABLE_NVLS", "1"}};
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& [name, value] : kOff) {
+    const char* had = std::getenv(name);
+    if (had != nullptr && std::string_view(had) != value) {
+      std::cerr << "step_bench: " << name << "=" << had << " replaced by " << value
+                << ": NVLink multicast stays off (DESIGN.md)\n";
+    }
+    ::setenv(name, value, /*overwrite=*/1);
+    env[name] = value;
+  }
+  return env;
 }
 
 void print_line(const nlohmann::json& c) {
@@ -65,25 +115,12 @@ void print_line(const nlohmann::json& c) {
   std::fflush(stdout);
 }
 
-int run(const Options& options) {
-  SG_CHECK(options.device == "cuda" || options.device == "host", "--device must be cuda or host, got '", options.device,
-           "'");
-  const Device device = options.device == "cuda" ? Device::kCuda : Device::kHost;
-  const std::vector<StepConfig> configs = parse_config_list(options.configs);
-  for (const StepConfig& config : configs) {
-    SG_CHECK(device == Device::kCuda || config.name == "tiny", "--device host runs only the smoke config 'tiny' ",
-             "(the host reference kernels would take hours on '", config.name, "'); pass --configs tiny");
-  }
-  StepRunOptions run_options;
-  run_options.device = device;
-  run_options.steps = options.steps;
-  run_options.warmup = options.warmup;
-  check_run_options(run_options);
-
-  nlohmann::json result = {
+// The top of the JSON, shared by the single-GPU and the data-parallel runs.
+nlohmann::json result_header(const std::string& device, const Options& options, const StepRunOptions& run_options) {
+  return {
       {"benchmark", "training_step"},
       {"source", "stepgraph"},
-      {"device", describe_device(device)},
+      {"device", device},
       {"peak_tflops", kH100PeakTflops},
       {"steps", options.steps},
       {"warmup", options.warmup},
@@ -98,6 +135,11 @@ int run(const Options& options) {
       {"optimizer", {{"name", "AdamW"}, {"lr", run_options.lr}, {"weight_decay", run_options.weight_decay}}},
       {"configs", nlohmann::json::array()},
   };
+}
+
+int run_single(const Options& options, Device device, const std::vector<StepConfig>& configs,
+               const StepRunOptions& run_options) {
+  nlohmann::json result = result_header(describe_device(device), options, run_options);
   std::printf("device: %s\n", result["device"].get<std::string>().c_str());
   bool failed = false;
   for (const StepConfig& config : configs) {
@@ -108,6 +150,176 @@ int run(const Options& options) {
     write_json(options.out, result);  // after every config: a later crash keeps the earlier results
   }
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+// ---------------------------------------------------------------- --dp
+
+void print_dp_line(const nlohmann::json& c) {
+  const std::string name = c["name"];
+  if (c["status"] != "ok") {
+    std::printf("%-7s %s: %s\n", name.c_str(), c["status"].get<std::string>().c_str(),
+                c["reason"].get<std::string>().c_str());
+    std::fflush(stdout);
+    return;
+  }
+  std::ostringstream line;
+  char buffer[256];
+  std::snprintf(buffer, sizeof(buffer), "%-7s", name.c_str());
+  line << buffer;
+  for (const nlohmann::json& s : c["systems"]) {
+    const std::string system = s["system"];
+    std::snprintf(buffer, sizeof(buffer), "  %s %.3f ms [%.3f-%.3f] %.0f tok/s/GPU", system.c_str(),
+                  s["step_us"]["median_us"].get<double>() / 1000.0, s["step_us"]["min_us"].get<double>() / 1000.0,
+                  s["step_us"]["max_us"].get<double>() / 1000.0, s["tokens_per_s"].get<double>());
+    line << buffer;
+    if (!s["scaling_efficiency"].is_null()) {
+      std::snprintf(buffer, sizeof(buffer), " (efficiency %.3f, exposed comm %.3f ms = %.1f%%)",
+                    s["scaling_efficiency"].get<double>(), s["exposed_comm_us"].get<double>() / 1000.0,
+                    100.0 * s["exposed_comm_fraction"].get<double>());
+      line << buffer;
+    }
+  }
+  const nlohmann::json& check = c["loss_check"];
+  line << "  first " << check["steps"].get<int>() << " losses " << check["compared"][0].get<std::string>() << " vs "
+       << check["compared"][1].get<std::string>() << ": " << (check["identical"].get<bool>() ? "identical" : "DIFFER");
+  if (c.contains("dp_loss_check")) {
+    for (const char* mode : {"eager", "graph"}) {
+      const nlohmann::json& d = c["dp_loss_check"][mode];
+      line << "; " << mode
+           << " first loss vs the ranks' mean alone: " << (d["agrees"].get<bool>() ? "agrees" : "DIFFERS") << " ("
+           << d["abs_diff"].get<double>() << ")";
+    }
+  }
+  std::printf("%s\n", line.str().c_str());
+  std::fflush(stdout);
+}
+
+// Whether the data-parallel first losses disagree with the ranks' own (a wrong gradient or loss reduction).
+bool dp_losses_disagree(const nlohmann::json& c) {
+  if (!c.contains("dp_loss_check")) return false;
+  return !c["dp_loss_check"]["eager"]["agrees"].get<bool>() || !c["dp_loss_check"]["graph"]["agrees"].get<bool>();
+}
+
+// The world's communicator (null in a world of one): NCCL on cuda, the
+// rendezvous's host collectives on host. Selects the rank's GPU first.
+std::unique_ptr<Communicator> join_world(const LaunchInfo& launch, Device device, std::string_view run_tag,
+                                         std::chrono::milliseconds timeout) {
+  if (device == Device::kCuda) {
+    const DeviceCount found = cuda_device_count();
+    SG_CHECK_CODE(found.count > 0, ErrorCode::kNoDevice, found.no_device_reason,
+                  "; step_bench --device host --configs tiny runs the host smoke config");
+    SG_CHECK(launch.local_rank < found.count, "local rank ", launch.local_rank, " but this host has ", found.count,
+             " GPU(s): start at most one rank per GPU (--nproc-per-node <= ", found.count, ")");
+    SG_CUDA_CHECK(cudaSetDevice(launch.local_rank));
+  }
+  if (launch.world_size == 1) return nullptr;
+  std::unique_ptr<Rendezvous> rendezvous = Rendezvous::connect(launch, run_tag, timeout);
+  if (device == Device::kHost) return make_rendezvous_communicator(std::move(rendezvous), "world");
+  NcclUniqueId id;
+  const std::string mine = launch.rank == 0 ? std::string(make_nccl_unique_id().bytes.data(), id.bytes.size()) : "";
+  const std::string rank0 = rendezvous->broadcast(mine, "NCCL unique id");
+  SG_CHECK_CODE(rank0.size() == id.bytes.size(), ErrorCode::kInternal, "the NCCL unique id from rank 0 has ",
+                rank0.size(), " bytes, not ", id.bytes.size());
+  std::memcpy(id.bytes.data(), rank0.data(), id.bytes.size());
+  return make_nccl_communicator(id, launch.rank, launch.world_size,
+                                {.name = "world", .device = launch.local_rank, .timeout = timeout});
+}
+
+int run_data_parallel(const Options& options, Device device, const std::vector<StepConfig>& configs,
+                      const StepRunOptions& run_options, const LaunchInfo& launch, const nlohmann::json& env) {
+  const DataParallelMode mode = parse_dp_mode(options.dp_mode);
+  SG_CHECK(options.timeout_s > 0, "--timeout-s must be positive, got ", options.timeout_s);
+  const auto timeout = std::chrono::milliseconds(std::int64_t{1000} * options.timeout_s);
+  std::ostringstream tag;  // what every rank must agree on
+  tag << "step_bench --dp " << options.dp << " --dp-mode " << options.dp_mode << " --configs " << options.configs
+      << " --steps " << options.steps << " --warmup " << options.warmup << " --device " << options.device;
+  std::unique_ptr<Communicator> world = join_world(launch, device, tag.str(), timeout);
+  const bool leader = launch.rank == 0;
+  const int n = launch.world_size;
+
+  nlohmann::json result = result_header(describe_device(device, launch.local_rank), options, run_options);
+  result["data_parallel"] = {
+      {"world_size", n},
+      {"local_world_size", launch.local_world_size},
+      {"launcher", launch.launcher},
+      {"dp_mode", n > 1 ? nlohmann::json(std::string(dp_mode_name(mode))) : nullptr},
+      {"communicator", world != nullptr ? world->describe() : "none (world size 1)"},
+      {"nccl_version", device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr},
+      {"multicast_env", env},
+      {"weak_scaling", "every rank trains the config's `tokens` per step at every world size: global batch N x tokens"},
+      {"baseline",
+       "stepgraph_<mode>_dp1: every rank trains the config alone on its own GPU (no communicator, no collective), "
+       "all ranks at the same time, on the same Context layout as the data-parallel step"},
+      {"timing",
+       "the ranks meet before each timed sample; a sample is the largest over the ranks of their step + "
+       "synchronize; pipelined: the largest over the ranks of `steps` steps and one synchronize, / steps"},
+      {"formulas",
+       {{"tokens_per_s", "per GPU: tokens / median step time"},
+        {"global_tokens_per_s", "world_size x tokens_per_s"},
+        {"scaling_efficiency", "tokens_per_s(dpN) / tokens_per_s(dp1), same mode"},
+        {"exposed_comm_us", "median step time(dpN) - median step time(dp1), same mode"},
+        {"exposed_comm_fraction", "exposed_comm_us / median step time(dpN) = 1 - scaling_efficiency"}}},
+      {"note", n == 1 ? "world size 1: the dp1 rows alone, the baseline of a run at N > 1; nothing scales here" : ""},
+  };
+  if (leader) {
+    std::printf("device: %s; %s; %s\n", result["device"].get<std::string>().c_str(), describe(launch).c_str(),
+                result["data_parallel"]["communicator"].get<std::string>().c_str());
+    if (n == 1) std::printf("NOTE: %s\n", result["data_parallel"]["note"].get<std::string>().c_str());
+    std::fflush(stdout);
+  }
+  bool failed = false;
+  try {
+    for (const StepConfig& config : configs) {
+      nlohmann::json c = run_dp_config(config, run_options, world.get(), mode);
+      failed = failed || c["status"] == "failed" || dp_losses_disagree(c);
+      if (leader) {
+        print_dp_line(c);
+        result["configs"].push_back(std::move(c));
+        write_json(options.out, result);  // after every config: a later failure keeps the earlier results
+      }
+    }
+    if (world != nullptr) {
+      world->check_health();
+      (void)world->exchange("done", "step_bench done");
+    }
+  } catch (const std::exception& error) {
+    // The other ranks may wait inside a collective for this one: abort, so
+    // that this process ends (the launcher then ends the others).
+    if (world != nullptr) world->abort(error.what());
+    throw;
+  }
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+int run(const Options& options) {
+  const nlohmann::json env = keep_multicast_off();  // before anything starts NCCL
+  SG_CHECK(options.device == "cuda" || options.device == "host", "--device must be cuda or host, got '", options.device,
+           "'");
+  const Device device = options.device == "cuda" ? Device::kCuda : Device::kHost;
+  const std::vector<StepConfig> configs = parse_config_list(options.configs);
+  for (const StepConfig& config : configs) {
+    SG_CHECK(device == Device::kCuda || config.name == "tiny", "--device host runs only the smoke config 'tiny' ",
+             "(the host reference kernels would take hours on '", config.name, "'); pass --configs tiny");
+  }
+  StepRunOptions run_options;
+  run_options.device = device;
+  run_options.steps = options.steps;
+  run_options.warmup = options.warmup;
+  check_run_options(run_options);
+  const LaunchInfo launch = launch_info_from_env();
+  check_dp_flag(options.dp, launch.world_size);
+  if (options.dp == 0) return run_single(options, device, configs, run_options);
+  (void)parse_dp_mode(options.dp_mode);  // a bad flag before any rank meets another
+  try {
+    return run_data_parallel(options, device, configs, run_options, launch, env);
+  } catch (const std::exception& error) {
+    if (launch.world_size == 1) throw;
+    const auto* engine_error = dynamic_cast<const Error*>(&error);
+    std::cerr << "step_bench rank " << launch.rank << " of " << launch.world_size << ": "
+              << (engine_error != nullptr ? engine_error->message() : std::string(error.what()))
+              << "\n  (this rank ends here; the launcher ends the others)\n";
+    return EXIT_FAILURE;
+  }
 }
 
 }  // namespace
@@ -122,12 +334,22 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.warmup, "untimed steps first; the first 5 compare eager and graph losses")
       ->capture_default_str();
   app.add_option("--device", options.device, "cuda, or host (only with --configs tiny)")->capture_default_str();
-  app.add_option("--out", options.out, "write the results as JSON here");
+  app.add_option("--dp", options.dp,
+                 "data parallel over the launch's N ranks (torchrun/srun/mpirun; one process: 1): per-GPU tokens/s "
+                 "at N against each GPU alone");
+  app.add_option("--dp-mode", options.dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
+      ->capture_default_str();
+  app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")
+      ->capture_default_str();
+  app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");
   CLI11_PARSE(app, argc, argv);
   try {
     return stepgraph::bench::run(options);
   } catch (const stepgraph::Error& error) {
     std::cerr << "step_bench: " << error.message() << "\n";
+    return EXIT_FAILURE;
+  } catch (const std::exception& error) {
+    std::cerr << "step_bench: " << error.what() << "\n";
     return EXIT_FAILURE;
   }
 }

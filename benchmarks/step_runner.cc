@@ -1,5 +1,7 @@
 #include "benchmarks/step_runner.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +12,7 @@
 
 #include "benchmarks/model_flops.h"
 #include "engine/context.h"
+#include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
@@ -41,12 +44,33 @@ void load_batch(Context& ctx, const TrainStep& step, const StepConfig& config, s
 
 float read_loss(Context& ctx, const Tensor& loss) { return ctx.to_vector<float>(loss).at(0); }
 
-// Device bytes in use now (cudaMemGetInfo on device 0, the one Context uses:
-// step_bench never selects another).
+// Device bytes in use now (cudaMemGetInfo on the current device, the one a
+// Context uses: step_bench selects the rank's GPU before anything else).
 std::int64_t device_used_bytes() {
-  const DeviceMemory memory = device_memory(0);
+  int current = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&current));
+  const DeviceMemory memory = device_memory(current);
   return static_cast<std::int64_t>(memory.total_bytes - memory.free_bytes);
 }
+
+// Every rank's bytes, in rank order (just `mine` in a world of one). The
+// exchange carries `what`, so ranks that reach different exchanges (one of
+// them failed on the way) get an Error naming both instead of mixing them up.
+std::vector<std::string> gather(Communicator* world, const std::string& mine, std::string_view what) {
+  if (world == nullptr || world->world_size() == 1) return {mine};
+  const std::string tag = std::string(what) + '\n';
+  std::vector<std::string> all = world->exchange(tag + mine, what);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    SG_CHECK_CODE(all[r].compare(0, tag.size(), tag) == 0, ErrorCode::kInvalidState, "step_bench: rank ", r,
+                  " is at another exchange than this rank's '", what, "' (", all[r].substr(0, all[r].find('\n')),
+                  "): the ranks are out of step");
+    all[r].erase(0, tag.size());
+  }
+  return all;
+}
+
+// The ranks meet (nothing in a world of one).
+void meet(Communicator* world, std::string_view what) { (void)gather(world, "", what); }
 
 nlohmann::json system_json(const std::string& name, const StepConfig& config, const ModeResult& r,
                            const ModeResult& eager) {
@@ -84,17 +108,20 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   const bool cuda = options.device == Device::kCuda;
   const std::int64_t used_before = cuda ? device_used_bytes() : 0;
   ModeResult r;
-  Context ctx(options.device);
+  Context ctx(options.device, options.dp_layout ? 2 : 1);
+  if (options.dp_layout) ctx.set_communication_stream(2);
   ResidualStack model(ctx, config.model);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
-  TrainStep step(ctx, model, optimizer, config.tokens);
+  TrainStep step(ctx, model, optimizer, config.tokens, options.data_parallel, options.dp_mode);
   load_batch(ctx, step, config, options.data_seed);
 
   std::shared_ptr<CapturedStep> captured;
   std::function<Tensor()> run_one = [&] { return step(ctx).at(0); };
   if (mode == StepMode::kGraph) {
     const Clock::time_point start = Clock::now();
-    captured = CapturedStep::capture(ctx, [&] { return step(ctx); }, {.pool_report_policy = PoolReportPolicy::kError});
+    captured =
+        CapturedStep::capture(ctx, [&] { return step(ctx); },
+                              {.pool_report_policy = PoolReportPolicy::kError, .communicators = step.communicators()});
     r.capture_wall_ms = microseconds_since(start) / 1000.0;
     r.capture = captured->timings();
     r.pool_bytes = captured->plan().pool_bytes;
@@ -114,16 +141,18 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   ctx.synchronize();
   step.check_errors(ctx);
 
-  std::vector<double> samples;
+  std::vector<double>& samples = r.samples_us;
   samples.reserve(static_cast<std::size_t>(options.steps));
   for (int i = 0; i < options.steps; ++i) {
+    meet(options.timed_with, "timed step");
     const Clock::time_point start = Clock::now();
     loss = run_one();
     ctx.synchronize();
     samples.push_back(microseconds_since(start));
   }
-  r.step_us = summarize(std::move(samples));
+  r.step_us = summarize(samples);
 
+  meet(options.timed_with, "pipelined steps");
   const Clock::time_point start = Clock::now();
   for (int i = 0; i < options.steps; ++i) loss = run_one();
   ctx.synchronize();
@@ -164,17 +193,69 @@ nlohmann::json config_header_json(const StepConfig& config) {
   return out;
 }
 
+namespace {
+
+// The graph mode's own fields: pool against its lower bound, capture times.
+void add_graph_fields(nlohmann::json& out, const ModeResult& graph) {
+  out["pool_bytes"] = graph.pool_bytes;
+  out["pool_lower_bound_bytes"] = graph.pool_lower_bound_bytes;
+  out["pool_ratio"] = graph.pool_lower_bound_bytes == 0
+                          ? 1.0
+                          : static_cast<double>(graph.pool_bytes) / static_cast<double>(graph.pool_lower_bound_bytes);
+  const CaptureTimings& t = graph.capture;
+  out["capture_ms"] = {{"trace", t.trace_ms},
+                       {"plan", t.plan_ms},
+                       {"prepare", t.prepare_ms},
+                       {"capture", t.capture_ms},
+                       {"instantiate", t.instantiate_ms},
+                       {"capture_plus_instantiate", t.capture_ms + t.instantiate_ms},
+                       {"wall", graph.capture_wall_ms}};
+}
+
+// Whether two runs' first losses are the same bits, and their largest difference.
+std::pair<bool, double> compare_losses(const std::vector<float>& a, const std::vector<float>& b) {
+  bool identical = a.size() == b.size();
+  double max_diff = 0;
+  for (std::size_t i = 0; identical && i < a.size(); ++i) {
+    identical = identical && a[i] == b[i];
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
+  }
+  return {identical, max_diff};
+}
+
+// Before measuring (see StepRunOptions::prime): one eager step of the first
+// blocks up to the first MoE block, which have every shape of the config
+// (blocks repeat), at a fraction of the parameter set-up time. With a
+// communicator it also lets NCCL connect its ranks before the timed modes.
+void prime(const StepConfig& config, const StepRunOptions& options) {
+  if (!options.prime || options.device != Device::kCuda) return;
+  StepRunOptions once = options;
+  once.steps = 1;
+  once.warmup = 1;
+  StepConfig first_blocks = config;
+  const std::int64_t needed = config.model.experts > 0 ? config.model.moe_every : 1;
+  first_blocks.model.layers = std::min(config.model.layers, std::max<std::int64_t>(needed, 1));
+  (void)run_mode(first_blocks, StepMode::kEager, once);
+}
+
+// A config that threw: "not_run" for an Error of kUnsupported, else "failed".
+nlohmann::json failed_config_json(const StepConfig& config, const std::exception& error) {
+  const auto* engine_error = dynamic_cast<const Error*>(&error);
+  nlohmann::json out = config_header_json(config);
+  out["status"] = engine_error && engine_error->code() == ErrorCode::kUnsupported ? "not_run" : "failed";
+  out["reason"] = error.what();
+  out["systems"] = nlohmann::json::array();
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json config_json(const StepConfig& config, const ModeResult& eager, const ModeResult& graph) {
   nlohmann::json out = config_header_json(config);
   out["status"] = "ok";
   out["reason"] = nullptr;
 
-  bool identical = eager.first_losses.size() == graph.first_losses.size();
-  double max_diff = 0;
-  for (std::size_t i = 0; identical && i < eager.first_losses.size(); ++i) {
-    identical = identical && eager.first_losses[i] == graph.first_losses[i];
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(eager.first_losses[i] - graph.first_losses[i])));
-  }
+  const auto [identical, max_diff] = compare_losses(eager.first_losses, graph.first_losses);
   out["loss_check"] = {{"steps", eager.first_losses.size()},
                        {"stepgraph_eager", eager.first_losses},
                        {"stepgraph_graph", graph.first_losses},
@@ -182,46 +263,249 @@ nlohmann::json config_json(const StepConfig& config, const ModeResult& eager, co
                        {"max_abs_diff", max_diff}};
 
   nlohmann::json graph_json = system_json("stepgraph_graph", config, graph, eager);
-  graph_json["pool_bytes"] = graph.pool_bytes;
-  graph_json["pool_lower_bound_bytes"] = graph.pool_lower_bound_bytes;
-  graph_json["pool_ratio"] = graph.pool_lower_bound_bytes == 0 ? 1.0
-                                                               : static_cast<double>(graph.pool_bytes) /
-                                                                     static_cast<double>(graph.pool_lower_bound_bytes);
-  const CaptureTimings& t = graph.capture;
-  graph_json["capture_ms"] = {{"trace", t.trace_ms},
-                              {"plan", t.plan_ms},
-                              {"prepare", t.prepare_ms},
-                              {"capture", t.capture_ms},
-                              {"instantiate", t.instantiate_ms},
-                              {"capture_plus_instantiate", t.capture_ms + t.instantiate_ms},
-                              {"wall", graph.capture_wall_ms}};
+  add_graph_fields(graph_json, graph);
   out["systems"] = {system_json("stepgraph_eager", config, eager, eager), graph_json};
   return out;
 }
 
 nlohmann::json run_config(const StepConfig& config, const StepRunOptions& options) {
   try {
-    if (options.prime && options.device == Device::kCuda) {
-      StepRunOptions once = options;
-      once.steps = 1;
-      once.warmup = 1;
-      // The first blocks up to the first MoE block have every shape of the
-      // config (blocks repeat), at a fraction of the parameter set-up time.
-      StepConfig first_blocks = config;
-      const std::int64_t needed = config.model.experts > 0 ? config.model.moe_every : 1;
-      first_blocks.model.layers = std::min(config.model.layers, std::max<std::int64_t>(needed, 1));
-      (void)run_mode(first_blocks, StepMode::kEager, once);
-    }
+    prime(config, options);
     const ModeResult eager = run_mode(config, StepMode::kEager, options);
     const ModeResult graph = run_mode(config, StepMode::kGraph, options);
     return config_json(config, eager, graph);
   } catch (const std::exception& error) {
-    const auto* engine_error = dynamic_cast<const Error*>(&error);
-    nlohmann::json out = config_header_json(config);
-    out["status"] = engine_error && engine_error->code() == ErrorCode::kUnsupported ? "not_run" : "failed";
-    out["reason"] = error.what();
-    out["systems"] = nlohmann::json::array();
-    return out;
+    return failed_config_json(config, error);
+  }
+}
+
+// ---------------------------------------------------------------- data parallelism
+
+DataParallelMode parse_dp_mode(std::string_view name) {
+  if (name == "allreduce") return DataParallelMode::kAllReduce;
+  SG_CHECK(name == "zero1", "--dp-mode is allreduce (every rank all-reduces the gradients and updates everything) ",
+           "or zero1 (the optimizer sharded over the ranks), got '", name, "'");
+  return DataParallelMode::kZero1;
+}
+
+std::string_view dp_mode_name(DataParallelMode mode) {
+  return mode == DataParallelMode::kZero1 ? "zero1" : "allreduce";
+}
+
+void check_dp_flag(int dp, int world_size) {
+  SG_CHECK(dp >= 0, "--dp must be the number of ranks (>= 1), got ", dp);
+  SG_CHECK(dp != 0 || world_size == 1, "this process is one of ", world_size,
+           " ranks (the launcher's variables say so) but --dp was not given: pass --dp ", world_size,
+           " for the data-parallel rows (without --dp step_bench is one process on one GPU)");
+  SG_CHECK(dp == 0 || dp == world_size, "--dp ", dp, " needs ", dp, " ranks, one process per GPU (e.g. torchrun ",
+           "--no-python --nproc-per-node ", dp, " bin/step_bench --dp ", dp, "), but this run has ", world_size,
+           world_size == 1 ? " (no launcher variables: one process); --dp 1 runs the baseline alone" : "");
+}
+
+nlohmann::json mode_result_to_json(const ModeResult& r) {
+  return {
+      {"samples_us", r.samples_us},
+      {"pipelined_step_us", r.pipelined_step_us},
+      {"first_losses", r.first_losses},
+      {"final_loss", r.final_loss},
+      {"persistent_bytes", r.persistent_bytes},
+      {"transient_peak_bytes", r.transient_peak_bytes},
+      {"device_used_delta_bytes", r.device_used_delta_bytes ? nlohmann::json(*r.device_used_delta_bytes) : nullptr},
+      {"pool_bytes", r.pool_bytes},
+      {"pool_lower_bound_bytes", r.pool_lower_bound_bytes},
+      {"capture",
+       {r.capture.trace_ms, r.capture.plan_ms, r.capture.prepare_ms, r.capture.capture_ms, r.capture.instantiate_ms}},
+      {"capture_wall_ms", r.capture_wall_ms}};
+}
+
+ModeResult mode_result_from_json(const nlohmann::json& j) {
+  ModeResult r;
+  r.samples_us = j.at("samples_us").get<std::vector<double>>();
+  if (!r.samples_us.empty()) r.step_us = summarize(r.samples_us);
+  r.pipelined_step_us = j.at("pipelined_step_us");
+  r.first_losses = j.at("first_losses").get<std::vector<float>>();
+  r.final_loss = j.at("final_loss");
+  r.persistent_bytes = j.at("persistent_bytes");
+  r.transient_peak_bytes = j.at("transient_peak_bytes");
+  if (!j.at("device_used_delta_bytes").is_null()) r.device_used_delta_bytes = j.at("device_used_delta_bytes");
+  r.pool_bytes = j.at("pool_bytes");
+  r.pool_lower_bound_bytes = j.at("pool_lower_bound_bytes");
+  const std::vector<double> capture = j.at("capture").get<std::vector<double>>();
+  SG_CHECK_CODE(capture.size() == 5, ErrorCode::kInternal, "a rank sent ", capture.size(), " capture times, not 5");
+  r.capture = {capture[0], capture[1], capture[2], capture[3], capture[4]};
+  r.capture_wall_ms = j.at("capture_wall_ms");
+  return r;
+}
+
+RankedResult combine_ranks(const std::vector<ModeResult>& ranks) {
+  SG_CHECK_CODE(!ranks.empty(), ErrorCode::kInternal, "combine_ranks: no ranks");
+  RankedResult out;
+  out.combined = ranks[0];
+  ModeResult& c = out.combined;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const ModeResult& m = ranks[r];
+    SG_CHECK_CODE(m.samples_us.size() == c.samples_us.size() && !m.samples_us.empty(), ErrorCode::kInternal, "rank ", r,
+                  " timed ", m.samples_us.size(), " steps, rank 0 ", c.samples_us.size());
+    for (std::size_t i = 0; i < c.samples_us.size(); ++i) c.samples_us[i] = std::max(c.samples_us[i], m.samples_us[i]);
+    c.pipelined_step_us = std::max(c.pipelined_step_us, m.pipelined_step_us);
+    c.persistent_bytes = std::max(c.persistent_bytes, m.persistent_bytes);
+    c.transient_peak_bytes = std::max(c.transient_peak_bytes, m.transient_peak_bytes);
+    if (c.device_used_delta_bytes && m.device_used_delta_bytes) {
+      c.device_used_delta_bytes = std::max(*c.device_used_delta_bytes, *m.device_used_delta_bytes);
+    }
+    out.rank_median_us.push_back(summarize(m.samples_us).median_us);
+    out.rank_first_loss.push_back(m.first_losses.empty() ? NAN : m.first_losses.front());
+  }
+  c.step_us = summarize(c.samples_us);
+  return out;
+}
+
+namespace {
+
+std::string dp_system_name(StepMode mode, int world_size) {
+  return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_dp", world_size);
+}
+
+// One row: the common fields of system_json per GPU, the rank spread, and
+// with a baseline the scaling against it (Note [Data-parallel rows]).
+nlohmann::json dp_system_json(const StepConfig& config, StepMode mode, int world_size,
+                              std::optional<DataParallelMode> dp_mode, const RankedResult& r, const RankedResult& eager,
+                              const RankedResult* baseline, int baseline_world) {
+  const std::string name = dp_system_name(mode, world_size);
+  nlohmann::json out = system_json(name, config, r.combined, eager.combined);
+  out["world_size"] = world_size;
+  out["dp_mode"] = dp_mode ? nlohmann::json(std::string(dp_mode_name(*dp_mode))) : nullptr;
+  out["rank_median_us"] = r.rank_median_us;
+  out["global_tokens_per_s"] = world_size * out["tokens_per_s"].get<double>();
+  const double median = r.combined.step_us.median_us;
+  const double pipelined = r.combined.pipelined_step_us;
+  if (baseline != nullptr) {
+    const double base = baseline->combined.step_us.median_us;
+    const double base_pipelined = baseline->combined.pipelined_step_us;
+    out["baseline_system"] = dp_system_name(mode, baseline_world);
+    out["scaling_efficiency"] = base / median;
+    out["pipelined_scaling_efficiency"] = base_pipelined / pipelined;
+    out["exposed_comm_us"] = median - base;
+    out["exposed_comm_fraction"] = (median - base) / median;
+    out["pipelined_exposed_comm_us"] = pipelined - base_pipelined;
+    out["pipelined_exposed_comm_fraction"] = (pipelined - base_pipelined) / pipelined;
+  } else {
+    for (const char* key : {"baseline_system", "scaling_efficiency", "pipelined_scaling_efficiency", "exposed_comm_us",
+                            "exposed_comm_fraction", "pipelined_exposed_comm_us", "pipelined_exposed_comm_fraction"}) {
+      out[key] = nullptr;
+    }
+  }
+  if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
+  return out;
+}
+
+// The data-parallel step's first loss is the mean of the ranks' losses at the
+// initial parameters; each rank's alone-run (dp1) computed its own.
+nlohmann::json dp_loss_check(const RankedResult& baseline, const RankedResult& dp) {
+  double mean = 0;
+  for (const float loss : baseline.rank_first_loss) mean += loss;
+  mean /= static_cast<double>(baseline.rank_first_loss.size());
+  const double got = dp.combined.first_losses.empty() ? NAN : dp.combined.first_losses.front();
+  const double diff = std::fabs(got - mean);
+  return {{"baseline_rank_first_losses", baseline.rank_first_loss},
+          {"baseline_mean_first_loss", mean},
+          {"dp_first_loss", got},
+          {"abs_diff", diff},
+          {"agrees", diff <= 1e-4 * std::max(1.0, std::fabs(mean))}};
+}
+
+}  // namespace
+
+nlohmann::json dp_config_json(const StepConfig& config, const DataParallelResults& results) {
+  const int n = results.world_size;
+  SG_CHECK_CODE(n >= 1 && (n == 1) == !results.dp_eager.has_value() && (n == 1) == !results.dp_graph.has_value(),
+                ErrorCode::kInternal, "dp_config_json: world size ", n, " with",
+                results.dp_eager || results.dp_graph ? "" : "out", " data-parallel results");
+  nlohmann::json out = config_header_json(config);
+  out["status"] = "ok";
+  out["reason"] = nullptr;
+  out["world_size"] = n;
+  out["global_tokens"] = n * config.tokens;
+  out["dp_mode"] = n > 1 ? nlohmann::json(std::string(dp_mode_name(results.mode))) : nullptr;
+
+  const RankedResult& top_eager = n > 1 ? *results.dp_eager : results.baseline_eager;
+  const RankedResult& top_graph = n > 1 ? *results.dp_graph : results.baseline_graph;
+  const auto [identical, max_diff] = compare_losses(top_eager.combined.first_losses, top_graph.combined.first_losses);
+  nlohmann::json loss_check = {{"steps", top_eager.combined.first_losses.size()},
+                               {"compared", {dp_system_name(StepMode::kEager, n), dp_system_name(StepMode::kGraph, n)}},
+                               {"identical", identical},
+                               {"max_abs_diff", max_diff}};
+  loss_check[dp_system_name(StepMode::kEager, 1)] = results.baseline_eager.combined.first_losses;
+  loss_check[dp_system_name(StepMode::kGraph, 1)] = results.baseline_graph.combined.first_losses;
+  if (n > 1) {
+    loss_check[dp_system_name(StepMode::kEager, n)] = results.dp_eager->combined.first_losses;
+    loss_check[dp_system_name(StepMode::kGraph, n)] = results.dp_graph->combined.first_losses;
+    out["dp_loss_check"] = {{"eager", dp_loss_check(results.baseline_eager, *results.dp_eager)},
+                            {"graph", dp_loss_check(results.baseline_graph, *results.dp_graph)}};
+  }
+  out["loss_check"] = loss_check;
+
+  nlohmann::json systems = nlohmann::json::array();
+  systems.push_back(dp_system_json(config, StepMode::kEager, 1, std::nullopt, results.baseline_eager,
+                                   results.baseline_eager, nullptr, 1));
+  systems.push_back(dp_system_json(config, StepMode::kGraph, 1, std::nullopt, results.baseline_graph,
+                                   results.baseline_eager, nullptr, 1));
+  if (n > 1) {
+    systems.push_back(dp_system_json(config, StepMode::kEager, n, results.mode, *results.dp_eager, *results.dp_eager,
+                                     &results.baseline_eager, 1));
+    systems.push_back(dp_system_json(config, StepMode::kGraph, n, results.mode, *results.dp_graph, *results.dp_eager,
+                                     &results.baseline_graph, 1));
+  }
+  out["systems"] = std::move(systems);
+  return out;
+}
+
+namespace {
+
+// Runs one mode on this rank and combines it with every rank's.
+RankedResult run_everywhere(const StepConfig& config, StepMode mode, const StepRunOptions& options, Communicator* world,
+                            std::string_view what) {
+  const ModeResult mine = run_mode(config, mode, options);
+  std::vector<ModeResult> all;
+  for (const std::string& text : gather(world, mode_result_to_json(mine).dump(), detail::concat("results of ", what))) {
+    all.push_back(mode_result_from_json(nlohmann::json::parse(text)));
+  }
+  return combine_ranks(all);
+}
+
+}  // namespace
+
+nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world,
+                             DataParallelMode mode) {
+  const int n = world != nullptr ? world->world_size() : 1;
+  const int rank = world != nullptr ? world->rank() : 0;
+  auto body = [&] {
+    StepRunOptions alone = options;
+    alone.dp_layout = true;
+    alone.dp_mode = mode;
+    alone.data_parallel = nullptr;
+    alone.timed_with = n > 1 ? world : nullptr;
+    alone.data_seed = options.data_seed + static_cast<std::uint32_t>(rank);
+    StepRunOptions together = alone;
+    together.data_parallel = n > 1 ? world : nullptr;
+    prime(config, together);
+    meet(alone.timed_with, "primed " + config.name);
+    DataParallelResults results;
+    results.world_size = n;
+    results.mode = mode;
+    results.baseline_eager = run_everywhere(config, StepMode::kEager, alone, world, config.name + " dp1 eager");
+    results.baseline_graph = run_everywhere(config, StepMode::kGraph, alone, world, config.name + " dp1 graph");
+    if (n > 1) {
+      results.dp_eager = run_everywhere(config, StepMode::kEager, together, world, config.name + " dpN eager");
+      results.dp_graph = run_everywhere(config, StepMode::kGraph, together, world, config.name + " dpN graph");
+    }
+    return dp_config_json(config, results);
+  };
+  if (n > 1) return body();
+  try {
+    return body();
+  } catch (const std::exception& error) {
+    return failed_config_json(config, error);
   }
 }
 

@@ -14,17 +14,58 @@
 // Each mode runs in its own Context from the same initial parameters on the
 // same fixed batch (uniform bf16 inputs, uniform labels from data_seed), so
 // the losses of the first steps of the two modes can be compared.
+//
+// Note [Data-parallel rows]
+// step_bench --dp N (run_dp_config) runs each config on the N ranks of a
+// launch (one process per GPU) and reports, for each mode (eager, graph):
+//   stepgraph_<mode>_dp1  the baseline: every rank trains the config alone on
+//                         its own GPU, with no communicator (the step makes no
+//                         collective), all ranks at the same time;
+//   stepgraph_<mode>_dpN  the same step data-parallel (TrainStep with the
+//                         world's communicator): each parameter group's
+//                         gradients are all-reduced (--dp-mode zero1:
+//                         reduce-scattered, the updated weights all-gathered)
+//                         on the communication stream while the backward goes
+//                         on; the loss is the global mean.
+// Weak scaling: every rank trains the config's `tokens` per step in both, so
+// the global batch at N is N x tokens. Both use one Context layout (2 side
+// streams, collectives on stream 2, as the trainer's), the same parameters,
+// and rank r's batch from data_seed + r: the dpN step differs from the dp1
+// step by its collectives (and the loss scale 1/N) alone.
+//
+// Timing: before every timed sample the ranks meet (a barrier through the
+// communicator's exchange), then each times its own step plus synchronize
+// (Note [How a step is timed]); a sample's time is the largest over the
+// ranks (a global step is done when its last rank is); step_us summarizes
+// those. pipelined_step_us: after a barrier, `steps` steps back to back and
+// one synchronize on every rank; the largest over the ranks, / steps.
+// Per GPU (every GPU trains `tokens` per step):
+//   tokens_per_s          = tokens / median step time; global_tokens_per_s = N x that
+//   scaling_efficiency    = tokens_per_s(dpN) / tokens_per_s(dp1), same mode = median(dp1) / median(dpN)
+//   exposed_comm_us       = median(dpN) - median(dp1)
+//   exposed_comm_fraction = exposed_comm_us / median(dpN) = 1 - scaling_efficiency
+// (pipelined_ variants: the same from pipelined_step_us). Exposed
+// communication is thus measured, not derived from bandwidth: the time the
+// step with its collectives takes beyond the same step without them, on the
+// same GPUs at the same time. It holds the collectives the backward did not
+// hide, their kernels' slowdown of the compute they overlap (SMs and memory
+// shared), and waiting for the slowest rank. At N = 1 only the dp1 rows
+// exist: the baseline of a later run at N, no scaling measured.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "benchmarks/bench_support.h"
 #include "benchmarks/step_configs.h"
+#include "engine/communicator.h"
 #include "engine/tensor.h"
 #include "graphs/captured_step.h"
+#include "layers/train_step.h"
 
 namespace stepgraph::bench {
 
@@ -41,11 +82,23 @@ struct StepRunOptions {
   // load lazily and cuBLASLt's algorithms are timed on first use, so neither
   // mode's memory delta or capture time carries those one-time costs.
   bool prime = true;
+
+  // Data parallelism (Note [Data-parallel rows]). The step all-reduces its
+  // gradients and loss over `data_parallel` (null: this rank trains alone).
+  Communicator* data_parallel = nullptr;
+  DataParallelMode dp_mode = DataParallelMode::kAllReduce;
+  // The ranks timed together: they meet before each timed sample and before
+  // the pipelined steps (null: this rank is timed alone).
+  Communicator* timed_with = nullptr;
+  // The data-parallel stream layout: a Context with 2 side streams and the
+  // collectives on stream 2 (the trainer's), with or without a communicator.
+  bool dp_layout = false;
 };
 
 enum class StepMode { kEager, kGraph };
 
 struct ModeResult {
+  std::vector<double> samples_us;  // every timed step, in order
   Summary step_us;
   double pipelined_step_us = 0;
   std::vector<float> first_losses;
@@ -84,5 +137,56 @@ nlohmann::json config_json(const StepConfig& config, const ModeResult& eager, co
 
 // The config's shape and FLOP count, without results.
 nlohmann::json config_header_json(const StepConfig& config);
+
+// ---- Data parallelism (step_bench --dp; Note [Data-parallel rows]) ----
+
+// "allreduce" or "zero1"; Error(kInvalidArgument) naming --dp-mode otherwise.
+DataParallelMode parse_dp_mode(std::string_view name);
+std::string_view dp_mode_name(DataParallelMode mode);
+
+// step_bench's --dp against the launch: `dp` 0 (not given) runs the
+// single-GPU benchmark and needs a world of 1; otherwise `dp` must be the
+// world size. Error(kInvalidArgument) saying how to launch otherwise.
+void check_dp_flag(int dp, int world_size);
+
+// One mode on every rank of the world.
+struct RankedResult {
+  // step_us and pipelined_step_us: the largest over the ranks, sample by
+  // sample; memory: the largest over the ranks; losses, pool and capture
+  // times: rank 0's.
+  ModeResult combined;
+  std::vector<double> rank_median_us;  // each rank's own median step time
+  std::vector<float> rank_first_loss;  // each rank's first loss
+};
+
+// Combines the results of one mode, one per rank in rank order (equal sample
+// counts; Error otherwise).
+RankedResult combine_ranks(const std::vector<ModeResult>& ranks);
+
+// A ModeResult as JSON and back: how ranks send theirs to the others.
+nlohmann::json mode_result_to_json(const ModeResult& r);
+ModeResult mode_result_from_json(const nlohmann::json& j);
+
+struct DataParallelResults {
+  int world_size = 1;
+  DataParallelMode mode = DataParallelMode::kAllReduce;
+  RankedResult baseline_eager, baseline_graph;     // dp1
+  std::optional<RankedResult> dp_eager, dp_graph;  // dpN, world_size > 1 only
+};
+
+// The config's JSON from measured results (also for tests): rows
+// stepgraph_{eager,graph}_dp1, and at N > 1 stepgraph_{eager,graph}_dpN with
+// the scaling fields.
+nlohmann::json dp_config_json(const StepConfig& config, const DataParallelResults& results);
+
+// Runs the config's dp1 rows and, when `world` has N > 1 ranks, its dpN rows
+// on every rank of `world` (null: a world of one; `options.data_parallel`,
+// `timed_with` and `dp_layout` are set here) and returns the config's JSON,
+// the same on every rank. At world size 1 an exception becomes a not_run or
+// failed config as in run_config; at N > 1 it propagates (the ranks could be
+// in different collectives: step_bench ends the process, the launcher the
+// others).
+nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world,
+                             DataParallelMode mode);
 
 }  // namespace stepgraph::bench

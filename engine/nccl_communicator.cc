@@ -59,18 +59,20 @@ class NcclCommunicator final : public Communicator {
     }
     if (comm_ == nullptr) return;
     // A communicator that failed is aborted (destroy would wait for peers
-    // that may be gone); a healthy one is finalized and destroyed.
+    // that may be gone); a healthy one is finalized, which on a non-blocking
+    // communicator returns ncclInProgress and completes in the background:
+    // destroying it before then breaks the next communicator of the process.
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(comm_, &state);
     if (state != ncclSuccess && state != ncclInProgress) {
       ncclCommAbort(comm_);
       return;
     }
-    if (ncclCommFinalize(comm_) == ncclSuccess) {
-      const auto deadline = std::chrono::steady_clock::now() + timeout_;
-      do {
-        ncclCommGetAsyncError(comm_, &state);
-      } while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline);
+    state = ncclCommFinalize(comm_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
     }
     if (state == ncclSuccess) {
       ncclCommDestroy(comm_);

@@ -9,6 +9,7 @@
 # tool brings back at most 8 files), leaving it and summary.txt:
 #   summary.txt                  the summary line and the sanitizer totals
 #   tests.log, pytest.log        GoogleTest binaries; the Python binding's tests
+#   fuzz_table.txt               the fuzz test's cases and their outcomes
 #   programs.log                 the trainer runs and the demo
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
@@ -73,6 +74,13 @@ if wants python; then
   (cd "$here/python_tests" && STEPGRAPH_README="$here/python_tests/README.md" \
     python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$work/pytest.xml" .) >>"$results/pytest.log" 2>&1
   echo "=== pytest exit $?" >>"$results/pytest.log"
+  # The fuzz test's table of cases and outcomes (a JUnit test-suite property).
+  python3 - "$work/pytest.xml" >"$results/fuzz_table.txt" 2>&1 <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+tables = [p.get("value") for p in ET.parse(sys.argv[1]).iter("property") if p.get("name") == "fuzz_table"]
+print("\n".join(tables) if tables else "no fuzz_table property in the pytest results")
+PY
 fi
 if wants tests || wants python; then
   test_line=$(python3 "$here/count_test_results.py" --quiet-skips "$work"/*.xml | tee -a "$results/tests.log" | tail -n 1)

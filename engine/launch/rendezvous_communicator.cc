@@ -41,6 +41,17 @@ std::string part_name(const std::string& call, std::int64_t part, std::int64_t p
   return parts == 1 ? call : detail::concat(call, ", part ", part + 1, " of ", parts);
 }
 
+// Runs each_part(first, n, name) for every part of `call` in order: elements [first, first + n) of the `count`,
+// exchanged under `name` (the call's name, with "part k of K" when there are several).
+template <typename EachPart>
+void for_each_part(const std::string& call, std::int64_t count, std::int64_t per_part, const EachPart& each_part) {
+  const std::int64_t parts = parts_of(count, per_part);
+  for (std::int64_t part = 0; part < parts; ++part) {
+    const std::int64_t first = part * per_part;
+    each_part(first, std::min(per_part, count - first), part_name(call, part, parts));
+  }
+}
+
 void copy_bytes(void* to, const void* from, std::int64_t bytes) {
   if (bytes > 0) std::memcpy(to, from, static_cast<std::size_t>(bytes));
 }
@@ -161,24 +172,21 @@ class RendezvousCommunicator final : public Communicator {
     auto* out = static_cast<std::byte*>(recv);
     const std::int64_t size = element_bytes(dtype);
     const std::int64_t world = world_size();
+    // Each rank gives world_size slices per part, so a part holds fewer elements than the other calls'.
     const std::int64_t per_part = std::max<std::int64_t>(1, kPartBytes / (size * world));
-    const std::int64_t parts = parts_of(recv_count, per_part);
     std::string mine;
     std::vector<std::byte> result;
-    for (std::int64_t part = 0; part < parts; ++part) {
-      const std::int64_t first = part * per_part;
-      const std::int64_t n = std::min(per_part, recv_count - first);
+    for_each_part(call, recv_count, per_part, [&](std::int64_t first, std::int64_t n, const std::string& name) {
       mine.resize(static_cast<std::size_t>(world * n * size));
       for (std::int64_t block = 0; block < world; ++block) {
         copy_bytes(mine.data() + block * n * size, in + (block * recv_count + first) * size, n * size);
       }
-      const std::string name = part_name(call, part, parts);
       const std::vector<std::string> blobs = gather(mine, name);
       check_sizes(blobs, name, [&](int) { return world * n * size; });
       result.resize(static_cast<std::size_t>(n * size));
       reduce_on_host(result.data(), sources_of(blobs), rank() * n, n, dtype, op);
       copy_bytes(out + first * size, result.data(), n * size);
-    }
+    });
   }
 
   void all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype, CUstream_st*) override {
@@ -187,18 +195,14 @@ class RendezvousCommunicator final : public Communicator {
     const auto* in = static_cast<const std::byte*>(send);
     auto* out = static_cast<std::byte*>(recv);
     const std::int64_t size = element_bytes(dtype);
-    const std::int64_t per_part = kPartBytes / size;
-    const std::int64_t parts = parts_of(send_count, per_part);
-    for (std::int64_t part = 0; part < parts; ++part) {
-      const std::int64_t first = part * per_part;
-      const std::int64_t n = std::min(per_part, send_count - first);
-      const std::string name = part_name(call, part, parts);
-      const std::vector<std::string> blobs = gather(view_of(in + first * size, n * size), name);
-      check_sizes(blobs, name, [&](int) { return n * size; });
-      for (int r = 0; r < world_size(); ++r) {
-        copy_bytes(out + (r * send_count + first) * size, blobs[static_cast<std::size_t>(r)].data(), n * size);
-      }
-    }
+    for_each_part(
+        call, send_count, kPartBytes / size, [&](std::int64_t first, std::int64_t n, const std::string& name) {
+          const std::vector<std::string> blobs = gather(view_of(in + first * size, n * size), name);
+          check_sizes(blobs, name, [&](int) { return n * size; });
+          for (int r = 0; r < world_size(); ++r) {
+            copy_bytes(out + (r * send_count + first) * size, blobs[static_cast<std::size_t>(r)].data(), n * size);
+          }
+        });
   }
 
   // Root 0 uses Rendezvous::broadcast; another root gives its bytes to an all_gather where the others give none.
@@ -210,12 +214,7 @@ class RendezvousCommunicator final : public Communicator {
     const auto* in = static_cast<const std::byte*>(send);
     auto* out = static_cast<std::byte*>(recv);
     const std::int64_t size = element_bytes(dtype);
-    const std::int64_t per_part = kPartBytes / size;
-    const std::int64_t parts = parts_of(count, per_part);
-    for (std::int64_t part = 0; part < parts; ++part) {
-      const std::int64_t first = part * per_part;
-      const std::int64_t n = std::min(per_part, count - first);
-      const std::string name = part_name(call, part, parts);
+    for_each_part(call, count, kPartBytes / size, [&](std::int64_t first, std::int64_t n, const std::string& name) {
       const std::string_view mine = rank() == root ? view_of(in + first * size, n * size) : std::string_view();
       if (root == 0) {
         const std::string data = broadcast_from_rank0(mine, name);
@@ -230,7 +229,7 @@ class RendezvousCommunicator final : public Communicator {
         check_sizes(blobs, name, [&](int r) { return r == root ? n * size : 0; });
         copy_bytes(out + first * size, blobs[static_cast<std::size_t>(root)].data(), n * size);
       }
-    }
+    });
   }
 
   // See Note [Collectives over the rendezvous]: a world of two only.
@@ -258,22 +257,17 @@ class RendezvousCommunicator final : public Communicator {
     const auto* in = static_cast<const std::byte*>(send_data);
     auto* out = static_cast<std::byte*>(recv_data);
     const std::int64_t size = element_bytes(dtype);
-    const std::int64_t per_part = kPartBytes / size;
-    const std::int64_t parts = parts_of(count, per_part);
     std::string mine;
-    for (std::int64_t part = 0; part < parts; ++part) {
-      const std::int64_t first = part * per_part;
-      const std::int64_t n = std::min(per_part, count - first);
+    for_each_part(call, count, kPartBytes / size, [&](std::int64_t first, std::int64_t n, const std::string& name) {
       mine.clear();
       put_i32(mine, to);
       put_i32(mine, from);
       mine.append(view_of(in + first * size, n * size));
-      const std::string name = part_name(call, part, parts);
       const std::vector<std::string> blobs = gather(mine, name);
       check_sizes(blobs, name, [&](int) { return static_cast<std::int64_t>(kPairBytes) + n * size; });
-      if (part == 0) check_pairs(blobs, call);
+      if (first == 0) check_pairs(blobs, call);  // the first part
       copy_bytes(out + first * size, blobs[static_cast<std::size_t>(from)].data() + kPairBytes, n * size);
-    }
+    });
   }
 
   std::vector<std::string> exchange(std::string_view local, std::string_view what) override {
@@ -343,20 +337,15 @@ class RendezvousCommunicator final : public Communicator {
   void reduce_in_parts(const std::string& call, std::int64_t count, DType dtype, ReduceOp op, const Local& local,
                        const Store& store) {
     const std::int64_t size = element_bytes(dtype);
-    const std::int64_t per_part = kPartBytes / size;
-    const std::int64_t parts = parts_of(count, per_part);
     std::string scratch;
     std::vector<std::byte> result;
-    for (std::int64_t part = 0; part < parts; ++part) {
-      const std::int64_t first = part * per_part;
-      const std::int64_t n = std::min(per_part, count - first);
-      const std::string name = part_name(call, part, parts);
+    for_each_part(call, count, kPartBytes / size, [&](std::int64_t first, std::int64_t n, const std::string& name) {
       const std::vector<std::string> blobs = gather(local(first, n, scratch), name);
       check_sizes(blobs, name, [&](int) { return n * size; });
       result.resize(static_cast<std::size_t>(n * size));
       reduce_on_host(result.data(), sources_of(blobs), 0, n, dtype, op);
       store(first, n, result.data());
-    }
+    });
   }
 
   // One point-to-point message in a world of two: both ranks meet; `from` gives the bytes.
@@ -364,17 +353,12 @@ class RendezvousCommunicator final : public Communicator {
     const std::string call =
         next_call(detail::concat("send/recv(", count, " ", dtype_name(dtype), ", rank ", from, " to rank ", to, ")"));
     const std::int64_t size = element_bytes(dtype);
-    const std::int64_t per_part = kPartBytes / size;
-    const std::int64_t parts = parts_of(count, per_part);
-    for (std::int64_t part = 0; part < parts; ++part) {
-      const std::int64_t first = part * per_part;
-      const std::int64_t n = std::min(per_part, count - first);
-      const std::string name = part_name(call, part, parts);
+    for_each_part(call, count, kPartBytes / size, [&](std::int64_t first, std::int64_t n, const std::string& name) {
       const std::vector<std::string> blobs =
           gather(rank() == from ? view_of(in + first * size, n * size) : std::string_view(), name);
       check_sizes(blobs, name, [&](int r) { return r == from ? n * size : 0; });
       if (rank() == to) copy_bytes(out + first * size, blobs[static_cast<std::size_t>(from)].data(), n * size);
-    }
+    });
   }
 
   // ---- the exchanges, and what a failure does (Note [Collectives over the rendezvous])

@@ -6,12 +6,29 @@
 // bias gradient into its wgrad (BGRADB). In fp32 (where cuBLASLt has no
 // GeLU epilogues) GeLU and its derivative run as separate ops and fc1's bias
 // gradient comes fused into fc1's wgrad instead: the same math, unfused.
+//
+// Note [Sequence-parallel LayerNormMLP]
+// With a tensor-parallel communicator of N ranks (Megatron's tensor and
+// sequence parallelism), each rank holds 1/N of the tokens outside the MLP
+// (its input and output are [tokens / N, hidden]) and 1/N of the ffn inside
+// it: fc1's rows [r ffn/N, (r+1) ffn/N) with their bias (column-parallel),
+// fc2's matching columns (row-parallel). The forward normalises its token
+// shard, all-gathers the normalised tokens, runs fc1 and GeLU on its ffn
+// slice, multiplies by its fc2 slice and reduce-scatters the partial sums
+// back to token shards; fc2's bias is added by rank 0's GEMM only, so the
+// sum holds it once. The backward mirrors it: dy is all-gathered, the
+// weight gradients of the slices are local, d_normed is reduce-scattered,
+// and the norm's gamma and beta gradients (of this rank's tokens only) are
+// all-reduced across the ranks. Each rank's slices are the slices of the
+// weights one rank would draw from the same seed, so N ranks compute what
+// one computes, up to the order of the fp32 additions of fc2's partial sums.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "layers/norm.h"
 #include "layers/parameter.h"
@@ -45,24 +62,31 @@ class LayerNormMLP {
     Tensor dy;
   };
 
-  LayerNormMLP(Context& ctx, const std::string& name, const LayerNormMLPConfig& config, std::uint32_t seed);
+  // `tensor_parallel`: a communicator of N ranks shards the layer (Note
+  // [Sequence-parallel LayerNormMLP]); null (or one rank with no
+  // communicator) is the plain layer. ffn must divide by N.
+  LayerNormMLP(Context& ctx, const std::string& name, const LayerNormMLPConfig& config, std::uint32_t seed,
+               Communicator* tensor_parallel = nullptr);
 
   Forward forward(Context& ctx, const FwdArgs& args) const;
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;  // dx; writes every grad
 
   const LayerNormMLPConfig& config() const { return config_; }
+  Communicator* tensor_parallel() const { return tp_; }
   std::vector<Parameter*> parameters();
 
  private:
   bool fused_gelu() const { return config_.dtype != DType::kFloat32; }
+  std::int64_t local_ffn() const;  // this rank's slice of ffn
 
   std::string label_;  // "LayerNormMLP 'name'", for argument errors
   LayerNormMLPConfig config_;
+  Communicator* tp_ = nullptr;
   Norm norm_;
-  Parameter w1_;  // [ffn, hidden]
-  Parameter b1_;  // [ffn]
-  Parameter w2_;  // [hidden, ffn]
-  Parameter b2_;  // [hidden]
+  Parameter w1_;  // [ffn, hidden] (this rank's [ffn / N, hidden] rows when tensor-parallel)
+  Parameter b1_;  // [ffn] (its [ffn / N])
+  Parameter w2_;  // [hidden, ffn] (its [hidden, ffn / N] columns)
+  Parameter b2_;  // [hidden], on every rank
 };
 
 }  // namespace stepgraph

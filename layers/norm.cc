@@ -22,6 +22,12 @@ std::vector<Parameter*> Norm::parameters() {
   return out;
 }
 
+std::vector<Tensor> Norm::gradients() const {
+  std::vector<Tensor> out{gamma_.grad};
+  if (layernorm()) out.push_back(beta_.grad);
+  return out;
+}
+
 Norm::Forward Norm::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "input", args.x, {"...", config_.hidden}, config_.dtype);
   const ops::NormParams params{config_.kind, config_.eps};

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "engine/context.h"
-#include "layers/parameter.h"
 #include "kernels/norm.h"
+#include "layers/parameter.h"
 
 namespace stepgraph {
 
@@ -44,6 +44,8 @@ class Norm {
 
   const NormConfig& config() const { return config_; }
   std::vector<Parameter*> parameters();
+  // The gradients backward writes (gamma's, and beta's for LayerNorm).
+  std::vector<Tensor> gradients() const;
 
  private:
   bool layernorm() const { return config_.kind == kernels::NormKind::kLayerNorm; }

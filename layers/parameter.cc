@@ -52,8 +52,43 @@ Parameter make_parameter(Context& ctx, const std::string& name, const Shape& sha
   return p;
 }
 
+ParameterInit ParameterInit::rows_from(std::int64_t rows, std::int64_t cols, std::int64_t first_row) const {
+  ParameterInit out = *this;
+  out.slice = Slice::kRows;
+  out.full_rows = rows;
+  out.full_cols = cols;
+  out.first = first_row;
+  return out;
+}
+
+ParameterInit ParameterInit::columns_from(std::int64_t rows, std::int64_t cols, std::int64_t first_column) const {
+  ParameterInit out = rows_from(rows, cols, first_column);
+  out.slice = Slice::kColumns;
+  return out;
+}
+
 std::vector<float> ParameterInit::values(std::int64_t numel) const {
-  return is_constant ? constant_init(numel, scale_or_value) : uniform_init(numel, scale_or_value, seed);
+  if (slice == Slice::kWhole) {
+    return is_constant ? constant_init(numel, scale_or_value) : uniform_init(numel, scale_or_value, seed);
+  }
+  // The whole matrix's values, then this parameter's part of them.
+  ParameterInit whole = *this;
+  whole.slice = Slice::kWhole;
+  const std::vector<float> full = whole.values(full_rows * full_cols);
+  if (slice == Slice::kRows) {
+    SG_CHECK(numel % full_cols == 0 && first + numel / full_cols <= full_rows, "ParameterInit: ", numel,
+             " values are not whole rows of [", full_rows, ", ", full_cols, "] from row ", first);
+    return {full.begin() + first * full_cols, full.begin() + first * full_cols + numel};
+  }
+  const std::int64_t count = numel / full_rows;
+  SG_CHECK(numel % full_rows == 0 && first + count <= full_cols, "ParameterInit: ", numel,
+           " values are not whole columns of [", full_rows, ", ", full_cols, "] from column ", first);
+  std::vector<float> out;
+  out.reserve(static_cast<std::size_t>(numel));
+  for (std::int64_t r = 0; r < full_rows; ++r) {
+    out.insert(out.end(), full.begin() + r * full_cols + first, full.begin() + r * full_cols + first + count);
+  }
+  return out;
 }
 
 void sync_copy_from_master(Context& ctx, const Parameter& parameter) {

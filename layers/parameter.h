@@ -36,11 +36,20 @@ std::vector<float> constant_init(std::int64_t numel, float value);
 struct ParameterInit {
   static ParameterInit uniform(float scale, std::uint32_t seed) { return {false, scale, seed}; }
   static ParameterInit constant(float value) { return {true, value, 0}; }
+  // A tensor-parallel slice of the [rows, cols] matrix this init fills: its
+  // rows (or columns) from `first` on, as many as the parameter holds.
+  ParameterInit rows_from(std::int64_t rows, std::int64_t cols, std::int64_t first) const;
+  ParameterInit columns_from(std::int64_t rows, std::int64_t cols, std::int64_t first) const;
   std::vector<float> values(std::int64_t numel) const;
 
   bool is_constant = false;
   float scale_or_value = 0;
   std::uint32_t seed = 0;
+  enum class Slice : std::uint8_t { kWhole, kRows, kColumns };
+  Slice slice = Slice::kWhole;
+  std::int64_t full_rows = 0;
+  std::int64_t full_cols = 0;
+  std::int64_t first = 0;
 };
 Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
                          const ParameterInit& init);

@@ -1,0 +1,147 @@
+// Tensor and sequence parallelism of LayerNormMLP (Note [Sequence-parallel
+// LayerNormMLP]) on host thread worlds of 2 and 4 ranks, against one rank:
+// each rank's output and input-gradient rows, its weight-gradient slices and
+// the replicated gradients equal the one-rank layer's.
+//
+// Tolerance: the ranks' fc2 partial products (and fc1's data gradients) are
+// summed by the reduce-scatter after their own GEMMs, where one rank sums the
+// whole ffn in one GEMM: the same terms in another fp32 order, about 1e-7
+// relative. We allow 1e-5 of the largest reference value; a missing or
+// doubled bias, a wrong slice or a missing reduction is off by 1e-2 or more.
+// Eager equals graph bit for bit on every rank.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/host_world.h"
+#include "graphs/captured_step.h"
+#include "layers/layernorm_mlp.h"
+#include "tests/support/seed.h"
+
+namespace stepgraph {
+namespace {
+
+constexpr std::int64_t kTokens = 16;
+constexpr std::int64_t kHidden = 8;
+constexpr std::int64_t kFfn = 32;
+constexpr std::uint32_t kSeed = 21;
+
+LayerNormMLPConfig config() { return {.hidden = kHidden, .ffn = kFfn, .dtype = DType::kFloat32}; }
+
+std::vector<float> normal_values(std::uint32_t seed, std::int64_t n) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (float& v : out) v = normal(rng);
+  return out;
+}
+
+std::vector<float> rows(const std::vector<float>& m, std::int64_t cols, std::int64_t first, std::int64_t count) {
+  return {m.begin() + first * cols, m.begin() + (first + count) * cols};
+}
+
+std::vector<float> columns(const std::vector<float>& m, std::int64_t rows_, std::int64_t cols, std::int64_t first,
+                           std::int64_t count) {
+  std::vector<float> out;
+  for (std::int64_t r = 0; r < rows_; ++r)
+    out.insert(out.end(), m.begin() + r * cols + first, m.begin() + r * cols + first + count);
+  return out;
+}
+
+// What one forward and backward gives: y, dx and every parameter's gradient.
+struct Result {
+  std::vector<float> y, dx;
+  std::vector<std::vector<float>> grads;  // norm gamma, beta, fc1 weight, bias, fc2 weight, bias
+};
+
+Result run(Context& ctx, LayerNormMLP& layer, const Tensor& x, const Tensor& dy) {
+  const LayerNormMLP::Forward f = layer.forward(ctx, {x});
+  const Tensor dx = layer.backward(ctx, f.saved, {dy});
+  Result r{ctx.to_vector<float>(f.y), ctx.to_vector<float>(dx), {}};
+  for (const Parameter* p : layer.parameters()) r.grads.push_back(ctx.to_vector<float>(p->grad));
+  return r;
+}
+
+Tensor tensor_of(Context& ctx, const std::string& name, const std::vector<float>& values, std::int64_t rows_) {
+  const Tensor t = ctx.persistent(name, {Shape{rows_, kHidden}, DType::kFloat32});
+  ctx.copy_from_host(t, values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float scale = 0, worst = 0;
+  for (float v : want) scale = std::max(scale, std::abs(v));
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  EXPECT_LE(worst, 1e-5f * std::max(scale, 1.0f)) << what << ": largest difference " << worst << " of " << scale;
+}
+
+class TensorParallelTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(TensorParallelTest, EveryRankMatchesOneRankAndItsGraphEqualsEager) {
+  const int n = GetParam();
+  const testing::TestSeed seed;
+  const std::vector<float> x_all = normal_values(seed.value(), kTokens * kHidden);
+  const std::vector<float> dy_all = normal_values(seed.value() + 1, kTokens * kHidden);
+  Result reference;
+  {
+    Context ctx(Device::kHost);
+    LayerNormMLP layer(ctx, "mlp", config(), kSeed);
+    reference = run(ctx, layer, tensor_of(ctx, "x", x_all, kTokens), tensor_of(ctx, "dy", dy_all, kTokens));
+  }
+  const std::int64_t t = kTokens / n;
+  const std::int64_t f = kFfn / n;
+  HostWorld::run(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    LayerNormMLP eager(ctx, "mlp", config(), kSeed, &comm);
+    LayerNormMLP graphed(ctx, "mlp", config(), kSeed, &comm);
+    const Tensor x = tensor_of(ctx, "x", rows(x_all, kHidden, r * t, t), t);
+    const Tensor dy = tensor_of(ctx, "dy", rows(dy_all, kHidden, r * t, t), t);
+    const Result got = run(ctx, eager, x, dy);
+    const std::string who = "rank " + std::to_string(r) + " of " + std::to_string(n);
+    expect_close(got.y, rows(reference.y, kHidden, r * t, t), who + " y");
+    expect_close(got.dx, rows(reference.dx, kHidden, r * t, t), who + " dx");
+    expect_close(got.grads[0], reference.grads[0], who + " gamma grad (all-reduced)");
+    expect_close(got.grads[1], reference.grads[1], who + " beta grad (all-reduced)");
+    expect_close(got.grads[2], rows(reference.grads[2], kHidden, r * f, f), who + " fc1 weight grad rows");
+    expect_close(got.grads[3], rows(reference.grads[3], 1, r * f, f), who + " fc1 bias grad slice");
+    expect_close(got.grads[4], columns(reference.grads[4], kHidden, kFfn, r * f, f), who + " fc2 weight grad columns");
+    expect_close(got.grads[5], reference.grads[5], who + " fc2 bias grad");
+
+    auto graph = CapturedStep::capture(ctx,
+                                       [&] {
+                                         const LayerNormMLP::Forward fw = graphed.forward(ctx, {x});
+                                         const Tensor dx = graphed.backward(ctx, fw.saved, {dy});
+                                         return std::vector<Tensor>{fw.y, dx};
+                                       },
+                                       {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
+    graph->replay();
+    EXPECT_EQ(ctx.to_vector<float>(graph->outputs()[0]), got.y) << who;
+    EXPECT_EQ(ctx.to_vector<float>(graph->outputs()[1]), got.dx) << who;
+    const std::vector<Parameter*> params = graphed.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(ctx.to_vector<float>(params[i]->grad), got.grads[i]) << who << " gradient " << params[i]->name;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelTest, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+TEST(TensorParallelErrorsTest, FfnMustDivideByTheRanks) {
+  EXPECT_THROW(HostWorld::run(3,
+                              [](Communicator& comm) {
+                                Context ctx(Device::kHost);
+                                LayerNormMLP layer(ctx, "mlp", config(), kSeed, &comm);
+                              }),
+               Error);
+}
+
+}  // namespace
+}  // namespace stepgraph

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -57,7 +58,7 @@ class NcclCommunicator final : public Communicator {
     if (exchange_stream_ != nullptr && cudaStreamDestroy(exchange_stream_) != cudaSuccess) {
       logger().error("{}: cudaStreamDestroy failed", describe());
     }
-    if (comm_ == nullptr) return;
+    if (comm_ == nullptr || aborted_.load()) return;
     // A communicator that failed is aborted (destroy would wait for peers
     // that may be gone); a healthy one is finalized, which on a non-blocking
     // communicator returns ncclInProgress and completes in the background:
@@ -180,15 +181,17 @@ class NcclCommunicator final : public Communicator {
     return out;
   }
 
+  // May come from another thread (the trainer's watchdog) while this one
+  // waits in NCCL: ncclCommAbort is what ends that wait; the handle stays
+  // set and every later call sees aborted_.
   void abort(std::string_view reason) noexcept override {
-    if (comm_ == nullptr) return;
+    if (comm_ == nullptr || aborted_.exchange(true)) return;
     logger().error("{}: aborting: {}", describe(), reason);
     ncclCommAbort(comm_);
-    comm_ = nullptr;
   }
 
   void check_health() override {
-    SG_CHECK_CODE(comm_ != nullptr, ErrorCode::kNccl, describe(), " was aborted");
+    SG_CHECK_CODE(!aborted_.load(), ErrorCode::kNccl, describe(), " was aborted");
     ncclResult_t state = ncclSuccess;
     SG_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
     if (state != ncclSuccess && state != ncclInProgress) {
@@ -205,7 +208,7 @@ class NcclCommunicator final : public Communicator {
 
   // A non-blocking call returns ncclInProgress until NCCL has taken it.
   void issue(const char* call, ncclResult_t status) {
-    SG_CHECK_CODE(comm_ != nullptr, ErrorCode::kNccl, describe(), " ", call, ": the communicator was aborted");
+    SG_CHECK_CODE(!aborted_.load(), ErrorCode::kNccl, describe(), " ", call, ": the communicator was aborted");
     if (status != ncclSuccess && status != ncclInProgress) {
       SG_THROW(ErrorCode::kNccl, describe(), " ", call, " failed: ", ncclGetErrorString(status), " (",
                ncclGetLastError(comm_), ")");
@@ -217,6 +220,7 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     ncclResult_t state = ncclInProgress;
     while (true) {
+      SG_CHECK_CODE(!aborted_.load(), ErrorCode::kNccl, describe(), " ", call, ": the communicator was aborted");
       SG_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
       if (state != ncclInProgress) break;
       if (std::chrono::steady_clock::now() > deadline) {
@@ -252,7 +256,8 @@ class NcclCommunicator final : public Communicator {
 
   int device_;
   std::chrono::milliseconds timeout_;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // set once by the constructor
+  std::atomic<bool> aborted_{false};
   cudaStream_t exchange_stream_ = nullptr;
 };
 

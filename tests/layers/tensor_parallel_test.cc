@@ -134,6 +134,42 @@ TEST_P(TensorParallelTest, EveryRankMatchesOneRankAndItsGraphEqualsEager) {
 INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelTest, ::testing::Values(1, 2, 4),
                          [](const auto& info) { return "tp" + std::to_string(info.param); });
 
+// TransformerEngine once left the column-parallel layer's grad_output alive in
+// the graph pool ("N tensor(s) in the cudagraph pool not tracked as
+// outputs"). Here a TP+SP step's pool report is empty, and a reference the
+// caller holds to the gathered gradient is reported with its name and the op
+// that made it.
+TEST(TensorParallelPoolReportTest, TheStepLeavesNothingAndAHeldGatheredGradientIsNamed) {
+  HostWorld::run(2, [](Communicator& comm) {
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    LayerNormMLP layer(ctx, "mlp", config(), kSeed, &comm);
+    const Tensor x = ctx.persistent("x", {Shape{kTokens / 2, kHidden}, DType::kFloat32});
+    const Tensor dy = ctx.persistent("dy", {Shape{kTokens / 2, kHidden}, DType::kFloat32});
+    auto clean = CapturedStep::capture(ctx,
+                                       [&] {
+                                         const LayerNormMLP::Forward f = layer.forward(ctx, {x});
+                                         return std::vector<Tensor>{f.y, layer.backward(ctx, f.saved, {dy})};
+                                       },
+                                       {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
+    EXPECT_TRUE(clean->report().empty()) << clean->report().to_string();
+
+    Tensor held;  // a handle the caller keeps: the all-gathered input of fc1, made by all_gather
+    auto leaky = CapturedStep::capture(ctx,
+                                       [&] {
+                                         const LayerNormMLP::Forward f = layer.forward(ctx, {x});
+                                         held = f.saved.normed;
+                                         held.set_name("mlp.fc1_input_gathered");
+                                         return std::vector<Tensor>{f.y, layer.backward(ctx, f.saved, {dy})};
+                                       },
+                                       {.pool_report_policy = PoolReportPolicy::kWarn, .communicators = {&comm}});
+    ASSERT_EQ(leaky->report().entries.size(), 1u) << leaky->report().to_string();
+    const std::string text = leaky->report().to_string();
+    EXPECT_NE(text.find("'mlp.fc1_input_gathered' [16, 8] fp32"), std::string::npos) << text;
+    EXPECT_NE(text.find("made by all_gather"), std::string::npos) << text;
+  });
+}
+
 TEST(TensorParallelErrorsTest, FfnMustDivideByTheRanks) {
   EXPECT_THROW(HostWorld::run(3,
                               [](Communicator& comm) {

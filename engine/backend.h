@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "engine/device_kind.h"
 #include "engine/memory.h"
@@ -50,6 +51,13 @@ class Executable {
  public:
   virtual ~Executable() = default;
   virtual void launch() = 0;
+};
+
+// When one op of a profiled schedule ran, in microseconds from the start of
+// the schedule (Backend::profile).
+struct OpTiming {
+  double start_us = 0;
+  double end_us = 0;
 };
 
 // A schedule recorded but not yet instantiated (the stages are explicit:
@@ -101,6 +109,13 @@ class Backend {
   virtual std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int event_count) = 0;
   // Builds the executable of a recording (no work is launched).
   virtual std::unique_ptr<Executable> instantiate(const Recording& recording) = 0;
+  // Runs a prepared schedule once with a timing mark before and after each
+  // op and returns each kRun entry's interval, in schedule order: on cuda a
+  // separate graph holding the schedule and timing-event records, launched
+  // once (so the ops overlap as in a replay); on host the references in
+  // order, timed by the host clock. For the step profile
+  // (graphs/step_profile.h); the executables of the step are untouched.
+  virtual std::vector<OpTiming> profile(std::span<const LaunchEntry> schedule, int event_count) = 0;
   // Waits for all work on every stream.
   virtual void synchronize() = 0;
 

@@ -153,6 +153,41 @@ class CudaBackend final : public Backend {
     issue(schedule, streams_, events);
     return std::make_unique<CudaRecording>(capture.end());
   }
+  std::vector<OpTiming> profile(std::span<const LaunchEntry> schedule, int event_count) override {
+    const std::vector<Event> events(static_cast<std::size_t>(event_count));
+    std::vector<Event> marks;  // [0]: the start; then before and after each op
+    marks.emplace_back(Event::Timing::kEnabled);
+    for (const LaunchEntry& entry : schedule) {
+      if (entry.kind != LaunchEntry::Kind::kRun) continue;
+      marks.emplace_back(Event::Timing::kEnabled);
+      marks.emplace_back(Event::Timing::kEnabled);
+    }
+    Graph graph = [&] {
+      StreamCapture capture(stream(0));
+      marks[0].record(stream(0));  // every other stream forks from stream 0 after this
+      std::size_t next = 1;
+      for (const LaunchEntry& entry : schedule) {
+        if (entry.kind != LaunchEntry::Kind::kRun) {
+          issue(std::span(&entry, 1), streams_, events);
+          continue;
+        }
+        const cudaStream_t s = stream(entry.stream);
+        marks[next++].record(s);
+        issue(std::span(&entry, 1), streams_, events);
+        marks[next++].record(s);
+      }
+      return capture.end();
+    }();
+    CudaExecutable executable(graph, stream(0));
+    executable.launch();
+    synchronize();
+    std::vector<OpTiming> out;
+    for (std::size_t i = 1; i + 1 < marks.size(); i += 2) {
+      out.push_back(
+          {1000.0 * Event::elapsed_ms(marks[0], marks[i]), 1000.0 * Event::elapsed_ms(marks[0], marks[i + 1])});
+    }
+    return out;
+  }
   std::unique_ptr<Executable> instantiate(const Recording& recording) override {
     return std::make_unique<CudaExecutable>(dynamic_cast<const CudaRecording&>(recording).graph, stream(0));
   }

@@ -1,5 +1,6 @@
 #include "engine/host_backend.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -66,7 +67,8 @@ class HostBackend final : public Backend {
 
   void* allocate(std::int64_t bytes, MemoryKind kind, int /*stream*/) override {
     if (bytes == 0) return nullptr;
-    void* address = aligned_host_allocation(bytes, kind == MemoryKind::kPersistent ? "a persistent tensor" : "a tensor");
+    void* address =
+        aligned_host_allocation(bytes, kind == MemoryKind::kPersistent ? "a persistent tensor" : "a tensor");
     // Eager outputs are written by their op; persistent tensors start at zero.
     if (kind == MemoryKind::kPersistent) std::memset(address, 0, static_cast<std::size_t>(align_allocation(bytes)));
     return address;
@@ -94,6 +96,20 @@ class HostBackend final : public Backend {
   }
   std::unique_ptr<Executable> instantiate(const Recording& recording) override {
     return std::make_unique<HostRecording>(dynamic_cast<const HostRecording&>(recording));
+  }
+  std::vector<OpTiming> profile(std::span<const LaunchEntry> schedule, int /*event_count*/) override {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point start = Clock::now();
+    auto us_since_start = [&] { return std::chrono::duration<double, std::micro>(Clock::now() - start).count(); };
+    std::vector<OpTiming> out;
+    for (const LaunchEntry& entry : schedule) {
+      if (entry.kind != LaunchEntry::Kind::kRun) continue;
+      OpTiming timing{us_since_start(), 0};
+      run_host_reference(*entry.op, *entry.params, entry.args);
+      timing.end_us = us_since_start();
+      out.push_back(timing);
+    }
+    return out;
   }
   void synchronize() override {}
 

@@ -179,6 +179,18 @@ void CapturedStep::replay_segment(std::size_t index, std::span<const InputBindin
   if (index + 1 == segment_count()) ++replays_;
 }
 
+StepProfile CapturedStep::profile() {
+  check_state(GraphState::kInstantiated, "profile");
+  SG_CHECK_CODE(!ctx_.tracing(), ErrorCode::kInvalidState, "cannot profile a captured step while tracing");
+  std::vector<std::vector<OpTiming>> timings;
+  ctx_.order_main_stream_before(persistent_reads_, persistent_writes_);
+  for (const BoundSchedule& segment : segments_) {
+    timings.push_back(ctx_.backend().profile(segment.entries(), plan_.event_count));
+  }
+  ctx_.mark_main_stream_access(persistent_reads_, persistent_writes_);
+  return build_step_profile(program_, plan_, timings);
+}
+
 void CapturedStep::release_pool() {
   check_state(GraphState::kInstantiated, "release the pool");
   ctx_.synchronize();

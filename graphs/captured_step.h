@@ -63,6 +63,7 @@
 #include "graphs/planner.h"
 #include "graphs/pool_report.h"
 #include "graphs/program.h"
+#include "graphs/step_profile.h"
 #include "graphs/tracer.h"
 
 namespace stepgraph {
@@ -119,6 +120,11 @@ class CapturedStep final : public CachedGraph {
   // them in an order that respects their data flow.
   void replay_segment(std::size_t index, std::span<const InputBinding> bindings = {},
                       std::span<CUstream_st* const> source_streams = {});
+
+  // Runs the step once more with a timing mark around every op and returns
+  // when each ran (graphs/step_profile.h). The run is a real step: its
+  // effects (an optimizer update, a counter) happen as in a replay.
+  StepProfile profile();
 
   // Frees the pool now; later replays and reads of pool outputs are Errors.
   void release_pool();

@@ -89,6 +89,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "seconds a rank waits for the others (a collective, a step, the start) before it aborts them all")
       ->check(CLI::PositiveNumber);
 
+  app.add_flag("--profile", o.profile,
+               "graph mode: after the run, run one more step with a timing mark around every op and print each "
+               "stream's busy time and the exposed communication (the step is not counted; checkpoints come before)");
+
   std::vector<const char*> argv{"trainer"};
   for (const std::string& arg : args) argv.push_back(arg.c_str());
   ParsedCommandLine parsed;
@@ -143,6 +147,7 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
+  SG_CHECK(!o.profile || o.mode == "graph", "--profile profiles the captured step: use it with --mode graph");
 
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
   return o;

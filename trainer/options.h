@@ -54,6 +54,7 @@ struct TrainerOptions {
   std::int64_t dp = 0;                // data-parallel ranks; 0: the world size
   std::string dp_mode = "allreduce";  // allreduce | zero1 (layers/train_step.h DataParallelMode)
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank
+  bool profile = false;               // graph mode: profile one more step after the run (graphs/step_profile.h)
 };
 
 struct ParsedCommandLine {

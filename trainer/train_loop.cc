@@ -306,6 +306,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                        plan.pool_bytes, mebibytes(plan.lower_bound_bytes), plan.lower_bound_bytes,
                        plan.ratio_to_lower_bound());
     out << fmt::format("capture+instantiate: {:.1f} ms\n", t.trace_ms + t.plan_ms + t.capture_ms + t.instantiate_ms);
+    if (o.profile) out << graph->profile().to_string();
     out << "pool report: "
         << (graph->report().empty() ? "every pool tensor is returned or freed (0 held)" : graph->report().to_string())
         << "\n";

@@ -110,6 +110,24 @@ TEST(NcclCollectiveTest, CapturedCollectivesReplayedAThousandTimesEqualTheStepWi
   ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   EXPECT_EQ(ops::item(ctx, graph_with->outputs()[0]), ops::item(ctx, graph_without->outputs()[0]));
   EXPECT_NE(a[1], 0.0f);
+
+  // The step profile of the captured step: every op timed on its stream, the
+  // collectives on the communication stream.
+  const StepProfile profile = graph_with->profile();
+  std::printf("%s", profile.to_string().c_str());
+  ASSERT_EQ(profile.ops.size(), graph_with->program().instructions().size());
+  int collectives = 0;
+  for (const ProfiledOp& op : profile.ops) {
+    EXPECT_LE(op.start_us, op.end_us) << op.op;
+    EXPECT_GE(op.start_us, 0.0) << op.op;
+    if (op.collective) ++collectives;
+  }
+  EXPECT_EQ(collectives, 5);
+  EXPECT_GT(profile.total_us, 0.0);
+  EXPECT_GT(profile.stream_busy_us.at(0), 0.0);
+  EXPECT_LE(profile.exposed_communication_us, profile.communication_us + 1e-9);
+  graph_with->replay();  // the step replays as before after a profile
+  ctx.synchronize();
 }
 
 TEST(NcclCollectiveTest, AHostCommunicatorCannotMoveCudaTensors) {

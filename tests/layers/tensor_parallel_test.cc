@@ -17,9 +17,12 @@
 #include <random>
 #include <vector>
 
+#include "engine/half_precision.h"
 #include "engine/host_world.h"
+#include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "layers/layernorm_mlp.h"
+#include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
@@ -168,6 +171,51 @@ TEST(TensorParallelPoolReportTest, TheStepLeavesNothingAndAHeldGatheredGradientI
     EXPECT_NE(text.find("'mlp.fc1_input_gathered' [16, 8] fp32"), std::string::npos) << text;
     EXPECT_NE(text.find("made by all_gather"), std::string::npos) << text;
   });
+}
+
+// On the GPU, one rank through real NCCL: the layer's all-gathers,
+// reduce-scatters and norm-gradient all-reduce are identities, captured into
+// the graph; replayed, the bf16 layer equals the plain layer bit for bit.
+TEST(TensorParallelCudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainLayer) {
+  SG_SKIP_WITHOUT_GPU();
+  const std::unique_ptr<Communicator> comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  const LayerNormMLPConfig bf16{.hidden = 256, .ffn = 1024, .dtype = DType::kBFloat16};
+  LayerNormMLP parallel(ctx, "mlp", bf16, kSeed, comm.get());
+  LayerNormMLP plain(ctx, "mlp", bf16, kSeed);
+  const TensorMeta meta{Shape{128, 256}, DType::kBFloat16};
+  const Tensor x = ctx.persistent("x", meta);
+  const Tensor dy = ctx.persistent("dy", meta);
+  std::vector<std::uint16_t> values(static_cast<std::size_t>(meta.numel()));
+  const std::vector<float> normal = normal_values(7, meta.numel());
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = float_to_bf16(normal[i]);
+  ctx.copy_from_host(x, values.data(), values.size() * 2);
+  ctx.copy_from_host(dy, values.data(), values.size() * 2);
+  auto capture = [&](LayerNormMLP& layer, std::vector<Communicator*> comms) {
+    return CapturedStep::capture(ctx,
+                                 [&] {
+                                   const LayerNormMLP::Forward f = layer.forward(ctx, {x});
+                                   return std::vector<Tensor>{f.y, layer.backward(ctx, f.saved, {dy})};
+                                 },
+                                 {.pool_report_policy = PoolReportPolicy::kError, .communicators = std::move(comms)});
+  };
+  auto with = capture(parallel, {comm.get()});
+  auto without = capture(plain, {});
+  for (int i = 0; i < 100; ++i) {
+    with->replay();
+    without->replay();
+  }
+  for (std::size_t o = 0; o < 2; ++o) {
+    EXPECT_EQ(ctx.to_vector<std::uint16_t>(with->outputs()[o]), ctx.to_vector<std::uint16_t>(without->outputs()[o]))
+        << "output " << o;
+  }
+  const std::vector<Parameter*> a = parallel.parameters();
+  const std::vector<Parameter*> b = plain.parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(ctx.to_vector<float>(a[i]->grad), ctx.to_vector<float>(b[i]->grad)) << a[i]->name;
+  }
+  comm->check_health();
 }
 
 TEST(TensorParallelErrorsTest, FfnMustDivideByTheRanks) {

@@ -110,11 +110,12 @@ class Backend {
   // Builds the executable of a recording (no work is launched).
   virtual std::unique_ptr<Executable> instantiate(const Recording& recording) = 0;
   // Runs a prepared schedule once with a timing mark before and after each
-  // op and returns each kRun entry's interval, in schedule order: on cuda a
-  // separate graph holding the schedule and timing-event records, launched
-  // once (so the ops overlap as in a replay); on host the references in
-  // order, timed by the host clock. For the step profile
-  // (graphs/step_profile.h); the executables of the step are untouched.
+  // op and returns each kRun entry's interval, in schedule order: on cuda
+  // the schedule issued on the streams with timing events (not captured: CUDA
+  // cannot time events recorded in a graph), so the streams overlap as in a
+  // replay; on host the references in order, timed by the host clock. For
+  // the step profile (graphs/step_profile.h); the step's executables are
+  // untouched.
   virtual std::vector<OpTiming> profile(std::span<const LaunchEntry> schedule, int event_count) = 0;
   // Waits for all work on every stream.
   virtual void synchronize() = 0;

@@ -3,9 +3,11 @@
 // see whether overlap worked.
 //
 // CapturedStep::profile() runs the step's schedule once more with a timing
-// mark around every op (Backend::profile: on cuda a separate profiling graph
-// launched once, so the ops overlap as in a replay; on host the references
-// in order, which shows the schedule and host times). CUDA-free.
+// mark around every op (Backend::profile: on cuda the schedule issued on the
+// streams with timing events, not captured, since CUDA cannot time events
+// recorded in a graph: the streams overlap as in a replay, but between small
+// ops the host's launch rate may show as gaps; on host the references in
+// order, which shows the schedule and host times). CUDA-free.
 //
 //   StepProfile p = step->profile();
 //   std::cout << p.to_string();

@@ -92,6 +92,7 @@
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
+#include "engine/launch/join.h"
 #include "engine/launch/launch_env.h"
 #include "engine/launch/rendezvous.h"
 #include "engine/nccl_communicator.h"
@@ -574,14 +575,7 @@ int run_ranked(const Options& options, const Plan& plan, const LaunchInfo& info,
   meeting.master_port = rendezvous_port(options, info, &port_note);
   if (leader && !port_note.empty()) std::cerr << "comm_bench: " << port_note << "\n";
   std::unique_ptr<Rendezvous> rendezvous = Rendezvous::connect(meeting, run_tag(options, plan), timeout);
-  NcclUniqueId id;
-  const std::string mine = leader ? std::string(make_nccl_unique_id().bytes.data(), id.bytes.size()) : "";
-  const std::string rank0 = rendezvous->broadcast(mine, "NCCL unique id");
-  SG_CHECK_CODE(rank0.size() == id.bytes.size(), ErrorCode::kInternal, "the NCCL unique id from rank 0 has ",
-                rank0.size(), " bytes, not ", id.bytes.size());
-  std::memcpy(id.bytes.data(), rank0.data(), id.bytes.size());
-  std::unique_ptr<Communicator> comm = make_nccl_communicator(
-      id, info.rank, info.world_size, {.name = "world", .device = info.local_rank, .timeout = timeout});
+  std::unique_ptr<Communicator> comm = join_nccl(info, *rendezvous, timeout);
   const std::string version = nccl_version();
 
   if (leader) {

@@ -48,6 +48,7 @@
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
+#include "engine/launch/join.h"
 #include "engine/launch/launch_env.h"
 #include "engine/launch/rendezvous.h"
 #include "engine/launch/rendezvous_communicator.h"
@@ -212,17 +213,7 @@ std::unique_ptr<Communicator> join_world(const LaunchInfo& launch, Device device
              " GPU(s): start at most one rank per GPU (--nproc-per-node <= ", found.count, ")");
     SG_CUDA_CHECK(cudaSetDevice(launch.local_rank));
   }
-  if (launch.world_size == 1) return nullptr;
-  std::unique_ptr<Rendezvous> rendezvous = Rendezvous::connect(launch, run_tag, timeout);
-  if (device == Device::kHost) return make_rendezvous_communicator(std::move(rendezvous), "world");
-  NcclUniqueId id;
-  const std::string mine = launch.rank == 0 ? std::string(make_nccl_unique_id().bytes.data(), id.bytes.size()) : "";
-  const std::string rank0 = rendezvous->broadcast(mine, "NCCL unique id");
-  SG_CHECK_CODE(rank0.size() == id.bytes.size(), ErrorCode::kInternal, "the NCCL unique id from rank 0 has ",
-                rank0.size(), " bytes, not ", id.bytes.size());
-  std::memcpy(id.bytes.data(), rank0.data(), id.bytes.size());
-  return make_nccl_communicator(id, launch.rank, launch.world_size,
-                                {.name = "world", .device = launch.local_rank, .timeout = timeout});
+  return stepgraph::join_world(device, run_tag, timeout, launch).comm;
 }
 
 int run_data_parallel(const Options& options, Device device, const std::vector<StepConfig>& configs,

@@ -16,9 +16,7 @@
 
 #include "engine/device.h"
 #include "engine/error.h"
-#include "engine/launch/rendezvous.h"
-#include "engine/launch/rendezvous_communicator.h"
-#include "engine/nccl_communicator.h"
+#include "engine/launch/join.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -123,27 +121,8 @@ int run_local_workers(int nproc, const std::vector<std::string>& args, std::chro
 }
 
 World join_world(Device device, std::chrono::milliseconds timeout) {
-  World world;
-  world.launch = launch_info_from_env();
-  if (world.size() == 1) return world;
-  std::unique_ptr<Rendezvous> rendezvous = Rendezvous::connect(world.launch, "stepgraph-trainer", timeout);
-  if (device == Device::kHost) {
-    world.comm = make_rendezvous_communicator(std::move(rendezvous), "world");
-    return world;
-  }
-  const int gpus = cuda_device_count().count;
-  SG_CHECK(world.launch.local_rank < gpus, "rank ", world.rank(), " is local rank ", world.launch.local_rank,
-           " but this host has ", gpus, " GPU(s): start at most one rank per GPU (--nproc-per-node <= ", gpus, ")");
-  NcclUniqueId id;
-  const std::string mine = world.rank() == 0 ? std::string(make_nccl_unique_id().bytes.data(), id.bytes.size()) : "";
-  const std::string rank0 = rendezvous->broadcast(mine, "NCCL unique id");
-  SG_CHECK_CODE(rank0.size() == id.bytes.size(), ErrorCode::kInternal, "the NCCL unique id from rank 0 has ",
-                rank0.size(), " bytes, not ", id.bytes.size());
-  std::memcpy(id.bytes.data(), rank0.data(), id.bytes.size());
-  // Makes GPU local_rank current, before the caller's Context picks it.
-  world.comm = make_nccl_communicator(id, world.rank(), world.size(),
-                                      {.name = "world", .device = world.launch.local_rank, .timeout = timeout});
-  return world;
+  JoinedWorld joined = stepgraph::join_world(device, "stepgraph-trainer", timeout);
+  return {joined.launch, std::move(joined.comm)};
 }
 
 void check_same_flags(Communicator& comm, const std::map<std::string, std::string>& config) {

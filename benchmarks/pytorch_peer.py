@@ -304,6 +304,26 @@ class Setup:
         return loss
 
 
+def capture_whole_step(s, start, **graph_args):
+    """Captures one whole training step of `s` into a CUDA graph (torch.cuda.graph with `graph_args`) after its
+    warm-up; returns the replaying step function, the capture timings (`start`: when the system began to be
+    built) and the graph."""
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    capture_start = time.perf_counter()
+    with torch.cuda.graph(graph, **graph_args):
+        static_loss = s.train_step()
+    torch.cuda.synchronize()
+    capture_ms = 1000 * (time.perf_counter() - capture_start)
+
+    def run_one():
+        graph.replay()
+        return static_loss
+
+    extra = {"capture_ms": {"capture_plus_instantiate": capture_ms, "wall": 1000 * (time.perf_counter() - start)}}
+    return run_one, extra, graph
+
+
 def build_system(system, c, data_seed=2):
     """Returns (run_one, extra JSON, the losses of the steps setup ran, what to
     keep alive); run_one() -> the loss tensor."""
@@ -330,19 +350,7 @@ def build_system(system, c, data_seed=2):
         torch.cuda.synchronize()
         losses = [loss.item() for loss in losses]  # capture runs nothing: replay 1 is step 4
         s.optimizer.zero_grad(set_to_none=True)
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
-        capture_start = time.perf_counter()
-        with torch.cuda.graph(graph):
-            static_loss = s.train_step()
-        torch.cuda.synchronize()
-        capture_ms = 1000 * (time.perf_counter() - capture_start)
-
-        def run_one():
-            graph.replay()
-            return static_loss
-
-        extra = {"capture_ms": {"capture_plus_instantiate": capture_ms, "wall": 1000 * (time.perf_counter() - start)}}
+        run_one, extra, graph = capture_whole_step(s, start)
         return run_one, extra, losses, (s, graph)
 
     if system == "compile":
@@ -652,22 +660,10 @@ def build_ddp_system(system, c, group, local_rank):
     torch.cuda.synchronize()
     losses = [group.global_mean(loss) for loss in losses[:LOSS_CHECK_STEPS]]
     s.optimizer.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    capture_start = time.perf_counter()
     # Captured on the stream DDP was built and warmed up on: DDP keeps the
     # gradient accumulators it made there, and autograd warns (and may add
     # synchronization) when the backward runs on another stream.
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-        static_loss = s.train_step()
-    torch.cuda.synchronize()
-    capture_ms = 1000 * (time.perf_counter() - capture_start)
-
-    def run_one():
-        graph.replay()
-        return static_loss
-
-    extra = {"capture_ms": {"capture_plus_instantiate": capture_ms, "wall": 1000 * (time.perf_counter() - start)}}
+    run_one, extra, graph = capture_whole_step(s, start, stream=side, capture_error_mode="thread_local")
     return run_one, extra, losses, (s, graph)
 
 

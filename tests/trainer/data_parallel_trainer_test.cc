@@ -96,49 +96,45 @@ TEST_P(DataParallelTrainerTest, Zero1EqualsAllReduceBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Worlds, DataParallelTrainerTest, ::testing::Values(2, 4),
                          [](const auto& info) { return "ranks" + std::to_string(info.param); });
 
-TEST(DataParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRunOnTwoRanks) {
-  const std::vector<std::vector<float>> whole = train_ranks(options("graph"), 2);
-  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "dp_resume.safetensors";
-  std::filesystem::remove(path);
-  TrainerOptions first = options("graph");
-  first.checkpoint = path.string();
+// Trains `o` on 2 ranks uninterrupted, then to step 5 with a checkpoint at
+// `path` and on from it to the end: every rank's resumed losses must equal
+// the uninterrupted run's. Returns the options of the resumed run.
+TrainerOptions expect_resume_equals_uninterrupted(const TrainerOptions& o, const std::string& path) {
+  const std::vector<std::vector<float>> whole = train_ranks(o, 2);
+  TrainerOptions first = o;
+  first.checkpoint = path;
   first.steps = 5;
   train_ranks(first, 2);
   TrainerOptions rest = first;
-  rest.steps = 12;
+  rest.steps = o.steps;
   rest.resume = true;
   const std::vector<std::vector<float>> resumed = train_ranks(rest, 2);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(bits(resumed[r]), bits(std::vector<float>(whole[r].begin() + 5, whole[r].end()))) << "rank " << r;
   }
+  return rest;
+}
+
+TEST(DataParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRunOnTwoRanks) {
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "dp_resume.safetensors";
+  std::filesystem::remove(path);
+  const TrainerOptions rest = expect_resume_equals_uninterrupted(options("graph"), path.string());
   // The checkpoint of 2 ranks is refused at another world size, naming it.
-  TrainerOptions single = rest;
   std::ostringstream log;
-  EXPECT_ERROR_CONTAINS(train(single, Device::kHost, log), "config.dp");
+  EXPECT_ERROR_CONTAINS(train(rest, Device::kHost, log), "config.dp");
 }
 
 // ZeRO-1: each rank writes its own shard file, and a resume continues exactly.
 TEST(DataParallelTrainerResumeTest, Zero1ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
   TrainerOptions o = options("graph");
   o.dp_mode = "zero1";
-  const std::vector<std::vector<float>> whole = train_ranks(o, 2);
   const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "zero1_resume.safetensors";
   for (int r = 0; r < 2; ++r) std::filesystem::remove(shard_checkpoint_path(path.string(), r, 2));
-  TrainerOptions first = o;
-  first.checkpoint = path.string();
-  first.steps = 5;
-  train_ranks(first, 2);
+  expect_resume_equals_uninterrupted(o, path.string());
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(std::filesystem::exists(shard_checkpoint_path(path.string(), r, 2)));
   EXPECT_FALSE(std::filesystem::exists(path)) << "a sharded run writes per-rank files only";
-  TrainerOptions rest = first;
-  rest.steps = 12;
-  rest.resume = true;
-  const std::vector<std::vector<float>> resumed = train_ranks(rest, 2);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(bits(resumed[r]), bits(std::vector<float>(whole[r].begin() + 5, whole[r].end()))) << "rank " << r;
-  }
   // Files of different steps (a run that ended while writing them) are refused.
-  TrainerOptions at7 = first;
+  TrainerOptions at7 = o;
   at7.checkpoint = path.string() + ".mixed";
   at7.steps = 7;
   train_ranks(at7, 2);

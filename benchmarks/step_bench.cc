@@ -50,8 +50,6 @@
 #include "engine/error.h"
 #include "engine/launch/join.h"
 #include "engine/launch/launch_env.h"
-#include "engine/launch/rendezvous.h"
-#include "engine/launch/rendezvous_communicator.h"
 #include "engine/nccl_communicator.h"
 
 namespace stepgraph::bench {

@@ -14,7 +14,6 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/device.h"
 #include "engine/error.h"
 #include "engine/launch/join.h"
 

@@ -2,14 +2,29 @@
 
 #include "engine/error.h"
 #include "layers/layer_checks.h"
+#include "ops/collective_ops.h"
 
 namespace stepgraph {
+namespace {
+
+// The linear's config, checked for a LayerNormLinear first: only a
+// column-parallel linear can follow the norm (a row-parallel one would need
+// a norm over a slice of the hidden features).
+const LinearConfig& checked(const std::string& label, const LinearConfig& linear) {
+  SG_CHECK(linear.tensor_parallel != TensorParallelMode::kRow, label,
+           ": the linear cannot be row-parallel (the norm needs every hidden feature of a token); use kColumn");
+  return linear;
+}
+
+}  // namespace
 
 LayerNormLinear::LayerNormLinear(Context& ctx, const std::string& name, const LayerNormLinearConfig& config,
-                                 std::uint32_t seed)
+                                 std::uint32_t seed, Communicator* tensor_parallel)
     : label_(layer_label("LayerNormLinear", name)),
       norm_(ctx, name + ".norm", NormConfig{config.norm, config.linear.in_features, config.eps, config.linear.dtype}),
-      linear_(ctx, name + ".linear", config.linear, seed) {}
+      linear_(ctx, name + ".linear", checked(label_, config.linear), seed, tensor_parallel) {}
+
+bool LayerNormLinear::sequence_parallel() const { return linear_.config().sequence_parallel; }
 
 std::vector<Parameter*> LayerNormLinear::parameters() {
   std::vector<Parameter*> out = norm_.parameters();
@@ -21,6 +36,7 @@ LayerNormLinear::Forward LayerNormLinear::forward(Context& ctx, const FwdArgs& a
   const LinearConfig& linear = linear_.config();
   check_input(label_, "forward", "input", args.x, {"tokens", linear.in_features}, linear.dtype);
   const Norm::Forward normed = norm_.forward(ctx, {args.x});
+  // Sequence-parallel: the linear all-gathers the normalised shards.
   const Linear::Forward projected = linear_.forward(ctx, {normed.y});
   return {projected.y, Saved{normed.saved, projected.saved}};
 }
@@ -30,12 +46,20 @@ Tensor LayerNormLinear::backward(Context& ctx, const Saved& saved, const BwdArgs
   check_input(label_, "backward", "saved.norm.x", saved.norm.x, {"tokens", linear.in_features}, linear.dtype,
               "the forward's input");
   const std::int64_t tokens = saved.norm.x.shape().dim(0);
-  check_input(label_, "backward", "saved.linear.x", saved.linear.x, {tokens, linear.in_features}, linear.dtype,
+  Communicator* tp = linear_.tensor_parallel();
+  // The linear's tokens: every rank's under sequence parallelism.
+  const std::int64_t all_tokens = tokens * (sequence_parallel() ? tp->world_size() : 1);
+  check_input(label_, "backward", "saved.linear.x", saved.linear.x, {all_tokens, linear.in_features}, linear.dtype,
               "the forward's normed input");
-  check_input(label_, "backward", "dy", args.dy, {tokens, linear.out_features}, linear.dtype, "the forward's output");
+  check_input(label_, "backward", "dy", args.dy, {all_tokens, linear_.local_out_features()}, linear.dtype,
+              "the forward's output");
+  // Sequence-parallel: d_normed comes back reduce-scattered to this rank's tokens.
   const Tensor d_normed = linear_.backward(ctx, saved.linear, {args.dy});
   if (!d_normed.defined()) return {};
-  return norm_.backward(ctx, saved.norm, {d_normed});
+  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed});
+  // gamma and beta saw only this rank's tokens.
+  if (sequence_parallel()) ops::all_reduce_many_(ctx, *tp, norm_.gradients(), ReduceOp::kSum);
+  return dx;
 }
 
 }  // namespace stepgraph

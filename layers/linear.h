@@ -5,59 +5,118 @@
 // value. The saved input is the caller's tensor itself (a reference, never a
 // copy). Backward writes the parameter gradients (fp32 main grads) when
 // wgrad is on and returns dx when dgrad is on.
+//
+// Note [Column- and row-parallel Linear]
+// With a tensor-parallel communicator of N ranks (Megatron's tensor
+// parallelism), rank r holds a slice of the [out, in] weight one rank would
+// draw from the same seed (ParameterInit::rows_from / columns_from), chosen
+// by LinearConfig::tensor_parallel:
+//
+//   kColumn: rows [r out/N, (r+1) out/N) of W and the same slice of b.
+//     forward   x [T, in] (replicated) -> y [T, out/N]
+//     backward  dy [T, out/N] -> dx = dy W_r, partial over out: all-reduced
+//               to [T, in]; W_r and b_r gradients local.
+//   kRow: columns [r in/N, (r+1) in/N) of W; b [out] whole on every rank.
+//     forward   x [T, in/N] -> x W_r^T, a partial sum over in: all-reduced to
+//               y [T, out]. Only rank 0's GEMM adds b (its epilogue), so the
+//               sum holds it once.
+//     backward  dy [T, out] (replicated) -> dx = dy W_r [T, in/N], local; W_r's
+//               gradient local; b's from the whole dy, the same on every rank.
+//
+// With LinearConfig::sequence_parallel (Megatron's sequence parallelism)
+// the tokens outside the tensor-parallel region are sharded instead of
+// replicated: a column-parallel layer takes x [T/N, in], all-gathers it to
+// [T, in] before its GEMM (and saves the gathered input for its weight
+// gradient) and reduce-scatters dx back to [T/N, in] instead of
+// all-reducing it; a row-parallel layer reduce-scatters its partial sums to
+// y [T/N, out] instead of all-reducing them, and all-gathers dy to [T, out]
+// first in the backward. Rank r's token shard is rows [r T/N, (r+1) T/N).
+//
+// A column-parallel layer followed by a row-parallel one (fc1, fc2 of an MLP;
+// the attention projections) needs no collective between them: the column
+// layer's [T, out/N] output is the row layer's [T, in/N] input. The
+// collectives are ops (Note [Collectives are ops]) on the context's
+// communication stream; weight gradients stay on the weight-gradient stream
+// (WeightGradScope). N ranks compute what one rank computes, up to the fp32
+// order of the additions that the reductions split across ranks. Without a
+// communicator the layer is the plain one, op for op. LayerNormMLP does the
+// same by hand (Note [Sequence-parallel LayerNormMLP]).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "layers/parameter.h"
 
 namespace stepgraph {
 
+// How a Linear is split across a tensor-parallel group (Note [Column- and
+// row-parallel Linear]).
+enum class TensorParallelMode : std::uint8_t { kNone, kColumn, kRow };
+std::string_view tensor_parallel_mode_name(TensorParallelMode mode);  // "none", "column", "row"
+
 struct LinearConfig {
-  std::int64_t in_features = 0;
-  std::int64_t out_features = 0;
+  std::int64_t in_features = 0;   // the whole layer's, also when tensor-parallel
+  std::int64_t out_features = 0;  // the whole layer's, also when tensor-parallel
   bool bias = true;
   DType dtype = DType::kBFloat16;
   bool dgrad = true;  // compute dx in backward
   bool wgrad = true;  // compute parameter gradients in backward
+  // kColumn or kRow need a communicator at construction; kNone needs none.
+  TensorParallelMode tensor_parallel = TensorParallelMode::kNone;
+  bool sequence_parallel = false;  // token-sharded outside the layer; kColumn or kRow only
 };
 
 class Linear {
  public:
   struct FwdArgs {
-    Tensor x;  // [tokens, in_features], the config's dtype
+    Tensor x;  // [tokens, in_features] (kRow: [tokens, in / N]; kColumn with SP: [tokens / N, in])
   };
   struct Saved {
-    Tensor x;  // the caller's input (a reference)
+    Tensor x;  // the caller's input (a reference); kColumn with SP: the all-gathered input
     bool dgrad = true;
     bool wgrad = true;
   };
   struct Forward {
-    Tensor y;  // [tokens, out_features]
+    Tensor y;  // [tokens, out_features] (kColumn: [tokens, out / N]; kRow with SP: [tokens / N, out])
     Saved saved;
   };
   struct BwdArgs {
-    Tensor dy;  // [tokens, out_features]
+    Tensor dy;  // the forward's output's shape
   };
 
-  Linear(Context& ctx, const std::string& name, const LinearConfig& config, std::uint32_t seed);
+  // `tensor_parallel`: the group the layer is split across (Note [Column- and
+  // row-parallel Linear]); null is the plain layer.
+  Linear(Context& ctx, const std::string& name, const LinearConfig& config, std::uint32_t seed,
+         Communicator* tensor_parallel = nullptr);
 
   Forward forward(Context& ctx, const FwdArgs& args) const;
   // dx, or an undefined tensor when dgrad is off.
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   const LinearConfig& config() const { return config_; }
+  Communicator* tensor_parallel() const { return tp_; }
+  // This rank's part of the weight: [local_out_features, local_in_features].
+  std::int64_t local_in_features() const;
+  std::int64_t local_out_features() const;
   std::vector<Parameter*> parameters();
   const Parameter& weight() const { return weight_; }
 
  private:
+  int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
+  bool column() const { return config_.tensor_parallel == TensorParallelMode::kColumn; }
+  bool row() const { return config_.tensor_parallel == TensorParallelMode::kRow; }
+  bool sequence_parallel() const { return config_.sequence_parallel; }
+
   std::string label_;  // "Linear 'name'", for argument errors
   LinearConfig config_;
-  Parameter weight_;  // [out, in]
-  Parameter bias_;    // [out], absent without bias
+  Communicator* tp_ = nullptr;
+  Parameter weight_;  // [out, in] (this rank's slice when tensor-parallel)
+  Parameter bias_;    // [out] (kColumn: this rank's [out / N]), absent without bias
 };
 
 }  // namespace stepgraph

@@ -9,6 +9,7 @@
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/gemm_ops.h"
+#include "ops/row_ops.h"
 
 namespace stepgraph {
 
@@ -26,6 +27,7 @@ LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNor
   SG_CHECK(config.ffn % ranks == 0, "LayerNormMLP '", name, "': ffn ", config.ffn, " must divide by the ", ranks,
            " tensor-parallel ranks");
   if (tp_ != nullptr) tp_->check_device(ctx.device(), label_);
+  config.overlap.check(label_);
   const float scale1 = 1.0f / std::sqrt(static_cast<float>(config.hidden));
   const float scale2 = 1.0f / std::sqrt(static_cast<float>(config.ffn));
   // This rank's slices of the weights one rank draws from `seed` (Note
@@ -42,7 +44,9 @@ LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNor
   b2_ = make_parameter(ctx, name + ".fc2.bias", Shape{h}, config.dtype, ParameterInit::uniform(scale2, seed + 3));
 }
 
-std::int64_t LayerNormMLP::local_ffn() const { return config_.ffn / (tp_ != nullptr ? tp_->world_size() : 1); }
+int LayerNormMLP::tp_size() const { return tp_ != nullptr ? tp_->world_size() : 1; }
+
+std::int64_t LayerNormMLP::local_ffn() const { return config_.ffn / tp_size(); }
 
 std::vector<Parameter*> LayerNormMLP::parameters() {
   std::vector<Parameter*> out = norm_.parameters();
@@ -53,32 +57,57 @@ std::vector<Parameter*> LayerNormMLP::parameters() {
 LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "input", args.x, {"tokens", config_.hidden}, config_.dtype);
   const Norm::Forward normed = norm_.forward(ctx, {args.x});
+  Tensor pre;  // fc1's output before GeLU
+  Tensor act;  // GeLU(pre)
+  // fc1 over rows of its input: fresh outputs for the whole input, else rows
+  // of outputs made whole first (See Note [Row windows of a GEMM]).
+  auto fc1 = [&](const Tensor& rows, std::int64_t first_row) {
+    const std::int64_t all = normed.y.shape().dim(0) * tp_size();
+    const bool whole = first_row == 0 && rows.shape().dim(0) == all;
+    ops::GemmParams params{.trans_b = true,
+                           .epilogue = fused_gelu() ? GemmEpilogue::kGeluAuxBias : GemmEpilogue::kBias,
+                           .out_dtype = config_.dtype};
+    if (whole) {
+      const ops::GemmResult fc1 = ops::gemm(ctx, rows, w1_.value, params, b1_.value);
+      pre = fused_gelu() ? fc1.aux : fc1.d;
+      act = fused_gelu() ? fc1.d : ops::gelu(ctx, pre);
+      return;
+    }
+    const TensorMeta meta{Shape{all, local_ffn()}, config_.dtype};
+    if (!pre.defined()) pre = ops::empty(ctx, meta);
+    if (fused_gelu() && !act.defined()) act = ops::empty(ctx, meta);
+    params.rows = rows.shape().dim(0);
+    params.d_row = first_row;
+    if (fused_gelu()) {
+      ops::gemm_into_(ctx, act, rows, w1_.value, params, b1_.value, pre);
+    } else {
+      ops::gemm_into_(ctx, pre, rows, w1_.value, params, b1_.value);
+    }
+  };
   // fc1's input: every rank's normalised tokens (Note [Sequence-parallel LayerNormMLP]).
-  const Tensor fc1_in = tp_ != nullptr ? ops::all_gather(ctx, *tp_, normed.y) : normed.y;
-  Tensor pre;
-  Tensor act;
-  if (fused_gelu()) {
-    const ops::GemmResult fc1 =
-        ops::gemm(ctx, fc1_in, w1_.value,
-                  {.trans_b = true, .epilogue = GemmEpilogue::kGeluAuxBias, .out_dtype = config_.dtype}, b1_.value);
-    pre = fc1.aux;
-    act = fc1.d;
+  Tensor fc1_in = normed.y;
+  if (tp_ != nullptr) {
+    fc1_in = all_gather_gemm(ctx, *tp_, normed.y, config_.overlap.fc1_fprop, fc1);
   } else {
-    pre = ops::gemm(ctx, fc1_in, w1_.value,
-                    {.trans_b = true, .epilogue = GemmEpilogue::kBias, .out_dtype = config_.dtype}, b1_.value)
-              .d;
-    act = ops::gelu(ctx, pre);
+    fc1(normed.y, 0);
   }
-  Forward out;
+  if (!act.defined()) act = ops::gelu(ctx, pre);  // unfused GeLU after a chunked fc1
   // fc2's bias once in the sum of the ranks' partial products: rank 0 adds it.
   const bool adds_bias = tp_ == nullptr || tp_->rank() == 0;
-  out.y = ops::gemm(ctx, act, w2_.value,
-                    {.trans_b = true,
-                     .epilogue = adds_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
-                     .out_dtype = config_.dtype},
-                    adds_bias ? b2_.value : Tensor())
-              .d;
-  if (tp_ != nullptr) out.y = ops::reduce_scatter(ctx, *tp_, out.y, ReduceOp::kSum);
+  auto fc2 = [&](std::int64_t first_row, std::int64_t rows) {
+    const bool whole = first_row == 0 && rows == act.shape().dim(0);
+    return ops::gemm(ctx, act, w2_.value,
+                     {.trans_b = true,
+                      .epilogue = adds_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
+                      .out_dtype = config_.dtype,
+                      .rows = whole ? 0 : rows,
+                      .a_row = first_row},
+                     adds_bias ? b2_.value : Tensor())
+        .d;
+  };
+  Forward out;
+  out.y = tp_ != nullptr ? gemm_reduce_scatter(ctx, *tp_, act.shape().dim(0), config_.overlap.fc2_fprop, fc2)
+                         : fc2(0, act.shape().dim(0));
   out.saved = Saved{normed.saved, fc1_in, pre, act};
   return out;
 }
@@ -87,44 +116,69 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
   check_input(label_, "backward", "saved.norm.x", saved.norm.x, {"tokens", config_.hidden}, config_.dtype,
               "the forward's input");
   const std::int64_t tokens = saved.norm.x.shape().dim(0);
-  const std::int64_t all_tokens = tokens * (tp_ != nullptr ? tp_->world_size() : 1);
+  const std::int64_t all_tokens = tokens * tp_size();
   check_input(label_, "backward", "saved.act", saved.act, {all_tokens, local_ffn()}, config_.dtype,
               "the forward's activation");
   check_input(label_, "backward", "dy", args.dy, {tokens, config_.hidden}, config_.dtype, "the forward's output");
-  // The gradient of every token this rank's fc2 slice touched.
-  const Tensor dy = tp_ != nullptr ? ops::all_gather(ctx, *tp_, args.dy) : args.dy;
   // The data-gradient chain (dy -> d_pre -> d_normed -> dx) stays on the
   // current stream; weight and bias gradients go to the weight-gradient
   // stream (WeightGradScope) and overlap it.
-  {  // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB).
+  //
+  // fc2's data gradient over rows of dy (the gradient of every token this
+  // rank's fc2 slice touched): d_pre = (dy W2) * gelu'(pre). Whole, bf16
+  // fuses GeLU's derivative and fc1's bias gradient into the epilogue
+  // (DGELU_BGRAD); by row windows the bias gradient comes from fc1's wgrad
+  // instead (BGRADB), as in fp32, since the windows' sums would need adding.
+  Tensor d_pre;
+  Tensor d_act;  // fp32 (unfused GeLU) only
+  Tensor b1_grad;
+  auto fc2_dgrad = [&](const Tensor& rows, std::int64_t first_row) {
+    const bool whole = first_row == 0 && rows.shape().dim(0) == all_tokens;
+    ops::GemmParams params{.epilogue = fused_gelu() ? GemmEpilogue::kDGeluBGrad : GemmEpilogue::kNone,
+                           .out_dtype = config_.dtype};
+    if (whole) {
+      const ops::GemmResult fused = ops::gemm(ctx, rows, w2_.value, params, {}, fused_gelu() ? saved.pre : Tensor());
+      (fused_gelu() ? d_pre : d_act) = fused.d;
+      if (fused_gelu()) b1_grad = fused.bias_grad;
+      return;
+    }
+    Tensor& d = fused_gelu() ? d_pre : d_act;
+    if (!d.defined()) d = ops::empty(ctx, {Shape{all_tokens, local_ffn()}, config_.dtype});
+    params.rows = rows.shape().dim(0);
+    params.d_row = first_row;
+    ops::gemm_into_(ctx, d, rows, w2_.value, params, {}, fused_gelu() ? saved.pre : Tensor());
+  };
+  const Tensor dy = tp_ != nullptr ? all_gather_gemm(ctx, *tp_, args.dy, config_.overlap.fc2_dgrad, fc2_dgrad)
+                                   : (fc2_dgrad(args.dy, 0), args.dy);
+  if (!d_pre.defined()) d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
+  {
     WeightGradScope weight_grads(ctx);
+    // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB).
     const Tensor b2_grad =
         ops::gemm_into_(ctx, w2_.grad, dy, saved.act,
                         {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
     ops::copy_(ctx, b2_.grad, b2_grad);
+    // fc1: grad_W1 = d_pre^T normed, with grad_b1 fused unless fc2's dgrad gave it.
+    if (b1_grad.defined()) {
+      ops::copy_(ctx, b1_.grad, ops::cast(ctx, b1_grad, DType::kFloat32));
+      ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
+    } else {
+      ops::copy_(ctx, b1_.grad,
+                 ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed,
+                                 {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA,
+                                  .out_dtype = DType::kFloat32}));
+    }
   }
-  // d_pre = (dy W2) * gelu'(pre); then fc1: grad_W1 = d_pre^T normed, d_normed = d_pre W1.
-  Tensor d_pre;
-  if (fused_gelu()) {
-    const ops::GemmResult fused = ops::gemm(
-        ctx, dy, w2_.value, {.epilogue = GemmEpilogue::kDGeluBGrad, .out_dtype = config_.dtype}, {}, saved.pre);
-    d_pre = fused.d;
-    WeightGradScope weight_grads(ctx);
-    ops::copy_(ctx, b1_.grad, ops::cast(ctx, fused.bias_grad, DType::kFloat32));
-    ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
-  } else {
-    const Tensor d_act = ops::gemm(ctx, dy, w2_.value, {.out_dtype = config_.dtype}).d;
-    d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
-    WeightGradScope weight_grads(ctx);
-    const Tensor b1_grad =
-        ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed,
-                        {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
-    ops::copy_(ctx, b1_.grad, b1_grad);
-  }
-  Tensor d_normed = ops::gemm(ctx, d_pre, w1_.value, {.out_dtype = config_.dtype}).d;
-  if (tp_ == nullptr) return norm_.backward(ctx, saved.norm, {d_normed});
-  // Every rank's slice contributed to every token: sum them, keep this rank's tokens.
-  d_normed = ops::reduce_scatter(ctx, *tp_, d_normed, ReduceOp::kSum);
+  // d_normed = d_pre W1: every rank's slice contributed to every token, so
+  // the ranks' parts are summed and each keeps its own tokens.
+  auto fc1_dgrad = [&](std::int64_t first_row, std::int64_t rows) {
+    const bool whole = first_row == 0 && rows == all_tokens;
+    return ops::gemm(ctx, d_pre, w1_.value,
+                     {.out_dtype = config_.dtype, .rows = whole ? 0 : rows, .a_row = first_row})
+        .d;
+  };
+  if (tp_ == nullptr) return norm_.backward(ctx, saved.norm, {fc1_dgrad(0, all_tokens)});
+  const Tensor d_normed = gemm_reduce_scatter(ctx, *tp_, all_tokens, config_.overlap.fc1_dgrad, fc1_dgrad);
   const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed});
   // gamma and beta saw only this rank's tokens.
   ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);

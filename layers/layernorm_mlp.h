@@ -22,6 +22,8 @@
 // all-reduced across the ranks. Each rank's slices are the slices of the
 // weights one rank would draw from the same seed, so N ranks compute what
 // one computes, up to the order of the fp32 additions of fc2's partial sums.
+// How each of the four collectives meets its GEMM (none, bulk, ring_exchange,
+// pipelined) is the config's `overlap`: See Note [Communication-GEMM overlap].
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "layers/comm_gemm_overlap.h"
 #include "layers/norm.h"
 #include "layers/parameter.h"
 
@@ -41,6 +44,8 @@ struct LayerNormMLPConfig {
   kernels::NormKind norm = kernels::NormKind::kLayerNorm;
   float eps = 1e-5f;
   DType dtype = DType::kBFloat16;
+  // Tensor-parallel only: how each collective meets its GEMM.
+  MLPOverlap overlap;
 };
 
 class LayerNormMLP {
@@ -77,6 +82,7 @@ class LayerNormMLP {
 
  private:
   bool fused_gelu() const { return config_.dtype != DType::kFloat32; }
+  int tp_size() const;              // tensor-parallel ranks (1 without)
   std::int64_t local_ffn() const;  // this rank's slice of ffn
 
   std::string label_;  // "LayerNormMLP 'name'", for argument errors

@@ -1,6 +1,7 @@
 #include "ops/gemm_ops.h"
 
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 #include "engine/error.h"
@@ -11,16 +12,21 @@ namespace stepgraph::ops {
 using kernels::GemmEpilogue;
 
 std::string GemmParams::to_string() const {
-  char text[160];
-  std::snprintf(text, sizeof(text), "%s%s%s, out=%s, alpha=%g", trans_a ? "A^T " : "", trans_b ? "B^T " : "",
-                kernels::gemm_epilogue_name(epilogue).c_str(), std::string(dtype_name(out_dtype)).c_str(),
-                static_cast<double>(alpha));
+  char text[224];
+  int length = std::snprintf(text, sizeof(text), "%s%s%s, out=%s, alpha=%g", trans_a ? "A^T " : "",
+                             trans_b ? "B^T " : "", kernels::gemm_epilogue_name(epilogue).c_str(),
+                             std::string(dtype_name(out_dtype)).c_str(), static_cast<double>(alpha));
+  if (rows > 0 || a_row > 0 || d_row > 0) {
+    std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", rows=%lld a_row=%lld d_row=%lld",
+                  static_cast<long long>(rows), static_cast<long long>(a_row), static_cast<long long>(d_row));
+  }
   return text;
 }
 
 namespace {
 
-// Input positions: a, b, then bias or aux (by epilogue), then d (gemm_into_).
+// Input positions: a, b, then bias, aux (read by the epilogue, or written by
+// it through gemm_into_), then d (gemm_into_).
 struct Layout {
   int bias = -1;
   int aux = -1;
@@ -31,7 +37,9 @@ struct Layout {
 Layout input_layout(const GemmParams& p, bool into) {
   Layout layout;
   if (kernels::epilogue_reads_bias(p.epilogue)) layout.bias = static_cast<int>(layout.inputs++);
-  if (kernels::epilogue_reads_aux(p.epilogue)) layout.aux = static_cast<int>(layout.inputs++);
+  if (kernels::epilogue_reads_aux(p.epilogue) || (into && kernels::epilogue_writes_aux(p.epilogue))) {
+    layout.aux = static_cast<int>(layout.inputs++);
+  }
   if (into) layout.d = static_cast<int>(layout.inputs++);
   return layout;
 }
@@ -42,7 +50,7 @@ kernels::GemmDesc describe(const GemmParams& p, std::span<const TensorMeta> inpu
   kernels::GemmDesc desc;
   desc.trans_a = p.trans_a;
   desc.trans_b = p.trans_b;
-  desc.m = p.trans_a ? a.shape.dim(1) : a.shape.dim(0);
+  desc.m = p.rows > 0 ? p.rows : p.trans_a ? a.shape.dim(1) : a.shape.dim(0);
   desc.k = p.trans_a ? a.shape.dim(0) : a.shape.dim(1);
   desc.n = p.trans_b ? b.shape.dim(0) : b.shape.dim(1);
   desc.a_type = a.dtype;
@@ -59,6 +67,27 @@ void expect_meta(std::string_view role, const TensorMeta& got, const TensorMeta&
            got.shape, " ", dtype_name(got.dtype));
 }
 
+// See Note [Row windows of a GEMM].
+void check_windows(const GemmParams& p, std::span<const TensorMeta> inputs, bool into, std::string_view op) {
+  SG_CHECK(p.rows >= 0 && p.a_row >= 0 && p.d_row >= 0, "op ", op, ": rows, a_row and d_row must be >= 0, got ",
+           p.rows, ", ", p.a_row, ", ", p.d_row);
+  const std::int64_t m = p.rows > 0 ? p.rows : p.trans_a ? inputs[0].shape.dim(1) : inputs[0].shape.dim(0);
+  if (p.trans_a) {
+    SG_CHECK(p.a_row == 0 && (p.rows == 0 || p.rows == inputs[0].shape.dim(1)), "op ", op,
+             ": a row window (rows=", p.rows, ", a_row=", p.a_row, ") needs A not transposed");
+  } else {
+    SG_CHECK(p.a_row + m <= inputs[0].shape.dim(0), "op ", op, ": A rows [", p.a_row, ", ", p.a_row + m,
+             ") exceed A ", inputs[0].shape);
+  }
+  if (!into) {
+    SG_CHECK(p.d_row == 0, "op ", op, ": d_row (", p.d_row, ") is for gemm_into_; a fresh D is the window itself");
+    return;
+  }
+  const TensorMeta& d = inputs.back();
+  SG_CHECK(d.shape.rank() == 2 && p.d_row + m <= d.shape.dim(0), "op ", op, ": D rows [", p.d_row, ", ",
+           p.d_row + m, ") exceed D ", d.shape);
+}
+
 std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> inputs, bool into) {
   const std::string_view op = into ? "gemm_into_" : "gemm";
   const Layout layout = input_layout(p, into);
@@ -72,14 +101,18 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
            k_of_b, "x", desc.n, " (A ", inputs[0].shape, p.trans_a ? " transposed" : "", ", B ", inputs[1].shape,
            p.trans_b ? " transposed" : "", ")");
   kernels::check_gemm(desc);
+  check_windows(p, inputs, into, op);
   const TensorMeta d_meta{Shape{desc.m, desc.n}, p.out_dtype};
+  // gemm_into_'s D (and its aux) may hold more rows than the window.
+  const TensorMeta whole_d =
+      into ? TensorMeta{Shape{inputs[layout.d].shape.dim(0), desc.n}, p.out_dtype} : d_meta;
   if (layout.bias >= 0) expect_meta("bias", inputs[layout.bias], {Shape{desc.n}, p.out_dtype}, op);
-  if (layout.aux >= 0) expect_meta("aux (the forward pre-activation)", inputs[layout.aux], d_meta, op);
-  if (layout.d >= 0) expect_meta("D", inputs[layout.d], d_meta, op);
+  if (layout.aux >= 0) expect_meta("aux (the forward pre-activation)", inputs[layout.aux], whole_d, op);
+  if (layout.d >= 0) expect_meta("D", inputs[layout.d], whole_d, op);
 
   std::vector<TensorMeta> outputs;
   if (!into) outputs.push_back(d_meta);
-  if (kernels::epilogue_writes_aux(p.epilogue)) outputs.push_back(d_meta);
+  if (!into && kernels::epilogue_writes_aux(p.epilogue)) outputs.push_back(d_meta);
   if (kernels::epilogue_writes_bias_grad(p.epilogue)) {
     const std::int64_t length = p.epilogue == GemmEpilogue::kBiasGradOfA ? desc.m : desc.n;
     outputs.push_back({Shape{length}, p.out_dtype});
@@ -88,16 +121,25 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
   return outputs;
 }
 
+// The address of row `row` of a row-major tensor of `meta`'s shape.
+template <typename T>
+T* row_address(T* base, const TensorMeta& meta, std::int64_t row) {
+  if (row == 0) return base;
+  const std::int64_t row_bytes = meta.bytes() / meta.shape.dim(0);
+  return reinterpret_cast<T*>(reinterpret_cast<std::conditional_t<std::is_const_v<T>, const char, char>*>(base) +
+                              row * row_bytes);
+}
+
 kernels::GemmOperands operands(const GemmParams& p, const KernelArgs& args, bool into) {
   const Layout layout = input_layout(p, into);
   kernels::GemmOperands o;
-  o.a = args.inputs[0];
+  o.a = row_address<const void>(args.inputs[0], args.input_metas[0], p.a_row);
   o.b = args.inputs[1];
   if (layout.bias >= 0) o.bias = args.inputs[layout.bias];
-  if (layout.aux >= 0) o.aux = args.inputs[layout.aux];
+  if (layout.aux >= 0) o.aux = row_address<void>(args.inputs[layout.aux], args.input_metas[layout.aux], p.d_row);
   std::size_t next = 0;
-  o.d = into ? args.inputs[layout.d] : args.outputs[next++];
-  if (kernels::epilogue_writes_aux(p.epilogue)) o.aux = args.outputs[next++];
+  o.d = into ? row_address<void>(args.inputs[layout.d], args.input_metas[layout.d], p.d_row) : args.outputs[next++];
+  if (!into && kernels::epilogue_writes_aux(p.epilogue)) o.aux = args.outputs[next++];
   if (kernels::epilogue_writes_bias_grad(p.epilogue)) o.bias_grad = args.outputs[next++];
   o.workspace = args.outputs[next];
   return o;
@@ -125,7 +167,10 @@ void prepare_cuda(const OpParams& params, std::span<const TensorMeta> inputs) {
 }
 
 std::vector<int> written_input(const OpParams& params, std::size_t) {
-  return {input_layout(params.as<GemmParams>(), true).d};
+  const GemmParams& p = params.as<GemmParams>();
+  const Layout layout = input_layout(p, true);
+  if (kernels::epilogue_writes_aux(p.epilogue)) return {layout.aux, layout.d};
+  return {layout.d};
 }
 
 }  // namespace
@@ -167,12 +212,14 @@ GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams
   return result;
 }
 
-Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params) {
-  SG_CHECK(params.epilogue == GemmEpilogue::kNone || params.epilogue == GemmEpilogue::kBiasGradOfA,
-           "op gemm_into_: epilogue must be none or bias_grad_of_a, got ",
-           kernels::gemm_epilogue_name(params.epilogue));
-  std::vector<Tensor> outputs = ctx.call(gemm_into_op(), params, {a, b, d});
-  return params.epilogue == GemmEpilogue::kBiasGradOfA ? outputs[0] : Tensor();
+Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
+                  const Tensor& bias, const Tensor& aux) {
+  std::vector<Tensor> inputs{a, b};
+  if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
+  if (kernels::epilogue_uses_aux(params.epilogue)) inputs.push_back(aux);
+  inputs.push_back(d);
+  std::vector<Tensor> outputs = ctx.call(gemm_into_op(), params, std::move(inputs));
+  return kernels::epilogue_writes_bias_grad(params.epilogue) ? outputs[0] : Tensor();
 }
 
 }  // namespace stepgraph::ops

@@ -4,6 +4,16 @@
 // Its cuBLASLt workspace is one more output, so it comes from the caching
 // allocator in eager execution and from the pool in a captured step.
 //
+// Note [Row windows of a GEMM]
+// A tensor-parallel layer that overlaps its communication with its GEMMs
+// (layers/comm_gemm_overlap.h) multiplies one token chunk at a time: the
+// rows of A it reads and the rows of D it writes are windows of larger
+// tensors. GemmParams::rows (0: all of A) is the chunk's row count m;
+// a_row its first row in A (A not transposed); d_row its first row in D and
+// in the aux tensor (gemm_into_ only: a fresh D is the chunk itself). The
+// windows are pointer offsets into the same row-major memory, so a chunk is
+// the same arithmetic as those rows of the whole GEMM, and no copy is made.
+//
 //   auto [y, pre, unused] = ops::gemm(ctx, x, w, {.trans_b = true, .epilogue = GemmEpilogue::kGeluAuxBias,
 //                                                  .out_dtype = DType::kBFloat16}, bias);
 #pragma once
@@ -22,6 +32,10 @@ struct GemmParams {
   kernels::GemmEpilogue epilogue = kernels::GemmEpilogue::kNone;
   float alpha = 1.0f;
   DType out_dtype = DType::kBFloat16;
+  // Row windows: See Note [Row windows of a GEMM].
+  std::int64_t rows = 0;   // m; 0: every row of opA(A)
+  std::int64_t a_row = 0;  // first row of A read (A not transposed)
+  std::int64_t d_row = 0;  // first row of D and aux (gemm_into_)
 
   bool operator==(const GemmParams&) const = default;
   std::string to_string() const;
@@ -38,10 +52,13 @@ GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams
                 const Tensor& aux = {});
 
 // d = alpha opA(A) opB(B), written into the existing tensor d (e.g. a weight
-// gradient into its fp32 main grad; d's old values are not read); epilogue
-// kNone or kBiasGradOfA. Returns the bias gradient for kBiasGradOfA, else an
-// undefined tensor.
-Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params);
+// gradient into its fp32 main grad; d's old values are not read), rows
+// [d_row, d_row + m) of it. Any epilogue: `bias` [n] for kBias and
+// kGeluAuxBias, `aux` (an existing tensor shaped like d, the same rows) written
+// by kGeluAuxBias and read by kDGeluBGrad. Returns the bias gradient for
+// kBiasGradOfA and kDGeluBGrad, else an undefined tensor.
+Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
+                  const Tensor& bias = {}, const Tensor& aux = {});
 
 const OpDef& gemm_op();
 const OpDef& gemm_into_op();

@@ -15,6 +15,7 @@
 #include "ops/moe_ops.h"
 #include "ops/norm_ops.h"
 #include "ops/optimizer_ops.h"
+#include "ops/row_ops.h"
 
 namespace stepgraph::ops {
 
@@ -55,6 +56,8 @@ std::span<const OpDef* const> all_ops() {
       &moe_unpermute_backward_op(),
       &pack_op(),
       &unpack_inplace_op(),
+      &empty_op(),
+      &copy_rows_inplace_op(),
       &all_reduce_op(),
       &all_reduce_inplace_op(),
       &all_reduce_many_op(),

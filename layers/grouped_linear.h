@@ -10,23 +10,43 @@
 // bounds. Call check_splits() after a step (outside any captured graph): it
 // reads the word once and raises. See Note [Routing error word] in
 // kernels/moe_routing.h.
+//
+// Tensor parallelism (with a communicator of N ranks; See Note
+// [Tensor-parallel MoE] in layers/moe_mlp.h): kColumn holds out_features / N
+// rows of every expert's weight and bias (rank r's rows [r out/N, (r+1) out/N)),
+// kRow holds in_features / N columns of every expert's weight and the whole
+// bias, which only rank 0 adds, so the ranks' partial outputs sum to the one-
+// rank layer's output with the bias once. The layer itself moves no bytes:
+// a kRow output is a partial sum the caller reduces, a kColumn input is the
+// caller's gathered tokens. The config keeps the whole layer's sizes; each
+// rank's slices are the slices of the weights one rank draws from the seed.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "layers/parameter.h"
 
 namespace stepgraph {
 
+// How a GroupedLinear splits over tensor-parallel ranks (ignored without a
+// communicator, where the layer is whole).
+enum class GroupedParallel : std::uint8_t {
+  kNone,    // no communicator allowed
+  kColumn,  // out_features sharded: each rank's output columns are whole
+  kRow,     // in_features sharded: each rank's output is a partial sum
+};
+
 struct GroupedLinearConfig {
   std::int64_t experts = 0;
-  std::int64_t in_features = 0;
-  std::int64_t out_features = 0;
+  std::int64_t in_features = 0;   // the whole layer's, also when sharded
+  std::int64_t out_features = 0;  // the whole layer's, also when sharded
   bool bias = true;
   DType dtype = DType::kBFloat16;  // bf16 (tensor cores), or fp32
+  GroupedParallel parallel = GroupedParallel::kNone;
 };
 
 class GroupedLinear {
@@ -47,8 +67,12 @@ class GroupedLinear {
     Tensor dy;  // [T, out_features]
   };
 
-  GroupedLinear(Context& ctx, const std::string& name, const GroupedLinearConfig& config, std::uint32_t seed);
+  // `tensor_parallel`: a communicator of N ranks shards the layer as
+  // config.parallel says (kColumn or kRow); null is the whole layer.
+  GroupedLinear(Context& ctx, const std::string& name, const GroupedLinearConfig& config, std::uint32_t seed,
+                Communicator* tensor_parallel = nullptr);
 
+  // x is [T, local_in()]; y is [T, local_out()] (a partial sum for kRow).
   Forward forward(Context& ctx, const FwdArgs& args) const;
   // Writes the weight (and bias) gradients; returns dx [T, in_features].
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
@@ -60,13 +84,18 @@ class GroupedLinear {
 
   const GroupedLinearConfig& config() const { return config_; }
   const std::string& name() const { return name_; }
+  // This rank's features: the config's, divided by the ranks on the sharded side.
+  std::int64_t local_in() const;
+  std::int64_t local_out() const;
   std::vector<Parameter*> parameters();
 
  private:
   std::string name_;
   GroupedLinearConfig config_;
-  Parameter weight_;  // [experts, out, in]
-  Parameter bias_;    // [experts, out], absent without bias
+  int ranks_ = 1;  // tensor-parallel ranks (1 without a communicator)
+  int rank_ = 0;
+  Parameter weight_;  // [experts, local_out, local_in]
+  Parameter bias_;    // [experts, local_out], absent without bias
   Tensor error_word_;
 };
 

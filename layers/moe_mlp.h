@@ -9,12 +9,60 @@
 // [Router top-k and gates] in kernels/moe_routing.h (k = 2 renormalizes over
 // the two chosen experts). The router's gradient flows through the gates; the
 // expert choice itself has none. No auxiliary load-balancing loss.
+//
+// Note [Tensor-parallel MoE]
+// With a tensor-parallel communicator of N ranks, every expert's MLP is split
+// the way LayerNormMLP is (See Note [Sequence-parallel LayerNormMLP] in
+// layers/layernorm_mlp.h), with the tokens sequence-parallel outside:
+//   forward   x [T/N, H] -> norm (this rank's tokens) -> all-gather -> [T, H]
+//             -> router on all T tokens -> top-k, gates, plan -> permute
+//             -> fc1 column-parallel (rank r: rows [r F/N, (r+1) F/N) of every
+//                expert's weight and bias) -> GeLU (elementwise: exact on a slice)
+//             -> fc2 row-parallel (the matching columns; its bias added by rank 0)
+//             -> unpermute with the gates -> partial y [T, H]
+//             -> reduce-scatter -> y [T/N, H]
+// The router's weights are whole on every rank (drawn from the same seed) and
+// its input is the all-gathered tokens, the same bits everywhere, so every rank
+// computes the same logits, experts, gates and plan: the routing needs no
+// communication and the split sizes never leave the device. The unpermute is
+// linear in the expert outputs, so the gated partial sums add up to the whole
+// output; reducing after it moves T rows instead of T k.
+//   backward  dy [T/N, H] -> all-gather -> dy [T, H], the same on every rank
+//             -> dy_perm[t, j] = gate[t, j] dy[t]: whole and the same everywhere
+//             -> fc2, GeLU, fc1 backward on this rank's slices (their weight and
+//                bias gradients are this rank's slices; fc2's bias gradient is
+//                the whole one, the same on every rank)
+//             -> the experts' d normed [T, H]: a partial sum over the ranks
+// d gate[t, j] = <dy[t], out[t, j]> needs the whole expert output out = sum_r
+// out_r, which no rank holds. It is linear in out, so each rank takes the dot
+// with its partial out_r and an all-reduce (sum) of those fp32 [T, k] values
+// (4 k bytes per token, tiny beside the [T, H] collectives) gives the exact d
+// gate, up to the order of the fp32 additions; every rank receives the same
+// reduced bits. So d logits, the router's weight gradient (d logits^T normed,
+// over all T tokens) and its d normed (d logits W_router) are the same on every
+// rank with no further collective. We keep the router's weight gradient
+// replicated rather than computing it on each rank's tokens and all-reducing
+// it: the router GEMM is tiny (E outputs), it spares a collective on the
+// backward's path, and bit-identical gradients keep the replicated router
+// weights identical under the optimizer with no communication. The router's d
+// normed is whole while the experts' is partial: rank 0 adds it before the
+// reduce-scatter, so the sum holds it once (as fc2's bias in the forward).
+//             -> d normed reduce-scattered -> [T/N, H] -> norm backward on this
+//                rank's tokens; gamma and beta gradients all-reduced
+// Every rank issues, per step: all-gather, reduce-scatter (forward);
+// all-gather, all-reduce (d gates), reduce-scatter, all-reduce of the norm's
+// gradients (backward). Each rank's slices are the slices of the weights one
+// rank draws from the same seed, so N ranks compute what one rank computes on
+// the same global tokens, up to the order of fp32 additions (fc2's partial
+// sums, fc1's data gradients, d gates). ffn must divide by N; the token shards
+// must be equal (the collectives check it).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "layers/grouped_linear.h"
 #include "layers/linear.h"
@@ -36,19 +84,22 @@ struct MoEMLPConfig {
 
 class MoEMLP {
  public:
+  // With N tensor-parallel ranks, x, y, dy and dx are this rank's token
+  // shard [tokens / N, hidden] and everything in Saved past the norm covers
+  // all the tokens (See Note [Tensor-parallel MoE]).
   struct FwdArgs {
     Tensor x;  // [tokens, hidden]
   };
   struct Saved {
     Norm::Saved norm;
-    Linear::Saved router;
+    Linear::Saved router;      // its input: the (all-gathered) normed tokens
     Tensor logits;             // [tokens, experts]
     ops::RouterResult routed;  // experts, gates [tokens, k]
     ops::MoEPlan plan;
     GroupedLinear::Saved fc1;  // its input: the permuted normed rows
     Tensor pre;                // fc1's output, before GeLU
     GroupedLinear::Saved fc2;  // its input: GeLU(pre)
-    Tensor expert_out;         // fc2's output [tokens * k, hidden], expert order
+    Tensor expert_out;         // fc2's output [tokens * k, hidden], expert order (a partial sum when sharded)
   };
   struct Forward {
     Tensor y;  // [tokens, hidden]
@@ -58,7 +109,11 @@ class MoEMLP {
     Tensor dy;
   };
 
-  MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config, std::uint32_t seed);
+  // `tensor_parallel`: a communicator of N ranks shards every expert's ffn
+  // and the tokens (Note [Tensor-parallel MoE]); null is the plain layer.
+  // ffn must divide by N.
+  MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config, std::uint32_t seed,
+         Communicator* tensor_parallel = nullptr);
 
   Forward forward(Context& ctx, const FwdArgs& args) const;
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;  // dx; writes every grad
@@ -68,15 +123,19 @@ class MoEMLP {
   void check_errors(Context& ctx) const;
 
   const MoEMLPConfig& config() const { return config_; }
+  Communicator* tensor_parallel() const { return tp_; }
   std::vector<Parameter*> parameters();
 
  private:
+  int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
+
   std::string name_;
   MoEMLPConfig config_;
+  Communicator* tp_ = nullptr;
   Norm norm_;
   Linear router_;
-  GroupedLinear fc1_;
-  GroupedLinear fc2_;
+  GroupedLinear fc1_;  // column-parallel when sharded
+  GroupedLinear fc2_;  // row-parallel when sharded
   Tensor routing_error_;  // int32 [1], the plan's error word
 };
 

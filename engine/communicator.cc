@@ -1,6 +1,9 @@
 #include "engine/communicator.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <vector>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -53,6 +56,34 @@ Communicator::~Communicator() {
 std::string Communicator::describe() const {
   return detail::concat("communicator '", name_, "' (rank ", rank_, " of ", world_size_, ", ", device_name(device()),
                         ")");
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) {
+  SG_CHECK(color >= 0, describe(), " split '", name, "': color must be >= 0, got ", color);
+  const std::vector<std::string> all = exchange(detail::concat(color, " ", key), detail::concat("split '", name, "'"));
+  struct Member {
+    int color, key, rank;
+  };
+  std::vector<Member> members;
+  for (int r = 0; r < world_size_; ++r) {
+    Member m{0, 0, r};
+    SG_CHECK(std::sscanf(all[static_cast<std::size_t>(r)].c_str(), "%d %d", &m.color, &m.key) == 2, describe(),
+             " split '", name, "': rank ", r, " sent '", all[static_cast<std::size_t>(r)], "', not a color and key");
+    if (m.color == color) members.push_back(m);
+  }
+  std::stable_sort(members.begin(), members.end(), [](const Member& a, const Member& b) { return a.key < b.key; });
+  Group group{color, 0, static_cast<int>(members.size()), members.front().rank, splits_++};
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (members[i].rank == rank_) group.rank = static_cast<int>(i);
+  }
+  return make_group(group, std::move(name));
+}
+
+std::unique_ptr<Communicator> Communicator::make_group(const Group&, std::string name) {
+  SG_CHECK_CODE(false, ErrorCode::kUnsupported, describe(), " cannot split into '", name,
+                "': only NCCL and thread-world communicators split (a 2-D world of host processes is not supported; "
+                "run it on cuda, or with one kind of parallelism)");
+  return nullptr;
 }
 
 void Communicator::check_device(Device device, std::string_view what) const {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -97,7 +98,28 @@ class Communicator {
   // reported an error) since the last check.
   virtual void check_health() = 0;
 
+  // A new communicator of the ranks that pass the same `color` (>= 0),
+  // ranked by `key` and then by rank here: the tensor- and data-parallel
+  // groups of a 2-D world. Every rank of this communicator must call it (it
+  // exchanges the colors); the new one is independent of this one.
+  // Supported by the NCCL and thread-world communicators; others raise
+  // ErrorCode::kUnsupported.
+  std::unique_ptr<Communicator> split(int color, int key, std::string name);
+
  protected:
+  // A group of a split: this rank's place in it and the world rank of its
+  // first rank (who makes what the group shares).
+  struct Group {
+    int color = 0;
+    int rank = 0;
+    int size = 0;
+    int leader = 0;
+    int number = 0;  // this communicator's splits so far (tells them apart)
+  };
+  // Makes the group's communicator; called by every rank of this one, after
+  // the colors are known. The default raises kUnsupported.
+  virtual std::unique_ptr<Communicator> make_group(const Group& group, std::string name);
+
   // Checks shared by every implementation: counts, dtype, ranks.
   void check_count(std::string_view call, std::int64_t count) const;
   void check_peer(std::string_view call, int peer, std::string_view role) const;
@@ -107,6 +129,7 @@ class Communicator {
   int rank_;
   int world_size_;
   std::uint64_t id_;
+  int splits_ = 0;
 };
 
 // The live communicator with this id, or an Error saying it was destroyed.

@@ -231,7 +231,41 @@ class HostCommunicator final : public Communicator {
     if (!shared_->abort_reason.empty()) shared_->raise_aborted(rank(), "check_health");
   }
 
+ protected:
+  // The group's leader makes its world's shared state and posts it where the
+  // other threads find it (they share the process); two exchanges order the
+  // post before the lookups and the lookups before the removal.
+  std::unique_ptr<Communicator> make_group(const Group& group, std::string name) override {
+    const std::string token = detail::concat(static_cast<const void*>(shared_.get()), "/", group.number, "/",
+                                             group.color);
+    if (group.rank == 0) {
+      std::lock_guard lock(split_board_mutex());
+      split_board()[token] = std::make_shared<HostWorld::Shared>(group.size, shared_->timeout);
+    }
+    exchange("", detail::concat("split '", name, "' posted"));
+    std::shared_ptr<HostWorld::Shared> world;
+    {
+      std::lock_guard lock(split_board_mutex());
+      world = split_board().at(token);
+    }
+    exchange("", detail::concat("split '", name, "' taken"));
+    if (group.rank == 0) {
+      std::lock_guard lock(split_board_mutex());
+      split_board().erase(token);
+    }
+    return std::make_unique<HostCommunicator>(std::move(world), group.rank, std::move(name));
+  }
+
  private:
+  static std::mutex& split_board_mutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+  static std::map<std::string, std::shared_ptr<HostWorld::Shared>>& split_board() {
+    static auto* board = new std::map<std::string, std::shared_ptr<HostWorld::Shared>>;
+    return *board;
+  }
+
   void check_reducible(std::string_view call, DType dtype) const {
     SG_CHECK(!is_fp8(dtype), describe(), " ", call,
              ": fp8 values cannot be reduced (NCCL neither); reduce in bf16 or "

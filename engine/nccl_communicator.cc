@@ -200,6 +200,26 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // The group's leader makes an NCCL unique id; every rank learns its
+  // group's from the exchange and joins a communicator of its own group on
+  // the same GPU.
+ protected:
+  std::unique_ptr<Communicator> make_group(const Group& group, std::string name) override {
+    NcclUniqueId id;
+    std::string mine;
+    if (group.rank == 0) {
+      id = make_nccl_unique_id();
+      mine.assign(id.bytes.data(), id.bytes.size());
+    }
+    const std::vector<std::string> ids = exchange(mine, detail::concat("split '", name, "' ids"));
+    const std::string& leaders = ids.at(static_cast<std::size_t>(group.leader));
+    SG_CHECK(leaders.size() == id.bytes.size(), describe(), " split '", name, "': the group's leader (rank ",
+             group.leader, ") sent no NCCL id");
+    std::memcpy(id.bytes.data(), leaders.data(), id.bytes.size());
+    return std::make_unique<NcclCommunicator>(
+        id, group.rank, group.size, NcclCommunicatorOptions{.name = std::move(name), .device = device_, .timeout = timeout_});
+  }
+
  private:
   void check_reducible(std::string_view call, DType dtype) const {
     SG_CHECK(!is_fp8(dtype), describe(), " ", call, ": fp8 values cannot be reduced; reduce in bf16 or fp32, got ",

@@ -200,3 +200,31 @@ TEST(CommunicatorRegistryTest, ADestroyedCommunicatorIsNotFound) {
 
 }  // namespace
 }  // namespace stepgraph
+
+namespace stepgraph {
+namespace {
+
+// A world of 4 split two ways (the tensor- and data-parallel groups of a 2x2
+// grid): each group's collectives see only its ranks, ranked by key.
+TEST(HostWorldSplitTest, AWorldOfFourSplitsIntoTwoGridsOfGroups) {
+  HostWorld::run(4, [](Communicator& world) {
+    const int r = world.rank();
+    const std::unique_ptr<Communicator> tp = world.split(r / 2, r, "tp");  // {0,1} {2,3}
+    const std::unique_ptr<Communicator> dp = world.split(r % 2, -r, "dp");  // {2,0} {3,1}: key reverses the order
+    EXPECT_EQ(tp->world_size(), 2);
+    EXPECT_EQ(tp->rank(), r % 2);
+    EXPECT_EQ(dp->rank(), r < 2 ? 1 : 0);
+    EXPECT_EQ(tp->name(), "tp");
+    float value = static_cast<float>(r + 1);
+    tp->all_reduce(&value, &value, 1, DType::kFloat32, ReduceOp::kSum, nullptr);
+    EXPECT_EQ(value, r < 2 ? 3.0f : 7.0f);
+    float rank_of = static_cast<float>(r);
+    std::vector<float> gathered(2);
+    dp->all_gather(&rank_of, gathered.data(), 1, DType::kFloat32, nullptr);
+    EXPECT_EQ(gathered, (r % 2 == 0 ? std::vector<float>{2, 0} : std::vector<float>{3, 1}));
+    EXPECT_ERROR_CONTAINS(world.split(-1, 0, "bad"), "color must be >= 0");
+  });
+}
+
+}  // namespace
+}  // namespace stepgraph

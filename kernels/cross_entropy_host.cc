@@ -3,31 +3,15 @@
 // through fp32, as the device stores them), and an Error for a bad label.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/cross_entropy_parts.h"
 
 namespace stepgraph::kernels::host {
-namespace {
-
-std::int64_t load_label(DType dtype, const void* data, std::int64_t i) {
-  const auto* bytes = static_cast<const std::uint8_t*>(data);
-  if (dtype == DType::kInt32) {
-    std::int32_t value;
-    std::memcpy(&value, bytes + i * 4, 4);
-    return value;
-  }
-  std::int64_t value;
-  std::memcpy(&value, bytes + i * 8, 8);
-  return value;
-}
-
-}  // namespace
-
 void cross_entropy(const CrossEntropyDesc& desc, const void* logits, const void* labels, float* loss, void* dlogits) {
   check_cross_entropy(desc);
   SG_CHECK(logits != nullptr && labels != nullptr && loss != nullptr && dlogits != nullptr,

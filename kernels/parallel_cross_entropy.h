@@ -75,9 +75,8 @@ void launch_parallel_cross_entropy_finish(const ParallelCrossEntropyDesc& desc, 
 // Host references: double accumulations inside a step, fp32 between the
 // steps (as the all-reduced tensors are), gradients rounded to the logits'
 // dtype through fp32. Unlike host::cross_entropy, a bad label does not throw:
-// it sets *error_flag as the device does (the ranks meet in an all-reduce
-// between the steps, and a rank that threw alone would leave the others
-// waiting there).
+// it sets *error_flag as the device does, so a host world reports it after
+// the step as cuda ranks do (and tests of the flag run without a GPU).
 namespace host {
 void parallel_cross_entropy_stats(const ParallelCrossEntropyDesc& desc, const void* logits, const void* labels,
                                   float* local_max, float* partial);

@@ -15,6 +15,7 @@
 #include "ops/moe_ops.h"
 #include "ops/norm_ops.h"
 #include "ops/optimizer_ops.h"
+#include "ops/parallel_loss_ops.h"
 #include "ops/row_ops.h"
 
 namespace stepgraph::ops {
@@ -46,6 +47,9 @@ std::span<const OpDef* const> all_ops() {
       &embedding_op(),
       &embedding_backward_op(),
       &cross_entropy_op(),
+      &vocab_parallel_cross_entropy_stats_op(),
+      &vocab_parallel_cross_entropy_rescale_op(),
+      &vocab_parallel_cross_entropy_finish_op(),
       &adamw_op(),
       &router_topk_op(),
       &router_topk_backward_op(),

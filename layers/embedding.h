@@ -46,6 +46,7 @@ class Embedding {
 
   const EmbeddingConfig& config() const { return config_; }
   std::vector<Parameter*> parameters() { return {&table_}; }
+  std::vector<Tensor> gradients() const { return {table_.grad}; }  // the table's
   const Parameter& table() const { return table_; }
 
  private:

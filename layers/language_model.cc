@@ -2,6 +2,7 @@
 
 #include "engine/error.h"
 #include "layers/layer_checks.h"
+#include "ops/collective_ops.h"
 
 namespace stepgraph {
 namespace {
@@ -17,11 +18,12 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config) {
 
 }  // namespace
 
-LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config)
+LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel)
     : config_(checked(config)),
+      tp_(tensor_parallel),
       embedding_(ctx, "embedding", EmbeddingConfig{config.model.vocab, config.embedding_dim(), config.model.dtype},
                  config.model.seed + 104729),
-      stack_(ctx, config.model) {}
+      stack_(ctx, config.model, tensor_parallel) {}
 
 std::vector<Parameter*> LanguageModel::parameters() {
   std::vector<Parameter*> out = embedding_.parameters();
@@ -50,13 +52,16 @@ void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlo
                              const ResidualStack::GradientsReady& ready) const {
   check_input("LanguageModel", "backward", "saved.embedding.tokens", saved.embedding.tokens, {"batch", config_.context},
               DType::kInt32, "the forward's tokens");
+  const std::int64_t ranks = tp_ != nullptr ? tp_->world_size() : 1;
   check_input("LanguageModel", "backward", "dlogits", dlogits,
-              {saved.embedding.tokens.shape().dim(0), config_.model.vocab}, config_.model.dtype,
+              {saved.embedding.tokens.shape().dim(0) * ranks, config_.model.vocab / ranks}, config_.model.dtype,
               "the forward's logits");
   ResidualStack::GradientsReady shifted;
   if (ready) shifted = [&](std::size_t group) { ready(group + 1); };
   const Tensor dx = stack_.backward(ctx, saved.stack, dlogits, shifted);
   embedding_.backward(ctx, saved.embedding, {dx});
+  // The table is replicated; each rank's gradient is of its own rows.
+  if (tp_ != nullptr) ops::all_reduce_many_(ctx, *tp_, embedding_.gradients(), ReduceOp::kSum);
   if (ready) ready(0);
 }
 

@@ -38,11 +38,14 @@ class LanguageModel {
     ResidualStack::Saved stack;
   };
   struct Forward {
-    Tensor logits;  // [batch, vocab]
+    Tensor logits;  // [batch, vocab] ([all ranks' batch, vocab / N] tensor-parallel)
     Saved saved;
   };
 
-  LanguageModel(Context& ctx, const LanguageModelConfig& config);
+  // `tensor_parallel`: the stack's (Note [Tensor-parallel ResidualStack]):
+  // each rank embeds its own rows of the batch, and the table's gradient is
+  // all-reduced across the ranks.
+  LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr);
 
   // tokens int32 [batch, context]; error_flag int32 [1], set for a token
   // outside [0, vocab).
@@ -57,6 +60,7 @@ class LanguageModel {
   void check_errors(Context& ctx) const { stack_.check_errors(ctx); }
 
   const LanguageModelConfig& config() const { return config_; }
+  const ResidualStack& stack() const { return stack_; }
   // The embedding table first, then ResidualStack's parameters in its order.
   std::vector<Parameter*> parameters();
   // parameters() in consecutive groups: the embedding, then the
@@ -65,6 +69,7 @@ class LanguageModel {
 
  private:
   LanguageModelConfig config_;
+  Communicator* tp_ = nullptr;
   Embedding embedding_;
   ResidualStack stack_;
 };

@@ -5,10 +5,12 @@
 #include "engine/error.h"
 #include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
+#include "ops/collective_ops.h"
 
 namespace stepgraph {
 
-ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config) : config_(config) {
+ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel)
+    : config_(config), tp_(tensor_parallel) {
   SG_CHECK(config.layers >= 0 && config.vocab > 0, "ResidualStack: layers must be >= 0 and vocab > 0, got ",
            config.layers, " and ", config.vocab);
   // The loss reads the logits in 16-byte vectors (kernels/cross_entropy):
@@ -35,19 +37,29 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config) : 
           std::make_unique<MoEMLP>(ctx, name,
                                    MoEMLPConfig{config.hidden, config.ffn, config.experts,
                                                 static_cast<int>(config.topk), config.norm, config.eps, config.dtype},
-                                   seed);
+                                   seed, tensor_parallel);
     } else {
       block.dense = std::make_unique<LayerNormMLP>(
-          ctx, name, LayerNormMLPConfig{config.hidden, config.ffn, config.norm, config.eps, config.dtype}, seed);
+          ctx, name,
+          LayerNormMLPConfig{config.hidden, config.ffn, config.norm, config.eps, config.dtype, config.overlap}, seed,
+          tensor_parallel);
     }
     blocks_.push_back(std::move(block));
   }
   final_norm_ =
       std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
-  head_ = std::make_unique<Linear>(
-      ctx, "head",
-      LinearConfig{.in_features = config.hidden, .out_features = config.vocab, .bias = false, .dtype = config.dtype},
-      config.seed + 7919);
+  head_ = std::make_unique<VocabParallelHead>(
+      ctx, "head", VocabParallelHeadConfig{.hidden = config.hidden, .vocab = config.vocab, .dtype = config.dtype},
+      config.seed + 7919, tensor_parallel);
+}
+
+ops::CrossEntropyResult ResidualStack::loss(Context& ctx, const Tensor& logits, const Tensor& labels,
+                                            const Tensor& error_flag, const ops::CrossEntropyParams& params) const {
+  return head_->loss(ctx, logits, labels, error_flag, params);
+}
+
+Tensor ResidualStack::gather_labels(Context& ctx, const Tensor& labels) const {
+  return tp_ != nullptr ? ops::all_gather(ctx, *tp_, labels) : labels;
 }
 
 bool ResidualStack::is_moe_block(std::int64_t i) const {
@@ -82,8 +94,8 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x) con
     h = ops::residual_add(ctx, h, y);
   }
   const Norm::Forward normed = final_norm_->forward(ctx, {h});
-  const Linear::Forward logits = head_->forward(ctx, {normed.y});
-  out.logits = logits.y;
+  const VocabParallelHead::Forward logits = head_->forward(ctx, {normed.y});
+  out.logits = logits.logits;
   out.saved.final_norm = normed.saved;
   out.saved.head = logits.saved;
   return out;
@@ -102,10 +114,10 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
                                const GradientsReady& ready) const {
   SG_CHECK(saved.blocks.size() == blocks_.size(), "ResidualStack backward: saved.blocks must hold ", blocks_.size(),
            " blocks (the forward's), got ", saved.blocks.size());
-  check_input("ResidualStack", "backward", "saved.head.x", saved.head.x, {"tokens", config_.hidden}, config_.dtype,
-              "the forward's normed output");
-  check_input("ResidualStack", "backward", "dlogits", dlogits, {saved.head.x.shape().dim(0), config_.vocab},
-              config_.dtype, "the forward's logits");
+  check_input("ResidualStack", "backward", "saved.head.linear.x", saved.head.linear.x, {"tokens", config_.hidden},
+              config_.dtype, "the forward's (gathered) normed output");
+  check_input("ResidualStack", "backward", "dlogits", dlogits,
+              {saved.head.linear.x.shape().dim(0), head_->local_vocab()}, config_.dtype, "the forward's logits");
   auto done = [&](std::size_t group) {
     if (ready) ready(group);
   };
@@ -113,6 +125,8 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
   const Tensor d_normed = head_->backward(ctx, saved.head, {dlogits});
   done(head_group);
   Tensor dh = final_norm_->backward(ctx, saved.final_norm, {d_normed});
+  // Its gamma and beta saw only this rank's tokens.
+  if (tp_ != nullptr) ops::all_reduce_many_(ctx, *tp_, final_norm_->gradients(), ReduceOp::kSum);
   done(head_group - 1);
   for (std::size_t i = blocks_.size(); i-- > 0;) {
     const Block& block = blocks_[i];

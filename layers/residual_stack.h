@@ -5,6 +5,19 @@
 // every moe_every-th block (see ResidualStackConfig). The whole model on
 // tokens is LanguageModel (language_model.h: an embedding, then this stack);
 // TrainStep (train_step.h) adds the loss and the optimizer to either.
+//
+// Note [Tensor-parallel ResidualStack]
+// With a tensor-parallel communicator of N ranks (Megatron's tensor and
+// sequence parallelism) each rank holds 1/N of the tokens outside the
+// blocks: x, the residual stream and the final norm's output are
+// [tokens / N, hidden]. Each block shards its ffn (Note [Sequence-parallel
+// LayerNormMLP], Note [Tensor-parallel MoE]) and meets its collectives as
+// the config's `overlap` says; the head is vocabulary-parallel
+// (VocabParallelHead): it gathers the tokens, and the logits are every
+// token's over this rank's vocabulary slice, [tokens, vocab / N], whose loss
+// is loss()'s vocabulary-parallel cross-entropy over the labels of every
+// rank's tokens (gather_labels). The final norm saw only this rank's tokens,
+// so its gradients are all-reduced across the ranks in the backward.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +32,8 @@
 #include "layers/linear.h"
 #include "layers/moe_mlp.h"
 #include "layers/norm.h"
+#include "layers/vocab_parallel_head.h"
+#include "ops/loss_ops.h"
 
 namespace stepgraph {
 
@@ -40,6 +55,8 @@ struct ResidualStackConfig {
   std::int64_t experts = 0;
   std::int64_t topk = 2;
   std::int64_t moe_every = 2;
+  // Tensor-parallel only: how the dense blocks' collectives meet their GEMMs.
+  MLPOverlap overlap;
 };
 
 class ResidualStack {
@@ -48,16 +65,28 @@ class ResidualStack {
   struct Saved {
     std::vector<BlockSaved> blocks;
     Norm::Saved final_norm;
-    Linear::Saved head;
+    VocabParallelHead::Saved head;
   };
   struct Forward {
-    Tensor logits;  // [tokens, vocab]
+    Tensor logits;  // [tokens, vocab] ([all tokens, vocab / N] tensor-parallel)
     Saved saved;
   };
 
-  ResidualStack(Context& ctx, const ResidualStackConfig& config);
+  // `tensor_parallel`: See Note [Tensor-parallel ResidualStack]; null (the
+  // default) is the model on one rank.
+  ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr);
 
-  Forward forward(Context& ctx, const Tensor& x) const;  // x: [tokens, hidden]
+  Forward forward(Context& ctx, const Tensor& x) const;  // x: [tokens, hidden] (this rank's [tokens / N, hidden])
+
+  // The mean softmax cross-entropy of the forward's logits and d loss /
+  // d logits: vocabulary-parallel over the tensor-parallel ranks, whose
+  // labels are every rank's (gather_labels).
+  ops::CrossEntropyResult loss(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& error_flag,
+                               const ops::CrossEntropyParams& params = {}) const;
+  // The labels loss() takes from this rank's labels [tokens / N]: every
+  // rank's, in rank order (an all-gather); the same tensor without TP.
+  Tensor gather_labels(Context& ctx, const Tensor& labels) const;
+  Communicator* tensor_parallel() const { return tp_; }
   // Called during the backward with the index of a parameter group (see
   // parameter_group_sizes) as soon as that group's gradients are final.
   using GradientsReady = stepgraph::GradientsReady;
@@ -85,9 +114,10 @@ class ResidualStack {
   };
 
   ResidualStackConfig config_;
+  Communicator* tp_ = nullptr;
   std::vector<Block> blocks_;
   std::unique_ptr<Norm> final_norm_;
-  std::unique_ptr<Linear> head_;
+  std::unique_ptr<VocabParallelHead> head_;
 };
 
 }  // namespace stepgraph

@@ -29,6 +29,8 @@ class TrainStep::ModelSide {
   virtual std::vector<std::size_t> parameter_group_sizes() = 0;
   virtual std::vector<Parameter*> parameters() = 0;
   virtual std::int64_t vocab() const = 0;
+  // The model's stack: its loss and its tensor-parallel group, if any.
+  virtual const ResidualStack& stack() const = 0;
   // Errors of the inputs, checked before the labels (a bad token explains a
   // bad label better than the other way round).
   virtual void check_input_errors(Context& ctx) const = 0;
@@ -86,6 +88,7 @@ class LanguageModelSide final : public ModelSideOf<LanguageModel> {
   LanguageModel::Forward model_forward(Context& ctx) const override {
     return model_.forward(ctx, tokens_, token_error_);
   }
+  const ResidualStack& stack() const override { return model_.stack(); }
 
   Tensor tokens_;
   Tensor token_error_;
@@ -104,6 +107,7 @@ class ResidualStackSide final : public ModelSideOf<ResidualStack> {
 
  private:
   ResidualStack::Forward model_forward(Context& ctx) const override { return model_.forward(ctx, x_); }
+  const ResidualStack& stack() const override { return model_; }
 
   Tensor x_;
 };
@@ -160,16 +164,22 @@ TrainStep::~TrainStep() = default;
 const Tensor& TrainStep::inputs() const { return model_->inputs(); }
 
 std::vector<Communicator*> TrainStep::communicators() const {
-  return data_parallel_ != nullptr ? std::vector<Communicator*>{data_parallel_} : std::vector<Communicator*>{};
+  std::vector<Communicator*> out;
+  if (Communicator* tp = model_->stack().tensor_parallel()) out.push_back(tp);
+  if (data_parallel_ != nullptr) out.push_back(data_parallel_);
+  return out;
 }
 
 std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
   const int ranks = data_parallel_ != nullptr ? data_parallel_->world_size() : 1;
   const ModelSide::Forward forward = model_->forward(ctx);
   // Each rank's gradient is of its share of the global mean loss: summed
-  // across the ranks it is the gradient of the global mean.
-  ops::CrossEntropyResult loss =
-      ops::cross_entropy(ctx, forward.logits, labels_, label_error_, {.loss_scale = 1.0f / static_cast<float>(ranks)});
+  // across the ranks it is the gradient of the global mean. Tensor-parallel
+  // ranks share one loss, over all their tokens (Note [Tensor-parallel
+  // ResidualStack]).
+  const ResidualStack& stack = model_->stack();
+  ops::CrossEntropyResult loss = stack.loss(ctx, forward.logits, stack.gather_labels(ctx, labels_), label_error_,
+                                            {.loss_scale = 1.0f / static_cast<float>(ranks)});
   Tensor reported = loss.loss;
   if (data_parallel_ != nullptr) {  // also at one rank: the collectives run as at any size
     const Tensor share = ops::axpy(ctx, ops::fill(ctx, loss.loss.meta(), 0.0f), loss.loss, 1.0f / ranks);

@@ -50,6 +50,12 @@ class TrainStep {
   // mean. Every rank must build the same model (same seed) and step. With
   // DataParallelMode::kZero1 the optimizer is sharded over the ranks
   // (AdamW::shard) instead of all-reducing the gradients.
+  //
+  // Tensor parallelism comes with the model (a model built over a
+  // tensor-parallel communicator): each rank's inputs and labels are its
+  // 1/N of the rows, and with data parallelism too (a 2-D world) every
+  // parameter shard is all-reduced over `data_parallel`, the ranks holding
+  // the same shard.
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   // Creates the step's persistent inputs: activations x [tokens, hidden] in
@@ -68,7 +74,8 @@ class TrainStep {
   const Tensor& inputs() const;
   const Tensor& labels() const { return labels_; }
   // The communicators a capture of this step must check
-  // (CaptureOptions::communicators): the data-parallel one, if any.
+  // (CaptureOptions::communicators): the model's tensor-parallel one and the
+  // data-parallel one, those that exist.
   std::vector<Communicator*> communicators() const;
 
   // Error if any token (LanguageModel) or label so far was outside

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "layers/comm_gemm_overlap.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -81,6 +82,15 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(CLI::Range(1, 64));
   app.add_option("--dp", o.dp, "data-parallel ranks (default: the world size); the global --batch is split among them")
       ->check(CLI::PositiveNumber);
+  app.add_option("--tp", o.tp,
+                 "tensor-parallel ranks: groups of this many consecutive ranks shard every block's ffn, the experts "
+                 "and the head's vocabulary, and each holds 1/tp of its group's tokens (sequence parallelism); the "
+                 "world is tp x dp")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--overlap", o.overlap,
+                 "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk, overlap (ring_exchange "
+                 "for the all-gathers, pipelined for the reduce-scatters), or four modes fc1_fprop,fc2_fprop,"
+                 "fc2_dgrad,fc1_dgrad");
   app.add_option("--dp-mode", o.dp_mode,
                  "allreduce (every rank updates every parameter) or zero1 (reduce-scatter, each rank updates its 1/N "
                  "shard of the optimizer, all-gather the weights)")
@@ -148,6 +158,8 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
   SG_CHECK(!o.profile || o.mode == "graph", "--profile profiles the captured step: use it with --mode graph");
+  SG_CHECK(o.ffn % o.tp == 0, "--ffn (", o.ffn, ") must divide by --tp (", o.tp, "): each rank holds ffn / tp of every block");
+  MLPOverlap::parse(o.overlap);  // an Error naming the mode that does not fit
 
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
   return o;

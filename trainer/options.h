@@ -51,7 +51,9 @@ struct TrainerOptions {
   // processes of this program on this host; without it the launcher's
   // variables (torchrun, srun, mpirun) decide the world.
   std::int64_t nproc_per_node = 0;    // 0: not the local launcher
-  std::int64_t dp = 0;                // data-parallel ranks; 0: the world size
+  std::int64_t dp = 0;                // data-parallel ranks; 0: the world size / tp
+  std::int64_t tp = 1;                // tensor-parallel ranks (consecutive ranks form a group)
+  std::string overlap = "bulk";       // tensor-parallel GEMM/collective overlap (layers/comm_gemm_overlap.h)
   std::string dp_mode = "allreduce";  // allreduce | zero1 (layers/train_step.h DataParallelMode)
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank
   bool profile = false;               // graph mode: profile one more step after the run (graphs/step_profile.h)

@@ -15,6 +15,7 @@
 #include "engine/error.h"
 #include "graphs/captured_step.h"
 #include "layers/adamw.h"
+#include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
 #include "layers/train_step.h"
 #include "trainer/checkpoint.h"
@@ -38,16 +39,22 @@ std::unique_ptr<DataSource> open_data(const TrainerOptions& o) {
 }
 
 // Cross-entropy reads 16-byte vectors of logits: the LM head's width is the
-// data's vocabulary rounded up to 8 (extra logits are never a label).
-std::int64_t model_vocab(std::int64_t vocab) { return (vocab + 7) / 8 * 8; }
+// data's vocabulary rounded up to 8 (extra logits are never a label), and
+// with tensor parallelism so that each rank's slice holds whole vectors
+// (16 / dtype bytes logits per vector).
+std::int64_t model_vocab(std::int64_t vocab, std::int64_t tp, DType dtype) {
+  const std::int64_t multiple = std::lcm<std::int64_t>(8, tp * static_cast<std::int64_t>(16 / dtype_size(dtype)));
+  return (vocab + multiple - 1) / multiple * multiple;
+}
 
 LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   LanguageModelConfig config;
+  config.model.overlap = MLPOverlap::parse(o.overlap);
   config.model.hidden = o.hidden;
   config.model.ffn = o.ffn;
   config.model.layers = o.layers;
-  config.model.vocab = model_vocab(vocab);
   config.model.dtype = o.dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+  config.model.vocab = model_vocab(vocab, o.tp, config.model.dtype);
   config.model.seed = static_cast<std::uint32_t>(o.seed);
   config.model.experts = o.experts;
   config.model.topk = o.topk;
@@ -57,8 +64,10 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
 
 // What must match for a resumed run to continue the saved one exactly (and
 // between the ranks of one run).
-RunConfig run_config(const TrainerOptions& o, const DataSource& data, int ranks) {
-  return {{"config.dp", std::to_string(ranks)},
+RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
+  return {{"config.dp", std::to_string(dp)},
+          {"config.tp", std::to_string(o.tp)},
+          {"config.overlap", o.overlap},
           {"config.dp-mode", o.dp_mode},
           {"config.layers", std::to_string(o.layers)},
           {"config.hidden", std::to_string(o.hidden)},
@@ -104,10 +113,15 @@ class ProgressLine {
 TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Communicator* world) {
   const int ranks = world != nullptr ? world->world_size() : 1;
   const int rank = world != nullptr ? world->rank() : 0;
-  SG_CHECK(o.dp == 0 || o.dp == ranks, "--dp ", o.dp, " needs a world of ", o.dp, " ranks, but this run has ", ranks,
-           " (data parallelism is the only parallelism so far: start --dp ranks, or leave --dp out)");
+  SG_CHECK(ranks % o.tp == 0, "--tp ", o.tp, " must divide the world of ", ranks,
+           " ranks (the world is tp x dp: start a multiple of --tp ranks)");
+  const int dp = ranks / static_cast<int>(o.tp);
+  SG_CHECK(o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp, " ranks, but this run has ",
+           ranks, " (the world is --dp x --tp ranks: start that many, or leave --dp out)");
   SG_CHECK(o.batch % ranks == 0, "--batch ", o.batch, " is the global batch and must split evenly over the ", ranks,
-           " data-parallel ranks");
+           " ranks (", dp, " data-parallel x ", o.tp, " tensor-parallel: each holds its rows)");
+  // Each rank's rows of the global batch: rank r holds rows [r b, (r + 1) b),
+  // tensor-parallel groups of consecutive ranks (Note [Tensor-parallel ResidualStack]).
   const std::int64_t local_batch = o.batch / ranks;
   std::unique_ptr<DataSource> data = open_data(o);
   out << "data: " << data->describe() << "\n";
@@ -119,17 +133,34 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     out << "entropy rate: unknown for this data (no loss floor to compare with)\n";
   }
 
-  const RunConfig run = run_config(o, *data, ranks);
+  const RunConfig run = run_config(o, *data, dp);
   if (world != nullptr) check_same_flags(*world, run);  // before any work: a mismatch would hang in NCCL
+
+  // The groups: the whole world for one kind of parallelism, a split for both.
+  std::unique_ptr<Communicator> tp_group;
+  std::unique_ptr<Communicator> dp_group;
+  Communicator* tp_comm = nullptr;
+  Communicator* dp_comm = world;
+  if (o.tp > 1) {
+    if (dp > 1) {
+      tp_group = world->split(rank / static_cast<int>(o.tp), rank, "tp");
+      dp_group = world->split(rank % static_cast<int>(o.tp), rank, "dp");
+      tp_comm = tp_group.get();
+      dp_comm = dp_group.get();
+    } else {
+      tp_comm = world;
+      dp_comm = nullptr;
+    }
+  }
 
   // With several ranks the gradient all-reduces run on a stream of their own
   // (stream 2), beside the weight-gradient stream (1).
   Context ctx(device, ranks > 1 ? 2 : 1);
   if (ranks > 1) ctx.set_communication_stream(2);
   const LanguageModelConfig config = model_config(o, data->vocab());
-  LanguageModel model(ctx, config);
+  LanguageModel model(ctx, config, tp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)});
-  TrainStep step(ctx, model, optimizer, local_batch, world,
+  TrainStep step(ctx, model, optimizer, local_batch, dp_comm,
                  o.dp_mode == "zero1" ? DataParallelMode::kZero1 : DataParallelMode::kAllReduce);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
                                                       config.model.moe_every, o.experts, o.topk)
@@ -139,14 +170,20 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       "device {}, mode {}\n",
       o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
       device_name(device), o.mode);
-  if (ranks > 1) {
-    out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", ranks, world->describe(),
-                       local_batch, o.dp_mode == "zero1" ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
+  if (dp_comm != nullptr) {
+    out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
+                       local_batch * o.tp, o.dp_mode == "zero1" ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
+  }
+  if (tp_comm != nullptr) {
+    out << fmt::format("tensor parallel: {} ranks ({}), {} examples each outside the blocks, ffn {} and vocab {} "
+                       "per rank; overlap {}\n",
+                       o.tp, tp_comm->describe(), local_batch, o.ffn / o.tp, config.model.vocab / o.tp,
+                       config.model.overlap.to_string());
   }
 
-  // A sharded optimizer writes one file per rank (its shard); otherwise
-  // every rank holds the same state and rank 0 alone writes it.
-  const bool per_rank_files = optimizer.sharded();
+  // A sharded optimizer or model writes one file per rank (its shards);
+  // otherwise every rank holds the same state and rank 0 alone writes it.
+  const bool per_rank_files = optimizer.sharded() || o.tp > 1;
   const std::string checkpoint_path = per_rank_files ? shard_checkpoint_path(o.checkpoint, rank, ranks) : o.checkpoint;
   std::int64_t done = 0;
   if (o.resume) {

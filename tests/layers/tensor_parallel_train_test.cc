@@ -1,0 +1,169 @@
+// Tensor-parallel training (Note [Tensor-parallel ResidualStack]) on host
+// thread worlds: TP=2, TP=4 and a 2-D world of TP=2 x DP=2 train a
+// ResidualStack with a dense and an MoE block and the vocabulary-parallel
+// head, each rank on its 1/N of the global batch's tokens, against one
+// process training on the whole batch; graph equals eager on every rank.
+//
+// Tolerance: the ranks compute the same sums as one process in another fp32
+// order (fc2's and the head's partial sums, the split sum of exponentials,
+// the norms' all-reduced gradients, pipelined rings), about 1e-7 relative per
+// step; AdamW divides by the root of the second moment, so parameters can
+// drift by up to a few lr-sized steps where a gradient is near zero. We allow
+// 1e-5 relative on the global loss of every step and 1e-5 absolute on the
+// replicated parameters (the final norm) after 4 steps of lr 1e-3. A missing
+// reduction or a mis-scaled loss is off by orders of magnitude.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/host_world.h"
+#include "graphs/captured_step.h"
+#include "layers/adamw.h"
+#include "layers/residual_stack.h"
+#include "layers/train_step.h"
+#include "tests/support/seed.h"
+
+namespace stepgraph {
+namespace {
+
+constexpr std::int64_t kHidden = 16;
+constexpr std::int64_t kVocab = 16;
+constexpr std::int64_t kTokens = 16;  // the global batch
+constexpr int kSteps = 4;
+
+ResidualStackConfig config(const MLPOverlap& overlap) {
+  return {.hidden = kHidden,
+          .ffn = 32,
+          .layers = 2,
+          .vocab = kVocab,
+          .dtype = DType::kFloat32,
+          .seed = 7,
+          .experts = 4,
+          .topk = 2,
+          .moe_every = 2,
+          .overlap = overlap};
+}
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<std::int32_t> labels;
+};
+
+Batch global_batch(std::uint32_t seed, int step) {
+  std::mt19937 rng(seed + 1000u * static_cast<std::uint32_t>(step));
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<std::int32_t> label(0, kVocab - 1);
+  Batch b;
+  for (std::int64_t i = 0; i < kTokens * kHidden; ++i) b.x.push_back(normal(rng));
+  for (std::int64_t i = 0; i < kTokens; ++i) b.labels.push_back(label(rng));
+  return b;
+}
+
+struct Rig {
+  Rig(Context& ctx, std::int64_t tokens, Communicator* tp, Communicator* dp, const MLPOverlap& overlap)
+      : model(ctx, config(overlap), tp),
+        optimizer(ctx, model.parameters(), {.lr = 1e-3f}),
+        step(ctx, model, optimizer, tokens, dp) {}
+  void load(Context& ctx, const Batch& b, std::int64_t first, std::int64_t tokens) {
+    ctx.copy_from_host(step.inputs(), b.x.data() + first * kHidden, static_cast<std::size_t>(tokens * kHidden) * 4);
+    ctx.copy_from_host(step.labels(), b.labels.data() + first, static_cast<std::size_t>(tokens) * 4);
+  }
+  std::vector<float> final_norm(Context& ctx) {
+    const std::vector<Parameter*> p = model.parameters();
+    // The final norm's gamma and beta come right before the head's weight.
+    std::vector<float> out = ctx.to_vector<float>(p[p.size() - 3]->master);
+    const std::vector<float> beta = ctx.to_vector<float>(p[p.size() - 2]->master);
+    out.insert(out.end(), beta.begin(), beta.end());
+    return out;
+  }
+  ResidualStack model;
+  AdamW optimizer;
+  TrainStep step;
+};
+
+struct Case {
+  int tp;
+  int dp;
+  const char* overlap;
+};
+
+class TensorParallelTrainTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelTrainTest, EqualsOneProcessOnTheWholeBatchAndGraphEqualsEager) {
+  const Case c = GetParam();
+  const MLPOverlap overlap = MLPOverlap::parse(c.overlap);
+  const testing::TestSeed seed;
+  std::vector<float> want_losses;
+  std::vector<float> want_norm;
+  {
+    Context ctx(Device::kHost, 2);
+    Rig rig(ctx, kTokens, nullptr, nullptr, overlap);
+    for (int s = 0; s < kSteps; ++s) {
+      rig.load(ctx, global_batch(seed.value(), s), 0, kTokens);
+      want_losses.push_back(ctx.to_vector<float>(rig.step(ctx)[0]).at(0));
+    }
+    want_norm = rig.final_norm(ctx);
+  }
+  const std::int64_t local = kTokens / (c.tp * c.dp);
+  HostWorld::run(c.tp * c.dp, [&](Communicator& world) {
+    const int w = world.rank();
+    // Tensor-parallel groups of consecutive ranks, data-parallel across them.
+    std::unique_ptr<Communicator> tp_group, dp_group;
+    Communicator* tp = &world;
+    Communicator* dp = nullptr;
+    if (c.dp > 1) {
+      tp_group = world.split(w / c.tp, w, "tp");
+      dp_group = world.split(w % c.tp, w, "dp");
+      tp = tp_group.get();
+      dp = dp_group.get();
+    }
+    const std::string who = "world rank " + std::to_string(w) + " (tp " + std::to_string(c.tp) + ", dp " +
+                            std::to_string(c.dp) + ", " + c.overlap + ")";
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    Rig eager(ctx, local, tp, dp, overlap);
+    Rig graphed(ctx, local, tp, dp, overlap);
+    auto graph = CapturedStep::capture(
+        ctx, [&] { return graphed.step(ctx); },
+        {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});
+    EXPECT_EQ(graphed.step.communicators().size(), c.dp > 1 ? 2u : 1u) << who;
+    const int dp_rank = dp != nullptr ? dp->rank() : 0;
+    const std::int64_t first = (dp_rank * c.tp + tp->rank()) * local;
+    for (int s = 0; s < kSteps; ++s) {
+      const Batch b = global_batch(seed.value(), s);
+      eager.load(ctx, b, first, local);
+      graphed.load(ctx, b, first, local);
+      const float eager_loss = ctx.to_vector<float>(eager.step(ctx)[0]).at(0);
+      graph->replay();
+      const float graph_loss = ctx.to_vector<float>(graph->outputs()[0]).at(0);
+      ASSERT_EQ(std::memcmp(&eager_loss, &graph_loss, 4), 0) << who << " step " << s << ": graph != eager";
+      EXPECT_NEAR(graph_loss, want_losses[s], 1e-5 * std::abs(want_losses[s])) << who << " step " << s;
+    }
+    const std::vector<float> norm = graphed.final_norm(ctx);
+    EXPECT_EQ(norm, eager.final_norm(ctx)) << who << ": graph and eager parameters differ";
+    ASSERT_EQ(norm.size(), want_norm.size());
+    float worst = 0;
+    for (std::size_t i = 0; i < norm.size(); ++i) worst = std::max(worst, std::abs(norm[i] - want_norm[i]));
+    EXPECT_LE(worst, 1e-5f) << who << ": the final norm against one process";
+    for (std::size_t i = 0; i < graphed.model.parameters().size(); ++i) {
+      const Parameter* pe = eager.model.parameters()[i];
+      const Parameter* pg = graphed.model.parameters()[i];
+      EXPECT_EQ(ctx.to_vector<float>(pg->master), ctx.to_vector<float>(pe->master)) << who << " " << pg->name;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelTrainTest,
+                         ::testing::Values(Case{2, 1, "bulk"}, Case{2, 1, "overlap"}, Case{4, 1, "overlap"},
+                                           Case{2, 2, "none"}, Case{2, 2, "overlap"}),
+                         [](const auto& info) {
+                           return "tp" + std::to_string(info.param.tp) + "_dp" + std::to_string(info.param.dp) + "_" +
+                                  info.param.overlap;
+                         });
+
+}  // namespace
+}  // namespace stepgraph

@@ -1,7 +1,11 @@
 #include "benchmarks/bench_support.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <iostream>
+#include <string_view>
+#include <utility>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -9,6 +13,22 @@
 #include "engine/stream.h"
 
 namespace stepgraph::bench {
+
+nlohmann::json keep_multicast_off(const std::string& program) {
+  static constexpr std::pair<const char*, const char*> kOff[] = {
+      {"NCCL_NVLS_ENABLE", "0"}, {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"}, {"NVSHMEM_DISABLE_NVLS", "1"}};
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& [name, value] : kOff) {
+    const char* had = std::getenv(name);
+    if (had != nullptr && std::string_view(had) != value) {
+      std::cerr << program << ": " << name << "=" << had << " replaced by " << value
+                << ": NVLink multicast stays off (DESIGN.md)\n";
+    }
+    ::setenv(name, value, /*overwrite=*/1);
+    env[name] = value;
+  }
+  return env;
+}
 
 Summary summarize(std::vector<double> samples_us) {
   SG_CHECK(!samples_us.empty(), "summarize: no samples");

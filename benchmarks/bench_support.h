@@ -29,6 +29,12 @@ nlohmann::json to_json(const Summary& summary);
 // `repeats` times each between two device events; microseconds per call.
 Summary time_launches(cudaStream_t stream, int warmup, int repeats, const std::function<void()>& launch);
 
+// NVLink multicast stays off (DESIGN.md): NCCL_NVLS_ENABLE=0,
+// TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 are put in
+// the environment before NCCL reads them (another value is replaced, with a
+// warning naming `program`). Returns the three as a JSON object for results.
+nlohmann::json keep_multicast_off(const std::string& program);
+
 // Writes `value` (indented) to `path`; nothing when `path` is empty.
 void write_json(const std::string& path, const nlohmann::json& value);
 

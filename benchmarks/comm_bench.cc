@@ -121,28 +121,6 @@ struct Options {
 
 // ---------------------------------------------------------------- environment
 
-struct EnvSetting {
-  const char* name;
-  const char* value;
-};
-constexpr EnvSetting kMulticastOff[] = {
-    {"NCCL_NVLS_ENABLE", "0"}, {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"}, {"NVSHMEM_DISABLE_NVLS", "1"}};
-
-// Puts the three variables in the environment before NCCL reads them.
-json keep_multicast_off() {
-  json env = json::object();
-  for (const EnvSetting& setting : kMulticastOff) {
-    const char* had = std::getenv(setting.name);
-    if (had != nullptr && std::string_view(had) != setting.value) {
-      std::cerr << "comm_bench: " << setting.name << "=" << had << " replaced by " << setting.value
-                << ": NVLink multicast stays off (DESIGN.md)\n";
-    }
-    ::setenv(setting.name, setting.value, /*overwrite=*/1);
-    env[setting.name] = setting.value;
-  }
-  return env;
-}
-
 // ---------------------------------------------------------------- flags
 
 // "64M", "1G", "4096", "512KiB": bytes, with a 1024-based suffix.
@@ -648,7 +626,7 @@ int run_ranked(const Options& options, const Plan& plan, const LaunchInfo& info,
 }
 
 int run(const Options& options) {
-  const json env = keep_multicast_off();  // before anything reads NCCL's variables
+  const json env = bench::keep_multicast_off("comm_bench");  // before anything reads NCCL's variables
   const Plan plan = make_plan(options);
   const LaunchInfo info = launch_info_from_env();
   try {

@@ -74,24 +74,6 @@ std::string describe_device(Device device, int index = 0) {
   return describe(device_properties(index));
 }
 
-// NVLink multicast stays off (DESIGN.md): the three variables are put in the
-// environment before NCCL reads them (another value is replaced, with a warning).
-nlohmann::json keep_multicast_off() {
-  static constexpr std::pair<const char*, const char*> kOff[] = {
-      {"NCCL_NVLS_ENABLE", "0"}, {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"}, {"NVSHMEM_DISABLE_NVLS", "1"}};
-  nlohmann::json env = nlohmann::json::object();
-  for (const auto& [name, value] : kOff) {
-    const char* had = std::getenv(name);
-    if (had != nullptr && std::string_view(had) != value) {
-      std::cerr << "step_bench: " << name << "=" << had << " replaced by " << value
-                << ": NVLink multicast stays off (DESIGN.md)\n";
-    }
-    ::setenv(name, value, /*overwrite=*/1);
-    env[name] = value;
-  }
-  return env;
-}
-
 void print_line(const nlohmann::json& c) {
   const std::string name = c["name"];
   if (c["status"] != "ok") {
@@ -281,7 +263,7 @@ int run_data_parallel(const Options& options, Device device, const std::vector<S
 }
 
 int run(const Options& options) {
-  const nlohmann::json env = keep_multicast_off();  // before anything starts NCCL
+  const nlohmann::json env = bench::keep_multicast_off("step_bench");  // before anything starts NCCL
   SG_CHECK(options.device == "cuda" || options.device == "host", "--device must be cuda or host, got '", options.device,
            "'");
   const Device device = options.device == "cuda" ? Device::kCuda : Device::kHost;

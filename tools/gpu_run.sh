@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,multigpu]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -13,8 +13,11 @@
 #   programs.log                 the trainer runs and the demo
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
+#   multigpu.log                 --stages multigpu (2 GPUs): the trainer's checks at TP=2 and DP=2,
+#                                10,000 TP=2 steps, tp_mlp_bench + tp_peer.py, comm_bench + comm_peer.py,
+#                                step_bench --dp 2 + pytorch_peer.py --ddp, each JSON beside it
 #   sanitizer.log                with --sanitize: memcheck and racecheck
-# Stages default to all of them.
+# Stages default to all of them but multigpu (a machine with 2 GPUs or more).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]}
@@ -116,7 +119,32 @@ if wants comm; then
   step comm.log python3 "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer.json"
 fi
 
-# 6. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
+# 6. Several GPUs: 2 ranks, one per GPU, through NCCL (NVLink multicast off in
+# every process: the variables are exported here and the programs set them too).
+if wants multigpu; then
+  : >"$results/multigpu.log"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  gpus=$(nvidia-smi -L | wc -l)
+  torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
+  if [ "$gpus" -lt 2 ]; then
+    echo "multigpu: needs 2 GPUs, this machine has $gpus" | tee -a "$results/multigpu.log" "$results/summary.txt"
+    failed_steps=$((failed_steps + 1))
+  else
+    echo "NCCL loaded by the bundle: $(ldd "$here/bin/trainer" | grep -o 'libnccl[^ ]* => [^ ]*')" >>"$results/multigpu.log"
+    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --overlap overlap
+    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/dp2" --nproc-per-node 2 --dp 2
+    step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --overlap overlap --steps 10000 --log-every 1000
+    step multigpu.log "${torchrun[@]}" "$here/bin/tp_mlp_bench" --config large --profile --out "$results/tp_mlp.json"
+    step multigpu.log "${torchrun[@]}" "$here/benchmarks/tp_peer.py" --config large --out "$results/tp_peer.json"
+    step multigpu.log "${torchrun[@]}" "$here/bin/comm_bench" --max-bytes 256M --out "$results/comm_bench_2gpu.json"
+    step multigpu.log "${torchrun[@]}" "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer_2gpu.json"
+    step multigpu.log "${torchrun[@]}" "$here/bin/step_bench" --dp 2 --configs medium,large --out "$results/step_bench_dp2.json"
+    step multigpu.log "${torchrun[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \
+      --out "$results/pytorch_peer_dp2.json"
+  fi
+fi
+
+# 7. Optional: compute-sanitizer memcheck and racecheck over the test binaries.
 # API errors are not reported: every CUDA call's status is already checked by
 # SG_CUDA_CHECK, and the negative tests provoke some on purpose (an unjoined
 # capture, timing untimed events); the sanitizer's job here is kernel memory.

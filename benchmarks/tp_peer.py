@@ -13,7 +13,7 @@ Rows (each rank holds T / N tokens outside the MLP and ffn / N inside it):
                       for the two GEMM + reduce-scatter pairs, eager
 The backward is written out (the fused ops have no autograd): d_act by the
 gathered dy, GeLU's derivative, fc1's data gradient reduce-scattered, both
-weight gradients in fp32 from the gathered tensors, the norm's backward by
+weight gradients as bf16 GEMMs from the gathered tensors (kept in fp32), the norm's backward by
 autograd on the shard. Timing: rows interleaved in rounds, a sample is
 --iters steps between CUDA events after a barrier, medians of the slowest
 rank. NVLink multicast stays off: the three variables are set before torch
@@ -99,8 +99,9 @@ class Layer:
         # backward
         dy_all, d_act = self.all_gather_mm(dy, self.w2)
         d_pre = (d_act.float() * gelu_grad(pre)).bfloat16()
-        w2_grad = dy_all.t().float() @ act.float()
-        w1_grad = d_pre.t().float() @ gathered.float()
+        # bf16 GEMMs (fp32 accumulation inside cuBLAS), gradients kept in fp32
+        w2_grad = (dy_all.t() @ act).float()
+        w1_grad = (d_pre.t() @ gathered).float()
         d_normed = self.mm_reduce_scatter(d_pre, self.w1)
         normed.backward(d_normed)
         return y, x.grad, w1_grad, w2_grad

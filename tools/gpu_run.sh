@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,multigpu]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,multigpu,multigpu_bench]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -14,10 +14,12 @@
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
 #   multigpu.log                 --stages multigpu (2 GPUs): the trainer's checks at TP=2 and DP=2,
-#                                10,000 TP=2 steps, tp_mlp_bench + tp_peer.py, comm_bench + comm_peer.py,
-#                                step_bench --dp 2 + pytorch_peer.py --ddp, each JSON beside it
+#                                10,000 TP=2 steps
+#   multigpu_bench.log           --stages multigpu_bench (2 GPUs): tp_mlp_bench + tp_peer.py,
+#                                comm_bench + comm_peer.py, step_bench --dp 2 + pytorch_peer.py --ddp,
+#                                each JSON beside it
 #   sanitizer.log                with --sanitize: memcheck and racecheck
-# Stages default to all of them but multigpu (a machine with 2 GPUs or more).
+# Stages default to all of them but multigpu and multigpu_bench (2 GPUs or more).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]}
@@ -125,7 +127,6 @@ if wants multigpu; then
   : >"$results/multigpu.log"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   gpus=$(nvidia-smi -L | wc -l)
-  torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
   if [ "$gpus" -lt 2 ]; then
     echo "multigpu: needs 2 GPUs, this machine has $gpus" | tee -a "$results/multigpu.log" "$results/summary.txt"
     failed_steps=$((failed_steps + 1))
@@ -134,12 +135,25 @@ if wants multigpu; then
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/dp2" --nproc-per-node 2 --dp 2
     step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --overlap overlap --steps 10000 --log-every 1000
-    step multigpu.log "${torchrun[@]}" "$here/bin/tp_mlp_bench" --config large --profile --out "$results/tp_mlp.json"
-    step multigpu.log "${torchrun[@]}" "$here/benchmarks/tp_peer.py" --config large --out "$results/tp_peer.json"
-    step multigpu.log "${torchrun[@]}" "$here/bin/comm_bench" --max-bytes 256M --out "$results/comm_bench_2gpu.json"
-    step multigpu.log "${torchrun[@]}" "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer_2gpu.json"
-    step multigpu.log "${torchrun[@]}" "$here/bin/step_bench" --dp 2 --configs medium,large --out "$results/step_bench_dp2.json"
-    step multigpu.log "${torchrun[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \
+  fi
+fi
+if wants multigpu_bench; then
+  : >"$results/multigpu_bench.log"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  gpus=$(nvidia-smi -L | wc -l)
+  if [ "$gpus" -lt 2 ]; then
+    echo "multigpu_bench: needs 2 GPUs, this machine has $gpus" | tee -a "$results/multigpu_bench.log" "$results/summary.txt"
+    failed_steps=$((failed_steps + 1))
+  else
+    # torchrun starts our binaries with --no-python, the peers with python3.
+    python_run=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
+    binary_run=("${python_run[@]}" --no-python)
+    step multigpu_bench.log "${binary_run[@]}" "$here/bin/tp_mlp_bench" --config large --profile --out "$results/tp_mlp.json"
+    step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/tp_peer.py" --config large --out "$results/tp_peer.json"
+    step multigpu_bench.log "${binary_run[@]}" "$here/bin/comm_bench" --max-bytes 256M --out "$results/comm_bench_2gpu.json"
+    step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer_2gpu.json"
+    step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --dp 2 --configs medium,large --out "$results/step_bench_dp2.json"
+    step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \
       --out "$results/pytorch_peer_dp2.json"
   fi
 fi

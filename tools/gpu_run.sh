@@ -123,14 +123,19 @@ fi
 
 # 6. Several GPUs: 2 ranks, one per GPU, through NCCL (NVLink multicast off in
 # every process: the variables are exported here and the programs set them too).
+# Whether this machine has 2 GPUs; otherwise says so in LOG and counts a failed step.
+two_gpus() {
+  local log=$1 gpus
+  gpus=$(nvidia-smi -L | wc -l)
+  [ "$gpus" -ge 2 ] && return 0
+  echo "${log%.log}: needs 2 GPUs, this machine has $gpus" | tee -a "$results/$log" "$results/summary.txt"
+  failed_steps=$((failed_steps + 1))
+  return 1
+}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if wants multigpu; then
   : >"$results/multigpu.log"
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  gpus=$(nvidia-smi -L | wc -l)
-  if [ "$gpus" -lt 2 ]; then
-    echo "multigpu: needs 2 GPUs, this machine has $gpus" | tee -a "$results/multigpu.log" "$results/summary.txt"
-    failed_steps=$((failed_steps + 1))
-  else
+  if two_gpus multigpu.log; then
     echo "NCCL loaded by the bundle: $(ldd "$here/bin/trainer" | grep -o 'libnccl[^ ]* => [^ ]*')" >>"$results/multigpu.log"
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/dp2" --nproc-per-node 2 --dp 2
@@ -139,12 +144,7 @@ if wants multigpu; then
 fi
 if wants multigpu_bench; then
   : >"$results/multigpu_bench.log"
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  gpus=$(nvidia-smi -L | wc -l)
-  if [ "$gpus" -lt 2 ]; then
-    echo "multigpu_bench: needs 2 GPUs, this machine has $gpus" | tee -a "$results/multigpu_bench.log" "$results/summary.txt"
-    failed_steps=$((failed_steps + 1))
-  else
+  if two_gpus multigpu_bench.log; then
     # torchrun starts our binaries with --no-python, the peers with python3.
     python_run=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
     binary_run=("${python_run[@]}" --no-python)

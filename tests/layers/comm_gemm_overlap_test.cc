@@ -35,23 +35,18 @@
 #include "ops/row_ops.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
 
+using testing::normal_values;
+
 constexpr std::int64_t kTokens = 16;  // all ranks together
 constexpr std::int64_t kHidden = 8;
 constexpr std::int64_t kFfn = 32;
 constexpr std::uint32_t kSeed = 5;
-
-std::vector<float> normal_values(std::uint32_t seed, std::int64_t n) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> out(static_cast<std::size_t>(n));
-  for (float& v : out) v = normal(rng);
-  return out;
-}
 
 // A tensor of `dtype` holding `values` (rounded to bf16 where asked).
 Tensor tensor_of(Context& ctx, const std::string& name, const std::vector<float>& values, std::int64_t rows,

@@ -39,23 +39,18 @@
 #include "layers/linear.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
 
+using testing::normal_values;
+
 constexpr std::int64_t kTokens = 16;
 constexpr std::int64_t kIn = 8;
 constexpr std::int64_t kOut = 16;  // also the pair's ffn
 constexpr std::uint32_t kSeed = 33;
-
-std::vector<float> normal_values(std::uint32_t seed, std::int64_t n) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> out(static_cast<std::size_t>(n));
-  for (float& v : out) v = normal(rng);
-  return out;
-}
 
 // How one rank's tensor relates to the whole [rows, cols] one of one rank.
 struct Sharding {

@@ -37,10 +37,16 @@
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
+
+using testing::normal_values;
+using testing::rows;
+using testing::columns;
+using testing::expect_close;
 
 using testing::read_floats;
 using testing::write_floats;
@@ -54,28 +60,6 @@ constexpr int kRounds = 2;  // inputs per test: the captured step is replayed on
 
 MoEMLPConfig config(int topk) {
   return {.hidden = kHidden, .ffn = kFfn, .experts = kExperts, .topk = topk, .dtype = DType::kFloat32};
-}
-
-std::vector<float> normal_values(std::uint32_t seed, std::int64_t n) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> out(static_cast<std::size_t>(n));
-  for (float& v : out) v = normal(rng);
-  return out;
-}
-
-template <typename T>
-std::vector<T> rows(const std::vector<T>& m, std::int64_t cols, std::int64_t first, std::int64_t count) {
-  return {m.begin() + first * cols, m.begin() + (first + count) * cols};
-}
-
-// Columns [first, first + count) of a row-major [rows_, cols] matrix.
-std::vector<float> columns(const std::vector<float>& m, std::int64_t rows_, std::int64_t cols, std::int64_t first,
-                           std::int64_t count) {
-  std::vector<float> out;
-  for (std::int64_t r = 0; r < rows_; ++r)
-    out.insert(out.end(), m.begin() + r * cols + first, m.begin() + r * cols + first + count);
-  return out;
 }
 
 // One forward and backward: y, dx, the routing and every parameter's gradient
@@ -93,14 +77,6 @@ Result run(Context& ctx, MoEMLP& layer, const Tensor& x, const Tensor& dy) {
   for (const Parameter* p : layer.parameters()) r.grads.push_back(read_floats(ctx, p->grad));
   layer.check_errors(ctx);
   return r;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  float scale = 0, worst = 0;
-  for (float v : want) scale = std::max(scale, std::abs(v));
-  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-  EXPECT_LE(worst, 1e-5f * std::max(scale, 1.0f)) << what << ": largest difference " << worst << " of " << scale;
 }
 
 // Rank r's part of each of the one-rank layer's gradients (Note

@@ -23,10 +23,16 @@
 #include "graphs/captured_step.h"
 #include "layers/layernorm_mlp.h"
 #include "tests/support/gpu.h"
+#include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
+
+using testing::normal_values;
+using testing::rows;
+using testing::columns;
+using testing::expect_close;
 
 constexpr std::int64_t kTokens = 16;
 constexpr std::int64_t kHidden = 8;
@@ -34,26 +40,6 @@ constexpr std::int64_t kFfn = 32;
 constexpr std::uint32_t kSeed = 21;
 
 LayerNormMLPConfig config() { return {.hidden = kHidden, .ffn = kFfn, .dtype = DType::kFloat32}; }
-
-std::vector<float> normal_values(std::uint32_t seed, std::int64_t n) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> out(static_cast<std::size_t>(n));
-  for (float& v : out) v = normal(rng);
-  return out;
-}
-
-std::vector<float> rows(const std::vector<float>& m, std::int64_t cols, std::int64_t first, std::int64_t count) {
-  return {m.begin() + first * cols, m.begin() + (first + count) * cols};
-}
-
-std::vector<float> columns(const std::vector<float>& m, std::int64_t rows_, std::int64_t cols, std::int64_t first,
-                           std::int64_t count) {
-  std::vector<float> out;
-  for (std::int64_t r = 0; r < rows_; ++r)
-    out.insert(out.end(), m.begin() + r * cols + first, m.begin() + r * cols + first + count);
-  return out;
-}
 
 // What one forward and backward gives: y, dx and every parameter's gradient.
 struct Result {
@@ -73,14 +59,6 @@ Tensor tensor_of(Context& ctx, const std::string& name, const std::vector<float>
   const Tensor t = ctx.persistent(name, {Shape{rows_, kHidden}, DType::kFloat32});
   ctx.copy_from_host(t, values.data(), values.size() * sizeof(float));
   return t;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  float scale = 0, worst = 0;
-  for (float v : want) scale = std::max(scale, std::abs(v));
-  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-  EXPECT_LE(worst, 1e-5f * std::max(scale, 1.0f)) << what << ": largest difference " << worst << " of " << scale;
 }
 
 class TensorParallelTest : public ::testing::TestWithParam<int> {};

@@ -39,10 +39,15 @@
 #include "ops/parallel_loss_ops.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
+
+using testing::normal_values;
+using testing::rows;
+using testing::columns;
 
 constexpr std::int64_t kTokens = 16;
 constexpr std::int64_t kHidden = 8;
@@ -51,14 +56,6 @@ constexpr std::int64_t kIgnore = -100;
 constexpr std::uint32_t kSeed = 33;
 const ops::CrossEntropyParams kParams{.ignore_index = kIgnore, .loss_scale = 2.0f};
 
-std::vector<float> normal_values(std::uint32_t seed, std::int64_t n) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<float> out(static_cast<std::size_t>(n));
-  for (float& v : out) v = normal(rng);
-  return out;
-}
-
 // Labels in [0, kVocab), tokens 3 and 10 ignored.
 std::vector<std::int32_t> random_labels(std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -66,18 +63,6 @@ std::vector<std::int32_t> random_labels(std::uint32_t seed) {
   std::vector<std::int32_t> out(kTokens);
   for (std::int32_t& l : out) l = label(rng);
   out[3] = out[10] = kIgnore;
-  return out;
-}
-
-std::vector<float> rows(const std::vector<float>& m, std::int64_t cols, std::int64_t first, std::int64_t count) {
-  return {m.begin() + first * cols, m.begin() + (first + count) * cols};
-}
-
-std::vector<float> columns(const std::vector<float>& m, std::int64_t rows_, std::int64_t cols, std::int64_t first,
-                           std::int64_t count) {
-  std::vector<float> out;
-  for (std::int64_t r = 0; r < rows_; ++r)
-    out.insert(out.end(), m.begin() + r * cols + first, m.begin() + r * cols + first + count);
   return out;
 }
 
@@ -125,11 +110,7 @@ Result run(Context& ctx, const VocabParallelHead& head, const Tensor& x, const T
 }
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  float scale = 0, worst = 0;
-  for (float v : want) scale = std::max(scale, std::abs(v));
-  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-  EXPECT_LE(worst, 1e-5f * std::max(scale, 1e-3f)) << what << ": largest difference " << worst << " of " << scale;
+  testing::expect_close(got, want, what, 1e-5f, 1e-3f);
 }
 
 void expect_matches(const Result& got, const Result& want, int rank, int n, const std::string& who) {

@@ -4,8 +4,9 @@
 // Note [Communication-GEMM overlap]
 // A sequence-parallel layer all-gathers its token shards before a
 // column-parallel GEMM and reduce-scatters the partial sums after a
-// row-parallel one (Note [Sequence-parallel LayerNormMLP]). Each such pair
-// runs one of four ways:
+// row-parallel one (Note [Sequence-parallel LayerNormMLP], Note [Column- and
+// row-parallel Linear]). Each such pair is chosen on its own (LayerNormMLP's
+// four in MLPOverlap, Linear's two in LinearConfig) and runs one of four ways:
 //   none           the collective on the compute stream, then the GEMM:
 //                  nothing hides the communication (the baseline).
 //   bulk           the whole collective on the communication stream; the

@@ -1,6 +1,8 @@
 #include "layers/linear.h"
 
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "engine/error.h"
 #include "layers/layer_checks.h"
@@ -8,6 +10,7 @@
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/gemm_ops.h"
+#include "ops/row_ops.h"
 
 namespace stepgraph {
 
@@ -47,6 +50,8 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
              config.in_features, " over the ", n, " ranks of ", tp_->describe(), "; make in_features a multiple of ",
              n);
   }
+  check_overlap("fprop_overlap", config.fprop_overlap, column() ? CommOverlap::kRingExchange : CommOverlap::kPipelined);
+  check_overlap("dgrad_overlap", config.dgrad_overlap, column() ? CommOverlap::kPipelined : CommOverlap::kRingExchange);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config.in_features));
   const std::int64_t in = local_in_features();
   const std::int64_t out = local_out_features();
@@ -65,6 +70,14 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   if (config.bias) bias_ = make_parameter(ctx, name + ".bias", Shape{out}, config.dtype, b_init);
 }
 
+void Linear::check_overlap(std::string_view field, CommOverlap mode, CommOverlap chunked) const {
+  if (mode == CommOverlap::kNone || mode == CommOverlap::kBulk) return;
+  SG_CHECK(sequence_parallel() && mode == chunked, label_, ": ", field, " ", comm_overlap_name(mode),
+           " does not fit this layer's collective; ",
+           sequence_parallel() ? "use none, bulk or " + std::string(comm_overlap_name(chunked))
+                               : std::string("without sequence parallelism the collectives are all-reduces: use none or bulk"));
+}
+
 std::int64_t Linear::local_in_features() const { return config_.in_features / (row() ? ranks() : 1); }
 std::int64_t Linear::local_out_features() const { return config_.out_features / (column() ? ranks() : 1); }
 
@@ -76,23 +89,49 @@ std::vector<Parameter*> Linear::parameters() {
 
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "input", args.x, {"tokens", local_in_features()}, config_.dtype);
+  const std::int64_t tokens = args.x.shape().dim(0);
   if (row() && sequence_parallel()) {
-    const std::int64_t tokens = args.x.shape().dim(0);
     SG_CHECK(tokens % ranks() == 0, label_, " forward: a sequence-parallel row-parallel layer reduce-scatters its ",
              tokens, " tokens over the ", ranks(), " ranks of ", tp_->describe(), "; give it a multiple of ", ranks(),
              " tokens");
   }
-  // Column-parallel with SP: the GEMM takes every rank's tokens.
-  const Tensor x = column() && sequence_parallel() ? ops::all_gather(ctx, *tp_, args.x) : args.x;
   // Row-parallel: the bias once in the sum of the ranks' partial products.
   const bool adds_bias = config_.bias && (!row() || tp_->rank() == 0);
-  ops::GemmParams params{
+  const ops::GemmParams params{
       .trans_b = true, .epilogue = adds_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone, .out_dtype = config_.dtype};
+  const Tensor bias = adds_bias ? bias_.value : Tensor();
   Forward out;
-  out.y = ops::gemm(ctx, x, weight_.value, params, adds_bias ? bias_.value : Tensor()).d;
-  if (row()) {
-    out.y = sequence_parallel() ? ops::reduce_scatter(ctx, *tp_, out.y, ReduceOp::kSum)
-                                : ops::all_reduce(ctx, *tp_, out.y, ReduceOp::kSum);
+  Tensor x = args.x;
+  if (column() && sequence_parallel()) {
+    // The GEMM takes every rank's tokens, whole or shard by shard as they arrive.
+    const std::int64_t all = tokens * ranks();
+    x = all_gather_gemm(ctx, *tp_, args.x, config_.fprop_overlap, [&](const Tensor& rows, std::int64_t first_row) {
+      if (first_row == 0 && rows.shape().dim(0) == all) {
+        out.y = ops::gemm(ctx, rows, weight_.value, params, bias).d;
+        return;
+      }
+      if (!out.y.defined()) out.y = ops::empty(ctx, {Shape{all, local_out_features()}, config_.dtype});
+      ops::GemmParams window = params;
+      window.rows = rows.shape().dim(0);
+      window.d_row = first_row;
+      ops::gemm_into_(ctx, out.y, rows, weight_.value, window, bias);
+    });
+  } else if (row() && sequence_parallel()) {
+    out.y = gemm_reduce_scatter(ctx, *tp_, tokens, config_.fprop_overlap, [&](std::int64_t first, std::int64_t rows) {
+      ops::GemmParams window = params;
+      if (rows != tokens) {
+        window.rows = rows;
+        window.a_row = first;
+      }
+      return ops::gemm(ctx, x, weight_.value, window, bias).d;
+    });
+  } else {
+    out.y = ops::gemm(ctx, x, weight_.value, params, bias).d;
+    if (row()) {
+      std::optional<InlineCollectives> serial;
+      if (config_.fprop_overlap == CommOverlap::kNone) serial.emplace(ctx);
+      out.y = ops::all_reduce(ctx, *tp_, out.y, ReduceOp::kSum);
+    }
   }
   out.saved = Saved{x, config_.dgrad, config_.wgrad};
   return out;
@@ -106,7 +145,22 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   const bool gathers_dy = row() && sequence_parallel();
   check_input(label_, "backward", "dy", args.dy, {gathers_dy ? tokens / ranks() : tokens, local_out_features()},
               config_.dtype, "the forward's output");
-  const Tensor dy = gathers_dy ? ops::all_gather(ctx, *tp_, args.dy) : args.dy;
+  // dx[tokens, in] = dy W, over rows of dy: whole, or (a sequence-parallel
+  // row-parallel layer) shard by shard as dy's shards arrive.
+  Tensor dx;
+  Tensor dy = args.dy;
+  if (gathers_dy) {
+    dy = all_gather_gemm(ctx, *tp_, args.dy, config_.dgrad_overlap, [&](const Tensor& rows, std::int64_t first_row) {
+      if (!saved.dgrad) return;
+      if (first_row == 0 && rows.shape().dim(0) == tokens) {
+        dx = ops::gemm(ctx, rows, weight_.value, {.out_dtype = config_.dtype}).d;
+        return;
+      }
+      if (!dx.defined()) dx = ops::empty(ctx, {Shape{tokens, local_in_features()}, config_.dtype});
+      ops::gemm_into_(ctx, dx, rows, weight_.value,
+                      {.out_dtype = config_.dtype, .rows = rows.shape().dim(0), .d_row = first_row});
+    });
+  }
   if (saved.wgrad) {
     // grad_W[out, in] = dy^T x, with grad_b = sum over tokens of dy fused
     // (BGRADB), on the weight-gradient stream.
@@ -118,13 +172,23 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
     if (config_.bias) ops::copy_(ctx, bias_.grad, bias_grad);
   }
   if (!saved.dgrad) return {};
-  // dx[tokens, in] = dy W
-  Tensor dx = ops::gemm(ctx, dy, weight_.value, {.out_dtype = config_.dtype}).d;
-  if (column()) {
+  if (column() && sequence_parallel()) {
     // Every rank's slice of out contributed to every input feature: sum them
-    // (SP: and keep this rank's tokens).
-    dx = sequence_parallel() ? ops::reduce_scatter(ctx, *tp_, dx, ReduceOp::kSum)
-                             : ops::all_reduce(ctx, *tp_, dx, ReduceOp::kSum);
+    // and keep this rank's tokens.
+    return gemm_reduce_scatter(ctx, *tp_, tokens, config_.dgrad_overlap, [&](std::int64_t first, std::int64_t rows) {
+      ops::GemmParams window{.out_dtype = config_.dtype};
+      if (rows != tokens) {
+        window.rows = rows;
+        window.a_row = first;
+      }
+      return ops::gemm(ctx, dy, weight_.value, window).d;
+    });
+  }
+  if (!dx.defined()) dx = ops::gemm(ctx, dy, weight_.value, {.out_dtype = config_.dtype}).d;
+  if (column()) {
+    std::optional<InlineCollectives> serial;
+    if (config_.dgrad_overlap == CommOverlap::kNone) serial.emplace(ctx);
+    dx = ops::all_reduce(ctx, *tp_, dx, ReduceOp::kSum);
   }
   return dx;
 }

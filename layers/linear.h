@@ -50,6 +50,7 @@
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "layers/comm_gemm_overlap.h"
 #include "layers/parameter.h"
 
 namespace stepgraph {
@@ -69,6 +70,14 @@ struct LinearConfig {
   // kColumn or kRow need a communicator at construction; kNone needs none.
   TensorParallelMode tensor_parallel = TensorParallelMode::kNone;
   bool sequence_parallel = false;  // token-sharded outside the layer; kColumn or kRow only
+  // Tensor-parallel only: how the forward's and the data gradient's
+  // collectives meet their GEMMs (Note [Communication-GEMM overlap]). With
+  // sequence parallelism kColumn's forward all-gathers x (ring_exchange
+  // fits) and its dgrad reduce-scatters dx (pipelined fits); kRow's forward
+  // reduce-scatters y (pipelined) and its dgrad all-gathers dy
+  // (ring_exchange). Without it the collectives are all-reduces: none or bulk.
+  CommOverlap fprop_overlap = CommOverlap::kBulk;
+  CommOverlap dgrad_overlap = CommOverlap::kBulk;
 };
 
 class Linear {
@@ -108,6 +117,9 @@ class Linear {
 
  private:
   int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
+  // An Error unless `mode` fits the collective of `field` (`chunked`: the
+  // chunked mode that fits it under sequence parallelism).
+  void check_overlap(std::string_view field, CommOverlap mode, CommOverlap chunked) const;
   bool column() const { return config_.tensor_parallel == TensorParallelMode::kColumn; }
   bool row() const { return config_.tensor_parallel == TensorParallelMode::kRow; }
   bool sequence_parallel() const { return config_.sequence_parallel; }

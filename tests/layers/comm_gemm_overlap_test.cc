@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <cmath>
 #include <random>
 #include <string>
@@ -31,6 +32,7 @@
 #include "graphs/program.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/layernorm_mlp.h"
+#include "layers/linear.h"
 #include "ops/gemm_ops.h"
 #include "ops/row_ops.h"
 #include "tests/support/expect_error.h"
@@ -42,6 +44,7 @@ namespace stepgraph {
 namespace {
 
 using testing::normal_values;
+using testing::rows;
 
 constexpr std::int64_t kTokens = 16;  // all ranks together
 constexpr std::int64_t kHidden = 8;
@@ -199,6 +202,94 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{4, DType::kFloat32, "none,pipelined,bulk,pipelined"},
                       Case{2, DType::kBFloat16, "overlap"}, Case{4, DType::kBFloat16, "ring_exchange,none,ring_exchange,bulk"}),
     case_name);
+
+// A column-parallel then a row-parallel sequence-parallel Linear (an MLP
+// without its activation), each collective chunked: the column layer's
+// all-gather by ring_exchange and its dgrad's reduce-scatter pipelined, the
+// row layer's reduce-scatter pipelined and its dgrad's all-gather by
+// ring_exchange; against the same pair with every collective bulk.
+// Exactness as for LayerNormMLP above: only the pipelined sums (y and dx) may
+// round differently, and only with more than 2 ranks.
+class LinearOverlapTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LinearOverlapTest, ChunkedCollectivesEqualBulkAndTheGraphEqualsEager) {
+  const int n = GetParam();
+  const testing::TestSeed seed;
+  const std::vector<float> x_all = normal_values(seed.value(), kTokens * kHidden);
+  const std::vector<float> dy_all = normal_values(seed.value() + 1, kTokens * kHidden);
+  const std::int64_t t = kTokens / n;
+  HostWorld::run(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const std::string who = "rank " + std::to_string(r) + " of " + std::to_string(n);
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    struct Pair {
+      std::unique_ptr<Linear> column, row;
+    };
+    auto make = [&](bool chunked) {
+      LinearConfig c{.in_features = kHidden, .out_features = kFfn, .dtype = DType::kFloat32,
+                     .tensor_parallel = TensorParallelMode::kColumn, .sequence_parallel = true};
+      LinearConfig w{.in_features = kFfn, .out_features = kHidden, .dtype = DType::kFloat32,
+                     .tensor_parallel = TensorParallelMode::kRow, .sequence_parallel = true};
+      if (chunked) {
+        c.fprop_overlap = CommOverlap::kRingExchange;
+        c.dgrad_overlap = CommOverlap::kPipelined;
+        w.fprop_overlap = CommOverlap::kPipelined;
+        w.dgrad_overlap = CommOverlap::kRingExchange;
+      }
+      return Pair{std::make_unique<Linear>(ctx, "fc1", c, kSeed, &comm),
+                  std::make_unique<Linear>(ctx, "fc2", w, kSeed + 7, &comm)};
+    };
+    Pair bulk = make(false), eager = make(true), graphed = make(true);
+    const Tensor x = tensor_of(ctx, "x", rows(x_all, kHidden, r * t, t), t, DType::kFloat32);
+    const Tensor dy = tensor_of(ctx, "dy", rows(dy_all, kHidden, r * t, t), t, DType::kFloat32);
+    auto step = [&](Pair& p) {
+      const Linear::Forward h = p.column->forward(ctx, {x});
+      const Linear::Forward y = p.row->forward(ctx, {h.y});
+      const Tensor dh = p.row->backward(ctx, y.saved, {dy});
+      return std::vector<Tensor>{y.y, p.column->backward(ctx, h.saved, {dh})};
+    };
+    auto collect_pair = [&](Pair& p, const std::vector<Tensor>& outs) {
+      std::vector<std::vector<float>> v{as_floats(ctx, outs[0]), as_floats(ctx, outs[1])};
+      for (Linear* l : {p.column.get(), p.row.get()}) {
+        for (const Parameter* q : l->parameters()) v.push_back(ctx.to_vector<float>(q->grad));
+      }
+      return v;
+    };
+    const std::vector<std::vector<float>> want = collect_pair(bulk, step(bulk));
+    const std::vector<std::vector<float>> got = collect_pair(eager, step(eager));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      float scale = 0;
+      const float worst = largest_difference(got[i], want[i], &scale);
+      if (n <= 2 || i >= 2) {
+        EXPECT_EQ(worst, 0.0f) << who << ": value " << i << " differs from bulk by " << worst;
+      } else {
+        EXPECT_LE(worst, 1e-5f * scale) << who << ": value " << i << " differs from bulk by " << worst;
+      }
+    }
+    auto graph = CapturedStep::capture(ctx, [&] { return step(graphed); },
+                                       {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
+    graph->replay();
+    EXPECT_EQ(collect_pair(graphed, graph->outputs()), got) << who << ": graph != eager";
+    EXPECT_EQ(count_ops(graph->program(), "send_recv"), 4 * (n - 1)) << who;
+    EXPECT_EQ(count_ops(graph->program(), "all_gather") + count_ops(graph->program(), "reduce_scatter"), 0) << who;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, LinearOverlapTest, ::testing::Values(2, 4),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+TEST(LinearOverlapTest, ModesThatDoNotFitTheCollectiveAreRefused) {
+  HostWorld::run(2, [](Communicator& comm) {
+    Context ctx(Device::kHost);
+    EXPECT_ERROR_CONTAINS(Linear(ctx, "fc", {.in_features = 8, .out_features = 8, .tensor_parallel = TensorParallelMode::kColumn,
+                                             .sequence_parallel = true, .fprop_overlap = CommOverlap::kPipelined}, 1, &comm),
+                          "fprop_overlap pipelined does not fit", "ring_exchange");
+    EXPECT_ERROR_CONTAINS(Linear(ctx, "fc", {.in_features = 8, .out_features = 8, .tensor_parallel = TensorParallelMode::kRow,
+                                             .dgrad_overlap = CommOverlap::kRingExchange}, 1, &comm),
+                          "without sequence parallelism the collectives are all-reduces");
+  });
+}
 
 TEST(MLPOverlapTest, ParsesNamesAndRefusesModesThatDoNotFitTheirCollective) {
   EXPECT_EQ(MLPOverlap::parse("none"), MLPOverlap::uniform(CommOverlap::kNone));

@@ -22,12 +22,13 @@ limit_bytes=$((48 * 1024 * 1024))
 
 test_targets=$(./bazelw query 'attr(tags, "gpu_bundle", kind("cc_test", //...))' 2>/dev/null)
 binary_targets=$(./bazelw query 'kind("cc_binary", //trainer/... + //benchmarks/... + //tools/demo/...)' 2>/dev/null)
+multirank_targets=$(./bazelw query 'attr(tags, "gpu_multirank", kind("cc_test", //...))' 2>/dev/null)
 echo "gpu_bundle: building $(echo $test_targets | wc -w) test binaries and $(echo $binary_targets | wc -w) programs" >&2
 # shellcheck disable=SC2086
-./bazelw build --config=bundle $test_targets $binary_targets //capi:libstepgraph_c.so
+./bazelw build --config=bundle $test_targets $binary_targets $multirank_targets //capi:libstepgraph_c.so
 
 rm -rf "$bundle"
-mkdir -p "$bundle/tests" "$bundle/bin" "$bundle/python"
+mkdir -p "$bundle/tests" "$bundle/bin" "$bundle/python" "$bundle/multirank"
 for label in $test_targets; do
   package=${label#//}; package=${package%%:*}          # tests/engine
   name=${label##*:}                                     # gpu_tests
@@ -38,6 +39,11 @@ for label in $binary_targets; do
   name=${label##*:}
   install -m 0755 "bazel-bin/$package/$name" "$bundle/bin/$name"
 done
+for label in $multirank_targets; do   # run under a launcher by run.sh's multigpu stage
+  package=${label#//}; package=${package%%:*}
+  name=${label##*:}
+  install -m 0755 "bazel-bin/$package/$name" "$bundle/multirank/$name"
+done
 cp -r python/stepgraph "$bundle/python/"
 install -m 0755 bazel-bin/capi/libstepgraph_c.so "$bundle/python/stepgraph/"
 mkdir -p "$bundle/python_tests" "$bundle/benchmarks"
@@ -47,6 +53,8 @@ cp benchmarks/*.py "$bundle/benchmarks/"
 find "$bundle" -name __pycache__ -prune -exec rm -rf {} +
 install -m 0755 tools/count_test_results.py "$bundle/count_test_results.py"
 install -m 0755 tools/trainer_checks.sh "$bundle/trainer_checks.sh"
+install -m 0755 tools/killed_rank_check.sh "$bundle/killed_rank_check.sh"
+install -m 0755 tools/compare_losses.py "$bundle/compare_losses.py"
 install -m 0755 tools/gpu_run.sh "$bundle/run.sh"
 
 rm -rf "$packed"

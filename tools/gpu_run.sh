@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,multigpu,multigpu_bench]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,multigpu,multigpu_bench,multigpu_sanitize]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -13,13 +13,15 @@
 #   programs.log                 the trainer runs and the demo
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
-#   multigpu.log                 --stages multigpu (2 GPUs): the trainer's checks at TP=2 and DP=2,
-#                                10,000 TP=2 steps
+#   multigpu.log                 --stages multigpu (2 GPUs): the multi-rank NCCL tests, the trainer's
+#                                checks at TP=2 and DP=2, 10,000 TP=2 steps, DP=2 losses against one
+#                                GPU, a killed rank
+#   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs): tp_mlp_bench + tp_peer.py,
 #                                comm_bench + comm_peer.py, step_bench --dp 2 + pytorch_peer.py --ddp,
 #                                each JSON beside it
 #   sanitizer.log                with --sanitize: memcheck and racecheck
-# Stages default to all of them but multigpu and multigpu_bench (2 GPUs or more).
+# Stages default to all of them but the multigpu ones (2 GPUs or more).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]}
@@ -133,21 +135,41 @@ two_gpus() {
   return 1
 }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# torchrun starts our binaries with --no-python, the peers with python3.
+python_run=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
+binary_run=("${python_run[@]}" --no-python)
 if wants multigpu; then
   : >"$results/multigpu.log"
   if two_gpus multigpu.log; then
     echo "NCCL loaded by the bundle: $(ldd "$here/bin/trainer" | grep -o 'libnccl[^ ]* => [^ ]*')" >>"$results/multigpu.log"
+    # Collectives, DP and ZeRO-1, TP in every overlap mode against one GPU, eager == graph, a mismatched capture.
+    for binary in "$here"/multirank/*; do
+      step multigpu.log "${binary_run[@]}" "$binary"
+    done
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/dp2" --nproc-per-node 2 --dp 2
     step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --overlap overlap --steps 10000 --log-every 1000
+    # DP=2 against one GPU on the same global batch (fp32; the log prints 4 decimals).
+    "$here/bin/trainer" --dtype fp32 --steps 50 --log-every 1 >"$work/dp1_fp32.log" 2>&1
+    "$here/bin/trainer" --nproc-per-node 2 --dp 2 --dtype fp32 --steps 50 --log-every 1 >"$work/dp2_fp32.log" 2>&1
+    step multigpu.log python3 "$here/compare_losses.py" "$work/dp1_fp32.log" "$work/dp2_fp32.log" --rtol 2e-4
+    step multigpu.log "$here/killed_rank_check.sh" "$here/bin/trainer" "$work/killed"
+  fi
+fi
+# compute-sanitizer memcheck on the multi-rank tests: each rank under its own sanitizer.
+if wants multigpu_sanitize; then
+  : >"$results/multigpu_sanitize.log"
+  if two_gpus multigpu_sanitize.log; then
+    for binary in "$here"/multirank/*; do
+      step multigpu_sanitize.log "${binary_run[@]}" compute-sanitizer --tool memcheck --report-api-errors no \
+        --error-exitcode 99 "$binary"
+    done
+    grep -E "ERROR SUMMARY" "$results/multigpu_sanitize.log" | sort | uniq -c >>"$results/summary.txt"
   fi
 fi
 if wants multigpu_bench; then
   : >"$results/multigpu_bench.log"
   if two_gpus multigpu_bench.log; then
-    # torchrun starts our binaries with --no-python, the peers with python3.
-    python_run=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
-    binary_run=("${python_run[@]}" --no-python)
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/tp_mlp_bench" --config large --profile --out "$results/tp_mlp.json"
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/tp_peer.py" --config large --out "$results/tp_peer.json"
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/comm_bench" --max-bytes 256M --out "$results/comm_bench_2gpu.json"

@@ -1,0 +1,278 @@
+// Multi-rank tests on real NCCL: one process per GPU, started by a launcher
+// (tools/gpu_run.sh's multigpu stage):
+//
+//   torchrun --standalone --nproc-per-node 2 --no-python multirank_nccl_ranks_test
+//
+// Every rank runs every test in the same order. Each compares the ranks'
+// results with what this rank computes alone on its own GPU over the whole
+// global batch (the one-GPU reference), or with the values the collectives
+// must give, and each data-parallel and tensor-parallel step's graph with its
+// eager run, bit for bit. Without a launcher the binary is one rank (world
+// size 1): the collectives are local copies and the tests that need a peer
+// say so and skip; without a GPU everything skips.
+//
+// Tolerances (fp32 models, cuBLASLt with fp32 compute, no TF32): the ranks
+// compute the one-GPU sums in another order (a rank's rows, then the
+// all-reduce; the split ffn, vocabulary and pipelined rings) and cuBLASLt may
+// pick another algorithm for another row count: about 1e-6 relative per step.
+// 1e-4 relative on the global loss over 4 AdamW steps leaves room for that,
+// while a missing or mis-scaled reduction is off by 1e-2 and more.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/context.h"
+#include "engine/cuda_check.h"
+#include "engine/device.h"
+#include "engine/error.h"
+#include "engine/launch/join.h"
+#include "engine/nccl_communicator.h"
+#include "graphs/captured_step.h"
+#include "layers/adamw.h"
+#include "layers/residual_stack.h"
+#include "layers/train_step.h"
+#include "ops/collective_ops.h"
+#include "ops/elementwise_ops.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/gpu.h"
+#include "tests/support/seed.h"
+
+namespace stepgraph {
+namespace {
+
+// This process's rank of the launcher's world (NCCL), joined once.
+Communicator& world() {
+  static std::unique_ptr<Communicator> comm = [] {
+    const LaunchInfo launch = launch_info_from_env();
+    SG_CUDA_CHECK(cudaSetDevice(launch.local_rank));
+    JoinedWorld joined = join_world(Device::kCuda, "nccl_ranks_test", std::chrono::minutes(2), launch);
+    return joined.comm != nullptr ? std::move(joined.comm) : make_nccl_communicator(make_nccl_unique_id(), 0, 1);
+  }();
+  return *comm;
+}
+
+std::uint32_t bits(float value) {
+  std::uint32_t out;
+  std::memcpy(&out, &value, sizeof(out));
+  return out;
+}
+
+// --- collectives ------------------------------------------------------------
+
+// Rank r's buffer: element i is (r + 1) * 10 + i.
+std::vector<float> rank_values(int r, std::int64_t n) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((r + 1) * 10 + i);
+  return v;
+}
+
+TEST(NcclRanksTest, EveryCollectiveEagerAndCapturedGivesTheExpectedValues) {
+  SG_SKIP_WITHOUT_GPU();
+  Communicator& comm = world();
+  const int n = comm.world_size();
+  const int r = comm.rank();
+  constexpr std::int64_t kCount = 8;
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  const Tensor x = ctx.persistent("x", {Shape{kCount}, DType::kFloat32});
+  const std::vector<float> mine = rank_values(r, kCount);
+  ctx.copy_from_host(x, mine.data(), mine.size() * 4);
+  std::vector<float> sum(kCount, 0), max(kCount, 0), gathered;
+  for (int q = 0; q < n; ++q) {
+    const std::vector<float> v = rank_values(q, kCount);
+    for (std::int64_t i = 0; i < kCount; ++i) {
+      sum[i] += v[i];
+      max[i] = std::max(max[i], v[i]);
+    }
+    gathered.insert(gathered.end(), v.begin(), v.end());
+  }
+  const std::int64_t block = kCount / n;
+  const std::vector<float> scattered(sum.begin() + r * block, sum.begin() + (r + 1) * block);
+  const int from = (r - 1 + n) % n;
+  auto run = [&] {
+    std::vector<Tensor> out;
+    out.push_back(ops::all_reduce(ctx, comm, x, ReduceOp::kSum));
+    out.push_back(ops::all_reduce(ctx, comm, x, ReduceOp::kMax));
+    out.push_back(ops::all_gather(ctx, comm, x));
+    out.push_back(ops::reduce_scatter(ctx, comm, x, ReduceOp::kSum));
+    Tensor shifted = ops::copy(ctx, x);
+    ops::broadcast_(ctx, comm, shifted, n - 1);
+    out.push_back(shifted);
+    if (n > 1) out.push_back(ops::send_recv(ctx, comm, x, (r + 1) % n, from));
+    return out;
+  };
+  auto check = [&](const std::vector<Tensor>& out, const std::string& how) {
+    const std::string who = how + ", rank " + std::to_string(r) + " of " + std::to_string(n);
+    EXPECT_EQ(ctx.to_vector<float>(out[0]), sum) << who << ": all_reduce sum";
+    EXPECT_EQ(ctx.to_vector<float>(out[1]), max) << who << ": all_reduce max";
+    EXPECT_EQ(ctx.to_vector<float>(out[2]), gathered) << who << ": all_gather";
+    EXPECT_EQ(ctx.to_vector<float>(out[3]), scattered) << who << ": reduce_scatter";
+    EXPECT_EQ(ctx.to_vector<float>(out[4]), rank_values(n - 1, kCount)) << who << ": broadcast from the last rank";
+    if (n > 1) EXPECT_EQ(ctx.to_vector<float>(out[5]), rank_values(from, kCount)) << who << ": send_recv ring";
+  };
+  check(run(), "eager");
+  auto graph = CapturedStep::capture(ctx, run, {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
+  for (int i = 0; i < 3; ++i) graph->replay();
+  check(graph->outputs(), "graph, 3 replays");
+  comm.check_health();
+}
+
+// --- data and tensor parallelism against one GPU ------------------------------
+
+constexpr std::int64_t kHidden = 64;
+constexpr std::int64_t kVocab = 64;
+constexpr std::int64_t kTokens = 64;  // the global batch
+constexpr int kSteps = 4;
+
+ResidualStackConfig model_config(bool moe, const MLPOverlap& overlap) {
+  ResidualStackConfig c{.hidden = kHidden, .ffn = 128, .layers = 2, .vocab = kVocab, .dtype = DType::kFloat32,
+                        .seed = 3, .overlap = overlap};
+  if (moe) {
+    c.experts = 4;
+    c.topk = 2;
+    c.moe_every = 2;
+  }
+  return c;
+}
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<std::int32_t> labels;
+};
+
+Batch global_batch(std::uint32_t seed, int step) {
+  std::mt19937 rng(seed + 1000u * static_cast<std::uint32_t>(step));
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<std::int32_t> label(0, kVocab - 1);
+  Batch b;
+  for (std::int64_t i = 0; i < kTokens * kHidden; ++i) b.x.push_back(normal(rng));
+  for (std::int64_t i = 0; i < kTokens; ++i) b.labels.push_back(label(rng));
+  return b;
+}
+
+struct Rig {
+  Rig(Context& ctx, const ResidualStackConfig& config, std::int64_t tokens, Communicator* tp, Communicator* dp,
+      DataParallelMode mode)
+      : model(ctx, config, tp),
+        optimizer(ctx, model.parameters(), {.lr = 1e-3f}),
+        step(ctx, model, optimizer, tokens, dp, mode) {}
+  void load(Context& ctx, const Batch& b, std::int64_t first, std::int64_t tokens) {
+    ctx.copy_from_host(step.inputs(), b.x.data() + first * kHidden, static_cast<std::size_t>(tokens * kHidden) * 4);
+    ctx.copy_from_host(step.labels(), b.labels.data() + first, static_cast<std::size_t>(tokens) * 4);
+  }
+  ResidualStack model;
+  AdamW optimizer;
+  TrainStep step;
+};
+
+// The one-GPU losses of `config` on the whole global batch.
+std::vector<float> one_gpu_losses(const ResidualStackConfig& config, std::uint32_t seed) {
+  Context ctx(Device::kCuda, 2);
+  Rig rig(ctx, config, kTokens, nullptr, nullptr, DataParallelMode::kAllReduce);
+  std::vector<float> losses;
+  for (int s = 0; s < kSteps; ++s) {
+    rig.load(ctx, global_batch(seed, s), 0, kTokens);
+    losses.push_back(ctx.to_vector<float>(rig.step(ctx)[0]).at(0));
+  }
+  return losses;
+}
+
+// Every rank trains its rows (rank r: [r t, (r + 1) t)) with `tp` and `dp`,
+// eager and graphed side by side: the graph equals eager bit for bit and the
+// global loss equals the one-GPU loss within 1e-4 relative.
+void expect_parallel_equals_one_gpu(const ResidualStackConfig& config, Communicator* tp, Communicator* dp,
+                                    DataParallelMode mode, const std::string& what) {
+  Communicator& comm = world();
+  // Every rank draws the global batch from rank 0's seed.
+  const testing::TestSeed drawn;
+  const auto seed_value = static_cast<std::uint32_t>(
+      std::stoul(comm.exchange(std::to_string(drawn.value()), "the test's seed").at(0)));
+  SCOPED_TRACE("global batch seed " + std::to_string(seed_value) + " (rank 0's)");
+  const std::vector<float> want = one_gpu_losses(config, seed_value);
+  const std::int64_t local = kTokens / comm.world_size();
+  const std::int64_t first = comm.rank() * local;
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  Rig eager(ctx, config, local, tp, dp, mode);
+  Rig graphed(ctx, config, local, tp, dp, mode);
+  auto graph = CapturedStep::capture(
+      ctx, [&] { return graphed.step(ctx); },
+      {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});
+  const std::string who = what + ", rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.world_size());
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch b = global_batch(seed_value, s);
+    eager.load(ctx, b, first, local);
+    graphed.load(ctx, b, first, local);
+    const float eager_loss = ctx.to_vector<float>(eager.step(ctx)[0]).at(0);
+    graph->replay();
+    const float graph_loss = ctx.to_vector<float>(graph->outputs()[0]).at(0);
+    EXPECT_EQ(bits(eager_loss), bits(graph_loss)) << who << " step " << s << ": eager " << eager_loss << ", graph "
+                                                  << graph_loss;
+    EXPECT_NEAR(graph_loss, want[s], 1e-4 * std::abs(want[s])) << who << " step " << s;
+  }
+  for (std::size_t i = 0; i < graphed.model.parameters().size(); ++i) {
+    const Parameter* p = graphed.model.parameters()[i];
+    EXPECT_EQ(ctx.to_vector<float>(p->master), ctx.to_vector<float>(eager.model.parameters()[i]->master))
+        << who << ": " << p->name << " graph != eager";
+  }
+  eager.step.check_errors(ctx);
+  graphed.step.check_errors(ctx);
+  comm.check_health();
+}
+
+TEST(NcclRanksTest, DataParallelAllReduceAndZero1EqualOneGpuOnTheGlobalBatch) {
+  SG_SKIP_WITHOUT_GPU();
+  Communicator& comm = world();
+  expect_parallel_equals_one_gpu(model_config(false, {}), nullptr, &comm, DataParallelMode::kAllReduce, "dp allreduce");
+  expect_parallel_equals_one_gpu(model_config(false, {}), nullptr, &comm, DataParallelMode::kZero1, "dp zero1");
+}
+
+TEST(NcclRanksTest, TensorParallelInEveryOverlapModeEqualsOneGpuOnTheGlobalBatch) {
+  SG_SKIP_WITHOUT_GPU();
+  Communicator& comm = world();
+  for (const char* mode : {"none", "bulk", "overlap"}) {
+    expect_parallel_equals_one_gpu(model_config(true, MLPOverlap::parse(mode)), &comm, nullptr,
+                                   DataParallelMode::kAllReduce, std::string("tp, dense + MoE blocks, ") + mode);
+  }
+}
+
+// --- faults -----------------------------------------------------------------
+
+// Ranks that would capture different collectives stop before recording,
+// each with an Error naming the first difference, not a hang.
+TEST(NcclRanksTest, AMismatchedCaptureIsAnErrorOnEveryRank) {
+  SG_SKIP_WITHOUT_GPU();
+  Communicator& comm = world();
+  if (comm.world_size() < 2) GTEST_SKIP() << "needs 2 ranks: run under torchrun --nproc-per-node 2 (world size 1 now)";
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  const Tensor x = ctx.persistent("x", {Shape{8}, DType::kFloat32});
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_ERROR_CONTAINS(CapturedStep::capture(
+                            ctx,
+                            [&] {
+                              // Rank 0 all-reduces, the others all-gather.
+                              if (comm.rank() == 0) return std::vector<Tensor>{ops::all_reduce(ctx, comm, x, ReduceOp::kSum)};
+                              return std::vector<Tensor>{ops::all_gather(ctx, comm, x)};
+                            },
+                            {.communicators = {&comm}}),
+                        "all_reduce", "all_gather");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30.0) << "the mismatch took " << seconds << " s to surface";
+  // The communicator still works: the check ran before anything was recorded.
+  const Tensor sum = ops::all_reduce(ctx, comm, ops::fill(ctx, x.meta(), 1.0f), ReduceOp::kSum);
+  EXPECT_EQ(ctx.to_vector<float>(sum).at(0), static_cast<float>(comm.world_size()));
+  comm.check_health();
+}
+
+}  // namespace
+}  // namespace stepgraph

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A killed rank ends the others in bounded time (cuda): starts the trainer on
+# 2 ranks of this host with --comm-timeout T, kills one worker (SIGKILL) once
+# training runs, and checks that the launcher then ends with an error, the
+# surviving rank's watchdog naming its rank and step, within T + 60 s.
+#
+#   killed_rank_check.sh TRAINER WORK_DIR [extra trainer flags]
+# Exit status 0 when it holds; the trainer's output is printed.
+set -uo pipefail
+trainer=${1:?usage: killed_rank_check.sh TRAINER WORK_DIR [flags]}
+work=${2:?usage: killed_rank_check.sh TRAINER WORK_DIR [flags]}
+shift 2
+timeout_s=10
+mkdir -p "$work"
+log="$work/killed_rank.log"
+"$trainer" --nproc-per-node 2 --steps 100000000 --log-every 500 --comm-timeout "$timeout_s" "$@" >"$log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 240); do  # until a step has been logged (at most 120 s)
+  grep -q '^step ' "$log" && break
+  sleep 0.5
+done
+victim=$(pgrep -P "$launcher" | tail -n 1)
+echo "workers of launcher $launcher: $(pgrep -P "$launcher" | tr '\n' ' '); killing $victim"
+kill -9 "$victim"
+start=$SECONDS
+wait "$launcher"
+status=$?
+elapsed=$((SECONDS - start))
+cat "$log"
+echo "launcher exit $status, $elapsed s after the kill (--comm-timeout $timeout_s)"
+if [ "$status" -ne 0 ] && [ "$elapsed" -le $((timeout_s + 60)) ] && grep -q 'trainer: rank [0-9]*: .*aborting' "$log"; then
+  echo "CHECK ok: a killed rank ended the run with the watchdog's error in $elapsed s"
+  exit 0
+fi
+echo "CHECK FAILED: a killed rank did not end the run as promised"
+exit 1

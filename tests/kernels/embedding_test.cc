@@ -104,7 +104,9 @@ TEST(EmbeddingTest, Bf16HostBackwardSumsEachTokensRowsInPositionOrder) {
       const float got = dtable[v * desc.dim + d];
       EXPECT_EQ(got, sequential) << "row " << v << " column " << d;
       EXPECT_NEAR(got, exact, 1e-5 * (1.0 + std::abs(exact)));
-      if (v == desc.vocab - 1) EXPECT_EQ(got, 0.0f) << "a row no token names must be zero";
+      if (v == desc.vocab - 1) {
+        EXPECT_EQ(got, 0.0f) << "a row no token names must be zero";
+      }
     }
   }
 }

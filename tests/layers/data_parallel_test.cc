@@ -220,7 +220,9 @@ TEST_P(Zero1Test, EqualsAllReduceBitForBitEagerAndGraphed) {
                   ranks, std::string(dtype_name(dtype)).c_str(), static_cast<long long>(all_reduce_bytes),
                   static_cast<long long>(zero_bytes));
     }
-    if (ranks > 2 && dtype == DType::kFloat32) EXPECT_LT(zero_bytes, all_reduce_bytes);
+    if (ranks > 2 && dtype == DType::kFloat32) {
+      EXPECT_LT(zero_bytes, all_reduce_bytes);
+    }
   });
 }
 

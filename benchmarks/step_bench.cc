@@ -61,6 +61,8 @@ struct Options {
   int steps = 50;
   int warmup = 10;
   int dp = 0;  // 0: the single-GPU benchmark; N: data-parallel rows over N ranks
+  int tp = 0;  // N: tensor-parallel rows over N ranks (Note [Tensor-parallel rows])
+  std::string overlap = "bulk";
   std::string dp_mode = "allreduce";
   int timeout_s = 300;
   std::string out;
@@ -135,7 +137,9 @@ int run_single(const Options& options, Device device, const std::vector<StepConf
 
 // ---------------------------------------------------------------- --dp
 
-void print_dp_line(const nlohmann::json& c) {
+// One config's line of --dp or --tp: each row's step time, and against its
+// baseline the data-parallel efficiency or the tensor-parallel speedup.
+void print_parallel_line(const nlohmann::json& c) {
   const std::string name = c["name"];
   if (c["status"] != "ok") {
     std::printf("%-7s %s: %s\n", name.c_str(), c["status"].get<std::string>().c_str(),
@@ -153,12 +157,23 @@ void print_dp_line(const nlohmann::json& c) {
                   s["step_us"]["median_us"].get<double>() / 1000.0, s["step_us"]["min_us"].get<double>() / 1000.0,
                   s["step_us"]["max_us"].get<double>() / 1000.0, s["tokens_per_s"].get<double>());
     line << buffer;
-    if (!s["scaling_efficiency"].is_null()) {
+    if (s.contains("speedup_vs_tp1") && !s["speedup_vs_tp1"].is_null()) {
+      std::snprintf(buffer, sizeof(buffer), " (speedup %.3fx, strong-scaling efficiency %.3f, per-GPU MFU %.1f%%)",
+                    s["speedup_vs_tp1"].get<double>(), s["strong_scaling_efficiency"].get<double>(),
+                    100.0 * s["mfu"].get<double>());
+      line << buffer;
+    }
+    if (s.contains("scaling_efficiency") && !s["scaling_efficiency"].is_null()) {
       std::snprintf(buffer, sizeof(buffer), " (efficiency %.3f, exposed comm %.3f ms = %.1f%%)",
                     s["scaling_efficiency"].get<double>(), s["exposed_comm_us"].get<double>() / 1000.0,
                     100.0 * s["exposed_comm_fraction"].get<double>());
       line << buffer;
     }
+  }
+  if (!c.contains("loss_check")) {
+    std::printf("%s\n", line.str().c_str());
+    std::fflush(stdout);
+    return;
   }
   const nlohmann::json& check = c["loss_check"];
   line << "  first " << check["steps"].get<int>() << " losses " << check["compared"][0].get<std::string>() << " vs "
@@ -175,8 +190,11 @@ void print_dp_line(const nlohmann::json& c) {
   std::fflush(stdout);
 }
 
-// Whether the data-parallel first losses disagree with the ranks' own (a wrong gradient or loss reduction).
-bool dp_losses_disagree(const nlohmann::json& c) {
+// Whether the parallel rows' first losses disagree: the data-parallel loss
+// with the ranks' own (a wrong gradient or loss reduction), the
+// tensor-parallel eager with its graph.
+bool parallel_losses_disagree(const nlohmann::json& c) {
+  if (c.contains("tensor_parallel_rows") && c.contains("loss_check")) return !c["loss_check"]["identical"].get<bool>();
   if (!c.contains("dp_loss_check")) return false;
   return !c["dp_loss_check"]["eager"]["agrees"].get<bool>() || !c["dp_loss_check"]["graph"]["agrees"].get<bool>();
 }
@@ -196,19 +214,40 @@ std::unique_ptr<Communicator> join_world(const LaunchInfo& launch, Device device
   return stepgraph::join_world(device, run_tag, timeout, launch).comm;
 }
 
-int run_data_parallel(const Options& options, Device device, const std::vector<StepConfig>& configs,
-                      const StepRunOptions& run_options, const LaunchInfo& launch, const nlohmann::json& env) {
+// --dp N or --tp N over the launch's ranks.
+int run_parallel(const Options& options, Device device, const std::vector<StepConfig>& configs,
+                 const StepRunOptions& run_options, const LaunchInfo& launch, const nlohmann::json& env) {
+  const bool tensor = options.tp > 0;
   const DataParallelMode mode = parse_dp_mode(options.dp_mode);
   SG_CHECK(options.timeout_s > 0, "--timeout-s must be positive, got ", options.timeout_s);
   const auto timeout = std::chrono::milliseconds(std::int64_t{1000} * options.timeout_s);
   std::ostringstream tag;  // what every rank must agree on
-  tag << "step_bench --dp " << options.dp << " --dp-mode " << options.dp_mode << " --configs " << options.configs
-      << " --steps " << options.steps << " --warmup " << options.warmup << " --device " << options.device;
+  if (tensor) {
+    tag << "step_bench --tp " << options.tp << " --overlap " << options.overlap;
+  } else {
+    tag << "step_bench --dp " << options.dp << " --dp-mode " << options.dp_mode;
+  }
+  tag << " --configs " << options.configs << " --steps " << options.steps << " --warmup " << options.warmup
+      << " --device " << options.device;
   std::unique_ptr<Communicator> world = join_world(launch, device, tag.str(), timeout);
   const bool leader = launch.rank == 0;
   const int n = launch.world_size;
 
   nlohmann::json result = result_header(describe_device(device, launch.local_rank), options, run_options);
+  if (tensor) {
+    result["tensor_parallel"] = {
+        {"world_size", n},
+        {"local_world_size", launch.local_world_size},
+        {"launcher", launch.launcher},
+        {"overlap", run_options.overlap.to_string()},
+        {"communicator", world != nullptr ? world->describe() : "none (world size 1)"},
+        {"nccl_version", device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr},
+        {"multicast_env", env},
+        {"strong_scaling", "both rows train the config's `tokens` per step; the tpN row shards the model over N GPUs"},
+        {"rows", "Note [Tensor-parallel rows] in benchmarks/step_runner.h"},
+        {"note", n == 1 ? "world size 1: the tp1 rows alone; nothing is sharded" : ""},
+    };
+  } else {
   result["data_parallel"] = {
       {"world_size", n},
       {"local_world_size", launch.local_world_size},
@@ -232,19 +271,23 @@ int run_data_parallel(const Options& options, Device device, const std::vector<S
         {"exposed_comm_fraction", "exposed_comm_us / median step time(dpN) = 1 - scaling_efficiency"}}},
       {"note", n == 1 ? "world size 1: the dp1 rows alone, the baseline of a run at N > 1; nothing scales here" : ""},
   };
+  }
+  const nlohmann::json& parallel = result[tensor ? "tensor_parallel" : "data_parallel"];
   if (leader) {
     std::printf("device: %s; %s; %s\n", result["device"].get<std::string>().c_str(), describe(launch).c_str(),
-                result["data_parallel"]["communicator"].get<std::string>().c_str());
-    if (n == 1) std::printf("NOTE: %s\n", result["data_parallel"]["note"].get<std::string>().c_str());
+                parallel["communicator"].get<std::string>().c_str());
+    if (n == 1) std::printf("NOTE: %s\n", parallel["note"].get<std::string>().c_str());
     std::fflush(stdout);
   }
   bool failed = false;
   try {
     for (const StepConfig& config : configs) {
-      nlohmann::json c = run_dp_config(config, run_options, world.get(), mode);
-      failed = failed || c["status"] == "failed" || dp_losses_disagree(c);
+      nlohmann::json c = tensor ? run_tp_config(config, run_options, world.get())
+                                : run_dp_config(config, run_options, world.get(), mode);
+      if (tensor) c["tensor_parallel_rows"] = true;
+      failed = failed || c["status"] == "failed" || parallel_losses_disagree(c);
       if (leader) {
-        print_dp_line(c);
+        print_parallel_line(c);
         result["configs"].push_back(std::move(c));
         write_json(options.out, result);  // after every config: a later failure keeps the earlier results
       }
@@ -278,11 +321,20 @@ int run(const Options& options) {
   run_options.warmup = options.warmup;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
-  check_dp_flag(options.dp, launch.world_size);
-  if (options.dp == 0) return run_single(options, device, configs, run_options);
+  SG_CHECK(options.tp >= 0, "--tp must be the number of ranks (>= 1), got ", options.tp);
+  SG_CHECK(options.tp == 0 || options.dp == 0, "--tp and --dp together are not benchmarked yet: give one of them");
+  if (options.tp > 0) {
+    SG_CHECK(options.tp == launch.world_size, "--tp ", options.tp, " needs ", options.tp,
+             " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.tp,
+             " bin/step_bench --tp ", options.tp, "), but this run has ", launch.world_size);
+    run_options.overlap = MLPOverlap::parse(options.overlap);
+  } else {
+    check_dp_flag(options.dp, launch.world_size);
+    if (options.dp == 0) return run_single(options, device, configs, run_options);
+  }
   (void)parse_dp_mode(options.dp_mode);  // a bad flag before any rank meets another
   try {
-    return run_data_parallel(options, device, configs, run_options, launch, env);
+    return run_parallel(options, device, configs, run_options, launch, env);
   } catch (const std::exception& error) {
     if (launch.world_size == 1) throw;
     const auto* engine_error = dynamic_cast<const Error*>(&error);
@@ -308,6 +360,11 @@ int main(int argc, char** argv) {
   app.add_option("--dp", options.dp,
                  "data parallel over the launch's N ranks (torchrun/srun/mpirun; one process: 1): per-GPU tokens/s "
                  "at N against each GPU alone");
+  app.add_option("--tp", options.tp,
+                 "tensor parallel over the launch's N ranks: the same global step sharded over N GPUs against one GPU "
+                 "training it alone");
+  app.add_option("--overlap", options.overlap, "with --tp: none, bulk, overlap, or four modes (trainer/README.md)")
+      ->capture_default_str();
   app.add_option("--dp-mode", options.dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
       ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")

@@ -31,12 +31,13 @@ double microseconds_since(Clock::time_point start) {
 
 // The fixed batch every step of both modes trains on.
 void load_batch(Context& ctx, const TrainStep& step, const StepConfig& config, std::uint32_t seed) {
+  const std::int64_t tokens = step.labels().shape().dim(0);  // this rank's rows
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<std::uint16_t> x(static_cast<std::size_t>(config.tokens * config.model.hidden));
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(tokens * config.model.hidden));
   for (auto& v : x) v = float_to_bf16(uniform(rng));
   std::uniform_int_distribution<std::int32_t> label(0, static_cast<std::int32_t>(config.model.vocab - 1));
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(config.tokens));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(tokens));
   for (auto& v : labels) v = label(rng);
   ctx.copy_from_host(step.inputs(), x.data(), x.size() * sizeof(std::uint16_t));
   ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
@@ -110,9 +111,13 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   ModeResult r;
   Context ctx(options.device, options.dp_layout ? 2 : 1);
   if (options.dp_layout) ctx.set_communication_stream(2);
-  ResidualStack model(ctx, config.model);
+  ResidualStackConfig model_config = config.model;
+  model_config.overlap = options.overlap;
+  ResidualStack model(ctx, model_config, options.tensor_parallel);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
-  TrainStep step(ctx, model, optimizer, config.tokens, options.data_parallel, options.dp_mode);
+  const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
+  SG_CHECK(config.tokens % tp == 0, "config ", config.name, ": tokens ", config.tokens, " must divide by --tp ", tp);
+  TrainStep step(ctx, model, optimizer, config.tokens / tp, options.data_parallel, options.dp_mode);
   load_batch(ctx, step, config, options.data_seed);
 
   std::shared_ptr<CapturedStep> captured;
@@ -500,6 +505,83 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
       results.dp_graph = run_everywhere(config, StepMode::kGraph, together, world, config.name + " dpN graph");
     }
     return dp_config_json(config, results);
+  };
+  if (n > 1) return body();
+  try {
+    return body();
+  } catch (const std::exception& error) {
+    return failed_config_json(config, error);
+  }
+}
+
+// ---------------------------------------------------------------- tensor parallelism
+
+namespace {
+
+std::string tp_system_name(StepMode mode, int world_size) {
+  return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_tp", world_size);
+}
+
+// One row (Note [Tensor-parallel rows]): system_json's fields per GPU and,
+// against a baseline, the strong scaling.
+nlohmann::json tp_system_json(const StepConfig& config, StepMode mode, int world_size, const RankedResult& r,
+                              const RankedResult& eager, const RankedResult* baseline) {
+  nlohmann::json out = system_json(tp_system_name(mode, world_size), config, r.combined, eager.combined);
+  out["world_size"] = world_size;
+  out["rank_median_us"] = r.rank_median_us;
+  out["tflops"] = out["tflops"].get<double>() / world_size;  // per GPU
+  out["mfu"] = out["mfu"].get<double>() / world_size;
+  if (baseline != nullptr) {
+    const double speedup = baseline->combined.step_us.median_us / r.combined.step_us.median_us;
+    out["baseline_system"] = tp_system_name(mode, 1);
+    out["speedup_vs_tp1"] = speedup;
+    out["strong_scaling_efficiency"] = speedup / world_size;
+  } else {
+    out["baseline_system"] = nullptr;
+    out["speedup_vs_tp1"] = nullptr;
+    out["strong_scaling_efficiency"] = nullptr;
+  }
+  if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world) {
+  const int n = world != nullptr ? world->world_size() : 1;
+  auto body = [&] {
+    StepRunOptions alone = options;
+    alone.dp_layout = true;
+    alone.data_parallel = nullptr;
+    alone.tensor_parallel = nullptr;
+    alone.timed_with = n > 1 ? world : nullptr;
+    StepRunOptions together = alone;
+    together.tensor_parallel = n > 1 ? world : nullptr;
+    prime(config, alone);
+    meet(alone.timed_with, "primed " + config.name);
+    const RankedResult base_eager = run_everywhere(config, StepMode::kEager, alone, world, config.name + " tp1 eager");
+    const RankedResult base_graph = run_everywhere(config, StepMode::kGraph, alone, world, config.name + " tp1 graph");
+    nlohmann::json out = config_header_json(config);
+    out["status"] = "ok";
+    out["reason"] = nullptr;
+    out["world_size"] = n;
+    out["overlap"] = options.overlap.to_string();
+    nlohmann::json systems = nlohmann::json::array();
+    systems.push_back(tp_system_json(config, StepMode::kEager, 1, base_eager, base_eager, nullptr));
+    systems.push_back(tp_system_json(config, StepMode::kGraph, 1, base_graph, base_eager, nullptr));
+    if (n > 1) {
+      const RankedResult eager = run_everywhere(config, StepMode::kEager, together, world, config.name + " tpN eager");
+      const RankedResult graph = run_everywhere(config, StepMode::kGraph, together, world, config.name + " tpN graph");
+      const auto [identical, max_diff] = compare_losses(eager.combined.first_losses, graph.combined.first_losses);
+      out["loss_check"] = {{"steps", eager.combined.first_losses.size()},
+                           {"compared", {tp_system_name(StepMode::kEager, n), tp_system_name(StepMode::kGraph, n)}},
+                           {"identical", identical},
+                           {"max_abs_diff", max_diff}};
+      systems.push_back(tp_system_json(config, StepMode::kEager, n, eager, eager, &base_eager));
+      systems.push_back(tp_system_json(config, StepMode::kGraph, n, graph, eager, &base_graph));
+    }
+    out["systems"] = std::move(systems);
+    return out;
   };
   if (n > 1) return body();
   try {

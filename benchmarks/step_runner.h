@@ -65,6 +65,7 @@
 #include "engine/communicator.h"
 #include "engine/tensor.h"
 #include "graphs/captured_step.h"
+#include "layers/comm_gemm_overlap.h"
 #include "layers/train_step.h"
 
 namespace stepgraph::bench {
@@ -93,6 +94,11 @@ struct StepRunOptions {
   // The data-parallel stream layout: a Context with 2 side streams and the
   // collectives on stream 2 (the trainer's), with or without a communicator.
   bool dp_layout = false;
+  // Tensor parallelism (Note [Tensor-parallel rows]): the model is sharded
+  // over `tensor_parallel` (null: whole) and each rank trains tokens / N of
+  // the config's; `overlap` is how its collectives meet their GEMMs.
+  Communicator* tensor_parallel = nullptr;
+  MLPOverlap overlap;
 };
 
 enum class StepMode { kEager, kGraph };
@@ -188,5 +194,28 @@ nlohmann::json dp_config_json(const StepConfig& config, const DataParallelResult
 // others).
 nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world,
                              DataParallelMode mode);
+
+// ---- Tensor parallelism (step_bench --tp) ----
+//
+// Note [Tensor-parallel rows]
+// step_bench --tp N runs each config on the N ranks of a launch, every mode:
+//   stepgraph_<mode>_tp1  the baseline: every rank trains the whole config
+//                         (all `tokens`) alone on its GPU, all at the same time;
+//   stepgraph_<mode>_tpN  the same global step tensor- and sequence-parallel
+//                         over the N ranks (ResidualStack over the world:
+//                         each rank holds 1/N of every ffn, of the experts and
+//                         of the vocabulary, and tokens / N rows outside the
+//                         blocks), its collectives meeting their GEMMs as
+//                         --overlap says.
+// Strong scaling: both rows train the same `tokens` per step; per row
+// tokens_per_s = tokens / median step time, speedup_vs_tp1 = median(tp1) /
+// median(tpN), strong_scaling_efficiency = speedup / N; tflops and mfu are
+// per GPU (the step's FLOPs / N for the tpN row). Timing as for the
+// data-parallel rows (barrier before each sample, the slowest rank).
+
+// Runs the config's tp1 rows and, at N > 1 ranks, its tpN rows on every rank
+// of `world` and returns the config's JSON (the same on every rank). As
+// run_dp_config: at N > 1 an exception propagates.
+nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world);
 
 }  // namespace stepgraph::bench

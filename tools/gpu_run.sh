@@ -19,6 +19,7 @@
 #   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs): tp_mlp_bench + tp_peer.py,
 #                                comm_bench + comm_peer.py, step_bench --dp 2 + pytorch_peer.py --ddp,
+#                                step_bench --tp 2 (bulk and overlap),
 #                                each JSON beside it
 #   sanitizer.log                with --sanitize: memcheck and racecheck
 # Stages default to all of them but the multigpu ones (2 GPUs or more).
@@ -175,6 +176,10 @@ if wants multigpu_bench; then
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/comm_bench" --max-bytes 256M --out "$results/comm_bench_2gpu.json"
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer_2gpu.json"
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --dp 2 --configs medium,large --out "$results/step_bench_dp2.json"
+    for overlap in bulk overlap; do
+      step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --tp 2 --overlap "$overlap" --configs medium,large \
+        --out "$results/step_bench_tp2_$overlap.json"
+    done
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \
       --out "$results/pytorch_peer_dp2.json"
   fi

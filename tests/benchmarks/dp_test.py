@@ -113,9 +113,31 @@ def test_zero1_and_world_of_one(tmp_path):
     assert "NOTE: world size 1" in done.stdout
 
 
+def test_two_host_processes_write_the_tensor_parallel_rows(tmp_path):
+    """step_bench --tp 2: the tiny config sharded over two host processes against each training it alone."""
+    codes, logs = run_world(tmp_path, 2, HOST_FLAGS + ["--tp", "2", "--overlap", "overlap"])
+    assert codes == [0, 0], logs
+    data = json.loads((tmp_path / "rank0.json").read_text())
+    tp = data["tensor_parallel"]
+    assert tp["world_size"] == 2 and tp["launcher"] == "torchrun" and "ring_exchange" in tp["overlap"]
+    (c,) = data["configs"]
+    assert c["status"] == "ok" and c["loss_check"]["identical"]
+    rows = {s["system"]: s for s in c["systems"]}
+    assert list(rows) == ["stepgraph_eager_tp1", "stepgraph_graph_tp1", "stepgraph_eager_tp2", "stepgraph_graph_tp2"]
+    for name in ("stepgraph_eager_tp2", "stepgraph_graph_tp2"):
+        s, base = rows[name], rows[name.replace("_tp2", "_tp1")]
+        assert s["baseline_system"] == base["system"]
+        assert s["speedup_vs_tp1"] == pytest.approx(base["step_us"]["median_us"] / s["step_us"]["median_us"])
+        assert s["strong_scaling_efficiency"] == pytest.approx(s["speedup_vs_tp1"] / 2)
+        assert s["persistent_bytes"] < base["persistent_bytes"], "each rank holds half the model"
+    assert "speedup" in logs[0] and "speedup" not in logs[1]  # rank 0 prints
+
+
 @pytest.mark.parametrize(
     "flags, env, message",
     [
+        (["--tp", "2"], {}, "--tp 2 needs 2 ranks"),
+        (["--tp", "2", "--dp", "2"], {}, "--tp and --dp together"),
         (["--dp", "2"], {}, "--dp 2 needs 2 ranks"),
         (["--dp", "1", "--dp-mode", "ddp"], {}, "--dp-mode is allreduce"),
         (["--dp", "-1"], {}, "--dp must be the number of ranks"),

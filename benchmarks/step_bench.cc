@@ -63,6 +63,7 @@ struct Options {
   int dp = 0;  // 0: the single-GPU benchmark; N: data-parallel rows over N ranks
   int tp = 0;  // N: tensor-parallel rows over N ranks (Note [Tensor-parallel rows])
   std::string overlap = "bulk";
+  bool profile = false;  // --dp/--tp: one profiled step per graphed row
   std::string dp_mode = "allreduce";
   int timeout_s = 300;
   std::string out;
@@ -187,6 +188,14 @@ void print_parallel_line(const nlohmann::json& c) {
     }
   }
   std::printf("%s\n", line.str().c_str());
+  // --profile: each profiled row's summary (the JSON holds every op).
+  for (const nlohmann::json& s : c["systems"]) {
+    if (!s.contains("profile")) continue;
+    std::istringstream text(s["profile"].get<std::string>());
+    std::string row;
+    std::printf("  %s ", s["system"].get<std::string>().c_str());
+    for (int i = 0; i < 8 && std::getline(text, row) && row.rfind("  [", 0) != 0; ++i) std::printf("%s\n", row.c_str());
+  }
   std::fflush(stdout);
 }
 
@@ -319,6 +328,7 @@ int run(const Options& options) {
   run_options.device = device;
   run_options.steps = options.steps;
   run_options.warmup = options.warmup;
+  run_options.profile = options.profile;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
   SG_CHECK(options.tp >= 0, "--tp must be the number of ranks (>= 1), got ", options.tp);
@@ -365,6 +375,9 @@ int main(int argc, char** argv) {
                  "training it alone");
   app.add_option("--overlap", options.overlap, "with --tp: none, bulk, overlap, or four modes (trainer/README.md)")
       ->capture_default_str();
+  app.add_flag("--profile", options.profile,
+               "with --dp or --tp: after each graphed row, one profiled step (each stream's busy time, the exposed "
+               "communication; every op in the JSON)");
   app.add_option("--dp-mode", options.dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
       ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")

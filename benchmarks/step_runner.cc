@@ -163,6 +163,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   ctx.synchronize();
   r.pipelined_step_us = microseconds_since(start) / options.steps;
 
+  if (options.profile && captured) r.profile = captured->profile().to_string();
   r.final_loss = read_loss(ctx, loss);
   SG_CHECK_CODE(std::isfinite(r.final_loss), ErrorCode::kInternal, "config ", config.name, ": the loss after ",
                 options.warmup + 2 * options.steps, " steps is not finite (", r.final_loss, ")");
@@ -320,7 +321,8 @@ nlohmann::json mode_result_to_json(const ModeResult& r) {
       {"pool_lower_bound_bytes", r.pool_lower_bound_bytes},
       {"capture",
        {r.capture.trace_ms, r.capture.plan_ms, r.capture.prepare_ms, r.capture.capture_ms, r.capture.instantiate_ms}},
-      {"capture_wall_ms", r.capture_wall_ms}};
+      {"capture_wall_ms", r.capture_wall_ms},
+      {"profile", r.profile}};
 }
 
 ModeResult mode_result_from_json(const nlohmann::json& j) {
@@ -339,6 +341,7 @@ ModeResult mode_result_from_json(const nlohmann::json& j) {
   SG_CHECK_CODE(capture.size() == 5, ErrorCode::kInternal, "a rank sent ", capture.size(), " capture times, not 5");
   r.capture = {capture[0], capture[1], capture[2], capture[3], capture[4]};
   r.capture_wall_ms = j.at("capture_wall_ms");
+  r.profile = j.value("profile", std::string());
   return r;
 }
 
@@ -401,6 +404,7 @@ nlohmann::json dp_system_json(const StepConfig& config, StepMode mode, int world
     }
   }
   if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
+  if (!r.combined.profile.empty()) out["profile"] = r.combined.profile;
   return out;
 }
 
@@ -542,6 +546,7 @@ nlohmann::json tp_system_json(const StepConfig& config, StepMode mode, int world
     out["strong_scaling_efficiency"] = nullptr;
   }
   if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
+  if (!r.combined.profile.empty()) out["profile"] = r.combined.profile;
   return out;
 }
 

@@ -99,6 +99,9 @@ struct StepRunOptions {
   // the config's; `overlap` is how its collectives meet their GEMMs.
   Communicator* tensor_parallel = nullptr;
   MLPOverlap overlap;
+  // Graph mode: after the timed steps, one profiled step (CapturedStep::profile;
+  // every rank, since it holds the collectives); its text in ModeResult::profile.
+  bool profile = false;
 };
 
 enum class StepMode { kEager, kGraph };
@@ -123,6 +126,7 @@ struct ModeResult {
   std::int64_t pool_lower_bound_bytes = 0;
   CaptureTimings capture;
   double capture_wall_ms = 0;  // the whole CapturedStep::capture call
+  std::string profile;         // StepRunOptions::profile: StepProfile::to_string() (rank 0's when combined)
 };
 
 // Error (kInvalidArgument) naming the flag when `options` are out of range.

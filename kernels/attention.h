@@ -1,0 +1,66 @@
+// Causal self-attention over packed variable-length sequences (issue 16):
+// the contract the fused Hopper kernels will meet, and its plain fp32 host
+// reference (attention_host.cc). The CUDA kernels are not written yet.
+//
+// Layout (flash-attention's varlen layout): the sequences of a batch are
+// packed end to end into T tokens; cu_seqlens int32 [S + 1] holds their
+// starts (cu_seqlens[0] = 0, cu_seqlens[S] = T, non-decreasing; a sequence
+// may be empty). Per token:
+//   q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]   (bf16 or fp32; Hkv divides H:
+//                                                 grouped-query attention, query
+//                                                 head h reads kv head h / (H / Hkv))
+//   out [T, H, D]  (q's dtype),  lse fp32 [H, T]  (the log-sum-exp of each
+//                                                 query's scaled scores, saved
+//                                                 for the backward)
+// Token i of a sequence attends to tokens j <= i of the same sequence
+// (causal) or to all of them (causal = false), with scores scale * q.k.
+//
+// Backward, from dout [T, H, D]: dq [T, H, D], dk and dv [T, Hkv, D] (q's
+// dtype; a kv head's gradients sum over the query heads that read it).
+// With P = exp(scale q.k - lse) recomputed from the saved lse:
+//   dv_j = sum_i P_ij dout_i     dP_ij = dout_i . v_j     delta_i = dout_i . out_i
+//   dS_ij = P_ij (dP_ij - delta_i)   dq_i = scale sum_j dS_ij k_j   dk_j = scale sum_i dS_ij q_i
+#pragma once
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+
+namespace stepgraph::kernels {
+
+struct AttentionDesc {
+  DType dtype = DType::kBFloat16;  // q, k, v, out and the gradients
+  std::int64_t tokens = 0;         // T, all sequences packed
+  std::int64_t sequences = 0;      // S
+  std::int64_t heads = 0;          // H, query heads
+  std::int64_t kv_heads = 0;       // Hkv, divides H
+  std::int64_t head_dim = 0;       // D
+  bool causal = true;
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+
+  float softmax_scale() const;
+};
+
+// An Error naming what is wrong: dtype not bf16/fp16/fp32, a non-positive
+// size, kv_heads not dividing heads, a negative or non-finite scale.
+void check_attention(const AttentionDesc& desc);
+
+namespace host {
+
+// An Error unless cu_seqlens (host memory, desc.sequences + 1 entries)
+// starts at 0, never decreases and ends at desc.tokens.
+void check_cu_seqlens(const AttentionDesc& desc, const std::int32_t* cu_seqlens);
+
+// out and lse from q, k, v (host memory): fp32 arithmetic, two passes over
+// each query's scores (max, then exp and sums). Every query sees at least
+// one key (itself, when causal), so the softmax is always defined.
+void attention_forward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
+                       const std::int32_t* cu_seqlens, void* out, float* lse);
+
+// dq, dk, dv (overwritten) from the forward's tensors and dout.
+void attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout, const std::int32_t* cu_seqlens, void* dq, void* dk,
+                        void* dv);
+
+}  // namespace host
+}  // namespace stepgraph::kernels

@@ -1,0 +1,148 @@
+// The plain fp32 reference of kernels/attention.h: each sequence, head and
+// query on its own, in order, with the scores of one query materialised (the
+// device kernels never materialise them).
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/half_precision.h"
+#include "kernels/attention.h"
+
+namespace stepgraph::kernels {
+
+float AttentionDesc::softmax_scale() const {
+  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+void check_attention(const AttentionDesc& d) {
+  SG_CHECK(d.dtype == DType::kBFloat16 || d.dtype == DType::kFloat16 || d.dtype == DType::kFloat32,
+           "attention: dtype must be bf16, fp16 or fp32, got ", dtype_name(d.dtype));
+  SG_CHECK(d.tokens > 0 && d.sequences > 0 && d.heads > 0 && d.kv_heads > 0 && d.head_dim > 0,
+           "attention: tokens, sequences, heads, kv_heads and head_dim must be > 0, got ", d.tokens, ", ", d.sequences,
+           ", ", d.heads, ", ", d.kv_heads, ", ", d.head_dim);
+  SG_CHECK(d.heads % d.kv_heads == 0, "attention: kv_heads (", d.kv_heads, ") must divide heads (", d.heads,
+           "): each kv head serves heads / kv_heads query heads");
+  SG_CHECK(std::isfinite(d.scale) && d.scale >= 0.0f, "attention: scale must be finite and >= 0 (0: 1/sqrt(head_dim)), got ",
+           d.scale);
+}
+
+namespace host {
+namespace {
+
+// Element (token, head, dim) of a [T, heads, D] tensor, and its index.
+struct Heads {
+  DType dtype;
+  std::int64_t heads, dim;
+  std::int64_t at(std::int64_t token, std::int64_t head, std::int64_t d) const {
+    return (token * heads + head) * dim + d;
+  }
+  float load(const void* base, std::int64_t token, std::int64_t head, std::int64_t d) const {
+    return load_as_float(dtype, base, at(token, head, d));
+  }
+};
+
+float dot(const Heads& a, const void* pa, std::int64_t ta, std::int64_t ha, const Heads& b, const void* pb,
+          std::int64_t tb, std::int64_t hb) {
+  float sum = 0.0f;
+  for (std::int64_t d = 0; d < a.dim; ++d) sum += a.load(pa, ta, ha, d) * b.load(pb, tb, hb, d);
+  return sum;
+}
+
+// The keys query i of a sequence [begin, end) sees: [begin, last).
+std::int64_t key_end(const AttentionDesc& desc, std::int64_t i, std::int64_t end) {
+  return desc.causal ? i + 1 : end;
+}
+
+}  // namespace
+
+void check_cu_seqlens(const AttentionDesc& desc, const std::int32_t* cu_seqlens) {
+  SG_CHECK(cu_seqlens != nullptr, "attention: cu_seqlens is null");
+  SG_CHECK(cu_seqlens[0] == 0, "attention: cu_seqlens[0] must be 0, got ", cu_seqlens[0]);
+  for (std::int64_t s = 0; s < desc.sequences; ++s) {
+    SG_CHECK(cu_seqlens[s + 1] >= cu_seqlens[s], "attention: cu_seqlens must not decrease: [", s, "] = ",
+             cu_seqlens[s], ", [", s + 1, "] = ", cu_seqlens[s + 1]);
+  }
+  SG_CHECK(cu_seqlens[desc.sequences] == desc.tokens, "attention: cu_seqlens[", desc.sequences,
+           "] must be the token count ", desc.tokens, ", got ", cu_seqlens[desc.sequences]);
+}
+
+void attention_forward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
+                       const std::int32_t* cu_seqlens, void* out, float* lse) {
+  check_attention(desc);
+  check_cu_seqlens(desc, cu_seqlens);
+  const Heads qh{desc.dtype, desc.heads, desc.head_dim};
+  const Heads kvh{desc.dtype, desc.kv_heads, desc.head_dim};
+  const std::int64_t group = desc.heads / desc.kv_heads;
+  const float scale = desc.softmax_scale();
+  std::vector<float> p;
+  std::vector<float> acc(static_cast<std::size_t>(desc.head_dim));
+  for (std::int64_t s = 0; s < desc.sequences; ++s) {
+    const std::int64_t begin = cu_seqlens[s], end = cu_seqlens[s + 1];
+    for (std::int64_t h = 0; h < desc.heads; ++h) {
+      const std::int64_t g = h / group;
+      for (std::int64_t i = begin; i < end; ++i) {
+        const std::int64_t last = key_end(desc, i, end);
+        p.assign(static_cast<std::size_t>(last - begin), 0.0f);
+        float max = -std::numeric_limits<float>::infinity();
+        for (std::int64_t j = begin; j < last; ++j) {
+          p[j - begin] = scale * dot(qh, q, i, h, kvh, k, j, g);
+          max = std::max(max, p[j - begin]);
+        }
+        float sum = 0.0f;
+        for (float& x : p) {
+          x = std::exp(x - max);
+          sum += x;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (std::int64_t j = begin; j < last; ++j) {
+          for (std::int64_t d = 0; d < desc.head_dim; ++d) acc[d] += p[j - begin] * kvh.load(v, j, g, d);
+        }
+        for (std::int64_t d = 0; d < desc.head_dim; ++d) store_from_float(desc.dtype, out, qh.at(i, h, d), acc[d] / sum);
+        lse[h * desc.tokens + i] = max + std::log(sum);
+      }
+    }
+  }
+}
+
+void attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v, const void* out,
+                        const float* lse, const void* dout, const std::int32_t* cu_seqlens, void* dq, void* dk,
+                        void* dv) {
+  check_attention(desc);
+  check_cu_seqlens(desc, cu_seqlens);
+  const Heads qh{desc.dtype, desc.heads, desc.head_dim};
+  const Heads kvh{desc.dtype, desc.kv_heads, desc.head_dim};
+  const std::int64_t group = desc.heads / desc.kv_heads;
+  const float scale = desc.softmax_scale();
+  const auto q_size = static_cast<std::size_t>(desc.tokens * desc.heads * desc.head_dim);
+  const auto kv_size = static_cast<std::size_t>(desc.tokens * desc.kv_heads * desc.head_dim);
+  std::vector<float> dq32(q_size, 0.0f), dk32(kv_size, 0.0f), dv32(kv_size, 0.0f);
+  for (std::int64_t s = 0; s < desc.sequences; ++s) {
+    const std::int64_t begin = cu_seqlens[s], end = cu_seqlens[s + 1];
+    for (std::int64_t h = 0; h < desc.heads; ++h) {
+      const std::int64_t g = h / group;
+      for (std::int64_t i = begin; i < end; ++i) {
+        const float delta = dot(qh, dout, i, h, qh, out, i, h);
+        const float row_lse = lse[h * desc.tokens + i];
+        for (std::int64_t j = begin; j < key_end(desc, i, end); ++j) {
+          const float p = std::exp(scale * dot(qh, q, i, h, kvh, k, j, g) - row_lse);
+          const float dp = dot(qh, dout, i, h, kvh, v, j, g);
+          const float ds = p * (dp - delta);
+          for (std::int64_t d = 0; d < desc.head_dim; ++d) {
+            dv32[kvh.at(j, g, d)] += p * qh.load(dout, i, h, d);
+            dq32[qh.at(i, h, d)] += scale * ds * kvh.load(k, j, g, d);
+            dk32[kvh.at(j, g, d)] += scale * ds * qh.load(q, i, h, d);
+          }
+        }
+      }
+    }
+  }
+  for (std::size_t e = 0; e < q_size; ++e) store_from_float(desc.dtype, dq, static_cast<std::int64_t>(e), dq32[e]);
+  for (std::size_t e = 0; e < kv_size; ++e) {
+    store_from_float(desc.dtype, dk, static_cast<std::int64_t>(e), dk32[e]);
+    store_from_float(desc.dtype, dv, static_cast<std::int64_t>(e), dv32[e]);
+  }
+}
+
+}  // namespace host
+}  // namespace stepgraph::kernels

@@ -1,6 +1,8 @@
-// The attention host reference (kernels/attention.h) against a naive double
-// implementation, finite differences, per-sequence runs and repeated kv
-// heads, on random shapes whose seed a failure prints.
+// The attention and RoPE host references (kernels/attention.h,
+// kernels/rope.h): attention against a naive double implementation, finite
+// differences, per-sequence runs and repeated kv heads; RoPE's relative-
+// position property and its backward as the transpose; on random values
+// whose seed a failure prints.
 //
 // Tolerances: the reference adds in fp32, the naive one in double: 1e-5 of
 // the largest value covers the rounding of a few dozen fp32 terms. Finite
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/rope.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/seed.h"
 
@@ -259,6 +262,71 @@ TEST(AttentionHostTest, BadDescriptorsAndPackingsAreClearErrors) {
   EXPECT_ERROR_CONTAINS(host::check_cu_seqlens(d, short_end), "must be the token count 4");
   const std::int32_t late_start[] = {1, 2, 4};
   EXPECT_ERROR_CONTAINS(host::check_cu_seqlens(d, late_start), "cu_seqlens[0] must be 0");
+}
+
+// --- rotary position embedding ------------------------------------------------
+
+std::vector<float> rope(const RopeDesc& d, const std::vector<float>& x, const std::vector<std::int32_t>& cu,
+                        bool backward = false) {
+  std::vector<float> out(x.size());
+  if (backward) {
+    host::rope_backward(d, x.data(), cu.data(), out.data());
+  } else {
+    host::rope_forward(d, x.data(), cu.data(), out.data());
+  }
+  return out;
+}
+
+// The property RoPE exists for: rotated q.k depends on the positions'
+// difference only (same sequence lengths, shifted positions). Rotations are
+// exact in real numbers; fp32 trigonometry of angles up to ~10 leaves ~1e-5.
+TEST(RopeHostTest, RotatedDotProductsDependOnThePositionDifferenceOnly) {
+  testing::SeededRng rng;
+  const std::int64_t dim = 16;
+  const RopeDesc d{.dtype = DType::kFloat32, .tokens = 12, .sequences = 1, .heads = 1, .head_dim = dim};
+  const std::vector<std::int32_t> cu{0, 12};
+  const std::vector<float> q = random_values(rng, dim), k = random_values(rng, dim);
+  std::vector<float> qs, ks;  // q and k at every position
+  for (int p = 0; p < 12; ++p) {
+    qs.insert(qs.end(), q.begin(), q.end());
+    ks.insert(ks.end(), k.begin(), k.end());
+  }
+  const std::vector<float> rq = rope(d, qs, cu), rk = rope(d, ks, cu);
+  auto dot_at = [&](int i, int j) {
+    double sum = 0;
+    for (std::int64_t f = 0; f < dim; ++f) sum += static_cast<double>(rq[i * dim + f]) * rk[j * dim + f];
+    return sum;
+  };
+  for (int shift = 1; shift + 5 < 12; ++shift) {
+    EXPECT_NEAR(dot_at(5 + shift, 2 + shift), dot_at(5, 2), 1e-4) << "shift " << shift;
+  }
+  EXPECT_EQ(std::vector<float>(rq.begin(), rq.begin() + dim), q) << "position 0 is not rotated";
+}
+
+TEST(RopeHostTest, BackwardIsTheTransposeAndPositionsRestartPerSequence) {
+  testing::SeededRng rng;
+  const RopeDesc d{.dtype = DType::kFloat32, .tokens = 9, .sequences = 3, .heads = 2, .head_dim = 8, .rotary_dim = 6};
+  const std::vector<std::int32_t> cu{0, 4, 5, 9};
+  const std::vector<float> x = random_values(rng, 9 * 2 * 8), y = random_values(rng, 9 * 2 * 8);
+  const std::vector<float> rx = rope(d, x, cu), ry = rope(d, y, cu, /*backward=*/true);
+  double a = 0, b = 0;
+  for (std::size_t e = 0; e < x.size(); ++e) {
+    a += static_cast<double>(rx[e]) * y[e];
+    b += static_cast<double>(x[e]) * ry[e];
+  }
+  EXPECT_NEAR(a, b, 1e-4 * (1 + std::abs(a))) << "<rope(x), y> against <x, rope_backward(y)>";
+  EXPECT_EQ(rope(d, rx, cu, /*backward=*/true).size(), x.size());
+  // The features past rotary_dim pass through; the third sequence's first
+  // token (position 0) is not rotated; it equals the first sequence's.
+  for (std::size_t t = 0; t < 9; ++t) {
+    for (std::size_t h = 0; h < 2; ++h) {
+      for (std::size_t f = 6; f < 8; ++f) EXPECT_EQ(rx[(t * 2 + h) * 8 + f], x[(t * 2 + h) * 8 + f]);
+    }
+  }
+  for (std::size_t f = 0; f < 16; ++f) EXPECT_EQ(rx[5 * 16 + f], x[5 * 16 + f]) << "token 5 is at position 0";
+  EXPECT_ERROR_CONTAINS(check_rope({.dtype = DType::kFloat32, .tokens = 1, .sequences = 1, .heads = 1, .head_dim = 8,
+                                    .rotary_dim = 5}),
+                        "rotary_dim (5) must be even");
 }
 
 }  // namespace

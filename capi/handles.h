@@ -48,6 +48,10 @@ class LayerBase {
   // `saved` comes from this layer's forward (the caller checks that).
   virtual Tensor backward(Context& ctx, const std::any& saved, const Tensor& dy) = 0;
   virtual std::vector<Parameter*> parameters() = 0;
+
+  // What the layer uses and must outlive it (a tensor-parallel stack's world).
+  // See Note [Handles hold references]. Destroyed after the derived layer.
+  std::shared_ptr<const void> keeps;
 };
 
 struct OptimizerState {

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "capi/handles.h"
+#include "layers/comm_gemm_overlap.h"
 #include "layers/layernorm_linear.h"
 #include "layers/layernorm_mlp.h"
 #include "layers/linear.h"
@@ -75,13 +76,35 @@ sg_norm_kind from_norm_kind(kernels::NormKind kind) {
   return kind == kernels::NormKind::kLayerNorm ? SG_NORM_LAYERNORM : SG_NORM_RMSNORM;
 }
 
+// A layer L(ctx, args...) behind a new handle; it keeps `keeps` alive.
 template <typename L, typename... Args>
-void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... args) {
+void make_layer_keeping(sg_context ctx, sg_layer* out, const char* function, std::shared_ptr<const void> keeps,
+                        Args&&... args) {
   const std::shared_ptr<Context> context = capi::context_of(ctx, function);
   require(out, function, "out");
   *out = nullptr;
   auto layer = std::make_shared<LayerAdapter<L>>(*context, std::forward<Args>(args)...);
+  layer->keeps = std::move(keeps);
   *out = capi::issue_handle(std::make_shared<sg_layer_s>(sg_layer_s{context, std::move(layer)}));
+}
+
+template <typename L, typename... Args>
+void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... args) {
+  make_layer_keeping<L>(ctx, out, function, nullptr, std::forward<Args>(args)...);
+}
+
+ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& c) {
+  return {.hidden = c.hidden,
+          .ffn = c.ffn,
+          .layers = c.layers,
+          .vocab = c.vocab,
+          .norm = to_norm_kind(c.norm),
+          .eps = c.eps,
+          .dtype = to_dtype(c.dtype),
+          .seed = c.seed,
+          .experts = c.experts,
+          .topk = c.topk,
+          .moe_every = c.moe_every};
 }
 
 const char* checked_name(const char* name, const char* function) {
@@ -182,18 +205,20 @@ extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, c
 extern "C" sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const ResidualStackConfig c{.hidden = config->hidden,
-                                .ffn = config->ffn,
-                                .layers = config->layers,
-                                .vocab = config->vocab,
-                                .norm = capi::to_norm_kind(config->norm),
-                                .eps = config->eps,
-                                .dtype = capi::to_dtype(config->dtype),
-                                .seed = config->seed,
-                                .experts = config->experts,
-                                .topk = config->topk,
-                                .moe_every = config->moe_every};
-    capi::make_layer<ResidualStack>(ctx, out, function, c);
+    capi::make_layer<ResidualStack>(ctx, out, function, capi::to_residual_stack_config(*config));
+  });
+}
+
+extern "C" sg_result sg_residual_stack_create_tensor_parallel(sg_context ctx, const sg_residual_stack_config* config,
+                                                              sg_world world, const char* overlap, sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    require(overlap, function, "overlap");
+    const std::shared_ptr<capi::WorldState> state = capi::handle_object(world, function, "world")->state;
+    ResidualStackConfig c = capi::to_residual_stack_config(*config);
+    c.overlap = MLPOverlap::parse(overlap);
+    Communicator* tensor_parallel = state->comm.get();  // null: a world of one, the plain stack
+    capi::make_layer_keeping<ResidualStack>(ctx, out, function, state, c, tensor_parallel);
   });
 }
 

@@ -57,7 +57,9 @@ extern "C" {
  * 3: additions only: worlds (sg_world_*), sg_train_step_config and
  * sg_train_step_create_with_config (data parallelism), the context's
  * communication stream; exported as STEPGRAPH_C_3 (capi/stepgraph.lds). */
-#define SG_API_VERSION 3
+/* 4: additions only: sg_residual_stack_create_tensor_parallel (a stack
+ * sharded over a world's ranks); exported as STEPGRAPH_C_4. */
+#define SG_API_VERSION 4
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -269,6 +271,18 @@ sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_lay
 /* A residual stack is a layer too: forward gives logits [tokens, vocab] from
  * x [tokens, hidden]; backward takes dlogits and gives dx. */
 sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out);
+/* The same stack tensor- and sequence-parallel over every rank of `world`
+ * (layers/residual_stack.h, Note [Tensor-parallel ResidualStack]): each rank
+ * holds 1/N of every block's ffn, of the experts and of the vocabulary, its
+ * forward takes this rank's rows x [tokens / N, hidden] and gives the logits
+ * of every rank's tokens over its vocabulary slice [tokens, vocab / N].
+ * `overlap`: how the collectives meet their GEMMs, "none", "bulk", "overlap"
+ * or four modes (trainer/README.md). A train step of it (sg_train_step_create,
+ * tokens = this rank's rows) trains on each rank's rows, the loss their
+ * global mean. Every rank must make the same calls. A world of one gives the
+ * plain stack. The layer keeps the world's communicator alive. */
+sg_result sg_residual_stack_create_tensor_parallel(sg_context ctx, const sg_residual_stack_config* config,
+                                                   sg_world world, const char* overlap, sg_layer* out);
 sg_result sg_layer_destroy(sg_layer layer);
 
 /* "linear", "norm", "layernorm_linear", "layernorm_mlp", "residual_stack". */

@@ -6,7 +6,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 3
+API_VERSION = 4
 
 
 class LinearConfig(ctypes.Structure):
@@ -92,6 +92,7 @@ _PROTOTYPES = {
     "sg_layernorm_linear_create": [H, c_char_p, P(LayerNormLinearConfig), c_uint32, P(H)],
     "sg_layernorm_mlp_create": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(H)],
     "sg_residual_stack_create": [H, P(ResidualStackConfig), P(H)],
+    "sg_residual_stack_create_tensor_parallel": [H, P(ResidualStackConfig), H, c_char_p, P(H)],
     "sg_layer_destroy": [H],
     "sg_layer_kind": [H] + _STRING_OUT,
     "sg_layer_forward": [H, H, P(H), P(H)],

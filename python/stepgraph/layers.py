@@ -188,10 +188,17 @@ class ResidualStack(Layer):
     h = h + LayerNormMLP(h), a final norm and an LM head; forward takes x [tokens, hidden] and
     gives logits [tokens, vocab]. experts > 0 makes every moe_every-th block a mixture of experts
     routing each token to its topk experts (topk 1 or 2, at most experts); a bad combination
-    raises StepGraphError when the stack is built. Unset arguments take the engine's defaults."""
+    raises StepGraphError when the stack is built. Unset arguments take the engine's defaults.
+
+    tensor_parallel=world (a World from init_distributed) shards the stack over the world's ranks
+    (tensor and sequence parallelism): each rank's forward takes its rows x [tokens / N, hidden] and
+    gives every rank's tokens' logits over its vocabulary slice [tokens, vocab / N]; a TrainStep of
+    it (tokens = this rank's rows, no world of its own) trains on each rank's rows. overlap: how the
+    collectives meet their GEMMs, "none", "bulk" (default), "overlap" or four modes."""
 
     def __init__(self, ctx, hidden=None, ffn=None, layers=None, vocab=None, norm="layernorm", eps=None,
-                 dtype="bfloat16", seed=None, experts=None, topk=None, moe_every=None):
+                 dtype="bfloat16", seed=None, experts=None, topk=None, moe_every=None, tensor_parallel=None,
+                 overlap="bulk"):
         config = _model_defaults()
         values = {"hidden": hidden, "ffn": ffn, "layers": layers, "vocab": vocab, "seed": seed, "experts": experts,
                   "topk": topk, "moe_every": moe_every}
@@ -204,4 +211,10 @@ class ResidualStack(Layer):
         self.config = {name: getattr(config, name) for name, _ in _capi.ResidualStackConfig._fields_}
         self.ctx = ctx
         self._handle = _capi.new_handle()
-        _capi.call("sg_residual_stack_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))
+        if tensor_parallel is None:
+            _capi.call("sg_residual_stack_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))
+        else:
+            if not isinstance(overlap, str):
+                raise TypeError(f"ResidualStack: overlap must be a str such as 'bulk', got {type(overlap).__name__}")
+            _capi.call("sg_residual_stack_create_tensor_parallel", ctx.handle, ctypes.byref(config),
+                       tensor_parallel._handle, overlap.encode(), ctypes.byref(self._handle))

@@ -22,7 +22,7 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 3);
+  EXPECT_EQ(version(), 4);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
@@ -41,6 +41,16 @@ TEST(CapiExportsTest, Version3AdditionsAreExportedAsStepgraphC3) {
     EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_3"), nullptr) << name << " is not in STEPGRAPH_C_3";
     EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_2"), nullptr) << name << " is in STEPGRAPH_C_2";
   }
+}
+
+// API version 4's addition, in its own version node.
+TEST(CapiExportsTest, Version4AdditionIsExportedAsStepgraphC4) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  const char* name = "sg_residual_stack_create_tensor_parallel";
+  EXPECT_NE(dlsym(library, name), nullptr) << name;
+  EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_4"), nullptr) << name << " is not in STEPGRAPH_C_4";
+  EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_3"), nullptr) << name << " is in STEPGRAPH_C_3";
 }
 
 TEST(CapiExportsTest, EngineSymbolsStayHidden) {

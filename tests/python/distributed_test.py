@@ -43,14 +43,20 @@ def batches():
     return [two[i % 2] for i in range(STEPS)]
 
 
-def train(device, world=None):
+def train(device, world=None, tensor_parallel=False):
     """STEPS captured steps of the same fp32 model and one eager step; with a world, on this rank's rows
-    of each global batch. Returns (losses, {parameter name: fp32 master values})."""
+    of each global batch: data parallel, or with tensor_parallel the model sharded over the world.
+    Returns (losses, {parameter name: fp32 master values})."""
     ranks, rank = (world.size, world.rank) if world is not None else (1, 0)
     rows = GLOBAL_TOKENS // ranks
     with sg.Context(device, side_streams=2, communication_stream=2) as ctx:
-        model = sg.ResidualStack(ctx, hidden=HIDDEN, ffn=FFN, layers=LAYERS, vocab=VOCAB, dtype="float32", seed=5)
-        step = sg.TrainStep(model, sg.AdamW(ctx, model, lr=1e-2), tokens=rows, world=world)
+        shape = dict(hidden=HIDDEN, ffn=FFN, layers=LAYERS, vocab=VOCAB, dtype="float32", seed=5)
+        if tensor_parallel:
+            model = sg.ResidualStack(ctx, **shape, tensor_parallel=world, overlap="overlap")
+            step = sg.TrainStep(model, sg.AdamW(ctx, model, lr=1e-2), tokens=rows)
+        else:
+            model = sg.ResidualStack(ctx, **shape)
+            step = sg.TrainStep(model, sg.AdamW(ctx, model, lr=1e-2), tokens=rows, world=world)
         graph = step.capture(policy="error")
         losses = []
         for x, labels in batches():
@@ -63,11 +69,11 @@ def train(device, world=None):
     return losses, parameters
 
 
-def worker(out_path):
+def worker(out_path, mode="dp"):
     device = os.environ.get("STEPGRAPH_DEVICE", "host")
     with sg.init_distributed(device, timeout=60) as world:
         print(world.describe(), flush=True)
-        losses, parameters = train(device, world)
+        losses, parameters = train(device, world, tensor_parallel=mode == "tp")
     np.savez(out_path, losses=np.array(losses, np.float32), rank=world.rank, size=world.size,
              **{f"p:{name}": value for name, value in parameters.items()})
 
@@ -145,6 +151,25 @@ def test_two_host_ranks_train_like_one_process_on_the_whole_batch(tmp_path, no_l
     for name in names:
         reference = parameters[name[2:]]
         np.testing.assert_allclose(ranks[0][name], reference, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# Tensor parallelism: the stack sharded over the two ranks (each holds half of every ffn and of the
+# vocabulary, and its half of the rows outside the blocks), the overlapped schedules; the loss is the
+# same global mean, bit for bit on both ranks, and one process's within 1e-5 (the split sums' fp32
+# order, as for data parallelism).
+def test_two_host_ranks_tensor_parallel_train_like_one_process(tmp_path, no_launcher):
+    outputs = [tmp_path / f"tp{rank}.npz" for rank in range(2)]
+    results = wait_all(start_ranks(2, lambda rank: ["worker", str(outputs[rank]), "tp"]))
+    for rank, (code, output) in enumerate(results):
+        assert code == 0, f"rank {rank} failed:\n{output}"
+    ranks = [np.load(path) for path in outputs]
+    assert ranks[0]["losses"].tobytes() == ranks[1]["losses"].tobytes(), (ranks[0]["losses"], ranks[1]["losses"])
+    fc1 = "p:block0.fc1.weight"
+    assert ranks[0][fc1].shape == (FFN // 2, HIDDEN), "each rank holds half of fc1's rows"
+    losses, parameters = train("host")
+    np.testing.assert_allclose(ranks[0]["losses"], np.array(losses, np.float32), rtol=1e-5, atol=0)
+    np.testing.assert_allclose(np.concatenate([ranks[0][fc1], ranks[1][fc1]]), parameters[fc1[2:]], rtol=1e-5,
+                               atol=1e-6, err_msg="fc1's rows, both ranks together")
 
 
 # ---- a world of one ----------------------------------------------------------------------------
@@ -325,7 +350,7 @@ def capture_alone():
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
-        worker(sys.argv[2])
+        worker(sys.argv[2], *sys.argv[3:4])
     elif sys.argv[1:2] == ["leave"]:
         leave()
     elif sys.argv[1:2] == ["capture"]:

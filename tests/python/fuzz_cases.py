@@ -63,6 +63,13 @@ def linear_graph(ctx):
     x = ctx.tensor((2, 4))
     graph = sg.capture(ctx, lambda: [layer(x)])
     return graph, x, layer
+def tp_stack(world, overlap=b"bulk", out=True):
+    """sg_residual_stack_create_tensor_parallel of a small fp32 stack over `world`."""
+    cfg = _capi.ResidualStackConfig()
+    _capi.lib().sg_residual_stack_config_default(byref(cfg))
+    cfg.hidden, cfg.ffn, cfg.layers, cfg.vocab, cfg.dtype = 8, 16, 1, 16, 0
+    _capi.call('sg_residual_stack_create_tensor_parallel', raw_ctx, byref(cfg), world, overlap,
+               byref(c.c_void_p()) if out else None)
 ctx = sg.Context(DEVICE)
 raw_ctx = new_ctx()
 _buffer_tensor = ctx.tensor((64,))  # memory of the context's device, for sg_tensor_wrap
@@ -353,6 +360,23 @@ model = small_model(ctx)
 opt = sg.AdamW(ctx, model)
 _capi.call('sg_train_step_create_with_config', model._handle, opt._handle, byref(step_config()), None)
 """, words=["sg_train_step_create_with_config", "out is NULL"])
+case("capi", "tensor_parallel_null_world", "tp_stack(None)",
+     words=["sg_residual_stack_create_tensor_parallel", "world is NULL"])
+case("capi", "tensor_parallel_destroyed_world", """
+w = new_world()
+_capi.call('sg_world_destroy', w)
+tp_stack(w.value)
+""", words=["sg_residual_stack_create_tensor_parallel", "world", "was destroyed"])
+case("capi", "tensor_parallel_tensor_as_world", "tp_stack(new_tensor(raw_ctx, 2).value)",
+     words=["sg_residual_stack_create_tensor_parallel", "is a tensor handle, not a world handle"])
+case("capi", "tensor_parallel_null_overlap", "tp_stack(new_world().value, overlap=None)",
+     words=["sg_residual_stack_create_tensor_parallel", "overlap is NULL"])
+case("capi", "tensor_parallel_unknown_overlap", "tp_stack(new_world().value, overlap=b'sideways')",
+     words=["unknown overlap mode 'sideways'"])
+case("capi", "tensor_parallel_misfit_overlap", "tp_stack(new_world().value, overlap=b'pipelined,none,none,none')",
+     words=["fc1_fprop (all-gather then GEMM) takes none, bulk or ring_exchange"])
+case("capi", "tensor_parallel_null_out", "tp_stack(new_world().value, out=False)",
+     words=["sg_residual_stack_create_tensor_parallel", "out is NULL"])
 case("capi", "communication_stream_out_of_range", "_capi.call('sg_context_set_communication_stream', raw_ctx, 5)",
      words=["communication stream must be a side stream", "got 5"])
 case("capi", "communication_stream_null_out", "_capi.call('sg_context_communication_stream', raw_ctx, None)",

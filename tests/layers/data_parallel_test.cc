@@ -26,6 +26,7 @@
 #include "layers/residual_stack.h"
 #include "layers/train_step.h"
 #include "tests/support/gpu.h"
+#include "tests/support/global_batch.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
@@ -41,19 +42,10 @@ ResidualStackConfig config(DType dtype = DType::kFloat32) {
 }
 
 // The global batch of step s: x [tokens, hidden] and labels [tokens].
-struct Batch {
-  std::vector<float> x;
-  std::vector<std::int32_t> labels;
-};
-
+// The global batch of step s (tests/support/global_batch.h) at this file's sizes.
+using Batch = testing::GlobalBatch;
 Batch global_batch(std::uint32_t seed, int step, std::int64_t tokens) {
-  std::mt19937 rng(seed + 1000u * static_cast<std::uint32_t>(step));
-  std::normal_distribution<float> normal;
-  std::uniform_int_distribution<std::int32_t> label(0, kVocab - 1);
-  Batch b;
-  for (std::int64_t i = 0; i < tokens * kHidden; ++i) b.x.push_back(normal(rng));
-  for (std::int64_t i = 0; i < tokens; ++i) b.labels.push_back(label(rng));
-  return b;
+  return testing::global_batch(seed, step, tokens, kHidden, kVocab);
 }
 
 // One model, optimizer and step in `ctx`.

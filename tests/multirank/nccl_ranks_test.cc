@@ -44,6 +44,7 @@
 #include "ops/elementwise_ops.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/support/global_batch.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
@@ -144,20 +145,9 @@ ResidualStackConfig model_config(bool moe, const MLPOverlap& overlap) {
   return c;
 }
 
-struct Batch {
-  std::vector<float> x;
-  std::vector<std::int32_t> labels;
-};
-
-Batch global_batch(std::uint32_t seed, int step) {
-  std::mt19937 rng(seed + 1000u * static_cast<std::uint32_t>(step));
-  std::normal_distribution<float> normal;
-  std::uniform_int_distribution<std::int32_t> label(0, kVocab - 1);
-  Batch b;
-  for (std::int64_t i = 0; i < kTokens * kHidden; ++i) b.x.push_back(normal(rng));
-  for (std::int64_t i = 0; i < kTokens; ++i) b.labels.push_back(label(rng));
-  return b;
-}
+// The global batch of step s (tests/support/global_batch.h) at this file's sizes.
+using Batch = testing::GlobalBatch;
+Batch global_batch(std::uint32_t seed, int step) { return testing::global_batch(seed, step, kTokens, kHidden, kVocab); }
 
 struct Rig {
   Rig(Context& ctx, const ResidualStackConfig& config, std::int64_t tokens, Communicator* tp, Communicator* dp,

@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -68,18 +67,8 @@ __global__ void __launch_bounds__(kRowThreads, 2)
 }  // namespace
 
 void check_cross_entropy(const CrossEntropyDesc& desc) {
-  const DType logits = desc.logits_type;
-  SG_CHECK(logits == DType::kBFloat16 || logits == DType::kFloat16 || logits == DType::kFloat32,
-           "cross_entropy: logits must be bf16, fp16 or fp32, got ", dtype_name(logits),
-           "; cast the logits before the loss");
-  SG_CHECK(desc.label_type == DType::kInt32 || desc.label_type == DType::kInt64,
-           "cross_entropy: labels must be int32 or int64, got ", dtype_name(desc.label_type));
-  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
-  SG_CHECK(desc.tokens > 0 && desc.tokens <= kMax, "cross_entropy: tokens must be in [1, 2^31), got ", desc.tokens);
-  SG_CHECK(desc.vocab > 0 && desc.vocab <= kMax, "cross_entropy: vocab must be in [1, 2^31), got ", desc.vocab);
-  const auto width = static_cast<std::int64_t>(16 / dtype_size(logits));
-  SG_CHECK(desc.vocab % width == 0, "cross_entropy: vocab ", desc.vocab, " must be a multiple of ", width, " for ",
-           dtype_name(logits), " logits (16-byte vectors); pad the vocabulary (padded logits of -inf add nothing)");
+  check_cross_entropy_types_and_sizes("cross_entropy", desc.logits_type, desc.label_type, desc.tokens, desc.vocab);
+  check_cross_entropy_row_width("cross_entropy", "vocab", desc.logits_type, desc.vocab);
   SG_CHECK(std::isfinite(desc.loss_scale), "cross_entropy: loss_scale must be finite, got ", desc.loss_scale);
 }
 

@@ -1,5 +1,6 @@
 // The count and mean kernels of the cross-entropies (cross_entropy_parts.h).
 #include <cstdint>
+#include <limits>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -75,6 +76,23 @@ void launch_cross_entropy_mean(const float* row_loss, const std::int64_t* count,
                                cudaStream_t stream) {
   cross_entropy_mean_kernel<<<1, kMeanThreads, 0, stream>>>(row_loss, count, tokens, loss);
   SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void check_cross_entropy_types_and_sizes(const char* op, DType logits, DType labels, std::int64_t tokens,
+                                         std::int64_t vocab) {
+  SG_CHECK(logits == DType::kBFloat16 || logits == DType::kFloat16 || logits == DType::kFloat32, op,
+           ": logits must be bf16, fp16 or fp32, got ", dtype_name(logits), "; cast the logits before the loss");
+  SG_CHECK(labels == DType::kInt32 || labels == DType::kInt64, op, ": labels must be int32 or int64, got ",
+           dtype_name(labels));
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  SG_CHECK(tokens > 0 && tokens <= kMax, op, ": tokens must be in [1, 2^31), got ", tokens);
+  SG_CHECK(vocab > 0 && vocab <= kMax, op, ": vocab must be in [1, 2^31), got ", vocab);
+}
+
+void check_cross_entropy_row_width(const char* op, const char* what, DType logits, std::int64_t columns) {
+  const auto width = static_cast<std::int64_t>(16 / dtype_size(logits));
+  SG_CHECK(columns % width == 0, op, ": ", what, " ", columns, " must be a multiple of ", width, " for ",
+           dtype_name(logits), " logits (16-byte vectors); pad the vocabulary (padded logits of -inf add nothing)");
 }
 
 void check_cross_entropy_alignment(const char* op, const void* pointer, std::size_t alignment, const char* what) {

@@ -52,6 +52,14 @@ void launch_cross_entropy_count(DType label_type, const void* labels, std::int64
 void launch_cross_entropy_mean(const float* row_loss, const std::int64_t* count, std::int64_t tokens, float* loss,
                                cudaStream_t stream);
 
+// The checks both cross-entropies share, each Error naming `op`: logits
+// bf16, fp16 or fp32, labels int32 or int64, tokens and vocab in [1, 2^31).
+void check_cross_entropy_types_and_sizes(const char* op, DType logits, DType labels, std::int64_t tokens,
+                                         std::int64_t vocab);
+// An Error naming `op` unless a logits row of `columns` (`what`: "vocab",
+// "the local vocabulary") is a whole number of 16-byte vectors.
+void check_cross_entropy_row_width(const char* op, const char* what, DType logits, std::int64_t columns);
+
 // An Error naming `op` and `what` unless `pointer` is `alignment`-byte aligned.
 void check_cross_entropy_alignment(const char* op, const void* pointer, std::size_t alignment, const char* what);
 

@@ -38,7 +38,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -134,25 +133,13 @@ void check_aligned(const void* pointer, std::size_t alignment, const char* what)
 }  // namespace
 
 void check_parallel_cross_entropy(const ParallelCrossEntropyDesc& desc) {
-  const DType logits = desc.logits_type;
-  SG_CHECK(logits == DType::kBFloat16 || logits == DType::kFloat16 || logits == DType::kFloat32,
-           "parallel_cross_entropy: logits must be bf16, fp16 or fp32, got ", dtype_name(logits),
-           "; cast the logits before the loss");
-  SG_CHECK(desc.label_type == DType::kInt32 || desc.label_type == DType::kInt64,
-           "parallel_cross_entropy: labels must be int32 or int64, got ", dtype_name(desc.label_type));
-  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
-  SG_CHECK(desc.tokens > 0 && desc.tokens <= kMax, "parallel_cross_entropy: tokens must be in [1, 2^31), got ",
-           desc.tokens);
-  SG_CHECK(desc.vocab > 0 && desc.vocab <= kMax, "parallel_cross_entropy: vocab must be in [1, 2^31), got ",
-           desc.vocab);
+  constexpr const char* kOp = "parallel_cross_entropy";
+  check_cross_entropy_types_and_sizes(kOp, desc.logits_type, desc.label_type, desc.tokens, desc.vocab);
   SG_CHECK(desc.vocab_local > 0 && desc.vocab_offset >= 0 && desc.vocab_offset <= desc.vocab - desc.vocab_local,
            "parallel_cross_entropy: the local columns [", desc.vocab_offset, ", ",
            desc.vocab_offset + desc.vocab_local, ") must be a non-empty part of the vocabulary [0, ", desc.vocab,
            "); pass this rank's vocab_offset and its logits' width");
-  const auto width = static_cast<std::int64_t>(16 / dtype_size(logits));
-  SG_CHECK(desc.vocab_local % width == 0, "parallel_cross_entropy: the local vocabulary ", desc.vocab_local,
-           " must be a multiple of ", width, " for ", dtype_name(logits),
-           " logits (16-byte vectors); pad the vocabulary (padded logits of -inf add nothing)");
+  check_cross_entropy_row_width(kOp, "the local vocabulary", desc.logits_type, desc.vocab_local);
   SG_CHECK(std::isfinite(desc.loss_scale), "parallel_cross_entropy: loss_scale must be finite, got ",
            desc.loss_scale);
 }

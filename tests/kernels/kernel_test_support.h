@@ -182,6 +182,20 @@ void expect_invalid_argument(Call&& call, const std::string& needle) {
 }
 
 // An fp32 HostArray holding `values`.
+// Labels as int32 or int64 values (the cross-entropies take either).
+inline HostArray labels_of(DType dtype, const std::vector<std::int64_t>& values) {
+  HostArray out(dtype, static_cast<std::int64_t>(values.size()));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kInt32) {
+      const auto v = static_cast<std::int32_t>(values[i]);
+      std::memcpy(out.bytes.data() + i * 4, &v, 4);
+    } else {
+      std::memcpy(out.bytes.data() + i * 8, &values[i], 8);
+    }
+  }
+  return out;
+}
+
 inline HostArray floats(const std::vector<float>& values) {
   HostArray out(DType::kFloat32, static_cast<std::int64_t>(values.size()));
   std::memcpy(out.data(), values.data(), values.size() * sizeof(float));

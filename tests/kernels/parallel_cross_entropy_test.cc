@@ -46,22 +46,10 @@ namespace {
 using testing::DeviceArray;
 using testing::expect_invalid_argument;
 using testing::HostArray;
+using testing::labels_of;
 using testing::random_array;
 
 constexpr std::int64_t kIgnore = -100;
-
-HostArray labels_of(DType dtype, const std::vector<std::int64_t>& values) {
-  HostArray out(dtype, static_cast<std::int64_t>(values.size()));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kInt32) {
-      const auto v = static_cast<std::int32_t>(values[i]);
-      std::memcpy(out.bytes.data() + i * 4, &v, 4);
-    } else {
-      std::memcpy(out.bytes.data() + i * 8, &values[i], 8);
-    }
-  }
-  return out;
-}
 
 // Columns [first, first + count) of a [tokens, vocab] array.
 HostArray columns(const HostArray& m, std::int64_t tokens, std::int64_t vocab, std::int64_t first,

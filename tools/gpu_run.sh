@@ -43,6 +43,8 @@ work=$(mktemp -d)
 export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
 export STEPGRAPH_LIBRARY="$here/python/stepgraph/libstepgraph_c.so"
 export PYTHONUNBUFFERED=1
+# NVLink multicast stays off in every process of every stage (DESIGN.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 wants() { case ",$stages," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$results/summary.txt"
@@ -125,7 +127,7 @@ if wants comm; then
 fi
 
 # 6. Several GPUs: 2 ranks, one per GPU, through NCCL (NVLink multicast off in
-# every process: the variables are exported here and the programs set them too).
+# every process: the variables are exported above and the programs set them too).
 # Whether this machine has 2 GPUs; otherwise says so in LOG and counts a failed step.
 two_gpus() {
   local log=$1 gpus
@@ -135,7 +137,6 @@ two_gpus() {
   failed_steps=$((failed_steps + 1))
   return 1
 }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # torchrun starts our binaries with --no-python, the peers with python3.
 python_run=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
 binary_run=("${python_run[@]}" --no-python)

@@ -118,7 +118,9 @@ TEST(NcclRanksTest, EveryCollectiveEagerAndCapturedGivesTheExpectedValues) {
     EXPECT_EQ(ctx.to_vector<float>(out[2]), gathered) << who << ": all_gather";
     EXPECT_EQ(ctx.to_vector<float>(out[3]), scattered) << who << ": reduce_scatter";
     EXPECT_EQ(ctx.to_vector<float>(out[4]), rank_values(n - 1, kCount)) << who << ": broadcast from the last rank";
-    if (n > 1) EXPECT_EQ(ctx.to_vector<float>(out[5]), rank_values(from, kCount)) << who << ": send_recv ring";
+    if (n > 1) {
+      EXPECT_EQ(ctx.to_vector<float>(out[5]), rank_values(from, kCount)) << who << ": send_recv ring";
+    }
   };
   check(run(), "eager");
   auto graph = CapturedStep::capture(ctx, run, {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});

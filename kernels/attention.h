@@ -1,6 +1,6 @@
 // Causal self-attention over packed variable-length sequences (issue 16):
-// the contract the fused Hopper kernels will meet, and its plain fp32 host
-// reference (attention_host.cc). The CUDA kernels are not written yet.
+// the CUDA kernels (attention.cu: flash-attention style, online softmax, no
+// S x S matrix) and their plain fp32 host reference (attention_host.cc).
 //
 // Layout (flash-attention's varlen layout): the sequences of a batch are
 // packed end to end into T tokens; cu_seqlens int32 [S + 1] holds their
@@ -22,9 +22,12 @@
 //   dS_ij = P_ij (dP_ij - delta_i)   dq_i = scale sum_j dS_ij k_j   dk_j = scale sum_i dS_ij q_i
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/dtype.h"
+
+struct CUstream_st;
 
 namespace stepgraph::kernels {
 
@@ -44,6 +47,34 @@ struct AttentionDesc {
 // An Error naming what is wrong: dtype not bf16/fp16/fp32, a non-positive
 // size, kv_heads not dividing heads, a negative or non-finite scale.
 void check_attention(const AttentionDesc& desc);
+
+// --- CUDA ------------------------------------------------------------------
+// Device pointers. cu_seqlens is read on the device only (never copied to
+// the host), so a captured launch takes any packing of the same T and S; the
+// kernels clamp it into [0, T] and make it non-decreasing, so whatever it
+// holds nothing is read or written out of bounds (a malformed packing gives
+// some valid packing's result, never a fault). The grid is sized from T and
+// S alone. Results are deterministic: no atomics on the gradients, so two
+// launches on the same inputs give the same bits (eager == graph).
+
+// Whether the tensor-core kernels run this shape (bf16 or fp16, head_dim 64
+// or 128); otherwise the plain kernels run it (any dtype, head_dim <= 256).
+bool attention_uses_tensor_cores(const AttentionDesc& desc);
+
+// An Error unless the CUDA kernels take this shape (check_attention, and
+// head_dim <= 256).
+void check_attention_cuda(const AttentionDesc& desc);
+
+void launch_attention_forward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
+                              const std::int32_t* cu_seqlens, void* out, float* lse, CUstream_st* stream);
+
+// Device scratch the backward needs (fp32 delta = rowsum(dout * out) [H, T]
+// and whatever else the kernels keep), 256-byte aligned by the caller.
+std::size_t attention_backward_workspace_bytes(const AttentionDesc& desc);
+
+void launch_attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
+                               const void* out, const float* lse, const void* dout, const std::int32_t* cu_seqlens,
+                               void* dq, void* dk, void* dv, void* workspace, CUstream_st* stream);
 
 namespace host {
 

@@ -1,6 +1,6 @@
 // Rotary position embedding (RoPE) over packed variable-length sequences
-// (issue 16): the contract the fused kernels will meet, and its fp32 host
-// reference (rope_host.cc). The CUDA kernels are not written yet.
+// (issue 16): the CUDA kernels (rope.cu) and their fp32 host reference
+// (rope_host.cc).
 //
 // x [T, H, D] (bf16, fp16 or fp32), tokens packed as in kernels/attention.h
 // (cu_seqlens int32 [S + 1]); a token's position p is its index within its
@@ -16,6 +16,8 @@
 #include <cstdint>
 
 #include "engine/dtype.h"
+
+struct CUstream_st;
 
 namespace stepgraph::kernels {
 
@@ -34,8 +36,32 @@ struct RopeDesc {
 // An Error naming what is wrong: dtype, a non-positive size, rotary_dim odd
 // or beyond head_dim, base <= 1 or not finite.
 void check_rope(const RopeDesc& desc);
+// check_rope, and kv_heads > 0 dividing desc.heads.
+void check_qkv_rope(const RopeDesc& desc, std::int64_t kv_heads);
+
+// Device pointers; positions come from cu_seqlens on the device (clamped as
+// in kernels/attention.h). out may alias x (in place), dx may alias dy.
+void launch_rope_forward(const RopeDesc& desc, const void* x, const std::int32_t* cu_seqlens, void* out,
+                         CUstream_st* stream);
+void launch_rope_backward(const RopeDesc& desc, const void* dy, const std::int32_t* cu_seqlens, void* dx,
+                          CUstream_st* stream);
+
+// MultiheadAttention's split of the fused QKV projection, with the rotation
+// fused into the copy it needs anyway: qkv [T, (H + 2 Hkv) D] (q's H heads,
+// then k's Hkv, then v's Hkv, per token) -> q [T, H, D] and k [T, Hkv, D]
+// rotated, v [T, Hkv, D] copied; desc.heads is H. The backward merges
+// dq, dk (rotated back) and dv into dqkv [T, (H + 2 Hkv) D].
+void launch_qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv,
+                           const std::int32_t* cu_seqlens, void* q, void* k, void* v, CUstream_st* stream);
+void launch_qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
+                                    const void* dv, const std::int32_t* cu_seqlens, void* dqkv, CUstream_st* stream);
 
 namespace host {
+
+void qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv, const std::int32_t* cu_seqlens,
+                    void* q, void* k, void* v);
+void qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
+                             const void* dv, const std::int32_t* cu_seqlens, void* dqkv);
 
 // out = rope(x); dx = the inverse rotation of dy. Host memory; cu_seqlens as
 // kernels::host::check_cu_seqlens requires (an Error otherwise).

@@ -329,5 +329,44 @@ TEST(RopeHostTest, BackwardIsTheTransposeAndPositionsRestartPerSequence) {
                         "rotary_dim (5) must be even");
 }
 
+// The QKV split is rope_forward of q's and k's heads and a copy of v's; the
+// merge is the split's transpose (rope_backward of dq and dk).
+TEST(RopeHostTest, QkvSplitRotatesQAndKAndMergeIsItsTranspose) {
+  testing::SeededRng rng;
+  const std::int64_t tokens = 7, heads = 4, kv_heads = 2, dim = 8, width = heads + 2 * kv_heads;
+  const RopeDesc d{.dtype = DType::kFloat32, .tokens = tokens, .sequences = 2, .heads = heads, .head_dim = dim,
+                   .rotary_dim = 6};
+  const std::vector<std::int32_t> cu{0, 3, 7};
+  const std::vector<float> qkv = random_values(rng, tokens * width * dim);
+  std::vector<float> q(tokens * heads * dim), k(tokens * kv_heads * dim), v(tokens * kv_heads * dim);
+  host::qkv_split_rope(d, kv_heads, qkv.data(), cu.data(), q.data(), k.data(), v.data());
+  // The same heads gathered by hand, then rotated with rope_forward.
+  auto part = [&](std::int64_t first, std::int64_t count) {
+    std::vector<float> out;
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const auto row = qkv.begin() + (t * width + first) * dim;
+      out.insert(out.end(), row, row + count * dim);
+    }
+    return out;
+  };
+  RopeDesc kd = d;
+  kd.heads = kv_heads;
+  EXPECT_EQ(q, rope(d, part(0, heads), cu));
+  EXPECT_EQ(k, rope(kd, part(heads, kv_heads), cu));
+  EXPECT_EQ(v, part(heads + kv_heads, kv_heads));
+
+  const std::vector<float> dq = random_values(rng, q.size()), dk = random_values(rng, k.size()),
+                           dv = random_values(rng, v.size());
+  std::vector<float> dqkv(qkv.size());
+  host::qkv_merge_rope_backward(d, kv_heads, dq.data(), dk.data(), dv.data(), cu.data(), dqkv.data());
+  double a = 0, b = 0;  // <split(qkv), (dq, dk, dv)> against <qkv, merge(dq, dk, dv)>
+  for (std::size_t e = 0; e < q.size(); ++e) a += static_cast<double>(q[e]) * dq[e];
+  for (std::size_t e = 0; e < k.size(); ++e) a += static_cast<double>(k[e]) * dk[e] + static_cast<double>(v[e]) * dv[e];
+  for (std::size_t e = 0; e < qkv.size(); ++e) b += static_cast<double>(qkv[e]) * dqkv[e];
+  EXPECT_NEAR(a, b, 1e-4 * (1 + std::abs(a)));
+  EXPECT_ERROR_CONTAINS(host::qkv_split_rope(d, 3, qkv.data(), cu.data(), q.data(), k.data(), v.data()),
+                        "kv_heads (3) must be > 0 and divide the query heads (4)");
+}
+
 }  // namespace
 }  // namespace stepgraph::kernels

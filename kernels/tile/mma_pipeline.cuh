@@ -63,6 +63,24 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::ui
                : "r"(address));
 }
 
+// Four 8x8 b16 matrices from shared memory to registers, as stored (lane l
+// gives the address of row l % 8 of matrix l / 8; each row is 16 bytes).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// d += a * b for one m16n8k16 fp16 tile, fp32 accumulators.
+__device__ __forceinline__ void mma_fp16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // d += a * b for one m16n8k16 bf16 tile, fp32 accumulators.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                          std::uint32_t b1) {

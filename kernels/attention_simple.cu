@@ -1,0 +1,276 @@
+// The plain attention kernels (fp32, and every head_dim <= 256): one warp per
+// (query, head) for the forward and dq, one warp per (key, kv head) for dk
+// and dv, each walking its keys (or queries) in order with fp32 arithmetic.
+// Correct and deterministic, not fast; the tensor-core kernels
+// (attention_forward.cu, attention_backward.cu) take bf16/fp16 at head_dim 64
+// and 128. Also the delta kernel both backward paths share.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/cuda_check.h"
+#include "engine/error.h"
+#include "kernels/attention_paths.h"
+#include "kernels/tile/attention_tile.cuh"
+#include "kernels/vector_io.cuh"
+
+namespace stepgraph::kernels::attention_detail {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kMaxPerLane = 8;  // head_dim <= 256
+
+struct SimpleParams {
+  int tokens, sequences, heads, kv_heads, dim;
+  bool causal;
+  float scale;
+};
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// This warp's (token or key, head) of a [tokens x heads] problem, or false.
+__device__ __forceinline__ bool warp_item(int tokens, int heads, int* token, int* head) {
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (item >= static_cast<std::int64_t>(tokens) * heads) return false;
+  *token = static_cast<int>(item / heads);
+  *head = static_cast<int>(item % heads);
+  return true;
+}
+
+// x[e] = row[lane + 32 e] as fp32 (0 past dim).
+template <typename T>
+__device__ __forceinline__ void load_row(float (&x)[kMaxPerLane], const T* row, int dim, int lane) {
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    x[e] = d < dim ? to_float(row[d]) : 0.0f;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float row_dot(const float (&x)[kMaxPerLane], const T* row, int dim, int lane) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < dim) sum += x[e] * to_float(row[d]);
+  }
+  return warp_sum(sum);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_row(T* row, const float (&x)[kMaxPerLane], float factor, int dim, int lane) {
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int d = lane + 32 * e;
+    if (d < dim) row[d] = from_float<T>(x[e] * factor);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_forward_simple_kernel(
+    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ out, float* __restrict__ lse) {
+  int i = 0;
+  int h = 0;
+  if (!warp_item(p.tokens, p.heads, &i, &h)) return;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  tile::SequenceTile seq;
+  if (!tile::warp_locate_tile(cu_seqlens, p.sequences, p.tokens, 1, i, &seq)) return;
+  const int g = h / (p.heads / p.kv_heads);
+  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
+  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
+  float qr[kMaxPerLane];
+  float acc[kMaxPerLane];
+  load_row(qr, q + i * q_ld + h * p.dim, p.dim, lane);
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) acc[e] = 0.0f;
+  float max = -INFINITY;
+  float sum = 0.0f;
+  const int last = p.causal ? i + 1 : seq.end;
+  for (int j = seq.begin; j < last; ++j) {
+    const T* k_row = k + j * kv_ld + g * p.dim;
+    const T* v_row = v + j * kv_ld + g * p.dim;
+    const float s = p.scale * row_dot(qr, k_row, p.dim, lane);
+    const float new_max = fmaxf(max, s);
+    const float alpha = expf(max - new_max);  // 0 on the first key
+    const float w = expf(s - new_max);
+    sum = sum * alpha + w;
+#pragma unroll
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int d = lane + 32 * e;
+      acc[e] = acc[e] * alpha + (d < p.dim ? w * to_float(v_row[d]) : 0.0f);
+    }
+    max = new_max;
+  }
+  store_row(out + i * q_ld + h * p.dim, acc, 1.0f / sum, p.dim, lane);
+  if (lane == 0) lse[static_cast<std::int64_t>(h) * p.tokens + i] = max + logf(sum);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_delta_kernel(
+    SimpleParams p, const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta) {
+  int i = 0;
+  int h = 0;
+  if (!warp_item(p.tokens, p.heads, &i, &h)) return;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t row = (static_cast<std::int64_t>(i) * p.heads + h) * p.dim;
+  float sum = 0.0f;
+  for (int d = lane; d < p.dim; d += 32) sum += to_float(dout[row + d]) * to_float(out[row + d]);
+  sum = warp_sum(sum);
+  if (lane == 0) delta[static_cast<std::int64_t>(h) * p.tokens + i] = sum;
+}
+
+// dq_i = scale sum_j P_ij (dP_ij - delta_i) k_j, one warp per (query, head).
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dq_simple_kernel(
+    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ dq) {
+  int i = 0;
+  int h = 0;
+  if (!warp_item(p.tokens, p.heads, &i, &h)) return;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  tile::SequenceTile seq;
+  if (!tile::warp_locate_tile(cu_seqlens, p.sequences, p.tokens, 1, i, &seq)) return;
+  const int g = h / (p.heads / p.kv_heads);
+  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
+  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
+  float qr[kMaxPerLane];
+  float dor[kMaxPerLane];
+  float acc[kMaxPerLane];
+  load_row(qr, q + i * q_ld + h * p.dim, p.dim, lane);
+  load_row(dor, dout + i * q_ld + h * p.dim, p.dim, lane);
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) acc[e] = 0.0f;
+  const float row_lse = lse[static_cast<std::int64_t>(h) * p.tokens + i];
+  const float row_delta = delta[static_cast<std::int64_t>(h) * p.tokens + i];
+  const int last = p.causal ? i + 1 : seq.end;
+  for (int j = seq.begin; j < last; ++j) {
+    const T* k_row = k + j * kv_ld + g * p.dim;
+    const float prob = expf(p.scale * row_dot(qr, k_row, p.dim, lane) - row_lse);
+    const float dp = row_dot(dor, v + j * kv_ld + g * p.dim, p.dim, lane);
+    const float ds = prob * (dp - row_delta);
+#pragma unroll
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int d = lane + 32 * e;
+      if (d < p.dim) acc[e] += ds * to_float(k_row[d]);
+    }
+  }
+  store_row(dq + i * q_ld + h * p.dim, acc, p.scale, p.dim, lane);
+}
+
+// dv_j = sum_i P_ij dout_i and dk_j = scale sum_i dS_ij q_i over the query
+// heads of kv head g and the queries that see key j; one warp per (key, kv head).
+template <typename T>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dkdv_simple_kernel(
+    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ dk, T* __restrict__ dv) {
+  int j = 0;
+  int g = 0;
+  if (!warp_item(p.tokens, p.kv_heads, &j, &g)) return;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  tile::SequenceTile seq;
+  if (!tile::warp_locate_tile(cu_seqlens, p.sequences, p.tokens, 1, j, &seq)) return;
+  const int group = p.heads / p.kv_heads;
+  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
+  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
+  float kr[kMaxPerLane];
+  float vr[kMaxPerLane];
+  float dk_acc[kMaxPerLane];
+  float dv_acc[kMaxPerLane];
+  load_row(kr, k + j * kv_ld + g * p.dim, p.dim, lane);
+  load_row(vr, v + j * kv_ld + g * p.dim, p.dim, lane);
+#pragma unroll
+  for (int e = 0; e < kMaxPerLane; ++e) dk_acc[e] = dv_acc[e] = 0.0f;
+  const int first = p.causal ? j : seq.begin;
+  for (int h = g * group; h < (g + 1) * group; ++h) {
+    for (int i = first; i < seq.end; ++i) {
+      const T* q_row = q + i * q_ld + h * p.dim;
+      const T* do_row = dout + i * q_ld + h * p.dim;
+      const std::int64_t stat = static_cast<std::int64_t>(h) * p.tokens + i;
+      const float prob = expf(p.scale * row_dot(kr, q_row, p.dim, lane) - lse[stat]);
+      const float dp = row_dot(vr, do_row, p.dim, lane);
+      const float ds = prob * (dp - delta[stat]);
+#pragma unroll
+      for (int e = 0; e < kMaxPerLane; ++e) {
+        const int d = lane + 32 * e;
+        if (d < p.dim) {
+          dv_acc[e] += prob * to_float(do_row[d]);
+          dk_acc[e] += ds * to_float(q_row[d]);
+        }
+      }
+    }
+  }
+  store_row(dk + j * kv_ld + g * p.dim, dk_acc, p.scale, p.dim, lane);
+  store_row(dv + j * kv_ld + g * p.dim, dv_acc, 1.0f, p.dim, lane);
+}
+
+SimpleParams params_of(const AttentionDesc& d) {
+  return {static_cast<int>(d.tokens), static_cast<int>(d.sequences), static_cast<int>(d.heads),
+          static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim), d.causal, d.softmax_scale()};
+}
+
+unsigned blocks_for_items(std::int64_t items) {
+  return static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+// Calls f(T{}) with T the element type of `dtype`.
+template <typename F>
+void with_element_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: f(float{}); return;
+    case DType::kBFloat16: f(__nv_bfloat16{}); return;
+    case DType::kFloat16: f(__half{}); return;
+    default: SG_CHECK(false, "attention: no kernels for dtype ", dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void forward_simple(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream) {
+  const SimpleParams sp = params_of(desc);
+  with_element_type(desc.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    attention_forward_simple_kernel<T><<<blocks_for_items(desc.tokens * desc.heads), 32 * kWarpsPerBlock, 0, stream>>>(
+        sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.cu_seqlens,
+        static_cast<T*>(p.out_mut), p.lse_mut);
+    SG_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void backward_delta(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream) {
+  const SimpleParams sp = params_of(desc);
+  with_element_type(desc.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    attention_delta_kernel<T><<<blocks_for_items(desc.tokens * desc.heads), 32 * kWarpsPerBlock, 0, stream>>>(
+        sp, static_cast<const T*>(p.out), static_cast<const T*>(p.dout), p.delta);
+    SG_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void backward_simple(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream) {
+  const SimpleParams sp = params_of(desc);
+  with_element_type(desc.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    attention_dq_simple_kernel<T><<<blocks_for_items(desc.tokens * desc.heads), 32 * kWarpsPerBlock, 0, stream>>>(
+        sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
+        static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dq));
+    SG_CUDA_CHECK(cudaGetLastError());
+    attention_dkdv_simple_kernel<T>
+        <<<blocks_for_items(desc.tokens * desc.kv_heads), 32 * kWarpsPerBlock, 0, stream>>>(
+            sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
+            static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
+    SG_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace stepgraph::kernels::attention_detail

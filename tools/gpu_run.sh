@@ -111,6 +111,8 @@ if wants benchmarks; then
   step benchmarks.log "$here/bin/memory_bound_bench" --out "$results/memory_bound.json"
   step benchmarks.log "$here/bin/grouped_gemm_bench" --out "$results/grouped_gemm.json"
   step benchmarks.log python3 "$here/benchmarks/grouped_gemm_peer.py" --out "$results/grouped_gemm_peer.json"
+  step benchmarks.log "$here/bin/attention_bench" --out "$results/attention.json"
+  step benchmarks.log python3 "$here/benchmarks/attention_peer.py" --out "$results/attention_peer.json"
   step benchmarks.log "$here/bin/moe_layer_bench" --out "$results/moe_layer.json"
   step benchmarks.log "$here/bin/step_bench" --out "$results/step_bench.json"
   step benchmarks.log python3 "$here/benchmarks/pytorch_peer.py" --out "$results/pytorch_peer.json"

@@ -324,6 +324,25 @@ def capture_whole_step(s, start, **graph_args):
     return run_one, extra, graph
 
 
+def warm_up_and_capture(s, start, **graph_args):
+    """PyTorch's recipe for a whole-step graph of `s` (a Setup, or any object with optimizer and train_step()):
+    3 eager steps on a side stream, then the capture (capture_whole_step with `graph_args`). Returns build_system's
+    tuple."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    losses = []
+    with torch.cuda.stream(side):  # warm-up on a side stream, as the recipe asks
+        for _ in range(3):
+            s.optimizer.zero_grad(set_to_none=True)
+            losses.append(s.train_step())
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    losses = [loss.item() for loss in losses]  # capture runs nothing: replay 1 is step 4
+    s.optimizer.zero_grad(set_to_none=True)
+    run_one, extra, graph = capture_whole_step(s, start, **graph_args)
+    return run_one, extra, losses, (s, graph)
+
+
 def build_system(system, c, data_seed=2):
     """Returns (run_one, extra JSON, the losses of the steps setup ran, what to
     keep alive); run_one() -> the loss tensor."""
@@ -338,20 +357,7 @@ def build_system(system, c, data_seed=2):
         return run_one, {}, [], s
 
     if system == "cuda_graph":
-        s = Setup(c, capturable=True, data_seed=data_seed)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        losses = []
-        with torch.cuda.stream(side):  # warm-up on a side stream, as the recipe asks
-            for _ in range(3):
-                s.optimizer.zero_grad(set_to_none=True)
-                losses.append(s.train_step())
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        losses = [loss.item() for loss in losses]  # capture runs nothing: replay 1 is step 4
-        s.optimizer.zero_grad(set_to_none=True)
-        run_one, extra, graph = capture_whole_step(s, start)
-        return run_one, extra, losses, (s, graph)
+        return warm_up_and_capture(Setup(c, capturable=True, data_seed=data_seed), start)
 
     if system == "compile":
         s = Setup(c, capturable=True)
@@ -750,24 +756,38 @@ def run_dp_config(name, systems, steps, warmup, deadline, group, local_rank):
     return out
 
 
-def run_ddp(args, configs, systems):
-    """main() for --ddp: joins the process group, runs every config, rank 0 writes the JSON."""
+def start_process_group(timeout_s, who="pytorch_peer"):
+    """Joins the launch's NCCL process group (torchrun, srun or mpirun variables; none: one process of world size
+    1 meeting through a file store of its own) on GPU LOCAL_RANK. Returns (Group, local_rank, local_world,
+    launcher, device, store_dir); end_process_group(store_dir) leaves it."""
     rank, world, local_rank, local_world, launcher, init_method = launch_info()
     if local_rank >= torch.cuda.device_count():
-        raise SystemExit(f"pytorch_peer: local rank {local_rank} but this host has {torch.cuda.device_count()} "
+        raise SystemExit(f"{who}: local rank {local_rank} but this host has {torch.cuda.device_count()} "
                          "GPU(s): start at most one rank per GPU")
-    # PyTorch's notes for DDP under a whole-step CUDA graph; set before the process group starts.
+    # PyTorch's notes for collectives under a whole-step CUDA graph; set before the process group starts.
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
     store_dir = None
     if init_method is None:  # one process: a file store of its own
-        store_dir = tempfile.mkdtemp(prefix="pytorch_peer_")
+        store_dir = tempfile.mkdtemp(prefix=f"{who}_")
         init_method = f"file://{store_dir}/store"
     dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=world, device_id=device,
-                            timeout=datetime.timedelta(seconds=args.timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return Group(rank, world), local_rank, local_world, launcher, device, store_dir
+
+
+def end_process_group(store_dir):
+    dist.destroy_process_group()
+    if store_dir is not None:
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def run_ddp(args, configs, systems):
+    """main() for --ddp: joins the process group, runs every config, rank 0 writes the JSON."""
+    group, local_rank, local_world, launcher, device, store_dir = start_process_group(args.timeout_s)
     try:
-        group = Group(rank, world)
+        rank, world = group.rank, group.world
         leader = rank == 0
         note = ("world size 1: the dp1 rows are the baseline of a run at N > 1; pytorch_ddp_*_dp1 run DDP with no peer "
                 "(its hooks and a one-rank NCCL all-reduce): DDP's own overhead and a check that the capture works, "
@@ -833,9 +853,7 @@ def run_ddp(args, configs, systems):
                   file=sys.stderr)
         return 1 if failed or wrong else 0
     finally:
-        dist.destroy_process_group()
-        if store_dir is not None:
-            shutil.rmtree(store_dir, ignore_errors=True)
+        end_process_group(store_dir)
 
 
 def comm_nccl_version():

@@ -4,6 +4,11 @@ PNG plot, and the issue's goals.
 
     python3 benchmarks/report.py step_bench.json pytorch_peer.json \\
         --markdown step_report.md --png step_report.png
+    python3 benchmarks/report.py step_bench_tp2_bulk.json tp_step_peer.json --markdown step_report_tp2_bulk.md
+
+Tensor-parallel files (step_bench --tp N and tp_step_peer.py) make the TP
+table: the speedup column is against our eager TP=N row, and the goals are
+our graphed TP=N step against PyTorch's async TP (eager and captured whole).
 
 Prints the table, the first losses of every system (a sanity check that the
 systems train the same model), and one line per goal: PASS, FAIL or NOT
@@ -23,6 +28,12 @@ TORCH_EAGER = "pytorch_eager"
 TORCH_GRAPH = "pytorch_cuda_graph"
 TORCH_COMPILE = "pytorch_compile"
 SYSTEM_ORDER = [OUR_EAGER, OUR_GRAPH, TORCH_EAGER, TORCH_GRAPH, TORCH_COMPILE]
+# Tensor-parallel configs (step_bench --tp N, tp_step_peer.py): rows in this order, then the rest by name.
+TORCH_ASYNC_TP = "pytorch_async_tp"
+TORCH_ASYNC_TP_GRAPH = "pytorch_async_tp_cuda_graph"
+TP_SYSTEM_ORDER = ["stepgraph_eager_tp1", "stepgraph_graph_tp1", "pytorch_eager_tp1", "pytorch_cuda_graph_tp1",
+                   "stepgraph_eager_tp{n}", "stepgraph_graph_tp{n}", "pytorch_tp_sequential", TORCH_ASYNC_TP,
+                   TORCH_ASYNC_TP_GRAPH]
 SHAPE_KEYS = ["hidden", "ffn", "layers", "vocab", "tokens", "experts", "topk", "moe_every", "flops_per_step"]
 
 
@@ -55,6 +66,10 @@ def merge(stepgraph, pytorch=None):
                     warnings.append(f"{c['name']}: {key} differs between the files ({ours} vs {theirs})")
             if c.get("status") != "ok":
                 entry["notes"].append(f"{data['source']}: {c.get('status')}: {c.get('reason')}")
+            for system, why in (c.get("unavailable") or {}).items():  # tp_step_peer: a capture PyTorch refused
+                entry["notes"].append(f"{data['source']}: {system}: {why}")
+            if c.get("tensor_parallel_rows"):
+                entry["tp_world"] = c.get("world_size")
             for s in c.get("systems", []):
                 entry["systems"][s["system"]] = s
     return list(merged.values()), warnings
@@ -74,13 +89,30 @@ def fmt_bytes(n):
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def tp_world(config):
+    """N of a tensor-parallel config (step_bench --tp N, tp_step_peer.py), else None."""
+    return config.get("tp_world")
+
+
+def our_eager(config):
+    """The row the speedup column divides by: our eager step (at TP=N in a tensor-parallel config)."""
+    n = tp_world(config)
+    return OUR_EAGER if n is None else f"{OUR_EAGER}_tp{n}"
+
+
+def system_order(config):
+    n = tp_world(config)
+    return SYSTEM_ORDER if n is None else [s.format(n=n) for s in TP_SYSTEM_ORDER]
+
+
 def table_rows(configs):
     """One row per (config, system) in a fixed system order, as lists of cells."""
     rows = []
     for c in configs:
         systems = c["systems"]
-        base = systems.get(OUR_EAGER)
-        names = [s for s in SYSTEM_ORDER if s in systems] + sorted(set(systems) - set(SYSTEM_ORDER))
+        base = systems.get(our_eager(c))
+        order = system_order(c)
+        names = [s for s in order if s in systems] + sorted(set(systems) - set(order))
         for note in c["notes"]:  # a whole file's config not run or failed
             source, _, text = note.partition(": ")
             rows.append([c["name"], source, text[:160]] + ["-"] * 7)
@@ -146,7 +178,9 @@ def first_losses(configs):
 
 
 def goals(configs):
-    """The issue's goals: a list of (verdict, config, goal, detail)."""
+    """The issue's goals: a list of (verdict, config, goal, detail); tp_goals where the configs are tensor-parallel."""
+    if any(tp_world(c) is not None for c in configs):
+        return tp_goals(configs)
     by_name = {c["name"]: c["systems"] for c in configs}
     out = []
 
@@ -205,6 +239,27 @@ def goals(configs):
     return out
 
 
+def tp_goals(configs):
+    """Tensor-parallel configs: our graphed TP=N step against PyTorch's async TP, eager and captured whole."""
+    out = []
+    for c in configs:
+        n = tp_world(c)
+        if n is None or n < 2:
+            continue
+        ours = c["systems"].get(f"{OUR_GRAPH}_tp{n}")
+        for theirs_name in (TORCH_ASYNC_TP, TORCH_ASYNC_TP_GRAPH):
+            goal = f"graphed TP={n} step time <= 1.0x {theirs_name}"
+            theirs = c["systems"].get(theirs_name)
+            if ok(ours) and ok(theirs):
+                value = median_us(ours) / median_us(theirs)
+                out.append(("PASS" if value <= 1.0 else "FAIL", c["name"], goal, f"{value:.2f}x"))
+                continue
+            missing = [name for name, s in ((f"{OUR_GRAPH}_tp{n}", ours), (theirs_name, theirs)) if not ok(s)]
+            why = [note for note in c["notes"] if f": {theirs_name}: " in note]
+            out.append(("NOT MEASURED", c["name"], goal, "; ".join(why) or f"{', '.join(missing)} missing or failed"))
+    return out
+
+
 def plot(configs, path):
     """Grouped bars: step time (median, min-max whiskers) per config and system, log scale."""
     try:
@@ -215,7 +270,8 @@ def plot(configs, path):
     except ImportError:
         return "plot skipped: matplotlib is not installed (Debian: python3-matplotlib)"
     names = [c["name"] for c in configs]
-    systems = [s for s in SYSTEM_ORDER if any(ok(c["systems"].get(s)) for c in configs)]
+    order = list(dict.fromkeys(s for c in configs for s in system_order(c)))
+    systems = [s for s in order if any(ok(c["systems"].get(s)) for c in configs)]
     if not systems:
         return "plot skipped: no system has results"
     width = 0.8 / len(systems)

@@ -36,9 +36,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+except ImportError:  # the build machines: tp_step_peer's config checks import this file without torch
+    torch = dist = F = None
 
 # hidden, ffn, tokens per step: benchmarks/step_configs.cc
 CONFIGS = {"small": (512, 2048, 256), "medium": (2048, 8192, 4096), "large": (4096, 16384, 8192)}
@@ -57,15 +60,20 @@ def gelu_grad(x):
     return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
 
 
-class Layer:
-    def __init__(self, hidden, local_ffn, group, async_tp):
-        dev = torch.device("cuda")
-        g = torch.Generator(device=dev).manual_seed(7 + dist.get_rank())
-        self.norm = torch.nn.LayerNorm(hidden, device=dev, dtype=torch.bfloat16)
-        self.w1 = (torch.rand(local_ffn, hidden, generator=g, device=dev) * 2 - 1).bfloat16() / hidden**0.5
-        self.b1 = torch.zeros(local_ffn, device=dev, dtype=torch.bfloat16)
-        self.w2 = (torch.rand(hidden, local_ffn, generator=g, device=dev) * 2 - 1).bfloat16() / local_ffn**0.5
-        self.b2 = torch.zeros(hidden, device=dev, dtype=torch.bfloat16)
+def enable_async_tp(group):
+    """Symmetric memory for the group, where this torch still needs it enabled (the fused ops' workspace)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(group.group_name)
+
+
+class TPComm:
+    """How a rank's tensor-parallel collectives meet their GEMMs along the token dimension (dim 0):
+    sequential NCCL collectives (all_gather_into_tensor, then the GEMM; the GEMM, then reduce_scatter_tensor) or,
+    with async_tp, PyTorch's fused ops over symmetric memory (enable_async_tp first)."""
+
+    def __init__(self, group, async_tp):
         self.group = group
         self.name = group.group_name
         self.async_tp = async_tp
@@ -80,12 +88,28 @@ class Layer:
         return gathered, gathered @ weight_t
 
     def mm_reduce_scatter(self, a, weight_t):
+        """(a @ weight_t) summed over the ranks, this rank's rows."""
         if self.async_tp:
             return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, weight_t, "sum", 0, self.name)
         partial = a @ weight_t
         out = torch.empty((a.shape[0] // self.group.size(), weight_t.shape[1]), dtype=a.dtype, device=a.device)
         dist.reduce_scatter_tensor(out, partial, group=self.group)
         return out
+
+
+class Layer:
+    def __init__(self, hidden, local_ffn, group, async_tp):
+        dev = torch.device("cuda")
+        g = torch.Generator(device=dev).manual_seed(7 + dist.get_rank())
+        self.norm = torch.nn.LayerNorm(hidden, device=dev, dtype=torch.bfloat16)
+        self.w1 = (torch.rand(local_ffn, hidden, generator=g, device=dev) * 2 - 1).bfloat16() / hidden**0.5
+        self.b1 = torch.zeros(local_ffn, device=dev, dtype=torch.bfloat16)
+        self.w2 = (torch.rand(hidden, local_ffn, generator=g, device=dev) * 2 - 1).bfloat16() / local_ffn**0.5
+        self.b2 = torch.zeros(hidden, device=dev, dtype=torch.bfloat16)
+        self.group = group
+        self.comm = TPComm(group, async_tp)
+        self.all_gather_mm = self.comm.all_gather_mm
+        self.mm_reduce_scatter = self.comm.mm_reduce_scatter
 
     def step(self, x, dy):
         x = x.detach().requires_grad_(True)
@@ -124,10 +148,7 @@ def main():
     rows = {"pytorch_sequential": Layer(hidden, ffn // n, group, False)}
     notes = {}
     try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_for_group(group.group_name)
+        enable_async_tp(group)
         rows["pytorch_async_tp"] = Layer(hidden, ffn // n, group, True)
     except Exception as error:  # report, do not hide: the row is missing with its reason
         notes["pytorch_async_tp"] = f"unavailable: {error}"

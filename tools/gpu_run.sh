@@ -19,8 +19,8 @@
 #   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs): tp_mlp_bench + tp_peer.py,
 #                                comm_bench + comm_peer.py, step_bench --dp 2 + pytorch_peer.py --ddp,
-#                                step_bench --tp 2 (bulk and overlap),
-#                                each JSON beside it
+#                                step_bench --tp 2 (bulk and overlap) + tp_step_peer.py and their
+#                                report.py tables (step_report_tp2_*.md), each JSON beside it
 #   sanitizer.log                with --sanitize: memcheck and racecheck
 # Stages default to all of them but the multigpu ones (2 GPUs or more).
 set -uo pipefail
@@ -182,6 +182,14 @@ if wants multigpu_bench; then
     for overlap in bulk overlap; do
       step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --tp 2 --overlap "$overlap" --configs medium,large \
         --out "$results/step_bench_tp2_$overlap.json"
+    done
+    # The whole TP step in PyTorch (sequential collectives, async TP, async TP captured whole); a timeout in case a
+    # symmetric-memory wait never returns. Then each overlap mode's TP table against it.
+    step multigpu_bench.log timeout 1200 "${python_run[@]}" "$here/benchmarks/tp_step_peer.py" --configs medium,large \
+      --out "$results/tp_step_peer.json"
+    for overlap in bulk overlap; do
+      step multigpu_bench.log python3 "$here/benchmarks/report.py" "$results/step_bench_tp2_$overlap.json" \
+        "$results/tp_step_peer.json" --markdown "$results/step_report_tp2_$overlap.md"
     done
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \
       --out "$results/pytorch_peer_dp2.json"

@@ -10,6 +10,7 @@ namespace {
 // Checked before any member is built, so a bad config creates no parameter.
 const LanguageModelConfig& checked(const LanguageModelConfig& config) {
   SG_CHECK(config.context > 0, "LanguageModel: context must be > 0, got ", config.context);
+  if (config.sequence_model()) return config;  // the embedding is hidden wide; the blocks check the rest
   SG_CHECK(config.model.hidden > 0 && config.model.hidden % config.context == 0, "LanguageModel: hidden (",
            config.model.hidden, ") must be a positive multiple of context (", config.context,
            "): each of the context tokens gets hidden / context embedding columns");
@@ -31,12 +32,14 @@ std::vector<Parameter*> LanguageModel::parameters() {
   return out;
 }
 
-LanguageModel::Forward LanguageModel::forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag) const {
-  check_input("LanguageModel", "forward", "tokens", tokens, {"batch", config_.context}, DType::kInt32);
+LanguageModel::Forward LanguageModel::forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag,
+                                             const Tensor& cu_seqlens) const {
+  check_input("LanguageModel", "forward", "tokens", tokens, {rows_name(), token_width()}, DType::kInt32,
+              config_.sequence_model() ? "one token per row" : "a window of context tokens per row");
   check_input("LanguageModel", "forward", "error_flag", error_flag, {1}, DType::kInt32);
   Forward out;
   const Embedding::Forward embedded = embedding_.forward(ctx, {tokens, error_flag});
-  ResidualStack::Forward stack = stack_.forward(ctx, embedded.y);
+  ResidualStack::Forward stack = stack_.forward(ctx, embedded.y, cu_seqlens);
   out.logits = stack.logits;
   out.saved = Saved{embedded.saved, std::move(stack.saved)};
   return out;
@@ -50,7 +53,7 @@ std::vector<std::size_t> LanguageModel::parameter_group_sizes() {
 
 void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
                              const ResidualStack::GradientsReady& ready) const {
-  check_input("LanguageModel", "backward", "saved.embedding.tokens", saved.embedding.tokens, {"batch", config_.context},
+  check_input("LanguageModel", "backward", "saved.embedding.tokens", saved.embedding.tokens, {rows_name(), token_width()},
               DType::kInt32, "the forward's tokens");
   const std::int64_t ranks = tp_ != nullptr ? tp_->world_size() : 1;
   check_input("LanguageModel", "backward", "dlogits", dlogits,

@@ -1,4 +1,14 @@
-// LanguageModel: next-token prediction from a fixed window of previous tokens.
+// LanguageModel: next-token prediction, in one of two forms.
+//
+// The sequence model (config.model.heads > 0, a GPT): sequences of
+// `context` tokens each, packed end to end, predict every next token:
+//
+//   tokens [T, 1] --Embedding (width hidden)--> [T, hidden]
+//                 --ResidualStack of TransformerLayers (causal attention over
+//                   cu_seqlens' sequences, rotary positions)--> logits [T, vocab]
+//
+// The window model (heads = 0): one prediction per example from a fixed
+// window of previous tokens, by MLP blocks over a concatenated embedding:
 //
 //   tokens [batch, context] --Embedding--> [batch, context * (hidden / context)] = [batch, hidden]
 //                           --ResidualStack--> logits [batch, vocab]
@@ -25,10 +35,13 @@
 namespace stepgraph {
 
 struct LanguageModelConfig {
-  ResidualStackConfig model;  // hidden, ffn, layers, vocab, dtype, seed, experts...
-  std::int64_t context = 8;   // tokens per example
+  ResidualStackConfig model;  // hidden, ffn, layers, vocab, dtype, seed, experts, heads...
+  // Window model: tokens per example. Sequence model: tokens per sequence
+  // (the length TrainStep packs its sequences at; any packing runs).
+  std::int64_t context = 8;
 
-  std::int64_t embedding_dim() const { return model.hidden / context; }
+  bool sequence_model() const { return model.heads > 0; }
+  std::int64_t embedding_dim() const { return sequence_model() ? model.hidden : model.hidden / context; }
 };
 
 class LanguageModel {
@@ -38,7 +51,7 @@ class LanguageModel {
     ResidualStack::Saved stack;
   };
   struct Forward {
-    Tensor logits;  // [batch, vocab] ([all ranks' batch, vocab / N] tensor-parallel)
+    Tensor logits;  // [rows, vocab]: rows = batch or T ([all ranks' rows, vocab / N] tensor-parallel)
     Saved saved;
   };
 
@@ -47,9 +60,11 @@ class LanguageModel {
   // all-reduced across the ranks.
   LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr);
 
-  // tokens int32 [batch, context]; error_flag int32 [1], set for a token
-  // outside [0, vocab).
-  Forward forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag) const;
+  // Window model: tokens int32 [batch, context]. Sequence model: tokens
+  // int32 [T, 1] and cu_seqlens int32 [sequences + 1], the packing
+  // (kernels/attention.h). error_flag int32 [1], set for a token outside
+  // [0, vocab).
+  Forward forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag, const Tensor& cu_seqlens = {}) const;
   // Writes every parameter gradient.
   // `ready` as in ResidualStack::backward, over parameter_group_sizes()' groups.
   void backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
@@ -68,6 +83,10 @@ class LanguageModel {
   std::vector<std::size_t> parameter_group_sizes();
 
  private:
+  // Tokens per row of the input: 1 (sequence model) or context (window model).
+  std::int64_t token_width() const { return config_.sequence_model() ? 1 : config_.context; }
+  const char* rows_name() const { return config_.sequence_model() ? "tokens" : "batch"; }
+
   LanguageModelConfig config_;
   Communicator* tp_ = nullptr;
   Embedding embedding_;

@@ -28,10 +28,26 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
              "ResidualStack: moe_every must be in [1, layers = ", config.layers,
              "] so that some block is an MoE block, got ", config.moe_every);
   }
+  SG_CHECK(config.heads >= 0, "ResidualStack: heads must be >= 0 (0: no attention), got ", config.heads);
+  SG_CHECK_CODE(config.heads == 0 || tensor_parallel == nullptr, ErrorCode::kUnsupported,
+           "ResidualStack: attention (heads = ", config.heads,
+           ") is not supported with tensor parallelism yet; use data parallelism, or heads = 0");
   for (std::int64_t i = 0; i < config.layers; ++i) {
     const std::string name = "block" + std::to_string(i);
     const std::uint32_t seed = config.seed + 16 * static_cast<std::uint32_t>(i);
     Block block;
+    if (config.heads > 0) {
+      block.attention = std::make_unique<MultiheadAttention>(
+          ctx, name + ".attention",
+          MultiheadAttentionConfig{.hidden = config.hidden,
+                                   .heads = config.heads,
+                                   .kv_heads = config.kv_heads,
+                                   .norm = config.norm,
+                                   .eps = config.eps,
+                                   .dtype = config.dtype,
+                                   .rope_base = config.rope_base},
+          seed + 8);
+    }
     if (is_moe_block(i)) {
       block.moe =
           std::make_unique<MoEMLP>(ctx, name,
@@ -69,6 +85,9 @@ bool ResidualStack::is_moe_block(std::int64_t i) const {
 std::vector<Parameter*> ResidualStack::parameters() {
   std::vector<Parameter*> out;
   for (Block& block : blocks_) {
+    if (block.attention) {
+      for (Parameter* p : block.attention->parameters()) out.push_back(p);
+    }
     for (Parameter* p : block.moe ? block.moe->parameters() : block.dense->parameters()) out.push_back(p);
   }
   for (Parameter* p : final_norm_->parameters()) out.push_back(p);
@@ -76,21 +95,35 @@ std::vector<Parameter*> ResidualStack::parameters() {
   return out;
 }
 
-ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x) const {
+ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, const Tensor& cu_seqlens) const {
   check_input("ResidualStack", "forward", "input", x, {"tokens", config_.hidden}, config_.dtype);
+  if (has_attention()) {
+    check_input("ResidualStack", "forward", "cu_seqlens", cu_seqlens, {"sequences + 1"}, DType::kInt32,
+                "the packing of the sequences attention runs over");
+  } else {
+    SG_CHECK(!cu_seqlens.defined(), "ResidualStack forward: cu_seqlens given, but the blocks have no attention "
+             "(heads = 0)");
+  }
   Forward out;
   Tensor h = x;
   for (const Block& block : blocks_) {
+    BlockSaved saved;
+    if (block.attention) {
+      MultiheadAttention::Forward a = block.attention->forward(ctx, {h, cu_seqlens});
+      h = ops::residual_add(ctx, h, a.y);
+      saved.attention = std::move(a.saved);
+    }
     Tensor y;
     if (block.moe) {
       MoEMLP::Forward f = block.moe->forward(ctx, {h});
       y = f.y;
-      out.saved.blocks.emplace_back(std::move(f.saved));
+      saved.mlp = std::move(f.saved);
     } else {
       LayerNormMLP::Forward f = block.dense->forward(ctx, {h});
       y = f.y;
-      out.saved.blocks.emplace_back(std::move(f.saved));
+      saved.mlp = std::move(f.saved);
     }
+    out.saved.blocks.push_back(std::move(saved));
     h = ops::residual_add(ctx, h, y);
   }
   const Norm::Forward normed = final_norm_->forward(ctx, {h});
@@ -103,8 +136,10 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x) con
 
 std::vector<std::size_t> ResidualStack::parameter_group_sizes() {
   std::vector<std::size_t> sizes;
-  for (Block& block : blocks_)
-    sizes.push_back((block.moe ? block.moe->parameters() : block.dense->parameters()).size());
+  for (Block& block : blocks_) {
+    sizes.push_back((block.moe ? block.moe->parameters() : block.dense->parameters()).size() +
+                    (block.attention ? block.attention->parameters().size() : 0));
+  }
   sizes.push_back(final_norm_->parameters().size());
   sizes.push_back(head_->parameters().size());
   return sizes;
@@ -130,10 +165,17 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
   done(head_group - 1);
   for (std::size_t i = blocks_.size(); i-- > 0;) {
     const Block& block = blocks_[i];
-    const Tensor d_block = block.moe ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(saved.blocks[i]), {dh})
-                                     : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(saved.blocks[i]), {dh});
+    const BlockSaved& block_saved = saved.blocks[i];
+    const Tensor d_mlp = block.moe ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(block_saved.mlp), {dh})
+                                   : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(block_saved.mlp), {dh});
+    dh = ops::residual_add(ctx, dh, d_mlp);
+    if (block.attention) {
+      SG_CHECK(block_saved.attention.has_value(), "ResidualStack backward: block ", i,
+               " has attention but its saved state has none (a Saved from another stack?)");
+      const Tensor d_attention = block.attention->backward(ctx, *block_saved.attention, {dh});
+      dh = ops::residual_add(ctx, dh, d_attention);
+    }
     done(i);
-    dh = ops::residual_add(ctx, dh, d_block);
   }
   return dh;
 }

@@ -1,6 +1,10 @@
 // ResidualStack: the residual trunk of a language model, fed activations:
-// N residual blocks h = h + MLP(h), a final norm and an LM head (Linear
-// without bias), x [tokens, hidden] -> logits [tokens, vocab]. The MLP is a
+// N residual blocks, a final norm and an LM head (Linear without bias),
+// x [tokens, hidden] -> logits [tokens, vocab]. With heads > 0 each block is
+// a TransformerLayer (TransformerEngine's layout):
+//   h = h + MultiheadAttention(h)    (causal, over packed sequences: cu_seqlens)
+//   h = h + MLP(h)
+// and with heads = 0 an MLP block alone, h = h + MLP(h). The MLP is a
 // dense LayerNormMLP, or with experts > 0 a mixture-of-experts MoEMLP in
 // every moe_every-th block (see ResidualStackConfig). The whole model on
 // tokens is LanguageModel (language_model.h: an embedding, then this stack);
@@ -23,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -31,6 +36,7 @@
 #include "layers/layernorm_mlp.h"
 #include "layers/linear.h"
 #include "layers/moe_mlp.h"
+#include "layers/multihead_attention.h"
 #include "layers/norm.h"
 #include "layers/vocab_parallel_head.h"
 #include "ops/loss_ops.h"
@@ -55,13 +61,24 @@ struct ResidualStackConfig {
   std::int64_t experts = 0;
   std::int64_t topk = 2;
   std::int64_t moe_every = 2;
+  // Attention: with heads > 0 every block is a TransformerLayer whose
+  // MultiheadAttention has `heads` query heads of hidden / heads features,
+  // kv_heads key/value heads (0: heads; fewer: grouped-query attention) and
+  // a rotary embedding of base rope_base; forward() then takes cu_seqlens.
+  // Not yet with tensor parallelism (an Error at construction).
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;
+  float rope_base = 10000.0f;
   // Tensor-parallel only: how the dense blocks' collectives meet their GEMMs.
   MLPOverlap overlap;
 };
 
 class ResidualStack {
  public:
-  using BlockSaved = std::variant<LayerNormMLP::Saved, MoEMLP::Saved>;
+  struct BlockSaved {
+    std::optional<MultiheadAttention::Saved> attention;  // set in TransformerLayers (heads > 0)
+    std::variant<LayerNormMLP::Saved, MoEMLP::Saved> mlp;
+  };
   struct Saved {
     std::vector<BlockSaved> blocks;
     Norm::Saved final_norm;
@@ -76,7 +93,11 @@ class ResidualStack {
   // default) is the model on one rank.
   ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr);
 
-  Forward forward(Context& ctx, const Tensor& x) const;  // x: [tokens, hidden] (this rank's [tokens / N, hidden])
+  // x: [tokens, hidden] (this rank's [tokens / N, hidden]); with attention
+  // (heads > 0) cu_seqlens int32 [sequences + 1] says where each packed
+  // sequence starts (kernels/attention.h), and without it must be undefined.
+  Forward forward(Context& ctx, const Tensor& x, const Tensor& cu_seqlens = {}) const;
+  bool has_attention() const { return config_.heads > 0; }
 
   // The mean softmax cross-entropy of the forward's logits and d loss /
   // d logits: vocabulary-parallel over the tensor-parallel ranks, whose
@@ -107,8 +128,10 @@ class ResidualStack {
   bool is_moe_block(std::int64_t i) const;
 
  private:
-  // One residual block: exactly one of the two is set.
+  // One residual block: exactly one of dense and moe is set; attention in
+  // TransformerLayers.
   struct Block {
+    std::unique_ptr<MultiheadAttention> attention;
     std::unique_ptr<LayerNormMLP> dense;
     std::unique_ptr<MoEMLP> moe;
   };

@@ -25,6 +25,10 @@ class TrainStep::ModelSide {
 
   virtual ~ModelSide() = default;
   virtual const Tensor& inputs() const = 0;
+  // cu_seqlens of a model with attention; undefined otherwise.
+  const Tensor& packing() const { return packing_; }
+  // Rows of the logits, one label each.
+  virtual std::int64_t rows() const = 0;
   virtual Forward forward(Context& ctx) const = 0;
   virtual std::vector<std::size_t> parameter_group_sizes() = 0;
   virtual std::vector<Parameter*> parameters() = 0;
@@ -36,6 +40,22 @@ class TrainStep::ModelSide {
   virtual void check_input_errors(Context& ctx) const = 0;
   // The model's own device error words (MoE routing and split sizes).
   virtual void check_model_errors(Context& ctx) const = 0;
+
+ protected:
+  // With attention: a persistent cu_seqlens [sequences + 1], filled with
+  // `sequences` sequences of tokens / sequences each.
+  void make_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences) {
+    SG_CHECK(sequences > 0 && tokens % sequences == 0, "TrainStep: ", tokens,
+             " tokens do not split into sequences of equal length (sequences = ", sequences, ")");
+    SG_CHECK(tokens < (std::int64_t{1} << 31), "TrainStep: ", tokens, " tokens exceed cu_seqlens' int32");
+    packing_ = ctx.persistent("step.cu_seqlens", {Shape{sequences + 1}, DType::kInt32});
+    std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1));
+    for (std::int64_t s = 0; s <= sequences; ++s) cu[s] = static_cast<std::int32_t>(s * (tokens / sequences));
+    ctx.copy_from_host(packing_, cu.data(), cu.size() * sizeof(std::int32_t));
+  }
+
+ private:
+  Tensor packing_;
 };
 
 namespace {
@@ -69,15 +89,19 @@ class ModelSideOf : public TrainStep::ModelSide {
   M& model_;
 };
 
-// A LanguageModel on tokens [batch, context].
+// A LanguageModel on tokens [batch, context] (window model) or on batch
+// sequences of context tokens, [batch * context, 1] (sequence model).
 class LanguageModelSide final : public ModelSideOf<LanguageModel> {
  public:
   LanguageModelSide(Context& ctx, LanguageModel& model, std::int64_t batch)
       : ModelSideOf(model),
-        tokens_(ctx.persistent("step.tokens", {Shape{batch, model.config().context}, DType::kInt32})),
-        token_error_(ctx.persistent("step.token_error", {Shape{1}, DType::kInt32})) {}
+        tokens_(ctx.persistent("step.tokens", {token_shape(model.config(), batch), DType::kInt32})),
+        token_error_(ctx.persistent("step.token_error", {Shape{1}, DType::kInt32})) {
+    if (model.config().sequence_model()) make_packing(ctx, tokens_.shape().dim(0), batch);
+  }
 
   const Tensor& inputs() const override { return tokens_; }
+  std::int64_t rows() const override { return tokens_.shape().dim(0); }
   std::int64_t vocab() const override { return model_.config().model.vocab; }
   void check_input_errors(Context& ctx) const override {
     SG_CHECK(ctx.to_vector<std::int32_t>(token_error_).at(0) == 0, "an input token was outside [0, ", vocab(),
@@ -85,8 +109,11 @@ class LanguageModelSide final : public ModelSideOf<LanguageModel> {
   }
 
  private:
+  static Shape token_shape(const LanguageModelConfig& config, std::int64_t batch) {
+    return config.sequence_model() ? Shape{batch * config.context, 1} : Shape{batch, config.context};
+  }
   LanguageModel::Forward model_forward(Context& ctx) const override {
-    return model_.forward(ctx, tokens_, token_error_);
+    return model_.forward(ctx, tokens_, token_error_, packing());
   }
   const ResidualStack& stack() const override { return model_.stack(); }
 
@@ -97,16 +124,19 @@ class LanguageModelSide final : public ModelSideOf<LanguageModel> {
 // A ResidualStack on activations [tokens, hidden].
 class ResidualStackSide final : public ModelSideOf<ResidualStack> {
  public:
-  ResidualStackSide(Context& ctx, ResidualStack& model, std::int64_t tokens)
+  ResidualStackSide(Context& ctx, ResidualStack& model, std::int64_t tokens, std::int64_t sequences)
       : ModelSideOf(model),
-        x_(ctx.persistent("step.x", {Shape{tokens, model.config().hidden}, model.config().dtype})) {}
+        x_(ctx.persistent("step.x", {Shape{tokens, model.config().hidden}, model.config().dtype})) {
+    if (model.has_attention()) make_packing(ctx, tokens, sequences);
+  }
 
   const Tensor& inputs() const override { return x_; }
+  std::int64_t rows() const override { return x_.shape().dim(0); }
   std::int64_t vocab() const override { return model_.config().vocab; }
   void check_input_errors(Context&) const override {}  // activations have no range to check
 
  private:
-  ResidualStack::Forward model_forward(Context& ctx) const override { return model_.forward(ctx, x_); }
+  ResidualStack::Forward model_forward(Context& ctx) const override { return model_.forward(ctx, x_, packing()); }
   const ResidualStack& stack() const override { return model_; }
 
   Tensor x_;
@@ -116,13 +146,13 @@ class ResidualStackSide final : public ModelSideOf<ResidualStack> {
 
 TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
                      Communicator* data_parallel, DataParallelMode mode)
-    : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer, batch,
+    : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer,
                 data_parallel, mode) {}
 
 TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
-                     Communicator* data_parallel, DataParallelMode mode)
-    : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens")), optimizer, tokens,
-                data_parallel, mode) {}
+                     Communicator* data_parallel, DataParallelMode mode, std::int64_t sequences)
+    : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens"), sequences),
+                optimizer, data_parallel, mode) {}
 
 namespace {
 
@@ -144,14 +174,14 @@ void check_optimizer_covers(const std::vector<Parameter*>& model, const std::vec
 
 }  // namespace
 
-TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows,
-                     Communicator* data_parallel, DataParallelMode mode)
+TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, Communicator* data_parallel,
+                     DataParallelMode mode)
     : model_(std::move(model)), optimizer_(optimizer), data_parallel_(data_parallel) {
   check_optimizer_covers(model_->parameters(), optimizer.parameters());
   if (data_parallel != nullptr) {
     data_parallel->check_device(ctx.device(), "TrainStep (data parallel)");
   }
-  labels_ = ctx.persistent("step.labels", {Shape{rows}, DType::kInt32});
+  labels_ = ctx.persistent("step.labels", {Shape{model_->rows()}, DType::kInt32});
   label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});
   optimizer.group_for_overlap(ctx, model_->parameter_group_sizes());
   if (mode == DataParallelMode::kZero1 && data_parallel != nullptr) {
@@ -162,6 +192,8 @@ TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& opti
 TrainStep::~TrainStep() = default;
 
 const Tensor& TrainStep::inputs() const { return model_->inputs(); }
+
+const Tensor& TrainStep::packing() const { return model_->packing(); }
 
 std::vector<Communicator*> TrainStep::communicators() const {
   std::vector<Communicator*> out;

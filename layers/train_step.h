@@ -4,11 +4,17 @@
 // into its persistent inputs.
 //
 // The step trains either model kind; the kind decides the step's inputs:
-//   - a LanguageModel (language_model.h) on tokens int32 [batch, context],
-//     one label per example (the trainer's step);
+//   - a LanguageModel (language_model.h): a sequence model on batch
+//     sequences of context tokens, int32 [batch * context, 1], one label per
+//     token; a window model on tokens int32 [batch, context], one label per
+//     example (the trainer's step);
 //   - a ResidualStack (residual_stack.h) on activations x [tokens, hidden]
 //     in the model dtype, one label per token (the C API's and the
 //     benchmarks' step).
+// A model with attention also reads packing() (cu_seqlens int32
+// [sequences + 1]), filled with sequences of equal length; write another
+// packing of the same tokens into it between replays to train on sequences
+// of other lengths, without a new capture.
 // The loss, the backward with its optimizer groups (each group updates as
 // soon as its gradients are final when the context has a weight-gradient
 // stream) and the error flags are shared.
@@ -39,8 +45,9 @@ enum class DataParallelMode : std::uint8_t {
 
 class TrainStep {
  public:
-  // Creates the step's persistent inputs: tokens int32 [batch, context],
-  // labels int32 [batch], and the token and label error flags.
+  // Creates the step's persistent inputs: the tokens (see above: `batch`
+  // sequences or examples), one label per logits row, the token and label
+  // error flags, and for a sequence model packing().
   //
   // Data parallelism: with `data_parallel` of N > 1 ranks, each rank's step
   // trains on its own `batch` rows of a global batch of N * batch: the loss
@@ -59,9 +66,11 @@ class TrainStep {
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   // Creates the step's persistent inputs: activations x [tokens, hidden] in
-  // the model dtype, labels int32 [tokens], and the label error flag.
+  // the model dtype, labels int32 [tokens], and the label error flag; with
+  // attention, packing() of `sequences` sequences of tokens / sequences.
   TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
-            Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
+            Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce,
+            std::int64_t sequences = 1);
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
@@ -73,6 +82,9 @@ class TrainStep {
   // The model's input: tokens (LanguageModel) or activations (ResidualStack).
   const Tensor& inputs() const;
   const Tensor& labels() const { return labels_; }
+  // cu_seqlens int32 [sequences + 1] of a model with attention (undefined
+  // without): a persistent input like the tokens.
+  const Tensor& packing() const;
   // The communicators a capture of this step must check
   // (CaptureOptions::communicators): the model's tensor-parallel one and the
   // data-parallel one, those that exist.
@@ -88,8 +100,8 @@ class TrainStep {
   class ModelSide;
 
  private:
-  TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, std::int64_t rows,
-            Communicator* data_parallel, DataParallelMode mode);
+  TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, Communicator* data_parallel,
+            DataParallelMode mode);
 
   std::unique_ptr<ModelSide> model_;
   AdamW& optimizer_;

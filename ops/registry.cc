@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "ops/activation_ops.h"
+#include "ops/attention_ops.h"
 #include "ops/bucket_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
@@ -50,6 +51,10 @@ std::span<const OpDef* const> all_ops() {
       &vocab_parallel_cross_entropy_stats_op(),
       &vocab_parallel_cross_entropy_rescale_op(),
       &vocab_parallel_cross_entropy_finish_op(),
+      &qkv_split_rope_op(),
+      &qkv_merge_rope_backward_op(),
+      &attention_forward_op(),
+      &attention_backward_op(),
       &adamw_op(),
       &router_topk_op(),
       &router_topk_backward_op(),

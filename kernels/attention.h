@@ -51,18 +51,22 @@ void check_attention(const AttentionDesc& desc);
 // --- CUDA ------------------------------------------------------------------
 // Device pointers. cu_seqlens is read on the device only (never copied to
 // the host), so a captured launch takes any packing of the same T and S; the
-// kernels clamp it into [0, T] and make it non-decreasing, so whatever it
-// holds nothing is read or written out of bounds (a malformed packing gives
-// some valid packing's result, never a fault). The grid is sized from T and
-// S alone. Results are deterministic: no atomics on the gradients, so two
-// launches on the same inputs give the same bits (eager == graph).
+// kernels read cu_seqlens[0] as 0 and cu_seqlens[S] as T, and the entries
+// between clamped into [0, T] and made non-decreasing (Note [Safe cu_seqlens]
+// in kernels/tile/attention_tile.cuh), so whatever it holds nothing is read or
+// written out of bounds: a malformed packing gives that valid packing's
+// result, never a fault. The grid is sized from T, S and H alone. Results are
+// deterministic: no atomics on the gradients, so two launches on the same
+// inputs give the same bits (eager == graph).
 
 // Whether the tensor-core kernels run this shape (bf16 or fp16, head_dim 64
-// or 128); otherwise the plain kernels run it (any dtype, head_dim <= 256).
+// or 128; mma.sync, FlashAttention-2 style); otherwise the plain kernels run
+// it (any dtype, head_dim <= 256; correct, not fast). The launchers also take
+// the plain kernels when a tensor's pointer is not 16-byte aligned.
 bool attention_uses_tensor_cores(const AttentionDesc& desc);
 
-// An Error unless the CUDA kernels take this shape (check_attention, and
-// head_dim <= 256).
+// An Error unless the CUDA kernels take this shape (check_attention,
+// head_dim <= 256, tokens * heads and sequences < 2^31).
 void check_attention_cuda(const AttentionDesc& desc);
 
 void launch_attention_forward(const AttentionDesc& desc, const void* q, const void* k, const void* v,

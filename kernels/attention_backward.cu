@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads) attention_dkdv_mm
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = j * 8 + 2 * (lane & 3) + (e & 1);
-        float prob = exp2f(fmaf(s[j][e], p.scale_log2, -lse2[col]));
+        float prob = tile::fast_exp2(fmaf(s[j][e], p.scale_log2, -lse2[col]));
         if (mask && q0 + col < key_lo + (e >> 1) * 8) prob = 0.0f;
         s[j][e] = prob;
         dp[j][e] = prob * (dp[j][e] - delta[col]);
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads) attention_dq_mma_
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
-        float prob = exp2f(fmaf(s[j][e], p.scale_log2, -lse2[r]));
+        float prob = tile::fast_exp2(fmaf(s[j][e], p.scale_log2, -lse2[r]));
         if (mask) {
           const int col = n0 + j * 8 + 2 * (lane & 3) + (e & 1);
           if (col >= seq.end || (p.causal && col > row_lo + 8 * r)) prob = 0.0f;

@@ -154,13 +154,13 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1) attention_forwa
       const float new_max = fmaxf(row_max[r], mx * p.scale_log2);
       // A row with no key yet keeps max -inf: subtract 0, not -inf (no NaN).
       const float base = new_max == -INFINITY ? 0.0f : new_max;
-      const float alpha = exp2f(row_max[r] - base);
+      const float alpha = tile::fast_exp2(row_max[r] - base);
       row_max[r] = new_max;
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) {
-        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], p.scale_log2, -base));
-        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
+        s[j][2 * r] = tile::fast_exp2(fmaf(s[j][2 * r], p.scale_log2, -base));
+        s[j][2 * r + 1] = tile::fast_exp2(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
         sum += s[j][2 * r] + s[j][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * alpha + sum;

@@ -199,6 +199,14 @@ struct RowTile {
   }
 };
 
+// 2^x by the SFU (ex2.approx.ftz: ~2^-22 relative, 2^-inf = 0), without the
+// range fix-ups of exp2f; the softmax arguments are <= 0 or -inf.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Accumulator fragment pairs (n8 tiles 2t and 2t + 1 of an m16 row band) as
 // the 16-bit A operand of a k16 step: the register layouts coincide.
 template <typename T>

@@ -1,5 +1,6 @@
 // The whole training step (forward, softmax cross-entropy, backward, AdamW)
-// of named model configs, eager and graphed, on the same engine:
+// of named GPT-style model configs (step_configs.h: attention + MLP blocks
+// over packed equal-length sequences), eager and graphed, on the same engine:
 //
 //   step_bench --configs small,medium,large,moe --steps 50 --warmup 10 --out step_bench.json
 //   step_bench --device host --configs tiny --steps 3 --warmup 2   # host smoke run
@@ -18,7 +19,9 @@
 // GPU local_rank). Per config, the step alone on every rank's GPU (dp1, the
 // baseline) and data-parallel over all of them (dpN), eager and graphed:
 // per-GPU tokens/s, scaling efficiency and exposed communication (Note
-// [Data-parallel rows] in step_runner.h). --dp-mode allreduce|zero1. Rank 0
+// [Data-parallel rows] in step_runner.h). --dp-mode allreduce|zero1. --tp N:
+// tensor parallelism, each config's MLP-only trunk (attention is not
+// tensor-parallel yet; Note [Tensor-parallel rows]). Rank 0
 // prints and writes the JSON. In one process --dp 1 runs the dp1 rows alone
 // (the baseline; no all-reduce exists at N = 1). Under a launcher of N > 1
 // ranks an error on any rank ends that rank (its communicator aborted) and
@@ -111,7 +114,10 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"timing",
        "host wall clock around one step followed by a synchronize (median, min, max over `steps` samples after "
        "`warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize, divided by `steps`"},
-      {"flops", "6 * tokens * matmul parameters a token passes through (model_flops.h); nothing else counted"},
+      {"flops",
+       "6 * tokens * matmul parameters a token passes through (QKV, output projection, MLP or router + top-k experts, "
+       "head) + the attention core: per layer and sequence of L, forward 2 * 2 * (L^2 / 2) * heads * head_dim "
+       "(QK^T and PV, causal half), backward 2.5x forward (model_flops.h); nothing else counted"},
       {"memory",
        "peak_bytes: tensor bytes, persistent (parameters, fp32 grads, AdamW state, inputs) + transient peak "
        "(eager: the caching allocator's peak of live tensors; graph: the static pool); device_used_delta_bytes: "
@@ -253,6 +259,8 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
         {"nccl_version", device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr},
         {"multicast_env", env},
         {"strong_scaling", "both rows train the config's `tokens` per step; the tpN row shards the model over N GPUs"},
+        {"trunk", "MLP-only: attention is not tensor-parallel yet, so both rows run each config with heads 0 "
+                  "(h += MLP(h) blocks, the same tokens); flops_per_step is that trunk's"},
         {"rows", "Note [Tensor-parallel rows] in benchmarks/step_runner.h"},
         {"note", n == 1 ? "world size 1: the tp1 rows alone; nothing is sharded" : ""},
     };

@@ -7,18 +7,24 @@
 namespace stepgraph::bench {
 namespace {
 
-StepConfig make(std::string name, std::int64_t hidden, std::int64_t ffn, std::int64_t layers, std::int64_t tokens) {
+// A GPT-style config: `heads` heads of hidden / heads, ffn = 4 x hidden,
+// `sequences` sequences of seq_len tokens per step.
+StepConfig make(std::string name, std::int64_t hidden, std::int64_t heads, std::int64_t layers, std::int64_t seq_len,
+                std::int64_t sequences) {
   ResidualStackConfig model;
   model.hidden = hidden;
-  model.ffn = ffn;
+  model.ffn = 4 * hidden;
   model.layers = layers;
   model.vocab = kBenchVocab;
   model.dtype = DType::kBFloat16;
-  return {std::move(name), model, tokens};
+  model.heads = heads;
+  model.kv_heads = 0;  // = heads
+  model.rope_base = 10000.0f;
+  return {std::move(name), model, sequences * seq_len, sequences, seq_len};
 }
 
 StepConfig make_moe() {
-  StepConfig config = make("moe", 2048, 8192, 4, 8192);
+  StepConfig config = make("moe", 2048, 16, 4, 4096, 2);
   config.model.experts = 8;
   config.model.topk = 2;
   config.model.moe_every = 1;  // every block is an MoE block (Mixtral's layout)
@@ -26,7 +32,7 @@ StepConfig make_moe() {
 }
 
 StepConfig make_tiny() {
-  StepConfig config = make("tiny", 64, 256, 2, 64);
+  StepConfig config = make("tiny", 64, 2, 2, 32, 2);
   config.model.vocab = 512;  // keeps the host reference's LM head quick
   return config;
 }
@@ -41,12 +47,19 @@ std::string known_names() {
 
 const std::vector<StepConfig>& benchmark_configs() {
   static const std::vector<StepConfig> configs = {
-      make("small", 512, 2048, 8, 256),
-      make("medium", 2048, 8192, 8, 4096),
-      make("large", 4096, 16384, 4, 8192),
+      make("small", 512, 8, 8, 256, 1),
+      make("medium", 2048, 16, 8, 2048, 2),
+      make("large", 4096, 32, 4, 4096, 2),
       make_moe(),
   };
   return configs;
+}
+
+StepConfig mlp_only(const StepConfig& config) {
+  StepConfig out = config;
+  out.model.heads = 0;
+  out.model.kv_heads = 0;
+  return out;
 }
 
 StepConfig step_config(std::string_view name) {

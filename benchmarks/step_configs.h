@@ -1,15 +1,24 @@
 // The named training-step configurations of step_bench (and, by the same
-// numbers, of pytorch_peer.py): a model shape and a token count per step.
+// numbers, of pytorch_peer.py): GPT-style models (every block a
+// TransformerLayer: h += attention(h); h += MLP(h); layers/residual_stack.h)
+// and the sequences each step trains on (tokens = sequences x seq_len).
 //
-//   small   launch-bound:  hidden 512,  ffn 2048,  8 blocks,  256 tokens
-//   medium                 hidden 2048, ffn 8192,  8 blocks, 4096 tokens
-//   large   compute-bound: hidden 4096, ffn 16384, 4 blocks, 8192 tokens
-//   moe                    hidden 2048, 8 experts of ffn 8192, top-2,
-//                          4 blocks, every block MoE, 8192 tokens
-//   tiny    host smoke test only: hidden 64, ffn 256, 2 blocks, 64 tokens,
-//           vocab 512
+//   small   launch-bound:  hidden 512,  8 heads of 64,   ffn 2048,  8 layers,
+//                          1 sequence of 256 (256 tokens)
+//   medium                 hidden 2048, 16 heads of 128, ffn 8192,  8 layers,
+//                          2 sequences of 2048 (4096 tokens)
+//   large   compute-bound: hidden 4096, 32 heads of 128, ffn 16384, 4 layers,
+//                          2 sequences of 4096 (8192 tokens)
+//   moe                    hidden 2048, 16 heads of 128, 8 experts of ffn
+//                          8192, top-2, every block MoE, 4 layers,
+//                          2 sequences of 4096 (8192 tokens)
+//   tiny    host smoke test only: hidden 64, 2 heads of 32, ffn 256,
+//           2 layers, 2 sequences of 32 (64 tokens), vocab 512
 //
-// Every benchmark config uses vocab kBenchVocab (8192) and bf16.
+// Every benchmark config uses vocab kBenchVocab (8192), bf16, causal
+// attention with rotary embeddings (base 10000), kv_heads = heads.
+// mlp_only() is a config's MLP-only trunk (heads 0): what the
+// tensor-parallel rows run, since attention is not tensor-parallel yet.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +35,17 @@ inline constexpr std::int64_t kBenchVocab = 8192;
 struct StepConfig {
   std::string name;
   ResidualStackConfig model;
-  std::int64_t tokens = 0;  // per step
+  std::int64_t tokens = 0;     // per step: sequences * seq_len
+  std::int64_t sequences = 1;  // equal-length sequences per step (TrainStep's packing)
+  std::int64_t seq_len = 0;    // tokens per sequence
+
+  bool has_attention() const { return model.heads > 0; }
 };
+
+// The same config with model.heads = 0 (every block an MLP alone), the same
+// tokens: the trunk step_bench --tp runs (ResidualStack refuses attention
+// with a tensor-parallel communicator).
+StepConfig mlp_only(const StepConfig& config);
 
 // The four benchmark configs, in report order (tiny is not among them).
 const std::vector<StepConfig>& benchmark_configs();

@@ -76,7 +76,7 @@ void meet(Communicator* world, std::string_view what) { (void)gather(world, "", 
 nlohmann::json system_json(const std::string& name, const StepConfig& config, const ModeResult& r,
                            const ModeResult& eager) {
   const double median_s = r.step_us.median_us * 1e-6;
-  const double tflops = tflops_per_s(step_flops(config.model, config.tokens), median_s);
+  const double tflops = tflops_per_s(step_flops(config.model, config.tokens, config.sequences), median_s);
   nlohmann::json out = {
       {"system", name},
       {"status", "ok"},
@@ -106,6 +106,8 @@ void check_run_options(const StepRunOptions& options) {
 
 ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOptions& options) {
   check_run_options(options);
+  SG_CHECK(config.sequences >= 1 && config.tokens == config.sequences * config.seq_len, "config ", config.name,
+           ": tokens ", config.tokens, " must be sequences ", config.sequences, " x seq_len ", config.seq_len);
   const bool cuda = options.device == Device::kCuda;
   const std::int64_t used_before = cuda ? device_used_bytes() : 0;
   ModeResult r;
@@ -117,7 +119,9 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
   const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
   SG_CHECK(config.tokens % tp == 0, "config ", config.name, ": tokens ", config.tokens, " must divide by --tp ", tp);
-  TrainStep step(ctx, model, optimizer, config.tokens / tp, options.data_parallel, options.dp_mode);
+  // With attention, TrainStep's packing is `sequences` sequences of seq_len (tp is 1 then: ResidualStack refuses
+  // attention with a tensor-parallel communicator).
+  TrainStep step(ctx, model, optimizer, config.tokens / tp, options.data_parallel, options.dp_mode, config.sequences);
   load_batch(ctx, step, config, options.data_seed);
 
   std::shared_ptr<CapturedStep> captured;
@@ -183,6 +187,11 @@ nlohmann::json config_header_json(const StepConfig& config) {
       {"layers", m.layers},
       {"vocab", m.vocab},
       {"tokens", config.tokens},
+      {"heads", m.heads},
+      {"kv_heads", m.heads > 0 ? nlohmann::json(m.kv_heads != 0 ? m.kv_heads : m.heads) : nullptr},
+      {"head_dim", m.heads > 0 ? nlohmann::json(m.hidden / m.heads) : nullptr},
+      {"sequences", config.sequences},
+      {"seq_len", config.seq_len},
       {"experts", m.experts},
       {"topk", m.experts > 0 ? nlohmann::json(m.topk) : nullptr},
       {"moe_every", m.experts > 0 ? nlohmann::json(m.moe_every) : nullptr},
@@ -190,10 +199,12 @@ nlohmann::json config_header_json(const StepConfig& config) {
   };
   try {
     out["matmul_params_per_token"] = matmul_params_per_token(m);
-    out["flops_per_step"] = step_flops(m, config.tokens);
+    out["attention_core_flops_per_step"] = attention_core_flops(m, config.tokens, config.sequences);
+    out["flops_per_step"] = step_flops(m, config.tokens, config.sequences);
   } catch (const Error&) {
     // A config too broken to count: run_config reports why it failed.
     out["matmul_params_per_token"] = nullptr;
+    out["attention_core_flops_per_step"] = nullptr;
     out["flops_per_step"] = nullptr;
   }
   return out;
@@ -522,6 +533,10 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
 
 namespace {
 
+constexpr const char* kTensorParallelTrunk =
+    "MLP-only (heads 0): attention is not tensor-parallel yet, so the tp rows run the config's blocks without "
+    "attention (h += MLP(h)), the same tokens";
+
 std::string tp_system_name(StepMode mode, int world_size) {
   return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_tp", world_size);
 }
@@ -552,8 +567,11 @@ nlohmann::json tp_system_json(const StepConfig& config, StepMode mode, int world
 
 }  // namespace
 
-nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world) {
+nlohmann::json run_tp_config(const StepConfig& gpt_config, const StepRunOptions& options, Communicator* world) {
   const int n = world != nullptr ? world->world_size() : 1;
+  // Attention is not tensor-parallel yet: every tp row (tp1 too, so both rows train one model) runs the config's
+  // MLP-only trunk (Note [Tensor-parallel rows]).
+  const StepConfig config = mlp_only(gpt_config);
   auto body = [&] {
     StepRunOptions alone = options;
     alone.dp_layout = true;
@@ -571,6 +589,7 @@ nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& opt
     out["reason"] = nullptr;
     out["world_size"] = n;
     out["overlap"] = options.overlap.to_string();
+    out["trunk"] = kTensorParallelTrunk;
     nlohmann::json systems = nlohmann::json::array();
     systems.push_back(tp_system_json(config, StepMode::kEager, 1, base_eager, base_eager, nullptr));
     systems.push_back(tp_system_json(config, StepMode::kGraph, 1, base_graph, base_eager, nullptr));

@@ -211,6 +211,11 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
 //                         of the vocabulary, and tokens / N rows outside the
 //                         blocks), its collectives meeting their GEMMs as
 //                         --overlap says.
+// Attention is not tensor-parallel yet (ResidualStack refuses heads > 0 with
+// a tensor-parallel communicator): both rows run the config's MLP-only trunk
+// (mlp_only(): heads 0, the same tokens; the config's JSON says so in
+// "trunk", and its heads and FLOPs are the trunk's). tp_step_peer.py models
+// the same MLP-only step.
 // Strong scaling: both rows train the same `tokens` per step; per row
 // tokens_per_s = tokens / median step time, speedup_vs_tp1 = median(tp1) /
 // median(tpN), strong_scaling_efficiency = speedup / N; tflops and mfu are

@@ -17,25 +17,51 @@ TEST(StepConfigsTest, BenchmarkConfigsHaveTheIssueShapes) {
   ASSERT_EQ(configs.size(), 4u);
   struct Expected {
     const char* name;
-    std::int64_t hidden, ffn, layers, tokens, experts;
+    std::int64_t hidden, heads, ffn, layers, seq_len, sequences, tokens, experts;
   };
-  const Expected expected[] = {{"small", 512, 2048, 8, 256, 0},
-                               {"medium", 2048, 8192, 8, 4096, 0},
-                               {"large", 4096, 16384, 4, 8192, 0},
-                               {"moe", 2048, 8192, 4, 8192, 8}};
+  const Expected expected[] = {{"small", 512, 8, 2048, 8, 256, 1, 256, 0},
+                               {"medium", 2048, 16, 8192, 8, 2048, 2, 4096, 0},
+                               {"large", 4096, 32, 16384, 4, 4096, 2, 8192, 0},
+                               {"moe", 2048, 16, 8192, 4, 4096, 2, 8192, 8}};
   for (std::size_t i = 0; i < configs.size(); ++i) {
     SCOPED_TRACE(expected[i].name);
     EXPECT_EQ(configs[i].name, expected[i].name);
     EXPECT_EQ(configs[i].model.hidden, expected[i].hidden);
+    EXPECT_EQ(configs[i].model.heads, expected[i].heads);
+    EXPECT_EQ(configs[i].model.kv_heads, 0);  // = heads
+    EXPECT_EQ(configs[i].model.rope_base, 10000.0f);
     EXPECT_EQ(configs[i].model.ffn, expected[i].ffn);
     EXPECT_EQ(configs[i].model.layers, expected[i].layers);
+    EXPECT_EQ(configs[i].seq_len, expected[i].seq_len);
+    EXPECT_EQ(configs[i].sequences, expected[i].sequences);
     EXPECT_EQ(configs[i].tokens, expected[i].tokens);
+    EXPECT_EQ(configs[i].tokens, configs[i].sequences * configs[i].seq_len);
     EXPECT_EQ(configs[i].model.experts, expected[i].experts);
     EXPECT_EQ(configs[i].model.vocab, kBenchVocab);
     EXPECT_EQ(configs[i].model.dtype, DType::kBFloat16);
+    EXPECT_TRUE(configs[i].has_attention());
   }
+  // Head dims: 64 for small, 128 for the others.
+  EXPECT_EQ(configs[0].model.hidden / configs[0].model.heads, 64);
+  for (std::size_t i = 1; i < configs.size(); ++i) EXPECT_EQ(configs[i].model.hidden / configs[i].model.heads, 128);
   EXPECT_EQ(configs[3].model.topk, 2);
   EXPECT_EQ(configs[3].model.moe_every, 1);
+}
+
+TEST(StepConfigsTest, TinyHasAttentionAndMlpOnlyDropsIt) {
+  const StepConfig tiny = step_config("tiny");
+  EXPECT_EQ(tiny.model.hidden, 64);
+  EXPECT_EQ(tiny.model.heads, 2);
+  EXPECT_EQ(tiny.sequences, 2);
+  EXPECT_EQ(tiny.seq_len, 32);
+  EXPECT_EQ(tiny.tokens, 64);
+  const StepConfig trunk = mlp_only(step_config("large"));
+  EXPECT_FALSE(trunk.has_attention());
+  EXPECT_EQ(trunk.model.heads, 0);
+  EXPECT_EQ(trunk.name, "large");
+  EXPECT_EQ(trunk.tokens, 8192);
+  EXPECT_EQ(trunk.model.hidden, 4096);
+  EXPECT_EQ(trunk.model.ffn, 16384);
 }
 
 TEST(StepConfigsTest, ParsesAListInTheOrderGiven) {

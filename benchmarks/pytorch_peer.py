@@ -4,25 +4,46 @@
     python3 benchmarks/pytorch_peer.py --out pytorch_peer.json            # all configs, all systems
     python3 benchmarks/pytorch_peer.py --quick --configs small,large      # fewer steps
 
-The step (as StepGraph's TrainStep): x [tokens, hidden] bf16 -> N residual
-blocks h = h + MLP(LayerNorm(h)) with MLP = Linear+bias -> GeLU(tanh) ->
-Linear+bias; MoE blocks as MoEMLP: router Linear without bias, top-k
-softmax gates renormalized over the k, stable permutation by expert,
-torch._grouped_mm over device offsets + expert bias, GeLU, again + bias,
-unpermute weighted by the gates) -> final LayerNorm -> head Linear without
-bias -> softmax cross-entropy (mean, on fp32 logits) -> backward -> AdamW. Parameters are
-fp32 masters that the forward casts to bf16 (so gradients and AdamW are
-fp32, as in StepGraph, where the optimizer refreshes a bf16 copy instead).
+The step (as StepGraph's TrainStep on a GPT-style ResidualStack): x
+[tokens, hidden] bf16, `sequences` sequences of seq_len tokens packed end to
+end -> N TransformerLayers, each
+  h = h + MultiheadAttention(h): LayerNorm -> QKV Linear+bias [T, 3 H D]
+      (per token q's H heads, then k's, then v's) -> rotary embedding of q
+      and k (GPT-NeoX rotate-half over all of head_dim, base 10000, fp32,
+      positions restarting per sequence) -> causal
+      torch.nn.functional.scaled_dot_product_attention(is_causal=True) on
+      [sequences, H, seq_len, D] views (scale 1/sqrt(D)) -> output
+      projection Linear+bias
+  h = h + MLP(LayerNorm(h)), MLP = Linear+bias -> GeLU(tanh) -> Linear+bias;
+      MoE blocks as MoEMLP: router Linear without bias, top-k softmax gates
+      renormalized over the k, stable permutation by expert,
+      torch._grouped_mm over device offsets + expert bias, GeLU, again +
+      bias, unpermute weighted by the gates
+-> final LayerNorm -> head Linear without bias -> softmax cross-entropy
+(mean, on fp32 logits) -> backward -> AdamW. Parameters are fp32 masters that
+the forward casts to bf16 (so gradients and AdamW are fp32, as in StepGraph,
+where the optimizer refreshes a bf16 copy instead). A config with heads 0
+(mlp_only: tp_step_peer.py's trunk) has MLP blocks alone.
 
-Three systems, each from fresh parameters on one fixed batch:
-  pytorch_eager       fused AdamW, zero_grad(set_to_none=True) every step
-  pytorch_cuda_graph  the whole step (forward, backward, fused capturable
-                      AdamW) captured once with torch.cuda.graph over static
-                      inputs and replayed (PyTorch's documented recipe)
-  pytorch_compile     the same step function under
-                      torch.compile(mode="reduce-overhead") (Inductor and
-                      CUDA graph trees; backward() splits it into the
-                      forward/backward graph and the optimizer graph)
+Four systems, each from fresh parameters on one fixed batch:
+  pytorch_eager          fused AdamW, zero_grad(set_to_none=True) every step
+  pytorch_cuda_graph     the whole step (forward, backward, fused capturable
+                         AdamW) captured once with torch.cuda.graph over
+                         static inputs and replayed (PyTorch's documented
+                         recipe: 3 eager steps on a side stream, grads set to
+                         None, then the capture)
+  pytorch_compile        the same step function under
+                         torch.compile(mode="reduce-overhead") (Inductor and
+                         CUDA graph trees; backward() splits it into the
+                         forward/backward graph and the optimizer graph)
+  pytorch_compile_graph  PyTorch's strongest recipe: the forward and loss
+                         under torch.compile in default mode (Inductor;
+                         AOTAutograd compiles the backward too), and the
+                         whole step (compiled forward, compiled backward,
+                         torch.optim.AdamW(fused=True, capturable=True))
+                         captured by torch.cuda.graph after 3 warm-up steps
+                         (which compile) on a side stream, grads set to None
+                         before the capture; replayed
 
 Timing as step_bench (Note [How a step is timed], step_runner.h): host wall
 clock around one step followed by torch.cuda.synchronize(); median, min and
@@ -33,7 +54,10 @@ device_used_delta_bytes is cudaMemGetInfo used bytes after the timed steps
 minus before the system's setup. The JSON schema is step_bench's (see
 benchmarks/README.md).
 
-The config table and the FLOP count need no torch (tests import them).
+The config table and the FLOP count (benchmarks/model_flops.h: 6 * tokens *
+matmul parameters + the causal attention core, forward 2 * 2 * (L^2 / 2) *
+H * D per layer and sequence, backward 2.5x) need no torch (tests import
+them).
 
 --ddp: data parallelism, the peer of step_bench --dp (Note [Data-parallel
 rows] in step_runner.h), one process per GPU:
@@ -46,7 +70,8 @@ Rank, world size and local rank come from torchrun, srun or mpirun variables
 group meets through a file store); rank r uses GPU LOCAL_RANK and trains on
 its own batch of the config's tokens (seed 2 + r): weak scaling, the global
 batch is N x tokens. Per config:
-  pytorch_eager_dp1, pytorch_cuda_graph_dp1   the baseline: the systems above,
+  pytorch_eager_dp1, pytorch_cuda_graph_dp1   the baseline: the systems above
+                      (the same GPT model),
                       alone on every rank's GPU (no process group in the step),
                       all ranks at the same time
   pytorch_ddp_eager_dpN       the same model as an nn.Module wrapped in
@@ -97,23 +122,49 @@ except ImportError:  # the build machines: config table and FLOPs still work
     F = None
 
 VOCAB = 8192
+ROPE_BASE = 10000.0
 PEAK_TFLOPS = 989.0
 EPS = 1e-5
 LR = 1e-4
 WEIGHT_DECAY = 0.01
 LOSS_CHECK_STEPS = 5
-SYSTEMS = ("eager", "cuda_graph", "compile")
+SYSTEMS = ("eager", "cuda_graph", "compile", "compile_graph")
+GRAPH_WARMUP = 3  # eager (compile_graph: compiling) steps on a side stream before a whole-step capture
 DDP_SYSTEMS = ("eager", "cuda_graph")
 DDP_GRAPH_WARMUP = 11  # eager DDP steps before the capture (PyTorch's CUDA graph notes)
 DP_LOSS_TOLERANCE = 1e-4  # relative: DDP's first loss against the mean of the ranks' own
 
-# name: hidden, ffn, layers, tokens, experts, topk, moe_every (as benchmarks/step_configs.cc)
+
+def gpt(hidden, heads, layers, seq_len, sequences, experts=0, topk=2, moe_every=2):
+    """A config as benchmarks/step_configs.cc's make(): ffn 4 x hidden, kv_heads = heads, tokens = sequences x
+    seq_len."""
+    return dict(hidden=hidden, ffn=4 * hidden, layers=layers, heads=heads, seq_len=seq_len, sequences=sequences,
+                tokens=sequences * seq_len, experts=experts, topk=topk, moe_every=moe_every)
+
+
+# As benchmarks/step_configs.cc: GPT-style, every block attention + MLP.
 CONFIGS = {
-    "small": dict(hidden=512, ffn=2048, layers=8, tokens=256, experts=0, topk=2, moe_every=2),
-    "medium": dict(hidden=2048, ffn=8192, layers=8, tokens=4096, experts=0, topk=2, moe_every=2),
-    "large": dict(hidden=4096, ffn=16384, layers=4, tokens=8192, experts=0, topk=2, moe_every=2),
-    "moe": dict(hidden=2048, ffn=8192, layers=4, tokens=8192, experts=8, topk=2, moe_every=1),
+    "small": gpt(hidden=512, heads=8, layers=8, seq_len=256, sequences=1),
+    "medium": gpt(hidden=2048, heads=16, layers=8, seq_len=2048, sequences=2),
+    "large": gpt(hidden=4096, heads=32, layers=4, seq_len=4096, sequences=2),
+    "moe": gpt(hidden=2048, heads=16, layers=4, seq_len=4096, sequences=2, experts=8, topk=2, moe_every=1),
 }
+# What the tensor-parallel rows (step_bench --tp, tp_step_peer.py) say they run.
+TP_TRUNK = ("MLP-only (heads 0): attention is not tensor-parallel yet, so the tp rows run the config's blocks without "
+            "attention (h += MLP(h)), the same tokens")
+FLOPS_TEXT = ("6 * tokens * matmul parameters a token passes through (QKV, output projection, MLP or router + top-k "
+              "experts, head) + the attention core: per layer and sequence of L, forward 2 * 2 * (L^2 / 2) * heads * "
+              "head_dim (QK^T and PV, causal half), backward 2.5x forward (benchmarks/model_flops.h); nothing else "
+              "counted")
+
+
+def mlp_only(c):
+    """The config's MLP-only trunk (heads 0, the same tokens): step_configs.cc's mlp_only()."""
+    return dict(c, heads=0)
+
+
+def head_dim(c):
+    return c["hidden"] // c["heads"]
 
 
 def is_moe_block(c, block):
@@ -123,18 +174,30 @@ def is_moe_block(c, block):
 def matmul_params_per_token(c):
     """As benchmarks/model_flops.cc: matmul parameters one token passes through."""
     mlp = 2 * c["hidden"] * c["ffn"]
+    attention = 4 * c["hidden"] * c["hidden"] if c["heads"] else 0  # QKV 3 H D + projection H D, H D = hidden
     params = c["hidden"] * VOCAB
     for block in range(c["layers"]):
-        params += c["hidden"] * c["experts"] + c["topk"] * mlp if is_moe_block(c, block) else mlp
+        params += attention + (c["hidden"] * c["experts"] + c["topk"] * mlp if is_moe_block(c, block) else mlp)
     return params
 
 
+def attention_core_flops(c):
+    """As benchmarks/model_flops.cc (Note [Attention core FLOPs]): per layer and sequence of L, forward
+    2 * 2 * (L^2 / 2) * H * D (QK^T and PV, causal half), the step 3.5x that (backward 2.5x forward)."""
+    if not c["heads"]:
+        return 0.0
+    length = c["seq_len"]
+    forward = 2.0 * 2.0 * (length * length / 2.0) * c["heads"] * head_dim(c)
+    return c["layers"] * c["sequences"] * 3.5 * forward
+
+
 def step_flops(c):
-    return 6.0 * c["tokens"] * matmul_params_per_token(c)
+    return 6.0 * c["tokens"] * matmul_params_per_token(c) + attention_core_flops(c)
 
 
-def config_header(name):
-    c = CONFIGS[name]
+def config_header(name, trunk=False):
+    """A config's shape and FLOPs, as step_bench's config_header_json; trunk: its MLP-only trunk (mlp_only)."""
+    c = mlp_only(CONFIGS[name]) if trunk else CONFIGS[name]
     moe = c["experts"] > 0
     return {
         "name": name,
@@ -143,11 +206,17 @@ def config_header(name):
         "layers": c["layers"],
         "vocab": VOCAB,
         "tokens": c["tokens"],
+        "heads": c["heads"],
+        "kv_heads": c["heads"] if c["heads"] else None,
+        "head_dim": head_dim(c) if c["heads"] else None,
+        "sequences": c["sequences"],
+        "seq_len": c["seq_len"],
         "experts": c["experts"],
         "topk": c["topk"] if moe else None,
         "moe_every": c["moe_every"] if moe else None,
         "dtype": "bf16",
         "matmul_params_per_token": matmul_params_per_token(c),
+        "attention_core_flops_per_step": attention_core_flops(c),
         "flops_per_step": step_flops(c),
     }
 
@@ -183,7 +252,16 @@ def make_params(c, seed):
     h, f, e = c["hidden"], c["ffn"], c["experts"]
     blocks = []
     for block in range(c["layers"]):
-        p = {"ln_w": torch.ones(h, device="cuda"), "ln_b": torch.zeros(h, device="cuda")}
+        p = {}
+        if c["heads"]:  # the attention's parameters first, as MultiheadAttention::parameters()
+            p["attn_ln_w"] = torch.ones(h, device="cuda")
+            p["attn_ln_b"] = torch.zeros(h, device="cuda")
+            p["qkv_w"] = uniform((3 * h, h), 1 / math.sqrt(h), g)  # [(H + 2 Hkv) D, hidden], H D = hidden
+            p["qkv_b"] = uniform((3 * h,), 1 / math.sqrt(h), g)
+            p["proj_w"] = uniform((h, h), 1 / math.sqrt(h), g)
+            p["proj_b"] = uniform((h,), 1 / math.sqrt(h), g)
+        p["ln_w"] = torch.ones(h, device="cuda")
+        p["ln_b"] = torch.zeros(h, device="cuda")
         if is_moe_block(c, block):
             p["router"] = uniform((e, h), 1 / math.sqrt(h), g)
             p["w1"] = uniform((e, f, h), 1 / math.sqrt(h), g)  # [E, out, in] as GroupedLinear
@@ -240,9 +318,49 @@ def moe_mlp(p, n, topk):
     return (y * gates.unsqueeze(-1).to(y.dtype)).sum(dim=1)
 
 
-def forward_loss(c, blocks, top, x, labels):
+def rope_tables(c):
+    """cos and sin [seq_len, D] fp32 of the rotary embedding (GPT-NeoX rotate-half over all of head_dim): position
+    p, feature f and f + D/2 at angle p * base^(-2f/D), as kernels/rope.h. Every sequence starts at position 0 and
+    all have seq_len tokens, so one table serves them all. None without attention."""
+    if not c["heads"]:
+        return None
+    d = head_dim(c)
+    theta = ROPE_BASE ** (-torch.arange(0, d // 2, device="cuda", dtype=torch.float32) * 2.0 / d)
+    angles = torch.arange(c["seq_len"], device="cuda", dtype=torch.float32)[:, None] * theta[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(t, rope):
+    """t [S, H, L, D] bf16 rotated in fp32 (out[f] = t[f] cos - t[f + D/2] sin, out[f + D/2] = t[f + D/2] cos +
+    t[f] sin), back to bf16."""
+    cos, sin = rope
+    x = t.float()
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(t.dtype)
+
+
+def attention(c, p, n, rope):
+    """MultiheadAttention without the residual: n = LayerNorm(h) [T, hidden] -> QKV -> rotary -> causal SDPA per
+    sequence -> output projection."""
+    s, length, heads = c["sequences"], c["seq_len"], c["heads"]
+    d = head_dim(c)
+    qkv = F.linear(n, bf(p["qkv_w"]), bf(p["qkv_b"])).view(s, length, 3 * heads, d)  # q's heads, k's, v's
+    q, k, v = (t.transpose(1, 2) for t in qkv.split(heads, dim=2))  # [S, H, L, D] views
+    out = F.scaled_dot_product_attention(rotate(q, rope), rotate(k, rope), v, is_causal=True)
+    out = out.transpose(1, 2).reshape(s * length, heads * d)
+    return F.linear(out, bf(p["proj_w"]), bf(p["proj_b"]))
+
+
+def forward_loss(c, blocks, top, x, labels, rope=None):
+    """The step's loss; rope: rope_tables(c) (made here when not given)."""
+    if c["heads"] and rope is None:
+        rope = rope_tables(c)
     h = x
     for block, p in enumerate(blocks):
+        if c["heads"]:
+            n = F.layer_norm(h, (c["hidden"],), bf(p["attn_ln_w"]), bf(p["attn_ln_b"]), EPS)
+            h = h + attention(c, p, n, rope)
         n = F.layer_norm(h, (c["hidden"],), bf(p["ln_w"]), bf(p["ln_b"]), EPS)
         h = h + (moe_mlp(p, n, c["topk"]) if is_moe_block(c, block) else dense_mlp(p, n))
     n = F.layer_norm(h, (c["hidden"],), bf(top["ln_w"]), bf(top["ln_b"]), EPS)
@@ -250,7 +368,7 @@ def forward_loss(c, blocks, top, x, labels):
     return F.cross_entropy(logits.float(), labels)
 
 
-def step_module(c, blocks, top, params):
+def step_module(c, blocks, top, params, rope=None):
     """The step's forward as an nn.Module over `params` (nn.Parameters, in
     make_params' order: DDP buckets them in reverse, the order the backward
     finishes them)."""
@@ -261,7 +379,7 @@ def step_module(c, blocks, top, params):
             self.weights = torch.nn.ParameterList(params)
 
         def forward(self, x, labels):
-            return forward_loss(c, blocks, top, x, labels)
+            return forward_loss(c, blocks, top, x, labels, rope)
 
     return StepModule()
 
@@ -278,6 +396,7 @@ class Setup:
         g.manual_seed(data_seed)
         self.x = uniform((c["tokens"], c["hidden"]), 1.0, g).to(torch.bfloat16)
         self.labels = torch.randint(0, VOCAB, (c["tokens"],), generator=g, device="cuda")
+        self.rope = rope_tables(c)  # made once, as a model's rotary cache
         self.ddp = None
         if ddp_device is not None:
             # The same tensors as nn.Parameters, the very objects the forward reads, so that DDP's hooks see them.
@@ -285,20 +404,23 @@ class Setup:
             self.blocks = [{k: as_param[id(t)] for k, t in p.items()} for p in self.blocks]
             self.top = {k: as_param[id(t)] for k, t in self.top.items()}
             self.params = [as_param[id(t)] for t in self.params]
-            module = step_module(c, self.blocks, self.top, self.params)
+            module = step_module(c, self.blocks, self.top, self.params, self.rope)
             self.ddp = torch.nn.parallel.DistributedDataParallel(
                 module, device_ids=[ddp_device], gradient_as_bucket_view=True
             )
         self.optimizer = torch.optim.AdamW(
             self.params, lr=LR, weight_decay=WEIGHT_DECAY, fused=True, capturable=capturable
         )
+        self.loss_fn = None  # compile_graph: the compiled forward_loss
+
+    def forward_loss(self):
+        if self.loss_fn is not None:
+            return self.loss_fn(self.x, self.labels)
+        return forward_loss(self.c, self.blocks, self.top, self.x, self.labels, self.rope)
 
     def train_step(self):
         """One step; returns the loss tensor (no host read)."""
-        if self.ddp is not None:
-            loss = self.ddp(self.x, self.labels)
-        else:
-            loss = forward_loss(self.c, self.blocks, self.top, self.x, self.labels)
+        loss = self.ddp(self.x, self.labels) if self.ddp is not None else self.forward_loss()
         loss.backward()
         self.optimizer.step()
         return loss
@@ -326,20 +448,24 @@ def capture_whole_step(s, start, **graph_args):
 
 def warm_up_and_capture(s, start, **graph_args):
     """PyTorch's recipe for a whole-step graph of `s` (a Setup, or any object with optimizer and train_step()):
-    3 eager steps on a side stream, then the capture (capture_whole_step with `graph_args`). Returns build_system's
-    tuple."""
+    GRAPH_WARMUP eager steps on a side stream (with a compiled forward: the compilation), grads set to None, then
+    the capture (capture_whole_step with `graph_args`). Returns build_system's tuple; extra gets the warm-up's
+    milliseconds as "warmup_ms"."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     losses = []
+    warmup_start = time.perf_counter()
     with torch.cuda.stream(side):  # warm-up on a side stream, as the recipe asks
-        for _ in range(3):
+        for _ in range(GRAPH_WARMUP):
             s.optimizer.zero_grad(set_to_none=True)
             losses.append(s.train_step())
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    losses = [loss.item() for loss in losses]  # capture runs nothing: replay 1 is step 4
-    s.optimizer.zero_grad(set_to_none=True)
+    losses = [loss.item() for loss in losses]  # capture runs nothing: replay 1 is step GRAPH_WARMUP + 1
+    warmup_ms = 1000 * (time.perf_counter() - warmup_start)
+    s.optimizer.zero_grad(set_to_none=True)  # the capture's backward allocates the grads from its pool
     run_one, extra, graph = capture_whole_step(s, start, **graph_args)
+    extra["warmup_ms"] = warmup_ms
     return run_one, extra, losses, (s, graph)
 
 
@@ -375,6 +501,14 @@ def build_system(system, c, data_seed=2):
         losses = [run_one().item() for _ in range(3)]  # compiles, records the CUDA graph trees, replays
         extra = {"compile_ms": 1000 * (time.perf_counter() - compile_start)}
         return run_one, extra, losses, s
+
+    if system == "compile_graph":
+        # PyTorch's strongest recipe: the forward and loss under torch.compile (default mode: Inductor kernels, no
+        # CUDA graph of its own; AOTAutograd compiles the backward), the whole step captured by torch.cuda.graph.
+        s = Setup(c, capturable=True, data_seed=data_seed)
+        blocks, top, rope = s.blocks, s.top, s.rope
+        s.loss_fn = torch.compile(lambda x, labels: forward_loss(c, blocks, top, x, labels, rope))
+        return warm_up_and_capture(s, start)
     raise ValueError(system)
 
 
@@ -493,7 +627,7 @@ def run_config(name, systems, steps, warmup, deadline):
             except Exception as error:  # one system's failure must not stop the others
                 reason = f"{type(error).__name__}: {error}"[:2000]
                 result = {"system": "pytorch_" + system, "status": "failed", "reason": reason}
-            if system == "compile":
+            if system in ("compile", "compile_graph"):
                 reset_compiled_state()
             result["wall_s"] = time.perf_counter() - start  # set-up, compile and every step
         out["systems"].append(result)
@@ -514,7 +648,7 @@ def describe(name, r):
         return f"{name:7s} {r['system']}: {r['status']}: {r['reason'][:300]}"
     s = r["step_us"]
     return (
-        f"{name:7s} {r['system']:19s} {s['median_us'] / 1000:.3f} ms [{s['min_us'] / 1000:.3f}-{s['max_us'] / 1000:.3f}]"
+        f"{name:7s} {r['system']:21s} {s['median_us'] / 1000:.3f} ms [{s['min_us'] / 1000:.3f}-{s['max_us'] / 1000:.3f}]"
         f"  {r['tflops']:.1f} TFLOP/s (MFU {100 * r['mfu']:.1f}%)  peak {r['peak_bytes'] / 2**20:.1f} MiB"
         f"  ({r['wall_s']:.0f} s in all)"
     )
@@ -802,7 +936,7 @@ def run_ddp(args, configs, systems):
             "warmup": args.warmup,
             "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
             "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
-            "flops": "6 * tokens * matmul parameters a token passes through; nothing else counted",
+            "flops": FLOPS_TEXT,
             "memory": "peak_bytes: torch.cuda.max_memory_allocated over the system's run (largest over the ranks); "
             "device_used_delta_bytes: cudaMemGetInfo used after the timed steps minus before the system's setup",
             "optimizer": {"name": "AdamW (fused)", "lr": LR, "weight_decay": WEIGHT_DECAY},
@@ -866,7 +1000,8 @@ def comm_nccl_version():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default="small,medium,large,moe")
-    parser.add_argument("--systems", help="eager, cuda_graph, compile (default all; with --ddp: eager, cuda_graph)")
+    parser.add_argument("--systems", help="eager, cuda_graph, compile, compile_graph (default all; with --ddp: eager, "
+                        "cuda_graph)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per system")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after capture or compile)")
     parser.add_argument("--quick", action="store_true", help="--steps 20 --warmup 5")
@@ -913,7 +1048,7 @@ def main(argv=None):
         "warmup": args.warmup,
         "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
         "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
-        "flops": "6 * tokens * matmul parameters a token passes through; nothing else counted",
+        "flops": FLOPS_TEXT,
         "memory": "peak_bytes: torch.cuda.max_memory_allocated over the system's run; device_used_delta_bytes: "
         "cudaMemGetInfo used after the timed steps minus before the system's setup",
         "optimizer": {"name": "AdamW (fused)", "lr": LR, "weight_decay": WEIGHT_DECAY},

@@ -7,7 +7,10 @@ over the N ranks of a launch, one process per GPU:
 
 The model and configs are pytorch_peer.py's (step_configs.cc; the dense
 ones: small, medium, large; moe has no peer here, its experts' sharding is
-not written in PyTorch), sharded as StepGraph's (Note [Tensor-parallel
+not written in PyTorch), each config's MLP-only trunk (pytorch_peer.mlp_only:
+heads 0, the same tokens; attention is not tensor-parallel in StepGraph yet,
+so step_bench --tp runs the same trunk and both say so in "trunk"), sharded
+as StepGraph's (Note [Tensor-parallel
 ResidualStack] in layers/residual_stack.h, Megatron's tensor and sequence
 parallelism): rank r holds tokens / N rows of the residual stream, rows
 [r T/N, (r+1) T/N) of one global batch (pytorch_peer's, seed 2), and
@@ -101,7 +104,7 @@ def check_config(name, world):
     """None when `name` can be sharded over `world` ranks, else why not."""
     if name not in CONFIGS:
         return f"config '{name}' has no tensor-parallel PyTorch peer (dense configs only: {', '.join(CONFIGS)})"
-    c = peer.CONFIGS[name]
+    c = peer.mlp_only(peer.CONFIGS[name])
     for what, size in (("tokens", c["tokens"]), ("ffn", c["ffn"]), ("vocab", peer.VOCAB)):
         if size % world:
             return f"config '{name}': {what} {size} does not divide by {world} ranks"
@@ -318,10 +321,11 @@ def build_tp_system(row, c, group):
 
 def run_tp_config(name, rows, steps, warmup, deadline, group, async_error):
     """One config's rows on every rank; the config's JSON (the same on every rank)."""
-    c = peer.CONFIGS[name]
+    c = peer.mlp_only(peer.CONFIGS[name])  # the MLP-only trunk, as step_bench --tp
     n = group.world
-    out = peer.config_header(name)
-    out.update(status="ok", reason=None, world_size=n, tensor_parallel_rows=True, unavailable={}, systems=[])
+    out = peer.config_header(name, trunk=True)
+    out.update(status="ok", reason=None, world_size=n, tensor_parallel_rows=True, trunk=peer.TP_TRUNK, unavailable={},
+               systems=[])
     why = check_config(name, n)
     if why is not None:
         out.update(status="not_run", reason=why)
@@ -416,8 +420,7 @@ def main(argv=None):
             "warmup": args.warmup,
             "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
             "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
-            "flops": "6 * tokens * matmul parameters a token passes through; nothing else counted; tflops and mfu "
-            "per GPU (/ world_size for the TP rows)",
+            "flops": peer.FLOPS_TEXT + "; tflops and mfu per GPU (/ world_size for the TP rows)",
             "memory": "peak_bytes: torch.cuda.max_memory_allocated over the row's run (largest over the ranks); "
             "device_used_delta_bytes: cudaMemGetInfo used after the timed steps minus before the row's setup",
             "optimizer": {"name": "AdamW (fused)", "lr": peer.LR, "weight_decay": peer.WEIGHT_DECAY},
@@ -434,6 +437,7 @@ def main(argv=None):
                 "all-reduced",
                 "strong_scaling": "every row trains the config's `tokens` per step; the TP rows shard the model over "
                 "N GPUs",
+                "trunk": peer.TP_TRUNK,
                 "baseline": f"{EAGER_BASE}, {GRAPH_BASE}: pytorch_peer's eager and cuda_graph systems, every rank "
                 "training the whole config alone on its GPU, all ranks at the same time",
                 "timing": peer.DP_TIMING,

@@ -31,6 +31,7 @@ def test_configs_are_step_bench_dense_configs():
     for name, (hidden, ffn, layers, tokens) in STEP_CONFIGS.items():
         c = pytorch_peer.CONFIGS[name]
         assert (c["hidden"], c["ffn"], c["layers"], c["tokens"], c["experts"]) == (hidden, ffn, layers, tokens, 0)
+        assert c["heads"] > 0 and pytorch_peer.mlp_only(c)["heads"] == 0  # the tp rows: the MLP-only trunk
         assert tp_peer.CONFIGS[name] == (hidden, ffn, tokens)  # the layer-level peer's shapes
         for world in (1, 2, 4, 8):
             assert tp_step_peer.check_config(name, world) is None
@@ -124,7 +125,8 @@ def test_rows_strong_scaling_and_loss_checks(peer_config):
     assert fused["speedup_vs_tp1"] == pytest.approx(1050 / 610)
     assert fused["strong_scaling_efficiency"] == pytest.approx(1050 / 610 / 2)
     assert seq["speedup_vs_tp1"] == pytest.approx(1050 / 700)
-    flops = pytorch_peer.step_flops(pytorch_peer.CONFIGS["small"])
+    assert c["heads"] == 0 and c["trunk"] == pytorch_peer.TP_TRUNK  # the MLP-only trunk, as step_bench --tp
+    flops = pytorch_peer.step_flops(pytorch_peer.mlp_only(pytorch_peer.CONFIGS["small"]))
     assert fused["tflops"] == pytest.approx(flops / 610e-6 / 1e12 / 2)  # per GPU
     assert base["tflops"] == pytest.approx(flops / 1050e-6 / 1e12)
     assert fused["tokens_per_s"] == pytest.approx(256 / 610e-6)  # the config's tokens: strong scaling
@@ -164,7 +166,7 @@ def step_bench_tp2(tmp_path_factory):
     codes, logs = dp_test.run_world(tmp, 2, dp_test.HOST_FLAGS + ["--tp", "2", "--overlap", "bulk"])
     assert codes == [0, 0], logs
     data = json.loads((tmp / "rank0.json").read_text())
-    data["configs"][0].update({k: pytorch_peer.config_header("small")[k] for k in report.SHAPE_KEYS})
+    data["configs"][0].update({k: pytorch_peer.config_header("small", trunk=True)[k] for k in report.SHAPE_KEYS})
     data["configs"][0]["name"] = "small"
     return data
 
@@ -178,6 +180,8 @@ def test_peer_rows_have_step_bench_tp_fields(step_bench_tp2, peer_config):
         assert not missing, f"{peer} lacks {sorted(missing)} of {mine}"
     header = set(step_bench_tp2["configs"][0]) - {"overlap"}  # our overlap mode; theirs is the row
     assert header <= set(peer_config), sorted(header - set(peer_config))
+    assert step_bench_tp2["configs"][0]["heads"] == 0 and step_bench_tp2["configs"][0]["trunk"] == peer_config["trunk"]
+    assert "trunk" in step_bench_tp2["tensor_parallel"]
 
 
 def test_report_makes_the_tp_table_and_goals(step_bench_tp2, peer_config, tmp_path):

@@ -1006,7 +1006,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after capture or compile)")
     parser.add_argument("--quick", action="store_true", help="--steps 20 --warmup 5")
     parser.add_argument(
-        "--budget-s", type=float, default=300, help="start no system after this many seconds (it is then not_run)"
+        "--budget-s", type=float, default=900, help="start no system after this many seconds (it is then not_run)"
     )
     parser.add_argument(
         "--ddp",

@@ -488,7 +488,7 @@ def build_system(system, c, data_seed=2):
     if system == "compile":
         s = Setup(c, capturable=True)
         # Fixed addresses, so the CUDA graph trees never copy them in per replay.
-        for t in s.params + [s.x, s.labels]:
+        for t in s.params + [s.x, s.labels] + list(s.rope or ()):
             torch._dynamo.mark_static_address(t)
         compiled = torch.compile(s.train_step, mode="reduce-overhead")
 

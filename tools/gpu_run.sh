@@ -150,9 +150,9 @@ if wants multigpu; then
     for binary in "$here"/multirank/*; do
       step multigpu.log "${binary_run[@]}" "$binary"
     done
-    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --overlap overlap
+    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --heads 0 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/dp2" --nproc-per-node 2 --dp 2
-    step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --overlap overlap --steps 10000 --log-every 1000
+    step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --heads 0 --overlap overlap --steps 10000 --log-every 1000
     # DP=2 against one GPU on the same global batch (fp32; the log prints 4 decimals).
     "$here/bin/trainer" --dtype fp32 --steps 50 --log-every 1 >"$work/dp1_fp32.log" 2>&1
     "$here/bin/trainer" --nproc-per-node 2 --dp 2 --dtype fp32 --steps 50 --log-every 1 >"$work/dp2_fp32.log" 2>&1

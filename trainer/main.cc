@@ -1,7 +1,8 @@
-// The StepGraph trainer: trains a token language model (window embedding,
-// residual LayerNormMLP blocks, LM head, softmax cross-entropy, AdamW) on a
-// synthetic Markov source or a file, eager or as one replayed CUDA graph per
-// step. See trainer/README.md.
+// The StepGraph trainer: trains a token language model (by default a GPT:
+// embedding, TransformerLayers with causal attention over packed sequences,
+// LM head, softmax cross-entropy, AdamW; or with --heads 0 MLP blocks over a
+// window of tokens) on a synthetic Markov source or a file, eager or as one
+// replayed CUDA graph per step. See trainer/README.md.
 //
 //   ./bazelw run //trainer -- --mode graph --steps 2000
 #include <chrono>

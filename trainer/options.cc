@@ -12,7 +12,7 @@ namespace {
 
 // See Note [Trainer defaults]: measured values live in trainer/README.md.
 struct Defaults {
-  std::int64_t steps, layers, hidden, ffn, batch, context, log_every, vocab, order;
+  std::int64_t steps, layers, hidden, ffn, heads, sequences, seq_len, examples, context, log_every, vocab, order;
   double lr;
   const char* dtype;
 };
@@ -20,18 +20,24 @@ constexpr Defaults kHostDefaults{.steps = 1000,
                                  .layers = 2,
                                  .hidden = 64,
                                  .ffn = 128,
-                                 .batch = 256,
+                                 .heads = 0,
+                                 .sequences = 8,
+                                 .seq_len = 32,
+                                 .examples = 256,
                                  .context = 2,
                                  .log_every = 50,
                                  .vocab = 8,
                                  .order = 2,
                                  .lr = 3e-3,
                                  .dtype = "fp32"};
-constexpr Defaults kCudaDefaults{.steps = 2000,
+constexpr Defaults kCudaDefaults{.steps = 1000,
                                  .layers = 4,
                                  .hidden = 512,
                                  .ffn = 2048,
-                                 .batch = 1024,
+                                 .heads = 8,
+                                 .sequences = 32,
+                                 .seq_len = 128,
+                                 .examples = 1024,
                                  .context = 4,
                                  .log_every = 100,
                                  .vocab = 8,
@@ -57,13 +63,26 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--steps", o.steps, "total training steps (a resumed run continues to this step)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--layers", o.layers, "residual LayerNormMLP blocks")->check(CLI::NonNegativeNumber);
-  app.add_option("--hidden", o.hidden, "hidden size (a multiple of --context)")->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "TransformerLayers (or, with --heads 0, LayerNormMLP blocks)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--hidden", o.hidden, "hidden size (a multiple of --heads, or with --heads 0 of --context)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads,
+                 "attention heads per layer (default: 4 on the host, 8 on cuda); 0: the window model, MLP blocks over "
+                 "a window of --context tokens")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads; fewer: grouped-query attention)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seq-len", o.seq_len, "tokens per training sequence (the sequence model's context)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--ffn", o.ffn, "MLP inner size")->check(CLI::PositiveNumber);
   app.add_option("--experts", o.experts, "experts per MoE block (0: dense blocks only)")->check(CLI::NonNegativeNumber);
   app.add_option("--topk", o.topk, "experts each token is routed to")->check(CLI::PositiveNumber);
-  app.add_option("--batch", o.batch, "examples (predicted tokens) per step")->check(CLI::PositiveNumber);
-  app.add_option("--context", o.context, "tokens of context per example (the window W)")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch,
+                 "sequences per step (each predicts its --seq-len next tokens); with --heads 0 examples per step")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--context", o.context, "window model (--heads 0): tokens of context per example (the window W)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "seed of the model, the Markov chain and the sampling");
   app.add_option("--log-every", o.log_every, "print a step line every N steps")->check(CLI::PositiveNumber);
@@ -135,8 +154,20 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   default_if<std::int64_t>(o.layers, -1, d.layers);
   default_if<std::int64_t>(o.hidden, 0, d.hidden);
   default_if<std::int64_t>(o.ffn, 0, d.ffn);
-  default_if<std::int64_t>(o.batch, 0, d.batch);
-  default_if<std::int64_t>(o.context, 0, d.context);
+  default_if<std::int64_t>(o.heads, -1, d.heads);
+  SG_CHECK(o.heads == 0 || o.tp == 1, "--heads ", o.heads, " with --tp ", o.tp,
+           ": attention is not tensor-parallel yet; pass --heads 0 (the window model) or --tp 1");
+  if (o.heads > 0) {
+    SG_CHECK(o.context == 0, "--context is the window model's (--heads 0); the sequence model's context is --seq-len");
+    default_if<std::int64_t>(o.seq_len, 0, d.seq_len);
+    default_if<std::int64_t>(o.batch, 0, d.sequences);
+    o.context = o.seq_len;  // the model's context: the sequence
+  } else {
+    SG_CHECK(o.seq_len == 0 && o.kv_heads == 0, "--seq-len and --kv-heads are the sequence model's; with --heads 0 "
+             "use --context");
+    default_if<std::int64_t>(o.batch, 0, d.examples);
+    default_if<std::int64_t>(o.context, 0, d.context);
+  }
   default_if<std::int64_t>(o.log_every, 0, d.log_every);
   default_if<double>(o.lr, 0, d.lr);
   if (o.dtype.empty()) o.dtype = d.dtype;
@@ -152,8 +183,15 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
                o.log_every > 0 && o.save_every >= 0,
            "--steps, --hidden, --ffn, --batch, --context and --log-every must be > 0 and --layers, --save-every >= 0");
   SG_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got ", o.lr);
-  SG_CHECK(o.hidden % o.context == 0, "--hidden (", o.hidden, ") must be a multiple of --context (", o.context,
-           "): each of the context tokens gets hidden / context embedding columns");
+  if (o.heads > 0) {
+    SG_CHECK(o.hidden % o.heads == 0, "--hidden (", o.hidden, ") must be a multiple of --heads (", o.heads,
+             "): each head gets hidden / heads features");
+    SG_CHECK(o.kv_heads == 0 || o.heads % o.kv_heads == 0, "--kv-heads (", o.kv_heads, ") must divide --heads (",
+             o.heads, ")");
+  } else {
+    SG_CHECK(o.hidden % o.context == 0, "--hidden (", o.hidden, ") must be a multiple of --context (", o.context,
+             "): each of the context tokens gets hidden / context embedding columns");
+  }
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -58,6 +59,8 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   config.model.seed = static_cast<std::uint32_t>(o.seed);
   config.model.experts = o.experts;
   config.model.topk = o.topk;
+  config.model.heads = o.heads;
+  config.model.kv_heads = o.kv_heads;
   config.context = o.context;
   return config;
 }
@@ -76,10 +79,34 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
           {"config.topk", std::to_string(o.topk)},
           {"config.batch", std::to_string(o.batch)},
           {"config.context", std::to_string(o.context)},
+          {"config.heads", std::to_string(o.heads)},
+          {"config.kv-heads", std::to_string(o.kv_heads)},
           {"config.dtype", o.dtype},
           {"config.lr", fmt::format("{}", o.lr)},
           {"config.seed", std::to_string(o.seed)},
           {"config.data", data.describe()}};
+}
+
+// The sequence model's labels: each token's next one. A batch holds windows
+// of `length` tokens and the token after each window, so token i of a
+// sequence is labelled by token i + 1, the last by the batch's label.
+void next_token_labels(const Batch& batch, std::size_t first, std::size_t rows, std::size_t length,
+                       std::vector<std::int32_t>& out) {
+  out.resize(rows * length);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::int32_t* window = batch.windows.data() + (first + r) * length;
+    std::copy(window + 1, window + length, out.begin() + static_cast<std::ptrdiff_t>(r * length));
+    out[r * length + length - 1] = batch.labels[first + r];
+  }
+}
+
+// The best mean loss of the sequence model on the Markov source: token i + 1
+// of a sequence is predicted from the i + 1 tokens before it, so the first
+// positions of each sequence see less than the chain's order.
+double sequence_floor(const MarkovSource& source, std::int64_t length) {
+  double sum = 0;
+  for (std::int64_t i = 0; i < length; ++i) sum += source.conditional_entropy(i + 1);
+  return sum / static_cast<double>(length);
 }
 
 std::string mebibytes(std::int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); }
@@ -127,8 +154,16 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   out << "data: " << data->describe() << "\n";
   TrainResult result;
   result.entropy_rate = data->entropy_rate();
+  const bool sequences = o.heads > 0;
+  // Predicted tokens per step, all ranks.
+  const std::int64_t tokens_per_step = o.batch * (sequences ? o.seq_len : 1);
   if (result.entropy_rate) {
     out << fmt::format("entropy rate: {:.4f} nats/token\n", *result.entropy_rate);
+    if (const auto* markov = dynamic_cast<const MarkovSource*>(data.get()); markov != nullptr && sequences) {
+      out << fmt::format("best mean loss over sequences of {} tokens: {:.4f} (their first tokens see less than the "
+                         "order {})\n",
+                         o.seq_len, sequence_floor(*markov, o.seq_len), markov->config().order);
+    }
   } else {
     out << "entropy rate: unknown for this data (no loss floor to compare with)\n";
   }
@@ -165,11 +200,19 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
                                                       config.model.moe_every, o.experts, o.topk)
                                         : std::string();
-  out << fmt::format(
-      "model: {} blocks{}, hidden {}, ffn {}, vocab {}, context {} (embedding width {}), {}, batch {}, lr {}; "
-      "device {}, mode {}\n",
-      o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
-      device_name(device), o.mode);
+  if (sequences) {
+    out << fmt::format(
+        "model: GPT, {} TransformerLayers{}, hidden {}, {} heads ({} kv), ffn {}, vocab {}, rotary positions, causal "
+        "attention over sequences of {} tokens, {}, batch {} sequences ({} tokens), lr {}; device {}, mode {}\n",
+        o.layers, moe, o.hidden, o.heads, o.kv_heads != 0 ? o.kv_heads : o.heads, o.ffn, config.model.vocab,
+        o.seq_len, o.dtype, o.batch, tokens_per_step, o.lr, device_name(device), o.mode);
+  } else {
+    out << fmt::format(
+        "model: window, {} MLP blocks{}, hidden {}, ffn {}, vocab {}, context {} (embedding width {}), {}, batch {}, "
+        "lr {}; device {}, mode {}\n",
+        o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
+        device_name(device), o.mode);
+  }
   if (dp_comm != nullptr) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
                        local_batch * o.tp, o.dp_mode == "zero1" ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
@@ -243,6 +286,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   // the batch of the step in flight: what a checkpoint after it records.
   Batch batch;
   Batch next_batch;
+  std::vector<std::int32_t> labels;  // the sequence model's, per token
   data->next_batch(o.batch, o.context, batch);
   std::uint64_t position = data->position();
   ProgressLine progress;
@@ -260,8 +304,14 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       const auto first = static_cast<std::size_t>(rank * local_batch);
       const auto rows = static_cast<std::size_t>(local_batch);
       const auto width = static_cast<std::size_t>(o.context);
+      // The sequence model's tokens [rows * width, 1] are the windows' bytes.
       ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
-      ctx.copy_from_host(step.labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
+      if (sequences) {
+        next_token_labels(batch, first, rows, width, labels);
+        ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
+      } else {
+        ctx.copy_from_host(step.labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
+      }
       Tensor loss_tensor;
       if (graph) {
         graph->replay();
@@ -298,7 +348,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       if (s % o.log_every == 0 || s == o.steps) {
         progress.clear();
         out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}\n", s, loss,
-                           static_cast<double>(o.batch * interval_steps) / interval_seconds,
+                           static_cast<double>(tokens_per_step * interval_steps) / interval_seconds,
                            interval_seconds * 1e3 / static_cast<double>(interval_steps));
         out.flush();
         interval_seconds = 0;
@@ -323,7 +373,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   }
 
   const auto steps_run = static_cast<std::int64_t>(result.losses.size());
-  result.mean_tokens_per_s = steps_run > 0 ? static_cast<double>(o.batch * steps_run) / total_seconds : 0.0;
+  result.mean_tokens_per_s =
+      steps_run > 0 ? static_cast<double>(tokens_per_step * steps_run) / total_seconds : 0.0;
   result.final_mean_loss = window.empty() ? 0.0 : window_sum / static_cast<double>(window.size());
   out << fmt::format("summary: {} steps, mean tokens/s {:.0f}, mean step_ms {:.3f}\n", steps_run,
                      result.mean_tokens_per_s, steps_run > 0 ? total_seconds * 1e3 / steps_run : 0.0);

@@ -13,7 +13,7 @@ import sys
 import time
 
 TRAINER = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "trainer/trainer")
-FLAGS = {"--device": "host", "--dtype": "fp32", "--layers": "2", "--hidden": "32", "--ffn": "64", "--context": "2",
+FLAGS = {"--device": "host", "--dtype": "fp32", "--layers": "2", "--hidden": "32", "--ffn": "64", "--heads": "0", "--context": "2",
          "--batch": "32", "--log-every": "1", "--seed": "5"}
 
 

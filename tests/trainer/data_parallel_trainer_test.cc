@@ -31,6 +31,7 @@ TrainerOptions options(const std::string& mode) {
   o.hidden = 32;
   o.ffn = 64;
   o.batch = 32;  // the global batch
+  o.heads = 0;    // the window model: tensor parallelism has no attention yet
   o.context = 2;
   o.log_every = 4;
   o.dtype = "fp32";

@@ -22,15 +22,24 @@
 namespace stepgraph::trainer {
 namespace {
 
-// A small, fast configuration; bf16 unless a test says otherwise.
-TrainerOptions small_options(Device device) {
+// A small, fast configuration; bf16 unless a test says otherwise. The
+// sequence model (2 heads, 4 sequences of 8 tokens), or with `window` the
+// window model (16 examples of 2 tokens).
+TrainerOptions small_options(Device device, bool window = false) {
   TrainerOptions o;
   o.steps = 20;
   o.layers = 2;
   o.hidden = 32;
   o.ffn = 64;
-  o.batch = 16;
-  o.context = 2;
+  if (window) {
+    o.heads = 0;
+    o.batch = 16;
+    o.context = 2;
+  } else {
+    o.heads = 2;
+    o.batch = 4;
+    o.seq_len = 8;
+  }
   o.log_every = 5;
   o.dtype = "bf16";
   o.seed = 11;
@@ -53,8 +62,8 @@ void expect_same_losses(const std::vector<float>& got, const std::vector<float>&
 
 std::filesystem::path temp_path(const std::string& name) { return std::filesystem::path(::testing::TempDir()) / name; }
 
-void expect_eager_equals_graph(Device device, std::int64_t experts = 0) {
-  TrainerOptions o = small_options(device);
+void expect_eager_equals_graph(Device device, std::int64_t experts = 0, bool window = false) {
+  TrainerOptions o = small_options(device, window);
   o.experts = experts;
   std::ostringstream log;
   o.mode = "eager";
@@ -69,6 +78,10 @@ void expect_eager_equals_graph(Device device, std::int64_t experts = 0) {
 TEST(TrainerHostTest, EagerAndGraphLossesAreEqualOverTwentySteps) { expect_eager_equals_graph(Device::kHost); }
 
 TEST(TrainerHostTest, MoeEagerAndGraphLossesAreEqualOverTwentySteps) { expect_eager_equals_graph(Device::kHost, 4); }
+
+TEST(TrainerHostTest, WindowModelEagerAndGraphLossesAreEqualOverTwentySteps) {
+  expect_eager_equals_graph(Device::kHost, 0, /*window=*/true);
+}
 
 TEST(TrainerCudaTest, MoeEagerAndGraphLossesAreEqualOverTwentySteps) {
   SG_SKIP_WITHOUT_GPU();
@@ -223,9 +236,19 @@ TEST(TrainerOptionsTest, BadFlagsGiveClearErrors) {
   };
   expect_error(
       [&] {
-        resolved({"--hidden", "50", "--context", "4"});
+        resolved({"--heads", "0", "--hidden", "50", "--context", "4"});
       },
       ErrorCode::kInvalidArgument, "must be a multiple of --context");
+  expect_error([&] { resolved({"--hidden", "50", "--heads", "4"}); }, ErrorCode::kInvalidArgument,
+               "--hidden (50) must be a multiple of --heads (4)");
+  expect_error([&] { resolved({"--heads", "4", "--kv-heads", "3"}); }, ErrorCode::kInvalidArgument,
+               "--kv-heads (3) must divide --heads (4)");
+  expect_error([&] { resolved({"--heads", "4", "--context", "4"}); }, ErrorCode::kInvalidArgument,
+               "the sequence model's context is --seq-len");
+  expect_error([&] { resolved({"--heads", "4", "--tp", "2"}); }, ErrorCode::kInvalidArgument,
+               "attention is not tensor-parallel yet");
+  expect_error([&] { resolved({"--seq-len", "16"}); }, ErrorCode::kInvalidArgument,
+               "--seq-len and --kv-heads are the sequence model's");
   expect_error([&] { resolved({"--resume"}); }, ErrorCode::kInvalidArgument, "--resume needs --checkpoint");
   expect_error([&] { resolved({"--save-every", "5"}); }, ErrorCode::kInvalidArgument, "--save-every needs");
   expect_error([&] { resolved({"--experts", "2", "--topk", "3"}); }, ErrorCode::kInvalidArgument, "--topk");
@@ -251,6 +274,8 @@ TEST(TrainerOptionsTest, EveryFlagOfTheIssueParses) {
                                           "1",
                                           "--batch",
                                           "9",
+                                          "--heads",
+                                          "0",
                                           "--context",
                                           "3",
                                           "--lr",
@@ -282,6 +307,12 @@ TEST(TrainerOptionsTest, EveryFlagOfTheIssueParses) {
   EXPECT_EQ(o.checkpoint, "c.safetensors");
   EXPECT_TRUE(o.resume);
   EXPECT_EQ(o.save_every, 4);
+  const TrainerOptions gpt = resolve_defaults(
+      *parse({"--heads", "6", "--kv-heads", "2", "--seq-len", "12", "--hidden", "48"}).options, Device::kHost);
+  EXPECT_EQ(gpt.heads, 6);
+  EXPECT_EQ(gpt.kv_heads, 2);
+  EXPECT_EQ(gpt.seq_len, 12);
+  EXPECT_EQ(gpt.context, 12) << "the sequence model's context is the sequence";
   const ParsedCommandLine data = parse({"--data", "corpus.txt"});
   ASSERT_TRUE(data.options.has_value());
   EXPECT_EQ(data.options->data, "corpus.txt");

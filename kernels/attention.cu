@@ -46,7 +46,7 @@ void launch_attention_forward(const AttentionDesc& desc, const void* q, const vo
   p.out_mut = out;
   p.lse_mut = lse;
   if (attention_uses_tensor_cores(desc) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out)) {
-    attention_detail::forward_mma(desc, p, stream);
+    attention_detail::forward_wgmma(desc, p, stream);
   } else {
     attention_detail::forward_simple(desc, p, stream);
   }
@@ -84,7 +84,7 @@ void launch_attention_backward(const AttentionDesc& desc, const void* q, const v
   attention_detail::backward_delta(desc, p, stream);
   if (attention_uses_tensor_cores(desc) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) &&
       aligned16(dq) && aligned16(dk) && aligned16(dv)) {
-    attention_detail::backward_mma(desc, p, stream);
+    attention_detail::backward_wgmma(desc, p, stream);
   } else {
     attention_detail::backward_simple(desc, p, stream);
   }

@@ -60,7 +60,8 @@ void check_attention(const AttentionDesc& desc);
 // inputs give the same bits (eager == graph).
 
 // Whether the tensor-core kernels run this shape (bf16 or fp16, head_dim 64
-// or 128; mma.sync, FlashAttention-2 style); otherwise the plain kernels run
+// or 128; the forward on wgmma + TMA, FlashAttention-3 style, the backward
+// on mma.sync, FlashAttention-2 style); otherwise the plain kernels run
 // it (any dtype, head_dim <= 256; correct, not fast). The launchers also take
 // the plain kernels when a tensor's pointer is not 16-byte aligned.
 bool attention_uses_tensor_cores(const AttentionDesc& desc);

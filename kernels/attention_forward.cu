@@ -1,20 +1,28 @@
-// The tensor-core attention forward (bf16/fp16, head_dim 64 and 128):
-// FlashAttention-2 on mma.sync m16n8k16.
+// The tensor-core attention forward (bf16/fp16, head_dim 64 and 128) on
+// Hopper: TMA, wgmma and warp specialisation (FlashAttention-3's design).
 //
-// Note [Attention forward tiles]
-// A block owns kBM = 128 query rows of one sequence and one head; its 8 warps
-// own 16 rows each, with the rows' Q fragments kept in registers. The block
-// walks the sequence's keys in tiles of kBN = 64 (only up to its last row when
-// causal: later tiles are fully masked and never loaded), K and V
-// double-buffered through cp.async into swizzled shared memory. Per tile and
-// warp: S = Q K^T (ldmatrix of K rows as the col-major B operand), the masks
-// (only on the tiles that cross the diagonal or the sequence's end), the
-// online softmax in base 2 (scale * log2 e folded into one multiply; each
-// thread keeps partial row sums, reduced over the row's 4 lanes once at the
-// end), then O += P V with P rounded to 16 bits straight from the S
-// accumulators (their layout is the A operand's) and V through ldmatrix.trans.
-// Blocks are launched in reverse tile order so that a causal sequence's long
-// tiles (its last rows see the most keys) start first.
+// Note [Attention forward on wgmma]
+// A block owns kBM = 128 query rows of one sequence and one head, and has
+// three warpgroups:
+//  - warpgroup 0, the producer (registers cut to 24): one thread loads the
+//    block's Q tile, then the K and V tiles of kBN = 128 keys (only up to the
+//    block's last row when causal), each into its own two-stage ring: K and
+//    V of a stage have separate barriers, so S = Q K^T starts before V lands;
+//  - warpgroups 1 and 2, the consumers (registers raised to 240), 64 query
+//    rows each: S = Q K^T (wgmma, both operands in shared memory, K-major),
+//    the masks (only on tiles that cross the diagonal or the sequence's end),
+//    the online softmax in base 2, then O += P V with P rounded to 16 bits
+//    straight from the S accumulators into wgmma's register A operand and V
+//    read N-major (the transpose bit).
+// Softmax overlaps the tensor cores within a warpgroup: the loop issues
+// S_n = Q K_n^T and then O += P_{n-1} V_{n-1}, waits for S_n only, runs its
+// softmax while the P V product is in flight, and rescales O after that
+// product lands.
+// TMA boxes ignore sequence boundaries: rows past a sequence's end are the
+// next sequence's (or zero past T). Those keys are masked, those query rows
+// are never stored. Blocks run in reverse tile order so that a causal
+// sequence's long tiles (its last rows see the most keys) start first.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,17 +33,15 @@
 #include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "kernels/attention_paths.h"
+#include "kernels/tensor_map.h"
 #include "kernels/tile/attention_tile.cuh"
+#include "kernels/tile/wgmma_ops.cuh"
+#include "kernels/tile/wgmma_pipeline.cuh"
 
 namespace stepgraph::kernels::attention_detail {
 namespace {
 
-using tile::RowTile;
-
 struct ForwardParams {
-  const void* q;
-  const void* k;
-  const void* v;
   const std::int32_t* cu_seqlens;
   void* out;
   float* lse;
@@ -46,92 +52,142 @@ struct ForwardParams {
 
 template <int D>
 struct ForwardConfig {
-  static constexpr int kBM = 128;
-  static constexpr int kBN = 64;
-  static constexpr int kWarps = 8;
-  static constexpr int kThreads = 32 * kWarps;
-  using QTile = RowTile<kBM, D, kThreads>;
-  using KVTile = RowTile<kBN, D, kThreads>;
-  static constexpr int kSmemBytes = QTile::kBytes + 4 * KVTile::kBytes;
+  static constexpr int kBM = 128;  // query rows per block, 64 per consumer warpgroup
+  static constexpr int kBN = 128;  // keys per step
+  static constexpr int kThreads = 384;
+  static constexpr int kStages = 2;
+  static constexpr int kColumnBlocks = D / 64;  // 128-byte swizzle atoms along D
+  static constexpr int kQBytes = kBM * D * 2;
+  static constexpr int kKVBytes = kBN * D * 2;  // one K or V stage
+  static constexpr int kPipelineBytes = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = 1024 + kPipelineBytes + kBarriers * 8;  // + the 1024-byte alignment slack
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(tile::register_split_fits(kProducerRegisters, kConsumerRegisters));
+  static constexpr int kReaderWarps = 8;  // a stage is released by every consumer warp
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1) attention_forward_mma_kernel(ForwardParams p) {
+__global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
+    attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                                   const __grid_constant__ CUtensorMap map_v, ForwardParams p) {
   using C = ForwardConfig<D>;
-  using QTile = typename C::QTile;
-  using KVTile = typename C::KVTile;
   using M = tile::Half16<T>;
+  using SGemm = tile::Wgmma<T, C::kBN>;  // S = Q K^T: 64 x kBN per warpgroup
+  using OGemm = tile::Wgmma<T, D>;       // O += P V: 64 x D per warpgroup
   constexpr int kBM = C::kBM;
   constexpr int kBN = C::kBN;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* sq = smem;
+  auto sk = [&](int stage) { return smem + C::kQBytes + stage * C::kKVBytes; };
+  auto sv = [&](int stage) { return smem + C::kQBytes + (C::kStages + stage) * C::kKVBytes; };
+  auto* q_full = reinterpret_cast<std::uint64_t*>(smem + C::kPipelineBytes);
+  std::uint64_t* k_full = q_full + 1;
+  std::uint64_t* k_empty = k_full + C::kStages;
+  std::uint64_t* v_full = k_empty + C::kStages;
+  std::uint64_t* v_empty = v_full + C::kStages;
 
+  if (threadIdx.x == 0) {
+    tile::prefetch_tensor_map(&map_q);
+    tile::prefetch_tensor_map(&map_k);
+    tile::prefetch_tensor_map(&map_v);
+    tile::mbarrier_init(q_full, 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      tile::mbarrier_init(&k_full[s], 1);
+      tile::mbarrier_init(&v_full[s], 1);
+      tile::mbarrier_init(&k_empty[s], C::kReaderWarps);
+      tile::mbarrier_init(&v_empty[s], C::kReaderWarps);
+    }
+    tile::fence_barrier_init();
+  }
   tile::SequenceTile seq;
   const int target = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  // Ends with a barrier, which also publishes the initialised mbarriers.
   if (!tile::block_locate_tile(p.cu_seqlens, p.sequences, p.tokens, kBM, target, &seq)) return;
   const int h = static_cast<int>(blockIdx.y);
   const int g = h / (p.heads / p.kv_heads);
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp_row = (static_cast<int>(threadIdx.x) >> 5) * 16;
-  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * D;
-  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * D;
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
-  const T* v = static_cast<const T*>(p.v);
-
   const int m0 = seq.first;
   const int kv_end = p.causal ? min(seq.end, m0 + kBM) : seq.end;
   const int kv_tiles = (kv_end - seq.begin + kBN - 1) / kBN;
-  const std::uint32_t sq = tile::smem_address(smem);
-  auto sk = [&](int stage) { return sq + QTile::kBytes + stage * 2 * KVTile::kBytes; };
-  auto sv = [&](int stage) { return sk(stage) + KVTile::kBytes; };
-  auto load_kv = [&](int n, int stage) {
-    const int n0 = seq.begin + n * kBN;
-    KVTile::load(sk(stage), k + n0 * kv_ld + g * D, kv_ld, seq.end - n0);
-    KVTile::load(sv(stage), v + n0 * kv_ld + g * D, kv_ld, seq.end - n0);
-  };
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warpgroup = warp / 4;
 
-  QTile::load(sq, q + m0 * q_ld + h * D, q_ld, seq.end - m0);
-  load_kv(0, 0);
-  tile::cp_async_commit();
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // base-2 units (scores * scale * log2 e)
-  float row_sum[2] = {0.0f, 0.0f};            // this thread's columns only
-  std::uint32_t qf[D / 16][4];
-  const int row_lo = m0 + warp_row + lane / 4;
-
-  for (int n = 0; n < kv_tiles; ++n) {
-    if (n + 1 < kv_tiles) load_kv(n + 1, (n + 1) & 1);
-    tile::cp_async_commit();
-    tile::cp_async_wait<1>();
-    __syncthreads();
-    if (n == 0) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) QTile::load_a(qf[ks], sq, warp_row, ks * 16, lane);
-    }
-    const std::uint32_t kt = sk(n & 1);
-    const std::uint32_t vt = sv(n & 1);
-
-    float s[kBN / 8][4];
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-#pragma unroll
-      for (int jj = 0; jj < kBN / 16; ++jj) {
-        std::uint32_t b[2][2];
-        KVTile::load_b(b, kt, jj * 16, ks * 16, lane);
-        M::mma(s[2 * jj], qf[ks], b[0][0], b[0][1]);
-        M::mma(s[2 * jj + 1], qf[ks], b[1][0], b[1][1]);
+  if (warpgroup == 0) {
+    tile::setmaxnreg_dec<C::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      tile::mbarrier_arrive_expect_tx(q_full, C::kQBytes);
+      for (int c = 0; c < C::kColumnBlocks; ++c) {
+        tile::tma_load_2d(sq + c * kBM * 128, &map_q, q_full, h * D + c * 64, m0);
+      }
+      for (int n = 0; n < kv_tiles; ++n) {
+        const int stage = n % C::kStages;
+        const int row = seq.begin + n * kBN;
+        tile::ring_wait_empty<C::kStages>(k_empty, n);
+        tile::mbarrier_arrive_expect_tx(&k_full[stage], C::kKVBytes);
+        for (int c = 0; c < C::kColumnBlocks; ++c) {
+          tile::tma_load_2d(sk(stage) + c * kBN * 128, &map_k, &k_full[stage], g * D + c * 64, row);
+        }
+        tile::ring_wait_empty<C::kStages>(v_empty, n);
+        tile::mbarrier_arrive_expect_tx(&v_full[stage], C::kKVBytes);
+        for (int c = 0; c < C::kColumnBlocks; ++c) {
+          tile::tma_load_2d(sv(stage) + c * kBN * 128, &map_v, &v_full[stage], g * D + c * 64, row);
+        }
       }
     }
+    return;
+  }
 
+  tile::setmaxnreg_inc<C::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int warp_row = consumer * 64 + (warp % 4) * 16;  // this warp's first row in the tile
+  const int row_lo = m0 + warp_row + lane / 4;            // this thread's rows: row_lo, row_lo + 8
+  // Descriptor offsets (16-byte units): a column block of Q or K/V, a k16 step inside one.
+  constexpr std::uint64_t kQBlock = kBM * 128 / 16;
+  constexpr std::uint64_t kKVBlock = kBN * 128 / 16;
+  const std::uint64_t q_desc = tile::wgmma_descriptor(sq) + consumer * (64 * 128 / 16);
+
+  float o[D / 2];
+#pragma unroll
+  for (int j = 0; j < D / 2; ++j) o[j] = 0.0f;
+  float s[kBN / 2];
+  std::uint32_t pa[kBN / 16][4];          // P of the previous tile, wgmma's A operand
+  float row_max[2] = {-INFINITY, -INFINITY};  // base-2 units (scores * scale * log2 e)
+  float row_sum[2] = {0.0f, 0.0f};            // this thread's columns only
+
+  auto issue_s = [&](int n) {
+    const int stage = n % C::kStages;
+    tile::ring_wait_full<C::kStages>(k_full, n);
+    tile::fence_accumulators(s);
+    tile::wgmma_fence();
+    const std::uint64_t k_desc = tile::wgmma_descriptor(sk(stage));
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const std::uint64_t step = 2 * (ks % 4);  // k16 slices are 32 bytes apart in a 128-byte row
+      SGemm::template ss<false>(s, q_desc + (ks / 4) * kQBlock + step, k_desc + (ks / 4) * kKVBlock + step,
+                                ks > 0 ? 1 : 0);
+    }
+    tile::wgmma_commit();
+  };
+  auto issue_pv = [&](int n) {
+    const int stage = n % C::kStages;
+    tile::ring_wait_full<C::kStages>(v_full, n);
+    tile::fence_accumulators(o);
+    tile::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      // V is N-major: k16 steps are 16 rows of 128 bytes apart, column blocks kKVBytes / blocks apart.
+      OGemm::template rs<true>(o, pa[kk], tile::wgmma_descriptor_mn_major(sv(stage) + kk * 16 * 128, kBN * 128), 1);
+    }
+    tile::wgmma_commit();
+  };
+  auto release = [&](std::uint64_t* empty, int n) { tile::ring_release<C::kStages>(empty, n); };
+  // Masks and the online softmax of tile n in s (exponentials in place);
+  // returns the factors the earlier O must be rescaled by.
+  auto softmax = [&](int n, float (&alpha)[2]) {
     const int n0 = seq.begin + n * kBN;
     if (n0 + kBN > seq.end || (p.causal && n0 + kBN - 1 > m0 + warp_row)) {
 #pragma unroll
@@ -140,55 +196,77 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1) attention_forwa
         for (int e = 0; e < 4; ++e) {
           const int col = n0 + j * 8 + 2 * (lane & 3) + (e & 1);
           const int row = row_lo + (e >> 1) * 8;
-          if (col >= seq.end || (p.causal && col > row)) s[j][e] = -INFINITY;
+          if (col >= seq.end || (p.causal && col > row)) s[4 * j + e] = -INFINITY;
         }
     }
-
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float new_max = fmaxf(row_max[r], mx * p.scale_log2);
       // A row with no key yet keeps max -inf: subtract 0, not -inf (no NaN).
       const float base = new_max == -INFINITY ? 0.0f : new_max;
-      const float alpha = tile::fast_exp2(row_max[r] - base);
+      alpha[r] = tile::fast_exp2(row_max[r] - base);
       row_max[r] = new_max;
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) {
-        s[j][2 * r] = tile::fast_exp2(fmaf(s[j][2 * r], p.scale_log2, -base));
-        s[j][2 * r + 1] = tile::fast_exp2(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
-        sum += s[j][2 * r] + s[j][2 * r + 1];
+        float& s0 = s[4 * j + 2 * r];
+        float& s1 = s[4 * j + 2 * r + 1];
+        s0 = tile::fast_exp2(fmaf(s0, p.scale_log2, -base));
+        s1 = tile::fast_exp2(fmaf(s1, p.scale_log2, -base));
+        sum += s0 + s1;
       }
-      row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
-      }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+  };
+  auto s_to_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) tile::accumulators_to_a<T>(pa[kk], s, kk);
+  };
 
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      std::uint32_t a[4];
-      tile::accumulators_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int dj = 0; dj < D / 16; ++dj) {
-        std::uint32_t b[2][2];
-        KVTile::load_b_trans(b, vt, kk * 16, dj * 16, lane);
-        M::mma(o[2 * dj], a, b[0][0], b[0][1]);
-        M::mma(o[2 * dj + 1], a, b[1][0], b[1][1]);
-      }
-    }
-    // The next iteration's load overwrites the stage this one read.
-    __syncthreads();
+  tile::mbarrier_wait(q_full, 0);
+  float alpha[2];
+  issue_s(0);
+  tile::wgmma_wait<0>();
+  tile::fence_accumulators(s);
+  release(k_empty, 0);
+  softmax(0, alpha);  // O is still zero: nothing to rescale
+  s_to_p();
+  for (int n = 1; n < kv_tiles; ++n) {
+    issue_s(n);
+    issue_pv(n - 1);
+    tile::wgmma_wait<1>();  // S_n has landed; P_{n-1} V_{n-1} may be in flight
+    tile::fence_accumulators(s);
+    release(k_empty, n);
+    softmax(n, alpha);
+    tile::wgmma_wait<0>();
+    tile::fence_accumulators(o);
+    tile::fence_registers(pa);  // the product read pa until here
+    release(v_empty, n - 1);
+    rescale_o(alpha);
+    s_to_p();
   }
-  tile::cp_async_wait<0>();
+  issue_pv(kv_tiles - 1);
+  tile::wgmma_wait<0>();
+  tile::fence_accumulators(o);
+  tile::fence_registers(pa);
+  release(v_empty, kv_tiles - 1);
 
   T* out = static_cast<T*>(p.out);
+  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
@@ -200,7 +278,7 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1) attention_forwa
     T* dst = out + row * q_ld + h * D + 2 * (lane & 3);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = M::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = M::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
     if ((lane & 3) == 0) {
       p.lse[static_cast<std::int64_t>(h) * p.tokens + row] =
@@ -210,23 +288,26 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1) attention_forwa
 }
 
 template <typename T, int D>
-void launch(const AttentionDesc& desc, const ForwardParams& params, CUstream_st* stream) {
+void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const ForwardParams& params,
+            CUstream_st* stream) {
   using C = ForwardConfig<D>;
-  auto* kernel = attention_forward_mma_kernel<T, D>;
+  const std::int64_t q_width = desc.heads * D;
+  const std::int64_t kv_width = desc.kv_heads * D;
+  const CUtensorMap map_q = swizzled_tensor_map<2>(desc.dtype, ptr.q, {q_width, desc.tokens}, {64, C::kBM});
+  const CUtensorMap map_k = swizzled_tensor_map<2>(desc.dtype, ptr.k, {kv_width, desc.tokens}, {64, C::kBN});
+  const CUtensorMap map_v = swizzled_tensor_map<2>(desc.dtype, ptr.v, {kv_width, desc.tokens}, {64, C::kBN});
+  auto* kernel = attention_forward_wgmma_kernel<T, D>;
   SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(tile::attention_tile_bound(desc.tokens, desc.sequences, C::kBM)),
                   static_cast<unsigned>(desc.heads));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(params);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, params);
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void forward_mma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream) {
-  const ForwardParams params{p.q,
-                             p.k,
-                             p.v,
-                             p.cu_seqlens,
+void forward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream) {
+  const ForwardParams params{p.cu_seqlens,
                              p.out_mut,
                              p.lse_mut,
                              static_cast<int>(desc.tokens),
@@ -239,9 +320,9 @@ void forward_mma(const AttentionDesc& desc, const AttentionPointers& p, CUstream
   SG_CHECK(bf16 || desc.dtype == DType::kFloat16, "attention: the tensor-core forward takes bf16 or fp16");
   SG_CHECK(desc.head_dim == 64 || desc.head_dim == 128, "attention: the tensor-core forward takes head_dim 64 or 128");
   if (desc.head_dim == 64) {
-    bf16 ? launch<__nv_bfloat16, 64>(desc, params, stream) : launch<__half, 64>(desc, params, stream);
+    bf16 ? launch<__nv_bfloat16, 64>(desc, p, params, stream) : launch<__half, 64>(desc, p, params, stream);
   } else {
-    bf16 ? launch<__nv_bfloat16, 128>(desc, params, stream) : launch<__half, 128>(desc, params, stream);
+    bf16 ? launch<__nv_bfloat16, 128>(desc, p, params, stream) : launch<__half, 128>(desc, p, params, stream);
   }
 }
 

@@ -28,11 +28,11 @@ struct AttentionPointers {
 };
 
 void forward_simple(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);
-void forward_mma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);
+void forward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);
 
 // delta[h, t] = dout . out of query t, head h (fp32).
 void backward_delta(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);
 void backward_simple(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);
-void backward_mma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);
+void backward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);
 
 }  // namespace stepgraph::kernels::attention_detail

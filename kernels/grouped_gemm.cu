@@ -48,6 +48,7 @@
 #include "engine/error.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/grouped_gemm_common.cuh"
+#include "kernels/tensor_map.h"
 #include "kernels/tile/group_schedule.cuh"
 #include "kernels/tile/mma_pipeline.cuh"
 

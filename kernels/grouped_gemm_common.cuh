@@ -1,5 +1,4 @@
-// Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_ws.cu,
-// grouped_gemm_tma.cu):
+// Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_ws.cu):
 // the problem a launch describes, element conversions and the zeroing of rows
 // outside every group.
 #pragma once
@@ -83,13 +82,5 @@ __device__ void zero_rows_outside_groups(const int* offs, int experts, int token
 template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_ws(const Problem& p, cudaStream_t stream);
 
-// Host helpers of the wgmma launcher (grouped_gemm_tma.cu): a TMA
-// descriptor of a row-major bf16 tensor (dims innermost first; kRank 2 or 3)
-// read in boxes of `box` elements whose innermost extent is 64 (128 bytes,
-// 128-byte swizzled), and the current device's SM count.
-template <int kRank>
-CUtensorMap bf16_tensor_map(const void* base, const std::array<std::int64_t, kRank>& dims,
-                            const std::array<int, kRank>& box);
-int sm_count();
 
 }  // namespace stepgraph::kernels::grouped

@@ -1,7 +1,7 @@
 // The grouped forward y = x_e w_e^T (+ bias_e) and dgrad dx = dy_e w_e on
 // wgmma, warp-specialised (contract in grouped_gemm.h; shared pieces in
 // grouped_gemm_common.cuh and kernels/tile/*.cuh; TMA descriptors from
-// grouped_gemm_tma.cu).
+// kernels/tensor_map.h).
 //
 // Operands. Both multiply a token-major operand a (x or dy, K-major) by a
 // weight operand: K-major for the forward (w_e rows), N-major for dgrad (w_e
@@ -29,6 +29,7 @@
 
 #include "engine/cuda_check.h"
 #include "kernels/grouped_gemm_common.cuh"
+#include "kernels/tensor_map.h"
 #include "kernels/tile/group_schedule.cuh"
 #include "kernels/tile/wgmma_pipeline.cuh"
 
@@ -49,6 +50,7 @@ struct WsConfig {
   static constexpr int kAlignSlack = 1024;  // the dynamic shared base is aligned up to 1024 bytes
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
+  static_assert(tile::register_split_fits(kProducerRegisters, kConsumerRegisters));
   // m-tiles per band of the tile order (tile::band_raster); 16 beat 8 and 4 on
   // the H100 (Note [Grouped GEMM variants that lost]).
   static constexpr int kRasterBand = 16;
@@ -205,10 +207,10 @@ void launch_grouped_ws(const Problem& p, cudaStream_t stream) {
   constexpr bool kForward = kKind == GroupedGemmKind::kForward;
   const std::int64_t cols = kForward ? p.n : p.k;
   const std::int64_t depth = kForward ? p.k : p.n;
-  const CUtensorMap map_a = bf16_tensor_map<2>(kForward ? p.x : p.dy, {depth, p.tokens}, {C::kK, C::kM});
+  const CUtensorMap map_a = swizzled_tensor_map<2>(DType::kBFloat16, kForward ? p.x : p.dy, {depth, p.tokens}, {C::kK, C::kM});
   const CUtensorMap map_w =
-      kForward ? bf16_tensor_map<2>(p.w, {p.k, static_cast<std::int64_t>(p.experts) * p.n}, {C::kK, C::kN})
-               : bf16_tensor_map<3>(p.w, {p.k, p.n, p.experts}, {64, C::kK, 1});
+      kForward ? swizzled_tensor_map<2>(DType::kBFloat16, p.w, {p.k, static_cast<std::int64_t>(p.experts) * p.n}, {C::kK, C::kN})
+               : swizzled_tensor_map<3>(DType::kBFloat16, p.w, {p.k, p.n, p.experts}, {64, C::kK, 1});
   const std::size_t smem = C::kAlignSlack + C::kPipelineBytes + 2 * C::kStages * sizeof(std::uint64_t) +
                            2 * sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
   auto kernel = grouped_ws_kernel<kKind, Out>;

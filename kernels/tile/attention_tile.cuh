@@ -1,8 +1,7 @@
 // Device helpers of the attention kernels (attention_*.cu): where a block's
 // rows lie in a packed batch (read from the device cu_seqlens, made safe), the
-// 16-bit element types' conversions and mma dispatch, and K-major tiles
-// ([rows][D], D contiguous, as q, k, v, out and dout are stored) in swizzled
-// shared memory with their ldmatrix fragment loads.
+// 16-bit element types' conversions, and softmax probabilities handed from
+// wgmma accumulators to wgmma's register A operand.
 //
 // Note [Safe cu_seqlens]: a kernel reads cu_seqlens as
 //   c'[0] = 0,  c'[S] = T,  c'[s] = min(T, max(0, c[1], ..., c[s]))  (0 < s < S),
@@ -18,8 +17,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-
-#include "kernels/tile/mma_pipeline.cuh"
 
 namespace stepgraph::kernels::tile {
 
@@ -115,10 +112,6 @@ struct Half16<__nv_bfloat16> {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&v);
   }
-  __device__ __forceinline__ static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                             std::uint32_t b1) {
-    mma_bf16(d, a, b0, b1);
-  }
 };
 
 template <>
@@ -126,76 +119,6 @@ struct Half16<__half> {
   __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
-  __device__ __forceinline__ static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                             std::uint32_t b1) {
-    mma_fp16(d, a, b0, b1);
-  }
-};
-
-// --- K-major tiles -----------------------------------------------------------
-
-// A [kRows][kD] tile of 16-bit elements in shared memory, D contiguous. Chunk
-// c (16 bytes) of row r is stored at chunk c ^ (r & 7): the 8 rows an
-// ldmatrix reads, or 8 consecutive chunks of a column band, hit distinct banks
-// (Note [Swizzled operand tiles] in mma_pipeline.cuh, for K-major rows).
-template <int kRows, int kD, int kThreads>
-struct RowTile {
-  static_assert(kD % 64 == 0, "RowTile: the swizzle needs rows of at least 8 chunks");
-  static constexpr int kChunksPerRow = kD / 8;
-  static constexpr int kRowBytes = kD * 2;
-  static constexpr int kBytes = kRows * kRowBytes;
-  static constexpr int kChunks = kRows * kChunksPerRow;
-
-  __device__ __forceinline__ static std::uint32_t offset(int row, int chunk) {
-    return static_cast<std::uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-  }
-
-  // cp.async of rows [0, kRows) from base + row * ld (elements); rows at or
-  // past `valid_rows` read nothing and are zero-filled.
-  template <typename T>
-  __device__ __forceinline__ static void load(std::uint32_t tile, const T* base, std::int64_t ld, int valid_rows) {
-#pragma unroll
-    for (int i = static_cast<int>(threadIdx.x); i < kChunks; i += kThreads) {
-      const int row = i / kChunksPerRow;
-      const int chunk = i % kChunksPerRow;
-      const bool valid = row < valid_rows;
-      const T* src = valid ? base + row * ld + chunk * 8 : base;
-      cp_async16(tile + offset(row, chunk), src, valid);
-    }
-  }
-
-  // A operand (m16 x k16) at rows m0.., columns k0..: a[0..3] = (m 0-7, k 0-7),
-  // (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
-  __device__ __forceinline__ static void load_a(std::uint32_t (&a)[4], std::uint32_t tile, int m0, int k0, int lane) {
-    const int j = lane >> 3;
-    ldmatrix_x4(a, tile + offset(m0 + (lane & 7) + (j & 1) * 8, k0 / 8 + (j >> 1)));
-  }
-
-  // B operands of two n8 tiles whose n runs along rows (n0.., n0 + 8..) and k
-  // along columns (k0..k0 + 15): b[t] = {k 0-7, k 8-15} of n8 tile t.
-  __device__ __forceinline__ static void load_b(std::uint32_t (&b)[2][2], std::uint32_t tile, int n0, int k0,
-                                                int lane) {
-    const int j = lane >> 3;
-    std::uint32_t r[4];
-    ldmatrix_x4(r, tile + offset(n0 + (lane & 7) + (j >> 1) * 8, k0 / 8 + (j & 1)));
-    b[0][0] = r[0];
-    b[0][1] = r[1];
-    b[1][0] = r[2];
-    b[1][1] = r[3];
-  }
-
-  // B operands of two n8 tiles whose k runs along rows (k0..k0 + 15) and n
-  // along columns (n0.., n0 + 8..): transposed on the way to registers.
-  __device__ __forceinline__ static void load_b_trans(std::uint32_t (&b)[2][2], std::uint32_t tile, int k0, int n0,
-                                                      int lane) {
-    const int j = lane >> 3;
-    std::uint32_t r[4];
-    ldmatrix_x4_trans(r, tile + offset(k0 + (lane & 7) + (j & 1) * 8, n0 / 8 + (j >> 1)));
-    b[0][0] = r[0];
-    b[0][1] = r[1];
-    b[1][0] = r[2];
-    b[1][1] = r[3];
   }
 };
 
@@ -207,14 +130,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Accumulator fragment pairs (n8 tiles 2t and 2t + 1 of an m16 row band) as
-// the 16-bit A operand of a k16 step: the register layouts coincide.
-template <typename T>
-__device__ __forceinline__ void accumulators_to_a(std::uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = Half16<T>::pack(lo[0], lo[1]);
-  a[1] = Half16<T>::pack(lo[2], lo[3]);
-  a[2] = Half16<T>::pack(hi[0], hi[1]);
-  a[3] = Half16<T>::pack(hi[2], hi[3]);
+// Accumulators (wgmma's layout, kernels/tile/wgmma_ops.cuh) as the 16-bit
+// register A operand of k16 step `k16` along their columns: the layouts
+// coincide, so each pair of neighbours packs into one register.
+template <typename T, int kCount>
+__device__ __forceinline__ void accumulators_to_a(std::uint32_t (&a)[4], const float (&acc)[kCount], int k16) {
+  const float* c = acc + 8 * k16;
+  a[0] = Half16<T>::pack(c[0], c[1]);
+  a[1] = Half16<T>::pack(c[2], c[3]);
+  a[2] = Half16<T>::pack(c[4], c[5]);
+  a[3] = Half16<T>::pack(c[6], c[7]);
+}
+
+// Keeps registers that an asynchronous wgmma reads (its register A operand)
+// alive and unmoved until this point, the wait that ends the read.
+template <int kRows, int kCols>
+__device__ __forceinline__ void fence_registers(std::uint32_t (&r)[kRows][kCols]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
 }  // namespace stepgraph::kernels::tile

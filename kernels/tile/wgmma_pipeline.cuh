@@ -54,6 +54,28 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, std::uint32_t 
       : "memory");
 }
 
+// A ring of kStages slots, each with a full and an empty barrier: use n of
+// the ring is slot n % kStages in phase n / kStages.
+// The producer waits until use n may refill its slot (use n - kStages released).
+template <int kStages>
+__device__ __forceinline__ void ring_wait_empty(std::uint64_t* empty, int n) {
+  if (n >= kStages) mbarrier_wait(&empty[n % kStages], ((n / kStages) & 1) ^ 1);
+}
+// A consumer waits until use n has landed.
+template <int kStages>
+__device__ __forceinline__ void ring_wait_full(std::uint64_t* full, int n) {
+  mbarrier_wait(&full[n % kStages], (n / kStages) & 1);
+}
+
+// A consumer warp's release of use n: after __syncwarp (which orders every
+// lane's reads of the slot before lane 0's arrival, the barrier's release),
+// lane 0 arrives; the empty barriers count one arrival per reading warp.
+template <int kStages>
+__device__ __forceinline__ void ring_release(std::uint64_t* empty, int n) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) mbarrier_arrive(&empty[n % kStages]);
+}
+
 // --- TMA ----------------------------------------------------------------------
 
 // Loads the box at (inner, outer) element coordinates of `map` into `dst`,
@@ -166,6 +188,17 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
 
 // Moves a warpgroup's register budget (sm_90a; the kernel needs a register cap
 // at entry, __launch_bounds__(threads, 1)). Every warp of the warpgroup calls it.
+// setmaxnreg.inc waits until the block's warps have released, by
+// setmaxnreg.dec, the registers it asks for: a split that asks for more than
+// is released never finishes (the kernel hangs). A 384-thread block launched
+// at 168 registers a thread (the most 64 Ki allows in steps of 8) fits when
+// the producer warpgroup's release covers the consumer warpgroups' raise.
+constexpr bool register_split_fits(int producer_registers, int consumer_registers, int consumer_warpgroups = 2) {
+  constexpr int kLaunchRegisters = 168;
+  return (kLaunchRegisters - producer_registers) * 128 >=
+         (consumer_registers - kLaunchRegisters) * 128 * consumer_warpgroups;
+}
+
 template <int kRegisters>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));

@@ -52,10 +52,30 @@ void launch_attention_forward(const AttentionDesc& desc, const void* q, const vo
   }
 }
 
+namespace {
+
+std::size_t aligned256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The backward's scratch: delta [H, T] fp32; for the tensor-core path also the
+// dQ semaphores [H, T] int32 and the fp32 dQ sums [T, H, D].
+struct BackwardWorkspace {
+  std::size_t delta = 0, semaphores = 0, dq_accum = 0;
+  explicit BackwardWorkspace(const AttentionDesc& desc) {
+    const auto rows = static_cast<std::size_t>(desc.heads * desc.tokens);
+    delta = aligned256(rows * sizeof(float));
+    if (attention_uses_tensor_cores(desc)) {
+      semaphores = aligned256(rows * sizeof(int));
+      dq_accum = aligned256(rows * static_cast<std::size_t>(desc.head_dim) * sizeof(float));
+    }
+  }
+  std::size_t bytes() const { return delta + semaphores + dq_accum; }
+};
+
+}  // namespace
+
 std::size_t attention_backward_workspace_bytes(const AttentionDesc& desc) {
   check_attention_cuda(desc);
-  const auto delta = static_cast<std::size_t>(desc.heads * desc.tokens) * sizeof(float);
-  return (delta + 255) / 256 * 256;
+  return BackwardWorkspace(desc).bytes();
 }
 
 void launch_attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
@@ -80,7 +100,11 @@ void launch_attention_backward(const AttentionDesc& desc, const void* q, const v
   p.dq = dq;
   p.dk = dk;
   p.dv = dv;
-  p.delta = static_cast<float*>(workspace);
+  const BackwardWorkspace layout(desc);
+  auto* scratch = static_cast<unsigned char*>(workspace);
+  p.delta = reinterpret_cast<float*>(scratch);
+  p.dq_semaphores = reinterpret_cast<int*>(scratch + layout.delta);
+  p.dq_accum = reinterpret_cast<float*>(scratch + layout.delta + layout.semaphores);
   attention_detail::backward_delta(desc, p, stream);
   if (attention_uses_tensor_cores(desc) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) &&
       aligned16(dq) && aligned16(dk) && aligned16(dv)) {

@@ -1,33 +1,42 @@
 // The tensor-core attention backward (bf16/fp16, head_dim 64 and 128) on
-// Hopper: FlashAttention-2's two-kernel form, deterministic (no atomics),
-// each kernel on TMA + wgmma with a producer warpgroup and two consumer
+// Hopper, in one pass: TMA + wgmma with a producer warpgroup and two consumer
 // warpgroups, as the forward (Note [Attention forward on wgmma]).
 //
-// Note [Attention backward without atomics]
-// After the delta kernel (delta = rowsum(dout * out), attention_simple.cu):
-//  - dK/dV: a block owns kBN = 128 keys of one kv head (64 per consumer
-//    warpgroup, K and V loaded once) and walks the query heads of its group
-//    and, per head, the query tiles (kBM = 64) that see its keys, with Q, dO
-//    and the tile's lse and delta in a two-stage ring. Everything is computed
-//    transposed, keys along wgmma's M: S^T = K Q^T and dP^T = V dO^T (both
-//    operands in shared memory), P^T = exp2(S^T - lse), dS^T =
-//    P^T (dP^T - delta), and then dV += P^T dO and dK += dS^T Q take P^T and
-//    dS^T as register A operands straight from the accumulators (rounded to
-//    16 bits), dO and Q read N-major. No shared-memory round trip of P.
-//  - dQ: a block owns kBM = 128 queries of one head (64 per consumer
-//    warpgroup; Q and dO loaded once) and walks its kv tiles (kBN = 64) as
-//    the forward does: S = Q K^T, dP = dO V^T, dS, dQ += dS K (K N-major).
-// Each gradient element is summed by one thread in a fixed order, so the
-// bits are the same on every launch (eager == graph replay).
+// Note [Attention backward in one pass, deterministic]
+// After the delta kernel (delta = rowsum(dout * out), attention_simple.cu),
+// one kernel computes dK, dV and dQ. A block owns kBN = 128 keys of one kv
+// head (64 per consumer warpgroup, K and V loaded once) and walks the query
+// heads of its group and, per head, the query tiles (kBM = 64) that see its
+// keys, with Q, dO and the tile's lse and delta in a two-stage ring. Keys run
+// along wgmma's M: S^T = K Q^T and dP^T = V dO^T (both operands in shared
+// memory), P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta); then
+// dV += P^T dO and dK += dS^T Q take P^T and dS^T as register A operands
+// straight from the accumulators (rounded to 16 bits), dO and Q read
+// N-major. dS^T also goes to shared memory, where both warpgroups' halves
+// form the tile's dS for dQ_tile = dS K (warpgroup w takes dQ's 64 columns
+// from 64 w; A read M-major).
+// dQ_tile is summed over the key blocks in global fp32 memory (dq_accum,
+// [T, H, D]) in a fixed order, so the bits are the same on every launch
+// (eager == graph replay) without a second pass over S: a semaphore per
+// (query head, tile) counts the key blocks that have added, and a block
+// waits for its turn, adds (the first stores) and counts itself. The order is
+// the last key block that sees the tile first, down to key block 0: a block
+// walks its query tiles upwards, so the block above it in the sequence
+// reached each shared tile two steps earlier (causal) and nobody waits in
+// the steady state. Blocks start in reverse tile order, so a block only ever
+// waits on blocks with lower linear indices, started before it: no deadlock
+// whatever the grid's size.
+// A last kernel writes dq = scale * dq_accum in q's dtype.
 // TMA boxes ignore sequence boundaries (rows past a sequence's end are the
 // next sequence's, or zero past T): a query row there gets lse = +inf (so
-// P = 0) and delta = 0, a key column there is masked, and nothing is written
-// for either.
+// P = 0) and delta = 0, its dQ row is neither added nor stored, and key rows
+// there are never stored.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -48,7 +57,8 @@ struct BackwardParams {
   const float* lse;
   const float* delta;
   const std::int32_t* cu_seqlens;
-  void* dq;
+  float* dq_accum;         // [T, H, D]
+  int* dq_semaphores;      // [H, T], zero at launch
   void* dk;
   void* dv;
   int tokens, sequences, heads, kv_heads;
@@ -57,69 +67,59 @@ struct BackwardParams {
   float scale_log2;
 };
 
-// Both kernels: 384 threads, a producer warpgroup and two consumer
-// warpgroups of 64 rows each; kFixedRows rows of two tensors loaded once
-// (K and V, or Q and dO) and kStepRows rows of two tensors per step.
-template <int D, int kFixedRows_, int kStepRows_>
+template <int D>
 struct BackwardConfig {
-  static constexpr int kFixedRows = kFixedRows_;
-  static constexpr int kStepRows = kStepRows_;
+  static constexpr int kBN = 128;  // keys per block, 64 per consumer warpgroup
+  static constexpr int kBM = 64;   // queries per step
   static constexpr int kThreads = 384;
   static constexpr int kStages = 2;
-  static constexpr int kFixedBytes = kFixedRows * D * 2;  // one of the two fixed tensors
-  static constexpr int kStepBytes = kStepRows * D * 2;    // one of the two step tensors
-  static constexpr int kPipelineBytes = 2 * kFixedBytes + 2 * kStages * kStepBytes;
-  static constexpr int kVectorBytes = kStages * 2 * kStepRows * 4;  // dK/dV: lse and delta per step
-  static constexpr int kBarriers = 1 + 2 * kStages;
+  static constexpr int kKeyBytes = kBN * D * 2;    // K or V
+  static constexpr int kQueryBytes = kBM * D * 2;  // Q or dO, one stage
+  static constexpr int kDsBytes = kBN * kBM * 2;   // dS^T, [128 keys][64 queries]
+  // fp32 dQ tiles handed to the writer warp, rows padded by 16 bytes (fewer
+  // bank conflicts; the bulk copies need 16-byte aligned rows).
+  static constexpr int kDqRowBytes = D * 4 + 16;
+  static constexpr int kDqBuffers = 2;
+  static constexpr int kDqBytes = kBM * kDqRowBytes;
+  static constexpr int kPipelineBytes =
+      2 * kKeyBytes + 2 * kStages * kQueryBytes + kDsBytes + kDqBuffers * kDqBytes;
+  static constexpr int kVectorBytes = kStages * 2 * kBM * 4;  // lse and delta per stage
+  static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDqBuffers;
   static constexpr int kSmemBytes = 1024 + kPipelineBytes + kVectorBytes + kBarriers * 8;
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
   static_assert(tile::register_split_fits(kProducerRegisters, kConsumerRegisters));
-  static constexpr int kReaderWarps = 8;
+  static constexpr int kConsumerThreads = 256;
   // Descriptor units (16 bytes) between the 64-column blocks of a tile.
-  static constexpr std::uint64_t kFixedBlock = kFixedRows * 128 / 16;
-  static constexpr std::uint64_t kStepBlock = kStepRows * 128 / 16;
+  static constexpr std::uint64_t kKeyBlock = kBN * 128 / 16;
+  static constexpr std::uint64_t kQueryBlock = kBM * 128 / 16;
 };
 
-template <int D>
-using DkdvConfig = BackwardConfig<D, 128, 64>;  // 128 keys per block, 64 queries per step
-template <int D>
-using DqConfig = BackwardConfig<D, 128, 64>;  // 128 queries per block, 64 keys per step
-
-// The shared-memory layout of both kernels: the fixed tiles (a, b), the
-// step ring (a, b per stage), the step vectors, the barriers.
+// The shared-memory layout: K, V, the step ring (Q, dO per stage), dS^T, the
+// dQ buffers, the step vectors (lse, delta), the barriers.
 template <typename C>
 struct BackwardSmem {
   unsigned char* base;
   __device__ explicit BackwardSmem(unsigned char* raw)
       : base(reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(raw) + 1023) &
                                               ~std::uintptr_t{1023})) {}
-  __device__ unsigned char* fixed(int which) const { return base + which * C::kFixedBytes; }
-  __device__ unsigned char* step(int which, int stage) const {
-    return base + 2 * C::kFixedBytes + (2 * stage + which) * C::kStepBytes;
-  }
+  __device__ unsigned char* k() const { return base; }
+  __device__ unsigned char* v() const { return base + C::kKeyBytes; }
+  __device__ unsigned char* q(int stage) const { return base + 2 * C::kKeyBytes + 2 * stage * C::kQueryBytes; }
+  __device__ unsigned char* dout(int stage) const { return q(stage) + C::kQueryBytes; }
+  __device__ unsigned char* ds() const { return base + 2 * C::kKeyBytes + 2 * C::kStages * C::kQueryBytes; }
+  __device__ unsigned char* dq(int buffer) const { return ds() + C::kDsBytes + buffer * C::kDqBytes; }
   __device__ float* vectors(int stage) const {
-    return reinterpret_cast<float*>(base + C::kPipelineBytes) + stage * 2 * C::kStepRows;
+    return reinterpret_cast<float*>(base + C::kPipelineBytes) + stage * 2 * C::kBM;
   }
-  __device__ std::uint64_t* fixed_full() const {
+  __device__ std::uint64_t* kv_full() const {
     return reinterpret_cast<std::uint64_t*>(base + C::kPipelineBytes + C::kVectorBytes);
   }
-  __device__ std::uint64_t* full() const { return fixed_full() + 1; }
+  __device__ std::uint64_t* full() const { return kv_full() + 1; }
   __device__ std::uint64_t* empty() const { return full() + C::kStages; }
+  __device__ std::uint64_t* dq_full() const { return empty() + C::kStages; }
+  __device__ std::uint64_t* dq_empty() const { return dq_full() + C::kDqBuffers; }
 };
-
-// Thread 0 initialises the barriers (a step's full barrier expects
-// `full_arrivals`); published by the barrier of block_locate_tile.
-template <typename C>
-__device__ __forceinline__ void init_barriers(const BackwardSmem<C>& sm, int full_arrivals) {
-  if (threadIdx.x != 0) return;
-  tile::mbarrier_init(sm.fixed_full(), 1);
-  for (int s = 0; s < C::kStages; ++s) {
-    tile::mbarrier_init(&sm.full()[s], full_arrivals);
-    tile::mbarrier_init(&sm.empty()[s], C::kReaderWarps);
-  }
-  tile::fence_barrier_init();
-}
 
 // TMA of rows [row, row + rows) and columns [col, col + D) of `map` into a
 // tile of D / 64 column blocks.
@@ -135,16 +135,16 @@ __device__ __forceinline__ void load_rows(unsigned char* dst, const CUtensorMap*
 template <typename Gemm, int D>
 __device__ __forceinline__ void gemm_over_d(float (&acc)[Gemm::kAccumulators], std::uint64_t a_desc,
                                             std::uint64_t a_block, std::uint64_t b_desc, std::uint64_t b_block) {
+  Gemm::template ss_overwrite<false>(acc, a_desc, b_desc);
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
+  for (int ks = 1; ks < D / 16; ++ks) {
     const std::uint64_t step = 2 * (ks % 4);  // k16 slices are 32 bytes apart in a 128-byte row
-    Gemm::template ss<false>(acc, a_desc + (ks / 4) * a_block + step, b_desc + (ks / 4) * b_block + step,
-                             ks > 0 ? 1 : 0);
+    Gemm::template ss<false>(acc, a_desc + (ks / 4) * a_block + step, b_desc + (ks / 4) * b_block + step, 1);
   }
 }
 
-// acc += A B with A the register operand (16-bit, k16 steps of kRows rows
-// of B) and B N-major in shared memory (kRows rows, D / 64 column blocks).
+// acc += A B with A the register operand (16-bit, k16 steps over kRows rows
+// of B) and B N-major in shared memory (kRows rows, column blocks of 64).
 template <typename Gemm, int kRows>
 __device__ __forceinline__ void gemm_rows(float (&acc)[Gemm::kAccumulators], const std::uint32_t (&a)[kRows / 16][4],
                                           const unsigned char* b) {
@@ -177,49 +177,117 @@ __device__ __forceinline__ void zero(float (&acc)[kCount]) {
   for (int i = 0; i < kCount; ++i) acc[i] = 0.0f;
 }
 
+// The value of x, opaque to the compiler: keeps addresses that do not change
+// over the step loop from being hoisted out of it and held in registers.
+__device__ __forceinline__ std::uint32_t opaque32(std::uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+__device__ __forceinline__ std::uint64_t opaque(std::uint64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+__device__ __forceinline__ void store_shared(std::uint32_t address, std::uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
+}
+
+// The two consumer warpgroups (threads 128-383), named barrier 1.
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+__device__ __forceinline__ int load_acquire(const int* address) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// Orders this thread's generic global accesses (the semaphore's acquire) and
+// the bulk copies (the async proxy) around each other.
+__device__ __forceinline__ void fence_global_for_async() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// A bulk copy of `bytes` from shared memory to global memory, added to what
+// is there (fp32) or stored over it.
+__device__ __forceinline__ void bulk_store_f32(float* dst, std::uint32_t src, int bytes, bool add) {
+  if (add) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until the committed bulk copies have read their shared-memory sources.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Until they have completed.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Generic-proxy writes to shared memory made visible to wgmma (the async proxy).
+__device__ __forceinline__ void fence_shared_for_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 template <typename T, int D>
-__global__ void __launch_bounds__(DkdvConfig<D>::kThreads, 1)
-    attention_dkdv_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                                const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                                BackwardParams p) {
-  using C = DkdvConfig<D>;
-  using SGemm = tile::Wgmma<T, C::kStepRows>;  // S^T, dP^T: 64 keys x 64 queries per warpgroup
-  using DGemm = tile::Wgmma<T, D>;             // dK, dV: 64 keys x D
-  constexpr int kBN = C::kFixedRows;
-  constexpr int kBM = C::kStepRows;
+__global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
+    attention_backward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                                    const __grid_constant__ CUtensorMap map_v,
+                                    const __grid_constant__ CUtensorMap map_do, BackwardParams p) {
+  using C = BackwardConfig<D>;
+  using SGemm = tile::Wgmma<T, C::kBM>;  // S^T, dP^T: 64 keys x 64 queries; dQ: 64 queries x 64 columns
+  using DGemm = tile::Wgmma<T, D>;       // dK, dV: 64 keys x D
+  constexpr int kBN = C::kBN;
+  constexpr int kBM = C::kBM;
   extern __shared__ unsigned char smem_raw[];
   const BackwardSmem<C> sm(smem_raw);
-  init_barriers(sm, 1 + 32);  // the TMA thread's arrival and a warp storing lse and delta
+  if (threadIdx.x == 0) {
+    tile::prefetch_tensor_map(&map_q);
+    tile::prefetch_tensor_map(&map_do);
+    tile::mbarrier_init(sm.kv_full(), 1);
+    // Every consumer thread arrives on a release: each has read shared memory the next use rewrites.
+    for (int s = 0; s < C::kStages; ++s) {
+      tile::mbarrier_init(&sm.full()[s], 1 + 32);  // the TMA thread, and a warp storing lse and delta
+      tile::mbarrier_init(&sm.empty()[s], C::kConsumerThreads);
+    }
+    for (int b = 0; b < C::kDqBuffers; ++b) {
+      tile::mbarrier_init(&sm.dq_full()[b], C::kConsumerThreads);
+      tile::mbarrier_init(&sm.dq_empty()[b], 1);  // the writer
+    }
+    tile::fence_barrier_init();
+  }
 
   tile::SequenceTile seq;
-  if (!tile::block_locate_tile(p.cu_seqlens, p.sequences, p.tokens, kBN, static_cast<int>(blockIdx.x), &seq)) return;
+  // Ends with a barrier, which also publishes the initialised mbarriers.
+  // Reverse tile order: a sequence's later key blocks start first (dQ's order needs it).
+  const int target = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  if (!tile::block_locate_tile(p.cu_seqlens, p.sequences, p.tokens, kBN, target, &seq)) return;
   const int g = static_cast<int>(blockIdx.y);
   const int group = p.heads / p.kv_heads;
   const int n0 = seq.first;
-  // Steps: (query head of the group, query tile that sees these keys).
-  const int first_tile = p.causal ? (n0 - seq.begin) / kBM : 0;
-  const int q_tiles = (seq.end - seq.begin + kBM - 1) / kBM - first_tile;
-  const int steps = group * q_tiles;
+  const int key_block = (n0 - seq.begin) / kBN;
+  const int last_key_block = (seq.end - seq.begin - 1) / kBN;
+  // Steps: the query heads of the group, then the query tiles that see these keys.
+  const int first_row = seq.begin + (p.causal ? (n0 - seq.begin) : 0);
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warpgroup = warp / 4;
 
   if (warpgroup == 0) {
     tile::setmaxnreg_dec<C::kProducerRegisters>();
-    // Steps in order: query heads of the group, then query tiles from first_row.
-    const int first_row = seq.begin + first_tile * kBM;
     if (threadIdx.x == 0) {
-      tile::mbarrier_arrive_expect_tx(sm.fixed_full(), 2 * C::kFixedBytes);
-      load_rows<D>(sm.fixed(0), &map_k, sm.fixed_full(), g * D, n0, kBN);
-      load_rows<D>(sm.fixed(1), &map_v, sm.fixed_full(), g * D, n0, kBN);
+      tile::mbarrier_arrive_expect_tx(sm.kv_full(), 2 * C::kKeyBytes);
+      load_rows<D>(sm.k(), &map_k, sm.kv_full(), g * D, n0, kBN);
+      load_rows<D>(sm.v(), &map_v, sm.kv_full(), g * D, n0, kBN);
       int t = 0;
       for (int h = g * group; h < (g + 1) * group; ++h) {
         for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
           const int stage = t % C::kStages;
           tile::ring_wait_empty<C::kStages>(sm.empty(), t);
-          tile::mbarrier_arrive_expect_tx(&sm.full()[stage], 2 * C::kStepBytes);
-          load_rows<D>(sm.step(0, stage), &map_q, &sm.full()[stage], h * D, q0, kBM);
-          load_rows<D>(sm.step(1, stage), &map_do, &sm.full()[stage], h * D, q0, kBM);
+          tile::mbarrier_arrive_expect_tx(&sm.full()[stage], 2 * C::kQueryBytes);
+          load_rows<D>(sm.q(stage), &map_q, &sm.full()[stage], h * D, q0, kBM);
+          load_rows<D>(sm.dout(stage), &map_do, &sm.full()[stage], h * D, q0, kBM);
         }
       }
     } else if (warp == 1) {
@@ -240,6 +308,37 @@ __global__ void __launch_bounds__(DkdvConfig<D>::kThreads, 1)
           tile::mbarrier_arrive(&sm.full()[stage]);
         }
       }
+    } else if (threadIdx.x == 64) {
+      // The dQ writer: adds each dQ tile the consumers hand over to dq_accum
+      // in its turn (Note [Attention backward in one pass, deterministic]).
+      int t = 0;
+      for (int h = g * group; h < (g + 1) * group; ++h) {
+        for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
+          const int buffer = t % C::kDqBuffers;
+          tile::ring_wait_full<C::kDqBuffers>(sm.dq_full(), t);
+          const int order = (p.causal ? (q0 - seq.begin) / kBN : last_key_block) - key_block;
+          int* semaphore = p.dq_semaphores + static_cast<std::int64_t>(h) * p.tokens + q0;
+          if (order > 0) {
+            while (load_acquire(semaphore) < order) {
+            }
+          }
+          fence_global_for_async();
+          const int rows = min(kBM, seq.end - q0);
+          float* dst = p.dq_accum + (static_cast<std::int64_t>(q0) * p.heads + h) * D;
+          const std::uint32_t src = tile::smem_address(sm.dq(buffer));
+          for (int r = 0; r < rows; ++r) {
+            bulk_store_f32(dst + static_cast<std::int64_t>(r) * p.heads * D, src + r * C::kDqRowBytes, D * 4,
+                           order > 0);
+          }
+          bulk_commit();
+          bulk_wait_read();
+          tile::mbarrier_arrive(&sm.dq_empty()[buffer]);
+          bulk_wait();
+          fence_global_for_async();
+          __threadfence();
+          atomicExch(semaphore, order + 1);
+        }
+      }
     }
     return;
   }
@@ -248,65 +347,119 @@ __global__ void __launch_bounds__(DkdvConfig<D>::kThreads, 1)
   const int consumer = warpgroup - 1;
   const int warp_row = consumer * 64 + (warp % 4) * 16;  // this warp's first key in the block
   const int key_lo = n0 + warp_row + lane / 4;           // this thread's keys: key_lo, key_lo + 8
-  const std::uint64_t k_desc = tile::wgmma_descriptor(sm.fixed(0)) + consumer * (64 * 128 / 16);
-  const std::uint64_t v_desc = tile::wgmma_descriptor(sm.fixed(1)) + consumer * (64 * 128 / 16);
+  const std::uint64_t k_desc = tile::wgmma_descriptor(sm.k()) + consumer * (64 * 128 / 16);
+  const std::uint64_t v_desc = tile::wgmma_descriptor(sm.v()) + consumer * (64 * 128 / 16);
+  // dQ = dS K: A is dS^T in shared memory read M-major (one 64-query block),
+  // B this warpgroup's 64 columns of K read N-major.
+  const bool computes_dq = D == 128 || consumer == 0;  // D / 64 column blocks, one a warpgroup
+  const unsigned char* k_columns = sm.k() + (computes_dq ? consumer : 0) * kBN * 128;
   float dk[D / 2];
   float dv[D / 2];
   zero(dk);
   zero(dv);
-  float s[kBM / 2];
-  float dp[kBM / 2];
-  std::uint32_t pa[kBM / 16][4];
-  std::uint32_t dsa[kBM / 16][4];
 
-  tile::mbarrier_wait(sm.fixed_full(), 0);
-  for (int t = 0; t < steps; ++t) {
-    const int stage = t % C::kStages;
-    tile::ring_wait_full<C::kStages>(sm.full(), t);
-    tile::fence_accumulators(s);
-    tile::fence_accumulators(dp);
-    tile::wgmma_fence();
-    gemm_over_d<SGemm, D>(s, k_desc, C::kFixedBlock, tile::wgmma_descriptor(sm.step(0, stage)), C::kStepBlock);
-    gemm_over_d<SGemm, D>(dp, v_desc, C::kFixedBlock, tile::wgmma_descriptor(sm.step(1, stage)), C::kStepBlock);
-    tile::wgmma_commit();
-    tile::wgmma_wait<0>();
-    tile::fence_accumulators(s);
-    tile::fence_accumulators(dp);
+  tile::mbarrier_wait(sm.kv_full(), 0);
+  int t = 0;
+  for (int h = g * group; h < (g + 1) * group; ++h) {
+    for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
+      const int stage = t % C::kStages;
+      // Per step, so that no value is carried into the next step's products
+      // (the wgmma operands read-write their accumulators).
+      float s[kBM / 2];
+      float dp[kBM / 2];
+      float dq[kBM / 2];
+      std::uint32_t pa[kBM / 16][4];
+      std::uint32_t dsa[kBM / 16][4];
+      tile::ring_wait_full<C::kStages>(sm.full(), t);
+      tile::fence_accumulators(s);
+      tile::fence_accumulators(dp);
+      tile::wgmma_fence();
+      gemm_over_d<SGemm, D>(s, opaque(k_desc), C::kKeyBlock, tile::wgmma_descriptor(sm.q(stage)), C::kQueryBlock);
+      gemm_over_d<SGemm, D>(dp, opaque(v_desc), C::kKeyBlock, tile::wgmma_descriptor(sm.dout(stage)), C::kQueryBlock);
+      tile::wgmma_commit();
+      tile::wgmma_wait<0>();
+      tile::fence_accumulators(s);
+      tile::fence_accumulators(dp);
 
-    // P^T and dS^T (in place). Causal: query q sees key j when q >= j.
-    const float* lse2 = sm.vectors(stage);
-    const float* delta = lse2 + kBM;
-    const int q0 = seq.begin + (first_tile + t % q_tiles) * kBM;
-    const bool mask = p.causal && q0 < n0 + warp_row + 15;
+      // P^T and dS^T (in place). Causal: query q sees key j when q >= j.
+      const float* lse2 = reinterpret_cast<const float*>(opaque(reinterpret_cast<std::uintptr_t>(sm.vectors(stage))));
+      const float* delta = lse2 + kBM;
+      // Keys past the sequence's end (the next sequence's) are masked too: dQ sums over all 128.
+      const bool mask = (p.causal && q0 < n0 + warp_row + 15) || n0 + warp_row + 15 >= seq.end;
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j)
+      for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = j * 8 + 2 * (lane & 3) + (e & 1);
-        float prob = tile::fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -lse2[col]));
-        if (mask && q0 + col < key_lo + (e >> 1) * 8) prob = 0.0f;
-        s[4 * j + e] = prob;
-        dp[4 * j + e] = prob * (dp[4 * j + e] - delta[col]);
+        for (int e = 0; e < 4; ++e) {
+          const int col = j * 8 + 2 * (lane & 3) + (e & 1);
+          float prob = tile::fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -lse2[col]));
+          const int key = key_lo + (e >> 1) * 8;
+          if (mask && ((p.causal && q0 + col < key) || key >= seq.end)) prob = 0.0f;
+          s[4 * j + e] = prob;
+          dp[4 * j + e] = prob * (dp[4 * j + e] - delta[col]);
+        }
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        tile::accumulators_to_a<T>(pa[kk], s, kk);
+        tile::accumulators_to_a<T>(dsa[kk], dp, kk);
       }
+      // dS^T rows of this thread into the [128 keys][64 queries] tile, 128-byte rows swizzled
+      // (Note [wgmma operand tiles]), once both warpgroups' dQ products of the last step are done.
+      consumers_sync();
+      {
+        // Row warp_row + lane / 4 (+ 8): its swizzle key is lane / 4.
+        const std::uint32_t line = opaque32(tile::smem_address(sm.ds()) + (warp_row + lane / 4) * 128 + (lane & 3) * 4);
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      tile::accumulators_to_a<T>(pa[kk], s, kk);
-      tile::accumulators_to_a<T>(dsa[kk], dp, kk);
-    }
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int j = 0; j < kBM / 8; ++j) {
+            store_shared(line + r * 8 * 128 + ((j ^ (lane / 4)) << 4), dsa[j / 2][(j % 2) * 2 + r]);
+          }
+      }
+      fence_shared_for_async();
+      consumers_sync();
 
-    // dV += P^T dO, dK += dS^T Q (the queries as k).
-    tile::fence_accumulators(dv);
-    tile::fence_accumulators(dk);
-    tile::wgmma_fence();
-    gemm_rows<DGemm, kBM>(dv, pa, sm.step(1, stage));
-    gemm_rows<DGemm, kBM>(dk, dsa, sm.step(0, stage));
-    tile::wgmma_commit();
-    tile::wgmma_wait<0>();
-    tile::fence_accumulators(dv);
-    tile::fence_accumulators(dk);
-    tile::fence_registers(pa);
-    tile::fence_registers(dsa);
-    tile::ring_release<C::kStages>(sm.empty(), t);
+      // dV += P^T dO, dK += dS^T Q (the queries as k), dQ_tile = dS K.
+      tile::fence_accumulators(dv);
+      tile::fence_accumulators(dk);
+      tile::wgmma_fence();
+      gemm_rows<DGemm, kBM>(dv, pa, sm.dout(stage));
+      gemm_rows<DGemm, kBM>(dk, dsa, sm.q(stage));
+      if (computes_dq) {
+        const std::uint64_t ds_desc = opaque(tile::wgmma_descriptor_mn_major(sm.ds(), kBM * 128));
+        const std::uint64_t kc_desc = opaque(tile::wgmma_descriptor_mn_major(k_columns, kBN * 128));
+        // k16 steps: 16 rows of 128 bytes, 128 descriptor units.
+        SGemm::template ss_overwrite<true, true>(dq, ds_desc, kc_desc);
+#pragma unroll
+        for (int kk = 1; kk < kBN / 16; ++kk) {
+          SGemm::template ss<true, true>(dq, ds_desc + kk * 128, kc_desc + kk * 128, 1);
+        }
+      }
+      tile::wgmma_commit();
+      tile::wgmma_wait<0>();
+      tile::fence_accumulators(dv);
+      tile::fence_accumulators(dk);
+      tile::fence_accumulators(dq);
+      tile::fence_registers(pa);
+      tile::fence_registers(dsa);
+      tile::mbarrier_arrive(&sm.empty()[stage]);
+
+      // Hand dQ_tile to the writer warp.
+      const int buffer = t % C::kDqBuffers;
+      tile::ring_wait_empty<C::kDqBuffers>(sm.dq_empty(), t);
+      if (computes_dq) {
+        unsigned char* rows = sm.dq(buffer) + consumer * 64 * 4 + (lane & 3) * 8;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float* line = reinterpret_cast<float*>(rows + ((warp % 4) * 16 + lane / 4 + 8 * r) * C::kDqRowBytes);
+#pragma unroll
+          for (int j = 0; j < kBM / 8; ++j) {
+            *reinterpret_cast<float2*>(line + j * 8) = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+          }
+        }
+      }
+      fence_shared_for_async();
+      tile::mbarrier_arrive(&sm.dq_full()[buffer]);
+    }
   }
 
   const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * D;
@@ -314,147 +467,43 @@ __global__ void __launch_bounds__(DkdvConfig<D>::kThreads, 1)
   store_rows<T, D>(static_cast<T*>(p.dv) + g * D, kv_ld, dv, 1.0f, key_lo, seq.end, lane);
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(DqConfig<D>::kThreads, 1)
-    attention_dq_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                              const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                              BackwardParams p) {
-  using C = DqConfig<D>;
-  using SGemm = tile::Wgmma<T, C::kStepRows>;  // S, dP: 64 queries x 64 keys per warpgroup
-  using DGemm = tile::Wgmma<T, D>;             // dQ: 64 queries x D
-  constexpr int kBM = C::kFixedRows;
-  constexpr int kBN = C::kStepRows;
-  extern __shared__ unsigned char smem_raw[];
-  const BackwardSmem<C> sm(smem_raw);
-  init_barriers(sm, 1);
-
-  tile::SequenceTile seq;
-  const int target = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // long causal tiles first
-  if (!tile::block_locate_tile(p.cu_seqlens, p.sequences, p.tokens, kBM, target, &seq)) return;
-  const int h = static_cast<int>(blockIdx.y);
-  const int g = h / (p.heads / p.kv_heads);
-  const int m0 = seq.first;
-  const int kv_end = p.causal ? min(seq.end, m0 + kBM) : seq.end;
-  const int kv_tiles = (kv_end - seq.begin + kBN - 1) / kBN;
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warpgroup = warp / 4;
-
-  if (warpgroup == 0) {
-    tile::setmaxnreg_dec<C::kProducerRegisters>();
-    if (threadIdx.x == 0) {
-      tile::mbarrier_arrive_expect_tx(sm.fixed_full(), 2 * C::kFixedBytes);
-      load_rows<D>(sm.fixed(0), &map_q, sm.fixed_full(), h * D, m0, kBM);
-      load_rows<D>(sm.fixed(1), &map_do, sm.fixed_full(), h * D, m0, kBM);
-      for (int n = 0; n < kv_tiles; ++n) {
-        const int stage = n % C::kStages;
-        tile::ring_wait_empty<C::kStages>(sm.empty(), n);
-        tile::mbarrier_arrive_expect_tx(&sm.full()[stage], 2 * C::kStepBytes);
-        load_rows<D>(sm.step(0, stage), &map_k, &sm.full()[stage], g * D, seq.begin + n * kBN, kBN);
-        load_rows<D>(sm.step(1, stage), &map_v, &sm.full()[stage], g * D, seq.begin + n * kBN, kBN);
-      }
-    }
-    return;
+// dq = scale * dq_accum, 4 elements a thread.
+template <typename T>
+__global__ void attention_dq_store_kernel(const float4* __restrict__ accum, T* __restrict__ dq, std::int64_t count4,
+                                          float scale) {
+  using M = tile::Half16<T>;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count4;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = accum[i];
+    uint2 packed;
+    packed.x = M::pack(v.x * scale, v.y * scale);
+    packed.y = M::pack(v.z * scale, v.w * scale);
+    reinterpret_cast<uint2*>(dq)[i] = packed;
   }
-
-  tile::setmaxnreg_inc<C::kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  const int warp_row = consumer * 64 + (warp % 4) * 16;
-  const int row_lo = m0 + warp_row + lane / 4;
-  float lse2[2];
-  float delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_lo + 8 * r;
-    const std::int64_t at = static_cast<std::int64_t>(h) * p.tokens + row;
-    lse2[r] = row < seq.end ? p.lse[at] * kLog2e : INFINITY;
-    delta[r] = row < seq.end ? p.delta[at] : 0.0f;
-  }
-  const std::uint64_t q_desc = tile::wgmma_descriptor(sm.fixed(0)) + consumer * (64 * 128 / 16);
-  const std::uint64_t do_desc = tile::wgmma_descriptor(sm.fixed(1)) + consumer * (64 * 128 / 16);
-  float dq[D / 2];
-  zero(dq);
-  float s[kBN / 2];
-  float dp[kBN / 2];
-  std::uint32_t dsa[kBN / 16][4];
-
-  tile::mbarrier_wait(sm.fixed_full(), 0);
-  for (int n = 0; n < kv_tiles; ++n) {
-    const int stage = n % C::kStages;
-    tile::ring_wait_full<C::kStages>(sm.full(), n);
-    tile::fence_accumulators(s);
-    tile::fence_accumulators(dp);
-    tile::wgmma_fence();
-    gemm_over_d<SGemm, D>(s, q_desc, C::kFixedBlock, tile::wgmma_descriptor(sm.step(0, stage)), C::kStepBlock);
-    gemm_over_d<SGemm, D>(dp, do_desc, C::kFixedBlock, tile::wgmma_descriptor(sm.step(1, stage)), C::kStepBlock);
-    tile::wgmma_commit();
-    tile::wgmma_wait<0>();
-    tile::fence_accumulators(s);
-    tile::fence_accumulators(dp);
-
-    const int n0 = seq.begin + n * kBN;
-    const bool mask = n0 + kBN > seq.end || (p.causal && n0 + kBN - 1 > m0 + warp_row);
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        float prob = tile::fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -lse2[r]));
-        if (mask) {
-          const int col = n0 + j * 8 + 2 * (lane & 3) + (e & 1);
-          if (col >= seq.end || (p.causal && col > row_lo + 8 * r)) prob = 0.0f;
-        }
-        dp[4 * j + e] = prob * (dp[4 * j + e] - delta[r]);
-      }
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) tile::accumulators_to_a<T>(dsa[kk], dp, kk);
-
-    tile::fence_accumulators(dq);
-    tile::wgmma_fence();
-    gemm_rows<DGemm, kBN>(dq, dsa, sm.step(0, stage));  // dQ += dS K
-    tile::wgmma_commit();
-    tile::wgmma_wait<0>();
-    tile::fence_accumulators(dq);
-    tile::fence_registers(dsa);
-    tile::ring_release<C::kStages>(sm.empty(), n);
-  }
-  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * D;
-  store_rows<T, D>(static_cast<T*>(p.dq) + h * D, q_ld, dq, p.scale, row_lo, seq.end, lane);
 }
 
 template <typename T, int D>
 void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const BackwardParams& params,
             CUstream_st* stream) {
+  using C = BackwardConfig<D>;
   const std::int64_t q_width = desc.heads * D;
   const std::int64_t kv_width = desc.kv_heads * D;
-  auto query_map = [&](const void* base, int rows) {
-    return swizzled_tensor_map<2>(desc.dtype, base, {q_width, desc.tokens}, {64, rows});
-  };
-  auto key_map = [&](const void* base, int rows) {
-    return swizzled_tensor_map<2>(desc.dtype, base, {kv_width, desc.tokens}, {64, rows});
-  };
-  {
-    using C = DkdvConfig<D>;
-    auto* kernel = attention_dkdv_wgmma_kernel<T, D>;
-    SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-    const dim3 grid(static_cast<unsigned>(tile::attention_tile_bound(desc.tokens, desc.sequences, C::kFixedRows)),
-                    static_cast<unsigned>(desc.kv_heads));
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-        query_map(ptr.q, C::kStepRows), key_map(ptr.k, C::kFixedRows), key_map(ptr.v, C::kFixedRows),
-        query_map(ptr.dout, C::kStepRows), params);
-    SG_CUDA_CHECK(cudaGetLastError());
-  }
-  {
-    using C = DqConfig<D>;
-    auto* kernel = attention_dq_wgmma_kernel<T, D>;
-    SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-    const dim3 grid(static_cast<unsigned>(tile::attention_tile_bound(desc.tokens, desc.sequences, C::kFixedRows)),
-                    static_cast<unsigned>(desc.heads));
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-        query_map(ptr.q, C::kFixedRows), key_map(ptr.k, C::kStepRows), key_map(ptr.v, C::kStepRows),
-        query_map(ptr.dout, C::kFixedRows), params);
-    SG_CUDA_CHECK(cudaGetLastError());
-  }
+  const CUtensorMap map_q = swizzled_tensor_map<2>(desc.dtype, ptr.q, {q_width, desc.tokens}, {64, C::kBM});
+  const CUtensorMap map_do = swizzled_tensor_map<2>(desc.dtype, ptr.dout, {q_width, desc.tokens}, {64, C::kBM});
+  const CUtensorMap map_k = swizzled_tensor_map<2>(desc.dtype, ptr.k, {kv_width, desc.tokens}, {64, C::kBN});
+  const CUtensorMap map_v = swizzled_tensor_map<2>(desc.dtype, ptr.v, {kv_width, desc.tokens}, {64, C::kBN});
+  SG_CUDA_CHECK(cudaMemsetAsync(params.dq_semaphores, 0, sizeof(int) * desc.heads * desc.tokens, stream));
+  auto* kernel = attention_backward_wgmma_kernel<T, D>;
+  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(tile::attention_tile_bound(desc.tokens, desc.sequences, C::kBN)),
+                  static_cast<unsigned>(desc.kv_heads));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, params);
+  SG_CUDA_CHECK(cudaGetLastError());
+  const std::int64_t count4 = desc.tokens * desc.heads * D / 4;
+  const int blocks = static_cast<int>(std::min<std::int64_t>((count4 + 255) / 256, 4 * 1024));
+  attention_dq_store_kernel<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<const float4*>(params.dq_accum),
+                                                           static_cast<T*>(ptr.dq), count4, params.scale);
+  SG_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -464,7 +513,8 @@ void backward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstr
   const BackwardParams params{p.lse,
                               p.delta,
                               p.cu_seqlens,
-                              p.dq,
+                              p.dq_accum,
+                              p.dq_semaphores,
                               p.dk,
                               p.dv,
                               static_cast<int>(desc.tokens),

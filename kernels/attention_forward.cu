@@ -164,11 +164,11 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
     tile::fence_accumulators(s);
     tile::wgmma_fence();
     const std::uint64_t k_desc = tile::wgmma_descriptor(sk(stage));
+    SGemm::template ss_overwrite<false>(s, q_desc, k_desc);
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
+    for (int ks = 1; ks < D / 16; ++ks) {
       const std::uint64_t step = 2 * (ks % 4);  // k16 slices are 32 bytes apart in a 128-byte row
-      SGemm::template ss<false>(s, q_desc + (ks / 4) * kQBlock + step, k_desc + (ks / 4) * kKVBlock + step,
-                                ks > 0 ? 1 : 0);
+      SGemm::template ss<false>(s, q_desc + (ks / 4) * kQBlock + step, k_desc + (ks / 4) * kKVBlock + step, 1);
     }
     tile::wgmma_commit();
   };

@@ -25,6 +25,9 @@ struct AttentionPointers {
   void* dk = nullptr;
   void* dv = nullptr;
   float* delta = nullptr;  // backward scratch [H, T]
+  // Tensor-core backward scratch (Note [Attention backward in one pass, deterministic]).
+  float* dq_accum = nullptr;     // [T, H, D]
+  int* dq_semaphores = nullptr;  // [H, T]
 };
 
 void forward_simple(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream);

@@ -1,7 +1,8 @@
 // wgmma at the widths the attention kernels use: m64nNk16 for N = 64 and
 // 128, bf16 or fp16 in, fp32 accumulators, with A read from shared memory
-// through a descriptor (ss) or from registers (rs), and B from a descriptor
-// (K-major, or N-major with kTransB; descriptors from wgmma_pipeline.cuh).
+// through a descriptor (ss; M-major with kTransA) or from registers (rs), and
+// B from a descriptor (K-major, or N-major with kTransB; descriptors from
+// wgmma_pipeline.cuh).
 //
 // Accumulators: the warpgroup's 64 x N fp32 tile, N / 2 per thread, laid out
 // as mma.sync's m16n8 accumulators side by side: thread lane of warp w holds
@@ -21,12 +22,12 @@ namespace stepgraph::kernels::tile {
 template <typename T, int N>
 struct Wgmma;
 
-// Operand lists of 32 and 64 accumulators.
-#define SG_WGMMA_ACC8(i)                                                                                          \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
-      "+f"(d[i + 7])
-#define SG_WGMMA_ACC32 SG_WGMMA_ACC8(0), SG_WGMMA_ACC8(8), SG_WGMMA_ACC8(16), SG_WGMMA_ACC8(24)
-#define SG_WGMMA_ACC64 SG_WGMMA_ACC32, SG_WGMMA_ACC8(32), SG_WGMMA_ACC8(40), SG_WGMMA_ACC8(48), SG_WGMMA_ACC8(56)
+// Operand lists of 32 and 64 accumulators, read-write ("+f") or write-only ("=f").
+#define SG_WGMMA_ACC8(c, i) \
+  c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
+#define SG_WGMMA_ACC32(c) SG_WGMMA_ACC8(c, 0), SG_WGMMA_ACC8(c, 8), SG_WGMMA_ACC8(c, 16), SG_WGMMA_ACC8(c, 24)
+#define SG_WGMMA_ACC64(c) \
+  SG_WGMMA_ACC32(c), SG_WGMMA_ACC8(c, 32), SG_WGMMA_ACC8(c, 40), SG_WGMMA_ACC8(c, 48), SG_WGMMA_ACC8(c, 56)
 #define SG_WGMMA_ACC32_STR                                                                                    \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -38,19 +39,35 @@ struct Wgmma;
 // One specialisation: CTYPE/PTX the element type, N the width, ACC/ACC_STR
 // its accumulator operands, I0..I6 the operand numbers after them (as
 // strings: nvcc's inline asm has no named operands).
+//  - ss: d (+)= A B, A and B from descriptors; scale_d = 0 ignores d's old value.
+//  - ss_overwrite: d = A B. Its accumulators are write-only operands, so the
+//    compiler holds no register for d before it (ss reads d as far as the
+//    compiler knows, even with scale_d = 0, which keeps d live back to its
+//    previous use: registers a loop cannot always spare).
+//  - rs: d (+)= A B, A from registers.
 #define SG_DEFINE_WGMMA(CTYPE, PTX, N, ACC, ACC_STR, I0, I1, I2, I3, I4, I5, I6)                                  \
   template <>                                                                                                    \
   struct Wgmma<CTYPE, N> {                                                                                       \
     static constexpr int kAccumulators = N / 2;                                                                  \
-    template <bool kTransB>                                                                                      \
+    template <bool kTransB, bool kTransA = false>                                                                \
     __device__ __forceinline__ static void ss(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b,     \
                                               int scale_d) {                                                     \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" I2                                                      \
                    ", 0;\n"                                                                                      \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " ACC_STR ", %" I0 ", %" I1  \
-                   ", p, 1, 1, 0, %" I3 ";\n}\n"                                                                 \
-                   : ACC                                                                                         \
-                   : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));                              \
+                   ", p, 1, 1, %" I3 ", %" I4 ";\n}\n"                                                           \
+                   : ACC("+f")                                                                                   \
+                   : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));        \
+    }                                                                                                            \
+    template <bool kTransB, bool kTransA = false>                                                                \
+    __device__ __forceinline__ static void ss_overwrite(float (&d)[N / 2], std::uint64_t desc_a,                 \
+                                                        std::uint64_t desc_b) {                                  \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" I2                                                      \
+                   ", 0;\n"                                                                                      \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " ACC_STR ", %" I0 ", %" I1  \
+                   ", p, 1, 1, %" I3 ", %" I4 ";\n}\n"                                                           \
+                   : ACC("=f")                                                                                   \
+                   : "l"(desc_a), "l"(desc_b), "r"(0), "n"(kTransA ? 1 : 0), "n"(kTransB ? 1 : 0));              \
     }                                                                                                            \
     template <bool kTransB>                                                                                      \
     __device__ __forceinline__ static void rs(float (&d)[N / 2], const std::uint32_t (&a)[4],                    \
@@ -59,7 +76,7 @@ struct Wgmma;
                    ", 0;\n"                                                                                      \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX "." PTX " " ACC_STR ", {%" I0 ", %" I1 \
                    ", %" I2 ", %" I3 "}, %" I4 ", p, 1, 1, %" I6 ";\n}\n"                                        \
-                   : ACC                                                                                         \
+                   : ACC("+f")                                                                                   \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d),                      \
                      "n"(kTransB ? 1 : 0));                                                                      \
     }                                                                                                            \

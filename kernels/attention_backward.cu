@@ -76,11 +76,11 @@ struct BackwardConfig {
   static constexpr int kKeyBytes = kBN * D * 2;    // K or V
   static constexpr int kQueryBytes = kBM * D * 2;  // Q or dO, one stage
   static constexpr int kDsBytes = kBN * kBM * 2;   // dS^T, [128 keys][64 queries]
-  // fp32 dQ tiles handed to the writer warp, rows padded by 16 bytes (fewer
-  // bank conflicts; the bulk copies need 16-byte aligned rows).
-  static constexpr int kDqRowBytes = D * 4 + 16;
+  // fp32 dQ tiles handed to the writer warp: D / 32 boxes of [64 rows][32
+  // floats], 128-byte rows swizzled, as the writer's TMA reduce reads them.
   static constexpr int kDqBuffers = 2;
-  static constexpr int kDqBytes = kBM * kDqRowBytes;
+  static constexpr int kDqBoxBytes = kBM * 128;
+  static constexpr int kDqBytes = kBM * D * 4;
   static constexpr int kPipelineBytes =
       2 * kKeyBytes + 2 * kStages * kQueryBytes + kDsBytes + kDqBuffers * kDqBytes;
   static constexpr int kVectorBytes = kStages * 2 * kBM * 4;  // lse and delta per stage
@@ -207,23 +207,35 @@ __device__ __forceinline__ void fence_global_for_async() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-// A bulk copy of `bytes` from shared memory to global memory, added to what
-// is there (fp32) or stored over it.
-__device__ __forceinline__ void bulk_store_f32(float* dst, std::uint32_t src, int bytes, bool add) {
-  if (add) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-                 "r"(bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-                 : "memory");
-  }
+// Adds the box of `map` at (inner, outer) to global memory from shared memory
+// (fp32, a TMA reduce; out-of-bounds rows are dropped).
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* src, int inner, int outer) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+      "r"(tile::smem_address(src)), "r"(inner), "r"(outer)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until the committed bulk copies have read their shared-memory sources.
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// Until they have completed.
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Until all but the newest kPending committed groups have read their shared-memory sources.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Until all but the newest kPending committed groups have completed.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Publishes the completed adds of a tile, then its semaphore's next value.
+__device__ __forceinline__ void pass_turn(int* semaphore, int value) {
+  fence_global_for_async();
+  __threadfence();
+  atomicExch(semaphore, value);
+}
+
+__device__ __forceinline__ void store_shared_f32x2(std::uint32_t address, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(x), "f"(y) : "memory");
+}
 
 // Generic-proxy writes to shared memory made visible to wgmma (the async proxy).
 __device__ __forceinline__ void fence_shared_for_async() {
@@ -234,7 +246,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
     attention_backward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v,
-                                    const __grid_constant__ CUtensorMap map_do, BackwardParams p) {
+                                    const __grid_constant__ CUtensorMap map_do,
+                                    const __grid_constant__ CUtensorMap map_dq, BackwardParams p) {
   using C = BackwardConfig<D>;
   using SGemm = tile::Wgmma<T, C::kBM>;  // S^T, dP^T: 64 keys x 64 queries; dQ: 64 queries x 64 columns
   using DGemm = tile::Wgmma<T, D>;       // dK, dV: 64 keys x D
@@ -310,7 +323,11 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
       }
     } else if (threadIdx.x == 64) {
       // The dQ writer: adds each dQ tile the consumers hand over to dq_accum
-      // in its turn (Note [Attention backward in one pass, deterministic]).
+      // in its turn (Note [Attention backward in one pass, deterministic]),
+      // by TMA reduce; a tile's turn is passed on once its add has completed,
+      // while the next tile's add is already in flight.
+      int* pending = nullptr;  // the semaphore of the tile in flight, and its next value
+      int pending_value = 0;
       int t = 0;
       for (int h = g * group; h < (g + 1) * group; ++h) {
         for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
@@ -323,21 +340,24 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
             }
           }
           fence_global_for_async();
-          const int rows = min(kBM, seq.end - q0);
-          float* dst = p.dq_accum + (static_cast<std::int64_t>(q0) * p.heads + h) * D;
-          const std::uint32_t src = tile::smem_address(sm.dq(buffer));
-          for (int r = 0; r < rows; ++r) {
-            bulk_store_f32(dst + static_cast<std::int64_t>(r) * p.heads * D, src + r * C::kDqRowBytes, D * 4,
-                           order > 0);
+#pragma unroll
+          for (int box = 0; box < D / 32; ++box) {
+            tma_reduce_add_2d(&map_dq, sm.dq(buffer) + box * C::kDqBoxBytes, h * D + box * 32, q0);
           }
           bulk_commit();
-          bulk_wait_read();
-          tile::mbarrier_arrive(&sm.dq_empty()[buffer]);
-          bulk_wait();
-          fence_global_for_async();
-          __threadfence();
-          atomicExch(semaphore, order + 1);
+          if (pending != nullptr) {
+            bulk_wait_read<1>();
+            tile::mbarrier_arrive(&sm.dq_empty()[(t - 1) % C::kDqBuffers]);
+            bulk_wait<1>();
+            pass_turn(pending, pending_value);
+          }
+          pending = semaphore;
+          pending_value = order + 1;
         }
+      }
+      if (pending != nullptr) {
+        bulk_wait<0>();
+        pass_turn(pending, pending_value);
       }
     }
     return;
@@ -447,15 +467,19 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
       const int buffer = t % C::kDqBuffers;
       tile::ring_wait_empty<C::kDqBuffers>(sm.dq_empty(), t);
       if (computes_dq) {
-        unsigned char* rows = sm.dq(buffer) + consumer * 64 * 4 + (lane & 3) * 8;
+        // Columns consumer * 64 + 8 j + 2 (lane % 4): box col / 32, 16-byte chunk (col % 32) / 4.
+        const int row = (warp % 4) * 16 + lane / 4;  // and row + 8: the same swizzle key
+        const std::uint32_t line =
+            opaque32(tile::smem_address(sm.dq(buffer)) + 2 * consumer * C::kDqBoxBytes + row * 128 + (lane & 1) * 8);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float* line = reinterpret_cast<float*>(rows + ((warp % 4) * 16 + lane / 4 + 8 * r) * C::kDqRowBytes);
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
           for (int j = 0; j < kBM / 8; ++j) {
-            *reinterpret_cast<float2*>(line + j * 8) = make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+            const int box = j / 4;
+            const int chunk = (2 * j + (lane & 3) / 2) % 8;
+            store_shared_f32x2(line + box * C::kDqBoxBytes + r * 8 * 128 + ((chunk ^ (row & 7)) << 4),
+                               dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
           }
-        }
       }
       fence_shared_for_async();
       tile::mbarrier_arrive(&sm.dq_full()[buffer]);
@@ -492,12 +516,15 @@ void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const Backw
   const CUtensorMap map_do = swizzled_tensor_map<2>(desc.dtype, ptr.dout, {q_width, desc.tokens}, {64, C::kBM});
   const CUtensorMap map_k = swizzled_tensor_map<2>(desc.dtype, ptr.k, {kv_width, desc.tokens}, {64, C::kBN});
   const CUtensorMap map_v = swizzled_tensor_map<2>(desc.dtype, ptr.v, {kv_width, desc.tokens}, {64, C::kBN});
+  const CUtensorMap map_dq =
+      swizzled_tensor_map<2>(DType::kFloat32, params.dq_accum, {q_width, desc.tokens}, {32, C::kBM});
   SG_CUDA_CHECK(cudaMemsetAsync(params.dq_semaphores, 0, sizeof(int) * desc.heads * desc.tokens, stream));
+  SG_CUDA_CHECK(cudaMemsetAsync(params.dq_accum, 0, sizeof(float) * desc.heads * desc.tokens * D, stream));
   auto* kernel = attention_backward_wgmma_kernel<T, D>;
   SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(tile::attention_tile_bound(desc.tokens, desc.sequences, C::kBN)),
                   static_cast<unsigned>(desc.kv_heads));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, params);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, map_dq, params);
   SG_CUDA_CHECK(cudaGetLastError());
   const std::int64_t count4 = desc.tokens * desc.heads * D / 4;
   const int blocks = static_cast<int>(std::min<std::int64_t>((count4 + 255) / 256, 4 * 1024));

@@ -28,9 +28,10 @@ CUtensorMapDataType tensor_map_type(DType dtype) {
   switch (dtype) {
     case DType::kBFloat16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     case DType::kFloat16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    case DType::kFloat32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
     default: break;
   }
-  SG_THROW(ErrorCode::kInvalidArgument, "swizzled_tensor_map: takes bf16 or fp16 tensors, got ", dtype_name(dtype));
+  SG_THROW(ErrorCode::kInvalidArgument, "swizzled_tensor_map: takes bf16, fp16 or fp32 tensors, got ", dtype_name(dtype));
 }
 
 }  // namespace

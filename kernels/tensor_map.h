@@ -13,9 +13,9 @@
 namespace stepgraph::kernels {
 
 // A TMA descriptor of a row-major tensor at `base` of element type `dtype`
-// (bf16 or fp16; FP8 later), dims innermost first (kRank 2 or 3), read in
-// boxes of `box` elements whose innermost extent is 128 bytes (64 16-bit
-// elements), written to shared memory with the 128-byte swizzle (Note
+// (bf16, fp16 or fp32), dims innermost first (kRank 2 or 3), read or written
+// in boxes of `box` elements whose innermost extent is 128 bytes (64 16-bit or
+// 32 fp32 elements), laid out in shared memory with the 128-byte swizzle (Note
 // [wgmma operand tiles] in tile/wgmma_pipeline.cuh). Boxes past the tensor's
 // bounds are zero-filled. An Error when the driver rejects it (a base not
 // 16-byte aligned, a row pitch not a multiple of 16 bytes).

@@ -60,8 +60,9 @@ void check_attention(const AttentionDesc& desc);
 // inputs give the same bits (eager == graph).
 
 // Whether the tensor-core kernels run this shape (bf16 or fp16, head_dim 64
-// or 128; the forward on wgmma + TMA, FlashAttention-3 style, the backward
-// on mma.sync, FlashAttention-2 style); otherwise the plain kernels run
+// or 128; Hopper: TMA + wgmma, warp-specialised, FlashAttention-3 style;
+// the backward in one pass with dQ summed in a fixed order, Note [Attention
+// backward in one pass, deterministic]); otherwise the plain kernels run
 // it (any dtype, head_dim <= 256; correct, not fast). The launchers also take
 // the plain kernels when a tensor's pointer is not 16-byte aligned.
 bool attention_uses_tensor_cores(const AttentionDesc& desc);
@@ -73,8 +74,9 @@ void check_attention_cuda(const AttentionDesc& desc);
 void launch_attention_forward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
                               const std::int32_t* cu_seqlens, void* out, float* lse, CUstream_st* stream);
 
-// Device scratch the backward needs (fp32 delta = rowsum(dout * out) [H, T]
-// and whatever else the kernels keep), 256-byte aligned by the caller.
+// Device scratch the backward needs (fp32 delta = rowsum(dout * out) [H, T];
+// on the tensor-core path also fp32 dQ sums [T, H, D] and int32 semaphores
+// [H, T]), 256-byte aligned by the caller.
 std::size_t attention_backward_workspace_bytes(const AttentionDesc& desc);
 
 void launch_attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v,

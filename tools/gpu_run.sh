@@ -10,7 +10,7 @@
 #   summary.txt                  the summary line and the sanitizer totals
 #   tests.log, pytest.log        GoogleTest binaries; the Python binding's tests
 #   fuzz_table.txt               the fuzz test's cases and their outcomes
-#   programs.log                 the trainer runs and the demo
+#   programs.log                 the trainer runs, the demo, the attention kernels against SDPA
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
 #   multigpu.log                 --stages multigpu (2 GPUs): the multi-rank NCCL tests, the trainer's
@@ -96,11 +96,13 @@ if wants tests || wants python; then
   test_line=$(python3 "$here/count_test_results.py" --quiet-skips "$work"/*.xml | tee -a "$results/tests.log" | tail -n 1)
 fi
 
-# 3. Programs: the trainer's checks and the capture demo.
+# 3. Programs: the trainer's checks, the capture demo, attention against SDPA.
 if wants programs; then
   : >"$results/programs.log"
   step programs.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/trainer"
   step programs.log "$here/bin/capture_demo" --device cuda --replays 10
+  # The attention kernels against PyTorch SDPA on random packings (issue 16).
+  step programs.log python3 "$here/benchmarks/attention_sdpa_check.py" --binary "$here/bin/attention_sdpa_dump" --cases 24
 fi
 
 # 4. Benchmarks, each writing JSON beside its log.

@@ -147,6 +147,18 @@ GraphKey& GraphKey::add(std::string_view name, const GraphKey& nested) {
   return add_field(name, Value{Nested{std::make_shared<const GraphKey>(nested)}});
 }
 
+GraphKey& GraphKey::add(std::string_view name, const Fp8Recipe& recipe) {
+  GraphKey fields;
+  recipe.for_each_field([&](std::string_view field, const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int>) {
+      fields.add(field, static_cast<std::int64_t>(value));
+    } else {
+      fields.add(field, value);
+    }
+  });
+  return add(name, fields);
+}
+
 GraphKey& GraphKey::add_field(std::string_view name, Value value) {
   SG_CHECK(!name.empty(), "graph key fields need a name");
   for (const Field& field : fields_) {

@@ -23,6 +23,7 @@
 
 #include "engine/dtype.h"
 #include "engine/error.h"
+#include "engine/fp8_recipe.h"
 #include "engine/shape.h"
 
 namespace stepgraph {
@@ -53,6 +54,9 @@ class GraphKey {
   GraphKey& add(std::string_view name, const Shape& value);
   GraphKey& add(std::string_view name, DType value);
   GraphKey& add(std::string_view name, const GraphKey& nested);
+  // An FP8 recipe as a nested key of the fields that count for its scaling
+  // (Fp8Recipe::for_each_field): equal recipes, equal keys.
+  GraphKey& add(std::string_view name, const Fp8Recipe& recipe);
 
   // Every integer type but bool is stored as int64.
   template <std::integral T>

@@ -1,0 +1,96 @@
+// Quantizing tensors to FP8 (issue 17; Note [FP8 scaling] in
+// engine/fp8_recipe.h): the scale rules and the host references the CUDA
+// kernels will be held to, bit for bit on the quantized bytes. FP8 tensors
+// are raw bytes (engine/fp8.h); scales and amaxes are fp32.
+//
+//   QuantizeDesc d{DType::kBFloat16, Fp8Format::kE4M3, rows, cols, /*rowwise=*/true, /*columnwise=*/true};
+//   quantize_host(d, x, scale, q_rows, q_cols, &amax);  // q_cols: the transpose, [cols, rows]
+#pragma once
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+#include "engine/fp8.h"
+#include "engine/fp8_recipe.h"
+
+namespace stepgraph::kernels {
+
+// --- scales ----------------------------------------------------------------
+
+// fp8_max(format) / amax / 2^margin; 1 when amax is 0 (nothing to scale),
+// the largest finite float when the quotient overflows. power_of_two rounds
+// it down to a power of two (2^floor(log2)), so scale_inv = 1 / scale is
+// exact. An amax that is not finite is the caller's to handle (check first:
+// amax_is_usable).
+float fp8_scale(float amax, Fp8Format format, int margin, bool power_of_two);
+inline bool amax_is_usable(float amax) { return amax >= 0.0f && amax <= 3.402823466e38f; }  // false for NaN, inf
+
+// --- tensor-wise (current and delayed scaling) ------------------------------
+
+struct QuantizeDesc {
+  DType in_dtype = DType::kBFloat16;  // fp32, bf16 or fp16
+  Fp8Format format = Fp8Format::kE4M3;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  bool rowwise = true;      // q [rows, cols]
+  bool columnwise = false;  // q^T [cols, rows]: the copy a TN GEMM reads when the tensor is its other operand
+};
+
+// An Error naming what is wrong: in_dtype not fp32/bf16/fp16, a negative size,
+// neither copy asked for.
+void check_quantize(const QuantizeDesc& desc);
+
+// q = fp8(x * scale) (float_to_fp8: nearest even, saturating) into the copies
+// asked for, and *amax = max |x| over the whole tensor (NaN if any x is NaN).
+// rowwise/columnwise may be null when not asked for.
+void quantize_host(const QuantizeDesc& desc, const void* x, float scale, std::uint8_t* rowwise,
+                   std::uint8_t* columnwise, float* amax);
+
+// --- block scaling -----------------------------------------------------------
+
+enum class BlockShape : std::uint8_t {
+  k1x128,    // activations and gradients: a scale per row and 128 columns
+  k128x128,  // weights: a scale per 128 x 128 tile
+};
+
+// The shape must divide into blocks: cols a multiple of 128, and rows too for
+// 128 x 128 or for a column-wise 1 x 128 copy. An Error naming the shape
+// otherwise.
+void check_block_quantize(const QuantizeDesc& desc, BlockShape shape);
+
+// Quantizes with a scale per block, each fp8_scale(block amax, format, 0,
+// power_of_two), writing q and scale_inv = 1 / scale per block:
+//  - 1 x 128: row-wise q [rows, cols] with scale_inv [rows, cols / 128]; the
+//    column-wise copy q^T [cols, rows] has its own blocks, 128 consecutive
+//    rows of a column, scale_inv [cols, rows / 128] (what its GEMM reduces over);
+//  - 128 x 128: row-wise scale_inv [rows / 128, cols / 128]; q^T's tiles are
+//    the same tiles transposed, scale_inv [cols / 128, rows / 128].
+// Returns false (and leaves the outputs unspecified) when a block's amax is
+// not finite.
+struct BlockOutputs {
+  std::uint8_t* rowwise = nullptr;
+  float* rowwise_scale_inv = nullptr;
+  std::uint8_t* columnwise = nullptr;
+  float* columnwise_scale_inv = nullptr;
+};
+bool quantize_blocks_host(const QuantizeDesc& desc, BlockShape shape, bool power_of_two, const void* x,
+                          const BlockOutputs& out);
+
+// --- delayed scaling ----------------------------------------------------------
+
+// One tensor's state between steps: its amax history (history[0] the most
+// recent) and its scale.
+struct DelayedScale {
+  float* history = nullptr;  // [recipe.amax_history_len]
+  float* scale = nullptr;
+  float* scale_inv = nullptr;
+};
+
+// After a step that saw `amax`: the history rolls (every entry moves one
+// older, the oldest drops, amax becomes history[0]); the amax the scale uses
+// is the history's max or its most recent (recipe.amax_reduction); the scale
+// becomes fp8_scale(that, format, recipe.margin, false) unless that amax is 0
+// (the scale stays). A non-finite amax changes nothing and returns false.
+bool delayed_scaling_update_host(const Fp8Recipe& recipe, Fp8Format format, float amax, const DelayedScale& state);
+
+}  // namespace stepgraph::kernels

@@ -1,11 +1,14 @@
 // Quantizing tensors to FP8 (issue 17; Note [FP8 scaling] in
-// engine/fp8_recipe.h): the scale rules and the host references the CUDA
-// kernels will be held to, bit for bit on the quantized bytes. FP8 tensors
+// engine/fp8_recipe.h): the scale rules, the host references the CUDA
+// kernels are held to, bit for bit on the quantized bytes, and the kernels
+// (tensor-wise so far). FP8 tensors
 // are raw bytes (engine/fp8.h); scales and amaxes are fp32.
 //
 //   QuantizeDesc d{DType::kBFloat16, Fp8Format::kE4M3, rows, cols, /*rowwise=*/true, /*columnwise=*/true};
 //   quantize_host(d, x, scale, q_rows, q_cols, &amax);  // q_cols: the transpose, [cols, rows]
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -45,6 +48,13 @@ void check_quantize(const QuantizeDesc& desc);
 // rowwise/columnwise may be null when not asked for.
 void quantize_host(const QuantizeDesc& desc, const void* x, float scale, std::uint8_t* rowwise,
                    std::uint8_t* columnwise, float* amax);
+
+// The CUDA kernel (kernels/fp8_quantize.cu): the same bytes as quantize_host
+// and the same amax, bit for bit. scale and amax are device pointers (the
+// scale is read on the device, so a captured step takes whatever a delayed
+// update wrote); amax is overwritten.
+void launch_quantize(const QuantizeDesc& desc, const void* x, const float* scale, std::uint8_t* rowwise,
+                     std::uint8_t* columnwise, float* amax, cudaStream_t stream);
 
 // --- block scaling -----------------------------------------------------------
 

@@ -49,6 +49,8 @@ cudaDataType_t cuda_type(DType dtype) {
     case DType::kFloat32: return CUDA_R_32F;
     case DType::kBFloat16: return CUDA_R_16BF;
     case DType::kFloat16: return CUDA_R_16F;
+    case DType::kFloat8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kFloat8E5M2: return CUDA_R_8F_E5M2;
     default: SG_THROW(ErrorCode::kInternal, "gemm: dtype ", dtype_name(dtype), " got past check_gemm");
   }
 }
@@ -106,8 +108,15 @@ struct LtMatmul {
 
   // `vector` is the bias or the bias gradient, `aux` the GELU input; each
   // only where the epilogue uses it.
-  LtMatmul(const GemmDesc& desc, const void* vector, const void* aux) {
+  LtMatmul(const GemmDesc& desc, const void* vector, const void* aux, const float* a_scale_inv = nullptr,
+           const float* b_scale_inv = nullptr) {
     SG_CUBLAS_CHECK(cublasLtMatmulDescInit(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (is_fp8(desc.a_type)) {
+      set_attribute(&op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<std::int8_t>(desc.fast_accumulation ? 1 : 0));
+      // cuBLASLt's A is our B and its B our A (see the top of this file).
+      if (b_scale_inv != nullptr) set_attribute(&op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale_inv);
+      if (a_scale_inv != nullptr) set_attribute(&op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv);
+    }
     set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSA,
                   static_cast<std::int32_t>(desc.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
     set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSB,
@@ -272,6 +281,7 @@ struct GemmDescHash {
     // std::hash<float> hashes 0.0f and -0.0f alike, as operator== wants.
     mix(std::hash<float>{}(desc.alpha));
     mix(std::hash<float>{}(desc.beta));
+    mix(static_cast<std::size_t>(desc.fast_accumulation));
     return seed;
   }
 };
@@ -351,9 +361,35 @@ std::string GemmDesc::to_string() const {
   std::ostringstream out;
   out << "gemm " << m << "x" << n << "x" << k << " A=" << dtype_name(a_type) << (trans_a ? "^T" : "")
       << " B=" << dtype_name(b_type) << (trans_b ? "^T" : "") << " D=" << dtype_name(d_type)
-      << " epilogue=" << gemm_epilogue_name(epilogue) << " alpha=" << alpha << " beta=" << beta;
+      << " epilogue=" << gemm_epilogue_name(epilogue) << " alpha=" << alpha << " beta=" << beta
+      << (fast_accumulation ? " fast_accumulation" : "");
   return out.str();
 }
+
+namespace {
+
+// See Note [FP8 GEMMs] in gemm.h. m, n, k, alpha and the epilogue's validity
+// are checked by check_gemm before.
+void check_fp8_gemm(const GemmDesc& desc) {
+  SG_CHECK_CODE(is_fp8(desc.a_type) && is_fp8(desc.b_type), ErrorCode::kUnsupported,
+                "gemm: FP8 needs both A and B in FP8, got A=", dtype_name(desc.a_type), " B=",
+                dtype_name(desc.b_type), "; quantize the other operand too");
+  SG_CHECK_CODE(!(desc.a_type == DType::kFloat8E5M2 && desc.b_type == DType::kFloat8E5M2), ErrorCode::kUnsupported,
+                "gemm: cuBLASLt has no E5M2 x E5M2 GEMM; keep one operand E4M3 (the hybrid format's gradients "
+                "meet E4M3 weights or activations)");
+  SG_CHECK_CODE(!desc.trans_a && desc.trans_b, ErrorCode::kUnsupported,
+                "gemm: FP8 GEMMs on Hopper are TN: A [m, k] and B [n, k] (trans_a false, trans_b true), got ",
+                desc.to_string(), "; use the quantize kernel's column-wise copy for the transposed operand");
+  SG_CHECK_CODE(desc.m % 16 == 0 && desc.n % 16 == 0 && desc.k % 16 == 0, ErrorCode::kUnsupported,
+                "gemm: FP8 needs m, n and k divisible by 16, got ", desc.m, "x", desc.n, "x", desc.k);
+  SG_CHECK_CODE(is_gemm_dtype(desc.d_type), ErrorCode::kUnsupported,
+                "gemm: an FP8 GEMM writes bf16, fp16 or fp32, got D=", dtype_name(desc.d_type));
+  SG_CHECK_CODE(desc.epilogue == GemmEpilogue::kNone || desc.epilogue == GemmEpilogue::kBias, ErrorCode::kUnsupported,
+                "gemm: FP8 GEMMs take epilogue none or bias, got ", gemm_epilogue_name(desc.epilogue));
+  SG_CHECK_CODE(desc.beta == 0.0f, ErrorCode::kUnsupported, "gemm: FP8 GEMMs take beta 0, got ", desc.beta);
+}
+
+}  // namespace
 
 void check_gemm(const GemmDesc& desc) {
   SG_CHECK(desc.m > 0 && desc.n > 0 && desc.k > 0, "gemm: m, n and k must be > 0, got ", desc.m, "x", desc.n, "x",
@@ -362,11 +398,16 @@ void check_gemm(const GemmDesc& desc) {
            "gemm: alpha and beta must be finite, got alpha=", desc.alpha, " beta=", desc.beta);
   SG_CHECK(is_known(desc.epilogue), "gemm: unknown epilogue ", static_cast<int>(desc.epilogue),
            "; use a GemmEpilogue enumerator");
+  if (is_fp8(desc.a_type) || is_fp8(desc.b_type)) {
+    check_fp8_gemm(desc);
+    return;
+  }
   SG_CHECK_CODE(desc.a_type == desc.b_type, ErrorCode::kUnsupported,
                 "gemm: A and B must share a dtype, got A=", dtype_name(desc.a_type), " B=", dtype_name(desc.b_type),
                 "; convert one of them");
-  SG_CHECK_CODE(is_gemm_dtype(desc.a_type), ErrorCode::kUnsupported, "gemm: A and B must be bf16, fp16 or fp32, got ",
-                dtype_name(desc.a_type));
+  SG_CHECK_CODE(is_gemm_dtype(desc.a_type), ErrorCode::kUnsupported,
+                "gemm: A and B must be bf16, fp16 or fp32 (or both FP8), got ", dtype_name(desc.a_type));
+  SG_CHECK(!desc.fast_accumulation, "gemm: fast_accumulation is for FP8 inputs, got ", desc.to_string());
   SG_CHECK_CODE(is_gemm_dtype(desc.d_type), ErrorCode::kUnsupported, "gemm: D must be bf16, fp16 or fp32, got ",
                 dtype_name(desc.d_type));
   SG_CHECK_CODE(desc.a_type != DType::kFloat32 || desc.d_type == DType::kFloat32, ErrorCode::kUnsupported,
@@ -402,7 +443,8 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
   const void* vector = epilogue_reads_bias(desc.epilogue)         ? operands.bias
                        : epilogue_writes_bias_grad(desc.epilogue) ? operands.bias_grad
                                                                   : nullptr;
-  LtMatmul problem(desc, vector, epilogue_uses_aux(desc.epilogue) ? operands.aux : nullptr);
+  LtMatmul problem(desc, vector, epilogue_uses_aux(desc.epilogue) ? operands.aux : nullptr, operands.a_scale_inv,
+                   operands.b_scale_inv);
   const float alpha = desc.alpha;
   const float beta = desc.beta;
   SG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), &problem.op, &alpha, operands.b, &problem.a, operands.a, &problem.b,

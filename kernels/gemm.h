@@ -53,17 +53,28 @@ struct GemmDesc {
   std::int64_t k = 0;
   bool trans_a = false;
   bool trans_b = false;
-  DType a_type = DType::kBFloat16;  // A and B share a type: bf16, fp16 or fp32
+  // A and B share a type (bf16, fp16 or fp32), or are both FP8 (Note [FP8 GEMMs]).
+  DType a_type = DType::kBFloat16;
   DType b_type = DType::kBFloat16;
   DType d_type = DType::kBFloat16;  // bf16, fp16 or fp32; bias, aux and bias_grad use it too
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   float alpha = 1.0f;
   float beta = 0.0f;  // only with kNone and kBiasGradOfA
+  bool fast_accumulation = false;  // FP8 only: cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM
 
   bool operator==(const GemmDesc&) const = default;
   std::string to_string() const;
 };
 
+// Note [FP8 GEMMs]
+// A and B in FP8 (E4M3 or E5M2, not both E5M2: cuBLASLt has no such kernel),
+// tensor-wise scaled: D = alpha * (a_scale_inv * A)(b_scale_inv * B)^T. On
+// Hopper cuBLASLt runs FP8 only as "TN", which in row-major terms is A
+// [m, k] and B [n, k], both K-major: trans_a false, trans_b true. A layer
+// gets every product into that form from the quantize kernels' row-wise and
+// column-wise copies (kernels/fp8_quantize.h). m, n and k must be multiples
+// of 16; D is bf16, fp16 or fp32; epilogues none or bias, beta 0.
+//
 // Throws Error naming what is wrong: unsupported dtype or combination, beta
 // with an epilogue that cannot accumulate, a non-positive dimension.
 void check_gemm(const GemmDesc& desc);
@@ -85,6 +96,10 @@ struct GemmOperands {
   void* aux = nullptr;         // kGeluAuxBias (written), kDGeluBGrad (read)
   void* bias_grad = nullptr;   // kDGeluBGrad, kBiasGradOfA
   void* workspace = nullptr;   // gemm_workspace_bytes()
+  // FP8 only: device fp32 scalars the product is multiplied by (each
+  // operand's scale_inv); null reads as 1.
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
 };
 
 void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_t stream);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/fp8.h"
 #include "engine/half_precision.h"
 
 namespace stepgraph::kernels::host {
@@ -31,11 +32,17 @@ void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
 
 // op(X) as a dense row-major [rows, cols] fp32 matrix; X is stored
 // [rows, cols], or [cols, rows] when transposed.
-std::vector<float> widen(DType dtype, const void* data, std::int64_t rows, std::int64_t cols, bool transposed) {
+// FP8 values are decoded and multiplied by `scale_inv` (null: 1).
+std::vector<float> widen(DType dtype, const void* data, std::int64_t rows, std::int64_t cols, bool transposed,
+                         const float* scale_inv) {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  const float factor = scale_inv != nullptr ? *scale_inv : 1.0f;
+  const Fp8Format format = dtype == DType::kFloat8E5M2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] = load_as_float(dtype, data, transposed ? c * rows + r : r * cols + c);
+      const std::int64_t i = transposed ? c * rows + r : r * cols + c;
+      out[r * cols + c] = is_fp8(dtype) ? fp8_to_float(format, static_cast<const std::uint8_t*>(data)[i]) * factor
+                                        : load_as_float(dtype, data, i);
     }
   }
   return out;
@@ -106,8 +113,8 @@ void bias_grad_of_a(const GemmDesc& desc, const std::vector<float>& a, void* bia
 void gemm(const GemmDesc& desc, const GemmOperands& operands) {
   check_gemm(desc);
   check_operands(desc, operands);
-  const std::vector<float> a = widen(desc.a_type, operands.a, desc.m, desc.k, desc.trans_a);
-  const std::vector<float> b = widen(desc.b_type, operands.b, desc.k, desc.n, desc.trans_b);
+  const std::vector<float> a = widen(desc.a_type, operands.a, desc.m, desc.k, desc.trans_a, operands.a_scale_inv);
+  const std::vector<float> b = widen(desc.b_type, operands.b, desc.k, desc.n, desc.trans_b, operands.b_scale_inv);
   const std::vector<float> ab = scaled_product(desc, a, b);
   switch (desc.epilogue) {
     case GemmEpilogue::kNone: accumulate(desc, ab, operands.d); return;

@@ -1,5 +1,6 @@
 // Host reference of kernels/gemm.h: the same GemmDesc and operands, computed
-// in fp32 (bf16/fp16 inputs widened, outputs rounded to nearest even).
+// in fp32 (bf16/fp16 inputs widened, FP8 inputs decoded and multiplied by
+// their scale_inv, read from host memory here; outputs rounded to nearest even).
 #pragma once
 
 #include "kernels/gemm.h"

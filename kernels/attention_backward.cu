@@ -19,7 +19,8 @@
 // [T, H, D]) in a fixed order, so the bits are the same on every launch
 // (eager == graph replay) without a second pass over S: a semaphore per
 // (query head, tile) counts the key blocks that have added, and a block
-// waits for its turn, adds (the first stores) and counts itself. The order is
+// waits for its turn, adds (TMA reduce onto dq_accum, zeroed before the
+// kernel) and counts itself. The order is
 // the last key block that sees the tile first, down to key block 0: a block
 // walks its query tiles upwards, so the block above it in the sequence
 // reached each shared tile two steps earlier (causal) and nobody waits in
@@ -29,8 +30,9 @@
 // A last kernel writes dq = scale * dq_accum in q's dtype.
 // TMA boxes ignore sequence boundaries (rows past a sequence's end are the
 // next sequence's, or zero past T): a query row there gets lse = +inf (so
-// P = 0) and delta = 0, its dQ row is neither added nor stored, and key rows
-// there are never stored.
+// P = 0) and delta = 0, so its dQ row is zero and the reduce that covers it
+// adds zeros to the next sequence's rows (x + 0 = x, bit for bit; rows past
+// T are dropped); key rows there are masked out of dQ and never stored.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -259,7 +261,8 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
     tile::prefetch_tensor_map(&map_q);
     tile::prefetch_tensor_map(&map_do);
     tile::mbarrier_init(sm.kv_full(), 1);
-    // Every consumer thread arrives on a release: each has read shared memory the next use rewrites.
+    // Every consumer thread arrives on a release: each has read shared memory the next use rewrites
+    // (racecheck does not follow a per-warp release after __syncwarp).
     for (int s = 0; s < C::kStages; ++s) {
       tile::mbarrier_init(&sm.full()[s], 1 + 32);  // the TMA thread, and a warp storing lse and delta
       tile::mbarrier_init(&sm.empty()[s], C::kConsumerThreads);

@@ -1,5 +1,5 @@
 // The CUDA side of kernels/fp8_quantize.h: tensor-wise quantize with amax and
-// the transposed copy.
+// the transposed copy, and block-scaled quantize (Note [Block quantize kernel]).
 //
 // A block quantizes a 64 x 64 tile: 256 threads read it row by row (coalesced),
 // write the row-wise bytes, stage them in shared memory and write the
@@ -67,7 +67,119 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const T* __rest
   if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, local);
 }
 
+// Note [Block quantize kernel]
+// One block of threads per scaling block (1 x 128, 128 x 1 for the 1 x 128
+// column-wise copy, or 128 x 128): a first pass takes the block's amax (its
+// bits, as above), thread 0 turns it into the scale exactly as fp8_scale does
+// (IEEE division, frexpf/ldexpf for the power of two), and a second pass
+// quantizes, writing row-wise or transposed bytes. Simple and exact; its
+// speed is not tuned yet.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quantize_blocks_kernel(
+    const T* __restrict__ x, std::int64_t rows, std::int64_t cols, int block_rows, int block_cols, Fp8Format format,
+    bool power_of_two, std::uint8_t* __restrict__ rowwise, std::uint8_t* __restrict__ columnwise,
+    float* __restrict__ rowwise_scale_inv, float* __restrict__ columnwise_scale_inv, int* __restrict__ non_finite) {
+  __shared__ unsigned warp_max[kThreads / 32];
+  __shared__ float shared_scale;
+  const std::int64_t blocks_across = cols / block_cols;
+  const std::int64_t bi = static_cast<std::int64_t>(blockIdx.x) / blocks_across;
+  const std::int64_t bj = static_cast<std::int64_t>(blockIdx.x) % blocks_across;
+  const std::int64_t r0 = bi * block_rows;
+  const std::int64_t c0 = bj * block_cols;
+  const int count = block_rows * block_cols;
+  unsigned local = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) {
+    const float value = to_float(x[(r0 + i / block_cols) * cols + c0 + i % block_cols]);
+    local = max(local, __float_as_uint(fabsf(value)));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned bits = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) bits = max(bits, warp_max[w]);
+    const float amax = __uint_as_float(bits);
+    float scale = 1.0f;
+    if (!(amax <= 3.402823466e38f)) {
+      atomicOr(non_finite, 1);
+    } else if (amax > 0.0f) {
+      scale = (format == Fp8Format::kE4M3 ? 448.0f : 57344.0f) / amax;
+      if (!(scale <= 3.402823466e38f)) scale = 3.402823466e38f;
+      if (power_of_two) {
+        int exponent = 0;
+        frexpf(scale, &exponent);
+        scale = ldexpf(1.0f, exponent - 1);
+      }
+    }
+    shared_scale = scale;
+    const float scale_inv = 1.0f / scale;
+    if (block_rows == 1) {  // 1 x 128, row-wise
+      rowwise_scale_inv[r0 * blocks_across + bj] = scale_inv;
+    } else if (block_cols == 1) {  // 1 x 128's column-wise copy: 128 rows of a column
+      columnwise_scale_inv[c0 * (rows / block_rows) + bi] = scale_inv;
+    } else {  // 128 x 128: the same tile, either way round
+      if (rowwise_scale_inv != nullptr) rowwise_scale_inv[bi * blocks_across + bj] = scale_inv;
+      if (columnwise_scale_inv != nullptr) columnwise_scale_inv[bj * (rows / block_rows) + bi] = scale_inv;
+    }
+  }
+  __syncthreads();
+  const float scale = shared_scale;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) {
+    const std::int64_t r = r0 + i / block_cols;
+    const std::int64_t c = c0 + i % block_cols;
+    const std::uint8_t q = to_fp8(to_float(x[r * cols + c]) * scale, format);
+    if (rowwise != nullptr) rowwise[r * cols + c] = q;
+    if (columnwise != nullptr) columnwise[c * rows + r] = q;
+  }
+}
+
+template <typename T>
+void launch_blocks(const T* x, const QuantizeDesc& desc, BlockShape shape, bool power_of_two, const BlockOutputs& out,
+                   int* non_finite, cudaStream_t stream) {
+  auto run = [&](int block_rows, int block_cols, std::uint8_t* rows_out, std::uint8_t* cols_out, float* rows_scale,
+                 float* cols_scale) {
+    const std::int64_t blocks = (desc.rows / block_rows) * (desc.cols / block_cols);
+    if (blocks == 0) return;
+    SG_CHECK(blocks <= 0x7fffffff, "block quantize: too many blocks (", blocks, ")");
+    quantize_blocks_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        x, desc.rows, desc.cols, block_rows, block_cols, desc.format, power_of_two, rows_out, cols_out, rows_scale,
+        cols_scale, non_finite);
+    SG_CUDA_CHECK(cudaGetLastError());
+  };
+  if (shape == BlockShape::k128x128) {
+    run(128, 128, desc.rowwise ? out.rowwise : nullptr, desc.columnwise ? out.columnwise : nullptr,
+        desc.rowwise ? out.rowwise_scale_inv : nullptr, desc.columnwise ? out.columnwise_scale_inv : nullptr);
+    return;
+  }
+  if (desc.rowwise) run(1, 128, out.rowwise, nullptr, out.rowwise_scale_inv, nullptr);
+  if (desc.columnwise) run(128, 1, nullptr, out.columnwise, nullptr, out.columnwise_scale_inv);
+}
+
 }  // namespace
+
+void launch_quantize_blocks(const QuantizeDesc& desc, BlockShape shape, bool power_of_two, const void* x,
+                            const BlockOutputs& out, int* non_finite, cudaStream_t stream) {
+  check_block_quantize(desc, shape);
+  SG_CHECK(x != nullptr || desc.rows * desc.cols == 0, "block quantize: x is null");
+  SG_CHECK(non_finite != nullptr, "block quantize: non_finite must be a device int");
+  SG_CHECK((!desc.rowwise || (out.rowwise != nullptr && out.rowwise_scale_inv != nullptr)) &&
+               (!desc.columnwise || (out.columnwise != nullptr && out.columnwise_scale_inv != nullptr)),
+           "block quantize: an output asked for is null");
+  SG_CUDA_CHECK(cudaMemsetAsync(non_finite, 0, sizeof(int), stream));
+  switch (desc.in_dtype) {
+    case DType::kFloat32:
+      launch_blocks(static_cast<const float*>(x), desc, shape, power_of_two, out, non_finite, stream);
+      break;
+    case DType::kBFloat16:
+      launch_blocks(static_cast<const __nv_bfloat16*>(x), desc, shape, power_of_two, out, non_finite, stream);
+      break;
+    case DType::kFloat16:
+      launch_blocks(static_cast<const __half*>(x), desc, shape, power_of_two, out, non_finite, stream);
+      break;
+    default: SG_THROW(ErrorCode::kInvalidArgument, "block quantize: unsupported dtype ", dtype_name(desc.in_dtype));
+  }
+}
 
 void launch_quantize(const QuantizeDesc& desc, const void* x, const float* scale, std::uint8_t* rowwise,
                      std::uint8_t* columnwise, float* amax, cudaStream_t stream) {

@@ -86,6 +86,12 @@ struct BlockOutputs {
 bool quantize_blocks_host(const QuantizeDesc& desc, BlockShape shape, bool power_of_two, const void* x,
                           const BlockOutputs& out);
 
+// The CUDA kernel: the same bytes and scale_inv as quantize_blocks_host, bit
+// for bit; *non_finite (a device int) becomes 1 when some block's amax is not
+// finite (the host reference's false), else 0.
+void launch_quantize_blocks(const QuantizeDesc& desc, BlockShape shape, bool power_of_two, const void* x,
+                            const BlockOutputs& out, int* non_finite, cudaStream_t stream);
+
 // --- delayed scaling ----------------------------------------------------------
 
 // One tensor's state between steps: its amax history (history[0] the most

@@ -1,7 +1,9 @@
-// The FP8 quantize kernel (kernels/fp8_quantize.cu) against its host
-// reference, bit for bit: the row-wise and column-wise bytes and amax, for
-// fp32/bf16/fp16 inputs, both formats, shapes off the 64 x 64 tile grid, a
-// NaN, and values past the format's range (saturation).
+// The FP8 quantize kernels (kernels/fp8_quantize.cu) against their host
+// references, bit for bit: tensor-wise (the row-wise and column-wise bytes
+// and amax, fp32/bf16/fp16 inputs, both formats, shapes off the 64 x 64 tile
+// grid, a NaN, values past the format's range) and block-scaled (1 x 128 and
+// 128 x 128, the bytes and every scale_inv, an all-zero block, a non-finite
+// block's flag).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -80,6 +82,84 @@ TEST(Fp8QuantizeTest, NanMakesAmaxNanAndEmptyTensorsGiveZero) {
   x.set(100, NAN);
   check_against_host(desc, x, 1.0f);
   check_against_host({DType::kBFloat16, Fp8Format::kE5M2, 0, 16, true, true}, HostArray(DType::kBFloat16, 0), 1.0f);
+}
+
+// Block quantize: bytes and scale_inv equal the host reference's, bit for bit.
+void check_blocks_against_host(const QuantizeDesc& desc, BlockShape shape, bool power_of_two, const HostArray& x) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(desc.in_dtype) << " " << fp8_format_name(desc.format) << " ["
+                                    << desc.rows << ", " << desc.cols << "] "
+                                    << (shape == BlockShape::k1x128 ? "1x128" : "128x128")
+                                    << (power_of_two ? " power-of-two" : ""));
+  const auto count = static_cast<std::size_t>(desc.rows * desc.cols);
+  const bool one_row = shape == BlockShape::k1x128;
+  const std::size_t row_scales = one_row ? desc.rows * (desc.cols / 128) : (desc.rows / 128) * (desc.cols / 128);
+  const std::size_t col_scales = one_row ? desc.cols * (desc.rows / 128) : row_scales;
+  std::vector<std::uint8_t> want_rows(count), want_cols(count);
+  std::vector<float> want_row_scales(row_scales), want_col_scales(col_scales);
+  ASSERT_TRUE(quantize_blocks_host(desc, shape, power_of_two, x.data(),
+                                   {want_rows.data(), want_row_scales.data(), want_cols.data(), want_col_scales.data()}));
+  Stream stream;
+  DeviceArray x_dev(x), rows_dev(count), cols_dev(count), row_scales_dev(row_scales * 4), col_scales_dev(col_scales * 4),
+      flag_dev(sizeof(int));
+  rows_dev.poison();
+  cols_dev.poison();
+  launch_quantize_blocks(desc, shape, power_of_two, x_dev.get(),
+                         {static_cast<std::uint8_t*>(rows_dev.get()), static_cast<float*>(row_scales_dev.get()),
+                          static_cast<std::uint8_t*>(cols_dev.get()), static_cast<float*>(col_scales_dev.get())},
+                         static_cast<int*>(flag_dev.get()), stream.get());
+  stream.synchronize();
+  std::vector<std::uint8_t> got_rows(count), got_cols(count);
+  std::vector<float> got_row_scales(row_scales), got_col_scales(col_scales);
+  int flag = -1;
+  SG_CUDA_CHECK(cudaMemcpy(got_rows.data(), rows_dev.get(), count, cudaMemcpyDeviceToHost));
+  SG_CUDA_CHECK(cudaMemcpy(got_cols.data(), cols_dev.get(), count, cudaMemcpyDeviceToHost));
+  SG_CUDA_CHECK(cudaMemcpy(got_row_scales.data(), row_scales_dev.get(), row_scales * 4, cudaMemcpyDeviceToHost));
+  SG_CUDA_CHECK(cudaMemcpy(got_col_scales.data(), col_scales_dev.get(), col_scales * 4, cudaMemcpyDeviceToHost));
+  SG_CUDA_CHECK(cudaMemcpy(&flag, flag_dev.get(), sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(flag, 0);
+  EXPECT_EQ(got_row_scales, want_row_scales);
+  EXPECT_EQ(got_col_scales, want_col_scales);
+  for (std::size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(got_rows[i], want_rows[i]) << "row-wise byte " << i;
+    ASSERT_EQ(got_cols[i], want_cols[i]) << "column-wise byte " << i;
+  }
+}
+
+TEST(Fp8QuantizeTest, BlockScalingEqualsTheHostReferenceBitForBit) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    const QuantizeDesc desc{dtype, Fp8Format::kE4M3, 256, 384, true, true};
+    HostArray x = random_array(dtype, desc.rows * desc.cols, rng, -2.0f, 2.0f);
+    for (std::int64_t c = 0; c < 128; ++c) x.set(5 * desc.cols + c, 1000.0f * x.get(5 * desc.cols + c));
+    for (std::int64_t c = 128; c < 256; ++c) x.set(7 * desc.cols + c, 0.0f);  // an all-zero block
+    for (const Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+      for (const BlockShape shape : {BlockShape::k1x128, BlockShape::k128x128}) {
+        for (const bool power_of_two : {true, false}) {
+          QuantizeDesc d = desc;
+          d.format = format;
+          check_blocks_against_host(d, shape, power_of_two, x);
+        }
+      }
+    }
+  }
+}
+
+TEST(Fp8QuantizeTest, BlockWithANonFiniteValueSetsTheFlag) {
+  SG_SKIP_WITHOUT_GPU();
+  const QuantizeDesc desc{DType::kFloat32, Fp8Format::kE4M3, 2, 256, true, false};
+  HostArray x(DType::kFloat32, desc.rows * desc.cols);
+  for (std::int64_t i = 0; i < desc.rows * desc.cols; ++i) x.set(i, 1.0f);
+  x.set(300, INFINITY);
+  Stream stream;
+  DeviceArray x_dev(x), q(512), scales(4 * 4), flag(sizeof(int));
+  launch_quantize_blocks(desc, BlockShape::k1x128, true, x_dev.get(),
+                         {static_cast<std::uint8_t*>(q.get()), static_cast<float*>(scales.get())},
+                         static_cast<int*>(flag.get()), stream.get());
+  stream.synchronize();
+  int value = 0;
+  SG_CUDA_CHECK(cudaMemcpy(&value, flag.get(), sizeof(int), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(value, 1);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@ std::string GemmParams::to_string() const {
   int length = std::snprintf(text, sizeof(text), "%s%s%s, out=%s, alpha=%g", trans_a ? "A^T " : "",
                              trans_b ? "B^T " : "", kernels::gemm_epilogue_name(epilogue).c_str(),
                              std::string(dtype_name(out_dtype)).c_str(), static_cast<double>(alpha));
+  if (fp8_scales) length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), "%s",
+                                         fast_accumulation ? ", fp8 fast accumulation" : ", fp8");
   if (rows > 0 || a_row > 0 || d_row > 0) {
     std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", rows=%lld a_row=%lld d_row=%lld",
                   static_cast<long long>(rows), static_cast<long long>(a_row), static_cast<long long>(d_row));
@@ -26,10 +28,12 @@ std::string GemmParams::to_string() const {
 namespace {
 
 // Input positions: a, b, then bias, aux (read by the epilogue, or written by
-// it through gemm_into_), then d (gemm_into_).
+// it through gemm_into_), then the FP8 scale_inv of a and b, then d (gemm_into_).
 struct Layout {
   int bias = -1;
   int aux = -1;
+  int a_scale_inv = -1;
+  int b_scale_inv = -1;
   int d = -1;
   std::size_t inputs = 2;
 };
@@ -39,6 +43,10 @@ Layout input_layout(const GemmParams& p, bool into) {
   if (kernels::epilogue_reads_bias(p.epilogue)) layout.bias = static_cast<int>(layout.inputs++);
   if (kernels::epilogue_reads_aux(p.epilogue) || (into && kernels::epilogue_writes_aux(p.epilogue))) {
     layout.aux = static_cast<int>(layout.inputs++);
+  }
+  if (p.fp8_scales) {
+    layout.a_scale_inv = static_cast<int>(layout.inputs++);
+    layout.b_scale_inv = static_cast<int>(layout.inputs++);
   }
   if (into) layout.d = static_cast<int>(layout.inputs++);
   return layout;
@@ -59,6 +67,7 @@ kernels::GemmDesc describe(const GemmParams& p, std::span<const TensorMeta> inpu
   desc.epilogue = p.epilogue;
   desc.alpha = p.alpha;
   desc.beta = 0.0f;  // D is written, never read
+  desc.fast_accumulation = p.fast_accumulation;
   return desc;
 }
 
@@ -101,6 +110,9 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
            k_of_b, "x", desc.n, " (A ", inputs[0].shape, p.trans_a ? " transposed" : "", ", B ", inputs[1].shape,
            p.trans_b ? " transposed" : "", ")");
   kernels::check_gemm(desc);
+  SG_CHECK(p.fp8_scales == (is_fp8(desc.a_type) && is_fp8(desc.b_type)), "op ", op, ": ",
+           p.fp8_scales ? "fp8 scales given for non-FP8 operands" : "FP8 operands need their scale_inv tensors",
+           " (A ", dtype_name(desc.a_type), ", B ", dtype_name(desc.b_type), "); call fp8_gemm");
   check_windows(p, inputs, into, op);
   const TensorMeta d_meta{Shape{desc.m, desc.n}, p.out_dtype};
   // gemm_into_'s D (and its aux) may hold more rows than the window.
@@ -109,6 +121,9 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
   if (layout.bias >= 0) expect_meta("bias", inputs[layout.bias], {Shape{desc.n}, p.out_dtype}, op);
   if (layout.aux >= 0) expect_meta("aux (the forward pre-activation)", inputs[layout.aux], whole_d, op);
   if (layout.d >= 0) expect_meta("D", inputs[layout.d], whole_d, op);
+  const TensorMeta scalar{Shape{1}, DType::kFloat32};
+  if (layout.a_scale_inv >= 0) expect_meta("A's scale_inv", inputs[layout.a_scale_inv], scalar, op);
+  if (layout.b_scale_inv >= 0) expect_meta("B's scale_inv", inputs[layout.b_scale_inv], scalar, op);
 
   std::vector<TensorMeta> outputs;
   if (!into) outputs.push_back(d_meta);
@@ -137,6 +152,8 @@ kernels::GemmOperands operands(const GemmParams& p, const KernelArgs& args, bool
   o.b = args.inputs[1];
   if (layout.bias >= 0) o.bias = args.inputs[layout.bias];
   if (layout.aux >= 0) o.aux = row_address<void>(args.inputs[layout.aux], args.input_metas[layout.aux], p.d_row);
+  if (layout.a_scale_inv >= 0) o.a_scale_inv = static_cast<const float*>(args.inputs[layout.a_scale_inv]);
+  if (layout.b_scale_inv >= 0) o.b_scale_inv = static_cast<const float*>(args.inputs[layout.b_scale_inv]);
   std::size_t next = 0;
   o.d = into ? row_address<void>(args.inputs[layout.d], args.input_metas[layout.d], p.d_row) : args.outputs[next++];
   if (!into && kernels::epilogue_writes_aux(p.epilogue)) o.aux = args.outputs[next++];
@@ -210,6 +227,17 @@ GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams
   if (kernels::epilogue_writes_aux(params.epilogue)) result.aux = outputs[next++];
   if (kernels::epilogue_writes_bias_grad(params.epilogue)) result.bias_grad = outputs[next++];
   return result;
+}
+
+GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                    const Tensor& b_scale_inv, GemmParams params, const Tensor& bias) {
+  params.fp8_scales = true;
+  std::vector<Tensor> inputs{a, b};
+  if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
+  inputs.push_back(a_scale_inv);
+  inputs.push_back(b_scale_inv);
+  std::vector<Tensor> outputs = ctx.call(gemm_op(), params, std::move(inputs));
+  return GemmResult{outputs[0], {}, {}};
 }
 
 Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,

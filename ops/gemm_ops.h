@@ -36,6 +36,10 @@ struct GemmParams {
   std::int64_t rows = 0;   // m; 0: every row of opA(A)
   std::int64_t a_row = 0;  // first row of A read (A not transposed)
   std::int64_t d_row = 0;  // first row of D and aux (gemm_into_)
+  // FP8 A and B (Note [FP8 GEMMs] in kernels/gemm.h): their scale_inv
+  // tensors ([1] fp32) follow the epilogue's inputs. Set by fp8_gemm.
+  bool fp8_scales = false;
+  bool fast_accumulation = false;
 
   bool operator==(const GemmParams&) const = default;
   std::string to_string() const;
@@ -50,6 +54,13 @@ struct GemmResult {
 // `bias` [n] for kBias and kGeluAuxBias; `aux` [m, n] for kDGeluBGrad.
 GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams& params, const Tensor& bias = {},
                 const Tensor& aux = {});
+
+// D = alpha (a_scale_inv A)(b_scale_inv B)^T (+ bias) for FP8 A [m, k] and B
+// [n, k] (TN, as Hopper's FP8 GEMMs need; the quantize op's copies give every
+// product that form); scale_inv tensors are [1] fp32, read on the device.
+// params.trans_b must be set and trans_a clear; fp8_scales is set here.
+GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                    const Tensor& b_scale_inv, GemmParams params, const Tensor& bias = {});
 
 // d = alpha opA(A) opB(B), written into the existing tensor d (e.g. a weight
 // gradient into its fp32 main grad; d's old values are not read), rows

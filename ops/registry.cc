@@ -10,6 +10,7 @@
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/embedding_ops.h"
+#include "ops/fp8_ops.h"
 #include "ops/gemm_ops.h"
 #include "ops/grouped_gemm_ops.h"
 #include "ops/loss_ops.h"
@@ -22,7 +23,7 @@
 namespace stepgraph::ops {
 
 std::span<const OpDef* const> all_ops() {
-  // Every op, by family: elementwise, gemm, grouped gemm, norm, activation, embedding, loss,
+  // Every op, by family: elementwise, gemm (and FP8 quantize), grouped gemm, norm, activation, embedding, loss,
   // optimizer, MoE routing, collectives.
   static const std::vector<const OpDef*> ops = {
       &fill_op(),
@@ -36,6 +37,7 @@ std::span<const OpDef* const> all_ops() {
       &cast_op(),
       &gemm_op(),
       &gemm_into_op(),
+      &quantize_op(),
       &grouped_linear_forward_op(),
       &grouped_linear_dgrad_op(),
       &grouped_linear_wgrad_op(),

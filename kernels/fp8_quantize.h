@@ -109,4 +109,19 @@ struct DelayedScale {
 // (the scale stays). A non-finite amax changes nothing and returns false.
 bool delayed_scaling_update_host(const Fp8Recipe& recipe, Fp8Format format, float amax, const DelayedScale& state);
 
+// --- scale updates on the device (kernels/fp8_scaling.cu) ---------------------
+// Device pointers throughout (one float each for amax, scale and scale_inv);
+// *non_finite becomes 1 when the amax is not finite (scale and scale_inv
+// are then 1 for current scaling, unchanged for delayed), else 0. Bit for
+// bit the host references' results.
+
+// Current scaling: scale = fp8_scale(*amax, format, 0, power_of_two), scale_inv = 1 / scale.
+void launch_scale_from_amax(const float* amax, Fp8Format format, bool power_of_two, float* scale, float* scale_inv,
+                            int* non_finite, cudaStream_t stream);
+
+// Delayed scaling: delayed_scaling_update_host on the device, the history
+// ([recipe.amax_history_len] fp32), scale and scale_inv updated in place.
+void launch_delayed_scaling_update(const Fp8Recipe& recipe, Fp8Format format, const float* amax, float* history,
+                                   float* scale, float* scale_inv, int* non_finite, cudaStream_t stream);
+
 }  // namespace stepgraph::kernels

@@ -1,5 +1,6 @@
 #include "ops/fp8_ops.h"
 
+#include <cstdint>
 #include <vector>
 
 #include "engine/error.h"
@@ -9,6 +10,14 @@ namespace stepgraph::ops {
 
 std::string QuantizeParams::to_string() const {
   return std::string(fp8_format_name(format)) + (rowwise ? " rowwise" : "") + (columnwise ? " columnwise" : "");
+}
+
+std::string ScaleFromAmaxParams::to_string() const {
+  return std::string(fp8_format_name(format)) + (power_of_two ? " power_of_two" : "");
+}
+
+std::string DelayedScalingParams::to_string() const {
+  return std::string(fp8_format_name(format)) + " " + recipe.to_string();
 }
 
 namespace {
@@ -78,6 +87,100 @@ const OpDef& quantize_op() {
           },
   };
   return op;
+}
+
+namespace {
+
+const TensorMeta kScalar{Shape{1}, DType::kFloat32};
+const TensorMeta kFlag{Shape{1}, DType::kInt32};
+
+void expect_scalar(std::string_view op, std::string_view role, const TensorMeta& got) {
+  SG_CHECK(got == kScalar, "op ", op, ": ", role, " must be [1] fp32, got ", got.shape, " ", dtype_name(got.dtype));
+}
+
+std::vector<TensorMeta> check_scale_from_amax(const OpParams&, std::span<const TensorMeta> inputs) {
+  SG_CHECK(inputs.size() == 1, "op scale_from_amax takes amax, got ", inputs.size(), " inputs");
+  expect_scalar("scale_from_amax", "amax", inputs[0]);
+  return {kScalar, kScalar, kFlag};
+}
+
+// Inputs: amax, history, scale, scale_inv (the last three written in place).
+std::vector<TensorMeta> check_delayed(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const DelayedScalingParams& p = params.as<DelayedScalingParams>();
+  p.recipe.check();
+  SG_CHECK(p.recipe.scaling == Fp8Scaling::kDelayed, "op delayed_scaling_update_: the recipe's scaling is ",
+           fp8_scaling_name(p.recipe.scaling), ", not delayed");
+  SG_CHECK(inputs.size() == 4, "op delayed_scaling_update_ takes amax, history, scale and scale_inv, got ",
+           inputs.size(), " inputs");
+  expect_scalar("delayed_scaling_update_", "amax", inputs[0]);
+  const TensorMeta history{Shape{p.recipe.amax_history_len}, DType::kFloat32};
+  SG_CHECK(inputs[1] == history, "op delayed_scaling_update_: history must be ", history.shape, " fp32 (the recipe's ",
+           "amax_history_len), got ", inputs[1].shape, " ", dtype_name(inputs[1].dtype));
+  expect_scalar("delayed_scaling_update_", "scale", inputs[2]);
+  expect_scalar("delayed_scaling_update_", "scale_inv", inputs[3]);
+  return {kFlag};
+}
+
+}  // namespace
+
+const OpDef& scale_from_amax_op() {
+  static const OpDef op{
+      .name = "scale_from_amax",
+      .check = check_scale_from_amax,
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const ScaleFromAmaxParams& p = params.as<ScaleFromAmaxParams>();
+            kernels::launch_scale_from_amax(static_cast<const float*>(a.inputs[0]), p.format, p.power_of_two,
+                                            static_cast<float*>(a.outputs[0]), static_cast<float*>(a.outputs[1]),
+                                            static_cast<int*>(a.outputs[2]), stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const ScaleFromAmaxParams& p = params.as<ScaleFromAmaxParams>();
+            const float amax = *static_cast<const float*>(a.inputs[0]);
+            const bool ok = kernels::amax_is_usable(amax);
+            const float scale = ok ? kernels::fp8_scale(amax, p.format, 0, p.power_of_two) : 1.0f;
+            *static_cast<float*>(a.outputs[0]) = scale;
+            *static_cast<float*>(a.outputs[1]) = 1.0f / scale;
+            *static_cast<std::int32_t*>(a.outputs[2]) = ok ? 0 : 1;
+          },
+  };
+  return op;
+}
+
+const OpDef& delayed_scaling_update_op() {
+  static const OpDef op{
+      .name = "delayed_scaling_update_",
+      .check = check_delayed,
+      .mutated_inputs = {1, 2, 3},
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const DelayedScalingParams& p = params.as<DelayedScalingParams>();
+            kernels::launch_delayed_scaling_update(
+                p.recipe, p.format, static_cast<const float*>(a.inputs[0]), static_cast<float*>(a.inputs[1]),
+                static_cast<float*>(a.inputs[2]), static_cast<float*>(a.inputs[3]), static_cast<int*>(a.outputs[0]),
+                stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const DelayedScalingParams& p = params.as<DelayedScalingParams>();
+            const bool ok = kernels::delayed_scaling_update_host(
+                p.recipe, p.format, *static_cast<const float*>(a.inputs[0]),
+                {static_cast<float*>(a.inputs[1]), static_cast<float*>(a.inputs[2]), static_cast<float*>(a.inputs[3])});
+            *static_cast<std::int32_t*>(a.outputs[0]) = ok ? 0 : 1;
+          },
+  };
+  return op;
+}
+
+Scales scale_from_amax(Context& ctx, const Tensor& amax, const ScaleFromAmaxParams& params) {
+  std::vector<Tensor> out = ctx.call(scale_from_amax_op(), params, {amax});
+  return {out[0], out[1], out[2]};
+}
+
+Tensor delayed_scaling_update_(Context& ctx, const DelayedScalingParams& params, const Tensor& amax,
+                               const Tensor& history, const Tensor& scale, const Tensor& scale_inv) {
+  return ctx.call(delayed_scaling_update_op(), params, {amax, history, scale, scale_inv}).front();
 }
 
 Quantized quantize(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params) {

@@ -1,7 +1,8 @@
 // FP8 ops (issue 17; Note [FP8 scaling] in engine/fp8_recipe.h): quantizing
 // a tensor with a scale read on the device, giving its row-wise and
-// column-wise FP8 copies and its amax (kernels/fp8_quantize.h). The GEMM of
-// FP8 operands is ops::fp8_gemm (ops/gemm_ops.h).
+// column-wise FP8 copies and its amax (kernels/fp8_quantize.h), and the
+// scale updates of current and delayed scaling, all inside the step. The
+// GEMM of FP8 operands is ops::fp8_gemm (ops/gemm_ops.h).
 //
 //   auto q = ops::quantize(ctx, x, scale, {.format = Fp8Format::kE4M3, .columnwise = true});
 //   auto y = ops::fp8_gemm(ctx, q.rowwise, x_scale_inv, w_q.rowwise, w_scale_inv, {.trans_b = true});
@@ -11,6 +12,7 @@
 
 #include "engine/context.h"
 #include "engine/fp8.h"
+#include "engine/fp8_recipe.h"
 #include "engine/op.h"
 
 namespace stepgraph::ops {
@@ -33,6 +35,38 @@ struct Quantized {
 // x: 2-D [rows, cols] fp32, bf16 or fp16; scale: [1] fp32 (q = fp8(x * scale)).
 Quantized quantize(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params);
 
+// Current scaling: scale and scale_inv ([1] fp32 each) from an amax ([1]
+// fp32); non_finite ([1] int32) is 1 when the amax is not (scales 1 then).
+struct ScaleFromAmaxParams {
+  Fp8Format format = Fp8Format::kE4M3;
+  bool power_of_two = false;
+
+  bool operator==(const ScaleFromAmaxParams&) const = default;
+  std::string to_string() const;
+};
+struct Scales {
+  Tensor scale;
+  Tensor scale_inv;
+  Tensor non_finite;
+};
+Scales scale_from_amax(Context& ctx, const Tensor& amax, const ScaleFromAmaxParams& params);
+
+// Delayed scaling, in place: the amax history ([recipe.amax_history_len]
+// fp32, a persistent tensor) rolls in amax, and scale and scale_inv follow
+// (kernels::delayed_scaling_update_host). Returns non_finite ([1] int32): 1
+// when amax was not finite and nothing changed.
+struct DelayedScalingParams {
+  Fp8Recipe recipe = Fp8Recipe::delayed();
+  Fp8Format format = Fp8Format::kE4M3;
+
+  bool operator==(const DelayedScalingParams&) const = default;
+  std::string to_string() const;
+};
+Tensor delayed_scaling_update_(Context& ctx, const DelayedScalingParams& params, const Tensor& amax,
+                               const Tensor& history, const Tensor& scale, const Tensor& scale_inv);
+
 const OpDef& quantize_op();
+const OpDef& scale_from_amax_op();
+const OpDef& delayed_scaling_update_op();
 
 }  // namespace stepgraph::ops

@@ -38,6 +38,8 @@ std::span<const OpDef* const> all_ops() {
       &gemm_op(),
       &gemm_into_op(),
       &quantize_op(),
+      &scale_from_amax_op(),
+      &delayed_scaling_update_op(),
       &grouped_linear_forward_op(),
       &grouped_linear_dgrad_op(),
       &grouped_linear_wgrad_op(),

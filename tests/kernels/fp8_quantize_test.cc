@@ -162,5 +162,62 @@ TEST(Fp8QuantizeTest, BlockWithANonFiniteValueSetsTheFlag) {
   EXPECT_EQ(value, 1);
 }
 
+// The scale updates on the device equal the host references bit for bit.
+TEST(Fp8QuantizeTest, ScaleUpdatesEqualTheHostReferences) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  Stream stream;
+  DeviceArray amax(4), scale(4), scale_inv(4), flag(4), history(4 * 1024);
+  auto put = [](const DeviceArray& d, float v) { SG_CUDA_CHECK(cudaMemcpy(d.get(), &v, 4, cudaMemcpyHostToDevice)); };
+  auto get = [](const DeviceArray& d) {
+    float v = 0.0f;
+    SG_CUDA_CHECK(cudaMemcpy(&v, d.get(), 4, cudaMemcpyDeviceToHost));
+    return v;
+  };
+  std::uniform_real_distribution<float> exponent(-30.0f, 30.0f);
+  // Current scaling, every format and rounding, random amaxes and the edge cases.
+  std::vector<float> amaxes{0.0f, 1e-40f, 448.0f, NAN, INFINITY};
+  for (int i = 0; i < 50; ++i) amaxes.push_back(std::exp2(exponent(rng)));
+  for (const Fp8Format format : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    for (const bool power_of_two : {false, true}) {
+      for (const float a : amaxes) {
+        put(amax, a);
+        launch_scale_from_amax(static_cast<const float*>(amax.get()), format, power_of_two,
+                               static_cast<float*>(scale.get()), static_cast<float*>(scale_inv.get()),
+                               static_cast<int*>(flag.get()), stream.get());
+        stream.synchronize();
+        const bool ok = amax_is_usable(a);
+        const float want = ok ? fp8_scale(a, format, 0, power_of_two) : 1.0f;
+        EXPECT_EQ(get(scale), want) << a;
+        EXPECT_EQ(get(scale_inv), 1.0f / want) << a;
+      }
+    }
+  }
+  // Delayed scaling: 200 steps of random amaxes (and a NaN) through a history of 1000.
+  for (const AmaxReduction reduction : {AmaxReduction::kMax, AmaxReduction::kMostRecent}) {
+    const Fp8Recipe recipe = Fp8Recipe::delayed(1000, reduction, 1);
+    std::vector<float> want_history(1000, 0.0f);
+    float want_scale = 1.0f, want_scale_inv = 1.0f;
+    SG_CUDA_CHECK(cudaMemcpy(history.get(), want_history.data(), 4000, cudaMemcpyHostToDevice));
+    put(scale, 1.0f);
+    put(scale_inv, 1.0f);
+    for (int step = 0; step < 200; ++step) {
+      const float a = step == 77 ? NAN : std::exp2(exponent(rng) / 3.0f);
+      put(amax, a);
+      launch_delayed_scaling_update(recipe, Fp8Format::kE4M3, static_cast<const float*>(amax.get()),
+                                    static_cast<float*>(history.get()), static_cast<float*>(scale.get()),
+                                    static_cast<float*>(scale_inv.get()), static_cast<int*>(flag.get()),
+                                    stream.get());
+      stream.synchronize();
+      delayed_scaling_update_host(recipe, Fp8Format::kE4M3, a, {want_history.data(), &want_scale, &want_scale_inv});
+      ASSERT_EQ(get(scale), want_scale) << "step " << step;
+      ASSERT_EQ(get(scale_inv), want_scale_inv) << "step " << step;
+    }
+    std::vector<float> got_history(1000);
+    SG_CUDA_CHECK(cudaMemcpy(got_history.data(), history.get(), 4000, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got_history, want_history);
+  }
+}
+
 }  // namespace
 }  // namespace stepgraph::kernels

@@ -143,5 +143,43 @@ TEST(Fp8OpsHostTest, Fp8LinearForwardAndBackwardStayWithinFp8Error) {
   EXPECT_GT(relative(to_floats(ctx, y), y_want), 1e-4);
 }
 
+TEST(Fp8OpsHostTest, ScaleFromAmaxFollowsTheRuleAndFlagsNonFiniteAmax) {
+  Context ctx(Device::kHost);
+  const Scales s = scale_from_amax(ctx, scalar(ctx, "amax", 2.0f), {Fp8Format::kE4M3, false});
+  EXPECT_EQ(ctx.to_vector<float>(s.scale), std::vector<float>{224.0f});
+  EXPECT_EQ(ctx.to_vector<float>(s.scale_inv), std::vector<float>{1.0f / 224.0f});
+  EXPECT_EQ(ctx.to_vector<std::int32_t>(s.non_finite), std::vector<std::int32_t>{0});
+  const Scales p = scale_from_amax(ctx, scalar(ctx, "amax2", 2.0f), {Fp8Format::kE4M3, true});
+  EXPECT_EQ(ctx.to_vector<float>(p.scale), std::vector<float>{128.0f});
+  const Scales bad = scale_from_amax(ctx, scalar(ctx, "nan", NAN), {Fp8Format::kE5M2, false});
+  EXPECT_EQ(ctx.to_vector<float>(bad.scale), std::vector<float>{1.0f});
+  EXPECT_EQ(ctx.to_vector<std::int32_t>(bad.non_finite), std::vector<std::int32_t>{1});
+}
+
+TEST(Fp8OpsHostTest, DelayedScalingUpdateRollsTheHistoryInPlace) {
+  Context ctx(Device::kHost);
+  const DelayedScalingParams params{Fp8Recipe::delayed(3, AmaxReduction::kMax, 0), Fp8Format::kE4M3};
+  const Tensor history = ctx.persistent("history", {Shape{3}, DType::kFloat32});
+  const std::vector<float> zeros(3, 0.0f);
+  ctx.copy_from_host(history, zeros.data(), 12);
+  const Tensor scale = scalar(ctx, "scale", 1.0f);
+  const Tensor scale_inv = scalar(ctx, "scale_inv", 1.0f);
+  for (const float amax : {4.0f, 1.0f, 2.0f, 1.0f}) {
+    const Tensor flag = delayed_scaling_update_(ctx, params, scalar(ctx, "amax" + std::to_string(amax), amax),
+                                                history, scale, scale_inv);
+    EXPECT_EQ(ctx.to_vector<std::int32_t>(flag), std::vector<std::int32_t>{0});
+  }
+  EXPECT_EQ(ctx.to_vector<float>(history), (std::vector<float>{1.0f, 2.0f, 1.0f}));
+  EXPECT_EQ(ctx.to_vector<float>(scale), std::vector<float>{224.0f});  // 4 rolled out: 448 / 2
+  const Tensor flag = delayed_scaling_update_(ctx, params, scalar(ctx, "inf", INFINITY), history, scale, scale_inv);
+  EXPECT_EQ(ctx.to_vector<std::int32_t>(flag), std::vector<std::int32_t>{1});
+  EXPECT_EQ(ctx.to_vector<float>(history), (std::vector<float>{1.0f, 2.0f, 1.0f}));
+  const Tensor wrong = ctx.persistent("wrong", {Shape{4}, DType::kFloat32});
+  EXPECT_ERROR_CONTAINS(delayed_scaling_update_(ctx, params, scale, wrong, scale, scale_inv), "history must be [3]");
+  EXPECT_ERROR_CONTAINS(delayed_scaling_update_(ctx, {Fp8Recipe::current(), Fp8Format::kE4M3}, scale, history, scale,
+                                                scale_inv),
+                        "not delayed");
+}
+
 }  // namespace
 }  // namespace stepgraph::ops

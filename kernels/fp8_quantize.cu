@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const T* __rest
   __shared__ std::uint8_t tile[kTile][kTile + 4];
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kTile;
   const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const float scale = *scale_ptr;
+  const float scale = scale_ptr != nullptr ? *scale_ptr : 1.0f;  // null: amax only (launch_amax)
   unsigned local = 0;
 #pragma unroll 4
   for (int i = static_cast<int>(threadIdx.x); i < kTile * kTile; i += kThreads) {
@@ -49,9 +49,11 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const T* __rest
     if (r0 + r < rows && c0 + c < cols) {
       const float value = to_float(x[(r0 + r) * cols + c0 + c]);
       local = max(local, __float_as_uint(fabsf(value)));
-      const std::uint8_t q = to_fp8(value * scale, format);
-      if (rowwise != nullptr) rowwise[(r0 + r) * cols + c0 + c] = q;
-      tile[r][c] = q;
+      if (rowwise != nullptr || columnwise != nullptr) {
+        const std::uint8_t q = to_fp8(value * scale, format);
+        if (rowwise != nullptr) rowwise[(r0 + r) * cols + c0 + c] = q;
+        tile[r][c] = q;
+      }
     }
   }
   if (columnwise != nullptr) {
@@ -181,20 +183,18 @@ void launch_quantize_blocks(const QuantizeDesc& desc, BlockShape shape, bool pow
   }
 }
 
-void launch_quantize(const QuantizeDesc& desc, const void* x, const float* scale, std::uint8_t* rowwise,
-                     std::uint8_t* columnwise, float* amax, cudaStream_t stream) {
-  check_quantize(desc);
-  SG_CHECK(x != nullptr || desc.rows * desc.cols == 0, "quantize: x is null");
-  SG_CHECK(scale != nullptr && amax != nullptr, "quantize: scale and amax must be device pointers, got a null one");
-  SG_CHECK((!desc.rowwise || rowwise != nullptr) && (!desc.columnwise || columnwise != nullptr),
-           "quantize: an output asked for is null");
+namespace {
+
+// The tile kernel over the whole tensor; null outputs (and scale) give amax alone.
+void launch_tiles(const QuantizeDesc& desc, const void* x, const float* scale, std::uint8_t* rowwise,
+                  std::uint8_t* columnwise, float* amax, cudaStream_t stream) {
   SG_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (desc.rows == 0 || desc.cols == 0) return;
   SG_CHECK((desc.rows + kTile - 1) / kTile <= 65535, "quantize: at most ", 65535 * kTile, " rows, got ", desc.rows);
   const dim3 grid(static_cast<unsigned>((desc.cols + kTile - 1) / kTile),
                   static_cast<unsigned>((desc.rows + kTile - 1) / kTile));
-  std::uint8_t* rows_out = desc.rowwise ? rowwise : nullptr;
-  std::uint8_t* cols_out = desc.columnwise ? columnwise : nullptr;
+  std::uint8_t* rows_out = rowwise;
+  std::uint8_t* cols_out = columnwise;
   auto* bits = reinterpret_cast<unsigned*>(amax);
   switch (desc.in_dtype) {
     case DType::kFloat32:
@@ -212,6 +212,26 @@ void launch_quantize(const QuantizeDesc& desc, const void* x, const float* scale
     default: SG_THROW(ErrorCode::kInvalidArgument, "quantize: unsupported dtype ", dtype_name(desc.in_dtype));
   }
   SG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch_quantize(const QuantizeDesc& desc, const void* x, const float* scale, std::uint8_t* rowwise,
+                     std::uint8_t* columnwise, float* amax, cudaStream_t stream) {
+  check_quantize(desc);
+  SG_CHECK(x != nullptr || desc.rows * desc.cols == 0, "quantize: x is null");
+  SG_CHECK(scale != nullptr && amax != nullptr, "quantize: scale and amax must be device pointers, got a null one");
+  SG_CHECK((!desc.rowwise || rowwise != nullptr) && (!desc.columnwise || columnwise != nullptr),
+           "quantize: an output asked for is null");
+  launch_tiles(desc, x, scale, desc.rowwise ? rowwise : nullptr, desc.columnwise ? columnwise : nullptr, amax,
+               stream);
+}
+
+void launch_amax(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* amax, cudaStream_t stream) {
+  const QuantizeDesc desc{dtype, Fp8Format::kE4M3, rows, cols, true, false};
+  check_quantize(desc);
+  SG_CHECK((x != nullptr || rows * cols == 0) && amax != nullptr, "amax: x and amax must be device pointers");
+  launch_tiles(desc, x, nullptr, nullptr, nullptr, amax, stream);
 }
 
 }  // namespace stepgraph::kernels

@@ -56,6 +56,11 @@ void quantize_host(const QuantizeDesc& desc, const void* x, float scale, std::ui
 void launch_quantize(const QuantizeDesc& desc, const void* x, const float* scale, std::uint8_t* rowwise,
                      std::uint8_t* columnwise, float* amax, cudaStream_t stream);
 
+// *amax = max |x| of x [rows, cols] (fp32, bf16 or fp16): current scaling's
+// first pass. The host reference is amax_host; equal bit for bit.
+float amax_host(DType dtype, std::int64_t rows, std::int64_t cols, const void* x);
+void launch_amax(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* amax, cudaStream_t stream);
+
 // --- block scaling -----------------------------------------------------------
 
 enum class BlockShape : std::uint8_t {

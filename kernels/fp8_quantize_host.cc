@@ -58,6 +58,13 @@ void quantize_host(const QuantizeDesc& desc, const void* x, float scale, std::ui
   *amax = running;
 }
 
+float amax_host(DType dtype, std::int64_t rows, std::int64_t cols, const void* x) {
+  check_quantize({dtype, Fp8Format::kE4M3, rows, cols, true, false});
+  float running = 0.0f;
+  for (std::int64_t i = 0; i < rows * cols; ++i) running = max_abs(running, load_as_float(dtype, x, i));
+  return running;
+}
+
 void check_block_quantize(const QuantizeDesc& desc, BlockShape shape) {
   check_quantize(desc);
   const bool rows_blocked = shape == BlockShape::k128x128 || desc.columnwise;

@@ -98,6 +98,14 @@ void expect_scalar(std::string_view op, std::string_view role, const TensorMeta&
   SG_CHECK(got == kScalar, "op ", op, ": ", role, " must be [1] fp32, got ", got.shape, " ", dtype_name(got.dtype));
 }
 
+std::vector<TensorMeta> check_amax(const OpParams&, std::span<const TensorMeta> inputs) {
+  SG_CHECK(inputs.size() == 1, "op amax takes x, got ", inputs.size(), " inputs");
+  SG_CHECK(inputs[0].shape.rank() == 2, "op amax: x must be 2-D [rows, cols], got ", inputs[0].shape);
+  kernels::check_quantize({inputs[0].dtype, Fp8Format::kE4M3, inputs[0].shape.dim(0), inputs[0].shape.dim(1), true,
+                           false});
+  return {kScalar};
+}
+
 std::vector<TensorMeta> check_scale_from_amax(const OpParams&, std::span<const TensorMeta> inputs) {
   SG_CHECK(inputs.size() == 1, "op scale_from_amax takes amax, got ", inputs.size(), " inputs");
   expect_scalar("scale_from_amax", "amax", inputs[0]);
@@ -122,6 +130,30 @@ std::vector<TensorMeta> check_delayed(const OpParams& params, std::span<const Te
 }
 
 }  // namespace
+
+struct NoParams {
+  bool operator==(const NoParams&) const = default;
+  std::string to_string() const { return ""; }
+};
+
+const OpDef& amax_op() {
+  static const OpDef op{
+      .name = "amax",
+      .check = check_amax,
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
+            const TensorMeta& x = a.input_metas[0];
+            kernels::launch_amax(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0],
+                                 static_cast<float*>(a.outputs[0]), stream);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            const TensorMeta& x = a.input_metas[0];
+            *static_cast<float*>(a.outputs[0]) = kernels::amax_host(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0]);
+          },
+  };
+  return op;
+}
 
 const OpDef& scale_from_amax_op() {
   static const OpDef op{
@@ -172,6 +204,8 @@ const OpDef& delayed_scaling_update_op() {
   };
   return op;
 }
+
+Tensor amax(Context& ctx, const Tensor& x) { return ctx.call(amax_op(), NoParams{}, {x}).front(); }
 
 Scales scale_from_amax(Context& ctx, const Tensor& amax, const ScaleFromAmaxParams& params) {
   std::vector<Tensor> out = ctx.call(scale_from_amax_op(), params, {amax});

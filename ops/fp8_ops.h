@@ -4,7 +4,8 @@
 // scale updates of current and delayed scaling, all inside the step. The
 // GEMM of FP8 operands is ops::fp8_gemm (ops/gemm_ops.h).
 //
-//   auto q = ops::quantize(ctx, x, scale, {.format = Fp8Format::kE4M3, .columnwise = true});
+//   auto s = ops::scale_from_amax(ctx, ops::amax(ctx, x), {.format = Fp8Format::kE4M3});   // current scaling
+//   auto q = ops::quantize(ctx, x, s.scale, {.format = Fp8Format::kE4M3, .columnwise = true});
 //   auto y = ops::fp8_gemm(ctx, q.rowwise, x_scale_inv, w_q.rowwise, w_scale_inv, {.trans_b = true});
 #pragma once
 
@@ -34,6 +35,10 @@ struct Quantized {
 
 // x: 2-D [rows, cols] fp32, bf16 or fp16; scale: [1] fp32 (q = fp8(x * scale)).
 Quantized quantize(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params);
+
+// max |x| ([1] fp32) of a 2-D x: current scaling's first pass, before
+// scale_from_amax and quantize.
+Tensor amax(Context& ctx, const Tensor& x);
 
 // Current scaling: scale and scale_inv ([1] fp32 each) from an amax ([1]
 // fp32); non_finite ([1] int32) is 1 when the amax is not (scales 1 then).
@@ -66,6 +71,7 @@ Tensor delayed_scaling_update_(Context& ctx, const DelayedScalingParams& params,
                                const Tensor& history, const Tensor& scale, const Tensor& scale_inv);
 
 const OpDef& quantize_op();
+const OpDef& amax_op();
 const OpDef& scale_from_amax_op();
 const OpDef& delayed_scaling_update_op();
 

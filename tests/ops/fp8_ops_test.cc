@@ -112,10 +112,12 @@ TEST(Fp8OpsHostTest, Fp8LinearForwardAndBackwardStayWithinFp8Error) {
   const Bf16Matrix w = random_matrix(out, in, rng, 0.1f);
   const Bf16Matrix dy = random_matrix(tokens, out, rng, 0.01f);
 
+  // Current scaling as a step does it: amax, then the scales, then the copies.
   auto quantized = [&](const std::string& name, const Bf16Matrix& m, Fp8Format format) {
-    const float scale = current_scale(m, format);
-    return std::pair{quantize(ctx, upload(ctx, name, m), scalar(ctx, name + ".scale", scale), {format, true, true}),
-                     scalar(ctx, name + ".scale_inv", 1.0f / scale)};
+    const Tensor t = upload(ctx, name, m);
+    const Scales s = scale_from_amax(ctx, amax(ctx, t), {format, false});
+    EXPECT_EQ(ctx.to_vector<float>(s.scale), std::vector<float>{current_scale(m, format)});
+    return std::pair{quantize(ctx, t, s.scale, {format, true, true}), s.scale_inv};
   };
   const auto [xq, x_inv] = quantized("x", x, Fp8Format::kE4M3);
   const auto [wq, w_inv] = quantized("w", w, Fp8Format::kE4M3);

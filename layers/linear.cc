@@ -3,12 +3,14 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "engine/error.h"
 #include "layers/layer_checks.h"
 #include "layers/weight_grad_scope.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
+#include "ops/fp8_ops.h"
 #include "ops/gemm_ops.h"
 #include "ops/row_ops.h"
 
@@ -50,6 +52,19 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
              config.in_features, " over the ", n, " ranks of ", tp_->describe(), "; make in_features a multiple of ",
              n);
   }
+  if (config.fp8) {
+    // See Note [FP8 Linear]: what is built so far.
+    config.fp8->check();
+    SG_CHECK_CODE(config.fp8->scaling == Fp8Scaling::kCurrent, ErrorCode::kUnsupported, label_,
+                  ": FP8 with ", fp8_scaling_name(config.fp8->scaling),
+                  " scaling is not built yet; use current scaling (Fp8Recipe::current())");
+    SG_CHECK_CODE(!split, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
+    SG_CHECK_CODE(!config.bias, ErrorCode::kUnsupported, label_,
+                  ": FP8 with a bias is not built yet (its gradient's reduction is not); use bias = false");
+    SG_CHECK(config.in_features % 16 == 0 && config.out_features % 16 == 0, label_,
+             ": FP8 GEMMs need in_features and out_features divisible by 16, got ", config.in_features, " and ",
+             config.out_features);
+  }
   check_overlap("fprop_overlap", config.fprop_overlap, column() ? CommOverlap::kRingExchange : CommOverlap::kPipelined);
   check_overlap("dgrad_overlap", config.dgrad_overlap, column() ? CommOverlap::kPipelined : CommOverlap::kRingExchange);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config.in_features));
@@ -87,8 +102,55 @@ std::vector<Parameter*> Linear::parameters() {
   return out;
 }
 
+namespace {
+
+// Current scaling of `t` into the FP8 copies asked for (Note [FP8 Linear]).
+std::pair<ops::Quantized, Tensor> quantize_current(Context& ctx, const Tensor& t, Fp8Format format, bool rowwise,
+                                                   bool columnwise) {
+  const ops::Scales s = ops::scale_from_amax(ctx, ops::amax(ctx, t), {format, false});
+  return {ops::quantize(ctx, t, s.scale, {format, rowwise, columnwise}), s.scale_inv};
+}
+
+}  // namespace
+
+Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
+  const std::int64_t tokens = args.x.shape().dim(0);
+  SG_CHECK(tokens % 16 == 0, label_, " forward: FP8 GEMMs need a token count divisible by 16, got ", tokens);
+  const Fp8Recipe& recipe = *config_.fp8;
+  const auto [x, x_scale_inv] = quantize_current(ctx, args.x, recipe.forward_format(), true, config_.wgrad);
+  const auto [w, w_scale_inv] = quantize_current(ctx, weight_.value, recipe.forward_format(), true, config_.dgrad);
+  Forward out;
+  out.y = ops::fp8_gemm(ctx, x.rowwise, x_scale_inv, w.rowwise, w_scale_inv,
+                        {.trans_b = true,
+                         .out_dtype = config_.dtype,
+                         .fast_accumulation = recipe.fast_accumulation_forward})
+              .d;
+  out.saved = Saved{args.x, config_.dgrad, config_.wgrad, x.columnwise, x_scale_inv, w.columnwise, w_scale_inv};
+  return out;
+}
+
+Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  if (!saved.dgrad && !saved.wgrad) return {};
+  const Fp8Recipe& recipe = *config_.fp8;
+  const auto [dy, dy_scale_inv] = quantize_current(ctx, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad);
+  const ops::GemmParams tn{.trans_b = true, .fast_accumulation = recipe.fast_accumulation_backward};
+  if (saved.wgrad) {
+    // grad_W[out, in] = dy^T x, both as their transposed copies, on the weight-gradient stream.
+    WeightGradScope weight_grads(ctx);
+    ops::GemmParams wgrad = tn;
+    wgrad.out_dtype = DType::kFloat32;
+    ops::copy_(ctx, weight_.grad,
+               ops::fp8_gemm(ctx, dy.columnwise, dy_scale_inv, saved.x_fp8_t, saved.x_scale_inv, wgrad).d);
+  }
+  if (!saved.dgrad) return {};
+  ops::GemmParams dgrad = tn;
+  dgrad.out_dtype = config_.dtype;
+  return ops::fp8_gemm(ctx, dy.rowwise, dy_scale_inv, saved.w_fp8_t, saved.w_scale_inv, dgrad).d;
+}
+
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "input", args.x, {"tokens", local_in_features()}, config_.dtype);
+  if (config_.fp8) return forward_fp8(ctx, args);
   const std::int64_t tokens = args.x.shape().dim(0);
   if (row() && sequence_parallel()) {
     SG_CHECK(tokens % ranks() == 0, label_, " forward: a sequence-parallel row-parallel layer reduce-scatters its ",
@@ -145,6 +207,7 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   const bool gathers_dy = row() && sequence_parallel();
   check_input(label_, "backward", "dy", args.dy, {gathers_dy ? tokens / ranks() : tokens, local_out_features()},
               config_.dtype, "the forward's output");
+  if (config_.fp8) return backward_fp8(ctx, saved, args);
   // dx[tokens, in] = dy W, over rows of dy: whole, or (a sequence-parallel
   // row-parallel layer) shard by shard as dy's shards arrive.
   Tensor dx;

@@ -6,6 +6,20 @@
 // copy). Backward writes the parameter gradients (fp32 main grads) when
 // wgrad is on and returns dx when dgrad is on.
 //
+// Note [FP8 Linear]
+// With LinearConfig::fp8 the three products run as FP8 GEMMs (Note [FP8
+// GEMMs] in kernels/gemm.h), each in the TN form Hopper needs:
+//   forward  y  = x W^T     x row-wise [T, in] (E4M3), W row-wise [out, in] (E4M3)
+//   dgrad    dx = dy W      dy row-wise [T, out], W's column-wise copy [in, out]
+//   wgrad    dW = dy^T x    dy's column-wise copy [out, T], x's column-wise copy [in, T]
+// Gradients are E5M2 with the hybrid formats, E4M3 otherwise. Scales are
+// current (amax, then scale, then quantize, all inside the step); the
+// forward keeps the transposed FP8 copies the backward reads, one byte an
+// element. So far: current scaling only, no tensor parallelism, no bias,
+// token counts and features multiples of 16; each other case is an Error
+// naming it. The weight is quantized in every forward (once per optimizer
+// step is to come), and the saved input is still kept beside its FP8 copy.
+//
 // Note [Column- and row-parallel Linear]
 // With a tensor-parallel communicator of N ranks (Megatron's tensor
 // parallelism), rank r holds a slice of the [out, in] weight one rank would
@@ -44,12 +58,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "engine/fp8_recipe.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/parameter.h"
 
@@ -78,6 +94,8 @@ struct LinearConfig {
   // (ring_exchange). Without it the collectives are all-reduces: none or bulk.
   CommOverlap fprop_overlap = CommOverlap::kBulk;
   CommOverlap dgrad_overlap = CommOverlap::kBulk;
+  // FP8 GEMMs (issue 17; Note [FP8 Linear]); nullopt runs the 16-bit GEMMs.
+  std::optional<Fp8Recipe> fp8;
 };
 
 class Linear {
@@ -89,6 +107,11 @@ class Linear {
     Tensor x;  // the caller's input (a reference); kColumn with SP: the all-gathered input
     bool dgrad = true;
     bool wgrad = true;
+    // FP8: the transposed copies the backward's GEMMs read, with their scale_inv.
+    Tensor x_fp8_t;  // [in, tokens], when wgrad
+    Tensor x_scale_inv;
+    Tensor w_fp8_t;  // [in, out], when dgrad
+    Tensor w_scale_inv;
   };
   struct Forward {
     Tensor y;  // [tokens, out_features] (kColumn: [tokens, out / N]; kRow with SP: [tokens / N, out])
@@ -123,6 +146,8 @@ class Linear {
   bool column() const { return config_.tensor_parallel == TensorParallelMode::kColumn; }
   bool row() const { return config_.tensor_parallel == TensorParallelMode::kRow; }
   bool sequence_parallel() const { return config_.sequence_parallel; }
+  Forward forward_fp8(Context& ctx, const FwdArgs& args) const;
+  Tensor backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   std::string label_;  // "Linear 'name'", for argument errors
   LinearConfig config_;

@@ -1,7 +1,7 @@
 // Linear with an FP8 recipe (Note [FP8 Linear]) on the host backend: its
 // output and gradients within FP8's error of the same layer in bf16 (same
-// seed, same inputs), the transposed FP8 copies it saves, and the cases not
-// built yet as errors naming them.
+// seed, same inputs), the transposed FP8 copies it saves, LayerNormLinear
+// carrying the recipe, and the cases not built yet as errors naming them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 
 #include "engine/context.h"
 #include "engine/fp8_recipe.h"
+#include "layers/layernorm_linear.h"
 #include "layers/linear.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
@@ -74,6 +75,34 @@ TEST(Fp8LinearTest, ForwardAndBackwardStayWithinFp8ErrorOfBf16) {
   e4m3.formats = Fp8Formats::kE4M3;
   const Result all_e4m3 = run(e4m3);
   EXPECT_LT(relative(all_e4m3.dw, bf16.dw), 0.06);
+}
+
+// LayerNormLinear carries the recipe in its LinearConfig: the norm runs in
+// bf16, the projection in FP8.
+TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
+  const testing::TestSeed seed;
+  std::mt19937 rng(seed.value());
+  const std::int64_t tokens = 32, hidden = 64, out = 32;
+  const std::vector<float> x_values = random_values(tokens * hidden, rng, 1.0f);
+  const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
+  auto run = [&](std::optional<Fp8Recipe> fp8) {
+    Context ctx(Device::kHost);
+    LayerNormLinear layer(
+        ctx, "lnl", {.linear = {.in_features = hidden, .out_features = out, .bias = false, .fp8 = fp8}}, 3);
+    const Tensor x = ctx.persistent("x", {Shape{tokens, hidden}, DType::kBFloat16});
+    const Tensor dy = ctx.persistent("dy", {Shape{tokens, out}, DType::kBFloat16});
+    write_floats(ctx, x, x_values);
+    write_floats(ctx, dy, dy_values);
+    const LayerNormLinear::Forward f = layer.forward(ctx, {x});
+    EXPECT_EQ(f.saved.linear.x_fp8_t.defined(), fp8.has_value());
+    const Tensor dx = layer.backward(ctx, f.saved, {dy});
+    return std::pair{read_floats(ctx, f.y), read_floats(ctx, dx)};
+  };
+  const auto bf16 = run(std::nullopt);
+  const auto fp8 = run(Fp8Recipe::current());
+  EXPECT_LT(relative(fp8.first, bf16.first), 0.06);
+  EXPECT_LT(relative(fp8.second, bf16.second), 0.10);
+  EXPECT_GT(relative(fp8.first, bf16.first), 1e-4) << "the FP8 path ran";
 }
 
 TEST(Fp8LinearTest, CasesNotBuiltYetAreErrorsNamingThem) {

@@ -73,6 +73,29 @@ void check_pointers(const char* op, std::int64_t n, std::initializer_list<const 
   }
 }
 
+// See Note [Column sums in a fixed order]: 8 row lanes x 32 columns a block.
+constexpr int kColumnLanes = 8;
+template <typename T>
+__global__ void __launch_bounds__(kColumnLanes * 32)
+    column_sum_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols, float* __restrict__ out) {
+  __shared__ float partial[kColumnLanes][32];
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int k = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
+  float sum = 0.0f;
+  if (c < cols) {
+    for (std::int64_t r = k; r < rows; r += kColumnLanes) sum += to_float(x[r * cols + c]);
+  }
+  partial[k][lane] = sum;
+  __syncthreads();
+  if (k == 0 && c < cols) {
+    float total = partial[0][lane];
+#pragma unroll
+    for (int j = 1; j < kColumnLanes; ++j) total += partial[j][lane];
+    out[c] = total;
+  }
+}
+
 }  // namespace
 
 void launch_fill_f32(float* out, float value, std::int64_t n, cudaStream_t stream) {
@@ -130,6 +153,28 @@ void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t str
   check_pointers("sum_f32", n, {out});
   if (n > 0) check_pointers("sum_f32", n, {x});
   sum_f32_kernel<<<1, kSumThreads, 0, stream>>>(out, x, n);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* out,
+                       cudaStream_t stream) {
+  SG_CHECK(rows >= 0 && cols >= 0, "column_sum: rows and cols must be >= 0, got ", rows, " and ", cols);
+  if (cols == 0) return;
+  SG_CHECK(out != nullptr && (rows == 0 || x != nullptr), "column_sum: x and out must be device pointers");
+  const auto blocks = static_cast<unsigned>((cols + 31) / 32);
+  switch (dtype) {
+    case DType::kFloat32:
+      column_sum_kernel<<<blocks, kColumnLanes * 32, 0, stream>>>(static_cast<const float*>(x), rows, cols, out);
+      break;
+    case DType::kBFloat16:
+      column_sum_kernel<<<blocks, kColumnLanes * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), rows, cols,
+                                                                  out);
+      break;
+    case DType::kFloat16:
+      column_sum_kernel<<<blocks, kColumnLanes * 32, 0, stream>>>(static_cast<const __half*>(x), rows, cols, out);
+      break;
+    default: SG_THROW(ErrorCode::kInvalidArgument, "column_sum: x must be fp32, bf16 or fp16, got ", dtype_name(dtype));
+  }
   SG_CUDA_CHECK(cudaGetLastError());
 }
 

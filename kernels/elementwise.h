@@ -41,6 +41,16 @@ void launch_mul_f32(float* out, const float* a, const float* b, std::int64_t n, 
 // inputs give the same bits on every run, eager or replayed.
 void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t stream);
 
+// Note [Column sums in a fixed order]
+// out[c] = sum over rows r of x[r, c] (x [rows, cols] fp32, bf16 or fp16; out
+// fp32): eight partial sums per column, partial k over rows r = k, k + 8,
+// k + 16, ... in increasing r, then added in order k = 0..7. The host
+// reference adds in exactly that order, so the two agree bit for bit, and
+// every launch gives the same bits (eager == graph). A bias's gradient from
+// dy, where no GEMM epilogue fuses it (FP8 GEMMs).
+void launch_column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* out,
+                       cudaStream_t stream);
+
 // out[i] = convert(x[i]) between fp32, bf16 and fp16 (round to nearest even).
 // Sizes are in elements; any n.
 void launch_cast(DType from, DType to, const void* x, void* out, std::int64_t n, cudaStream_t stream);

@@ -28,6 +28,18 @@ void sum_f32(float* out, const float* x, std::int64_t n) {
   out[0] = static_cast<float>(acc);
 }
 
+void column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* out) {
+  constexpr int kLanes = 8;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    float partial[kLanes] = {};
+    for (int k = 0; k < kLanes; ++k)
+      for (std::int64_t r = k; r < rows; r += kLanes) partial[k] += load_as_float(dtype, x, r * cols + c);
+    float total = partial[0];
+    for (int k = 1; k < kLanes; ++k) total += partial[k];
+    out[c] = total;
+  }
+}
+
 void cast(DType from, DType to, const void* x, void* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) store_from_float(to, out, i, load_as_float(from, x, i));
 }

@@ -18,5 +18,7 @@ void sum_f32(float* out, const float* x, std::int64_t n);
 
 // out[i] = convert(x[i]) between fp32, bf16 and fp16, as launch_cast.
 void cast(DType from, DType to, const void* x, void* out, std::int64_t n);
+// See Note [Column sums in a fixed order] (kernels/elementwise.h): the same order, the same bits.
+void column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* out);
 
 }  // namespace stepgraph::kernels::host

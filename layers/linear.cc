@@ -59,8 +59,6 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
                   ": FP8 with ", fp8_scaling_name(config.fp8->scaling),
                   " scaling is not built yet; use current scaling (Fp8Recipe::current())");
     SG_CHECK_CODE(!split, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
-    SG_CHECK_CODE(!config.bias, ErrorCode::kUnsupported, label_,
-                  ": FP8 with a bias is not built yet (its gradient's reduction is not); use bias = false");
     SG_CHECK(config.in_features % 16 == 0 && config.out_features % 16 == 0, label_,
              ": FP8 GEMMs need in_features and out_features divisible by 16, got ", config.in_features, " and ",
              config.out_features);
@@ -122,8 +120,10 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
   Forward out;
   out.y = ops::fp8_gemm(ctx, x.rowwise, x_scale_inv, w.rowwise, w_scale_inv,
                         {.trans_b = true,
+                         .epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
                          .out_dtype = config_.dtype,
-                         .fast_accumulation = recipe.fast_accumulation_forward})
+                         .fast_accumulation = recipe.fast_accumulation_forward},
+                        config_.bias ? bias_.value : Tensor())
               .d;
   out.saved = Saved{args.x, config_.dgrad, config_.wgrad, x.columnwise, x_scale_inv, w.columnwise, w_scale_inv};
   return out;
@@ -141,6 +141,8 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     wgrad.out_dtype = DType::kFloat32;
     ops::copy_(ctx, weight_.grad,
                ops::fp8_gemm(ctx, dy.columnwise, dy_scale_inv, saved.x_fp8_t, saved.x_scale_inv, wgrad).d);
+    // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
+    if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, args.dy));
   }
   if (!saved.dgrad) return {};
   ops::GemmParams dgrad = tn;

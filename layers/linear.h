@@ -15,9 +15,10 @@
 // Gradients are E5M2 with the hybrid formats, E4M3 otherwise. Scales are
 // current (amax, then scale, then quantize, all inside the step); the
 // forward keeps the transposed FP8 copies the backward reads, one byte an
-// element. So far: current scaling only, no tensor parallelism, no bias,
-// token counts and features multiples of 16; each other case is an Error
-// naming it. The weight is quantized in every forward (once per optimizer
+// element. The bias rides the forward GEMM's epilogue; its gradient is a
+// column sum of the 16-bit dy. So far: current scaling only, no tensor
+// parallelism, token counts and features multiples of 16; each other case is
+// an Error naming it. The weight is quantized in every forward (once per optimizer
 // step is to come), and the saved input is still kept beside its FP8 copy.
 //
 // Note [Column- and row-parallel Linear]

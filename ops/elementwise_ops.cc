@@ -82,6 +82,15 @@ std::vector<TensorMeta> check_sum(const OpParams&, std::span<const TensorMeta> i
   return {TensorMeta{Shape{}, DType::kFloat32}};
 }
 
+std::vector<TensorMeta> check_column_sum(const OpParams&, std::span<const TensorMeta> inputs) {
+  check_arity("column_sum", inputs, 1);
+  const TensorMeta& x = inputs[0];
+  SG_CHECK(x.shape.rank() == 2, "op column_sum: x must be 2-D [rows, cols], got ", x.shape);
+  SG_CHECK(x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16,
+           "op column_sum: x must be fp32, bf16 or fp16, got ", dtype_name(x.dtype));
+  return {TensorMeta{Shape{x.shape.dim(1)}, DType::kFloat32}};
+}
+
 std::vector<TensorMeta> check_cast(const OpParams& params, std::span<const TensorMeta> inputs) {
   check_arity("cast", inputs, 1);
   const DType to = params.as<CastParams>().to;
@@ -273,6 +282,26 @@ Tensor add(Context& ctx, const Tensor& a, const Tensor& b) { return ctx.call(add
 Tensor mul(Context& ctx, const Tensor& a, const Tensor& b) { return ctx.call(mul_op(), NoParams{}, {a, b}).front(); }
 
 Tensor sum(Context& ctx, const Tensor& x) { return ctx.call(sum_op(), NoParams{}, {x}).front(); }
+
+const OpDef& column_sum_op() {
+  static const OpDef op{
+      .name = "column_sum",
+      .check = check_column_sum,
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
+            const TensorMeta& x = a.input_metas[0];
+            kernels::launch_column_sum(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0], out_f32(a, 0), s);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            const TensorMeta& x = a.input_metas[0];
+            kernels::host::column_sum(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0], out_f32(a, 0));
+          },
+  };
+  return op;
+}
+
+Tensor column_sum(Context& ctx, const Tensor& x) { return ctx.call(column_sum_op(), NoParams{}, {x}).front(); }
 
 float item(Context& ctx, const Tensor& x) {
   SG_CHECK_CODE(!ctx.tracing(), ErrorCode::kInvalidState, "op item reads tensor '", x.name(),

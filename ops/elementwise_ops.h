@@ -21,6 +21,9 @@ void axpy_(Context& ctx, const Tensor& y, const Tensor& x, float alpha);   // y 
 Tensor add(Context& ctx, const Tensor& a, const Tensor& b);
 Tensor mul(Context& ctx, const Tensor& a, const Tensor& b);
 Tensor sum(Context& ctx, const Tensor& x);  // fp32 scalar (shape [])
+// The sums over rows of a 2-D x (fp32, bf16 or fp16): fp32 [cols], in a fixed
+// order (Note [Column sums in a fixed order] in kernels/elementwise.h).
+Tensor column_sum(Context& ctx, const Tensor& x);
 // x converted to `dtype` (fp32, bf16, fp16), rounding to nearest even.
 Tensor cast(Context& ctx, const Tensor& x, DType dtype);
 
@@ -37,6 +40,7 @@ const OpDef& axpy_inplace_op();
 const OpDef& add_op();
 const OpDef& mul_op();
 const OpDef& sum_op();
+const OpDef& column_sum_op();
 const OpDef& cast_op();
 
 }  // namespace stepgraph::ops

@@ -34,6 +34,7 @@ std::span<const OpDef* const> all_ops() {
       &add_op(),
       &mul_op(),
       &sum_op(),
+      &column_sum_op(),
       &cast_op(),
       &gemm_op(),
       &gemm_into_op(),

@@ -158,5 +158,49 @@ TEST_P(ElementwiseF32Ragged, SumMatchesTheDoubleReferenceAndIsDeterministic) {
 
 INSTANTIATE_TEST_SUITE_P(RaggedSizes, ElementwiseF32Ragged, ::testing::Values(1, 7, 255, 257, 1025, 100003, 4'000'037));
 
+// The host reference's column sums against double (they are fp32 sums in a
+// fixed order: close, not exact).
+TEST(ColumnSumHostTest, CloseToDoubleSums) {
+  const testing::TestSeed seed;
+  std::mt19937 rng(seed.value());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t rows = 1000, cols = 37;
+  std::vector<float> x(rows * cols);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> got(cols);
+  host::column_sum(DType::kFloat32, rows, cols, x.data(), got.data());
+  for (std::int64_t c = 0; c < cols; ++c) {
+    double want = 0.0;
+    for (std::int64_t r = 0; r < rows; ++r) want += x[r * cols + c];
+    EXPECT_NEAR(got[c], want, 1e-3) << "column " << c;
+  }
+}
+
+// The kernel equals the host reference bit for bit (the same order of additions).
+TEST(ColumnSumTest, EqualsTheHostReferenceBitForBit) {
+  SG_SKIP_WITHOUT_GPU();
+  const testing::TestSeed seed;
+  std::mt19937 rng(seed.value());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Stream stream;
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 33}, {4097, 96}, {64, 1000}}) {
+    std::vector<float> x(rows * cols);
+    for (float& v : x) v = normal(rng);
+    std::vector<float> want(cols), got(cols);
+    host::column_sum(DType::kFloat32, rows, cols, x.data(), want.data());
+    float* x_dev = nullptr;
+    float* out_dev = nullptr;
+    SG_CUDA_CHECK(cudaMalloc(&x_dev, x.size() * 4));
+    SG_CUDA_CHECK(cudaMalloc(&out_dev, cols * 4));
+    SG_CUDA_CHECK(cudaMemcpy(x_dev, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    launch_column_sum(DType::kFloat32, rows, cols, x_dev, out_dev, stream.get());
+    stream.synchronize();
+    SG_CUDA_CHECK(cudaMemcpy(got.data(), out_dev, cols * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), cols * 4), 0) << rows << " x " << cols;
+    cudaFree(x_dev);
+    cudaFree(out_dev);
+  }
+}
+
 }  // namespace
 }  // namespace stepgraph::kernels

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
-#include <utility>
+#include <vector>
 
 #include "engine/error.h"
 #include "layers/layer_checks.h"
@@ -55,9 +55,8 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   if (config.fp8) {
     // See Note [FP8 Linear]: what is built so far.
     config.fp8->check();
-    SG_CHECK_CODE(config.fp8->scaling == Fp8Scaling::kCurrent, ErrorCode::kUnsupported, label_,
-                  ": FP8 with ", fp8_scaling_name(config.fp8->scaling),
-                  " scaling is not built yet; use current scaling (Fp8Recipe::current())");
+    SG_CHECK_CODE(config.fp8->scaling != Fp8Scaling::kBlock, ErrorCode::kUnsupported, label_,
+                  ": FP8 with block scaling is not built yet; use current or delayed scaling");
     SG_CHECK_CODE(!split, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
     SG_CHECK(config.in_features % 16 == 0 && config.out_features % 16 == 0, label_,
              ": FP8 GEMMs need in_features and out_features divisible by 16, got ", config.in_features, " and ",
@@ -81,6 +80,24 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   }
   weight_ = make_parameter(ctx, name + ".weight", Shape{out, in}, config.dtype, w_init);
   if (config.bias) bias_ = make_parameter(ctx, name + ".bias", Shape{out}, config.dtype, b_init);
+  if (config.fp8 && config.fp8->scaling == Fp8Scaling::kDelayed) {
+    // An empty history and scale 1 until the first step's amaxes come in.
+    auto state = [&](const std::string& tensor) {
+      const std::int64_t length = config.fp8->amax_history_len;
+      DelayedState s{ctx.persistent(name + ".fp8." + tensor + ".amax_history", {Shape{length}, DType::kFloat32}),
+                     ctx.persistent(name + ".fp8." + tensor + ".scale", {Shape{1}, DType::kFloat32}),
+                     ctx.persistent(name + ".fp8." + tensor + ".scale_inv", {Shape{1}, DType::kFloat32})};
+      const std::vector<float> zeros(static_cast<std::size_t>(length), 0.0f);
+      const float one = 1.0f;
+      ctx.copy_from_host(s.history, zeros.data(), zeros.size() * sizeof(float));
+      ctx.copy_from_host(s.scale, &one, sizeof(one));
+      ctx.copy_from_host(s.scale_inv, &one, sizeof(one));
+      return s;
+    };
+    x_state_ = state("x");
+    w_state_ = state("w");
+    dy_state_ = state("dy");
+  }
 }
 
 void Linear::check_overlap(std::string_view field, CommOverlap mode, CommOverlap chunked) const {
@@ -102,9 +119,20 @@ std::vector<Parameter*> Linear::parameters() {
 
 namespace {
 
-// Current scaling of `t` into the FP8 copies asked for (Note [FP8 Linear]).
-std::pair<ops::Quantized, Tensor> quantize_current(Context& ctx, const Tensor& t, Fp8Format format, bool rowwise,
-                                                   bool columnwise) {
+// `t` into its FP8 copies, with the scale_inv the GEMMs must use (Note [FP8
+// Linear]): current scaling computes the scale now (amax, then scale, then
+// quantize); delayed scaling quantizes with the state's scale, and the copies'
+// amax goes into its history at the end of the backward.
+struct Fp8Copies {
+  ops::Quantized q;
+  Tensor scale_inv;
+};
+
+Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
+                            bool columnwise, const Tensor& delayed_scale, const Tensor& delayed_scale_inv) {
+  if (recipe.scaling == Fp8Scaling::kDelayed) {
+    return {ops::quantize(ctx, t, delayed_scale, {format, rowwise, columnwise}), delayed_scale_inv};
+  }
   const ops::Scales s = ops::scale_from_amax(ctx, ops::amax(ctx, t), {format, false});
   return {ops::quantize(ctx, t, s.scale, {format, rowwise, columnwise}), s.scale_inv};
 }
@@ -115,8 +143,14 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
   const std::int64_t tokens = args.x.shape().dim(0);
   SG_CHECK(tokens % 16 == 0, label_, " forward: FP8 GEMMs need a token count divisible by 16, got ", tokens);
   const Fp8Recipe& recipe = *config_.fp8;
-  const auto [x, x_scale_inv] = quantize_current(ctx, args.x, recipe.forward_format(), true, config_.wgrad);
-  const auto [w, w_scale_inv] = quantize_current(ctx, weight_.value, recipe.forward_format(), true, config_.dgrad);
+  const Fp8Copies xc = quantize_for_gemm(ctx, recipe, args.x, recipe.forward_format(), true, config_.wgrad,
+                                         x_state_.scale, x_state_.scale_inv);
+  const Fp8Copies wc = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, config_.dgrad,
+                                         w_state_.scale, w_state_.scale_inv);
+  const ops::Quantized& x = xc.q;
+  const ops::Quantized& w = wc.q;
+  const Tensor& x_scale_inv = xc.scale_inv;
+  const Tensor& w_scale_inv = wc.scale_inv;
   Forward out;
   out.y = ops::fp8_gemm(ctx, x.rowwise, x_scale_inv, w.rowwise, w_scale_inv,
                         {.trans_b = true,
@@ -125,14 +159,18 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
                          .fast_accumulation = recipe.fast_accumulation_forward},
                         config_.bias ? bias_.value : Tensor())
               .d;
-  out.saved = Saved{args.x, config_.dgrad, config_.wgrad, x.columnwise, x_scale_inv, w.columnwise, w_scale_inv};
+  out.saved = Saved{args.x,        config_.dgrad, config_.wgrad, x.columnwise, x_scale_inv,
+                    w.columnwise,  w_scale_inv,   x.amax,        w.amax};
   return out;
 }
 
 Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   if (!saved.dgrad && !saved.wgrad) return {};
   const Fp8Recipe& recipe = *config_.fp8;
-  const auto [dy, dy_scale_inv] = quantize_current(ctx, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad);
+  const Fp8Copies dyc = quantize_for_gemm(ctx, recipe, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad,
+                                          dy_state_.scale, dy_state_.scale_inv);
+  const ops::Quantized& dy = dyc.q;
+  const Tensor& dy_scale_inv = dyc.scale_inv;
   const ops::GemmParams tn{.trans_b = true, .fast_accumulation = recipe.fast_accumulation_backward};
   if (saved.wgrad) {
     // grad_W[out, in] = dy^T x, both as their transposed copies, on the weight-gradient stream.
@@ -144,10 +182,23 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
     if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, args.dy));
   }
-  if (!saved.dgrad) return {};
-  ops::GemmParams dgrad = tn;
-  dgrad.out_dtype = config_.dtype;
-  return ops::fp8_gemm(ctx, dy.rowwise, dy_scale_inv, saved.w_fp8_t, saved.w_scale_inv, dgrad).d;
+  Tensor dx;
+  if (saved.dgrad) {
+    ops::GemmParams dgrad = tn;
+    dgrad.out_dtype = config_.dtype;
+    dx = ops::fp8_gemm(ctx, dy.rowwise, dy_scale_inv, saved.w_fp8_t, saved.w_scale_inv, dgrad).d;
+  }
+  if (recipe.scaling == Fp8Scaling::kDelayed) {
+    // This step's amaxes into the histories, the scales for the next step:
+    // written after the GEMMs above read the old ones (Note [FP8 Linear]).
+    auto update = [&](const Tensor& amax, const DelayedState& state, Fp8Format format) {
+      ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
+    };
+    update(saved.x_amax, x_state_, recipe.forward_format());
+    update(saved.w_amax, w_state_, recipe.forward_format());
+    update(dy.amax, dy_state_, recipe.gradient_format());
+  }
+  return dx;
 }
 
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {

@@ -16,7 +16,12 @@
 // current (amax, then scale, then quantize, all inside the step); the
 // forward keeps the transposed FP8 copies the backward reads, one byte an
 // element. The bias rides the forward GEMM's epilogue; its gradient is a
-// column sum of the 16-bit dy. So far: current scaling only, no tensor
+// column sum of the 16-bit dy. Delayed scaling keeps an amax history and a
+// scale per tensor (x, W, dy) in persistent memory: a step quantizes with
+// the scales the earlier steps left, and the end of its backward rolls this
+// step's amaxes in and updates the scales (after every GEMM that read them:
+// the planner orders the writes after the reads), so nothing runs between
+// replays. So far: current and delayed scaling (not block), no tensor
 // parallelism, token counts and features multiples of 16; each other case is
 // an Error naming it. The weight is quantized in every forward (once per optimizer
 // step is to come), and the saved input is still kept beside its FP8 copy.
@@ -113,6 +118,10 @@ class Linear {
     Tensor x_scale_inv;
     Tensor w_fp8_t;  // [in, out], when dgrad
     Tensor w_scale_inv;
+    // Delayed scaling: this step's amax of x and of W, rolled into their
+    // histories at the end of the backward.
+    Tensor x_amax;
+    Tensor w_amax;
   };
   struct Forward {
     Tensor y;  // [tokens, out_features] (kColumn: [tokens, out / N]; kRow with SP: [tokens / N, out])
@@ -155,6 +164,13 @@ class Linear {
   Communicator* tp_ = nullptr;
   Parameter weight_;  // [out, in] (this rank's slice when tensor-parallel)
   Parameter bias_;    // [out] (kColumn: this rank's [out / N]), absent without bias
+  // Delayed scaling's state of x, W and dy: persistent, updated inside the step.
+  struct DelayedState {
+    Tensor history;  // [amax_history_len] fp32
+    Tensor scale;    // [1] fp32
+    Tensor scale_inv;
+  };
+  DelayedState x_state_, w_state_, dy_state_;
 };
 
 }  // namespace stepgraph

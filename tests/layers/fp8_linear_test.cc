@@ -41,22 +41,35 @@ std::vector<float> random_values(std::int64_t count, std::mt19937& rng, float si
   return out;
 }
 
+// x [tokens, in] and dy [tokens, out] as persistent bf16 tensors holding the values given.
+std::pair<Tensor, Tensor> upload_inputs(Context& ctx, std::int64_t tokens, std::int64_t in, std::int64_t out,
+                                        const std::vector<float>& x_values, const std::vector<float>& dy_values) {
+  const Tensor x = ctx.persistent("x", {Shape{tokens, in}, DType::kBFloat16});
+  const Tensor dy = ctx.persistent("dy", {Shape{tokens, out}, DType::kBFloat16});
+  write_floats(ctx, x, x_values);
+  write_floats(ctx, dy, dy_values);
+  return {x, dy};
+}
+
+// A Linear step's results as floats: y, dx and the weight and bias gradients.
+struct Outputs {
+  std::vector<float> y, dx, dw, db;
+};
+Outputs outputs_of(Context& ctx, Linear& layer, const Tensor& y, const Tensor& dx) {
+  return {read_floats(ctx, y), read_floats(ctx, dx), read_floats(ctx, layer.parameters()[0]->grad),
+          read_floats(ctx, layer.parameters()[1]->grad)};
+}
+
 TEST(Fp8LinearTest, ForwardAndBackwardStayWithinFp8ErrorOfBf16) {
   const testing::TestSeed seed;
   std::mt19937 rng(seed.value());
   const std::int64_t tokens = 64, in = 96, out = 48;
   const std::vector<float> x_values = random_values(tokens * in, rng, 1.0f);
   const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
-  struct Result {
-    std::vector<float> y, dx, dw, db;
-  };
   auto run = [&](std::optional<Fp8Recipe> fp8) {
     Context ctx(Device::kHost);
     Linear layer(ctx, "fc", {.in_features = in, .out_features = out, .bias = true, .fp8 = fp8}, 7);
-    const Tensor x = ctx.persistent("x", {Shape{tokens, in}, DType::kBFloat16});
-    const Tensor dy = ctx.persistent("dy", {Shape{tokens, out}, DType::kBFloat16});
-    write_floats(ctx, x, x_values);
-    write_floats(ctx, dy, dy_values);
+    const auto [x, dy] = upload_inputs(ctx, tokens, in, out, x_values, dy_values);
     const Linear::Forward f = layer.forward(ctx, {x});
     if (fp8) {
       EXPECT_EQ(f.saved.x_fp8_t.shape(), (Shape{in, tokens}));
@@ -64,11 +77,10 @@ TEST(Fp8LinearTest, ForwardAndBackwardStayWithinFp8ErrorOfBf16) {
       EXPECT_EQ(f.saved.w_fp8_t.shape(), (Shape{in, out}));
     }
     const Tensor dx = layer.backward(ctx, f.saved, {dy});
-    return Result{read_floats(ctx, f.y), read_floats(ctx, dx), read_floats(ctx, layer.parameters()[0]->grad),
-                  read_floats(ctx, layer.parameters()[1]->grad)};
+    return outputs_of(ctx, layer, f.y, dx);
   };
-  const Result bf16 = run(std::nullopt);
-  const Result fp8 = run(Fp8Recipe::current());
+  const Outputs bf16 = run(std::nullopt);
+  const Outputs fp8 = run(Fp8Recipe::current());
   // E4M3 rounds by up to 1/16, E5M2 by up to 1/8 (the gradients).
   EXPECT_LT(relative(fp8.y, bf16.y), 0.06);
   EXPECT_LT(relative(fp8.dx, bf16.dx), 0.10);
@@ -79,7 +91,7 @@ TEST(Fp8LinearTest, ForwardAndBackwardStayWithinFp8ErrorOfBf16) {
   // All-E4M3 formats run too.
   Fp8Recipe e4m3 = Fp8Recipe::current();
   e4m3.formats = Fp8Formats::kE4M3;
-  const Result all_e4m3 = run(e4m3);
+  const Outputs all_e4m3 = run(e4m3);
   EXPECT_LT(relative(all_e4m3.dw, bf16.dw), 0.06);
 }
 
@@ -95,10 +107,7 @@ TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
     Context ctx(Device::kHost);
     LayerNormLinear layer(
         ctx, "lnl", {.linear = {.in_features = hidden, .out_features = out, .bias = false, .fp8 = fp8}}, 3);
-    const Tensor x = ctx.persistent("x", {Shape{tokens, hidden}, DType::kBFloat16});
-    const Tensor dy = ctx.persistent("dy", {Shape{tokens, out}, DType::kBFloat16});
-    write_floats(ctx, x, x_values);
-    write_floats(ctx, dy, dy_values);
+    const auto [x, dy] = upload_inputs(ctx, tokens, hidden, out, x_values, dy_values);
     const LayerNormLinear::Forward f = layer.forward(ctx, {x});
     EXPECT_EQ(f.saved.linear.x_fp8_t.defined(), fp8.has_value());
     const Tensor dx = layer.backward(ctx, f.saved, {dy});
@@ -113,52 +122,97 @@ TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
 
 // One forward + backward captured once and replayed with new inputs, equal to
 // the eager step bit for bit (y, dx, every gradient), the pool report clean.
-void expect_fp8_graph_equals_eager(Device device, int replays) {
+// Two layers of the same seed, one run eagerly and one captured, so that
+// delayed scaling's state evolves alike in both.
+void expect_fp8_graph_equals_eager(Device device, const Fp8Recipe& recipe, int replays) {
   Context ctx(device);
   const std::int64_t tokens = 64, in = 128, out = 96;
-  Linear layer(ctx, "fc", {.in_features = in, .out_features = out, .bias = true, .fp8 = Fp8Recipe::current()}, 5);
+  const LinearConfig config{.in_features = in, .out_features = out, .bias = true, .fp8 = recipe};
+  Linear eager_layer(ctx, "eager", config, 5);
+  Linear layer(ctx, "graphed", config, 5);
   const Tensor x = ctx.persistent("x", {Shape{tokens, in}, DType::kBFloat16});
   const Tensor dy = ctx.persistent("dy", {Shape{tokens, out}, DType::kBFloat16});
-  auto step = [&] {
-    const Linear::Forward f = layer.forward(ctx, {x});
-    return std::vector<Tensor>{f.y, layer.backward(ctx, f.saved, {dy})};
+  auto step_of = [&](const Linear& l) {
+    const Linear::Forward f = l.forward(ctx, {x});
+    return std::vector<Tensor>{f.y, l.backward(ctx, f.saved, {dy})};
   };
+  auto step = [&] { return step_of(layer); };
   auto captured = CapturedStep::capture(ctx, step, {.pool_report_policy = PoolReportPolicy::kError});
   auto bytes_of = [&](const Tensor& t) {
     std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
     ctx.copy_to_host(t, bytes.data(), bytes.size());
     return bytes;
   };
-  auto grads = [&] {
+  auto grads = [&](Linear& l) {
     std::vector<std::vector<std::uint8_t>> all;
-    for (Parameter* p : layer.parameters()) all.push_back(bytes_of(p->grad));
+    for (Parameter* p : l.parameters()) all.push_back(bytes_of(p->grad));
     return all;
   };
   testing::SeededRng rng;
   for (int replay = 0; replay < replays; ++replay) {
     write_floats(ctx, x, random_values(tokens * in, rng, 1.0f));
     write_floats(ctx, dy, random_values(tokens * out, rng, 0.01f));
-    const std::vector<Tensor> eager = step();
-    const std::vector<std::vector<std::uint8_t>> eager_grads = grads();
+    const std::vector<Tensor> eager = step_of(eager_layer);
     captured->replay();
     ASSERT_EQ(bytes_of(eager[0]), bytes_of(captured->outputs()[0])) << "y differs at replay " << replay;
     ASSERT_EQ(bytes_of(eager[1]), bytes_of(captured->outputs()[1])) << "dx differs at replay " << replay;
-    ASSERT_EQ(eager_grads, grads()) << "gradients differ at replay " << replay;
+    ASSERT_EQ(grads(eager_layer), grads(layer)) << "gradients differ at replay " << replay;
   }
 }
 
-TEST(Fp8LinearTest, GraphedStepEqualsEagerOnTheHost) { expect_fp8_graph_equals_eager(Device::kHost, 3); }
+TEST(Fp8LinearTest, GraphedStepEqualsEagerOnTheHost) {
+  expect_fp8_graph_equals_eager(Device::kHost, Fp8Recipe::current(), 3);
+  expect_fp8_graph_equals_eager(Device::kHost, Fp8Recipe::delayed(4), 5);
+}
 
 TEST(Fp8LinearTest, GraphedStepEqualsEagerOnTheGpu) {
   SG_SKIP_WITHOUT_GPU();
-  expect_fp8_graph_equals_eager(Device::kCuda, 100);
+  expect_fp8_graph_equals_eager(Device::kCuda, Fp8Recipe::current(), 100);
+  // Delayed scaling's histories and scales, updated inside the graph, stay equal to eager's over 1,000 replays.
+  expect_fp8_graph_equals_eager(Device::kCuda, Fp8Recipe::delayed(16), 1000);
+}
+
+// Delayed scaling with a history of one: the second step on the same inputs
+// scales with the first step's amaxes, which are the amaxes current scaling
+// takes, so its y, dx and gradients equal current scaling's bit for bit; the
+// first step (scale 1, nothing seen yet) differs and stays within FP8's error.
+TEST(Fp8LinearTest, DelayedScalingScalesWithTheEarlierStepsAmaxes) {
+  const testing::TestSeed seed;
+  std::mt19937 rng(seed.value());
+  const std::int64_t tokens = 32, in = 64, out = 48;
+  const std::vector<float> x_values = random_values(tokens * in, rng, 1.0f);
+  const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
+  auto run = [&](const Fp8Recipe& recipe, int steps) {
+    Context ctx(Device::kHost);
+    Linear layer(ctx, "fc", {.in_features = in, .out_features = out, .bias = true, .fp8 = recipe}, 9);
+    const auto [x, dy] = upload_inputs(ctx, tokens, in, out, x_values, dy_values);
+    std::vector<Outputs> out_steps;
+    for (int i = 0; i < steps; ++i) {
+      const Linear::Forward f = layer.forward(ctx, {x});
+      const Tensor dx = layer.backward(ctx, f.saved, {dy});
+      out_steps.push_back(outputs_of(ctx, layer, f.y, dx));
+    }
+    return out_steps;
+  };
+  const std::vector<Outputs> current = run(Fp8Recipe::current(), 1);
+  const std::vector<Outputs> delayed = run(Fp8Recipe::delayed(1), 2);
+  EXPECT_NE(delayed[0].y, current[0].y) << "the first delayed step scales by 1";
+  EXPECT_LT(relative(delayed[0].y, current[0].y), 0.1);
+  EXPECT_EQ(delayed[1].y, current[0].y);
+  EXPECT_EQ(delayed[1].dx, current[0].dx);
+  EXPECT_EQ(delayed[1].dw, current[0].dw);
+  EXPECT_EQ(delayed[1].db, current[0].db);
+  // A margin halves the scales (a power of two: only values in the FP8
+  // subnormal range round differently), so the result stays close.
+  const std::vector<Outputs> margin = run(Fp8Recipe::delayed(1, AmaxReduction::kMax, 1), 2);
+  EXPECT_LT(relative(margin[1].y, current[0].y), 0.01);
 }
 
 TEST(Fp8LinearTest, CasesNotBuiltYetAreErrorsNamingThem) {
   Context ctx(Device::kHost);
   EXPECT_ERROR_CONTAINS(
-      Linear(ctx, "d", {.in_features = 32, .out_features = 32, .bias = false, .fp8 = Fp8Recipe::delayed()}, 1),
-      "Linear 'd'", "delayed scaling is not built yet");
+      Linear(ctx, "k", {.in_features = 128, .out_features = 128, .bias = false, .fp8 = Fp8Recipe::block()}, 1),
+      "Linear 'k'", "block scaling is not built yet");
   EXPECT_ERROR_CONTAINS(Linear(ctx, "odd", {.in_features = 40, .out_features = 32, .bias = false, .fp8 = Fp8Recipe::current()}, 1),
                         "divisible by 16", "40");
   Linear layer(ctx, "fc", {.in_features = 32, .out_features = 32, .bias = false, .fp8 = Fp8Recipe::current()}, 1);

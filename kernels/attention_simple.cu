@@ -44,6 +44,27 @@ __device__ __forceinline__ bool warp_item(int tokens, int heads, int* token, int
   return true;
 }
 
+// A warp's query of the forward and dq kernels: token i of query head h (kv
+// head g), its sequence, and the row pitches of q (and out, dout, dq) and of k, v.
+struct WarpQuery {
+  int i = 0;
+  int h = 0;
+  int g = 0;
+  tile::SequenceTile seq;
+  std::int64_t q_ld = 0;
+  std::int64_t kv_ld = 0;
+};
+
+// This warp's query, or false where it has none. Every lane gets the same answer.
+__device__ __forceinline__ bool locate_query(const SimpleParams& p, const std::int32_t* cu_seqlens, WarpQuery* w) {
+  if (!warp_item(p.tokens, p.heads, &w->i, &w->h)) return false;
+  if (!tile::warp_locate_tile(cu_seqlens, p.sequences, p.tokens, 1, w->i, &w->seq)) return false;
+  w->g = w->h / (p.heads / p.kv_heads);
+  w->q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
+  w->kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
+  return true;
+}
+
 // x[e] = row[lane + 32 e] as fp32 (0 past dim).
 template <typename T>
 __device__ __forceinline__ void load_row(float (&x)[kMaxPerLane], const T* row, int dim, int lane) {
@@ -78,15 +99,10 @@ template <typename T>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_forward_simple_kernel(
     SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ out, float* __restrict__ lse) {
-  int i = 0;
-  int h = 0;
-  if (!warp_item(p.tokens, p.heads, &i, &h)) return;
+  WarpQuery w;
+  if (!locate_query(p, cu_seqlens, &w)) return;
+  const auto [i, h, g, seq, q_ld, kv_ld] = w;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  tile::SequenceTile seq;
-  if (!tile::warp_locate_tile(cu_seqlens, p.sequences, p.tokens, 1, i, &seq)) return;
-  const int g = h / (p.heads / p.kv_heads);
-  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
-  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
   float qr[kMaxPerLane];
   float acc[kMaxPerLane];
   load_row(qr, q + i * q_ld + h * p.dim, p.dim, lane);
@@ -134,15 +150,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dq_simple_kerne
     SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
     const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ dq) {
-  int i = 0;
-  int h = 0;
-  if (!warp_item(p.tokens, p.heads, &i, &h)) return;
+  WarpQuery w;
+  if (!locate_query(p, cu_seqlens, &w)) return;
+  const auto [i, h, g, seq, q_ld, kv_ld] = w;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  tile::SequenceTile seq;
-  if (!tile::warp_locate_tile(cu_seqlens, p.sequences, p.tokens, 1, i, &seq)) return;
-  const int g = h / (p.heads / p.kv_heads);
-  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
-  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
   float qr[kMaxPerLane];
   float dor[kMaxPerLane];
   float acc[kMaxPerLane];

@@ -554,14 +554,8 @@ void backward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstr
                               desc.causal,
                               scale,
                               scale * kLog2e};
-  const bool bf16 = desc.dtype == DType::kBFloat16;
-  SG_CHECK(bf16 || desc.dtype == DType::kFloat16, "attention: the tensor-core backward takes bf16 or fp16");
-  SG_CHECK(desc.head_dim == 64 || desc.head_dim == 128, "attention: the tensor-core backward takes head_dim 64 or 128");
-  if (desc.head_dim == 64) {
-    bf16 ? launch<__nv_bfloat16, 64>(desc, p, params, stream) : launch<__half, 64>(desc, p, params, stream);
-  } else {
-    bf16 ? launch<__nv_bfloat16, 128>(desc, p, params, stream) : launch<__half, 128>(desc, p, params, stream);
-  }
+  tile::dispatch_tensor_core_shape(desc.dtype, desc.head_dim, "backward",
+                                   [&]<typename T, int D>() { launch<T, D>(desc, p, params, stream); });
 }
 
 }  // namespace stepgraph::kernels::attention_detail

@@ -316,14 +316,8 @@ void forward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstre
                              static_cast<int>(desc.kv_heads),
                              desc.causal,
                              desc.softmax_scale() * 1.4426950408889634f};
-  const bool bf16 = desc.dtype == DType::kBFloat16;
-  SG_CHECK(bf16 || desc.dtype == DType::kFloat16, "attention: the tensor-core forward takes bf16 or fp16");
-  SG_CHECK(desc.head_dim == 64 || desc.head_dim == 128, "attention: the tensor-core forward takes head_dim 64 or 128");
-  if (desc.head_dim == 64) {
-    bf16 ? launch<__nv_bfloat16, 64>(desc, p, params, stream) : launch<__half, 64>(desc, p, params, stream);
-  } else {
-    bf16 ? launch<__nv_bfloat16, 128>(desc, p, params, stream) : launch<__half, 128>(desc, p, params, stream);
-  }
+  tile::dispatch_tensor_core_shape(desc.dtype, desc.head_dim, "forward",
+                                   [&]<typename T, int D>() { launch<T, D>(desc, p, params, stream); });
 }
 
 }  // namespace stepgraph::kernels::attention_detail

@@ -18,6 +18,9 @@
 
 #include <cstdint>
 
+#include "engine/dtype.h"
+#include "engine/error.h"
+
 namespace stepgraph::kernels::tile {
 
 // Rows [first, first + rows_per_tile) of sequence [begin, end), clipped to end.
@@ -121,6 +124,21 @@ struct Half16<__half> {
     return *reinterpret_cast<const std::uint32_t*>(&v);
   }
 };
+
+// Host side: calls run.template operator()<T, D>() with the element type and
+// head dim of a tensor-core attention shape (bf16 or fp16, head_dim 64 or
+// 128); an Error naming `kernel` for any other shape.
+template <typename Run>
+void dispatch_tensor_core_shape(DType dtype, std::int64_t head_dim, const char* kernel, Run&& run) {
+  const bool bf16 = dtype == DType::kBFloat16;
+  SG_CHECK(bf16 || dtype == DType::kFloat16, "attention: the tensor-core ", kernel, " takes bf16 or fp16");
+  SG_CHECK(head_dim == 64 || head_dim == 128, "attention: the tensor-core ", kernel, " takes head_dim 64 or 128");
+  if (head_dim == 64) {
+    bf16 ? run.template operator()<__nv_bfloat16, 64>() : run.template operator()<__half, 64>();
+  } else {
+    bf16 ? run.template operator()<__nv_bfloat16, 128>() : run.template operator()<__half, 128>();
+  }
+}
 
 // 2^x by the SFU (ex2.approx.ftz: ~2^-22 relative, 2^-inf = 0), without the
 // range fix-ups of exp2f; the softmax arguments are <= 0 or -inf.

@@ -63,6 +63,12 @@ class OpParams {
   bool (*equal_)(const std::any&, const std::any&) = nullptr;
 };
 
+// The parameters of an op that has none.
+struct NoParams {
+  bool operator==(const NoParams&) const = default;
+  std::string to_string() const { return ""; }
+};
+
 // Addresses and metadata handed to a launcher or host reference. Inputs come
 // first in the order of the call; `outputs` are the op's fresh outputs. An op
 // that writes an input in place (see OpDef::mutated_inputs) writes through

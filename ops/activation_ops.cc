@@ -9,11 +9,6 @@
 namespace stepgraph::ops {
 namespace {
 
-struct NoParams {
-  bool operator==(const NoParams&) const = default;
-  std::string to_string() const { return ""; }
-};
-
 // `arity` inputs of one float dtype and shape; one output like them.
 template <std::size_t kArity>
 std::vector<TensorMeta> check_same(std::string_view op, std::span<const TensorMeta> inputs) {

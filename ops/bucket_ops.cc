@@ -15,11 +15,6 @@ struct PackParams {
   std::string to_string() const { return "padded=" + std::to_string(padded_numel); }
 };
 
-struct NoParams {
-  bool operator==(const NoParams&) const = default;
-  std::string to_string() const { return ""; }
-};
-
 std::int64_t total_numel(std::span<const TensorMeta> metas) {
   std::int64_t total = 0;
   for (const TensorMeta& meta : metas) total += meta.numel();

@@ -10,11 +10,6 @@
 namespace stepgraph::ops {
 namespace {
 
-struct NoParams {
-  bool operator==(const NoParams&) const = default;
-  std::string to_string() const { return ""; }
-};
-
 std::string format_float(float value) {
   char text[32];
   std::snprintf(text, sizeof(text), "%g", static_cast<double>(value));

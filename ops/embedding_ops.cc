@@ -8,11 +8,6 @@
 namespace stepgraph::ops {
 namespace {
 
-struct NoParams {
-  bool operator==(const NoParams&) const = default;
-  std::string to_string() const { return ""; }
-};
-
 // tokens must be int32 [rows, width]; returns the kernel's description.
 kernels::EmbeddingDesc describe(const char* op, const TensorMeta& table, const TensorMeta& tokens) {
   SG_CHECK(table.shape.rank() == 2, "op ", op, ": the table must be [vocab, dim], got ", table.shape);

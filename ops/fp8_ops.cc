@@ -131,11 +131,6 @@ std::vector<TensorMeta> check_delayed(const OpParams& params, std::span<const Te
 
 }  // namespace
 
-struct NoParams {
-  bool operator==(const NoParams&) const = default;
-  std::string to_string() const { return ""; }
-};
-
 const OpDef& amax_op() {
   static const OpDef op{
       .name = "amax",

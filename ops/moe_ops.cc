@@ -14,11 +14,6 @@ std::string SplitOffsetsParams::to_string() const { return "tokens=" + std::to_s
 
 namespace {
 
-struct NoParams {
-  bool operator==(const NoParams&) const = default;
-  std::string to_string() const { return ""; }
-};
-
 const TensorMeta kErrorWord{Shape{1}, DType::kInt32};
 
 void check_arity(std::string_view op, std::span<const TensorMeta> in, std::size_t want, const char* names) {

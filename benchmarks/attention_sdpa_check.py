@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-TOLERANCE = {"bfloat16": 2e-2, "float16": 4e-3}
-TORCH_DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+TOLERANCE = {"bf16": 2e-2, "fp16": 4e-3}
+TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def load_case(directory, index):

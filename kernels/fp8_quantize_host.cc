@@ -43,7 +43,9 @@ void check_quantize(const QuantizeDesc& desc) {
 void quantize_host(const QuantizeDesc& desc, const void* x, float scale, std::uint8_t* rowwise,
                    std::uint8_t* columnwise, float* amax) {
   check_quantize(desc);
-  SG_CHECK((!desc.rowwise || rowwise != nullptr) && (!desc.columnwise || columnwise != nullptr) && amax != nullptr,
+  const bool empty = desc.rows * desc.cols == 0;  // an empty vector's data() may be null
+  SG_CHECK((!desc.rowwise || rowwise != nullptr || empty) && (!desc.columnwise || columnwise != nullptr || empty) &&
+               amax != nullptr,
            "quantize: an output asked for is null");
   float running = 0.0f;
   for (std::int64_t r = 0; r < desc.rows; ++r) {

@@ -194,8 +194,16 @@ TEST(Fp8GemmTest, CublasLtMatchesTheHostReference) {
         ops.workspace = workspace;
         ops.a_scale_inv = static_cast<const float*>(scales);
         ops.b_scale_inv = static_cast<const float*>(scales) + 1;
-        launch_gemm(p.desc, ops, stream.get());
+        bool launched = false;  // a refused combination fails this case (its trace names it) and the rest run
+        EXPECT_NO_THROW({
+          launch_gemm(p.desc, ops, stream.get());
+          launched = true;
+        });
         stream.synchronize();
+        if (!launched) {
+          for (void* pointer : {a, b, d, bias, scales, workspace}) cudaFree(pointer);
+          continue;
+        }
         std::vector<float> got(want.size());
         if (d_type == DType::kFloat32) {
           SG_CUDA_CHECK(cudaMemcpy(got.data(), d, d_bytes, cudaMemcpyDeviceToHost));

@@ -46,6 +46,10 @@ Fp8Recipe Fp8Recipe::delayed(int amax_history_len, AmaxReduction reduction, int 
 Fp8Recipe Fp8Recipe::block() {
   Fp8Recipe recipe;
   recipe.scaling = Fp8Scaling::kBlock;
+  // Per-block scales leave E5M2's range unneeded (DeepSeek-V3, TransformerEngine's
+  // default), and cuBLASLt's block-scaled GEMMs have no fast accumulation.
+  recipe.formats = Fp8Formats::kE4M3;
+  recipe.fast_accumulation_forward = false;
   return recipe;
 }
 
@@ -60,6 +64,11 @@ void Fp8Recipe::check() const {
     SG_CHECK(amax_reduction == AmaxReduction::kMax || amax_reduction == AmaxReduction::kMostRecent,
              "FP8 recipe: amax_reduction ", static_cast<int>(amax_reduction), " is not max or most_recent");
     SG_CHECK(margin >= 0 && margin <= 32, "FP8 recipe: margin must be in [0, 32], got ", margin);
+  }
+  if (scaling == Fp8Scaling::kBlock) {
+    SG_CHECK(!fast_accumulation_forward && !fast_accumulation_backward,
+             "FP8 recipe: block scaling has no fast accumulation (cuBLASLt's block-scaled GEMMs lack it); set "
+             "fast_accumulation_forward and fast_accumulation_backward false");
   }
   SG_CHECK(on_non_finite == NonFiniteAmax::kSkipStep || on_non_finite == NonFiniteAmax::kStop,
            "FP8 recipe: on_non_finite ", static_cast<int>(on_non_finite), " is not skip_step or stop");

@@ -69,6 +69,18 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const T* __rest
   if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, local);
 }
 
+// The scale_inv of the block at (o, kk) of an operand; the last block of a
+// 128 x 128 row also zeroes its row's padding.
+__device__ void store_block_scale(float* scales, const BlockScaleLayout& layout, std::int64_t o, std::int64_t kk,
+                                  float scale_inv) {
+  scales[layout.index(o, kk)] = scale_inv;
+  if (layout.shape == BlockShape::k128x128 && kk / kScaleBlock == layout.k_blocks() - 1) {
+    for (std::int64_t pad = layout.k_blocks(); pad < layout.padded_k_blocks(); ++pad) {
+      scales[(o / kScaleBlock) * layout.padded_k_blocks() + pad] = 0.0f;
+    }
+  }
+}
+
 // Note [Block quantize kernel]
 // One block of threads per scaling block (1 x 128, 128 x 1 for the 1 x 128
 // column-wise copy, or 128 x 128): a first pass takes the block's amax (its
@@ -116,14 +128,10 @@ __global__ void __launch_bounds__(kThreads) quantize_blocks_kernel(
     }
     shared_scale = scale;
     const float scale_inv = 1.0f / scale;
-    if (block_rows == 1) {  // 1 x 128, row-wise
-      rowwise_scale_inv[r0 * blocks_across + bj] = scale_inv;
-    } else if (block_cols == 1) {  // 1 x 128's column-wise copy: 128 rows of a column
-      columnwise_scale_inv[c0 * (rows / block_rows) + bi] = scale_inv;
-    } else {  // 128 x 128: the same tile, either way round
-      if (rowwise_scale_inv != nullptr) rowwise_scale_inv[bi * blocks_across + bj] = scale_inv;
-      if (columnwise_scale_inv != nullptr) columnwise_scale_inv[bj * (rows / block_rows) + bi] = scale_inv;
-    }
+    // 1 x 128 runs row-wise (1 x 128 blocks) or column-wise (128 x 1); 128 x 128 serves both copies.
+    const BlockShape shape = block_rows == block_cols ? BlockShape::k128x128 : BlockShape::k1x128;
+    if (rowwise_scale_inv != nullptr) store_block_scale(rowwise_scale_inv, {shape, rows, cols}, r0, c0, scale_inv);
+    if (columnwise_scale_inv != nullptr) store_block_scale(columnwise_scale_inv, {shape, cols, rows}, c0, r0, scale_inv);
   }
   __syncthreads();
   const float scale = shared_scale;

@@ -15,6 +15,7 @@
 #include "engine/dtype.h"
 #include "engine/fp8.h"
 #include "engine/fp8_recipe.h"
+#include "kernels/fp8_block_scales.h"
 
 namespace stepgraph::kernels {
 
@@ -63,11 +64,6 @@ void launch_amax(DType dtype, std::int64_t rows, std::int64_t cols, const void* 
 
 // --- block scaling -----------------------------------------------------------
 
-enum class BlockShape : std::uint8_t {
-  k1x128,    // activations and gradients: a scale per row and 128 columns
-  k128x128,  // weights: a scale per 128 x 128 tile
-};
-
 // The shape must divide into blocks: cols a multiple of 128, and rows too for
 // 128 x 128 or for a column-wise 1 x 128 copy. An Error naming the shape
 // otherwise.
@@ -75,13 +71,15 @@ void check_block_quantize(const QuantizeDesc& desc, BlockShape shape);
 
 // Quantizes with a scale per block, each fp8_scale(block amax, format, 0,
 // power_of_two), writing q and scale_inv = 1 / scale per block:
-//  - 1 x 128: row-wise q [rows, cols] with scale_inv [rows, cols / 128]; the
+//  - 1 x 128: row-wise q [rows, cols], blocks of 128 columns of a row; the
 //    column-wise copy q^T [cols, rows] has its own blocks, 128 consecutive
-//    rows of a column, scale_inv [cols, rows / 128] (what its GEMM reduces over);
-//  - 128 x 128: row-wise scale_inv [rows / 128, cols / 128]; q^T's tiles are
-//    the same tiles transposed, scale_inv [cols / 128, rows / 128].
-// Returns false (and leaves the outputs unspecified) when a block's amax is
-// not finite.
+//    rows of a column (what its GEMM reduces over);
+//  - 128 x 128: the same tiles for both copies.
+// Each copy's scale_inv is in the layout its GEMM reads (BlockScaleLayout in
+// kernels/fp8_block_scales.h: {shape, rows, cols} for the row-wise copy,
+// {shape, cols, rows} for the column-wise one; 128 x 128's padding floats
+// are written 0). Returns false (and leaves the outputs unspecified) when a
+// block's amax is not finite.
 struct BlockOutputs {
   std::uint8_t* rowwise = nullptr;
   float* rowwise_scale_inv = nullptr;

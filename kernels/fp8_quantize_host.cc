@@ -11,7 +11,7 @@
 namespace stepgraph::kernels {
 namespace {
 
-constexpr std::int64_t kBlock = 128;
+constexpr std::int64_t kBlock = kScaleBlock;
 
 float max_abs(float a, float x) {
   if (std::isnan(a) || std::isnan(x)) return NAN;
@@ -110,44 +110,41 @@ bool quantize_blocks_host(const QuantizeDesc& desc, BlockShape shape, bool power
       }
   };
 
-  const std::int64_t col_blocks = cols / kBlock;
+  const BlockScaleLayout row_layout{shape, rows, cols};     // q [rows, cols]
+  const BlockScaleLayout column_layout{shape, cols, rows};  // q^T [cols, rows]
+  if (desc.rowwise) std::fill_n(out.rowwise_scale_inv, row_layout.count(), 0.0f);  // 128 x 128's padding
+  if (desc.columnwise) std::fill_n(out.columnwise_scale_inv, column_layout.count(), 0.0f);
+  // Quantizes the block rows [r0, r1) x cols [c0, c1) with its own scale.
+  auto quantize_block = [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, bool rowwise,
+                            bool columnwise) {
+    float scale = 1.0f;
+    if (!block_scale(r0, r1, c0, c1, &scale)) return false;
+    if (rowwise) {
+      store(r0, r1, c0, c1, scale, false);
+      out.rowwise_scale_inv[row_layout.index(r0, c0)] = 1.0f / scale;
+    }
+    if (columnwise) {
+      store(r0, r1, c0, c1, scale, true);
+      out.columnwise_scale_inv[column_layout.index(c0, r0)] = 1.0f / scale;
+    }
+    return true;
+  };
   if (shape == BlockShape::k1x128) {
     if (desc.rowwise) {
       for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t b = 0; b < col_blocks; ++b) {
-          float scale = 1.0f;
-          if (!block_scale(r, r + 1, b * kBlock, (b + 1) * kBlock, &scale)) return false;
-          store(r, r + 1, b * kBlock, (b + 1) * kBlock, scale, false);
-          out.rowwise_scale_inv[r * col_blocks + b] = 1.0f / scale;
-        }
+        for (std::int64_t c = 0; c < cols; c += kBlock)
+          if (!quantize_block(r, r + 1, c, c + kBlock, true, false)) return false;
     }
     if (desc.columnwise) {
-      const std::int64_t row_blocks = rows / kBlock;
       for (std::int64_t c = 0; c < cols; ++c)
-        for (std::int64_t b = 0; b < row_blocks; ++b) {
-          float scale = 1.0f;
-          if (!block_scale(b * kBlock, (b + 1) * kBlock, c, c + 1, &scale)) return false;
-          store(b * kBlock, (b + 1) * kBlock, c, c + 1, scale, true);
-          out.columnwise_scale_inv[c * row_blocks + b] = 1.0f / scale;
-        }
+        for (std::int64_t r = 0; r < rows; r += kBlock)
+          if (!quantize_block(r, r + kBlock, c, c + 1, false, true)) return false;
     }
     return true;
   }
-  const std::int64_t row_blocks = rows / kBlock;
-  for (std::int64_t i = 0; i < row_blocks; ++i)
-    for (std::int64_t j = 0; j < col_blocks; ++j) {
-      float scale = 1.0f;
-      const std::int64_t r0 = i * kBlock, r1 = r0 + kBlock, c0 = j * kBlock, c1 = c0 + kBlock;
-      if (!block_scale(r0, r1, c0, c1, &scale)) return false;
-      if (desc.rowwise) {
-        store(r0, r1, c0, c1, scale, false);
-        out.rowwise_scale_inv[i * col_blocks + j] = 1.0f / scale;
-      }
-      if (desc.columnwise) {
-        store(r0, r1, c0, c1, scale, true);
-        out.columnwise_scale_inv[j * row_blocks + i] = 1.0f / scale;
-      }
-    }
+  for (std::int64_t r = 0; r < rows; r += kBlock)
+    for (std::int64_t c = 0; c < cols; c += kBlock)
+      if (!quantize_block(r, r + kBlock, c, c + kBlock, desc.rowwise, desc.columnwise)) return false;
   return true;
 }
 

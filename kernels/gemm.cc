@@ -69,6 +69,12 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue epilogue) {
   SG_THROW(ErrorCode::kInternal, "gemm: epilogue ", static_cast<int>(epilogue), " got past check_gemm");
 }
 
+// cuBLASLt's scale mode of a block-scaled operand (Note [FP8 GEMMs] in gemm.h).
+std::int32_t lt_scale_mode(BlockShape shape) {
+  return static_cast<std::int32_t>(shape == BlockShape::k1x128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                                : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+}
+
 // Created on first use (thread-safe static init; a failed creation is
 // retried by the next call) and never destroyed: a static destructor could
 // run after the CUDA driver has shut down at exit.
@@ -116,6 +122,10 @@ struct LtMatmul {
       // cuBLASLt's A is our B and its B our A (see the top of this file).
       if (b_scale_inv != nullptr) set_attribute(&op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale_inv);
       if (a_scale_inv != nullptr) set_attribute(&op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv);
+      if (desc.a_blocks) {  // block scaling: both operands (check_fp8_gemm)
+        set_attribute(&op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(*desc.b_blocks));
+        set_attribute(&op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(*desc.a_blocks));
+      }
     }
     set_attribute(&op, CUBLASLT_MATMUL_DESC_TRANSA,
                   static_cast<std::int32_t>(desc.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
@@ -282,6 +292,7 @@ struct GemmDescHash {
     mix(std::hash<float>{}(desc.alpha));
     mix(std::hash<float>{}(desc.beta));
     mix(static_cast<std::size_t>(desc.fast_accumulation));
+    for (const auto& blocks : {desc.a_blocks, desc.b_blocks}) mix(blocks ? 1 + static_cast<std::size_t>(*blocks) : 0);
     return seed;
   }
 };
@@ -342,6 +353,9 @@ void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
   if (epilogue_reads_bias(desc.epilogue)) check_pointer(operands.bias, "bias", desc);
   if (epilogue_uses_aux(desc.epilogue)) check_pointer(operands.aux, "aux", desc);
   if (epilogue_writes_bias_grad(desc.epilogue)) check_pointer(operands.bias_grad, "bias_grad", desc);
+  // cuBLASLt refuses scale pointers that are not 16-byte aligned (NOT_SUPPORTED, no word why).
+  if (operands.a_scale_inv != nullptr || desc.a_blocks) check_pointer(operands.a_scale_inv, "a_scale_inv", desc);
+  if (operands.b_scale_inv != nullptr || desc.b_blocks) check_pointer(operands.b_scale_inv, "b_scale_inv", desc);
 }
 
 }  // namespace
@@ -363,6 +377,9 @@ std::string GemmDesc::to_string() const {
       << " B=" << dtype_name(b_type) << (trans_b ? "^T" : "") << " D=" << dtype_name(d_type)
       << " epilogue=" << gemm_epilogue_name(epilogue) << " alpha=" << alpha << " beta=" << beta
       << (fast_accumulation ? " fast_accumulation" : "");
+  auto blocks_name = [](BlockShape shape) { return shape == BlockShape::k1x128 ? "1x128" : "128x128"; };
+  if (a_blocks) out << " a_blocks=" << blocks_name(*a_blocks);
+  if (b_blocks) out << " b_blocks=" << blocks_name(*b_blocks);
   return out.str();
 }
 
@@ -387,6 +404,18 @@ void check_fp8_gemm(const GemmDesc& desc) {
   SG_CHECK_CODE(desc.epilogue == GemmEpilogue::kNone || desc.epilogue == GemmEpilogue::kBias, ErrorCode::kUnsupported,
                 "gemm: FP8 GEMMs take epilogue none or bias, got ", gemm_epilogue_name(desc.epilogue));
   SG_CHECK_CODE(desc.beta == 0.0f, ErrorCode::kUnsupported, "gemm: FP8 GEMMs take beta 0, got ", desc.beta);
+  if (!desc.a_blocks && !desc.b_blocks) return;
+  SG_CHECK_CODE(desc.a_blocks && desc.b_blocks, ErrorCode::kUnsupported,
+                "gemm: block scaling needs both operands block-scaled, got ", desc.to_string(),
+                "; quantize the other operand with blocks too");
+  SG_CHECK_CODE(*desc.a_blocks == BlockShape::k1x128 || *desc.b_blocks == BlockShape::k1x128,
+                ErrorCode::kUnsupported,
+                "gemm: cuBLASLt has no GEMM of two 128 x 128 block-scaled operands; quantize one of them "
+                "(the activation or gradient) 1 x 128");
+  SG_CHECK_CODE(desc.k % kScaleBlock == 0, ErrorCode::kUnsupported,
+                "gemm: block scaling needs k divisible by 128, got ", desc.to_string());
+  SG_CHECK_CODE(!desc.fast_accumulation, ErrorCode::kUnsupported,
+                "gemm: block-scaled FP8 GEMMs have no fast accumulation, got ", desc.to_string());
 }
 
 }  // namespace

@@ -20,9 +20,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "engine/dtype.h"
+#include "kernels/fp8_block_scales.h"
 
 namespace stepgraph::kernels {
 
@@ -61,6 +63,10 @@ struct GemmDesc {
   float alpha = 1.0f;
   float beta = 0.0f;  // only with kNone and kBiasGradOfA
   bool fast_accumulation = false;  // FP8 only: cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM
+  // FP8 only: how each operand's scale_inv is laid out; nullopt is one scale
+  // for the whole tensor (Note [FP8 GEMMs]).
+  std::optional<BlockShape> a_blocks;
+  std::optional<BlockShape> b_blocks;
 
   bool operator==(const GemmDesc&) const = default;
   std::string to_string() const;
@@ -74,6 +80,13 @@ struct GemmDesc {
 // gets every product into that form from the quantize kernels' row-wise and
 // column-wise copies (kernels/fp8_quantize.h). m, n and k must be multiples
 // of 16; D is bf16, fp16 or fp32; epilogues none or bias, beta 0.
+//
+// Block scaling (DeepSeek-V3's recipe, cuBLASLt's VEC128 / BLK128x128 modes
+// on Hopper): both operands carry a scale_inv per block, 1 x 128 or
+// 128 x 128, in the layouts of kernels/fp8_block_scales.h, so D[i][j] sums,
+// over the k blocks, the block products times A's and B's block scale_inv.
+// Not both 128 x 128 (cuBLASLt has no such kernel), k a multiple of 128, no
+// fast accumulation.
 //
 // Throws Error naming what is wrong: unsupported dtype or combination, beta
 // with an epilogue that cannot accumulate, a non-positive dimension.
@@ -96,8 +109,9 @@ struct GemmOperands {
   void* aux = nullptr;         // kGeluAuxBias (written), kDGeluBGrad (read)
   void* bias_grad = nullptr;   // kDGeluBGrad, kBiasGradOfA
   void* workspace = nullptr;   // gemm_workspace_bytes()
-  // FP8 only: device fp32 scalars the product is multiplied by (each
-  // operand's scale_inv); null reads as 1.
+  // FP8 only: each operand's device scale_inv, 16-byte aligned: one fp32
+  // scalar (null reads as 1), or with block scaling the operand's block
+  // scales (BlockScaleLayout in kernels/fp8_block_scales.h).
   const float* a_scale_inv = nullptr;
   const float* b_scale_inv = nullptr;
 };

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "engine/error.h"
@@ -28,20 +29,33 @@ void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
   if (epilogue_reads_bias(desc.epilogue)) check_pointer(operands.bias, "bias", desc);
   if (epilogue_uses_aux(desc.epilogue)) check_pointer(operands.aux, "aux", desc);
   if (epilogue_writes_bias_grad(desc.epilogue)) check_pointer(operands.bias_grad, "bias_grad", desc);
+  if (desc.a_blocks) check_pointer(operands.a_scale_inv, "a_scale_inv", desc);
+  if (desc.b_blocks) check_pointer(operands.b_scale_inv, "b_scale_inv", desc);
 }
 
+// An FP8 operand's scale_inv: one scalar (null: 1), or its block scales.
+struct ScaleInv {
+  const float* data = nullptr;
+  std::optional<BlockScaleLayout> blocks;
+  float at(std::int64_t outer, std::int64_t k) const {
+    if (data == nullptr) return 1.0f;
+    return blocks ? data[blocks->index(outer, k)] : *data;
+  }
+};
+
 // op(X) as a dense row-major [rows, cols] fp32 matrix; X is stored
-// [rows, cols], or [cols, rows] when transposed.
-// FP8 values are decoded and multiplied by `scale_inv` (null: 1).
+// [rows, cols], or [cols, rows] when transposed. FP8 values are decoded and
+// multiplied by their scale_inv; `k_is_rows` says which of op(X)'s
+// dimensions is the reduced one (B's), the other being the operand's outer one.
 std::vector<float> widen(DType dtype, const void* data, std::int64_t rows, std::int64_t cols, bool transposed,
-                         const float* scale_inv) {
+                         const ScaleInv& scale_inv, bool k_is_rows) {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
-  const float factor = scale_inv != nullptr ? *scale_inv : 1.0f;
   const Fp8Format format = dtype == DType::kFloat8E5M2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::int64_t i = transposed ? c * rows + r : r * cols + c;
-      out[r * cols + c] = is_fp8(dtype) ? fp8_to_float(format, static_cast<const std::uint8_t*>(data)[i]) * factor
+      out[r * cols + c] = is_fp8(dtype) ? fp8_to_float(format, static_cast<const std::uint8_t*>(data)[i]) *
+                                              (k_is_rows ? scale_inv.at(c, r) : scale_inv.at(r, c))
                                         : load_as_float(dtype, data, i);
     }
   }
@@ -113,8 +127,14 @@ void bias_grad_of_a(const GemmDesc& desc, const std::vector<float>& a, void* bia
 void gemm(const GemmDesc& desc, const GemmOperands& operands) {
   check_gemm(desc);
   check_operands(desc, operands);
-  const std::vector<float> a = widen(desc.a_type, operands.a, desc.m, desc.k, desc.trans_a, operands.a_scale_inv);
-  const std::vector<float> b = widen(desc.b_type, operands.b, desc.k, desc.n, desc.trans_b, operands.b_scale_inv);
+  // Block layouts are of the TN operands FP8 takes: A [m, k], B [n, k].
+  auto layout = [&](const std::optional<BlockShape>& shape, std::int64_t outer) {
+    return shape ? std::optional<BlockScaleLayout>(BlockScaleLayout{*shape, outer, desc.k}) : std::nullopt;
+  };
+  const std::vector<float> a = widen(desc.a_type, operands.a, desc.m, desc.k, desc.trans_a,
+                                     {operands.a_scale_inv, layout(desc.a_blocks, desc.m)}, false);
+  const std::vector<float> b = widen(desc.b_type, operands.b, desc.k, desc.n, desc.trans_b,
+                                     {operands.b_scale_inv, layout(desc.b_blocks, desc.n)}, true);
   const std::vector<float> ab = scaled_product(desc, a, b);
   switch (desc.epilogue) {
     case GemmEpilogue::kNone: accumulate(desc, ab, operands.d); return;

@@ -55,11 +55,11 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   if (config.fp8) {
     // See Note [FP8 Linear]: what is built so far.
     config.fp8->check();
-    SG_CHECK_CODE(config.fp8->scaling != Fp8Scaling::kBlock, ErrorCode::kUnsupported, label_,
-                  ": FP8 with block scaling is not built yet; use current or delayed scaling");
     SG_CHECK_CODE(!split, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
-    SG_CHECK(config.in_features % 16 == 0 && config.out_features % 16 == 0, label_,
-             ": FP8 GEMMs need in_features and out_features divisible by 16, got ", config.in_features, " and ",
+    const std::int64_t multiple = config.fp8->scaling == Fp8Scaling::kBlock ? 128 : 16;
+    SG_CHECK(config.in_features % multiple == 0 && config.out_features % multiple == 0, label_, ": FP8 GEMMs",
+             config.fp8->scaling == Fp8Scaling::kBlock ? " with block scaling" : "",
+             " need in_features and out_features divisible by ", multiple, ", got ", config.in_features, " and ",
              config.out_features);
   }
   check_overlap("fprop_overlap", config.fprop_overlap, column() ? CommOverlap::kRingExchange : CommOverlap::kPipelined);
@@ -119,74 +119,95 @@ std::vector<Parameter*> Linear::parameters() {
 
 namespace {
 
-// `t` into its FP8 copies, with the scale_inv the GEMMs must use (Note [FP8
-// Linear]): current scaling computes the scale now (amax, then scale, then
-// quantize); delayed scaling quantizes with the state's scale, and the copies'
-// amax goes into its history at the end of the backward.
+// `t` into its FP8 copies, each with the scale_inv its GEMMs must use (Note
+// [FP8 Linear]): current scaling computes the scale now (amax, then scale,
+// then quantize); delayed scaling quantizes with the state's scale, and the
+// copies' amax goes into its history at the end of the backward; block
+// scaling gives each copy its own block scales (`shape`: 1 x 128 for
+// activations and gradients, 128 x 128 for weights).
 struct Fp8Copies {
-  ops::Quantized q;
-  Tensor scale_inv;
+  Tensor rowwise;  // [rows, cols]
+  Tensor rowwise_scale_inv;
+  Tensor columnwise;  // [cols, rows]
+  Tensor columnwise_scale_inv;
+  Tensor amax;  // tensor-wise scaling: max |t|
+  std::optional<kernels::BlockShape> blocks;
 };
 
 Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
-                            bool columnwise, const Tensor& delayed_scale, const Tensor& delayed_scale_inv) {
-  if (recipe.scaling == Fp8Scaling::kDelayed) {
-    return {ops::quantize(ctx, t, delayed_scale, {format, rowwise, columnwise}), delayed_scale_inv};
+                            bool columnwise, const Tensor& delayed_scale, const Tensor& delayed_scale_inv,
+                            kernels::BlockShape shape) {
+  if (recipe.scaling == Fp8Scaling::kBlock) {
+    const ops::BlockQuantized q =
+        ops::quantize_blocks(ctx, t, {format, shape, recipe.power_of_two_scales, rowwise, columnwise});
+    return {q.rowwise, q.rowwise_scale_inv, q.columnwise, q.columnwise_scale_inv, Tensor(), shape};
   }
-  const ops::Scales s = ops::scale_from_amax(ctx, ops::amax(ctx, t), {format, false});
-  return {ops::quantize(ctx, t, s.scale, {format, rowwise, columnwise}), s.scale_inv};
+  Tensor scale = delayed_scale, scale_inv = delayed_scale_inv;
+  if (recipe.scaling == Fp8Scaling::kCurrent) {
+    const ops::Scales s = ops::scale_from_amax(ctx, ops::amax(ctx, t), {format, false});
+    scale = s.scale;
+    scale_inv = s.scale_inv;
+  }
+  const ops::Quantized q = ops::quantize(ctx, t, scale, {format, rowwise, columnwise});
+  return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, std::nullopt};
+}
+
+// The GEMM params of FP8 operands a and b, from how each was quantized.
+ops::GemmParams fp8_params(const Fp8Copies& a, const Fp8Copies& b, DType out_dtype, bool fast_accumulation) {
+  return {.trans_b = true,
+          .out_dtype = out_dtype,
+          .fast_accumulation = fast_accumulation,
+          .a_blocks = a.blocks,
+          .b_blocks = b.blocks};
 }
 
 }  // namespace
 
 Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
   const std::int64_t tokens = args.x.shape().dim(0);
-  SG_CHECK(tokens % 16 == 0, label_, " forward: FP8 GEMMs need a token count divisible by 16, got ", tokens);
   const Fp8Recipe& recipe = *config_.fp8;
-  const Fp8Copies xc = quantize_for_gemm(ctx, recipe, args.x, recipe.forward_format(), true, config_.wgrad,
-                                         x_state_.scale, x_state_.scale_inv);
-  const Fp8Copies wc = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, config_.dgrad,
-                                         w_state_.scale, w_state_.scale_inv);
-  const ops::Quantized& x = xc.q;
-  const ops::Quantized& w = wc.q;
-  const Tensor& x_scale_inv = xc.scale_inv;
-  const Tensor& w_scale_inv = wc.scale_inv;
+  const bool blocks = recipe.scaling == Fp8Scaling::kBlock;
+  SG_CHECK(tokens % (blocks ? 128 : 16) == 0, label_, " forward: FP8 GEMMs", blocks ? " with block scaling" : "",
+           " need a token count divisible by ", blocks ? 128 : 16, ", got ", tokens);
+  const Fp8Copies x = quantize_for_gemm(ctx, recipe, args.x, recipe.forward_format(), true, config_.wgrad,
+                                        x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128);
+  const Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, config_.dgrad,
+                                        w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128);
+  ops::GemmParams fprop = fp8_params(x, w, config_.dtype, recipe.fast_accumulation_forward);
+  fprop.epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   Forward out;
-  out.y = ops::fp8_gemm(ctx, x.rowwise, x_scale_inv, w.rowwise, w_scale_inv,
-                        {.trans_b = true,
-                         .epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
-                         .out_dtype = config_.dtype,
-                         .fast_accumulation = recipe.fast_accumulation_forward},
+  out.y = ops::fp8_gemm(ctx, x.rowwise, x.rowwise_scale_inv, w.rowwise, w.rowwise_scale_inv, fprop,
                         config_.bias ? bias_.value : Tensor())
               .d;
-  out.saved = Saved{args.x,        config_.dgrad, config_.wgrad, x.columnwise, x_scale_inv,
-                    w.columnwise,  w_scale_inv,   x.amax,        w.amax};
+  out.saved = Saved{args.x,       config_.dgrad,          config_.wgrad, x.columnwise, x.columnwise_scale_inv,
+                    w.columnwise, w.columnwise_scale_inv, x.amax,        w.amax};
   return out;
 }
 
 Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   if (!saved.dgrad && !saved.wgrad) return {};
   const Fp8Recipe& recipe = *config_.fp8;
-  const Fp8Copies dyc = quantize_for_gemm(ctx, recipe, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad,
-                                          dy_state_.scale, dy_state_.scale_inv);
-  const ops::Quantized& dy = dyc.q;
-  const Tensor& dy_scale_inv = dyc.scale_inv;
-  const ops::GemmParams tn{.trans_b = true, .fast_accumulation = recipe.fast_accumulation_backward};
+  const Fp8Copies dy = quantize_for_gemm(ctx, recipe, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad,
+                                         dy_state_.scale, dy_state_.scale_inv, kernels::BlockShape::k1x128);
+  // The saved transposed copies of x and W, as their forward quantized them.
+  const std::optional<kernels::BlockShape> x_blocks =
+      recipe.scaling == Fp8Scaling::kBlock ? std::optional(kernels::BlockShape::k1x128) : std::nullopt;
+  const std::optional<kernels::BlockShape> w_blocks =
+      recipe.scaling == Fp8Scaling::kBlock ? std::optional(kernels::BlockShape::k128x128) : std::nullopt;
   if (saved.wgrad) {
     // grad_W[out, in] = dy^T x, both as their transposed copies, on the weight-gradient stream.
     WeightGradScope weight_grads(ctx);
-    ops::GemmParams wgrad = tn;
-    wgrad.out_dtype = DType::kFloat32;
+    ops::GemmParams wgrad = fp8_params(dy, {.blocks = x_blocks}, DType::kFloat32, recipe.fast_accumulation_backward);
     ops::copy_(ctx, weight_.grad,
-               ops::fp8_gemm(ctx, dy.columnwise, dy_scale_inv, saved.x_fp8_t, saved.x_scale_inv, wgrad).d);
+               ops::fp8_gemm(ctx, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv, wgrad).d);
     // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
     if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, args.dy));
   }
   Tensor dx;
   if (saved.dgrad) {
-    ops::GemmParams dgrad = tn;
-    dgrad.out_dtype = config_.dtype;
-    dx = ops::fp8_gemm(ctx, dy.rowwise, dy_scale_inv, saved.w_fp8_t, saved.w_scale_inv, dgrad).d;
+    const ops::GemmParams dgrad =
+        fp8_params(dy, {.blocks = w_blocks}, config_.dtype, recipe.fast_accumulation_backward);
+    dx = ops::fp8_gemm(ctx, dy.rowwise, dy.rowwise_scale_inv, saved.w_fp8_t, saved.w_scale_inv, dgrad).d;
   }
   if (recipe.scaling == Fp8Scaling::kDelayed) {
     // This step's amaxes into the histories, the scales for the next step:

@@ -21,9 +21,12 @@
 // the scales the earlier steps left, and the end of its backward rolls this
 // step's amaxes in and updates the scales (after every GEMM that read them:
 // the planner orders the writes after the reads), so nothing runs between
-// replays. So far: current and delayed scaling (not block), no tensor
-// parallelism, token counts and features multiples of 16; each other case is
-// an Error naming it. The weight is quantized in every forward (once per optimizer
+// replays. Block scaling (Fp8Recipe::block(): DeepSeek-V3's recipe) gives x
+// and dy a scale per 1 x 128 block and W one per 128 x 128 tile, each copy
+// with its own block scales in the layout its GEMM reads; tokens and
+// features must then be multiples of 128. So far: no tensor parallelism,
+// token counts and features multiples of 16; each other case is an Error
+// naming it. The weight is quantized in every forward (once per optimizer
 // step is to come), and the saved input is still kept beside its FP8 copy.
 //
 // Note [Column- and row-parallel Linear]

@@ -89,6 +89,95 @@ const OpDef& quantize_op() {
   return op;
 }
 
+std::string BlockQuantizeParams::to_string() const {
+  return std::string(fp8_format_name(format)) + (shape == kernels::BlockShape::k1x128 ? " 1x128" : " 128x128") +
+         (power_of_two ? " power_of_two" : "") + (rowwise ? " rowwise" : "") + (columnwise ? " columnwise" : "");
+}
+
+namespace {
+
+kernels::QuantizeDesc describe_blocks(const BlockQuantizeParams& p, const TensorMeta& x) {
+  return {x.dtype, p.format, x.shape.dim(0), x.shape.dim(1), p.rowwise, p.columnwise};
+}
+
+// Outputs: [rowwise, its scales], [columnwise, its scales], non_finite.
+std::vector<TensorMeta> check_blocks(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const BlockQuantizeParams& p = params.as<BlockQuantizeParams>();
+  SG_CHECK(inputs.size() == 1, "op quantize_blocks takes x, got ", inputs.size(), " inputs");
+  SG_CHECK(inputs[0].shape.rank() == 2, "op quantize_blocks: x must be 2-D [rows, cols], got ", inputs[0].shape);
+  const kernels::QuantizeDesc desc = describe_blocks(p, inputs[0]);
+  kernels::check_block_quantize(desc, p.shape);
+  const DType q = fp8_dtype(p.format);
+  auto scales = [&](std::int64_t outer, std::int64_t k) {
+    return TensorMeta{Shape{kernels::BlockScaleLayout{p.shape, outer, k}.count()}, DType::kFloat32};
+  };
+  std::vector<TensorMeta> out;
+  if (p.rowwise) {
+    out.push_back({Shape{desc.rows, desc.cols}, q});
+    out.push_back(scales(desc.rows, desc.cols));
+  }
+  if (p.columnwise) {
+    out.push_back({Shape{desc.cols, desc.rows}, q});
+    out.push_back(scales(desc.cols, desc.rows));
+  }
+  out.push_back({Shape{1}, DType::kInt32});
+  return out;
+}
+
+kernels::BlockOutputs block_outputs(const BlockQuantizeParams& p, const KernelArgs& a) {
+  kernels::BlockOutputs out;
+  std::size_t next = 0;
+  if (p.rowwise) {
+    out.rowwise = static_cast<std::uint8_t*>(a.outputs[next++]);
+    out.rowwise_scale_inv = static_cast<float*>(a.outputs[next++]);
+  }
+  if (p.columnwise) {
+    out.columnwise = static_cast<std::uint8_t*>(a.outputs[next++]);
+    out.columnwise_scale_inv = static_cast<float*>(a.outputs[next++]);
+  }
+  return out;
+}
+
+}  // namespace
+
+const OpDef& quantize_blocks_op() {
+  static const OpDef op{
+      .name = "quantize_blocks",
+      .check = check_blocks,
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const BlockQuantizeParams& p = params.as<BlockQuantizeParams>();
+            kernels::launch_quantize_blocks(describe_blocks(p, a.input_metas[0]), p.shape, p.power_of_two,
+                                            a.inputs[0], block_outputs(p, a), static_cast<int*>(a.outputs.back()),
+                                            stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const BlockQuantizeParams& p = params.as<BlockQuantizeParams>();
+            const bool ok = kernels::quantize_blocks_host(describe_blocks(p, a.input_metas[0]), p.shape,
+                                                          p.power_of_two, a.inputs[0], block_outputs(p, a));
+            *static_cast<std::int32_t*>(a.outputs.back()) = ok ? 0 : 1;
+          },
+  };
+  return op;
+}
+
+BlockQuantized quantize_blocks(Context& ctx, const Tensor& x, const BlockQuantizeParams& params) {
+  std::vector<Tensor> out = ctx.call(quantize_blocks_op(), params, {x});
+  BlockQuantized result;
+  std::size_t next = 0;
+  if (params.rowwise) {
+    result.rowwise = out[next++];
+    result.rowwise_scale_inv = out[next++];
+  }
+  if (params.columnwise) {
+    result.columnwise = out[next++];
+    result.columnwise_scale_inv = out[next++];
+  }
+  result.non_finite = out[next];
+  return result;
+}
+
 namespace {
 
 const TensorMeta kScalar{Shape{1}, DType::kFloat32};

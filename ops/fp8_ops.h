@@ -15,6 +15,7 @@
 #include "engine/fp8.h"
 #include "engine/fp8_recipe.h"
 #include "engine/op.h"
+#include "kernels/fp8_block_scales.h"
 
 namespace stepgraph::ops {
 
@@ -35,6 +36,29 @@ struct Quantized {
 
 // x: 2-D [rows, cols] fp32, bf16 or fp16; scale: [1] fp32 (q = fp8(x * scale)).
 Quantized quantize(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params);
+
+// Block scaling (kernels/fp8_quantize.h): x 2-D [rows, cols] into FP8 with a
+// scale per 1 x 128 or 128 x 128 block, each copy's scale_inv in the layout
+// its GEMM reads (kernels/fp8_block_scales.h); non_finite ([1] int32) is 1
+// when a block's amax was not finite.
+struct BlockQuantizeParams {
+  Fp8Format format = Fp8Format::kE4M3;
+  kernels::BlockShape shape = kernels::BlockShape::k1x128;
+  bool power_of_two = true;
+  bool rowwise = true;
+  bool columnwise = false;
+
+  bool operator==(const BlockQuantizeParams&) const = default;
+  std::string to_string() const;
+};
+struct BlockQuantized {
+  Tensor rowwise;  // [rows, cols]
+  Tensor rowwise_scale_inv;
+  Tensor columnwise;  // [cols, rows]
+  Tensor columnwise_scale_inv;
+  Tensor non_finite;
+};
+BlockQuantized quantize_blocks(Context& ctx, const Tensor& x, const BlockQuantizeParams& params);
 
 // max |x| ([1] fp32) of a 2-D x: current scaling's first pass, before
 // scale_from_amax and quantize.
@@ -71,6 +95,7 @@ Tensor delayed_scaling_update_(Context& ctx, const DelayedScalingParams& params,
                                const Tensor& history, const Tensor& scale, const Tensor& scale_inv);
 
 const OpDef& quantize_op();
+const OpDef& quantize_blocks_op();
 const OpDef& amax_op();
 const OpDef& scale_from_amax_op();
 const OpDef& delayed_scaling_update_op();

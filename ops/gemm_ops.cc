@@ -18,6 +18,13 @@ std::string GemmParams::to_string() const {
                              std::string(dtype_name(out_dtype)).c_str(), static_cast<double>(alpha));
   if (fp8_scales) length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), "%s",
                                          fast_accumulation ? ", fp8 fast accumulation" : ", fp8");
+  auto blocks_name = [](const std::optional<kernels::BlockShape>& blocks) {
+    return !blocks ? "tensor" : *blocks == kernels::BlockShape::k1x128 ? "1x128" : "128x128";
+  };
+  if (a_blocks || b_blocks) {
+    length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), " blocks %s x %s",
+                            blocks_name(a_blocks), blocks_name(b_blocks));
+  }
   if (rows > 0 || a_row > 0 || d_row > 0) {
     std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", rows=%lld a_row=%lld d_row=%lld",
                   static_cast<long long>(rows), static_cast<long long>(a_row), static_cast<long long>(d_row));
@@ -68,6 +75,8 @@ kernels::GemmDesc describe(const GemmParams& p, std::span<const TensorMeta> inpu
   desc.alpha = p.alpha;
   desc.beta = 0.0f;  // D is written, never read
   desc.fast_accumulation = p.fast_accumulation;
+  desc.a_blocks = p.a_blocks;
+  desc.b_blocks = p.b_blocks;
   return desc;
 }
 
@@ -121,9 +130,17 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
   if (layout.bias >= 0) expect_meta("bias", inputs[layout.bias], {Shape{desc.n}, p.out_dtype}, op);
   if (layout.aux >= 0) expect_meta("aux (the forward pre-activation)", inputs[layout.aux], whole_d, op);
   if (layout.d >= 0) expect_meta("D", inputs[layout.d], whole_d, op);
-  const TensorMeta scalar{Shape{1}, DType::kFloat32};
-  if (layout.a_scale_inv >= 0) expect_meta("A's scale_inv", inputs[layout.a_scale_inv], scalar, op);
-  if (layout.b_scale_inv >= 0) expect_meta("B's scale_inv", inputs[layout.b_scale_inv], scalar, op);
+  // One scalar, or the block scales of the TN operand [outer, k].
+  auto scales = [&](const std::optional<kernels::BlockShape>& blocks, std::int64_t outer) {
+    const std::int64_t count = blocks ? kernels::BlockScaleLayout{*blocks, outer, desc.k}.count() : 1;
+    return TensorMeta{Shape{count}, DType::kFloat32};
+  };
+  if (p.a_blocks || p.b_blocks) {
+    SG_CHECK(p.rows == 0 && p.a_row == 0 && p.d_row == 0, "op ", op,
+             ": block-scaled FP8 takes no row windows (the scales cover whole operands), got ", p.to_string());
+  }
+  if (layout.a_scale_inv >= 0) expect_meta("A's scale_inv", inputs[layout.a_scale_inv], scales(p.a_blocks, desc.m), op);
+  if (layout.b_scale_inv >= 0) expect_meta("B's scale_inv", inputs[layout.b_scale_inv], scales(p.b_blocks, desc.n), op);
 
   std::vector<TensorMeta> outputs;
   if (!into) outputs.push_back(d_meta);

@@ -18,6 +18,7 @@
 //                                                  .out_dtype = DType::kBFloat16}, bias);
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "engine/context.h"
@@ -40,6 +41,10 @@ struct GemmParams {
   // tensors ([1] fp32) follow the epilogue's inputs. Set by fp8_gemm.
   bool fp8_scales = false;
   bool fast_accumulation = false;
+  // Block-scaled FP8: each operand's scale_inv is its block scales
+  // ([BlockScaleLayout::count()] fp32) instead of one scalar.
+  std::optional<kernels::BlockShape> a_blocks;
+  std::optional<kernels::BlockShape> b_blocks;
 
   bool operator==(const GemmParams&) const = default;
   std::string to_string() const;
@@ -57,7 +62,8 @@ GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams
 
 // D = alpha (a_scale_inv A)(b_scale_inv B)^T (+ bias) for FP8 A [m, k] and B
 // [n, k] (TN, as Hopper's FP8 GEMMs need; the quantize op's copies give every
-// product that form); scale_inv tensors are [1] fp32, read on the device.
+// product that form); scale_inv tensors are [1] fp32, read on the device,
+// or with params.a_blocks / b_blocks the block scales of quantize_blocks.
 // params.trans_b must be set and trans_a clear; fp8_scales is set here.
 GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                     const Tensor& b_scale_inv, GemmParams params, const Tensor& bias = {});

@@ -39,6 +39,7 @@ std::span<const OpDef* const> all_ops() {
       &gemm_op(),
       &gemm_into_op(),
       &quantize_op(),
+      &quantize_blocks_op(),
       &amax_op(),
       &scale_from_amax_op(),
       &delayed_scaling_update_op(),

@@ -5,9 +5,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -39,11 +41,24 @@ struct Fp8Problem {
   GemmDesc desc;
   std::vector<std::uint8_t> a, b;   // [m, k], [n, k]
   std::vector<float> bias;  // [n] (kBias), stored in D's dtype for the GEMM
-  float a_scale_inv = 0.5f, b_scale_inv = 0.25f;
+  // One scalar each, or the block scales in the GEMM's layouts (padding 0).
+  std::vector<float> a_scale_inv{0.5f}, b_scale_inv{0.25f};
 };
 
+// Random block scales in [1/4, 4] where `blocks` says, else the scalar kept.
+void draw_block_scales(const std::optional<BlockShape>& blocks, std::int64_t outer, std::int64_t k,
+                       std::vector<float>& scales, std::mt19937& rng) {
+  if (!blocks) return;
+  const BlockScaleLayout layout{*blocks, outer, k};
+  scales.assign(static_cast<std::size_t>(layout.count()), 0.0f);
+  std::uniform_real_distribution<float> exponent(-2.0f, 2.0f);
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t kk = 0; kk < k; kk += kScaleBlock) scales[layout.index(o, kk)] = std::exp2(exponent(rng));
+}
+
 Fp8Problem make_problem(DType a_type, DType b_type, std::int64_t m, std::int64_t n, std::int64_t k, DType d_type,
-                        bool bias, bool fast, std::mt19937& rng) {
+                        bool bias, bool fast, std::mt19937& rng, std::optional<BlockShape> a_blocks = std::nullopt,
+                        std::optional<BlockShape> b_blocks = std::nullopt) {
   Fp8Problem p;
   p.desc.m = m;
   p.desc.n = n;
@@ -55,12 +70,22 @@ Fp8Problem make_problem(DType a_type, DType b_type, std::int64_t m, std::int64_t
   p.desc.d_type = d_type;
   p.desc.epilogue = bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   p.desc.fast_accumulation = fast;
+  p.desc.a_blocks = a_blocks;
+  p.desc.b_blocks = b_blocks;
+  draw_block_scales(a_blocks, m, k, p.a_scale_inv, rng);
+  draw_block_scales(b_blocks, n, k, p.b_scale_inv, rng);
   p.a = random_fp8(a_type, m * k, rng);
   p.b = random_fp8(b_type, n * k, rng);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // Bias values bf16 can hold exactly, so both output dtypes read the same ones.
   for (std::int64_t j = 0; j < n; ++j) p.bias.push_back(bf16_to_float(float_to_bf16(normal(rng))));
   return p;
+}
+
+// An operand's scale_inv at (outer, k).
+float scale_at(const std::vector<float>& scales, const std::optional<BlockShape>& blocks, std::int64_t outer_size,
+               std::int64_t k_size, std::int64_t outer, std::int64_t k) {
+  return blocks ? scales[BlockScaleLayout{*blocks, outer_size, k_size}.index(outer, k)] : scales[0];
 }
 
 // The same product in double from the decoded bytes.
@@ -71,8 +96,10 @@ std::vector<double> naive(const Fp8Problem& p) {
     for (std::int64_t j = 0; j < d.n; ++j) {
       double sum = 0.0;
       for (std::int64_t q = 0; q < d.k; ++q) {
-        sum += static_cast<double>(fp8_to_float(format_of(d.a_type), p.a[i * d.k + q])) * p.a_scale_inv *
-               static_cast<double>(fp8_to_float(format_of(d.b_type), p.b[j * d.k + q])) * p.b_scale_inv;
+        sum += static_cast<double>(fp8_to_float(format_of(d.a_type), p.a[i * d.k + q])) *
+               scale_at(p.a_scale_inv, d.a_blocks, d.m, d.k, i, q) *
+               static_cast<double>(fp8_to_float(format_of(d.b_type), p.b[j * d.k + q])) *
+               scale_at(p.b_scale_inv, d.b_blocks, d.n, d.k, j, q);
       }
       out[i * d.n + j] = d.alpha * sum + (d.epilogue == GemmEpilogue::kBias ? p.bias[j] : 0.0);
     }
@@ -101,8 +128,8 @@ std::vector<float> host_result(const Fp8Problem& p) {
   ops.a = p.a.data();
   ops.b = p.b.data();
   ops.bias = bias.data();
-  ops.a_scale_inv = &p.a_scale_inv;
-  ops.b_scale_inv = &p.b_scale_inv;
+  ops.a_scale_inv = p.a_scale_inv.data();
+  ops.b_scale_inv = p.b_scale_inv.data();
   ops.d = p.desc.d_type == DType::kFloat32 ? static_cast<void*>(d.data()) : static_cast<void*>(d16.data());
   host::gemm(p.desc, ops);
   if (p.desc.d_type != DType::kFloat32)
@@ -120,6 +147,12 @@ double max_relative(const std::vector<float>& got, const std::vector<double>& wa
   return scale > 0 ? diff / scale : diff;
 }
 
+// The block-scaled pairs cuBLASLt has: x W^T and dy W (1 x 128 by 128 x 128),
+// dy^T x (both 1 x 128), and the 128 x 128 operand first.
+constexpr std::pair<BlockShape, BlockShape> kBlockPairs[] = {{BlockShape::k1x128, BlockShape::k128x128},
+                                                             {BlockShape::k1x128, BlockShape::k1x128},
+                                                             {BlockShape::k128x128, BlockShape::k1x128}};
+
 TEST(Fp8GemmHostTest, HostReferenceMatchesADoubleLoop) {
   const testing::TestSeed seed;
   std::mt19937 rng(seed.value());
@@ -129,6 +162,12 @@ TEST(Fp8GemmHostTest, HostReferenceMatchesADoubleLoop) {
       const Fp8Problem p = make_problem(a_type, b_type, 32, 48, 64, DType::kFloat32, bias, false, rng);
       EXPECT_LT(max_relative(host_result(p), naive(p)), 1e-5) << p.desc.to_string();
     }
+  }
+  // Block scales: each block's own scale_inv, in the GEMM's layouts (k 384: three k blocks, padded to four).
+  for (const auto& [a_blocks, b_blocks] : kBlockPairs) {
+    const Fp8Problem p = make_problem(DType::kFloat8E4M3, DType::kFloat8E4M3, 128, 256, 384, DType::kFloat32, false,
+                                      false, rng, a_blocks, b_blocks);
+    EXPECT_LT(max_relative(host_result(p), naive(p)), 1e-5) << p.desc.to_string();
   }
 }
 
@@ -153,10 +192,77 @@ TEST(Fp8GemmHostTest, ChecksNameWhatIsWrong) {
   GemmDesc gelu = good;
   gelu.epilogue = GemmEpilogue::kGeluAuxBias;
   EXPECT_ERROR_CONTAINS(check_gemm(gelu), "none or bias", "gelu_aux_bias");
+  GemmDesc blocks = good;
+  blocks.k = 256;
+  blocks.a_blocks = BlockShape::k1x128;
+  EXPECT_ERROR_CONTAINS(check_gemm(blocks), "both operands block-scaled");
+  blocks.b_blocks = BlockShape::k128x128;
+  EXPECT_NO_THROW(check_gemm(blocks));
+  GemmDesc two_tiles = blocks;
+  two_tiles.a_blocks = BlockShape::k128x128;
+  EXPECT_ERROR_CONTAINS(check_gemm(two_tiles), "two 128 x 128");
+  GemmDesc short_k = blocks;
+  short_k.k = 192;
+  EXPECT_ERROR_CONTAINS(check_gemm(short_k), "k divisible by 128");
+  GemmDesc fast_blocks = blocks;
+  fast_blocks.fast_accumulation = true;
+  EXPECT_ERROR_CONTAINS(check_gemm(fast_blocks), "no fast accumulation");
   GemmDesc fast_bf16;
   fast_bf16.m = fast_bf16.n = fast_bf16.k = 16;
   fast_bf16.fast_accumulation = true;
   EXPECT_ERROR_CONTAINS(check_gemm(fast_bf16), "fast_accumulation is for FP8");
+}
+
+// cuBLASLt against the host reference on one problem; a refused combination
+// fails here with the desc in its trace, and the caller's other cases run.
+void check_on_device(const Fp8Problem& p, Stream& stream) {
+  SCOPED_TRACE(p.desc.to_string());
+  const std::vector<float> want = host_result(p);
+  const DType d_type = p.desc.d_type;
+  const std::vector<std::uint8_t> bias_host = bias_bytes(p);
+  auto upload = [](const void* data, std::size_t bytes) {
+    void* pointer = nullptr;
+    SG_CUDA_CHECK(cudaMalloc(&pointer, std::max<std::size_t>(bytes, 16)));  // separate allocations: 256-byte aligned
+    SG_CUDA_CHECK(cudaMemcpy(pointer, data, bytes, cudaMemcpyHostToDevice));
+    return pointer;
+  };
+  void* a = upload(p.a.data(), p.a.size());
+  void* b = upload(p.b.data(), p.b.size());
+  void* bias = upload(bias_host.data(), bias_host.size());
+  void* a_scales = upload(p.a_scale_inv.data(), p.a_scale_inv.size() * sizeof(float));
+  void* b_scales = upload(p.b_scale_inv.data(), p.b_scale_inv.size() * sizeof(float));
+  void *d = nullptr, *workspace = nullptr;
+  const std::size_t d_bytes = want.size() * dtype_size(d_type);
+  SG_CUDA_CHECK(cudaMalloc(&d, d_bytes));
+  SG_CUDA_CHECK(cudaMalloc(&workspace, gemm_workspace_bytes()));
+  GemmOperands ops;
+  ops.a = a;
+  ops.b = b;
+  ops.d = d;
+  ops.bias = bias;
+  ops.workspace = workspace;
+  ops.a_scale_inv = static_cast<const float*>(a_scales);
+  ops.b_scale_inv = static_cast<const float*>(b_scales);
+  bool launched = false;
+  EXPECT_NO_THROW({
+    launch_gemm(p.desc, ops, stream.get());
+    launched = true;
+  });
+  stream.synchronize();
+  if (launched) {
+    std::vector<float> got(want.size());
+    if (d_type == DType::kFloat32) {
+      SG_CUDA_CHECK(cudaMemcpy(got.data(), d, d_bytes, cudaMemcpyDeviceToHost));
+    } else {
+      std::vector<std::uint16_t> raw(want.size());
+      SG_CUDA_CHECK(cudaMemcpy(raw.data(), d, d_bytes, cudaMemcpyDeviceToHost));
+      for (std::size_t i = 0; i < raw.size(); ++i) got[i] = bf16_to_float(raw[i]);
+    }
+    std::vector<double> want_double(want.begin(), want.end());
+    // bf16 output rounding, and fast accumulation's fewer fp32 promotions.
+    EXPECT_LT(max_relative(got, want_double), d_type == DType::kBFloat16 || p.desc.fast_accumulation ? 1e-2 : 1e-4);
+  }
+  for (void* pointer : {a, b, d, bias, a_scales, b_scales, workspace}) cudaFree(pointer);
 }
 
 TEST(Fp8GemmTest, CublasLtMatchesTheHostReference) {
@@ -169,56 +275,30 @@ TEST(Fp8GemmTest, CublasLtMatchesTheHostReference) {
                                        std::pair{DType::kFloat8E4M3, DType::kFloat8E5M2}}) {
     for (const DType d_type : {DType::kBFloat16, DType::kFloat32}) {
       for (const bool fast : {false, true}) {
-        const Fp8Problem p = make_problem(a_type, b_type, 128, 96, 256, d_type, d_type == DType::kBFloat16, fast, rng);
-        SCOPED_TRACE(p.desc.to_string());
-        const std::vector<float> want = host_result(p);
-        void *a = nullptr, *b = nullptr, *d = nullptr, *bias = nullptr, *scales = nullptr, *workspace = nullptr;
-        const std::size_t d_bytes = want.size() * dtype_size(d_type);
-        SG_CUDA_CHECK(cudaMalloc(&a, p.a.size()));
-        SG_CUDA_CHECK(cudaMalloc(&b, p.b.size()));
-        SG_CUDA_CHECK(cudaMalloc(&d, d_bytes));
-        const std::vector<std::uint8_t> bias_host = bias_bytes(p);
-        SG_CUDA_CHECK(cudaMalloc(&bias, bias_host.size()));
-        SG_CUDA_CHECK(cudaMalloc(&scales, 2 * sizeof(float)));
-        SG_CUDA_CHECK(cudaMalloc(&workspace, gemm_workspace_bytes()));
-        const float scale_values[2] = {p.a_scale_inv, p.b_scale_inv};
-        SG_CUDA_CHECK(cudaMemcpy(a, p.a.data(), p.a.size(), cudaMemcpyHostToDevice));
-        SG_CUDA_CHECK(cudaMemcpy(b, p.b.data(), p.b.size(), cudaMemcpyHostToDevice));
-        SG_CUDA_CHECK(cudaMemcpy(bias, bias_host.data(), bias_host.size(), cudaMemcpyHostToDevice));
-        SG_CUDA_CHECK(cudaMemcpy(scales, scale_values, sizeof(scale_values), cudaMemcpyHostToDevice));
-        GemmOperands ops;
-        ops.a = a;
-        ops.b = b;
-        ops.d = d;
-        ops.bias = bias;
-        ops.workspace = workspace;
-        ops.a_scale_inv = static_cast<const float*>(scales);
-        ops.b_scale_inv = static_cast<const float*>(scales) + 1;
-        bool launched = false;  // a refused combination fails this case (its trace names it) and the rest run
-        EXPECT_NO_THROW({
-          launch_gemm(p.desc, ops, stream.get());
-          launched = true;
-        });
-        stream.synchronize();
-        if (!launched) {
-          for (void* pointer : {a, b, d, bias, scales, workspace}) cudaFree(pointer);
-          continue;
-        }
-        std::vector<float> got(want.size());
-        if (d_type == DType::kFloat32) {
-          SG_CUDA_CHECK(cudaMemcpy(got.data(), d, d_bytes, cudaMemcpyDeviceToHost));
-        } else {
-          std::vector<std::uint16_t> raw(want.size());
-          SG_CUDA_CHECK(cudaMemcpy(raw.data(), d, d_bytes, cudaMemcpyDeviceToHost));
-          for (std::size_t i = 0; i < raw.size(); ++i) got[i] = bf16_to_float(raw[i]);
-        }
-        std::vector<double> want_double(want.begin(), want.end());
-        // bf16 output rounding, and fast accumulation's fewer fp32 promotions.
-        EXPECT_LT(max_relative(got, want_double), d_type == DType::kBFloat16 || fast ? 1e-2 : 1e-4);
-        for (void* pointer : {a, b, d, bias, scales, workspace}) cudaFree(pointer);
+        check_on_device(make_problem(a_type, b_type, 128, 96, 256, d_type, d_type == DType::kBFloat16, fast, rng),
+                        stream);
       }
     }
   }
+}
+
+TEST(Fp8GemmTest, BlockScaledCublasLtMatchesTheHostReference) {
+  SG_SKIP_WITHOUT_GPU();
+  const testing::TestSeed seed;
+  std::mt19937 rng(seed.value());
+  Stream stream;
+  for (const auto& [a_blocks, b_blocks] : kBlockPairs) {
+    for (const DType d_type : {DType::kBFloat16, DType::kFloat32}) {
+      // k 384: three k blocks, the 128 x 128 scales padded to four.
+      check_on_device(make_problem(DType::kFloat8E4M3, DType::kFloat8E4M3, 256, 128, 384, d_type,
+                                   d_type == DType::kBFloat16, false, rng, a_blocks, b_blocks),
+                      stream);
+    }
+  }
+  // A gradient in E5M2 against E4M3 blocks, as the hybrid recipe's backward has.
+  check_on_device(make_problem(DType::kFloat8E5M2, DType::kFloat8E4M3, 128, 256, 256, DType::kBFloat16, false, false,
+                               rng, BlockShape::k1x128, BlockShape::k128x128),
+                  stream);
 }
 
 }  // namespace

@@ -101,9 +101,13 @@ TEST(Fp8QuantizeHostTest, BlockScalingMatchesPerBlockRecomputation) {
   for (const BlockShape shape : {BlockShape::k1x128, BlockShape::k128x128}) {
     const bool one_row = shape == BlockShape::k1x128;
     const std::int64_t row_blocks = desc.rows / 128, col_blocks = desc.cols / 128;
+    // The GEMM's layouts (fp8_block_scales.h), written out: 1 x 128 outer-major,
+    // 128 x 128 k-major with rows padded to 4 (384 columns: 3 blocks, padded to 4).
+    const BlockScaleLayout row_layout{shape, desc.rows, desc.cols}, col_layout{shape, desc.cols, desc.rows};
+    EXPECT_EQ(row_layout.count(), one_row ? col_blocks * desc.rows : row_blocks * 4);
+    EXPECT_EQ(col_layout.count(), one_row ? row_blocks * desc.cols : col_blocks * 4);
     std::vector<std::uint8_t> rows(x.size()), cols(x.size());
-    std::vector<float> row_scales(one_row ? desc.rows * col_blocks : row_blocks * col_blocks);
-    std::vector<float> col_scales(one_row ? desc.cols * row_blocks : col_blocks * row_blocks);
+    std::vector<float> row_scales(row_layout.count(), -1.0f), col_scales(col_layout.count(), -1.0f);
     ASSERT_TRUE(quantize_blocks_host(desc, shape, true, x.data(),
                                      {rows.data(), row_scales.data(), cols.data(), col_scales.data()}));
     auto check_block = [&](std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1, float scale_inv,
@@ -124,17 +128,21 @@ TEST(Fp8QuantizeHostTest, BlockScalingMatchesPerBlockRecomputation) {
     if (one_row) {
       for (std::int64_t r = 0; r < desc.rows; ++r)
         for (std::int64_t b = 0; b < col_blocks; ++b)
-          check_block(r, r + 1, 128 * b, 128 * (b + 1), row_scales[r * col_blocks + b], false);
+          check_block(r, r + 1, 128 * b, 128 * (b + 1), row_scales[b * desc.rows + r], false);
       for (std::int64_t c = 0; c < desc.cols; ++c)
         for (std::int64_t b = 0; b < row_blocks; ++b)
-          check_block(128 * b, 128 * (b + 1), c, c + 1, col_scales[c * row_blocks + b], true);
-      EXPECT_EQ(row_scales[7 * col_blocks + 1], 1.0f);  // the all-zero block
+          check_block(128 * b, 128 * (b + 1), c, c + 1, col_scales[b * desc.cols + c], true);
+      EXPECT_EQ(row_scales[1 * desc.rows + 7], 1.0f);  // the all-zero block
     } else {
       for (std::int64_t i = 0; i < row_blocks; ++i)
         for (std::int64_t j = 0; j < col_blocks; ++j) {
-          check_block(128 * i, 128 * (i + 1), 128 * j, 128 * (j + 1), row_scales[i * col_blocks + j], false);
-          check_block(128 * i, 128 * (i + 1), 128 * j, 128 * (j + 1), col_scales[j * row_blocks + i], true);
+          check_block(128 * i, 128 * (i + 1), 128 * j, 128 * (j + 1), row_scales[i * 4 + j], false);
+          check_block(128 * i, 128 * (i + 1), 128 * j, 128 * (j + 1), col_scales[j * 4 + i], true);
         }
+      for (std::int64_t i = 0; i < row_blocks; ++i) EXPECT_EQ(row_scales[i * 4 + 3], 0.0f) << "padding";
+      for (std::int64_t j = 0; j < col_blocks; ++j) {
+        for (std::int64_t pad = row_blocks; pad < 4; ++pad) EXPECT_EQ(col_scales[j * 4 + pad], 0.0f) << "padding";
+      }
     }
   }
 }

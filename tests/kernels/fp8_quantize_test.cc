@@ -105,9 +105,8 @@ void check_blocks_against_host(const QuantizeDesc& desc, BlockShape shape, bool 
                                     << (shape == BlockShape::k1x128 ? "1x128" : "128x128")
                                     << (power_of_two ? " power-of-two" : ""));
   const auto count = static_cast<std::size_t>(desc.rows * desc.cols);
-  const bool one_row = shape == BlockShape::k1x128;
-  const std::size_t row_scales = one_row ? desc.rows * (desc.cols / 128) : (desc.rows / 128) * (desc.cols / 128);
-  const std::size_t col_scales = one_row ? desc.cols * (desc.rows / 128) : row_scales;
+  const auto row_scales = static_cast<std::size_t>(BlockScaleLayout{shape, desc.rows, desc.cols}.count());
+  const auto col_scales = static_cast<std::size_t>(BlockScaleLayout{shape, desc.cols, desc.rows}.count());
   std::vector<std::uint8_t> want_rows(count), want_cols(count);
   std::vector<float> want_row_scales(row_scales), want_col_scales(col_scales);
   ASSERT_TRUE(quantize_blocks_host(desc, shape, power_of_two, x.data(),

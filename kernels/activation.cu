@@ -12,36 +12,12 @@
 #include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "kernels/activation.h"
+#include "kernels/gelu.cuh"
 #include "kernels/launch_config.cuh"
 #include "kernels/vector_io.cuh"
 
 namespace stepgraph::kernels {
 namespace {
-
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCubic = 0.044715f;
-
-// y = 0.5 x (1 + tanh(k (x + 0.044715 x^3))). Inputs a = x.
-struct GeluForward {
-  static constexpr int kInputs = 1;
-  __device__ __forceinline__ static float apply(float x, float) {
-    const float t = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
-    return 0.5f * x * (1.0f + t);
-  }
-};
-
-// dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 * 0.044715 x^2)).
-// Inputs a = dy, b = x. Where t = +-1 (|x| > ~10) the second term is zero;
-// selecting it keeps x^2 = inf (|x| > 1.8e19) from making 0 * inf = NaN.
-struct GeluBackward {
-  static constexpr int kInputs = 2;
-  __device__ __forceinline__ static float apply(float dy, float x) {
-    const float t = tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
-    const float sech2 = 1.0f - t * t;
-    const float inner = sech2 == 0.0f ? 0.0f : 0.5f * x * sech2 * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-    return dy * (0.5f * (1.0f + t) + inner);
-  }
-};
 
 // out = a + b.
 struct Add {

@@ -3,11 +3,9 @@
 //
 // A block quantizes a 64 x 64 tile: 256 threads read it row by row (coalesced),
 // write the row-wise bytes, stage them in shared memory and write the
-// column-wise copy column by column (coalesced again). |x|'s largest value is
-// taken on its bits (as unsigned integers, non-negative floats order like
-// their bits, and NaN's bits lie above infinity's: a NaN anywhere makes amax
-// NaN, as the host reference does), reduced over the warp and added by
-// atomicMax: a max, so the order of arrivals does not change the result.
+// column-wise copy column by column (coalesced again). amax is taken on the
+// bits of |x| and added once per block (Note [Amax on bits] in
+// kernels/fp8_device.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -17,6 +15,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/fp8_device.cuh"
 #include "kernels/fp8_quantize.h"
 #include "kernels/vector_io.cuh"
 
@@ -25,11 +24,6 @@ namespace {
 
 constexpr int kTile = 64;
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ std::uint8_t to_fp8(float value, Fp8Format format) {
-  return static_cast<std::uint8_t>(
-      __nv_cvt_float_to_fp8(value, __NV_SATFINITE, format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const T* __restrict__ x, const float* __restrict__ scale_ptr,
@@ -48,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const T* __rest
     const int c = i % kTile;
     if (r0 + r < rows && c0 + c < cols) {
       const float value = to_float(x[(r0 + r) * cols + c0 + c]);
-      local = max(local, __float_as_uint(fabsf(value)));
+      local = max(local, abs_bits(value));
       if (rowwise != nullptr || columnwise != nullptr) {
         const std::uint8_t q = to_fp8(value * scale, format);
         if (rowwise != nullptr) rowwise[(r0 + r) * cols + c0 + c] = q;
@@ -64,9 +58,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const T* __rest
       if (r0 + r < rows && c0 + c < cols) columnwise[(c0 + c) * rows + r0 + r] = tile[r][c];
     }
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
-  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, local);
+  block_amax_atomic(local, amax_bits);
 }
 
 // The scale_inv of the block at (o, kk) of an operand; the last block of a
@@ -84,7 +76,7 @@ __device__ void store_block_scale(float* scales, const BlockScaleLayout& layout,
 // Note [Block quantize kernel]
 // One block of threads per scaling block (1 x 128, 128 x 1 for the 1 x 128
 // column-wise copy, or 128 x 128): a first pass takes the block's amax (its
-// bits, as above), thread 0 turns it into the scale exactly as fp8_scale does
+// bits: Note [Amax on bits]), thread 0 turns it into the scale exactly as fp8_scale does
 // (IEEE division, frexpf/ldexpf for the power of two), and a second pass
 // quantizes, writing row-wise or transposed bytes. Simple and exact; its
 // speed is not tuned yet.
@@ -104,10 +96,9 @@ __global__ void __launch_bounds__(kThreads) quantize_blocks_kernel(
   unsigned local = 0;
   for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) {
     const float value = to_float(x[(r0 + i / block_cols) * cols + c0 + i % block_cols]);
-    local = max(local, __float_as_uint(fabsf(value)));
+    local = max(local, abs_bits(value));
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) local = max(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  local = warp_max_bits(local);
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = local;
   __syncthreads();
   if (threadIdx.x == 0) {

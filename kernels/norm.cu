@@ -66,6 +66,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/fp8_device.cuh"
 #include "kernels/launch_config.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/vector_io.cuh"
@@ -218,6 +219,11 @@ struct ForwardArgs {
   std::int64_t rows;
   int hidden;
   float eps;
+  // The FP8 epilogue (kFp8 only; launch_norm_forward_fp8).
+  Fp8Format format;
+  const float* scale;     // null: amax alone
+  std::uint8_t* q;        // [rows, hidden], or null
+  unsigned* amax_bits;    // Note [Amax on bits] in kernels/fp8_device.cuh
 };
 
 template <typename T>
@@ -312,13 +318,19 @@ struct RowSlice {
   }
 };
 
-template <typename T, bool kRms, bool kVector, bool kResident>
+// kFp8: y (rounded to T) is also quantized and its amax taken (launch_norm_forward_fp8); y may be null.
+template <typename T, bool kRms, bool kVector, bool kResident, bool kFp8 = false>
 __global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(ForwardArgs<T> a) {
   constexpr int kCount = Pack<T, kVector>::kCount;
   __shared__ float scratch[kMaxRowsPerBlock][32];
   float* slice_scratch = scratch[threadIdx.y];
   const float hidden = static_cast<float>(a.hidden);
   const std::int64_t groups = (a.rows + blockDim.y - 1) / blockDim.y;
+  [[maybe_unused]] float scale = 1.0f;
+  if constexpr (kFp8) {
+    if (a.scale != nullptr) scale = *a.scale;
+  }
+  [[maybe_unused]] unsigned amax = 0;
 
   for (std::int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
     const std::int64_t row = group * blockDim.y + threadIdx.y;
@@ -363,13 +375,22 @@ __global__ void __launch_bounds__(kForwardMaxThreads) norm_forward_kernel(Forwar
 #pragma unroll
         for (int k = 0; k < kCount; ++k) out[k] = (in[0][k] - mean) * rstd * gamma[k] + beta[k];
       }
-      store_pack<T, kVector>(y_row + v * kCount, Pack<T, kVector>::from_float(out));
+      const auto y = Pack<T, kVector>::from_float(out);
+      if (!kFp8 || a.y != nullptr) store_pack<T, kVector>(y_row + v * kCount, y);
+      if constexpr (kFp8) {
+        float rounded[kCount];  // quantize what y holds: fused == norm then quantize
+        std::uint8_t q[kCount];
+        y.to_float(rounded);
+        quantize_values(rounded, scale, a.format, q, amax);
+        if (a.q != nullptr) store_bytes(a.q + row * a.hidden + v * kCount, q);
+      }
     });
     if (slice.live && threadIdx.x == 0) {
       if constexpr (!kRms) a.mean[row] = mean;
       a.rstd[row] = rstd;
     }
   }
+  if constexpr (kFp8) block_amax_atomic(amax, a.amax_bits);
 }
 
 // A register cap rather than launch bounds: the budgets above (for 2
@@ -588,20 +609,31 @@ std::size_t norm_backward_workspace_bytes(const NormDesc& desc) {
   return static_cast<std::size_t>(outputs * max_partial_rows(desc) * desc.hidden) * sizeof(float);
 }
 
-void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
-                         float* mean, float* rstd, cudaStream_t stream) {
+namespace {
+
+// launch_norm_forward, and with fp8 non-null launch_norm_forward_fp8.
+void norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y, float* mean,
+                  float* rstd, const NormFp8Epilogue* fp8, cudaStream_t stream) {
   check_norm(desc);
-  const std::string op = op_name(desc, "forward");
+  const std::string op = op_name(desc, fp8 != nullptr ? "forward_fp8" : "forward");
   const bool layer_norm = desc.kind == NormKind::kLayerNorm;
   const std::size_t element = dtype_size(desc.dtype);
   check_device_pointer(op, "x", x, element);
   check_device_pointer(op, "gamma", gamma, element);
   if (layer_norm) check_device_pointer(op, "beta", beta, element);
-  check_device_pointer(op, "y", y, element);
+  if (fp8 == nullptr || y != nullptr) check_device_pointer(op, "y", y, element);
   if (layer_norm) check_device_pointer(op, "mean", mean, sizeof(float));
   check_device_pointer(op, "rstd", rstd, sizeof(float));
+  if (fp8 != nullptr) {
+    check_device_pointer(op, "amax", fp8->amax, sizeof(float));
+    SG_CHECK((fp8->scale == nullptr) == (fp8->rowwise == nullptr), op,
+             ": give scale and the row-wise output together (both null: amax alone)");
+  }
 
   const RowPlan plan = forward_plan(desc, vector_access(desc, {x, gamma, layer_norm ? beta : nullptr, y}));
+  SG_CHECK(fp8 == nullptr || plan.vector, op, ": the FP8 epilogue takes the 16-byte vector path only: hidden ",
+           desc.hidden, " must be a multiple of ", vector_count(desc.dtype),
+           " and x, gamma, beta, y 16-byte aligned");
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   const auto grid = static_cast<unsigned>(std::min<std::int64_t>(plan.groups, std::numeric_limits<int>::max()));
   dispatch_norm(desc, [&]<typename T, bool kRms>() {
@@ -613,8 +645,18 @@ void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma,
                               .rstd = rstd,
                               .rows = desc.rows,
                               .hidden = static_cast<int>(desc.hidden),
-                              .eps = desc.eps};
-    if (plan.vector && plan.resident) {
+                              .eps = desc.eps,
+                              .format = fp8 != nullptr ? fp8->format : Fp8Format::kE4M3,
+                              .scale = fp8 != nullptr ? fp8->scale : nullptr,
+                              .q = fp8 != nullptr ? fp8->rowwise : nullptr,
+                              .amax_bits = fp8 != nullptr ? reinterpret_cast<unsigned*>(fp8->amax) : nullptr};
+    if (fp8 != nullptr) {
+      if (plan.resident) {
+        norm_forward_kernel<T, kRms, true, true, true><<<grid, block, 0, stream>>>(args);
+      } else {
+        norm_forward_kernel<T, kRms, true, false, true><<<grid, block, 0, stream>>>(args);
+      }
+    } else if (plan.vector && plan.resident) {
       norm_forward_kernel<T, kRms, true, true><<<grid, block, 0, stream>>>(args);
     } else if (plan.vector) {
       norm_forward_kernel<T, kRms, true, false><<<grid, block, 0, stream>>>(args);
@@ -625,6 +667,18 @@ void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma,
     }
   });
   SG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
+                         float* mean, float* rstd, cudaStream_t stream) {
+  norm_forward(desc, x, gamma, beta, y, mean, rstd, nullptr, stream);
+}
+
+void launch_norm_forward_fp8(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
+                             float* mean, float* rstd, const NormFp8Epilogue& fp8, cudaStream_t stream) {
+  norm_forward(desc, x, gamma, beta, y, mean, rstd, &fp8, stream);
 }
 
 void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,

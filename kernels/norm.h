@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include "engine/dtype.h"
+#include "engine/fp8.h"
 
 namespace stepgraph::kernels {
 
@@ -42,6 +43,23 @@ std::size_t norm_backward_workspace_bytes(const NormDesc& desc);
 // mean is unused (may be null) for RMSNorm; beta likewise.
 void launch_norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
                          float* mean, float* rstd, cudaStream_t stream);
+
+// The forward with an FP8 epilogue, the kernel behind kernels/fp8_fused.h's
+// launch_norm_fp8 (call that one: it checks the FP8 side and adds the
+// column-wise copy). Each row's y, rounded to the dtype exactly as
+// launch_norm_forward writes it, also goes to rowwise = fp8(y * *scale)
+// [rows, hidden] and max |y| into *amax, taken as bits with atomicMax (the
+// caller zeroes it first). y may be null; scale and rowwise null give the
+// amax alone. The 16-byte vector path only: hidden a multiple of 8
+// (bf16/fp16) and x, gamma, beta, y 16-byte aligned, an Error otherwise.
+struct NormFp8Epilogue {
+  Fp8Format format = Fp8Format::kE4M3;
+  const float* scale = nullptr;
+  std::uint8_t* rowwise = nullptr;
+  float* amax = nullptr;
+};
+void launch_norm_forward_fp8(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y,
+                             float* mean, float* rstd, const NormFp8Epilogue& fp8, cudaStream_t stream);
 
 // The backward's register budget, swept by benchmarks/memory_bound_bench to
 // choose the default; every op uses the default.

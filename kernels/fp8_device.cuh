@@ -1,0 +1,121 @@
+// Device helpers shared by the FP8 kernels (kernels/fp8_quantize.cu,
+// kernels/fp8_fused.cu and the norm's FP8 epilogue in kernels/norm.cu): the
+// saturating conversion, amax taken on float bits, and the shared-memory
+// tile that turns row-wise bytes into the column-wise (transposed) copy.
+//
+// Note [Amax on bits]
+// |x|'s largest value is taken on its bits: as unsigned integers,
+// non-negative floats order like their bits, and NaN's bits lie above
+// infinity's, so a NaN anywhere makes amax NaN (as the host references do).
+// A block reduces its threads' maxima and adds them with one atomicMax on the
+// amax (zeroed before the launch): a max, so the order of arrivals does not
+// change the result, and the device amax equals the host's bit for bit
+// (a NaN's payload aside: the device gives fabsf's).
+#pragma once
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/fp8.h"
+
+namespace stepgraph::kernels {
+
+// float_to_fp8 (engine/fp8.h) on the device: nearest even, saturating.
+__device__ __forceinline__ std::uint8_t to_fp8(float value, Fp8Format format) {
+  return static_cast<std::uint8_t>(
+      __nv_cvt_float_to_fp8(value, __NV_SATFINITE, format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+// The bits of |value|, to be maxed as unsigned (Note [Amax on bits]).
+__device__ __forceinline__ unsigned abs_bits(float value) { return __float_as_uint(fabsf(value)); }
+
+__device__ __forceinline__ unsigned warp_max_bits(unsigned bits) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+  return bits;
+}
+
+// Adds this thread's `bits` to *amax_bits, one atomicMax per block. Every
+// thread of the block calls it (it synchronizes); blocks of up to 1024
+// threads, a multiple of 32, any shape (flattened).
+__device__ __forceinline__ void block_amax_atomic(unsigned bits, unsigned* amax_bits) {
+  __shared__ unsigned warp_maxima[32];
+  const unsigned thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned warps = blockDim.x * blockDim.y * blockDim.z / 32;
+  bits = warp_max_bits(bits);
+  if (thread % 32 == 0) warp_maxima[thread / 32] = bits;
+  __syncthreads();
+  if (thread < 32) {
+    bits = warp_max_bits(thread < warps ? warp_maxima[thread] : 0u);
+    if (thread == 0 && bits != 0) atomicMax(amax_bits, bits);
+  }
+}
+
+// values -> fp8(values * scale) into q, and |values| into amax.
+template <int kCount>
+__device__ __forceinline__ void quantize_values(const float (&values)[kCount], float scale, Fp8Format format,
+                                                std::uint8_t (&q)[kCount], unsigned& amax) {
+#pragma unroll
+  for (int k = 0; k < kCount; ++k) {
+    amax = max(amax, abs_bits(values[k]));
+    q[k] = to_fp8(values[k] * scale, format);
+  }
+}
+
+// kCount consecutive bytes in one store (8 for a 16-byte vector of bf16/fp16,
+// 4 for fp32, 1 for an element); `out` aligned to kCount bytes.
+template <int kCount>
+__device__ __forceinline__ void store_bytes(std::uint8_t* out, const std::uint8_t (&q)[kCount]) {
+  if constexpr (kCount == 8) {
+    uint2 word;
+    word.x = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<unsigned>(q[3]) << 24);
+    word.y = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<unsigned>(q[7]) << 24);
+    *reinterpret_cast<uint2*>(out) = word;
+  } else if constexpr (kCount == 4) {
+    *reinterpret_cast<unsigned*>(out) = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<unsigned>(q[3]) << 24);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) out[k] = q[k];
+  }
+}
+
+// Note [FP8 transpose tile]
+// The column-wise copy q^T [cols, rows] goes through shared memory: a block
+// stages a kFp8Tile x kFp8Tile tile of bytes (row r, column c of the tile at
+// tile[r][c]) as it writes the row-wise copy, then writes the tile's columns
+// as rows of q^T, each 64-byte run by 4 threads of 16 bytes: coalesced both
+// ways. The 8 bytes of padding per tile row keep 8-byte stores into the tile
+// aligned and spread a column's bytes over the banks.
+inline constexpr int kFp8Tile = 64;
+inline constexpr int kFp8TileStride = kFp8Tile + 8;
+inline constexpr int kFp8TileThreads = 256;
+
+using Fp8Tile = std::uint8_t[kFp8Tile][kFp8TileStride];
+
+// Writes the staged tile at rows [r0, r0 + kFp8Tile) and columns [c0, c0 +
+// kFp8Tile) of the tensor (clipped to rows x cols) into q^T. Called by all
+// kFp8TileThreads threads of the block after a __syncthreads().
+__device__ __forceinline__ void store_transposed_tile(const Fp8Tile& tile, std::uint8_t* columnwise, std::int64_t r0,
+                                                      std::int64_t c0, std::int64_t rows, std::int64_t cols) {
+  constexpr int kRun = 16;  // bytes per thread: a quarter of a tile column
+  static_assert(kFp8Tile * kFp8Tile == kFp8TileThreads * kRun, "one run per thread");
+  const int c = static_cast<int>(threadIdx.x) / (kFp8Tile / kRun);
+  const int r = static_cast<int>(threadIdx.x) % (kFp8Tile / kRun) * kRun;
+  if (c0 + c >= cols || r0 + r >= rows) return;
+  std::uint8_t* out = columnwise + (c0 + c) * rows + r0 + r;
+  if (r0 + r + kRun <= rows && rows % kRun == 0) {  // the run lies inside, 16-byte aligned (q^T is)
+    unsigned words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      words[w] = tile[r + 4 * w][c] | (tile[r + 4 * w + 1][c] << 8) | (tile[r + 4 * w + 2][c] << 16) |
+                 (static_cast<unsigned>(tile[r + 4 * w + 3][c]) << 24);
+    }
+    *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else {
+    for (int k = 0; k < kRun && r0 + r + k < rows; ++k) out[k] = tile[r + k][c];
+  }
+}
+
+}  // namespace stepgraph::kernels

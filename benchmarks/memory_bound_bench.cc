@@ -1,7 +1,9 @@
 // Memory-bound kernels against the device-to-device copy bandwidth measured in
 // the same run: LayerNorm forward and backward (hidden 4096 x 16384 tokens,
 // bf16), softmax cross-entropy (vocab 32768, bf16 logits) and AdamW over 100M
-// parameters (fp32 master, grads and moments, bf16 copies). Each kernel's
+// parameters (fp32 master, grads and moments, bf16 copies), and FP8
+// quantization at 8192 x 4096 bf16 (tensor-wise quantize with both copies,
+// and the fused LayerNorm/GeLU/dGeLU -> FP8 kernels). Each kernel's
 // bandwidth counts the bytes it must move (inputs read once, outputs written
 // once); the goal is >= 80% of the copy's.
 //
@@ -28,6 +30,8 @@
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
+#include "kernels/fp8_fused.h"
+#include "kernels/fp8_quantize.h"
 #include "kernels/norm.h"
 
 namespace stepgraph {
@@ -186,6 +190,65 @@ int run(int repeats, const std::string& out_path) {
     });
     // Reads w, g, m, v (16 B); writes w, m, v (12 B) and the bf16 copy (2 B).
     rows.push_back(row("adamw_104.9M_params", t, static_cast<double>(total) * 30.0, copy_gbps));
+  }
+
+  {  // FP8 quantization, bf16 [8192, 4096] to E4M3 (issue 17).
+    constexpr std::int64_t kRows = 8192;
+    constexpr std::int64_t kCols = 4096;
+    const double elems = static_cast<double>(kRows) * kCols;
+    Buffer x(elems * 2, stream, 30, true), dact(elems * 2, stream, 31, true), out16(elems * 2, stream, 32, true);
+    Buffer q(elems, stream, 33), qt(elems, stream, 34), amax(256, stream, 35), scale(256, stream, 36);
+    Buffer gamma(kCols * 2, stream, 37, true), beta(kCols * 2, stream, 38, true);
+    Buffer mean(kRows * 4, stream, 39), rstd(kRows * 4, stream, 40);
+    const float scale_value = 448.0f / 4.0f;
+    SG_CUDA_CHECK(cudaMemcpyAsync(scale.get(), &scale_value, 4, cudaMemcpyHostToDevice, stream.get()));
+    const kernels::Fp8Copies both{Fp8Format::kE4M3, scale.as<const float>(), q.as<std::uint8_t>(),
+                                  qt.as<std::uint8_t>(), amax.as<float>()};
+    const kernels::Fp8Copies amax_only{Fp8Format::kE4M3, nullptr, nullptr, nullptr, amax.as<float>()};
+    auto time = [&](const std::function<void()>& launch) {
+      return bench::time_launches(stream.get(), 5, repeats, launch);
+    };
+    // Bytes: 16-bit inputs read once, outputs written once (2 B per element
+    // each), 1 B per FP8 copy.
+    rows.push_back(row("quantize_e4m3_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_quantize({DType::kBFloat16, Fp8Format::kE4M3, kRows, kCols, true, true},
+                                                  x.get(), both.scale, both.rowwise, both.columnwise, both.amax,
+                                                  stream.get());
+                       }),
+                       elems * 4, copy_gbps));
+    const kernels::NormDesc norm{kernels::NormKind::kLayerNorm, DType::kBFloat16, kRows, kCols, 1e-5f};
+    const double stats_bytes = kRows * 8.0 + kCols * 4.0;
+    rows.push_back(row("layernorm_fp8_y_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_norm_fp8(norm, x.get(), gamma.get(), beta.get(), out16.get(),
+                                                  mean.as<float>(), rstd.as<float>(), both, stream.get());
+                       }),
+                       elems * 6 + stats_bytes, copy_gbps));
+    rows.push_back(row("layernorm_fp8_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_norm_fp8(norm, x.get(), gamma.get(), beta.get(), nullptr, mean.as<float>(),
+                                                  rstd.as<float>(), both, stream.get());
+                       }),
+                       elems * 4 + stats_bytes, copy_gbps));
+    rows.push_back(row("gelu_fp8_act_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_gelu_fp8(DType::kBFloat16, kRows, kCols, x.get(), out16.get(), both,
+                                                  stream.get());
+                       }),
+                       elems * 6, copy_gbps));
+    rows.push_back(row("gelu_fp8_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_gelu_fp8(DType::kBFloat16, kRows, kCols, x.get(), nullptr, both,
+                                                  stream.get());
+                       }),
+                       elems * 4, copy_gbps));
+    rows.push_back(row("gelu_fp8_amax_only_bf16_8192x4096", time([&] {
+                         kernels::launch_gelu_fp8(DType::kBFloat16, kRows, kCols, x.get(), nullptr, amax_only,
+                                                  stream.get());
+                       }),
+                       elems * 2, copy_gbps));
+    const kernels::Fp8Copies both_e5m2{Fp8Format::kE5M2, both.scale, both.rowwise, both.columnwise, both.amax};
+    rows.push_back(row("dgelu_fp8_e5m2_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_dgelu_fp8(DType::kBFloat16, kRows, kCols, dact.get(), x.get(), nullptr,
+                                                   both_e5m2, stream.get());
+                       }),
+                       elems * 6, copy_gbps));
   }
 
   const nlohmann::json result = {{"benchmark", "memory_bound"},

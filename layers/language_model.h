@@ -78,6 +78,7 @@ class LanguageModel {
   const ResidualStack& stack() const { return stack_; }
   // The embedding table first, then ResidualStack's parameters in its order.
   std::vector<Parameter*> parameters();
+  std::vector<StateTensor> state() const { return stack_.state(); }  // FP8 scaling state, for checkpoints
   // parameters() in consecutive groups: the embedding, then the
   // ResidualStack's groups.
   std::vector<std::size_t> parameter_group_sizes();

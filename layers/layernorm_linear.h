@@ -57,6 +57,7 @@ class LayerNormLinear {
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   std::vector<Parameter*> parameters();
+  std::vector<StateTensor> state() const { return linear_.state(); }
   const Linear& linear() const { return linear_; }
 
  private:

@@ -28,6 +28,19 @@ LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNor
            " tensor-parallel ranks");
   if (tp_ != nullptr) tp_->check_device(ctx.device(), label_);
   config.overlap.check(label_);
+  if (config.fp8) {
+    // Linear draws what the lines below would: uniform(1/sqrt(in)) from seed (weight) and seed + 1 (bias).
+    SG_CHECK_CODE(tp_ == nullptr, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
+    fc1_.emplace(ctx, name + ".fc1",
+                 LinearConfig{.in_features = config.hidden, .out_features = config.ffn, .dtype = config.dtype,
+                              .fp8 = config.fp8},
+                 seed);
+    fc2_.emplace(ctx, name + ".fc2",
+                 LinearConfig{.in_features = config.ffn, .out_features = config.hidden, .dtype = config.dtype,
+                              .fp8 = config.fp8},
+                 seed + 2);
+    return;
+  }
   const float scale1 = 1.0f / std::sqrt(static_cast<float>(config.hidden));
   const float scale2 = 1.0f / std::sqrt(static_cast<float>(config.ffn));
   // This rank's slices of the weights one rank draws from `seed` (Note
@@ -50,12 +63,40 @@ std::int64_t LayerNormMLP::local_ffn() const { return config_.ffn / tp_size(); }
 
 std::vector<Parameter*> LayerNormMLP::parameters() {
   std::vector<Parameter*> out = norm_.parameters();
+  if (config_.fp8) {
+    for (Linear* fc : {&*fc1_, &*fc2_}) {
+      for (Parameter* p : fc->parameters()) out.push_back(p);
+    }
+    return out;
+  }
   for (Parameter* p : {&w1_, &b1_, &w2_, &b2_}) out.push_back(p);
   return out;
 }
 
+std::vector<StateTensor> LayerNormMLP::state() const {
+  if (!config_.fp8) return {};
+  std::vector<StateTensor> out = fc1_->state();
+  for (StateTensor& t : fc2_->state()) out.push_back(std::move(t));
+  return out;
+}
+
+LayerNormMLP::Forward LayerNormMLP::forward_fp8(Context& ctx, const FwdArgs& args) const {
+  const Norm::Forward normed = norm_.forward(ctx, {args.x});
+  const Linear::Forward fc1 = fc1_->forward(ctx, {normed.y});
+  const Tensor act = ops::gelu(ctx, fc1.y);
+  Linear::Forward fc2 = fc2_->forward(ctx, {act});
+  return {fc2.y, Saved{normed.saved, normed.y, fc1.y, act, fc1.saved, fc2.saved}};
+}
+
+Tensor LayerNormMLP::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  const Tensor d_act = fc2_->backward(ctx, saved.fc2, {args.dy});
+  const Tensor d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
+  return norm_.backward(ctx, saved.norm, {fc1_->backward(ctx, saved.fc1, {d_pre})});
+}
+
 LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "input", args.x, {"tokens", config_.hidden}, config_.dtype);
+  if (config_.fp8) return forward_fp8(ctx, args);
   const Norm::Forward normed = norm_.forward(ctx, {args.x});
   Tensor pre;  // fc1's output before GeLU
   Tensor act;  // GeLU(pre)
@@ -120,6 +161,7 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
   check_input(label_, "backward", "saved.act", saved.act, {all_tokens, local_ffn()}, config_.dtype,
               "the forward's activation");
   check_input(label_, "backward", "dy", args.dy, {tokens, config_.hidden}, config_.dtype, "the forward's output");
+  if (config_.fp8) return backward_fp8(ctx, saved, args);
   // The data-gradient chain (dy -> d_pre -> d_normed -> dx) stays on the
   // current stream; weight and bias gradients go to the weight-gradient
   // stream (WeightGradScope) and overlap it.

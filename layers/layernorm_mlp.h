@@ -24,15 +24,26 @@
 // one computes, up to the order of the fp32 additions of fc2's partial sums.
 // How each of the four collectives meets its GEMM (none, bulk, ring_exchange,
 // pipelined) is the config's `overlap`: See Note [Communication-GEMM overlap].
+//
+// Note [FP8 LayerNormMLP]
+// With config.fp8 (issue 17), fc1 and fc2 are FP8 Linears with the recipe
+// (Note [FP8 Linear]): the same parameters under the same names and seeds,
+// the norm in 16 bits, GeLU between them as its own op (cuBLASLt's FP8 GEMMs
+// have no GeLU epilogues), fc1's and fc2's scaling state their own. Not yet:
+// tensor parallelism, and the fused norm/GeLU -> FP8 kernels in place of the
+// quantize each Linear runs (kernels/fp8_fused.h has them).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "engine/fp8_recipe.h"
 #include "layers/comm_gemm_overlap.h"
+#include "layers/linear.h"
 #include "layers/norm.h"
 #include "layers/parameter.h"
 
@@ -46,6 +57,8 @@ struct LayerNormMLPConfig {
   DType dtype = DType::kBFloat16;
   // Tensor-parallel only: how each collective meets its GEMM.
   MLPOverlap overlap;
+  // FP8 fc1 and fc2 (Note [FP8 LayerNormMLP]); nullopt runs them in 16 bits.
+  std::optional<Fp8Recipe> fp8;
 };
 
 class LayerNormMLP {
@@ -58,6 +71,9 @@ class LayerNormMLP {
     Tensor normed;  // fc1's input
     Tensor pre;     // fc1's output before GeLU (the epilogue's aux)
     Tensor act;     // GeLU(pre): fc2's input
+    // FP8 only: what fc1's and fc2's Linears saved.
+    Linear::Saved fc1;
+    Linear::Saved fc2;
   };
   struct Forward {
     Tensor y;  // [tokens, hidden]
@@ -79,6 +95,7 @@ class LayerNormMLP {
   const LayerNormMLPConfig& config() const { return config_; }
   Communicator* tensor_parallel() const { return tp_; }
   std::vector<Parameter*> parameters();
+  std::vector<StateTensor> state() const;  // fc1's and fc2's FP8 state
 
  private:
   bool fused_gelu() const { return config_.dtype != DType::kFloat32; }
@@ -93,6 +110,11 @@ class LayerNormMLP {
   Parameter b1_;  // [ffn] (its [ffn / N])
   Parameter w2_;  // [hidden, ffn] (its [hidden, ffn / N] columns)
   Parameter b2_;  // [hidden], on every rank
+  // FP8: fc1 and fc2 as Linears, holding the four parameters above instead.
+  std::optional<Linear> fc1_;
+  std::optional<Linear> fc2_;
+  Forward forward_fp8(Context& ctx, const FwdArgs& args) const;
+  Tensor backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 };
 
 }  // namespace stepgraph

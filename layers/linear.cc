@@ -84,9 +84,13 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
     // An empty history and scale 1 until the first step's amaxes come in.
     auto state = [&](const std::string& tensor) {
       const std::int64_t length = config.fp8->amax_history_len;
-      DelayedState s{ctx.persistent(name + ".fp8." + tensor + ".amax_history", {Shape{length}, DType::kFloat32}),
-                     ctx.persistent(name + ".fp8." + tensor + ".scale", {Shape{1}, DType::kFloat32}),
-                     ctx.persistent(name + ".fp8." + tensor + ".scale_inv", {Shape{1}, DType::kFloat32})};
+      const std::string prefix = name + ".fp8." + tensor;
+      DelayedState s{ctx.persistent(prefix + ".amax_history", {Shape{length}, DType::kFloat32}),
+                     ctx.persistent(prefix + ".scale", {Shape{1}, DType::kFloat32}),
+                     ctx.persistent(prefix + ".scale_inv", {Shape{1}, DType::kFloat32})};
+      state_.push_back({prefix + ".amax_history", s.history});
+      state_.push_back({prefix + ".scale", s.scale});
+      state_.push_back({prefix + ".scale_inv", s.scale_inv});
       const std::vector<float> zeros(static_cast<std::size_t>(length), 0.0f);
       const float one = 1.0f;
       ctx.copy_from_host(s.history, zeros.data(), zeros.size() * sizeof(float));
@@ -110,6 +114,8 @@ void Linear::check_overlap(std::string_view field, CommOverlap mode, CommOverlap
 
 std::int64_t Linear::local_in_features() const { return config_.in_features / (row() ? ranks() : 1); }
 std::int64_t Linear::local_out_features() const { return config_.out_features / (column() ? ranks() : 1); }
+
+std::vector<StateTensor> Linear::state() const { return state_; }
 
 std::vector<Parameter*> Linear::parameters() {
   std::vector<Parameter*> out{&weight_};

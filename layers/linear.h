@@ -149,6 +149,8 @@ class Linear {
   std::int64_t local_in_features() const;
   std::int64_t local_out_features() const;
   std::vector<Parameter*> parameters();
+  // FP8 delayed scaling's histories and scales of x, W and dy; empty otherwise.
+  std::vector<StateTensor> state() const;
   const Parameter& weight() const { return weight_; }
 
  private:
@@ -174,6 +176,7 @@ class Linear {
     Tensor scale_inv;
   };
   DelayedState x_state_, w_state_, dy_state_;
+  std::vector<StateTensor> state_;  // the three above by name
 };
 
 }  // namespace stepgraph

@@ -34,12 +34,14 @@ MultiheadAttention::MultiheadAttention(Context& ctx, const std::string& name, co
                .eps = config_.eps,
                .linear = {.in_features = config_.hidden,
                           .out_features = (config_.heads + 2 * config_.kv_heads) * config_.head_dim,
-                          .dtype = config_.dtype}},
+                          .dtype = config_.dtype,
+                          .fp8 = config_.fp8}},
            seed),
       proj_(ctx, name + ".proj",
             LinearConfig{.in_features = config_.heads * config_.head_dim,
                          .out_features = config_.hidden,
-                         .dtype = config_.dtype},
+                         .dtype = config_.dtype,
+                         .fp8 = config_.fp8},
             seed + 1) {}
 
 ops::AttentionParams MultiheadAttention::attention_params() const {
@@ -50,6 +52,12 @@ ops::AttentionParams MultiheadAttention::attention_params() const {
 ops::RopeParams MultiheadAttention::rope_params() const {
   return {.heads = config_.heads, .kv_heads = config_.kv_heads, .head_dim = config_.head_dim,
           .base = config_.rope_base};
+}
+
+std::vector<StateTensor> MultiheadAttention::state() const {
+  std::vector<StateTensor> out = qkv_.state();
+  for (StateTensor& t : proj_.state()) out.push_back(std::move(t));
+  return out;
 }
 
 std::vector<Parameter*> MultiheadAttention::parameters() {

@@ -14,10 +14,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/context.h"
+#include "engine/fp8_recipe.h"
 #include "layers/layernorm_linear.h"
 #include "layers/linear.h"
 #include "ops/attention_ops.h"
@@ -34,6 +36,8 @@ struct MultiheadAttentionConfig {
   DType dtype = DType::kBFloat16;
   bool causal = true;
   float rope_base = 10000.0f;  // the rotary embedding's base (all of head_dim rotates)
+  // FP8 QKV and output projections (Note [FP8 Linear]); attention itself stays 16-bit.
+  std::optional<Fp8Recipe> fp8;
 
   std::int64_t resolved_kv_heads() const { return kv_heads != 0 ? kv_heads : heads; }
   std::int64_t resolved_head_dim() const { return head_dim != 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
@@ -71,6 +75,7 @@ class MultiheadAttention {
   const MultiheadAttentionConfig& config() const { return config_; }
   // The norm's, the QKV projection's, then the output projection's.
   std::vector<Parameter*> parameters();
+  std::vector<StateTensor> state() const;  // the projections' FP8 state
 
  private:
   ops::AttentionParams attention_params() const;

@@ -12,6 +12,14 @@
 
 namespace stepgraph {
 
+// A persistent tensor a layer keeps between steps that is not a parameter
+// (FP8 delayed scaling's amax histories and scales): checkpoints save and
+// restore it, so a resumed run continues exactly.
+struct StateTensor {
+  std::string name;
+  Tensor tensor;
+};
+
 struct Parameter {
   std::string name;
   Tensor master;  // fp32

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "engine/context.h"
+#include "engine/fp8_recipe.h"
 #include "layers/gradients_ready.h"
 #include "layers/layernorm_mlp.h"
 #include "layers/linear.h"
@@ -71,6 +72,11 @@ struct ResidualStackConfig {
   float rope_base = 10000.0f;
   // Tensor-parallel only: how the dense blocks' collectives meet their GEMMs.
   MLPOverlap overlap;
+  // FP8 GEMMs in every block's projections and MLP (issue 17): attention's
+  // QKV and output projections and the dense MLP's fc1 and fc2; the
+  // embedding, attention itself, the norms and the head stay 16-bit. Not yet
+  // with MoE blocks or tensor parallelism (an Error at construction).
+  std::optional<Fp8Recipe> fp8;
 };
 
 class ResidualStack {
@@ -121,6 +127,8 @@ class ResidualStack {
 
   const ResidualStackConfig& config() const { return config_; }
   std::vector<Parameter*> parameters();
+  // Every block's FP8 scaling state (StateTensor): for checkpoints.
+  std::vector<StateTensor> state() const;
   // parameters() in consecutive groups: one per block, the final norm, the
   // head. The backward finishes them in reverse order.
   std::vector<std::size_t> parameter_group_sizes();

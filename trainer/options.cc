@@ -61,6 +61,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(CLI::IsMember({"eager", "graph"}));
   app.add_option("--dtype", o.dtype, "model dtype: bf16 or fp32 (default: bf16 on cuda, fp32 on the host)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--fp8", o.fp8,
+                 "FP8 GEMMs in the attention projections and MLPs: none, current, delayed (history 1024) or block "
+                 "(1 x 128 / 128 x 128 scales); features and tokens must divide by 16 (block: 128)")
+      ->check(CLI::IsMember({"none", "current", "delayed", "block"}));
   app.add_option("--steps", o.steps, "total training steps (a resumed run continues to this step)")
       ->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "TransformerLayers (or, with --heads 0, LayerNormMLP blocks)")

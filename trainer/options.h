@@ -37,6 +37,7 @@ struct TrainerOptions {
   std::string device = "auto";  // auto | cuda | host
   std::string mode = "graph";   // eager | graph
   std::string dtype;            // bf16 | fp32; empty: the device's default
+  std::string fp8 = "none";     // none | current | delayed | block: FP8 GEMMs in the blocks (Fp8Recipe)
   // 0 (or empty) below means "the device's default" until resolve_defaults.
   std::int64_t steps = 0;
   std::int64_t layers = -1;  // -1: default (0 blocks is a valid model)

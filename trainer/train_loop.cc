@@ -14,6 +14,7 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
+#include "engine/fp8_recipe.h"
 #include "graphs/captured_step.h"
 #include "layers/adamw.h"
 #include "layers/comm_gemm_overlap.h"
@@ -61,6 +62,12 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   config.model.topk = o.topk;
   config.model.heads = o.heads;
   config.model.kv_heads = o.kv_heads;
+  if (o.fp8 != "none") {
+    const Fp8Scaling scaling = parse_fp8_scaling(o.fp8);
+    config.model.fp8 = scaling == Fp8Scaling::kCurrent   ? Fp8Recipe::current()
+                       : scaling == Fp8Scaling::kDelayed ? Fp8Recipe::delayed()
+                                                         : Fp8Recipe::block();
+  }
   config.context = o.context;
   return config;
 }
@@ -82,6 +89,7 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
           {"config.heads", std::to_string(o.heads)},
           {"config.kv-heads", std::to_string(o.kv_heads)},
           {"config.dtype", o.dtype},
+          {"config.fp8", o.fp8},
           {"config.lr", fmt::format("{}", o.lr)},
           {"config.seed", std::to_string(o.seed)},
           {"config.data", data.describe()}};
@@ -212,6 +220,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         "lr {}; device {}, mode {}\n",
         o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
         device_name(device), o.mode);
+  }
+  if (config.model.fp8) {
+    out << fmt::format("fp8: the attention projections and MLPs' GEMMs in FP8, recipe {}\n",
+                       config.model.fp8->to_string());
   }
   if (dp_comm != nullptr) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),

@@ -55,6 +55,7 @@ Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer
   out.metadata = config;
   out.metadata[kStepKey] = std::to_string(progress.step);
   out.metadata[kPositionKey] = std::to_string(progress.data_position);
+  for (const StateTensor& t : model.state()) out.tensors.push_back(to_checkpoint(ctx, t.name, t.tensor));
   const std::vector<Parameter*> parameters = model.parameters();
   if (optimizer.sharded()) {
     for (const Parameter* p : parameters) out.tensors.push_back(to_checkpoint(ctx, p->name, p->value));
@@ -92,6 +93,7 @@ Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, 
            "same flags or start a new checkpoint:",
            differences);
 
+  for (const StateTensor& t : model.state()) from_checkpoint(ctx, checkpoint, t.name, t.tensor);
   const std::vector<Parameter*> parameters = model.parameters();
   if (optimizer.sharded()) {
     for (const Parameter* p : parameters) from_checkpoint(ctx, checkpoint, p->name, p->value);

@@ -1,5 +1,6 @@
 // The trainer's state as a checkpoint (trainer/checkpoint.h) and back: every
-// parameter's fp32 master, AdamW's m and v, the device step counter, the data
+// parameter's fp32 master, AdamW's m and v, the model's other persistent state
+// (FP8 delayed scaling's amax histories and scales), the device step counter, the data
 // source's position, and the run's configuration as metadata, so resuming
 // with another configuration is a clear error instead of a silently different
 // run. Resuming restores everything a step reads, so the steps after a resume

@@ -10,6 +10,13 @@
 // device events around single launches after a warm-up, the variants
 // interleaved round by round (see time_interleaved); the report gives the
 // median, min and max, TFLOP/s from the median, and ours / best (goal >= 0.95).
+//
+//   gemm_bench --dtype fp8 --scaling tensor|block [--fast-accumulation]
+//
+// times our FP8 GEMM (Note [FP8 GEMMs] in kernels/gemm.h: E4M3 A and B, bf16
+// D; tensor-wise scales, or 1 x 128 A and 128 x 128 B block scales) against
+// our bf16 GEMM of the same shape, interleaved in the same run, and reports
+// the FP8 speedup.
 #include <cublasLt.h>
 
 #include <CLI/CLI.hpp>
@@ -29,6 +36,7 @@
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
+#include "engine/fp8.h"
 #include "engine/half_precision.h"
 #include "engine/stream.h"
 #include "kernels/gemm.h"
@@ -44,6 +52,9 @@ struct Options {
   int warmup = 10;
   int candidates = 8;
   std::string out;
+  std::string dtype = "bf16";      // bf16 | fp8
+  std::string scaling = "tensor";  // fp8: tensor | block
+  bool fast_accumulation = false;  // fp8, tensor scaling only
 };
 
 using bench::DeviceBuffer;
@@ -161,12 +172,100 @@ std::string format_row(const std::string& name, const Options& options, const Su
   return row.str();
 }
 
+// FP8 (E4M3) bytes of values in about [-4, 4), uploaded to `buffer`.
+void fill_random_fp8(const DeviceBuffer& buffer, std::int64_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  std::vector<std::uint8_t> host(static_cast<std::size_t>(count));
+  for (std::uint8_t& q : host) q = float_to_fp8(Fp8Format::kE4M3, uniform(rng));
+  SG_CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
+}
+
+// A scale_inv buffer of `count` ones.
+void fill_ones(const DeviceBuffer& buffer, std::int64_t count) {
+  const std::vector<float> ones(static_cast<std::size_t>(count), 1.0f);
+  SG_CUDA_CHECK(cudaMemcpy(buffer.get(), ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// Our FP8 GEMM against our bf16 GEMM of the same shape, in one interleaved run.
+int run_fp8(const Options& options, const DeviceProperties& device) {
+  SG_CHECK(options.scaling == "tensor" || options.scaling == "block", "gemm_bench: --scaling must be tensor or block, "
+           "got ", options.scaling);
+  const bool blocks = options.scaling == "block";
+  SG_CHECK(!(blocks && options.fast_accumulation), "gemm_bench: block scaling has no fast accumulation");
+  kernels::GemmDesc bf16;
+  bf16.m = options.m;
+  bf16.n = options.n;
+  bf16.k = options.k;
+  bf16.trans_b = true;
+  kernels::GemmDesc fp8 = bf16;
+  fp8.a_type = fp8.b_type = DType::kFloat8E4M3;
+  fp8.fast_accumulation = options.fast_accumulation;
+  if (blocks) {
+    fp8.a_blocks = kernels::BlockShape::k1x128;
+    fp8.b_blocks = kernels::BlockShape::k128x128;
+  }
+  kernels::check_gemm(fp8);  // a clear error for shapes FP8 cannot take, before allocating
+  const std::int64_t a_scales = blocks ? kernels::BlockScaleLayout{*fp8.a_blocks, options.m, options.k}.count() : 1;
+  const std::int64_t b_scales = blocks ? kernels::BlockScaleLayout{*fp8.b_blocks, options.n, options.k}.count() : 1;
+  const std::size_t workspace_bytes = kernels::gemm_workspace_bytes();
+  DeviceBuffer a16(options.m * options.k * sizeof(std::uint16_t)), b16(options.n * options.k * sizeof(std::uint16_t));
+  DeviceBuffer a8(options.m * options.k), b8(options.n * options.k);
+  DeviceBuffer a_scale_inv(a_scales * sizeof(float)), b_scale_inv(b_scales * sizeof(float));
+  DeviceBuffer d(options.m * options.n * sizeof(std::uint16_t)), workspace(workspace_bytes);
+  std::mt19937 rng(std::random_device{}());
+  fill_random_bf16(a16, options.m * options.k, rng);
+  fill_random_bf16(b16, options.n * options.k, rng);
+  fill_random_fp8(a8, options.m * options.k, rng);
+  fill_random_fp8(b8, options.n * options.k, rng);
+  fill_ones(a_scale_inv, a_scales);
+  fill_ones(b_scale_inv, b_scales);
+  Stream stream;
+  kernels::gemm_prepare(bf16);
+  kernels::gemm_prepare(fp8);
+  const kernels::GemmOperands bf16_operands{.a = a16.get(), .b = b16.get(), .d = d.get(), .workspace = workspace.get()};
+  const kernels::GemmOperands fp8_operands{.a = a8.get(),
+                                           .b = b8.get(),
+                                           .d = d.get(),
+                                           .workspace = workspace.get(),
+                                           .a_scale_inv = static_cast<const float*>(a_scale_inv.get()),
+                                           .b_scale_inv = static_cast<const float*>(b_scale_inv.get())};
+  const std::vector<Summary> timed = time_interleaved(
+      options, stream.get(),
+      {[&] { kernels::launch_gemm(bf16, bf16_operands, stream.get()); },
+       [&] { kernels::launch_gemm(fp8, fp8_operands, stream.get()); }});
+  const double speedup = timed[0].median_us / timed[1].median_us;
+  const nlohmann::json result = {{"benchmark", "gemm_fp8"},
+                                 {"device", device.name},
+                                 {"problem", fp8.to_string()},
+                                 {"m", options.m},
+                                 {"n", options.n},
+                                 {"k", options.k},
+                                 {"scaling", options.scaling},
+                                 {"fast_accumulation", options.fast_accumulation},
+                                 {"repeats", options.repeats},
+                                 {"warmup", options.warmup},
+                                 {"bf16", to_json(options, timed[0])},
+                                 {"fp8", to_json(options, timed[1])},
+                                 {"fp8_speedup", speedup}};
+  std::cout << "gemm_bench: " << fp8.to_string() << " against bf16, " << options.repeats << " repeats\n"
+            << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(10) << "median us"
+            << std::setw(10) << "min us" << std::setw(10) << "max us" << std::setw(10) << "TFLOP/s"
+            << "\n"
+            << format_row("ours bf16", options, timed[0]) << format_row("ours fp8 (" + options.scaling + ")", options, timed[1])
+            << "  fp8 / bf16 speedup " << std::setprecision(3) << speedup << "\n";
+  bench::write_json(options.out, result);
+  return EXIT_SUCCESS;
+}
+
 int run(const Options& options) {
   SG_CHECK(options.m > 0 && options.n > 0 && options.k > 0 && options.repeats > 0 && options.warmup >= 0 &&
                options.candidates > 0,
            "gemm_bench: --m, --n, --k, --repeats and --candidates must be positive, --warmup not negative");
+  SG_CHECK(options.dtype == "bf16" || options.dtype == "fp8", "gemm_bench: --dtype must be bf16 or fp8, got ",
+           options.dtype);
   const DeviceProperties device = device_properties(0);
   std::cerr << "device: " << describe(device) << "\n";
+  if (options.dtype == "fp8") return run_fp8(options, device);
 
   kernels::GemmDesc desc;
   desc.m = options.m;
@@ -253,6 +352,13 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.warmup, "untimed launches first")->capture_default_str();
   app.add_option("--candidates", options.candidates, "cuBLASLt heuristic algorithms to time")->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here");
+  app.add_option("--dtype", options.dtype, "bf16 (against cuBLASLt's best) or fp8 (against our bf16)")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
+  app.add_option("--scaling", options.scaling, "fp8: tensor (one scale each) or block (1x128 A, 128x128 B)")
+      ->check(CLI::IsMember({"tensor", "block"}))
+      ->capture_default_str();
+  app.add_flag("--fast-accumulation", options.fast_accumulation, "fp8 with tensor scaling: cuBLASLt's fast accumulation");
   CLI11_PARSE(app, argc, argv);
   try {
     return stepgraph::run(options);

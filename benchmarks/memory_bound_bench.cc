@@ -216,6 +216,22 @@ int run(int repeats, const std::string& out_path) {
                                                   stream.get());
                        }),
                        elems * 4, copy_gbps));
+    // Block scaling: the same bytes plus a scale per block (1 x 128: a float per 128 elements a copy).
+    Buffer row_scales(elems / 128 * 4, stream, 41), col_scales(elems / 128 * 4, stream, 42), flag(256, stream, 43);
+    const kernels::BlockOutputs block_out{q.as<std::uint8_t>(), row_scales.as<float>(), qt.as<std::uint8_t>(),
+                                          col_scales.as<float>()};
+    rows.push_back(row("quantize_blocks_1x128_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_quantize_blocks({DType::kBFloat16, Fp8Format::kE4M3, kRows, kCols, true, true},
+                                                         kernels::BlockShape::k1x128, true, x.get(), block_out,
+                                                         flag.as<int>(), stream.get());
+                       }),
+                       elems * 4 + elems / 128 * 8, copy_gbps));
+    rows.push_back(row("quantize_blocks_128x128_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_quantize_blocks({DType::kBFloat16, Fp8Format::kE4M3, kRows, kCols, true, true},
+                                                         kernels::BlockShape::k128x128, true, x.get(), block_out,
+                                                         flag.as<int>(), stream.get());
+                       }),
+                       elems * 4, copy_gbps));
     const kernels::NormDesc norm{kernels::NormKind::kLayerNorm, DType::kBFloat16, kRows, kCols, 1e-5f};
     const double stats_bytes = kRows * 8.0 + kCols * 4.0;
     rows.push_back(row("layernorm_fp8_y_rows_cols_bf16_8192x4096", time([&] {

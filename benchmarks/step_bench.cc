@@ -52,6 +52,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/launch/join.h"
+#include "engine/fp8_recipe.h"
 #include "engine/launch/launch_env.h"
 #include "engine/nccl_communicator.h"
 
@@ -69,6 +70,7 @@ struct Options {
   bool profile = false;  // --dp/--tp: one profiled step per graphed row
   std::string dp_mode = "allreduce";
   int timeout_s = 300;
+  std::string fp8 = "none";  // none | current | delayed | block: FP8 GEMMs in every config's blocks
   std::string out;
 };
 
@@ -109,6 +111,7 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"source", "stepgraph"},
       {"device", device},
       {"peak_tflops", kH100PeakTflops},
+      {"fp8", options.fp8},
       {"steps", options.steps},
       {"warmup", options.warmup},
       {"timing",
@@ -327,7 +330,15 @@ int run(const Options& options) {
   SG_CHECK(options.device == "cuda" || options.device == "host", "--device must be cuda or host, got '", options.device,
            "'");
   const Device device = options.device == "cuda" ? Device::kCuda : Device::kHost;
-  const std::vector<StepConfig> configs = parse_config_list(options.configs);
+  std::vector<StepConfig> configs = parse_config_list(options.configs);
+  if (options.fp8 != "none") {
+    const Fp8Scaling scaling = parse_fp8_scaling(options.fp8);
+    for (StepConfig& config : configs) {
+      config.model.fp8 = scaling == Fp8Scaling::kCurrent   ? Fp8Recipe::current()
+                         : scaling == Fp8Scaling::kDelayed ? Fp8Recipe::delayed()
+                                                           : Fp8Recipe::block();
+    }
+  }
   for (const StepConfig& config : configs) {
     SG_CHECK(device == Device::kCuda || config.name == "tiny", "--device host runs only the smoke config 'tiny' ",
              "(the host reference kernels would take hours on '", config.name, "'); pass --configs tiny");
@@ -389,6 +400,11 @@ int main(int argc, char** argv) {
   app.add_option("--dp-mode", options.dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
       ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")
+      ->capture_default_str();
+  app.add_option("--fp8", options.fp8,
+                 "FP8 GEMMs in the attention projections and MLPs: none, current, delayed or block (MoE configs: not "
+                 "yet); MFU stays counted against the bf16 peak")
+      ->check(CLI::IsMember({"none", "current", "delayed", "block"}))
       ->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");
   CLI11_PARSE(app, argc, argv);

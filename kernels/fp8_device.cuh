@@ -28,6 +28,29 @@ __device__ __forceinline__ std::uint8_t to_fp8(float value, Fp8Format format) {
       __nv_cvt_float_to_fp8(value, __NV_SATFINITE, format == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
 }
 
+inline constexpr float kFloatMax = 3.402823466e38f;
+
+// fp8_scale (kernels/fp8_quantize_host.cc) on the device, step for step: IEEE
+// division, the overflow clamp, frexpf/ldexpf for the power of two.
+__device__ __forceinline__ float device_fp8_scale(float amax, float fp8_max, int margin, bool power_of_two) {
+  if (amax == 0.0f) return 1.0f;
+  float scale = ldexpf(fp8_max / amax, -margin);
+  if (!(scale <= kFloatMax)) scale = kFloatMax;
+  if (power_of_two) {
+    int exponent = 0;
+    frexpf(scale, &exponent);
+    scale = ldexpf(1.0f, exponent - 1);
+  }
+  return scale;
+}
+
+// amax_is_usable on the device: false for NaN and infinity.
+__device__ __forceinline__ bool device_amax_usable(float amax) { return amax >= 0.0f && amax <= kFloatMax; }
+
+__device__ __forceinline__ float device_fp8_max(Fp8Format format) {
+  return format == Fp8Format::kE4M3 ? 448.0f : 57344.0f;
+}
+
 // The bits of |value|, to be maxed as unsigned (Note [Amax on bits]).
 __device__ __forceinline__ unsigned abs_bits(float value) { return __float_as_uint(fabsf(value)); }
 

@@ -74,87 +74,134 @@ __device__ void store_block_scale(float* scales, const BlockScaleLayout& layout,
 }
 
 // Note [Block quantize kernel]
-// One block of threads per scaling block (1 x 128, 128 x 1 for the 1 x 128
-// column-wise copy, or 128 x 128): a first pass takes the block's amax (its
-// bits: Note [Amax on bits]), thread 0 turns it into the scale exactly as fp8_scale does
-// (IEEE division, frexpf/ldexpf for the power of two), and a second pass
-// quantizes, writing row-wise or transposed bytes. Simple and exact; its
-// speed is not tuned yet.
+// A block of 256 threads quantizes a 128 x 128 tile, staged in shared memory
+// as floats (rows padded to 129 floats, so a warp reading down a column hits
+// 32 banks). Lane l of a warp always takes elements l, l + 32, l + 64, l + 96
+// of a row or column: loads and stores coalesce, and shared memory has no
+// bank conflicts either way. Scales: 1 x 128 takes one per tile row (a warp's
+// max) for the row-wise copy and one per tile column (two threads' max) for
+// the column-wise copy; 128 x 128 one for the whole tile. Each scale is
+// device_fp8_scale of the amax, as fp8_scale computes it, so bytes and scales
+// equal quantize_blocks_host's bit for bit.
+constexpr int kBlockTile = 128;
+constexpr int kBlockTileStride = kBlockTile + 1;
+constexpr std::size_t kBlockTileBytes = sizeof(float) * kBlockTile * kBlockTileStride;
+
+// The scale of an amax; a non-finite one raises the flag and scales by 1.
+__device__ float block_scale(unsigned amax_bits, Fp8Format format, bool power_of_two, int* non_finite) {
+  const float amax = __uint_as_float(amax_bits);
+  if (!device_amax_usable(amax)) {
+    atomicOr(non_finite, 1);
+    return 1.0f;
+  }
+  return device_fp8_scale(amax, device_fp8_max(format), 0, power_of_two);
+}
+
 template <typename T>
-__global__ void __launch_bounds__(kThreads) quantize_blocks_kernel(
-    const T* __restrict__ x, std::int64_t rows, std::int64_t cols, int block_rows, int block_cols, Fp8Format format,
-    bool power_of_two, std::uint8_t* __restrict__ rowwise, std::uint8_t* __restrict__ columnwise,
-    float* __restrict__ rowwise_scale_inv, float* __restrict__ columnwise_scale_inv, int* __restrict__ non_finite) {
-  __shared__ unsigned warp_max[kThreads / 32];
-  __shared__ float shared_scale;
-  const std::int64_t blocks_across = cols / block_cols;
-  const std::int64_t bi = static_cast<std::int64_t>(blockIdx.x) / blocks_across;
-  const std::int64_t bj = static_cast<std::int64_t>(blockIdx.x) % blocks_across;
-  const std::int64_t r0 = bi * block_rows;
-  const std::int64_t c0 = bj * block_cols;
-  const int count = block_rows * block_cols;
-  unsigned local = 0;
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) {
-    const float value = to_float(x[(r0 + i / block_cols) * cols + c0 + i % block_cols]);
-    local = max(local, abs_bits(value));
-  }
-  local = warp_max_bits(local);
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = local;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned bits = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) bits = max(bits, warp_max[w]);
-    const float amax = __uint_as_float(bits);
-    float scale = 1.0f;
-    if (!(amax <= 3.402823466e38f)) {
-      atomicOr(non_finite, 1);
-    } else if (amax > 0.0f) {
-      scale = (format == Fp8Format::kE4M3 ? 448.0f : 57344.0f) / amax;
-      if (!(scale <= 3.402823466e38f)) scale = 3.402823466e38f;
-      if (power_of_two) {
-        int exponent = 0;
-        frexpf(scale, &exponent);
-        scale = ldexpf(1.0f, exponent - 1);
-      }
+__global__ void __launch_bounds__(kThreads) quantize_block_tile_kernel(
+    const T* __restrict__ x, std::int64_t rows, std::int64_t cols, BlockShape shape, Fp8Format format,
+    bool power_of_two, std::uint8_t* __restrict__ rowwise, float* __restrict__ rowwise_scale_inv,
+    std::uint8_t* __restrict__ columnwise, float* __restrict__ columnwise_scale_inv, int* __restrict__ non_finite) {
+  extern __shared__ float tile[];  // [kBlockTile][kBlockTileStride]
+  __shared__ unsigned column_bits[2][kBlockTile];
+  __shared__ float column_scale[kBlockTile];
+  __shared__ unsigned warp_bits[kThreads / 32];
+  __shared__ float tile_scale;
+  constexpr int kWarps = kThreads / 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kBlockTile;
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kBlockTile;
+  // Only a 1 x 128 row-wise copy may end in a partial tile (check_block_quantize).
+  const int valid_rows = rows - r0 < kBlockTile ? static_cast<int>(rows - r0) : kBlockTile;
+  unsigned bits = 0;
+  for (int r = warp; r < kBlockTile; r += kWarps) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = lane + 32 * j;
+      const float value = r < valid_rows ? to_float(x[(r0 + r) * cols + c0 + c]) : 0.0f;
+      tile[r * kBlockTileStride + c] = value;
+      bits = max(bits, abs_bits(value));
     }
-    shared_scale = scale;
-    const float scale_inv = 1.0f / scale;
-    // 1 x 128 runs row-wise (1 x 128 blocks) or column-wise (128 x 1); 128 x 128 serves both copies.
-    const BlockShape shape = block_rows == block_cols ? BlockShape::k128x128 : BlockShape::k1x128;
-    if (rowwise_scale_inv != nullptr) store_block_scale(rowwise_scale_inv, {shape, rows, cols}, r0, c0, scale_inv);
-    if (columnwise_scale_inv != nullptr) store_block_scale(columnwise_scale_inv, {shape, cols, rows}, c0, r0, scale_inv);
+  }
+  const bool one_row = shape == BlockShape::k1x128;
+  if (!one_row) {  // one scale for the tile, both copies
+    bits = warp_max_bits(bits);
+    if (lane == 0) warp_bits[warp] = bits;
   }
   __syncthreads();
-  const float scale = shared_scale;
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) {
-    const std::int64_t r = r0 + i / block_cols;
-    const std::int64_t c = c0 + i % block_cols;
-    const std::uint8_t q = to_fp8(to_float(x[r * cols + c]) * scale, format);
-    if (rowwise != nullptr) rowwise[r * cols + c] = q;
-    if (columnwise != nullptr) columnwise[c * rows + r] = q;
+  if (!one_row && threadIdx.x == 0) {
+    unsigned all = 0;
+    for (int w = 0; w < kWarps; ++w) all = max(all, warp_bits[w]);
+    const float scale = block_scale(all, format, power_of_two, non_finite);
+    tile_scale = scale;
+    if (rowwise != nullptr) store_block_scale(rowwise_scale_inv, {shape, rows, cols}, r0, c0, 1.0f / scale);
+    if (columnwise != nullptr) store_block_scale(columnwise_scale_inv, {shape, cols, rows}, c0, r0, 1.0f / scale);
+  }
+  if (!one_row) __syncthreads();  // tile_scale
+  if (rowwise != nullptr) {
+    for (int r = warp; r < valid_rows; r += kWarps) {
+      float values[4];
+      unsigned row_bits = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        values[j] = tile[r * kBlockTileStride + lane + 32 * j];
+        row_bits = max(row_bits, abs_bits(values[j]));
+      }
+      float scale;
+      if (one_row) {
+        scale = block_scale(warp_max_bits(row_bits), format, power_of_two, non_finite);  // the same on every lane
+        if (lane == 0) rowwise_scale_inv[BlockScaleLayout{shape, rows, cols}.index(r0 + r, c0)] = 1.0f / scale;
+      } else {
+        scale = tile_scale;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) rowwise[(r0 + r) * cols + c0 + lane + 32 * j] = to_fp8(values[j] * scale, format);
+    }
+  }
+  if (columnwise == nullptr) return;
+  if (one_row) {  // column c's scale from its 128 rows: two threads of 64 rows each
+    const int c = static_cast<int>(threadIdx.x) % kBlockTile;
+    const int half = static_cast<int>(threadIdx.x) / kBlockTile;
+    unsigned col = 0;
+    for (int r = half * 64; r < half * 64 + 64; ++r) col = max(col, abs_bits(tile[r * kBlockTileStride + c]));
+    column_bits[half][c] = col;
+    __syncthreads();
+    if (half == 0) {
+      const float scale = block_scale(max(column_bits[0][c], column_bits[1][c]), format, power_of_two, non_finite);
+      column_scale[c] = scale;
+      columnwise_scale_inv[BlockScaleLayout{shape, cols, rows}.index(c0 + c, r0)] = 1.0f / scale;
+    }
+  }
+  __syncthreads();
+  for (int c = warp; c < kBlockTile; c += kWarps) {
+    const float scale = one_row ? column_scale[c] : tile_scale;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = lane + 32 * j;
+      columnwise[(c0 + c) * rows + r0 + r] = to_fp8(tile[r * kBlockTileStride + c] * scale, format);
+    }
   }
 }
 
 template <typename T>
 void launch_blocks(const T* x, const QuantizeDesc& desc, BlockShape shape, bool power_of_two, const BlockOutputs& out,
                    int* non_finite, cudaStream_t stream) {
-  auto run = [&](int block_rows, int block_cols, std::uint8_t* rows_out, std::uint8_t* cols_out, float* rows_scale,
-                 float* cols_scale) {
-    const std::int64_t blocks = (desc.rows / block_rows) * (desc.cols / block_cols);
-    if (blocks == 0) return;
-    SG_CHECK(blocks <= 0x7fffffff, "block quantize: too many blocks (", blocks, ")");
-    quantize_blocks_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        x, desc.rows, desc.cols, block_rows, block_cols, desc.format, power_of_two, rows_out, cols_out, rows_scale,
-        cols_scale, non_finite);
-    SG_CUDA_CHECK(cudaGetLastError());
-  };
-  if (shape == BlockShape::k128x128) {
-    run(128, 128, desc.rowwise ? out.rowwise : nullptr, desc.columnwise ? out.columnwise : nullptr,
-        desc.rowwise ? out.rowwise_scale_inv : nullptr, desc.columnwise ? out.columnwise_scale_inv : nullptr);
-    return;
-  }
-  if (desc.rowwise) run(1, 128, out.rowwise, nullptr, out.rowwise_scale_inv, nullptr);
-  if (desc.columnwise) run(128, 1, nullptr, out.columnwise, nullptr, out.columnwise_scale_inv);
+  if (desc.rows == 0 || desc.cols == 0) return;
+  static const bool sized = [] {  // the tile is larger than the default 48 KiB of dynamic shared memory
+    SG_CUDA_CHECK(cudaFuncSetAttribute(quantize_block_tile_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kBlockTileBytes)));
+    return true;
+  }();
+  (void)sized;
+  const std::int64_t row_tiles = (desc.rows + kBlockTile - 1) / kBlockTile;
+  SG_CHECK(row_tiles <= 65535, "block quantize: at most ", 65535 * kBlockTile, " rows, got ", desc.rows);
+  const dim3 grid(static_cast<unsigned>(desc.cols / kBlockTile), static_cast<unsigned>(row_tiles));
+  quantize_block_tile_kernel<T><<<grid, kThreads, kBlockTileBytes, stream>>>(
+      x, desc.rows, desc.cols, shape, desc.format, power_of_two, desc.rowwise ? out.rowwise : nullptr,
+      desc.rowwise ? out.rowwise_scale_inv : nullptr, desc.columnwise ? out.columnwise : nullptr,
+      desc.columnwise ? out.columnwise_scale_inv : nullptr, non_finite);
+  SG_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

@@ -8,33 +8,16 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/fp8_device.cuh"
 #include "kernels/fp8_quantize.h"
 
 namespace stepgraph::kernels {
 namespace {
 
-constexpr float kFloatMax = 3.402823466e38f;
-
-// fp8_scale (fp8_quantize_host.cc), step for step: IEEE division, the
-// overflow clamp, frexpf/ldexpf for the power of two.
-__device__ float device_fp8_scale(float amax, float fp8_max, int margin, bool power_of_two) {
-  if (amax == 0.0f) return 1.0f;
-  float scale = ldexpf(fp8_max / amax, -margin);
-  if (!(scale <= kFloatMax)) scale = kFloatMax;
-  if (power_of_two) {
-    int exponent = 0;
-    frexpf(scale, &exponent);
-    scale = ldexpf(1.0f, exponent - 1);
-  }
-  return scale;
-}
-
-__device__ bool usable(float amax) { return amax >= 0.0f && amax <= kFloatMax; }
-
 __global__ void scale_from_amax_kernel(const float* amax, float fp8_max, bool power_of_two, float* scale,
                                        float* scale_inv, int* non_finite) {
   const float a = *amax;
-  const bool ok = usable(a);
+  const bool ok = device_amax_usable(a);
   *non_finite = ok ? 0 : 1;
   const float s = ok ? device_fp8_scale(a, fp8_max, 0, power_of_two) : 1.0f;
   *scale = s;
@@ -49,7 +32,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
                           float* scale, float* scale_inv, int* non_finite) {
   __shared__ float warp_max[kUpdateThreads / 32];
   const float a = *amax;
-  if (!usable(a)) {  // a non-finite amax changes nothing
+  if (!device_amax_usable(a)) {  // a non-finite amax changes nothing
     if (threadIdx.x == 0) *non_finite = 1;
     return;
   }

@@ -198,12 +198,20 @@ int fastest_candidate(const GemmDesc& desc, const cublasLtMatmulHeuristicResult_
   if (count < 2 || a_bytes + b_bytes + 2 * d_bytes + vector_bytes + kWorkspaceBytes > kAutotuneScratchLimit) return 0;
   Scratch a(a_bytes), b(b_bytes), d(d_bytes), aux(d_bytes), vector(vector_bytes), workspace(kWorkspaceBytes);
   if (!a.get() || !b.get() || !d.get() || !aux.get() || !vector.get() || !workspace.get()) return 0;
+  // Block scales (a scalar scale may stay null: it reads as 1).
+  const auto scales_bytes = [&](const std::optional<BlockShape>& blocks, std::int64_t outer) {
+    return blocks ? static_cast<std::size_t>(BlockScaleLayout{*blocks, outer, desc.k}.count()) * sizeof(float) : 16;
+  };
+  Scratch a_scales(scales_bytes(desc.a_blocks, desc.m)), b_scales(scales_bytes(desc.b_blocks, desc.n));
+  if (!a_scales.get() || !b_scales.get()) return 0;
   if (cudaDeviceSynchronize() != cudaSuccess) {  // the memsets, so they do not overlap the timing
     (void)cudaGetLastError();
     return 0;
   }
   const bool has_vector = epilogue_reads_bias(desc.epilogue) || epilogue_writes_bias_grad(desc.epilogue);
-  LtMatmul problem(desc, has_vector ? vector.get() : nullptr, epilogue_uses_aux(desc.epilogue) ? aux.get() : nullptr);
+  LtMatmul problem(desc, has_vector ? vector.get() : nullptr, epilogue_uses_aux(desc.epilogue) ? aux.get() : nullptr,
+                   desc.a_blocks ? static_cast<const float*>(a_scales.get()) : nullptr,
+                   desc.b_blocks ? static_cast<const float*>(b_scales.get()) : nullptr);
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr;
   cudaEvent_t stop = nullptr;
@@ -250,7 +258,10 @@ int fastest_candidate(const GemmDesc& desc, const cublasLtMatmulHeuristicResult_
 cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time) {
   const void* probe = reinterpret_cast<const void*>(alignment);
   const bool has_vector = epilogue_reads_bias(desc.epilogue) || epilogue_writes_bias_grad(desc.epilogue);
-  LtMatmul problem(desc, has_vector ? probe : nullptr, epilogue_uses_aux(desc.epilogue) ? probe : nullptr);
+  // Block-scaled operands need their scale pointers set for the heuristic to accept the modes.
+  const auto* scale_probe = static_cast<const float*>(probe);
+  LtMatmul problem(desc, has_vector ? probe : nullptr, epilogue_uses_aux(desc.epilogue) ? probe : nullptr,
+                   desc.a_blocks ? scale_probe : nullptr, desc.b_blocks ? scale_probe : nullptr);
   cublasLtMatmulPreferenceOpaque_t preference{};
   SG_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference));
   set_preference(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes});

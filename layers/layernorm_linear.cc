@@ -49,8 +49,10 @@ Tensor LayerNormLinear::backward(Context& ctx, const Saved& saved, const BwdArgs
   Communicator* tp = linear_.tensor_parallel();
   // The linear's tokens: every rank's under sequence parallelism.
   const std::int64_t all_tokens = tokens * (sequence_parallel() ? tp->world_size() : 1);
-  check_input(label_, "backward", "saved.linear.x", saved.linear.x, {all_tokens, linear.in_features}, linear.dtype,
-              "the forward's normed input");
+  if (!linear.fp8) {  // an FP8 Linear keeps its input's FP8 copy instead (Note [FP8 Linear])
+    check_input(label_, "backward", "saved.linear.x", saved.linear.x, {all_tokens, linear.in_features}, linear.dtype,
+                "the forward's normed input");
+  }
   check_input(label_, "backward", "dy", args.dy, {all_tokens, linear_.local_out_features()}, linear.dtype,
               "the forward's output");
   // Sequence-parallel: d_normed comes back reduce-scattered to this rank's tokens.

@@ -85,7 +85,9 @@ LayerNormMLP::Forward LayerNormMLP::forward_fp8(Context& ctx, const FwdArgs& arg
   const Linear::Forward fc1 = fc1_->forward(ctx, {normed.y});
   const Tensor act = ops::gelu(ctx, fc1.y);
   Linear::Forward fc2 = fc2_->forward(ctx, {act});
-  return {fc2.y, Saved{normed.saved, normed.y, fc1.y, act, fc1.saved, fc2.saved}};
+  // The FP8 Linears keep their inputs' FP8 copies: the 16-bit normed and act
+  // are not saved (freed after the forward); pre stays for GeLU's backward.
+  return {fc2.y, Saved{normed.saved, Tensor(), fc1.y, Tensor(), fc1.saved, fc2.saved}};
 }
 
 Tensor LayerNormMLP::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
@@ -158,10 +160,10 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
               "the forward's input");
   const std::int64_t tokens = saved.norm.x.shape().dim(0);
   const std::int64_t all_tokens = tokens * tp_size();
-  check_input(label_, "backward", "saved.act", saved.act, {all_tokens, local_ffn()}, config_.dtype,
-              "the forward's activation");
   check_input(label_, "backward", "dy", args.dy, {tokens, config_.hidden}, config_.dtype, "the forward's output");
   if (config_.fp8) return backward_fp8(ctx, saved, args);
+  check_input(label_, "backward", "saved.act", saved.act, {all_tokens, local_ffn()}, config_.dtype,
+              "the forward's activation");
   // The data-gradient chain (dy -> d_pre -> d_normed -> dx) stays on the
   // current stream; weight and bias gradients go to the weight-gradient
   // stream (WeightGradScope) and overlap it.

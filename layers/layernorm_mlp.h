@@ -68,9 +68,9 @@ class LayerNormMLP {
   };
   struct Saved {
     Norm::Saved norm;
-    Tensor normed;  // fc1's input
+    Tensor normed;  // fc1's input (FP8: undefined, fc1 keeps its FP8 copy)
     Tensor pre;     // fc1's output before GeLU (the epilogue's aux)
-    Tensor act;     // GeLU(pre): fc2's input
+    Tensor act;     // GeLU(pre): fc2's input (FP8: undefined, as normed)
     // FP8 only: what fc1's and fc2's Linears saved.
     Linear::Saved fc1;
     Linear::Saved fc2;

@@ -185,12 +185,19 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
   out.y = ops::fp8_gemm(ctx, x.rowwise, x.rowwise_scale_inv, w.rowwise, w.rowwise_scale_inv, fprop,
                         config_.bias ? bias_.value : Tensor())
               .d;
-  out.saved = Saved{args.x,       config_.dgrad,          config_.wgrad, x.columnwise, x.columnwise_scale_inv,
+  out.saved = Saved{Tensor(),     config_.dgrad,          config_.wgrad, x.columnwise, x.columnwise_scale_inv,
                     w.columnwise, w.columnwise_scale_inv, x.amax,        w.amax};
   return out;
 }
 
 Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  check_input(label_, "backward", "dy", args.dy, {"tokens", local_out_features()}, config_.dtype,
+              "the forward's output");
+  const std::int64_t tokens = args.dy.shape().dim(0);
+  if (saved.wgrad) {
+    check_input(label_, "backward", "saved.x_fp8_t", saved.x_fp8_t, {local_in_features(), tokens},
+                fp8_dtype(config_.fp8->forward_format()), "the forward's input, transposed, in FP8");
+  }
   if (!saved.dgrad && !saved.wgrad) return {};
   const Fp8Recipe& recipe = *config_.fp8;
   const Fp8Copies dy = quantize_for_gemm(ctx, recipe, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad,
@@ -280,6 +287,7 @@ Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
 }
 
 Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  if (config_.fp8) return backward_fp8(ctx, saved, args);
   check_input(label_, "backward", "saved.x", saved.x, {"tokens", local_in_features()}, config_.dtype,
               "the forward's input");
   // The GEMM's tokens; a sequence-parallel row-parallel output holds 1/N of them.
@@ -287,7 +295,6 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   const bool gathers_dy = row() && sequence_parallel();
   check_input(label_, "backward", "dy", args.dy, {gathers_dy ? tokens / ranks() : tokens, local_out_features()},
               config_.dtype, "the forward's output");
-  if (config_.fp8) return backward_fp8(ctx, saved, args);
   // dx[tokens, in] = dy W, over rows of dy: whole, or (a sequence-parallel
   // row-parallel layer) shard by shard as dy's shards arrive.
   Tensor dx;

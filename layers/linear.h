@@ -15,7 +15,8 @@
 // Gradients are E5M2 with the hybrid formats, E4M3 otherwise. Scales are
 // current (amax, then scale, then quantize, all inside the step); the
 // forward keeps the transposed FP8 copies the backward reads, one byte an
-// element. The bias rides the forward GEMM's epilogue; its gradient is a
+// element, and not its 16-bit input (Saved::x stays undefined), so the
+// caller's input can be freed after the forward. The bias rides the forward GEMM's epilogue; its gradient is a
 // column sum of the 16-bit dy. Delayed scaling keeps an amax history and a
 // scale per tensor (x, W, dy) in persistent memory: a step quantizes with
 // the scales the earlier steps left, and the end of its backward rolls this
@@ -27,7 +28,7 @@
 // features must then be multiples of 128. So far: no tensor parallelism,
 // token counts and features multiples of 16; each other case is an Error
 // naming it. The weight is quantized in every forward (once per optimizer
-// step is to come), and the saved input is still kept beside its FP8 copy.
+// step is to come).
 //
 // Note [Column- and row-parallel Linear]
 // With a tensor-parallel communicator of N ranks (Megatron's tensor
@@ -113,7 +114,7 @@ class Linear {
     Tensor x;  // [tokens, in_features] (kRow: [tokens, in / N]; kColumn with SP: [tokens / N, in])
   };
   struct Saved {
-    Tensor x;  // the caller's input (a reference); kColumn with SP: the all-gathered input
+    Tensor x;  // the caller's input (a reference); kColumn with SP: the all-gathered input; FP8: undefined
     bool dgrad = true;
     bool wgrad = true;
     // FP8: the transposed copies the backward's GEMMs read, with their scale_inv.

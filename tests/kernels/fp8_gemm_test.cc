@@ -260,7 +260,10 @@ void check_on_device(const Fp8Problem& p, Stream& stream) {
     }
     std::vector<double> want_double(want.begin(), want.end());
     // bf16 output rounding, and fast accumulation's fewer fp32 promotions.
-    EXPECT_LT(max_relative(got, want_double), d_type == DType::kBFloat16 || p.desc.fast_accumulation ? 1e-2 : 1e-4);
+    // Hopper's FP8 tensor cores accumulate in less than fp32 between
+    // promotions even without fast accumulation: measured 2e-4 to 3e-4 at
+    // k = 256 on an H200 (fp32 D).
+    EXPECT_LT(max_relative(got, want_double), d_type == DType::kBFloat16 || p.desc.fast_accumulation ? 1e-2 : 1e-3);
   }
   for (void* pointer : {a, b, d, bias, a_scales, b_scales, workspace}) cudaFree(pointer);
 }

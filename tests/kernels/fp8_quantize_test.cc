@@ -141,6 +141,12 @@ void check_blocks_against_host(const QuantizeDesc& desc, BlockShape shape, bool 
 TEST(Fp8QuantizeTest, BlockScalingEqualsTheHostReferenceBitForBit) {
   SG_SKIP_WITHOUT_GPU();
   SeededRng rng;
+  // A 1 x 128 row-wise copy of rows that end in a partial 128-row tile.
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const QuantizeDesc partial{dtype, Fp8Format::kE4M3, 200, 256, true, false};
+    check_blocks_against_host(partial, BlockShape::k1x128, false,
+                              random_array(dtype, partial.rows * partial.cols, rng, -3.0f, 3.0f));
+  }
   for (const DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     const QuantizeDesc desc{dtype, Fp8Format::kE4M3, 256, 384, true, true};
     HostArray x = random_array(dtype, desc.rows * desc.cols, rng, -2.0f, 2.0f);

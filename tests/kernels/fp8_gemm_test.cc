@@ -207,6 +207,9 @@ TEST(Fp8GemmHostTest, ChecksNameWhatIsWrong) {
   GemmDesc fast_blocks = blocks;
   fast_blocks.fast_accumulation = true;
   EXPECT_ERROR_CONTAINS(check_gemm(fast_blocks), "no fast accumulation");
+  EXPECT_NO_THROW(check_fp8_device(9, 0, "NVIDIA H100"));
+  EXPECT_ERROR_CONTAINS(check_fp8_device(8, 0, "NVIDIA A100"), "Hopper", "NVIDIA A100 is 8.0", "no FP8 tensor cores");
+  EXPECT_ERROR_CONTAINS(check_fp8_device(8, 9, "NVIDIA L4"), "NVIDIA L4 is 8.9", "sm_90a");
   GemmDesc fast_bf16;
   fast_bf16.m = fast_bf16.n = fast_bf16.k = 16;
   fast_bf16.fast_accumulation = true;

@@ -209,6 +209,13 @@ void expect_fp8_graph_equals_eager(Device device, const Fp8Recipe& recipe, int r
     ASSERT_EQ(bytes_of(eager[1]), bytes_of(captured->outputs()[1])) << "dx differs at replay " << replay;
     ASSERT_EQ(grads(eager_layer), grads(layer)) << "gradients differ at replay " << replay;
   }
+  // Delayed scaling's histories and scales, updated inside the graph, equal the eager twin's.
+  const std::vector<StateTensor> eager_state = eager_layer.state(), graphed_state = layer.state();
+  ASSERT_EQ(eager_state.size(), graphed_state.size());
+  EXPECT_EQ(graphed_state.size(), recipe.scaling == Fp8Scaling::kDelayed ? 9u : 0u);
+  for (std::size_t i = 0; i < eager_state.size(); ++i) {
+    EXPECT_EQ(bytes_of(eager_state[i].tensor), bytes_of(graphed_state[i].tensor)) << graphed_state[i].name;
+  }
 }
 
 TEST(Fp8LinearTest, GraphedStepEqualsEagerOnTheHost) {
@@ -262,6 +269,12 @@ void expect_fp8_mlp_graph_equals_eager(Device device, const Fp8Recipe& recipe, i
     ASSERT_EQ(bytes_of(eager[0]), bytes_of(captured->outputs()[0])) << "y differs at replay " << replay;
     ASSERT_EQ(bytes_of(eager[1]), bytes_of(captured->outputs()[1])) << "dx differs at replay " << replay;
     ASSERT_EQ(grads(eager_layer), grads(layer)) << "gradients differ at replay " << replay;
+  }
+  const std::vector<StateTensor> eager_state = eager_layer.state(), graphed_state = layer.state();
+  ASSERT_EQ(eager_state.size(), graphed_state.size());
+  EXPECT_EQ(graphed_state.size(), recipe.scaling == Fp8Scaling::kDelayed ? 18u : 0u);  // fc1's and fc2's
+  for (std::size_t i = 0; i < eager_state.size(); ++i) {
+    EXPECT_EQ(bytes_of(eager_state[i].tensor), bytes_of(graphed_state[i].tensor)) << graphed_state[i].name;
   }
 }
 

@@ -2,10 +2,12 @@
 // behind one LayerBase, forward/backward with an opaque saved state,
 // parameters.
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 
 #include "capi/handles.h"
+#include "engine/fp8_recipe.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/layernorm_linear.h"
 #include "layers/layernorm_mlp.h"
@@ -66,6 +68,37 @@ LinearConfig to_linear_config(const sg_linear_config& c) {
           .dtype = to_dtype(c.dtype),
           .dgrad = c.dgrad != 0,
           .wgrad = c.wgrad != 0};
+}
+
+std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* r) {
+  if (r == nullptr) return std::nullopt;
+  SG_CHECK(r->scaling == SG_FP8_CURRENT || r->scaling == SG_FP8_DELAYED || r->scaling == SG_FP8_BLOCK,
+           "sg_fp8_recipe: scaling ", static_cast<int>(r->scaling), " is not SG_FP8_CURRENT, SG_FP8_DELAYED or "
+           "SG_FP8_BLOCK");
+  Fp8Recipe recipe;
+  recipe.scaling = static_cast<Fp8Scaling>(r->scaling);
+  recipe.formats = r->hybrid != 0 ? Fp8Formats::kHybrid : Fp8Formats::kE4M3;
+  recipe.amax_history_len = r->amax_history_len;
+  recipe.amax_reduction = r->amax_most_recent != 0 ? AmaxReduction::kMostRecent : AmaxReduction::kMax;
+  recipe.margin = r->margin;
+  recipe.power_of_two_scales = r->power_of_two_scales != 0;
+  recipe.fast_accumulation_forward = r->fast_accumulation_forward != 0;
+  recipe.fast_accumulation_backward = r->fast_accumulation_backward != 0;
+  recipe.on_non_finite = r->stop_on_non_finite != 0 ? NonFiniteAmax::kStop : NonFiniteAmax::kSkipStep;
+  recipe.check();
+  return recipe;
+}
+
+sg_fp8_recipe from_fp8_recipe(const Fp8Recipe& r) {
+  return {static_cast<sg_fp8_scaling>(r.scaling),
+          r.formats == Fp8Formats::kHybrid ? 1 : 0,
+          r.amax_history_len,
+          r.amax_reduction == AmaxReduction::kMostRecent ? 1 : 0,
+          r.margin,
+          r.power_of_two_scales ? 1 : 0,
+          r.fast_accumulation_forward ? 1 : 0,
+          r.fast_accumulation_backward ? 1 : 0,
+          r.on_non_finite == NonFiniteAmax::kStop ? 1 : 0};
 }
 
 sg_linear_config from_linear_config(const LinearConfig& c) {
@@ -139,6 +172,14 @@ extern "C" void sg_linear_config_default(sg_linear_config* config) {
   if (config != nullptr) *config = capi::from_linear_config(LinearConfig{});
 }
 
+extern "C" void sg_fp8_recipe_default(sg_fp8_recipe* recipe, sg_fp8_scaling scaling) {
+  if (recipe == nullptr) return;
+  *recipe = capi::from_fp8_recipe(scaling == SG_FP8_DELAYED ? Fp8Recipe::delayed()
+                                  : scaling == SG_FP8_BLOCK ? Fp8Recipe::block()
+                                                            : Fp8Recipe::current());
+  recipe->scaling = scaling;  // an unknown value stays, for the layer to refuse by name
+}
+
 extern "C" void sg_norm_config_default(sg_norm_config* config) {
   if (config == nullptr) return;
   const NormConfig d;
@@ -198,6 +239,39 @@ extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, c
     require(config, function, "config");
     const LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm), config->eps,
                                capi::to_dtype(config->dtype)};
+    capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
+  });
+}
+
+extern "C" sg_result sg_linear_create_fp8(sg_context ctx, const char* name, const sg_linear_config* config,
+                                          uint32_t seed, const sg_fp8_recipe* recipe, sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    LinearConfig c = capi::to_linear_config(*config);
+    c.fp8 = capi::to_fp8_recipe(recipe);
+    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function), c, seed);
+  });
+}
+
+extern "C" sg_result sg_layernorm_linear_create_fp8(sg_context ctx, const char* name,
+                                                    const sg_layernorm_linear_config* config, uint32_t seed,
+                                                    const sg_fp8_recipe* recipe, sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    LayerNormLinearConfig c{capi::to_norm_kind(config->norm), config->eps, capi::to_linear_config(config->linear)};
+    c.linear.fp8 = capi::to_fp8_recipe(recipe);
+    capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
+  });
+}
+
+extern "C" sg_result sg_layernorm_mlp_create_fp8(sg_context ctx, const char* name,
+                                                 const sg_layernorm_mlp_config* config, uint32_t seed,
+                                                 const sg_fp8_recipe* recipe, sg_layer* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    require(config, function, "config");
+    LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm), config->eps,
+                         capi::to_dtype(config->dtype)};
+    c.fp8 = capi::to_fp8_recipe(recipe);
     capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }

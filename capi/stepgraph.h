@@ -59,7 +59,10 @@ extern "C" {
  * communication stream; exported as STEPGRAPH_C_3 (capi/stepgraph.lds). */
 /* 4: additions only: sg_residual_stack_create_tensor_parallel (a stack
  * sharded over a world's ranks); exported as STEPGRAPH_C_4. */
-#define SG_API_VERSION 4
+/* 5: additions only: FP8 recipes (sg_fp8_recipe) and the layers that take
+ * one (sg_linear_create_fp8, sg_layernorm_linear_create_fp8,
+ * sg_layernorm_mlp_create_fp8); exported as STEPGRAPH_C_5. */
+#define SG_API_VERSION 5
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -268,6 +271,30 @@ sg_result sg_layernorm_linear_create(sg_context ctx, const char* name, const sg_
                                      uint32_t seed, sg_layer* out);
 sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
                                   uint32_t seed, sg_layer* out);
+/* FP8 GEMMs (engine/fp8_recipe.h, Note [FP8 Linear] in layers/linear.h): a
+ * recipe as a plain value. Fill it with sg_fp8_recipe_default for a scaling,
+ * then change fields; a field out of range is an error at layer creation. */
+typedef enum sg_fp8_scaling { SG_FP8_CURRENT = 0, SG_FP8_DELAYED = 1, SG_FP8_BLOCK = 2 } sg_fp8_scaling;
+typedef struct sg_fp8_recipe {
+  sg_fp8_scaling scaling;
+  int hybrid;                     /* bool: E5M2 gradients (else E4M3 everywhere) */
+  int amax_history_len;           /* delayed: [1, 65536] */
+  int amax_most_recent;           /* bool, delayed: the history's newest amax instead of its max */
+  int margin;                     /* delayed: [0, 32], scales divided by 2^margin */
+  int power_of_two_scales;        /* bool, block */
+  int fast_accumulation_forward;  /* bool */
+  int fast_accumulation_backward; /* bool */
+  int stop_on_non_finite;         /* bool: a non-finite amax stops the run instead of skipping the step */
+} sg_fp8_recipe;
+/* The engine's recipe for `scaling` (Fp8Recipe::current(), delayed(), block()). */
+void sg_fp8_recipe_default(sg_fp8_recipe* recipe, sg_fp8_scaling scaling);
+/* The layers above with FP8 GEMMs; `recipe` null is the 16-bit layer. */
+sg_result sg_linear_create_fp8(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
+                               const sg_fp8_recipe* recipe, sg_layer* out);
+sg_result sg_layernorm_linear_create_fp8(sg_context ctx, const char* name, const sg_layernorm_linear_config* config,
+                                         uint32_t seed, const sg_fp8_recipe* recipe, sg_layer* out);
+sg_result sg_layernorm_mlp_create_fp8(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
+                                      uint32_t seed, const sg_fp8_recipe* recipe, sg_layer* out);
 /* A residual stack is a layer too: forward gives logits [tokens, vocab] from
  * x [tokens, hidden]; backward takes dlogits and gives dx. */
 sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out);

@@ -18,6 +18,7 @@ from stepgraph._library import ArgumentError, StepGraphError, library_path
 from stepgraph.context import Context, cuda_device_count
 from stepgraph.distributed import World, init_distributed
 from stepgraph.dtypes import DType, bf16_bits_to_float32, float32_to_bf16_bits
+from stepgraph.fp8 import Fp8Recipe
 from stepgraph.graph import CapturedStep, GraphCache, capture
 from stepgraph.layers import (LayerNorm, LayerNormLinear, LayerNormMLP, Linear, Norm, Parameter, ResidualStack, RMSNorm,
                               Saved)
@@ -26,7 +27,7 @@ from stepgraph.training import AdamW, TrainStep
 
 __version__ = "0.3.0"
 __all__ = [
-    "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "GraphCache", "LayerNorm", "LayerNormLinear",
+    "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "Fp8Recipe", "GraphCache", "LayerNorm", "LayerNormLinear",
     "LayerNormMLP", "Linear", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
     "TrainStep", "World",
     "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits",

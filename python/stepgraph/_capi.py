@@ -6,12 +6,19 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 4
+API_VERSION = 5
 
 
 class LinearConfig(ctypes.Structure):
     _fields_ = [("in_features", c_int64), ("out_features", c_int64), ("bias", c_int), ("dtype", c_int),
                 ("dgrad", c_int), ("wgrad", c_int)]
+
+
+class Fp8Recipe(ctypes.Structure):
+    """sg_fp8_recipe: fill it with sg_fp8_recipe_default, then set the fields."""
+    _fields_ = [("scaling", c_int), ("hybrid", c_int), ("amax_history_len", c_int), ("amax_most_recent", c_int),
+                ("margin", c_int), ("power_of_two_scales", c_int), ("fast_accumulation_forward", c_int),
+                ("fast_accumulation_backward", c_int), ("stop_on_non_finite", c_int)]
 
 
 class NormConfig(ctypes.Structure):
@@ -91,6 +98,9 @@ _PROTOTYPES = {
     "sg_norm_create": [H, c_char_p, P(NormConfig), P(H)],
     "sg_layernorm_linear_create": [H, c_char_p, P(LayerNormLinearConfig), c_uint32, P(H)],
     "sg_layernorm_mlp_create": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(H)],
+    "sg_linear_create_fp8": [H, c_char_p, P(LinearConfig), c_uint32, P(Fp8Recipe), P(H)],
+    "sg_layernorm_linear_create_fp8": [H, c_char_p, P(LayerNormLinearConfig), c_uint32, P(Fp8Recipe), P(H)],
+    "sg_layernorm_mlp_create_fp8": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(Fp8Recipe), P(H)],
     "sg_residual_stack_create": [H, P(ResidualStackConfig), P(H)],
     "sg_residual_stack_create_tensor_parallel": [H, P(ResidualStackConfig), H, c_char_p, P(H)],
     "sg_layer_destroy": [H],
@@ -147,6 +157,7 @@ _OTHER_RESTYPES = {
     "sg_step_error": (None, [c_char_p]),
     "sg_linear_config_default": (None, [P(LinearConfig)]),
     "sg_norm_config_default": (None, [P(NormConfig)]),
+    "sg_fp8_recipe_default": (None, [P(Fp8Recipe), c_int]),
     "sg_layernorm_linear_config_default": (None, [P(LayerNormLinearConfig)]),
     "sg_layernorm_mlp_config_default": (None, [P(LayerNormMLPConfig)]),
     "sg_residual_stack_config_default": (None, [P(ResidualStackConfig)]),

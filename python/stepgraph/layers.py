@@ -13,6 +13,7 @@ import collections
 import ctypes
 
 from stepgraph import _capi, _checks
+from stepgraph.fp8 import Fp8Recipe
 from stepgraph._library import StepGraphError
 from stepgraph.dtypes import as_dtype
 from stepgraph.tensor import Tensor
@@ -113,13 +114,24 @@ def _linear_config(owner, in_features, out_features, bias, dtype, dgrad, wgrad):
     return config
 
 
+def _fp8_args(owner, create, fp8):
+    """The create function and its trailing recipe argument: the FP8 variant when a recipe is given."""
+    if fp8 is None:
+        return create, ()
+    if not isinstance(fp8, Fp8Recipe):
+        raise TypeError(f"{owner}: fp8 must be an sg.Fp8Recipe or None, got {type(fp8).__name__}")
+    return create + "_fp8", (ctypes.byref(fp8._to_c(owner)),)
+
+
 class Linear(Layer):
-    """y = x W^T (+ b); W is [out_features, in_features]."""
+    """y = x W^T (+ b); W is [out_features, in_features]. fp8=sg.Fp8Recipe(...) runs its
+    GEMMs in FP8 (features and tokens multiples of 16, 128 with block scaling)."""
 
     def __init__(self, ctx, in_features, out_features, bias=True, dtype="bfloat16", dgrad=True, wgrad=True,
-                 name="linear", seed=1):
+                 name="linear", seed=1, fp8=None):
         config = _linear_config("Linear", in_features, out_features, bias, dtype, dgrad, wgrad)
-        super().__init__(ctx, "sg_linear_create", name.encode(), ctypes.byref(config), _seed("Linear", seed))
+        create, recipe = _fp8_args("Linear", "sg_linear_create", fp8)
+        super().__init__(ctx, create, name.encode(), ctypes.byref(config), _seed("Linear", seed), *recipe)
 
 
 class Norm(Layer):
@@ -147,26 +159,27 @@ class LayerNormLinear(Layer):
     """norm -> Linear."""
 
     def __init__(self, ctx, in_features, out_features, norm="layernorm", eps=1e-5, bias=True, dtype="bfloat16",
-                 dgrad=True, wgrad=True, name="layernorm_linear", seed=1):
+                 dgrad=True, wgrad=True, name="layernorm_linear", seed=1, fp8=None):
         config = _capi.LayerNormLinearConfig()
         _capi.lib().sg_layernorm_linear_config_default(ctypes.byref(config))
         config.norm, config.eps = _norm(norm), eps
         config.linear = _linear_config("LayerNormLinear", in_features, out_features, bias, dtype, dgrad, wgrad)
-        super().__init__(ctx, "sg_layernorm_linear_create", name.encode(), ctypes.byref(config),
-                         _seed("LayerNormLinear", seed))
+        create, recipe = _fp8_args("LayerNormLinear", "sg_layernorm_linear_create", fp8)
+        super().__init__(ctx, create, name.encode(), ctypes.byref(config), _seed("LayerNormLinear", seed), *recipe)
 
 
 class LayerNormMLP(Layer):
     """norm -> fc1 (hidden -> ffn) -> GeLU (tanh) -> fc2 (ffn -> hidden); parameters in order
     norm gamma[, beta], fc1 weight, fc1 bias, fc2 weight, fc2 bias."""
 
-    def __init__(self, ctx, hidden, ffn, norm="layernorm", eps=1e-5, dtype="bfloat16", name="mlp", seed=1):
+    def __init__(self, ctx, hidden, ffn, norm="layernorm", eps=1e-5, dtype="bfloat16", name="mlp", seed=1,
+                 fp8=None):
         config = _capi.LayerNormMLPConfig()
         _capi.lib().sg_layernorm_mlp_config_default(ctypes.byref(config))
         config.hidden, config.ffn = _sizes("LayerNormMLP", hidden=hidden, ffn=ffn)
         config.norm, config.eps, config.dtype = _norm(norm), eps, int(as_dtype(dtype))
-        super().__init__(ctx, "sg_layernorm_mlp_create", name.encode(), ctypes.byref(config),
-                         _seed("LayerNormMLP", seed))
+        create, recipe = _fp8_args("LayerNormMLP", "sg_layernorm_mlp_create", fp8)
+        super().__init__(ctx, create, name.encode(), ctypes.byref(config), _seed("LayerNormMLP", seed), *recipe)
 
 
 # The integer fields of a ResidualStack: their C types and the engine's rules (layers >= 0,

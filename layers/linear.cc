@@ -137,7 +137,8 @@ struct Fp8Copies {
   Tensor rowwise_scale_inv;
   Tensor columnwise;  // [cols, rows]
   Tensor columnwise_scale_inv;
-  Tensor amax;  // tensor-wise scaling: max |t|
+  Tensor amax;   // tensor-wise scaling: max |t|
+  Tensor scale;  // tensor-wise scaling: what t was quantized with
   std::optional<kernels::BlockShape> blocks;
 };
 
@@ -147,7 +148,7 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
   if (recipe.scaling == Fp8Scaling::kBlock) {
     const ops::BlockQuantized q =
         ops::quantize_blocks(ctx, t, {format, shape, recipe.power_of_two_scales, rowwise, columnwise});
-    return {q.rowwise, q.rowwise_scale_inv, q.columnwise, q.columnwise_scale_inv, Tensor(), shape};
+    return {q.rowwise, q.rowwise_scale_inv, q.columnwise, q.columnwise_scale_inv, Tensor(), Tensor(), shape};
   }
   Tensor scale = delayed_scale, scale_inv = delayed_scale_inv;
   if (recipe.scaling == Fp8Scaling::kCurrent) {
@@ -156,7 +157,7 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
     scale_inv = s.scale_inv;
   }
   const ops::Quantized q = ops::quantize(ctx, t, scale, {format, rowwise, columnwise});
-  return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, std::nullopt};
+  return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, scale, std::nullopt};
 }
 
 // The GEMM params of FP8 operands a and b, from how each was quantized.
@@ -178,7 +179,7 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
            " need a token count divisible by ", blocks ? 128 : 16, ", got ", tokens);
   const Fp8Copies x = quantize_for_gemm(ctx, recipe, args.x, recipe.forward_format(), true, config_.wgrad,
                                         x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128);
-  const Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, config_.dgrad,
+  const Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false,
                                         w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128);
   ops::GemmParams fprop = fp8_params(x, w, config_.dtype, recipe.fast_accumulation_forward);
   fprop.epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
@@ -186,8 +187,14 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
   out.y = ops::fp8_gemm(ctx, x.rowwise, x.rowwise_scale_inv, w.rowwise, w.rowwise_scale_inv, fprop,
                         config_.bias ? bias_.value : Tensor())
               .d;
-  out.saved = Saved{Tensor(),     config_.dgrad,          config_.wgrad, x.columnwise, x.columnwise_scale_inv,
-                    w.columnwise, w.columnwise_scale_inv, x.amax,        w.amax};
+  out.saved = Saved{.dgrad = config_.dgrad,
+                    .wgrad = config_.wgrad,
+                    .x_fp8_t = x.columnwise,
+                    .x_scale_inv = x.columnwise_scale_inv,
+                    .w_scale = recipe.scaling == Fp8Scaling::kCurrent ? w.scale : Tensor(),
+                    .w_scale_inv = recipe.scaling == Fp8Scaling::kCurrent ? w.rowwise_scale_inv : Tensor(),
+                    .x_amax = x.amax,
+                    .w_amax = w.amax};
   return out;
 }
 
@@ -219,9 +226,21 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
   }
   Tensor dx;
   if (saved.dgrad) {
+    // W's transposed copy, quantized again as the forward quantized W (Note [FP8 Linear]).
+    Fp8Copies w;
+    if (recipe.scaling == Fp8Scaling::kBlock) {
+      w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), false, true, Tensor(), Tensor(),
+                            kernels::BlockShape::k128x128);
+    } else {
+      const bool delayed = recipe.scaling == Fp8Scaling::kDelayed;
+      const Tensor scale = delayed ? w_state_.scale : saved.w_scale;
+      const Tensor scale_inv = delayed ? w_state_.scale_inv : saved.w_scale_inv;
+      w = {.columnwise = ops::quantize(ctx, weight_.value, scale, {recipe.forward_format(), false, true}).columnwise,
+           .columnwise_scale_inv = scale_inv};
+    }
     const ops::GemmParams dgrad =
         fp8_params(dy, {.blocks = w_blocks}, config_.dtype, recipe.fast_accumulation_backward);
-    dx = ops::fp8_gemm(ctx, dy.rowwise, dy.rowwise_scale_inv, saved.w_fp8_t, saved.w_scale_inv, dgrad).d;
+    dx = ops::fp8_gemm(ctx, dy.rowwise, dy.rowwise_scale_inv, w.columnwise, w.columnwise_scale_inv, dgrad).d;
   }
   if (recipe.scaling == Fp8Scaling::kDelayed) {
     // This step's amaxes into the histories, the scales for the next step:

@@ -16,7 +16,11 @@
 // current (amax, then scale, then quantize, all inside the step); the
 // forward keeps the transposed FP8 copies the backward reads, one byte an
 // element, and not its 16-bit input (Saved::x stays undefined), so the
-// caller's input can be freed after the forward. The bias rides the forward GEMM's epilogue; its gradient is a
+// caller's input can be freed after the forward. W's transposed copy is not
+// kept: the data gradient quantizes it again from W (unchanged until the
+// optimizer runs) with the forward's scale (current: saved; delayed: the
+// state's, not updated before the backward's GEMMs; block: recomputed, the
+// same), so the saved bytes are those of the activations alone. The bias rides the forward GEMM's epilogue; its gradient is a
 // column sum of the 16-bit dy. Delayed scaling keeps an amax history and a
 // scale per tensor (x, W, dy) in persistent memory: a step quantizes with
 // the scales the earlier steps left, and the end of its backward rolls this
@@ -117,10 +121,13 @@ class Linear {
     Tensor x;  // the caller's input (a reference); kColumn with SP: the all-gathered input; FP8: undefined
     bool dgrad = true;
     bool wgrad = true;
-    // FP8: the transposed copies the backward's GEMMs read, with their scale_inv.
+    // FP8: x's transposed copy the weight gradient reads, with its scale_inv.
     Tensor x_fp8_t;  // [in, tokens], when wgrad
     Tensor x_scale_inv;
-    Tensor w_fp8_t;  // [in, out], when dgrad
+    // FP8 with current scaling: the scale the forward quantized W with; the
+    // data gradient quantizes W's transposed copy again with it (the same
+    // bytes the forward would have kept: Note [FP8 Linear]).
+    Tensor w_scale;
     Tensor w_scale_inv;
     // Delayed scaling: this step's amax of x and of W, rolled into their
     // histories at the end of the backward.

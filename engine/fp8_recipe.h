@@ -36,7 +36,10 @@ namespace stepgraph {
 enum class Fp8Scaling : std::uint8_t { kCurrent, kDelayed, kBlock };
 enum class Fp8Formats : std::uint8_t { kE4M3, kHybrid };
 enum class AmaxReduction : std::uint8_t { kMax, kMostRecent };
-// What a step that meets a non-finite amax does: skip its update, or stop the run with an Error.
+// What a step that meets a non-finite amax does (the layers count them on the
+// device, Linear::non_finite_amaxes): keep that tensor's scale and go on, or
+// stop the run with an Error at the next check_errors. Skipping the whole
+// optimizer step is issue 19's non-finite skip.
 enum class NonFiniteAmax : std::uint8_t { kSkipStep, kStop };
 
 std::string_view fp8_scaling_name(Fp8Scaling scaling);  // "current", "delayed", "block"

@@ -127,4 +127,10 @@ void launch_scale_from_amax(const float* amax, Fp8Format format, bool power_of_t
 void launch_delayed_scaling_update(const Fp8Recipe& recipe, Fp8Format format, const float* amax, float* history,
                                    float* scale, float* scale_inv, int* non_finite, cudaStream_t stream);
 
+// *counter += the sum of the flags (each a device int, 0 or 1): a layer's
+// tally of non-finite amaxes over its steps, kept on the device and read
+// when the caller checks for errors. At most kMaxCountedFlags flags a launch.
+inline constexpr int kMaxCountedFlags = 8;
+void launch_count_flags(const int* const* flags, int count, int* counter, cudaStream_t stream);
+
 }  // namespace stepgraph::kernels

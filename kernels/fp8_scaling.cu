@@ -70,7 +70,32 @@ __global__ void __launch_bounds__(kUpdateThreads)
   }
 }
 
+struct FlagList {
+  const int* flags[kMaxCountedFlags];
+  int count;
+};
+
+__global__ void count_flags_kernel(FlagList list, int* counter) {
+  int sum = 0;
+  for (int i = 0; i < list.count; ++i) sum += *list.flags[i];
+  *counter += sum;
+}
+
 }  // namespace
+
+void launch_count_flags(const int* const* flags, int count, int* counter, cudaStream_t stream) {
+  SG_CHECK(count >= 0 && count <= kMaxCountedFlags, "count flags: 0 to ", kMaxCountedFlags, " flags a launch, got ",
+           count);
+  SG_CHECK(counter != nullptr, "count flags: counter must be a device int");
+  FlagList list{};
+  for (int i = 0; i < count; ++i) {
+    SG_CHECK(flags[i] != nullptr, "count flags: flag ", i, " is null");
+    list.flags[i] = flags[i];
+  }
+  list.count = count;
+  count_flags_kernel<<<1, 1, 0, stream>>>(list, counter);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_scale_from_amax(const float* amax, Fp8Format format, bool power_of_two, float* scale, float* scale_inv,
                             int* non_finite, cudaStream_t stream) {

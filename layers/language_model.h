@@ -79,6 +79,7 @@ class LanguageModel {
   // The embedding table first, then ResidualStack's parameters in its order.
   std::vector<Parameter*> parameters();
   std::vector<StateTensor> state() const { return stack_.state(); }  // FP8 scaling state, for checkpoints
+  std::int64_t non_finite_amaxes(Context& ctx) const { return stack_.non_finite_amaxes(ctx); }
   // parameters() in consecutive groups: the embedding, then the
   // ResidualStack's groups.
   std::vector<std::size_t> parameter_group_sizes();

@@ -73,6 +73,12 @@ std::vector<Parameter*> LayerNormMLP::parameters() {
   return out;
 }
 
+void LayerNormMLP::share_non_finite_counter(const Tensor& counter) {
+  if (!config_.fp8) return;
+  fc1_->share_non_finite_counter(counter);
+  fc2_->share_non_finite_counter(counter);
+}
+
 std::vector<StateTensor> LayerNormMLP::state() const {
   if (!config_.fp8) return {};
   std::vector<StateTensor> out = fc1_->state();

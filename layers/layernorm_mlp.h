@@ -96,6 +96,7 @@ class LayerNormMLP {
   Communicator* tensor_parallel() const { return tp_; }
   std::vector<Parameter*> parameters();
   std::vector<StateTensor> state() const;  // fc1's and fc2's FP8 state
+  void share_non_finite_counter(const Tensor& counter);  // FP8 only (Linear::share_non_finite_counter)
 
  private:
   bool fused_gelu() const { return config_.dtype != DType::kFloat32; }

@@ -81,6 +81,11 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   }
   weight_ = make_parameter(ctx, name + ".weight", Shape{out, in}, config.dtype, w_init);
   if (config.bias) bias_ = make_parameter(ctx, name + ".bias", Shape{out}, config.dtype, b_init);
+  if (config.fp8) {
+    non_finite_ = ctx.persistent(name + ".fp8.non_finite_amaxes", {Shape{1}, DType::kInt32});
+    const std::int32_t zero = 0;
+    ctx.copy_from_host(non_finite_, &zero, sizeof(zero));
+  }
   if (config.fp8 && config.fp8->scaling == Fp8Scaling::kDelayed) {
     // An empty history and scale 1 until the first step's amaxes come in.
     auto state = [&](const std::string& tensor) {
@@ -118,6 +123,28 @@ std::int64_t Linear::local_out_features() const { return config_.out_features / 
 
 std::vector<StateTensor> Linear::state() const { return state_; }
 
+void Linear::share_non_finite_counter(const Tensor& counter) {
+  SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label_,
+           ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));
+  non_finite_ = counter;
+}
+
+std::int64_t Linear::non_finite_amaxes(Context& ctx) const {
+  return non_finite_.defined() ? ctx.to_vector<std::int32_t>(non_finite_).at(0) : 0;
+}
+
+void Linear::check_errors(Context& ctx) const {
+  if (!config_.fp8) return;
+  check_non_finite_amaxes(non_finite_amaxes(ctx), *config_.fp8, label_);
+}
+
+void check_non_finite_amaxes(std::int64_t count, const Fp8Recipe& recipe, std::string_view where) {
+  SG_CHECK(count == 0 || recipe.on_non_finite != NonFiniteAmax::kStop, where, ": ", count,
+           " FP8 quantization(s) met a non-finite amax (NaN or infinity in an activation, weight or gradient), and "
+           "the recipe's on_non_finite is stop; find the step that made it, or set on_non_finite skip_step to "
+           "keep the scales and go on");
+}
+
 std::vector<Parameter*> Linear::parameters() {
   std::vector<Parameter*> out{&weight_};
   if (config_.bias) out.push_back(&bias_);
@@ -140,6 +167,7 @@ struct Fp8Copies {
   Tensor amax;   // tensor-wise scaling: max |t|
   Tensor scale;  // tensor-wise scaling: what t was quantized with
   std::optional<kernels::BlockShape> blocks;
+  Tensor non_finite;  // [1] int32: current and block scaling met a non-finite amax (scale 1 then)
 };
 
 Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
@@ -148,16 +176,27 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
   if (recipe.scaling == Fp8Scaling::kBlock) {
     const ops::BlockQuantized q =
         ops::quantize_blocks(ctx, t, {format, shape, recipe.power_of_two_scales, rowwise, columnwise});
-    return {q.rowwise, q.rowwise_scale_inv, q.columnwise, q.columnwise_scale_inv, Tensor(), Tensor(), shape};
+    return {q.rowwise, q.rowwise_scale_inv, q.columnwise, q.columnwise_scale_inv, Tensor(), Tensor(), shape,
+            q.non_finite};
   }
-  Tensor scale = delayed_scale, scale_inv = delayed_scale_inv;
+  Tensor scale = delayed_scale, scale_inv = delayed_scale_inv, non_finite;
   if (recipe.scaling == Fp8Scaling::kCurrent) {
     const ops::Scales s = ops::scale_from_amax(ctx, ops::amax(ctx, t), {format, false});
     scale = s.scale;
     scale_inv = s.scale_inv;
+    non_finite = s.non_finite;
   }
   const ops::Quantized q = ops::quantize(ctx, t, scale, {format, rowwise, columnwise});
-  return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, scale, std::nullopt};
+  return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, scale, std::nullopt, non_finite};
+}
+
+// The defined ones of `flags`.
+std::vector<Tensor> defined(std::initializer_list<Tensor> flags) {
+  std::vector<Tensor> out;
+  for (const Tensor& flag : flags) {
+    if (flag.defined()) out.push_back(flag);
+  }
+  return out;
 }
 
 // The GEMM params of FP8 operands a and b, from how each was quantized.
@@ -181,6 +220,7 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
                                         x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128);
   const Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false,
                                         w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128);
+  ops::count_flags_(ctx, non_finite_, defined({x.non_finite, w.non_finite}));
   ops::GemmParams fprop = fp8_params(x, w, config_.dtype, recipe.fast_accumulation_forward);
   fprop.epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   Forward out;
@@ -238,6 +278,7 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
       w = {.columnwise = ops::quantize(ctx, weight_.value, scale, {recipe.forward_format(), false, true}).columnwise,
            .columnwise_scale_inv = scale_inv};
     }
+    if (w.non_finite.defined()) ops::count_flags_(ctx, non_finite_, {w.non_finite});
     const ops::GemmParams dgrad =
         fp8_params(dy, {.blocks = w_blocks}, config_.dtype, recipe.fast_accumulation_backward);
     dx = ops::fp8_gemm(ctx, dy.rowwise, dy.rowwise_scale_inv, w.columnwise, w.columnwise_scale_inv, dgrad).d;
@@ -245,12 +286,16 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
   if (recipe.scaling == Fp8Scaling::kDelayed) {
     // This step's amaxes into the histories, the scales for the next step:
     // written after the GEMMs above read the old ones (Note [FP8 Linear]).
+    // A non-finite amax leaves its history and scale as they were, and is counted.
     auto update = [&](const Tensor& amax, const DelayedState& state, Fp8Format format) {
-      ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
+      return ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
     };
-    update(saved.x_amax, x_state_, recipe.forward_format());
-    update(saved.w_amax, w_state_, recipe.forward_format());
-    update(dy.amax, dy_state_, recipe.gradient_format());
+    ops::count_flags_(ctx, non_finite_,
+                      {update(saved.x_amax, x_state_, recipe.forward_format()),
+                       update(saved.w_amax, w_state_, recipe.forward_format()),
+                       update(dy.amax, dy_state_, recipe.gradient_format())});
+  } else if (dy.non_finite.defined()) {
+    ops::count_flags_(ctx, non_finite_, {dy.non_finite});
   }
   return dx;
 }

@@ -112,6 +112,10 @@ struct LinearConfig {
   std::optional<Fp8Recipe> fp8;
 };
 
+// Error (kInvalidArgument) when `count` non-finite amaxes were met and the
+// recipe's on_non_finite is stop, naming `where`.
+void check_non_finite_amaxes(std::int64_t count, const Fp8Recipe& recipe, std::string_view where);
+
 class Linear {
  public:
   struct FwdArgs {
@@ -159,6 +163,13 @@ class Linear {
   std::vector<Parameter*> parameters();
   // FP8 delayed scaling's histories and scales of x, W and dy; empty otherwise.
   std::vector<StateTensor> state() const;
+  // FP8: how many quantizations met a non-finite amax, counted on the device
+  // over every step (the scale stays, Note [FP8 scaling]); reading it
+  // synchronizes. check_errors throws when there were some and the recipe
+  // says stop. A model shares one counter among its layers (one read a step).
+  std::int64_t non_finite_amaxes(Context& ctx) const;
+  void check_errors(Context& ctx) const;
+  void share_non_finite_counter(const Tensor& counter);
   const Parameter& weight() const { return weight_; }
 
  private:
@@ -185,6 +196,7 @@ class Linear {
   };
   DelayedState x_state_, w_state_, dy_state_;
   std::vector<StateTensor> state_;  // the three above by name
+  Tensor non_finite_;               // FP8: [1] int32, see non_finite_amaxes
 };
 
 }  // namespace stepgraph

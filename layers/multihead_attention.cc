@@ -54,6 +54,12 @@ ops::RopeParams MultiheadAttention::rope_params() const {
           .base = config_.rope_base};
 }
 
+void MultiheadAttention::share_non_finite_counter(const Tensor& counter) {
+  if (!config_.fp8) return;
+  qkv_.share_non_finite_counter(counter);
+  proj_.share_non_finite_counter(counter);
+}
+
 std::vector<StateTensor> MultiheadAttention::state() const {
   std::vector<StateTensor> out = qkv_.state();
   for (StateTensor& t : proj_.state()) out.push_back(std::move(t));

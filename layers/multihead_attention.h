@@ -76,6 +76,7 @@ class MultiheadAttention {
   // The norm's, the QKV projection's, then the output projection's.
   std::vector<Parameter*> parameters();
   std::vector<StateTensor> state() const;  // the projections' FP8 state
+  void share_non_finite_counter(const Tensor& counter);  // FP8 only (Linear::share_non_finite_counter)
 
  private:
   ops::AttentionParams attention_params() const;

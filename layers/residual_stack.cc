@@ -68,6 +68,15 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     }
     blocks_.push_back(std::move(block));
   }
+  if (config.fp8) {
+    fp8_non_finite_ = ctx.persistent("fp8.non_finite_amaxes", {Shape{1}, DType::kInt32});
+    const std::int32_t zero = 0;
+    ctx.copy_from_host(fp8_non_finite_, &zero, sizeof(zero));
+    for (Block& block : blocks_) {
+      if (block.attention) block.attention->share_non_finite_counter(fp8_non_finite_);
+      if (block.dense) block.dense->share_non_finite_counter(fp8_non_finite_);
+    }
+  }
   final_norm_ =
       std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
   head_ = std::make_unique<VocabParallelHead>(
@@ -203,6 +212,11 @@ void ResidualStack::check_errors(Context& ctx) const {
   for (const Block& block : blocks_) {
     if (block.moe) block.moe->check_errors(ctx);
   }
+  if (config_.fp8) check_non_finite_amaxes(non_finite_amaxes(ctx), *config_.fp8, "ResidualStack");
+}
+
+std::int64_t ResidualStack::non_finite_amaxes(Context& ctx) const {
+  return fp8_non_finite_.defined() ? ctx.to_vector<std::int32_t>(fp8_non_finite_).at(0) : 0;
 }
 
 }  // namespace stepgraph

@@ -129,6 +129,9 @@ class ResidualStack {
   std::vector<Parameter*> parameters();
   // Every block's FP8 scaling state (StateTensor): for checkpoints.
   std::vector<StateTensor> state() const;
+  // FP8: the quantizations of every block that met a non-finite amax, over
+  // every step so far (one counter the blocks share); 0 without FP8.
+  std::int64_t non_finite_amaxes(Context& ctx) const;
   // parameters() in consecutive groups: one per block, the final norm, the
   // head. The backward finishes them in reverse order.
   std::vector<std::size_t> parameter_group_sizes();
@@ -147,6 +150,7 @@ class ResidualStack {
   ResidualStackConfig config_;
   Communicator* tp_ = nullptr;
   std::vector<Block> blocks_;
+  Tensor fp8_non_finite_;  // FP8: the counter every block's Linears share
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<VocabParallelHead> head_;
 };

@@ -289,6 +289,43 @@ const OpDef& delayed_scaling_update_op() {
   return op;
 }
 
+const OpDef& count_flags_op() {
+  static const OpDef op{
+      .name = "count_flags_",
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> inputs) {
+            SG_CHECK(inputs.size() >= 1 && inputs.size() <= 1 + kernels::kMaxCountedFlags,
+                     "op count_flags_ takes the counter and 0 to ", kernels::kMaxCountedFlags, " flags, got ",
+                     inputs.size(), " inputs");
+            for (const TensorMeta& t : inputs) {
+              SG_CHECK(t == kFlag, "op count_flags_: counter and flags must be [1] int32, got ", t.shape, " ",
+                       dtype_name(t.dtype));
+            }
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs = {0},
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
+            std::vector<const int*> flags;
+            for (std::size_t i = 1; i < a.inputs.size(); ++i) flags.push_back(static_cast<const int*>(a.inputs[i]));
+            kernels::launch_count_flags(flags.data(), static_cast<int>(flags.size()),
+                                        static_cast<int*>(a.inputs[0]), stream);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            auto* counter = static_cast<std::int32_t*>(a.inputs[0]);
+            for (std::size_t i = 1; i < a.inputs.size(); ++i) *counter += *static_cast<const std::int32_t*>(a.inputs[i]);
+          },
+  };
+  return op;
+}
+
+void count_flags_(Context& ctx, const Tensor& counter, const std::vector<Tensor>& flags) {
+  std::vector<Tensor> inputs{counter};
+  inputs.insert(inputs.end(), flags.begin(), flags.end());
+  ctx.call(count_flags_op(), NoParams{}, std::move(inputs));
+}
+
 Tensor amax(Context& ctx, const Tensor& x) { return ctx.call(amax_op(), NoParams{}, {x}).front(); }
 
 Scales scale_from_amax(Context& ctx, const Tensor& amax, const ScaleFromAmaxParams& params) {

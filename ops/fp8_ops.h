@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "engine/context.h"
 #include "engine/fp8.h"
@@ -94,7 +95,12 @@ struct DelayedScalingParams {
 Tensor delayed_scaling_update_(Context& ctx, const DelayedScalingParams& params, const Tensor& amax,
                                const Tensor& history, const Tensor& scale, const Tensor& scale_inv);
 
+// counter ([1] int32, persistent) += the sum of flags (each [1] int32: the
+// non_finite outputs above), in place: a layer's tally of non-finite amaxes.
+void count_flags_(Context& ctx, const Tensor& counter, const std::vector<Tensor>& flags);
+
 const OpDef& quantize_op();
+const OpDef& count_flags_op();
 const OpDef& quantize_blocks_op();
 const OpDef& amax_op();
 const OpDef& scale_from_amax_op();

@@ -40,6 +40,7 @@ std::span<const OpDef* const> all_ops() {
       &gemm_into_op(),
       &quantize_op(),
       &quantize_blocks_op(),
+      &count_flags_op(),
       &amax_op(),
       &scale_from_amax_op(),
       &delayed_scaling_update_op(),

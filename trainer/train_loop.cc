@@ -390,6 +390,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   result.final_mean_loss = window.empty() ? 0.0 : window_sum / static_cast<double>(window.size());
   out << fmt::format("summary: {} steps, mean tokens/s {:.0f}, mean step_ms {:.3f}\n", steps_run,
                      result.mean_tokens_per_s, steps_run > 0 ? total_seconds * 1e3 / steps_run : 0.0);
+  if (config.model.fp8) {
+    out << fmt::format("fp8: {} quantizations met a non-finite amax (their scales kept)\n",
+                       model.non_finite_amaxes(ctx));
+  }
   if (result.entropy_rate) {
     out << fmt::format("final loss (mean of the last {} steps) {:.4f}, {:+.4f} nats from the entropy rate {:.4f}; ",
                        window.size(), result.final_mean_loss, result.final_mean_loss - *result.entropy_rate,

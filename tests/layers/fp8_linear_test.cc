@@ -355,6 +355,41 @@ TEST(Fp8LinearTest, DelayedScalingScalesWithTheEarlierStepsAmaxes) {
   EXPECT_LT(relative(margin[1].y, current[0].y), 0.01);
 }
 
+// A NaN in the input: its quantization meets a non-finite amax, which the
+// layer counts on the device (current and block: scale 1 for it; delayed:
+// history and scale kept); on_non_finite stop makes check_errors an Error,
+// skip_step goes on.
+TEST(Fp8LinearTest, NonFiniteAmaxesAreCountedAndTheRecipeSaysStopOrGoOn) {
+  const std::int64_t tokens = 128, in = 128, out = 128;
+  std::vector<float> x_values(tokens * in, 0.5f);
+  x_values[7] = NAN;
+  const std::vector<float> dy_values(tokens * out, 0.01f);
+  for (Fp8Recipe recipe : {Fp8Recipe::current(), Fp8Recipe::delayed(4), Fp8Recipe::block()}) {
+    SCOPED_TRACE(recipe.to_string());
+    for (const NonFiniteAmax policy : {NonFiniteAmax::kSkipStep, NonFiniteAmax::kStop}) {
+      recipe.on_non_finite = policy;
+      Context ctx(Device::kHost);
+      Linear layer(ctx, "fc", {.in_features = in, .out_features = out, .bias = false, .fp8 = recipe}, 1);
+      const auto [x, dy] = upload_inputs(ctx, tokens, in, out, x_values, dy_values);
+      EXPECT_EQ(layer.non_finite_amaxes(ctx), 0);
+      const Linear::Forward f = layer.forward(ctx, {x});
+      layer.backward(ctx, f.saved, {dy});
+      // Tensor-wise: x's one amax (delayed: at the history update); block: x's one row block.
+      EXPECT_EQ(layer.non_finite_amaxes(ctx), 1);
+      if (policy == NonFiniteAmax::kStop) {
+        EXPECT_ERROR_CONTAINS(layer.check_errors(ctx), "Linear 'fc'", "1 FP8 quantization(s) met a non-finite amax",
+                              "on_non_finite is stop");
+      } else {
+        EXPECT_NO_THROW(layer.check_errors(ctx));
+      }
+      if (recipe.scaling == Fp8Scaling::kDelayed) {
+        const std::vector<StateTensor> state = layer.state();
+        EXPECT_EQ(read_floats(ctx, state[0].tensor), std::vector<float>(4, 0.0f)) << "x's history kept";
+      }
+    }
+  }
+}
+
 TEST(Fp8LinearTest, BadShapesAreErrorsNamingThem) {
   Context ctx(Device::kHost);
   EXPECT_ERROR_CONTAINS(Linear(ctx, "odd", {.in_features = 40, .out_features = 32, .bias = false, .fp8 = Fp8Recipe::current()}, 1),

@@ -59,6 +59,7 @@ class LayerNormLinear {
   std::vector<Parameter*> parameters();
   std::vector<StateTensor> state() const { return linear_.state(); }
   void share_non_finite_counter(const Tensor& counter) { linear_.share_non_finite_counter(counter); }
+  void set_amax_group(Communicator* group) { linear_.set_amax_group(group); }
   const Linear& linear() const { return linear_; }
 
  private:

@@ -79,6 +79,12 @@ void LayerNormMLP::share_non_finite_counter(const Tensor& counter) {
   fc2_->share_non_finite_counter(counter);
 }
 
+void LayerNormMLP::set_amax_group(Communicator* group) {
+  if (!config_.fp8) return;
+  fc1_->set_amax_group(group);
+  fc2_->set_amax_group(group);
+}
+
 std::vector<StateTensor> LayerNormMLP::state() const {
   if (!config_.fp8) return {};
   std::vector<StateTensor> out = fc1_->state();

@@ -97,6 +97,7 @@ class LayerNormMLP {
   std::vector<Parameter*> parameters();
   std::vector<StateTensor> state() const;  // fc1's and fc2's FP8 state
   void share_non_finite_counter(const Tensor& counter);  // FP8 only (Linear::share_non_finite_counter)
+  void set_amax_group(Communicator* group);              // FP8 only (Linear::set_amax_group)
 
  private:
   bool fused_gelu() const { return config_.dtype != DType::kFloat32; }

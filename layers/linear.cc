@@ -290,10 +290,14 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     auto update = [&](const Tensor& amax, const DelayedState& state, Fp8Format format) {
       return ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
     };
+    // Every data-parallel rank's largest x and dy (set_amax_group).
+    auto reduced = [&](const Tensor& amax) {
+      return amax_group_ != nullptr ? ops::all_reduce(ctx, *amax_group_, amax, ReduceOp::kMax) : amax;
+    };
     ops::count_flags_(ctx, non_finite_,
-                      {update(saved.x_amax, x_state_, recipe.forward_format()),
+                      {update(reduced(saved.x_amax), x_state_, recipe.forward_format()),
                        update(saved.w_amax, w_state_, recipe.forward_format()),
-                       update(dy.amax, dy_state_, recipe.gradient_format())});
+                       update(reduced(dy.amax), dy_state_, recipe.gradient_format())});
   } else if (dy.non_finite.defined()) {
     ops::count_flags_(ctx, non_finite_, {dy.non_finite});
   }

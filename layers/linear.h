@@ -170,6 +170,11 @@ class Linear {
   std::int64_t non_finite_amaxes(Context& ctx) const;
   void check_errors(Context& ctx) const;
   void share_non_finite_counter(const Tensor& counter);
+  // FP8 delayed scaling under data parallelism: this step's amaxes of x and
+  // dy are max-all-reduced over `group` inside the step before they enter
+  // the histories, so every rank keeps the same scales (W's amax is the same
+  // on every rank already). Null: this rank's own amaxes.
+  void set_amax_group(Communicator* group) { amax_group_ = group; }
   const Parameter& weight() const { return weight_; }
 
  private:
@@ -197,6 +202,7 @@ class Linear {
   DelayedState x_state_, w_state_, dy_state_;
   std::vector<StateTensor> state_;  // the three above by name
   Tensor non_finite_;               // FP8: [1] int32, see non_finite_amaxes
+  Communicator* amax_group_ = nullptr;  // FP8 delayed: see set_amax_group
 };
 
 }  // namespace stepgraph

@@ -60,6 +60,12 @@ void MultiheadAttention::share_non_finite_counter(const Tensor& counter) {
   proj_.share_non_finite_counter(counter);
 }
 
+void MultiheadAttention::set_amax_group(Communicator* group) {
+  if (!config_.fp8) return;
+  qkv_.set_amax_group(group);
+  proj_.set_amax_group(group);
+}
+
 std::vector<StateTensor> MultiheadAttention::state() const {
   std::vector<StateTensor> out = qkv_.state();
   for (StateTensor& t : proj_.state()) out.push_back(std::move(t));

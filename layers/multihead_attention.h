@@ -77,6 +77,7 @@ class MultiheadAttention {
   std::vector<Parameter*> parameters();
   std::vector<StateTensor> state() const;  // the projections' FP8 state
   void share_non_finite_counter(const Tensor& counter);  // FP8 only (Linear::share_non_finite_counter)
+  void set_amax_group(Communicator* group);              // FP8 only (Linear::set_amax_group)
 
  private:
   ops::AttentionParams attention_params() const;

@@ -215,6 +215,13 @@ void ResidualStack::check_errors(Context& ctx) const {
   if (config_.fp8) check_non_finite_amaxes(non_finite_amaxes(ctx), *config_.fp8, "ResidualStack");
 }
 
+void ResidualStack::set_fp8_amax_group(Communicator* group) {
+  for (Block& block : blocks_) {
+    if (block.attention) block.attention->set_amax_group(group);
+    if (block.dense) block.dense->set_amax_group(group);
+  }
+}
+
 std::int64_t ResidualStack::non_finite_amaxes(Context& ctx) const {
   return fp8_non_finite_.defined() ? ctx.to_vector<std::int32_t>(fp8_non_finite_).at(0) : 0;
 }

@@ -132,6 +132,9 @@ class ResidualStack {
   // FP8: the quantizations of every block that met a non-finite amax, over
   // every step so far (one counter the blocks share); 0 without FP8.
   std::int64_t non_finite_amaxes(Context& ctx) const;
+  // FP8 delayed scaling under data parallelism: every block's amaxes
+  // max-all-reduced over `group` (Linear::set_amax_group); TrainStep sets it.
+  void set_fp8_amax_group(Communicator* group);
   // parameters() in consecutive groups: one per block, the final norm, the
   // head. The backward finishes them in reverse order.
   std::vector<std::size_t> parameter_group_sizes();

@@ -40,6 +40,8 @@ class TrainStep::ModelSide {
   virtual void check_input_errors(Context& ctx) const = 0;
   // The model's own device error words (MoE routing and split sizes).
   virtual void check_model_errors(Context& ctx) const = 0;
+  // FP8 delayed scaling's amaxes reduced over the data-parallel group.
+  virtual void set_fp8_amax_group(Communicator* group) = 0;
 
  protected:
   // With attention: a persistent cu_seqlens [sequences + 1], filled with
@@ -80,6 +82,7 @@ class ModelSideOf : public TrainStep::ModelSide {
   std::vector<std::size_t> parameter_group_sizes() final { return model_.parameter_group_sizes(); }
   std::vector<Parameter*> parameters() final { return model_.parameters(); }
   void check_model_errors(Context& ctx) const final { model_.check_errors(ctx); }
+  void set_fp8_amax_group(Communicator* group) final { model_.set_fp8_amax_group(group); }
 
  protected:
   explicit ModelSideOf(M& model) : model_(model) {}
@@ -180,6 +183,7 @@ TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& opti
   check_optimizer_covers(model_->parameters(), optimizer.parameters());
   if (data_parallel != nullptr) {
     data_parallel->check_device(ctx.device(), "TrainStep (data parallel)");
+    model_->set_fp8_amax_group(data_parallel);  // every rank keeps the same FP8 scales
   }
   labels_ = ctx.persistent("step.labels", {Shape{model_->rows()}, DType::kInt32});
   label_error_ = ctx.persistent("step.label_error", {Shape{1}, DType::kInt32});

@@ -22,7 +22,7 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 4);
+  EXPECT_EQ(version(), 5);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
@@ -51,6 +51,18 @@ TEST(CapiExportsTest, Version4AdditionIsExportedAsStepgraphC4) {
   EXPECT_NE(dlsym(library, name), nullptr) << name;
   EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_4"), nullptr) << name << " is not in STEPGRAPH_C_4";
   EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_3"), nullptr) << name << " is in STEPGRAPH_C_3";
+}
+
+// API version 5's additions (FP8 recipes), in their own version node.
+TEST(CapiExportsTest, Version5AdditionsAreExportedAsStepgraphC5) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  for (const char* name : {"sg_fp8_recipe_default", "sg_linear_create_fp8", "sg_layernorm_linear_create_fp8",
+                           "sg_layernorm_mlp_create_fp8"}) {
+    EXPECT_NE(dlsym(library, name), nullptr) << name;
+    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_5"), nullptr) << name << " is not in STEPGRAPH_C_5";
+    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_4"), nullptr) << name << " is in STEPGRAPH_C_4";
+  }
 }
 
 TEST(CapiExportsTest, EngineSymbolsStayHidden) {

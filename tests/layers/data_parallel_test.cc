@@ -227,6 +227,59 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Zero1Test,
                                   std::string(dtype_name(info.param.dtype));
                          });
 
+// FP8 with delayed scaling over data-parallel ranks: each rank quantizes its
+// own rows, but TrainStep has the step's amaxes of x and dy max-all-reduced
+// over the ranks before they enter the histories (Linear::set_amax_group), so
+// after some steps every rank holds the same histories and scales, bit for
+// bit, graphed like eager, though their data differ.
+TEST(DataParallelFp8Test, DelayedScalingKeepsTheSameScalesOnEveryRank) {
+  const testing::TestSeed seed;
+  constexpr int kRanks = 2;
+  constexpr std::int64_t kFp8Hidden = 32, kFp8Tokens = 16;
+  const ResidualStackConfig fp8_config{.hidden = kFp8Hidden, .ffn = 64, .layers = 1, .vocab = kVocab,
+                                       .dtype = DType::kBFloat16, .seed = 11, .fp8 = Fp8Recipe::delayed(4)};
+  std::vector<std::vector<std::uint8_t>> rank_states(kRanks);
+  HostWorld::run(kRanks, [&](Communicator& comm) {
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    ResidualStack eager_model(ctx, fp8_config), graphed_model(ctx, fp8_config);
+    AdamW eager_optimizer(ctx, eager_model.parameters(), {.lr = 1e-3f});
+    AdamW graphed_optimizer(ctx, graphed_model.parameters(), {.lr = 1e-3f});
+    TrainStep eager(ctx, eager_model, eager_optimizer, kFp8Tokens, &comm);
+    TrainStep graphed(ctx, graphed_model, graphed_optimizer, kFp8Tokens, &comm);
+    auto graph = CapturedStep::capture(
+        ctx, [&] { return graphed(ctx); },
+        {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.communicators()});
+    for (int s = 0; s < kSteps; ++s) {
+      const testing::GlobalBatch b = testing::global_batch(seed.value(), s, kFp8Tokens * kRanks, kFp8Hidden, kVocab);
+      std::vector<std::uint16_t> x;
+      for (std::int64_t i = comm.rank() * kFp8Tokens * kFp8Hidden; i < (comm.rank() + 1) * kFp8Tokens * kFp8Hidden;
+           ++i) {
+        x.push_back(float_to_bf16(b.x[i] * (1.0f + comm.rank())));  // the ranks' amaxes differ
+      }
+      for (TrainStep* step : {&eager, &graphed}) {
+        ctx.copy_from_host(step->inputs(), x.data(), x.size() * 2);
+        ctx.copy_from_host(step->labels(), b.labels.data() + comm.rank() * kFp8Tokens, kFp8Tokens * 4);
+      }
+      eager(ctx);
+      graph->replay();
+    }
+    auto state_bytes = [&](const ResidualStack& model) {
+      std::vector<std::uint8_t> all;
+      for (const StateTensor& t : model.state()) {
+        std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.tensor.bytes()));
+        ctx.copy_to_host(t.tensor, bytes.data(), bytes.size());
+        all.insert(all.end(), bytes.begin(), bytes.end());
+      }
+      return all;
+    };
+    EXPECT_EQ(eager_model.state().size(), 18u) << "fc1's and fc2's x, W and dy: history, scale, scale_inv";
+    EXPECT_EQ(state_bytes(eager_model), state_bytes(graphed_model)) << "rank " << comm.rank();
+    rank_states[static_cast<std::size_t>(comm.rank())] = state_bytes(graphed_model);
+  });
+  EXPECT_EQ(rank_states[1], rank_states[0]) << "the ranks' FP8 scaling state differs";
+}
+
 // On the GPU, a world of one rank through real NCCL: the step's collectives
 // (the loss all-reduce and one per parameter group, or ZeRO-1's
 // reduce-scatters and all-gathers) are identities at one rank, but they are

@@ -172,30 +172,31 @@ TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
 }
 
 // One forward + backward captured once and replayed with new inputs, equal to
-// the eager step bit for bit (y, dx, every gradient), the pool report clean.
-// Two layers of the same seed, one run eagerly and one captured, so that
-// delayed scaling's state evolves alike in both.
-void expect_fp8_graph_equals_eager(Device device, const Fp8Recipe& recipe, int replays) {
+// the eager step bit for bit (y, dx, every gradient), the pool report clean,
+// and the scaling state (delayed: `state_tensors` histories, scales and
+// scale_invs) equal after the replays. Two layers of the same config and
+// seed, one run eagerly and one captured, so that delayed scaling's state
+// evolves alike in both. x [tokens, in], dy [tokens, out].
+template <typename Layer, typename Config>
+void expect_graph_equals_eager(Device device, const Config& config, std::int64_t tokens, std::int64_t in,
+                               std::int64_t out, int replays, std::size_t state_tensors) {
   Context ctx(device);
-  const bool blocks = recipe.scaling == Fp8Scaling::kBlock;
-  const std::int64_t tokens = blocks ? 128 : 64, in = 128, out = blocks ? 256 : 96;
-  const LinearConfig config{.in_features = in, .out_features = out, .bias = true, .fp8 = recipe};
-  Linear eager_layer(ctx, "eager", config, 5);
-  Linear layer(ctx, "graphed", config, 5);
+  Layer eager_layer(ctx, "eager", config, 5);
+  Layer layer(ctx, "graphed", config, 5);
   const Tensor x = ctx.persistent("x", {Shape{tokens, in}, DType::kBFloat16});
   const Tensor dy = ctx.persistent("dy", {Shape{tokens, out}, DType::kBFloat16});
-  auto step_of = [&](const Linear& l) {
-    const Linear::Forward f = l.forward(ctx, {x});
+  auto step_of = [&](const Layer& l) {
+    const typename Layer::Forward f = l.forward(ctx, {x});
     return std::vector<Tensor>{f.y, l.backward(ctx, f.saved, {dy})};
   };
-  auto step = [&] { return step_of(layer); };
-  auto captured = CapturedStep::capture(ctx, step, {.pool_report_policy = PoolReportPolicy::kError});
+  auto captured = CapturedStep::capture(ctx, [&] { return step_of(layer); },
+                                        {.pool_report_policy = PoolReportPolicy::kError});
   auto bytes_of = [&](const Tensor& t) {
     std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
     ctx.copy_to_host(t, bytes.data(), bytes.size());
     return bytes;
   };
-  auto grads = [&](Linear& l) {
+  auto grads = [&](Layer& l) {
     std::vector<std::vector<std::uint8_t>> all;
     for (Parameter* p : l.parameters()) all.push_back(bytes_of(p->grad));
     return all;
@@ -213,10 +214,19 @@ void expect_fp8_graph_equals_eager(Device device, const Fp8Recipe& recipe, int r
   // Delayed scaling's histories and scales, updated inside the graph, equal the eager twin's.
   const std::vector<StateTensor> eager_state = eager_layer.state(), graphed_state = layer.state();
   ASSERT_EQ(eager_state.size(), graphed_state.size());
-  EXPECT_EQ(graphed_state.size(), recipe.scaling == Fp8Scaling::kDelayed ? 9u : 0u);
+  EXPECT_EQ(graphed_state.size(), state_tensors);
   for (std::size_t i = 0; i < eager_state.size(); ++i) {
     EXPECT_EQ(bytes_of(eager_state[i].tensor), bytes_of(graphed_state[i].tensor)) << graphed_state[i].name;
   }
+}
+
+void expect_fp8_graph_equals_eager(Device device, const Fp8Recipe& recipe, int replays) {
+  SCOPED_TRACE(recipe.to_string());
+  const bool blocks = recipe.scaling == Fp8Scaling::kBlock;
+  const std::int64_t tokens = blocks ? 128 : 64, in = 128, out = blocks ? 256 : 96;
+  expect_graph_equals_eager<Linear>(device,
+                                    LinearConfig{.in_features = in, .out_features = out, .bias = true, .fp8 = recipe},
+                                    tokens, in, out, replays, recipe.scaling == Fp8Scaling::kDelayed ? 9 : 0);
 }
 
 TEST(Fp8LinearTest, GraphedStepEqualsEagerOnTheHost) {
@@ -238,45 +248,10 @@ TEST(Fp8LinearTest, GraphedStepEqualsEagerOnTheGpu) {
 // for bit over replays (y, dx, every gradient) for each recipe.
 void expect_fp8_mlp_graph_equals_eager(Device device, const Fp8Recipe& recipe, int replays) {
   SCOPED_TRACE(recipe.to_string());
-  Context ctx(device);
-  const std::int64_t tokens = 128, hidden = 128, ffn = 256;
-  const LayerNormMLPConfig config{.hidden = hidden, .ffn = ffn, .fp8 = recipe};
-  LayerNormMLP eager_layer(ctx, "eager", config, 5);
-  LayerNormMLP layer(ctx, "graphed", config, 5);
-  const Tensor x = ctx.persistent("x", {Shape{tokens, hidden}, DType::kBFloat16});
-  const Tensor dy = ctx.persistent("dy", {Shape{tokens, hidden}, DType::kBFloat16});
-  auto step_of = [&](const LayerNormMLP& l) {
-    const LayerNormMLP::Forward f = l.forward(ctx, {x});
-    return std::vector<Tensor>{f.y, l.backward(ctx, f.saved, {dy})};
-  };
-  auto captured = CapturedStep::capture(ctx, [&] { return step_of(layer); },
-                                        {.pool_report_policy = PoolReportPolicy::kError});
-  auto bytes_of = [&](const Tensor& t) {
-    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
-    ctx.copy_to_host(t, bytes.data(), bytes.size());
-    return bytes;
-  };
-  auto grads = [&](LayerNormMLP& l) {
-    std::vector<std::vector<std::uint8_t>> all;
-    for (Parameter* p : l.parameters()) all.push_back(bytes_of(p->grad));
-    return all;
-  };
-  testing::SeededRng rng;
-  for (int replay = 0; replay < replays; ++replay) {
-    write_floats(ctx, x, random_values(tokens * hidden, rng, 1.0f));
-    write_floats(ctx, dy, random_values(tokens * hidden, rng, 0.01f));
-    const std::vector<Tensor> eager = step_of(eager_layer);
-    captured->replay();
-    ASSERT_EQ(bytes_of(eager[0]), bytes_of(captured->outputs()[0])) << "y differs at replay " << replay;
-    ASSERT_EQ(bytes_of(eager[1]), bytes_of(captured->outputs()[1])) << "dx differs at replay " << replay;
-    ASSERT_EQ(grads(eager_layer), grads(layer)) << "gradients differ at replay " << replay;
-  }
-  const std::vector<StateTensor> eager_state = eager_layer.state(), graphed_state = layer.state();
-  ASSERT_EQ(eager_state.size(), graphed_state.size());
-  EXPECT_EQ(graphed_state.size(), recipe.scaling == Fp8Scaling::kDelayed ? 18u : 0u);  // fc1's and fc2's
-  for (std::size_t i = 0; i < eager_state.size(); ++i) {
-    EXPECT_EQ(bytes_of(eager_state[i].tensor), bytes_of(graphed_state[i].tensor)) << graphed_state[i].name;
-  }
+  const std::int64_t tokens = 128, hidden = 128;
+  expect_graph_equals_eager<LayerNormMLP>(device, LayerNormMLPConfig{.hidden = hidden, .ffn = 256, .fp8 = recipe},
+                                          tokens, hidden, hidden, replays,
+                                          recipe.scaling == Fp8Scaling::kDelayed ? 18 : 0);  // fc1's and fc2's
 }
 
 TEST(Fp8LayerNormMLPTest, StaysWithinFp8ErrorOfBf16) {

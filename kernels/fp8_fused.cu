@@ -190,6 +190,24 @@ void launch_norm_fp8(const NormDesc& desc, const void* x, const void* gamma, con
   }
 }
 
+namespace {
+
+struct Identity {
+  static constexpr int kInputs = 1;
+  __device__ __forceinline__ static float apply(float x, float) { return x; }
+};
+
+}  // namespace
+
+bool launch_quantize_vectorized(DType dtype, std::int64_t rows, std::int64_t cols, const void* x,
+                                const Fp8Copies& out, cudaStream_t stream) {
+  const bool sixteen_bit = dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+  const bool aligned = is_aligned16(x) && is_aligned16(out.rowwise) && is_aligned16(out.columnwise);
+  if (!sixteen_bit || cols % 16 != 0 || rows < 0 || !aligned || out.amax == nullptr) return false;
+  launch_map_fp8<Identity>("quantize", dtype, rows, cols, {{x, "x"}}, nullptr, out, stream);
+  return true;
+}
+
 void launch_gelu_fp8(DType dtype, std::int64_t rows, std::int64_t cols, const void* pre, void* act,
                      const Fp8Copies& out, cudaStream_t stream) {
   launch_map_fp8<GeluForward>("gelu_fp8", dtype, rows, cols, {{pre, "pre"}}, act, out, stream);

@@ -71,6 +71,15 @@ void launch_gelu_fp8(DType dtype, std::int64_t rows, std::int64_t cols, const vo
 void launch_dgelu_fp8(DType dtype, std::int64_t rows, std::int64_t cols, const void* dact, const void* pre,
                       void* d_pre, const Fp8Copies& out, cudaStream_t stream);
 
+// Plain quantize (and amax alone, with out.scale null) through the same tile
+// kernel, the identity in place of GeLU: the bytes and amax of
+// launch_quantize / launch_amax (kernels/fp8_quantize.h), at the vectorised
+// kernel's bandwidth. Only for what it takes: bf16 or fp16 x, cols a
+// multiple of 16, every pointer 16-byte aligned; returns false (launching
+// nothing) otherwise, for the caller to run launch_quantize instead.
+bool launch_quantize_vectorized(DType dtype, std::int64_t rows, std::int64_t cols, const void* x,
+                                const Fp8Copies& out, cudaStream_t stream);
+
 namespace host {
 // The host references: host::norm_forward / gelu_forward / gelu_backward,
 // then quantize_host on their 16-bit output (scale = *out.scale). The 16-bit

@@ -259,8 +259,8 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     // grad_W[out, in] = dy^T x, both as their transposed copies, on the weight-gradient stream.
     WeightGradScope weight_grads(ctx);
     ops::GemmParams wgrad = fp8_params(dy, {.blocks = x_blocks}, DType::kFloat32, recipe.fast_accumulation_backward);
-    ops::copy_(ctx, weight_.grad,
-               ops::fp8_gemm(ctx, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv, wgrad).d);
+    ops::fp8_gemm_into_(ctx, weight_.grad, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv,
+                        wgrad);
     // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
     if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, args.dy));
   }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/fp8_fused.h"
 #include "kernels/fp8_quantize.h"
 
 namespace stepgraph::ops {
@@ -74,9 +75,14 @@ const OpDef& quantize_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const QuantizeParams& p = params.as<QuantizeParams>();
             const Pointers out = pointers(p, a);
-            kernels::launch_quantize(describe(p, a.input_metas[0]), a.inputs[0],
-                                     static_cast<const float*>(a.inputs[1]), out.rowwise, out.columnwise, out.amax,
-                                     stream);
+            const kernels::QuantizeDesc desc = describe(p, a.input_metas[0]);
+            const auto* scale = static_cast<const float*>(a.inputs[1]);
+            // The vectorised tile kernel where it applies (16-bit x), the general one otherwise: the same bytes.
+            if (!kernels::launch_quantize_vectorized(desc.in_dtype, desc.rows, desc.cols, a.inputs[0],
+                                                     {desc.format, scale, out.rowwise, out.columnwise, out.amax},
+                                                     stream)) {
+              kernels::launch_quantize(desc, a.inputs[0], scale, out.rowwise, out.columnwise, out.amax, stream);
+            }
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
@@ -227,8 +233,11 @@ const OpDef& amax_op() {
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
             const TensorMeta& x = a.input_metas[0];
-            kernels::launch_amax(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0],
-                                 static_cast<float*>(a.outputs[0]), stream);
+            auto* amax = static_cast<float*>(a.outputs[0]);
+            if (!kernels::launch_quantize_vectorized(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0],
+                                                     {.amax = amax}, stream)) {
+              kernels::launch_amax(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0], amax, stream);
+            }
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {

@@ -257,6 +257,15 @@ GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, co
   return GemmResult{outputs[0], {}, {}};
 }
 
+void fp8_gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                    const Tensor& b_scale_inv, GemmParams params) {
+  params.fp8_scales = true;
+  SG_CHECK(!kernels::epilogue_reads_bias(params.epilogue) && !kernels::epilogue_uses_aux(params.epilogue),
+           "fp8_gemm_into_: epilogue ", kernels::gemm_epilogue_name(params.epilogue), " takes inputs this call has "
+           "no place for; use fp8_gemm");
+  ctx.call(gemm_into_op(), params, {a, b, a_scale_inv, b_scale_inv, d});
+}
+
 Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
                   const Tensor& bias, const Tensor& aux) {
   std::vector<Tensor> inputs{a, b};

@@ -67,6 +67,10 @@ GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams
 // params.trans_b must be set and trans_a clear; fp8_scales is set here.
 GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                     const Tensor& b_scale_inv, GemmParams params, const Tensor& bias = {});
+// fp8_gemm written into the existing tensor d (gemm_into_'s rules), e.g. an
+// FP8 weight gradient straight into its fp32 main grad.
+void fp8_gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                    const Tensor& b_scale_inv, GemmParams params);
 
 // d = alpha opA(A) opB(B), written into the existing tensor d (e.g. a weight
 // gradient into its fp32 main grad; d's old values are not read), rows

@@ -361,6 +361,44 @@ TEST(Fp8FusedTest, GeluAndDgeluFp8EqualUnfusedBitForBit_Bf16Fp16_E4m3E5m2) {
   }
 }
 
+// The vectorised plain quantize (the identity through the tile kernel) against
+// quantize_host on the same 16-bit input, with and without the column-wise
+// copy, and amax alone; fp32 input and ragged columns are refused (false).
+TEST(Fp8FusedTest, VectorizedQuantizeEqualsTheHostReferenceBitForBit) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  Stream stream;
+  for (const DType dtype : kDtypes) {
+    for (const Fp8Format format : kFormats) {
+      for (const Shape shape : kDeviceShapes) {
+        SCOPED_TRACE(describe(dtype, format, shape.rows, shape.cols, true));
+        const std::int64_t n = shape.rows * shape.cols;
+        const HostArray x = random_array(dtype, n, rng, -6.0f, 6.0f);
+        const DeviceArray x_dev(x);
+        const float scale = fp8_max(format) / 8.0f;  // some values saturate
+        Fp8Result want(shape.rows, shape.cols);
+        quantize_host({dtype, format, shape.rows, shape.cols, true, true}, x.data(), scale, want.rowwise.data(),
+                      want.columnwise.data(), &want.amax);
+        for (const bool columnwise : {false, true}) {
+          DeviceFp8 got(shape.rows, shape.cols, scale);
+          ASSERT_TRUE(launch_quantize_vectorized(dtype, shape.rows, shape.cols, x_dev.get(),
+                                                 got.copies(format, columnwise), stream.get()));
+          expect_same(got.download(), want, columnwise);
+        }
+        DeviceFp8 alone(shape.rows, shape.cols, scale);
+        ASSERT_TRUE(launch_quantize_vectorized(dtype, shape.rows, shape.cols, x_dev.get(),
+                                               alone.copies(format, false, /*amax_only=*/true), stream.get()));
+        EXPECT_TRUE(same_amax(alone.download().amax, want.amax));
+      }
+    }
+  }
+  DeviceFp8 out(4, 24, 1.0f);
+  EXPECT_FALSE(launch_quantize_vectorized(DType::kFloat32, 4, 16, out.rowwise.get(), out.copies(Fp8Format::kE4M3, false),
+                                          stream.get()));
+  EXPECT_FALSE(launch_quantize_vectorized(DType::kBFloat16, 4, 24, out.rowwise.get(),
+                                          out.copies(Fp8Format::kE4M3, false), stream.get()));
+}
+
 TEST(Fp8FusedTest, NormFp8EqualsUnfusedBitForBit_LayerNormRmsNorm_Bf16Fp16_E4m3E5m2) {
   SG_SKIP_WITHOUT_GPU();
   SeededRng rng;

@@ -216,6 +216,12 @@ int run(int repeats, const std::string& out_path) {
                                                   stream.get());
                        }),
                        elems * 4, copy_gbps));
+    // What the quantize op runs for 16-bit inputs: the identity through the fused kernels' tile.
+    rows.push_back(row("quantize_vectorized_e4m3_rows_cols_bf16_8192x4096", time([&] {
+                         kernels::launch_quantize_vectorized(DType::kBFloat16, kRows, kCols, x.get(), both,
+                                                             stream.get());
+                       }),
+                       elems * 4, copy_gbps));
     // Block scaling: the same bytes plus a scale per block (1 x 128: a float per 128 elements a copy).
     Buffer row_scales(elems / 128 * 4, stream, 41), col_scales(elems / 128 * 4, stream, 42), flag(256, stream, 43);
     const kernels::BlockOutputs block_out{q.as<std::uint8_t>(), row_scales.as<float>(), qt.as<std::uint8_t>(),

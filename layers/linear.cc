@@ -250,7 +250,7 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
   const Fp8Recipe& recipe = *config_.fp8;
   const Fp8Copies dy = quantize_for_gemm(ctx, recipe, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad,
                                          dy_state_.scale, dy_state_.scale_inv, kernels::BlockShape::k1x128);
-  // The saved transposed copies of x and W, as their forward quantized them.
+  // How x's saved transposed copy was quantized, and how W's is below.
   const std::optional<kernels::BlockShape> x_blocks =
       recipe.scaling == Fp8Scaling::kBlock ? std::optional(kernels::BlockShape::k1x128) : std::nullopt;
   const std::optional<kernels::BlockShape> w_blocks =

@@ -73,25 +73,25 @@ void check_pointers(const char* op, std::int64_t n, std::initializer_list<const 
   }
 }
 
-// See Note [Column sums in a fixed order]: 8 row lanes x 32 columns a block.
-constexpr int kColumnLanes = 8;
+// See Note [Column sums in a fixed order]: host::kColumnSumLanes row classes x 16 columns a block.
+constexpr int kSumColumns = 16;
+constexpr int kColumnSumThreads = host::kColumnSumLanes * kSumColumns;
 template <typename T>
-__global__ void __launch_bounds__(kColumnLanes * 32)
+__global__ void __launch_bounds__(kColumnSumThreads)
     column_sum_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols, float* __restrict__ out) {
-  __shared__ float partial[kColumnLanes][32];
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int k = static_cast<int>(threadIdx.x) / 32;
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
+  __shared__ float partial[host::kColumnSumLanes][kSumColumns];
+  const int column = static_cast<int>(threadIdx.x) % kSumColumns;
+  const int k = static_cast<int>(threadIdx.x) / kSumColumns;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kSumColumns + column;
   float sum = 0.0f;
   if (c < cols) {
-    for (std::int64_t r = k; r < rows; r += kColumnLanes) sum += to_float(x[r * cols + c]);
+    for (std::int64_t r = k; r < rows; r += host::kColumnSumLanes) sum += to_float(x[r * cols + c]);
   }
-  partial[k][lane] = sum;
+  partial[k][column] = sum;
   __syncthreads();
   if (k == 0 && c < cols) {
-    float total = partial[0][lane];
-#pragma unroll
-    for (int j = 1; j < kColumnLanes; ++j) total += partial[j][lane];
+    float total = partial[0][column];
+    for (int j = 1; j < host::kColumnSumLanes; ++j) total += partial[j][column];
     out[c] = total;
   }
 }
@@ -161,17 +161,17 @@ void launch_column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const 
   SG_CHECK(rows >= 0 && cols >= 0, "column_sum: rows and cols must be >= 0, got ", rows, " and ", cols);
   if (cols == 0) return;
   SG_CHECK(out != nullptr && (rows == 0 || x != nullptr), "column_sum: x and out must be device pointers");
-  const auto blocks = static_cast<unsigned>((cols + 31) / 32);
+  const auto blocks = static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns);
   switch (dtype) {
     case DType::kFloat32:
-      column_sum_kernel<<<blocks, kColumnLanes * 32, 0, stream>>>(static_cast<const float*>(x), rows, cols, out);
+      column_sum_kernel<<<blocks, kColumnSumThreads, 0, stream>>>(static_cast<const float*>(x), rows, cols, out);
       break;
     case DType::kBFloat16:
-      column_sum_kernel<<<blocks, kColumnLanes * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), rows, cols,
+      column_sum_kernel<<<blocks, kColumnSumThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), rows, cols,
                                                                   out);
       break;
     case DType::kFloat16:
-      column_sum_kernel<<<blocks, kColumnLanes * 32, 0, stream>>>(static_cast<const __half*>(x), rows, cols, out);
+      column_sum_kernel<<<blocks, kColumnSumThreads, 0, stream>>>(static_cast<const __half*>(x), rows, cols, out);
       break;
     default: SG_THROW(ErrorCode::kInvalidArgument, "column_sum: x must be fp32, bf16 or fp16, got ", dtype_name(dtype));
   }

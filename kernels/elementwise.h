@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "engine/dtype.h"
+#include "kernels/elementwise_host.h"
 
 namespace stepgraph::kernels {
 
@@ -43,11 +44,17 @@ void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t str
 
 // Note [Column sums in a fixed order]
 // out[c] = sum over rows r of x[r, c] (x [rows, cols] fp32, bf16 or fp16; out
-// fp32): eight partial sums per column, partial k over rows r = k, k + 8,
-// k + 16, ... in increasing r, then added in order k = 0..7. The host
-// reference adds in exactly that order, so the two agree bit for bit, and
-// every launch gives the same bits (eager == graph). A bias's gradient from
-// dy, where no GEMM epilogue fuses it (FP8 GEMMs).
+// fp32): kColumnSumLanes (64) partial sums per column, partial k over rows
+// r = k, k + 64, k + 128, ... in increasing r, then added in order k =
+// 0..63. The host reference adds in exactly that order, so the two agree
+// bit for bit, and every launch gives the same bits (eager == graph). A
+// block of 1024 threads takes 16 columns, a thread one column and one row
+// class: a warp reads 2 rows x 16 columns (two full 32-byte sectors of bf16),
+// and a 2048-column tensor fills 128 blocks (the first form, 8 partials and
+// 32 columns a block, filled 64 SMs: 2.8 ms of the medium FP8 step's bias
+// gradients, call P7). A bias's gradient from dy, where no GEMM epilogue
+// fuses it (FP8 GEMMs). kColumnSumLanes lives in elementwise_host.h, which
+// the host reference and this kernel share.
 void launch_column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* out,
                        cudaStream_t stream);
 

@@ -29,7 +29,7 @@ void sum_f32(float* out, const float* x, std::int64_t n) {
 }
 
 void column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* out) {
-  constexpr int kLanes = 8;
+  constexpr int kLanes = kColumnSumLanes;  // Note [Column sums in a fixed order]
   for (std::int64_t c = 0; c < cols; ++c) {
     float partial[kLanes] = {};
     for (int k = 0; k < kLanes; ++k)

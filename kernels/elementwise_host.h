@@ -8,6 +8,10 @@
 
 namespace stepgraph::kernels::host {
 
+// The row classes of a column sum (Note [Column sums in a fixed order] in
+// kernels/elementwise.h), shared by the kernel and the host reference.
+inline constexpr int kColumnSumLanes = 64;
+
 void fill_f32(float* out, float value, std::int64_t n);
 void copy_f32(float* out, const float* x, std::int64_t n);
 void axpy_f32(float* out, const float* y, const float* x, float alpha, std::int64_t n);

@@ -332,12 +332,8 @@ int run(const Options& options) {
   const Device device = options.device == "cuda" ? Device::kCuda : Device::kHost;
   std::vector<StepConfig> configs = parse_config_list(options.configs);
   if (options.fp8 != "none") {
-    const Fp8Scaling scaling = parse_fp8_scaling(options.fp8);
-    for (StepConfig& config : configs) {
-      config.model.fp8 = scaling == Fp8Scaling::kCurrent   ? Fp8Recipe::current()
-                         : scaling == Fp8Scaling::kDelayed ? Fp8Recipe::delayed()
-                                                           : Fp8Recipe::block();
-    }
+    const Fp8Recipe recipe = Fp8Recipe::of(parse_fp8_scaling(options.fp8));
+    for (StepConfig& config : configs) config.model.fp8 = recipe;
   }
   for (const StepConfig& config : configs) {
     SG_CHECK(device == Device::kCuda || config.name == "tiny", "--device host runs only the smoke config 'tiny' ",

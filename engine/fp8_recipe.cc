@@ -53,6 +53,16 @@ Fp8Recipe Fp8Recipe::block() {
   return recipe;
 }
 
+Fp8Recipe Fp8Recipe::of(Fp8Scaling scaling) {
+  switch (scaling) {
+    case Fp8Scaling::kCurrent: return current();
+    case Fp8Scaling::kDelayed: return delayed();
+    case Fp8Scaling::kBlock: return block();
+  }
+  SG_THROW(ErrorCode::kInvalidArgument, "FP8 recipe: scaling ", static_cast<int>(scaling),
+           " is not current, delayed or block");
+}
+
 void Fp8Recipe::check() const {
   SG_CHECK(scaling == Fp8Scaling::kCurrent || scaling == Fp8Scaling::kDelayed || scaling == Fp8Scaling::kBlock,
            "FP8 recipe: scaling ", static_cast<int>(scaling), " is not current, delayed or block");

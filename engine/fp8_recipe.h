@@ -65,6 +65,8 @@ struct Fp8Recipe {
   static Fp8Recipe delayed(int amax_history_len = 1024, AmaxReduction reduction = AmaxReduction::kMax,
                            int margin = 0);
   static Fp8Recipe block();
+  // current(), delayed() or block(): the engine's recipe for `scaling`.
+  static Fp8Recipe of(Fp8Scaling scaling);
 
   // The format of forward tensors (activations, weights) and of gradients.
   Fp8Format forward_format() const { return Fp8Format::kE4M3; }

@@ -63,10 +63,7 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   config.model.heads = o.heads;
   config.model.kv_heads = o.kv_heads;
   if (o.fp8 != "none") {
-    const Fp8Scaling scaling = parse_fp8_scaling(o.fp8);
-    config.model.fp8 = scaling == Fp8Scaling::kCurrent   ? Fp8Recipe::current()
-                       : scaling == Fp8Scaling::kDelayed ? Fp8Recipe::delayed()
-                                                         : Fp8Recipe::block();
+    config.model.fp8 = Fp8Recipe::of(parse_fp8_scaling(o.fp8));
   }
   config.context = o.context;
   return config;

@@ -36,16 +36,11 @@ namespace {
 using testing::DeviceArray;
 using testing::HostArray;
 using testing::random_array;
+using testing::same_amax;
 using testing::SeededRng;
 
 constexpr DType kDtypes[] = {DType::kBFloat16, DType::kFloat16};
 constexpr Fp8Format kFormats[] = {Fp8Format::kE4M3, Fp8Format::kE5M2};
-
-// Equal bits, or both NaN (a NaN's payload is not part of the contract).
-bool same_amax(float got, float want) {
-  if (std::isnan(got) || std::isnan(want)) return std::isnan(got) && std::isnan(want);
-  return std::memcmp(&got, &want, sizeof(float)) == 0;
-}
 
 // The FP8 result of a [rows, cols] tensor, on the host.
 struct Fp8Result {

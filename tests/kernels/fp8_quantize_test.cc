@@ -26,14 +26,8 @@ namespace {
 using testing::DeviceArray;
 using testing::HostArray;
 using testing::random_array;
+using testing::same_amax;
 using testing::SeededRng;
-
-// Equal bits, or both NaN: a NaN's payload is not part of the contract (the
-// device's max gives the canonical 0x7fffffff, the host keeps the input's).
-bool same_amax(float got, float want) {
-  if (std::isnan(got) || std::isnan(want)) return std::isnan(got) && std::isnan(want);
-  return std::memcmp(&got, &want, sizeof(float)) == 0;
-}
 
 void check_against_host(const QuantizeDesc& desc, const HostArray& x, float scale) {
   SCOPED_TRACE(::testing::Message() << dtype_name(desc.in_dtype) << " " << fp8_format_name(desc.format) << " ["

@@ -215,4 +215,12 @@ inline double gelu_grad_double(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
+// An amax from a kernel against its host reference: equal bits, or both NaN
+// (a NaN's payload is not part of the contract: the device's max gives the
+// canonical 0x7fffffff, the host keeps the input's).
+inline bool same_amax(float got, float want) {
+  if (std::isnan(got) || std::isnan(want)) return std::isnan(got) && std::isnan(want);
+  return std::memcmp(&got, &want, sizeof(float)) == 0;
+}
+
 }  // namespace stepgraph::testing

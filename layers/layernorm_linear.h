@@ -57,10 +57,8 @@ class LayerNormLinear {
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   std::vector<Parameter*> parameters();
-  std::vector<StateTensor> state() const { return linear_.state(); }
-  void share_non_finite_counter(const Tensor& counter) { linear_.share_non_finite_counter(counter); }
-  void set_amax_group(Communicator* group) { linear_.set_amax_group(group); }
   const Linear& linear() const { return linear_; }
+  Linear& linear() { return linear_; }
 
  private:
   bool sequence_parallel() const;

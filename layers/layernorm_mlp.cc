@@ -73,23 +73,9 @@ std::vector<Parameter*> LayerNormMLP::parameters() {
   return out;
 }
 
-void LayerNormMLP::share_non_finite_counter(const Tensor& counter) {
-  if (!config_.fp8) return;
-  fc1_->share_non_finite_counter(counter);
-  fc2_->share_non_finite_counter(counter);
-}
-
-void LayerNormMLP::set_amax_group(Communicator* group) {
-  if (!config_.fp8) return;
-  fc1_->set_amax_group(group);
-  fc2_->set_amax_group(group);
-}
-
-std::vector<StateTensor> LayerNormMLP::state() const {
+std::vector<Linear*> LayerNormMLP::fp8_linears() {
   if (!config_.fp8) return {};
-  std::vector<StateTensor> out = fc1_->state();
-  for (StateTensor& t : fc2_->state()) out.push_back(std::move(t));
-  return out;
+  return {&*fc1_, &*fc2_};
 }
 
 LayerNormMLP::Forward LayerNormMLP::forward_fp8(Context& ctx, const FwdArgs& args) const {

@@ -95,9 +95,9 @@ class LayerNormMLP {
   const LayerNormMLPConfig& config() const { return config_; }
   Communicator* tensor_parallel() const { return tp_; }
   std::vector<Parameter*> parameters();
-  std::vector<StateTensor> state() const;  // fc1's and fc2's FP8 state
-  void share_non_finite_counter(const Tensor& counter);  // FP8 only (Linear::share_non_finite_counter)
-  void set_amax_group(Communicator* group);              // FP8 only (Linear::set_amax_group)
+  // FP8: fc1 and fc2, for their owner to reach their scaling state,
+  // non-finite counter and amax group (Linear); empty without FP8.
+  std::vector<Linear*> fp8_linears();
 
  private:
   bool fused_gelu() const { return config_.dtype != DType::kFloat32; }

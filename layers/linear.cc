@@ -123,6 +123,14 @@ std::int64_t Linear::local_out_features() const { return config_.out_features / 
 
 std::vector<StateTensor> Linear::state() const { return state_; }
 
+std::vector<StateTensor> state_of(const std::vector<Linear*>& linears) {
+  std::vector<StateTensor> out;
+  for (const Linear* linear : linears) {
+    for (StateTensor& t : linear->state()) out.push_back(std::move(t));
+  }
+  return out;
+}
+
 void Linear::share_non_finite_counter(const Tensor& counter) {
   SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label_,
            ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));

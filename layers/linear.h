@@ -112,6 +112,10 @@ struct LinearConfig {
   std::optional<Fp8Recipe> fp8;
 };
 
+class Linear;
+// The FP8 state (Linear::state) of `linears`, in their order.
+std::vector<StateTensor> state_of(const std::vector<Linear*>& linears);
+
 // Error (kInvalidArgument) when `count` non-finite amaxes were met and the
 // recipe's on_non_finite is stop, naming `where`.
 void check_non_finite_amaxes(std::int64_t count, const Fp8Recipe& recipe, std::string_view where);

@@ -54,22 +54,9 @@ ops::RopeParams MultiheadAttention::rope_params() const {
           .base = config_.rope_base};
 }
 
-void MultiheadAttention::share_non_finite_counter(const Tensor& counter) {
-  if (!config_.fp8) return;
-  qkv_.share_non_finite_counter(counter);
-  proj_.share_non_finite_counter(counter);
-}
-
-void MultiheadAttention::set_amax_group(Communicator* group) {
-  if (!config_.fp8) return;
-  qkv_.set_amax_group(group);
-  proj_.set_amax_group(group);
-}
-
-std::vector<StateTensor> MultiheadAttention::state() const {
-  std::vector<StateTensor> out = qkv_.state();
-  for (StateTensor& t : proj_.state()) out.push_back(std::move(t));
-  return out;
+std::vector<Linear*> MultiheadAttention::fp8_linears() {
+  if (!config_.fp8) return {};
+  return {&qkv_.linear(), &proj_};
 }
 
 std::vector<Parameter*> MultiheadAttention::parameters() {

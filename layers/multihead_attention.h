@@ -75,9 +75,8 @@ class MultiheadAttention {
   const MultiheadAttentionConfig& config() const { return config_; }
   // The norm's, the QKV projection's, then the output projection's.
   std::vector<Parameter*> parameters();
-  std::vector<StateTensor> state() const;  // the projections' FP8 state
-  void share_non_finite_counter(const Tensor& counter);  // FP8 only (Linear::share_non_finite_counter)
-  void set_amax_group(Communicator* group);              // FP8 only (Linear::set_amax_group)
+  // FP8: the QKV and output projections (as LayerNormMLP::fp8_linears).
+  std::vector<Linear*> fp8_linears();
 
  private:
   ops::AttentionParams attention_params() const;

@@ -72,10 +72,7 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     fp8_non_finite_ = ctx.persistent("fp8.non_finite_amaxes", {Shape{1}, DType::kInt32});
     const std::int32_t zero = 0;
     ctx.copy_from_host(fp8_non_finite_, &zero, sizeof(zero));
-    for (Block& block : blocks_) {
-      if (block.attention) block.attention->share_non_finite_counter(fp8_non_finite_);
-      if (block.dense) block.dense->share_non_finite_counter(fp8_non_finite_);
-    }
+    for (Linear* linear : fp8_linears()) linear->share_non_finite_counter(fp8_non_finite_);
   }
   final_norm_ =
       std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
@@ -110,18 +107,17 @@ std::vector<Parameter*> ResidualStack::parameters() {
   return out;
 }
 
-std::vector<StateTensor> ResidualStack::state() const {
-  std::vector<StateTensor> out;
+std::vector<Linear*> ResidualStack::fp8_linears() const {
+  std::vector<Linear*> out;
+  auto add = [&out](const std::vector<Linear*>& linears) { out.insert(out.end(), linears.begin(), linears.end()); };
   for (const Block& block : blocks_) {
-    if (block.attention) {
-      for (StateTensor& t : block.attention->state()) out.push_back(std::move(t));
-    }
-    if (block.dense) {
-      for (StateTensor& t : block.dense->state()) out.push_back(std::move(t));
-    }
+    if (block.attention) add(block.attention->fp8_linears());
+    if (block.dense) add(block.dense->fp8_linears());
   }
   return out;
 }
+
+std::vector<StateTensor> ResidualStack::state() const { return state_of(fp8_linears()); }
 
 ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, const Tensor& cu_seqlens) const {
   check_input("ResidualStack", "forward", "input", x, {"tokens", config_.hidden}, config_.dtype);
@@ -216,10 +212,7 @@ void ResidualStack::check_errors(Context& ctx) const {
 }
 
 void ResidualStack::set_fp8_amax_group(Communicator* group) {
-  for (Block& block : blocks_) {
-    if (block.attention) block.attention->set_amax_group(group);
-    if (block.dense) block.dense->set_amax_group(group);
-  }
+  for (Linear* linear : fp8_linears()) linear->set_amax_group(group);
 }
 
 std::int64_t ResidualStack::non_finite_amaxes(Context& ctx) const {

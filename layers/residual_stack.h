@@ -153,6 +153,7 @@ class ResidualStack {
   ResidualStackConfig config_;
   Communicator* tp_ = nullptr;
   std::vector<Block> blocks_;
+  std::vector<Linear*> fp8_linears() const;  // every block's FP8 Linears, in block order
   Tensor fp8_non_finite_;  // FP8: the counter every block's Linears share
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<VocabParallelHead> head_;

@@ -171,6 +171,9 @@ TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
   EXPECT_GT(relative(fp8.first, bf16.first), 1e-4) << "the FP8 path ran";
 }
 
+std::vector<StateTensor> fp8_state(Linear& layer) { return layer.state(); }
+std::vector<StateTensor> fp8_state(LayerNormMLP& layer) { return state_of(layer.fp8_linears()); }
+
 // One forward + backward captured once and replayed with new inputs, equal to
 // the eager step bit for bit (y, dx, every gradient), the pool report clean,
 // and the scaling state (delayed: `state_tensors` histories, scales and
@@ -212,7 +215,7 @@ void expect_graph_equals_eager(Device device, const Config& config, std::int64_t
     ASSERT_EQ(grads(eager_layer), grads(layer)) << "gradients differ at replay " << replay;
   }
   // Delayed scaling's histories and scales, updated inside the graph, equal the eager twin's.
-  const std::vector<StateTensor> eager_state = eager_layer.state(), graphed_state = layer.state();
+  const std::vector<StateTensor> eager_state = fp8_state(eager_layer), graphed_state = fp8_state(layer);
   ASSERT_EQ(eager_state.size(), graphed_state.size());
   EXPECT_EQ(graphed_state.size(), state_tensors);
   for (std::size_t i = 0; i < eager_state.size(); ++i) {

@@ -73,6 +73,10 @@ class Backend {
 
   virtual Device device() const = 0;
   virtual int stream_count() const = 0;
+  // Throws Error (kUnsupported) where this backend's device cannot run FP8
+  // (a GPU before Hopper: check_fp8_device in fp8.h). The host runs FP8's
+  // references everywhere.
+  virtual void check_fp8_supported() const = 0;
 
   // Memory of `bytes` (0 gives null), 256-byte aligned (Note [256-byte alignment]).
   virtual void* allocate(std::int64_t bytes, MemoryKind kind, int stream) = 0;

@@ -9,6 +9,7 @@
 #include "engine/cuda_graph.h"
 #include "engine/device.h"
 #include "engine/error.h"
+#include "engine/fp8.h"
 #include "engine/logging.h"
 #include "engine/stream.h"
 #include "engine/stream_capture.h"
@@ -82,6 +83,11 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::kCuda; }
   int stream_count() const override { return static_cast<int>(streams_.size()); }
+  void check_fp8_supported() const override {
+    cudaDeviceProp properties{};
+    SG_CUDA_CHECK(cudaGetDeviceProperties(&properties, current_device()));
+    check_fp8_device(properties.major, properties.minor, properties.name);
+  }
 
   void* allocate(std::int64_t bytes, MemoryKind kind, int stream) override {
     if (bytes == 0) return nullptr;

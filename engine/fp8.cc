@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "engine/error.h"
+
 namespace stepgraph {
 namespace {
 
@@ -78,6 +80,15 @@ std::uint8_t float_to_fp8(Fp8Format format, float value) {
   }
   if (code > l.max_code) code = l.max_code;
   return static_cast<std::uint8_t>(sign | code);
+}
+
+void check_fp8_device(int compute_major, int compute_minor, const std::string& device_name) {
+  SG_CHECK_CODE(compute_major >= 9, ErrorCode::kUnsupported, "FP8 needs a Hopper GPU (compute capability 9.0) or "
+                "later; ", device_name, " is ", compute_major, ".", compute_minor,
+                (compute_major == 8 && compute_minor == 9
+                     ? " (cuBLASLt's tensor-wise FP8 runs there, but this build's FP8 kernels are sm_90a)"
+                     : " and has no FP8 tensor cores"),
+                "; run the layers without an FP8 recipe");
 }
 
 }  // namespace stepgraph

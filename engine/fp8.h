@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "engine/dtype.h"
@@ -29,5 +30,11 @@ float fp8_max(Fp8Format format);
 
 float fp8_to_float(Fp8Format format, std::uint8_t code);
 std::uint8_t float_to_fp8(Fp8Format format, float value);
+
+// FP8 needs Hopper here: cuBLASLt's FP8 GEMMs need compute capability 8.9
+// (tensor-wise) or 9.0 (block scaling), and this build's FP8 kernels are
+// sm_90a. An Error (kUnsupported) naming the GPU and what it lacks otherwise.
+// Backend::check_fp8_supported asks this of the backend's GPU.
+void check_fp8_device(int compute_major, int compute_minor, const std::string& device_name);
 
 }  // namespace stepgraph

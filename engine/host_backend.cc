@@ -64,6 +64,7 @@ class HostBackend final : public Backend {
 
   Device device() const override { return Device::kHost; }
   int stream_count() const override { return stream_count_; }
+  void check_fp8_supported() const override {}
 
   void* allocate(std::int64_t bytes, MemoryKind kind, int /*stream*/) override {
     if (bytes == 0) return nullptr;

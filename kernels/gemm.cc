@@ -466,23 +466,6 @@ void check_gemm(const GemmDesc& desc) {
                 desc.to_string(), "; store A as [k, m]");
 }
 
-void check_fp8_device(int compute_major, int compute_minor, const std::string& device_name) {
-  SG_CHECK_CODE(compute_major >= 9, ErrorCode::kUnsupported, "FP8 needs a Hopper GPU (compute capability 9.0) or "
-                "later; ", device_name, " is ", compute_major, ".", compute_minor,
-                (compute_major == 8 && compute_minor == 9
-                     ? " (cuBLASLt's tensor-wise FP8 runs there, but this build's FP8 kernels are sm_90a)"
-                     : " and has no FP8 tensor cores"),
-                "; run the layers without an FP8 recipe");
-}
-
-void check_fp8_current_device() {
-  int device = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  cudaDeviceProp properties{};
-  SG_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
-  check_fp8_device(properties.major, properties.minor, properties.name);
-}
-
 std::size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
 void gemm_prepare(const GemmDesc& desc) {

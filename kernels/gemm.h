@@ -92,13 +92,6 @@ struct GemmDesc {
 // with an epilogue that cannot accumulate, a non-positive dimension.
 void check_gemm(const GemmDesc& desc);
 
-// FP8 needs Hopper here: cuBLASLt's FP8 GEMMs need compute capability 8.9
-// (tensor-wise) or 9.0 (block scaling), and this build's FP8 kernels are
-// sm_90a. An Error (kUnsupported) naming the GPU and what it lacks
-// otherwise; check_fp8_current_device asks the current CUDA device.
-void check_fp8_device(int compute_major, int compute_minor, const std::string& device_name);
-void check_fp8_current_device();
-
 // Workspace every gemm launch gets (bytes, 256-byte aligned).
 std::size_t gemm_workspace_bytes();
 

@@ -56,7 +56,7 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
     // See Note [FP8 Linear]: what is built so far.
     config.fp8->check();
     SG_CHECK_CODE(!split, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
-    if (ctx.device() == Device::kCuda) kernels::check_fp8_current_device();
+    ctx.backend().check_fp8_supported();
     const std::int64_t multiple = config.fp8->scaling == Fp8Scaling::kBlock ? 128 : 16;
     SG_CHECK(config.in_features % multiple == 0 && config.out_features % multiple == 0, label_, ": FP8 GEMMs",
              config.fp8->scaling == Fp8Scaling::kBlock ? " with block scaling" : "",

@@ -30,15 +30,29 @@ LayerNormMLP::LayerNormMLP(Context& ctx, const std::string& name, const LayerNor
   config.overlap.check(label_);
   if (config.fp8) {
     // Linear draws what the lines below would: uniform(1/sqrt(in)) from seed (weight) and seed + 1 (bias).
-    SG_CHECK_CODE(tp_ == nullptr, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
+    // Tensor-parallel: fc1 column- and fc2 row-parallel, both sequence-parallel,
+    // slicing the weights as the lines below do (Note [Column- and row-parallel Linear]).
+    const bool split = tp_ != nullptr;
     fc1_.emplace(ctx, name + ".fc1",
-                 LinearConfig{.in_features = config.hidden, .out_features = config.ffn, .dtype = config.dtype,
+                 LinearConfig{.in_features = config.hidden,
+                              .out_features = config.ffn,
+                              .dtype = config.dtype,
+                              .tensor_parallel = split ? TensorParallelMode::kColumn : TensorParallelMode::kNone,
+                              .sequence_parallel = split,
+                              .fprop_overlap = config.overlap.fc1_fprop,
+                              .dgrad_overlap = config.overlap.fc1_dgrad,
                               .fp8 = config.fp8},
-                 seed);
+                 seed, tp_);
     fc2_.emplace(ctx, name + ".fc2",
-                 LinearConfig{.in_features = config.ffn, .out_features = config.hidden, .dtype = config.dtype,
+                 LinearConfig{.in_features = config.ffn,
+                              .out_features = config.hidden,
+                              .dtype = config.dtype,
+                              .tensor_parallel = split ? TensorParallelMode::kRow : TensorParallelMode::kNone,
+                              .sequence_parallel = split,
+                              .fprop_overlap = config.overlap.fc2_fprop,
+                              .dgrad_overlap = config.overlap.fc2_dgrad,
                               .fp8 = config.fp8},
-                 seed + 2);
+                 seed + 2, tp_);
     return;
   }
   const float scale1 = 1.0f / std::sqrt(static_cast<float>(config.hidden));
@@ -91,7 +105,10 @@ LayerNormMLP::Forward LayerNormMLP::forward_fp8(Context& ctx, const FwdArgs& arg
 Tensor LayerNormMLP::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   const Tensor d_act = fc2_->backward(ctx, saved.fc2, {args.dy});
   const Tensor d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
-  return norm_.backward(ctx, saved.norm, {fc1_->backward(ctx, saved.fc1, {d_pre})});
+  const Tensor dx = norm_.backward(ctx, saved.norm, {fc1_->backward(ctx, saved.fc1, {d_pre})});
+  // gamma and beta saw only this rank's tokens (Note [Sequence-parallel LayerNormMLP]).
+  if (tp_ != nullptr) ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);
+  return dx;
 }
 
 LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) const {

@@ -29,9 +29,13 @@
 // With config.fp8 (issue 17), fc1 and fc2 are FP8 Linears with the recipe
 // (Note [FP8 Linear]): the same parameters under the same names and seeds,
 // the norm in 16 bits, GeLU between them as its own op (cuBLASLt's FP8 GEMMs
-// have no GeLU epilogues), fc1's and fc2's scaling state their own. Not yet:
-// tensor parallelism, and the fused norm/GeLU -> FP8 kernels in place of the
-// quantize each Linear runs (kernels/fp8_fused.h has them).
+// have no GeLU epilogues), fc1's and fc2's scaling state their own. With a
+// tensor-parallel communicator fc1 is a column- and fc2 a row-parallel FP8
+// Linear, both sequence-parallel, so the layer shards as the 16-bit one does
+// (Note [FP8 Linear] for how FP8 meets the collectives); the overlap's four
+// modes go to the Linears and must be none or bulk. Not yet: the fused
+// norm/GeLU -> FP8 kernels in place of the quantize each Linear runs
+// (kernels/fp8_fused.h has them).
 #pragma once
 
 #include <cstdint>

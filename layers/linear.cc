@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/error.h"
@@ -55,13 +56,24 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   if (config.fp8) {
     // See Note [FP8 Linear]: what is built so far.
     config.fp8->check();
-    SG_CHECK_CODE(!split, ErrorCode::kUnsupported, label_, ": FP8 with tensor parallelism is not built yet");
     ctx.backend().check_fp8_supported();
     const std::int64_t multiple = config.fp8->scaling == Fp8Scaling::kBlock ? 128 : 16;
-    SG_CHECK(config.in_features % multiple == 0 && config.out_features % multiple == 0, label_, ": FP8 GEMMs",
+    SG_CHECK(local_in_features() % multiple == 0 && local_out_features() % multiple == 0, label_, ": FP8 GEMMs",
              config.fp8->scaling == Fp8Scaling::kBlock ? " with block scaling" : "",
-             " need in_features and out_features divisible by ", multiple, ", got ", config.in_features, " and ",
-             config.out_features);
+             " need in_features and out_features divisible by ", multiple, split ? " on every rank" : "", ", got ",
+             local_in_features(), " and ", local_out_features(),
+             split ? " (" + std::to_string(config.in_features) + " and " + std::to_string(config.out_features) +
+                         " over " + std::to_string(ranks()) + " ranks)"
+                   : std::string());
+    // An FP8 GEMM quantizes its whole operand first (one scale, or blocks
+    // across the gathered tokens): the chunked overlaps have no shard-by-shard
+    // GEMM to run.
+    for (const auto& [field, mode] : {std::pair{"fprop_overlap", config.fprop_overlap},
+                                      std::pair{"dgrad_overlap", config.dgrad_overlap}}) {
+      SG_CHECK_CODE(!split || mode == CommOverlap::kNone || mode == CommOverlap::kBulk, ErrorCode::kUnsupported,
+                    label_, ": ", field, " ", comm_overlap_name(mode),
+                    " with FP8: an FP8 tensor-parallel layer runs its collectives none or bulk (Note [FP8 Linear])");
+    }
   }
   check_overlap("fprop_overlap", config.fprop_overlap, column() ? CommOverlap::kRingExchange : CommOverlap::kPipelined);
   check_overlap("dgrad_overlap", config.dgrad_overlap, column() ? CommOverlap::kPipelined : CommOverlap::kRingExchange);
@@ -178,9 +190,11 @@ struct Fp8Copies {
   Tensor non_finite;  // [1] int32: current and block scaling met a non-finite amax (scale 1 then)
 };
 
+// `amax_group`: the tensor-parallel ranks that hold the other slices of t,
+// whose amaxes current scaling takes the largest of (null: t is whole here).
 Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
                             bool columnwise, const Tensor& delayed_scale, const Tensor& delayed_scale_inv,
-                            kernels::BlockShape shape) {
+                            kernels::BlockShape shape, Communicator* amax_group) {
   if (recipe.scaling == Fp8Scaling::kBlock) {
     const ops::BlockQuantized q =
         ops::quantize_blocks(ctx, t, {format, shape, recipe.power_of_two_scales, rowwise, columnwise});
@@ -189,7 +203,9 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
   }
   Tensor scale = delayed_scale, scale_inv = delayed_scale_inv, non_finite;
   if (recipe.scaling == Fp8Scaling::kCurrent) {
-    const ops::Scales s = ops::scale_from_amax(ctx, ops::amax(ctx, t), {format, false});
+    Tensor amax = ops::amax(ctx, t);
+    if (amax_group != nullptr) amax = ops::all_reduce(ctx, *amax_group, amax, ReduceOp::kMax);
+    const ops::Scales s = ops::scale_from_amax(ctx, amax, {format, false});
     scale = s.scale;
     scale_inv = s.scale_inv;
     non_finite = s.non_finite;
@@ -218,23 +234,50 @@ ops::GemmParams fp8_params(const Fp8Copies& a, const Fp8Copies& b, DType out_dty
 
 }  // namespace
 
+Tensor Linear::gather_tokens(Context& ctx, const Tensor& shard, CommOverlap mode) const {
+  return all_gather_gemm(ctx, *tp_, shard, mode, [](const Tensor&, std::int64_t) {});
+}
+
+Tensor Linear::sum_partials(Context& ctx, const Tensor& partial, CommOverlap mode) const {
+  if (sequence_parallel()) {
+    const std::int64_t rows = partial.shape().dim(0);
+    SG_CHECK(rows % ranks() == 0, label_, ": a sequence-parallel layer reduce-scatters its ", rows,
+             " tokens over the ", ranks(), " ranks of ", tp_->describe(), "; give it a multiple of ", ranks(),
+             " tokens");
+    return gemm_reduce_scatter(ctx, *tp_, rows, mode, [&](std::int64_t, std::int64_t) { return partial; });
+  }
+  std::optional<InlineCollectives> serial;
+  if (mode == CommOverlap::kNone) serial.emplace(ctx);
+  return ops::all_reduce(ctx, *tp_, partial, ReduceOp::kSum);
+}
+
+Communicator* Linear::slices_of(bool sharded) const { return sharded ? tp_ : nullptr; }
+
 Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
-  const std::int64_t tokens = args.x.shape().dim(0);
   const Fp8Recipe& recipe = *config_.fp8;
   const bool blocks = recipe.scaling == Fp8Scaling::kBlock;
+  // A sequence-parallel column layer quantizes every rank's tokens, gathered in 16 bits first.
+  const Tensor x_all = column() && sequence_parallel() ? gather_tokens(ctx, args.x, config_.fprop_overlap) : args.x;
+  const std::int64_t tokens = x_all.shape().dim(0);
   SG_CHECK(tokens % (blocks ? 128 : 16) == 0, label_, " forward: FP8 GEMMs", blocks ? " with block scaling" : "",
            " need a token count divisible by ", blocks ? 128 : 16, ", got ", tokens);
-  const Fp8Copies x = quantize_for_gemm(ctx, recipe, args.x, recipe.forward_format(), true, config_.wgrad,
-                                        x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128);
+  // A row-parallel x holds in / N of the features, and W always a slice.
+  const Fp8Copies x = quantize_for_gemm(ctx, recipe, x_all, recipe.forward_format(), true, config_.wgrad,
+                                        x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128,
+                                        slices_of(row()));
   const Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false,
-                                        w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128);
+                                        w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128,
+                                        slices_of(true));
   ops::count_flags_(ctx, non_finite_, defined({x.non_finite, w.non_finite}));
+  // Row-parallel: the bias once in the sum of the ranks' partial products.
+  const bool adds_bias = config_.bias && (!row() || tp_->rank() == 0);
   ops::GemmParams fprop = fp8_params(x, w, config_.dtype, recipe.fast_accumulation_forward);
-  fprop.epilogue = config_.bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+  fprop.epilogue = adds_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   Forward out;
   out.y = ops::fp8_gemm(ctx, x.rowwise, x.rowwise_scale_inv, w.rowwise, w.rowwise_scale_inv, fprop,
-                        config_.bias ? bias_.value : Tensor())
+                        adds_bias ? bias_.value : Tensor())
               .d;
+  if (row()) out.y = sum_partials(ctx, out.y, config_.fprop_overlap);
   out.saved = Saved{.dgrad = config_.dgrad,
                     .wgrad = config_.wgrad,
                     .x_fp8_t = x.columnwise,
@@ -247,17 +290,22 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
 }
 
 Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  // A sequence-parallel row layer's dy holds this rank's tokens: the GEMMs take every rank's.
+  const bool gathers_dy = row() && sequence_parallel();
   check_input(label_, "backward", "dy", args.dy, {"tokens", local_out_features()}, config_.dtype,
               "the forward's output");
-  const std::int64_t tokens = args.dy.shape().dim(0);
+  if (!saved.dgrad && !saved.wgrad) return {};
+  const Tensor dy_all = gathers_dy ? gather_tokens(ctx, args.dy, config_.dgrad_overlap) : args.dy;
+  const std::int64_t tokens = dy_all.shape().dim(0);
   if (saved.wgrad) {
     check_input(label_, "backward", "saved.x_fp8_t", saved.x_fp8_t, {local_in_features(), tokens},
                 fp8_dtype(config_.fp8->forward_format()), "the forward's input, transposed, in FP8");
   }
-  if (!saved.dgrad && !saved.wgrad) return {};
   const Fp8Recipe& recipe = *config_.fp8;
-  const Fp8Copies dy = quantize_for_gemm(ctx, recipe, args.dy, recipe.gradient_format(), saved.dgrad, saved.wgrad,
-                                         dy_state_.scale, dy_state_.scale_inv, kernels::BlockShape::k1x128);
+  // A column-parallel dy holds out / N of the features.
+  const Fp8Copies dy = quantize_for_gemm(ctx, recipe, dy_all, recipe.gradient_format(), saved.dgrad, saved.wgrad,
+                                         dy_state_.scale, dy_state_.scale_inv, kernels::BlockShape::k1x128,
+                                         slices_of(column()));
   // How x's saved transposed copy was quantized, and how W's is below.
   const std::optional<kernels::BlockShape> x_blocks =
       recipe.scaling == Fp8Scaling::kBlock ? std::optional(kernels::BlockShape::k1x128) : std::nullopt;
@@ -270,7 +318,7 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     ops::fp8_gemm_into_(ctx, weight_.grad, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv,
                         wgrad);
     // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
-    if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, args.dy));
+    if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, dy_all));
   }
   Tensor dx;
   if (saved.dgrad) {
@@ -278,7 +326,7 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     Fp8Copies w;
     if (recipe.scaling == Fp8Scaling::kBlock) {
       w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), false, true, Tensor(), Tensor(),
-                            kernels::BlockShape::k128x128);
+                            kernels::BlockShape::k128x128, nullptr);
     } else {
       const bool delayed = recipe.scaling == Fp8Scaling::kDelayed;
       const Tensor scale = delayed ? w_state_.scale : saved.w_scale;
@@ -290,6 +338,8 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     const ops::GemmParams dgrad =
         fp8_params(dy, {.blocks = w_blocks}, config_.dtype, recipe.fast_accumulation_backward);
     dx = ops::fp8_gemm(ctx, dy.rowwise, dy.rowwise_scale_inv, w.columnwise, w.columnwise_scale_inv, dgrad).d;
+    // Column-parallel: every rank's slice of out contributed to every input feature.
+    if (column()) dx = sum_partials(ctx, dx, config_.dgrad_overlap);
   }
   if (recipe.scaling == Fp8Scaling::kDelayed) {
     // This step's amaxes into the histories, the scales for the next step:
@@ -298,14 +348,17 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     auto update = [&](const Tensor& amax, const DelayedState& state, Fp8Format format) {
       return ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
     };
-    // Every data-parallel rank's largest x and dy (set_amax_group).
-    auto reduced = [&](const Tensor& amax) {
-      return amax_group_ != nullptr ? ops::all_reduce(ctx, *amax_group_, amax, ReduceOp::kMax) : amax;
+    // The largest over the tensor-parallel slices, then over the data-parallel
+    // ranks (set_amax_group), so every rank keeps the same scales.
+    auto reduced = [&](Tensor amax, bool sliced, bool data_parallel) {
+      if (sliced && tp_ != nullptr) amax = ops::all_reduce(ctx, *tp_, amax, ReduceOp::kMax);
+      if (data_parallel && amax_group_ != nullptr) amax = ops::all_reduce(ctx, *amax_group_, amax, ReduceOp::kMax);
+      return amax;
     };
     ops::count_flags_(ctx, non_finite_,
-                      {update(reduced(saved.x_amax), x_state_, recipe.forward_format()),
-                       update(saved.w_amax, w_state_, recipe.forward_format()),
-                       update(reduced(dy.amax), dy_state_, recipe.gradient_format())});
+                      {update(reduced(saved.x_amax, row(), true), x_state_, recipe.forward_format()),
+                       update(reduced(saved.w_amax, true, false), w_state_, recipe.forward_format()),
+                       update(reduced(dy.amax, column(), true), dy_state_, recipe.gradient_format())});
   } else if (dy.non_finite.defined()) {
     ops::count_flags_(ctx, non_finite_, {dy.non_finite});
   }

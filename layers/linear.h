@@ -29,10 +29,24 @@
 // replays. Block scaling (Fp8Recipe::block(): DeepSeek-V3's recipe) gives x
 // and dy a scale per 1 x 128 block and W one per 128 x 128 tile, each copy
 // with its own block scales in the layout its GEMM reads; tokens and
-// features must then be multiples of 128. So far: no tensor parallelism,
-// token counts and features multiples of 16; each other case is an Error
-// naming it. The weight is quantized in every forward (once per optimizer
-// step is to come).
+// features must then be multiples of 128. Token counts and features are
+// multiples of 16 otherwise; each other case is an Error naming it. The
+// weight is quantized in every forward (once per optimizer step is to come).
+//
+// Tensor-parallel FP8 (Note [Column- and row-parallel Linear] below) keeps
+// the 16-bit layer's collectives and moves them to 16-bit tensors: a
+// sequence-parallel column layer gathers x before quantizing it, a
+// sequence-parallel row layer gathers dy the same way, and partial sums
+// (the row layer's y, the column layer's dx) leave the FP8 GEMMs in 16 bits
+// before they are added. Where a quantized tensor is a slice (W always, x of
+// a row layer, dy of a column layer) its amax is max-all-reduced over the
+// tensor-parallel group (current scaling before the scale, delayed before
+// the history), so each rank quantizes its slice with the scale one rank
+// gives the whole tensor and N ranks compute what one computes, up to the
+// fp32 order of the partial sums. Block scales are local to their blocks and
+// need nothing. The collectives run none or bulk: an FP8 GEMM quantizes its
+// whole operand first, so there is no shard-by-shard GEMM for ring_exchange
+// or pipelined to overlap (an Error).
 //
 // Note [Column- and row-parallel Linear]
 // With a tensor-parallel communicator of N ranks (Megatron's tensor
@@ -190,6 +204,13 @@ class Linear {
   bool row() const { return config_.tensor_parallel == TensorParallelMode::kRow; }
   bool sequence_parallel() const { return config_.sequence_parallel; }
   Forward forward_fp8(Context& ctx, const FwdArgs& args) const;
+  // FP8 tensor parallelism (Note [FP8 Linear]): every rank's token shards of
+  // `shard` gathered; the ranks' partial sums added (all-reduce, or
+  // reduce-scatter to token shards under sequence parallelism); the group
+  // whose amaxes a tensor's scale takes the largest of (null: not sliced).
+  Tensor gather_tokens(Context& ctx, const Tensor& shard, CommOverlap mode) const;
+  Tensor sum_partials(Context& ctx, const Tensor& partial, CommOverlap mode) const;
+  Communicator* slices_of(bool sharded) const;
   Tensor backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   std::string label_;  // "Linear 'name'", for argument errors

@@ -85,9 +85,12 @@ TEST(Fp8LinearTest, ForwardAndBackwardStayWithinFp8ErrorOfBf16) {
   };
   const Outputs bf16 = run(std::nullopt);
   const Outputs fp8 = run(Fp8Recipe::current());
-  // E4M3 rounds by up to 1/16, E5M2 by up to 1/8 (the gradients; a sum of
-  // such products can land past 1/8 of the largest one: seed 2514365659 gave 0.109).
-  EXPECT_LT(relative(fp8.y, bf16.y), 0.06);
+  // E4M3 rounds each factor by up to 1/16, so a product by up to about 1/8;
+  // E5M2 (the gradients) by up to 1/8 a factor. A sum of such products,
+  // measured against the largest output, lands well inside those bounds but
+  // past 1/16 at times (seed 2894192819: 0.068 for an all-E4M3 dw; seed
+  // 2514365659: 0.109 for a hybrid one).
+  EXPECT_LT(relative(fp8.y, bf16.y), 0.1);
   EXPECT_LT(relative(fp8.dx, bf16.dx), 0.15);
   EXPECT_LT(relative(fp8.dw, bf16.dw), 0.15);
   EXPECT_GT(relative(fp8.y, bf16.y), 1e-4) << "the FP8 path ran";
@@ -97,7 +100,7 @@ TEST(Fp8LinearTest, ForwardAndBackwardStayWithinFp8ErrorOfBf16) {
   Fp8Recipe e4m3 = Fp8Recipe::current();
   e4m3.formats = Fp8Formats::kE4M3;
   const Outputs all_e4m3 = run(e4m3);
-  EXPECT_LT(relative(all_e4m3.dw, bf16.dw), 0.06);
+  EXPECT_LT(relative(all_e4m3.dw, bf16.dw), 0.1);
 }
 
 // Block scaling (1 x 128 activations and gradients, 128 x 128 weights, all

@@ -170,11 +170,11 @@ struct Packing {
   std::int64_t bytes = 0;
 };
 
-// Greedy: places values in `order`, each at the best-fitting gap among the
-// already placed values it conflicts with (the smallest that holds it), else
-// after them all.
+// Greedy: places values in `order`, each in a gap among the already placed
+// values it conflicts with, else after them all: the best-fitting gap (the
+// smallest that holds it), or with `first_fit` the lowest.
 Packing pack(const std::vector<Footprint>& values, const std::vector<std::vector<std::int32_t>>& conflicts,
-             const std::vector<std::int32_t>& order) {
+             const std::vector<std::int32_t>& order, bool first_fit) {
   Packing out;
   out.offsets.assign(values.size(), -1);
   std::vector<std::pair<std::int64_t, std::int64_t>> taken;  // [begin, end) of placed conflicting values
@@ -190,7 +190,7 @@ Packing pack(const std::vector<Footprint>& values, const std::vector<std::vector
     std::int64_t best_gap = std::numeric_limits<std::int64_t>::max();
     for (const auto& [begin, end] : taken) {
       const std::int64_t gap = begin - cursor;
-      if (gap >= size && gap < best_gap) {
+      if (gap >= size && gap < best_gap && (best < 0 || !first_fit)) {
         best = cursor;
         best_gap = gap;
       }
@@ -299,10 +299,20 @@ StepPlan plan_step(const Program& program) {
   std::vector<std::int32_t> by_area = by_producer;
   std::stable_sort(by_area.begin(), by_area.end(),
                    [&](std::int32_t a, std::int32_t b) { return area(values[a]) > area(values[b]); });
-  Packing best = pack(values, conflicts, by_size);
-  for (const std::vector<std::int32_t>* order : {&by_producer, &by_area}) {
-    Packing packed = pack(values, conflicts, *order);
-    if (packed.bytes < best.bytes) best = std::move(packed);
+  // The longest-lived first (ties: the larger): values saved across the
+  // forward and backward then sit low, out of the way of the short-lived.
+  const auto span = [&](const Footprint& value) {
+    return (value.live_out ? instruction_count - 1 : value.last) - value.first + 1;
+  };
+  std::vector<std::int32_t> by_span = by_size;
+  std::stable_sort(by_span.begin(), by_span.end(),
+                   [&](std::int32_t a, std::int32_t b) { return span(values[a]) > span(values[b]); });
+  Packing best = pack(values, conflicts, by_size, false);
+  for (const bool first_fit : {false, true}) {
+    for (const std::vector<std::int32_t>* order : {&by_size, &by_producer, &by_area, &by_span}) {
+      Packing packed = pack(values, conflicts, *order, first_fit);
+      if (packed.bytes < best.bytes) best = std::move(packed);
+    }
   }
 
   StepPlan plan;

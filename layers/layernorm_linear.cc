@@ -22,7 +22,8 @@ LayerNormLinear::LayerNormLinear(Context& ctx, const std::string& name, const La
                                  std::uint32_t seed, Communicator* tensor_parallel)
     : label_(layer_label("LayerNormLinear", name)),
       norm_(ctx, name + ".norm", NormConfig{config.norm, config.linear.in_features, config.eps, config.linear.dtype}),
-      linear_(ctx, name + ".linear", checked(label_, config.linear), seed, tensor_parallel) {}
+      linear_(ctx, name + ".linear", checked(label_, config.linear), seed, tensor_parallel),
+      fp8_fused_(config.fp8_fused) {}
 
 bool LayerNormLinear::sequence_parallel() const { return linear_.config().sequence_parallel; }
 
@@ -35,6 +36,19 @@ std::vector<Parameter*> LayerNormLinear::parameters() {
 LayerNormLinear::Forward LayerNormLinear::forward(Context& ctx, const FwdArgs& args) const {
   const LinearConfig& linear = linear_.config();
   check_input(label_, "forward", "input", args.x, {"tokens", linear.in_features}, linear.dtype);
+  if (fp8_fused_ && linear_.takes_quantized_operands()) {
+    // Current scaling takes the amax in a pass of its own first.
+    const Fp8Format format = linear.fp8->forward_format();
+    const Linear::OperandScale scale = linear_.input_scale(
+        ctx, linear.fp8->scaling == Fp8Scaling::kCurrent
+                 ? norm_.forward_fp8(ctx, args.x, Tensor(), {.format = format, .amax_only = true}).out.amax
+                 : Tensor());
+    const Norm::Fp8Forward normed =
+        norm_.forward_fp8(ctx, args.x, scale.scale, {.format = format, .columnwise = linear.wgrad});
+    const Linear::Forward projected =
+        linear_.forward_quantized(ctx, {normed.out.rowwise, normed.out.columnwise, normed.out.amax}, scale);
+    return {projected.y, Saved{normed.saved, projected.saved}};
+  }
   const Norm::Forward normed = norm_.forward(ctx, {args.x});
   // Sequence-parallel: the linear all-gathers the normalised shards.
   const Linear::Forward projected = linear_.forward(ctx, {normed.y});

@@ -28,6 +28,11 @@ struct LayerNormLinearConfig {
   kernels::NormKind norm = kernels::NormKind::kLayerNorm;
   float eps = 1e-5f;
   LinearConfig linear;  // in_features is the normalized hidden size
+  // FP8 with tensor-wise scaling and no tensor parallelism: the norm writes
+  // the Linear's FP8 input in its own pass (Note [Fused FP8 operands] in
+  // layers/linear.h); false: the Linear quantizes the 16-bit normed input
+  // (the same bits).
+  bool fp8_fused = true;
 };
 
 class LayerNormLinear {
@@ -66,6 +71,7 @@ class LayerNormLinear {
   std::string label_;  // "LayerNormLinear 'name'", for argument errors
   Norm norm_;
   Linear linear_;
+  bool fp8_fused_ = true;  // LayerNormLinearConfig::fp8_fused
 };
 
 }  // namespace stepgraph

@@ -8,6 +8,7 @@
 #include "ops/activation_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
+#include "ops/fp8_fused_ops.h"
 #include "ops/gemm_ops.h"
 #include "ops/row_ops.h"
 
@@ -92,20 +93,55 @@ std::vector<Linear*> LayerNormMLP::fp8_linears() {
   return {&*fc1_, &*fc2_};
 }
 
+bool LayerNormMLP::fused_fp8() const {
+  return config_.fp8 && config_.fp8_fused && fc1_->takes_quantized_operands() && fc2_->takes_quantized_operands();
+}
+
 LayerNormMLP::Forward LayerNormMLP::forward_fp8(Context& ctx, const FwdArgs& args) const {
-  const Norm::Forward normed = norm_.forward(ctx, {args.x});
-  const Linear::Forward fc1 = fc1_->forward(ctx, {normed.y});
-  const Tensor act = ops::gelu(ctx, fc1.y);
-  Linear::Forward fc2 = fc2_->forward(ctx, {act});
-  // The FP8 Linears keep their inputs' FP8 copies: the 16-bit normed and act
-  // are not saved (freed after the forward); pre stays for GeLU's backward.
+  if (!fused_fp8()) {
+    const Norm::Forward normed = norm_.forward(ctx, {args.x});
+    const Linear::Forward fc1 = fc1_->forward(ctx, {normed.y});
+    const Tensor act = ops::gelu(ctx, fc1.y);
+    Linear::Forward fc2 = fc2_->forward(ctx, {act});
+    // The FP8 Linears keep their inputs' FP8 copies: the 16-bit normed and act
+    // are not saved (freed after the forward); pre stays for GeLU's backward.
+    return {fc2.y, Saved{normed.saved, Tensor(), fc1.y, Tensor(), fc1.saved, fc2.saved}};
+  }
+  // Note [Fused FP8 operands]: current scaling takes each amax in a pass of
+  // its own first; delayed scaling quantizes with the state's scale at once.
+  const bool current = config_.fp8->scaling == Fp8Scaling::kCurrent;
+  const Fp8Format format = config_.fp8->forward_format();
+  const ops::FusedFp8Params amax_only{.format = format, .amax_only = true};
+  const ops::FusedFp8Params copies{.format = format, .columnwise = true};  // the Linears' wgrads read x^T
+  const Linear::OperandScale s1 =
+      fc1_->input_scale(ctx, current ? norm_.forward_fp8(ctx, args.x, Tensor(), amax_only).out.amax : Tensor());
+  const Norm::Fp8Forward normed = norm_.forward_fp8(ctx, args.x, s1.scale, copies);
+  const Linear::Forward fc1 =
+      fc1_->forward_quantized(ctx, {normed.out.rowwise, normed.out.columnwise, normed.out.amax}, s1);
+  const Linear::OperandScale s2 =
+      fc2_->input_scale(ctx, current ? ops::gelu_fp8(ctx, fc1.y, Tensor(), amax_only).amax : Tensor());
+  const ops::FusedFp8 act = ops::gelu_fp8(ctx, fc1.y, s2.scale, copies);
+  Linear::Forward fc2 = fc2_->forward_quantized(ctx, {act.rowwise, act.columnwise, act.amax}, s2);
   return {fc2.y, Saved{normed.saved, Tensor(), fc1.y, Tensor(), fc1.saved, fc2.saved}};
 }
 
 Tensor LayerNormMLP::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   const Tensor d_act = fc2_->backward(ctx, saved.fc2, {args.dy});
-  const Tensor d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
-  const Tensor dx = norm_.backward(ctx, saved.norm, {fc1_->backward(ctx, saved.fc1, {d_pre})});
+  Tensor d_normed;
+  if (fused_fp8()) {
+    // GeLU's backward writes fc1's FP8 output gradient, and the 16-bit one its bias gradient sums.
+    const bool current = config_.fp8->scaling == Fp8Scaling::kCurrent;
+    const Fp8Format format = config_.fp8->gradient_format();
+    const Linear::OperandScale s = fc1_->gradient_scale(
+        ctx, current ? ops::dgelu_fp8(ctx, d_act, saved.pre, Tensor(), {.format = format, .amax_only = true}).amax
+                     : Tensor());
+    const ops::FusedFp8 d_pre =
+        ops::dgelu_fp8(ctx, d_act, saved.pre, s.scale, {.format = format, .columnwise = true, .keep_16bit = true});
+    d_normed = fc1_->backward_quantized(ctx, saved.fc1, {d_pre.rowwise, d_pre.columnwise, d_pre.amax, d_pre.value}, s);
+  } else {
+    d_normed = fc1_->backward(ctx, saved.fc1, {ops::gelu_backward(ctx, d_act, saved.pre)});
+  }
+  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed});
   // gamma and beta saw only this rank's tokens (Note [Sequence-parallel LayerNormMLP]).
   if (tp_ != nullptr) ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);
   return dx;

@@ -33,9 +33,12 @@
 // tensor-parallel communicator fc1 is a column- and fc2 a row-parallel FP8
 // Linear, both sequence-parallel, so the layer shards as the 16-bit one does
 // (Note [FP8 Linear] for how FP8 meets the collectives); the overlap's four
-// modes go to the Linears and must be none or bulk. Not yet: the fused
-// norm/GeLU -> FP8 kernels in place of the quantize each Linear runs
-// (kernels/fp8_fused.h has them).
+// modes go to the Linears and must be none or bulk. With current or delayed
+// scaling and no tensor parallelism, the norm writes fc1's FP8 input, GeLU
+// fc2's, and GeLU's backward fc1's FP8 output gradient in their own passes
+// (config.fp8_fused; Note [Fused FP8 operands] in layers/linear.h): the
+// 16-bit normed and act are never written, and current scaling reads pre
+// twice (amax, then the copies) instead of writing act and reading it twice.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +66,12 @@ struct LayerNormMLPConfig {
   MLPOverlap overlap;
   // FP8 fc1 and fc2 (Note [FP8 LayerNormMLP]); nullopt runs them in 16 bits.
   std::optional<Fp8Recipe> fp8;
+  // FP8 with tensor-wise scaling and no tensor parallelism: the norm, GeLU
+  // and GeLU's backward write the FP8 copies fc1 and fc2 read in their own
+  // pass (Note [Fused FP8 operands] in layers/linear.h). false quantizes in
+  // the Linears instead: the same bits, a 16-bit tensor more written and read
+  // per fused kernel.
+  bool fp8_fused = true;
 };
 
 class LayerNormMLP {
@@ -121,6 +130,7 @@ class LayerNormMLP {
   std::optional<Linear> fc2_;
   Forward forward_fp8(Context& ctx, const FwdArgs& args) const;
   Tensor backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const;
+  bool fused_fp8() const;  // Note [FP8 LayerNormMLP]: the fused path
 };
 
 }  // namespace stepgraph

@@ -173,26 +173,11 @@ std::vector<Parameter*> Linear::parameters() {
 
 namespace {
 
-// `t` into its FP8 copies, each with the scale_inv its GEMMs must use (Note
-// [FP8 Linear]): current scaling computes the scale now (amax, then scale,
-// then quantize); delayed scaling quantizes with the state's scale, and the
-// copies' amax goes into its history at the end of the backward; block
-// scaling gives each copy its own block scales (`shape`: 1 x 128 for
-// activations and gradients, 128 x 128 for weights).
-struct Fp8Copies {
-  Tensor rowwise;  // [rows, cols]
-  Tensor rowwise_scale_inv;
-  Tensor columnwise;  // [cols, rows]
-  Tensor columnwise_scale_inv;
-  Tensor amax;   // tensor-wise scaling: max |t|
-  Tensor scale;  // tensor-wise scaling: what t was quantized with
-  std::optional<kernels::BlockShape> blocks;
-  Tensor non_finite;  // [1] int32: current and block scaling met a non-finite amax (scale 1 then)
-};
+// `t` into its FP8 copies (detail::Fp8Copies in linear.h).
 
 // `amax_group`: the tensor-parallel ranks that hold the other slices of t,
 // whose amaxes current scaling takes the largest of (null: t is whole here).
-Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
+detail::Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
                             bool columnwise, const Tensor& delayed_scale, const Tensor& delayed_scale_inv,
                             kernels::BlockShape shape, Communicator* amax_group) {
   if (recipe.scaling == Fp8Scaling::kBlock) {
@@ -223,13 +208,14 @@ std::vector<Tensor> defined(std::initializer_list<Tensor> flags) {
   return out;
 }
 
-// The GEMM params of FP8 operands a and b, from how each was quantized.
-ops::GemmParams fp8_params(const Fp8Copies& a, const Fp8Copies& b, DType out_dtype, bool fast_accumulation) {
+// The GEMM params of FP8 operands a and b, block-scaled or not.
+ops::GemmParams fp8_params(std::optional<kernels::BlockShape> a_blocks, std::optional<kernels::BlockShape> b_blocks,
+                           DType out_dtype, bool fast_accumulation) {
   return {.trans_b = true,
           .out_dtype = out_dtype,
           .fast_accumulation = fast_accumulation,
-          .a_blocks = a.blocks,
-          .b_blocks = b.blocks};
+          .a_blocks = a_blocks,
+          .b_blocks = b_blocks};
 }
 
 }  // namespace
@@ -255,23 +241,28 @@ Communicator* Linear::slices_of(bool sharded) const { return sharded ? tp_ : nul
 
 Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
   const Fp8Recipe& recipe = *config_.fp8;
-  const bool blocks = recipe.scaling == Fp8Scaling::kBlock;
   // A sequence-parallel column layer quantizes every rank's tokens, gathered in 16 bits first.
   const Tensor x_all = column() && sequence_parallel() ? gather_tokens(ctx, args.x, config_.fprop_overlap) : args.x;
+  const bool blocks = recipe.scaling == Fp8Scaling::kBlock;
   const std::int64_t tokens = x_all.shape().dim(0);
   SG_CHECK(tokens % (blocks ? 128 : 16) == 0, label_, " forward: FP8 GEMMs", blocks ? " with block scaling" : "",
            " need a token count divisible by ", blocks ? 128 : 16, ", got ", tokens);
-  // A row-parallel x holds in / N of the features, and W always a slice.
-  const Fp8Copies x = quantize_for_gemm(ctx, recipe, x_all, recipe.forward_format(), true, config_.wgrad,
-                                        x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128,
-                                        slices_of(row()));
-  const Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false,
-                                        w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128,
-                                        slices_of(true));
+  // A row-parallel x holds in / N of the features.
+  return forward_fp8_from(ctx, quantize_for_gemm(ctx, recipe, x_all, recipe.forward_format(), true, config_.wgrad,
+                                                 x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128,
+                                                 slices_of(row())));
+}
+
+Linear::Forward Linear::forward_fp8_from(Context& ctx, const detail::Fp8Copies& x) const {
+  const Fp8Recipe& recipe = *config_.fp8;
+  // W is always a slice under tensor parallelism.
+  const detail::Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false,
+                                                w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128,
+                                                slices_of(true));
   ops::count_flags_(ctx, non_finite_, defined({x.non_finite, w.non_finite}));
   // Row-parallel: the bias once in the sum of the ranks' partial products.
   const bool adds_bias = config_.bias && (!row() || tp_->rank() == 0);
-  ops::GemmParams fprop = fp8_params(x, w, config_.dtype, recipe.fast_accumulation_forward);
+  ops::GemmParams fprop = fp8_params(x.blocks, w.blocks, config_.dtype, recipe.fast_accumulation_forward);
   fprop.epilogue = adds_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   Forward out;
   out.y = ops::fp8_gemm(ctx, x.rowwise, x.rowwise_scale_inv, w.rowwise, w.rowwise_scale_inv, fprop,
@@ -296,16 +287,21 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
               "the forward's output");
   if (!saved.dgrad && !saved.wgrad) return {};
   const Tensor dy_all = gathers_dy ? gather_tokens(ctx, args.dy, config_.dgrad_overlap) : args.dy;
-  const std::int64_t tokens = dy_all.shape().dim(0);
+  const Fp8Recipe& recipe = *config_.fp8;
+  // A column-parallel dy holds out / N of the features.
+  const detail::Fp8Copies dy =
+      quantize_for_gemm(ctx, recipe, dy_all, recipe.gradient_format(), saved.dgrad, saved.wgrad, dy_state_.scale,
+                        dy_state_.scale_inv, kernels::BlockShape::k1x128, slices_of(column()));
+  return backward_fp8_from(ctx, saved, dy, dy_all, dy_all.shape().dim(0));
+}
+
+Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail::Fp8Copies& dy,
+                                 const Tensor& dy_value, std::int64_t tokens) const {
   if (saved.wgrad) {
     check_input(label_, "backward", "saved.x_fp8_t", saved.x_fp8_t, {local_in_features(), tokens},
                 fp8_dtype(config_.fp8->forward_format()), "the forward's input, transposed, in FP8");
   }
   const Fp8Recipe& recipe = *config_.fp8;
-  // A column-parallel dy holds out / N of the features.
-  const Fp8Copies dy = quantize_for_gemm(ctx, recipe, dy_all, recipe.gradient_format(), saved.dgrad, saved.wgrad,
-                                         dy_state_.scale, dy_state_.scale_inv, kernels::BlockShape::k1x128,
-                                         slices_of(column()));
   // How x's saved transposed copy was quantized, and how W's is below.
   const std::optional<kernels::BlockShape> x_blocks =
       recipe.scaling == Fp8Scaling::kBlock ? std::optional(kernels::BlockShape::k1x128) : std::nullopt;
@@ -314,16 +310,16 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
   if (saved.wgrad) {
     // grad_W[out, in] = dy^T x, both as their transposed copies, on the weight-gradient stream.
     WeightGradScope weight_grads(ctx);
-    ops::GemmParams wgrad = fp8_params(dy, {.blocks = x_blocks}, DType::kFloat32, recipe.fast_accumulation_backward);
+    ops::GemmParams wgrad = fp8_params(dy.blocks, x_blocks, DType::kFloat32, recipe.fast_accumulation_backward);
     ops::fp8_gemm_into_(ctx, weight_.grad, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv,
                         wgrad);
     // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
-    if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, dy_all));
+    if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, dy_value));
   }
   Tensor dx;
   if (saved.dgrad) {
     // W's transposed copy, quantized again as the forward quantized W (Note [FP8 Linear]).
-    Fp8Copies w;
+    detail::Fp8Copies w;
     if (recipe.scaling == Fp8Scaling::kBlock) {
       w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), false, true, Tensor(), Tensor(),
                             kernels::BlockShape::k128x128, nullptr);
@@ -335,8 +331,7 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
            .columnwise_scale_inv = scale_inv};
     }
     if (w.non_finite.defined()) ops::count_flags_(ctx, non_finite_, {w.non_finite});
-    const ops::GemmParams dgrad =
-        fp8_params(dy, {.blocks = w_blocks}, config_.dtype, recipe.fast_accumulation_backward);
+    const ops::GemmParams dgrad = fp8_params(dy.blocks, w_blocks, config_.dtype, recipe.fast_accumulation_backward);
     dx = ops::fp8_gemm(ctx, dy.rowwise, dy.rowwise_scale_inv, w.columnwise, w.columnwise_scale_inv, dgrad).d;
     // Column-parallel: every rank's slice of out contributed to every input feature.
     if (column()) dx = sum_partials(ctx, dx, config_.dgrad_overlap);
@@ -363,6 +358,80 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
     ops::count_flags_(ctx, non_finite_, {dy.non_finite});
   }
   return dx;
+}
+
+bool Linear::takes_quantized_operands() const {
+  return config_.fp8 && config_.fp8->scaling != Fp8Scaling::kBlock && tp_ == nullptr;
+}
+
+Linear::OperandScale Linear::operand_scale(Context& ctx, const Tensor& amax, const DelayedState& state,
+                                           Fp8Format format) const {
+  SG_CHECK(takes_quantized_operands(), label_,
+           ": quantized operands need an FP8 recipe with tensor-wise scaling and no tensor parallelism (Note "
+           "[Fused FP8 operands])");
+  if (config_.fp8->scaling == Fp8Scaling::kDelayed) return {state.scale, state.scale_inv, Tensor()};
+  SG_CHECK(amax.defined(), label_, ": current scaling makes the scale from the operand's amax; pass it");
+  const ops::Scales s = ops::scale_from_amax(ctx, amax, {format, false});
+  return {s.scale, s.scale_inv, s.non_finite};
+}
+
+Linear::OperandScale Linear::input_scale(Context& ctx, const Tensor& amax) const {
+  return operand_scale(ctx, amax, x_state_, config_.fp8 ? config_.fp8->forward_format() : Fp8Format::kE4M3);
+}
+
+Linear::OperandScale Linear::gradient_scale(Context& ctx, const Tensor& amax) const {
+  return operand_scale(ctx, amax, dy_state_, config_.fp8 ? config_.fp8->gradient_format() : Fp8Format::kE5M2);
+}
+
+Linear::Forward Linear::forward_quantized(Context& ctx, const QuantizedOperand& x, const OperandScale& scale) const {
+  SG_CHECK(takes_quantized_operands(), label_, ": forward_quantized needs takes_quantized_operands()");
+  check_input(label_, "forward_quantized", "x.rowwise", x.rowwise, {"tokens", local_in_features()},
+              fp8_dtype(config_.fp8->forward_format()), "the input in FP8");
+  const std::int64_t tokens = x.rowwise.shape().dim(0);
+  SG_CHECK(tokens % 16 == 0, label_, " forward: FP8 GEMMs need a token count divisible by 16, got ", tokens);
+  if (config_.wgrad) {
+    check_input(label_, "forward_quantized", "x.columnwise", x.columnwise, {local_in_features(), tokens},
+                fp8_dtype(config_.fp8->forward_format()), "the input, transposed, in FP8");
+  }
+  return forward_fp8_from(ctx, {.rowwise = x.rowwise,
+                                .rowwise_scale_inv = scale.scale_inv,
+                                .columnwise = x.columnwise,
+                                .columnwise_scale_inv = scale.scale_inv,
+                                .amax = x.amax,
+                                .scale = scale.scale,
+                                .non_finite = scale.non_finite});
+}
+
+Tensor Linear::backward_quantized(Context& ctx, const Saved& saved, const QuantizedOperand& dy,
+                                  const OperandScale& scale) const {
+  SG_CHECK(takes_quantized_operands(), label_, ": backward_quantized needs takes_quantized_operands()");
+  if (!saved.dgrad && !saved.wgrad) return {};
+  const Tensor& shaped = saved.dgrad ? dy.rowwise : dy.columnwise;
+  SG_CHECK(shaped.defined(), label_, " backward_quantized: dy.", saved.dgrad ? "rowwise" : "columnwise",
+           " is undefined; the ", saved.dgrad ? "data" : "weight", " gradient reads it");
+  const DType q = fp8_dtype(config_.fp8->gradient_format());
+  const std::int64_t tokens = shaped.shape().dim(saved.dgrad ? 0 : 1);
+  if (saved.dgrad) {
+    check_input(label_, "backward_quantized", "dy.rowwise", dy.rowwise, {tokens, local_out_features()}, q,
+                "dy in FP8");
+  }
+  if (saved.wgrad) {
+    check_input(label_, "backward_quantized", "dy.columnwise", dy.columnwise, {local_out_features(), tokens}, q,
+                "dy, transposed, in FP8");
+  }
+  if (saved.wgrad && config_.bias) {
+    check_input(label_, "backward_quantized", "dy.value", dy.value, {tokens, local_out_features()}, config_.dtype,
+                "the 16-bit dy the bias gradient sums");
+  }
+  return backward_fp8_from(ctx, saved,
+                           {.rowwise = dy.rowwise,
+                            .rowwise_scale_inv = scale.scale_inv,
+                            .columnwise = dy.columnwise,
+                            .columnwise_scale_inv = scale.scale_inv,
+                            .amax = dy.amax,
+                            .scale = scale.scale,
+                            .non_finite = scale.non_finite},
+                           dy.value, tokens);
 }
 
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {

@@ -94,6 +94,7 @@
 #include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/fp8_recipe.h"
+#include "kernels/fp8_block_scales.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/parameter.h"
 
@@ -126,6 +127,25 @@ struct LinearConfig {
   std::optional<Fp8Recipe> fp8;
 };
 
+namespace detail {
+// An FP8 operand as a Linear's GEMMs read it, each copy with the scale_inv
+// its GEMM must use (Note [FP8 Linear]): current scaling computes the scale
+// in the step (amax, then scale, then quantize); delayed scaling quantizes
+// with the state's scale, and the amax goes into its history at the end of
+// the backward; block scaling gives each copy its own block scales (1 x 128
+// for activations and gradients, 128 x 128 for weights).
+struct Fp8Copies {
+  Tensor rowwise;  // [rows, cols]
+  Tensor rowwise_scale_inv;
+  Tensor columnwise;  // [cols, rows]
+  Tensor columnwise_scale_inv;
+  Tensor amax;   // tensor-wise scaling: max |t|
+  Tensor scale;  // tensor-wise scaling: what t was quantized with
+  std::optional<kernels::BlockShape> blocks;
+  Tensor non_finite;  // [1] int32: current and block scaling met a non-finite amax (scale 1 then)
+};
+}  // namespace detail
+
 class Linear;
 // The FP8 state (Linear::state) of `linears`, in their order.
 std::vector<StateTensor> state_of(const std::vector<Linear*>& linears);
@@ -134,6 +154,18 @@ std::vector<StateTensor> state_of(const std::vector<Linear*>& linears);
 // recipe's on_non_finite is stop, naming `where`.
 void check_non_finite_amaxes(std::int64_t count, const Fp8Recipe& recipe, std::string_view where);
 
+// Note [Fused FP8 operands]
+// The kernel that makes a Linear's input (the norm before fc1, GeLU before
+// fc2) or its output gradient (GeLU's backward before fc1's) can write the
+// FP8 copies the Linear's GEMMs read in the same pass (ops/fp8_fused_ops.h)
+// instead of a 16-bit tensor the Linear reads again to quantize. The maker
+// asks the Linear for the scale (input_scale, gradient_scale: delayed
+// scaling's state, or current scaling's scale from the maker's own amax
+// pass), quantizes with it and hands the copies over (forward_quantized,
+// backward_quantized). Its bytes are those the Linear's own quantize would
+// write, so the results equal forward's and backward's bit for bit. Tensor-
+// wise scaling without tensor parallelism only (takes_quantized_operands):
+// block scales and the gathers of sequence parallelism need the 16-bit tensor.
 class Linear {
  public:
   struct FwdArgs {
@@ -164,6 +196,19 @@ class Linear {
     Tensor dy;  // the forward's output's shape
   };
 
+  // An operand quantized by its maker (Note [Fused FP8 operands]).
+  struct QuantizedOperand {
+    Tensor rowwise;     // [tokens, features] in the recipe's format
+    Tensor columnwise;  // [features, tokens]: x when wgrad is on; dy when wgrad is on
+    Tensor amax;        // [1] fp32, max |t| (delayed scaling's history takes it)
+    Tensor value;       // dy only, with a bias: the 16-bit gradient its column sum reads
+  };
+  struct OperandScale {
+    Tensor scale;       // [1] fp32: quantize with it
+    Tensor scale_inv;   // [1] fp32: the GEMMs read it
+    Tensor non_finite;  // current scaling: [1] int32, set when the amax was not finite
+  };
+
   // `tensor_parallel`: the group the layer is split across (Note [Column- and
   // row-parallel Linear]); null is the plain layer.
   Linear(Context& ctx, const std::string& name, const LinearConfig& config, std::uint32_t seed,
@@ -172,6 +217,15 @@ class Linear {
   Forward forward(Context& ctx, const FwdArgs& args) const;
   // dx, or an undefined tensor when dgrad is off.
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
+
+  // Note [Fused FP8 operands]. `amax`: current scaling's max |x| (or |dy|)
+  // from the maker's amax pass; delayed scaling ignores it (may be undefined).
+  bool takes_quantized_operands() const;
+  OperandScale input_scale(Context& ctx, const Tensor& amax) const;
+  OperandScale gradient_scale(Context& ctx, const Tensor& amax) const;
+  Forward forward_quantized(Context& ctx, const QuantizedOperand& x, const OperandScale& scale) const;
+  Tensor backward_quantized(Context& ctx, const Saved& saved, const QuantizedOperand& dy,
+                            const OperandScale& scale) const;
 
   const LinearConfig& config() const { return config_; }
   Communicator* tensor_parallel() const { return tp_; }
@@ -204,6 +258,11 @@ class Linear {
   bool row() const { return config_.tensor_parallel == TensorParallelMode::kRow; }
   bool sequence_parallel() const { return config_.sequence_parallel; }
   Forward forward_fp8(Context& ctx, const FwdArgs& args) const;
+  // The FP8 GEMMs once x [tokens, in] (or dy, with its 16-bit value for the
+  // bias gradient) is quantized, by the Linear or by its maker.
+  Forward forward_fp8_from(Context& ctx, const detail::Fp8Copies& x) const;
+  Tensor backward_fp8_from(Context& ctx, const Saved& saved, const detail::Fp8Copies& dy, const Tensor& dy_value,
+                           std::int64_t tokens) const;
   // FP8 tensor parallelism (Note [FP8 Linear]): every rank's token shards of
   // `shard` gathered; the ranks' partial sums added (all-reduce, or
   // reduce-scatter to token shards under sequence parallelism); the group
@@ -225,6 +284,8 @@ class Linear {
     Tensor scale_inv;
   };
   DelayedState x_state_, w_state_, dy_state_;
+  // The scale an operand with `state` is quantized with (Note [Fused FP8 operands]).
+  OperandScale operand_scale(Context& ctx, const Tensor& amax, const DelayedState& state, Fp8Format format) const;
   std::vector<StateTensor> state_;  // the three above by name
   Tensor non_finite_;               // FP8: [1] int32, see non_finite_amaxes
   Communicator* amax_group_ = nullptr;  // FP8 delayed: see set_amax_group

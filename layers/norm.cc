@@ -35,6 +35,14 @@ Norm::Forward Norm::forward(Context& ctx, const FwdArgs& args) const {
   return {f.y, Saved{args.x, f.mean, f.rstd}};
 }
 
+Norm::Fp8Forward Norm::forward_fp8(Context& ctx, const Tensor& x, const Tensor& scale,
+                                   const ops::FusedFp8Params& params) const {
+  check_input(label_, "forward_fp8", "input", x, {"tokens", config_.hidden}, config_.dtype);
+  const ops::NormFp8 f = ops::norm_fp8(ctx, {{config_.kind, config_.eps}, params}, x, gamma_.value,
+                                       layernorm() ? beta_.value : Tensor(), scale);
+  return {f.out, Saved{x, f.mean, f.rstd}};
+}
+
 Tensor Norm::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   check_input(label_, "backward", "saved.x", saved.x, {"...", config_.hidden}, config_.dtype, "the forward's input");
   check_input(label_, "backward", "dy", args.dy, exactly(saved.x.shape()), config_.dtype, "the forward's output");

@@ -9,6 +9,7 @@
 #include "engine/context.h"
 #include "kernels/norm.h"
 #include "layers/parameter.h"
+#include "ops/fp8_fused_ops.h"
 
 namespace stepgraph {
 
@@ -40,6 +41,15 @@ class Norm {
   Norm(Context& ctx, const std::string& name, const NormConfig& config);
 
   Forward forward(Context& ctx, const FwdArgs& args) const;
+  // The norm of x [tokens, hidden] writing its output's FP8 copies (and amax)
+  // in the same pass, the 16-bit y only with params.keep_16bit
+  // (ops::norm_fp8; Note [Fused FP8 operands] in layers/linear.h). The
+  // backward is backward's, from the same Saved.
+  struct Fp8Forward {
+    ops::FusedFp8 out;
+    Saved saved;
+  };
+  Fp8Forward forward_fp8(Context& ctx, const Tensor& x, const Tensor& scale, const ops::FusedFp8Params& params) const;
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;  // dx; writes the grads
 
   const NormConfig& config() const { return config_; }

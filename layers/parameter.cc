@@ -113,4 +113,10 @@ std::vector<float> constant_init(std::int64_t numel, float value) {
   return std::vector<float>(static_cast<std::size_t>(numel), value);
 }
 
+std::vector<Tensor> gradients_of(const std::vector<Parameter*>& params) {
+  std::vector<Tensor> out;
+  for (const Parameter* p : params) out.push_back(p->grad);
+  return out;
+}
+
 }  // namespace stepgraph

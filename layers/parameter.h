@@ -31,6 +31,9 @@ struct Parameter {
 
 // A parameter of `shape` and model dtype `dtype`, initialised from `init`
 // (numel values; the copy is init rounded to dtype).
+// The gradients of `params`, in their order.
+std::vector<Tensor> gradients_of(const std::vector<Parameter*>& params);
+
 Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
                          std::span<const float> init);
 

@@ -6,6 +6,7 @@
 #include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
 #include "ops/collective_ops.h"
+#include "ops/stream_ops.h"
 
 namespace stepgraph {
 
@@ -200,8 +201,21 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
       dh = ops::residual_add(ctx, dh, d_attention);
     }
     done(i);
+    // The weight-gradient stream joins back one block behind, so the
+    // activations the later block's weight gradients read leave the pool
+    // (Note [Joining the weight-gradient stream] in ops/stream_ops.h).
+    ops::order_after(ctx, i + 1 < blocks_.size() ? block_gradients(i + 1) : gradients_of(head_->parameters()));
   }
   return dh;
+}
+
+std::vector<Tensor> ResidualStack::block_gradients(std::size_t i) const {
+  const Block& block = blocks_[i];
+  std::vector<Parameter*> params = block.moe ? block.moe->parameters() : block.dense->parameters();
+  if (block.attention) {
+    for (Parameter* p : block.attention->parameters()) params.push_back(p);
+  }
+  return gradients_of(params);
 }
 
 void ResidualStack::check_errors(Context& ctx) const {

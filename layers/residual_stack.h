@@ -154,6 +154,7 @@ class ResidualStack {
   Communicator* tp_ = nullptr;
   std::vector<Block> blocks_;
   std::vector<Linear*> fp8_linears() const;  // every block's FP8 Linears, in block order
+  std::vector<Tensor> block_gradients(std::size_t i) const;  // block i's parameters' gradients
   Tensor fp8_non_finite_;  // FP8: the counter every block's Linears share
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<VocabParallelHead> head_;

@@ -10,6 +10,7 @@
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/embedding_ops.h"
+#include "ops/fp8_fused_ops.h"
 #include "ops/fp8_ops.h"
 #include "ops/gemm_ops.h"
 #include "ops/grouped_gemm_ops.h"
@@ -19,6 +20,7 @@
 #include "ops/optimizer_ops.h"
 #include "ops/parallel_loss_ops.h"
 #include "ops/row_ops.h"
+#include "ops/stream_ops.h"
 
 namespace stepgraph::ops {
 
@@ -44,6 +46,9 @@ std::span<const OpDef* const> all_ops() {
       &amax_op(),
       &scale_from_amax_op(),
       &delayed_scaling_update_op(),
+      &norm_fp8_op(),
+      &gelu_fp8_op(),
+      &dgelu_fp8_op(),
       &grouped_linear_forward_op(),
       &grouped_linear_dgrad_op(),
       &grouped_linear_wgrad_op(),
@@ -75,6 +80,7 @@ std::span<const OpDef* const> all_ops() {
       &unpack_inplace_op(),
       &empty_op(),
       &copy_rows_inplace_op(),
+      &order_after_op(),
       &all_reduce_op(),
       &all_reduce_inplace_op(),
       &all_reduce_many_op(),

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/context.h"
@@ -298,6 +299,96 @@ TEST(Fp8LayerNormMLPTest, GraphedStepEqualsEagerOnTheGpu) {
   for (const Fp8Recipe& recipe : {Fp8Recipe::current(), Fp8Recipe::delayed(16), Fp8Recipe::block()}) {
     expect_fp8_mlp_graph_equals_eager(Device::kCuda, recipe, 100);
   }
+}
+
+// Note [Fused FP8 operands]: the norm, GeLU and GeLU's backward writing the
+// Linears' FP8 operands in their own passes give the bits the Linears' own
+// quantize gives: y, dx, every gradient and delayed scaling's histories and
+// scales, over steps with new inputs (later steps quantize with the scales
+// the earlier ones left). The fused layer runs captured, the unfused one
+// eagerly; the fused kernels must be in the captured program.
+void expect_fused_equals_unfused(Device device, const Fp8Recipe& recipe, int steps) {
+  SCOPED_TRACE(recipe.to_string());
+  Context ctx(device);
+  const std::int64_t tokens = 128, hidden = 128;
+  LayerNormMLPConfig config{.hidden = hidden, .ffn = 256, .fp8 = recipe};
+  LayerNormMLP fused(ctx, "fused", config, 9);
+  config.fp8_fused = false;
+  LayerNormMLP unfused(ctx, "unfused", config, 9);
+  const Tensor x = ctx.persistent("x", {Shape{tokens, hidden}, DType::kBFloat16});
+  const Tensor dy = ctx.persistent("dy", {Shape{tokens, hidden}, DType::kBFloat16});
+  auto step_of = [&](const LayerNormMLP& l) {
+    const LayerNormMLP::Forward f = l.forward(ctx, {x});
+    return std::vector<Tensor>{f.y, l.backward(ctx, f.saved, {dy})};
+  };
+  auto captured = CapturedStep::capture(ctx, [&] { return step_of(fused); },
+                                        {.pool_report_policy = PoolReportPolicy::kError});
+  std::vector<std::string> fused_ops;
+  for (const Instruction& instruction : captured->program().instructions()) {
+    const std::string name(instruction.op->name);
+    if (name.find("_fp8") != std::string::npos) fused_ops.push_back(name);
+  }
+  // Current scaling runs each fused kernel twice (the amax pass first).
+  const std::size_t passes = recipe.scaling == Fp8Scaling::kCurrent ? 2 : 1;
+  EXPECT_EQ(fused_ops.size(), 3 * passes) << "norm_fp8, gelu_fp8 and dgelu_fp8 in the captured step";
+  auto bytes_of = [&](const Tensor& t) {
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
+    ctx.copy_to_host(t, bytes.data(), bytes.size());
+    return bytes;
+  };
+  testing::SeededRng rng;
+  for (int step = 0; step < steps; ++step) {
+    write_floats(ctx, x, random_values(tokens * hidden, rng, 1.0f));
+    write_floats(ctx, dy, random_values(tokens * hidden, rng, 0.01f));
+    const std::vector<Tensor> want = step_of(unfused);
+    captured->replay();
+    ASSERT_EQ(bytes_of(captured->outputs()[0]), bytes_of(want[0])) << "y differs at step " << step;
+    ASSERT_EQ(bytes_of(captured->outputs()[1]), bytes_of(want[1])) << "dx differs at step " << step;
+    const std::vector<Parameter*> a = fused.parameters(), b = unfused.parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(bytes_of(a[i]->grad), bytes_of(b[i]->grad)) << a[i]->name << " at step " << step;
+    }
+  }
+  const std::vector<StateTensor> a = fp8_state(fused), b = fp8_state(unfused);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(bytes_of(a[i].tensor), bytes_of(b[i].tensor)) << a[i].name;
+}
+
+TEST(Fp8LayerNormMLPTest, FusedOperandsEqualTheLinearsOwnQuantizeOnTheHost) {
+  expect_fused_equals_unfused(Device::kHost, Fp8Recipe::current(), 2);
+  expect_fused_equals_unfused(Device::kHost, Fp8Recipe::delayed(4), 3);
+}
+
+// LayerNormLinear's norm writing its Linear's FP8 input: the same bits as the
+// Linear's own quantize (one step; the MLP test above covers the scales' evolution).
+TEST(Fp8LinearTest, LayerNormLinearFusedNormEqualsTheLinearsOwnQuantize) {
+  const testing::TestSeed seed;
+  std::mt19937 rng(seed.value());
+  const std::int64_t tokens = 32, hidden = 64, out = 48;
+  const std::vector<float> x_values = random_values(tokens * hidden, rng, 1.0f);
+  const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
+  for (const Fp8Recipe& recipe : {Fp8Recipe::current(), Fp8Recipe::delayed(4)}) {
+    SCOPED_TRACE(recipe.to_string());
+    auto run = [&](bool fused) {
+      Context ctx(Device::kHost);
+      LayerNormLinear layer(
+          ctx, "lnl", {.linear = {.in_features = hidden, .out_features = out, .fp8 = recipe}, .fp8_fused = fused}, 3);
+      const auto [x, dy] = upload_inputs(ctx, tokens, hidden, out, x_values, dy_values);
+      const LayerNormLinear::Forward f = layer.forward(ctx, {x});
+      const Tensor dx = layer.backward(ctx, f.saved, {dy});
+      std::vector<std::vector<float>> all{read_floats(ctx, f.y), read_floats(ctx, dx)};
+      for (Parameter* p : layer.parameters()) all.push_back(read_floats(ctx, p->grad));
+      for (const StateTensor& t : layer.linear().state()) all.push_back(read_floats(ctx, t.tensor));
+      return all;
+    };
+    EXPECT_EQ(run(true), run(false));
+  }
+}
+
+TEST(Fp8LayerNormMLPTest, FusedOperandsEqualTheLinearsOwnQuantizeOnTheGpu) {
+  SG_SKIP_WITHOUT_GPU();
+  expect_fused_equals_unfused(Device::kCuda, Fp8Recipe::current(), 20);
+  expect_fused_equals_unfused(Device::kCuda, Fp8Recipe::delayed(16), 100);
 }
 
 // Delayed scaling with a history of one: the second step on the same inputs

@@ -255,10 +255,15 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
 
 Linear::Forward Linear::forward_fp8_from(Context& ctx, const detail::Fp8Copies& x) const {
   const Fp8Recipe& recipe = *config_.fp8;
-  // W is always a slice under tensor parallelism.
-  const detail::Fp8Copies w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false,
-                                                w_state_.scale, w_state_.scale_inv, kernels::BlockShape::k128x128,
-                                                slices_of(true));
+  detail::Fp8Copies w;
+  {
+    // W's copy does not wait for the activations: it is made on the weight-
+    // gradient stream (idle in the forward) beside the work before this GEMM.
+    // W is always a slice under tensor parallelism.
+    WeightGradScope side(ctx);
+    w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false, w_state_.scale,
+                          w_state_.scale_inv, kernels::BlockShape::k128x128, slices_of(true));
+  }
   ops::count_flags_(ctx, non_finite_, defined({x.non_finite, w.non_finite}));
   // Row-parallel: the bias once in the sum of the ranks' partial products.
   const bool adds_bias = config_.bias && (!row() || tp_->rank() == 0);

@@ -366,14 +366,16 @@ Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail:
 }
 
 bool Linear::takes_quantized_operands() const {
-  return config_.fp8 && config_.fp8->scaling != Fp8Scaling::kBlock && tp_ == nullptr;
+  // The fused kernels that make the operands read 16-bit tensors.
+  const bool sixteen_bit = config_.dtype == DType::kBFloat16 || config_.dtype == DType::kFloat16;
+  return config_.fp8 && config_.fp8->scaling != Fp8Scaling::kBlock && tp_ == nullptr && sixteen_bit;
 }
 
 Linear::OperandScale Linear::operand_scale(Context& ctx, const Tensor& amax, const DelayedState& state,
                                            Fp8Format format) const {
   SG_CHECK(takes_quantized_operands(), label_,
-           ": quantized operands need an FP8 recipe with tensor-wise scaling and no tensor parallelism (Note "
-           "[Fused FP8 operands])");
+           ": quantized operands need an FP8 recipe with tensor-wise scaling, no tensor parallelism and a bf16 "
+           "or fp16 layer (Note [Fused FP8 operands])");
   if (config_.fp8->scaling == Fp8Scaling::kDelayed) return {state.scale, state.scale_inv, Tensor()};
   SG_CHECK(amax.defined(), label_, ": current scaling makes the scale from the operand's amax; pass it");
   const ops::Scales s = ops::scale_from_amax(ctx, amax, {format, false});

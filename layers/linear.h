@@ -164,8 +164,9 @@ void check_non_finite_amaxes(std::int64_t count, const Fp8Recipe& recipe, std::s
 // pass), quantizes with it and hands the copies over (forward_quantized,
 // backward_quantized). Its bytes are those the Linear's own quantize would
 // write, so the results equal forward's and backward's bit for bit. Tensor-
-// wise scaling without tensor parallelism only (takes_quantized_operands):
-// block scales and the gathers of sequence parallelism need the 16-bit tensor.
+// wise scaling without tensor parallelism, in bf16 or fp16 layers only
+// (takes_quantized_operands): block scales and the gathers of sequence
+// parallelism need the 16-bit tensor, and the fused kernels read 16 bits.
 class Linear {
  public:
   struct FwdArgs {

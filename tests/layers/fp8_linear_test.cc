@@ -357,6 +357,12 @@ void expect_fused_equals_unfused(Device device, const Fp8Recipe& recipe, int ste
 TEST(Fp8LayerNormMLPTest, FusedOperandsEqualTheLinearsOwnQuantizeOnTheHost) {
   expect_fused_equals_unfused(Device::kHost, Fp8Recipe::current(), 2);
   expect_fused_equals_unfused(Device::kHost, Fp8Recipe::delayed(4), 3);
+  // The fused kernels read 16 bits: an fp32 layer quantizes in its Linears.
+  Context ctx(Device::kHost);
+  LayerNormMLP fp32(ctx, "fp32", {.hidden = 32, .ffn = 64, .dtype = DType::kFloat32, .fp8 = Fp8Recipe::current()}, 1);
+  const Tensor x = ctx.persistent("x", {Shape{16, 32}, DType::kFloat32});
+  const LayerNormMLP::Forward f = fp32.forward(ctx, {x});
+  EXPECT_NO_THROW(fp32.backward(ctx, f.saved, {x}));
 }
 
 // LayerNormLinear's norm writing its Linear's FP8 input: the same bits as the

@@ -62,7 +62,10 @@ extern "C" {
 /* 5: additions only: FP8 recipes (sg_fp8_recipe) and the layers that take
  * one (sg_linear_create_fp8, sg_layernorm_linear_create_fp8,
  * sg_layernorm_mlp_create_fp8); exported as STEPGRAPH_C_5. */
-#define SG_API_VERSION 5
+/* 6: additions only: learning-rate schedules (sg_lr_schedule,
+ * sg_adamw_create_scheduled) and the rate set between steps
+ * (sg_optimizer_set_lr, sg_optimizer_lr); exported as STEPGRAPH_C_6. */
+#define SG_API_VERSION 6
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -387,6 +390,25 @@ void sg_adamw_config_default(sg_adamw_config* config);
 /* AdamW over the parameters of `layer_count` layers (one multi-tensor op). */
 sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count, const sg_adamw_config* config,
                           sg_optimizer* out);
+/* A learning-rate schedule (kernels/lr_schedule.h), computed on the device
+ * from the step counter before each update, so a captured step replays with
+ * each step's rate: `warmup` steps of linear warmup to `base`, then constant
+ * (kind 0), cosine (1) or linear (2) decay to `min_lr` at step `total`. */
+typedef struct sg_lr_schedule {
+  int kind;
+  float base;
+  float min_lr;
+  int64_t warmup;
+  int64_t total;
+} sg_lr_schedule;
+/* AdamW whose rate follows `schedule` (its base replaces config->lr). */
+sg_result sg_adamw_create_scheduled(sg_context ctx, const sg_layer* layers, size_t layer_count,
+                                    const sg_adamw_config* config, const sg_lr_schedule* schedule, sg_optimizer* out);
+/* The rate of the next updates, written from the host between steps: a step
+ * captured before takes it without a new capture. An error with a schedule. */
+sg_result sg_optimizer_set_lr(sg_optimizer optimizer, float lr);
+/* The rate the last update used (with a schedule) or the one set (reads the device). */
+sg_result sg_optimizer_lr(sg_optimizer optimizer, float* out);
 sg_result sg_optimizer_destroy(sg_optimizer optimizer);
 sg_result sg_optimizer_step(sg_optimizer optimizer);
 /* Steps taken so far (reads the device counter). */

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,15 +19,28 @@ extern "C" void sg_adamw_config_default(sg_adamw_config* config) {
   *config = {d.lr, d.beta1, d.beta2, d.eps, d.weight_decay};
 }
 
-extern "C" sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count,
-                                     const sg_adamw_config* config, sg_optimizer* out) {
-  return run_guarded(__func__, [&, function = __func__] {
+namespace {
+
+// AdamW over the parameters of `layers`, with `schedule` when given.
+sg_result create_adamw(const char* function, sg_context ctx, const sg_layer* layers, size_t layer_count,
+                       const sg_adamw_config* config, const sg_lr_schedule* schedule, sg_optimizer* out) {
+  return run_guarded(function, [&] {
     const std::shared_ptr<Context> context = capi::context_of(ctx, function);
     require(config, function, "config");
     require(out, function, "out");
     *out = nullptr;
     SG_CHECK(layer_count > 0, function, ": no layers given; AdamW needs the layers whose parameters it updates");
     require(layers, function, "layers");
+    std::optional<kernels::LrSchedule> lr_schedule;
+    if (schedule != nullptr) {
+      SG_CHECK(schedule->kind >= 0 && schedule->kind <= 2, function, ": schedule->kind must be 0 (constant), 1 "
+               "(cosine) or 2 (linear), got ", schedule->kind);
+      lr_schedule = kernels::LrSchedule{.kind = static_cast<kernels::LrScheduleKind>(schedule->kind),
+                                        .base = schedule->base,
+                                        .min_lr = schedule->min_lr,
+                                        .warmup = schedule->warmup,
+                                        .total = schedule->total};
+    }
     auto state = std::make_shared<capi::OptimizerState>();
     state->ctx = context;
     std::vector<Parameter*> parameters;
@@ -38,8 +52,39 @@ extern "C" sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, siz
       for (Parameter* p : layer->layer->parameters()) parameters.push_back(p);
     }
     const kernels::AdamWHyper hyper{config->lr, config->beta1, config->beta2, config->eps, config->weight_decay};
-    state->adamw = std::make_unique<AdamW>(*context, parameters, hyper);
+    state->adamw = std::make_unique<AdamW>(*context, parameters, hyper, lr_schedule);
     *out = capi::issue_handle(std::make_shared<sg_optimizer_s>(sg_optimizer_s{std::move(state)}));
+  });
+}
+
+}  // namespace
+
+extern "C" sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count,
+                                     const sg_adamw_config* config, sg_optimizer* out) {
+  return create_adamw(__func__, ctx, layers, layer_count, config, nullptr, out);
+}
+
+extern "C" sg_result sg_adamw_create_scheduled(sg_context ctx, const sg_layer* layers, size_t layer_count,
+                                               const sg_adamw_config* config, const sg_lr_schedule* schedule,
+                                               sg_optimizer* out) {
+  if (schedule == nullptr) {
+    return run_guarded(__func__, [&, function = __func__] { require(schedule, function, "schedule"); });
+  }
+  return create_adamw(__func__, ctx, layers, layer_count, config, schedule, out);
+}
+
+extern "C" sg_result sg_optimizer_set_lr(sg_optimizer optimizer, float lr) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
+    state->adamw->set_lr(*state->ctx, lr);
+  });
+}
+
+extern "C" sg_result sg_optimizer_lr(sg_optimizer optimizer, float* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
+    require(out, function, "out");
+    *out = state->adamw->lr(*state->ctx);
   });
 }
 

@@ -85,14 +85,14 @@ __device__ __forceinline__ BiasCorrections bias_corrections(const AdamWConstants
 
 // One element. Explicit fmaf and no other contractible a * b + c, so the host
 // reference (host::adamw, keep it in step) computes the same fp32 values.
-__device__ __forceinline__ void adamw_update(const AdamWConstants& c, const BiasCorrections& bias, float& w, float g,
-                                             float& m, float& v) {
+__device__ __forceinline__ void adamw_update(const AdamWConstants& c, const BiasCorrections& bias, float lr, float& w,
+                                             float g, float& m, float& v) {
   m = fmaf(c.beta1, m, c.one_minus_beta1 * g);
   v = fmaf(c.beta2, v, (c.one_minus_beta2 * g) * g);
   const float m_hat = m / bias.first;
   const float v_hat = v / bias.second;
   const float update = fmaf(c.weight_decay, w, m_hat / (sqrtf(v_hat) + c.eps));
-  w = fmaf(-c.lr, update, w);
+  w = fmaf(-lr, update, w);
 }
 
 __device__ __forceinline__ void load8(const float* pointer, float (&out)[kElementsPerThread]) {
@@ -120,11 +120,13 @@ __device__ __forceinline__ void store8(float* pointer, const float (&in)[kElemen
 static_assert(Vec16<__nv_bfloat16>::kCount == kElementsPerThread, "one bf16 vector per 8 elements");
 
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    adamw_kernel(const std::byte* __restrict__ table, const std::int64_t* __restrict__ step, AdamWConstants c) {
+    adamw_kernel(const std::byte* __restrict__ table, const std::int64_t* __restrict__ step,
+                 const float* __restrict__ lr_device, AdamWConstants c) {
   const auto header = *reinterpret_cast<const TableHeader*>(table);
   const auto* tensors = reinterpret_cast<const TableTensor*>(table + sizeof(TableHeader));
   const auto* chunks = reinterpret_cast<const TableChunk*>(tensors + header.tensor_count);
   const BiasCorrections bias = bias_corrections(c, *step + 1);
+  const float lr = lr_device != nullptr ? *lr_device : c.lr;
   const int tid = threadIdx.x;
 
   for (std::int64_t index = blockIdx.x; index < header.chunk_count; index += gridDim.x) {
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       load8(tensor.m + i, m);
       load8(tensor.v + i, v);
 #pragma unroll
-      for (int k = 0; k < kElementsPerThread; ++k) adamw_update(c, bias, w[k], g[k], m[k], v[k]);
+      for (int k = 0; k < kElementsPerThread; ++k) adamw_update(c, bias, lr, w[k], g[k], m[k], v[k]);
       store8(tensor.weight + i, w);
       store8(tensor.m + i, m);
       store8(tensor.v + i, v);
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       float w = tensor.weight[i];
       float m = tensor.m[i];
       float v = tensor.v[i];
-      adamw_update(c, bias, w, tensor.grad[i], m, v);
+      adamw_update(c, bias, lr, w, tensor.grad[i], m, v);
       tensor.weight[i] = w;
       tensor.m[i] = m;
       tensor.v[i] = v;
@@ -234,7 +236,8 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
 }
 
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
-                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step) {
+                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step,
+                  const float* lr) {
   check_adamw_hyper(hyper);
   SG_CHECK(tensor_count >= 0 && total_numel >= 0, "adamw: tensor_count and total_numel must be >= 0, got ",
            tensor_count, " and ", total_numel);
@@ -262,7 +265,7 @@ void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_
     const std::int64_t blocks =
         std::min<std::int64_t>(total_numel / kChunk + tensor_count, std::numeric_limits<std::int32_t>::max());
     adamw_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
-        static_cast<const std::byte*>(table_device), step, constants);
+        static_cast<const std::byte*>(table_device), step, lr, constants);
     SG_CUDA_CHECK(cudaGetLastError());
   }
   if (advance_step) {

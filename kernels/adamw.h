@@ -58,13 +58,18 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
 // when advance_step is true: a step split into several updates (parameter
 // groups updated as their gradients become final) reads the same counter in
 // each and advances it in the last one.
+// `lr`: where the rate is read on the device at every launch (a scheduled
+// or host-set rate: Note [Learning-rate schedule] in kernels/lr_schedule.h),
+// so a captured update takes whatever was written there; null uses hyper.lr.
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
-                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step = true);
+                  std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step = true,
+                  const float* lr = nullptr);
 
 namespace host {
-// The same fp32 formula in the same order; advances *step if advance_step.
+// The same fp32 formula in the same order; advances *step if advance_step;
+// the rate from *lr when lr is non-null.
 void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step,
-           bool advance_step = true);
+           bool advance_step = true, const float* lr = nullptr);
 }  // namespace host
 
 }  // namespace stepgraph::kernels

@@ -13,7 +13,8 @@
 
 namespace stepgraph::kernels::host {
 
-void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step, bool advance_step) {
+void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step, bool advance_step,
+           const float* lr) {
   check_adamw_hyper(hyper);
   SG_CHECK(step != nullptr, "adamw (host): step is null; pass the counter of steps taken (0 before the first)");
   for (std::size_t i = 0; i < tensors.size(); ++i) {  // all checked before anything changes
@@ -23,6 +24,7 @@ void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std
              "adamw (host): tensor ", i, " (", t.numel, " elements) has a null weight, grad, m or v");
   }
 
+  const float rate = lr != nullptr ? *lr : hyper.lr;
   const std::int64_t t_step = *step + 1;
   const float steps = static_cast<float>(t_step);
   const float one_minus_beta1 = 1.0f - hyper.beta1;
@@ -40,7 +42,7 @@ void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std
       const float m_hat = m / bias_first;
       const float v_hat = v / bias_second;
       const float update = std::fma(hyper.weight_decay, w, m_hat / (std::sqrt(v_hat) + hyper.eps));
-      w = std::fma(-hyper.lr, update, w);
+      w = std::fma(-rate, update, w);
       t.weight[i] = w;
       t.m[i] = m;
       t.v[i] = v;

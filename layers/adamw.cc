@@ -1,5 +1,7 @@
 #include "layers/adamw.h"
 
+#include <cmath>
+
 #include "engine/error.h"
 #include "kernels/adamw.h"
 #include "layers/weight_grad_scope.h"
@@ -7,10 +9,15 @@
 
 namespace stepgraph {
 
-AdamW::AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kernels::AdamWHyper& hyper)
-    : hyper_(hyper), parameters_(parameters) {
+AdamW::AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kernels::AdamWHyper& hyper,
+             const std::optional<kernels::LrSchedule>& schedule)
+    : hyper_(hyper), schedule_(schedule), parameters_(parameters) {
   kernels::check_adamw_hyper(hyper);  // refused here, not at the first step
+  if (schedule_) kernels::check_lr_schedule(*schedule_);
   SG_CHECK(!parameters.empty(), "AdamW needs at least one parameter");
+  lr_ = ctx.persistent("adamw.lr", {Shape{1}, DType::kFloat32});
+  const float first = schedule_ ? schedule_->base : hyper.lr;
+  ctx.copy_from_host(lr_, &first, sizeof(first));
   for (const Parameter* p : parameters) {
     const TensorMeta meta = p->master.meta();
     m_.push_back(ctx.persistent(p->name + ".adam_m", meta));
@@ -34,6 +41,7 @@ AdamW::Update AdamW::make_update(Context& ctx, const std::vector<UpdateTensors>&
                                  const std::string& table_name) const {
   Update update;
   update.params.hyper = hyper_;
+  update.params.device_lr = true;
   std::vector<kernels::AdamWTensor> table_entries;
   for (const UpdateTensors& e : entries) {
     const bool has_copy = e.copy.defined();
@@ -60,8 +68,25 @@ void AdamW::step(Context& ctx) const {
     step_shard(ctx, shards_.at(0), /*advance_step=*/true);
     return;
   }
-  ops::adamw_step(ctx, all_.params, all_.table, step_, all_.tensors);
+  run_update(ctx, all_.params, all_.table, all_.tensors);
 }
+
+void AdamW::run_update(Context& ctx, const ops::AdamWParams& params, const Tensor& table,
+                       const std::vector<Tensor>& tensors) const {
+  // Every update of a grouped step computes the same rate: the counter
+  // advances in the last one only.
+  if (schedule_) ops::lr_schedule_(ctx, *schedule_, step_, lr_);
+  ops::adamw_step(ctx, params, table, step_, tensors, lr_);
+}
+
+void AdamW::set_lr(Context& ctx, float lr) {
+  SG_CHECK(!schedule_, "AdamW::set_lr: the optimizer's schedule (", schedule_ ? schedule_->to_string() : "",
+           ") writes the rate before each update; make an optimizer without a schedule to set it by hand");
+  SG_CHECK(std::isfinite(lr) && lr >= 0.0f, "AdamW::set_lr: the rate must be finite and >= 0, got ", lr);
+  ctx.copy_from_host(lr_, &lr, sizeof(lr));
+}
+
+float AdamW::lr(Context& ctx) const { return ctx.to_vector<float>(lr_).at(0); }
 
 void AdamW::set_groups(Context& ctx, std::span<const std::size_t> sizes) {
   std::size_t total = 0;
@@ -97,7 +122,7 @@ void AdamW::step_group(Context& ctx, std::size_t group, bool advance_step) const
   }
   ops::AdamWParams params = groups_[group].params;
   params.advance_step = advance_step;
-  ops::adamw_step(ctx, params, groups_[group].table, step_, groups_[group].tensors);
+  run_update(ctx, params, groups_[group].table, groups_[group].tensors);
 }
 
 const std::vector<Tensor>& AdamW::group_gradients(std::size_t group) const {

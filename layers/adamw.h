@@ -14,21 +14,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "kernels/lr_schedule.h"
 #include "layers/gradients_ready.h"
 #include "layers/parameter.h"
 #include "ops/optimizer_ops.h"
 
 namespace stepgraph {
 
+// The learning rate is a device scalar every update reads (Note
+// [Learning-rate schedule] in kernels/lr_schedule.h): hyper.lr at first,
+// then what set_lr writes between steps, or, with a schedule, what the
+// schedule computes on the device from the step counter before each
+// update. A captured step replays with each new rate; nothing is captured
+// again.
 class AdamW {
  public:
-  AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kernels::AdamWHyper& hyper);
+  // `schedule`: the rate of each update from the step counter (its base
+  // replaces hyper.lr); none keeps hyper.lr until set_lr.
+  AdamW(Context& ctx, const std::vector<Parameter*>& parameters, const kernels::AdamWHyper& hyper,
+        const std::optional<kernels::LrSchedule>& schedule = std::nullopt);
+
+  // The rate the next updates use, written from the host (ordered after the
+  // updates already issued). An Error with a schedule, which writes it.
+  void set_lr(Context& ctx, float lr);
+  // The rate the last update used (with a schedule), or the one set; reads
+  // the device (not while tracing).
+  float lr(Context& ctx) const;
+  const std::optional<kernels::LrSchedule>& schedule() const { return schedule_; }
 
   void step(Context& ctx) const;
 
@@ -137,7 +156,13 @@ class AdamW {
   Shard make_shard(Context& ctx, std::size_t first, std::size_t count, const std::string& name) const;
   void step_shard(Context& ctx, const Shard& shard, bool advance_step) const;
 
+  // The schedule's rate into lr_ (with a schedule), then the update.
+  void run_update(Context& ctx, const ops::AdamWParams& params, const Tensor& table,
+                  const std::vector<Tensor>& tensors) const;
+
   kernels::AdamWHyper hyper_;
+  std::optional<kernels::LrSchedule> schedule_;
+  Tensor lr_;  // fp32 [1]: the rate every update reads
   std::vector<Parameter*> parameters_;
   std::vector<Tensor> m_;  // per parameter
   std::vector<Tensor> v_;

@@ -120,7 +120,7 @@ void AdamW::step_shard(Context& ctx, const Shard& shard, bool advance_step) cons
   ops::reduce_scatter_into_(ctx, *sharding_, bucket, shard.grad, ReduceOp::kSum);
   ops::AdamWParams params = shard.update.params;
   params.advance_step = advance_step;
-  ops::adamw_step(ctx, params, shard.update.table, step_, shard.update.tensors);
+  run_update(ctx, params, shard.update.table, shard.update.tensors);
   const Tensor gathered = ops::all_gather(ctx, *sharding_, shard.value);
   ops::unpack_(ctx, gathered, shard.values);
 }

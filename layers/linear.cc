@@ -400,6 +400,10 @@ Linear::Forward Linear::forward_quantized(Context& ctx, const QuantizedOperand& 
     check_input(label_, "forward_quantized", "x.columnwise", x.columnwise, {local_in_features(), tokens},
                 fp8_dtype(config_.fp8->forward_format()), "the input, transposed, in FP8");
   }
+  if (config_.fp8->scaling == Fp8Scaling::kDelayed) {
+    check_input(label_, "forward_quantized", "x.amax", x.amax, {1}, DType::kFloat32,
+                "the input's amax, which delayed scaling's history takes");
+  }
   return forward_fp8_from(ctx, {.rowwise = x.rowwise,
                                 .rowwise_scale_inv = scale.scale_inv,
                                 .columnwise = x.columnwise,
@@ -429,6 +433,10 @@ Tensor Linear::backward_quantized(Context& ctx, const Saved& saved, const Quanti
   if (saved.wgrad && config_.bias) {
     check_input(label_, "backward_quantized", "dy.value", dy.value, {tokens, local_out_features()}, config_.dtype,
                 "the 16-bit dy the bias gradient sums");
+  }
+  if (config_.fp8->scaling == Fp8Scaling::kDelayed) {
+    check_input(label_, "backward_quantized", "dy.amax", dy.amax, {1}, DType::kFloat32,
+                "dy's amax, which delayed scaling's history takes");
   }
   return backward_fp8_from(ctx, saved,
                            {.rowwise = dy.rowwise,

@@ -20,8 +20,9 @@
 // kept: the data gradient quantizes it again from W (unchanged until the
 // optimizer runs) with the forward's scale (current: saved; delayed: the
 // state's, not updated before the backward's GEMMs; block: recomputed, the
-// same), so the saved bytes are those of the activations alone. The bias rides the forward GEMM's epilogue; its gradient is a
-// column sum of the 16-bit dy. Delayed scaling keeps an amax history and a
+// same), so the saved bytes are those of the activations alone. The bias
+// rides the forward GEMM's epilogue; its gradient is a column sum of the
+// 16-bit dy. Delayed scaling keeps an amax history and a
 // scale per tensor (x, W, dy) in persistent memory: a step quantizes with
 // the scales the earlier steps left, and the end of its backward rolls this
 // step's amaxes in and updates the scales (after every GEMM that read them:
@@ -31,10 +32,11 @@
 // with its own block scales in the layout its GEMM reads; tokens and
 // features must then be multiples of 128. Token counts and features are
 // multiples of 16 otherwise; each other case is an Error naming it. The
-// weight is quantized in every forward (once per optimizer step is to come).
+// weight is quantized in every forward, on the weight-gradient stream (idle
+// in the forward); once per optimizer step is to come.
 //
 // Tensor-parallel FP8 (Note [Column- and row-parallel Linear] below) keeps
-// the 16-bit layer's collectives and moves them to 16-bit tensors: a
+// the 16-bit layer's collectives, on 16-bit tensors: a
 // sequence-parallel column layer gathers x before quantizing it, a
 // sequence-parallel row layer gathers dy the same way, and partial sums
 // (the row layer's y, the column layer's dx) leave the FP8 GEMMs in 16 bits

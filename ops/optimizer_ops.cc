@@ -9,15 +9,15 @@ namespace stepgraph::ops {
 bool AdamWParams::operator==(const AdamWParams& other) const {
   return hyper.lr == other.hyper.lr && hyper.beta1 == other.hyper.beta1 && hyper.beta2 == other.hyper.beta2 &&
          hyper.eps == other.hyper.eps && hyper.weight_decay == other.hyper.weight_decay && has_copy == other.has_copy &&
-         total_numel == other.total_numel && advance_step == other.advance_step;
+         total_numel == other.total_numel && advance_step == other.advance_step && device_lr == other.device_lr;
 }
 
 std::string AdamWParams::to_string() const {
   char text[160];
-  std::snprintf(text, sizeof(text), "lr=%g, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s",
-                static_cast<double>(hyper.lr), static_cast<double>(hyper.beta1), static_cast<double>(hyper.beta2),
-                static_cast<double>(hyper.eps), static_cast<double>(hyper.weight_decay), has_copy.size(),
-                advance_step ? "" : ", step not advanced");
+  std::snprintf(text, sizeof(text), "lr=%g%s, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s",
+                static_cast<double>(hyper.lr), device_lr ? " (read on the device)" : "",
+                static_cast<double>(hyper.beta1), static_cast<double>(hyper.beta2), static_cast<double>(hyper.eps),
+                static_cast<double>(hyper.weight_decay), has_copy.size(), advance_step ? "" : ", step not advanced");
   return text;
 }
 
@@ -40,10 +40,12 @@ std::vector<std::size_t> master_indices(const AdamWParams& p) {
 
 std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta> inputs) {
   const AdamWParams& p = params.as<AdamWParams>();
-  std::size_t expected = kFirstTensor;
+  std::size_t expected = kFirstTensor + (p.device_lr ? 1 : 0);
   for (bool copy : p.has_copy) expected += copy ? 5 : 4;
-  SG_CHECK(inputs.size() == expected, "op adamw: ", p.has_copy.size(), " parameters need ", expected, " inputs, got ",
-           inputs.size());
+  SG_CHECK(inputs.size() == expected, "op adamw: ", p.has_copy.size(), " parameters", p.device_lr ? " and the rate" : "",
+           " need ", expected, " inputs, got ", inputs.size());
+  SG_CHECK(!p.device_lr || inputs.back() == (TensorMeta{Shape{1}, DType::kFloat32}),
+           "op adamw: the learning rate (the last input) must be fp32 [1]");
   SG_CHECK(inputs[kStep] == (TensorMeta{Shape{1}, DType::kInt64}), "op adamw: the step counter must be int64 [1]");
   std::int64_t total = 0;
   for (std::size_t m : master_indices(p)) {
@@ -83,6 +85,11 @@ std::vector<kernels::AdamWTensor> tensors_of(const AdamWParams& p, const KernelA
   return out;
 }
 
+// The device rate (the last input), or null for hyper.lr.
+const float* rate_of(const AdamWParams& p, const KernelArgs& a) {
+  return p.device_lr ? static_cast<const float*>(a.inputs.back()) : nullptr;
+}
+
 }  // namespace
 
 const OpDef& adamw_op() {
@@ -94,23 +101,57 @@ const OpDef& adamw_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const AdamWParams& p = params.as<AdamWParams>();
             kernels::launch_adamw(p.hyper, a.inputs[kTable], static_cast<std::int64_t>(p.has_copy.size()),
-                                  p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream, p.advance_step);
+                                  p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream, p.advance_step,
+                                  rate_of(p, a));
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const AdamWParams& p = params.as<AdamWParams>();
             kernels::host::adamw(p.hyper, tensors_of(p, a), static_cast<std::int64_t*>(a.inputs[kStep]),
-                                 p.advance_step);
+                                 p.advance_step, rate_of(p, a));
           },
   };
   return op;
 }
 
 void adamw_step(Context& ctx, const AdamWParams& params, const Tensor& table, const Tensor& step,
-                const std::vector<Tensor>& tensors) {
+                const std::vector<Tensor>& tensors, const Tensor& lr) {
+  SG_CHECK(params.device_lr == lr.defined(), "adamw_step: params.device_lr is ", params.device_lr,
+           " but the rate tensor is ", lr.defined() ? "given" : "missing");
   std::vector<Tensor> inputs{table, step};
   inputs.insert(inputs.end(), tensors.begin(), tensors.end());
+  if (lr.defined()) inputs.push_back(lr);
   ctx.call(adamw_op(), params, std::move(inputs));
+}
+
+const OpDef& lr_schedule_op() {
+  static const OpDef op{
+      .name = "lr_schedule_",
+      .check = [](const OpParams& params, std::span<const TensorMeta> inputs) {
+        kernels::check_lr_schedule(params.as<kernels::LrSchedule>());
+        SG_CHECK(inputs.size() == 2 && inputs[0] == (TensorMeta{Shape{1}, DType::kInt64}) &&
+                     inputs[1] == (TensorMeta{Shape{1}, DType::kFloat32}),
+                 "op lr_schedule_ takes the step counter (int64 [1]) and the rate it writes (fp32 [1])");
+        return std::vector<TensorMeta>{};
+      },
+      .mutated_inputs = {1},
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            kernels::launch_lr_schedule(params.as<kernels::LrSchedule>(),
+                                        static_cast<const std::int64_t*>(a.inputs[0]), static_cast<float*>(a.inputs[1]),
+                                        stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            *static_cast<float*>(a.inputs[1]) =
+                kernels::lr_at(params.as<kernels::LrSchedule>(), *static_cast<const std::int64_t*>(a.inputs[0]) + 1);
+          },
+  };
+  return op;
+}
+
+void lr_schedule_(Context& ctx, const kernels::LrSchedule& schedule, const Tensor& step, const Tensor& lr) {
+  ctx.call(lr_schedule_op(), schedule, {step, lr});
 }
 
 }  // namespace stepgraph::ops

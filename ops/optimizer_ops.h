@@ -10,6 +10,7 @@
 #include "engine/context.h"
 #include "engine/op.h"
 #include "kernels/adamw.h"
+#include "kernels/lr_schedule.h"
 
 namespace stepgraph::ops {
 
@@ -18,15 +19,24 @@ struct AdamWParams {
   std::vector<bool> has_copy;  // per parameter
   std::int64_t total_numel = 0;
   bool advance_step = true;  // false: every update of a split step but its last (kernels/adamw.h)
+  // The rate is read on the device from the last input (fp32 [1]) at every
+  // launch, hyper.lr otherwise (Note [Learning-rate schedule] in kernels/lr_schedule.h).
+  bool device_lr = false;
 
   bool operator==(const AdamWParams& other) const;
   std::string to_string() const;
 };
 
-// `tensors`: per parameter {master, grad, m, v[, copy]} in has_copy's order.
+// `tensors`: per parameter {master, grad, m, v[, copy]} in has_copy's order;
+// `lr`: the device rate when params.device_lr, undefined otherwise.
 void adamw_step(Context& ctx, const AdamWParams& params, const Tensor& table, const Tensor& step,
-                const std::vector<Tensor>& tensors);
+                const std::vector<Tensor>& tensors, const Tensor& lr = {});
+
+// lr = the schedule's rate for the update after `step` steps (int64 [1]):
+// kernels/lr_schedule.h, on the device, so a replay needs nothing from the host.
+void lr_schedule_(Context& ctx, const kernels::LrSchedule& schedule, const Tensor& step, const Tensor& lr);
 
 const OpDef& adamw_op();
+const OpDef& lr_schedule_op();
 
 }  // namespace stepgraph::ops

@@ -69,6 +69,7 @@ std::span<const OpDef* const> all_ops() {
       &attention_forward_op(),
       &attention_backward_op(),
       &adamw_op(),
+      &lr_schedule_op(),
       &router_topk_op(),
       &router_topk_backward_op(),
       &moe_plan_op(),

@@ -87,7 +87,18 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(CLI::PositiveNumber);
   app.add_option("--context", o.context, "window model (--heads 0): tokens of context per example (the window W)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "AdamW learning rate (the peak, with a schedule)")->check(CLI::PositiveNumber);
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "constant, cosine or linear: the rate decays from --lr to --min-lr over --steps, after "
+                 "--warmup-steps of linear warmup, computed on the device (no re-capture)")
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup from 0 to --lr")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--min-lr", o.min_lr, "the rate cosine and linear decay to")->check(CLI::NonNegativeNumber);
+  app.add_option("--decay-steps", o.decay_steps,
+                 "the step where the decay reaches --min-lr (default --steps: a run stopped early and resumed with "
+                 "a larger --steps keeps its schedule only if this is given)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "seed of the model, the Markov chain and the sampling");
   app.add_option("--log-every", o.log_every, "print a step line every N steps")->check(CLI::PositiveNumber);
   app.add_option("--data", o.data, "a text or StepGraph token file (default: a synthetic Markov source)");
@@ -187,6 +198,16 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
                o.log_every > 0 && o.save_every >= 0,
            "--steps, --hidden, --ffn, --batch, --context and --log-every must be > 0 and --layers, --save-every >= 0");
   SG_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got ", o.lr);
+  const kernels::LrScheduleKind schedule = kernels::parse_lr_schedule_kind(o.lr_schedule);  // an Error naming them
+  SG_CHECK(o.min_lr <= o.lr, "--min-lr (", o.min_lr, ") must not exceed --lr (", o.lr, ")");
+  const std::int64_t decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps;
+  SG_CHECK(schedule == kernels::LrScheduleKind::kConstant || o.warmup_steps < decay_end, "--warmup-steps (",
+           o.warmup_steps, ") must be fewer than the steps the decay ends at (", decay_end, ", --decay-steps or --steps) "
+           "for the ", o.lr_schedule, " decay to have steps left");
+  SG_CHECK(schedule != kernels::LrScheduleKind::kConstant || o.decay_steps == 0,
+           "--decay-steps is where the cosine and linear decays end; with --lr-schedule constant leave it out");
+  SG_CHECK(schedule != kernels::LrScheduleKind::kConstant || o.min_lr == 0,
+           "--min-lr is the floor of the cosine and linear decays; with --lr-schedule constant leave it out");
   if (o.heads > 0) {
     SG_CHECK(o.hidden % o.heads == 0, "--hidden (", o.hidden, ") must be a multiple of --heads (", o.heads,
              "): each head gets hidden / heads features");
@@ -205,6 +226,16 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
 
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
   return o;
+}
+
+std::optional<kernels::LrSchedule> lr_schedule_of(const TrainerOptions& o) {
+  const kernels::LrScheduleKind kind = kernels::parse_lr_schedule_kind(o.lr_schedule);
+  if (kind == kernels::LrScheduleKind::kConstant && o.warmup_steps == 0) return std::nullopt;
+  return kernels::LrSchedule{.kind = kind,
+                             .base = static_cast<float>(o.lr),
+                             .min_lr = static_cast<float>(o.min_lr),
+                             .warmup = o.warmup_steps,
+                             .total = o.decay_steps > 0 ? o.decay_steps : o.steps};
 }
 
 }  // namespace stepgraph::trainer

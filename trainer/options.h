@@ -31,6 +31,8 @@
 #include "engine/device.h"
 #include "engine/tensor.h"
 
+#include "kernels/lr_schedule.h"
+
 namespace stepgraph::trainer {
 
 struct TrainerOptions {
@@ -51,6 +53,13 @@ struct TrainerOptions {
   std::int64_t seq_len = 0;   // sequence model: tokens per sequence
   std::int64_t context = 0;   // window model: tokens per example
   double lr = 0;
+  // The rate of each step (kernels/lr_schedule.h): constant, cosine or
+  // linear decay to --min-lr over --steps, after --warmup-steps of linear
+  // warmup; computed on the device from the step counter.
+  std::string lr_schedule = "constant";
+  std::int64_t warmup_steps = 0;
+  double min_lr = 0;
+  std::int64_t decay_steps = 0;  // where the decay ends; 0: --steps
   std::uint64_t seed = 1;
   std::int64_t log_every = 0;
   std::string data;        // empty: the synthetic Markov source
@@ -70,6 +79,10 @@ struct TrainerOptions {
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank
   bool profile = false;               // graph mode: profile one more step after the run (graphs/step_profile.h)
 };
+
+// The schedule of the options (the base rate --lr, decaying over --steps);
+// none for a constant rate without warmup, which runs as before schedules.
+std::optional<kernels::LrSchedule> lr_schedule_of(const TrainerOptions& o);
 
 struct ParsedCommandLine {
   std::optional<TrainerOptions> options;  // empty after --help or an error

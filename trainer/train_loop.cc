@@ -72,7 +72,7 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
 // What must match for a resumed run to continue the saved one exactly (and
 // between the ranks of one run).
 RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
-  return {{"config.dp", std::to_string(dp)},
+  RunConfig config{{"config.dp", std::to_string(dp)},
           {"config.tp", std::to_string(o.tp)},
           {"config.overlap", o.overlap},
           {"config.dp-mode", o.dp_mode},
@@ -90,6 +90,12 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
           {"config.lr", fmt::format("{}", o.lr)},
           {"config.seed", std::to_string(o.seed)},
           {"config.data", data.describe()}};
+  // Only a scheduled run records its schedule (older checkpoints stay resumable);
+  // its total is --steps, so a resume must keep them.
+  if (const std::optional<kernels::LrSchedule> schedule = lr_schedule_of(o)) {
+    config["config.lr-schedule"] = schedule->to_string();
+  }
+  return config;
 }
 
 // The sequence model's labels: each token's next one. A batch holds windows
@@ -199,7 +205,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (ranks > 1) ctx.set_communication_stream(2);
   const LanguageModelConfig config = model_config(o, data->vocab());
   LanguageModel model(ctx, config, tp_comm);
-  AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)});
+  AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
   TrainStep step(ctx, model, optimizer, local_batch, dp_comm,
                  o.dp_mode == "zero1" ? DataParallelMode::kZero1 : DataParallelMode::kAllReduce);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
@@ -221,6 +227,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (config.model.fp8) {
     out << fmt::format("fp8: the attention projections and MLPs' GEMMs in FP8, recipe {}\n",
                        config.model.fp8->to_string());
+  }
+  if (optimizer.schedule()) {
+    out << fmt::format("lr schedule: {} (computed on the device from the step counter)\n",
+                       optimizer.schedule()->to_string());
   }
   if (dp_comm != nullptr) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
@@ -356,9 +366,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
 
       if (s % o.log_every == 0 || s == o.steps) {
         progress.clear();
-        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}\n", s, loss,
+        // With a schedule, the rate this step's update used (read from the device).
+        const std::string rate = optimizer.schedule() ? fmt::format(" lr {:.3g}", optimizer.lr(ctx)) : "";
+        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}{}\n", s, loss,
                            static_cast<double>(tokens_per_step * interval_steps) / interval_seconds,
-                           interval_seconds * 1e3 / static_cast<double>(interval_steps));
+                           interval_seconds * 1e3 / static_cast<double>(interval_steps), rate);
         out.flush();
         interval_seconds = 0;
         interval_steps = 0;

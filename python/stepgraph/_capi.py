@@ -6,7 +6,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 5
+API_VERSION = 6
 
 
 class LinearConfig(ctypes.Structure):
@@ -42,6 +42,11 @@ class ResidualStackConfig(ctypes.Structure):
 class AdamWConfig(ctypes.Structure):
     _fields_ = [("lr", c_float), ("beta1", c_float), ("beta2", c_float), ("eps", c_float),
                 ("weight_decay", c_float)]
+
+
+class LrSchedule(ctypes.Structure):
+    """sg_lr_schedule: kind 0 constant, 1 cosine, 2 linear."""
+    _fields_ = [("kind", c_int), ("base", c_float), ("min_lr", c_float), ("warmup", c_int64), ("total", c_int64)]
 
 
 class TrainStepConfig(ctypes.Structure):
@@ -115,6 +120,9 @@ _PROTOTYPES = {
     "sg_optimizer_destroy": [H],
     "sg_optimizer_step": [H],
     "sg_optimizer_steps_taken": [H, P(c_int64)],
+    "sg_adamw_create_scheduled": [H, P(H), c_size_t, P(AdamWConfig), P(LrSchedule), P(H)],
+    "sg_optimizer_set_lr": [H, c_float],
+    "sg_optimizer_lr": [H, P(c_float)],
     "sg_world_init": [c_int, c_double, P(H)],
     "sg_world_destroy": [H],
     "sg_world_rank": [H, P(c_int)],

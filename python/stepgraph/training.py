@@ -16,10 +16,33 @@ from stepgraph.tensor import Tensor
 IGNORE_INDEX = -100
 
 
-class AdamW:
-    """AdamW over the parameters of `layers` (one layer or a list), one multi-tensor op per step."""
+_SCHEDULE_KINDS = {"constant": 0, "cosine": 1, "linear": 2}
 
-    def __init__(self, ctx, layers, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+
+class LrSchedule:
+    """A learning-rate schedule computed on the device from the step counter (kernels/lr_schedule.h):
+    `warmup` steps of linear warmup to `base`, then constant, cosine or linear decay to `min_lr` at step
+    `total`. A captured step replays with each step's rate.
+
+        sg.AdamW(ctx, model, schedule=sg.LrSchedule("cosine", base=3e-4, min_lr=3e-5, warmup=100, total=8000))
+    """
+
+    def __init__(self, kind="constant", base=1e-3, min_lr=0.0, warmup=0, total=0):
+        if kind not in _SCHEDULE_KINDS:
+            raise ValueError(f"LrSchedule: kind must be one of {sorted(_SCHEDULE_KINDS)}, got {kind!r}")
+        self.kind, self.base, self.min_lr, self.warmup, self.total = kind, base, min_lr, warmup, total
+
+    def __repr__(self):
+        return (f"LrSchedule({self.kind!r}, base={self.base}, min_lr={self.min_lr}, warmup={self.warmup}, "
+                f"total={self.total})")
+
+
+class AdamW:
+    """AdamW over the parameters of `layers` (one layer or a list), one multi-tensor op per step.
+    The rate is a device scalar every update reads: `lr` at first, then `set_lr(value)` between steps, or,
+    with `schedule` (an LrSchedule, whose base replaces lr), the schedule's rate of each step."""
+
+    def __init__(self, ctx, layers, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None):
         layers = [layers] if isinstance(layers, Layer) else list(layers)
         for layer in layers:
             if not isinstance(layer, Layer):
@@ -36,8 +59,19 @@ class AdamW:
         self._layers = layers  # the parameters' owners
         handles = (ctypes.c_void_p * len(layers))(*[layer._handle.value for layer in layers])
         self._handle = _capi.new_handle()
-        _capi.call("sg_adamw_create", ctx.handle, handles, len(layers), ctypes.byref(config),
-                   ctypes.byref(self._handle))
+        if schedule is None:
+            _capi.call("sg_adamw_create", ctx.handle, handles, len(layers), ctypes.byref(config),
+                       ctypes.byref(self._handle))
+        else:
+            if not isinstance(schedule, LrSchedule):
+                raise TypeError(f"AdamW: schedule must be a stepgraph.LrSchedule, got {type(schedule).__name__}")
+            plan = _capi.LrSchedule(_SCHEDULE_KINDS[schedule.kind],
+                                    _checks.check_float32("schedule.base", schedule.base, 0.0, math.inf, owner="AdamW"),
+                                    _checks.check_float32("schedule.min_lr", schedule.min_lr, 0.0, math.inf,
+                                                          owner="AdamW"),
+                                    int(schedule.warmup), int(schedule.total))
+            _capi.call("sg_adamw_create_scheduled", ctx.handle, handles, len(layers), ctypes.byref(config),
+                       ctypes.byref(plan), ctypes.byref(self._handle))
 
     def __del__(self):
         _capi.destroy("sg_optimizer_destroy", getattr(self, "_handle", None))
@@ -45,6 +79,18 @@ class AdamW:
 
     def step(self):
         _capi.call("sg_optimizer_step", self._handle)
+
+    def set_lr(self, lr):
+        """The rate of the next steps; a step captured before takes it (an error with a schedule)."""
+        _capi.call("sg_optimizer_set_lr", self._handle,
+                   _checks.check_float32("lr", lr, 0.0, math.inf, owner="AdamW.set_lr"))
+
+    @property
+    def lr(self):
+        """The rate the last update used (with a schedule) or the one set; reads the device."""
+        value = ctypes.c_float()
+        _capi.call("sg_optimizer_lr", self._handle, ctypes.byref(value))
+        return value.value
 
     @property
     def steps_taken(self):

@@ -22,7 +22,7 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 5);
+  EXPECT_EQ(version(), 6);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
@@ -62,6 +62,16 @@ TEST(CapiExportsTest, Version5AdditionsAreExportedAsStepgraphC5) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
     EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_5"), nullptr) << name << " is not in STEPGRAPH_C_5";
     EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_4"), nullptr) << name << " is in STEPGRAPH_C_4";
+  }
+}
+
+TEST(CapiExportsTest, Version6AdditionsAreExportedAsStepgraphC6) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  for (const char* name : {"sg_adamw_create_scheduled", "sg_optimizer_set_lr", "sg_optimizer_lr"}) {
+    EXPECT_NE(dlsym(library, name), nullptr) << name;
+    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_6"), nullptr) << name << " is not in STEPGRAPH_C_6";
+    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_5"), nullptr) << name << " is in STEPGRAPH_C_5";
   }
 }
 

@@ -127,8 +127,12 @@ void check_blocks_against_host(const QuantizeDesc& desc, BlockShape shape, bool 
   EXPECT_EQ(got_row_scales, want_row_scales);
   EXPECT_EQ(got_col_scales, want_col_scales);
   for (std::size_t i = 0; i < count; ++i) {  // the copies asked for
-    if (desc.rowwise) ASSERT_EQ(got_rows[i], want_rows[i]) << "row-wise byte " << i;
-    if (desc.columnwise) ASSERT_EQ(got_cols[i], want_cols[i]) << "column-wise byte " << i;
+    if (desc.rowwise) {
+      ASSERT_EQ(got_rows[i], want_rows[i]) << "row-wise byte " << i;
+    }
+    if (desc.columnwise) {
+      ASSERT_EQ(got_cols[i], want_cols[i]) << "column-wise byte " << i;
+    }
   }
 }
 

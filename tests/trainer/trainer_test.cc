@@ -142,10 +142,16 @@ TEST(TrainerHostTest, LogHasStepLinesAndASummary) {
 }
 
 void expect_resume_equals_uninterrupted(const std::string& dtype, const std::string& mode,
-                                        const std::string& fp8 = "none") {
+                                        const std::string& fp8 = "none", const std::string& lr_schedule = "constant") {
   TrainerOptions o = small_options(Device::kHost);
   o.dtype = dtype;
   o.mode = mode;
+  if (lr_schedule != "constant") {  // decaying over the uninterrupted run's 24 steps, whatever --steps says
+    o.lr_schedule = lr_schedule;
+    o.warmup_steps = 4;
+    o.min_lr = o.lr / 10;
+    o.decay_steps = 24;
+  }
   if (fp8 != "none") {  // FP8's 16-multiples
     o.hidden = 64;
     o.ffn = 128;
@@ -157,7 +163,8 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
   std::ostringstream log;
   const TrainResult whole = train(o, Device::kHost, log);
 
-  const std::filesystem::path path = temp_path("resume_" + dtype + "_" + mode + "_" + fp8 + ".safetensors");
+  const std::filesystem::path path =
+      temp_path("resume_" + dtype + "_" + mode + "_" + fp8 + "_" + lr_schedule + ".safetensors");
   std::filesystem::remove(path);
   o.checkpoint = path.string();
   o.save_every = 5;
@@ -199,6 +206,12 @@ TEST(TrainerHostTest, ResumedFp8DelayedRunEqualsAnUninterruptedOne) {
   expect_resume_equals_uninterrupted("bf16", "graph", "delayed");
 }
 
+// Note [Learning-rate schedule]: the rate of each step from the device step
+// counter, so a resumed run continues the schedule where it stopped.
+TEST(TrainerHostTest, ResumedCosineScheduledRunEqualsAnUninterruptedOne) {
+  expect_resume_equals_uninterrupted("bf16", "graph", "none", "cosine");
+}
+
 TEST(TrainerHostTest, ResumedBf16GraphRunEqualsAnUninterruptedOne) {
   expect_resume_equals_uninterrupted("bf16", "graph");
 }
@@ -238,6 +251,33 @@ TEST(TrainerHostTest, ResumingWithAnotherConfigurationOrNoFileIsAClearError) {
   o.hidden = 32;
   o.steps = 3;
   expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kInvalidArgument, "nothing to resume");
+}
+
+TEST(TrainerHostTest, ScheduledEagerAndGraphLossesAreEqualAndTheLogShowsTheRate) {
+  TrainerOptions o = small_options(Device::kHost);
+  o.lr_schedule = "linear";
+  o.warmup_steps = 3;
+  o.min_lr = 1e-4;
+  std::ostringstream log;
+  o.mode = "eager";
+  const TrainResult eager = train(o, Device::kHost, log);
+  o.mode = "graph";
+  const TrainResult graph = train(o, Device::kHost, log);
+  expect_same_losses(graph.losses, eager.losses, 1);
+  EXPECT_NE(log.str().find("lr schedule: linear base="), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("step 20 loss"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find(" lr 0.0001\n"), std::string::npos) << "the last step's rate is the floor: " << log.str();
+  // A schedule is part of the run: a resume with another one is refused.
+  const std::filesystem::path path = temp_path("schedule_mismatch.safetensors");
+  std::filesystem::remove(path);
+  o.checkpoint = path.string();
+  o.steps = 5;
+  o.decay_steps = 20;
+  train(o, Device::kHost, log);
+  o.resume = true;
+  o.steps = 10;
+  o.lr_schedule = "cosine";
+  expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kInvalidArgument, "config.lr-schedule");
 }
 
 TEST(TrainerHostTest, TrainsOnATokenFileWhoseVocabularyIsNotAMultipleOfEight) {
@@ -304,6 +344,13 @@ TEST(TrainerOptionsTest, BadFlagsGiveClearErrors) {
   expect_error([&] { resolved({"--save-every", "5"}); }, ErrorCode::kInvalidArgument, "--save-every needs");
   expect_error([&] { resolved({"--experts", "2", "--topk", "3"}); }, ErrorCode::kInvalidArgument, "--topk");
   expect_error([&] { resolved({"--data", "x.txt", "--vocab", "8"}); }, ErrorCode::kInvalidArgument, "--vocab");
+  expect_error([&] { resolved({"--lr-schedule", "step"}); }, ErrorCode::kInvalidArgument,
+               "unknown learning-rate schedule 'step'");
+  expect_error([&] { resolved({"--lr-schedule", "cosine", "--steps", "10", "--warmup-steps", "10"}); },
+               ErrorCode::kInvalidArgument, "--warmup-steps (10) must be fewer");
+  expect_error([&] { resolved({"--lr", "1e-3", "--min-lr", "1e-2", "--lr-schedule", "cosine"}); },
+               ErrorCode::kInvalidArgument, "--min-lr (0.01) must not exceed --lr");
+  expect_error([&] { resolved({"--min-lr", "1e-4"}); }, ErrorCode::kInvalidArgument, "with --lr-schedule constant");
 }
 
 TEST(TrainerOptionsTest, EveryFlagOfTheIssueParses) {

@@ -175,6 +175,13 @@ TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
   EXPECT_GT(relative(fp8.first, bf16.first), 1e-4) << "the FP8 path ran";
 }
 
+// A tensor's bytes, for bit-for-bit comparisons.
+std::vector<std::uint8_t> raw_bytes(Context& ctx, const Tensor& t) {
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
+  ctx.copy_to_host(t, bytes.data(), bytes.size());
+  return bytes;
+}
+
 std::vector<StateTensor> fp8_state(Linear& layer) { return layer.state(); }
 std::vector<StateTensor> fp8_state(LayerNormMLP& layer) { return state_of(layer.fp8_linears()); }
 
@@ -198,11 +205,7 @@ void expect_graph_equals_eager(Device device, const Config& config, std::int64_t
   };
   auto captured = CapturedStep::capture(ctx, [&] { return step_of(layer); },
                                         {.pool_report_policy = PoolReportPolicy::kError});
-  auto bytes_of = [&](const Tensor& t) {
-    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
-    ctx.copy_to_host(t, bytes.data(), bytes.size());
-    return bytes;
-  };
+  auto bytes_of = [&](const Tensor& t) { return raw_bytes(ctx, t); };
   auto grads = [&](Layer& l) {
     std::vector<std::vector<std::uint8_t>> all;
     for (Parameter* p : l.parameters()) all.push_back(bytes_of(p->grad));
@@ -331,11 +334,7 @@ void expect_fused_equals_unfused(Device device, const Fp8Recipe& recipe, int ste
   // Current scaling runs each fused kernel twice (the amax pass first).
   const std::size_t passes = recipe.scaling == Fp8Scaling::kCurrent ? 2 : 1;
   EXPECT_EQ(fused_ops.size(), 3 * passes) << "norm_fp8, gelu_fp8 and dgelu_fp8 in the captured step";
-  auto bytes_of = [&](const Tensor& t) {
-    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
-    ctx.copy_to_host(t, bytes.data(), bytes.size());
-    return bytes;
-  };
+  auto bytes_of = [&](const Tensor& t) { return raw_bytes(ctx, t); };
   testing::SeededRng rng;
   for (int step = 0; step < steps; ++step) {
     write_floats(ctx, x, random_values(tokens * hidden, rng, 1.0f));

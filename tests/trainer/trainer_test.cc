@@ -62,16 +62,22 @@ void expect_same_losses(const std::vector<float>& got, const std::vector<float>&
 
 std::filesystem::path temp_path(const std::string& name) { return std::filesystem::path(::testing::TempDir()) / name; }
 
+// `o` trained eagerly, then graphed: the same losses bit for bit. Both runs log to `log`.
+TrainResult expect_graph_losses_equal_eager(TrainerOptions o, Device device, std::ostream& log) {
+  o.mode = "eager";
+  const TrainResult eager = train(o, device, log);
+  o.mode = "graph";
+  TrainResult graph = train(o, device, log);
+  expect_same_losses(graph.losses, eager.losses, 1);
+  return graph;
+}
+
 void expect_eager_equals_graph(Device device, std::int64_t experts = 0, bool window = false) {
   TrainerOptions o = small_options(device, window);
   o.experts = experts;
   std::ostringstream log;
-  o.mode = "eager";
-  const TrainResult eager = train(o, device, log);
-  o.mode = "graph";
-  const TrainResult graph = train(o, device, log);
-  ASSERT_EQ(eager.losses.size(), 20u);
-  expect_same_losses(graph.losses, eager.losses, 1);
+  const TrainResult graph = expect_graph_losses_equal_eager(o, device, log);
+  ASSERT_EQ(graph.losses.size(), 20u);
   EXPECT_LT(graph.losses.back(), graph.losses.front()) << log.str();
 }
 
@@ -192,11 +198,7 @@ TEST(TrainerHostTest, Fp8EagerAndGraphLossesAreEqual) {
     o.seq_len = 16;
     o.fp8 = recipe;
     std::ostringstream log;
-    o.mode = "eager";
-    const TrainResult eager = train(o, Device::kHost, log);
-    o.mode = "graph";
-    const TrainResult graph = train(o, Device::kHost, log);
-    expect_same_losses(graph.losses, eager.losses, 1);
+    expect_graph_losses_equal_eager(o, Device::kHost, log);
     EXPECT_NE(log.str().find("fp8: the attention projections"), std::string::npos) << log.str();
     EXPECT_NE(log.str().find("fp8: 0 quantizations met a non-finite amax"), std::string::npos) << log.str();
   }
@@ -259,11 +261,7 @@ TEST(TrainerHostTest, ScheduledEagerAndGraphLossesAreEqualAndTheLogShowsTheRate)
   o.warmup_steps = 3;
   o.min_lr = 1e-4;
   std::ostringstream log;
-  o.mode = "eager";
-  const TrainResult eager = train(o, Device::kHost, log);
-  o.mode = "graph";
-  const TrainResult graph = train(o, Device::kHost, log);
-  expect_same_losses(graph.losses, eager.losses, 1);
+  expect_graph_losses_equal_eager(o, Device::kHost, log);
   EXPECT_NE(log.str().find("lr schedule: linear base="), std::string::npos) << log.str();
   EXPECT_NE(log.str().find("step 20 loss"), std::string::npos) << log.str();
   EXPECT_NE(log.str().find(" lr 0.0001\n"), std::string::npos) << "the last step's rate is the floor: " << log.str();

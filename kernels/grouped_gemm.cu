@@ -195,7 +195,13 @@ void launch_simple(const Problem& p, cudaStream_t stream) {
 template <GroupedGemmKind kKind>
 void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream) {
   const bool bf16_out = d.out_type == DType::kBFloat16;
-  if (d.in_type == DType::kBFloat16) {
+  if (is_fp8_grouped(d)) {
+    if constexpr (kKind == GroupedGemmKind::kWgrad) {
+      launch_grouped_ws<kKind, float>(p, stream);
+    } else {
+      bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(p, stream) : launch_grouped_ws<kKind, float>(p, stream);
+    }
+  } else if (d.in_type == DType::kBFloat16) {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {
       launch_wgrad_mma(p, stream);
     } else {
@@ -213,7 +219,8 @@ void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream
 void check_pointer(const GroupedGemmDesc& d, const void* pointer, const char* name) {
   SG_CHECK(pointer != nullptr, "grouped_gemm ", grouped_gemm_kind_name(d.kind), ": ", name,
            " is null; pass a device pointer");
-  SG_CHECK(d.in_type != DType::kBFloat16 || reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0, "grouped_gemm ",
+  const bool tensor_cores = d.in_type == DType::kBFloat16 || is_fp8_grouped(d);
+  SG_CHECK(!tensor_cores || reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0, "grouped_gemm ",
            grouped_gemm_kind_name(d.kind), ": ", name, " (", pointer,
            ") is not 16-byte aligned; the tensor-core path copies 16-byte chunks");
 }
@@ -236,6 +243,16 @@ void launch_grouped_gemm(const GroupedGemmDesc& desc, const GroupedGemmOperands&
   p.n = static_cast<int>(desc.n);
   p.k = static_cast<int>(desc.k);
   p.accumulate = desc.accumulate;
+  if (is_fp8_grouped(desc)) {
+    // a: x (forward) or dy; b: w, or x for wgrad.
+    const bool forward = desc.kind == GroupedGemmKind::kForward;
+    p.a_type = forward ? desc.in_type : desc.dy_type;
+    p.b_type = desc.in_type;
+    p.a_scale_inv = forward ? o.x_scale_inv : o.dy_scale_inv;
+    p.b_scale_inv = desc.kind == GroupedGemmKind::kWgrad ? o.x_scale_inv : o.w_scale_inv;
+    SG_CHECK(p.a_scale_inv != nullptr && p.b_scale_inv != nullptr, "grouped_gemm ",
+             grouped_gemm_kind_name(desc.kind), ": FP8 operands need their scale_inv pointers");
+  }
   SG_CHECK(o.offsets != nullptr, "grouped_gemm: offsets is null; pass the device int32 [E + 1] offsets");
   check_pointer(desc, o.out, "out");
   switch (desc.kind) {

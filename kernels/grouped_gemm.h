@@ -16,6 +16,14 @@
 //
 // Inputs x, w, dy are bf16 (tensor-core path, K and N multiples of 8) or fp32
 // (a simple CUDA path); bias has the dtype of w; fp32 accumulation always.
+// FP8 (in_type kFloat8E4M3; Note [FP8 grouped GEMM] in grouped_gemm_ws.cu):
+// x and w in E4M3, dy in dy_type (E5M2 or E4M3), each with a tensor-wise
+// scale_inv the product is multiplied by; bias bf16. FP8 wgmma reads both
+// operands K-major, so the operands are the quantize kernels' copies:
+//   kForward  x [T, K] and w [E, N, K] (row-wise)
+//   kDgrad    dy [T, N] and w's column-wise copy [K, E * N] (of w as [E * N, K])
+//   kWgrad    dy's column-wise copy [N, T] and x's [K, T]
+// N and K must be multiples of 16 (16-byte rows), and T too for kWgrad.
 // The launch configuration depends only on (T, E, N, K): a persistent tile
 // scheduler finds each CTA's (group, m-tile, n-tile) on the device from offsets.
 // Forward and dgrad run on warp-specialised wgmma fed by TMA, wgrad on mma.sync (see
@@ -40,7 +48,8 @@ struct GroupedGemmDesc {
   std::int64_t experts = 0;           // E
   std::int64_t n = 0;                 // out features N
   std::int64_t k = 0;                 // in features K
-  DType in_type = DType::kBFloat16;   // x, w, dy (and bias)
+  DType in_type = DType::kBFloat16;   // x, w, dy (and bias); FP8: x and w (kFloat8E4M3)
+  DType dy_type = DType::kFloat8E5M2;  // FP8 only: dy's format (E5M2 or E4M3); ignored otherwise
   DType out_type = DType::kBFloat16;  // y, dx: bf16 or fp32; dw: fp32
   bool bias = false;                  // kForward only
   bool accumulate = false;            // kWgrad only: dw += instead of dw =
@@ -60,7 +69,13 @@ struct GroupedGemmOperands {
   const void* bias = nullptr;             // [E, N]   kForward with bias
   const std::int32_t* offsets = nullptr;  // [E + 1] device (host for host::)
   void* out = nullptr;                    // y [T, N], dx [T, K] or dw [E, N, K]
+  // FP8 only: the operands' scale_inv, fp32 [1] (device; host for host::).
+  const float* x_scale_inv = nullptr;
+  const float* w_scale_inv = nullptr;
+  const float* dy_scale_inv = nullptr;
 };
+
+inline bool is_fp8_grouped(const GroupedGemmDesc& desc) { return desc.in_type == DType::kFloat8E4M3; }
 
 void launch_grouped_gemm(const GroupedGemmDesc& desc, const GroupedGemmOperands& operands, cudaStream_t stream);
 
@@ -80,6 +95,7 @@ void launch_grouped_bias_grad(const GroupedBiasGradDesc& desc, const void* dy, c
 namespace host {
 // The same contracts on host memory (offsets on the host), fp32 accumulation,
 // outputs rounded to nearest even. Offsets are clamped like the kernels do.
+// FP8: the decoded bytes' products summed in fp32, times the two scale_inv.
 void grouped_gemm(const GroupedGemmDesc& desc, const GroupedGemmOperands& operands);
 void grouped_bias_grad(const GroupedBiasGradDesc& desc, const void* dy, const std::int32_t* offsets, float* db);
 }  // namespace host

@@ -27,6 +27,12 @@ struct Problem {
   int n = 0;
   int k = 0;
   bool accumulate = false;
+  // The wgmma kernels' element types: a (x, dy) and b (w, or x for wgrad):
+  // bf16, or FP8 (a E4M3 or E5M2, b E4M3) with their scale_inv.
+  DType a_type = DType::kBFloat16;
+  DType b_type = DType::kBFloat16;
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
 };
 
 // Pointer arithmetic on type-erased operands.
@@ -76,9 +82,10 @@ __device__ void zero_rows_outside_groups(const int* offs, int experts, int token
   }
 }
 
-// The forward or dgrad on wgmma + TMA, warp-specialised (grouped_gemm_ws.cu;
-// bf16 inputs, Out bf16 or float): a TMA producer warpgroup and two consumer
-// warpgroups sharing each 128 x 256 tile.
+// The products on wgmma + TMA, warp-specialised (grouped_gemm_ws.cu): the
+// bf16 forward and dgrad, and every FP8 product (Out bf16 or float; wgrad's
+// float): a TMA producer warpgroup and two consumer warpgroups sharing each
+// 128 x 256 tile.
 template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_ws(const Problem& p, cudaStream_t stream);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/fp8.h"
 #include "engine/half_precision.h"
 #include "kernels/grouped_gemm.h"
 
@@ -19,6 +20,16 @@ constexpr std::int64_t kMaxExperts = 4096;
 constexpr std::int64_t kMaxExtent = (std::int64_t{1} << 31) - 1;
 
 bool float_input(DType d) { return d == DType::kBFloat16 || d == DType::kFloat32; }
+bool fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
+
+// An element as fp32: FP8 bytes decoded, others as load_as_float.
+float element(DType dtype, const void* base, std::int64_t i) {
+  if (fp8(dtype)) {
+    const Fp8Format format = dtype == DType::kFloat8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    return fp8_to_float(format, static_cast<const std::uint8_t*>(base)[i]);
+  }
+  return load_as_float(dtype, base, i);
+}
 
 }  // namespace
 
@@ -32,11 +43,13 @@ std::string grouped_gemm_kind_name(GroupedGemmKind kind) {
 }
 
 std::string GroupedGemmDesc::to_string() const {
-  char text[200];
-  std::snprintf(text, sizeof(text), "%s T=%lld E=%lld N=%lld K=%lld in=%s out=%s%s%s",
+  char text[240];
+  const std::string dy = is_fp8_grouped(*this) ? " dy=" + std::string(dtype_name(dy_type)) : std::string();
+  std::snprintf(text, sizeof(text), "%s T=%lld E=%lld N=%lld K=%lld in=%s%s out=%s%s%s",
                 grouped_gemm_kind_name(kind).c_str(), static_cast<long long>(tokens), static_cast<long long>(experts),
                 static_cast<long long>(n), static_cast<long long>(k), std::string(dtype_name(in_type)).c_str(),
-                std::string(dtype_name(out_type)).c_str(), bias ? " bias" : "", accumulate ? " accumulate" : "");
+                dy.c_str(), std::string(dtype_name(out_type)).c_str(), bias ? " bias" : "",
+                accumulate ? " accumulate" : "");
   return text;
 }
 
@@ -48,8 +61,16 @@ void check_grouped_gemm(const GroupedGemmDesc& d) {
            ": sizes must be T >= 0, N >= 1, K >= 1, got T=", d.tokens, " N=", d.n, " K=", d.k);
   SG_CHECK(d.tokens * std::max(d.n, d.k) <= kMaxExtent && d.n * d.k <= kMaxExtent, "grouped_gemm ", kind,
            ": T * max(N, K) and N * K must stay below 2^31 elements, got T=", d.tokens, " N=", d.n, " K=", d.k);
-  SG_CHECK_CODE(float_input(d.in_type), ErrorCode::kUnsupported, "grouped_gemm ", kind, ": input dtype ",
-                dtype_name(d.in_type), " is not supported; use bf16 (tensor cores) or fp32");
+  SG_CHECK_CODE(float_input(d.in_type) || is_fp8_grouped(d), ErrorCode::kUnsupported, "grouped_gemm ", kind,
+                ": input dtype ", dtype_name(d.in_type),
+                " is not supported; use bf16 (tensor cores), fp32, or FP8 with x and w in e4m3");
+  if (is_fp8_grouped(d)) {
+    SG_CHECK(fp8(d.dy_type), "grouped_gemm ", kind, ": FP8 dy must be e4m3 or e5m2, got ", dtype_name(d.dy_type));
+    SG_CHECK(d.n % 16 == 0 && d.k % 16 == 0, "grouped_gemm ", kind,
+             ": FP8 needs N and K multiples of 16 (16-byte rows), got N=", d.n, " K=", d.k);
+    SG_CHECK(d.kind != GroupedGemmKind::kWgrad || d.tokens % 16 == 0, "grouped_gemm wgrad: FP8 reads the "
+             "transposed copies [N, T] and [K, T], whose rows need T a multiple of 16, got T=", d.tokens);
+  }
   if (d.in_type == DType::kBFloat16) {
     SG_CHECK(d.n % 8 == 0 && d.k % 8 == 0, "grouped_gemm ", kind,
              ": bf16 needs N and K multiples of 8 (16-byte rows), got N=", d.n, " K=", d.k);
@@ -92,17 +113,33 @@ void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
   check_grouped_gemm(d);
   SG_CHECK(o.offsets != nullptr && o.out != nullptr, "host grouped_gemm: null offsets or out");
   const std::vector<std::int64_t> offs = clamped_offsets(o.offsets, d.experts, d.tokens);
+  const bool fp8_in = is_fp8_grouped(d);
   const DType in = d.in_type;
+  const DType dy_type = fp8_in ? d.dy_type : in;
   const std::int64_t n = d.n;
   const std::int64_t k = d.k;
+  if (fp8_in) {
+    SG_CHECK(o.x_scale_inv != nullptr || d.kind == GroupedGemmKind::kDgrad, "host grouped_gemm: null x_scale_inv");
+    SG_CHECK(o.w_scale_inv != nullptr || d.kind == GroupedGemmKind::kWgrad, "host grouped_gemm: null w_scale_inv");
+    SG_CHECK(o.dy_scale_inv != nullptr || d.kind == GroupedGemmKind::kForward, "host grouped_gemm: null dy_scale_inv");
+  }
+  // FP8: the product of the operands' scale_inv; 1 otherwise.
+  auto scale_of = [&](const float* a, const float* b) { return fp8_in ? *a * *b : 1.0f; };
   if (d.kind == GroupedGemmKind::kWgrad) {
+    const float scale = scale_of(o.dy_scale_inv, o.x_scale_inv);
+    // FP8 reads the column-wise copies dy^T [N, T] and x^T [K, T].
+    auto dy_at = [&](std::int64_t t, std::int64_t i) {
+      return element(dy_type, o.dy, fp8_in ? i * d.tokens + t : t * n + i);
+    };
+    auto x_at = [&](std::int64_t t, std::int64_t j) { return element(in, o.x, fp8_in ? j * d.tokens + t : t * k + j); };
     for (std::int64_t e = 0; e < d.experts; ++e) {
       for (std::int64_t i = 0; i < n; ++i) {
         for (std::int64_t j = 0; j < k; ++j) {
           float sum = 0.0f;
           for (std::int64_t t = offs[e]; t < offs[e + 1]; ++t) {
-            sum += load_as_float(in, o.dy, t * n + i) * load_as_float(in, o.x, t * k + j);
+            sum += dy_at(t, i) * x_at(t, j);
           }
+          sum *= scale;
           const std::int64_t index = (e * n + i) * k + j;
           float* dw = static_cast<float*>(o.out);
           dw[index] = d.accumulate ? dw[index] + sum : sum;
@@ -115,6 +152,15 @@ void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
   const std::int64_t cols = forward ? n : k;
   const std::int64_t depth = forward ? k : n;
   const void* a = forward ? o.x : o.dy;
+  const DType a_type = forward ? in : dy_type;
+  const float scale = forward ? scale_of(o.x_scale_inv, o.w_scale_inv) : scale_of(o.dy_scale_inv, o.w_scale_inv);
+  // w_e[c, j] (forward) or w_e[j, c] (dgrad) of w [E, N, K]; FP8 dgrad reads
+  // w's column-wise copy [K, E * N].
+  auto w_at = [&](std::int64_t e, std::int64_t c, std::int64_t j) {
+    if (forward) return element(in, o.w, e * n * k + c * k + j);
+    return element(in, o.w, fp8_in ? c * d.experts * n + e * n + j : e * n * k + j * k + c);
+  };
+  const DType bias_type = fp8_in ? DType::kBFloat16 : in;
   for (std::int64_t t = 0; t < d.tokens; ++t) {
     const auto after = std::upper_bound(offs.begin(), offs.end(), t);
     const bool in_group = t >= offs.front() && t < offs.back();
@@ -122,12 +168,9 @@ void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
     for (std::int64_t c = 0; c < cols; ++c) {
       float sum = 0.0f;
       if (in_group) {
-        for (std::int64_t j = 0; j < depth; ++j) {
-          // forward: w_e[c, j]; dgrad: w_e[j, c].
-          const std::int64_t w_index = e * n * k + (forward ? c * k + j : j * k + c);
-          sum += load_as_float(in, a, t * depth + j) * load_as_float(in, o.w, w_index);
-        }
-        if (forward && d.bias) sum += load_as_float(in, o.bias, e * n + c);
+        for (std::int64_t j = 0; j < depth; ++j) sum += element(a_type, a, t * depth + j) * w_at(e, c, j);
+        sum *= scale;
+        if (forward && d.bias) sum += load_as_float(bias_type, o.bias, e * n + c);
       }
       store_from_float(d.out_type, o.out, t * cols + c, sum);
     }

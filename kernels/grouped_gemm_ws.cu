@@ -1,27 +1,47 @@
-// The grouped forward y = x_e w_e^T (+ bias_e) and dgrad dx = dy_e w_e on
-// wgmma, warp-specialised (contract in grouped_gemm.h; shared pieces in
-// grouped_gemm_common.cuh and kernels/tile/*.cuh; TMA descriptors from
-// kernels/tensor_map.h).
+// The grouped products on wgmma, warp-specialised (contract in
+// grouped_gemm.h; shared pieces in grouped_gemm_common.cuh and
+// kernels/tile/*.cuh; TMA descriptors from kernels/tensor_map.h): the bf16
+// forward y = x_e w_e^T (+ bias_e) and dgrad dx = dy_e w_e, and all three
+// FP8 products (Note [FP8 grouped GEMM]).
 //
-// Operands. Both multiply a token-major operand a (x or dy, K-major) by a
-// weight operand: K-major for the forward (w_e rows), N-major for dgrad (w_e
-// read as [N][K] blocks of 64 output columns, the wgmma transpose bit set).
-// TMA boxes ignore group boundaries: an x box may run past the group's last
-// row into the next group (those rows of the product are never stored) or
-// past T (zero-filled); a forward w box past N into the next expert likewise.
-// dgrad reduces over w_e's rows, so its w boxes come from a 3-D view
-// [E][N][K] whose N bound zero-fills instead of reading the next expert.
+// Operands. Each multiplies a K-major operand a by a weight-side operand b,
+// staged as 128-byte rows (64 bf16 or 128 FP8 elements of the reduction):
+//   bf16 forward  a = x [T, K],   b = w [E*N, K] K-major
+//   bf16 dgrad    a = dy [T, N],  b = w_e read as [N][K] blocks of 64 output
+//                 columns, N-major (the wgmma transpose bit set)
+//   FP8 forward   as bf16's forward, in E4M3
+//   FP8 dgrad     a = dy [T, N],  b = w^T [K, E*N] (the column-wise copy of w
+//                 as [E*N, K]) read as a 3-D [K][E][N] view, K-major
+//   FP8 wgrad     a = dy^T [N, T], b = x^T [K, T] (the column-wise copies),
+//                 reducing over the group's tokens: dw_e [N, K] tiles
+// TMA boxes ignore group boundaries where that is harmless: an x box may run
+// past the group's last row into the next group (those rows of the product
+// are never stored) or past T (zero-filled); a forward w box past N into the
+// next expert likewise. dgrad reduces over w_e's rows, so its w boxes come
+// from a 3-D view whose N bound zero-fills instead of reading the next
+// expert. FP8 wgrad reduces over tokens: the part of a group's last token
+// box that belongs to the next group is zeroed in shared memory before the
+// wgmma reads it.
 //
 // A persistent block per SM has three warpgroups (384 threads):
 //   warpgroup 0, the producer (registers cut to 40 with setmaxnreg): one
 //     thread issues the TMA loads of every tile of the block, in tile order,
-//     into a ring of (x box, w box) stages, each stage freed by the warps
+//     into a ring of (a box, b box) stages, each stage freed by the warps
 //     that read it;
 //   warpgroups 1 and 2, the consumers (registers raised to 232), both
-//     computing each 128 x 256 tile, 64 rows each (m64n256k16, 128 fp32
+//     computing each 128 x 256 tile, 64 rows each (m64n256, 128 fp32
 //     accumulators a thread), the cooperative schedule.
 // The variants that lost to it are in Note [Grouped GEMM variants that lost]
 // (grouped_gemm.cu).
+//
+// Note [FP8 grouped GEMM]
+// FP8 operands are tensor-wise scaled: the product is multiplied by the two
+// operands' scale_inv in the epilogue. FP8 wgmma reads both operands K-major,
+// so the transposes come from the quantize kernels' column-wise copies (the
+// layouts above), as for cuBLASLt's FP8 GEMMs. The tensor cores sum each
+// k32 wgmma into the fp32 accumulators directly (cuBLASLt's "fast
+// accumulation"; no periodic promotion to a second set of registers, which
+// the 128 x 256 tile has no room for).
 #include <cuda.h>
 
 #include <algorithm>
@@ -36,14 +56,15 @@
 namespace stepgraph::kernels::grouped {
 namespace {
 
-// Both consumer warpgroups share each 128 x 256 tile, 64 rows each.
+// Both consumer warpgroups share each 128 x 256 tile, 64 rows each; a stage
+// holds 128 bytes of the reduction (kDepth elements) of both operands.
 struct WsConfig {
   static constexpr int kM = 128;
   static constexpr int kN = 256;
-  static constexpr int kK = 64;
+  static constexpr int kRowBytes = 128;
   static constexpr int kThreads = 384;
-  static constexpr int kTileBytesA = kM * kK * 2;
-  static constexpr int kTileBytesB = kN * kK * 2;
+  static constexpr int kTileBytesA = kM * kRowBytes;
+  static constexpr int kTileBytesB = kN * kRowBytes;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
   static constexpr int kStages = (192 * 1024) / kStageBytes;  // 4
   static constexpr int kPipelineBytes = kStageBytes * kStages;
@@ -56,15 +77,38 @@ struct WsConfig {
   static constexpr int kRasterBand = 16;
   // Warps that read a stage: both consumer warpgroups.
   static constexpr int kReaderWarps = 8;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kTailBarrier = 1;  // the consumers' named barrier for a zeroed tail
 };
 
-template <GroupedGemmKind kKind, typename Out>
+// Which product, and in which element type (Note [FP8 grouped GEMM]).
+template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2>
+struct WsProduct {
+  static constexpr bool kForward = kKind == GroupedGemmKind::kForward;
+  static constexpr bool kWgrad = kKind == GroupedGemmKind::kWgrad;
+  static_assert(kFp8 || !kWgrad, "bf16 wgrad runs on mma.sync (grouped_gemm.cu)");
+  static constexpr int kDepth = WsConfig::kRowBytes / (kFp8 ? 1 : 2);  // reduction elements a stage
+  static constexpr int kSlices = kDepth / (kFp8 ? 32 : 16);           // wgmma per stage and warpgroup
+};
+
+// A zeroed tail: clears bytes [valid, 128) of every 128-byte row of the
+// stage's `rows` rows at `tile` (128-byte swizzled: byte c of row r sits in
+// chunk (c / 16) ^ (r % 8)), `first`-th of `step` threads.
+__device__ __forceinline__ void zero_row_tails(unsigned char* tile, int rows, int valid, int first, int step) {
+  for (int r = first; r < rows; r += step) {
+    unsigned char* row = tile + r * WsConfig::kRowBytes;
+    for (int c = valid; c < WsConfig::kRowBytes; ++c) row[(((c >> 4) ^ (r & 7)) << 4) | (c & 15)] = 0;
+  }
+}
+
+template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, typename Out>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1)
-    grouped_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w, Problem p) {
+    grouped_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, Problem p) {
   using C = WsConfig;
-  constexpr bool kForward = kKind == GroupedGemmKind::kForward;
-  const int cols = kForward ? p.n : p.k;   // of the output
-  const int depth = kForward ? p.k : p.n;  // the reduction
+  using P = WsProduct<kKind, kFp8, kAE5M2>;
+  // Output [rows, cols] of a tile's group, and the reduction's length.
+  const int cols = P::kWgrad ? p.k : (P::kForward ? p.n : p.k);
+  const int depth = P::kForward ? p.k : p.n;  // fwd/dgrad; wgrad's is the group's tokens
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
@@ -80,7 +124,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
   const int warpgroup = warp / 4;
   if (threadIdx.x == 0) {
     tile::prefetch_tensor_map(&map_a);
-    tile::prefetch_tensor_map(&map_w);
+    tile::prefetch_tensor_map(&map_b);
     for (int s = 0; s < C::kStages; ++s) {
       tile::mbarrier_init(&full[s], 1);
       tile::mbarrier_init(&empty[s], C::kReaderWarps);  // one arrival per reading warp
@@ -88,15 +132,17 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
     tile::fence_barrier_init();
   }
   tile::load_group_offsets(p.offsets, p.experts, p.tokens, offs);  // ends with a barrier
+  // fwd/dgrad: a group's tiles cover its token rows; wgrad: every group has
+  // the same tiles of its dw_e [N, K].
   const int tiles_n = (cols + C::kN - 1) / C::kN;
-  auto m_tiles = [&](int e) { return (offs[e + 1] - offs[e] + C::kM - 1) / C::kM; };
+  const int wgrad_tiles_m = (p.n + C::kM - 1) / C::kM;
+  auto m_tiles = [&](int e) { return P::kWgrad ? wgrad_tiles_m : (offs[e + 1] - offs[e] + C::kM - 1) / C::kM; };
   tile::build_tile_starts(p.experts, tile_start, [&](int e) { return m_tiles(e) * tiles_n; });
 
   const int total = tile_start[p.experts];
   const int grid = static_cast<int>(gridDim.x);
   const int block = static_cast<int>(blockIdx.x);
   const int my_tiles = total > block ? (total - block + grid - 1) / grid : 0;
-  const int k_tiles = (depth + C::kK - 1) / C::kK;
   struct TileAt {
     int e, m0, n0;
   };
@@ -106,6 +152,11 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
     const tile::TileMN mn = tile::band_raster(t - tile_start[e], m_tiles(e), tiles_n, C::kRasterBand);
     return TileAt{e, mn.m * C::kM, mn.n * C::kN};
   };
+  // Stages of a tile: over K (or N) for fwd/dgrad, over the group's tokens for wgrad.
+  auto k_tiles = [&](const TileAt& place) {
+    const int length = P::kWgrad ? offs[place.e + 1] - offs[place.e] : depth;
+    return (length + P::kDepth - 1) / P::kDepth;
+  };
 
   if (warpgroup == 0) {
     tile::setmaxnreg_dec<C::kProducerRegisters>();
@@ -113,89 +164,167 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
       int load = 0;
       for (int i = 0; i < my_tiles; ++i) {
         const TileAt place = tile_at(i);
-        const int a_row = offs[place.e] + place.m0;
-        for (int kt = 0; kt < k_tiles; ++kt, ++load) {
+        const int stages = k_tiles(place);
+        for (int kt = 0; kt < stages; ++kt, ++load) {
           const int slot = load % C::kStages;
           // The slot's previous use (load `load - kStages`) must be released by every reader.
           if (load >= C::kStages) tile::mbarrier_wait(&empty[slot], ((load / C::kStages) & 1) ^ 1);
-          const int k0 = kt * C::kK;
+          const int k0 = kt * P::kDepth;
           tile::mbarrier_arrive_expect_tx(&full[slot], C::kStageBytes);
-          tile::tma_load_2d(tile_a(slot), &map_a, &full[slot], k0, a_row);
-          if constexpr (kForward) {
-            tile::tma_load_2d(tile_b(slot), &map_w, &full[slot], k0, place.e * p.n + place.n0);
+          if constexpr (P::kWgrad) {
+            const int t0 = offs[place.e] + k0;
+            tile::tma_load_2d(tile_a(slot), &map_a, &full[slot], t0, place.m0);
+            tile::tma_load_2d(tile_b(slot), &map_b, &full[slot], t0, place.n0);
           } else {
-            // dgrad: [64 k][64 n] boxes of w_e, one per 64 output columns.
+            tile::tma_load_2d(tile_a(slot), &map_a, &full[slot], k0, offs[place.e] + place.m0);
+            if constexpr (P::kForward) {
+              tile::tma_load_2d(tile_b(slot), &map_b, &full[slot], k0, place.e * p.n + place.n0);
+            } else if constexpr (kFp8) {
+              tile::tma_load_3d(tile_b(slot), &map_b, &full[slot], k0, place.e, place.n0);
+            } else {
+              // bf16 dgrad: [64 k][64 n] boxes of w_e, one per 64 output columns.
 #pragma unroll
-            for (int j = 0; j < C::kN / 64; ++j) {
-              tile::tma_load_3d(tile_b(slot) + j * 64 * C::kK * 2, &map_w, &full[slot], place.n0 + j * 64, k0, place.e);
+              for (int j = 0; j < C::kN / 64; ++j) {
+                tile::tma_load_3d(tile_b(slot) + j * 64 * C::kRowBytes, &map_b, &full[slot], place.n0 + j * 64, k0,
+                                  place.e);
+              }
             }
           }
         }
       }
     }
-    zero_rows_outside_groups(offs, p.experts, p.tokens, cols, static_cast<Out*>(p.out));
+    if constexpr (!P::kWgrad) zero_rows_outside_groups(offs, p.experts, p.tokens, cols, static_cast<Out*>(p.out));
   } else {
     tile::setmaxnreg_inc<C::kConsumerRegisters>();
     const int consumer = warpgroup - 1;
+    const int consumer_thread = static_cast<int>(threadIdx.x) - 128;
     const int wg_warp = warp % 4;
     constexpr int kAcc = C::kN / 2;
     float acc[kAcc];
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
     Out* out = static_cast<Out*>(p.out);
+    // FP8: the product of the operands' scale_inv, applied in the epilogue.
+    float scale = 1.0f;
+    if constexpr (kFp8) scale = *p.a_scale_inv * *p.b_scale_inv;
     // The A rows of this warpgroup inside the stage's tile: 64 rows are 8 KiB, 512 descriptor units.
     const std::uint64_t a_rows = consumer * 512;
+    int load = 0;
     for (int i = 0; i < my_tiles; ++i) {
       const TileAt place = tile_at(i);
-      int load = i * k_tiles;
-      for (int kt = 0; kt < k_tiles; ++kt, ++load) {
+      const int stages = k_tiles(place);
+      if (stages == 0) {  // an empty wgrad group: its dw_e is zeros
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
+      }
+      for (int kt = 0; kt < stages; ++kt, ++load) {
         const int slot = load % C::kStages;
         tile::mbarrier_wait(&full[slot], (load / C::kStages) & 1);
+        if constexpr (P::kWgrad) {
+          // The group's last token box runs into the next group: zero that part of both operands.
+          const int valid = offs[place.e + 1] - offs[place.e] - kt * P::kDepth;
+          if (valid < P::kDepth) {
+            zero_row_tails(tile_a(slot), C::kM, valid, consumer_thread, C::kConsumerThreads);
+            zero_row_tails(tile_b(slot), C::kN, valid, consumer_thread, C::kConsumerThreads);
+            tile::fence_proxy_async_shared();
+            tile::named_barrier_sync(C::kTailBarrier, C::kConsumerThreads);
+          }
+        }
         tile::fence_accumulators(acc);
         tile::wgmma_fence();
         const std::uint64_t desc_a = tile::wgmma_descriptor(tile_a(slot)) + a_rows;
 #pragma unroll
-        for (int ks = 0; ks < C::kK / 16; ++ks) {
-          // K-major: k16 slices are 32 bytes apart (2 in the descriptor's 16-byte
-          // units); N-major: 16 rows of 128 bytes apart.
+        for (int ks = 0; ks < P::kSlices; ++ks) {
+          // K-major: slices are 32 bytes apart (2 in the descriptor's 16-byte
+          // units); bf16 dgrad's N-major b: 16 rows of 128 bytes apart.
           const int scale_d = (kt > 0 || ks > 0) ? 1 : 0;
-          const std::uint64_t desc_b =
-              kForward ? tile::wgmma_descriptor(tile_b(slot)) + 2 * ks
-                       : tile::wgmma_descriptor_mn_major(tile_b(slot) + ks * 16 * 128, 64 * C::kK * 2);
-          tile::wgmma_m64n256k16<!kForward>(acc, desc_a + 2 * ks, desc_b, scale_d);
+          if constexpr (kFp8) {
+            tile::wgmma_m64n256k32_fp8<kAE5M2>(acc, desc_a + 2 * ks, tile::wgmma_descriptor(tile_b(slot)) + 2 * ks,
+                                               scale_d);
+          } else {
+            // bf16 dgrad reads w N-major in [64 k][64 n] boxes; everything else K-major.
+            constexpr bool kTransB = !P::kForward;
+            const std::uint64_t desc_b =
+                kTransB ? tile::wgmma_descriptor_mn_major(tile_b(slot) + ks * 16 * C::kRowBytes, 64 * C::kRowBytes)
+                           : tile::wgmma_descriptor(tile_b(slot)) + 2 * ks;
+            tile::wgmma_m64n256k16<kTransB>(acc, desc_a + 2 * ks, desc_b, scale_d);
+          }
         }
         tile::wgmma_commit();
         tile::wgmma_wait<1>();  // the previous stage's wgmma group is done
         tile::fence_accumulators(acc);
         if (kt > 0 && lane == 0) tile::mbarrier_arrive(&empty[(load - 1) % C::kStages]);
       }
-      tile::wgmma_wait<0>();
-      tile::fence_accumulators(acc);
-      if (lane == 0) tile::mbarrier_arrive(&empty[(load - 1) % C::kStages]);
+      if (stages > 0) {
+        tile::wgmma_wait<0>();
+        tile::fence_accumulators(acc);
+        if (lane == 0) tile::mbarrier_arrive(&empty[(load - 1) % C::kStages]);
+      }
 
-      const int start = offs[place.e];
-      const int count = offs[place.e + 1] - start;
-      Out* y = out + static_cast<std::int64_t>(start) * cols;
-      const __nv_bfloat16* bias =
-          kForward && p.bias != nullptr ? at<__nv_bfloat16>(p.bias, static_cast<std::int64_t>(place.e) * p.n) : nullptr;
+      // This warpgroup's accumulators into the tile's rows of the group's output.
       const int row0 = place.m0 + consumer * 64 + wg_warp * 16 + lane / 4;
       const int col0 = place.n0 + (lane % 4) * 2;
+      if constexpr (P::kWgrad) {
+        float* dw = static_cast<float*>(p.out) + static_cast<std::int64_t>(place.e) * p.n * p.k;
 #pragma unroll
-      for (int j = 0; j < kAcc; j += 2) {
-        const int row = row0 + 8 * ((j / 2) % 2);
-        const int col = col0 + (j / 4) * 8;
-        if (row < count && col < cols) {  // cols % 8 == 0: col + 1 is in too
-          float v0 = acc[j];
-          float v1 = acc[j + 1];
-          if (bias != nullptr) {
-            v0 += __bfloat162float(bias[col]);
-            v1 += __bfloat162float(bias[col + 1]);
+        for (int j = 0; j < kAcc; j += 2) {
+          const int row = row0 + 8 * ((j / 2) % 2);
+          const int col = col0 + (j / 4) * 8;
+          if (row < p.n && col < p.k) {  // k % 16 == 0: col + 1 is in too
+            float* dst = dw + static_cast<std::int64_t>(row) * p.k + col;
+            float v0 = acc[j] * scale;
+            float v1 = acc[j + 1] * scale;
+            if (p.accumulate) {
+              const float2 old = *reinterpret_cast<const float2*>(dst);
+              v0 += old.x;
+              v1 += old.y;
+            }
+            store_pair(dst, v0, v1);
           }
-          store_pair(y + static_cast<std::int64_t>(row) * cols + col, v0, v1);
+        }
+      } else {
+        const int start = offs[place.e];
+        const int count = offs[place.e + 1] - start;
+        Out* y = out + static_cast<std::int64_t>(start) * cols;
+        const __nv_bfloat16* bias = P::kForward && p.bias != nullptr
+                                        ? at<__nv_bfloat16>(p.bias, static_cast<std::int64_t>(place.e) * p.n)
+                                        : nullptr;
+#pragma unroll
+        for (int j = 0; j < kAcc; j += 2) {
+          const int row = row0 + 8 * ((j / 2) % 2);
+          const int col = col0 + (j / 4) * 8;
+          if (row < count && col < cols) {  // cols % 8 == 0: col + 1 is in too
+            float v0 = acc[j] * scale;
+            float v1 = acc[j + 1] * scale;
+            if (bias != nullptr) {
+              v0 += __bfloat162float(bias[col]);
+              v1 += __bfloat162float(bias[col + 1]);
+            }
+            store_pair(y + static_cast<std::int64_t>(row) * cols + col, v0, v1);
+          }
         }
       }
     }
-    zero_rows_outside_groups(offs, p.experts, p.tokens, cols, out);
+    if constexpr (!P::kWgrad) zero_rows_outside_groups(offs, p.experts, p.tokens, cols, out);
+  }
+}
+
+// The TMA maps of a product's two operands (the layouts at the top).
+template <GroupedGemmKind kKind, bool kFp8>
+std::pair<CUtensorMap, CUtensorMap> operand_maps(const Problem& p, DType a_type, DType b_type) {
+  using C = WsConfig;
+  constexpr int kDepth = C::kRowBytes / (kFp8 ? 1 : 2);
+  const std::int64_t experts = p.experts;
+  if constexpr (kKind == GroupedGemmKind::kForward) {
+    return {swizzled_tensor_map<2>(a_type, p.x, {p.k, p.tokens}, {kDepth, C::kM}),
+            swizzled_tensor_map<2>(b_type, p.w, {p.k, experts * p.n}, {kDepth, C::kN})};
+  } else if constexpr (kKind == GroupedGemmKind::kWgrad) {
+    return {swizzled_tensor_map<2>(a_type, p.dy, {p.tokens, p.n}, {kDepth, C::kM}),
+            swizzled_tensor_map<2>(b_type, p.x, {p.tokens, p.k}, {kDepth, C::kN})};
+  } else if constexpr (kFp8) {
+    return {swizzled_tensor_map<2>(a_type, p.dy, {p.n, p.tokens}, {kDepth, C::kM}),
+            swizzled_tensor_map<3>(b_type, p.w, {p.n, experts, p.k}, {kDepth, 1, C::kN})};
+  } else {
+    return {swizzled_tensor_map<2>(a_type, p.dy, {p.n, p.tokens}, {kDepth, C::kM}),
+            swizzled_tensor_map<3>(b_type, p.w, {p.k, p.n, experts}, {64, kDepth, 1})};
   }
 }
 
@@ -205,27 +334,39 @@ template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_ws(const Problem& p, cudaStream_t stream) {
   using C = WsConfig;
   constexpr bool kForward = kKind == GroupedGemmKind::kForward;
-  const std::int64_t cols = kForward ? p.n : p.k;
-  const std::int64_t depth = kForward ? p.k : p.n;
-  const CUtensorMap map_a = swizzled_tensor_map<2>(DType::kBFloat16, kForward ? p.x : p.dy, {depth, p.tokens}, {C::kK, C::kM});
-  const CUtensorMap map_w =
-      kForward ? swizzled_tensor_map<2>(DType::kBFloat16, p.w, {p.k, static_cast<std::int64_t>(p.experts) * p.n}, {C::kK, C::kN})
-               : swizzled_tensor_map<3>(DType::kBFloat16, p.w, {p.k, p.n, p.experts}, {64, C::kK, 1});
+  const bool fp8 = p.a_type != DType::kBFloat16;
+  const bool a_e5m2 = p.a_type == DType::kFloat8E5M2;
+  const std::int64_t cols = kKind == GroupedGemmKind::kWgrad ? p.k : (kForward ? p.n : p.k);
   const std::size_t smem = C::kAlignSlack + C::kPipelineBytes + 2 * C::kStages * sizeof(std::uint64_t) +
                            2 * sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
-  auto kernel = grouped_ws_kernel<kKind, Out>;
-  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // Persistent: a block per SM, and no more than a bound on the tiles from
-  // static sizes (each group's partial last m-tile adds at most one row of tiles).
-  const std::int64_t tiles = ((p.tokens + C::kM - 1) / C::kM + p.experts) * ((cols + C::kN - 1) / C::kN);
+  // static sizes (fwd/dgrad: each group's partial last m-tile adds at most
+  // one row of tiles; wgrad: E groups of the same tiles).
+  const std::int64_t tiles =
+      kKind == GroupedGemmKind::kWgrad
+          ? p.experts * ((p.n + C::kM - 1) / C::kM) * ((cols + C::kN - 1) / C::kN)
+          : ((p.tokens + C::kM - 1) / C::kM + p.experts) * ((cols + C::kN - 1) / C::kN);
   const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, sm_count())));
-  kernel<<<grid, C::kThreads, smem, stream>>>(map_a, map_w, p);
-  SG_CUDA_CHECK(cudaGetLastError());
+  auto run = [&](auto kernel, const std::pair<CUtensorMap, CUtensorMap>& maps) {
+    SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, C::kThreads, smem, stream>>>(maps.first, maps.second, p);
+    SG_CUDA_CHECK(cudaGetLastError());
+  };
+  if (!fp8) {
+    if constexpr (kKind != GroupedGemmKind::kWgrad) {
+      run(grouped_ws_kernel<kKind, false, false, Out>, operand_maps<kKind, false>(p, p.a_type, p.b_type));
+    }
+  } else if (a_e5m2) {
+    run(grouped_ws_kernel<kKind, true, true, Out>, operand_maps<kKind, true>(p, p.a_type, p.b_type));
+  } else {
+    run(grouped_ws_kernel<kKind, true, false, Out>, operand_maps<kKind, true>(p, p.a_type, p.b_type));
+  }
 }
 
 template void launch_grouped_ws<GroupedGemmKind::kForward, __nv_bfloat16>(const Problem&, cudaStream_t);
 template void launch_grouped_ws<GroupedGemmKind::kForward, float>(const Problem&, cudaStream_t);
 template void launch_grouped_ws<GroupedGemmKind::kDgrad, __nv_bfloat16>(const Problem&, cudaStream_t);
 template void launch_grouped_ws<GroupedGemmKind::kDgrad, float>(const Problem&, cudaStream_t);
+template void launch_grouped_ws<GroupedGemmKind::kWgrad, float>(const Problem&, cudaStream_t);
 
 }  // namespace stepgraph::kernels::grouped

@@ -29,9 +29,11 @@ CUtensorMapDataType tensor_map_type(DType dtype) {
     case DType::kBFloat16: return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     case DType::kFloat16: return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     case DType::kFloat32: return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return CU_TENSOR_MAP_DATA_TYPE_UINT8;  // raw bytes: TMA only moves them
     default: break;
   }
-  SG_THROW(ErrorCode::kInvalidArgument, "swizzled_tensor_map: takes bf16, fp16 or fp32 tensors, got ", dtype_name(dtype));
+  SG_THROW(ErrorCode::kInvalidArgument, "swizzled_tensor_map: takes bf16, fp16, fp32 or FP8 tensors, got ", dtype_name(dtype));
 }
 
 }  // namespace

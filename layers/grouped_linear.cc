@@ -5,6 +5,10 @@
 #include "engine/error.h"
 #include "kernels/moe_routing.h"
 #include "layers/layer_checks.h"
+#include "layers/weight_grad_scope.h"
+#include "ops/collective_ops.h"
+#include "ops/fp8_ops.h"
+#include "ops/grouped_fp8_ops.h"
 #include "ops/grouped_gemm_ops.h"
 #include "ops/moe_ops.h"
 
@@ -12,7 +16,7 @@ namespace stepgraph {
 
 GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const GroupedLinearConfig& config,
                              std::uint32_t seed, Communicator* tensor_parallel)
-    : name_(name), config_(config) {
+    : name_(name), label_(layer_label("GroupedLinear", name)), config_(config), tp_(tensor_parallel) {
   SG_CHECK(config.experts >= 1 && config.experts <= kernels::kMaxExperts, "GroupedLinear '", name,
            "': experts must be in [1, ", kernels::kMaxExperts, "], got ", config.experts);
   SG_CHECK(config.in_features > 0 && config.out_features > 0, "GroupedLinear '", name,
@@ -52,6 +56,36 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
     bias_ = make_parameter(ctx, name + ".bias", Shape{e, lout}, config.dtype, bias_init);
   }
   error_word_ = ctx.persistent(name + ".split_error", {Shape{1}, DType::kInt32});
+  if (config.fp8) {
+    // See Note [FP8 GroupedLinear].
+    config.fp8->check();
+    ctx.backend().check_fp8_supported();
+    SG_CHECK_CODE(config.fp8->scaling != Fp8Scaling::kBlock, ErrorCode::kUnsupported, label_,
+                  ": block scaling is not built for grouped products (the grouped FP8 kernel scales tensor-wise in "
+                  "its epilogue); use current or delayed scaling (Note [FP8 GroupedLinear])");
+    SG_CHECK_CODE(config.dtype == DType::kBFloat16, ErrorCode::kUnsupported, label_, ": FP8 needs a bf16 layer, got ",
+                  dtype_name(config.dtype));
+    SG_CHECK(lin % 16 == 0 && lout % 16 == 0, label_, ": FP8 grouped products need in_features and out_features ",
+             "divisible by 16", ranks_ > 1 ? " on every rank" : "", ", got ", lin, " and ", lout);
+    non_finite_ = ctx.persistent(name + ".fp8.non_finite_amaxes", {Shape{1}, DType::kInt32});
+    const std::int32_t zero = 0;
+    ctx.copy_from_host(non_finite_, &zero, sizeof(zero));
+    if (config.fp8->scaling == Fp8Scaling::kDelayed) {
+      x_state_ = detail::make_delayed_state(ctx, name + ".fp8.x", *config.fp8, state_);
+      w_state_ = detail::make_delayed_state(ctx, name + ".fp8.w", *config.fp8, state_);
+      dy_state_ = detail::make_delayed_state(ctx, name + ".fp8.dy", *config.fp8, state_);
+    }
+  }
+}
+
+std::int64_t GroupedLinear::non_finite_amaxes(Context& ctx) const {
+  return non_finite_.defined() ? ctx.to_vector<std::int32_t>(non_finite_).at(0) : 0;
+}
+
+void GroupedLinear::share_non_finite_counter(const Tensor& counter) {
+  SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label_,
+           ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));
+  non_finite_ = counter;
 }
 
 std::int64_t GroupedLinear::local_in() const {
@@ -69,23 +103,57 @@ std::vector<Parameter*> GroupedLinear::parameters() {
 }
 
 GroupedLinear::Forward GroupedLinear::forward(Context& ctx, const FwdArgs& args) const {
-  const std::string label = layer_label("GroupedLinear", name_);
+  const std::string& label = label_;
   check_input(label, "forward", "input", args.x, {"tokens", local_in()}, config_.dtype);
   check_input(label, "forward", "splits", args.splits, {config_.experts}, DType::kInt32, "one size per expert");
   const TensorMeta& x = args.x.meta();
-  Forward out;
-  out.saved.x = args.x;
-  out.saved.offsets = ops::split_offsets(ctx, args.splits, error_word_, x.shape.dim(0));
-  out.saved.offsets.set_name(name_ + ".offsets");
+  const Tensor offsets = ops::split_offsets(ctx, args.splits, error_word_, x.shape.dim(0));
+  offsets.set_name(name_ + ".offsets");
   // A row-parallel bias goes into the ranks' sum once: rank 0 adds it.
   const bool adds_bias = config_.bias && (config_.parallel != GroupedParallel::kRow || rank_ == 0);
-  out.y = ops::grouped_linear_forward(ctx, args.x, weight_.value, out.saved.offsets,
-                                      adds_bias ? bias_.value : Tensor(), config_.dtype);
+  const Tensor bias = adds_bias ? bias_.value : Tensor();
+  if (config_.fp8) return forward_fp8(ctx, args.x, offsets, bias);
+  Forward out;
+  out.saved.x = args.x;
+  out.saved.offsets = offsets;
+  out.y = ops::grouped_linear_forward(ctx, args.x, weight_.value, offsets, bias, config_.dtype);
+  return out;
+}
+
+GroupedLinear::Forward GroupedLinear::forward_fp8(Context& ctx, const Tensor& x, const Tensor& offsets,
+                                                  const Tensor& bias) const {
+  const Fp8Recipe& recipe = *config_.fp8;
+  const std::int64_t tokens = x.shape().dim(0);
+  SG_CHECK(tokens % 16 == 0, label_, " forward: FP8 grouped products need a token count divisible by 16, got ",
+           tokens);
+  const bool row = config_.parallel == GroupedParallel::kRow;
+  const detail::Fp8Copies xq = detail::quantize_for_gemm(ctx, recipe, x, recipe.forward_format(), true, true, x_state_,
+                                                         kernels::BlockShape::k1x128, slices_of(row));
+  detail::Fp8Copies wq;
+  {
+    // W's copy does not wait for the activations (as an FP8 Linear's).
+    WeightGradScope side(ctx);
+    wq = detail::quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false, w_state_,
+                                   kernels::BlockShape::k128x128, tp_);
+  }
+  ops::count_flags_(ctx, non_finite_, detail::defined({xq.non_finite, wq.non_finite}));
+  Forward out;
+  out.y = ops::grouped_fp8_forward(ctx, xq.rowwise, xq.rowwise_scale_inv, wq.rowwise,
+                                   wq.rowwise_scale_inv, offsets, bias, config_.dtype);
+  const bool current = recipe.scaling == Fp8Scaling::kCurrent;
+  out.saved = Saved{.offsets = offsets,
+                    .x_fp8_t = xq.columnwise,
+                    .x_scale_inv = xq.columnwise_scale_inv,
+                    .w_scale = current ? wq.scale : Tensor(),
+                    .w_scale_inv = current ? wq.rowwise_scale_inv : Tensor(),
+                    .x_amax = xq.amax,
+                    .w_amax = wq.amax};
   return out;
 }
 
 Tensor GroupedLinear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
-  const std::string label = layer_label("GroupedLinear", name_);
+  const std::string& label = label_;
+  if (config_.fp8) return backward_fp8(ctx, saved, args.dy);
   check_input(label, "backward", "saved.x", saved.x, {"tokens", local_in()}, config_.dtype,
               "the forward's input");
   check_input(label, "backward", "saved.offsets", saved.offsets, {config_.experts + 1}, DType::kInt32,
@@ -97,6 +165,50 @@ Tensor GroupedLinear::backward(Context& ctx, const Saved& saved, const BwdArgs& 
   ops::grouped_linear_wgrad_(ctx, weight_.grad, args.dy, saved.x, saved.offsets, /*accumulate=*/false);
   if (config_.bias) ops::grouped_bias_grad_(ctx, bias_.grad, args.dy, saved.offsets, /*accumulate=*/false);
   return ops::grouped_linear_dgrad(ctx, args.dy, weight_.value, saved.offsets, config_.dtype);
+}
+
+Tensor GroupedLinear::backward_fp8(Context& ctx, const Saved& saved, const Tensor& dy_value) const {
+  const Fp8Recipe& recipe = *config_.fp8;
+  check_input(label_, "backward", "saved.x_fp8_t", saved.x_fp8_t, {local_in(), "tokens"},
+              fp8_dtype(recipe.forward_format()), "the forward's input, transposed, in FP8");
+  const std::int64_t tokens = saved.x_fp8_t.shape().dim(1);
+  check_input(label_, "backward", "saved.offsets", saved.offsets, {config_.experts + 1}, DType::kInt32,
+              "the forward's split offsets");
+  check_input(label_, "backward", "dy", dy_value, {tokens, local_out()}, config_.dtype, "the forward's output");
+  const bool column = config_.parallel == GroupedParallel::kColumn;
+  const detail::Fp8Copies dy = detail::quantize_for_gemm(ctx, recipe, dy_value, recipe.gradient_format(), true, true,
+                                                         dy_state_, kernels::BlockShape::k1x128, slices_of(column));
+  ops::grouped_fp8_wgrad_(ctx, weight_.grad, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t,
+                          saved.x_scale_inv, saved.offsets, /*accumulate=*/false);
+  // The bias's gradient from the 16-bit dy (as the 16-bit layer's).
+  if (config_.bias) ops::grouped_bias_grad_(ctx, bias_.grad, dy_value, saved.offsets, /*accumulate=*/false);
+  // W's column-wise copy [in, E * out], quantized again with the forward's scale.
+  const bool delayed = recipe.scaling == Fp8Scaling::kDelayed;
+  const Tensor w_scale = delayed ? w_state_.scale : saved.w_scale;
+  const Tensor w_scale_inv = delayed ? w_state_.scale_inv : saved.w_scale_inv;
+  const Tensor w_t = ops::quantize(ctx, weight_.value, w_scale, {recipe.forward_format(), false, true}).columnwise;
+  const Tensor dx =
+      ops::grouped_fp8_dgrad(ctx, dy.rowwise, dy.rowwise_scale_inv, w_t, w_scale_inv, saved.offsets, config_.dtype);
+  if (delayed) {
+    // This step's amaxes into the histories, after the products above read
+    // the old scales; the largest over the slices and the data-parallel ranks.
+    auto reduced = [&](Tensor amax, bool sliced, bool data_parallel) {
+      if (sliced && tp_ != nullptr) amax = ops::all_reduce(ctx, *tp_, amax, ReduceOp::kMax);
+      if (data_parallel && amax_group_ != nullptr) amax = ops::all_reduce(ctx, *amax_group_, amax, ReduceOp::kMax);
+      return amax;
+    };
+    auto update = [&](const Tensor& amax, const detail::DelayedState& state, Fp8Format format) {
+      return ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
+    };
+    const bool row = config_.parallel == GroupedParallel::kRow;
+    ops::count_flags_(ctx, non_finite_,
+                      {update(reduced(saved.x_amax, row, true), x_state_, recipe.forward_format()),
+                       update(reduced(saved.w_amax, true, false), w_state_, recipe.forward_format()),
+                       update(reduced(dy.amax, column, true), dy_state_, recipe.gradient_format())});
+  } else if (dy.non_finite.defined()) {
+    ops::count_flags_(ctx, non_finite_, {dy.non_finite});
+  }
+  return dx;
 }
 
 void GroupedLinear::check_splits(Context& ctx) const {

@@ -20,14 +20,37 @@
 // a kRow output is a partial sum the caller reduces, a kColumn input is the
 // caller's gathered tokens. The config keeps the whole layer's sizes; each
 // rank's slices are the slices of the weights one rank draws from the seed.
+//
+// Note [FP8 GroupedLinear]
+// With GroupedLinearConfig::fp8 (current or delayed scaling, bf16 layers)
+// the three grouped products run on FP8 operands (Note [FP8 grouped GEMM] in
+// kernels/grouped_gemm_ws.cu), as an FP8 Linear's do (Note [FP8 Linear] in
+// linear.h): x in E4M3 row-wise for the forward and column-wise [in, T] for
+// the weight gradient (kept instead of the 16-bit x); dy in the gradient
+// format, row-wise for dgrad and column-wise [out, T] for wgrad; W [E, out,
+// in] as the matrix [E * out, in], row-wise in the forward (quantized on the
+// weight-gradient stream) and column-wise [in, E * out] for dgrad, quantized
+// again in the backward with the forward's scale. One tensor-wise scale per
+// tensor: the whole stacked weight shares one (its amax is the largest over
+// every expert), so does every token's activation. Delayed scaling keeps an
+// amax history per tensor and updates it at the end of the backward; a
+// sliced tensor's amax (W always, x of kRow, dy of kColumn) is max-all-
+// reduced over the tensor-parallel group first. Block scaling is not built
+// for grouped products (an Error): the kernel applies tensor-wise scales in
+// its epilogue, while 128-blocks along the reduction need each block's
+// partial sums scaled in the main loop. Token counts, in and out features
+// must be multiples of 16.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "engine/fp8_recipe.h"
+#include "layers/fp8_operand.h"
 #include "layers/parameter.h"
 
 namespace stepgraph {
@@ -47,6 +70,8 @@ struct GroupedLinearConfig {
   bool bias = true;
   DType dtype = DType::kBFloat16;  // bf16 (tensor cores), or fp32
   GroupedParallel parallel = GroupedParallel::kNone;
+  // FP8 products (Note [FP8 GroupedLinear]); nullopt runs the 16-bit ones.
+  std::optional<Fp8Recipe> fp8;
 };
 
 class GroupedLinear {
@@ -56,8 +81,18 @@ class GroupedLinear {
     Tensor splits;  // int32 [experts] on the device: rows per expert, summing to T
   };
   struct Saved {
-    Tensor x;        // the caller's input (a reference)
+    Tensor x;        // the caller's input (a reference); FP8: undefined
     Tensor offsets;  // int32 [experts + 1], validated and clamped
+    // FP8 (Note [FP8 GroupedLinear]): x's column-wise copy [in, T] with its
+    // scale_inv; W's scale (current scaling: the data gradient quantizes W's
+    // column-wise copy again with it); this step's amaxes of x and W
+    // (delayed scaling's histories take them at the end of the backward).
+    Tensor x_fp8_t;
+    Tensor x_scale_inv;
+    Tensor w_scale;
+    Tensor w_scale_inv;
+    Tensor x_amax;
+    Tensor w_amax;
   };
   struct Forward {
     Tensor y;  // [T, out_features]
@@ -88,15 +123,35 @@ class GroupedLinear {
   std::int64_t local_in() const;
   std::int64_t local_out() const;
   std::vector<Parameter*> parameters();
+  // FP8 delayed scaling's histories and scales of x, W and dy; empty otherwise.
+  std::vector<StateTensor> state() const { return state_; }
+  // FP8: quantizations that met a non-finite amax, counted on the device (as
+  // Linear::non_finite_amaxes); a model may share one counter among layers.
+  std::int64_t non_finite_amaxes(Context& ctx) const;
+  void share_non_finite_counter(const Tensor& counter);
+  // FP8 delayed scaling under data parallelism: x's and dy's amaxes are
+  // max-all-reduced over `group` before their histories (Linear::set_amax_group).
+  void set_amax_group(Communicator* group) { amax_group_ = group; }
 
  private:
+  Forward forward_fp8(Context& ctx, const Tensor& x, const Tensor& offsets, const Tensor& bias) const;
+  Tensor backward_fp8(Context& ctx, const Saved& saved, const Tensor& dy) const;
+  // The tensor-parallel group when the tensor is a slice of the whole layer's.
+  Communicator* slices_of(bool sharded) const { return sharded ? tp_ : nullptr; }
+
   std::string name_;
+  std::string label_;
   GroupedLinearConfig config_;
+  Communicator* tp_ = nullptr;
   int ranks_ = 1;  // tensor-parallel ranks (1 without a communicator)
   int rank_ = 0;
   Parameter weight_;  // [experts, local_out, local_in]
   Parameter bias_;    // [experts, local_out], absent without bias
   Tensor error_word_;
+  detail::DelayedState x_state_, w_state_, dy_state_;  // FP8 delayed scaling
+  std::vector<StateTensor> state_;
+  Tensor non_finite_;  // FP8: [1] int32
+  Communicator* amax_group_ = nullptr;
 };
 
 // Reads a routing error word (int32 [1]) once; when it is set, clears it and

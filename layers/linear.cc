@@ -99,26 +99,9 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
     ctx.copy_from_host(non_finite_, &zero, sizeof(zero));
   }
   if (config.fp8 && config.fp8->scaling == Fp8Scaling::kDelayed) {
-    // An empty history and scale 1 until the first step's amaxes come in.
-    auto state = [&](const std::string& tensor) {
-      const std::int64_t length = config.fp8->amax_history_len;
-      const std::string prefix = name + ".fp8." + tensor;
-      DelayedState s{ctx.persistent(prefix + ".amax_history", {Shape{length}, DType::kFloat32}),
-                     ctx.persistent(prefix + ".scale", {Shape{1}, DType::kFloat32}),
-                     ctx.persistent(prefix + ".scale_inv", {Shape{1}, DType::kFloat32})};
-      state_.push_back({prefix + ".amax_history", s.history});
-      state_.push_back({prefix + ".scale", s.scale});
-      state_.push_back({prefix + ".scale_inv", s.scale_inv});
-      const std::vector<float> zeros(static_cast<std::size_t>(length), 0.0f);
-      const float one = 1.0f;
-      ctx.copy_from_host(s.history, zeros.data(), zeros.size() * sizeof(float));
-      ctx.copy_from_host(s.scale, &one, sizeof(one));
-      ctx.copy_from_host(s.scale_inv, &one, sizeof(one));
-      return s;
-    };
-    x_state_ = state("x");
-    w_state_ = state("w");
-    dy_state_ = state("dy");
+    x_state_ = detail::make_delayed_state(ctx, name + ".fp8.x", *config.fp8, state_);
+    w_state_ = detail::make_delayed_state(ctx, name + ".fp8.w", *config.fp8, state_);
+    dy_state_ = detail::make_delayed_state(ctx, name + ".fp8.dy", *config.fp8, state_);
   }
 }
 
@@ -171,42 +154,10 @@ std::vector<Parameter*> Linear::parameters() {
   return out;
 }
 
+using detail::defined;
+using detail::quantize_for_gemm;
+
 namespace {
-
-// `t` into its FP8 copies (detail::Fp8Copies in linear.h).
-
-// `amax_group`: the tensor-parallel ranks that hold the other slices of t,
-// whose amaxes current scaling takes the largest of (null: t is whole here).
-detail::Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
-                            bool columnwise, const Tensor& delayed_scale, const Tensor& delayed_scale_inv,
-                            kernels::BlockShape shape, Communicator* amax_group) {
-  if (recipe.scaling == Fp8Scaling::kBlock) {
-    const ops::BlockQuantized q =
-        ops::quantize_blocks(ctx, t, {format, shape, recipe.power_of_two_scales, rowwise, columnwise});
-    return {q.rowwise, q.rowwise_scale_inv, q.columnwise, q.columnwise_scale_inv, Tensor(), Tensor(), shape,
-            q.non_finite};
-  }
-  Tensor scale = delayed_scale, scale_inv = delayed_scale_inv, non_finite;
-  if (recipe.scaling == Fp8Scaling::kCurrent) {
-    Tensor amax = ops::amax(ctx, t);
-    if (amax_group != nullptr) amax = ops::all_reduce(ctx, *amax_group, amax, ReduceOp::kMax);
-    const ops::Scales s = ops::scale_from_amax(ctx, amax, {format, false});
-    scale = s.scale;
-    scale_inv = s.scale_inv;
-    non_finite = s.non_finite;
-  }
-  const ops::Quantized q = ops::quantize(ctx, t, scale, {format, rowwise, columnwise});
-  return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, scale, std::nullopt, non_finite};
-}
-
-// The defined ones of `flags`.
-std::vector<Tensor> defined(std::initializer_list<Tensor> flags) {
-  std::vector<Tensor> out;
-  for (const Tensor& flag : flags) {
-    if (flag.defined()) out.push_back(flag);
-  }
-  return out;
-}
 
 // The GEMM params of FP8 operands a and b, block-scaled or not.
 ops::GemmParams fp8_params(std::optional<kernels::BlockShape> a_blocks, std::optional<kernels::BlockShape> b_blocks,
@@ -249,7 +200,7 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
            " need a token count divisible by ", blocks ? 128 : 16, ", got ", tokens);
   // A row-parallel x holds in / N of the features.
   return forward_fp8_from(ctx, quantize_for_gemm(ctx, recipe, x_all, recipe.forward_format(), true, config_.wgrad,
-                                                 x_state_.scale, x_state_.scale_inv, kernels::BlockShape::k1x128,
+                                                 x_state_, kernels::BlockShape::k1x128,
                                                  slices_of(row())));
 }
 
@@ -261,8 +212,8 @@ Linear::Forward Linear::forward_fp8_from(Context& ctx, const detail::Fp8Copies& 
     // gradient stream (idle in the forward) beside the work before this GEMM.
     // W is always a slice under tensor parallelism.
     WeightGradScope side(ctx);
-    w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false, w_state_.scale,
-                          w_state_.scale_inv, kernels::BlockShape::k128x128, slices_of(true));
+    w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false, w_state_,
+                          kernels::BlockShape::k128x128, slices_of(true));
   }
   ops::count_flags_(ctx, non_finite_, defined({x.non_finite, w.non_finite}));
   // Row-parallel: the bias once in the sum of the ranks' partial products.
@@ -295,8 +246,8 @@ Tensor Linear::backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& arg
   const Fp8Recipe& recipe = *config_.fp8;
   // A column-parallel dy holds out / N of the features.
   const detail::Fp8Copies dy =
-      quantize_for_gemm(ctx, recipe, dy_all, recipe.gradient_format(), saved.dgrad, saved.wgrad, dy_state_.scale,
-                        dy_state_.scale_inv, kernels::BlockShape::k1x128, slices_of(column()));
+      quantize_for_gemm(ctx, recipe, dy_all, recipe.gradient_format(), saved.dgrad, saved.wgrad, dy_state_,
+                        kernels::BlockShape::k1x128, slices_of(column()));
   return backward_fp8_from(ctx, saved, dy, dy_all, dy_all.shape().dim(0));
 }
 
@@ -326,7 +277,7 @@ Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail:
     // W's transposed copy, quantized again as the forward quantized W (Note [FP8 Linear]).
     detail::Fp8Copies w;
     if (recipe.scaling == Fp8Scaling::kBlock) {
-      w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), false, true, Tensor(), Tensor(),
+      w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), false, true, {},
                             kernels::BlockShape::k128x128, nullptr);
     } else {
       const bool delayed = recipe.scaling == Fp8Scaling::kDelayed;

@@ -98,6 +98,7 @@
 #include "engine/fp8_recipe.h"
 #include "kernels/fp8_block_scales.h"
 #include "layers/comm_gemm_overlap.h"
+#include "layers/fp8_operand.h"
 #include "layers/parameter.h"
 
 namespace stepgraph {
@@ -129,24 +130,6 @@ struct LinearConfig {
   std::optional<Fp8Recipe> fp8;
 };
 
-namespace detail {
-// An FP8 operand as a Linear's GEMMs read it, each copy with the scale_inv
-// its GEMM must use (Note [FP8 Linear]): current scaling computes the scale
-// in the step (amax, then scale, then quantize); delayed scaling quantizes
-// with the state's scale, and the amax goes into its history at the end of
-// the backward; block scaling gives each copy its own block scales (1 x 128
-// for activations and gradients, 128 x 128 for weights).
-struct Fp8Copies {
-  Tensor rowwise;  // [rows, cols]
-  Tensor rowwise_scale_inv;
-  Tensor columnwise;  // [cols, rows]
-  Tensor columnwise_scale_inv;
-  Tensor amax;   // tensor-wise scaling: max |t|
-  Tensor scale;  // tensor-wise scaling: what t was quantized with
-  std::optional<kernels::BlockShape> blocks;
-  Tensor non_finite;  // [1] int32: current and block scaling met a non-finite amax (scale 1 then)
-};
-}  // namespace detail
 
 class Linear;
 // The FP8 state (Linear::state) of `linears`, in their order.
@@ -281,11 +264,7 @@ class Linear {
   Parameter weight_;  // [out, in] (this rank's slice when tensor-parallel)
   Parameter bias_;    // [out] (kColumn: this rank's [out / N]), absent without bias
   // Delayed scaling's state of x, W and dy: persistent, updated inside the step.
-  struct DelayedState {
-    Tensor history;  // [amax_history_len] fp32
-    Tensor scale;    // [1] fp32
-    Tensor scale_inv;
-  };
+  using DelayedState = detail::DelayedState;
   DelayedState x_state_, w_state_, dy_state_;
   // The scale an operand with `state` is quantized with (Note [Fused FP8 operands]).
   OperandScale operand_scale(Context& ctx, const Tensor& amax, const DelayedState& state, Fp8Format format) const;

@@ -1,5 +1,6 @@
 #include "ops/fp8_ops.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -23,12 +24,18 @@ std::string DelayedScalingParams::to_string() const {
 
 namespace {
 
+// Tensor-wise quantize and amax read x of rank >= 2 as the matrix [rows,
+// cols] of its last dimension and the product of the others (a GroupedLinear
+// weight [E, N, K] as [E * N, K]).
+std::int64_t matrix_cols(const Shape& shape) { return shape.dim(shape.rank() - 1); }
+std::int64_t matrix_rows(const Shape& shape) { return shape.numel() / std::max<std::int64_t>(1, matrix_cols(shape)); }
+
 kernels::QuantizeDesc describe(const QuantizeParams& p, const TensorMeta& x) {
   kernels::QuantizeDesc desc;
   desc.in_dtype = x.dtype;
   desc.format = p.format;
-  desc.rows = x.shape.dim(0);
-  desc.cols = x.shape.dim(1);
+  desc.rows = matrix_rows(x.shape);
+  desc.cols = matrix_cols(x.shape);
   desc.rowwise = p.rowwise;
   desc.columnwise = p.columnwise;
   return desc;
@@ -37,7 +44,8 @@ kernels::QuantizeDesc describe(const QuantizeParams& p, const TensorMeta& x) {
 std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta> inputs) {
   const QuantizeParams& p = params.as<QuantizeParams>();
   SG_CHECK(inputs.size() == 2, "op quantize takes x and scale, got ", inputs.size(), " inputs");
-  SG_CHECK(inputs[0].shape.rank() == 2, "op quantize: x must be 2-D [rows, cols], got ", inputs[0].shape);
+  SG_CHECK(inputs[0].shape.rank() >= 2, "op quantize: x must be [rows, cols] (or [..., cols], read as rows of its last "
+           "dimension), got ", inputs[0].shape);
   SG_CHECK(inputs[1] == (TensorMeta{Shape{1}, DType::kFloat32}), "op quantize: scale must be [1] fp32, got ",
            inputs[1].shape, " ", dtype_name(inputs[1].dtype));
   const kernels::QuantizeDesc desc = describe(p, inputs[0]);
@@ -195,9 +203,9 @@ void expect_scalar(std::string_view op, std::string_view role, const TensorMeta&
 
 std::vector<TensorMeta> check_amax(const OpParams&, std::span<const TensorMeta> inputs) {
   SG_CHECK(inputs.size() == 1, "op amax takes x, got ", inputs.size(), " inputs");
-  SG_CHECK(inputs[0].shape.rank() == 2, "op amax: x must be 2-D [rows, cols], got ", inputs[0].shape);
-  kernels::check_quantize({inputs[0].dtype, Fp8Format::kE4M3, inputs[0].shape.dim(0), inputs[0].shape.dim(1), true,
-                           false});
+  SG_CHECK(inputs[0].shape.rank() >= 2, "op amax: x must be [rows, cols] (or [..., cols]), got ", inputs[0].shape);
+  kernels::check_quantize({inputs[0].dtype, Fp8Format::kE4M3, matrix_rows(inputs[0].shape),
+                           matrix_cols(inputs[0].shape), true, false});
   return {kScalar};
 }
 
@@ -233,16 +241,17 @@ const OpDef& amax_op() {
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
             const TensorMeta& x = a.input_metas[0];
+            const std::int64_t rows = matrix_rows(x.shape), cols = matrix_cols(x.shape);
             auto* amax = static_cast<float*>(a.outputs[0]);
-            if (!kernels::launch_quantize_vectorized(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0],
-                                                     {.amax = amax}, stream)) {
-              kernels::launch_amax(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0], amax, stream);
+            if (!kernels::launch_quantize_vectorized(x.dtype, rows, cols, a.inputs[0], {.amax = amax}, stream)) {
+              kernels::launch_amax(x.dtype, rows, cols, a.inputs[0], amax, stream);
             }
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
             const TensorMeta& x = a.input_metas[0];
-            *static_cast<float*>(a.outputs[0]) = kernels::amax_host(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0]);
+            *static_cast<float*>(a.outputs[0]) =
+                kernels::amax_host(x.dtype, matrix_rows(x.shape), matrix_cols(x.shape), a.inputs[0]);
           },
   };
   return op;

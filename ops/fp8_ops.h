@@ -35,7 +35,9 @@ struct Quantized {
   Tensor amax;        // [1] fp32: max |x|
 };
 
-// x: 2-D [rows, cols] fp32, bf16 or fp16; scale: [1] fp32 (q = fp8(x * scale)).
+// x: [rows, cols] fp32, bf16 or fp16 (or [..., cols]: the rows of its last
+// dimension, so a weight [E, N, K] is [E * N, K]); scale: [1] fp32 (q =
+// fp8(x * scale)).
 Quantized quantize(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params);
 
 // Block scaling (kernels/fp8_quantize.h): x 2-D [rows, cols] into FP8 with a
@@ -61,7 +63,7 @@ struct BlockQuantized {
 };
 BlockQuantized quantize_blocks(Context& ctx, const Tensor& x, const BlockQuantizeParams& params);
 
-// max |x| ([1] fp32) of a 2-D x: current scaling's first pass, before
+// max |x| ([1] fp32) of x (as quantize reads it): current scaling's first pass, before
 // scale_from_amax and quantize.
 Tensor amax(Context& ctx, const Tensor& x);
 

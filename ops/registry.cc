@@ -13,6 +13,7 @@
 #include "ops/fp8_fused_ops.h"
 #include "ops/fp8_ops.h"
 #include "ops/gemm_ops.h"
+#include "ops/grouped_fp8_ops.h"
 #include "ops/grouped_gemm_ops.h"
 #include "ops/loss_ops.h"
 #include "ops/moe_ops.h"
@@ -53,6 +54,9 @@ std::span<const OpDef* const> all_ops() {
       &grouped_linear_dgrad_op(),
       &grouped_linear_wgrad_op(),
       &grouped_bias_grad_op(),
+      &grouped_fp8_forward_op(),
+      &grouped_fp8_dgrad_op(),
+      &grouped_fp8_wgrad_op(),
       &norm_forward_op(),
       &norm_backward_op(),
       &gelu_op(),

@@ -1,7 +1,7 @@
 // Hopper tile helpers: the tensor memory accelerator (TMA) loading 2-D
 // boxes into 128-byte-swizzled shared memory, mbarriers that carry a stage
 // from the loading thread to the warpgroups that consume it, and wgmma
-// (m64n256k16, bf16 in, fp32 accumulators in registers) reading both operands
+// (m64n256k16 bf16 or m64n256k32 FP8 in, fp32 accumulators in registers) reading both operands
 // from shared memory through matrix descriptors.
 //
 // Note [wgmma operand tiles]: a K-major [rows][64] bf16 tile whose 16-byte
@@ -136,6 +136,17 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
+// The 128 accumulator operands of an m64n256 wgmma: the register list of the
+// instruction text and the asm output list.
+#define SG_WGMMA_N256_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define SG_WGMMA_N256_ACC8(i)                                                                                \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define SG_WGMMA_N256_ACC32(i) \
+  SG_WGMMA_N256_ACC8(i), SG_WGMMA_N256_ACC8(i + 8), SG_WGMMA_N256_ACC8(i + 16), SG_WGMMA_N256_ACC8(i + 24)
+#define SG_WGMMA_N256_OUTPUTS \
+  SG_WGMMA_N256_ACC32(0), SG_WGMMA_N256_ACC32(32), SG_WGMMA_N256_ACC32(64), SG_WGMMA_N256_ACC32(96)
+
 // d (+)= A[64 x 16] B[256 x 16]^T from the two descriptors; scale_d = 0
 // ignores d's old value. d: the warpgroup's 64 x 256 fp32 accumulators, 128
 // per thread: d[j] is row (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2),
@@ -144,36 +155,50 @@ __device__ __forceinline__ void wgmma_wait() {
 template <bool kTransB = false>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
                                                  int scale_d) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
-      "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, "
-      "%68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, "
-      "%90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "
-      "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, 0, %131;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
-        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
-        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
-        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
-        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
-        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
-        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
-        "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
-        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " SG_WGMMA_N256_REGS
+               ", %128, %129, p, 1, 1, 0, %131;\n}\n"
+               : SG_WGMMA_N256_OUTPUTS
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));
+}
+
+// The FP8 form: d (+)= A[64 x 32] B[256 x 32]^T, B in E4M3, A in E5M2
+// (kAE5M2) or E4M3, both K-major (FP8 wgmma has no transpose): a k32 slice
+// is 32 bytes of each 128-byte row, so the descriptors step as bf16's k16
+// slices do. The accumulators are laid out as wgmma_m64n256k16's.
+template <bool kAE5M2>
+__device__ __forceinline__ void wgmma_m64n256k32_fp8(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                     int scale_d) {
+  if constexpr (kAE5M2) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e4m3 " SG_WGMMA_N256_REGS
+                 ", %128, %129, p, 1, 1;\n}\n"
+                 : SG_WGMMA_N256_OUTPUTS
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 " SG_WGMMA_N256_REGS
+                 ", %128, %129, p, 1, 1;\n}\n"
+                 : SG_WGMMA_N256_OUTPUTS
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+}
+
+#undef SG_WGMMA_N256_OUTPUTS
+#undef SG_WGMMA_N256_ACC32
+#undef SG_WGMMA_N256_ACC8
+#undef SG_WGMMA_N256_REGS
+
+// Orders this thread's generic-proxy writes to shared memory (plain stores)
+// before later async-proxy accesses (wgmma reads, TMA writes) of it.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// A barrier among `threads` threads (a multiple of 32) of the block on
+// hardware barrier `id` (1-15; __syncthreads uses 0).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Keeps the compiler from moving accumulator reads or writes across the

@@ -94,7 +94,10 @@ TEST(Fp8OpsHostTest, BadCallsAreClearErrors) {
   Context ctx(Device::kHost);
   const Tensor x3 = ctx.persistent("x3", {Shape{2, 3, 4}, DType::kBFloat16});
   const Tensor s = scalar(ctx, "s", 1.0f);
-  EXPECT_ERROR_CONTAINS(quantize(ctx, x3, s, {}), "2-D");
+  // A 3-D x is the matrix of its last dimension's rows (a grouped weight [E, N, K] as [E * N, K]); 1-D is not.
+  EXPECT_EQ(quantize(ctx, x3, s, {Fp8Format::kE4M3, true, true}).columnwise.shape(), (Shape{4, 6}));
+  const Tensor x1 = ctx.persistent("x1", {Shape{8}, DType::kBFloat16});
+  EXPECT_ERROR_CONTAINS(quantize(ctx, x1, s, {}), "[rows, cols]");
   const Tensor x = ctx.persistent("x", {Shape{16, 16}, DType::kBFloat16});
   const Quantized q = quantize(ctx, x, s, {Fp8Format::kE4M3, true, false});
   EXPECT_ERROR_CONTAINS(gemm(ctx, q.rowwise, q.rowwise, {.trans_b = true}), "scale_inv", "fp8_gemm");

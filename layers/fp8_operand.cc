@@ -1,0 +1,55 @@
+#include "layers/fp8_operand.h"
+
+#include "ops/collective_ops.h"
+#include "ops/fp8_ops.h"
+
+namespace stepgraph::detail {
+
+DelayedState make_delayed_state(Context& ctx, const std::string& prefix, const Fp8Recipe& recipe,
+                                std::vector<StateTensor>& named) {
+  const std::int64_t length = recipe.amax_history_len;
+  DelayedState s{ctx.persistent(prefix + ".amax_history", {Shape{length}, DType::kFloat32}),
+                 ctx.persistent(prefix + ".scale", {Shape{1}, DType::kFloat32}),
+                 ctx.persistent(prefix + ".scale_inv", {Shape{1}, DType::kFloat32})};
+  named.push_back({prefix + ".amax_history", s.history});
+  named.push_back({prefix + ".scale", s.scale});
+  named.push_back({prefix + ".scale_inv", s.scale_inv});
+  const std::vector<float> zeros(static_cast<std::size_t>(length), 0.0f);
+  const float one = 1.0f;
+  ctx.copy_from_host(s.history, zeros.data(), zeros.size() * sizeof(float));
+  ctx.copy_from_host(s.scale, &one, sizeof(one));
+  ctx.copy_from_host(s.scale_inv, &one, sizeof(one));
+  return s;
+}
+
+Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
+                            bool columnwise, const DelayedState& delayed, kernels::BlockShape shape,
+                            Communicator* amax_group) {
+  if (recipe.scaling == Fp8Scaling::kBlock) {
+    const ops::BlockQuantized q =
+        ops::quantize_blocks(ctx, t, {format, shape, recipe.power_of_two_scales, rowwise, columnwise});
+    return {q.rowwise, q.rowwise_scale_inv, q.columnwise, q.columnwise_scale_inv, Tensor(), Tensor(), shape,
+            q.non_finite};
+  }
+  Tensor scale = delayed.scale, scale_inv = delayed.scale_inv, non_finite;
+  if (recipe.scaling == Fp8Scaling::kCurrent) {
+    Tensor amax = ops::amax(ctx, t);
+    if (amax_group != nullptr) amax = ops::all_reduce(ctx, *amax_group, amax, ReduceOp::kMax);
+    const ops::Scales s = ops::scale_from_amax(ctx, amax, {format, false});
+    scale = s.scale;
+    scale_inv = s.scale_inv;
+    non_finite = s.non_finite;
+  }
+  const ops::Quantized q = ops::quantize(ctx, t, scale, {format, rowwise, columnwise});
+  return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, scale, std::nullopt, non_finite};
+}
+
+std::vector<Tensor> defined(std::initializer_list<Tensor> flags) {
+  std::vector<Tensor> out;
+  for (const Tensor& flag : flags) {
+    if (flag.defined()) out.push_back(flag);
+  }
+  return out;
+}
+
+}  // namespace stepgraph::detail

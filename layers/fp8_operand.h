@@ -1,0 +1,60 @@
+// What FP8 layers (Linear, GroupedLinear) share: an operand quantized for
+// their GEMMs with the scale_inv each copy is read with, and delayed
+// scaling's persistent state of one tensor (Note [FP8 Linear] in linear.h,
+// Note [FP8 scaling] in engine/fp8_recipe.h).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/context.h"
+#include "engine/fp8_recipe.h"
+#include "kernels/fp8_block_scales.h"
+#include "layers/parameter.h"
+
+namespace stepgraph::detail {
+
+// An FP8 operand as a layer's GEMMs read it, each copy with the scale_inv
+// its GEMM must use: current scaling computes the scale in the step (amax,
+// then scale, then quantize); delayed scaling quantizes with the state's
+// scale, and the amax goes into its history at the end of the backward;
+// block scaling gives each copy its own block scales (1 x 128 for
+// activations and gradients, 128 x 128 for weights).
+struct Fp8Copies {
+  Tensor rowwise;  // [rows, cols]
+  Tensor rowwise_scale_inv;
+  Tensor columnwise;  // [cols, rows]
+  Tensor columnwise_scale_inv;
+  Tensor amax;   // tensor-wise scaling: max |t|
+  Tensor scale;  // tensor-wise scaling: what t was quantized with
+  std::optional<kernels::BlockShape> blocks;
+  Tensor non_finite;  // [1] int32: current and block scaling met a non-finite amax (scale 1 then)
+};
+
+// Delayed scaling's state of one tensor: persistent, updated inside the step.
+struct DelayedState {
+  Tensor history;  // [amax_history_len] fp32
+  Tensor scale;    // [1] fp32
+  Tensor scale_inv;
+};
+
+// A tensor's state named `prefix`.{amax_history, scale, scale_inv}: an empty
+// history and scale 1 until the first step's amax comes in. Appends the
+// three to `named` (what checkpoints save).
+DelayedState make_delayed_state(Context& ctx, const std::string& prefix, const Fp8Recipe& recipe,
+                                std::vector<StateTensor>& named);
+
+// `t` (rows of its last dimension) into the FP8 copies asked for, scaled as
+// `recipe` says: block scaling with blocks of `shape`; delayed scaling with
+// `delayed` (the state's scale); current scaling from t's amax, the largest
+// over `amax_group` when t is a tensor-parallel slice (null: t is whole here).
+Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor& t, Fp8Format format, bool rowwise,
+                            bool columnwise, const DelayedState& delayed, kernels::BlockShape shape,
+                            Communicator* amax_group);
+
+// The defined ones of `flags`.
+std::vector<Tensor> defined(std::initializer_list<Tensor> flags);
+
+}  // namespace stepgraph::detail

@@ -86,4 +86,19 @@ void fill_random_bf16(const DeviceBuffer& buffer, std::int64_t count, std::mt199
   SG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void fill_random_fp8(const DeviceBuffer& buffer, std::int64_t count, Fp8Format format, std::mt19937& rng) {
+  const std::int64_t block = std::min<std::int64_t>(count, std::int64_t{1} << 22);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<std::uint8_t> host(static_cast<std::size_t>(block));
+  for (std::uint8_t& code : host) code = float_to_fp8(format, uniform(rng));
+  auto* base = static_cast<std::uint8_t*>(buffer.get());
+  SG_CUDA_CHECK(cudaMemcpy(base, host.data(), static_cast<std::size_t>(block), cudaMemcpyHostToDevice));
+  for (std::int64_t done = block; done < count;) {
+    const std::int64_t n = std::min(done, count - done);
+    SG_CUDA_CHECK(cudaMemcpy(base + done, base, static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice));
+    done += n;
+  }
+  SG_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 }  // namespace stepgraph::bench

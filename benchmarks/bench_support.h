@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/fp8.h"
+
 namespace stepgraph::bench {
 
 struct Summary {
@@ -56,5 +58,7 @@ class DeviceBuffer {
 // values is uploaded once and copied on the device over the rest: generating
 // billions of values on the host would take minutes.
 void fill_random_bf16(const DeviceBuffer& buffer, std::int64_t count, std::mt19937& rng);
+// The same for FP8: codes of uniform values in [-1, 1) in `format`.
+void fill_random_fp8(const DeviceBuffer& buffer, std::int64_t count, Fp8Format format, std::mt19937& rng);
 
 }  // namespace stepgraph::bench

@@ -3,13 +3,17 @@
 //
 //   grouped_gemm_bench --out grouped_gemm.json                 # forward, every row
 //   grouped_gemm_bench --kinds forward,dgrad,wgrad --tokens 16384 --experts 8
+//   grouped_gemm_bench --dtype fp8 --kinds forward,dgrad,wgrad   # E4M3 x and w, E5M2 dy
 //
 // Rows: E in {8, 128} experts x T in {16384, 65536} tokens x hidden
 // {2048 -> 1536, 4096 -> 14336} x routing {balanced, skewed}. The forward is
 // y [T, N] = x_e [n_e, K] w_e [N, K]^T, bf16 in and out, fp32 accumulation;
 // TFLOP/s = 2 T N K / median time. benchmarks/grouped_gemm_peer.py times
 // torch._grouped_mm on the same rows (same routing formula, same JSON row
-// keys), so one GPU job gives both and the ratio.
+// keys), so one GPU job gives both and the ratio. --dtype fp8 times the FP8
+// products (Note [FP8 grouped GEMM]) on the operand layouts they read, with
+// tensor-wise scales; the peer has no FP8 grouped GEMM, so their ratio is
+// against the bf16 rows of the same job.
 //
 // Routing (shared with the peer, integers only so both agree exactly):
 //   balanced  n_e = T / E, the remainder one each to the first groups;
@@ -32,6 +36,7 @@
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
+#include "engine/fp8.h"
 #include "engine/half_precision.h"
 #include "engine/stream.h"
 #include "kernels/grouped_gemm.h"
@@ -49,6 +54,7 @@ struct Options {
   std::vector<std::string> shapes = {"2048x1536", "4096x14336"};  // K x N (in -> out features)
   std::vector<std::string> routings = {"balanced", "skewed"};
   std::vector<std::string> kinds = {"forward"};
+  std::string dtype = "bf16";
   int repeats = 20;
   int warmup = 5;
   std::string out;
@@ -92,39 +98,56 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
   desc.experts = experts;
   desc.n = n;
   desc.k = k;
-  desc.in_type = DType::kBFloat16;
+  const bool fp8 = options.dtype == "fp8";
+  desc.in_type = fp8 ? DType::kFloat8E4M3 : DType::kBFloat16;
+  desc.dy_type = DType::kFloat8E5M2;
   desc.out_type = kind == GroupedGemmKind::kWgrad ? DType::kFloat32 : DType::kBFloat16;
 
   const bool uses_x = kind != GroupedGemmKind::kDgrad;
   const bool uses_w = kind != GroupedGemmKind::kWgrad;
   const bool uses_dy = kind != GroupedGemmKind::kForward;
-  DeviceBuffer x(uses_x ? tokens * k * 2 : 0);
-  DeviceBuffer w(uses_w ? experts * n * k * 2 : 0);
-  DeviceBuffer dy(uses_dy ? tokens * n * 2 : 0);
+  const std::int64_t element = fp8 ? 1 : 2;
+  DeviceBuffer x(uses_x ? tokens * k * element : 0);
+  DeviceBuffer w(uses_w ? experts * n * k * element : 0);
+  DeviceBuffer dy(uses_dy ? tokens * n * element : 0);
   const std::int64_t out_elements = kind == GroupedGemmKind::kForward ? tokens * n
                                     : kind == GroupedGemmKind::kDgrad ? tokens * k
                                                                       : experts * n * k;
   DeviceBuffer out(out_elements * static_cast<std::int64_t>(dtype_size(desc.out_type)));
   DeviceBuffer offs(offsets.size() * sizeof(std::int32_t));
-  if (uses_x) fill_random_bf16(x, tokens * k, rng);
-  if (uses_w) fill_random_bf16(w, experts * n * k, rng);
-  if (uses_dy) fill_random_bf16(dy, tokens * n, rng);
+  // FP8: codes of uniform values in [-1, 1) (the transposed layouts hold as
+  // many bytes, so one fill serves every kind).
+  auto fill = [&](DeviceBuffer& buffer, std::int64_t count, Fp8Format format) {
+    if (fp8) return bench::fill_random_fp8(buffer, count, format, rng);
+    fill_random_bf16(buffer, count, rng);
+  };
+  if (uses_x) fill(x, tokens * k, Fp8Format::kE4M3);
+  if (uses_w) fill(w, experts * n * k, Fp8Format::kE4M3);
+  if (uses_dy) fill(dy, tokens * n, Fp8Format::kE5M2);
+  const std::vector<float> ones = {1.0f, 1.0f, 1.0f};
+  DeviceBuffer scales(sizeof(float) * ones.size());
+  SG_CUDA_CHECK(cudaMemcpy(scales.get(), ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
+  const float* scale = static_cast<const float*>(scales.get());
   SG_CUDA_CHECK(cudaMemcpy(offs.get(), offsets.data(), offsets.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
 
   const kernels::GroupedGemmOperands operands{.x = x.get(),
                                               .w = w.get(),
                                               .dy = dy.get(),
                                               .offsets = static_cast<const std::int32_t*>(offs.get()),
-                                              .out = out.get()};
+                                              .out = out.get(),
+                                              .x_scale_inv = scale,
+                                              .w_scale_inv = scale + 1,
+                                              .dy_scale_inv = scale + 2};
   const bench::Summary s = bench::time_launches(stream.get(), options.warmup, options.repeats,
                                                 [&] { kernels::launch_grouped_gemm(desc, operands, stream.get()); });
   const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(n) * static_cast<double>(k);
   std::ostringstream name;
-  name << kind_name << " E=" << experts << " T=" << tokens << " " << k << "->" << n << " " << routing;
+  name << kind_name << (fp8 ? " fp8" : "") << " E=" << experts << " T=" << tokens << " " << k << "->" << n << " " << routing;
   nlohmann::json row = bench::to_json(s);
   row["name"] = name.str();
   row["impl"] = "stepgraph";
   row["kind"] = kind_name;
+  row["dtype"] = options.dtype;
   row["experts"] = experts;
   row["tokens"] = tokens;
   row["in_features"] = k;
@@ -137,6 +160,8 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
 
 int run(const Options& options) {
   SG_CHECK(options.repeats > 0 && options.warmup >= 0, "grouped_gemm_bench: --repeats > 0, --warmup >= 0");
+  SG_CHECK(options.dtype == "bf16" || options.dtype == "fp8", "grouped_gemm_bench: --dtype is bf16 or fp8, got ",
+           options.dtype);
   const DeviceProperties device = device_properties(0);
   std::cerr << "device: " << describe(device) << "\n";
   std::mt19937 rng(std::random_device{}());
@@ -165,6 +190,7 @@ int run(const Options& options) {
   }
   bench::write_json(options.out, {{"benchmark", "grouped_gemm"},
                                   {"impl", "stepgraph"},
+                                  {"dtype", options.dtype},
                                   {"device", device.name},
                                   {"repeats", options.repeats},
                                   {"warmup", options.warmup},
@@ -183,6 +209,8 @@ int main(int argc, char** argv) {
   app.add_option("--shapes", options.shapes, "KxN (in x out features)")->delimiter(',')->capture_default_str();
   app.add_option("--routings", options.routings, "balanced, skewed")->delimiter(',')->capture_default_str();
   app.add_option("--kinds", options.kinds, "forward, dgrad, wgrad")->delimiter(',')->capture_default_str();
+  app.add_option("--dtype", options.dtype, "bf16, or fp8 (E4M3 x and w, E5M2 dy, tensor-wise scales)")
+      ->capture_default_str();
   app.add_option("--repeats", options.repeats, "timed launches per row")->capture_default_str();
   app.add_option("--warmup", options.warmup, "untimed launches first")->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here");

@@ -398,8 +398,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")
       ->capture_default_str();
   app.add_option("--fp8", options.fp8,
-                 "FP8 GEMMs in the attention projections and MLPs: none, current, delayed or block (MoE configs: not "
-                 "yet); MFU stays counted against the bf16 peak")
+                 "FP8 GEMMs in the attention projections, MLPs and experts: none, current, delayed or block (block: "
+                 "not in MoE configs); MFU stays counted against the bf16 peak")
       ->check(CLI::IsMember({"none", "current", "delayed", "block"}))
       ->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");

@@ -19,9 +19,11 @@
 // are never stored) or past T (zero-filled); a forward w box past N into the
 // next expert likewise. dgrad reduces over w_e's rows, so its w boxes come
 // from a 3-D view whose N bound zero-fills instead of reading the next
-// expert. FP8 wgrad reduces over tokens: the part of a group's last token
-// box that belongs to the next group is zeroed in shared memory before the
-// wgmma reads it.
+// expert. FP8 wgrad reduces over tokens, whose boxes start at the group's
+// first token rounded down to a multiple of 16 (TMA faults, "illegal
+// instruction", on an inner coordinate that is not 16-byte aligned): the
+// parts of a group's first and last token boxes that belong to the groups
+// beside it are zeroed in shared memory before the wgmma reads them.
 //
 // A persistent block per SM has three warpgroups (384 threads):
 //   warpgroup 0, the producer (registers cut to 40 with setmaxnreg): one
@@ -91,15 +93,21 @@ struct WsProduct {
   static constexpr int kSlices = kDepth / (kFp8 ? 32 : 16);           // wgmma per stage and warpgroup
 };
 
-// A zeroed tail: clears bytes [valid, 128) of every 128-byte row of the
-// stage's `rows` rows at `tile` (128-byte swizzled: byte c of row r sits in
-// chunk (c / 16) ^ (r % 8)), `first`-th of `step` threads.
-__device__ __forceinline__ void zero_row_tails(unsigned char* tile, int rows, int valid, int first, int step) {
+// Clears the bytes outside [begin, end) of every 128-byte row of the stage's
+// `rows` rows at `tile` (128-byte swizzled: byte c of row r sits in chunk
+// (c / 16) ^ (r % 8)), as the `first`-th of `step` threads.
+__device__ __forceinline__ void zero_rows_outside(unsigned char* tile, int rows, int begin, int end, int first,
+                                                  int step) {
   for (int r = first; r < rows; r += step) {
     unsigned char* row = tile + r * WsConfig::kRowBytes;
-    for (int c = valid; c < WsConfig::kRowBytes; ++c) row[(((c >> 4) ^ (r & 7)) << 4) | (c & 15)] = 0;
+    for (int c = 0; c < WsConfig::kRowBytes; ++c) {
+      if (c < begin || c >= end) row[(((c >> 4) ^ (r & 7)) << 4) | (c & 15)] = 0;
+    }
   }
 }
+
+// FP8 wgrad: the 16-aligned token where group e's boxes start.
+__device__ __forceinline__ int aligned_token_start(const int* offs, int e) { return offs[e] & ~15; }
 
 template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, typename Out>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1)
@@ -154,8 +162,11 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
   };
   // Stages of a tile: over K (or N) for fwd/dgrad, over the group's tokens for wgrad.
   auto k_tiles = [&](const TileAt& place) {
-    const int length = P::kWgrad ? offs[place.e + 1] - offs[place.e] : depth;
-    return (length + P::kDepth - 1) / P::kDepth;
+    if constexpr (P::kWgrad) {
+      if (offs[place.e + 1] == offs[place.e]) return 0;
+      return (offs[place.e + 1] - aligned_token_start(offs, place.e) + P::kDepth - 1) / P::kDepth;
+    }
+    return (depth + P::kDepth - 1) / P::kDepth;
   };
 
   if (warpgroup == 0) {
@@ -172,7 +183,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
           const int k0 = kt * P::kDepth;
           tile::mbarrier_arrive_expect_tx(&full[slot], C::kStageBytes);
           if constexpr (P::kWgrad) {
-            const int t0 = offs[place.e] + k0;
+            const int t0 = aligned_token_start(offs, place.e) + k0;
             tile::tma_load_2d(tile_a(slot), &map_a, &full[slot], t0, place.m0);
             tile::tma_load_2d(tile_b(slot), &map_b, &full[slot], t0, place.n0);
           } else {
@@ -219,11 +230,13 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
         const int slot = load % C::kStages;
         tile::mbarrier_wait(&full[slot], (load / C::kStages) & 1);
         if constexpr (P::kWgrad) {
-          // The group's last token box runs into the next group: zero that part of both operands.
-          const int valid = offs[place.e + 1] - offs[place.e] - kt * P::kDepth;
-          if (valid < P::kDepth) {
-            zero_row_tails(tile_a(slot), C::kM, valid, consumer_thread, C::kConsumerThreads);
-            zero_row_tails(tile_b(slot), C::kN, valid, consumer_thread, C::kConsumerThreads);
+          // A box that starts before the group or runs past it: zero the other groups' tokens in both operands.
+          const int t0 = aligned_token_start(offs, place.e) + kt * P::kDepth;
+          const int begin = offs[place.e] - t0;   // < 16, and > 0 in the first box only
+          const int end = offs[place.e + 1] - t0;  // < 128 in the last box only
+          if (begin > 0 || end < P::kDepth) {
+            zero_rows_outside(tile_a(slot), C::kM, begin, end, consumer_thread, C::kConsumerThreads);
+            zero_rows_outside(tile_b(slot), C::kN, begin, end, consumer_thread, C::kConsumerThreads);
             tile::fence_proxy_async_shared();
             tile::named_barrier_sync(C::kTailBarrier, C::kConsumerThreads);
           }

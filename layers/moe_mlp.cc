@@ -39,10 +39,12 @@ MoEMLP::MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config
               seed),
       // See Note [Tensor-parallel MoE]: fc1 column-parallel, fc2 row-parallel.
       fc1_(ctx, name + ".fc1",
-           GroupedLinearConfig{config.experts, config.hidden, config.ffn, true, config.dtype, GroupedParallel::kColumn},
+           GroupedLinearConfig{config.experts, config.hidden, config.ffn, true, config.dtype, GroupedParallel::kColumn,
+                               config.fp8},
            seed + 2, tensor_parallel),
       fc2_(ctx, name + ".fc2",
-           GroupedLinearConfig{config.experts, config.ffn, config.hidden, true, config.dtype, GroupedParallel::kRow},
+           GroupedLinearConfig{config.experts, config.ffn, config.hidden, true, config.dtype, GroupedParallel::kRow,
+                               config.fp8},
            seed + 4, tensor_parallel) {
   // The router's outputs, and both expert layers, must agree on the expert count.
   SG_CHECK(router_.config().out_features == config.experts && fc1_.config().experts == config.experts &&
@@ -50,6 +52,11 @@ MoEMLP::MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config
            "MoEMLP '", name, "': the router has ", router_.config().out_features, " outputs but the experts are ",
            fc1_.config().experts, " and ", fc2_.config().experts, "; they must all be ", config.experts);
   routing_error_ = ctx.persistent(name + ".routing_error", {Shape{1}, DType::kInt32});
+}
+
+std::vector<GroupedLinear*> MoEMLP::fp8_experts() {
+  if (!config_.fp8) return {};
+  return {&fc1_, &fc2_};
 }
 
 std::vector<Parameter*> MoEMLP::parameters() {

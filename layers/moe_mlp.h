@@ -59,11 +59,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "engine/fp8_recipe.h"
 #include "layers/grouped_linear.h"
 #include "layers/linear.h"
 #include "layers/norm.h"
@@ -80,6 +82,9 @@ struct MoEMLPConfig {
   kernels::NormKind norm = kernels::NormKind::kLayerNorm;
   float eps = 1e-5f;
   DType dtype = DType::kBFloat16;  // bf16 or fp32
+  // FP8 expert products (Note [FP8 GroupedLinear]: current or delayed
+  // scaling, bf16); the router stays 16-bit (its E outputs are few).
+  std::optional<Fp8Recipe> fp8;
 };
 
 class MoEMLP {
@@ -125,6 +130,8 @@ class MoEMLP {
   const MoEMLPConfig& config() const { return config_; }
   Communicator* tensor_parallel() const { return tp_; }
   std::vector<Parameter*> parameters();
+  // fc1 and fc2 with an FP8 recipe; empty without one.
+  std::vector<GroupedLinear*> fp8_experts();
 
  private:
   int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }

@@ -33,9 +33,6 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
   SG_CHECK_CODE(config.heads == 0 || tensor_parallel == nullptr, ErrorCode::kUnsupported,
            "ResidualStack: attention (heads = ", config.heads,
            ") is not supported with tensor parallelism yet; use data parallelism, or heads = 0");
-  SG_CHECK_CODE(!config.fp8 || config.experts == 0, ErrorCode::kUnsupported,
-                "ResidualStack: FP8 with MoE blocks is not built yet (GroupedLinear takes no recipe); use experts = 0 "
-                "or no FP8");
   for (std::int64_t i = 0; i < config.layers; ++i) {
     const std::string name = "block" + std::to_string(i);
     const std::uint32_t seed = config.seed + 16 * static_cast<std::uint32_t>(i);
@@ -57,7 +54,8 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
       block.moe =
           std::make_unique<MoEMLP>(ctx, name,
                                    MoEMLPConfig{config.hidden, config.ffn, config.experts,
-                                                static_cast<int>(config.topk), config.norm, config.eps, config.dtype},
+                                                static_cast<int>(config.topk), config.norm, config.eps, config.dtype,
+                                                config.fp8},
                                    seed, tensor_parallel);
     } else {
       block.dense = std::make_unique<LayerNormMLP>(
@@ -74,6 +72,7 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     const std::int32_t zero = 0;
     ctx.copy_from_host(fp8_non_finite_, &zero, sizeof(zero));
     for (Linear* linear : fp8_linears()) linear->share_non_finite_counter(fp8_non_finite_);
+    for (GroupedLinear* experts : fp8_experts()) experts->share_non_finite_counter(fp8_non_finite_);
   }
   final_norm_ =
       std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
@@ -118,7 +117,23 @@ std::vector<Linear*> ResidualStack::fp8_linears() const {
   return out;
 }
 
-std::vector<StateTensor> ResidualStack::state() const { return state_of(fp8_linears()); }
+std::vector<GroupedLinear*> ResidualStack::fp8_experts() const {
+  std::vector<GroupedLinear*> out;
+  for (const Block& block : blocks_) {
+    if (block.moe) {
+      for (GroupedLinear* experts : block.moe->fp8_experts()) out.push_back(experts);
+    }
+  }
+  return out;
+}
+
+std::vector<StateTensor> ResidualStack::state() const {
+  std::vector<StateTensor> out = state_of(fp8_linears());
+  for (const GroupedLinear* experts : fp8_experts()) {
+    for (StateTensor& t : experts->state()) out.push_back(std::move(t));
+  }
+  return out;
+}
 
 ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, const Tensor& cu_seqlens) const {
   check_input("ResidualStack", "forward", "input", x, {"tokens", config_.hidden}, config_.dtype);
@@ -227,6 +242,7 @@ void ResidualStack::check_errors(Context& ctx) const {
 
 void ResidualStack::set_fp8_amax_group(Communicator* group) {
   for (Linear* linear : fp8_linears()) linear->set_amax_group(group);
+  for (GroupedLinear* experts : fp8_experts()) experts->set_amax_group(group);
 }
 
 std::int64_t ResidualStack::non_finite_amaxes(Context& ctx) const {

@@ -73,9 +73,10 @@ struct ResidualStackConfig {
   // Tensor-parallel only: how the dense blocks' collectives meet their GEMMs.
   MLPOverlap overlap;
   // FP8 GEMMs in every block's projections and MLP (issue 17): attention's
-  // QKV and output projections and the dense MLP's fc1 and fc2; the
-  // embedding, attention itself, the norms and the head stay 16-bit. Not yet
-  // with MoE blocks or tensor parallelism (an Error at construction).
+  // QKV and output projections, the dense MLP's fc1 and fc2, and an MoE
+  // block's expert products (not block scaling: Note [FP8 GroupedLinear]);
+  // the embedding, attention itself, the norms, the router and the head stay
+  // 16-bit.
   std::optional<Fp8Recipe> fp8;
 };
 
@@ -154,6 +155,7 @@ class ResidualStack {
   Communicator* tp_ = nullptr;
   std::vector<Block> blocks_;
   std::vector<Linear*> fp8_linears() const;  // every block's FP8 Linears, in block order
+  std::vector<GroupedLinear*> fp8_experts() const;  // every MoE block's FP8 expert layers
   std::vector<Tensor> block_gradients(std::size_t i) const;  // block i's parameters' gradients
   Tensor fp8_non_finite_;  // FP8: the counter every block's Linears share
   std::unique_ptr<Norm> final_norm_;

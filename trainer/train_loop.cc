@@ -225,7 +225,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         device_name(device), o.mode);
   }
   if (config.model.fp8) {
-    out << fmt::format("fp8: the attention projections and MLPs' GEMMs in FP8, recipe {}\n",
+    out << fmt::format("fp8: the attention projections and MLPs' GEMMs{} in FP8, recipe {}\n",
+                       config.model.experts > 0 ? " (the experts' grouped products too)" : "",
                        config.model.fp8->to_string());
   }
   if (optimizer.schedule()) {

@@ -303,9 +303,10 @@ TEST(GroupedGemmFp8HostTest, BadShapesAreClearErrors) {
 
 // --- CUDA ---------------------------------------------------------------------
 
-// The tensor cores sum FP8 products in an order (and, per k32 slice, at a
-// precision) of their own: close to the fp32 reference, not equal.
-double cuda_tolerance(const Fp8Case& c) { return c.desc.out_type == DType::kFloat32 ? 1e-4 : 1e-2; }
+// The tensor cores sum FP8 products in an order and at a precision of their
+// own (Hopper's FP8 accumulation keeps fewer than fp32's bits: 2e-4 of the
+// norm measured on the H100 at K = 304, where bf16 inputs stay within 2e-5).
+double cuda_tolerance(const Fp8Case& c) { return c.desc.out_type == DType::kFloat32 ? 1e-3 : 1e-2; }
 
 TEST(GroupedGemmFp8CudaTest, MatchesHostReferenceOnEverySplit) {
   SG_SKIP_WITHOUT_GPU();

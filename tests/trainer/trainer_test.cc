@@ -204,6 +204,25 @@ TEST(TrainerHostTest, Fp8EagerAndGraphLossesAreEqual) {
   }
 }
 
+// MoE blocks with FP8 experts (Note [FP8 GroupedLinear]): graph equals eager,
+// every quantization finite.
+TEST(TrainerHostTest, Fp8MoEEagerAndGraphLossesAreEqual) {
+  for (const char* recipe : {"current", "delayed"}) {
+    SCOPED_TRACE(recipe);
+    TrainerOptions o = small_options(Device::kHost);
+    o.hidden = 64;
+    o.ffn = 128;
+    o.batch = 2;
+    o.seq_len = 16;
+    o.experts = 4;
+    o.fp8 = recipe;
+    std::ostringstream log;
+    expect_graph_losses_equal_eager(o, Device::kHost, log);
+    EXPECT_NE(log.str().find("the experts' grouped products too"), std::string::npos) << log.str();
+    EXPECT_NE(log.str().find("fp8: 0 quantizations met a non-finite amax"), std::string::npos) << log.str();
+  }
+}
+
 TEST(TrainerHostTest, ResumedFp8DelayedRunEqualsAnUninterruptedOne) {
   expect_resume_equals_uninterrupted("bf16", "graph", "delayed");
 }

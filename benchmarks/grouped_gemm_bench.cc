@@ -55,6 +55,7 @@ struct Options {
   std::vector<std::string> routings = {"balanced", "skewed"};
   std::vector<std::string> kinds = {"forward"};
   std::string dtype = "bf16";
+  bool split_accumulation = false;
   int repeats = 20;
   int warmup = 5;
   std::string out;
@@ -101,6 +102,7 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
   const bool fp8 = options.dtype == "fp8";
   desc.in_type = fp8 ? DType::kFloat8E4M3 : DType::kBFloat16;
   desc.dy_type = DType::kFloat8E5M2;
+  desc.split_accumulation = fp8 && options.split_accumulation;
   desc.out_type = kind == GroupedGemmKind::kWgrad ? DType::kFloat32 : DType::kBFloat16;
 
   const bool uses_x = kind != GroupedGemmKind::kDgrad;
@@ -142,12 +144,13 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
                                                 [&] { kernels::launch_grouped_gemm(desc, operands, stream.get()); });
   const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(n) * static_cast<double>(k);
   std::ostringstream name;
-  name << kind_name << (fp8 ? " fp8" : "") << " E=" << experts << " T=" << tokens << " " << k << "->" << n << " " << routing;
+  name << kind_name << (fp8 ? (options.split_accumulation ? " fp8 split" : " fp8") : "") << " E=" << experts << " T=" << tokens << " " << k << "->" << n << " " << routing;
   nlohmann::json row = bench::to_json(s);
   row["name"] = name.str();
   row["impl"] = "stepgraph";
   row["kind"] = kind_name;
   row["dtype"] = options.dtype;
+  row["split_accumulation"] = desc.split_accumulation;
   row["experts"] = experts;
   row["tokens"] = tokens;
   row["in_features"] = k;
@@ -211,6 +214,8 @@ int main(int argc, char** argv) {
   app.add_option("--kinds", options.kinds, "forward, dgrad, wgrad")->delimiter(',')->capture_default_str();
   app.add_option("--dtype", options.dtype, "bf16, or fp8 (E4M3 x and w, E5M2 dy, tensor-wise scales)")
       ->capture_default_str();
+  app.add_flag("--split-accumulation", options.split_accumulation,
+               "with --dtype fp8: fp32 totals every 128 of the reduction (cuBLASLt's default for FP8)");
   app.add_option("--repeats", options.repeats, "timed launches per row")->capture_default_str();
   app.add_option("--warmup", options.warmup, "untimed launches first")->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here");

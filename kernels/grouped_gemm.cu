@@ -250,6 +250,7 @@ void launch_grouped_gemm(const GroupedGemmDesc& desc, const GroupedGemmOperands&
     p.b_type = desc.in_type;
     p.a_scale_inv = forward ? o.x_scale_inv : o.dy_scale_inv;
     p.b_scale_inv = desc.kind == GroupedGemmKind::kWgrad ? o.x_scale_inv : o.w_scale_inv;
+    p.split_accumulation = desc.split_accumulation;
     SG_CHECK(p.a_scale_inv != nullptr && p.b_scale_inv != nullptr, "grouped_gemm ",
              grouped_gemm_kind_name(desc.kind), ": FP8 operands need their scale_inv pointers");
   }

@@ -53,6 +53,9 @@ struct GroupedGemmDesc {
   DType out_type = DType::kBFloat16;  // y, dx: bf16 or fp32; dw: fp32
   bool bias = false;                  // kForward only
   bool accumulate = false;            // kWgrad only: dw += instead of dw =
+  // FP8 only: add each 128-deep stage's tensor-core sums into fp32 totals
+  // (cuBLASLt's non-fast accumulation; Note [FP8 grouped GEMM]), slower.
+  bool split_accumulation = false;
 
   bool operator==(const GroupedGemmDesc&) const = default;
   std::string to_string() const;

@@ -33,6 +33,7 @@ struct Problem {
   DType b_type = DType::kBFloat16;
   const float* a_scale_inv = nullptr;
   const float* b_scale_inv = nullptr;
+  bool split_accumulation = false;  // FP8: Note [FP8 grouped GEMM]
 };
 
 // Pointer arithmetic on type-erased operands.

@@ -45,11 +45,11 @@ std::string grouped_gemm_kind_name(GroupedGemmKind kind) {
 std::string GroupedGemmDesc::to_string() const {
   char text[240];
   const std::string dy = is_fp8_grouped(*this) ? " dy=" + std::string(dtype_name(dy_type)) : std::string();
-  std::snprintf(text, sizeof(text), "%s T=%lld E=%lld N=%lld K=%lld in=%s%s out=%s%s%s",
+  std::snprintf(text, sizeof(text), "%s T=%lld E=%lld N=%lld K=%lld in=%s%s out=%s%s%s%s",
                 grouped_gemm_kind_name(kind).c_str(), static_cast<long long>(tokens), static_cast<long long>(experts),
                 static_cast<long long>(n), static_cast<long long>(k), std::string(dtype_name(in_type)).c_str(),
                 dy.c_str(), std::string(dtype_name(out_type)).c_str(), bias ? " bias" : "",
-                accumulate ? " accumulate" : "");
+                accumulate ? " accumulate" : "", split_accumulation ? " split_accumulation" : "");
   return text;
 }
 
@@ -64,6 +64,8 @@ void check_grouped_gemm(const GroupedGemmDesc& d) {
   SG_CHECK_CODE(float_input(d.in_type) || is_fp8_grouped(d), ErrorCode::kUnsupported, "grouped_gemm ", kind,
                 ": input dtype ", dtype_name(d.in_type),
                 " is not supported; use bf16 (tensor cores), fp32, or FP8 with x and w in e4m3");
+  SG_CHECK(!d.split_accumulation || is_fp8_grouped(d), "grouped_gemm ", kind,
+           ": split_accumulation is for FP8 inputs (16-bit and fp32 inputs accumulate in fp32 already)");
   if (is_fp8_grouped(d)) {
     SG_CHECK(fp8(d.dy_type), "grouped_gemm ", kind, ": FP8 dy must be e4m3 or e5m2, got ", dtype_name(d.dy_type));
     SG_CHECK(d.n % 16 == 0 && d.k % 16 == 0, "grouped_gemm ", kind,
@@ -125,13 +127,20 @@ void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
   }
   // FP8: the product of the operands' scale_inv; 1 otherwise.
   auto scale_of = [&](const float* a, const float* b) { return fp8_in ? *a * *b : 1.0f; };
+  // Each operand the kind reads, decoded once (the loops below index fp32 values).
+  auto decoded = [](DType dtype, const void* base, std::int64_t count) {
+    std::vector<float> out(static_cast<std::size_t>(base != nullptr ? count : 0));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = element(dtype, base, static_cast<std::int64_t>(i));
+    return out;
+  };
+  const std::vector<float> xs = decoded(in, d.kind != GroupedGemmKind::kDgrad ? o.x : nullptr, d.tokens * k);
+  const std::vector<float> ws = decoded(in, d.kind != GroupedGemmKind::kWgrad ? o.w : nullptr, d.experts * n * k);
+  const std::vector<float> dys = decoded(dy_type, d.kind != GroupedGemmKind::kForward ? o.dy : nullptr, d.tokens * n);
   if (d.kind == GroupedGemmKind::kWgrad) {
     const float scale = scale_of(o.dy_scale_inv, o.x_scale_inv);
     // FP8 reads the column-wise copies dy^T [N, T] and x^T [K, T].
-    auto dy_at = [&](std::int64_t t, std::int64_t i) {
-      return element(dy_type, o.dy, fp8_in ? i * d.tokens + t : t * n + i);
-    };
-    auto x_at = [&](std::int64_t t, std::int64_t j) { return element(in, o.x, fp8_in ? j * d.tokens + t : t * k + j); };
+    auto dy_at = [&](std::int64_t t, std::int64_t i) { return dys[fp8_in ? i * d.tokens + t : t * n + i]; };
+    auto x_at = [&](std::int64_t t, std::int64_t j) { return xs[fp8_in ? j * d.tokens + t : t * k + j]; };
     for (std::int64_t e = 0; e < d.experts; ++e) {
       for (std::int64_t i = 0; i < n; ++i) {
         for (std::int64_t j = 0; j < k; ++j) {
@@ -151,14 +160,13 @@ void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
   const bool forward = d.kind == GroupedGemmKind::kForward;
   const std::int64_t cols = forward ? n : k;
   const std::int64_t depth = forward ? k : n;
-  const void* a = forward ? o.x : o.dy;
-  const DType a_type = forward ? in : dy_type;
+  const std::vector<float>& a = forward ? xs : dys;
   const float scale = forward ? scale_of(o.x_scale_inv, o.w_scale_inv) : scale_of(o.dy_scale_inv, o.w_scale_inv);
   // w_e[c, j] (forward) or w_e[j, c] (dgrad) of w [E, N, K]; FP8 dgrad reads
   // w's column-wise copy [K, E * N].
   auto w_at = [&](std::int64_t e, std::int64_t c, std::int64_t j) {
-    if (forward) return element(in, o.w, e * n * k + c * k + j);
-    return element(in, o.w, fp8_in ? c * d.experts * n + e * n + j : e * n * k + j * k + c);
+    if (forward) return ws[e * n * k + c * k + j];
+    return ws[fp8_in ? c * d.experts * n + e * n + j : e * n * k + j * k + c];
   };
   const DType bias_type = fp8_in ? DType::kBFloat16 : in;
   for (std::int64_t t = 0; t < d.tokens; ++t) {
@@ -168,7 +176,7 @@ void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
     for (std::int64_t c = 0; c < cols; ++c) {
       float sum = 0.0f;
       if (in_group) {
-        for (std::int64_t j = 0; j < depth; ++j) sum += element(a_type, a, t * depth + j) * w_at(e, c, j);
+        for (std::int64_t j = 0; j < depth; ++j) sum += a[t * depth + j] * w_at(e, c, j);
         sum *= scale;
         if (forward && d.bias) sum += load_as_float(bias_type, o.bias, e * n + c);
       }

@@ -40,10 +40,16 @@
 // FP8 operands are tensor-wise scaled: the product is multiplied by the two
 // operands' scale_inv in the epilogue. FP8 wgmma reads both operands K-major,
 // so the transposes come from the quantize kernels' column-wise copies (the
-// layouts above), as for cuBLASLt's FP8 GEMMs. The tensor cores sum each
-// k32 wgmma into the fp32 accumulators directly (cuBLASLt's "fast
-// accumulation"; no periodic promotion to a second set of registers, which
-// the 128 x 256 tile has no room for).
+// layouts above), as for cuBLASLt's FP8 GEMMs. Hopper's tensor cores add FP8
+// products into their accumulators with fewer bits than fp32 keeps (measured
+// on the H100: 2e-4 of the norm from an fp32 sum at a reduction of 304,
+// 1.2e-3 at 4224, all E4M3). That is cuBLASLt's "fast accumulation", the
+// default. With split accumulation (GroupedGemmDesc::split_accumulation,
+// cuBLASLt's default for FP8) each 128-deep stage's wgmma sums start from
+// zero in a second set of registers and are added into fp32 totals on the
+// CUDA cores, as DeepSeek-V3 promotes them; both sets fit only at 128 x 128
+// tiles (64 + 64 registers a thread), and the wgmma of a stage must finish
+// before its sums are added, so this mode runs slower.
 #include <cuda.h>
 
 #include <algorithm>
@@ -58,17 +64,19 @@
 namespace stepgraph::kernels::grouped {
 namespace {
 
-// Both consumer warpgroups share each 128 x 256 tile, 64 rows each; a stage
-// holds 128 bytes of the reduction (kDepth elements) of both operands.
+// Both consumer warpgroups share each 128 x kN tile (256 columns; 128 with
+// split accumulation), 64 rows each; a stage holds 128 bytes of the
+// reduction (kDepth elements) of both operands.
+template <int kTileN>
 struct WsConfig {
   static constexpr int kM = 128;
-  static constexpr int kN = 256;
+  static constexpr int kN = kTileN;
   static constexpr int kRowBytes = 128;
   static constexpr int kThreads = 384;
   static constexpr int kTileBytesA = kM * kRowBytes;
   static constexpr int kTileBytesB = kN * kRowBytes;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
-  static constexpr int kStages = (192 * 1024) / kStageBytes;  // 4
+  static constexpr int kStages = (192 * 1024) / kStageBytes;  // 4 at kN = 256, 6 at 128
   static constexpr int kPipelineBytes = kStageBytes * kStages;
   static constexpr int kAlignSlack = 1024;  // the dynamic shared base is aligned up to 1024 bytes
   static constexpr int kProducerRegisters = 40;
@@ -83,14 +91,16 @@ struct WsConfig {
   static constexpr int kTailBarrier = 1;  // the consumers' named barrier for a zeroed tail
 };
 
-// Which product, and in which element type (Note [FP8 grouped GEMM]).
-template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2>
+// Which product, in which element type, and how it accumulates (Note [FP8 grouped GEMM]).
+template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit>
 struct WsProduct {
   static constexpr bool kForward = kKind == GroupedGemmKind::kForward;
   static constexpr bool kWgrad = kKind == GroupedGemmKind::kWgrad;
   static_assert(kFp8 || !kWgrad, "bf16 wgrad runs on mma.sync (grouped_gemm.cu)");
-  static constexpr int kDepth = WsConfig::kRowBytes / (kFp8 ? 1 : 2);  // reduction elements a stage
-  static constexpr int kSlices = kDepth / (kFp8 ? 32 : 16);           // wgmma per stage and warpgroup
+  static_assert(kFp8 || !kSplit, "split accumulation is for FP8");
+  using C = WsConfig<kSplit ? 128 : 256>;
+  static constexpr int kDepth = C::kRowBytes / (kFp8 ? 1 : 2);  // reduction elements a stage
+  static constexpr int kSlices = kDepth / (kFp8 ? 32 : 16);     // wgmma per stage and warpgroup
 };
 
 // Clears the bytes outside [begin, end) of every 128-byte row of the stage's
@@ -98,9 +108,10 @@ struct WsProduct {
 // (c / 16) ^ (r % 8)), as the `first`-th of `step` threads.
 __device__ __forceinline__ void zero_rows_outside(unsigned char* tile, int rows, int begin, int end, int first,
                                                   int step) {
+  constexpr int kRowBytes = 128;
   for (int r = first; r < rows; r += step) {
-    unsigned char* row = tile + r * WsConfig::kRowBytes;
-    for (int c = 0; c < WsConfig::kRowBytes; ++c) {
+    unsigned char* row = tile + r * kRowBytes;
+    for (int c = 0; c < kRowBytes; ++c) {
       if (c < begin || c >= end) row[(((c >> 4) ^ (r & 7)) << 4) | (c & 15)] = 0;
     }
   }
@@ -109,11 +120,11 @@ __device__ __forceinline__ void zero_rows_outside(unsigned char* tile, int rows,
 // FP8 wgrad: the 16-aligned token where group e's boxes start.
 __device__ __forceinline__ int aligned_token_start(const int* offs, int e) { return offs[e] & ~15; }
 
-template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, typename Out>
-__global__ void __launch_bounds__(WsConfig::kThreads, 1)
+template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit, typename Out>
+__global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
     grouped_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, Problem p) {
-  using C = WsConfig;
-  using P = WsProduct<kKind, kFp8, kAE5M2>;
+  using P = WsProduct<kKind, kFp8, kAE5M2, kSplit>;
+  using C = typename P::C;
   // Output [rows, cols] of a tile's group, and the reduction's length.
   const int cols = P::kWgrad ? p.k : (P::kForward ? p.n : p.k);
   const int depth = P::kForward ? p.k : p.n;  // fwd/dgrad; wgrad's is the group's tokens
@@ -241,6 +252,24 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
             tile::named_barrier_sync(C::kTailBarrier, C::kConsumerThreads);
           }
         }
+        if constexpr (kSplit) {
+          // This stage's sums from zero, then into the fp32 totals (Note [FP8 grouped GEMM]).
+          float partial[kAcc];
+          tile::wgmma_fence();
+          const std::uint64_t desc_a = tile::wgmma_descriptor(tile_a(slot)) + a_rows;
+#pragma unroll
+          for (int ks = 0; ks < P::kSlices; ++ks) {
+            tile::wgmma_m64n128k32_fp8<kAE5M2>(partial, desc_a + 2 * ks,
+                                               tile::wgmma_descriptor(tile_b(slot)) + 2 * ks, ks > 0 ? 1 : 0);
+          }
+          tile::wgmma_commit();
+          tile::wgmma_wait<0>();
+          tile::fence_accumulators(partial);
+          if (lane == 0) tile::mbarrier_arrive(&empty[slot]);
+#pragma unroll
+          for (int j = 0; j < kAcc; ++j) acc[j] = kt > 0 ? acc[j] + partial[j] : partial[j];
+          continue;
+        }
         tile::fence_accumulators(acc);
         tile::wgmma_fence();
         const std::uint64_t desc_a = tile::wgmma_descriptor(tile_a(slot)) + a_rows;
@@ -250,8 +279,10 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
           // units); bf16 dgrad's N-major b: 16 rows of 128 bytes apart.
           const int scale_d = (kt > 0 || ks > 0) ? 1 : 0;
           if constexpr (kFp8) {
-            tile::wgmma_m64n256k32_fp8<kAE5M2>(acc, desc_a + 2 * ks, tile::wgmma_descriptor(tile_b(slot)) + 2 * ks,
-                                               scale_d);
+            if constexpr (!kSplit) {
+              tile::wgmma_m64n256k32_fp8<kAE5M2>(acc, desc_a + 2 * ks, tile::wgmma_descriptor(tile_b(slot)) + 2 * ks,
+                                                 scale_d);
+            }
           } else {
             // bf16 dgrad reads w N-major in [64 k][64 n] boxes; everything else K-major.
             constexpr bool kTransB = !P::kForward;
@@ -266,7 +297,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
         tile::fence_accumulators(acc);
         if (kt > 0 && lane == 0) tile::mbarrier_arrive(&empty[(load - 1) % C::kStages]);
       }
-      if (stages > 0) {
+      if (!kSplit && stages > 0) {
         tile::wgmma_wait<0>();
         tile::fence_accumulators(acc);
         if (lane == 0) tile::mbarrier_arrive(&empty[(load - 1) % C::kStages]);
@@ -321,9 +352,8 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
 }
 
 // The TMA maps of a product's two operands (the layouts at the top).
-template <GroupedGemmKind kKind, bool kFp8>
+template <GroupedGemmKind kKind, bool kFp8, typename C>
 std::pair<CUtensorMap, CUtensorMap> operand_maps(const Problem& p, DType a_type, DType b_type) {
-  using C = WsConfig;
   constexpr int kDepth = C::kRowBytes / (kFp8 ? 1 : 2);
   const std::int64_t experts = p.experts;
   if constexpr (kKind == GroupedGemmKind::kForward) {
@@ -341,38 +371,46 @@ std::pair<CUtensorMap, CUtensorMap> operand_maps(const Problem& p, DType a_type,
   }
 }
 
-}  // namespace
-
-template <GroupedGemmKind kKind, typename Out>
-void launch_grouped_ws(const Problem& p, cudaStream_t stream) {
-  using C = WsConfig;
-  constexpr bool kForward = kKind == GroupedGemmKind::kForward;
-  const bool fp8 = p.a_type != DType::kBFloat16;
-  const bool a_e5m2 = p.a_type == DType::kFloat8E5M2;
-  const std::int64_t cols = kKind == GroupedGemmKind::kWgrad ? p.k : (kForward ? p.n : p.k);
+// One kernel variant's launch: a persistent block per SM, and no more than a
+// bound on the tiles from static sizes (fwd/dgrad: each group's partial last
+// m-tile adds at most one row of tiles; wgrad: E groups of the same tiles).
+template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit, typename Out>
+void launch_variant(const Problem& p, cudaStream_t stream) {
+  using C = typename WsProduct<kKind, kFp8, kAE5M2, kSplit>::C;
+  const std::int64_t cols = kKind == GroupedGemmKind::kWgrad ? p.k : (kKind == GroupedGemmKind::kForward ? p.n : p.k);
   const std::size_t smem = C::kAlignSlack + C::kPipelineBytes + 2 * C::kStages * sizeof(std::uint64_t) +
                            2 * sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
-  // Persistent: a block per SM, and no more than a bound on the tiles from
-  // static sizes (fwd/dgrad: each group's partial last m-tile adds at most
-  // one row of tiles; wgrad: E groups of the same tiles).
   const std::int64_t tiles =
       kKind == GroupedGemmKind::kWgrad
           ? p.experts * ((p.n + C::kM - 1) / C::kM) * ((cols + C::kN - 1) / C::kN)
           : ((p.tokens + C::kM - 1) / C::kM + p.experts) * ((cols + C::kN - 1) / C::kN);
   const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, sm_count())));
-  auto run = [&](auto kernel, const std::pair<CUtensorMap, CUtensorMap>& maps) {
-    SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kernel<<<grid, C::kThreads, smem, stream>>>(maps.first, maps.second, p);
-    SG_CUDA_CHECK(cudaGetLastError());
-  };
-  if (!fp8) {
-    if constexpr (kKind != GroupedGemmKind::kWgrad) {
-      run(grouped_ws_kernel<kKind, false, false, Out>, operand_maps<kKind, false>(p, p.a_type, p.b_type));
-    }
-  } else if (a_e5m2) {
-    run(grouped_ws_kernel<kKind, true, true, Out>, operand_maps<kKind, true>(p, p.a_type, p.b_type));
+  auto kernel = grouped_ws_kernel<kKind, kFp8, kAE5M2, kSplit, Out>;
+  const std::pair<CUtensorMap, CUtensorMap> maps = operand_maps<kKind, kFp8, C>(p, p.a_type, p.b_type);
+  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, C::kThreads, smem, stream>>>(maps.first, maps.second, p);
+  SG_CUDA_CHECK(cudaGetLastError());
+}
+
+template <GroupedGemmKind kKind, bool kAE5M2, typename Out>
+void launch_fp8(const Problem& p, cudaStream_t stream) {
+  if (p.split_accumulation) {
+    launch_variant<kKind, true, kAE5M2, true, Out>(p, stream);
   } else {
-    run(grouped_ws_kernel<kKind, true, false, Out>, operand_maps<kKind, true>(p, p.a_type, p.b_type));
+    launch_variant<kKind, true, kAE5M2, false, Out>(p, stream);
+  }
+}
+
+}  // namespace
+
+template <GroupedGemmKind kKind, typename Out>
+void launch_grouped_ws(const Problem& p, cudaStream_t stream) {
+  if (p.a_type == DType::kBFloat16) {
+    if constexpr (kKind != GroupedGemmKind::kWgrad) launch_variant<kKind, false, false, false, Out>(p, stream);
+  } else if (p.a_type == DType::kFloat8E5M2) {
+    launch_fp8<kKind, true, Out>(p, stream);
+  } else {
+    launch_fp8<kKind, false, Out>(p, stream);
   }
 }
 

@@ -139,7 +139,8 @@ GroupedLinear::Forward GroupedLinear::forward_fp8(Context& ctx, const Tensor& x,
   ops::count_flags_(ctx, non_finite_, detail::defined({xq.non_finite, wq.non_finite}));
   Forward out;
   out.y = ops::grouped_fp8_forward(ctx, xq.rowwise, xq.rowwise_scale_inv, wq.rowwise,
-                                   wq.rowwise_scale_inv, offsets, bias, config_.dtype);
+                                   wq.rowwise_scale_inv, offsets, bias, config_.dtype,
+                                   !recipe.fast_accumulation_forward);
   const bool current = recipe.scaling == Fp8Scaling::kCurrent;
   out.saved = Saved{.offsets = offsets,
                     .x_fp8_t = xq.columnwise,
@@ -179,7 +180,7 @@ Tensor GroupedLinear::backward_fp8(Context& ctx, const Saved& saved, const Tenso
   const detail::Fp8Copies dy = detail::quantize_for_gemm(ctx, recipe, dy_value, recipe.gradient_format(), true, true,
                                                          dy_state_, kernels::BlockShape::k1x128, slices_of(column));
   ops::grouped_fp8_wgrad_(ctx, weight_.grad, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t,
-                          saved.x_scale_inv, saved.offsets, /*accumulate=*/false);
+                          saved.x_scale_inv, saved.offsets, /*accumulate=*/false, !recipe.fast_accumulation_backward);
   // The bias's gradient from the 16-bit dy (as the 16-bit layer's).
   if (config_.bias) ops::grouped_bias_grad_(ctx, bias_.grad, dy_value, saved.offsets, /*accumulate=*/false);
   // W's column-wise copy [in, E * out], quantized again with the forward's scale.
@@ -188,7 +189,8 @@ Tensor GroupedLinear::backward_fp8(Context& ctx, const Saved& saved, const Tenso
   const Tensor w_scale_inv = delayed ? w_state_.scale_inv : saved.w_scale_inv;
   const Tensor w_t = ops::quantize(ctx, weight_.value, w_scale, {recipe.forward_format(), false, true}).columnwise;
   const Tensor dx =
-      ops::grouped_fp8_dgrad(ctx, dy.rowwise, dy.rowwise_scale_inv, w_t, w_scale_inv, saved.offsets, config_.dtype);
+      ops::grouped_fp8_dgrad(ctx, dy.rowwise, dy.rowwise_scale_inv, w_t, w_scale_inv, saved.offsets, config_.dtype,
+                             !recipe.fast_accumulation_backward);
   if (delayed) {
     // This step's amaxes into the histories, after the products above read
     // the old scales; the largest over the slices and the data-parallel ranks.

@@ -35,7 +35,9 @@
 // every expert), so does every token's activation. Delayed scaling keeps an
 // amax history per tensor and updates it at the end of the backward; a
 // sliced tensor's amax (W always, x of kRow, dy of kColumn) is max-all-
-// reduced over the tensor-parallel group first. Block scaling is not built
+// reduced over the tensor-parallel group first. The recipe's fast-
+// accumulation fields choose each product's accumulation as for cuBLASLt
+// (the forward fast, the backward split by default). Block scaling is not built
 // for grouped products (an Error): the kernel applies tensor-wise scales in
 // its epilogue, while 128-blocks along the reduction need each block's
 // partial sums scaled in the main loop. Token counts, in and out features

@@ -59,6 +59,7 @@ GroupedGemmDesc describe_call(GroupedGemmKind kind, const GroupedGemmParams& p, 
   d.experts = offsets.shape.dim(0) - 1;
   d.in_type = DType::kFloat8E4M3;
   d.out_type = kind == GroupedGemmKind::kWgrad ? DType::kFloat32 : p.out_dtype;
+  d.split_accumulation = p.split_accumulation;
   const TensorMeta& a = in[r.a];
   const TensorMeta& b = in[r.b];
   const std::string context = "operands " + describe(a) + " and " + describe(b);
@@ -191,26 +192,31 @@ const OpDef& grouped_fp8_wgrad_op() {
 }
 
 Tensor grouped_fp8_forward(Context& ctx, const Tensor& x, const Tensor& x_scale_inv, const Tensor& w,
-                           const Tensor& w_scale_inv, const Tensor& offsets, const Tensor& bias, DType out_dtype) {
+                           const Tensor& w_scale_inv, const Tensor& offsets, const Tensor& bias, DType out_dtype,
+                           bool split_accumulation) {
   std::vector<Tensor> inputs{x, x_scale_inv, w, w_scale_inv, offsets};
   if (bias.defined()) inputs.push_back(bias);
   return ctx
-      .call(grouped_fp8_forward_op(), GroupedGemmParams{.out_dtype = out_dtype, .bias = bias.defined()},
+      .call(grouped_fp8_forward_op(),
+            GroupedGemmParams{.out_dtype = out_dtype, .bias = bias.defined(), .split_accumulation = split_accumulation},
             std::move(inputs))
       .front();
 }
 
 Tensor grouped_fp8_dgrad(Context& ctx, const Tensor& dy, const Tensor& dy_scale_inv, const Tensor& w_t,
-                         const Tensor& w_scale_inv, const Tensor& offsets, DType out_dtype) {
+                         const Tensor& w_scale_inv, const Tensor& offsets, DType out_dtype, bool split_accumulation) {
   return ctx
-      .call(grouped_fp8_dgrad_op(), GroupedGemmParams{.out_dtype = out_dtype},
+      .call(grouped_fp8_dgrad_op(), GroupedGemmParams{.out_dtype = out_dtype, .split_accumulation = split_accumulation},
             {dy, dy_scale_inv, w_t, w_scale_inv, offsets})
       .front();
 }
 
 void grouped_fp8_wgrad_(Context& ctx, const Tensor& dw, const Tensor& dy_t, const Tensor& dy_scale_inv,
-                        const Tensor& x_t, const Tensor& x_scale_inv, const Tensor& offsets, bool accumulate) {
-  ctx.call(grouped_fp8_wgrad_op(), GroupedGemmParams{.out_dtype = DType::kFloat32, .accumulate = accumulate},
+                        const Tensor& x_t, const Tensor& x_scale_inv, const Tensor& offsets, bool accumulate,
+                        bool split_accumulation) {
+  ctx.call(grouped_fp8_wgrad_op(),
+           GroupedGemmParams{
+               .out_dtype = DType::kFloat32, .accumulate = accumulate, .split_accumulation = split_accumulation},
            {dw, dy_t, dy_scale_inv, x_t, x_scale_inv, offsets});
 }
 

@@ -13,9 +13,9 @@ using kernels::GroupedGemmDesc;
 using kernels::GroupedGemmKind;
 
 std::string GroupedGemmParams::to_string() const {
-  char text[96];
-  std::snprintf(text, sizeof(text), "out=%s%s%s", std::string(dtype_name(out_dtype)).c_str(), bias ? ", bias" : "",
-                accumulate ? ", accumulate" : "");
+  char text[128];
+  std::snprintf(text, sizeof(text), "out=%s%s%s%s", std::string(dtype_name(out_dtype)).c_str(), bias ? ", bias" : "",
+                accumulate ? ", accumulate" : "", split_accumulation ? ", split_accumulation" : "");
   return text;
 }
 

@@ -23,6 +23,7 @@ struct GroupedGemmParams {
   DType out_dtype = DType::kBFloat16;  // forward and dgrad
   bool bias = false;                   // forward: a bias input follows offsets
   bool accumulate = false;             // wgrad_ and bias_grad_: += instead of =
+  bool split_accumulation = false;     // FP8 products only (kernels/grouped_gemm.h)
 
   bool operator==(const GroupedGemmParams&) const = default;
   std::string to_string() const;

@@ -71,6 +71,7 @@ struct Options {
   std::string dp_mode = "allreduce";
   int timeout_s = 300;
   std::string fp8 = "none";  // none | current | delayed | block: FP8 GEMMs in every config's blocks
+  bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
   std::string out;
 };
 
@@ -112,6 +113,7 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"device", device},
       {"peak_tflops", kH100PeakTflops},
       {"fp8", options.fp8},
+      {"fp8_weight_cache", options.fp8_weight_cache},
       {"steps", options.steps},
       {"warmup", options.warmup},
       {"timing",
@@ -332,7 +334,8 @@ int run(const Options& options) {
   const Device device = options.device == "cuda" ? Device::kCuda : Device::kHost;
   std::vector<StepConfig> configs = parse_config_list(options.configs);
   if (options.fp8 != "none") {
-    const Fp8Recipe recipe = Fp8Recipe::of(parse_fp8_scaling(options.fp8));
+    Fp8Recipe recipe = Fp8Recipe::of(parse_fp8_scaling(options.fp8));
+    recipe.cache_weights = options.fp8_weight_cache;
     for (StepConfig& config : configs) config.model.fp8 = recipe;
   }
   for (const StepConfig& config : configs) {
@@ -402,6 +405,8 @@ int main(int argc, char** argv) {
                  "not in MoE configs); MFU stays counted against the bf16 peak")
       ->check(CLI::IsMember({"none", "current", "delayed", "block"}))
       ->capture_default_str();
+  app.add_flag("--fp8-weight-cache", options.fp8_weight_cache,
+               "with --fp8 current or delayed: each weight quantized once per optimizer step into persistent copies");
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -82,6 +82,8 @@ void Fp8Recipe::check() const {
   }
   SG_CHECK(on_non_finite == NonFiniteAmax::kSkipStep || on_non_finite == NonFiniteAmax::kStop,
            "FP8 recipe: on_non_finite ", static_cast<int>(on_non_finite), " is not skip_step or stop");
+  SG_CHECK_CODE(!cache_weights || scaling != Fp8Scaling::kBlock, ErrorCode::kUnsupported,
+                "FP8 recipe: cache_weights is built for tensor-wise scaling (current, delayed), not block scaling");
 }
 
 std::string Fp8Recipe::to_string() const {

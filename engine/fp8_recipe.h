@@ -60,6 +60,11 @@ struct Fp8Recipe {
   bool fast_accumulation_forward = true;
   bool fast_accumulation_backward = false;
   NonFiniteAmax on_non_finite = NonFiniteAmax::kSkipStep;
+  // Tensor-wise scaling: quantize each FP8 weight once per optimizer step,
+  // right after its update, into persistent row- and column-wise copies the
+  // step's GEMMs read (Note [FP8 weight cache] in layers/fp8_operand.h).
+  // Costs the copies' two bytes a weight element of persistent memory.
+  bool cache_weights = false;
 
   static Fp8Recipe current();
   static Fp8Recipe delayed(int amax_history_len = 1024, AmaxReduction reduction = AmaxReduction::kMax,
@@ -107,6 +112,7 @@ void Fp8Recipe::for_each_field(Visit&& visit) const {
   visit("fast_accumulation_forward", fast_accumulation_forward);
   visit("fast_accumulation_backward", fast_accumulation_backward);
   visit("on_non_finite", non_finite_amax_name(on_non_finite));
+  if (cache_weights) visit("cache_weights", cache_weights);
 }
 
 }  // namespace stepgraph

@@ -34,7 +34,14 @@ AdamW::Update AdamW::make_update(Context& ctx, std::size_t first, std::size_t co
     const Parameter* p = parameters_[i];
     entries.push_back({p->master, p->grad, m_[i], v_[i], p->has_copy() ? p->value : Tensor()});
   }
-  return make_update(ctx, entries, table_name);
+  Update update = make_update(ctx, entries, table_name);
+  update.first = first;
+  update.count = count;
+  return update;
+}
+
+void AdamW::after_update(Context& ctx, std::size_t first, std::size_t count) const {
+  for (std::size_t i = first; i < first + count; ++i) run_after_update(ctx, *parameters_[i]);
 }
 
 AdamW::Update AdamW::make_update(Context& ctx, const std::vector<UpdateTensors>& entries,
@@ -69,6 +76,7 @@ void AdamW::step(Context& ctx) const {
     return;
   }
   run_update(ctx, all_.params, all_.table, all_.tensors);
+  after_update(ctx, all_.first, all_.count);
 }
 
 void AdamW::run_update(Context& ctx, const ops::AdamWParams& params, const Tensor& table,
@@ -123,6 +131,7 @@ void AdamW::step_group(Context& ctx, std::size_t group, bool advance_step) const
   ops::AdamWParams params = groups_[group].params;
   params.advance_step = advance_step;
   run_update(ctx, params, groups_[group].table, groups_[group].tensors);
+  after_update(ctx, groups_[group].first, groups_[group].count);
 }
 
 const std::vector<Tensor>& AdamW::group_gradients(std::size_t group) const {

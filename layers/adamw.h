@@ -130,6 +130,8 @@ class AdamW {
     Tensor master, grad, m, v, copy;  // copy: undefined when the master is the value
   };
   struct Update {
+    std::size_t first = 0;  // the parameters [first, first + count) it updates
+    std::size_t count = 0;
     ops::AdamWParams params;
     Tensor table;                 // the kernel's launch table (pointers), int64 words
     std::vector<Tensor> tensors;  // per parameter: master, grad, m, v[, copy]
@@ -155,6 +157,8 @@ class AdamW {
   };
   Shard make_shard(Context& ctx, std::size_t first, std::size_t count, const std::string& name) const;
   void step_shard(Context& ctx, const Shard& shard, bool advance_step) const;
+  // Parameters [first, first + count)'s after_update hooks (their values changed).
+  void after_update(Context& ctx, std::size_t first, std::size_t count) const;
 
   // The schedule's rate into lr_ (with a schedule), then the update.
   void run_update(Context& ctx, const ops::AdamWParams& params, const Tensor& table,

@@ -123,6 +123,7 @@ void AdamW::step_shard(Context& ctx, const Shard& shard, bool advance_step) cons
   run_update(ctx, params, shard.update.table, shard.update.tensors);
   const Tensor gathered = ops::all_gather(ctx, *sharding_, shard.value);
   ops::unpack_(ctx, gathered, shard.values);
+  after_update(ctx, shard.first, shard.count);
 }
 
 }  // namespace stepgraph

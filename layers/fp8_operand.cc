@@ -1,6 +1,7 @@
 #include "layers/fp8_operand.h"
 
 #include "ops/collective_ops.h"
+#include "ops/elementwise_ops.h"
 #include "ops/fp8_ops.h"
 
 namespace stepgraph::detail {
@@ -42,6 +43,42 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
   }
   const ops::Quantized q = ops::quantize(ctx, t, scale, {format, rowwise, columnwise});
   return {q.rowwise, scale_inv, q.columnwise, scale_inv, q.amax, scale, std::nullopt, non_finite};
+}
+
+Fp8WeightCache make_weight_cache(Context& ctx, const std::string& prefix, const Tensor& weight,
+                                 const Fp8Recipe& recipe) {
+  const Shape& shape = weight.shape();
+  const std::int64_t cols = shape.dim(shape.rank() - 1);
+  const std::int64_t rows = shape.numel() / cols;
+  const DType q = fp8_dtype(recipe.forward_format());
+  return {ctx.persistent(prefix + ".rowwise", {Shape{rows, cols}, q}),
+          ctx.persistent(prefix + ".columnwise", {Shape{cols, rows}, q}),
+          ctx.persistent(prefix + ".scale_inv", {Shape{1}, DType::kFloat32}),
+          ctx.persistent(prefix + ".amax", {Shape{1}, DType::kFloat32})};
+}
+
+void refresh_weight_cache(Context& ctx, const Fp8Recipe& recipe, const Tensor& weight, const DelayedState& delayed,
+                          Communicator* amax_group, const Fp8WeightCache& cache, const Tensor& non_finite_counter) {
+  const ops::QuantizeParams both{recipe.forward_format(), true, true};
+  if (recipe.scaling == Fp8Scaling::kDelayed) {
+    ops::quantize_into_(ctx, weight, delayed.scale, both, cache.rowwise, cache.columnwise, cache.amax);
+    ops::copy_(ctx, cache.scale_inv, delayed.scale_inv);
+    return;
+  }
+  Tensor amax = ops::amax(ctx, weight);
+  if (amax_group != nullptr) amax = ops::all_reduce(ctx, *amax_group, amax, ReduceOp::kMax);
+  const ops::Scales s = ops::scale_from_amax(ctx, amax, {recipe.forward_format(), false});
+  ops::quantize_into_(ctx, weight, s.scale, both, cache.rowwise, cache.columnwise, cache.amax);
+  ops::copy_(ctx, cache.scale_inv, s.scale_inv);
+  ops::count_flags_(ctx, non_finite_counter, {s.non_finite});
+}
+
+Fp8Copies cached_copies(const Fp8WeightCache& cache) {
+  return {.rowwise = cache.rowwise,
+          .rowwise_scale_inv = cache.scale_inv,
+          .columnwise = cache.columnwise,
+          .columnwise_scale_inv = cache.scale_inv,
+          .amax = cache.amax};
 }
 
 std::vector<Tensor> defined(std::initializer_list<Tensor> flags) {

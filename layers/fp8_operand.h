@@ -54,6 +54,45 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
                             bool columnwise, const DelayedState& delayed, kernels::BlockShape shape,
                             Communicator* amax_group);
 
+// Note [FP8 weight cache]
+// With Fp8Recipe::cache_weights a layer quantizes its weight once per
+// optimizer step instead of in every forward (row-wise) and backward
+// (column-wise): right after the optimizer updates the weight, inside the
+// step (Parameter::after_update, run by AdamW on the weight-gradient stream
+// beside the rest of the backward), into persistent row- and column-wise
+// copies with their scale_inv and the weight's amax; the forward's and the
+// data gradient's GEMMs read them. The copies are made with the scale the
+// uncached layer would use at its next forward (current scaling: the new
+// weight's amax; delayed: the state's scale, which the backward has already
+// updated), so the cached layer computes what the uncached one does, bit for
+// bit. They are remade at construction and whenever the value changes
+// outside a step (sync_copy_from_master: checkpoint loads, the C API), so
+// nothing reads a stale copy. A step that must not change the weights (the
+// non-finite skip of issue 19) skips the refresh with the update. Cost: two
+// bytes a weight element of persistent memory, against two FP8 copies made
+// and freed in every step without it. Tensor-wise scaling only.
+struct Fp8WeightCache {
+  Tensor rowwise;     // [rows, cols] in the forward format
+  Tensor columnwise;  // [cols, rows]
+  Tensor scale_inv;   // [1] fp32: what both copies were quantized with, inverted
+  Tensor amax;        // [1] fp32: the weight's max |w| at the refresh (delayed scaling's history takes it)
+};
+
+// Persistent tensors `prefix`.{rowwise, columnwise, scale_inv, amax} for a
+// weight read as the matrix [rows, cols] (rows of its last dimension).
+Fp8WeightCache make_weight_cache(Context& ctx, const std::string& prefix, const Tensor& weight,
+                                 const Fp8Recipe& recipe);
+
+// Quantizes `weight` into `cache` as the recipe says (the scale from the
+// weight's amax, the largest over `amax_group`; or delayed's state scale),
+// counting a non-finite amax into `non_finite_counter`. A hook for
+// Parameter::after_update: every argument is held by value.
+void refresh_weight_cache(Context& ctx, const Fp8Recipe& recipe, const Tensor& weight, const DelayedState& delayed,
+                          Communicator* amax_group, const Fp8WeightCache& cache, const Tensor& non_finite_counter);
+
+// The copies a layer's GEMMs read from the cache (Fp8Copies' roles).
+Fp8Copies cached_copies(const Fp8WeightCache& cache);
+
 // The defined ones of `flags`.
 std::vector<Tensor> defined(std::initializer_list<Tensor> flags);
 

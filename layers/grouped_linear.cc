@@ -75,7 +75,19 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
       w_state_ = detail::make_delayed_state(ctx, name + ".fp8.w", *config.fp8, state_);
       dy_state_ = detail::make_delayed_state(ctx, name + ".fp8.dy", *config.fp8, state_);
     }
+    if (config.fp8->cache_weights) {
+      w_cache_ = detail::make_weight_cache(ctx, name + ".fp8.w_cache", weight_.value, *config.fp8);
+      weight_.after_update = {weight_cache_hook()};
+      run_after_update(ctx, weight_);
+    }
   }
+}
+
+std::function<void(Context&)> GroupedLinear::weight_cache_hook() const {
+  return [recipe = *config_.fp8, w = weight_.value, delayed = w_state_, group = tp_, cache = *w_cache_,
+          counter = non_finite_](Context& c) {
+    detail::refresh_weight_cache(c, recipe, w, delayed, group, cache, counter);
+  };
 }
 
 std::int64_t GroupedLinear::non_finite_amaxes(Context& ctx) const {
@@ -86,6 +98,7 @@ void GroupedLinear::share_non_finite_counter(const Tensor& counter) {
   SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label_,
            ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));
   non_finite_ = counter;
+  if (w_cache_) weight_.after_update = {weight_cache_hook()};  // the hook counts into the shared counter now
 }
 
 std::int64_t GroupedLinear::local_in() const {
@@ -130,7 +143,9 @@ GroupedLinear::Forward GroupedLinear::forward_fp8(Context& ctx, const Tensor& x,
   const detail::Fp8Copies xq = detail::quantize_for_gemm(ctx, recipe, x, recipe.forward_format(), true, true, x_state_,
                                                          kernels::BlockShape::k1x128, slices_of(row));
   detail::Fp8Copies wq;
-  {
+  if (w_cache_) {
+    wq = detail::cached_copies(*w_cache_);  // made after the last update (Note [FP8 weight cache])
+  } else {
     // W's copy does not wait for the activations (as an FP8 Linear's).
     WeightGradScope side(ctx);
     wq = detail::quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), true, false, w_state_,
@@ -187,10 +202,11 @@ Tensor GroupedLinear::backward_fp8(Context& ctx, const Saved& saved, const Tenso
   const bool delayed = recipe.scaling == Fp8Scaling::kDelayed;
   const Tensor w_scale = delayed ? w_state_.scale : saved.w_scale;
   const Tensor w_scale_inv = delayed ? w_state_.scale_inv : saved.w_scale_inv;
-  const Tensor w_t = ops::quantize(ctx, weight_.value, w_scale, {recipe.forward_format(), false, true}).columnwise;
-  const Tensor dx =
-      ops::grouped_fp8_dgrad(ctx, dy.rowwise, dy.rowwise_scale_inv, w_t, w_scale_inv, saved.offsets, config_.dtype,
-                             !recipe.fast_accumulation_backward);
+  const Tensor w_t = w_cache_ ? w_cache_->columnwise
+                             : ops::quantize(ctx, weight_.value, w_scale, {recipe.forward_format(), false, true}).columnwise;
+  const Tensor dx = ops::grouped_fp8_dgrad(ctx, dy.rowwise, dy.rowwise_scale_inv, w_t,
+                                           w_cache_ ? w_cache_->scale_inv : w_scale_inv, saved.offsets, config_.dtype,
+                                           !recipe.fast_accumulation_backward);
   if (delayed) {
     // This step's amaxes into the histories, after the products above read
     // the old scales; the largest over the slices and the data-parallel ranks.

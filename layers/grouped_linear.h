@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -151,6 +152,8 @@ class GroupedLinear {
   Parameter bias_;    // [experts, local_out], absent without bias
   Tensor error_word_;
   detail::DelayedState x_state_, w_state_, dy_state_;  // FP8 delayed scaling
+  std::optional<detail::Fp8WeightCache> w_cache_;       // Fp8Recipe::cache_weights (Note [FP8 weight cache])
+  std::function<void(Context&)> weight_cache_hook() const;
   std::vector<StateTensor> state_;
   Tensor non_finite_;  // FP8: [1] int32
   Communicator* amax_group_ = nullptr;

@@ -103,6 +103,11 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
     w_state_ = detail::make_delayed_state(ctx, name + ".fp8.w", *config.fp8, state_);
     dy_state_ = detail::make_delayed_state(ctx, name + ".fp8.dy", *config.fp8, state_);
   }
+  if (config.fp8 && config.fp8->cache_weights) {
+    w_cache_ = detail::make_weight_cache(ctx, name + ".fp8.w_cache", weight_.value, *config.fp8);
+    weight_.after_update = {weight_cache_hook()};
+    run_after_update(ctx, weight_);
+  }
 }
 
 void Linear::check_overlap(std::string_view field, CommOverlap mode, CommOverlap chunked) const {
@@ -130,6 +135,15 @@ void Linear::share_non_finite_counter(const Tensor& counter) {
   SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label_,
            ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));
   non_finite_ = counter;
+  if (w_cache_) weight_.after_update = {weight_cache_hook()};  // the hook counts into the shared counter now
+}
+
+std::function<void(Context&)> Linear::weight_cache_hook() const {
+  // W is a slice under tensor parallelism: its amax is the largest over the group.
+  return [recipe = *config_.fp8, w = weight_.value, delayed = w_state_, group = tp_, cache = *w_cache_,
+          counter = non_finite_](Context& c) {
+    detail::refresh_weight_cache(c, recipe, w, delayed, group, cache, counter);
+  };
 }
 
 std::int64_t Linear::non_finite_amaxes(Context& ctx) const {
@@ -207,7 +221,9 @@ Linear::Forward Linear::forward_fp8(Context& ctx, const FwdArgs& args) const {
 Linear::Forward Linear::forward_fp8_from(Context& ctx, const detail::Fp8Copies& x) const {
   const Fp8Recipe& recipe = *config_.fp8;
   detail::Fp8Copies w;
-  {
+  if (w_cache_) {
+    w = detail::cached_copies(*w_cache_);  // made after the last update (Note [FP8 weight cache])
+  } else {
     // W's copy does not wait for the activations: it is made on the weight-
     // gradient stream (idle in the forward) beside the work before this GEMM.
     // W is always a slice under tensor parallelism.
@@ -276,7 +292,9 @@ Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail:
   if (saved.dgrad) {
     // W's transposed copy, quantized again as the forward quantized W (Note [FP8 Linear]).
     detail::Fp8Copies w;
-    if (recipe.scaling == Fp8Scaling::kBlock) {
+    if (w_cache_) {
+      w = detail::cached_copies(*w_cache_);
+    } else if (recipe.scaling == Fp8Scaling::kBlock) {
       w = quantize_for_gemm(ctx, recipe, weight_.value, recipe.forward_format(), false, true, {},
                             kernels::BlockShape::k128x128, nullptr);
     } else {

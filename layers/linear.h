@@ -88,6 +88,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -266,6 +267,9 @@ class Linear {
   // Delayed scaling's state of x, W and dy: persistent, updated inside the step.
   using DelayedState = detail::DelayedState;
   DelayedState x_state_, w_state_, dy_state_;
+  // Fp8Recipe::cache_weights: W's copies, remade after each update (Note [FP8 weight cache]).
+  std::optional<detail::Fp8WeightCache> w_cache_;
+  std::function<void(Context&)> weight_cache_hook() const;  // for weight_.after_update
   // The scale an operand with `state` is quantized with (Note [Fused FP8 operands]).
   OperandScale operand_scale(Context& ctx, const Tensor& amax, const DelayedState& state, Fp8Format format) const;
   std::vector<StateTensor> state_;  // the three above by name

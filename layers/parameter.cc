@@ -91,14 +91,22 @@ std::vector<float> ParameterInit::values(std::int64_t numel) const {
   return out;
 }
 
+void run_after_update(Context& ctx, const Parameter& parameter) {
+  for (const auto& hook : parameter.after_update) hook(ctx);
+}
+
 void sync_copy_from_master(Context& ctx, const Parameter& parameter) {
-  if (!parameter.has_copy()) return;
+  if (!parameter.has_copy()) {
+    run_after_update(ctx, parameter);
+    return;
+  }
   const Tensor converted = ops::cast(ctx, parameter.master, parameter.value.dtype());
   // copy_ is fp32-only; a cast into the persistent copy goes through a
   // bytewise copy of the converted tensor instead.
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(converted.bytes()));
   ctx.copy_to_host(converted, bytes.data(), bytes.size());
   ctx.copy_from_host(parameter.value, bytes.data(), bytes.size());
+  run_after_update(ctx, parameter);
 }
 
 std::vector<float> uniform_init(std::int64_t numel, float scale, std::uint32_t seed) {

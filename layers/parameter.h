@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,9 +26,17 @@ struct Parameter {
   Tensor master;  // fp32
   Tensor value;   // what layers read: `master`, or its copy in the model dtype
   Tensor grad;    // fp32, overwritten by each backward
+  // What a layer derives from `value` and keeps (an FP8 weight cache, Note
+  // [FP8 weight cache] in layers/fp8_operand.h), remade whenever the value
+  // changes: by the optimizer right after its update (inside the step), and
+  // by sync_copy_from_master. Each captures tensors by value, never a layer.
+  std::vector<std::function<void(Context&)>> after_update;
 
   bool has_copy() const { return value.impl() != master.impl(); }
 };
+
+// Runs the parameter's after_update hooks, in order.
+void run_after_update(Context& ctx, const Parameter& parameter);
 
 // A parameter of `shape` and model dtype `dtype`, initialised from `init`
 // (numel values; the copy is init rounded to dtype).
@@ -66,7 +75,7 @@ Parameter make_parameter(Context& ctx, const std::string& name, const Shape& sha
                          const ParameterInit& init);
 
 // Writes `value` into the dtype copy from the master (after the optimizer
-// changed the master outside a step).
+// changed the master outside a step), then runs the after_update hooks.
 void sync_copy_from_master(Context& ctx, const Parameter& parameter);
 
 }  // namespace stepgraph

@@ -103,6 +103,48 @@ const OpDef& quantize_op() {
   return op;
 }
 
+namespace {
+
+// quantize_into_: inputs x, scale, then the copies asked for and amax, written in place.
+std::vector<TensorMeta> check_into(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const QuantizeParams& p = params.as<QuantizeParams>();
+  const std::size_t copies = (p.rowwise ? 1u : 0u) + (p.columnwise ? 1u : 0u);
+  SG_CHECK(inputs.size() == 3 + copies, "op quantize_into_ takes x, scale, ", copies, " destination copies and amax, got ",
+           inputs.size(), " inputs");
+  const std::vector<TensorMeta> want = check(params, inputs.subspan(0, 2));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    SG_CHECK(inputs[2 + i] == want[i], "op quantize_into_: destination ", i, " must be ", want[i].shape, " ",
+             dtype_name(want[i].dtype), ", got ", inputs[2 + i].shape, " ", dtype_name(inputs[2 + i].dtype));
+  }
+  return {};
+}
+
+std::vector<int> into_mutated(const OpParams& params, std::size_t input_count) {
+  (void)params;
+  std::vector<int> out;
+  for (std::size_t i = 2; i < input_count; ++i) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+// The destination pointers of quantize_into_ as quantize's outputs.
+KernelArgs as_outputs(const KernelArgs& a) {
+  return {a.inputs.subspan(0, 2), a.input_metas.subspan(0, 2), a.inputs.subspan(2), a.input_metas.subspan(2)};
+}
+
+}  // namespace
+
+const OpDef& quantize_into_op() {
+  static const OpDef op{
+      .name = "quantize_into_",
+      .check = check_into,
+      .mutated_inputs_for = into_mutated,
+      .launch_cuda = [](const OpParams& params, const KernelArgs& a,
+                        CUstream_st* stream) { quantize_op().launch_cuda(params, as_outputs(a), stream); },
+      .run_host = [](const OpParams& params, const KernelArgs& a) { quantize_op().run_host(params, as_outputs(a)); },
+  };
+  return op;
+}
+
 std::string BlockQuantizeParams::to_string() const {
   return std::string(fp8_format_name(format)) + (shape == kernels::BlockShape::k1x128 ? " 1x128" : " 128x128") +
          (power_of_two ? " power_of_two" : "") + (rowwise ? " rowwise" : "") + (columnwise ? " columnwise" : "");
@@ -364,6 +406,15 @@ Quantized quantize(Context& ctx, const Tensor& x, const Tensor& scale, const Qua
   if (params.columnwise) result.columnwise = out[next++];
   result.amax = out[next];
   return result;
+}
+
+void quantize_into_(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params,
+                    const Tensor& rowwise, const Tensor& columnwise, const Tensor& amax) {
+  std::vector<Tensor> inputs{x, scale};
+  if (params.rowwise) inputs.push_back(rowwise);
+  if (params.columnwise) inputs.push_back(columnwise);
+  inputs.push_back(amax);
+  ctx.call(quantize_into_op(), params, std::move(inputs));
 }
 
 }  // namespace stepgraph::ops

@@ -40,6 +40,11 @@ struct Quantized {
 // fp8(x * scale)).
 Quantized quantize(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params);
 
+// quantize into existing tensors (persistent ones: an FP8 weight cache),
+// written in place: the copies asked for and amax ([1] fp32).
+void quantize_into_(Context& ctx, const Tensor& x, const Tensor& scale, const QuantizeParams& params,
+                    const Tensor& rowwise, const Tensor& columnwise, const Tensor& amax);
+
 // Block scaling (kernels/fp8_quantize.h): x 2-D [rows, cols] into FP8 with a
 // scale per 1 x 128 or 128 x 128 block, each copy's scale_inv in the layout
 // its GEMM reads (kernels/fp8_block_scales.h); non_finite ([1] int32) is 1
@@ -102,6 +107,7 @@ Tensor delayed_scaling_update_(Context& ctx, const DelayedScalingParams& params,
 void count_flags_(Context& ctx, const Tensor& counter, const std::vector<Tensor>& flags);
 
 const OpDef& quantize_op();
+const OpDef& quantize_into_op();
 const OpDef& count_flags_op();
 const OpDef& quantize_blocks_op();
 const OpDef& amax_op();

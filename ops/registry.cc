@@ -42,6 +42,7 @@ std::span<const OpDef* const> all_ops() {
       &gemm_op(),
       &gemm_into_op(),
       &quantize_op(),
+      &quantize_into_op(),
       &quantize_blocks_op(),
       &count_flags_op(),
       &amax_op(),

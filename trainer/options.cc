@@ -65,6 +65,9 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "FP8 GEMMs in the attention projections and MLPs: none, current, delayed (history 1024) or block "
                  "(1 x 128 / 128 x 128 scales); features and tokens must divide by 16 (block: 128)")
       ->check(CLI::IsMember({"none", "current", "delayed", "block"}));
+  app.add_flag("--fp8-weight-cache", o.fp8_weight_cache,
+               "with --fp8 current or delayed: quantize each weight once per optimizer step, right after its update, "
+               "into persistent FP8 copies (2 bytes a weight element; the same results)");
   app.add_option("--steps", o.steps, "total training steps (a resumed run continues to this step)")
       ->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "TransformerLayers (or, with --heads 0, LayerNormMLP blocks)")
@@ -217,6 +220,8 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
     SG_CHECK(o.hidden % o.context == 0, "--hidden (", o.hidden, ") must be a multiple of --context (", o.context,
              "): each of the context tokens gets hidden / context embedding columns");
   }
+  SG_CHECK(!o.fp8_weight_cache || o.fp8 == "current" || o.fp8 == "delayed",
+           "--fp8-weight-cache needs --fp8 current or delayed (tensor-wise scaling), got --fp8 ", o.fp8);
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");

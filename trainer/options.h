@@ -40,6 +40,7 @@ struct TrainerOptions {
   std::string mode = "graph";   // eager | graph
   std::string dtype;            // bf16 | fp32; empty: the device's default
   std::string fp8 = "none";     // none | current | delayed | block: FP8 GEMMs in the blocks (Fp8Recipe)
+  bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
   // 0 (or empty) below means "the device's default" until resolve_defaults.
   std::int64_t steps = 0;
   std::int64_t layers = -1;  // -1: default (0 blocks is a valid model)

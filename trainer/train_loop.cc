@@ -64,6 +64,7 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   config.model.kv_heads = o.kv_heads;
   if (o.fp8 != "none") {
     config.model.fp8 = Fp8Recipe::of(parse_fp8_scaling(o.fp8));
+    config.model.fp8->cache_weights = o.fp8_weight_cache;
   }
   config.context = o.context;
   return config;

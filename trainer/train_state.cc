@@ -96,7 +96,10 @@ Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, 
   for (const StateTensor& t : model.state()) from_checkpoint(ctx, checkpoint, t.name, t.tensor);
   const std::vector<Parameter*> parameters = model.parameters();
   if (optimizer.sharded()) {
-    for (const Parameter* p : parameters) from_checkpoint(ctx, checkpoint, p->name, p->value);
+    for (const Parameter* p : parameters) {
+      from_checkpoint(ctx, checkpoint, p->name, p->value);
+      run_after_update(ctx, *p);  // what layers derive from the value (an FP8 weight cache)
+    }
     for (const AdamW::ShardState& shard : optimizer.shard_states()) {
       from_checkpoint(ctx, checkpoint, shard.name + ".master", shard.master);
       from_checkpoint(ctx, checkpoint, shard.name + ".adam_m", shard.m);

@@ -162,52 +162,42 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], std::uint64_t 
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));
 }
 
-// The FP8 form: d (+)= A[64 x 32] B[256 x 32]^T, B in E4M3, A in E5M2
+// The FP8 forms: d (+)= A[64 x 32] B[N x 32]^T, B in E4M3, A in E5M2
 // (kAE5M2) or E4M3, both K-major (FP8 wgmma has no transpose): a k32 slice
 // is 32 bytes of each 128-byte row, so the descriptors step as bf16's k16
-// slices do. The accumulators are laid out as wgmma_m64n256k16's.
+// slices do. The accumulators are laid out as wgmma_m64n256k16's; n128 (64
+// a thread, the columns below 128) is the tile of a split-accumulation
+// kernel, whose partial sums and fp32 totals both fit in registers.
+// SG_WGMMA_FP8(N, ATYPE, REGS, OUTPUTS, scale-d operand, descriptor operands)
+#define SG_WGMMA_N128_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define SG_WGMMA_N128_OUTPUTS SG_WGMMA_N256_ACC32(0), SG_WGMMA_N256_ACC32(32)
+#define SG_WGMMA_FP8(N, ATYPE, REGS, OUTPUTS, SCALE, DESCS)                                                 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n"                                           \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." ATYPE ".e4m3 " REGS ", " DESCS ", p, 1, 1;\n}\n" \
+               : OUTPUTS                                                                                      \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
 template <bool kAE5M2>
 __device__ __forceinline__ void wgmma_m64n256k32_fp8(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
                                                      int scale_d) {
   if constexpr (kAE5M2) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e4m3 " SG_WGMMA_N256_REGS
-                 ", %128, %129, p, 1, 1;\n}\n"
-                 : SG_WGMMA_N256_OUTPUTS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    SG_WGMMA_FP8(256, "e5m2", SG_WGMMA_N256_REGS, SG_WGMMA_N256_OUTPUTS, "130", "%128, %129");
   } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 " SG_WGMMA_N256_REGS
-                 ", %128, %129, p, 1, 1;\n}\n"
-                 : SG_WGMMA_N256_OUTPUTS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    SG_WGMMA_FP8(256, "e4m3", SG_WGMMA_N256_REGS, SG_WGMMA_N256_OUTPUTS, "130", "%128, %129");
   }
 }
-
-// The same at n128 (64 accumulators a thread, laid out as above for columns
-// below 128): the tile of a split-accumulation kernel, whose partial sums
-// and fp32 totals both fit in registers.
-#define SG_WGMMA_N128_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define SG_WGMMA_N128_OUTPUTS SG_WGMMA_N256_ACC32(0), SG_WGMMA_N256_ACC32(32)
 
 template <bool kAE5M2>
 __device__ __forceinline__ void wgmma_m64n128k32_fp8(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
                                                      int scale_d) {
   if constexpr (kAE5M2) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3 " SG_WGMMA_N128_REGS
-                 ", %64, %65, p, 1, 1;\n}\n"
-                 : SG_WGMMA_N128_OUTPUTS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    SG_WGMMA_FP8(128, "e5m2", SG_WGMMA_N128_REGS, SG_WGMMA_N128_OUTPUTS, "66", "%64, %65");
   } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " SG_WGMMA_N128_REGS
-                 ", %64, %65, p, 1, 1;\n}\n"
-                 : SG_WGMMA_N128_OUTPUTS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+    SG_WGMMA_FP8(128, "e4m3", SG_WGMMA_N128_REGS, SG_WGMMA_N128_OUTPUTS, "66", "%64, %65");
   }
 }
 
+#undef SG_WGMMA_FP8
 #undef SG_WGMMA_N128_OUTPUTS
 #undef SG_WGMMA_N128_REGS
 #undef SG_WGMMA_N256_OUTPUTS

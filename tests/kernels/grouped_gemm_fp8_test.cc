@@ -5,7 +5,7 @@
 // copies of dy and x for wgrad); and the wgmma kernels against the host
 // reference (GPU) for forward, dgrad and wgrad, E4M3 and E5M2 gradients, bf16
 // and fp32 outputs, bias and accumulate, fast and split accumulation (whose
-// fp32 totals the test holds to bf16 inputs' tolerance), on splits with empty groups, one
+// error stays flat in the reduction's depth), on splits with empty groups, one
 // group holding every token, ragged group ends (multiples of nothing, so a
 // wgrad token box straddles two groups) and rows outside every group.
 // Outputs start NaN-poisoned, so an element the kernels forget to write fails.
@@ -318,10 +318,12 @@ TEST(GroupedGemmFp8HostTest, BadShapesAreClearErrors) {
 // The tensor cores sum FP8 products in an order and, with fast accumulation,
 // at a precision of their own (Note [FP8 grouped GEMM]: fewer bits than
 // fp32, 2e-4 of the norm measured on the H100 at a reduction of 304, 1.2e-3
-// at 4224). Split accumulation keeps fp32 totals: bf16 inputs' 2e-5.
+// at 4224). Split accumulation keeps fp32 totals of 128-deep partial sums:
+// 1.1e-4 at most from 304 to 4224 (the partial sums' own precision), flat in
+// the depth.
 double cuda_tolerance(const Fp8Case& c) {
   if (c.desc.out_type != DType::kFloat32) return 1e-2;
-  if (c.desc.split_accumulation) return 2e-5;
+  if (c.desc.split_accumulation) return 2e-4;
   const double depth = c.desc.kind == GroupedGemmKind::kForward ? c.desc.k
                        : c.desc.kind == GroupedGemmKind::kDgrad ? c.desc.n
                                                                 : c.desc.tokens;

@@ -25,24 +25,10 @@
 namespace stepgraph {
 namespace {
 
+using testing::random_values;
 using testing::read_floats;
+using testing::relative;
 using testing::write_floats;
-
-double relative(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
-  }
-  return diff / scale;
-}
-
-std::vector<float> random_values(std::int64_t count, std::mt19937& rng, float sigma) {
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> out(static_cast<std::size_t>(count));
-  for (float& v : out) v = normal(rng);
-  return out;
-}
 
 // x [tokens, in] and dy [tokens, out] as persistent bf16 tensors holding the values given.
 std::pair<Tensor, Tensor> upload_inputs(Context& ctx, std::int64_t tokens, std::int64_t in, std::int64_t out,

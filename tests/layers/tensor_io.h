@@ -1,8 +1,12 @@
 // Reading and writing float tensors of any float dtype from tests, through
-// fp32 values on the host (bf16/fp16 rounded to nearest even).
+// fp32 values on the host (bf16/fp16 rounded to nearest even), and the
+// values and error norm the FP8 layer tests share.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "engine/context.h"
@@ -27,6 +31,24 @@ inline void write_floats(Context& ctx, const Tensor& t, const std::vector<float>
 template <typename T>
 void write_values(Context& ctx, const Tensor& t, const std::vector<T>& values) {
   ctx.copy_from_host(t, values.data(), values.size() * sizeof(T));
+}
+
+// max |got - want| over max |want|.
+inline double relative(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+  }
+  return diff / scale;
+}
+
+// `count` normal values of standard deviation `sigma`.
+inline std::vector<float> random_values(std::int64_t count, std::mt19937& rng, float sigma) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> out(static_cast<std::size_t>(count));
+  for (float& v : out) v = normal(rng);
+  return out;
 }
 
 }  // namespace stepgraph::testing

@@ -189,37 +189,23 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
 // scaling's histories and scales go into the checkpoint, so a resumed run
 // continues exactly.
 TEST(TrainerHostTest, Fp8EagerAndGraphLossesAreEqual) {
-  for (const char* recipe : {"current", "delayed"}) {
-    SCOPED_TRACE(recipe);
-    TrainerOptions o = small_options(Device::kHost);
-    o.hidden = 64;
-    o.ffn = 128;
-    o.batch = 2;
-    o.seq_len = 16;
-    o.fp8 = recipe;
-    std::ostringstream log;
-    expect_graph_losses_equal_eager(o, Device::kHost, log);
-    EXPECT_NE(log.str().find("fp8: the attention projections"), std::string::npos) << log.str();
-    EXPECT_NE(log.str().find("fp8: 0 quantizations met a non-finite amax"), std::string::npos) << log.str();
-  }
-}
-
-// MoE blocks with FP8 experts (Note [FP8 GroupedLinear]): graph equals eager,
-// every quantization finite.
-TEST(TrainerHostTest, Fp8MoEEagerAndGraphLossesAreEqual) {
-  for (const char* recipe : {"current", "delayed"}) {
-    SCOPED_TRACE(recipe);
-    TrainerOptions o = small_options(Device::kHost);
-    o.hidden = 64;
-    o.ffn = 128;
-    o.batch = 2;
-    o.seq_len = 16;
-    o.experts = 4;
-    o.fp8 = recipe;
-    std::ostringstream log;
-    expect_graph_losses_equal_eager(o, Device::kHost, log);
-    EXPECT_NE(log.str().find("the experts' grouped products too"), std::string::npos) << log.str();
-    EXPECT_NE(log.str().find("fp8: 0 quantizations met a non-finite amax"), std::string::npos) << log.str();
+  // Dense blocks, then MoE blocks with FP8 experts (Note [FP8 GroupedLinear]).
+  for (std::int64_t experts : {0, 4}) {
+    for (const char* recipe : {"current", "delayed"}) {
+      SCOPED_TRACE(std::string(recipe) + (experts > 0 ? " moe" : " dense"));
+      TrainerOptions o = small_options(Device::kHost);
+      o.hidden = 64;
+      o.ffn = 128;
+      o.batch = 2;
+      o.seq_len = 16;
+      o.experts = experts;
+      o.fp8 = recipe;
+      std::ostringstream log;
+      expect_graph_losses_equal_eager(o, Device::kHost, log);
+      EXPECT_NE(log.str().find("fp8: the attention projections"), std::string::npos) << log.str();
+      if (experts > 0) EXPECT_NE(log.str().find("the experts' grouped products too"), std::string::npos) << log.str();
+      EXPECT_NE(log.str().find("fp8: 0 quantizations met a non-finite amax"), std::string::npos) << log.str();
+    }
   }
 }
 

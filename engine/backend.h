@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -77,6 +78,10 @@ class Backend {
   // (a GPU before Hopper: check_fp8_device in fp8.h). The host runs FP8's
   // references everywhere.
   virtual void check_fp8_supported() const = 0;
+  // Bytes of device scratch a library call needs (a GEMM's cuBLASLt
+  // workspace): a GPU backend asks `device_need`; the host backend runs host
+  // references, which need none, and returns 0 without asking.
+  virtual std::size_t library_scratch_bytes(const std::function<std::size_t()>& device_need) const = 0;
 
   // Memory of `bytes` (0 gives null), 256-byte aligned (Note [256-byte alignment]).
   virtual void* allocate(std::int64_t bytes, MemoryKind kind, int stream) = 0;

@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::kCuda; }
   int stream_count() const override { return static_cast<int>(streams_.size()); }
+  std::size_t library_scratch_bytes(const std::function<std::size_t()>& device_need) const override {
+    return device_need();
+  }
   void check_fp8_supported() const override {
     cudaDeviceProp properties{};
     SG_CUDA_CHECK(cudaGetDeviceProperties(&properties, current_device()));

@@ -64,6 +64,10 @@ class HostBackend final : public Backend {
 
   Device device() const override { return Device::kHost; }
   int stream_count() const override { return stream_count_; }
+  std::size_t library_scratch_bytes(const std::function<std::size_t()>& device_need) const override {
+    (void)device_need;
+    return 0;
+  }
   void check_fp8_supported() const override {}
 
   void* allocate(std::int64_t bytes, MemoryKind kind, int /*stream*/) override {

@@ -21,7 +21,7 @@
 namespace stepgraph::kernels {
 namespace {
 
-constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+constexpr std::size_t kWorkspaceBytes = kGemmMaxWorkspaceBytes;
 constexpr std::uintptr_t kAlignment = 16;
 // cuBLAS asks for workspaces aligned like its own allocations.
 constexpr std::uintptr_t kWorkspaceAlignment = 256;
@@ -255,7 +255,14 @@ int fastest_candidate(const GemmDesc& desc, const cublasLtMatmulHeuristicResult_
   return best;
 }
 
-cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time) {
+// An algorithm and the workspace it needs.
+struct Selected {
+  cublasLtMatmulAlgo_t algo;
+  std::size_t workspace = 0;
+};
+
+// `limit`: the most workspace the algorithm may need.
+Selected select_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time, std::size_t limit) {
   const void* probe = reinterpret_cast<const void*>(alignment);
   const bool has_vector = epilogue_reads_bias(desc.epilogue) || epilogue_writes_bias_grad(desc.epilogue);
   // Block-scaled operands need their scale pointers set for the heuristic to accept the modes.
@@ -264,7 +271,7 @@ cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment,
                    desc.a_blocks ? scale_probe : nullptr, desc.b_blocks ? scale_probe : nullptr);
   cublasLtMatmulPreferenceOpaque_t preference{};
   SG_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&preference));
-  set_preference(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kWorkspaceBytes});
+  set_preference(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{limit});
   for (const auto attribute :
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
@@ -279,14 +286,12 @@ cublasLtMatmulAlgo_t select_algo(const GemmDesc& desc, std::uintptr_t alignment,
   if (status != CUBLAS_STATUS_NOT_SUPPORTED) SG_CUBLAS_CHECK(status);
   const int first = may_time ? fastest_candidate(desc, results, returned) : 0;
   for (int i = first; i < returned; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes) {
-      return results[i].algo;
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= limit) {
+      return {results[i].algo, results[i].workspaceSize};
     }
   }
   SG_THROW(ErrorCode::kUnsupported, "gemm: cuBLASLt has no algorithm for ", desc.to_string(), " on this device within ",
-           kWorkspaceBytes >> 20,
-           " MiB of workspace; change the dtypes, the "
-           "epilogue or the layout");
+           limit, " bytes of workspace; change the dtypes, the epilogue or the layout");
 }
 
 struct GemmDescHash {
@@ -308,29 +313,45 @@ struct GemmDescHash {
   }
 };
 
-// The algorithm of every desc seen, for the device the handle was created on.
+// The algorithm of every desc seen, for the device the handle was created
+// on, by operand alignment and workspace limit. A launch whose workspace
+// holds what the algorithm chosen with the whole kWorkspaceBytes needs takes
+// that one (the planned GEMMs: their workspace is sized by it), so a smaller
+// workspace never costs the timed choice.
 class AlgoCache {
  public:
-  cublasLtMatmulAlgo_t get(const GemmDesc& desc, std::uintptr_t alignment, bool may_time) {
+  Selected get(const GemmDesc& desc, std::uintptr_t alignment, bool may_time, std::size_t limit) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    auto& by_alignment = algos_[desc];
-    auto found = by_alignment.find(alignment);
-    if (found == by_alignment.end()) {
-      found = by_alignment.emplace(alignment, select_algo(desc, alignment, may_time)).first;
+    auto& by_key = algos_[desc];
+    const Selected& whole = find_or_select(by_key, desc, alignment, may_time, kWorkspaceBytes);
+    if (whole.workspace <= limit) return whole;
+    return find_or_select(by_key, desc, alignment, may_time, limit);
+  }
+
+ private:
+  using Key = std::pair<std::uintptr_t, std::size_t>;  // alignment, limit
+  struct KeyHash {
+    std::size_t operator()(const Key& key) const noexcept { return key.first * 1000003u ^ key.second; }
+  };
+  const Selected& find_or_select(std::unordered_map<Key, Selected, KeyHash>& by_key, const GemmDesc& desc,
+                                 std::uintptr_t alignment, bool may_time, std::size_t limit) {
+    auto found = by_key.find({alignment, limit});
+    if (found == by_key.end()) {
+      found = by_key.emplace(Key{alignment, limit}, select_algo(desc, alignment, may_time, limit)).first;
     }
     return found->second;
   }
 
- private:
   std::mutex mutex_;
-  std::unordered_map<GemmDesc, std::unordered_map<std::uintptr_t, cublasLtMatmulAlgo_t>, GemmDescHash> algos_;
+  std::unordered_map<GemmDesc, std::unordered_map<Key, Selected, KeyHash>, GemmDescHash> algos_;
 };
 
 // `may_time`: no stream capture is under way, so candidates may be timed
 // (see Note [Timing cuBLASLt's candidates]).
-cublasLtMatmulAlgo_t cached_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time) {
+Selected cached_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time,
+                     std::size_t limit = kWorkspaceBytes) {
   static AlgoCache cache;
-  return cache.get(desc, alignment, may_time);
+  return cache.get(desc, alignment, may_time, limit);
 }
 
 constexpr std::uintptr_t kBestAlignment = 256;
@@ -360,7 +381,9 @@ void check_operands(const GemmDesc& desc, const GemmOperands& operands) {
   check_pointer(operands.a, "a", desc);
   check_pointer(operands.b, "b", desc);
   check_pointer(operands.d, "d", desc);
-  check_pointer(operands.workspace, "workspace", desc, kWorkspaceAlignment);
+  SG_CHECK(operands.workspace_bytes <= kWorkspaceBytes, "gemm: workspace_bytes ", operands.workspace_bytes,
+           " is more than the ", kWorkspaceBytes, " a launch may use");
+  if (operands.workspace_bytes > 0) check_pointer(operands.workspace, "workspace", desc, kWorkspaceAlignment);
   if (epilogue_reads_bias(desc.epilogue)) check_pointer(operands.bias, "bias", desc);
   if (epilogue_uses_aux(desc.epilogue)) check_pointer(operands.aux, "aux", desc);
   if (epilogue_writes_bias_grad(desc.epilogue)) check_pointer(operands.bias_grad, "bias_grad", desc);
@@ -468,6 +491,12 @@ void check_gemm(const GemmDesc& desc) {
 
 std::size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
 
+std::size_t gemm_workspace_bytes(const GemmDesc& desc) {
+  check_gemm(desc);
+  const std::size_t bytes = cached_algo(desc, kBestAlignment, /*may_time=*/true).workspace;
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
 void gemm_prepare(const GemmDesc& desc) {
   check_gemm(desc);
   cached_algo(desc, kBestAlignment, /*may_time=*/true);  // what pools and allocators hand out
@@ -479,7 +508,9 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
   check_operands(desc, operands);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SG_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const cublasLtMatmulAlgo_t algo = cached_algo(desc, alignment_of(operands), capture == cudaStreamCaptureStatusNone);
+  const Selected selected =
+      cached_algo(desc, alignment_of(operands), capture == cudaStreamCaptureStatusNone, operands.workspace_bytes);
+  const cublasLtMatmulAlgo_t algo = selected.algo;
   const void* vector = epilogue_reads_bias(desc.epilogue)         ? operands.bias
                        : epilogue_writes_bias_grad(desc.epilogue) ? operands.bias_grad
                                                                   : nullptr;
@@ -489,7 +520,7 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
   const float beta = desc.beta;
   SG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), &problem.op, &alpha, operands.b, &problem.a, operands.a, &problem.b,
                                  &beta, operands.d, &problem.d, operands.d, &problem.d, &algo, operands.workspace,
-                                 kWorkspaceBytes, stream));
+                                 operands.workspace_bytes, stream));
 }
 
 }  // namespace stepgraph::kernels

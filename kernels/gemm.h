@@ -92,8 +92,15 @@ struct GemmDesc {
 // with an epilogue that cannot accumulate, a non-positive dimension.
 void check_gemm(const GemmDesc& desc);
 
-// Workspace every gemm launch gets (bytes, 256-byte aligned).
+// The most workspace a gemm launch may use (bytes, 256-byte aligned): what
+// GemmOperands::workspace_bytes defaults to.
 std::size_t gemm_workspace_bytes();
+inline constexpr std::size_t kGemmMaxWorkspaceBytes = std::size_t{32} << 20;
+
+// The workspace the algorithm chosen for `desc` needs (256-byte-aligned
+// operands; rounded up to 256 bytes, 0 when it needs none): what a planned
+// GEMM gets in the pool. Chooses and caches the algorithm, as gemm_prepare.
+std::size_t gemm_workspace_bytes(const GemmDesc& desc);
 
 // Creates the cuBLASLt handle and caches the algorithm for `desc` with
 // 256-byte-aligned operands (what pools and allocators hand out; other
@@ -108,7 +115,10 @@ struct GemmOperands {
   const void* bias = nullptr;  // kBias, kGeluAuxBias
   void* aux = nullptr;         // kGeluAuxBias (written), kDGeluBGrad (read)
   void* bias_grad = nullptr;   // kDGeluBGrad, kBiasGradOfA
-  void* workspace = nullptr;   // gemm_workspace_bytes()
+  void* workspace = nullptr;   // workspace_bytes of device memory (may be null when 0)
+  // The launch's algorithm is chosen among those needing at most this much
+  // (gemm_workspace_bytes(desc) fits the algorithm gemm_prepare chose).
+  std::size_t workspace_bytes = kGemmMaxWorkspaceBytes;
   // FP8 only: each operand's device scale_inv, 16-byte aligned: one fp32
   // scalar (null reads as 1), or with block scaling the operand's block
   // scales (BlockScaleLayout in kernels/fp8_block_scales.h).

@@ -26,8 +26,13 @@ std::string GemmParams::to_string() const {
                             blocks_name(a_blocks), blocks_name(b_blocks));
   }
   if (rows > 0 || a_row > 0 || d_row > 0) {
-    std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", rows=%lld a_row=%lld d_row=%lld",
-                  static_cast<long long>(rows), static_cast<long long>(a_row), static_cast<long long>(d_row));
+    length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length),
+                            ", rows=%lld a_row=%lld d_row=%lld", static_cast<long long>(rows),
+                            static_cast<long long>(a_row), static_cast<long long>(d_row));
+  }
+  if (workspace_bytes > 0) {
+    std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", workspace=%lld",
+                  static_cast<long long>(workspace_bytes));
   }
   return text;
 }
@@ -149,7 +154,11 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
     const std::int64_t length = p.epilogue == GemmEpilogue::kBiasGradOfA ? desc.m : desc.n;
     outputs.push_back({Shape{length}, p.out_dtype});
   }
-  outputs.push_back({Shape{static_cast<std::int64_t>(kernels::gemm_workspace_bytes() / 4)}, DType::kFloat32});
+  SG_CHECK(p.workspace_bytes >= 0 && p.workspace_bytes % 4 == 0 &&
+               static_cast<std::size_t>(p.workspace_bytes) <= kernels::gemm_workspace_bytes(),
+           "op ", op, ": workspace_bytes must be a multiple of 4 in [0, ", kernels::gemm_workspace_bytes(), "], got ",
+           p.workspace_bytes);
+  if (p.workspace_bytes > 0) outputs.push_back({Shape{p.workspace_bytes / 4}, DType::kFloat32});
   return outputs;
 }
 
@@ -175,7 +184,8 @@ kernels::GemmOperands operands(const GemmParams& p, const KernelArgs& args, bool
   o.d = into ? row_address<void>(args.inputs[layout.d], args.input_metas[layout.d], p.d_row) : args.outputs[next++];
   if (!into && kernels::epilogue_writes_aux(p.epilogue)) o.aux = args.outputs[next++];
   if (kernels::epilogue_writes_bias_grad(p.epilogue)) o.bias_grad = args.outputs[next++];
-  o.workspace = args.outputs[next];
+  o.workspace_bytes = static_cast<std::size_t>(p.workspace_bytes);
+  if (p.workspace_bytes > 0) o.workspace = args.outputs[next];
   return o;
 }
 
@@ -232,12 +242,25 @@ const OpDef& gemm_into_op() {
   return op;
 }
 
+namespace {
+
+// params with the workspace its GEMM needs on this context's device.
+GemmParams with_workspace(Context& ctx, GemmParams params, const std::vector<Tensor>& inputs) {
+  std::vector<TensorMeta> metas;
+  for (const Tensor& t : inputs) metas.push_back(t.meta());
+  params.workspace_bytes = static_cast<std::int64_t>(ctx.backend().library_scratch_bytes(
+      [&] { return kernels::gemm_workspace_bytes(describe(params, metas)); }));
+  return params;
+}
+
+}  // namespace
+
 GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams& params, const Tensor& bias,
                 const Tensor& aux) {
   std::vector<Tensor> inputs{a, b};
   if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
   if (kernels::epilogue_reads_aux(params.epilogue)) inputs.push_back(aux);
-  std::vector<Tensor> outputs = ctx.call(gemm_op(), params, std::move(inputs));
+  std::vector<Tensor> outputs = ctx.call(gemm_op(), with_workspace(ctx, params, inputs), std::move(inputs));
   GemmResult result;
   std::size_t next = 0;
   result.d = outputs[next++];
@@ -253,7 +276,7 @@ GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, co
   if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
   inputs.push_back(a_scale_inv);
   inputs.push_back(b_scale_inv);
-  std::vector<Tensor> outputs = ctx.call(gemm_op(), params, std::move(inputs));
+  std::vector<Tensor> outputs = ctx.call(gemm_op(), with_workspace(ctx, params, inputs), std::move(inputs));
   return GemmResult{outputs[0], {}, {}};
 }
 
@@ -263,7 +286,8 @@ void fp8_gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor
   SG_CHECK(!kernels::epilogue_reads_bias(params.epilogue) && !kernels::epilogue_uses_aux(params.epilogue),
            "fp8_gemm_into_: epilogue ", kernels::gemm_epilogue_name(params.epilogue), " takes inputs this call has "
            "no place for; use fp8_gemm");
-  ctx.call(gemm_into_op(), params, {a, b, a_scale_inv, b_scale_inv, d});
+  std::vector<Tensor> inputs{a, b, a_scale_inv, b_scale_inv, d};
+  ctx.call(gemm_into_op(), with_workspace(ctx, params, inputs), std::move(inputs));
 }
 
 Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
@@ -272,7 +296,7 @@ Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& 
   if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
   if (kernels::epilogue_uses_aux(params.epilogue)) inputs.push_back(aux);
   inputs.push_back(d);
-  std::vector<Tensor> outputs = ctx.call(gemm_into_op(), params, std::move(inputs));
+  std::vector<Tensor> outputs = ctx.call(gemm_into_op(), with_workspace(ctx, params, inputs), std::move(inputs));
   return kernels::epilogue_writes_bias_grad(params.epilogue) ? outputs[0] : Tensor();
 }
 

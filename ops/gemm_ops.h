@@ -45,6 +45,10 @@ struct GemmParams {
   // ([BlockScaleLayout::count()] fp32) instead of one scalar.
   std::optional<kernels::BlockShape> a_blocks;
   std::optional<kernels::BlockShape> b_blocks;
+  // The cuBLASLt workspace the GEMM gets in the pool (an output of the op):
+  // what its algorithm needs on the context's GPU, none on the host. Set by
+  // the functions below (Backend::library_scratch_bytes).
+  std::int64_t workspace_bytes = 0;
 
   bool operator==(const GemmParams&) const = default;
   std::string to_string() const;

@@ -244,7 +244,9 @@ const OpDef& gemm_into_op() {
 
 namespace {
 
-// params with the workspace its GEMM needs on this context's device.
+// params with the workspace its GEMM needs on this context's device. Call it
+// before ctx.call, not in its argument list: the list moves `inputs`, and its
+// arguments are evaluated in an unspecified order (GCC moved them first).
 GemmParams with_workspace(Context& ctx, GemmParams params, const std::vector<Tensor>& inputs) {
   std::vector<TensorMeta> metas;
   for (const Tensor& t : inputs) metas.push_back(t.meta());
@@ -260,7 +262,8 @@ GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams
   std::vector<Tensor> inputs{a, b};
   if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
   if (kernels::epilogue_reads_aux(params.epilogue)) inputs.push_back(aux);
-  std::vector<Tensor> outputs = ctx.call(gemm_op(), with_workspace(ctx, params, inputs), std::move(inputs));
+  const GemmParams sized = with_workspace(ctx, params, inputs);
+  std::vector<Tensor> outputs = ctx.call(gemm_op(), sized, std::move(inputs));
   GemmResult result;
   std::size_t next = 0;
   result.d = outputs[next++];
@@ -276,7 +279,8 @@ GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, co
   if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
   inputs.push_back(a_scale_inv);
   inputs.push_back(b_scale_inv);
-  std::vector<Tensor> outputs = ctx.call(gemm_op(), with_workspace(ctx, params, inputs), std::move(inputs));
+  const GemmParams sized = with_workspace(ctx, params, inputs);
+  std::vector<Tensor> outputs = ctx.call(gemm_op(), sized, std::move(inputs));
   return GemmResult{outputs[0], {}, {}};
 }
 
@@ -287,7 +291,8 @@ void fp8_gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor
            "fp8_gemm_into_: epilogue ", kernels::gemm_epilogue_name(params.epilogue), " takes inputs this call has "
            "no place for; use fp8_gemm");
   std::vector<Tensor> inputs{a, b, a_scale_inv, b_scale_inv, d};
-  ctx.call(gemm_into_op(), with_workspace(ctx, params, inputs), std::move(inputs));
+  const GemmParams sized = with_workspace(ctx, params, inputs);
+  ctx.call(gemm_into_op(), sized, std::move(inputs));
 }
 
 Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
@@ -296,7 +301,8 @@ Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& 
   if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
   if (kernels::epilogue_uses_aux(params.epilogue)) inputs.push_back(aux);
   inputs.push_back(d);
-  std::vector<Tensor> outputs = ctx.call(gemm_into_op(), with_workspace(ctx, params, inputs), std::move(inputs));
+  const GemmParams sized = with_workspace(ctx, params, inputs);
+  std::vector<Tensor> outputs = ctx.call(gemm_into_op(), sized, std::move(inputs));
   return kernels::epilogue_writes_bias_grad(params.epilogue) ? outputs[0] : Tensor();
 }
 

@@ -89,10 +89,38 @@ nlohmann::json system_json(const std::string& name, const StepConfig& config, co
       {"speedup_vs_stepgraph_eager", eager.step_us.median_us / r.step_us.median_us},
       {"peak_bytes", r.persistent_bytes + r.transient_peak_bytes},
       {"persistent_bytes", r.persistent_bytes},
+      {"persistent_breakdown_bytes", r.persistent_breakdown},
       {"transient_peak_bytes", r.transient_peak_bytes},
       {"device_used_delta_bytes", r.device_used_delta_bytes ? nlohmann::json(*r.device_used_delta_bytes) : nullptr},
       {"final_loss", r.final_loss},
   };
+  return out;
+}
+
+// ModeResult::persistent_breakdown of a model and its optimizer, `total` the
+// context's persistent bytes (issue 18: say what each GiB is).
+std::map<std::string, std::int64_t> persistent_breakdown(const ResidualStack& model,
+                                                         const std::vector<Parameter*>& params,
+                                                         const AdamW& optimizer, std::int64_t total) {
+  std::map<std::string, std::int64_t> out{{"masters", 0}, {"gradients", 0}, {"moments", 0}, {"copies", 0},
+                                          {"fp8_state", 0}};
+  for (const Parameter* p : params) {
+    out["gradients"] += p->grad.bytes();
+    if (!optimizer.sharded()) out["masters"] += p->master.bytes();
+    if (p->has_copy()) out["copies"] += p->value.bytes();
+  }
+  if (optimizer.sharded()) {
+    for (const AdamW::ShardState& shard : optimizer.shard_states()) {
+      out["masters"] += shard.master.bytes();
+      out["moments"] += shard.m.bytes() + shard.v.bytes();
+    }
+  } else {
+    for (const AdamW::Moments& m : optimizer.moments()) out["moments"] += m.m.bytes() + m.v.bytes();
+  }
+  for (const StateTensor& t : model.state()) out["fp8_state"] += t.tensor.bytes();
+  std::int64_t counted = 0;
+  for (const auto& [kind, bytes] : out) counted += bytes;
+  out["other"] = total - counted;
   return out;
 }
 
@@ -173,6 +201,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
                 options.warmup + 2 * options.steps, " steps is not finite (", r.final_loss, ")");
   const MemoryStats stats = ctx.memory_stats();
   r.persistent_bytes = stats.persistent_bytes;
+  r.persistent_breakdown = persistent_breakdown(model, model.parameters(), optimizer, stats.persistent_bytes);
   r.transient_peak_bytes = stats.eager_peak_bytes + r.pool_bytes;
   if (cuda) r.device_used_delta_bytes = device_used_bytes() - used_before;
   return r;
@@ -326,6 +355,7 @@ nlohmann::json mode_result_to_json(const ModeResult& r) {
       {"first_losses", r.first_losses},
       {"final_loss", r.final_loss},
       {"persistent_bytes", r.persistent_bytes},
+      {"persistent_breakdown", r.persistent_breakdown},
       {"transient_peak_bytes", r.transient_peak_bytes},
       {"device_used_delta_bytes", r.device_used_delta_bytes ? nlohmann::json(*r.device_used_delta_bytes) : nullptr},
       {"pool_bytes", r.pool_bytes},
@@ -344,6 +374,7 @@ ModeResult mode_result_from_json(const nlohmann::json& j) {
   r.first_losses = j.at("first_losses").get<std::vector<float>>();
   r.final_loss = j.at("final_loss");
   r.persistent_bytes = j.at("persistent_bytes");
+  r.persistent_breakdown = j.at("persistent_breakdown").get<std::map<std::string, std::int64_t>>();
   r.transient_peak_bytes = j.at("transient_peak_bytes");
   if (!j.at("device_used_delta_bytes").is_null()) r.device_used_delta_bytes = j.at("device_used_delta_bytes");
   r.pool_bytes = j.at("pool_bytes");

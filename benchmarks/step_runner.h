@@ -55,6 +55,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -113,6 +114,11 @@ struct ModeResult {
   std::vector<float> first_losses;
   float final_loss = 0;
   std::int64_t persistent_bytes = 0;  // parameters, gradients, AdamW state, step inputs
+  // What persistent_bytes holds, by kind: fp32 masters, gradients, AdamW
+  // moments (or, sharded, the optimizer's shards), the model-dtype copies of
+  // the parameters, FP8 delayed-scaling state, and the rest (step inputs and
+  // labels, AdamW's launch tables, FP8 weight caches, error words).
+  std::map<std::string, std::int64_t> persistent_breakdown;
   // Transient bytes at their peak: eager, the caching allocator's peak of
   // live tensors (Context::memory_stats); graph, the pool plus any eager
   // tensor (the same statistic, expected 0).

@@ -23,6 +23,7 @@ HOST_FLAGS = ["--device", "host", "--configs", "tiny", "--steps", "2", "--warmup
 STEPGRAPH_ONLY = {
     "speedup_vs_stepgraph_eager",
     "persistent_bytes",
+    "persistent_breakdown_bytes",
     "transient_peak_bytes",
     "pool_bytes",
     "pool_lower_bound_bytes",

@@ -47,6 +47,16 @@ void expect_ok_config(const nlohmann::json& c, int checked_steps) {
     EXPECT_EQ(s["peak_bytes"].get<std::int64_t>(),
               s["persistent_bytes"].get<std::int64_t>() + s["transient_peak_bytes"].get<std::int64_t>());
     EXPECT_TRUE(std::isfinite(s["final_loss"].get<double>()));
+    // What the persistent bytes hold adds up to them: fp32 masters and
+    // gradients alike, two moments a master, the rest not negative.
+    const nlohmann::json& kinds = s["persistent_breakdown_bytes"];
+    std::int64_t sum = 0;
+    for (const auto& [kind, bytes] : kinds.items()) sum += bytes.get<std::int64_t>();
+    EXPECT_EQ(sum, s["persistent_bytes"].get<std::int64_t>()) << kinds.dump();
+    EXPECT_GT(kinds["masters"].get<std::int64_t>(), 0);
+    EXPECT_EQ(kinds["gradients"], kinds["masters"]) << kinds.dump();
+    EXPECT_EQ(kinds["moments"].get<std::int64_t>(), 2 * kinds["masters"].get<std::int64_t>()) << kinds.dump();
+    EXPECT_GE(kinds["other"].get<std::int64_t>(), 0) << kinds.dump();
   }
   // The same parameters, gradients and optimizer state in both modes.
   EXPECT_EQ(eager["persistent_bytes"], graph["persistent_bytes"]);

@@ -16,6 +16,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
+#include "graphs/planner.h"
 #include "layers/adamw.h"
 #include "layers/residual_stack.h"
 #include "layers/train_step.h"
@@ -90,6 +91,7 @@ nlohmann::json system_json(const std::string& name, const StepConfig& config, co
       {"peak_bytes", r.persistent_bytes + r.transient_peak_bytes},
       {"persistent_bytes", r.persistent_bytes},
       {"persistent_breakdown_bytes", r.persistent_breakdown},
+      {"pool_peak_by_op_bytes", r.pool_peak_by_op},
       {"transient_peak_bytes", r.transient_peak_bytes},
       {"device_used_delta_bytes", r.device_used_delta_bytes ? nlohmann::json(*r.device_used_delta_bytes) : nullptr},
       {"final_loss", r.final_loss},
@@ -161,6 +163,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
                               {.pool_report_policy = PoolReportPolicy::kError, .communicators = step.communicators()});
     r.capture_wall_ms = microseconds_since(start) / 1000.0;
     r.capture = captured->timings();
+    r.pool_peak_by_op = pool_by_producer(captured->program(), captured->plan());
     r.pool_bytes = captured->plan().pool_bytes;
     r.pool_lower_bound_bytes = captured->plan().lower_bound_bytes;
     run_one = [&] {
@@ -356,6 +359,7 @@ nlohmann::json mode_result_to_json(const ModeResult& r) {
       {"final_loss", r.final_loss},
       {"persistent_bytes", r.persistent_bytes},
       {"persistent_breakdown", r.persistent_breakdown},
+      {"pool_peak_by_op", r.pool_peak_by_op},
       {"transient_peak_bytes", r.transient_peak_bytes},
       {"device_used_delta_bytes", r.device_used_delta_bytes ? nlohmann::json(*r.device_used_delta_bytes) : nullptr},
       {"pool_bytes", r.pool_bytes},
@@ -375,6 +379,7 @@ ModeResult mode_result_from_json(const nlohmann::json& j) {
   r.final_loss = j.at("final_loss");
   r.persistent_bytes = j.at("persistent_bytes");
   r.persistent_breakdown = j.at("persistent_breakdown").get<std::map<std::string, std::int64_t>>();
+  r.pool_peak_by_op = j.at("pool_peak_by_op").get<std::vector<std::pair<std::string, std::int64_t>>>();
   r.transient_peak_bytes = j.at("transient_peak_bytes");
   if (!j.at("device_used_delta_bytes").is_null()) r.device_used_delta_bytes = j.at("device_used_delta_bytes");
   r.pool_bytes = j.at("pool_bytes");

@@ -129,6 +129,9 @@ struct ModeResult {
   std::optional<std::int64_t> device_used_delta_bytes;
   // Graph mode only.
   std::int64_t pool_bytes = 0;
+  // What the pool holds at its fullest, by the op that made each value
+  // (pool_by_producer in graphs/planner.h), largest first.
+  std::vector<std::pair<std::string, std::int64_t>> pool_peak_by_op;
   std::int64_t pool_lower_bound_bytes = 0;
   CaptureTimings capture;
   double capture_wall_ms = 0;  // the whole CapturedStep::capture call

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "engine/error.h"
@@ -227,14 +228,19 @@ bool precedes(const Footprint& before, const Footprint& after, const Program& pr
 // known complete there (read on a side stream that has not joined back) when
 // they conflict with every value chosen. Without side streams this is the
 // peak of live bytes.
-std::int64_t lower_bound(const std::vector<Footprint>& values, const std::vector<std::vector<std::int32_t>>& conflicts,
-                         const Program& program, const Ordering& ordering) {
+struct Peak {
+  std::int64_t bytes = 0;
+  std::vector<ValueId> values;  // the clique counted there
+  std::int32_t position = -1;
+};
+Peak lower_bound(const std::vector<Footprint>& values, const std::vector<std::vector<std::int32_t>>& conflicts,
+                 const Program& program, const Ordering& ordering) {
   const auto positions = static_cast<std::int32_t>(program.instructions().size());
   const auto count = static_cast<std::int32_t>(values.size());
   const auto conflict = [&](std::int32_t a, std::int32_t b) {
     return std::binary_search(conflicts[a].begin(), conflicts[a].end(), b);
   };
-  std::int64_t peak = 0;
+  Peak peak;
   std::vector<std::int32_t> chosen;
   std::vector<std::int32_t> lingering;
   for (std::int32_t p = 0; p < positions; ++p) {
@@ -260,7 +266,12 @@ std::int64_t lower_bound(const std::vector<Footprint>& values, const std::vector
         weight += values[v].size;
       }
     }
-    peak = std::max(peak, weight);
+    if (weight > peak.bytes || peak.position < 0) {
+      peak.bytes = weight;
+      peak.position = p;
+      peak.values.clear();
+      for (std::int32_t v : chosen) peak.values.push_back(values[v].id);
+    }
   }
   return peak;
 }
@@ -323,11 +334,28 @@ StepPlan plan_step(const Program& program) {
   for (std::int32_t index = 0; index < count; ++index) plan.offsets[values[index].id] = best.offsets[index];
   plan.pool_bytes = best.bytes;
   for (std::vector<std::int32_t>& list : conflicts) std::sort(list.begin(), list.end());
-  plan.lower_bound_bytes = lower_bound(values, conflicts, program, ordering);
+  Peak peak = lower_bound(values, conflicts, program, ordering);
+  plan.lower_bound_bytes = peak.bytes;
+  plan.peak_values = std::move(peak.values);
+  plan.peak_position = peak.position;
   plan.schedule = std::move(ordering.schedule);
   plan.event_count = ordering.event_count;
   plan.segment_ranges = std::move(ordering.segment_ranges);
   return plan;
+}
+
+std::vector<std::pair<std::string, std::int64_t>> pool_by_producer(const Program& program, const StepPlan& plan) {
+  std::map<std::string, std::int64_t> bytes;
+  for (const ValueId id : plan.peak_values) {
+    const ValueInfo& value = program.values().at(static_cast<std::size_t>(id));
+    const std::string op = value.producer >= 0
+                               ? std::string(program.instructions().at(static_cast<std::size_t>(value.producer)).op->name)
+                               : std::string("(no producer)");
+    bytes[op] += value.bytes();
+  }
+  std::vector<std::pair<std::string, std::int64_t>> out(bytes.begin(), bytes.end());
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
 }
 
 }  // namespace stepgraph

@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/memory.h"
@@ -48,6 +50,10 @@ struct StepPlan {
   std::vector<std::int64_t> offsets;  // per value id; -1 for persistent values
   std::int64_t pool_bytes = 0;
   std::int64_t lower_bound_bytes = 0;
+  // The values the lower bound counts where it peaks (what fills the pool at
+  // its fullest: pool_by_producer groups them), and that instruction.
+  std::vector<ValueId> peak_values;
+  std::int32_t peak_position = -1;
   // Every instruction once, in program order, with records and waits between.
   // Each event id is recorded once before it is waited on.
   std::vector<ScheduleEntry> schedule;
@@ -69,5 +75,10 @@ struct StepPlan {
 // Throws Error(kInvalidArgument) for malformed programs: a pool value read
 // before any instruction wrote it, a value id out of range, a negative stream.
 StepPlan plan_step(const Program& program);
+
+// The bytes of plan.peak_values by the op that made each (its producer's op
+// name, "gemm", "norm_forward", ...), largest first: what the pool holds at
+// its fullest.
+std::vector<std::pair<std::string, std::int64_t>> pool_by_producer(const Program& program, const StepPlan& plan);
 
 }  // namespace stepgraph

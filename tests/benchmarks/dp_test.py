@@ -24,6 +24,7 @@ STEPGRAPH_ONLY = {
     "speedup_vs_stepgraph_eager",
     "persistent_bytes",
     "persistent_breakdown_bytes",
+    "pool_peak_by_op_bytes",
     "transient_peak_bytes",
     "pool_bytes",
     "pool_lower_bound_bytes",

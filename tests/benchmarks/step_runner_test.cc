@@ -65,6 +65,11 @@ void expect_ok_config(const nlohmann::json& c, int checked_steps) {
   EXPECT_LE(graph["pool_ratio"].get<double>(), 1.10);
   EXPECT_GE(graph["transient_peak_bytes"].get<std::int64_t>(), graph["pool_bytes"].get<std::int64_t>());
   EXPECT_GT(graph["capture_ms"]["wall"].get<double>(), 0);
+  // What fills the pool at its fullest: the values the lower bound counts there.
+  std::int64_t at_peak = 0;
+  for (const auto& entry : graph["pool_peak_by_op_bytes"]) at_peak += entry[1].get<std::int64_t>();
+  EXPECT_GT(at_peak, 0);
+  EXPECT_LE(at_peak, graph["pool_lower_bound_bytes"].get<std::int64_t>());
 }
 
 TEST(StepRunnerHostTest, TinyConfigRunsBothModesWithIdenticalLosses) {

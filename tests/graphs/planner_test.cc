@@ -394,6 +394,22 @@ TEST(PlannerTest, ChainReusesMemory) {
   report_ratio("chain", plan);
 }
 
+// The values counted at the peak are what fills the pool there: in a chain,
+// the largest adjacent pair; pool_by_producer names their op.
+TEST(PlannerTest, PeakValuesAreTheLargestLivePairOfAChain) {
+  const Program program = chain({4096, 65536, 1000, 70000, 512});
+  const StepPlan plan = plan_step(program);
+  std::int64_t counted = 0;
+  for (const ValueId id : plan.peak_values) counted += aligned(program.values()[static_cast<std::size_t>(id)].bytes());
+  EXPECT_EQ(counted, plan.lower_bound_bytes);
+  EXPECT_EQ(plan.lower_bound_bytes, aligned(1000) + aligned(70000));
+  ASSERT_GE(plan.peak_position, 0);
+  const auto by_producer = pool_by_producer(program, plan);
+  ASSERT_EQ(by_producer.size(), 1u);
+  EXPECT_EQ(by_producer[0].first, "compute");
+  EXPECT_EQ(by_producer[0].second, 1000 + 70000);
+}
+
 TEST(PlannerTest, ChainOfMixedSizesPacksNearTheLowerBound) {
   const Program program = chain({4096, 65536, 1000, 30000, 70000, 512, 8192, 65536, 300, 20000, 50000, 4096});
   const StepPlan plan = plan_step(program);

@@ -1,5 +1,6 @@
 #include "layers/fp8_operand.h"
 
+#include "engine/error.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/fp8_ops.h"
@@ -79,6 +80,44 @@ Fp8Copies cached_copies(const Fp8WeightCache& cache) {
           .columnwise = cache.columnwise,
           .columnwise_scale_inv = cache.scale_inv,
           .amax = cache.amax};
+}
+
+std::function<void(Context&)> weight_cache_hook(const Fp8Recipe& recipe, const Tensor& weight,
+                                                const DelayedState& delayed, Communicator* amax_group,
+                                                const Fp8WeightCache& cache, const Tensor& non_finite_counter) {
+  return [recipe, weight, delayed, amax_group, cache, non_finite_counter](Context& ctx) {
+    refresh_weight_cache(ctx, recipe, weight, delayed, amax_group, cache, non_finite_counter);
+  };
+}
+
+Tensor make_non_finite_counter(Context& ctx, const std::string& name) {
+  const Tensor counter = ctx.persistent(name, {Shape{1}, DType::kInt32});
+  const std::int32_t zero = 0;
+  ctx.copy_from_host(counter, &zero, sizeof(zero));
+  return counter;
+}
+
+std::int64_t read_non_finite_counter(Context& ctx, const Tensor& counter) {
+  return counter.defined() ? ctx.to_vector<std::int32_t>(counter).at(0) : 0;
+}
+
+void check_non_finite_counter(std::string_view label, const Tensor& counter) {
+  SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label,
+           ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));
+}
+
+void update_delayed_scaling(Context& ctx, const Fp8Recipe& recipe, std::initializer_list<AmaxUpdate> updates,
+                            Communicator* tensor_parallel, Communicator* amax_group,
+                            const Tensor& non_finite_counter) {
+  std::vector<Tensor> flags;
+  for (const AmaxUpdate& u : updates) {
+    Tensor amax = u.amax;
+    if (u.sliced && tensor_parallel != nullptr) amax = ops::all_reduce(ctx, *tensor_parallel, amax, ReduceOp::kMax);
+    if (u.data_parallel && amax_group != nullptr) amax = ops::all_reduce(ctx, *amax_group, amax, ReduceOp::kMax);
+    flags.push_back(ops::delayed_scaling_update_(ctx, {recipe, u.format}, amax, u.state.history, u.state.scale,
+                                                 u.state.scale_inv));
+  }
+  ops::count_flags_(ctx, non_finite_counter, flags);
 }
 
 std::vector<Tensor> defined(std::initializer_list<Tensor> flags) {

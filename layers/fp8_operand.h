@@ -4,8 +4,11 @@
 // Note [FP8 scaling] in engine/fp8_recipe.h).
 #pragma once
 
+#include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -92,6 +95,36 @@ void refresh_weight_cache(Context& ctx, const Fp8Recipe& recipe, const Tensor& w
 
 // The copies a layer's GEMMs read from the cache (Fp8Copies' roles).
 Fp8Copies cached_copies(const Fp8WeightCache& cache);
+
+// refresh_weight_cache as a Parameter::after_update hook, every argument held by value.
+std::function<void(Context&)> weight_cache_hook(const Fp8Recipe& recipe, const Tensor& weight,
+                                                const DelayedState& delayed, Communicator* amax_group,
+                                                const Fp8WeightCache& cache, const Tensor& non_finite_counter);
+
+// A layer's tally of quantizations that met a non-finite amax (Note [FP8
+// scaling]): [1] int32 on the device, 0 to begin with; a model may share one
+// among its layers (one read a step).
+Tensor make_non_finite_counter(Context& ctx, const std::string& name);
+// Its count (a device read: after a step, never inside one); 0 when undefined.
+std::int64_t read_non_finite_counter(Context& ctx, const Tensor& counter);
+// An Error naming `label` unless `counter` is [1] int32.
+void check_non_finite_counter(std::string_view label, const Tensor& counter);
+
+// One tensor's amax on its way into its delayed-scaling state at the end of
+// a layer's backward, after the GEMMs read the old scales.
+struct AmaxUpdate {
+  Tensor amax;
+  DelayedState state;
+  Fp8Format format;
+  bool sliced = false;         // a tensor-parallel slice: the largest over `tensor_parallel` first
+  bool data_parallel = false;  // then the largest over `amax_group` (x and dy; W is alike on every rank)
+};
+// Rolls each amax into its history and updates its scale, so every rank keeps
+// the same scales; a non-finite amax leaves its state as it was and is
+// counted into `non_finite_counter`.
+void update_delayed_scaling(Context& ctx, const Fp8Recipe& recipe, std::initializer_list<AmaxUpdate> updates,
+                            Communicator* tensor_parallel, Communicator* amax_group,
+                            const Tensor& non_finite_counter);
 
 // The defined ones of `flags`.
 std::vector<Tensor> defined(std::initializer_list<Tensor> flags);

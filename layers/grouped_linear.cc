@@ -6,7 +6,6 @@
 #include "kernels/moe_routing.h"
 #include "layers/layer_checks.h"
 #include "layers/weight_grad_scope.h"
-#include "ops/collective_ops.h"
 #include "ops/fp8_ops.h"
 #include "ops/grouped_fp8_ops.h"
 #include "ops/grouped_gemm_ops.h"
@@ -67,9 +66,7 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
                   dtype_name(config.dtype));
     SG_CHECK(lin % 16 == 0 && lout % 16 == 0, label_, ": FP8 grouped products need in_features and out_features ",
              "divisible by 16", ranks_ > 1 ? " on every rank" : "", ", got ", lin, " and ", lout);
-    non_finite_ = ctx.persistent(name + ".fp8.non_finite_amaxes", {Shape{1}, DType::kInt32});
-    const std::int32_t zero = 0;
-    ctx.copy_from_host(non_finite_, &zero, sizeof(zero));
+    non_finite_ = detail::make_non_finite_counter(ctx, name + ".fp8.non_finite_amaxes");
     if (config.fp8->scaling == Fp8Scaling::kDelayed) {
       x_state_ = detail::make_delayed_state(ctx, name + ".fp8.x", *config.fp8, state_);
       w_state_ = detail::make_delayed_state(ctx, name + ".fp8.w", *config.fp8, state_);
@@ -84,19 +81,15 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
 }
 
 std::function<void(Context&)> GroupedLinear::weight_cache_hook() const {
-  return [recipe = *config_.fp8, w = weight_.value, delayed = w_state_, group = tp_, cache = *w_cache_,
-          counter = non_finite_](Context& c) {
-    detail::refresh_weight_cache(c, recipe, w, delayed, group, cache, counter);
-  };
+  return detail::weight_cache_hook(*config_.fp8, weight_.value, w_state_, tp_, *w_cache_, non_finite_);
 }
 
 std::int64_t GroupedLinear::non_finite_amaxes(Context& ctx) const {
-  return non_finite_.defined() ? ctx.to_vector<std::int32_t>(non_finite_).at(0) : 0;
+  return detail::read_non_finite_counter(ctx, non_finite_);
 }
 
 void GroupedLinear::share_non_finite_counter(const Tensor& counter) {
-  SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label_,
-           ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));
+  detail::check_non_finite_counter(label_, counter);
   non_finite_ = counter;
   if (w_cache_) weight_.after_update = {weight_cache_hook()};  // the hook counts into the shared counter now
 }
@@ -208,21 +201,13 @@ Tensor GroupedLinear::backward_fp8(Context& ctx, const Saved& saved, const Tenso
                                            w_cache_ ? w_cache_->scale_inv : w_scale_inv, saved.offsets, config_.dtype,
                                            !recipe.fast_accumulation_backward);
   if (delayed) {
-    // This step's amaxes into the histories, after the products above read
-    // the old scales; the largest over the slices and the data-parallel ranks.
-    auto reduced = [&](Tensor amax, bool sliced, bool data_parallel) {
-      if (sliced && tp_ != nullptr) amax = ops::all_reduce(ctx, *tp_, amax, ReduceOp::kMax);
-      if (data_parallel && amax_group_ != nullptr) amax = ops::all_reduce(ctx, *amax_group_, amax, ReduceOp::kMax);
-      return amax;
-    };
-    auto update = [&](const Tensor& amax, const detail::DelayedState& state, Fp8Format format) {
-      return ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
-    };
+    // This step's amaxes into the histories, after the products above read the old scales.
     const bool row = config_.parallel == GroupedParallel::kRow;
-    ops::count_flags_(ctx, non_finite_,
-                      {update(reduced(saved.x_amax, row, true), x_state_, recipe.forward_format()),
-                       update(reduced(saved.w_amax, true, false), w_state_, recipe.forward_format()),
-                       update(reduced(dy.amax, column, true), dy_state_, recipe.gradient_format())});
+    detail::update_delayed_scaling(ctx, recipe,
+                                   {{saved.x_amax, x_state_, recipe.forward_format(), row, true},
+                                    {saved.w_amax, w_state_, recipe.forward_format(), true, false},
+                                    {dy.amax, dy_state_, recipe.gradient_format(), column, true}},
+                                   tp_, amax_group_, non_finite_);
   } else if (dy.non_finite.defined()) {
     ops::count_flags_(ctx, non_finite_, {dy.non_finite});
   }

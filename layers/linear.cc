@@ -93,11 +93,7 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   }
   weight_ = make_parameter(ctx, name + ".weight", Shape{out, in}, config.dtype, w_init);
   if (config.bias) bias_ = make_parameter(ctx, name + ".bias", Shape{out}, config.dtype, b_init);
-  if (config.fp8) {
-    non_finite_ = ctx.persistent(name + ".fp8.non_finite_amaxes", {Shape{1}, DType::kInt32});
-    const std::int32_t zero = 0;
-    ctx.copy_from_host(non_finite_, &zero, sizeof(zero));
-  }
+  if (config.fp8) non_finite_ = detail::make_non_finite_counter(ctx, name + ".fp8.non_finite_amaxes");
   if (config.fp8 && config.fp8->scaling == Fp8Scaling::kDelayed) {
     x_state_ = detail::make_delayed_state(ctx, name + ".fp8.x", *config.fp8, state_);
     w_state_ = detail::make_delayed_state(ctx, name + ".fp8.w", *config.fp8, state_);
@@ -132,23 +128,17 @@ std::vector<StateTensor> state_of(const std::vector<Linear*>& linears) {
 }
 
 void Linear::share_non_finite_counter(const Tensor& counter) {
-  SG_CHECK(counter.shape() == Shape{1} && counter.dtype() == DType::kInt32, label_,
-           ": the non-finite counter must be [1] int32, got ", counter.shape(), " ", dtype_name(counter.dtype()));
+  detail::check_non_finite_counter(label_, counter);
   non_finite_ = counter;
   if (w_cache_) weight_.after_update = {weight_cache_hook()};  // the hook counts into the shared counter now
 }
 
 std::function<void(Context&)> Linear::weight_cache_hook() const {
   // W is a slice under tensor parallelism: its amax is the largest over the group.
-  return [recipe = *config_.fp8, w = weight_.value, delayed = w_state_, group = tp_, cache = *w_cache_,
-          counter = non_finite_](Context& c) {
-    detail::refresh_weight_cache(c, recipe, w, delayed, group, cache, counter);
-  };
+  return detail::weight_cache_hook(*config_.fp8, weight_.value, w_state_, tp_, *w_cache_, non_finite_);
 }
 
-std::int64_t Linear::non_finite_amaxes(Context& ctx) const {
-  return non_finite_.defined() ? ctx.to_vector<std::int32_t>(non_finite_).at(0) : 0;
-}
+std::int64_t Linear::non_finite_amaxes(Context& ctx) const { return detail::read_non_finite_counter(ctx, non_finite_); }
 
 void Linear::check_errors(Context& ctx) const {
   if (!config_.fp8) return;
@@ -312,22 +302,14 @@ Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail:
   }
   if (recipe.scaling == Fp8Scaling::kDelayed) {
     // This step's amaxes into the histories, the scales for the next step:
-    // written after the GEMMs above read the old ones (Note [FP8 Linear]).
-    // A non-finite amax leaves its history and scale as they were, and is counted.
-    auto update = [&](const Tensor& amax, const DelayedState& state, Fp8Format format) {
-      return ops::delayed_scaling_update_(ctx, {recipe, format}, amax, state.history, state.scale, state.scale_inv);
-    };
-    // The largest over the tensor-parallel slices, then over the data-parallel
-    // ranks (set_amax_group), so every rank keeps the same scales.
-    auto reduced = [&](Tensor amax, bool sliced, bool data_parallel) {
-      if (sliced && tp_ != nullptr) amax = ops::all_reduce(ctx, *tp_, amax, ReduceOp::kMax);
-      if (data_parallel && amax_group_ != nullptr) amax = ops::all_reduce(ctx, *amax_group_, amax, ReduceOp::kMax);
-      return amax;
-    };
-    ops::count_flags_(ctx, non_finite_,
-                      {update(reduced(saved.x_amax, row(), true), x_state_, recipe.forward_format()),
-                       update(reduced(saved.w_amax, true, false), w_state_, recipe.forward_format()),
-                       update(reduced(dy.amax, column(), true), dy_state_, recipe.gradient_format())});
+    // written after the GEMMs above read the old ones (Note [FP8 Linear]);
+    // the largest over the slices, then over the data-parallel ranks
+    // (set_amax_group).
+    detail::update_delayed_scaling(ctx, recipe,
+                                   {{saved.x_amax, x_state_, recipe.forward_format(), row(), true},
+                                    {saved.w_amax, w_state_, recipe.forward_format(), true, false},
+                                    {dy.amax, dy_state_, recipe.gradient_format(), column(), true}},
+                                   tp_, amax_group_, non_finite_);
   } else if (dy.non_finite.defined()) {
     ops::count_flags_(ctx, non_finite_, {dy.non_finite});
   }

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "engine/error.h"
+#include "layers/fp8_operand.h"
 #include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
 #include "ops/collective_ops.h"
@@ -68,9 +69,7 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     blocks_.push_back(std::move(block));
   }
   if (config.fp8) {
-    fp8_non_finite_ = ctx.persistent("fp8.non_finite_amaxes", {Shape{1}, DType::kInt32});
-    const std::int32_t zero = 0;
-    ctx.copy_from_host(fp8_non_finite_, &zero, sizeof(zero));
+    fp8_non_finite_ = detail::make_non_finite_counter(ctx, "fp8.non_finite_amaxes");
     for (Linear* linear : fp8_linears()) linear->share_non_finite_counter(fp8_non_finite_);
     for (GroupedLinear* experts : fp8_experts()) experts->share_non_finite_counter(fp8_non_finite_);
   }
@@ -246,7 +245,7 @@ void ResidualStack::set_fp8_amax_group(Communicator* group) {
 }
 
 std::int64_t ResidualStack::non_finite_amaxes(Context& ctx) const {
-  return fp8_non_finite_.defined() ? ctx.to_vector<std::int32_t>(fp8_non_finite_).at(0) : 0;
+  return detail::read_non_finite_counter(ctx, fp8_non_finite_);
 }
 
 }  // namespace stepgraph

@@ -56,6 +56,7 @@ struct Options {
   std::vector<std::string> kinds = {"forward"};
   std::string dtype = "bf16";
   bool split_accumulation = false;
+  std::string wgrad_out = "fp32";  // bf16 (from bf16 inputs) as torch._grouped_mm's dw
   int repeats = 20;
   int warmup = 5;
   std::string out;
@@ -103,7 +104,9 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
   desc.in_type = fp8 ? DType::kFloat8E4M3 : DType::kBFloat16;
   desc.dy_type = DType::kFloat8E5M2;
   desc.split_accumulation = fp8 && options.split_accumulation;
-  desc.out_type = kind == GroupedGemmKind::kWgrad ? DType::kFloat32 : DType::kBFloat16;
+  desc.out_type = kind != GroupedGemmKind::kWgrad ? DType::kBFloat16
+                  : options.wgrad_out == "bf16"   ? DType::kBFloat16
+                                                  : DType::kFloat32;
 
   const bool uses_x = kind != GroupedGemmKind::kDgrad;
   const bool uses_w = kind != GroupedGemmKind::kWgrad;
@@ -151,6 +154,7 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
   row["kind"] = kind_name;
   row["dtype"] = options.dtype;
   row["split_accumulation"] = desc.split_accumulation;
+  row["out_dtype"] = desc.out_type == DType::kFloat32 ? "fp32" : "bf16";
   row["experts"] = experts;
   row["tokens"] = tokens;
   row["in_features"] = k;
@@ -216,6 +220,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--split-accumulation", options.split_accumulation,
                "with --dtype fp8: fp32 totals every 128 of the reduction (cuBLASLt's default for FP8)");
+  app.add_option("--wgrad-out", options.wgrad_out, "wgrad's dw: fp32 (a main grad), or bf16 (bf16 only)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   app.add_option("--repeats", options.repeats, "timed launches per row")->capture_default_str();
   app.add_option("--warmup", options.warmup, "untimed launches first")->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here");

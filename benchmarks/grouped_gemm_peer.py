@@ -11,7 +11,9 @@ device int32 tensor (offs = our offsets[1:]), so it too never reads the split
 on the host:
   forward  y  = _grouped_mm(x [T, K], w.transpose(-2, -1) [E, K, N], offs)
   dgrad    dx = _grouped_mm(dy [T, N], w [E, N, K], offs)
-  wgrad    dw = _grouped_mm(dy.t() [N, T], x [T, K], offs)   (bf16 out; ours is fp32)
+  wgrad    dw = _grouped_mm(dy.t() [N, T], x [T, K], offs)   (bf16 dw; --wgrad-out fp32
+           asks for out_dtype=torch.float32, as ours writes by default: a row
+           torch refuses is "status": "unsupported" with its error)
 """
 import argparse
 import json
@@ -66,10 +68,17 @@ def run_row(kind, experts, tokens, k, n, routing, args):
         fn = lambda: torch._grouped_mm(dy, w, offs=offs)  # noqa: E731
     elif kind == "wgrad":
         dy, x = rand(tokens, n), rand(tokens, k)
-        fn = lambda: torch._grouped_mm(dy.t(), x, offs=offs)  # noqa: E731
+        if args.wgrad_out == "fp32":
+            fn = lambda: torch._grouped_mm(dy.t(), x, offs=offs, out_dtype=torch.float32)  # noqa: E731
+        else:
+            fn = lambda: torch._grouped_mm(dy.t(), x, offs=offs)  # noqa: E731
     else:
         raise SystemExit(f"grouped_gemm_peer: kinds are forward, dgrad, wgrad; got {kind}")
-    row = time_call(fn, args.warmup, args.repeats)
+    out_dtype = args.wgrad_out if kind == "wgrad" else "bf16"
+    try:
+        row = time_call(fn, args.warmup, args.repeats)
+    except RuntimeError as error:  # an out_dtype this torch does not offer
+        row = {"status": "unsupported", "reason": str(error).splitlines()[0], "median_us": float("nan")}
     row.update(
         name=f"{kind} E={experts} T={tokens} {k}->{n} {routing}",
         impl="torch._grouped_mm",
@@ -79,6 +88,7 @@ def run_row(kind, experts, tokens, k, n, routing, args):
         in_features=k,
         out_features=n,
         routing=routing,
+        out_dtype=out_dtype,
         largest_group=max(sizes),
         tflops=2.0 * tokens * n * k / (row["median_us"] * 1e-6) / 1e12,
     )
@@ -94,6 +104,7 @@ def main():
     parser.add_argument("--shapes", type=strs, default=["2048x1536", "4096x14336"], help="KxN (in x out features)")
     parser.add_argument("--routings", type=strs, default=["balanced", "skewed"])
     parser.add_argument("--kinds", type=strs, default=["forward"])
+    parser.add_argument("--wgrad-out", choices=["bf16", "fp32"], default="bf16", help="wgrad's dw dtype")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--out", default="")

@@ -1,12 +1,12 @@
 // Grouped GEMM kernels (contract in grouped_gemm.h): the launchers, the
-// mma.sync wgrad kernel, the simple fp32 kernel and the bias gradient.
+// simple fp32 kernel and the bias gradient.
 //
-// bf16 inputs take a tensor-core kernel: a persistent grid of at most one
-// block per SM walks a tile schedule over (group, m-tile, n-tile) that every
-// block computes from the device offsets. The forward and dgrad run on the
-// cooperative warp-specialised wgmma + TMA kernel (grouped_gemm_ws.cu);
-// wgrad, whose reduction runs over each group's ragged token range, runs the
-// cp.async + ldmatrix + mma.sync main loop of kernels/tile/mma_pipeline.cuh.
+// bf16 and FP8 inputs take the cooperative warp-specialised wgmma + TMA
+// kernel (grouped_gemm_ws.cu): a persistent grid of at most one block per SM
+// walks a tile schedule over (group, m-tile, n-tile) that every block
+// computes from the device offsets. Wgrad's reduction runs over each group's
+// ragged token range. (The bf16 wgrad ran on a cp.async + ldmatrix +
+// mma.sync kernel until commit b5ebfaa: Note [Grouped GEMM variants that lost].)
 // fp32 inputs take a simple one-thread-per-output kernel over the same
 // clamped offsets. Which kernel runs depends only on the desc, and the grid
 // size only on (T, E, N, K, SM count), so a captured graph is fixed by them.
@@ -39,6 +39,10 @@
 //     5-10% lower on the E=128 T=65536 rows (run3/). The band is fixed at 16.
 // With band 16 the cooperative kernel reached forward 0.65-1.09x and dgrad
 // 0.84-1.11x (commit 0b3da6d, run3/).
+//   - mma.sync for the bf16 wgrad (cp.async, ldmatrix.trans of MN-major
+//     tiles, 128 x 128 x 64 blocks): 0.36-0.60x of torch._grouped_mm's
+//     wgrad (benchmarks/README.md before this note's commit); replaced by
+//     the wgmma kernel reading both operands MN-major.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -50,53 +54,11 @@
 #include "kernels/grouped_gemm_common.cuh"
 #include "kernels/tensor_map.h"
 #include "kernels/tile/group_schedule.cuh"
-#include "kernels/tile/mma_pipeline.cuh"
 
 namespace stepgraph::kernels {
 namespace {
 
 using namespace grouped;  // NOLINT(google-build-using-namespace): this file implements them
-using tile::MmaConfig;
-
-// dw_e (+)= dy_e^T x_e as C[n, k] = sum over the group's tokens t of
-// A(n, t) B(k, t), with A = dy_e and B = x_e, both MN-major. Every group has
-// the same tiles (an empty group's product is zero).
-__global__ void __launch_bounds__(MmaConfig::kThreads, 1) grouped_wgrad_mma_kernel(Problem p) {
-  using bf16 = __nv_bfloat16;
-  extern __shared__ __align__(128) unsigned char smem[];
-  int* offs = reinterpret_cast<int*>(smem + MmaConfig::kPipelineBytes);
-  tile::load_group_offsets(p.offsets, p.experts, p.tokens, offs);
-  const int tiles_m = (p.n + MmaConfig::kM - 1) / MmaConfig::kM;
-  const int tiles_n = (p.k + MmaConfig::kN - 1) / MmaConfig::kN;
-  const int per_group = tiles_m * tiles_n;
-  float* dw = static_cast<float*>(p.out);
-  for (int t = static_cast<int>(blockIdx.x); t < p.experts * per_group; t += static_cast<int>(gridDim.x)) {
-    const int e = t / per_group;
-    const int start = offs[e];
-    const int count = offs[e + 1] - start;
-    const tile::TileMN mn = tile::band_raster(t % per_group, tiles_m, tiles_n, /*band=*/8);
-    const int m0 = mn.m * MmaConfig::kM;
-    const int n0 = mn.n * MmaConfig::kN;
-    const tile::GlobalOperand a{at<bf16>(p.dy, static_cast<std::int64_t>(start) * p.n), p.n, p.n, count};
-    const tile::GlobalOperand b{at<bf16>(p.x, static_cast<std::int64_t>(start) * p.k), p.k, p.k, count};
-    tile::Accumulators acc;
-    tile::block_mma(acc, smem, a, b, m0, n0, count);
-
-    float* c = dw + static_cast<std::int64_t>(e) * p.n * p.k;
-    tile::for_each_accumulator_pair(acc, [&](int r, int col, float v0, float v1) {
-      const int row = m0 + r;
-      const int column = n0 + col;
-      if (row >= p.n || column >= p.k) return;  // k % 8 == 0: column + 1 is in too
-      float* dst = c + static_cast<std::int64_t>(row) * p.k + column;
-      if (p.accumulate) {
-        const float2 old = *reinterpret_cast<const float2*>(dst);
-        v0 += old.x;
-        v1 += old.y;
-      }
-      store_pair(dst, v0, v1);
-    });
-  }
-}
 
 // fp32 (or any In) inputs: one thread per output element, the same clamped
 // offsets; the group of a token row by binary search.
@@ -168,19 +130,6 @@ __global__ void grouped_bias_grad_kernel(const In* dy, const std::int32_t* offse
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-void launch_wgrad_mma(const Problem& p, cudaStream_t stream) {
-  const std::size_t smem =
-      MmaConfig::kPipelineBytes + sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
-  // Raise the kernel's shared-memory limit to what this launch needs (not a
-  // stream operation, so it is allowed while a stream is being captured).
-  SG_CUDA_CHECK(cudaFuncSetAttribute(grouped_wgrad_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem)));
-  const std::int64_t tiles = p.experts * ceil_div(p.n, MmaConfig::kM) * ceil_div(p.k, MmaConfig::kN);
-  const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, sm_count())));
-  grouped_wgrad_mma_kernel<<<grid, MmaConfig::kThreads, smem, stream>>>(p);
-  SG_CUDA_CHECK(cudaGetLastError());
-}
-
 template <GroupedGemmKind kKind, typename Out>
 void launch_simple(const Problem& p, cudaStream_t stream) {
   const std::int64_t cols = kKind == GroupedGemmKind::kForward ? p.n : p.k;
@@ -202,11 +151,7 @@ void launch_kind(const GroupedGemmDesc& d, const Problem& p, cudaStream_t stream
       bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(p, stream) : launch_grouped_ws<kKind, float>(p, stream);
     }
   } else if (d.in_type == DType::kBFloat16) {
-    if constexpr (kKind == GroupedGemmKind::kWgrad) {
-      launch_wgrad_mma(p, stream);
-    } else {
-      bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(p, stream) : launch_grouped_ws<kKind, float>(p, stream);
-    }
+    bf16_out ? launch_grouped_ws<kKind, __nv_bfloat16>(p, stream) : launch_grouped_ws<kKind, float>(p, stream);
   } else {
     if constexpr (kKind == GroupedGemmKind::kWgrad) {
       launch_simple<kKind, float>(p, stream);

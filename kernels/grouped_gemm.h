@@ -7,7 +7,7 @@
 // The three products of a grouped linear layer y_e = x_e w_e^T (+ bias_e):
 //   kForward  y  [T, N]    = x_e [n_e, K] * w_e [N, K]^T (+ bias_e [N])
 //   kDgrad    dx [T, K]    = dy_e [n_e, N] * w_e [N, K]
-//   kWgrad    dw [E, N, K] (+)= dy_e^T [N, n_e] * x_e [n_e, K]   (fp32 dw)
+//   kWgrad    dw [E, N, K] (+)= dy_e^T [N, n_e] * x_e [n_e, K]   (fp32 dw; bf16 too from bf16 in)
 // Rows of y / dx outside [offsets[0], offsets[E]) belong to no group and are
 // written as zeros; an empty group's dw_e is zero (unchanged when accumulating).
 // The kernels clamp offsets into [0, T] and make them nondecreasing before use,
@@ -26,8 +26,8 @@
 // N and K must be multiples of 16 (16-byte rows), and T too for kWgrad.
 // The launch configuration depends only on (T, E, N, K): a persistent tile
 // scheduler finds each CTA's (group, m-tile, n-tile) on the device from offsets.
-// Forward and dgrad run on warp-specialised wgmma fed by TMA, wgrad on mma.sync (see
-// grouped_gemm.cu); all three share the tile helpers of kernels/tile/.
+// All three bf16 and FP8 products run on warp-specialised wgmma fed by TMA
+// (grouped_gemm_ws.cu), with the tile helpers of kernels/tile/.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -50,7 +50,7 @@ struct GroupedGemmDesc {
   std::int64_t k = 0;                 // in features K
   DType in_type = DType::kBFloat16;   // x, w, dy (and bias); FP8: x and w (kFloat8E4M3)
   DType dy_type = DType::kFloat8E5M2;  // FP8 only: dy's format (E5M2 or E4M3); ignored otherwise
-  DType out_type = DType::kBFloat16;  // y, dx: bf16 or fp32; dw: fp32
+  DType out_type = DType::kBFloat16;  // y, dx: bf16 or fp32; dw: fp32, or bf16 from bf16 inputs
   bool bias = false;                  // kForward only
   bool accumulate = false;            // kWgrad only: dw += instead of dw =
   // FP8 only: add each 128-deep stage's tensor-core sums into fp32 totals

@@ -61,6 +61,15 @@ __device__ __forceinline__ void store_pair(Out* p, float v0, float v1) {
 }
 
 template <typename Out>
+__device__ __forceinline__ float2 load_pair(const Out* p) {
+  if constexpr (std::is_same_v<Out, float>) {
+    return *reinterpret_cast<const float2*>(p);
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  }
+}
+
+template <typename Out>
 __device__ __forceinline__ Out from_float(float v) {
   if constexpr (std::is_same_v<Out, float>) {
     return v;

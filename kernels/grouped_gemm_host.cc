@@ -78,7 +78,9 @@ void check_grouped_gemm(const GroupedGemmDesc& d) {
              ": bf16 needs N and K multiples of 8 (16-byte rows), got N=", d.n, " K=", d.k);
   }
   if (d.kind == GroupedGemmKind::kWgrad) {
-    SG_CHECK(d.out_type == DType::kFloat32, "grouped_gemm wgrad: dw must be fp32, got ", dtype_name(d.out_type));
+    SG_CHECK(d.out_type == DType::kFloat32 || (d.out_type == DType::kBFloat16 && d.in_type == DType::kBFloat16),
+             "grouped_gemm wgrad: dw must be fp32 (or bf16, from bf16 inputs), got ", dtype_name(d.out_type),
+             " from ", dtype_name(d.in_type));
   } else {
     SG_CHECK(d.out_type == DType::kBFloat16 || d.out_type == DType::kFloat32, "grouped_gemm ", kind,
              ": output dtype must be bf16 or fp32, got ", dtype_name(d.out_type));
@@ -150,8 +152,8 @@ void grouped_gemm(const GroupedGemmDesc& d, const GroupedGemmOperands& o) {
           }
           sum *= scale;
           const std::int64_t index = (e * n + i) * k + j;
-          float* dw = static_cast<float*>(o.out);
-          dw[index] = d.accumulate ? dw[index] + sum : sum;
+          const float old = d.accumulate ? load_as_float(d.out_type, o.out, index) : 0.0f;
+          store_from_float(d.out_type, o.out, index, d.accumulate ? old + sum : sum);
         }
       }
     }

@@ -1,8 +1,8 @@
 // The grouped products on wgmma, warp-specialised (contract in
 // grouped_gemm.h; shared pieces in grouped_gemm_common.cuh and
-// kernels/tile/*.cuh; TMA descriptors from kernels/tensor_map.h): the bf16
-// forward y = x_e w_e^T (+ bias_e) and dgrad dx = dy_e w_e, and all three
-// FP8 products (Note [FP8 grouped GEMM]).
+// kernels/tile/*.cuh; TMA descriptors from kernels/tensor_map.h): the
+// forward y = x_e w_e^T (+ bias_e), dgrad dx = dy_e w_e and wgrad
+// dw_e = dy_e^T x_e, in bf16 and in FP8 (Note [FP8 grouped GEMM]).
 //
 // Operands. Each multiplies a K-major operand a by a weight-side operand b,
 // staged as 128-byte rows (64 bf16 or 128 FP8 elements of the reduction):
@@ -12,18 +12,23 @@
 //   FP8 forward   as bf16's forward, in E4M3
 //   FP8 dgrad     a = dy [T, N],  b = w^T [K, E*N] (the column-wise copy of w
 //                 as [E*N, K]) read as a 3-D [K][E][N] view, K-major
-//   FP8 wgrad     a = dy^T [N, T], b = x^T [K, T] (the column-wise copies),
+//   bf16 wgrad    a = dy [T, N], b = x [T, K], both read MN-major (the
+//                 wgmma transpose bits set) in [64 t][64 n or k] boxes,
 //                 reducing over the group's tokens: dw_e [N, K] tiles
+//   FP8 wgrad     a = dy^T [N, T], b = x^T [K, T] (the column-wise copies),
+//                 as bf16's wgrad but K-major (FP8 wgmma has no transpose)
 // TMA boxes ignore group boundaries where that is harmless: an x box may run
 // past the group's last row into the next group (those rows of the product
 // are never stored) or past T (zero-filled); a forward w box past N into the
 // next expert likewise. dgrad reduces over w_e's rows, so its w boxes come
 // from a 3-D view whose N bound zero-fills instead of reading the next
-// expert. FP8 wgrad reduces over tokens, whose boxes start at the group's
-// first token rounded down to a multiple of 16 (TMA faults, "illegal
-// instruction", on an inner coordinate that is not 16-byte aligned): the
-// parts of a group's first and last token boxes that belong to the groups
-// beside it are zeroed in shared memory before the wgmma reads them.
+// expert. Wgrad reduces over tokens: the rows of a group's last token box
+// that belong to the next group are zeroed in shared memory before the
+// wgmma reads them (a box past T is zero-filled). bf16 boxes start at the
+// group's first token (an outer coordinate); FP8's, where tokens are the
+// inner coordinate, at that token rounded down to a multiple of 16 (TMA
+// faults, "illegal instruction", on an inner coordinate that is not 16-byte
+// aligned), and the first box's columns before the group are zeroed too.
 //
 // A persistent block per SM has three warpgroups (384 threads):
 //   warpgroup 0, the producer (registers cut to 40 with setmaxnreg): one
@@ -54,8 +59,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/cuda_check.h"
+#include "engine/error.h"
 #include "kernels/grouped_gemm_common.cuh"
 #include "kernels/tensor_map.h"
 #include "kernels/tile/group_schedule.cuh"
@@ -88,7 +95,7 @@ struct WsConfig {
   // Warps that read a stage: both consumer warpgroups.
   static constexpr int kReaderWarps = 8;
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kTailBarrier = 1;  // the consumers' named barrier for a zeroed tail
+  static constexpr int kTailBarrier = 1;  // the consumers' named barrier for a zeroed wgrad tail
 };
 
 // Which product, in which element type, and how it accumulates (Note [FP8 grouped GEMM]).
@@ -96,7 +103,6 @@ template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit>
 struct WsProduct {
   static constexpr bool kForward = kKind == GroupedGemmKind::kForward;
   static constexpr bool kWgrad = kKind == GroupedGemmKind::kWgrad;
-  static_assert(kFp8 || !kWgrad, "bf16 wgrad runs on mma.sync (grouped_gemm.cu)");
   static_assert(kFp8 || !kSplit, "split accumulation is for FP8");
   using C = WsConfig<kSplit ? 128 : 256>;
   static constexpr int kDepth = C::kRowBytes / (kFp8 ? 1 : 2);  // reduction elements a stage
@@ -117,8 +123,25 @@ __device__ __forceinline__ void zero_rows_outside(unsigned char* tile, int rows,
   }
 }
 
-// FP8 wgrad: the 16-aligned token where group e's boxes start.
-__device__ __forceinline__ int aligned_token_start(const int* offs, int e) { return offs[e] & ~15; }
+// Zeros rows [first_row, 64) of each of `boxes` [64 x 128-byte] boxes at
+// `tile` (whole rows: the swizzle stays inside a row), as the `first`-th of
+// `step` threads.
+__device__ __forceinline__ void zero_box_rows_from(unsigned char* tile, int boxes, int first_row, int first, int step) {
+  constexpr int kChunksPerRow = 8;  // 16-byte chunks in a 128-byte row
+  const int chunks = (64 - first_row) * kChunksPerRow;
+  for (int i = first; i < boxes * chunks; i += step) {
+    const int box = i / chunks;
+    const int chunk = i % chunks + first_row * kChunksPerRow;
+    reinterpret_cast<uint4*>(tile + box * 64 * 128)[chunk] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Wgrad: the token where group e's boxes start (16-aligned for FP8, whose
+// tokens are the boxes' inner coordinate).
+template <bool kFp8>
+__device__ __forceinline__ int token_start(const int* offs, int e) {
+  return kFp8 ? offs[e] & ~15 : offs[e];
+}
 
 template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit, typename Out>
 __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
@@ -175,7 +198,7 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
   auto k_tiles = [&](const TileAt& place) {
     if constexpr (P::kWgrad) {
       if (offs[place.e + 1] == offs[place.e]) return 0;
-      return (offs[place.e + 1] - aligned_token_start(offs, place.e) + P::kDepth - 1) / P::kDepth;
+      return (offs[place.e + 1] - token_start<kFp8>(offs, place.e) + P::kDepth - 1) / P::kDepth;
     }
     return (depth + P::kDepth - 1) / P::kDepth;
   };
@@ -193,10 +216,21 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
           if (load >= C::kStages) tile::mbarrier_wait(&empty[slot], ((load / C::kStages) & 1) ^ 1);
           const int k0 = kt * P::kDepth;
           tile::mbarrier_arrive_expect_tx(&full[slot], C::kStageBytes);
-          if constexpr (P::kWgrad) {
-            const int t0 = aligned_token_start(offs, place.e) + k0;
+          if constexpr (P::kWgrad && kFp8) {
+            const int t0 = token_start<kFp8>(offs, place.e) + k0;
             tile::tma_load_2d(tile_a(slot), &map_a, &full[slot], t0, place.m0);
             tile::tma_load_2d(tile_b(slot), &map_b, &full[slot], t0, place.n0);
+          } else if constexpr (P::kWgrad) {
+            // bf16 wgrad: [64 t][64 n] boxes of dy, [64 t][64 k] boxes of x.
+            const int t0 = token_start<kFp8>(offs, place.e) + k0;
+#pragma unroll
+            for (int j = 0; j < C::kM / 64; ++j) {
+              tile::tma_load_2d(tile_a(slot) + j * 64 * C::kRowBytes, &map_a, &full[slot], place.m0 + j * 64, t0);
+            }
+#pragma unroll
+            for (int j = 0; j < C::kN / 64; ++j) {
+              tile::tma_load_2d(tile_b(slot) + j * 64 * C::kRowBytes, &map_b, &full[slot], place.n0 + j * 64, t0);
+            }
           } else {
             tile::tma_load_2d(tile_a(slot), &map_a, &full[slot], k0, offs[place.e] + place.m0);
             if constexpr (P::kForward) {
@@ -232,22 +266,26 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
     int load = 0;
     for (int i = 0; i < my_tiles; ++i) {
       const TileAt place = tile_at(i);
-      const int stages = k_tiles(place);
-      if (stages == 0) {  // an empty wgrad group: its dw_e is zeros
-#pragma unroll
-        for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
-      }
+      // Wgrad's stages come from the offsets in shared memory, which ptxas
+      // cannot prove warp-uniform: as a loop bound around wgmma that makes it
+      // serialise them all (warning C7518). Lane 0's value is uniform.
+      const int stages = __shfl_sync(0xffffffffu, k_tiles(place), 0);
       for (int kt = 0; kt < stages; ++kt, ++load) {
         const int slot = load % C::kStages;
         tile::mbarrier_wait(&full[slot], (load / C::kStages) & 1);
         if constexpr (P::kWgrad) {
           // A box that starts before the group or runs past it: zero the other groups' tokens in both operands.
-          const int t0 = aligned_token_start(offs, place.e) + kt * P::kDepth;
-          const int begin = offs[place.e] - t0;   // < 16, and > 0 in the first box only
-          const int end = offs[place.e + 1] - t0;  // < 128 in the last box only
+          const int t0 = token_start<kFp8>(offs, place.e) + kt * P::kDepth;
+          const int begin = offs[place.e] - t0;   // FP8: < 16, and > 0 in the first box only; bf16: 0
+          const int end = offs[place.e + 1] - t0;  // < kDepth in the last box only
           if (begin > 0 || end < P::kDepth) {
-            zero_rows_outside(tile_a(slot), C::kM, begin, end, consumer_thread, C::kConsumerThreads);
-            zero_rows_outside(tile_b(slot), C::kN, begin, end, consumer_thread, C::kConsumerThreads);
+            if constexpr (kFp8) {
+              zero_rows_outside(tile_a(slot), C::kM, begin, end, consumer_thread, C::kConsumerThreads);
+              zero_rows_outside(tile_b(slot), C::kN, begin, end, consumer_thread, C::kConsumerThreads);
+            } else {
+              zero_box_rows_from(tile_a(slot), C::kM / 64, end, consumer_thread, C::kConsumerThreads);
+              zero_box_rows_from(tile_b(slot), C::kN / 64, end, consumer_thread, C::kConsumerThreads);
+            }
             tile::fence_proxy_async_shared();
             tile::named_barrier_sync(C::kTailBarrier, C::kConsumerThreads);
           }
@@ -284,12 +322,20 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
                                                  scale_d);
             }
           } else {
-            // bf16 dgrad reads w N-major in [64 k][64 n] boxes; everything else K-major.
+            // bf16 dgrad reads w N-major in [64 k][64 n] boxes, wgrad both
+            // operands MN-major in [64 t][64] boxes (a k16 slice is 16 rows
+            // of them); the forward both K-major.
             constexpr bool kTransB = !P::kForward;
+            constexpr bool kTransA = P::kWgrad;
+            constexpr std::uint32_t kBoxBytes = 64 * C::kRowBytes;
             const std::uint64_t desc_b =
-                kTransB ? tile::wgmma_descriptor_mn_major(tile_b(slot) + ks * 16 * C::kRowBytes, 64 * C::kRowBytes)
+                kTransB ? tile::wgmma_descriptor_mn_major(tile_b(slot) + ks * 16 * C::kRowBytes, kBoxBytes)
                            : tile::wgmma_descriptor(tile_b(slot)) + 2 * ks;
-            tile::wgmma_m64n256k16<kTransB>(acc, desc_a + 2 * ks, desc_b, scale_d);
+            const std::uint64_t desc_a_slice =
+                kTransA ? tile::wgmma_descriptor_mn_major(tile_a(slot) + consumer * kBoxBytes + ks * 16 * C::kRowBytes,
+                                                          kBoxBytes)
+                        : desc_a + 2 * ks;
+            tile::wgmma_m64n256k16<kTransB, kTransA>(acc, desc_a_slice, desc_b, scale_d);
           }
         }
         tile::wgmma_commit();
@@ -307,17 +353,20 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
       const int row0 = place.m0 + consumer * 64 + wg_warp * 16 + lane / 4;
       const int col0 = place.n0 + (lane % 4) * 2;
       if constexpr (P::kWgrad) {
-        float* dw = static_cast<float*>(p.out) + static_cast<std::int64_t>(place.e) * p.n * p.k;
+        Out* dw = out + static_cast<std::int64_t>(place.e) * p.n * p.k;
+        // An empty group's dw_e is zeros (its accumulators hold whatever the
+        // block's last tile left, or nothing: selected away, not multiplied).
+        const bool empty_group = stages == 0;
 #pragma unroll
         for (int j = 0; j < kAcc; j += 2) {
           const int row = row0 + 8 * ((j / 2) % 2);
           const int col = col0 + (j / 4) * 8;
           if (row < p.n && col < p.k) {  // k % 16 == 0: col + 1 is in too
-            float* dst = dw + static_cast<std::int64_t>(row) * p.k + col;
-            float v0 = acc[j] * scale;
-            float v1 = acc[j + 1] * scale;
+            Out* dst = dw + static_cast<std::int64_t>(row) * p.k + col;
+            float v0 = empty_group ? 0.0f : acc[j] * scale;
+            float v1 = empty_group ? 0.0f : acc[j + 1] * scale;
             if (p.accumulate) {
-              const float2 old = *reinterpret_cast<const float2*>(dst);
+              const float2 old = load_pair(dst);
               v0 += old.x;
               v1 += old.y;
             }
@@ -359,9 +408,12 @@ std::pair<CUtensorMap, CUtensorMap> operand_maps(const Problem& p, DType a_type,
   if constexpr (kKind == GroupedGemmKind::kForward) {
     return {swizzled_tensor_map<2>(a_type, p.x, {p.k, p.tokens}, {kDepth, C::kM}),
             swizzled_tensor_map<2>(b_type, p.w, {p.k, experts * p.n}, {kDepth, C::kN})};
-  } else if constexpr (kKind == GroupedGemmKind::kWgrad) {
+  } else if constexpr (kKind == GroupedGemmKind::kWgrad && kFp8) {
     return {swizzled_tensor_map<2>(a_type, p.dy, {p.tokens, p.n}, {kDepth, C::kM}),
             swizzled_tensor_map<2>(b_type, p.x, {p.tokens, p.k}, {kDepth, C::kN})};
+  } else if constexpr (kKind == GroupedGemmKind::kWgrad) {
+    return {swizzled_tensor_map<2>(a_type, p.dy, {p.n, p.tokens}, {64, kDepth}),
+            swizzled_tensor_map<2>(b_type, p.x, {p.k, p.tokens}, {64, kDepth})};
   } else if constexpr (kFp8) {
     return {swizzled_tensor_map<2>(a_type, p.dy, {p.n, p.tokens}, {kDepth, C::kM}),
             swizzled_tensor_map<3>(b_type, p.w, {p.n, experts, p.k}, {kDepth, 1, C::kN})};
@@ -406,7 +458,9 @@ void launch_fp8(const Problem& p, cudaStream_t stream) {
 template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_ws(const Problem& p, cudaStream_t stream) {
   if (p.a_type == DType::kBFloat16) {
-    if constexpr (kKind != GroupedGemmKind::kWgrad) launch_variant<kKind, false, false, false, Out>(p, stream);
+    launch_variant<kKind, false, false, false, Out>(p, stream);
+  } else if constexpr (kKind == GroupedGemmKind::kWgrad && !std::is_same_v<Out, float>) {
+    SG_THROW(ErrorCode::kUnsupported, "grouped_gemm wgrad: FP8 products write an fp32 dw");  // check_grouped_gemm says so first
   } else if (p.a_type == DType::kFloat8E5M2) {
     launch_fp8<kKind, true, Out>(p, stream);
   } else {
@@ -419,5 +473,6 @@ template void launch_grouped_ws<GroupedGemmKind::kForward, float>(const Problem&
 template void launch_grouped_ws<GroupedGemmKind::kDgrad, __nv_bfloat16>(const Problem&, cudaStream_t);
 template void launch_grouped_ws<GroupedGemmKind::kDgrad, float>(const Problem&, cudaStream_t);
 template void launch_grouped_ws<GroupedGemmKind::kWgrad, float>(const Problem&, cudaStream_t);
+template void launch_grouped_ws<GroupedGemmKind::kWgrad, __nv_bfloat16>(const Problem&, cudaStream_t);
 
 }  // namespace stepgraph::kernels::grouped

@@ -111,7 +111,7 @@ def grouped_forward(folder):
 
 def grouped_backward(folder):
     """dgrad and wgrad side by side, from one pair of files (ours, torch)."""
-    ours_name, peer_name = "grouped_gemm_backward.json", "grouped_gemm_backward_peer.json"
+    ours_name, peer_name = "grouped_gemm.json", "grouped_gemm_peer.json"
     tables, notes = {}, []
     for kind in ("dgrad", "wgrad"):
         table, ratios = pair_rows(folder, ours_name, peer_name, kind)
@@ -124,6 +124,18 @@ def grouped_backward(folder):
         d, w = tables["dgrad"][key], tables["wgrad"].get(key, {})
         print(f"| {key} | {d.get('balanced', '-')} | {d.get('skewed', '-')} | {w.get('balanced', '-')} "
               f"| {w.get('skewed', '-')} |")
+
+
+def grouped_wgrad_bf16_dw(folder):
+    """wgrad writing a bf16 dw on both sides (torch._grouped_mm writes nothing else)."""
+    ours_name, peer_name = "grouped_gemm_wgrad_bf16_dw.json", "grouped_gemm_wgrad_bf16_dw_peer.json"
+    table, ratios = pair_rows(folder, ours_name, peer_name, "wgrad")
+    if table is None:
+        return
+    table_head("\n<!-- " + summary("wgrad, bf16 dw", f"{ours_name} against {peer_name}", ratios) + " -->",
+               "| wgrad row, bf16 dw | balanced: ours / torch TFLOP/s / ratio | skewed |", "|---|---:|---:|")
+    for key, c in table.items():
+        print(f"| {key} | {c.get('balanced', '-')} | {c.get('skewed', '-')} |")
 
 
 def moe_layer(folder):
@@ -189,6 +201,7 @@ def main():
     memory_bound(folder)
     grouped_forward(folder)
     grouped_backward(folder)
+    grouped_wgrad_bf16_dw(folder)
     moe_layer(folder)
     step(folder)
 

@@ -8,18 +8,21 @@
 // chunk c of row r sits at chunk c ^ (r & 7), the tile 1024-byte aligned, is
 // what a TMA box with CU_TENSOR_MAP_SWIZZLE_128B writes and what a wgmma
 // descriptor with the 128-byte swizzle mode reads (8-row atoms of 1024
-// bytes: stride byte offset 1024), the swizzle of Note [Swizzled operand
-// tiles] (mma_pipeline.cuh) on K-major rows.
-// The k16 slices of a tile start 32 bytes apart inside each 128-byte row.
+// bytes: stride byte offset 1024); the chunks one wave of a warp reads fall
+// on distinct banks. The k16 slices of a tile start 32 bytes apart inside
+// each 128-byte row. An MN-major tile ([k rows][64] of m or n) is swizzled
+// the same way, row by row (wgmma_descriptor_mn_major).
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
 
-#include "kernels/tile/mma_pipeline.cuh"
-
 namespace stepgraph::kernels::tile {
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* pointer) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(pointer));
+}
 
 // --- mbarrier ---------------------------------------------------------------
 
@@ -151,15 +154,16 @@ __device__ __forceinline__ void wgmma_wait() {
 // ignores d's old value. d: the warpgroup's 64 x 256 fp32 accumulators, 128
 // per thread: d[j] is row (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2),
 // column (j / 4) * 8 + (lane % 4) * 2 + j % 2.
-// kTransB: B is N-major (wgmma_descriptor_mn_major) instead of K-major.
-template <bool kTransB = false>
+// kTransB: B is N-major (wgmma_descriptor_mn_major) instead of K-major;
+// kTransA: A is M-major likewise.
+template <bool kTransB = false, bool kTransA = false>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
                                                  int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " SG_WGMMA_N256_REGS
-               ", %128, %129, p, 1, 1, 0, %131;\n}\n"
+               ", %128, %129, p, 1, 1, %132, %131;\n}\n"
                : SG_WGMMA_N256_OUTPUTS
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0));
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB ? 1 : 0), "n"(kTransA ? 1 : 0));
 }
 
 // The FP8 forms: d (+)= A[64 x 32] B[N x 32]^T, B in E4M3, A in E5M2

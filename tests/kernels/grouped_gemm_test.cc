@@ -213,7 +213,7 @@ GroupedGemmDesc desc_of(GroupedGemmKind kind, std::int64_t tokens, std::int64_t 
   d.n = n;
   d.k = k;
   d.in_type = in;
-  d.out_type = kind == GroupedGemmKind::kWgrad ? DType::kFloat32 : out;
+  d.out_type = kind == GroupedGemmKind::kWgrad && in != DType::kBFloat16 ? DType::kFloat32 : out;
   d.bias = kind == GroupedGemmKind::kForward && bias;
   d.accumulate = kind == GroupedGemmKind::kWgrad && accumulate;
   return d;
@@ -229,7 +229,8 @@ void for_each_case(std::int64_t tokens, std::int64_t experts, std::int64_t n, st
     for (GroupedGemmKind kind : kKinds) {
       for (DType in : ins) {
         for (DType out : outs) {
-          if (kind == GroupedGemmKind::kWgrad && out != DType::kFloat32) continue;
+          // dw is fp32, or bf16 from bf16 inputs.
+          if (kind == GroupedGemmKind::kWgrad && out != DType::kFloat32 && in != DType::kBFloat16) continue;
           for (bool flag : {false, true}) {  // bias (forward) or accumulate (wgrad)
             if (kind == GroupedGemmKind::kDgrad && flag) continue;
             Case c = make_case(desc_of(kind, tokens, experts, n, k, in, out, flag, flag), split.offsets, rng);
@@ -281,6 +282,11 @@ TEST(GroupedGemmHostTest, ChecksDescriptions) {
   expect_invalid_argument([&] { check_grouped_gemm(d); }, "accumulate is for wgrad");
   d = desc_of(GroupedGemmKind::kWgrad, 16, 2, 16, 16, DType::kBFloat16, DType::kFloat32, false, false);
   d.out_type = DType::kBFloat16;
+  check_grouped_gemm(d);  // a bf16 dw from bf16 inputs
+  d.in_type = DType::kFloat32;
+  expect_invalid_argument([&] { check_grouped_gemm(d); }, "dw must be fp32");
+  d.in_type = DType::kBFloat16;
+  d.out_type = DType::kFloat16;
   expect_invalid_argument([&] { check_grouped_gemm(d); }, "dw must be fp32");
   d.out_type = DType::kFloat32;
   d.in_type = DType::kInt32;
@@ -431,10 +437,11 @@ TEST(GroupedGemmCudaTest, MatchesHostReferenceOnEverySplit) {
   });
 }
 
-// The warp-specialised forward and dgrad (bf16 in) where its tile schedule
-// has edges: a partial last 256-column tile, several n-tiles in dgrad (K =
-// 520), and a group of more than 16 m-tiles (4200 rows: bands of 16, 16 and
-// 1 m-tiles of the fixed raster band) next to empty ones.
+// The warp-specialised kernel (bf16 in) where its tile schedule has edges:
+// a partial last 256-column tile, several n-tiles in dgrad and wgrad (K =
+// 520) and m-tiles in wgrad (N = 520), and a group of more than 16 m-tiles
+// (4200 rows: bands of 16, 16 and 1 m-tiles of the fixed raster band) next
+// to empty ones; wgrad reduces over groups of many 64-token stages.
 TEST(GroupedGemmCudaTest, WarpSpecialisedTileScheduleMatchesHostReference) {
   SG_SKIP_WITHOUT_GPU();
   testing::SeededRng rng;
@@ -442,7 +449,7 @@ TEST(GroupedGemmCudaTest, WarpSpecialisedTileScheduleMatchesHostReference) {
   for (auto [tokens, experts, n, k] :
        {std::array<std::int64_t, 4>{600, 4, 520, 72}, {300, 3, 136, 520}, {4200, 4, 264, 64}}) {
     for_each_case(tokens, experts, n, k, rng, [&](Case& c) {
-      if (c.desc.kind == GroupedGemmKind::kWgrad || c.desc.in_type != DType::kBFloat16) return;
+      if (c.desc.in_type != DType::kBFloat16) return;
       EXPECT_LE(relative_error(run_cuda(c, stream.get()), run_host(c)), cuda_tolerance(c.desc));
     });
   }

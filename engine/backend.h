@@ -34,17 +34,31 @@ enum class MemoryKind : std::uint8_t {
   kEager,       // stream-ordered: usable on its stream at once, reused after free
 };
 
-// One entry of a schedule to record: run an op on bound addresses, or record
-// or wait on an event (the plan's edges between streams).
+// One entry of a schedule to record: run an op on bound addresses, record
+// or wait on an event (the plan's edges between streams), or open or close
+// a conditional body (Note [Conditional bodies]).
 struct LaunchEntry {
-  enum class Kind : std::uint8_t { kRun, kRecord, kWait };
+  enum class Kind : std::uint8_t { kRun, kRecord, kWait, kIfZeroBegin, kIfEnd };
   Kind kind = Kind::kRun;
   int stream = 0;
   int event = -1;                    // kRecord / kWait
   const OpDef* op = nullptr;         // kRun
   const OpParams* params = nullptr;  // kRun
   KernelArgs args;                   // kRun; the arrays outlive the recording
+  const void* condition = nullptr;   // kIfZeroBegin: an int32 the device (host) reads at each launch
 };
+
+// Note [Conditional bodies]
+// The entries between a kIfZeroBegin and its kIfEnd run, at each launch of
+// the recording, only where the int32 at `condition` is zero then; nothing
+// is read on the host. On cuda they become the body of a CUDA conditional
+// (IF) node, whose condition a one-thread kernel sets from `condition` right
+// before it; on host the launch reads `condition` itself. A body sits on
+// stream 0 only, holds no event records or waits (the planner joins every
+// side stream before it and records what later waits need after it), no
+// collectives (NCCL #1986: graphs with collectives inside conditional nodes
+// failed to instantiate) and no other body. Profiling (not a replay) reads
+// the condition on the host, synchronising.
 
 // A recorded schedule, launched as a whole on stream 0: a CUDA graph on cuda,
 // the host references in order on host. Launches never re-record.

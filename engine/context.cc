@@ -185,6 +185,21 @@ void Context::begin_segment(std::string name) {
   if (tracing()) state_->recorder->begin_segment(std::move(name));
 }
 
+void Context::run_if_zero(const Tensor& flag, const std::function<void()>& body) {
+  SG_CHECK(flag.defined(), "run_if_zero: the flag is an undefined tensor");
+  SG_CHECK(flag.dtype() == DType::kInt32 && flag.numel() == 1,
+           "run_if_zero: the flag must be an int32 tensor of one element, got '", flag.name(), "' ", flag.shape(), " ",
+           dtype_name(flag.dtype()));
+  state_->check_owned(flag, "run_if_zero");
+  if (tracing()) {
+    state_->recorder->begin_if_zero(flag);
+    body();
+    state_->recorder->end_if_zero();
+    return;
+  }
+  if (to_vector<std::int32_t>(flag).at(0) == 0) body();
+}
+
 std::vector<Tensor> Context::call(const OpDef& op, OpParams params, std::vector<Tensor> inputs) {
   std::vector<TensorMeta> input_metas;
   input_metas.reserve(inputs.size());

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,6 +36,10 @@ class OpRecorder {
                                      std::vector<TensorMeta> output_metas, int stream) = 0;
   virtual void begin_segment(std::string name) = 0;
   virtual std::uint64_t trace_id() const = 0;
+  // Context::run_if_zero while tracing: the ops between the two calls form
+  // a conditional body that runs only where `flag` is zero at replay.
+  virtual void begin_if_zero(const Tensor& flag) = 0;
+  virtual void end_if_zero() = 0;
 };
 
 struct MemoryStats {
@@ -85,6 +90,16 @@ class Context {
   // Starts a named segment of the traced step (its own graph sharing the
   // step's pool). Nothing happens in eager execution.
   void begin_segment(std::string name);
+
+  // Runs the ops `body` calls only where `flag` (int32 [1]) is zero. Eager:
+  // reads the flag on the host (a synchronisation) and calls body or not.
+  // Traced: body is recorded as a conditional body (Note [Conditional
+  // bodies] in engine/backend.h) that each replay runs or skips on the
+  // device, reading nothing on the host. Its ops run on the main stream; it
+  // may not call collectives or another run_if_zero, and values it makes
+  // may not be read after it (where it was skipped they hold nothing):
+  // those are Errors at trace time.
+  void run_if_zero(const Tensor& flag, const std::function<void()>& body);
 
   // Where collective ops run (eager and traced), whatever the current
   // stream: a side stream, so communication overlaps compute and the

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <vector>
 
 #include "engine/cuda_allocator.h"
@@ -10,6 +11,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/fp8.h"
+#include "engine/graph_conditional.h"
 #include "engine/logging.h"
 #include "engine/stream.h"
 #include "engine/stream_capture.h"
@@ -39,19 +41,30 @@ class CudaPoolMemory final : public PoolMemory {
   std::int64_t bytes_;
 };
 
-// Runs a schedule's entries on the streams now; under stream capture the
-// event records and waits become the graph's edges.
-void issue(std::span<const LaunchEntry> schedule, const std::vector<Stream>& streams,
-           const std::vector<Event>& events) {
+void launch_op(const LaunchEntry& entry, cudaStream_t stream) {
+  SG_CHECK_CODE(entry.op->launch_cuda != nullptr, ErrorCode::kUnsupported, "op ", entry.op->name,
+                " has no CUDA launcher");
+  entry.op->launch_cuda(*entry.params, entry.args, stream);
+}
+
+// Issues a schedule's entries on the streams under stream capture: the event
+// records and waits become the graph's edges, and a conditional body the
+// body of an IF node, captured on `body_stream` (Note [Conditional bodies]).
+void record_schedule(std::span<const LaunchEntry> schedule, const std::vector<Stream>& streams,
+                     const std::vector<Event>& events, cudaStream_t body_stream) {
+  std::optional<IfZeroBody> body;
   for (const LaunchEntry& entry : schedule) {
     const cudaStream_t stream = streams[entry.stream].get();
+    SG_CHECK_CODE(!body || entry.kind == LaunchEntry::Kind::kRun || entry.kind == LaunchEntry::Kind::kIfEnd,
+                  ErrorCode::kInternal, "an event or a nested body inside a conditional body");
     switch (entry.kind) {
       case LaunchEntry::Kind::kRecord: SG_CUDA_CHECK(cudaEventRecord(events[entry.event].get(), stream)); break;
       case LaunchEntry::Kind::kWait: SG_CUDA_CHECK(cudaStreamWaitEvent(stream, events[entry.event].get(), 0)); break;
-      case LaunchEntry::Kind::kRun:
-        SG_CHECK_CODE(entry.op->launch_cuda != nullptr, ErrorCode::kUnsupported, "op ", entry.op->name,
-                      " has no CUDA launcher");
-        entry.op->launch_cuda(*entry.params, entry.args, stream);
+      case LaunchEntry::Kind::kRun: launch_op(entry, body ? body_stream : stream); break;
+      case LaunchEntry::Kind::kIfZeroBegin: body.emplace(stream, entry.condition, body_stream); break;
+      case LaunchEntry::Kind::kIfEnd:
+        body->end();
+        body.reset();
         break;
     }
   }
@@ -159,7 +172,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Recording> record(std::span<const LaunchEntry> schedule, int event_count) override {
     const std::vector<Event> events(static_cast<std::size_t>(event_count));
     StreamCapture capture(stream(0));
-    issue(schedule, streams_, events);
+    record_schedule(schedule, streams_, events, body_stream_.get());
     return std::make_unique<CudaRecording>(capture.end());
   }
   // The schedule runs once on the streams, not captured: CUDA cannot time
@@ -177,15 +190,26 @@ class CudaBackend final : public Backend {
     }
     marks[0].record(stream(0));  // every other stream forks from stream 0 after this
     std::size_t next = 1;
+    bool skipping = false;  // inside a conditional body whose flag is set
     for (const LaunchEntry& entry : schedule) {
-      if (entry.kind != LaunchEntry::Kind::kRun) {
-        issue(std::span(&entry, 1), streams_, events);
-        continue;
-      }
       const cudaStream_t s = stream(entry.stream);
-      marks[next++].record(s);
-      issue(std::span(&entry, 1), streams_, events);
-      marks[next++].record(s);
+      switch (entry.kind) {
+        case LaunchEntry::Kind::kRecord: SG_CUDA_CHECK(cudaEventRecord(events[entry.event].get(), s)); break;
+        case LaunchEntry::Kind::kWait: SG_CUDA_CHECK(cudaStreamWaitEvent(s, events[entry.event].get(), 0)); break;
+        case LaunchEntry::Kind::kIfZeroBegin: {
+          // Not a replay: read the flag here (every stream joined stream 0 before it).
+          std::int32_t flag = 0;
+          copy_to_host(&flag, entry.condition, sizeof(flag));
+          skipping = flag != 0;
+          break;
+        }
+        case LaunchEntry::Kind::kIfEnd: skipping = false; break;
+        case LaunchEntry::Kind::kRun:
+          marks[next++].record(s);
+          if (!skipping) launch_op(entry, s);
+          marks[next++].record(s);
+          break;
+      }
     }
     synchronize();
     std::vector<OpTiming> out;
@@ -216,6 +240,7 @@ class CudaBackend final : public Backend {
   // synchronises before its backend goes).
   CudaCachingAllocator allocator_;
   std::vector<Stream> streams_;
+  Stream body_stream_;  // where a conditional body is captured (never runs work itself)
   std::vector<Event> signals_;  // one per stream, re-recorded for each wait
 };
 

@@ -1,6 +1,7 @@
 #include "engine/host_backend.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -43,15 +44,34 @@ class HostPoolMemory final : public PoolMemory {
   std::int64_t bytes_;
 };
 
-// A recorded schedule is the schedule itself: the host runs its entries in
-// order (records and waits order nothing on one thread).
+// Runs `schedule`'s ops in order (records and waits order nothing on one
+// thread), skipping a conditional body whose flag is not zero (Note
+// [Conditional bodies] in engine/backend.h); `on_run(entry, ran)` around
+// each kRun entry, skipped ones included.
+template <typename OnRun>
+void run_in_order(std::span<const LaunchEntry> schedule, OnRun&& on_run) {
+  bool skipping = false;
+  for (const LaunchEntry& entry : schedule) {
+    switch (entry.kind) {
+      case LaunchEntry::Kind::kIfZeroBegin:
+        skipping = *static_cast<const std::int32_t*>(entry.condition) != 0;
+        break;
+      case LaunchEntry::Kind::kIfEnd: skipping = false; break;
+      case LaunchEntry::Kind::kRun: on_run(entry, !skipping); break;
+      case LaunchEntry::Kind::kRecord:
+      case LaunchEntry::Kind::kWait: break;
+    }
+  }
+}
+
+// A recorded schedule is the schedule itself, run in order at each launch.
 class HostRecording final : public Recording, public Executable {
  public:
   explicit HostRecording(std::span<const LaunchEntry> schedule) : schedule_(schedule.begin(), schedule.end()) {}
   void launch() override {
-    for (const LaunchEntry& entry : schedule_) {
-      if (entry.kind == LaunchEntry::Kind::kRun) run_host_reference(*entry.op, *entry.params, entry.args);
-    }
+    run_in_order(schedule_, [](const LaunchEntry& entry, bool run) {
+      if (run) run_host_reference(*entry.op, *entry.params, entry.args);
+    });
   }
 
  private:
@@ -107,13 +127,12 @@ class HostBackend final : public Backend {
     const Clock::time_point start = Clock::now();
     auto us_since_start = [&] { return std::chrono::duration<double, std::micro>(Clock::now() - start).count(); };
     std::vector<OpTiming> out;
-    for (const LaunchEntry& entry : schedule) {
-      if (entry.kind != LaunchEntry::Kind::kRun) continue;
+    run_in_order(schedule, [&](const LaunchEntry& entry, bool run) {
       OpTiming timing{us_since_start(), 0};
-      run_host_reference(*entry.op, *entry.params, entry.args);
+      if (run) run_host_reference(*entry.op, *entry.params, entry.args);
       timing.end_us = us_since_start();
       out.push_back(timing);
-    }
+    });
     return out;
   }
   void synchronize() override {}

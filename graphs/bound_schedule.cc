@@ -15,6 +15,13 @@ BoundSchedule::BoundSchedule(const Program& program, const StepPlan& plan, StepP
     switch (planned.kind) {
       case ScheduleEntry::Kind::kRecord: entry.kind = LaunchEntry::Kind::kRecord; break;
       case ScheduleEntry::Kind::kWait: entry.kind = LaunchEntry::Kind::kWait; break;
+      case ScheduleEntry::Kind::kIfZeroBegin: {
+        const Instruction& instruction = program.instructions()[planned.instruction];
+        entry.kind = LaunchEntry::Kind::kIfZeroBegin;
+        entry.condition = addresses[instruction.inputs.at(0)];
+        break;
+      }
+      case ScheduleEntry::Kind::kIfEnd: entry.kind = LaunchEntry::Kind::kIfEnd; break;
       case ScheduleEntry::Kind::kRun: {
         const Instruction& instruction = program.instructions()[planned.instruction];
         Arrays& arrays = arrays_.emplace_back();

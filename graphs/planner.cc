@@ -85,19 +85,40 @@ Ordering order(const Program& program) {
       }
     }
 
+    bool in_body = false;
     for (std::int32_t index = segment.begin; index < segment.end; ++index) {
       const Instruction& instruction = instructions[index];
       const std::vector<std::int64_t> reads = widen(instruction.reads());
       const std::vector<std::int64_t> writes = widen(instruction.writes());
+      ScheduleEntry::Kind kind = ScheduleEntry::Kind::kRun;
+      if (is_if_zero_begin(instruction)) {
+        SG_CHECK_CODE(!in_body && instruction.stream == 0, ErrorCode::kInternal, "malformed conditional body at ",
+                      index);
+        // Every side stream joins stream 0 first: the body holds no waits.
+        for (int side = 1; side < stream_count; ++side) {
+          if (!used[side] || stream_order.order_after(0, side).empty()) continue;
+          const std::int32_t event = out.event_count++;
+          entries.push_back(record(event, side));
+          entries.push_back(wait_on(event, 0));
+        }
+        kind = ScheduleEntry::Kind::kIfZeroBegin;
+        in_body = true;
+      } else if (is_if_end(instruction)) {
+        SG_CHECK_CODE(in_body, ErrorCode::kInternal, "if_end without if_zero_begin at ", index);
+        kind = ScheduleEntry::Kind::kIfEnd;
+        in_body = false;
+      }
       for (const StreamWait& wait : stream_order.prepare(instruction.stream, reads, writes)) {
         const std::int32_t signal = issued[wait.signal][wait.signal_token - 1];
         SG_CHECK_CODE(signal >= segment.begin, ErrorCode::kInternal, "instruction ", index, " waits on instruction ",
                       signal, " of an earlier segment");
+        SG_CHECK_CODE(!in_body || kind != ScheduleEntry::Kind::kRun, ErrorCode::kInternal, "instruction ", index,
+                      " inside a conditional body waits on instruction ", signal);
         std::int32_t& event = record_after[signal - segment.begin];
         if (event < 0) event = out.event_count++;
         entries.push_back(wait_on(event, instruction.stream));
       }
-      entries.push_back({.kind = ScheduleEntry::Kind::kRun, .instruction = index, .stream = instruction.stream});
+      entries.push_back({.kind = kind, .instruction = index, .stream = instruction.stream});
       stream_order.issue(instruction.stream, reads, writes);
       issued[instruction.stream].push_back(index);
       out.clocks[index] = stream_order.clock(instruction.stream);
@@ -112,13 +133,25 @@ Ordering order(const Program& program) {
       entries.push_back(wait_on(event, 0));
     }
 
+    SG_CHECK_CODE(!in_body, ErrorCode::kInternal, "a conditional body runs past the end of segment ", segment.name);
+
+    // Each event right after its instruction; those of a conditional body's
+    // instructions after the body (events never cross into a body's graph).
     StepPlan::Range range;
     range.begin = static_cast<std::int32_t>(out.schedule.size());
+    std::vector<ScheduleEntry> after_body;
     for (const ScheduleEntry& entry : entries) {
       out.schedule.push_back(entry);
-      if (entry.kind != ScheduleEntry::Kind::kRun) continue;
+      if (entry.kind == ScheduleEntry::Kind::kIfZeroBegin) in_body = true;
+      if (entry.kind == ScheduleEntry::Kind::kIfEnd) {
+        in_body = false;
+        out.schedule.insert(out.schedule.end(), after_body.begin(), after_body.end());
+        after_body.clear();
+      }
+      if (entry.instruction < 0) continue;
       const std::int32_t event = record_after[entry.instruction - segment.begin];
-      if (event >= 0) out.schedule.push_back(record(event, entry.stream));
+      if (event < 0) continue;
+      (in_body ? after_body : out.schedule).push_back(record(event, entry.stream));
     }
     range.end = static_cast<std::int32_t>(out.schedule.size());
     out.segment_ranges.push_back(range);

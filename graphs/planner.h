@@ -4,7 +4,10 @@
 //     waits where streams meet (RAW/WAR/WAW across streams), a fork at the
 //     start of each segment for every side stream the segment uses, and a
 //     join of every such side stream into the main stream at its end (a
-//     captured graph must end joined).
+//     captured graph must end joined). A conditional body (Note [Conditional
+//     bodies] in engine/backend.h) gets a join of every side stream before
+//     it, so it needs no wait inside, and the records a later wait needs
+//     from its instructions go right after it.
 //  2. Lifetimes: with the happens-before order that results, two pool values
 //     may share memory only if every access of one completes before the
 //     other's first write. Sharing across streams therefore waits for a join:
@@ -31,9 +34,11 @@ namespace stepgraph {
 
 struct ScheduleEntry {
   enum class Kind : std::uint8_t {
-    kRun,     // run `instruction` on `stream`
-    kRecord,  // record event `event` on `stream`
-    kWait,    // make `stream` wait on event `event`
+    kRun,          // run `instruction` on `stream`
+    kRecord,       // record event `event` on `stream`
+    kWait,         // make `stream` wait on event `event`
+    kIfZeroBegin,  // `instruction` (if_zero_begin_op) opens a conditional body on stream 0
+    kIfEnd,        // `instruction` (if_end_op) closes it
   };
   Kind kind = Kind::kRun;
   std::int32_t instruction = -1;  // kRun only

@@ -6,6 +6,16 @@
 
 namespace stepgraph {
 
+const OpDef& if_zero_begin_op() {
+  static const OpDef op{.name = "if_zero_begin"};
+  return op;
+}
+
+const OpDef& if_end_op() {
+  static const OpDef op{.name = "if_end"};
+  return op;
+}
+
 std::vector<ValueId> Instruction::writes() const {
   std::vector<ValueId> written = outputs;
   for (int index : op->written_inputs(params, inputs.size())) written.push_back(inputs.at(index));

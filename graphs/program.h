@@ -50,6 +50,15 @@ struct Instruction {
   std::vector<ValueId> writes() const;
 };
 
+// The markers of a conditional body (Context::run_if_zero; Note
+// [Conditional bodies] in engine/backend.h): pseudo-instructions on stream
+// 0, the begin reading the int32 flag. They launch nothing themselves: the
+// planner turns them into the schedule's kIfZeroBegin / kIfEnd.
+const OpDef& if_zero_begin_op();
+const OpDef& if_end_op();
+inline bool is_if_zero_begin(const Instruction& instruction) { return instruction.op == &if_zero_begin_op(); }
+inline bool is_if_end(const Instruction& instruction) { return instruction.op == &if_end_op(); }
+
 // A contiguous range of instructions that becomes its own graph; all the
 // segments of a program share one pool plan.
 struct Segment {

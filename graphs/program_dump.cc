@@ -67,6 +67,12 @@ std::string dump_program(const Program& program, const StepPlan* plan) {
         case ScheduleEntry::Kind::kWait:
           text += detail::concat("      s", entry.stream, " wait e", entry.event, "\n");
           break;
+        case ScheduleEntry::Kind::kIfZeroBegin:
+          text += "  " + describe_instruction(program, entry.instruction, plan) + " {\n";
+          break;
+        case ScheduleEntry::Kind::kIfEnd:
+          text += "  }\n";
+          break;
       }
     }
   }

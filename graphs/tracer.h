@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/context.h"
@@ -43,12 +44,16 @@ class Tracer final : public OpRecorder {
                              std::vector<TensorMeta> output_metas, int stream) override;
   void begin_segment(std::string name) override;
   std::uint64_t trace_id() const override { return id_; }
+  void begin_if_zero(const Tensor& flag) override;
+  void end_if_zero() override;
 
   // Stops tracing. `outputs` must be values of this trace or persistent tensors.
   TraceResult finish(std::span<const Tensor> outputs);
 
  private:
   ValueId value_of(const Tensor& tensor, std::string_view op);
+  // An Error if `id` was made inside a conditional body that has ended.
+  void check_not_from_body(ValueId id, std::string_view op) const;
 
   Context& ctx_;
   std::uint64_t id_;
@@ -57,6 +62,10 @@ class Tracer final : public OpRecorder {
   std::vector<std::weak_ptr<detail::TensorImpl>> pool_handles_;   // per value id (empty for persistent)
   std::vector<std::shared_ptr<detail::TensorImpl>> persistents_;  // per value id (null for pool values)
   std::unordered_map<const detail::TensorImpl*, ValueId> persistent_values_;
+  // Conditional bodies: the first value id made inside the open one (-1 for
+  // none open), and [first, end) of the value ids each closed one made.
+  ValueId body_first_value_ = -1;
+  std::vector<std::pair<ValueId, ValueId>> closed_bodies_;
 };
 
 }  // namespace stepgraph

@@ -163,6 +163,32 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// One block per chunk, as the update; a block that finds a non-finite
+// gradient sets the flag (the same value from any block: no race matters).
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    adamw_flag_nonfinite_kernel(const std::byte* __restrict__ table, std::int32_t* flag) {
+  const auto header = *reinterpret_cast<const TableHeader*>(table);
+  const auto* tensors = reinterpret_cast<const TableTensor*>(table + sizeof(TableHeader));
+  const auto* chunks = reinterpret_cast<const TableChunk*>(tensors + header.tensor_count);
+  bool bad = false;
+  for (std::int64_t index = blockIdx.x; index < header.chunk_count; index += gridDim.x) {
+    const TableChunk chunk = chunks[index];
+    const TableTensor tensor = tensors[chunk.tensor];
+    const std::int64_t begin = chunk.chunk * kChunk;
+    const std::int64_t end = std::min(begin + kChunk, tensor.numel);
+    const std::int64_t vector_end = begin + (end - begin) / kElementsPerThread * kElementsPerThread;
+    for (std::int64_t i = begin + threadIdx.x * kElementsPerThread; i < vector_end;
+         i += static_cast<std::int64_t>(blockDim.x) * kElementsPerThread) {
+      float g[kElementsPerThread];
+      load8(tensor.grad + i, g);
+#pragma unroll
+      for (int k = 0; k < kElementsPerThread; ++k) bad |= !isfinite(g[k]);
+    }
+    for (std::int64_t i = vector_end + threadIdx.x; i < end; i += blockDim.x) bad |= !isfinite(tensor.grad[i]);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
 // After the update kernel on the same stream, which read the old value.
 __global__ void adamw_advance_step_kernel(std::int64_t* step) { *step += 1; }
 
@@ -233,6 +259,22 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
       out += sizeof(entry);
     }
   }
+}
+
+void launch_adamw_flag_nonfinite_grads(const void* table_device, std::int64_t tensor_count, std::int64_t total_numel,
+                                       std::int32_t* flag, cudaStream_t stream) {
+  SG_CHECK(flag != nullptr, "adamw_flag_nonfinite_grads: flag is null; pass a device int32");
+  SG_CHECK(tensor_count >= 0 && total_numel >= 0, "adamw_flag_nonfinite_grads: tensor_count and total_numel must be "
+           ">= 0, got ", tensor_count, " and ", total_numel);
+  if (total_numel == 0) return;
+  SG_CHECK(table_device != nullptr && is_aligned16(table_device),
+           "adamw_flag_nonfinite_grads: table_device must be build_adamw_table's table, 16-byte aligned, got ",
+           table_device);
+  const std::int64_t blocks =
+      std::min<std::int64_t>(total_numel / kChunk + tensor_count, std::numeric_limits<std::int32_t>::max());
+  adamw_flag_nonfinite_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
+      static_cast<const std::byte*>(table_device), flag);
+  SG_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,

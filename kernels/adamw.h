@@ -65,7 +65,14 @@ void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_
                   std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step = true,
                   const float* lr = nullptr);
 
+// Sets *flag (int32) to 1 when any gradient of the table's tensors is not
+// finite; leaves it as it is otherwise, so several tables (a step's
+// parameter groups) and other checks can flag one word. Reads the grads only.
+void launch_adamw_flag_nonfinite_grads(const void* table_device, std::int64_t tensor_count, std::int64_t total_numel,
+                                       std::int32_t* flag, cudaStream_t stream);
+
 namespace host {
+void adamw_flag_nonfinite_grads(const std::vector<AdamWTensor>& tensors, std::int32_t* flag);
 // The same fp32 formula in the same order; advances *step if advance_step;
 // the rate from *lr when lr is non-null.
 void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step,

@@ -13,6 +13,18 @@
 
 namespace stepgraph::kernels::host {
 
+void adamw_flag_nonfinite_grads(const std::vector<AdamWTensor>& tensors, std::int32_t* flag) {
+  SG_CHECK(flag != nullptr, "adamw_flag_nonfinite_grads (host): flag is null");
+  for (const AdamWTensor& t : tensors) {
+    for (std::int64_t i = 0; i < t.numel; ++i) {
+      if (!std::isfinite(t.grad[i])) {
+        *flag = 1;
+        return;
+      }
+    }
+  }
+}
+
 void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step, bool advance_step,
            const float* lr) {
   check_adamw_hyper(hyper);

@@ -6,6 +6,7 @@
 #include "kernels/adamw.h"
 #include "layers/weight_grad_scope.h"
 #include "ops/collective_ops.h"
+#include "ops/step_guard_ops.h"
 
 namespace stepgraph {
 
@@ -165,7 +166,61 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
     ops::all_reduce_many_(ctx_, *data_parallel_, optimizer_.group_gradients(group), ReduceOp::kSum);
   }
   WeightGradScope weight_grads(ctx_);
+  if (optimizer_.skips_nonfinite()) {  // the updates wait for every check (Note [Non-finite steps])
+    optimizer_.flag_nonfinite_group(ctx_, static_cast<std::ptrdiff_t>(group));
+    return;
+  }
   optimizer_.step_group(ctx_, group, /*advance_step=*/remaining_ == 0);
+}
+
+void AdamW::set_skip_nonfinite(Context& ctx, bool skip) {
+  if (!skip) {
+    nonfinite_flag_ = {};
+    skipped_ = {};
+    return;
+  }
+  SG_CHECK_CODE(!sharded(), ErrorCode::kUnsupported,
+                "AdamW::set_skip_nonfinite: a sharded (ZeRO-1) update reduce-scatters and all-gathers, and "
+                "collectives inside a CUDA conditional node fail to instantiate (NCCL #1986); use the all-reduce "
+                "data-parallel mode, or turn the skip off");
+  if (skips_nonfinite()) return;
+  nonfinite_flag_ = ctx.persistent("adamw.nonfinite_flag", {Shape{1}, DType::kInt32});
+  skipped_ = ctx.persistent("adamw.skipped_steps", {Shape{1}, DType::kInt64});
+}
+
+void AdamW::flag_nonfinite(Context& ctx, const Tensor& x) const {
+  SG_CHECK_CODE(skips_nonfinite(), ErrorCode::kInvalidState,
+                "AdamW::flag_nonfinite: call set_skip_nonfinite(ctx, true) first");
+  ops::flag_nonfinite_(ctx, nonfinite_flag_, x);
+}
+
+void AdamW::flag_nonfinite_group(Context& ctx, std::ptrdiff_t group) const {
+  SG_CHECK_CODE(skips_nonfinite(), ErrorCode::kInvalidState,
+                "AdamW::flag_nonfinite_group: call set_skip_nonfinite(ctx, true) first");
+  SG_CHECK(group >= -1 && group < static_cast<std::ptrdiff_t>(groups_.size()), "AdamW::flag_nonfinite_group: group ",
+           group, " of ", groups_.size());
+  const Update& update = group < 0 ? all_ : groups_[static_cast<std::size_t>(group)];
+  ops::adamw_flag_nonfinite_grads_(ctx, nonfinite_flag_, update.table, update.grads);
+}
+
+void AdamW::update_if_finite(Context& ctx, std::span<Communicator* const> communicators) const {
+  SG_CHECK_CODE(skips_nonfinite(), ErrorCode::kInvalidState,
+                "AdamW::update_if_finite: call set_skip_nonfinite(ctx, true) first");
+  for (Communicator* comm : communicators) {
+    if (comm != nullptr) ops::all_reduce_(ctx, *comm, nonfinite_flag_, ReduceOp::kMax);
+  }
+  ctx.run_if_zero(nonfinite_flag_, [&] {
+    if (groups_.empty()) {
+      step(ctx);
+      return;
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g) step_group(ctx, g, /*advance_step=*/g + 1 == groups_.size());
+  });
+  ops::count_and_clear_flag_(ctx, skipped_, nonfinite_flag_);
+}
+
+std::int64_t AdamW::skipped_steps(Context& ctx) const {
+  return skips_nonfinite() ? ctx.to_vector<std::int64_t>(skipped_).at(0) : 0;
 }
 
 void AdamW::GroupedStep::finish() const {
@@ -185,18 +240,26 @@ std::vector<AdamW::Moments> AdamW::moments() const {
 }
 
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
-                         Communicator* data_parallel) {
+                         Communicator* data_parallel, Communicator* tensor_parallel) {
   if (optimizer.group_count() == 0) {
     backward({});
     if (reduces(data_parallel) && !optimizer.sharded()) {
       ops::all_reduce_many_(ctx, *data_parallel, optimizer.all_gradients(), ReduceOp::kSum);
     }
-    optimizer.step(ctx);
-    return;
+    if (optimizer.skips_nonfinite()) {
+      optimizer.flag_nonfinite_group(ctx, -1);
+    } else {
+      optimizer.step(ctx);
+    }
+  } else {
+    AdamW::GroupedStep update(ctx, optimizer, data_parallel);
+    backward(std::ref(update));
+    update.finish();
   }
-  AdamW::GroupedStep update(ctx, optimizer, data_parallel);
-  backward(std::ref(update));
-  update.finish();
+  if (optimizer.skips_nonfinite()) {
+    Communicator* const communicators[] = {data_parallel, tensor_parallel};
+    optimizer.update_if_finite(ctx, communicators);
+  }
 }
 
 }  // namespace stepgraph

@@ -94,6 +94,36 @@ class AdamW {
     std::size_t remaining_;
   };
 
+  // Note [Non-finite steps]
+  // With skip_nonfinite set, a step whose loss or any gradient is NaN or
+  // infinite changes nothing: not the parameters, the moments, the step
+  // counter, the scheduled rate or what hooks derive from the weights (an
+  // FP8 weight cache); the next good step proceeds as if the bad one never
+  // ran. The check runs on the device: each group's gradients are checked
+  // as soon as they are final (flag_nonfinite_group, on the weight-gradient
+  // stream, where the update ran before), the loss by flag_nonfinite; the
+  // flag is max-all-reduced over the step's communicators; then every update
+  // runs inside Context::run_if_zero, a CUDA conditional (IF) node in a
+  // captured step, so a replay reads nothing on the host. The updates thus
+  // wait for the whole backward instead of overlapping it (the cost is in
+  // benchmarks/README.md). skipped_steps() counts the steps skipped.
+  // Not with ZeRO-1: its updates reduce-scatter and all-gather, and
+  // collectives inside conditional nodes fail to instantiate (NCCL #1986).
+  void set_skip_nonfinite(Context& ctx, bool skip);
+  bool skips_nonfinite() const { return nonfinite_flag_.defined(); }
+  // ORs "x (fp32) is not finite" into the step's flag.
+  void flag_nonfinite(Context& ctx, const Tensor& x) const;
+  // ORs "a gradient of group `group` (all of them for -1) is not finite".
+  void flag_nonfinite_group(Context& ctx, std::ptrdiff_t group) const;
+  // The step's updates, all groups in order (or step()), only where nothing
+  // was flagged; the flag max-all-reduced over `communicators` first. Then
+  // counts a skipped step and clears the flag for the next.
+  void update_if_finite(Context& ctx, std::span<Communicator* const> communicators) const;
+  // Steps skipped so far (reads the device: not while tracing), and the
+  // counter itself (int64 [1], for checkpoints).
+  std::int64_t skipped_steps(Context& ctx) const;
+  const Tensor& skipped_counter() const { return skipped_; }
+
   // ZeRO-1 (Note [Sharded AdamW]): from now on each update reduce-scatters
   // its group's gradients over `comm`, updates this rank's 1/N of the
   // group's elements (this rank owns 1/N of the master weights and moments;
@@ -175,6 +205,8 @@ class AdamW {
   std::vector<Update> groups_;
   Communicator* sharding_ = nullptr;
   std::vector<Shard> shards_;  // per group (or one for all) once sharded
+  Tensor nonfinite_flag_;      // int32 [1], with skip_nonfinite
+  Tensor skipped_;             // int64 [1], with skip_nonfinite
 };
 
 // Runs `backward` and the optimizer's step: each group's update as soon as
@@ -182,7 +214,11 @@ class AdamW {
 // groups, else one update after the whole backward. With `data_parallel`
 // the gradients are summed across its ranks before they are used (the loss
 // must already divide by the world size); at one rank that sum is a copy.
+// An optimizer that skips non-finite steps checks each group's gradients
+// as the backward reports it and updates after the backward, where nothing
+// was flagged (Note [Non-finite steps]); its flag is max-all-reduced over
+// `data_parallel` and `tensor_parallel`, those given.
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
-                         Communicator* data_parallel = nullptr);
+                         Communicator* data_parallel = nullptr, Communicator* tensor_parallel = nullptr);
 
 }  // namespace stepgraph

@@ -222,8 +222,11 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
     reported = ops::all_reduce(ctx, *data_parallel_, share, ReduceOp::kSum);
   }
   reported.set_name("loss");
+  // Note [Non-finite steps] (layers/adamw.h): this rank's loss is checked too.
+  if (optimizer_.skips_nonfinite()) optimizer_.flag_nonfinite(ctx, loss.loss);
   backward_and_update(
-      ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); }, data_parallel_);
+      ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); }, data_parallel_,
+      stack.tensor_parallel());
   return {reported};
 }
 

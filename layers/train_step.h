@@ -17,7 +17,9 @@
 // of other lengths, without a new capture.
 // The loss, the backward with its optimizer groups (each group updates as
 // soon as its gradients are final when the context has a weight-gradient
-// stream) and the error flags are shared.
+// stream; after the backward, where nothing is NaN or infinite, when the
+// optimizer skips non-finite steps: Note [Non-finite steps] in
+// layers/adamw.h) and the error flags are shared.
 //
 //   TrainStep step(ctx, model, optimizer, batch);
 //   auto graph = CapturedStep::capture(ctx, [&] { return step(ctx); });

@@ -1,0 +1,132 @@
+#include "ops/step_guard_ops.h"
+
+#include "engine/error.h"
+#include "kernels/adamw.h"
+#include "kernels/step_guard.h"
+
+namespace stepgraph::ops {
+namespace {
+
+const TensorMeta kFlag{Shape{1}, DType::kInt32};
+
+void check_flag(std::string_view op, const TensorMeta& flag) {
+  SG_CHECK(flag == kFlag, "op ", op, ": the flag (the first input) must be int32 [1], got ", flag.shape, " ",
+           dtype_name(flag.dtype));
+}
+
+std::int32_t* flag_of(const KernelArgs& a) { return static_cast<std::int32_t*>(a.inputs[0]); }
+
+// The gradients' pointers and sizes as AdamW tensors (only grad is read).
+std::vector<kernels::AdamWTensor> grads_of(const KernelArgs& a) {
+  std::vector<kernels::AdamWTensor> out;
+  for (std::size_t i = 2; i < a.inputs.size(); ++i) {
+    out.push_back({.grad = static_cast<const float*>(a.inputs[i]), .numel = a.input_metas[i].numel()});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FlagGradsParams::to_string() const { return std::to_string(total_numel) + " elements"; }
+
+const OpDef& flag_nonfinite_op() {
+  static const OpDef op{
+      .name = "flag_nonfinite_",
+      .check = [](const OpParams&, std::span<const TensorMeta> inputs) {
+        SG_CHECK(inputs.size() == 2, "op flag_nonfinite_ takes the flag and one tensor, got ", inputs.size(),
+                 " inputs");
+        check_flag("flag_nonfinite_", inputs[0]);
+        SG_CHECK(inputs[1].dtype == DType::kFloat32, "op flag_nonfinite_: checks fp32 values, got ",
+                 dtype_name(inputs[1].dtype));
+        return std::vector<TensorMeta>{};
+      },
+      .mutated_inputs = {0},
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
+            kernels::launch_flag_nonfinite(static_cast<const float*>(a.inputs[1]), a.input_metas[1].numel(),
+                                           flag_of(a), stream);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            kernels::host::flag_nonfinite(static_cast<const float*>(a.inputs[1]), a.input_metas[1].numel(),
+                                          flag_of(a));
+          },
+  };
+  return op;
+}
+
+const OpDef& adamw_flag_nonfinite_grads_op() {
+  static const OpDef op{
+      .name = "adamw_flag_nonfinite_grads_",
+      .check = [](const OpParams& params, std::span<const TensorMeta> inputs) {
+        SG_CHECK(inputs.size() >= 2, "op adamw_flag_nonfinite_grads_ takes the flag, the table and the gradients");
+        check_flag("adamw_flag_nonfinite_grads_", inputs[0]);
+        SG_CHECK(inputs[1].dtype == DType::kInt64, "op adamw_flag_nonfinite_grads_: the table is int64 words");
+        std::int64_t total = 0;
+        for (std::size_t i = 2; i < inputs.size(); ++i) {
+          SG_CHECK(inputs[i].dtype == DType::kFloat32, "op adamw_flag_nonfinite_grads_: gradients are fp32, got ",
+                   dtype_name(inputs[i].dtype));
+          total += inputs[i].numel();
+        }
+        SG_CHECK(total == params.as<FlagGradsParams>().total_numel, "op adamw_flag_nonfinite_grads_: the gradients "
+                 "hold ", total, " elements, the params say ", params.as<FlagGradsParams>().total_numel);
+        return std::vector<TensorMeta>{};
+      },
+      .mutated_inputs = {0},
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            kernels::launch_adamw_flag_nonfinite_grads(a.inputs[1], static_cast<std::int64_t>(a.inputs.size() - 2),
+                                                       params.as<FlagGradsParams>().total_numel, flag_of(a), stream);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            kernels::host::adamw_flag_nonfinite_grads(grads_of(a), flag_of(a));
+          },
+  };
+  return op;
+}
+
+const OpDef& count_and_clear_flag_op() {
+  static const OpDef op{
+      .name = "count_and_clear_flag_",
+      .check = [](const OpParams&, std::span<const TensorMeta> inputs) {
+        SG_CHECK(inputs.size() == 2 && inputs[0] == (TensorMeta{Shape{1}, DType::kInt64}),
+                 "op count_and_clear_flag_ takes the count (int64 [1]) and the flag");
+        check_flag("count_and_clear_flag_", inputs[1]);
+        return std::vector<TensorMeta>{};
+      },
+      .mutated_inputs = {0, 1},
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
+            kernels::launch_count_and_clear_flag(static_cast<std::int32_t*>(a.inputs[1]),
+                                          static_cast<std::int64_t*>(a.inputs[0]), stream);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            kernels::host::count_and_clear_flag(static_cast<std::int32_t*>(a.inputs[1]),
+                                         static_cast<std::int64_t*>(a.inputs[0]));
+          },
+  };
+  return op;
+}
+
+void flag_nonfinite_(Context& ctx, const Tensor& flag, const Tensor& x) {
+  ctx.call(flag_nonfinite_op(), NoParams{}, {flag, x});
+}
+
+void adamw_flag_nonfinite_grads_(Context& ctx, const Tensor& flag, const Tensor& table,
+                                 const std::vector<Tensor>& grads) {
+  std::vector<Tensor> inputs{flag, table};
+  FlagGradsParams params;
+  for (const Tensor& grad : grads) {
+    inputs.push_back(grad);
+    params.total_numel += grad.numel();
+  }
+  ctx.call(adamw_flag_nonfinite_grads_op(), params, std::move(inputs));
+}
+
+void count_and_clear_flag_(Context& ctx, const Tensor& skipped, const Tensor& flag) {
+  ctx.call(count_and_clear_flag_op(), NoParams{}, {skipped, flag});
+}
+
+}  // namespace stepgraph::ops

@@ -72,6 +72,7 @@ struct Options {
   int timeout_s = 300;
   std::string fp8 = "none";  // none | current | delayed | block: FP8 GEMMs in every config's blocks
   bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
+  bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
   std::string out;
 };
 
@@ -114,6 +115,7 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"peak_tflops", kH100PeakTflops},
       {"fp8", options.fp8},
       {"fp8_weight_cache", options.fp8_weight_cache},
+      {"skip_nonfinite", options.skip_nonfinite},
       {"steps", options.steps},
       {"warmup", options.warmup},
       {"timing",
@@ -347,6 +349,7 @@ int run(const Options& options) {
   run_options.steps = options.steps;
   run_options.warmup = options.warmup;
   run_options.profile = options.profile;
+  run_options.skip_nonfinite = options.skip_nonfinite;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
   SG_CHECK(options.tp >= 0, "--tp must be the number of ranks (>= 1), got ", options.tp);
@@ -405,6 +408,9 @@ int main(int argc, char** argv) {
                  "not in MoE configs); MFU stays counted against the bf16 peak")
       ->check(CLI::IsMember({"none", "current", "delayed", "block"}))
       ->capture_default_str();
+  app.add_flag("--skip-nonfinite", options.skip_nonfinite,
+               "skip a step whose loss or gradients are not finite, on the device (the trainer's default): the "
+               "updates wait for the backward and run inside a CUDA conditional node");
   app.add_flag("--fp8-weight-cache", options.fp8_weight_cache,
                "with --fp8 current or delayed: each weight quantized once per optimizer step into persistent copies");
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");

@@ -147,6 +147,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   model_config.overlap = options.overlap;
   ResidualStack model(ctx, model_config, options.tensor_parallel);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
+  optimizer.set_skip_nonfinite(ctx, options.skip_nonfinite);
   const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
   SG_CHECK(config.tokens % tp == 0, "config ", config.name, ": tokens ", config.tokens, " must divide by --tp ", tp);
   // With attention, TrainStep's packing is `sequences` sequences of seq_len (tp is 1 then: ResidualStack refuses

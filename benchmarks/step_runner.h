@@ -79,6 +79,9 @@ struct StepRunOptions {
   std::uint32_t data_seed = 1;
   float lr = 1e-4f;
   float weight_decay = 0.01f;
+  // Skip non-finite steps on the device (Note [Non-finite steps] in
+  // layers/adamw.h): the updates wait for the backward, inside an IF node.
+  bool skip_nonfinite = false;
   // Before measuring, one untimed eager step of the config's first blocks
   // (every shape it has) in a throwaway Context (cuda only): kernel modules
   // load lazily and cuBLASLt's algorithms are timed on first use, so neither

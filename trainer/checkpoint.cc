@@ -327,6 +327,13 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
   return checkpoint;
 }
 
+bool has_tensor(const Checkpoint& checkpoint, std::string_view name) {
+  for (const CheckpointTensor& tensor : checkpoint.tensors) {
+    if (tensor.name == name) return true;
+  }
+  return false;
+}
+
 const CheckpointTensor& find_tensor(const Checkpoint& checkpoint, std::string_view name) {
   for (const CheckpointTensor& tensor : checkpoint.tensors) {
     if (tensor.name == name) return tensor;

@@ -51,6 +51,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path);
 
 // The tensor called `name`; Error(kIo) naming what is there when missing.
 const CheckpointTensor& find_tensor(const Checkpoint& checkpoint, std::string_view name);
+bool has_tensor(const Checkpoint& checkpoint, std::string_view name);
 
 // "F32", "BF16", ... and back; parse throws Error(kIo) for other names.
 std::string_view safetensors_dtype(DType dtype);

@@ -65,6 +65,11 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "FP8 GEMMs in the attention projections and MLPs: none, current, delayed (history 1024) or block "
                  "(1 x 128 / 128 x 128 scales); features and tokens must divide by 16 (block: 128)")
       ->check(CLI::IsMember({"none", "current", "delayed", "block"}));
+  bool skip_nonfinite = true;  // o.skip_nonfinite stays unset unless a flag was given
+  CLI::Option* skip_option = app.add_flag("--skip-nonfinite,!--no-skip-nonfinite", skip_nonfinite,
+               "skip a step whose loss or any gradient is NaN or infinite: checked on the device, the update inside "
+               "a CUDA conditional node, nothing read on the host (default on; off with --dp-mode zero1, which it "
+               "does not support)");
   app.add_flag("--fp8-weight-cache", o.fp8_weight_cache,
                "with --fp8 current or delayed: quantize each weight once per optimizer step, right after its update, "
                "into persistent FP8 copies (2 bytes a weight element; the same results)");
@@ -153,6 +158,7 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
     parsed.message = std::string("trainer: ") + error.what() + "\nRun with --help for the flags.";
     return parsed;
   }
+  if (skip_option->count() > 0) o.skip_nonfinite = skip_nonfinite;
   parsed.options = o;
   return parsed;
 }
@@ -225,6 +231,10 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
+  SG_CHECK(!(o.skip_nonfinite.value_or(false) && o.dp_mode == "zero1"),
+           "--skip-nonfinite with --dp-mode zero1: the sharded update's collectives cannot run inside the "
+           "conditional node that skips a step (NCCL #1986); use --dp-mode allreduce, or --no-skip-nonfinite");
+  if (!o.skip_nonfinite) o.skip_nonfinite = o.dp_mode != "zero1";
   SG_CHECK(!o.profile || o.mode == "graph", "--profile profiles the captured step: use it with --mode graph");
   SG_CHECK(o.ffn % o.tp == 0, "--ffn (", o.ffn, ") must divide by --tp (", o.tp, "): each rank holds ffn / tp of every block");
   MLPOverlap::parse(o.overlap);  // an Error naming the mode that does not fit

@@ -41,6 +41,10 @@ struct TrainerOptions {
   std::string dtype;            // bf16 | fp32; empty: the device's default
   std::string fp8 = "none";     // none | current | delayed | block: FP8 GEMMs in the blocks (Fp8Recipe)
   bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
+  // Skip a step whose loss or gradients are not finite, on the device (Note
+  // [Non-finite steps] in layers/adamw.h). Unset: on, but off with ZeRO-1
+  // (whose sharded update cannot run inside the conditional node).
+  std::optional<bool> skip_nonfinite;
   // 0 (or empty) below means "the device's default" until resolve_defaults.
   std::int64_t steps = 0;
   std::int64_t layers = -1;  // -1: default (0 blocks is a valid model)

@@ -207,6 +207,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const LanguageModelConfig config = model_config(o, data->vocab());
   LanguageModel model(ctx, config, tp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
+  optimizer.set_skip_nonfinite(ctx, o.skip_nonfinite.value_or(o.dp_mode != "zero1"));
   TrainStep step(ctx, model, optimizer, local_batch, dp_comm,
                  o.dp_mode == "zero1" ? DataParallelMode::kZero1 : DataParallelMode::kAllReduce);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
@@ -234,6 +235,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     out << fmt::format("lr schedule: {} (computed on the device from the step counter)\n",
                        optimizer.schedule()->to_string());
   }
+  out << (optimizer.skips_nonfinite()
+              ? std::string("non-finite steps: skipped on the device (a step whose loss or gradients are NaN or "
+                            "infinite changes nothing)\n")
+              : fmt::format("non-finite steps: not checked ({})\n",
+                            o.dp_mode == "zero1" ? "--dp-mode zero1 does not support the skip" : "--no-skip-nonfinite"));
   if (dp_comm != nullptr) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
                        local_batch * o.tp, o.dp_mode == "zero1" ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
@@ -370,9 +376,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         progress.clear();
         // With a schedule, the rate this step's update used (read from the device).
         const std::string rate = optimizer.schedule() ? fmt::format(" lr {:.3g}", optimizer.lr(ctx)) : "";
-        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}{}\n", s, loss,
+        const std::int64_t skipped = optimizer.skipped_steps(ctx);
+        const std::string skips = skipped > 0 ? fmt::format(" skipped {}", skipped) : "";
+        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}{}{}\n", s, loss,
                            static_cast<double>(tokens_per_step * interval_steps) / interval_seconds,
-                           interval_seconds * 1e3 / static_cast<double>(interval_steps), rate);
+                           interval_seconds * 1e3 / static_cast<double>(interval_steps), rate, skips);
         out.flush();
         interval_seconds = 0;
         interval_steps = 0;
@@ -401,6 +409,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   result.final_mean_loss = window.empty() ? 0.0 : window_sum / static_cast<double>(window.size());
   out << fmt::format("summary: {} steps, mean tokens/s {:.0f}, mean step_ms {:.3f}\n", steps_run,
                      result.mean_tokens_per_s, steps_run > 0 ? total_seconds * 1e3 / steps_run : 0.0);
+  if (optimizer.skips_nonfinite()) {
+    out << fmt::format("non-finite steps skipped: {} (their updates did not run)\n", optimizer.skipped_steps(ctx));
+  }
   if (config.model.fp8) {
     out << fmt::format("fp8: {} quantizations met a non-finite amax (their scales kept)\n",
                        model.non_finite_amaxes(ctx));

@@ -77,6 +77,9 @@ Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer
     out.tensors.push_back(to_checkpoint(ctx, name + ".adam_v", moments[i].v));
   }
   out.tensors.push_back(to_checkpoint(ctx, "adamw.step", optimizer.step_counter()));
+  if (optimizer.skips_nonfinite()) {
+    out.tensors.push_back(to_checkpoint(ctx, "adamw.skipped_steps", optimizer.skipped_counter()));
+  }
   return out;
 }
 
@@ -115,6 +118,10 @@ Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, 
     from_checkpoint(ctx, checkpoint, name + ".adam_v", moments[i].v);
   }
   from_checkpoint(ctx, checkpoint, "adamw.step", optimizer.step_counter());
+  // The tally of skipped steps goes on where the checkpoint kept one.
+  if (optimizer.skips_nonfinite() && has_tensor(checkpoint, "adamw.skipped_steps")) {
+    from_checkpoint(ctx, checkpoint, "adamw.skipped_steps", optimizer.skipped_counter());
+  }
   Progress progress;
   progress.step = static_cast<std::int64_t>(parse_count(checkpoint, kStepKey));
   progress.data_position = parse_count(checkpoint, kPositionKey);

@@ -141,6 +141,8 @@ TEST(TrainerHostTest, LogHasStepLinesAndASummary) {
   EXPECT_NE(text.find("pool: "), std::string::npos) << text;
   EXPECT_NE(text.find("capture+instantiate: "), std::string::npos) << text;
   EXPECT_NE(text.find("pool report: "), std::string::npos) << text;
+  EXPECT_NE(text.find("non-finite steps: skipped on the device"), std::string::npos) << text;
+  EXPECT_NE(text.find("non-finite steps skipped: 0 "), std::string::npos) << text;
   o.mode = "eager";
   std::ostringstream eager_log;
   train(o, Device::kHost, eager_log);
@@ -354,6 +356,18 @@ TEST(TrainerOptionsTest, BadFlagsGiveClearErrors) {
   expect_error([&] { resolved({"--lr", "1e-3", "--min-lr", "1e-2", "--lr-schedule", "cosine"}); },
                ErrorCode::kInvalidArgument, "--min-lr (0.01) must not exceed --lr");
   expect_error([&] { resolved({"--min-lr", "1e-4"}); }, ErrorCode::kInvalidArgument, "with --lr-schedule constant");
+  expect_error([&] { resolved({"--dp-mode", "zero1", "--skip-nonfinite"}); }, ErrorCode::kInvalidArgument,
+               "--skip-nonfinite with --dp-mode zero1");
+}
+
+TEST(TrainerOptionsTest, NonFiniteStepsAreSkippedByDefaultButNotWithZeroOne) {
+  auto resolved = [](std::vector<std::string> args) {
+    return resolve_defaults(*parse(std::move(args)).options, Device::kHost);
+  };
+  EXPECT_EQ(resolved({}).skip_nonfinite, std::optional<bool>(true));
+  EXPECT_EQ(resolved({"--no-skip-nonfinite"}).skip_nonfinite, std::optional<bool>(false));
+  EXPECT_EQ(resolved({"--skip-nonfinite"}).skip_nonfinite, std::optional<bool>(true));
+  EXPECT_EQ(resolved({"--dp-mode", "zero1"}).skip_nonfinite, std::optional<bool>(false));
 }
 
 TEST(TrainerOptionsTest, EveryFlagOfTheIssueParses) {

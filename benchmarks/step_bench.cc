@@ -73,6 +73,7 @@ struct Options {
   std::string fp8 = "none";  // none | current | delayed | block: FP8 GEMMs in every config's blocks
   bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
   bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
+  bool recompute_activation = false;  // ResidualStackConfig::recompute_activation
   std::string out;
 };
 
@@ -116,6 +117,7 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"fp8", options.fp8},
       {"fp8_weight_cache", options.fp8_weight_cache},
       {"skip_nonfinite", options.skip_nonfinite},
+      {"recompute_activation", options.recompute_activation},
       {"steps", options.steps},
       {"warmup", options.warmup},
       {"timing",
@@ -350,6 +352,7 @@ int run(const Options& options) {
   run_options.warmup = options.warmup;
   run_options.profile = options.profile;
   run_options.skip_nonfinite = options.skip_nonfinite;
+  run_options.recompute_activation = options.recompute_activation;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
   SG_CHECK(options.tp >= 0, "--tp must be the number of ranks (>= 1), got ", options.tp);
@@ -411,6 +414,8 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-nonfinite", options.skip_nonfinite,
                "skip a step whose loss or gradients are not finite, on the device (the trainer's default): the "
                "updates wait for the backward and run inside a CUDA conditional node");
+  app.add_flag("--recompute-activation", options.recompute_activation,
+               "dense blocks keep fc1's pre-activation only and compute GeLU again in the backward");
   app.add_flag("--fp8-weight-cache", options.fp8_weight_cache,
                "with --fp8 current or delayed: each weight quantized once per optimizer step into persistent copies");
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");

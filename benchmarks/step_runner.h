@@ -82,6 +82,8 @@ struct StepRunOptions {
   // Skip non-finite steps on the device (Note [Non-finite steps] in
   // layers/adamw.h): the updates wait for the backward, inside an IF node.
   bool skip_nonfinite = false;
+  // Dense blocks recompute GeLU in the backward (Note [Recomputed activation]).
+  bool recompute_activation = false;
   // Before measuring, one untimed eager step of the config's first blocks
   // (every shape it has) in a throwaway Context (cuda only): kernel modules
   // load lazily and cuBLASLt's algorithms are timed on first use, so neither

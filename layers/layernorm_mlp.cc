@@ -202,7 +202,7 @@ LayerNormMLP::Forward LayerNormMLP::forward(Context& ctx, const FwdArgs& args) c
   Forward out;
   out.y = tp_ != nullptr ? gemm_reduce_scatter(ctx, *tp_, act.shape().dim(0), config_.overlap.fc2_fprop, fc2)
                          : fc2(0, act.shape().dim(0));
-  out.saved = Saved{normed.saved, fc1_in, pre, act};
+  out.saved = Saved{normed.saved, fc1_in, pre, config_.recompute_activation ? Tensor() : act};
   return out;
 }
 
@@ -213,8 +213,10 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
   const std::int64_t all_tokens = tokens * tp_size();
   check_input(label_, "backward", "dy", args.dy, {tokens, config_.hidden}, config_.dtype, "the forward's output");
   if (config_.fp8) return backward_fp8(ctx, saved, args);
-  check_input(label_, "backward", "saved.act", saved.act, {all_tokens, local_ffn()}, config_.dtype,
-              "the forward's activation");
+  if (!config_.recompute_activation) {
+    check_input(label_, "backward", "saved.act", saved.act, {all_tokens, local_ffn()}, config_.dtype,
+                "the forward's activation");
+  }
   // The data-gradient chain (dy -> d_pre -> d_normed -> dx) stays on the
   // current stream; weight and bias gradients go to the weight-gradient
   // stream (WeightGradScope) and overlap it.
@@ -248,9 +250,11 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
   if (!d_pre.defined()) d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
   {
     WeightGradScope weight_grads(ctx);
+    // Note [Recomputed activation]: GeLU(pre) again, on this stream.
+    const Tensor act = config_.recompute_activation ? ops::gelu(ctx, saved.pre) : saved.act;
     // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB).
     const Tensor b2_grad =
-        ops::gemm_into_(ctx, w2_.grad, dy, saved.act,
+        ops::gemm_into_(ctx, w2_.grad, dy, act,
                         {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32});
     ops::copy_(ctx, b2_.grad, b2_grad);
     // fc1: grad_W1 = d_pre^T normed, with grad_b1 fused unless fc2's dgrad gave it.

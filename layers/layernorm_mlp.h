@@ -72,7 +72,24 @@ struct LayerNormMLPConfig {
   // the Linears instead: the same bits, a 16-bit tensor more written and read
   // per fused kernel.
   bool fp8_fused = true;
+  // 16-bit only: keep fc1's pre-activation but not GeLU's output, and
+  // compute GeLU again in the backward for fc2's weight gradient (Note
+  // [Recomputed activation]).
+  bool recompute_activation = false;
 };
+
+// Note [Recomputed activation]
+// fc2's weight gradient reads GeLU(pre), [tokens, ffn] in 16 bits: the
+// largest activation a block saves, with pre beside it (GeLU's derivative
+// reads pre). With recompute_activation the forward keeps pre only, and the
+// backward computes GeLU(pre) again on the weight-gradient stream right
+// before fc2's weight gradient, one block at a time: tokens x ffn x 2 bytes
+// less per block at the step's peak, for one GeLU pass per block. The
+// recomputed GeLU reads the 16-bit pre-activation where the forward's
+// epilogue read the fp32 sum, so fc2's weight gradient differs from the
+// saved one in the last bits of some elements, and training drifts from
+// the saving model by that much (losses within 1e-3 in tests); eager and
+// graph still agree bit for bit.
 
 class LayerNormMLP {
  public:
@@ -83,7 +100,7 @@ class LayerNormMLP {
     Norm::Saved norm;
     Tensor normed;  // fc1's input (FP8: undefined, fc1 keeps its FP8 copy)
     Tensor pre;     // fc1's output before GeLU (the epilogue's aux)
-    Tensor act;     // GeLU(pre): fc2's input (FP8: undefined, as normed)
+    Tensor act;     // GeLU(pre): fc2's input (FP8, recompute_activation: undefined)
     // FP8 only: what fc1's and fc2's Linears saved.
     Linear::Saved fc1;
     Linear::Saved fc2;

@@ -59,12 +59,10 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
                                                 config.fp8},
                                    seed, tensor_parallel);
     } else {
-      block.dense = std::make_unique<LayerNormMLP>(
-          ctx, name,
-          LayerNormMLPConfig{config.hidden, config.ffn, config.norm, config.eps, config.dtype, config.overlap,
-                             config.fp8},
-          seed,
-          tensor_parallel);
+      LayerNormMLPConfig mlp{config.hidden, config.ffn, config.norm, config.eps, config.dtype, config.overlap,
+                             config.fp8};
+      mlp.recompute_activation = config.recompute_activation;
+      block.dense = std::make_unique<LayerNormMLP>(ctx, name, mlp, seed, tensor_parallel);
     }
     blocks_.push_back(std::move(block));
   }

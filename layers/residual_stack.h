@@ -78,6 +78,9 @@ struct ResidualStackConfig {
   // the embedding, attention itself, the norms, the router and the head stay
   // 16-bit.
   std::optional<Fp8Recipe> fp8;
+  // The dense blocks keep fc1's pre-activation only and compute GeLU again
+  // in the backward (Note [Recomputed activation] in layers/layernorm_mlp.h).
+  bool recompute_activation = false;
 };
 
 class ResidualStack {

@@ -74,6 +74,7 @@ struct Options {
   bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
   bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
   bool recompute_activation = false;  // ResidualStackConfig::recompute_activation
+  float dropout = 0.0f;               // ResidualStackConfig::dropout
   std::string out;
 };
 
@@ -118,6 +119,7 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"fp8_weight_cache", options.fp8_weight_cache},
       {"skip_nonfinite", options.skip_nonfinite},
       {"recompute_activation", options.recompute_activation},
+      {"dropout", options.dropout},
       {"steps", options.steps},
       {"warmup", options.warmup},
       {"timing",
@@ -353,6 +355,7 @@ int run(const Options& options) {
   run_options.profile = options.profile;
   run_options.skip_nonfinite = options.skip_nonfinite;
   run_options.recompute_activation = options.recompute_activation;
+  run_options.dropout = options.dropout;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
   SG_CHECK(options.tp >= 0, "--tp must be the number of ranks (>= 1), got ", options.tp);
@@ -414,6 +417,8 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-nonfinite", options.skip_nonfinite,
                "skip a step whose loss or gradients are not finite, on the device (the trainer's default): the "
                "updates wait for the backward and run inside a CUDA conditional node");
+  app.add_option("--dropout", options.dropout, "dropout on the blocks' input and attention and MLP outputs")
+      ->check(CLI::Range(0.0, 0.99));
   app.add_flag("--recompute-activation", options.recompute_activation,
                "dense blocks keep fc1's pre-activation only and compute GeLU again in the backward");
   app.add_flag("--fp8-weight-cache", options.fp8_weight_cache,

@@ -146,6 +146,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   ResidualStackConfig model_config = config.model;
   model_config.overlap = options.overlap;
   model_config.recompute_activation = options.recompute_activation;
+  model_config.dropout = options.dropout;
   ResidualStack model(ctx, model_config, options.tensor_parallel);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
   optimizer.set_skip_nonfinite(ctx, options.skip_nonfinite);

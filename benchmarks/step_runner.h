@@ -84,6 +84,8 @@ struct StepRunOptions {
   bool skip_nonfinite = false;
   // Dense blocks recompute GeLU in the backward (Note [Recomputed activation]).
   bool recompute_activation = false;
+  // Dropout on the stack's input and every attention and MLP output.
+  float dropout = 0.0f;
   // Before measuring, one untimed eager step of the config's first blocks
   // (every shape it has) in a throwaway Context (cuda only): kernel modules
   // load lazily and cuBLASLt's algorithms are timed on first use, so neither

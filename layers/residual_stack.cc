@@ -1,12 +1,15 @@
 #include "layers/residual_stack.h"
 
+#include <cmath>
 #include <string>
 
 #include "engine/error.h"
 #include "layers/fp8_operand.h"
 #include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
+#include "kernels/dropout.h"
 #include "ops/collective_ops.h"
+#include "ops/dropout_ops.h"
 #include "ops/stream_ops.h"
 
 namespace stepgraph {
@@ -31,6 +34,15 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
              "] so that some block is an MoE block, got ", config.moe_every);
   }
   SG_CHECK(config.heads >= 0, "ResidualStack: heads must be >= 0 (0: no attention), got ", config.heads);
+  SG_CHECK(std::isfinite(config.dropout) && config.dropout >= 0.0f && config.dropout < 1.0f,
+           "ResidualStack: dropout must be in [0, 1), got ", config.dropout);
+  SG_CHECK_CODE(config.dropout == 0.0f || tensor_parallel == nullptr, ErrorCode::kUnsupported,
+                "ResidualStack: dropout (", config.dropout, ") is not supported with tensor parallelism yet");
+  if (config.dropout > 0.0f) {
+    rng_ = ctx.persistent("rng.state", {Shape{2}, DType::kInt64});
+    const std::int64_t initial[2] = {static_cast<std::int64_t>(config.seed) * 0x9E3779B97F4A7C15LL + 1, 0};
+    ctx.copy_from_host(rng_, initial, sizeof(initial));
+  }
   SG_CHECK_CODE(config.heads == 0 || tensor_parallel == nullptr, ErrorCode::kUnsupported,
            "ResidualStack: attention (heads = ", config.heads,
            ") is not supported with tensor parallelism yet; use data parallelism, or heads = 0");
@@ -126,6 +138,7 @@ std::vector<GroupedLinear*> ResidualStack::fp8_experts() const {
 
 std::vector<StateTensor> ResidualStack::state() const {
   std::vector<StateTensor> out = state_of(fp8_linears());
+  if (rng_.defined()) out.push_back({"rng.state", rng_});
   for (const GroupedLinear* experts : fp8_experts()) {
     for (StateTensor& t : experts->state()) out.push_back(std::move(t));
   }
@@ -142,12 +155,14 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, con
              "(heads = 0)");
   }
   Forward out;
-  Tensor h = x;
-  for (const Block& block : blocks_) {
+  Tensor h = dropout(ctx, x, 0);
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const Block& block = blocks_[i];
+    const auto site = static_cast<std::int64_t>(1 + 2 * i);  // attention's; the MLP's is the next
     BlockSaved saved;
     if (block.attention) {
       MultiheadAttention::Forward a = block.attention->forward(ctx, {h, cu_seqlens});
-      h = ops::residual_add(ctx, h, a.y);
+      h = ops::residual_add(ctx, h, dropout(ctx, a.y, site));
       saved.attention = std::move(a.saved);
     }
     Tensor y;
@@ -161,7 +176,7 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, con
       saved.mlp = std::move(f.saved);
     }
     out.saved.blocks.push_back(std::move(saved));
-    h = ops::residual_add(ctx, h, y);
+    h = ops::residual_add(ctx, h, dropout(ctx, y, site + 1));
   }
   const Norm::Forward normed = final_norm_->forward(ctx, {h});
   const VocabParallelHead::Forward logits = head_->forward(ctx, {normed.y});
@@ -203,13 +218,17 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
   for (std::size_t i = blocks_.size(); i-- > 0;) {
     const Block& block = blocks_[i];
     const BlockSaved& block_saved = saved.blocks[i];
-    const Tensor d_mlp = block.moe ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(block_saved.mlp), {dh})
-                                   : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(block_saved.mlp), {dh});
+    const auto site = static_cast<std::int64_t>(1 + 2 * i);
+    // A dropped output's gradient: the forward's mask applied to dh.
+    const Tensor d_mlp_out = dropout(ctx, dh, site + 1);
+    const Tensor d_mlp = block.moe
+                             ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(block_saved.mlp), {d_mlp_out})
+                             : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(block_saved.mlp), {d_mlp_out});
     dh = ops::residual_add(ctx, dh, d_mlp);
     if (block.attention) {
       SG_CHECK(block_saved.attention.has_value(), "ResidualStack backward: block ", i,
                " has attention but its saved state has none (a Saved from another stack?)");
-      const Tensor d_attention = block.attention->backward(ctx, *block_saved.attention, {dh});
+      const Tensor d_attention = block.attention->backward(ctx, *block_saved.attention, {dropout(ctx, dh, site)});
       dh = ops::residual_add(ctx, dh, d_attention);
     }
     done(i);
@@ -218,7 +237,15 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
     // (Note [Joining the weight-gradient stream] in ops/stream_ops.h).
     ops::order_after(ctx, i + 1 < blocks_.size() ? block_gradients(i + 1) : gradients_of(head_->parameters()));
   }
+  dh = dropout(ctx, dh, 0);
+  // The next step's numbers (Note [Dropout in a captured step]).
+  if (rng_.defined()) ops::rng_advance_(ctx, rng_, dropout_sites() * kernels::dropout_draws(dh.numel()));
   return dh;
+}
+
+Tensor ResidualStack::dropout(Context& ctx, const Tensor& x, std::int64_t site) const {
+  if (config_.dropout == 0.0f) return x;
+  return ops::dropout(ctx, x, rng_, {.p = config_.dropout, .offset = site * kernels::dropout_draws(x.numel())});
 }
 
 std::vector<Tensor> ResidualStack::block_gradients(std::size_t i) const {

@@ -81,7 +81,24 @@ struct ResidualStackConfig {
   // The dense blocks keep fc1's pre-activation only and compute GeLU again
   // in the backward (Note [Recomputed activation] in layers/layernorm_mlp.h).
   bool recompute_activation = false;
+  // The probability of dropping each element of the stack's input and of
+  // every attention and MLP output before its residual add (Note [Dropout
+  // in a captured step]); 0: no dropout ops at all.
+  float dropout = 0.0f;
 };
+
+// Note [Dropout in a captured step]
+// The generator is Philox (kernels/philox.h) with its state {seed, counter}
+// in a persistent int64 [2] tensor, rng_state(): every dropout op reads it
+// on the device, so one captured step draws new numbers at every replay.
+// The forward's dropout sites are numbered (the input, then each block's
+// attention and MLP outputs), each [tokens, hidden] taking D =
+// dropout_draws(tokens * hidden) draws at offset site * D past the counter;
+// the backward applies the same masks to the gradients by calling dropout
+// with the same offsets (nothing is saved), then advances the counter by
+// the step's draws. Eager and graph read the same state: the same bits. The
+// state is a StateTensor, so checkpoints resume the numbers exactly. Not
+// with tensor parallelism yet (an Error).
 
 class ResidualStack {
  public:
@@ -131,8 +148,11 @@ class ResidualStack {
 
   const ResidualStackConfig& config() const { return config_; }
   std::vector<Parameter*> parameters();
-  // Every block's FP8 scaling state (StateTensor): for checkpoints.
+  // Every block's FP8 scaling state and the dropout generator's state
+  // (StateTensor): for checkpoints.
   std::vector<StateTensor> state() const;
+  // The dropout generator's {seed, counter}, int64 [2] (undefined without dropout).
+  const Tensor& rng_state() const { return rng_; }
   // FP8: the quantizations of every block that met a non-finite amax, over
   // every step so far (one counter the blocks share); 0 without FP8.
   std::int64_t non_finite_amaxes(Context& ctx) const;
@@ -161,6 +181,10 @@ class ResidualStack {
   std::vector<GroupedLinear*> fp8_experts() const;  // every MoE block's FP8 expert layers
   std::vector<Tensor> block_gradients(std::size_t i) const;  // block i's parameters' gradients
   Tensor fp8_non_finite_;  // FP8: the counter every block's Linears share
+  Tensor rng_;             // dropout's {seed, counter}
+  // Dropout site `site` of a step over `tokens` rows (Note [Dropout in a captured step]).
+  Tensor dropout(Context& ctx, const Tensor& x, std::int64_t site) const;
+  std::int64_t dropout_sites() const { return 1 + 2 * static_cast<std::int64_t>(blocks_.size()); }
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<VocabParallelHead> head_;
 };

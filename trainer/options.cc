@@ -65,6 +65,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "FP8 GEMMs in the attention projections and MLPs: none, current, delayed (history 1024) or block "
                  "(1 x 128 / 128 x 128 scales); features and tokens must divide by 16 (block: 128)")
       ->check(CLI::IsMember({"none", "current", "delayed", "block"}));
+  app.add_option("--dropout", o.dropout,
+                 "the probability of dropping each element of the blocks' input and of every attention and MLP "
+                 "output (0: none); the generator's state lives on the device and in checkpoints")
+      ->check(CLI::Range(0.0, 0.99));
   bool skip_nonfinite = true;  // o.skip_nonfinite stays unset unless a flag was given
   CLI::Option* skip_option = app.add_flag("--skip-nonfinite,!--no-skip-nonfinite", skip_nonfinite,
                "skip a step whose loss or any gradient is NaN or infinite: checked on the device, the update inside "
@@ -231,6 +235,7 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
+  SG_CHECK(o.dropout == 0 || o.tp == 1, "--dropout with --tp ", o.tp, ": dropout is not tensor-parallel yet");
   SG_CHECK(!(o.skip_nonfinite.value_or(false) && o.dp_mode == "zero1"),
            "--skip-nonfinite with --dp-mode zero1: the sharded update's collectives cannot run inside the "
            "conditional node that skips a step (NCCL #1986); use --dp-mode allreduce, or --no-skip-nonfinite");

@@ -45,6 +45,9 @@ struct TrainerOptions {
   // [Non-finite steps] in layers/adamw.h). Unset: on, but off with ZeRO-1
   // (whose sharded update cannot run inside the conditional node).
   std::optional<bool> skip_nonfinite;
+  // Dropout on the stack's input and every attention and MLP output (Note
+  // [Dropout in a captured step] in layers/residual_stack.h); 0: none.
+  double dropout = 0;
   // 0 (or empty) below means "the device's default" until resolve_defaults.
   std::int64_t steps = 0;
   std::int64_t layers = -1;  // -1: default (0 blocks is a valid model)

@@ -62,6 +62,7 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   config.model.topk = o.topk;
   config.model.heads = o.heads;
   config.model.kv_heads = o.kv_heads;
+  config.model.dropout = static_cast<float>(o.dropout);
   if (o.fp8 != "none") {
     config.model.fp8 = Fp8Recipe::of(parse_fp8_scaling(o.fp8));
     config.model.fp8->cache_weights = o.fp8_weight_cache;
@@ -96,6 +97,7 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
   if (const std::optional<kernels::LrSchedule> schedule = lr_schedule_of(o)) {
     config["config.lr-schedule"] = schedule->to_string();
   }
+  if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
   return config;
 }
 
@@ -230,6 +232,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     out << fmt::format("fp8: the attention projections and MLPs' GEMMs{} in FP8, recipe {}\n",
                        config.model.experts > 0 ? " (the experts' grouped products too)" : "",
                        config.model.fp8->to_string());
+  }
+  if (o.dropout > 0) {
+    out << fmt::format("dropout: {} on the stack's input and every attention and MLP output (Philox, its state on "
+                       "the device and in checkpoints)\n",
+                       o.dropout);
   }
   if (optimizer.schedule()) {
     out << fmt::format("lr schedule: {} (computed on the device from the step counter)\n",

@@ -173,7 +173,7 @@ int run(int repeats, const std::string& out_path) {
       tensor.m = static_cast<float*>(make(kNumel * 4));
       tensor.v = static_cast<float*>(make(kNumel * 4));
       SG_CUDA_CHECK(cudaMemsetAsync(tensor.v, 0, kNumel * 4, stream.get()));  // second moments start at 0
-      tensor.bf16_copy = make(kNumel * 2);  // written, never read: its contents do not matter
+      tensor.copy = make(kNumel * 2);  // written, never read: its contents do not matter
       tensor.numel = kNumel;
       tensors.push_back(tensor);
     }

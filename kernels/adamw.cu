@@ -4,7 +4,7 @@
 // Note [AdamW launch table]
 // The table is a host-built blob, uploaded once:
 //   TableHeader  {tensor_count, chunk_count}
-//   TableTensor  tensor_count x {weight, grad, m, v, bf16_copy, numel}
+//   TableTensor  tensor_count x {weight, grad, m, v, copy, numel, copy_is_fp16}
 //   TableChunk   chunk_count x {tensor, chunk}: chunk c of tensor i covers
 //                elements [c * kChunk, min((c + 1) * kChunk, numel)).
 // Block b takes chunk b (and b + gridDim.x, ... should the grid be smaller
@@ -17,6 +17,7 @@
 // multiples of kChunk, so 16-byte aligned tensors keep every vector aligned;
 // build_adamw_table rejects others.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,8 +48,10 @@ struct TableTensor {
   const float* grad;
   float* m;
   float* v;
-  __nv_bfloat16* bf16_copy;
+  void* copy;  // __nv_bfloat16, or __half where copy_is_fp16
   std::int64_t numel;
+  std::int64_t copy_is_fp16;
+  std::int64_t padding;  // 16-byte entries
 };
 
 struct TableChunk {
@@ -118,6 +121,24 @@ __device__ __forceinline__ void store8(float* pointer, const float (&in)[kElemen
 }
 
 static_assert(Vec16<__nv_bfloat16>::kCount == kElementsPerThread, "one bf16 vector per 8 elements");
+static_assert(Vec16<__half>::kCount == kElementsPerThread, "one fp16 vector per 8 elements");
+
+// The model-dtype copy of 8 updated weights at element i, or of one.
+__device__ __forceinline__ void store_copy(const TableTensor& tensor, std::int64_t i,
+                                           const float (&w)[kElementsPerThread]) {
+  if (tensor.copy_is_fp16) {
+    store16(static_cast<__half*>(tensor.copy) + i, Vec16<__half>::from_float(w));
+  } else {
+    store16(static_cast<__nv_bfloat16*>(tensor.copy) + i, Vec16<__nv_bfloat16>::from_float(w));
+  }
+}
+__device__ __forceinline__ void store_copy(const TableTensor& tensor, std::int64_t i, float w) {
+  if (tensor.copy_is_fp16) {
+    static_cast<__half*>(tensor.copy)[i] = __float2half_rn(w);
+  } else {
+    static_cast<__nv_bfloat16*>(tensor.copy)[i] = __float2bfloat16_rn(w);
+  }
+}
 
 __global__ void __launch_bounds__(kThreadsPerBlock)
     adamw_kernel(const std::byte* __restrict__ table, const std::int64_t* __restrict__ step,
@@ -148,7 +169,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       store8(tensor.weight + i, w);
       store8(tensor.m + i, m);
       store8(tensor.v + i, v);
-      if (tensor.bf16_copy != nullptr) store16(tensor.bf16_copy + i, Vec16<__nv_bfloat16>::from_float(w));
+      if (tensor.copy != nullptr) store_copy(tensor, i, w);
     }
     for (std::int64_t i = vector_end + tid; i < end; i += blockDim.x) {  // numel % 8 elements at most
       float w = tensor.weight[i];
@@ -158,7 +179,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       tensor.weight[i] = w;
       tensor.m[i] = m;
       tensor.v[i] = v;
-      if (tensor.bf16_copy != nullptr) tensor.bf16_copy[i] = __float2bfloat16_rn(w);
+      if (tensor.copy != nullptr) store_copy(tensor, i, w);
     }
   }
 }
@@ -212,8 +233,8 @@ void check_tensors(const std::vector<AdamWTensor>& tensors) {
       SG_CHECK(is_aligned16(pointer), "adamw: tensor ", i, " has weight, grad, m or v at ", pointer,
                ", not 16-byte aligned; allocate parameter state 16-byte aligned (pool offsets are)");
     }
-    SG_CHECK(t.bf16_copy == nullptr || is_aligned16(t.bf16_copy), "adamw: tensor ", i, " has its bf16 copy at ",
-             t.bf16_copy, ", not 16-byte aligned; allocate it 16-byte aligned or pass none");
+    SG_CHECK(t.copy == nullptr || is_aligned16(t.copy), "adamw: tensor ", i, " has its copy at ", t.copy,
+             ", not 16-byte aligned; allocate it 16-byte aligned or pass none");
   }
 }
 
@@ -248,7 +269,7 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
   std::memcpy(out, &header, sizeof(header));
   out += sizeof(header);
   for (const AdamWTensor& t : tensors) {
-    const TableTensor entry{t.weight, t.grad, t.m, t.v, static_cast<__nv_bfloat16*>(t.bf16_copy), t.numel};
+    const TableTensor entry{t.weight, t.grad, t.m, t.v, t.copy, t.numel, t.copy_is_fp16 ? 1 : 0, 0};
     std::memcpy(out, &entry, sizeof(entry));
     out += sizeof(entry);
   }

@@ -7,7 +7,7 @@
 // a replayed graph needs nothing from the host. For each element:
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w = w - lr (m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay w)
-//   bf16_copy = bf16(w)
+//   copy = bf16(w) or fp16(w)
 // in fp32, with the bias corrections 1 - beta^t = -expm1(t log1p(beta - 1))
 // (accurate for small t, exactly 1 in the limit of large t).
 #pragma once
@@ -34,8 +34,9 @@ struct AdamWTensor {
   const float* grad = nullptr;
   float* m = nullptr;
   float* v = nullptr;
-  void* bf16_copy = nullptr;  // __nv_bfloat16*, optional
+  void* copy = nullptr;  // the model-dtype copy of w, optional
   std::int64_t numel = 0;
+  bool copy_is_fp16 = false;  // the copy is fp16 (else bf16)
 };
 
 // lr, eps, weight_decay >= 0 and betas in [0, 1), all finite; else Error.
@@ -46,7 +47,7 @@ void check_adamw_hyper(const AdamWHyper& hyper);
 // replays with fixed pointers. It lists the tensors and their fixed-size
 // chunks; each block of the kernel takes one chunk. Tensors may be empty
 // (null pointers allowed); the others need weight, grad, m, v and the
-// optional bf16_copy 16-byte aligned, else Error (no scalar fallback).
+// optional copy 16-byte aligned, else Error (no scalar fallback).
 std::size_t adamw_table_bytes(const std::vector<AdamWTensor>& tensors);
 // Writes the table into host memory `table_host` (adamw_table_bytes of it);
 // the caller copies it to `table_device` (16-byte aligned) before the first

@@ -45,7 +45,7 @@ void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std
   const float bias_second = -std::expm1(steps * std::log1p(hyper.beta2 - 1.0f));
 
   for (const AdamWTensor& t : tensors) {
-    auto* copy = static_cast<std::uint16_t*>(t.bf16_copy);
+    auto* copy = static_cast<std::uint16_t*>(t.copy);
     for (std::int64_t i = 0; i < t.numel; ++i) {
       const float g = t.grad[i];
       float w = t.weight[i];
@@ -58,7 +58,7 @@ void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std
       t.weight[i] = w;
       t.m[i] = m;
       t.v[i] = v;
-      if (copy != nullptr) copy[i] = float_to_bf16(w);
+      if (copy != nullptr) copy[i] = t.copy_is_fp16 ? float_to_fp16(w) : float_to_bf16(w);
     }
   }
   if (advance_step) *step = t_step;

@@ -58,8 +58,11 @@ AdamW::Update AdamW::make_update(Context& ctx, const std::vector<UpdateTensors>&
     if (has_copy) update.tensors.push_back(e.copy);
     update.params.has_copy.push_back(has_copy);
     update.params.total_numel += e.master.meta().numel();
+    SG_CHECK(!has_copy || e.copy.dtype() == DType::kBFloat16 || e.copy.dtype() == DType::kFloat16,
+             "AdamW: the model-dtype copy of a parameter must be bf16 or fp16, got ", dtype_name(e.copy.dtype()));
     table_entries.push_back({e.master.data_as<float>(), e.grad.data_as<float>(), e.m.data_as<float>(),
-                             e.v.data_as<float>(), has_copy ? e.copy.data() : nullptr, e.master.meta().numel()});
+                             e.v.data_as<float>(), has_copy ? e.copy.data() : nullptr, e.master.meta().numel(),
+                             has_copy && e.copy.dtype() == DType::kFloat16});
   }
   const std::size_t table_bytes = kernels::adamw_table_bytes(table_entries);
   const auto words = static_cast<std::int64_t>((table_bytes + 7) / 8);

@@ -80,7 +80,8 @@ std::vector<kernels::AdamWTensor> tensors_of(const AdamWParams& p, const KernelA
     const std::size_t m = masters[t];
     out.push_back({static_cast<float*>(a.inputs[m]), static_cast<const float*>(a.inputs[m + 1]),
                    static_cast<float*>(a.inputs[m + 2]), static_cast<float*>(a.inputs[m + 3]),
-                   p.has_copy[t] ? a.inputs[m + 4] : nullptr, a.input_metas[m].numel()});
+                   p.has_copy[t] ? a.inputs[m + 4] : nullptr, a.input_metas[m].numel(),
+                   p.has_copy[t] && a.input_metas[m + 4].dtype == DType::kFloat16});
   }
   return out;
 }

@@ -48,6 +48,7 @@ struct Layout {
   std::int64_t f32_total = 0;
   std::int64_t bf16_total = 0;
   std::int64_t total_numel = 0;
+  bool fp16 = false;  // the copies are fp16 (else bf16)
 
   Layout(std::vector<std::int64_t> sizes, const std::vector<bool>& has_copy) : numel(std::move(sizes)) {
     for (std::size_t i = 0; i < numel.size(); ++i) {
@@ -70,10 +71,12 @@ struct Layout {
     std::vector<AdamWTensor> out;
     for (std::size_t i = 0; i < numel.size(); ++i) {
       out.push_back({w + f32_offset[i], g + f32_offset[i], m + f32_offset[i], v + f32_offset[i],
-                     bf16_offset[i] >= 0 ? copy + bf16_offset[i] : nullptr, numel[i]});
+                     bf16_offset[i] >= 0 ? copy + bf16_offset[i] : nullptr, numel[i], fp16});
     }
     return out;
   }
+  // The copy's bits of w.
+  std::uint16_t copy_of(float w) const { return fp16 ? float_to_fp16(w) : float_to_bf16(w); }
 };
 
 struct State {
@@ -140,8 +143,9 @@ std::vector<float> to_floats(const std::vector<double>& x, std::int64_t offset, 
   return {x.begin() + offset, x.begin() + offset + n};
 }
 
-void expect_host_matches_double(const AdamWHyper& hyper, std::int64_t first_step, int steps) {
-  const Layout layout({1, 7, 0, 33, 100}, {true, false, true, true, false});
+void expect_host_matches_double(const AdamWHyper& hyper, std::int64_t first_step, int steps, bool fp16 = false) {
+  Layout layout({1, 7, 0, 33, 100}, {true, false, true, true, false});
+  layout.fp16 = fp16;
   testing::SeededRng rng;
   const State start = [&] {
     State s = initial_state(layout, rng);
@@ -177,7 +181,7 @@ void expect_host_matches_double(const AdamWHyper& hyper, std::int64_t first_step
     EXPECT_LE(relative_error(region(got.v, offset, n), to_floats(want.v, offset, n)), 1e-6) << "v of tensor " << i;
     if (layout.bf16_offset[i] < 0) continue;
     for (std::int64_t j = 0; j < n; ++j) {
-      ASSERT_EQ(got.copy[layout.bf16_offset[i] + j], float_to_bf16(got.w[offset + j])) << "copy of tensor " << i;
+      ASSERT_EQ(got.copy[layout.bf16_offset[i] + j], layout.copy_of(got.w[offset + j])) << "copy of tensor " << i;
     }
   }
   for (std::int64_t i = 0; i < layout.f32_total; ++i) {
@@ -196,6 +200,10 @@ class AdamWHost : public ::testing::TestWithParam<HyperCase> {};
 
 TEST_P(AdamWHost, Fp32_Sizes1_7_0_33_100_ThreeSteps_MatchDoubleAdamW) {
   expect_host_matches_double(GetParam().hyper, /*first_step=*/0, /*steps=*/3);
+}
+
+TEST_P(AdamWHost, Fp16Copies_Sizes1_7_0_33_100_ThreeSteps_MatchDoubleAdamW) {
+  expect_host_matches_double(GetParam().hyper, /*first_step=*/0, /*steps=*/3, /*fp16=*/true);
 }
 
 TEST_P(AdamWHost, Fp32_StepCounterNear1e9_BiasCorrectionsOfOne_MatchDoubleAdamW) {
@@ -253,7 +261,7 @@ TEST(AdamWTable, MisalignedOrNullPointers_AreErrors_EmptyTensorsAreFine) {
   expect_invalid_argument([&] { build({w + 1, g, m, v, nullptr, 8}); }, "not 16-byte aligned");
   expect_invalid_argument([&] { build({w, g + 2, m, v, nullptr, 8}); }, "not 16-byte aligned");
   expect_invalid_argument([&] { build({w, g, m, v + 3, nullptr, 8}); }, "not 16-byte aligned");
-  expect_invalid_argument([&] { build({w, g, m, v, copy + 4, 8}); }, "bf16 copy");
+  expect_invalid_argument([&] { build({w, g, m, v, copy + 4, 8}); }, "its copy");
   expect_invalid_argument([&] { build({w, g, nullptr, v, nullptr, 8}); }, "null");
   expect_invalid_argument([&] { build({w, g, m, v, nullptr, -5}); }, "numel");
   expect_invalid_argument([&] { build_adamw_table({fine}, nullptr); }, "table_host");
@@ -359,8 +367,8 @@ void expect_device_matches_host(const Layout& layout, const State& got, const St
     EXPECT_LE(relative_error(region(got.v, offset, n), region(want.v, offset, n)), 1e-6) << "v of " << what;
     if (layout.bf16_offset[i] < 0) continue;
     std::int64_t bad = 0;
-    for (std::int64_t j = 0; j < n; ++j) bad += got.copy[layout.bf16_offset[i] + j] != float_to_bf16(got.w[offset + j]);
-    EXPECT_EQ(bad, 0) << "bf16 copy elements of " << what << " that are not bf16(w)";
+    for (std::int64_t j = 0; j < n; ++j) bad += got.copy[layout.bf16_offset[i] + j] != layout.copy_of(got.w[offset + j]);
+    EXPECT_EQ(bad, 0) << "copy elements of " << what << " that are not " << (layout.fp16 ? "fp16" : "bf16") << "(w)";
   }
   std::int64_t gaps_written = 0;
   for (std::int64_t i = 0; i < layout.f32_total; ++i) {
@@ -394,6 +402,19 @@ TEST(AdamWDevice, Fp32_Sizes1_7_0_4097_1M_Packed_OneLaunch_FiveSteps_MatchHost_D
   const State again = run_device(kTypical, layout, start, grads);
   EXPECT_TRUE(got.w == again.w && got.m == again.m && got.v == again.v && got.copy == again.copy)
       << "two runs from the same state differ";
+}
+
+// fp16 parameters' copies are fp16 bits (a bf16 copy written into fp16
+// storage would be another number), on the device as on the host.
+TEST(AdamWDevice, Fp16Copies_Sizes1_7_4097_ThreeSteps_MatchHost) {
+  SG_SKIP_WITHOUT_GPU();
+  Layout layout({1, 7, 4097}, {true, false, true});
+  layout.fp16 = true;
+  testing::SeededRng rng;
+  const State start = initial_state(layout, rng);
+  const auto grads = random_grads(layout, 3, rng);
+  expect_device_matches_host(layout, run_device(kTypical, layout, start, grads),
+                             run_host(kTypical, layout, start, grads));
 }
 
 TEST(AdamWDevice, Fp32_Sizes7_4097_CapturedStep_ReplayedFiveTimes_AdvancesStepAndMatchesHost) {

@@ -140,23 +140,32 @@ __device__ __forceinline__ void store_copy(const TableTensor& tensor, std::int64
   }
 }
 
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    adamw_kernel(const std::byte* __restrict__ table, const std::int64_t* __restrict__ step,
-                 const float* __restrict__ lr_device, AdamWConstants c) {
+// body(tensor, begin, end, vector_end) for each chunk of the table this
+// block takes (Note [AdamW launch table]): elements [begin, end) of the
+// tensor, the 8-element vectors ending at vector_end.
+template <typename Body>
+__device__ __forceinline__ void for_each_chunk(const std::byte* table, Body&& body) {
   const auto header = *reinterpret_cast<const TableHeader*>(table);
   const auto* tensors = reinterpret_cast<const TableTensor*>(table + sizeof(TableHeader));
   const auto* chunks = reinterpret_cast<const TableChunk*>(tensors + header.tensor_count);
-  const BiasCorrections bias = bias_corrections(c, *step + 1);
-  const float lr = lr_device != nullptr ? *lr_device : c.lr;
-  const int tid = threadIdx.x;
-
   for (std::int64_t index = blockIdx.x; index < header.chunk_count; index += gridDim.x) {
     const TableChunk chunk = chunks[index];
     const TableTensor tensor = tensors[chunk.tensor];
     const std::int64_t begin = chunk.chunk * kChunk;
     const std::int64_t end = std::min(begin + kChunk, tensor.numel);
-    const std::int64_t vector_end = begin + (end - begin) / kElementsPerThread * kElementsPerThread;
+    body(tensor, begin, end, begin + (end - begin) / kElementsPerThread * kElementsPerThread);
+  }
+}
 
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    adamw_kernel(const std::byte* __restrict__ table, const std::int64_t* __restrict__ step,
+                 const float* __restrict__ lr_device, AdamWConstants c) {
+  const BiasCorrections bias = bias_corrections(c, *step + 1);
+  const float lr = lr_device != nullptr ? *lr_device : c.lr;
+  const int tid = threadIdx.x;
+
+  for_each_chunk(table, [&](const TableTensor& tensor, std::int64_t begin, std::int64_t end,
+                            std::int64_t vector_end) {
     for (std::int64_t i = begin + tid * kElementsPerThread; i < vector_end;
          i += static_cast<std::int64_t>(blockDim.x) * kElementsPerThread) {
       float w[kElementsPerThread], g[kElementsPerThread], m[kElementsPerThread], v[kElementsPerThread];
@@ -181,23 +190,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       tensor.v[i] = v;
       if (tensor.copy != nullptr) store_copy(tensor, i, w);
     }
-  }
+  });
 }
 
 // One block per chunk, as the update; a block that finds a non-finite
 // gradient sets the flag (the same value from any block: no race matters).
 __global__ void __launch_bounds__(kThreadsPerBlock)
     adamw_flag_nonfinite_kernel(const std::byte* __restrict__ table, std::int32_t* flag) {
-  const auto header = *reinterpret_cast<const TableHeader*>(table);
-  const auto* tensors = reinterpret_cast<const TableTensor*>(table + sizeof(TableHeader));
-  const auto* chunks = reinterpret_cast<const TableChunk*>(tensors + header.tensor_count);
   bool bad = false;
-  for (std::int64_t index = blockIdx.x; index < header.chunk_count; index += gridDim.x) {
-    const TableChunk chunk = chunks[index];
-    const TableTensor tensor = tensors[chunk.tensor];
-    const std::int64_t begin = chunk.chunk * kChunk;
-    const std::int64_t end = std::min(begin + kChunk, tensor.numel);
-    const std::int64_t vector_end = begin + (end - begin) / kElementsPerThread * kElementsPerThread;
+  for_each_chunk(table, [&](const TableTensor& tensor, std::int64_t begin, std::int64_t end,
+                            std::int64_t vector_end) {
     for (std::int64_t i = begin + threadIdx.x * kElementsPerThread; i < vector_end;
          i += static_cast<std::int64_t>(blockDim.x) * kElementsPerThread) {
       float g[kElementsPerThread];
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       for (int k = 0; k < kElementsPerThread; ++k) bad |= !isfinite(g[k]);
     }
     for (std::int64_t i = vector_end + threadIdx.x; i < end; i += blockDim.x) bad |= !isfinite(tensor.grad[i]);
-  }
+  });
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 

@@ -85,6 +85,18 @@ Ordering order(const Program& program) {
       }
     }
 
+    // Stream 0 waits for every side stream's work so far, except where it
+    // already did through a data dependency: before a conditional body, and
+    // at the segment's end (a captured graph must end joined).
+    auto join_side_streams = [&] {
+      for (int side = 1; side < stream_count; ++side) {
+        if (!used[side] || stream_order.order_after(0, side).empty()) continue;
+        const std::int32_t event = out.event_count++;
+        entries.push_back(record(event, side));
+        entries.push_back(wait_on(event, 0));
+      }
+    };
+
     bool in_body = false;
     for (std::int32_t index = segment.begin; index < segment.end; ++index) {
       const Instruction& instruction = instructions[index];
@@ -94,13 +106,7 @@ Ordering order(const Program& program) {
       if (is_if_zero_begin(instruction)) {
         SG_CHECK_CODE(!in_body && instruction.stream == 0, ErrorCode::kInternal, "malformed conditional body at ",
                       index);
-        // Every side stream joins stream 0 first: the body holds no waits.
-        for (int side = 1; side < stream_count; ++side) {
-          if (!used[side] || stream_order.order_after(0, side).empty()) continue;
-          const std::int32_t event = out.event_count++;
-          entries.push_back(record(event, side));
-          entries.push_back(wait_on(event, 0));
-        }
+        join_side_streams();  // the body holds no waits
         kind = ScheduleEntry::Kind::kIfZeroBegin;
         in_body = true;
       } else if (is_if_end(instruction)) {
@@ -126,12 +132,7 @@ Ordering order(const Program& program) {
 
     // Joins, except where stream 0 already waited for all of a side stream's
     // work through a data dependency.
-    for (int side = 1; side < stream_count; ++side) {
-      if (!used[side] || stream_order.order_after(0, side).empty()) continue;
-      const std::int32_t event = out.event_count++;
-      entries.push_back(record(event, side));
-      entries.push_back(wait_on(event, 0));
-    }
+    join_side_streams();
 
     SG_CHECK_CODE(!in_body, ErrorCode::kInternal, "a conditional body runs past the end of segment ", segment.name);
 

@@ -67,7 +67,8 @@ struct Options {
   int dp = 0;  // 0: the single-GPU benchmark; N: data-parallel rows over N ranks
   int tp = 0;  // N: tensor-parallel rows over N ranks (Note [Tensor-parallel rows])
   std::string overlap = "bulk";
-  bool profile = false;  // --dp/--tp: one profiled step per graphed row
+  bool profile = false;  // one profiled step per graphed row
+  bool cuda_profiler_range = false;  // one graphed replay between cudaProfilerStart and Stop
   std::string dp_mode = "allreduce";
   int timeout_s = 300;
   std::string fp8 = "none";  // none | current | delayed | block: FP8 GEMMs in every config's blocks
@@ -84,6 +85,24 @@ std::string describe_device(Device device, int index = 0) {
   SG_CHECK_CODE(found.count > 0, ErrorCode::kNoDevice, found.no_device_reason,
                 "; step_bench --device host --configs tiny runs the host smoke config");
   return describe(device_properties(index));
+}
+
+// --profile: each profiled row's summary and its largest ops by summed time
+// (the JSON holds the whole profile, every op in schedule order).
+void print_profile_summaries(const nlohmann::json& c) {
+  constexpr int kTopOps = 15;
+  for (const nlohmann::json& s : c["systems"]) {
+    if (!s.contains("profile")) continue;
+    std::istringstream text(s["profile"].get<std::string>());
+    std::string row;
+    std::printf("  %s ", s["system"].get<std::string>().c_str());
+    int op_rows = -1;  // counts from the by-op header
+    while (std::getline(text, row) && row != "  in schedule order:" && op_rows < kTopOps) {
+      std::printf("%s\n", row.c_str());
+      if (op_rows >= 0 || row.rfind("  by op", 0) == 0) ++op_rows;
+    }
+  }
+  std::fflush(stdout);
 }
 
 void print_line(const nlohmann::json& c) {
@@ -105,7 +124,7 @@ void print_line(const nlohmann::json& c) {
       g["capture_ms"]["capture_plus_instantiate"].get<double>(), e["peak_bytes"].get<double>() / (1 << 20),
       g["peak_bytes"].get<double>() / (1 << 20), c["loss_check"]["steps"].get<int>(),
       c["loss_check"]["identical"].get<bool>() ? "identical" : "DIFFER");
-  std::fflush(stdout);
+  print_profile_summaries(c);
 }
 
 // The top of the JSON, shared by the single-GPU and the data-parallel runs.
@@ -205,15 +224,7 @@ void print_parallel_line(const nlohmann::json& c) {
     }
   }
   std::printf("%s\n", line.str().c_str());
-  // --profile: each profiled row's summary (the JSON holds every op).
-  for (const nlohmann::json& s : c["systems"]) {
-    if (!s.contains("profile")) continue;
-    std::istringstream text(s["profile"].get<std::string>());
-    std::string row;
-    std::printf("  %s ", s["system"].get<std::string>().c_str());
-    for (int i = 0; i < 8 && std::getline(text, row) && row.rfind("  [", 0) != 0; ++i) std::printf("%s\n", row.c_str());
-  }
-  std::fflush(stdout);
+  print_profile_summaries(c);
 }
 
 // Whether the parallel rows' first losses disagree: the data-parallel loss
@@ -353,6 +364,7 @@ int run(const Options& options) {
   run_options.steps = options.steps;
   run_options.warmup = options.warmup;
   run_options.profile = options.profile;
+  run_options.cuda_profiler_range = options.cuda_profiler_range;
   run_options.skip_nonfinite = options.skip_nonfinite;
   run_options.recompute_activation = options.recompute_activation;
   run_options.dropout = options.dropout;
@@ -403,8 +415,11 @@ int main(int argc, char** argv) {
   app.add_option("--overlap", options.overlap, "with --tp: none, bulk, overlap, or four modes (trainer/README.md)")
       ->capture_default_str();
   app.add_flag("--profile", options.profile,
-               "with --dp or --tp: after each graphed row, one profiled step (each stream's busy time, the exposed "
-               "communication; every op in the JSON)");
+               "after each graphed row, one profiled step: each stream's busy time, the exposed communication, the "
+               "largest ops by summed time with their share of the step (every op in the JSON)");
+  app.add_flag("--cuda-profiler-range", options.cuda_profiler_range,
+               "after each graphed row's timed steps, one replay between cudaProfilerStart and cudaProfilerStop: "
+               "ncu --profile-from-start off (or nsys --capture-range=cudaProfilerApi) then sees that step alone");
   app.add_option("--dp-mode", options.dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
       ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")

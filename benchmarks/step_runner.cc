@@ -202,6 +202,12 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   r.pipelined_step_us = microseconds_since(start) / options.steps;
 
   if (options.profile && captured) r.profile = captured->profile().to_string();
+  if (options.cuda_profiler_range && captured) {
+    cuda_profiler_start();
+    loss = run_one();
+    ctx.synchronize();
+    cuda_profiler_stop();
+  }
   r.final_loss = read_loss(ctx, loss);
   SG_CHECK_CODE(std::isfinite(r.final_loss), ErrorCode::kInternal, "config ", config.name, ": the loss after ",
                 options.warmup + 2 * options.steps, " steps is not finite (", r.final_loss, ")");
@@ -262,6 +268,7 @@ void add_graph_fields(nlohmann::json& out, const ModeResult& graph) {
                        {"instantiate", t.instantiate_ms},
                        {"capture_plus_instantiate", t.capture_ms + t.instantiate_ms},
                        {"wall", graph.capture_wall_ms}};
+  if (!graph.profile.empty()) out["profile"] = graph.profile;
 }
 
 // Whether two runs' first losses are the same bits, and their largest difference.

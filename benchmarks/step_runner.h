@@ -110,6 +110,9 @@ struct StepRunOptions {
   // Graph mode: after the timed steps, one profiled step (CapturedStep::profile;
   // every rank, since it holds the collectives); its text in ModeResult::profile.
   bool profile = false;
+  // Graph mode: after the timed steps, one replay inside cudaProfilerStart/Stop,
+  // for `ncu --profile-from-start off` (step_bench --cuda-profiler-range).
+  bool cuda_profiler_range = false;
 };
 
 enum class StepMode { kEager, kGraph };

@@ -41,7 +41,9 @@ void Graph::reset() noexcept {
 
 GraphExec::GraphExec(const Graph& graph) {
   SG_CHECK_CODE(graph.get() != nullptr, ErrorCode::kInvalidState, "cannot instantiate a moved-from Graph");
-  SG_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph.get(), 0));
+  // Each kernel node runs at the priority of the stream it was captured from,
+  // not of the stream the graph is launched into (Note [Stream priorities]).
+  SG_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph.get(), cudaGraphInstantiateFlagUseNodePriority));
 }
 
 GraphExec::~GraphExec() { reset(); }

@@ -1,5 +1,6 @@
 #include "engine/device.h"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -72,5 +73,9 @@ std::string describe(const DeviceProperties& p) {
   return detail::concat(p.name, " (device ", p.index, ", sm_", p.compute_major, p.compute_minor, ", ",
                         p.multiprocessor_count, " SMs, ", gib, " GiB)");
 }
+
+void cuda_profiler_start() { SG_CUDA_CHECK(cudaProfilerStart()); }
+
+void cuda_profiler_stop() { SG_CUDA_CHECK(cudaProfilerStop()); }
 
 }  // namespace stepgraph

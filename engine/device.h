@@ -44,4 +44,10 @@ DeviceMemory device_memory(int index);
 // "NVIDIA H100 80GB HBM3 (device 0, sm_90, 132 SMs, 79.1 GiB)"
 std::string describe(const DeviceProperties& properties);
 
+// Opens and closes the range a profiler started with "profile from start off"
+// records (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi):
+// how a benchmark names the one step it wants profiled.
+void cuda_profiler_start();
+void cuda_profiler_stop();
+
 }  // namespace stepgraph

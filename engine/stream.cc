@@ -11,7 +11,10 @@ Stream::Stream(Priority priority) {
   int least = 0;
   int greatest = 0;
   SG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  const int value = priority == Priority::kHigh ? greatest : least;
+  // Greater priority is a lower number: least = 0, greatest = -5 on the H100.
+  const int value = priority == Priority::kHigh  ? greatest
+                    : priority == Priority::kLow ? least
+                                                 : (least + greatest) / 2;
   SG_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, value));
 }
 
@@ -28,6 +31,12 @@ Stream& Stream::operator=(Stream&& other) noexcept {
 }
 
 void Stream::synchronize() const { SG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+int Stream::priority() const {
+  int value = 0;
+  SG_CUDA_CHECK(cudaStreamGetPriority(stream_, &value));
+  return value;
+}
 
 void Stream::reset() noexcept {
   if (stream_ == nullptr) return;

@@ -8,11 +8,15 @@ namespace stepgraph {
 
 class Stream {
  public:
-  enum class Priority { kDefault, kHigh };
+  // Where the device's priority range allows three levels (the H100's is
+  // [0, -5]): kLow its least, kHigh its greatest, kNormal between. Blocks of
+  // a higher-priority stream are dispatched first when SMs free up (Note
+  // [Stream priorities] in engine/cuda_backend.cc).
+  enum class Priority { kLow, kNormal, kHigh };
 
   // A non-blocking stream (it does not synchronise with the legacy default
   // stream), so it can be captured into a CUDA graph.
-  explicit Stream(Priority priority = Priority::kDefault);
+  explicit Stream(Priority priority = Priority::kNormal);
   ~Stream();
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
@@ -21,6 +25,7 @@ class Stream {
 
   cudaStream_t get() const noexcept { return stream_; }
   void synchronize() const;
+  int priority() const;  // CUDA's number (lower is higher priority)
 
  private:
   void reset() noexcept;

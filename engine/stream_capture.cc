@@ -28,6 +28,9 @@ Graph StreamCapture::end() {
   active_ = false;
   cudaGraph_t graph = nullptr;
   const cudaError_t status = cudaStreamEndCapture(stream_, &graph);
+  // A failed capture also sets the thread's last error; cleared here, or the
+  // next launch's cudaGetLastError check would report it as its own.
+  if (status != cudaSuccess) (void)cudaGetLastError();
   if (status == cudaErrorStreamCaptureUnjoined) {
     SG_THROW(ErrorCode::kInvalidState,
              "graph capture ended with a side stream not joined back: record an event on each forked "

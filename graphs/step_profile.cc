@@ -90,6 +90,20 @@ StepProfile build_step_profile(const Program& program, const StepPlan& plan,
   return profile;
 }
 
+std::vector<ProfiledOpTotal> StepProfile::by_op() const {
+  std::vector<ProfiledOpTotal> totals;
+  for (const ProfiledOp& op : ops) {
+    auto row = std::find_if(totals.begin(), totals.end(),
+                            [&](const ProfiledOpTotal& t) { return t.op == op.op && t.stream == op.stream; });
+    if (row == totals.end()) row = totals.insert(totals.end(), {op.op, op.stream, 0, 0.0});
+    row->count += 1;
+    row->total_us += op.end_us - op.start_us;
+  }
+  std::stable_sort(totals.begin(), totals.end(),
+                   [](const ProfiledOpTotal& a, const ProfiledOpTotal& b) { return a.total_us > b.total_us; });
+  return totals;
+}
+
 std::string StepProfile::to_string() const {
   std::string out;
   char line[256];
@@ -104,6 +118,13 @@ std::string StepProfile::to_string() const {
   std::snprintf(line, sizeof(line), "  communication %.1f us, exposed %.1f us (%.0f%% of the step)\n", communication_us,
                 exposed_communication_us, total_us > 0 ? 100.0 * exposed_communication_us / total_us : 0.0);
   out += line;
+  out += "  by op (calls, summed time, share of the step):\n";
+  for (const ProfiledOpTotal& t : by_op()) {
+    std::snprintf(line, sizeof(line), "    s%d %-28s %5d x %10.1f us %5.1f%%\n", t.stream, t.op.c_str(), t.count,
+                  t.total_us, total_us > 0 ? 100.0 * t.total_us / total_us : 0.0);
+    out += line;
+  }
+  out += "  in schedule order:\n";
   for (const ProfiledOp& op : ops) {
     std::snprintf(line, sizeof(line), "  [%d] s%d %10.1f +%9.1f us  %s%s\n", op.instruction, op.stream, op.start_us,
                   op.end_us - op.start_us, op.op.c_str(), op.collective ? "  (collective)" : "");

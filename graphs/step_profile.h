@@ -33,6 +33,14 @@ struct ProfiledOp {
   double end_us = 0;
 };
 
+// One op name on one stream, summed over the step (StepProfile::by_op).
+struct ProfiledOpTotal {
+  std::string op;
+  int stream = 0;
+  int count = 0;
+  double total_us = 0;  // the sum of its calls' durations
+};
+
 struct StepProfile {
   std::vector<ProfiledOp> ops;          // in schedule order
   double total_us = 0;                  // the first start to the last end
@@ -40,7 +48,12 @@ struct StepProfile {
   double communication_us = 0;          // the union of the collectives' intervals
   double exposed_communication_us = 0;  // of that, the time no other op ran
 
-  // The summary and one line per op (stream, start, duration, name).
+  // Every (op name, stream) pair's calls and summed time, the largest first:
+  // the table an optimisation starts from. Ties keep the schedule's order.
+  std::vector<ProfiledOpTotal> by_op() const;
+
+  // The summary, the by_op table (each row's share of total_us), then one
+  // line per op (stream, start, duration, name).
   std::string to_string() const;
 };
 

@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,multigpu,multigpu_bench,multigpu_sanitize]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,profile,multigpu,multigpu_bench,multigpu_sanitize]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -21,8 +21,10 @@
 #                                comm_bench + comm_peer.py, step_bench --dp 2 + pytorch_peer.py --ddp,
 #                                step_bench --tp 2 (bulk and overlap) + tp_step_peer.py and their
 #                                report.py tables (step_report_tp2_*.md), each JSON beside it
+#   profile.log                  --stages profile: step_bench --profile (each config's ops by summed
+#                                time), ncu over one graphed step of small, large, moe; ncu_<config>.md their tables
 #   sanitizer.log                with --sanitize: memcheck and racecheck
-# Stages default to all of them but the multigpu ones (2 GPUs or more).
+# Stages default to all of them but profile and the multigpu ones (2 GPUs or more).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]}
@@ -161,6 +163,20 @@ if wants multigpu; then
     step multigpu.log python3 "$here/compare_losses.py" "$work/dp1_fp32.log" "$work/dp2_fp32.log" --rtol 2e-4
     step multigpu.log "$here/killed_rank_check.sh" "$here/bin/trainer" "$work/killed"
   fi
+fi
+# Where a step's time goes: every op of one replay by stream, then Nsight Compute over every kernel of one
+# replayed graphed step of each config (step_bench --cuda-profiler-range marks that replay).
+if wants profile; then
+  : >"$results/profile.log"
+  step profile.log "$here/bin/step_bench" --profile --steps 20 --warmup 5 --out "$results/step_bench_profile.json"
+  for config in small large moe; do
+    step profile.log ncu --csv --page details --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --profile-from-start off --log-file "$work/ncu_$config.csv" \
+      "$here/bin/step_bench" --configs "$config" --steps 2 --warmup 2 --cuda-profiler-range
+    python3 "$here/ncu_summary.py" "$work/ncu_$config.csv" --top 25 \
+      --title "ncu over one replayed graphed step of $config (step_bench --configs $config --cuda-profiler-range)" \
+      >"$results/ncu_$config.md" 2>>"$results/profile.log" || echo "ncu_summary of $config failed" >>"$results/profile.log"
+  done
 fi
 # compute-sanitizer memcheck on the multi-rank tests: each rank under its own sanitizer.
 if wants multigpu_sanitize; then

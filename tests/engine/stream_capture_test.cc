@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -124,6 +125,56 @@ TEST(StreamCaptureTest, UnjoinedSideStreamIsAClearError) {
     EXPECT_NE(error.message().find("not joined back"), std::string::npos) << error.message();
   }
   EXPECT_ERROR_CONTAINS(capture.end(), "StreamCapture::end() called twice");  // once only
+  // The failed capture's error is not left behind for the next launch to report as its own.
+  kernels::launch_fill_f32(y.get(), 2.0f, kN, main_stream.get());
+  main_stream.synchronize();
+  EXPECT_EQ(y.download()[0], 2.0f);
+}
+
+// Note [Stream priorities]: a kernel captured from a stream keeps that
+// stream's priority in its graph node, which GraphExec runs by
+// (cudaGraphInstantiateFlagUseNodePriority); without it every node would run
+// at the priority of the stream the graph is launched into.
+TEST(StreamCaptureTest, CapturedKernelsKeepTheirStreamsPriorities) {
+  SG_SKIP_WITHOUT_GPU();
+  constexpr std::int64_t kN = 1024;
+  DeviceFloats a(kN), b(kN);
+  Stream main_stream(Stream::Priority::kNormal);
+  Stream low_stream(Stream::Priority::kLow);
+  ASSERT_NE(main_stream.priority(), low_stream.priority()) << "the device offers one stream priority only";
+  Event fork;
+  Event join;
+  StreamCapture capture(main_stream.get());
+  fork.record(main_stream.get());
+  fork.wait_on(low_stream.get());
+  kernels::launch_fill_f32(a.get(), 1.0f, kN, main_stream.get());
+  kernels::launch_fill_f32(b.get(), 2.0f, kN, low_stream.get());
+  join.record(low_stream.get());
+  join.wait_on(main_stream.get());
+  Graph graph = capture.end();
+
+  std::size_t count = graph.node_count();
+  std::vector<cudaGraphNode_t> nodes(count);
+  SG_CUDA_CHECK(cudaGraphGetNodes(graph.get(), nodes.data(), &count));
+  std::vector<int> priorities;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    SG_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaLaunchAttributeValue value{};
+    SG_CUDA_CHECK(cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value));
+    priorities.push_back(value.priority);
+  }
+  std::sort(priorities.begin(), priorities.end());
+  const std::vector<int> expected = {std::min(main_stream.priority(), low_stream.priority()),
+                                     std::max(main_stream.priority(), low_stream.priority())};
+  EXPECT_EQ(priorities, expected);
+
+  GraphExec exec(graph);  // instantiated with the nodes' priorities; runs as before
+  exec.launch(main_stream.get());
+  main_stream.synchronize();
+  EXPECT_EQ(a.download()[kN - 1], 1.0f);
+  EXPECT_EQ(b.download()[kN - 1], 2.0f);
 }
 
 }  // namespace

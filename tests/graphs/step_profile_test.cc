@@ -44,7 +44,17 @@ TEST(StepProfileTest, BusyTimeCommunicationAndExposedTimeFromTheIntervals) {
   EXPECT_DOUBLE_EQ(profile.stream_busy_us[2], 15);
   EXPECT_DOUBLE_EQ(profile.communication_us, 15);
   EXPECT_DOUBLE_EQ(profile.exposed_communication_us, 7);
+  const std::vector<ProfiledOpTotal> totals = profile.by_op();
+  ASSERT_EQ(totals.size(), 3u);  // compute on streams 0 and 1 are two rows
+  EXPECT_EQ(totals[0].op, "all_reduce_");
+  EXPECT_DOUBLE_EQ(totals[0].total_us, 15);
+  EXPECT_EQ(totals[1].stream, 0);
+  EXPECT_DOUBLE_EQ(totals[1].total_us, 10);
+  EXPECT_EQ(totals[2].stream, 1);
+  EXPECT_EQ(totals[2].count, 1);
   const std::string text = profile.to_string();
+  EXPECT_NE(text.find("s2 all_reduce_"), std::string::npos) << text;
+  EXPECT_NE(text.find("15.0 us  75.0%"), std::string::npos) << text;
   EXPECT_NE(text.find("communication 15.0 us, exposed 7.0 us (35% of the step)"), std::string::npos) << text;
   EXPECT_NE(text.find("all_reduce_  (collective)"), std::string::npos) << text;
 }

@@ -1,6 +1,13 @@
 // The CUDA kernels of kernels/rope.h: one thread per rotated pair (or
-// passed-through feature) of one head of one token; the token's position
-// comes from cu_seqlens on the device (packed_sequences.cuh).
+// passed-through feature) of one token and a few of its heads; the
+// token's position comes from cu_seqlens on the device
+// (packed_sequences.cuh). One thread per pair of every head computed the
+// same position and sine/cosine once per head: on the H100 the large
+// config's split took ~615 us for 8192 x 96 x 128 bf16 (18.8% of DRAM
+// bandwidth, 59% SM busy: ncu, call T5). Now a thread takes a pair of up to
+// kMaxHeadsPerThread heads and computes the angle once for them, with the
+// same float operations, so the bits are unchanged (call T6: large's split
+// 580 -> 392 us a call, the merge 692 -> 423-637 us, in the step's profile).
 //
 // One kernel serves every entry point: it moves heads between a "packed"
 // layout [T, H + 2 Hkv, D] and the separate q [T, H, D], k [T, Hkv, D],
@@ -9,6 +16,9 @@
 // layouts coincide, so out may alias x.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "engine/cuda_check.h"
 #include "kernels/launch_config.cuh"
@@ -30,43 +40,59 @@ struct RopeShape {
   float log2_base;
   float sign;      // +1 forward, -1 backward
   bool to_packed;  // q, k, v -> packed (the backward's merge); else packed -> q, k, v
+  int heads_per_thread;
 };
+
+// Heads per thread: the angle is computed once for them, so up to 8; fewer
+// where that would leave under kTargetThreads threads (short steps: small's
+// 256 tokens x 32 pairs x 24 heads get one head a thread, as before).
+constexpr int kMaxHeadsPerThread = 8;
+constexpr std::int64_t kTargetThreads = 132 * 1024;
 
 template <typename T>
 __global__ void rope_heads_kernel(RopeShape s, const std::int32_t* cu_seqlens, const T* packed_in, T* packed_out,
                                   const T* q_in, const T* k_in, const T* v_in, T* q_out, T* k_out, T* v_out) {
   const int width = s.heads + 2 * s.kv_heads;
-  const std::int64_t n = static_cast<std::int64_t>(s.tokens) * width * s.per_head;
+  const int chunks = (width + s.heads_per_thread - 1) / s.heads_per_thread;
+  const std::int64_t n = static_cast<std::int64_t>(s.tokens) * chunks * s.per_head;
   grid_stride(n, [&](std::int64_t i) {
     const int j = static_cast<int>(i % s.per_head);
-    const std::int64_t head_row = i / s.per_head;
-    const int g = static_cast<int>(head_row % width);
-    const int t = static_cast<int>(head_row / width);
-    const int part = g < s.heads ? 0 : (g < s.heads + s.kv_heads ? 1 : 2);
-    const int h = part == 0 ? g : (part == 1 ? g - s.heads : g - s.heads - s.kv_heads);
-    const std::int64_t packed_at = head_row * s.head_dim;
-    const std::int64_t at = (static_cast<std::int64_t>(t) * (part == 0 ? s.heads : s.kv_heads) + h) * s.head_dim;
-    const T* in = s.to_packed ? (part == 0 ? q_in : (part == 1 ? k_in : v_in)) + at : packed_in + packed_at;
-    T* out = s.to_packed ? packed_out + packed_at : (part == 0 ? q_out : (part == 1 ? k_out : v_out)) + at;
-    if (j >= s.half) {  // a feature past the rotated ones: copied
-      const int f = s.half + j;
-      out[f] = in[f];
-      return;
+    const std::int64_t token_chunk = i / s.per_head;
+    const int first_head = static_cast<int>(token_chunk % chunks) * s.heads_per_thread;
+    const int t = static_cast<int>(token_chunk / chunks);
+    // The angle depends on the token's position and the pair only: computed
+    // once here for this thread's heads.
+    float sn = 0.0f, c = 1.0f;
+    const bool rotated = j < s.half;
+    if (rotated) {
+      const int position = t - sequence_start_of(cu_seqlens, s.sequences, s.tokens, t);
+      const float theta = exp2f(-static_cast<float>(2 * j) / static_cast<float>(2 * s.half) * s.log2_base);
+      sincosf(static_cast<float>(position) * theta, &sn, &c);
+      sn *= s.sign;
     }
-    const float a = to_float(in[j]);
-    const float b = to_float(in[j + s.half]);
-    if (part == 2) {  // v: copied
-      out[j] = in[j];
-      out[j + s.half] = in[j + s.half];
-      return;
+#pragma unroll 8
+    for (int step = 0; step < s.heads_per_thread; ++step) {
+      const int g = first_head + step;
+      if (g >= width) break;
+      const int part = g < s.heads ? 0 : (g < s.heads + s.kv_heads ? 1 : 2);
+      const int h = part == 0 ? g : (part == 1 ? g - s.heads : g - s.heads - s.kv_heads);
+      const std::int64_t packed_at = (static_cast<std::int64_t>(t) * width + g) * s.head_dim;
+      const std::int64_t at = (static_cast<std::int64_t>(t) * (part == 0 ? s.heads : s.kv_heads) + h) * s.head_dim;
+      const T* in = s.to_packed ? (part == 0 ? q_in : (part == 1 ? k_in : v_in)) + at : packed_in + packed_at;
+      T* out = s.to_packed ? packed_out + packed_at : (part == 0 ? q_out : (part == 1 ? k_out : v_out)) + at;
+      if (!rotated) {  // a feature past the rotated ones: copied
+        const int f = s.half + j;
+        out[f] = in[f];
+      } else if (part == 2) {  // v: copied
+        out[j] = in[j];
+        out[j + s.half] = in[j + s.half];
+      } else {
+        const float a = to_float(in[j]);
+        const float b = to_float(in[j + s.half]);
+        out[j] = from_float<T>(a * c - b * sn);
+        out[j + s.half] = from_float<T>(b * c + a * sn);
+      }
     }
-    const int position = t - sequence_start_of(cu_seqlens, s.sequences, s.tokens, t);
-    const float theta = exp2f(-static_cast<float>(2 * j) / static_cast<float>(2 * s.half) * s.log2_base);
-    float sn, c;
-    sincosf(static_cast<float>(position) * theta, &sn, &c);
-    sn *= s.sign;
-    out[j] = from_float<T>(a * c - b * sn);
-    out[j + s.half] = from_float<T>(b * c + a * sn);
   });
 }
 
@@ -74,23 +100,29 @@ RopeShape shape_of(const RopeDesc& d, std::int64_t kv_heads, float sign, bool to
   SG_CHECK(d.tokens * (d.heads + 2 * kv_heads) * d.head_dim < (std::int64_t{1} << 31), "rope: ", d.tokens,
            " tokens of ", d.heads + 2 * kv_heads, " heads of ", d.head_dim, " exceed the kernel's int32 indexing");
   const int half = static_cast<int>(d.rotated() / 2);
+  const int per_head = half + static_cast<int>(d.head_dim - d.rotated());
+  const std::int64_t one_per_head = d.tokens * (d.heads + 2 * kv_heads) * per_head;
+  const int heads_per_thread =
+      static_cast<int>(std::clamp<std::int64_t>(one_per_head / kTargetThreads, 1, kMaxHeadsPerThread));
   return RopeShape{.tokens = static_cast<int>(d.tokens),
                    .sequences = static_cast<int>(d.sequences),
                    .heads = static_cast<int>(d.heads),
                    .kv_heads = static_cast<int>(kv_heads),
                    .head_dim = static_cast<int>(d.head_dim),
                    .half = half,
-                   .per_head = half + static_cast<int>(d.head_dim - d.rotated()),
+                   .per_head = per_head,
                    .log2_base = std::log2(d.base),
                    .sign = sign,
-                   .to_packed = to_packed};
+                   .to_packed = to_packed,
+                   .heads_per_thread = heads_per_thread};
 }
 
 template <typename T>
 void launch_typed(const RopeShape& s, const std::int32_t* cu_seqlens, const void* packed_in, void* packed_out,
                   const void* q_in, const void* k_in, const void* v_in, void* q_out, void* k_out, void* v_out,
                   CUstream_st* stream) {
-  const std::int64_t n = static_cast<std::int64_t>(s.tokens) * (s.heads + 2 * s.kv_heads) * s.per_head;
+  const int chunks = (s.heads + 2 * s.kv_heads + s.heads_per_thread - 1) / s.heads_per_thread;
+  const std::int64_t n = static_cast<std::int64_t>(s.tokens) * chunks * s.per_head;
   rope_heads_kernel<T><<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(
       s, cu_seqlens, static_cast<const T*>(packed_in), static_cast<T*>(packed_out), static_cast<const T*>(q_in),
       static_cast<const T*>(k_in), static_cast<const T*>(v_in), static_cast<T*>(q_out), static_cast<T*>(k_out),

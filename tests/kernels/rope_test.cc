@@ -32,14 +32,13 @@ double tolerance(DType dtype) { return dtype == DType::kFloat32 ? 2e-6 : testing
 
 class RopeGpuTest : public ::testing::TestWithParam<DType> {};
 
-TEST_P(RopeGpuTest, QkvSplitAndMergeMatchTheHost) {
-  SG_SKIP_WITHOUT_GPU();
+// Split and merge of `tokens` packed as `cu` against the host.
+void expect_split_and_merge_match(DType dtype, std::int64_t tokens, std::int64_t heads, std::int64_t kv_heads,
+                                  const std::vector<std::int32_t>& cu) {
   testing::SeededRng rng;
-  const DType dtype = GetParam();
-  const std::int64_t tokens = 203, heads = 8, kv_heads = 2, dim = 64, width = heads + 2 * kv_heads;
-  const std::vector<std::int32_t> cu{0, 1, 100, 100, 167, 203};  // a one-token and an empty sequence
-  const RopeDesc d{.dtype = dtype, .tokens = tokens, .sequences = 5, .heads = heads, .head_dim = dim,
-                   .rotary_dim = 48};
+  const std::int64_t dim = 64, width = heads + 2 * kv_heads;
+  const RopeDesc d{.dtype = dtype, .tokens = tokens, .sequences = static_cast<std::int64_t>(cu.size()) - 1,
+                   .heads = heads, .head_dim = dim, .rotary_dim = 48};
   const HostArray qkv = testing::random_array(dtype, tokens * width * dim, rng);
   const DeviceArray qkv_d(qkv), cu_d(int32s(cu));
   const std::int64_t nq = tokens * heads * dim, nk = tokens * kv_heads * dim;
@@ -65,6 +64,18 @@ TEST_P(RopeGpuTest, QkvSplitAndMergeMatchTheHost) {
   host::qkv_merge_rope_backward(d, kv_heads, dq.data(), dk.data(), dv.data(), cu.data(), dqkv.data());
   EXPECT_LE(testing::relative_error(dqkv_d.download(dtype, qkv.numel).to_floats(), dqkv.to_floats()),
             tolerance(dtype));
+}
+
+TEST_P(RopeGpuTest, QkvSplitAndMergeMatchTheHost) {
+  SG_SKIP_WITHOUT_GPU();
+  // One head a thread; a one-token and an empty sequence.
+  expect_split_and_merge_match(GetParam(), 203, 8, 2, {0, 1, 100, 100, 167, 203});
+}
+
+TEST_P(RopeGpuTest, QkvSplitAndMergeOfManyTokensMatchTheHost) {
+  SG_SKIP_WITHOUT_GPU();
+  // Enough pairs that a thread takes 8 heads of its token (kernels/rope.cu); 18 heads end in a chunk of 2.
+  expect_split_and_merge_match(GetParam(), 8192, 12, 3, {0, 3000, 3001, 8192});
 }
 
 TEST_P(RopeGpuTest, RopeInPlaceMatchesTheHost) {

@@ -159,9 +159,12 @@ __device__ __forceinline__ void for_each_chunk(const std::byte* table, Body&& bo
 
 __global__ void __launch_bounds__(kThreadsPerBlock)
     adamw_kernel(const std::byte* __restrict__ table, const std::int64_t* __restrict__ step,
-                 const float* __restrict__ lr_device, AdamWConstants c) {
+                 const float* __restrict__ lr_device, const float* __restrict__ grad_unscale, AdamWConstants c) {
   const BiasCorrections bias = bias_corrections(c, *step + 1);
   const float lr = lr_device != nullptr ? *lr_device : c.lr;
+  // Note [Loss scaling]: 1/S, a power of two, so the product is exact.
+  const bool unscale = grad_unscale != nullptr;
+  const float inverse_scale = unscale ? *grad_unscale : 1.0f;
   const int tid = threadIdx.x;
 
   for_each_chunk(table, [&](const TableTensor& tensor, std::int64_t begin, std::int64_t end,
@@ -173,6 +176,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       load8(tensor.grad + i, g);
       load8(tensor.m + i, m);
       load8(tensor.v + i, v);
+      if (unscale) {
+#pragma unroll
+        for (int k = 0; k < kElementsPerThread; ++k) g[k] *= inverse_scale;
+      }
 #pragma unroll
       for (int k = 0; k < kElementsPerThread; ++k) adamw_update(c, bias, lr, w[k], g[k], m[k], v[k]);
       store8(tensor.weight + i, w);
@@ -184,7 +191,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       float w = tensor.weight[i];
       float m = tensor.m[i];
       float v = tensor.v[i];
-      adamw_update(c, bias, lr, w, tensor.grad[i], m, v);
+      adamw_update(c, bias, lr, w, unscale ? tensor.grad[i] * inverse_scale : tensor.grad[i], m, v);
       tensor.weight[i] = w;
       tensor.m[i] = m;
       tensor.v[i] = v;
@@ -302,7 +309,7 @@ void launch_adamw_flag_nonfinite_grads(const void* table_device, std::int64_t te
 
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
                   std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step,
-                  const float* lr) {
+                  const float* lr, const float* grad_unscale) {
   check_adamw_hyper(hyper);
   SG_CHECK(tensor_count >= 0 && total_numel >= 0, "adamw: tensor_count and total_numel must be >= 0, got ",
            tensor_count, " and ", total_numel);
@@ -330,7 +337,7 @@ void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_
     const std::int64_t blocks =
         std::min<std::int64_t>(total_numel / kChunk + tensor_count, std::numeric_limits<std::int32_t>::max());
     adamw_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
-        static_cast<const std::byte*>(table_device), step, lr, constants);
+        static_cast<const std::byte*>(table_device), step, lr, grad_unscale, constants);
     SG_CUDA_CHECK(cudaGetLastError());
   }
   if (advance_step) {

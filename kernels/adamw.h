@@ -62,9 +62,12 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
 // `lr`: where the rate is read on the device at every launch (a scheduled
 // or host-set rate: Note [Learning-rate schedule] in kernels/lr_schedule.h),
 // so a captured update takes whatever was written there; null uses hyper.lr.
+// `grad_unscale`: where 1/S of a loss-scaled backward is read (Note [Loss
+// scaling] in kernels/step_guard.h): every gradient is multiplied by it
+// before the update; null reads the gradients as they are.
 void launch_adamw(const AdamWHyper& hyper, const void* table_device, std::int64_t tensor_count,
                   std::int64_t total_numel, std::int64_t* step, cudaStream_t stream, bool advance_step = true,
-                  const float* lr = nullptr);
+                  const float* lr = nullptr, const float* grad_unscale = nullptr);
 
 // Sets *flag (int32) to 1 when any gradient of the table's tensors is not
 // finite; leaves it as it is otherwise, so several tables (a step's
@@ -75,9 +78,10 @@ void launch_adamw_flag_nonfinite_grads(const void* table_device, std::int64_t te
 namespace host {
 void adamw_flag_nonfinite_grads(const std::vector<AdamWTensor>& tensors, std::int32_t* flag);
 // The same fp32 formula in the same order; advances *step if advance_step;
-// the rate from *lr when lr is non-null.
+// the rate from *lr when lr is non-null; gradients times *grad_unscale when
+// that is non-null.
 void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step,
-           bool advance_step = true, const float* lr = nullptr);
+           bool advance_step = true, const float* lr = nullptr, const float* grad_unscale = nullptr);
 }  // namespace host
 
 }  // namespace stepgraph::kernels

@@ -26,7 +26,7 @@ void adamw_flag_nonfinite_grads(const std::vector<AdamWTensor>& tensors, std::in
 }
 
 void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std::int64_t* step, bool advance_step,
-           const float* lr) {
+           const float* lr, const float* grad_unscale) {
   check_adamw_hyper(hyper);
   SG_CHECK(step != nullptr, "adamw (host): step is null; pass the counter of steps taken (0 before the first)");
   for (std::size_t i = 0; i < tensors.size(); ++i) {  // all checked before anything changes
@@ -47,7 +47,7 @@ void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, std
   for (const AdamWTensor& t : tensors) {
     auto* copy = static_cast<std::uint16_t*>(t.copy);
     for (std::int64_t i = 0; i < t.numel; ++i) {
-      const float g = t.grad[i];
+      const float g = grad_unscale != nullptr ? t.grad[i] * *grad_unscale : t.grad[i];
       float w = t.weight[i];
       float m = std::fma(hyper.beta1, t.m[i], one_minus_beta1 * g);
       float v = std::fma(hyper.beta2, t.v[i], (one_minus_beta2 * g) * g);

@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SG_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define SG_HOST_DEVICE inline
-#endif
+#include "kernels/host_device.h"
 
 namespace stepgraph::kernels {
 

@@ -88,7 +88,13 @@ void AdamW::run_update(Context& ctx, const ops::AdamWParams& params, const Tenso
   // Every update of a grouped step computes the same rate: the counter
   // advances in the last one only.
   if (schedule_) ops::lr_schedule_(ctx, *schedule_, step_, lr_);
-  ops::adamw_step(ctx, params, table, step_, tensors, lr_);
+  if (!scales_loss()) {
+    ops::adamw_step(ctx, params, table, step_, tensors, lr_);
+    return;
+  }
+  ops::AdamWParams unscaling = params;
+  unscaling.unscale_grads = true;
+  ops::adamw_step(ctx, unscaling, table, step_, tensors, lr_, loss_scale_);
 }
 
 void AdamW::set_lr(Context& ctx, float lr) {
@@ -176,8 +182,35 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
   optimizer_.step_group(ctx_, group, /*advance_step=*/remaining_ == 0);
 }
 
+void AdamW::set_loss_scaling(Context& ctx, const std::optional<kernels::LossScaling>& scaling) {
+  if (!scaling) {
+    loss_scaling_.reset();
+    loss_scale_ = {};
+    return;
+  }
+  kernels::check_loss_scaling(*scaling);
+  SG_CHECK_CODE(skips_nonfinite(), ErrorCode::kInvalidState,
+                "AdamW::set_loss_scaling: loss scaling skips the steps whose scaled gradients overflow; call "
+                "set_skip_nonfinite(ctx, true) first");
+  loss_scaling_ = scaling;
+  if (!loss_scale_.defined()) {
+    loss_scale_ = ctx.persistent("adamw.loss_scale", {Shape{kernels::kLossScaleStateSize}, DType::kFloat32});
+  }
+  float state[kernels::kLossScaleStateSize];
+  kernels::initial_loss_scale_state(*scaling, state);
+  ctx.copy_from_host(loss_scale_, state, sizeof(state));
+}
+
+float AdamW::loss_scale(Context& ctx) const {
+  SG_CHECK_CODE(scales_loss(), ErrorCode::kInvalidState, "AdamW::loss_scale: loss scaling is off");
+  return ctx.to_vector<float>(loss_scale_).at(0);
+}
+
 void AdamW::set_skip_nonfinite(Context& ctx, bool skip) {
   if (!skip) {
+    SG_CHECK_CODE(!scales_loss(), ErrorCode::kInvalidState,
+                  "AdamW::set_skip_nonfinite: loss scaling needs the skip (an overflowed step must not update); "
+                  "call set_loss_scaling(ctx, std::nullopt) first");
     nonfinite_flag_ = {};
     skipped_ = {};
     return;
@@ -219,6 +252,8 @@ void AdamW::update_if_finite(Context& ctx, std::span<Communicator* const> commun
     }
     for (std::size_t g = 0; g < groups_.size(); ++g) step_group(ctx, g, /*advance_step=*/g + 1 == groups_.size());
   });
+  // Outside the conditional body: the scale backs off exactly when the body was skipped.
+  if (scales_loss()) ops::loss_scale_update_(ctx, *loss_scaling_, loss_scale_, nonfinite_flag_);
   ops::count_and_clear_flag_(ctx, skipped_, nonfinite_flag_);
 }
 

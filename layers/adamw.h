@@ -22,6 +22,7 @@
 #include "engine/communicator.h"
 #include "engine/context.h"
 #include "kernels/lr_schedule.h"
+#include "kernels/step_guard.h"
 #include "layers/gradients_ready.h"
 #include "layers/parameter.h"
 #include "ops/optimizer_ops.h"
@@ -124,6 +125,19 @@ class AdamW {
   std::int64_t skipped_steps(Context& ctx) const;
   const Tensor& skipped_counter() const { return skipped_; }
 
+  // fp16's dynamic loss scaling (Note [Loss scaling] in kernels/step_guard.h),
+  // on the non-finite skip (set_skip_nonfinite first): the caller multiplies
+  // the loss gradient by the scale (ops::scale_by_loss_scale_ with
+  // loss_scale_state()), every update divides the gradients by it, and
+  // update_if_finite updates it after the step (backs off where the step was
+  // skipped). nullopt turns it off.
+  void set_loss_scaling(Context& ctx, const std::optional<kernels::LossScaling>& scaling);
+  bool scales_loss() const { return loss_scale_.defined(); }
+  // fp32 [3] {scale, 1/scale, good steps in a row}: for the loss gradient and checkpoints.
+  const Tensor& loss_scale_state() const { return loss_scale_; }
+  // The scale the next step's backward uses (reads the device: not while tracing).
+  float loss_scale(Context& ctx) const;
+
   // ZeRO-1 (Note [Sharded AdamW]): from now on each update reduce-scatters
   // its group's gradients over `comm`, updates this rank's 1/N of the
   // group's elements (this rank owns 1/N of the master weights and moments;
@@ -207,6 +221,8 @@ class AdamW {
   std::vector<Shard> shards_;  // per group (or one for all) once sharded
   Tensor nonfinite_flag_;      // int32 [1], with skip_nonfinite
   Tensor skipped_;             // int64 [1], with skip_nonfinite
+  std::optional<kernels::LossScaling> loss_scaling_;
+  Tensor loss_scale_;  // fp32 [3], with loss scaling
 };
 
 // Runs `backward` and the optimizer's step: each group's update as soon as

@@ -8,6 +8,7 @@
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/loss_ops.h"
+#include "ops/step_guard_ops.h"
 
 namespace stepgraph {
 
@@ -224,6 +225,8 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
   reported.set_name("loss");
   // Note [Non-finite steps] (layers/adamw.h): this rank's loss is checked too.
   if (optimizer_.skips_nonfinite()) optimizer_.flag_nonfinite(ctx, loss.loss);
+  // Note [Loss scaling] (kernels/step_guard.h): the backward starts from S times the loss gradient.
+  if (optimizer_.scales_loss()) ops::scale_by_loss_scale_(ctx, loss.dlogits, optimizer_.loss_scale_state());
   backward_and_update(
       ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); }, data_parallel_,
       stack.tensor_parallel());

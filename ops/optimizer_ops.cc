@@ -3,21 +3,24 @@
 #include <cstdio>
 
 #include "engine/error.h"
+#include "kernels/step_guard.h"
 
 namespace stepgraph::ops {
 
 bool AdamWParams::operator==(const AdamWParams& other) const {
   return hyper.lr == other.hyper.lr && hyper.beta1 == other.hyper.beta1 && hyper.beta2 == other.hyper.beta2 &&
          hyper.eps == other.hyper.eps && hyper.weight_decay == other.hyper.weight_decay && has_copy == other.has_copy &&
-         total_numel == other.total_numel && advance_step == other.advance_step && device_lr == other.device_lr;
+         total_numel == other.total_numel && advance_step == other.advance_step && device_lr == other.device_lr &&
+         unscale_grads == other.unscale_grads;
 }
 
 std::string AdamWParams::to_string() const {
-  char text[160];
-  std::snprintf(text, sizeof(text), "lr=%g%s, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s",
+  char text[200];
+  std::snprintf(text, sizeof(text), "lr=%g%s, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s%s",
                 static_cast<double>(hyper.lr), device_lr ? " (read on the device)" : "",
                 static_cast<double>(hyper.beta1), static_cast<double>(hyper.beta2), static_cast<double>(hyper.eps),
-                static_cast<double>(hyper.weight_decay), has_copy.size(), advance_step ? "" : ", step not advanced");
+                static_cast<double>(hyper.weight_decay), has_copy.size(), advance_step ? "" : ", step not advanced",
+                unscale_grads ? ", gradients unscaled" : "");
   return text;
 }
 
@@ -40,12 +43,15 @@ std::vector<std::size_t> master_indices(const AdamWParams& p) {
 
 std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta> inputs) {
   const AdamWParams& p = params.as<AdamWParams>();
-  std::size_t expected = kFirstTensor + (p.device_lr ? 1 : 0);
+  std::size_t expected = kFirstTensor + (p.device_lr ? 1 : 0) + (p.unscale_grads ? 1 : 0);
   for (bool copy : p.has_copy) expected += copy ? 5 : 4;
-  SG_CHECK(inputs.size() == expected, "op adamw: ", p.has_copy.size(), " parameters", p.device_lr ? " and the rate" : "",
-           " need ", expected, " inputs, got ", inputs.size());
-  SG_CHECK(!p.device_lr || inputs.back() == (TensorMeta{Shape{1}, DType::kFloat32}),
-           "op adamw: the learning rate (the last input) must be fp32 [1]");
+  SG_CHECK(inputs.size() == expected, "op adamw: ", p.has_copy.size(), " parameters", p.device_lr ? ", the rate" : "",
+           p.unscale_grads ? ", the loss scale" : "", " need ", expected, " inputs, got ", inputs.size());
+  SG_CHECK(!p.device_lr || inputs[expected - 1 - (p.unscale_grads ? 1 : 0)] == (TensorMeta{Shape{1}, DType::kFloat32}),
+           "op adamw: the learning rate (after the parameters) must be fp32 [1]");
+  SG_CHECK(!p.unscale_grads ||
+               inputs.back() == (TensorMeta{Shape{kernels::kLossScaleStateSize}, DType::kFloat32}),
+           "op adamw: the loss-scale state (the last input) must be fp32 [", kernels::kLossScaleStateSize, "]");
   SG_CHECK(inputs[kStep] == (TensorMeta{Shape{1}, DType::kInt64}), "op adamw: the step counter must be int64 [1]");
   std::int64_t total = 0;
   for (std::size_t m : master_indices(p)) {
@@ -86,9 +92,14 @@ std::vector<kernels::AdamWTensor> tensors_of(const AdamWParams& p, const KernelA
   return out;
 }
 
-// The device rate (the last input), or null for hyper.lr.
+// The device rate (after the parameters), or null for hyper.lr.
 const float* rate_of(const AdamWParams& p, const KernelArgs& a) {
-  return p.device_lr ? static_cast<const float*>(a.inputs.back()) : nullptr;
+  return p.device_lr ? static_cast<const float*>(a.inputs[a.inputs.size() - 1 - (p.unscale_grads ? 1 : 0)]) : nullptr;
+}
+
+// 1/S of the loss-scale state (the last input), or null.
+const float* unscale_of(const AdamWParams& p, const KernelArgs& a) {
+  return p.unscale_grads ? static_cast<const float*>(a.inputs.back()) + 1 : nullptr;
 }
 
 }  // namespace
@@ -103,25 +114,28 @@ const OpDef& adamw_op() {
             const AdamWParams& p = params.as<AdamWParams>();
             kernels::launch_adamw(p.hyper, a.inputs[kTable], static_cast<std::int64_t>(p.has_copy.size()),
                                   p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream, p.advance_step,
-                                  rate_of(p, a));
+                                  rate_of(p, a), unscale_of(p, a));
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const AdamWParams& p = params.as<AdamWParams>();
             kernels::host::adamw(p.hyper, tensors_of(p, a), static_cast<std::int64_t*>(a.inputs[kStep]),
-                                 p.advance_step, rate_of(p, a));
+                                 p.advance_step, rate_of(p, a), unscale_of(p, a));
           },
   };
   return op;
 }
 
 void adamw_step(Context& ctx, const AdamWParams& params, const Tensor& table, const Tensor& step,
-                const std::vector<Tensor>& tensors, const Tensor& lr) {
+                const std::vector<Tensor>& tensors, const Tensor& lr, const Tensor& loss_scale) {
   SG_CHECK(params.device_lr == lr.defined(), "adamw_step: params.device_lr is ", params.device_lr,
            " but the rate tensor is ", lr.defined() ? "given" : "missing");
+  SG_CHECK(params.unscale_grads == loss_scale.defined(), "adamw_step: params.unscale_grads is ", params.unscale_grads,
+           " but the loss-scale state is ", loss_scale.defined() ? "given" : "missing");
   std::vector<Tensor> inputs{table, step};
   inputs.insert(inputs.end(), tensors.begin(), tensors.end());
   if (lr.defined()) inputs.push_back(lr);
+  if (loss_scale.defined()) inputs.push_back(loss_scale);
   ctx.call(adamw_op(), params, std::move(inputs));
 }
 

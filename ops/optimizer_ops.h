@@ -22,15 +22,19 @@ struct AdamWParams {
   // The rate is read on the device from the last input (fp32 [1]) at every
   // launch, hyper.lr otherwise (Note [Learning-rate schedule] in kernels/lr_schedule.h).
   bool device_lr = false;
+  // Every gradient is multiplied by 1/S of the loss-scale state (fp32 [3], the
+  // last input) before the update: Note [Loss scaling] in kernels/step_guard.h.
+  bool unscale_grads = false;
 
   bool operator==(const AdamWParams& other) const;
   std::string to_string() const;
 };
 
 // `tensors`: per parameter {master, grad, m, v[, copy]} in has_copy's order;
-// `lr`: the device rate when params.device_lr, undefined otherwise.
+// `lr`: the device rate when params.device_lr, undefined otherwise;
+// `loss_scale`: the loss-scale state when params.unscale_grads.
 void adamw_step(Context& ctx, const AdamWParams& params, const Tensor& table, const Tensor& step,
-                const std::vector<Tensor>& tensors, const Tensor& lr = {});
+                const std::vector<Tensor>& tensors, const Tensor& lr = {}, const Tensor& loss_scale = {});
 
 // lr = the schedule's rate for the update after `step` steps (int64 [1]):
 // kernels/lr_schedule.h, on the device, so a replay needs nothing from the host.

@@ -16,6 +16,13 @@ void check_flag(std::string_view op, const TensorMeta& flag) {
 
 std::int32_t* flag_of(const KernelArgs& a) { return static_cast<std::int32_t*>(a.inputs[0]); }
 
+const TensorMeta kLossScaleState{Shape{kernels::kLossScaleStateSize}, DType::kFloat32};
+
+void check_state(std::string_view op, const TensorMeta& state) {
+  SG_CHECK(state == kLossScaleState, "op ", op, ": the loss scale state must be fp32 [", kernels::kLossScaleStateSize,
+           "], got ", state.shape, " ", dtype_name(state.dtype));
+}
+
 // The gradients' pointers and sizes as AdamW tensors (only grad is read).
 std::vector<kernels::AdamWTensor> grads_of(const KernelArgs& a) {
   std::vector<kernels::AdamWTensor> out;
@@ -108,6 +115,74 @@ const OpDef& count_and_clear_flag_op() {
           },
   };
   return op;
+}
+
+std::string LossScaleParams::to_string() const {
+  return "initial " + std::to_string(scaling.initial_scale) + ", x" + std::to_string(scaling.growth_factor) +
+         " every " + std::to_string(scaling.growth_interval) + " good steps, x" +
+         std::to_string(scaling.backoff_factor) + " on overflow, in [" + std::to_string(scaling.min_scale) + ", " +
+         std::to_string(scaling.max_scale) + "]";
+}
+
+const OpDef& loss_scale_update_op() {
+  static const OpDef op{
+      .name = "loss_scale_update_",
+      .check = [](const OpParams& params, std::span<const TensorMeta> inputs) {
+        SG_CHECK(inputs.size() == 2, "op loss_scale_update_ takes the scale state and the flag, got ", inputs.size(),
+                 " inputs");
+        check_state("loss_scale_update_", inputs[0]);
+        check_flag("loss_scale_update_", inputs[1]);
+        kernels::check_loss_scaling(params.as<LossScaleParams>().scaling);
+        return std::vector<TensorMeta>{};
+      },
+      .mutated_inputs = {0},
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            kernels::launch_loss_scale_update(params.as<LossScaleParams>().scaling, static_cast<float*>(a.inputs[0]),
+                                              static_cast<const std::int32_t*>(a.inputs[1]), stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            kernels::host::loss_scale_update(params.as<LossScaleParams>().scaling, static_cast<float*>(a.inputs[0]),
+                                             static_cast<const std::int32_t*>(a.inputs[1]));
+          },
+  };
+  return op;
+}
+
+const OpDef& scale_by_loss_scale_op() {
+  static const OpDef op{
+      .name = "scale_by_loss_scale_",
+      .check = [](const OpParams&, std::span<const TensorMeta> inputs) {
+        SG_CHECK(inputs.size() == 2, "op scale_by_loss_scale_ takes the values and the scale state, got ",
+                 inputs.size(), " inputs");
+        const DType dtype = inputs[0].dtype;
+        SG_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+                 "op scale_by_loss_scale_: fp32, bf16 or fp16 values, got ", dtype_name(dtype));
+        check_state("scale_by_loss_scale_", inputs[1]);
+        return std::vector<TensorMeta>{};
+      },
+      .mutated_inputs = {0},
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
+            kernels::launch_scale_by_loss_scale(a.input_metas[0].dtype, a.inputs[0], a.input_metas[0].numel(),
+                                                static_cast<const float*>(a.inputs[1]), stream);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            kernels::host::scale_by_loss_scale(a.input_metas[0].dtype, a.inputs[0], a.input_metas[0].numel(),
+                                               static_cast<const float*>(a.inputs[1]));
+          },
+  };
+  return op;
+}
+
+void loss_scale_update_(Context& ctx, const kernels::LossScaling& scaling, const Tensor& state, const Tensor& flag) {
+  ctx.call(loss_scale_update_op(), LossScaleParams{scaling}, {state, flag});
+}
+
+void scale_by_loss_scale_(Context& ctx, const Tensor& x, const Tensor& state) {
+  ctx.call(scale_by_loss_scale_op(), NoParams{}, {x, state});
 }
 
 void flag_nonfinite_(Context& ctx, const Tensor& flag, const Tensor& x) {

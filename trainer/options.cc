@@ -59,8 +59,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(CLI::IsMember({"auto", "cuda", "host"}));
   app.add_option("--mode", o.mode, "eager (ops launched one by one) or graph (the step captured once, replayed)")
       ->check(CLI::IsMember({"eager", "graph"}));
-  app.add_option("--dtype", o.dtype, "model dtype: bf16 or fp32 (default: bf16 on cuda, fp32 on the host)")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--dtype", o.dtype,
+                 "model dtype: bf16, fp16 (with dynamic loss scaling on the device) or fp32 (default: bf16 on cuda, "
+                 "fp32 on the host)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   app.add_option("--fp8", o.fp8,
                  "FP8 GEMMs in the attention projections and MLPs: none, current, delayed (history 1024) or block "
                  "(1 x 128 / 128 x 128 scales); features and tokens must divide by 16 (block: 128)")
@@ -69,6 +71,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "the probability of dropping each element of the blocks' input and of every attention and MLP "
                  "output (0: none); the generator's state lives on the device and in checkpoints")
       ->check(CLI::Range(0.0, 0.99));
+  app.add_option("--loss-scale-interval", o.loss_scale_interval,
+                 "with --dtype fp16: good steps in a row after which the loss scale doubles (an overflowed step "
+                 "halves it and is skipped)")
+      ->capture_default_str();
   bool skip_nonfinite = true;  // o.skip_nonfinite stays unset unless a flag was given
   CLI::Option* skip_option = app.add_flag("--skip-nonfinite,!--no-skip-nonfinite", skip_nonfinite,
                "skip a step whose loss or any gradient is NaN or infinite: checked on the device, the update inside "
@@ -239,6 +245,11 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(!(o.skip_nonfinite.value_or(false) && o.dp_mode == "zero1"),
            "--skip-nonfinite with --dp-mode zero1: the sharded update's collectives cannot run inside the "
            "conditional node that skips a step (NCCL #1986); use --dp-mode allreduce, or --no-skip-nonfinite");
+  SG_CHECK(o.loss_scale_interval >= 1 && o.loss_scale_interval <= (1 << 24), "--loss-scale-interval must be in [1, ",
+           "2^24], got ", o.loss_scale_interval);
+  SG_CHECK(o.dtype != "fp16" || o.skip_nonfinite.value_or(o.dp_mode != "zero1"),
+           "--dtype fp16 scales the loss and skips the steps whose scaled gradients overflow: it needs the skip "
+           "(leave out --no-skip-nonfinite, and use --dp-mode allreduce)");
   if (!o.skip_nonfinite) o.skip_nonfinite = o.dp_mode != "zero1";
   SG_CHECK(!o.profile || o.mode == "graph", "--profile profiles the captured step: use it with --mode graph");
   SG_CHECK(o.ffn % o.tp == 0, "--ffn (", o.ffn, ") must divide by --tp (", o.tp, "): each rank holds ffn / tp of every block");

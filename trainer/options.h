@@ -48,6 +48,9 @@ struct TrainerOptions {
   // Dropout on the stack's input and every attention and MLP output (Note
   // [Dropout in a captured step] in layers/residual_stack.h); 0: none.
   double dropout = 0;
+  // With --dtype fp16: good steps in a row after which the loss scale doubles
+  // (Note [Loss scaling] in kernels/step_guard.h).
+  std::int64_t loss_scale_interval = 2000;
   // 0 (or empty) below means "the device's default" until resolve_defaults.
   std::int64_t steps = 0;
   std::int64_t layers = -1;  // -1: default (0 blocks is a valid model)

@@ -55,7 +55,7 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
   config.model.hidden = o.hidden;
   config.model.ffn = o.ffn;
   config.model.layers = o.layers;
-  config.model.dtype = o.dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+  config.model.dtype = o.dtype == "fp32" ? DType::kFloat32 : (o.dtype == "fp16" ? DType::kFloat16 : DType::kBFloat16);
   config.model.vocab = model_vocab(vocab, o.tp, config.model.dtype);
   config.model.seed = static_cast<std::uint32_t>(o.seed);
   config.model.experts = o.experts;
@@ -98,6 +98,7 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
     config["config.lr-schedule"] = schedule->to_string();
   }
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
+  if (o.dtype == "fp16") config["config.loss-scale-interval"] = std::to_string(o.loss_scale_interval);
   return config;
 }
 
@@ -210,6 +211,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   LanguageModel model(ctx, config, tp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
   optimizer.set_skip_nonfinite(ctx, o.skip_nonfinite.value_or(o.dp_mode != "zero1"));
+  // fp16: dynamic loss scaling on the device (Note [Loss scaling] in kernels/step_guard.h).
+  const kernels::LossScaling loss_scaling{.growth_interval = static_cast<int>(o.loss_scale_interval)};
+  if (config.model.dtype == DType::kFloat16) optimizer.set_loss_scaling(ctx, loss_scaling);
   TrainStep step(ctx, model, optimizer, local_batch, dp_comm,
                  o.dp_mode == "zero1" ? DataParallelMode::kZero1 : DataParallelMode::kAllReduce);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
@@ -241,6 +245,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (optimizer.schedule()) {
     out << fmt::format("lr schedule: {} (computed on the device from the step counter)\n",
                        optimizer.schedule()->to_string());
+  }
+  if (optimizer.scales_loss()) {
+    out << fmt::format("loss scaling: dynamic, on the device: from {}, x{} after {} good steps, x{} on overflow\n",
+                       loss_scaling.initial_scale, loss_scaling.growth_factor, loss_scaling.growth_interval,
+                       loss_scaling.backoff_factor);
   }
   out << (optimizer.skips_nonfinite()
               ? std::string("non-finite steps: skipped on the device (a step whose loss or gradients are NaN or "
@@ -385,9 +394,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         const std::string rate = optimizer.schedule() ? fmt::format(" lr {:.3g}", optimizer.lr(ctx)) : "";
         const std::int64_t skipped = optimizer.skipped_steps(ctx);
         const std::string skips = skipped > 0 ? fmt::format(" skipped {}", skipped) : "";
-        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}{}{}\n", s, loss,
+        const std::string scale = optimizer.scales_loss() ? fmt::format(" loss_scale {:g}", optimizer.loss_scale(ctx))
+                                                          : "";
+        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}{}{}{}\n", s, loss,
                            static_cast<double>(tokens_per_step * interval_steps) / interval_seconds,
-                           interval_seconds * 1e3 / static_cast<double>(interval_steps), rate, skips);
+                           interval_seconds * 1e3 / static_cast<double>(interval_steps), rate, skips, scale);
         out.flush();
         interval_seconds = 0;
         interval_steps = 0;
@@ -419,6 +430,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (optimizer.skips_nonfinite()) {
     out << fmt::format("non-finite steps skipped: {} (their updates did not run)\n", optimizer.skipped_steps(ctx));
   }
+  if (optimizer.scales_loss()) out << fmt::format("loss scale at the end: {:g}\n", optimizer.loss_scale(ctx));
   if (config.model.fp8) {
     out << fmt::format("fp8: {} quantizations met a non-finite amax (their scales kept)\n",
                        model.non_finite_amaxes(ctx));

@@ -80,6 +80,9 @@ Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer
   if (optimizer.skips_nonfinite()) {
     out.tensors.push_back(to_checkpoint(ctx, "adamw.skipped_steps", optimizer.skipped_counter()));
   }
+  if (optimizer.scales_loss()) {  // the scale and its run of good steps: a resume scales as the run would have
+    out.tensors.push_back(to_checkpoint(ctx, "adamw.loss_scale", optimizer.loss_scale_state()));
+  }
   return out;
 }
 
@@ -122,6 +125,7 @@ Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, 
   if (optimizer.skips_nonfinite() && has_tensor(checkpoint, "adamw.skipped_steps")) {
     from_checkpoint(ctx, checkpoint, "adamw.skipped_steps", optimizer.skipped_counter());
   }
+  if (optimizer.scales_loss()) from_checkpoint(ctx, checkpoint, "adamw.loss_scale", optimizer.loss_scale_state());
   Progress progress;
   progress.step = static_cast<std::int64_t>(parse_count(checkpoint, kStepKey));
   progress.data_position = parse_count(checkpoint, kPositionKey);

@@ -151,9 +151,10 @@ TEST(TrainerHostTest, LogHasStepLinesAndASummary) {
 
 void expect_resume_equals_uninterrupted(const std::string& dtype, const std::string& mode,
                                         const std::string& fp8 = "none", const std::string& lr_schedule = "constant",
-                                        double dropout = 0) {
+                                        double dropout = 0, std::int64_t loss_scale_interval = 2000) {
   TrainerOptions o = small_options(Device::kHost);
   o.dtype = dtype;
+  o.loss_scale_interval = loss_scale_interval;
   o.mode = mode;
   o.dropout = dropout;
   if (lr_schedule != "constant") {  // decaying over the uninterrupted run's 24 steps, whatever --steps says
@@ -175,7 +176,7 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
 
   const std::filesystem::path path =
       temp_path("resume_" + dtype + "_" + mode + "_" + fp8 + "_" + lr_schedule + (dropout > 0 ? "_dropout" : "") +
-                ".safetensors");
+                "_" + std::to_string(loss_scale_interval) + ".safetensors");
   std::filesystem::remove(path);
   o.checkpoint = path.string();
   o.save_every = 5;
@@ -230,6 +231,31 @@ TEST(TrainerHostTest, ResumedDropoutRunEqualsAnUninterruptedOne) {
   expect_resume_equals_uninterrupted("bf16", "graph", "none", "constant", 0.1);
 }
 
+// Note [Loss scaling]: fp16 with the scale doubling every 3 good steps, so it
+// climbs until the scaled gradients overflow, backs off, and skips those
+// steps; the scale and its run of good steps are in the checkpoint, so the
+// resumed run overflows where the uninterrupted one did.
+TEST(TrainerHostTest, ResumedFp16RunWithItsLossScaleEqualsAnUninterruptedOne) {
+  expect_resume_equals_uninterrupted("fp16", "graph", "none", "constant", 0, /*loss_scale_interval=*/3);
+}
+
+TEST(TrainerHostTest, Fp16RunScalesItsLossEagerAndGraphAlike) {
+  TrainerOptions o = small_options(Device::kHost);
+  o.dtype = "fp16";
+  o.loss_scale_interval = 3;
+  o.steps = 30;
+  o.log_every = 1;
+  std::ostringstream log;
+  expect_graph_losses_equal_eager(o, Device::kHost, log);
+  const std::string text = log.str();
+  EXPECT_NE(text.find("loss scaling: dynamic, on the device: from 65536, x2 after 3 good steps"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find(" loss_scale "), std::string::npos) << text;
+  // From 2^16, doubling every 3 steps, the scaled loss gradient overflows fp16 within 30 steps: skipped, backed off.
+  EXPECT_NE(text.find(" skipped "), std::string::npos) << text;
+  EXPECT_NE(text.find("loss scale at the end: "), std::string::npos) << text;
+}
+
 TEST(TrainerHostTest, ResumedBf16GraphRunEqualsAnUninterruptedOne) {
   expect_resume_equals_uninterrupted("bf16", "graph");
 }
@@ -247,6 +273,13 @@ void expect_error(Call&& call, ErrorCode code, const std::string& needle) {
     EXPECT_EQ(error.code(), code) << error.message();
     EXPECT_NE(error.message().find(needle), std::string::npos) << error.message();
   }
+}
+
+TEST(TrainerHostTest, Fp16WithoutTheNonFiniteSkipIsAClearError) {
+  TrainerOptions o;  // as parsed from --dtype fp16 --no-skip-nonfinite
+  o.dtype = "fp16";
+  o.skip_nonfinite = false;
+  expect_error([&] { resolve_defaults(o, Device::kHost); }, ErrorCode::kInvalidArgument, "needs the skip");
 }
 
 TEST(TrainerHostTest, ResumingWithAnotherConfigurationOrNoFileIsAClearError) {

@@ -43,6 +43,13 @@ std::shared_ptr<CapturedStep> CapturedStep::capture(Context& ctx, const StepFunc
   return self;
 }
 
+std::int64_t CapturedStep::planned_pool_bytes(Context& ctx, const StepFunction& step, const CaptureOptions& options) {
+  CapturedStep probe(ctx, options);
+  TraceResult traced = probe.trace(step);
+  (void)apply_pool_report_policy(traced, options.pool_report_policy);
+  return plan_step(traced.program).pool_bytes;
+}
+
 // The step's locals die when it returns; what is still alive then is held by the caller.
 TraceResult CapturedStep::trace(const StepFunction& step) {
   const auto clock = std::chrono::steady_clock::now();
@@ -60,7 +67,15 @@ void CapturedStep::plan_and_bind(TraceResult traced) {
   const auto clock = std::chrono::steady_clock::now();
   plan_ = plan_step(traced.program);
   timings_.plan_ms = ms_since(clock);
-  pool_ = ctx_.backend().allocate_pool(plan_.pool_bytes);
+  if (options_.pool != nullptr) {  // Note [Steps sharing one pool]
+    SG_CHECK(!options_.pool->released(), "capture: the shared pool given in CaptureOptions::pool was released");
+    SG_CHECK(options_.pool->bytes() >= plan_.pool_bytes, "capture: the step plans a pool of ", plan_.pool_bytes,
+             " bytes, but the shared pool holds ", options_.pool->bytes(),
+             "; size it by the largest step (capture_sharing_one_pool does)");
+    pool_ = options_.pool;
+  } else {
+    pool_ = ctx_.backend().allocate_pool(plan_.pool_bytes);
+  }
   std::byte* base = static_cast<std::byte*>(pool_->base());
 
   const auto& values = traced.program.values();
@@ -196,7 +211,11 @@ void CapturedStep::release_pool() {
   ctx_.synchronize();
   executables_.clear();
   segments_.clear();
-  pool_->release();
+  if (shares_pool()) {
+    pool_.reset();  // the others still run in it; it goes with its last owner
+  } else {
+    pool_->release();
+  }
   addresses_.clear();
   state_ = GraphState::kReleased;
 }

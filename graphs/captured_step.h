@@ -35,6 +35,17 @@
 // very tensor. A replay therefore never reads a stale address, whatever the
 // caller passes.
 //
+// Note [Steps sharing one pool]
+// Steps that never run at the same time (one per shape bucket, say) can
+// plan into one pool (CaptureOptions::pool): each keeps its own offsets, the
+// pool is sized by the largest plan (capture_sharing_one_pool in
+// graphs/shared_pool_capture.h), and memory is the largest step's instead
+// of the sum of all of them. A replay overwrites whatever the others left in
+// the pool, their pool outputs included: read a step's outputs before
+// replaying another. Replays are ordered on the context's main stream, so
+// one step's replay never overlaps another's. The pool is held by every
+// step and pool output planned into it and is freed when the last one goes.
+//
 // Note [Sources the caller reuses]
 // replay() returns before the copies run (cuda). A source over memory that
 // the caller's allocator hands out again as soon as the caller drops it
@@ -82,6 +93,10 @@ struct CaptureOptions {
   // whether listed or not; list them so that a rank whose step makes no
   // collective on one is found too.
   std::vector<Communicator*> communicators;
+  // A pool to plan into instead of one of the step's own (Note [Steps sharing
+  // one pool]): it must hold the step's plan (an Error otherwise). Null: the
+  // step allocates its own.
+  std::shared_ptr<PoolMemory> pool;
 };
 
 struct InputBinding {
@@ -106,6 +121,9 @@ class CapturedStep final : public CachedGraph {
   // must outlive the returned step.
   static std::shared_ptr<CapturedStep> capture(Context& ctx, const StepFunction& step,
                                                const CaptureOptions& options = {});
+  // The pool bytes capture() would plan for `step` (traced and planned, the
+  // pool report policy applied; nothing allocated or recorded).
+  static std::int64_t planned_pool_bytes(Context& ctx, const StepFunction& step, const CaptureOptions& options = {});
   ~CapturedStep() override;
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
@@ -127,7 +145,12 @@ class CapturedStep final : public CachedGraph {
   StepProfile profile();
 
   // Frees the pool now; later replays and reads of pool outputs are Errors.
+  // A shared pool (CaptureOptions::pool) is not freed: this step lets go of
+  // it, and it goes with its last owner.
   void release_pool();
+  // The pool the step runs in: its own, or the one it shares.
+  const std::shared_ptr<PoolMemory>& pool() const { return pool_; }
+  bool shares_pool() const { return options_.pool != nullptr; }
 
   GraphState state() const { return state_; }
   const std::vector<Tensor>& outputs() const { return outputs_; }

@@ -56,6 +56,16 @@ class TrainStep::ModelSide {
     for (std::int64_t s = 0; s <= sequences; ++s) cu[s] = static_cast<std::int32_t>(s * (tokens / sequences));
     ctx.copy_from_host(packing_, cu.data(), cu.size() * sizeof(std::int32_t));
   }
+  // A persistent cu_seqlens [sequences + 1] for packings of any lengths:
+  // first one sequence of all the tokens, then empty ones.
+  void make_open_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences) {
+    SG_CHECK(sequences > 0, "TrainStep: a packing needs at least one sequence, got ", sequences);
+    SG_CHECK(tokens < (std::int64_t{1} << 31), "TrainStep: ", tokens, " tokens exceed cu_seqlens' int32");
+    packing_ = ctx.persistent("step.cu_seqlens", {Shape{sequences + 1}, DType::kInt32});
+    std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1), static_cast<std::int32_t>(tokens));
+    cu[0] = 0;
+    ctx.copy_from_host(packing_, cu.data(), cu.size() * sizeof(std::int32_t));
+  }
 
  private:
   Tensor packing_;
@@ -102,6 +112,14 @@ class LanguageModelSide final : public ModelSideOf<LanguageModel> {
         tokens_(ctx.persistent("step.tokens", {token_shape(model.config(), batch), DType::kInt32})),
         token_error_(ctx.persistent("step.token_error", {Shape{1}, DType::kInt32})) {
     if (model.config().sequence_model()) make_packing(ctx, tokens_.shape().dim(0), batch);
+  }
+  LanguageModelSide(Context& ctx, LanguageModel& model, TrainStep::PackedTokens packed)
+      : ModelSideOf(model),
+        tokens_(ctx.persistent("step.tokens", {Shape{packed.tokens, 1}, DType::kInt32})),
+        token_error_(ctx.persistent("step.token_error", {Shape{1}, DType::kInt32})) {
+    SG_CHECK(model.config().sequence_model(), "TrainStep: packed tokens need a sequence model (with attention); "
+             "this LanguageModel is a window model");
+    make_open_packing(ctx, packed.tokens, packed.sequences);
   }
 
   const Tensor& inputs() const override { return tokens_; }
@@ -152,6 +170,13 @@ TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::
                      Communicator* data_parallel, DataParallelMode mode)
     : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer,
                 data_parallel, mode) {}
+
+TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, PackedTokens packed,
+                     Communicator* data_parallel, DataParallelMode mode)
+    : TrainStep(ctx,
+                std::make_unique<LanguageModelSide>(
+                    ctx, model, PackedTokens{checked_rows(packed.tokens, "tokens"), packed.sequences}),
+                optimizer, data_parallel, mode) {}
 
 TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
                      Communicator* data_parallel, DataParallelMode mode, std::int64_t sequences)

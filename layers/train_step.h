@@ -67,6 +67,17 @@ class TrainStep {
   // the same shard.
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
+  // A sequence model's step over `tokens` tokens packed as up to `sequences`
+  // sequences of any lengths (shape buckets, Note [Shape buckets] in
+  // trainer/buckets.h): tokens int32 [tokens, 1], one label per token, and
+  // packing() [sequences + 1], which starts as one sequence of all the
+  // tokens and empty ones after it; write each batch's packing into it.
+  struct PackedTokens {
+    std::int64_t tokens = 0;
+    std::int64_t sequences = 0;
+  };
+  TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, PackedTokens packed,
+            Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   // Creates the step's persistent inputs: activations x [tokens, hidden] in
   // the model dtype, labels int32 [tokens], and the label error flag; with
   // attention, packing() of `sequences` sequences of tokens / sequences.

@@ -1,6 +1,7 @@
 #include "trainer/options.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -75,6 +76,11 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "with --dtype fp16: good steps in a row after which the loss scale doubles (an overflowed step "
                  "halves it and is skipped)")
       ->capture_default_str();
+  app.add_option("--buckets", o.buckets,
+                 "sequences of varying length (each in [--min-seq-len, --seq-len]) trained in shape buckets: token "
+                 "counts like 256,512,1024, or pow2; one captured step per bucket, all in one shared pool, each "
+                 "batch padded (and the padding masked) to the smallest bucket that holds it");
+  app.add_option("--min-seq-len", o.min_seq_len, "with --buckets: the shortest sequence (default --seq-len / 2)");
   bool skip_nonfinite = true;  // o.skip_nonfinite stays unset unless a flag was given
   CLI::Option* skip_option = app.add_flag("--skip-nonfinite,!--no-skip-nonfinite", skip_nonfinite,
                "skip a step whose loss or any gradient is NaN or infinite: checked on the device, the update inside "
@@ -245,6 +251,16 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(!(o.skip_nonfinite.value_or(false) && o.dp_mode == "zero1"),
            "--skip-nonfinite with --dp-mode zero1: the sharded update's collectives cannot run inside the "
            "conditional node that skips a step (NCCL #1986); use --dp-mode allreduce, or --no-skip-nonfinite");
+  if (!o.buckets.empty()) {
+    SG_CHECK(o.heads > 0, "--buckets trains sequences of varying length: it needs the sequence model (--heads > 0)");
+    SG_CHECK(o.tp == 1 && o.dp <= 1 && o.nproc_per_node <= 1,
+             "--buckets runs on one rank for now (no --tp, --dp or --nproc-per-node)");
+    if (o.min_seq_len == 0) o.min_seq_len = std::max<std::int64_t>(o.seq_len / 2, 1);
+    SG_CHECK(o.min_seq_len >= 1 && o.min_seq_len <= o.seq_len, "--min-seq-len (", o.min_seq_len,
+             ") must be in [1, --seq-len ", o.seq_len, "]");
+  } else {
+    SG_CHECK(o.min_seq_len == 0, "--min-seq-len goes with --buckets");
+  }
   SG_CHECK(o.loss_scale_interval >= 1 && o.loss_scale_interval <= (1 << 24), "--loss-scale-interval must be in [1, ",
            "2^24], got ", o.loss_scale_interval);
   SG_CHECK(o.dtype != "fp16" || o.skip_nonfinite.value_or(o.dp_mode != "zero1"),

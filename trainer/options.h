@@ -51,6 +51,11 @@ struct TrainerOptions {
   // With --dtype fp16: good steps in a row after which the loss scale doubles
   // (Note [Loss scaling] in kernels/step_guard.h).
   std::int64_t loss_scale_interval = 2000;
+  // Shape buckets (Note [Shape buckets] in trainer/buckets.h): empty, or
+  // "256,512,..." / "pow2"; each sequence of a step then has a length drawn
+  // in [min_seq_len, seq_len] (0: seq_len / 2).
+  std::string buckets;
+  std::int64_t min_seq_len = 0;
   // 0 (or empty) below means "the device's default" until resolve_defaults.
   std::int64_t steps = 0;
   std::int64_t layers = -1;  // -1: default (0 blocks is a valid model)

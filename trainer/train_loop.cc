@@ -1,6 +1,7 @@
 #include "trainer/train_loop.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,10 +17,12 @@
 #include "engine/error.h"
 #include "engine/fp8_recipe.h"
 #include "graphs/captured_step.h"
+#include "graphs/shared_pool_capture.h"
 #include "layers/adamw.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
 #include "layers/train_step.h"
+#include "trainer/buckets.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data_source.h"
 #include "trainer/distributed.h"
@@ -99,6 +102,10 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
   }
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
   if (o.dtype == "fp16") config["config.loss-scale-interval"] = std::to_string(o.loss_scale_interval);
+  if (!o.buckets.empty()) {  // the sequence lengths and buckets a resume must draw again
+    config["config.buckets"] = o.buckets;
+    config["config.min-seq-len"] = std::to_string(o.min_seq_len);
+  }
   return config;
 }
 
@@ -308,8 +315,36 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                                "all-gather"
                              : "the loss all-reduce and one gradient all-reduce per parameter group");
   }
+  // Note [Shape buckets]: one step per bucket, each over up to local_batch
+  // sequences and the padding's, captured into one shared pool.
+  std::vector<std::int64_t> buckets;
+  std::vector<std::unique_ptr<TrainStep>> bucket_steps;
+  SharedPoolCapture bucket_graphs;
+  std::vector<std::int64_t> bucket_uses;
+  std::int64_t padded_tokens = 0;
+  if (!o.buckets.empty()) {
+    buckets = parse_buckets(o.buckets, local_batch * o.min_seq_len, local_batch * o.seq_len);
+    for (std::int64_t size : buckets) {
+      bucket_steps.push_back(std::make_unique<TrainStep>(ctx, model, optimizer,
+                                                         TrainStep::PackedTokens{size, local_batch + 1}));
+    }
+    bucket_uses.assign(buckets.size(), 0);
+    out << fmt::format("buckets: {} tokens; {} sequences a step of {} to {} tokens each\n",
+                       fmt::join(buckets, ", "), local_batch, o.min_seq_len, o.seq_len);
+    if (o.mode == "graph") {
+      std::vector<CapturedStep::StepFunction> functions;
+      for (const auto& bucket_step : bucket_steps) {
+        functions.push_back([&ctx, bucket_step = bucket_step.get()] { return (*bucket_step)(ctx); });
+      }
+      const auto start = Clock::now();
+      bucket_graphs = capture_sharing_one_pool(ctx, functions);
+      out << fmt::format("captured {} bucket steps in {:.1f} ms into one shared pool of {} (one pool each: {})\n",
+                         buckets.size(), seconds_since(start) * 1e3, mebibytes(bucket_graphs.pool->bytes()),
+                         mebibytes(bucket_graphs.separate_pool_bytes));
+    }
+  }
   std::shared_ptr<CapturedStep> graph;
-  if (o.mode == "graph") {
+  if (o.mode == "graph" && buckets.empty()) {
     if (watchdog) watchdog->start("the capture of the step (the ranks compare their collectives)");
     const auto start = Clock::now();
     graph = CapturedStep::capture(ctx, [&] { return step(ctx); }, {.communicators = step.communicators()});
@@ -338,29 +373,56 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   double total_seconds = 0;
   double interval_seconds = 0;
   std::int64_t interval_steps = 0;
+  std::int64_t interval_tokens = 0;  // predicted tokens (with buckets: without the padding)
+  std::int64_t total_tokens = 0;
+  PackedBatch packed;  // with buckets: the step's batch in its bucket
   result.first_step = done + 1;
   for (std::int64_t s = done + 1; s <= o.steps; ++s) {
     if (watchdog) watchdog->start("step " + std::to_string(s));
     try {
       const auto start = Clock::now();
+      std::int64_t step_tokens = tokens_per_step;
       // This rank's slice of the global batch.
       const auto first = static_cast<std::size_t>(rank * local_batch);
       const auto rows = static_cast<std::size_t>(local_batch);
       const auto width = static_cast<std::size_t>(o.context);
-      // The sequence model's tokens [rows * width, 1] are the windows' bytes.
-      ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
-      if (sequences) {
-        next_token_labels(batch, first, rows, width, labels);
-        ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
-      } else {
-        ctx.copy_from_host(step.labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
-      }
       Tensor loss_tensor;
-      if (graph) {
-        graph->replay();
-        loss_tensor = graph->outputs()[0];
+      const TrainStep* ran = &step;
+      if (!buckets.empty()) {  // Note [Shape buckets]
+        const std::vector<std::int64_t> lengths =
+            sequence_lengths(static_cast<std::uint64_t>(o.seed), s, local_batch, o.min_seq_len, o.seq_len);
+        std::int64_t total = 0;
+        for (std::int64_t length : lengths) total += length;
+        const std::size_t b = bucket_for(buckets, total);
+        pack_into_bucket(batch, first, width, lengths, buckets[b], packed);
+        ran = bucket_steps[b].get();
+        ctx.copy_from_host(ran->inputs(), packed.tokens.data(), packed.tokens.size() * sizeof(std::int32_t));
+        ctx.copy_from_host(ran->labels(), packed.labels.data(), packed.labels.size() * sizeof(std::int32_t));
+        ctx.copy_from_host(ran->packing(), packed.cu_seqlens.data(), packed.cu_seqlens.size() * sizeof(std::int32_t));
+        if (o.mode == "graph") {
+          bucket_graphs.steps[b]->replay();
+          loss_tensor = bucket_graphs.steps[b]->outputs()[0];
+        } else {
+          loss_tensor = (*ran)(ctx)[0];
+        }
+        ++bucket_uses[b];
+        padded_tokens += buckets[b] - packed.real_tokens;
+        step_tokens = packed.real_tokens;
       } else {
-        loss_tensor = step(ctx)[0];
+        // The sequence model's tokens [rows * width, 1] are the windows' bytes.
+        ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
+        if (sequences) {
+          next_token_labels(batch, first, rows, width, labels);
+          ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
+        } else {
+          ctx.copy_from_host(step.labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
+        }
+        if (graph) {
+          graph->replay();
+          loss_tensor = graph->outputs()[0];
+        } else {
+          loss_tensor = step(ctx)[0];
+        }
       }
       std::uint64_t next_position = position;
       if (s < o.steps) {
@@ -368,12 +430,14 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         next_position = data->position();
       }
       const float loss = ctx.to_vector<float>(loss_tensor).at(0);
-      step.check_errors(ctx);
+      ran->check_errors(ctx);
       if (watchdog) watchdog->finish();
       const double seconds = seconds_since(start);
       total_seconds += seconds;
       interval_seconds += seconds;
       ++interval_steps;
+      interval_tokens += step_tokens;
+      total_tokens += step_tokens;
 
       result.losses.push_back(loss);
       window.push_back(loss);
@@ -397,11 +461,12 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         const std::string scale = optimizer.scales_loss() ? fmt::format(" loss_scale {:g}", optimizer.loss_scale(ctx))
                                                           : "";
         out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}{}{}{}\n", s, loss,
-                           static_cast<double>(tokens_per_step * interval_steps) / interval_seconds,
+                           static_cast<double>(interval_tokens) / interval_seconds,
                            interval_seconds * 1e3 / static_cast<double>(interval_steps), rate, skips, scale);
         out.flush();
         interval_seconds = 0;
         interval_steps = 0;
+        interval_tokens = 0;
       } else {
         progress.show(s, o.steps, loss);
       }
@@ -422,8 +487,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   }
 
   const auto steps_run = static_cast<std::int64_t>(result.losses.size());
-  result.mean_tokens_per_s =
-      steps_run > 0 ? static_cast<double>(tokens_per_step * steps_run) / total_seconds : 0.0;
+  result.mean_tokens_per_s = steps_run > 0 ? static_cast<double>(total_tokens) / total_seconds : 0.0;
   result.final_mean_loss = window.empty() ? 0.0 : window_sum / static_cast<double>(window.size());
   out << fmt::format("summary: {} steps, mean tokens/s {:.0f}, mean step_ms {:.3f}\n", steps_run,
                      result.mean_tokens_per_s, steps_run > 0 ? total_seconds * 1e3 / steps_run : 0.0);
@@ -444,6 +508,19 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   } else {
     out << fmt::format("final loss (mean of the last {} steps) {:.4f}\n", window.size(), result.final_mean_loss);
   }
+  if (!buckets.empty()) {
+    std::vector<std::string> uses;
+    for (std::size_t b = 0; b < buckets.size(); ++b) uses.push_back(fmt::format("{}: {}", buckets[b], bucket_uses[b]));
+    out << fmt::format("buckets used (tokens: steps): {}; padding {:.1f}% of the tokens run\n", fmt::join(uses, ", "),
+                       total_tokens + padded_tokens > 0
+                           ? 100.0 * static_cast<double>(padded_tokens) / static_cast<double>(total_tokens + padded_tokens)
+                           : 0.0);
+    if (bucket_graphs.pool) {
+      out << fmt::format("pool: one shared pool of {} ({} bytes) for {} buckets; one pool each would take {} ({} bytes)\n",
+                         mebibytes(bucket_graphs.pool->bytes()), bucket_graphs.pool->bytes(), buckets.size(),
+                         mebibytes(bucket_graphs.separate_pool_bytes), bucket_graphs.separate_pool_bytes);
+    }
+  }
   if (graph) {
     const StepPlan& plan = graph->plan();
     const CaptureTimings& t = graph->timings();
@@ -455,7 +532,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     out << "pool report: "
         << (graph->report().empty() ? "every pool tensor is returned or freed (0 held)" : graph->report().to_string())
         << "\n";
-  } else {
+  } else if (!bucket_graphs.pool) {
     const MemoryStats stats = ctx.memory_stats();
     out << fmt::format("eager peak memory: {} ({} bytes) of transient tensors; persistent {}\n",
                        mebibytes(stats.eager_peak_bytes), stats.eager_peak_bytes, mebibytes(stats.persistent_bytes));

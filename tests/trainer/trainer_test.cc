@@ -151,10 +151,15 @@ TEST(TrainerHostTest, LogHasStepLinesAndASummary) {
 
 void expect_resume_equals_uninterrupted(const std::string& dtype, const std::string& mode,
                                         const std::string& fp8 = "none", const std::string& lr_schedule = "constant",
-                                        double dropout = 0, std::int64_t loss_scale_interval = 2000) {
+                                        double dropout = 0, std::int64_t loss_scale_interval = 2000,
+                                        const std::string& buckets = "") {
   TrainerOptions o = small_options(Device::kHost);
   o.dtype = dtype;
   o.loss_scale_interval = loss_scale_interval;
+  if (!buckets.empty()) {
+    o.buckets = buckets;
+    o.min_seq_len = 3;
+  }
   o.mode = mode;
   o.dropout = dropout;
   if (lr_schedule != "constant") {  // decaying over the uninterrupted run's 24 steps, whatever --steps says
@@ -176,7 +181,7 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
 
   const std::filesystem::path path =
       temp_path("resume_" + dtype + "_" + mode + "_" + fp8 + "_" + lr_schedule + (dropout > 0 ? "_dropout" : "") +
-                "_" + std::to_string(loss_scale_interval) + ".safetensors");
+                "_" + std::to_string(loss_scale_interval) + (buckets.empty() ? "" : "_buckets") + ".safetensors");
   std::filesystem::remove(path);
   o.checkpoint = path.string();
   o.save_every = 5;
@@ -254,6 +259,29 @@ TEST(TrainerHostTest, Fp16RunScalesItsLossEagerAndGraphAlike) {
   // From 2^16, doubling every 3 steps, the scaled loss gradient overflows fp16 within 30 steps: skipped, backed off.
   EXPECT_NE(text.find(" skipped "), std::string::npos) << text;
   EXPECT_NE(text.find("loss scale at the end: "), std::string::npos) << text;
+}
+
+// Note [Shape buckets]: sequences of 3 to 8 tokens, 4 a step, in buckets of
+// 16 and 32 tokens; eager (the bucket steps run directly) equals graphed
+// (one capture each, one shared pool), and the pool is smaller than one per bucket.
+TEST(TrainerHostTest, BucketedEagerAndGraphLossesAreEqualInOneSharedPool) {
+  TrainerOptions o = small_options(Device::kHost);
+  o.buckets = "pow2";
+  o.min_seq_len = 3;
+  std::ostringstream log;
+  const TrainResult graph = expect_graph_losses_equal_eager(o, Device::kHost, log);
+  EXPECT_LT(graph.losses.back(), graph.losses.front()) << log.str();
+  const std::string text = log.str();
+  EXPECT_NE(text.find("buckets: 16, 32 tokens; 4 sequences a step of 3 to 8 tokens each"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("captured 2 bucket steps in "), std::string::npos) << text;
+  EXPECT_NE(text.find("pool: one shared pool of "), std::string::npos) << text;
+  EXPECT_NE(text.find("buckets used (tokens: steps): 16: "), std::string::npos) << text;
+}
+
+// The lengths come from the seed and the step, so a resumed run packs the same buckets.
+TEST(TrainerHostTest, ResumedBucketedRunEqualsAnUninterruptedOne) {
+  expect_resume_equals_uninterrupted("bf16", "graph", "none", "constant", 0, 2000, "16,32");
 }
 
 TEST(TrainerHostTest, ResumedBf16GraphRunEqualsAnUninterruptedOne) {

@@ -1,0 +1,53 @@
+// Note [Shape buckets]
+// A step whose token count varies (sequences of different lengths) would
+// need a capture for every count. With --buckets the trainer captures one
+// step per bucket (a token count) and trains each batch in the smallest
+// bucket that holds it: the batch's sequences are packed one after another,
+// the rest of the bucket is one more sequence of padding tokens whose labels
+// are ignore_index, so the padding changes neither the loss (a mean over
+// the labelled tokens) nor any gradient (its loss gradient is zero, and so
+// is everything the backward derives from it; tests/layers/
+// bucketed_step_test.cc). Every bucket's step plans into one shared pool
+// (Note [Steps sharing one pool] in graphs/captured_step.h), sized by the
+// largest bucket. Each step's sequence lengths are drawn from the seed and
+// the step number alone, so a resumed run draws the same ones.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/data_source.h"
+
+namespace stepgraph::trainer {
+
+// "256,512,1024" (token counts, ascending after parsing) or "pow2": powers of
+// two from the first >= `smallest_batch` (every sequence at its shortest) to
+// the first >= `largest_batch` (every sequence at full length). The largest
+// bucket must hold `largest_batch` tokens; an Error otherwise, or on a
+// malformed list.
+std::vector<std::int64_t> parse_buckets(const std::string& text, std::int64_t smallest_batch,
+                                        std::int64_t largest_batch);
+
+// The index of the smallest bucket holding `tokens`.
+std::size_t bucket_for(const std::vector<std::int64_t>& buckets, std::int64_t tokens);
+
+// Step `step`'s sequence lengths, each uniform in [min_length, max_length],
+// from (seed, step) alone.
+std::vector<std::int64_t> sequence_lengths(std::uint64_t seed, std::int64_t step, std::int64_t sequences,
+                                           std::int64_t min_length, std::int64_t max_length);
+
+// Rows [first, first + lengths.size()) of `batch` (windows of `width` tokens),
+// row r cut to lengths[r] tokens, packed into `bucket` tokens: tokens, their
+// next-token labels (ignore_index for the padding), and cu_seqlens
+// [lengths.size() + 2]: the sequences, then the padding's.
+struct PackedBatch {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int32_t> labels;
+  std::vector<std::int32_t> cu_seqlens;
+  std::int64_t real_tokens = 0;
+};
+void pack_into_bucket(const Batch& batch, std::size_t first, std::size_t width,
+                      const std::vector<std::int64_t>& lengths, std::int64_t bucket, PackedBatch& out);
+
+}  // namespace stepgraph::trainer

@@ -62,12 +62,17 @@ std::vector<std::int64_t> sequence_lengths(std::uint64_t seed, std::int64_t step
   return out;
 }
 
+std::int64_t padded_sequences(std::int64_t batch_sequences, std::int64_t bucket, std::int64_t width) {
+  return batch_sequences + (bucket + width - 1) / width;
+}
+
 void pack_into_bucket(const Batch& batch, std::size_t first, std::size_t width,
-                      const std::vector<std::int64_t>& lengths, std::int64_t bucket, PackedBatch& out) {
+                      const std::vector<std::int64_t>& lengths, std::int64_t bucket, std::int64_t sequences,
+                      PackedBatch& out) {
   const auto size = static_cast<std::size_t>(bucket);
   out.tokens.assign(size, 0);  // padding tokens: any valid id; their labels are ignored
   out.labels.assign(size, kIgnoreIndex);
-  out.cu_seqlens.assign(lengths.size() + 2, 0);
+  out.cu_seqlens.assign(static_cast<std::size_t>(sequences) + 1, 0);
   std::size_t at = 0;
   for (std::size_t r = 0; r < lengths.size(); ++r) {
     const auto length = static_cast<std::size_t>(lengths[r]);
@@ -82,7 +87,14 @@ void pack_into_bucket(const Batch& batch, std::size_t first, std::size_t width,
     out.cu_seqlens[r + 1] = static_cast<std::int32_t>(at);
   }
   out.real_tokens = static_cast<std::int64_t>(at);
-  out.cu_seqlens.back() = static_cast<std::int32_t>(size);  // the padding, possibly empty
+  std::size_t next = lengths.size() + 1;
+  while (at < size) {  // the padding in sequences of at most `width` tokens
+    SG_CHECK_CODE(next < out.cu_seqlens.size(), ErrorCode::kInternal, "pack_into_bucket: ", sequences,
+                  " sequences leave no room for the padding's (padded_sequences gives enough)");
+    at = std::min(size, at + width);
+    out.cu_seqlens[next++] = static_cast<std::int32_t>(at);
+  }
+  for (; next < out.cu_seqlens.size(); ++next) out.cu_seqlens[next] = static_cast<std::int32_t>(size);  // empty
 }
 
 }  // namespace stepgraph::trainer

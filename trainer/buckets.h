@@ -40,7 +40,13 @@ std::vector<std::int64_t> sequence_lengths(std::uint64_t seed, std::int64_t step
 // Rows [first, first + lengths.size()) of `batch` (windows of `width` tokens),
 // row r cut to lengths[r] tokens, packed into `bucket` tokens: tokens, their
 // next-token labels (ignore_index for the padding), and cu_seqlens
-// [lengths.size() + 2]: the sequences, then the padding's.
+// [sequences + 1]: the real sequences, then the padding in sequences of at
+// most `width` tokens, then empty ones. Causal attention costs a sequence's
+// length squared: one padding sequence of 1,024 tokens cost more than the
+// 32 real ones of 64-128 beside it (call T8), chunks of `width` cost no more
+// a token than the real ones. `sequences` must leave room for the chunks
+// (padded_sequences gives enough).
+std::int64_t padded_sequences(std::int64_t batch_sequences, std::int64_t bucket, std::int64_t width);
 struct PackedBatch {
   std::vector<std::int32_t> tokens;
   std::vector<std::int32_t> labels;
@@ -48,6 +54,7 @@ struct PackedBatch {
   std::int64_t real_tokens = 0;
 };
 void pack_into_bucket(const Batch& batch, std::size_t first, std::size_t width,
-                      const std::vector<std::int64_t>& lengths, std::int64_t bucket, PackedBatch& out);
+                      const std::vector<std::int64_t>& lengths, std::int64_t bucket, std::int64_t sequences,
+                      PackedBatch& out);
 
 }  // namespace stepgraph::trainer

@@ -316,7 +316,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                              : "the loss all-reduce and one gradient all-reduce per parameter group");
   }
   // Note [Shape buckets]: one step per bucket, each over up to local_batch
-  // sequences and the padding's, captured into one shared pool.
+  // sequences and the padding's (padded_sequences), captured into one shared pool.
   std::vector<std::int64_t> buckets;
   std::vector<std::unique_ptr<TrainStep>> bucket_steps;
   SharedPoolCapture bucket_graphs;
@@ -325,8 +325,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (!o.buckets.empty()) {
     buckets = parse_buckets(o.buckets, local_batch * o.min_seq_len, local_batch * o.seq_len);
     for (std::int64_t size : buckets) {
-      bucket_steps.push_back(std::make_unique<TrainStep>(ctx, model, optimizer,
-                                                         TrainStep::PackedTokens{size, local_batch + 1}));
+      bucket_steps.push_back(std::make_unique<TrainStep>(
+          ctx, model, optimizer, TrainStep::PackedTokens{size, padded_sequences(local_batch, size, o.seq_len)}));
     }
     bucket_uses.assign(buckets.size(), 0);
     out << fmt::format("buckets: {} tokens; {} sequences a step of {} to {} tokens each\n",
@@ -394,7 +394,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         std::int64_t total = 0;
         for (std::int64_t length : lengths) total += length;
         const std::size_t b = bucket_for(buckets, total);
-        pack_into_bucket(batch, first, width, lengths, buckets[b], packed);
+        pack_into_bucket(batch, first, width, lengths, buckets[b], padded_sequences(local_batch, buckets[b], o.seq_len),
+                         packed);
         ran = bucket_steps[b].get();
         ctx.copy_from_host(ran->inputs(), packed.tokens.data(), packed.tokens.size() * sizeof(std::int32_t));
         ctx.copy_from_host(ran->labels(), packed.labels.data(), packed.labels.size() * sizeof(std::int32_t));

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "tests/support/expect_error.h"
@@ -46,15 +47,20 @@ TEST(BucketsTest, ABatchPacksItsCutSequencesThenMaskedPadding) {
   // Two windows of 4 tokens and the token after each.
   const Batch batch{.windows = {10, 11, 12, 13, 20, 21, 22, 23}, .labels = {14, 24}};
   PackedBatch packed;
-  pack_into_bucket(batch, 0, 4, {2, 4}, 8, packed);
+  EXPECT_EQ(padded_sequences(2, 16, 4), 6);
+  pack_into_bucket(batch, 0, 4, {2, 4}, 16, padded_sequences(2, 16, 4), packed);
   EXPECT_EQ(packed.real_tokens, 6);
-  EXPECT_EQ(packed.tokens, (std::vector<std::int32_t>{10, 11, 20, 21, 22, 23, 0, 0}));
+  EXPECT_EQ(packed.tokens, (std::vector<std::int32_t>{10, 11, 20, 21, 22, 23, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
   // A cut window's last token is labelled by the window's next token; a full one's by the batch label.
-  EXPECT_EQ(packed.labels, (std::vector<std::int32_t>{11, 12, 21, 22, 23, 24, -100, -100}));
-  EXPECT_EQ(packed.cu_seqlens, (std::vector<std::int32_t>{0, 2, 6, 8}));
-  pack_into_bucket(batch, 1, 4, {4}, 4, packed);  // the second window alone, full: no padding
+  const std::vector<std::int32_t> labels = {11, 12, 21, 22, 23, 24};
+  EXPECT_EQ(std::vector<std::int32_t>(packed.labels.begin(), packed.labels.begin() + 6), labels);
+  EXPECT_EQ(std::count(packed.labels.begin(), packed.labels.end(), -100), 10);
+  // The 10 padding tokens in sequences of at most 4 (the window), then an empty one.
+  EXPECT_EQ(packed.cu_seqlens, (std::vector<std::int32_t>{0, 2, 6, 10, 14, 16, 16}));
+  pack_into_bucket(batch, 1, 4, {4}, 4, padded_sequences(1, 4, 4), packed);  // the second window, full: no padding
   EXPECT_EQ(packed.tokens, (std::vector<std::int32_t>{20, 21, 22, 23}));
   EXPECT_EQ(packed.cu_seqlens, (std::vector<std::int32_t>{0, 4, 4}));
+  EXPECT_ERROR_CONTAINS(pack_into_bucket(batch, 0, 4, {2, 4}, 16, 3, packed), "no room for the padding");
 }
 
 }  // namespace

@@ -160,7 +160,11 @@ class CapturedStep final : public CachedGraph {
   const CaptureTimings& timings() const { return timings_; }
   std::size_t segment_count() const { return plan_.segment_ranges.size(); }
   std::int64_t replay_count() const { return replays_; }
-  std::int64_t pool_bytes() const override { return plan_.pool_bytes; }
+  // The pool's bytes: the plan's, or a shared pool's (held by this step until released).
+  std::int64_t pool_bytes() const override { return pool_ != nullptr ? pool_->bytes() : plan_.pool_bytes; }
+  const void* pool_identity() const override {
+    return pool_ != nullptr ? static_cast<const void*>(pool_.get()) : static_cast<const void*>(this);
+  }
   // The pool base the segments were recorded with: replays use it
   // unchanged, nothing is re-recorded.
   const void* recorded_pool_base() const { return recorded_pool_base_; }

@@ -28,10 +28,15 @@ std::shared_ptr<CachedGraph> GraphCache::get_or_capture(const GraphKey& key,
   SG_CHECK_CODE(bytes >= 0, ErrorCode::kInternal, "graph cache: the graph for ", key.to_string(),
                 " reports negative pool bytes (", bytes, ")");
 
-  order_.push_front(Entry{key, graph, bytes});
+  const void* pool = graph->pool_identity();
+  order_.push_front(Entry{key, graph, bytes, pool});
   index_.emplace(key, order_.begin());
   ++stats_.captures;
-  stats_.pool_bytes += bytes;
+  HeldPool& held = pools_[pool];
+  if (held.entries++ == 0) {
+    held.bytes = bytes;
+    stats_.pool_bytes += bytes;
+  }
   logger().debug("graph cache: captured {} ({} pool bytes)", key.to_string(), bytes);
 
   if (bytes > max_pool_bytes_) {
@@ -62,6 +67,7 @@ void GraphCache::erase(const GraphKey& key) {
 void GraphCache::clear() {
   index_.clear();
   order_.clear();
+  pools_.clear();
   stats_.pool_bytes = 0;
 }
 
@@ -84,7 +90,11 @@ void GraphCache::evict_to_bound() {
 
 // Only the cache's reference goes; other holders keep the graph alive.
 void GraphCache::drop(Order::iterator entry) {
-  stats_.pool_bytes -= entry->pool_bytes;
+  const auto held = pools_.find(entry->pool);
+  if (held != pools_.end() && --held->second.entries == 0) {  // the pool's last entry
+    stats_.pool_bytes -= held->second.bytes;
+    pools_.erase(held);
+  }
   index_.erase(entry->key);
   order_.erase(entry);
 }

@@ -1,5 +1,5 @@
 // GraphCache: captured graphs by value key (GraphKey), bounded by the pool
-// memory they hold. A miss captures once and stores the result; when the
+// memory they hold (a pool several entries share counted once). A miss captures once and stores the result; when the
 // total pool bytes exceed the bound, least-recently-used entries are evicted.
 // CUDA-free: an entry is anything that owns pool memory (CachedGraph).
 //
@@ -32,6 +32,10 @@ class CachedGraph {
  public:
   virtual ~CachedGraph() = default;
   virtual std::int64_t pool_bytes() const = 0;
+  // The memory pool_bytes() counts: graphs planned into one shared pool (one
+  // per shape bucket, Note [Steps sharing one pool]) return that pool, so
+  // the cache counts it once however many of them it holds.
+  virtual const void* pool_identity() const { return this; }
 };
 
 class GraphCache {
@@ -91,6 +95,11 @@ class GraphCache {
     GraphKey key;
     std::shared_ptr<CachedGraph> graph;
     std::int64_t pool_bytes = 0;
+    const void* pool = nullptr;  // CachedGraph::pool_identity
+  };
+  struct HeldPool {
+    std::int64_t bytes = 0;
+    int entries = 0;
   };
   using Order = std::list<Entry>;  // most recently used first
 
@@ -100,6 +109,7 @@ class GraphCache {
   std::int64_t max_pool_bytes_;
   Order order_;
   std::unordered_map<GraphKey, Order::iterator, GraphKeyHash> index_;
+  std::unordered_map<const void*, HeldPool> pools_;  // what stats_.pool_bytes adds up, each pool once
   Stats stats_;
 };
 

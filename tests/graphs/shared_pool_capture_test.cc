@@ -17,6 +17,8 @@
 
 #include "engine/context.h"
 #include "graphs/captured_step.h"
+#include "graphs/graph_cache.h"
+#include "graphs/graph_key.h"
 #include "ops/elementwise_ops.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
@@ -116,6 +118,30 @@ TEST(SharedPoolCaptureTest, BucketsShareTheLargestPoolAndEachReplaysAsEagerOnThe
 TEST(SharedPoolCaptureTest, BucketsShareTheLargestPoolAndEachReplaysAsEagerOnTheGpu) {
   SG_SKIP_WITHOUT_GPU();
   expect_buckets_share_one_pool(Device::kCuda);
+}
+
+// A GraphCache holding the buckets' steps under keys that carry the bucket
+// counts their shared pool once (CachedGraph::pool_identity).
+TEST(SharedPoolCaptureTest, AGraphCacheKeyedByBucketCountsTheSharedPoolOnce) {
+  Context ctx(Device::kHost);
+  std::vector<Bucket> buckets;
+  for (std::int64_t rows : {32, 128}) buckets.emplace_back(ctx, rows, static_cast<std::uint32_t>(rows));
+  std::vector<CapturedStep::StepFunction> steps;
+  for (const Bucket& b : buckets) steps.push_back([&ctx, &b] { return b.step(ctx); });
+  SharedPoolCapture captured = capture_sharing_one_pool(ctx, steps);
+  auto key = [](const Bucket& b) { return GraphKey().add("step", "bucketed").add("bucket", b.rows); };
+  GraphCache cache(std::int64_t{1} << 30);
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    const auto step = captured.steps[i];
+    EXPECT_EQ(cache.get_or_capture<CapturedStep>(key(buckets[i]), [&] { return step; }), step);
+  }
+  EXPECT_EQ(cache.stats().entries, 2);
+  EXPECT_EQ(cache.stats().pool_bytes, captured.pool->bytes());  // once, not twice
+  EXPECT_EQ(cache.find(key(buckets[0])), captured.steps[0]);
+  cache.erase(key(buckets[1]));
+  EXPECT_EQ(cache.stats().pool_bytes, captured.pool->bytes());  // the other entry still holds it
+  cache.erase(key(buckets[0]));
+  EXPECT_EQ(cache.stats().pool_bytes, 0);
 }
 
 TEST(SharedPoolCaptureTest, APoolTooSmallForTheStepIsAClearError) {

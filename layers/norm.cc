@@ -47,10 +47,9 @@ Tensor Norm::backward(Context& ctx, const Saved& saved, const BwdArgs& args) con
   check_input(label_, "backward", "saved.x", saved.x, {"...", config_.hidden}, config_.dtype, "the forward's input");
   check_input(label_, "backward", "dy", args.dy, exactly(saved.x.shape()), config_.dtype, "the forward's output");
   const ops::NormParams params{config_.kind, config_.eps};
-  const ops::NormBackward b = ops::norm_backward(ctx, params, args.dy, saved.x, saved.mean, saved.rstd, gamma_.value);
-  ops::copy_(ctx, gamma_.grad, b.dgamma);
-  if (layernorm()) ops::copy_(ctx, beta_.grad, b.dbeta);
-  return b.dx;
+  // The parameter gradients straight into gamma's and beta's grads: no copy launches after it.
+  return ops::norm_backward_into_(ctx, params, args.dy, saved.x, saved.mean, saved.rstd, gamma_.value, gamma_.grad,
+                                  layernorm() ? beta_.grad : Tensor());
 }
 
 }  // namespace stepgraph

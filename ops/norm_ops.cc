@@ -54,25 +54,53 @@ std::vector<TensorMeta> check_forward(const OpParams& params, std::span<const Te
 }
 
 // Backward inputs: dy, x, [mean], rstd, gamma.
-std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const TensorMeta> inputs) {
+// The inputs of both backward ops before the parameter gradients: dy, x, [mean], rstd, gamma.
+std::size_t backward_arity(const NormParams& p) { return layernorm(p) ? 5 : 4; }
+
+// norm_backward outputs dgamma (and dbeta); norm_backward_into_ takes them as
+// inputs after gamma and writes them in place (a layer's gradients, without
+// a copy).
+std::vector<TensorMeta> check_backward_of(std::string_view op, const OpParams& params,
+                                          std::span<const TensorMeta> inputs, bool into) {
   const NormParams& p = params.as<NormParams>();
-  const std::size_t arity = layernorm(p) ? 5 : 4;
-  SG_CHECK(inputs.size() == arity, "op norm_backward (", p.to_string(), ") takes ", arity, " inputs, got ",
-           inputs.size());
+  const std::size_t grads = into ? (layernorm(p) ? 2 : 1) : 0;
+  const std::size_t arity = backward_arity(p) + grads;
+  SG_CHECK(inputs.size() == arity, "op ", op, " (", p.to_string(), ") takes ", arity, " inputs, got ", inputs.size());
   const kernels::NormDesc desc = describe(p, inputs[1]);
   kernels::check_norm(desc);
-  expect("norm_backward", "dy", inputs[0], inputs[1]);
+  expect(op, "dy", inputs[0], inputs[1]);
   const TensorMeta stat{Shape{desc.rows}, DType::kFloat32};
   std::size_t next = 2;
-  if (layernorm(p)) expect("norm_backward", "mean", inputs[next++], stat);
-  expect("norm_backward", "rstd", inputs[next++], stat);
-  expect("norm_backward", "gamma", inputs[next], {Shape{desc.hidden}, inputs[1].dtype});
+  if (layernorm(p)) expect(op, "mean", inputs[next++], stat);
+  expect(op, "rstd", inputs[next++], stat);
+  expect(op, "gamma", inputs[next++], {Shape{desc.hidden}, inputs[1].dtype});
   const TensorMeta grad{Shape{desc.hidden}, DType::kFloat32};
-  std::vector<TensorMeta> out{inputs[1], grad};
-  if (layernorm(p)) out.push_back(grad);
+  if (into) {
+    expect(op, "dgamma", inputs[next++], grad);
+    if (layernorm(p)) expect(op, "dbeta", inputs[next], grad);
+  }
+  std::vector<TensorMeta> out{inputs[1]};
+  if (!into) {
+    out.push_back(grad);
+    if (layernorm(p)) out.push_back(grad);
+  }
   const auto scratch = static_cast<std::int64_t>((kernels::norm_backward_workspace_bytes(desc) + 3) / 4);
   out.push_back({Shape{scratch}, DType::kFloat32});
   return out;
+}
+
+std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const TensorMeta> inputs) {
+  return check_backward_of("norm_backward", params, inputs, false);
+}
+
+std::vector<TensorMeta> check_backward_into(const OpParams& params, std::span<const TensorMeta> inputs) {
+  return check_backward_of("norm_backward_into_", params, inputs, true);
+}
+
+std::vector<int> written_gradients(const OpParams& params, std::size_t) {
+  const NormParams& p = params.as<NormParams>();
+  const int first = static_cast<int>(backward_arity(p));
+  return layernorm(p) ? std::vector<int>{first, first + 1} : std::vector<int>{first};
 }
 
 struct ForwardPointers {
@@ -106,20 +134,40 @@ struct BackwardPointers {
   void* workspace;
 };
 
-BackwardPointers backward_pointers(const NormParams& p, const KernelArgs& a) {
+BackwardPointers backward_pointers(const NormParams& p, const KernelArgs& a, bool into) {
   BackwardPointers b{};
   b.dy = a.inputs[0];
   b.x = a.inputs[1];
   std::size_t next = 2;
   if (layernorm(p)) b.mean = static_cast<const float*>(a.inputs[next++]);
   b.rstd = static_cast<const float*>(a.inputs[next++]);
-  b.gamma = a.inputs[next];
+  b.gamma = a.inputs[next++];
   b.dx = a.outputs[0];
+  if (into) {  // the parameter gradients follow gamma among the inputs
+    b.dgamma = static_cast<float*>(a.inputs[next++]);
+    if (layernorm(p)) b.dbeta = static_cast<float*>(a.inputs[next]);
+    b.workspace = a.outputs[1];
+    return b;
+  }
   b.dgamma = static_cast<float*>(a.outputs[1]);
   next = 2;
   if (layernorm(p)) b.dbeta = static_cast<float*>(a.outputs[next++]);
   b.workspace = a.outputs[next];
   return b;
+}
+
+void launch_backward(const OpParams& params, const KernelArgs& a, CUstream_st* stream, bool into) {
+  const NormParams& p = params.as<NormParams>();
+  const BackwardPointers b = backward_pointers(p, a, into);
+  kernels::launch_norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma,
+                                b.dbeta, b.workspace, stream);
+}
+
+void run_backward_host(const OpParams& params, const KernelArgs& a, bool into) {
+  const NormParams& p = params.as<NormParams>();
+  const BackwardPointers b = backward_pointers(p, a, into);
+  kernels::host::norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma,
+                               b.dbeta);
 }
 
 }  // namespace
@@ -149,20 +197,21 @@ const OpDef& norm_backward_op() {
   static const OpDef op{
       .name = "norm_backward",
       .check = check_backward,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const NormParams& p = params.as<NormParams>();
-            const BackwardPointers b = backward_pointers(p, a);
-            kernels::launch_norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx,
-                                          b.dgamma, b.dbeta, b.workspace, stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const NormParams& p = params.as<NormParams>();
-            const BackwardPointers b = backward_pointers(p, a);
-            kernels::host::norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx,
-                                         b.dgamma, b.dbeta);
-          },
+      .launch_cuda = [](const OpParams& params, const KernelArgs& a,
+                        CUstream_st* stream) { launch_backward(params, a, stream, false); },
+      .run_host = [](const OpParams& params, const KernelArgs& a) { run_backward_host(params, a, false); },
+  };
+  return op;
+}
+
+const OpDef& norm_backward_into_op() {
+  static const OpDef op{
+      .name = "norm_backward_into_",
+      .check = check_backward_into,
+      .mutated_inputs_for = written_gradients,
+      .launch_cuda = [](const OpParams& params, const KernelArgs& a,
+                        CUstream_st* stream) { launch_backward(params, a, stream, true); },
+      .run_host = [](const OpParams& params, const KernelArgs& a) { run_backward_host(params, a, true); },
   };
   return op;
 }
@@ -192,6 +241,17 @@ NormBackward norm_backward(Context& ctx, const NormParams& params, const Tensor&
   result.dgamma = out[1];
   if (layernorm(params)) result.dbeta = out[2];
   return result;
+}
+
+Tensor norm_backward_into_(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& gamma, const Tensor& dgamma, const Tensor& dbeta) {
+  std::vector<Tensor> inputs{dy, x};
+  if (layernorm(params)) inputs.push_back(mean);
+  inputs.push_back(rstd);
+  inputs.push_back(gamma);
+  inputs.push_back(dgamma);
+  if (layernorm(params)) inputs.push_back(dbeta);
+  return ctx.call(norm_backward_into_op(), params, std::move(inputs)).at(0);
 }
 
 }  // namespace stepgraph::ops

@@ -38,7 +38,14 @@ NormForward norm_forward(Context& ctx, const NormParams& params, const Tensor& x
 NormBackward norm_backward(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x,
                            const Tensor& mean, const Tensor& rstd, const Tensor& gamma);
 
+// norm_backward writing dgamma and dbeta (fp32 [hidden], existing tensors:
+// a layer's gradients; beta's ignored for RMSNorm) in place instead of new
+// outputs, so no copy follows; returns dx.
+Tensor norm_backward_into_(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& gamma, const Tensor& dgamma, const Tensor& dbeta = {});
+
 const OpDef& norm_forward_op();
 const OpDef& norm_backward_op();
+const OpDef& norm_backward_into_op();
 
 }  // namespace stepgraph::ops

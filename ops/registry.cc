@@ -60,6 +60,7 @@ std::span<const OpDef* const> all_ops() {
       &grouped_fp8_wgrad_op(),
       &norm_forward_op(),
       &norm_backward_op(),
+      &norm_backward_into_op(),
       &gelu_op(),
       &gelu_backward_op(),
       &residual_add_op(),

@@ -268,6 +268,8 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
            "(leave out --no-skip-nonfinite, and use --dp-mode allreduce)");
   if (!o.skip_nonfinite) o.skip_nonfinite = o.dp_mode != "zero1";
   SG_CHECK(!o.profile || o.mode == "graph", "--profile profiles the captured step: use it with --mode graph");
+  SG_CHECK(!o.profile || o.buckets.empty(), "--profile profiles the one captured step; --buckets captures one per "
+           "bucket, which it does not profile yet: leave one of them out");
   SG_CHECK(o.ffn % o.tp == 0, "--ffn (", o.ffn, ") must divide by --tp (", o.tp, "): each rank holds ffn / tp of every block");
   MLPOverlap::parse(o.overlap);  // an Error naming the mode that does not fit
 

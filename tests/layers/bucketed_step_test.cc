@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -25,6 +24,7 @@
 #include "layers/adamw.h"
 #include "layers/residual_stack.h"
 #include "layers/train_step.h"
+#include "tests/layers/train_rig.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
@@ -32,12 +32,6 @@ namespace stepgraph {
 namespace {
 
 constexpr std::int32_t kIgnore = -100;  // CrossEntropyParams::ignore_index, the step's default
-
-std::uint32_t bits(float value) {
-  std::uint32_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
-}
 
 void expect_padded_buckets_train_as_unpadded(Device device) {
   testing::SeededRng rng;
@@ -98,7 +92,7 @@ void expect_padded_buckets_train_as_unpadded(Device device) {
     const float loss = ctx.to_vector<float>(captured.steps[b]->outputs().at(0)).at(0);
     padded.check_errors(ctx);
     if (device == Device::kHost) {
-      ASSERT_EQ(bits(loss), bits(expected)) << "step " << s << ": " << t << " tokens in the " << bucket
+      ASSERT_EQ(testing::bits(loss), testing::bits(expected)) << "step " << s << ": " << t << " tokens in the " << bucket
                                             << "-token bucket: " << loss << " against " << expected;
     } else {
       ASSERT_NEAR(loss, expected, 2e-4 * std::fabs(expected)) << "step " << s << ": " << t << " tokens";

@@ -483,8 +483,8 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
     ops::GemmParams wgrad{.trans_a = true,
                           .epilogue = config_.bias ? GemmEpilogue::kBiasGradOfA : GemmEpilogue::kNone,
                           .out_dtype = DType::kFloat32};
-    const Tensor bias_grad = ops::gemm_into_(ctx, weight_.grad, dy, saved.x, wgrad);
-    if (config_.bias) ops::copy_(ctx, bias_.grad, bias_grad);
+    // The bias gradient straight into bias_.grad (fp32 like the epilogue's output): no copy after it.
+    ops::gemm_into_(ctx, weight_.grad, dy, saved.x, wgrad, {}, {}, config_.bias ? bias_.grad : Tensor());
   }
   if (!saved.dgrad) return {};
   if (column() && sequence_parallel()) {

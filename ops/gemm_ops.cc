@@ -25,6 +25,9 @@ std::string GemmParams::to_string() const {
     length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), " blocks %s x %s",
                             blocks_name(a_blocks), blocks_name(b_blocks));
   }
+  if (bias_grad_into) {
+    length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", bias grad in place");
+  }
   if (rows > 0 || a_row > 0 || d_row > 0) {
     length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length),
                             ", rows=%lld a_row=%lld d_row=%lld", static_cast<long long>(rows),
@@ -47,6 +50,7 @@ struct Layout {
   int a_scale_inv = -1;
   int b_scale_inv = -1;
   int d = -1;
+  int bias_grad = -1;  // GemmParams::bias_grad_into
   std::size_t inputs = 2;
 };
 
@@ -61,6 +65,7 @@ Layout input_layout(const GemmParams& p, bool into) {
     layout.b_scale_inv = static_cast<int>(layout.inputs++);
   }
   if (into) layout.d = static_cast<int>(layout.inputs++);
+  if (into && p.bias_grad_into) layout.bias_grad = static_cast<int>(layout.inputs++);
   return layout;
 }
 
@@ -106,7 +111,7 @@ void check_windows(const GemmParams& p, std::span<const TensorMeta> inputs, bool
     SG_CHECK(p.d_row == 0, "op ", op, ": d_row (", p.d_row, ") is for gemm_into_; a fresh D is the window itself");
     return;
   }
-  const TensorMeta& d = inputs.back();
+  const TensorMeta& d = inputs[static_cast<std::size_t>(input_layout(p, true).d)];
   SG_CHECK(d.shape.rank() == 2 && p.d_row + m <= d.shape.dim(0), "op ", op, ": D rows [", p.d_row, ", ",
            p.d_row + m, ") exceed D ", d.shape);
 }
@@ -150,9 +155,17 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
   std::vector<TensorMeta> outputs;
   if (!into) outputs.push_back(d_meta);
   if (!into && kernels::epilogue_writes_aux(p.epilogue)) outputs.push_back(d_meta);
+  SG_CHECK(!p.bias_grad_into || (into && kernels::epilogue_writes_bias_grad(p.epilogue)), "op ", op,
+           ": bias_grad_into needs gemm_into_ with an epilogue that writes a bias gradient, got ",
+           kernels::gemm_epilogue_name(p.epilogue));
   if (kernels::epilogue_writes_bias_grad(p.epilogue)) {
     const std::int64_t length = p.epilogue == GemmEpilogue::kBiasGradOfA ? desc.m : desc.n;
-    outputs.push_back({Shape{length}, p.out_dtype});
+    const TensorMeta bias_grad{Shape{length}, p.out_dtype};
+    if (layout.bias_grad >= 0) {
+      expect_meta("the bias gradient written in place", inputs[layout.bias_grad], bias_grad, op);
+    } else {
+      outputs.push_back(bias_grad);
+    }
   }
   SG_CHECK(p.workspace_bytes >= 0 && p.workspace_bytes % 4 == 0 &&
                static_cast<std::size_t>(p.workspace_bytes) <= kernels::gemm_workspace_bytes(),
@@ -183,7 +196,11 @@ kernels::GemmOperands operands(const GemmParams& p, const KernelArgs& args, bool
   std::size_t next = 0;
   o.d = into ? row_address<void>(args.inputs[layout.d], args.input_metas[layout.d], p.d_row) : args.outputs[next++];
   if (!into && kernels::epilogue_writes_aux(p.epilogue)) o.aux = args.outputs[next++];
-  if (kernels::epilogue_writes_bias_grad(p.epilogue)) o.bias_grad = args.outputs[next++];
+  if (layout.bias_grad >= 0) {
+    o.bias_grad = args.inputs[layout.bias_grad];
+  } else if (kernels::epilogue_writes_bias_grad(p.epilogue)) {
+    o.bias_grad = args.outputs[next++];
+  }
   o.workspace_bytes = static_cast<std::size_t>(p.workspace_bytes);
   if (p.workspace_bytes > 0) o.workspace = args.outputs[next];
   return o;
@@ -213,8 +230,10 @@ void prepare_cuda(const OpParams& params, std::span<const TensorMeta> inputs) {
 std::vector<int> written_input(const OpParams& params, std::size_t) {
   const GemmParams& p = params.as<GemmParams>();
   const Layout layout = input_layout(p, true);
-  if (kernels::epilogue_writes_aux(p.epilogue)) return {layout.aux, layout.d};
-  return {layout.d};
+  std::vector<int> out{layout.d};
+  if (kernels::epilogue_writes_aux(p.epilogue)) out.push_back(layout.aux);
+  if (layout.bias_grad >= 0) out.push_back(layout.bias_grad);
+  return out;
 }
 
 }  // namespace
@@ -296,14 +315,18 @@ void fp8_gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor
 }
 
 Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
-                  const Tensor& bias, const Tensor& aux) {
+                  const Tensor& bias, const Tensor& aux, const Tensor& bias_grad) {
   std::vector<Tensor> inputs{a, b};
   if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
   if (kernels::epilogue_uses_aux(params.epilogue)) inputs.push_back(aux);
   inputs.push_back(d);
-  const GemmParams sized = with_workspace(ctx, params, inputs);
+  GemmParams into = params;
+  into.bias_grad_into = bias_grad.defined();
+  if (bias_grad.defined()) inputs.push_back(bias_grad);
+  const GemmParams sized = with_workspace(ctx, into, inputs);
   std::vector<Tensor> outputs = ctx.call(gemm_into_op(), sized, std::move(inputs));
-  return kernels::epilogue_writes_bias_grad(params.epilogue) ? outputs[0] : Tensor();
+  if (!kernels::epilogue_writes_bias_grad(params.epilogue)) return Tensor();
+  return bias_grad.defined() ? bias_grad : outputs[0];
 }
 
 }  // namespace stepgraph::ops

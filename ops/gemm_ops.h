@@ -49,6 +49,10 @@ struct GemmParams {
   // what its algorithm needs on the context's GPU, none on the host. Set by
   // the functions below (Backend::library_scratch_bytes).
   std::int64_t workspace_bytes = 0;
+  // gemm_into_ with kBiasGradOfA or kDGeluBGrad: the bias gradient is written
+  // into an existing tensor (an input after D, e.g. a bias's fp32 grad)
+  // instead of a new output, so no copy follows. Set by gemm_into_.
+  bool bias_grad_into = false;
 
   bool operator==(const GemmParams&) const = default;
   std::string to_string() const;
@@ -81,9 +85,10 @@ void fp8_gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor
 // [d_row, d_row + m) of it. Any epilogue: `bias` [n] for kBias and
 // kGeluAuxBias, `aux` (an existing tensor shaped like d, the same rows) written
 // by kGeluAuxBias and read by kDGeluBGrad. Returns the bias gradient for
-// kBiasGradOfA and kDGeluBGrad, else an undefined tensor.
+// kBiasGradOfA and kDGeluBGrad, else an undefined tensor: written into
+// `bias_grad` when given (its length and out_dtype), else a new tensor.
 Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
-                  const Tensor& bias = {}, const Tensor& aux = {});
+                  const Tensor& bias = {}, const Tensor& aux = {}, const Tensor& bias_grad = {});
 
 const OpDef& gemm_op();
 const OpDef& gemm_into_op();

@@ -40,7 +40,9 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
                 "ResidualStack: dropout (", config.dropout, ") is not supported with tensor parallelism yet");
   if (config.dropout > 0.0f) {
     rng_ = ctx.persistent("rng.state", {Shape{2}, DType::kInt64});
-    const std::int64_t initial[2] = {static_cast<std::int64_t>(config.seed) * 0x9E3779B97F4A7C15LL + 1, 0};
+    // The seed spread over 64 bits (the golden-ratio multiplier; unsigned, so it wraps), as the key's bits.
+    const std::uint64_t key = static_cast<std::uint64_t>(config.seed) * 0x9E3779B97F4A7C15ULL + 1;
+    const std::int64_t initial[2] = {static_cast<std::int64_t>(key), 0};
     ctx.copy_from_host(rng_, initial, sizeof(initial));
   }
   SG_CHECK_CODE(config.heads == 0 || tensor_parallel == nullptr, ErrorCode::kUnsupported,

@@ -50,24 +50,27 @@ class TrainStep::ModelSide {
   void make_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences) {
     SG_CHECK(sequences > 0 && tokens % sequences == 0, "TrainStep: ", tokens,
              " tokens do not split into sequences of equal length (sequences = ", sequences, ")");
-    SG_CHECK(tokens < (std::int64_t{1} << 31), "TrainStep: ", tokens, " tokens exceed cu_seqlens' int32");
-    packing_ = ctx.persistent("step.cu_seqlens", {Shape{sequences + 1}, DType::kInt32});
     std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1));
     for (std::int64_t s = 0; s <= sequences; ++s) cu[s] = static_cast<std::int32_t>(s * (tokens / sequences));
-    ctx.copy_from_host(packing_, cu.data(), cu.size() * sizeof(std::int32_t));
+    set_packing(ctx, tokens, cu);
   }
   // A persistent cu_seqlens [sequences + 1] for packings of any lengths:
   // first one sequence of all the tokens, then empty ones.
   void make_open_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences) {
     SG_CHECK(sequences > 0, "TrainStep: a packing needs at least one sequence, got ", sequences);
-    SG_CHECK(tokens < (std::int64_t{1} << 31), "TrainStep: ", tokens, " tokens exceed cu_seqlens' int32");
-    packing_ = ctx.persistent("step.cu_seqlens", {Shape{sequences + 1}, DType::kInt32});
     std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1), static_cast<std::int32_t>(tokens));
     cu[0] = 0;
-    ctx.copy_from_host(packing_, cu.data(), cu.size() * sizeof(std::int32_t));
+    set_packing(ctx, tokens, cu);
   }
 
  private:
+  // packing_: a persistent int32 copy of `cu`, the cu_seqlens of `tokens` tokens.
+  void set_packing(Context& ctx, std::int64_t tokens, const std::vector<std::int32_t>& cu) {
+    SG_CHECK(tokens < (std::int64_t{1} << 31), "TrainStep: ", tokens, " tokens exceed cu_seqlens' int32");
+    packing_ = ctx.persistent("step.cu_seqlens", {Shape{static_cast<std::int64_t>(cu.size())}, DType::kInt32});
+    ctx.copy_from_host(packing_, cu.data(), cu.size() * sizeof(std::int32_t));
+  }
+
   Tensor packing_;
 };
 

@@ -43,6 +43,7 @@ enum class HandleKind : std::uint8_t {
   kGraph = 8,
   kGraphCache = 9,
   kWorld = 10,
+  kGraphedLayers = 11,
 };
 
 // "context", "tensor", "graph", ... (for messages).
@@ -79,6 +80,7 @@ SG_HANDLE_KIND(sg_train_step_s, kTrainStep);
 SG_HANDLE_KIND(sg_graph_s, kGraph);
 SG_HANDLE_KIND(sg_graph_cache_s, kGraphCache);
 SG_HANDLE_KIND(sg_world_s, kWorld);
+SG_HANDLE_KIND(sg_graphed_layers_s, kGraphedLayers);
 #undef SG_HANDLE_KIND
 
 static_assert(sizeof(void*) == sizeof(std::uint64_t), "handles are 64-bit values in pointer-typed C handles");

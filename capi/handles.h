@@ -32,27 +32,17 @@
 #include "graphs/captured_step.h"
 #include "graphs/graph_cache.h"
 #include "layers/adamw.h"
+#include "layers/any_layer.h"
+#include "layers/graphed_layers.h"
 #include "layers/parameter.h"
 #include "layers/residual_stack.h"
 #include "layers/train_step.h"
 
 namespace stepgraph::capi {
 
-// A layer behind the C API: the four dense layers and the ResidualStack share
-// forward (x -> y and what backward needs), backward and parameters.
-class LayerBase {
- public:
-  virtual ~LayerBase() = default;
-  virtual std::string_view kind() const = 0;
-  virtual std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& x) = 0;
-  // `saved` comes from this layer's forward (the caller checks that).
-  virtual Tensor backward(Context& ctx, const std::any& saved, const Tensor& dy) = 0;
-  virtual std::vector<Parameter*> parameters() = 0;
-
-  // What the layer uses and must outlive it (a tensor-parallel stack's world).
-  // See Note [Handles hold references]. Destroyed after the derived layer.
-  std::shared_ptr<const void> keeps;
-};
+// A layer behind the C API: the four dense layers and the ResidualStack
+// share one interface (layers/any_layer.h); `keeps` holds what it uses.
+using LayerBase = AnyLayer;
 
 struct OptimizerState {
   std::shared_ptr<Context> ctx;
@@ -145,6 +135,14 @@ struct sg_graph_s {
 
 struct sg_world_s {
   std::shared_ptr<stepgraph::capi::WorldState> state;
+};
+
+struct sg_graphed_layers_s {
+  // The graphs go before the layers and the context they use.
+  ~sg_graphed_layers_s() { graphed.reset(); }
+  std::shared_ptr<stepgraph::Context> ctx;
+  std::vector<std::shared_ptr<stepgraph::capi::LayerBase>> layers;
+  std::unique_ptr<stepgraph::GraphedLayers> graphed;
 };
 
 struct sg_graph_cache_s {

@@ -1,5 +1,5 @@
 // The C API's layers: configs, the four dense layers and the ResidualStack
-// behind one LayerBase, forward/backward with an opaque saved state,
+// behind one AnyLayer, forward/backward with an opaque saved state,
 // parameters.
 #include <memory>
 #include <optional>
@@ -19,47 +19,7 @@ namespace stepgraph::capi {
 namespace {
 
 template <typename L>
-constexpr std::string_view kind_name() {
-  if constexpr (std::is_same_v<L, Linear>) return "linear";
-  if constexpr (std::is_same_v<L, Norm>) return "norm";
-  if constexpr (std::is_same_v<L, LayerNormLinear>) return "layernorm_linear";
-  if constexpr (std::is_same_v<L, LayerNormMLP>) return "layernorm_mlp";
-  if constexpr (std::is_same_v<L, ResidualStack>) return "residual_stack";
-}
-
-template <typename L>
-class LayerAdapter final : public LayerBase {
- public:
-  template <typename... Args>
-  explicit LayerAdapter(Args&&... args) : layer_(std::forward<Args>(args)...) {}
-
-  std::string_view kind() const override { return kind_name<L>(); }
-
-  std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& x) override {
-    if constexpr (std::is_same_v<L, ResidualStack>) {
-      typename L::Forward out = layer_.forward(ctx, x);
-      return {out.logits, std::any(std::move(out.saved))};
-    } else {
-      typename L::Forward out = layer_.forward(ctx, {x});
-      return {out.y, std::any(std::move(out.saved))};
-    }
-  }
-
-  Tensor backward(Context& ctx, const std::any& saved, const Tensor& dy) override {
-    const auto& state = std::any_cast<const typename L::Saved&>(saved);
-    if constexpr (std::is_same_v<L, ResidualStack>) {
-      return layer_.backward(ctx, state, dy);
-    } else {
-      return layer_.backward(ctx, state, {dy});
-    }
-  }
-
-  std::vector<Parameter*> parameters() override { return layer_.parameters(); }
-  L& layer() { return layer_; }
-
- private:
-  L layer_;
-};
+using LayerAdapter = AnyLayerOf<L>;
 
 LinearConfig to_linear_config(const sg_linear_config& c) {
   return {.in_features = c.in_features,

@@ -65,7 +65,9 @@ extern "C" {
 /* 6: additions only: learning-rate schedules (sg_lr_schedule,
  * sg_adamw_create_scheduled) and the rate set between steps
  * (sg_optimizer_set_lr, sg_optimizer_lr); exported as STEPGRAPH_C_6. */
-#define SG_API_VERSION 6
+/* 7: additions only: per-layer graphs for pipeline schedules
+ * (sg_graphed_layers_*); exported as STEPGRAPH_C_7. */
+#define SG_API_VERSION 7
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -124,6 +126,7 @@ typedef struct sg_train_step_s* sg_train_step;
 typedef struct sg_graph_s* sg_graph;
 typedef struct sg_graph_cache_s* sg_graph_cache;
 typedef struct sg_world_s* sg_world;
+typedef struct sg_graphed_layers_s* sg_graphed_layers;
 
 /* ---- Errors and versions ------------------------------------------------ */
 
@@ -527,6 +530,46 @@ sg_result sg_graph_cache_contains(sg_graph_cache cache, const char* key, sg_cont
 sg_result sg_graph_cache_erase(sg_graph_cache cache, const char* key, sg_context ctx);
 sg_result sg_graph_cache_clear(sg_graph_cache cache);
 sg_result sg_graph_cache_get_stats(sg_graph_cache cache, sg_graph_cache_stats* out);
+
+/* ---- Per-layer graphs for pipeline schedules ------------------------------ */
+
+/* Captures layers[0..layer_count) as one graph per layer, pass and microbatch,
+ * in the order `order` gives, all planned into one pool (TransformerEngine's
+ * make_graphed_callables with _order). `order` (order_length entries) is
+ * TransformerEngine's signed form, counting from 1: +m runs microbatch m's
+ * forward, -m its backward; each microbatch's forward runs once and its
+ * backward once after it, so there are order_length / 2 microbatches.
+ * sample_inputs[i] gives microbatch i's (0-based) input shape and dtype; its
+ * values are not read. Each parameter's gradient is summed over the
+ * microbatches (sg_graphed_layers_gradient). The graphs must be replayed in
+ * the captured order (an error names the graph due otherwise); the handle
+ * keeps the layers and the context alive. */
+sg_result sg_graphed_layers_capture(sg_context ctx, const sg_layer* layers, size_t layer_count,
+                                    const sg_tensor* sample_inputs, const int64_t* order, size_t order_length,
+                                    sg_pool_report_policy policy, sg_graphed_layers* out);
+sg_result sg_graphed_layers_destroy(sg_graphed_layers graphed);
+/* Replays microbatch `microbatch`'s (0-based) forward through every layer,
+ * after copying x into its static input (x NULL: none, the input was written
+ * in place, see sg_graphed_layers_input). Source streams as for
+ * sg_graph_replay_ordered. *y (may be NULL): a new handle to the stage's
+ * output, valid until this pass runs again. */
+sg_result sg_graphed_layers_forward(sg_graphed_layers graphed, int64_t microbatch, sg_tensor x,
+                                    void* const* source_streams, size_t stream_count, sg_tensor* y);
+/* The backward, last layer first, after copying dy into the static output
+ * gradient; *dx (may be NULL) is NULL where the first layer computes no dx. */
+sg_result sg_graphed_layers_backward(sg_graphed_layers graphed, int64_t microbatch, sg_tensor dy,
+                                     void* const* source_streams, size_t stream_count, sg_tensor* dx);
+/* The static input and output gradient of a microbatch (to write in place). */
+sg_result sg_graphed_layers_input(sg_graphed_layers graphed, int64_t microbatch, sg_tensor* out);
+sg_result sg_graphed_layers_grad_output(sg_graphed_layers graphed, int64_t microbatch, sg_tensor* out);
+/* Every layer's parameters in order: the gradient summed over the microbatches. */
+sg_result sg_graphed_layers_gradient_count(sg_graphed_layers graphed, size_t* out);
+sg_result sg_graphed_layers_gradient(sg_graphed_layers graphed, size_t index, sg_tensor* out);
+sg_result sg_graphed_layers_graph_count(sg_graphed_layers graphed, size_t* out);
+/* The pool's bytes and the planner's lower bound for them. */
+sg_result sg_graphed_layers_pool_bytes(sg_graphed_layers graphed, int64_t* pool_bytes, int64_t* lower_bound_bytes);
+/* The name of the graph due next: "F0 layer 0 (linear)". */
+sg_result sg_graphed_layers_next_graph(sg_graphed_layers graphed, char* buffer, size_t capacity, size_t* length);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -22,14 +22,15 @@ from stepgraph.fp8 import Fp8Recipe
 from stepgraph.graph import CapturedStep, GraphCache, capture
 from stepgraph.layers import (LayerNorm, LayerNormLinear, LayerNormMLP, Linear, Norm, Parameter, ResidualStack, RMSNorm,
                               Saved)
+from stepgraph.pipeline import GraphedLayers, make_graphed_layers, one_f_one_b
 from stepgraph.tensor import Tensor
 from stepgraph.training import AdamW, LrSchedule, TrainStep
 
 __version__ = "0.3.0"
 __all__ = [
-    "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "Fp8Recipe", "GraphCache", "LayerNorm", "LayerNormLinear",
+    "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "Fp8Recipe", "GraphCache", "GraphedLayers", "LayerNorm", "LayerNormLinear",
     "LayerNormMLP", "Linear", "LrSchedule", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
     "TrainStep", "World",
     "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits",
-    "init_distributed", "library_path",
+    "init_distributed", "library_path", "make_graphed_layers", "one_f_one_b",
 ]

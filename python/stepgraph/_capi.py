@@ -6,7 +6,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 6
+API_VERSION = 7
 
 
 class LinearConfig(ctypes.Structure):
@@ -156,6 +156,17 @@ _PROTOTYPES = {
     "sg_graph_cache_erase": [H, c_char_p, H],
     "sg_graph_cache_clear": [H],
     "sg_graph_cache_get_stats": [H, P(GraphCacheStats)],
+    "sg_graphed_layers_capture": [H, P(H), c_size_t, P(H), P(c_int64), c_size_t, c_int, P(H)],
+    "sg_graphed_layers_destroy": [H],
+    "sg_graphed_layers_forward": [H, c_int64, H, P(c_void_p), c_size_t, P(H)],
+    "sg_graphed_layers_backward": [H, c_int64, H, P(c_void_p), c_size_t, P(H)],
+    "sg_graphed_layers_input": [H, c_int64, P(H)],
+    "sg_graphed_layers_grad_output": [H, c_int64, P(H)],
+    "sg_graphed_layers_gradient_count": [H, P(c_size_t)],
+    "sg_graphed_layers_gradient": [H, c_size_t, P(H)],
+    "sg_graphed_layers_graph_count": [H, P(c_size_t)],
+    "sg_graphed_layers_pool_bytes": [H, P(c_int64), P(c_int64)],
+    "sg_graphed_layers_next_graph": [H] + _STRING_OUT,
 }
 
 _OTHER_RESTYPES = {

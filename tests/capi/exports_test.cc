@@ -22,7 +22,7 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 6);
+  EXPECT_EQ(version(), 7);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
@@ -72,6 +72,20 @@ TEST(CapiExportsTest, Version6AdditionsAreExportedAsStepgraphC6) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
     EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_6"), nullptr) << name << " is not in STEPGRAPH_C_6";
     EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_5"), nullptr) << name << " is in STEPGRAPH_C_5";
+  }
+}
+
+TEST(CapiExportsTest, Version7AdditionsAreExportedAsStepgraphC7) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  for (const char* name : {"sg_graphed_layers_capture", "sg_graphed_layers_destroy", "sg_graphed_layers_forward",
+                           "sg_graphed_layers_backward", "sg_graphed_layers_input", "sg_graphed_layers_grad_output",
+                           "sg_graphed_layers_gradient_count", "sg_graphed_layers_gradient",
+                           "sg_graphed_layers_graph_count", "sg_graphed_layers_pool_bytes",
+                           "sg_graphed_layers_next_graph"}) {
+    EXPECT_NE(dlsym(library, name), nullptr) << name;
+    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_7"), nullptr) << name << " is not in STEPGRAPH_C_7";
+    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_6"), nullptr) << name << " is in STEPGRAPH_C_6";
   }
 }
 

@@ -33,10 +33,13 @@ def _norm(kind):
 
 
 class Saved:
-    """What a layer's backward needs from its forward (opaque)."""
+    """What a layer's backward needs from its forward (opaque). It keeps the forward's input
+    alive: the layer may read it again in the backward (a saved reference, never a copy), so
+    a wrapped torch or CuPy array must not go back to its allocator before the backward ran."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, keeps=None):
         self._handle = handle
+        self._keeps = keeps
 
     def __del__(self):
         _capi.destroy("sg_saved_destroy", getattr(self, "_handle", None))
@@ -65,7 +68,7 @@ class Layer:
             raise TypeError(f"forward takes a stepgraph Tensor (ctx.wrap or ctx.from_numpy), got {type(x).__name__}")
         y, saved = _capi.new_handle(), _capi.new_handle()
         _capi.call("sg_layer_forward", self._handle, x._handle, ctypes.byref(y), ctypes.byref(saved))
-        return Forward(Tensor(y), Saved(saved))
+        return Forward(Tensor(y), Saved(saved, keeps=x))
 
     def __call__(self, x):
         return self.forward(x).y

@@ -2,6 +2,9 @@
 gradient) of Linear, LayerNorm, RMSNorm, LayerNormLinear and LayerNormMLP in fp32
 against float64 NumPy references, with wrapped NumPy inputs (no copy)."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -139,6 +142,21 @@ def test_wrapped_numpy_input_is_not_copied(ctx):
     assert xt.numpy()[0, 0] == 42.0
     view = np.asarray(xt)  # __array_interface__
     assert view.ctypes.data == x.ctypes.data
+
+
+def test_saved_keeps_a_wrapped_input_alive_until_it_goes(ctx):
+    """The backward reads the forward's input again (a saved reference), so the Saved keeps a
+    wrapped array alive: dropping the caller's names must not free what the backward reads."""
+    layer = sg.Linear(ctx, HIDDEN, OUT, dtype="float32")
+    array = np.ones((TOKENS, HIDDEN), np.float32)
+    alive = weakref.ref(array)
+    _, saved = layer.forward(ctx.wrap(array))
+    del array
+    gc.collect()
+    assert alive() is not None, "the wrapped input went while its Saved still needs it"
+    del saved
+    gc.collect()
+    assert alive() is None, "the Saved kept the wrapped input after it went"
 
 
 def test_bf16_tensor_round_trips_through_float32(ctx):

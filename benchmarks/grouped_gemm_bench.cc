@@ -56,7 +56,6 @@ struct Options {
   std::vector<std::string> kinds = {"forward"};
   std::string dtype = "bf16";
   bool split_accumulation = false;
-  bool single_blocks = false;  // bf16 forward/dgrad: one block per tile instead of cluster pairs
   std::string wgrad_out = "fp32";  // bf16 (from bf16 inputs) as torch._grouped_mm's dw
   int repeats = 20;
   int warmup = 5;
@@ -105,7 +104,6 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
   desc.in_type = fp8 ? DType::kFloat8E4M3 : DType::kBFloat16;
   desc.dy_type = DType::kFloat8E5M2;
   desc.split_accumulation = fp8 && options.split_accumulation;
-  desc.cluster_pairs = !options.single_blocks;
   desc.out_type = kind != GroupedGemmKind::kWgrad ? DType::kBFloat16
                   : options.wgrad_out == "bf16"   ? DType::kBFloat16
                                                   : DType::kFloat32;
@@ -156,7 +154,6 @@ nlohmann::json run_row(const Options& options, const std::string& kind_name, std
   row["kind"] = kind_name;
   row["dtype"] = options.dtype;
   row["split_accumulation"] = desc.split_accumulation;
-  row["cluster_pairs"] = desc.cluster_pairs;
   row["out_dtype"] = desc.out_type == DType::kFloat32 ? "fp32" : "bf16";
   row["experts"] = experts;
   row["tokens"] = tokens;
@@ -221,8 +218,6 @@ int main(int argc, char** argv) {
   app.add_option("--kinds", options.kinds, "forward, dgrad, wgrad")->delimiter(',')->capture_default_str();
   app.add_option("--dtype", options.dtype, "bf16, or fp8 (E4M3 x and w, E5M2 dy, tensor-wise scales)")
       ->capture_default_str();
-  app.add_flag("--single-blocks", options.single_blocks,
-               "bf16 forward and dgrad: one block per tile, not clusters of 2 sharing the weight box (for comparison)");
   app.add_flag("--split-accumulation", options.split_accumulation,
                "with --dtype fp8: fp32 totals every 128 of the reduction (cuBLASLt's default for FP8)");
   app.add_option("--wgrad-out", options.wgrad_out, "wgrad's dw: fp32 (a main grad), or bf16 (bf16 only)")

@@ -3,14 +3,13 @@
 //
 // bf16 and FP8 inputs take the cooperative warp-specialised wgmma + TMA
 // kernel (grouped_gemm_ws.cu): a persistent grid of at most one block per SM
-// (bf16 forward and dgrad: clusters of 2, Note [Grouped GEMM cluster pairs])
 // walks a tile schedule over (group, m-tile, n-tile) that every block
 // computes from the device offsets. Wgrad's reduction runs over each group's
 // ragged token range. (The bf16 wgrad ran on a cp.async + ldmatrix +
 // mma.sync kernel until commit b5ebfaa: Note [Grouped GEMM variants that lost].)
 // fp32 inputs take a simple one-thread-per-output kernel over the same
 // clamped offsets. Which kernel runs depends only on the desc, and the grid
-// size only on (T, E, N, K) and the GPU, so a captured graph is fixed by them.
+// size only on (T, E, N, K, SM count), so a captured graph is fixed by them.
 //
 // Note [Grouped GEMM variants that lost]
 // Tried on the H100 for the bf16 forward and dgrad, timed against
@@ -32,10 +31,9 @@
 //   - clusters of 2 blocks on adjacent m-tiles sharing the w box by TMA
 //     multicast (half the w traffic, as CUTLASS does): correct, but
 //     cooperative pairs 0.41-0.52x and ping-pong pairs 0.24-0.34x (run1/),
-//     dgrad on pairs 0.35-0.71x (commit 7cfac56). Profiled later (issue
-//     18): every stage release was a cluster-scope fence; with it at .cta
-//     scope the cooperative pairs won, and they are back (Note [Grouped GEMM
-//     cluster pairs] in grouped_gemm_ws.cu).
+//     dgrad on pairs 0.35-0.71x (commit 7cfac56). Not short of blocks (66
+//     clusters of 2 fit: run2/occupancy_probe.cu); never profiled, so the
+//     cause is unknown.
 //   - raster bands of 4 and 8 m-tiles: 421 and 387 TFLOP/s against 612 for
 //     16 on E=8 T=65536 4096->14336 balanced (run2/fwd_band*.json); 32 was
 //     5-10% lower on the E=128 T=65536 rows (run3/). The band is fixed at 16.
@@ -190,7 +188,6 @@ void launch_grouped_gemm(const GroupedGemmDesc& desc, const GroupedGemmOperands&
   p.n = static_cast<int>(desc.n);
   p.k = static_cast<int>(desc.k);
   p.accumulate = desc.accumulate;
-  p.cluster_pairs = desc.cluster_pairs;
   if (is_fp8_grouped(desc)) {
     // a: x (forward) or dy; b: w, or x for wgrad.
     const bool forward = desc.kind == GroupedGemmKind::kForward;

@@ -56,11 +56,6 @@ struct GroupedGemmDesc {
   // FP8 only: add each 128-deep stage's tensor-core sums into fp32 totals
   // (cuBLASLt's non-fast accumulation; Note [FP8 grouped GEMM]), slower.
   bool split_accumulation = false;
-  // bf16 forward and dgrad: clusters of 2 blocks on adjacent m-tiles, each
-  // loading half of the weight box and multicasting it to both (Note
-  // [Grouped GEMM cluster pairs] in grouped_gemm_ws.cu); false runs one
-  // block per tile. Ignored by the other products.
-  bool cluster_pairs = true;
 
   bool operator==(const GroupedGemmDesc&) const = default;
   std::string to_string() const;

@@ -34,7 +34,6 @@ struct Problem {
   const float* a_scale_inv = nullptr;
   const float* b_scale_inv = nullptr;
   bool split_accumulation = false;  // FP8: Note [FP8 grouped GEMM]
-  bool cluster_pairs = true;        // bf16 forward and dgrad: Note [Grouped GEMM cluster pairs]
 };
 
 // Pointer arithmetic on type-erased operands.

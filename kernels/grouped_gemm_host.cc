@@ -45,12 +45,11 @@ std::string grouped_gemm_kind_name(GroupedGemmKind kind) {
 std::string GroupedGemmDesc::to_string() const {
   char text[240];
   const std::string dy = is_fp8_grouped(*this) ? " dy=" + std::string(dtype_name(dy_type)) : std::string();
-  std::snprintf(text, sizeof(text), "%s T=%lld E=%lld N=%lld K=%lld in=%s%s out=%s%s%s%s%s",
+  std::snprintf(text, sizeof(text), "%s T=%lld E=%lld N=%lld K=%lld in=%s%s out=%s%s%s%s",
                 grouped_gemm_kind_name(kind).c_str(), static_cast<long long>(tokens), static_cast<long long>(experts),
                 static_cast<long long>(n), static_cast<long long>(k), std::string(dtype_name(in_type)).c_str(),
                 dy.c_str(), std::string(dtype_name(out_type)).c_str(), bias ? " bias" : "",
-                accumulate ? " accumulate" : "", split_accumulation ? " split_accumulation" : "",
-                cluster_pairs ? "" : " single_blocks");
+                accumulate ? " accumulate" : "", split_accumulation ? " split_accumulation" : "");
   return text;
 }
 

@@ -38,20 +38,6 @@
 //   warpgroups 1 and 2, the consumers (registers raised to 232), both
 //     computing each 128 x 256 tile, 64 rows each (m64n256, 128 fp32
 //     accumulators a thread), the cooperative schedule.
-//
-// Note [Grouped GEMM cluster pairs]
-// The bf16 forward and dgrad run in clusters of 2 blocks (kCluster = 2,
-// GroupedGemmDesc::cluster_pairs) on m-tiles 2u and 2u + 1 of one group and
-// the same n-tile: each block's producer loads its own a box and half of the
-// weight box, multicast into both blocks' stage (TMA .multicast::cluster),
-// so the L2 serves each weight box once per pair, and each consumer warp
-// releases a stage to both blocks (lane c arrives on block c's empty
-// barrier: Note [Releasing a stage to a cluster peer] in
-// tile/wgmma_pipeline.cuh). The pair takes its tiles as one unit, so both
-// blocks run the same loads; the second block's m-tile past its group's
-// rows still loads and multiplies (its half of the weight box feeds the
-// first) and stores nothing. On the H100 this beat one block per tile on
-// 13 of 16 rows once the release was at .cta scope (benchmarks/README.md).
 // The variants that lost to it are in Note [Grouped GEMM variants that lost]
 // (grouped_gemm.cu).
 //
@@ -157,12 +143,11 @@ __device__ __forceinline__ int token_start(const int* offs, int e) {
   return kFp8 ? offs[e] & ~15 : offs[e];
 }
 
-template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit, int kCluster, typename Out>
+template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit, typename Out>
 __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
     grouped_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, Problem p) {
   using P = WsProduct<kKind, kFp8, kAE5M2, kSplit>;
   using C = typename P::C;
-  static_assert(kCluster == 1 || (kCluster == 2 && !kFp8 && !P::kWgrad), "cluster pairs are for bf16 forward/dgrad");
   // Output [rows, cols] of a tile's group, and the reduction's length.
   const int cols = P::kWgrad ? p.k : (P::kForward ? p.n : p.k);
   const int depth = P::kForward ? p.k : p.n;  // fwd/dgrad; wgrad's is the group's tokens
@@ -179,31 +164,26 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int warpgroup = warp / 4;
-  const int rank = kCluster > 1 ? static_cast<int>(tile::cluster_rank()) : 0;
   if (threadIdx.x == 0) {
     tile::prefetch_tensor_map(&map_a);
     tile::prefetch_tensor_map(&map_b);
     for (int s = 0; s < C::kStages; ++s) {
       tile::mbarrier_init(&full[s], 1);
-      tile::mbarrier_init(&empty[s], kCluster * C::kReaderWarps);  // one arrival per reading warp of the cluster
+      tile::mbarrier_init(&empty[s], C::kReaderWarps);  // one arrival per reading warp
     }
     tile::fence_barrier_init();
   }
   tile::load_group_offsets(p.offsets, p.experts, p.tokens, offs);  // ends with a barrier
-  if constexpr (kCluster > 1) tile::cluster_sync();                  // the peer's barriers are initialised
   // fwd/dgrad: a group's tiles cover its token rows; wgrad: every group has
   // the same tiles of its dw_e [N, K].
   const int tiles_n = (cols + C::kN - 1) / C::kN;
   const int wgrad_tiles_m = (p.n + C::kM - 1) / C::kM;
-  // In units of kCluster m-adjacent tiles (one per block of a pair).
-  auto m_tiles = [&](int e) {
-    return P::kWgrad ? wgrad_tiles_m : (offs[e + 1] - offs[e] + kCluster * C::kM - 1) / (kCluster * C::kM);
-  };
+  auto m_tiles = [&](int e) { return P::kWgrad ? wgrad_tiles_m : (offs[e + 1] - offs[e] + C::kM - 1) / C::kM; };
   tile::build_tile_starts(p.experts, tile_start, [&](int e) { return m_tiles(e) * tiles_n; });
 
   const int total = tile_start[p.experts];
-  const int grid = static_cast<int>(gridDim.x) / kCluster;  // clusters (blocks when kCluster is 1)
-  const int block = static_cast<int>(blockIdx.x) / kCluster;
+  const int grid = static_cast<int>(gridDim.x);
+  const int block = static_cast<int>(blockIdx.x);
   const int my_tiles = total > block ? (total - block + grid - 1) / grid : 0;
   struct TileAt {
     int e, m0, n0;
@@ -211,8 +191,8 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
   auto tile_at = [&](int i) {
     const int t = block + i * grid;
     const int e = tile::group_of_tile(tile_start, p.experts, t);
-    const tile::TileMN mn = tile::band_raster(t - tile_start[e], m_tiles(e), tiles_n, C::kRasterBand / kCluster);
-    return TileAt{e, (mn.m * kCluster + rank) * C::kM, mn.n * C::kN};
+    const tile::TileMN mn = tile::band_raster(t - tile_start[e], m_tiles(e), tiles_n, C::kRasterBand);
+    return TileAt{e, mn.m * C::kM, mn.n * C::kN};
   };
   // Stages of a tile: over K (or N) for fwd/dgrad, over the group's tokens for wgrad.
   auto k_tiles = [&](const TileAt& place) {
@@ -253,28 +233,16 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
             }
           } else {
             tile::tma_load_2d(tile_a(slot), &map_a, &full[slot], k0, offs[place.e] + place.m0);
-            if constexpr (P::kForward && kCluster > 1) {
-              // This block's rows of the weight box, into both blocks' stage.
-              constexpr int kRows = C::kN / kCluster;
-              tile::tma_load_2d_multicast(tile_b(slot) + rank * kRows * C::kRowBytes, &map_b, &full[slot], k0,
-                                          place.e * p.n + place.n0 + rank * kRows, (1u << kCluster) - 1);
-            } else if constexpr (P::kForward) {
+            if constexpr (P::kForward) {
               tile::tma_load_2d(tile_b(slot), &map_b, &full[slot], k0, place.e * p.n + place.n0);
             } else if constexpr (kFp8) {
               tile::tma_load_3d(tile_b(slot), &map_b, &full[slot], k0, place.e, place.n0);
             } else {
-              // bf16 dgrad: [64 k][64 n] boxes of w_e, one per 64 output columns
-              // (in a pair, this block's half of them into both blocks' stage).
-              constexpr int kMine = C::kN / 64 / kCluster;
+              // bf16 dgrad: [64 k][64 n] boxes of w_e, one per 64 output columns.
 #pragma unroll
-              for (int j = rank * kMine; j < (rank + 1) * kMine; ++j) {
-                if constexpr (kCluster > 1) {
-                  tile::tma_load_3d_multicast(tile_b(slot) + j * 64 * C::kRowBytes, &map_b, &full[slot],
-                                              place.n0 + j * 64, k0, place.e, (1u << kCluster) - 1);
-                } else {
-                  tile::tma_load_3d(tile_b(slot) + j * 64 * C::kRowBytes, &map_b, &full[slot], place.n0 + j * 64, k0,
-                                    place.e);
-                }
+              for (int j = 0; j < C::kN / 64; ++j) {
+                tile::tma_load_3d(tile_b(slot) + j * 64 * C::kRowBytes, &map_b, &full[slot], place.n0 + j * 64, k0,
+                                  place.e);
               }
             }
           }
@@ -295,14 +263,6 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
     if constexpr (kFp8) scale = *p.a_scale_inv * *p.b_scale_inv;
     // The A rows of this warpgroup inside the stage's tile: 64 rows are 8 KiB, 512 descriptor units.
     const std::uint64_t a_rows = consumer * 512;
-    // This warp is done reading a stage: release it to every block whose loads write into it.
-    auto release = [&](int slot) {
-      if constexpr (kCluster == 1) {
-        if (lane == 0) tile::mbarrier_arrive(&empty[slot]);
-      } else {
-        if (lane < kCluster) tile::mbarrier_arrive_cluster(&empty[slot], static_cast<std::uint32_t>(lane));
-      }
-    };
     int load = 0;
     for (int i = 0; i < my_tiles; ++i) {
       const TileAt place = tile_at(i);
@@ -343,7 +303,7 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
           tile::wgmma_commit();
           tile::wgmma_wait<0>();
           tile::fence_accumulators(partial);
-          release(slot);
+          if (lane == 0) tile::mbarrier_arrive(&empty[slot]);
 #pragma unroll
           for (int j = 0; j < kAcc; ++j) acc[j] = kt > 0 ? acc[j] + partial[j] : partial[j];
           continue;
@@ -381,12 +341,12 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
         tile::wgmma_commit();
         tile::wgmma_wait<1>();  // the previous stage's wgmma group is done
         tile::fence_accumulators(acc);
-        if (kt > 0) release((load - 1) % C::kStages);
+        if (kt > 0 && lane == 0) tile::mbarrier_arrive(&empty[(load - 1) % C::kStages]);
       }
       if (!kSplit && stages > 0) {
         tile::wgmma_wait<0>();
         tile::fence_accumulators(acc);
-        release((load - 1) % C::kStages);
+        if (lane == 0) tile::mbarrier_arrive(&empty[(load - 1) % C::kStages]);
       }
 
       // This warpgroup's accumulators into the tile's rows of the group's output.
@@ -438,18 +398,16 @@ __global__ void __launch_bounds__(WsConfig<256>::kThreads, 1)
     }
     if constexpr (!P::kWgrad) zero_rows_outside_groups(offs, p.experts, p.tokens, cols, out);
   }
-  // No block leaves while its peer may still arrive on its barriers or multicast into its stages.
-  if constexpr (kCluster > 1) tile::cluster_sync();
 }
 
 // The TMA maps of a product's two operands (the layouts at the top).
-template <GroupedGemmKind kKind, bool kFp8, typename C, int kCluster>
+template <GroupedGemmKind kKind, bool kFp8, typename C>
 std::pair<CUtensorMap, CUtensorMap> operand_maps(const Problem& p, DType a_type, DType b_type) {
   constexpr int kDepth = C::kRowBytes / (kFp8 ? 1 : 2);
   const std::int64_t experts = p.experts;
   if constexpr (kKind == GroupedGemmKind::kForward) {
     return {swizzled_tensor_map<2>(a_type, p.x, {p.k, p.tokens}, {kDepth, C::kM}),
-            swizzled_tensor_map<2>(b_type, p.w, {p.k, experts * p.n}, {kDepth, C::kN / kCluster})};
+            swizzled_tensor_map<2>(b_type, p.w, {p.k, experts * p.n}, {kDepth, C::kN})};
   } else if constexpr (kKind == GroupedGemmKind::kWgrad && kFp8) {
     return {swizzled_tensor_map<2>(a_type, p.dy, {p.tokens, p.n}, {kDepth, C::kM}),
             swizzled_tensor_map<2>(b_type, p.x, {p.tokens, p.k}, {kDepth, C::kN})};
@@ -465,57 +423,33 @@ std::pair<CUtensorMap, CUtensorMap> operand_maps(const Problem& p, DType a_type,
   }
 }
 
-// One kernel variant's launch: a persistent block per SM (a cluster per two
-// with kCluster = 2), and no more than a bound on the tiles from static
-// sizes (fwd/dgrad: each group's partial last unit of m-tiles adds at most
-// one row of units; wgrad: E groups of the same tiles).
-template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit, int kCluster, typename Out>
+// One kernel variant's launch: a persistent block per SM, and no more than a
+// bound on the tiles from static sizes (fwd/dgrad: each group's partial last
+// m-tile adds at most one row of tiles; wgrad: E groups of the same tiles).
+template <GroupedGemmKind kKind, bool kFp8, bool kAE5M2, bool kSplit, typename Out>
 void launch_variant(const Problem& p, cudaStream_t stream) {
   using C = typename WsProduct<kKind, kFp8, kAE5M2, kSplit>::C;
   const std::int64_t cols = kKind == GroupedGemmKind::kWgrad ? p.k : (kKind == GroupedGemmKind::kForward ? p.n : p.k);
   const std::size_t smem = C::kAlignSlack + C::kPipelineBytes + 2 * C::kStages * sizeof(std::uint64_t) +
                            2 * sizeof(int) * static_cast<std::size_t>(tile::group_offsets_ints(p.experts));
-  const std::int64_t units =
+  const std::int64_t tiles =
       kKind == GroupedGemmKind::kWgrad
           ? p.experts * ((p.n + C::kM - 1) / C::kM) * ((cols + C::kN - 1) / C::kN)
-          : ((p.tokens + kCluster * C::kM - 1) / (kCluster * C::kM) + p.experts) * ((cols + C::kN - 1) / C::kN);
-  auto kernel = grouped_ws_kernel<kKind, kFp8, kAE5M2, kSplit, kCluster, Out>;
-  const std::pair<CUtensorMap, CUtensorMap> maps = operand_maps<kKind, kFp8, C, kCluster>(p, p.a_type, p.b_type);
+          : ((p.tokens + C::kM - 1) / C::kM + p.experts) * ((cols + C::kN - 1) / C::kN);
+  const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, sm_count())));
+  auto kernel = grouped_ws_kernel<kKind, kFp8, kAE5M2, kSplit, Out>;
+  const std::pair<CUtensorMap, CUtensorMap> maps = operand_maps<kKind, kFp8, C>(p, p.a_type, p.b_type);
   SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  if constexpr (kCluster == 1) {
-    const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(units, sm_count())));
-    kernel<<<grid, C::kThreads, smem, stream>>>(maps.first, maps.second, p);
-  } else {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(sm_count() / kCluster * kCluster));
-    config.blockDim = dim3(C::kThreads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = kCluster;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    // Persistent: as many clusters as can run at once (a GPC with an odd
-    // number of SMs leaves one out), and no more than there are units.
-    int resident = 0;
-    SG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-    SG_CHECK_CODE(resident > 0, ErrorCode::kCuda, "grouped_gemm: no cluster of ", kCluster, " blocks with ", smem,
-                  " bytes of shared memory each fits on this GPU");
-    config.gridDim = dim3(static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(units, resident)) * kCluster));
-    SG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, maps.first, maps.second, p));
-  }
+  kernel<<<grid, C::kThreads, smem, stream>>>(maps.first, maps.second, p);
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
 template <GroupedGemmKind kKind, bool kAE5M2, typename Out>
 void launch_fp8(const Problem& p, cudaStream_t stream) {
   if (p.split_accumulation) {
-    launch_variant<kKind, true, kAE5M2, true, 1, Out>(p, stream);
+    launch_variant<kKind, true, kAE5M2, true, Out>(p, stream);
   } else {
-    launch_variant<kKind, true, kAE5M2, false, 1, Out>(p, stream);
+    launch_variant<kKind, true, kAE5M2, false, Out>(p, stream);
   }
 }
 
@@ -524,10 +458,7 @@ void launch_fp8(const Problem& p, cudaStream_t stream) {
 template <GroupedGemmKind kKind, typename Out>
 void launch_grouped_ws(const Problem& p, cudaStream_t stream) {
   if (p.a_type == DType::kBFloat16) {
-    if constexpr (kKind != GroupedGemmKind::kWgrad) {
-      if (p.cluster_pairs) return launch_variant<kKind, false, false, false, 2, Out>(p, stream);
-    }
-    launch_variant<kKind, false, false, false, 1, Out>(p, stream);
+    launch_variant<kKind, false, false, false, Out>(p, stream);
   } else if constexpr (kKind == GroupedGemmKind::kWgrad && !std::is_same_v<Out, float>) {
     SG_THROW(ErrorCode::kUnsupported, "grouped_gemm wgrad: FP8 products write an fp32 dw");  // check_grouped_gemm says so first
   } else if (p.a_type == DType::kFloat8E5M2) {

@@ -79,40 +79,6 @@ __device__ __forceinline__ void ring_release(std::uint64_t* empty, int n) {
   if ((threadIdx.x & 31) == 0) mbarrier_arrive(&empty[n % kStages]);
 }
 
-// --- clusters -------------------------------------------------------------------
-
-__device__ __forceinline__ std::uint32_t cluster_rank() {
-  std::uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-
-// Every thread of every block of the cluster (all threads of each warp:
-// .aligned); orders shared-memory writes (barrier inits) before the peers go on.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// Note [Releasing a stage to a cluster peer]
-// Arrives on the barrier at `bar`'s offset in block `cta` of the cluster,
-// with mbarrier.arrive's default semantics (.release at .cta scope). The
-// arriving warp only read the stage, through wgmma, which has completed: no
-// write of its needs ordering before the peer's next TMA into the slot, so
-// a cluster-scope release (.release.cluster) buys nothing. Measured on the
-// H100: with .release.cluster each arrival is a fence across both SMs, and
-// the 2-block kernel stalled on it for 12.5 cycles an issued instruction and
-// ran at half speed (benchmarks/README.md, "The 2-block multicast pair").
-__device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* bar, std::uint32_t cta) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(smem_address(bar)),
-      "r"(cta)
-      : "memory");
-}
-
 // --- TMA ----------------------------------------------------------------------
 
 // Loads the box at (inner, outer) element coordinates of `map` into `dst`,
@@ -134,27 +100,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, s
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
           "r"(smem_address(dst)),
       "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(middle), "r"(outer)
-      : "memory");
-}
-
-// The multicast forms: the box lands at `dst`'s offset in every block of
-// the cluster in `cta_mask`, completing bytes on the barrier at `bar`'s
-// offset in each.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, std::uint64_t* bar,
-                                                      int inner, int outer, std::uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4}], [%2], %5;\n" ::"r"(smem_address(dst)),
-      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(outer), "h"(cta_mask)
-      : "memory");
-}
-
-__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map, std::uint64_t* bar,
-                                                      int inner, int middle, int outer, std::uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4, %5}], [%2], %6;\n" ::"r"(smem_address(dst)),
-      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(middle), "r"(outer), "h"(cta_mask)
       : "memory");
 }
 

@@ -234,6 +234,7 @@ struct BackwardArgs {
   const float* rstd;
   const T* gamma;
   T* dx;
+  const T* dx_residual;  // added to dx, or null
   float* partials;  // [2][gridDim.x][hidden]: dgamma partial rows, then dbeta
   std::int64_t rows;
   int hidden;
@@ -452,15 +453,18 @@ __global__ void __maxnreg__(backward_max_registers(kVecs)) norm_backward_kernel(
     const float mean_gdy_xhat = block_sum(sum_gdy_xhat, slice_scratch) / hidden;
 
     T* dx_row = a.dx + row * a.hidden;
+    const T* residual_row = a.dx_residual != nullptr ? a.dx_residual + row * a.hidden : nullptr;
     slice.sweep([&](int i, int v, const float (&in)[2][kCount]) {
       float gamma[kCount];
       float dx[kCount];
+      float residual[kCount] = {};
       load_pack<T, kVector>(a.gamma + v * kCount).to_float(gamma);
+      if (residual_row != nullptr) load_pack<T, kVector>(residual_row + v * kCount).to_float(residual);
 #pragma unroll
       for (int k = 0; k < kCount; ++k) {
         const float xhat = (in[0][k] - mean) * rstd;
         const float dy = in[1][k];
-        dx[k] = rstd * (gamma[k] * dy - mean_gdy - xhat * mean_gdy_xhat);
+        dx[k] = rstd * (gamma[k] * dy - mean_gdy - xhat * mean_gdy_xhat) + residual[k];
         if constexpr (kResident) {
           acc_gamma[i][k] += dy * xhat;
           if constexpr (!kRms) acc_beta[i][k] += dy;
@@ -683,7 +687,7 @@ void launch_norm_forward_fp8(const NormDesc& desc, const void* x, const void* ga
 
 void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
                           const void* gamma, void* dx, float* dgamma, float* dbeta, void* workspace,
-                          cudaStream_t stream, const NormBackwardTuning& tuning) {
+                          cudaStream_t stream, const NormBackwardTuning& tuning, const void* dx_residual) {
   check_norm(desc);
   const std::string op = op_name(desc, "backward");
   const bool layer_norm = desc.kind == NormKind::kLayerNorm;
@@ -694,12 +698,16 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
   check_device_pointer(op, "rstd", rstd, sizeof(float));
   check_device_pointer(op, "gamma", gamma, element);
   check_device_pointer(op, "dx", dx, element);
+  if (dx_residual != nullptr) {
+    check_device_pointer(op, "dx_residual", dx_residual, element);
+    SG_CHECK(dx_residual != dx, op, ": dx_residual may not alias dx");
+  }
   check_device_pointer(op, "dgamma", dgamma, sizeof(float));
   if (layer_norm) check_device_pointer(op, "dbeta", dbeta, sizeof(float));
   // The partial rows are written in float4 on the vector path.
   check_device_pointer(op, "workspace (norm_backward_workspace_bytes)", workspace, 16);
 
-  const RowPlan plan = backward_plan(desc, vector_access(desc, {dy, x, gamma, dx}), tuning.vecs);
+  const RowPlan plan = backward_plan(desc, vector_access(desc, {dy, x, gamma, dx, dx_residual}), tuning.vecs);
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   int device = 0;
   int sms = 0;
@@ -713,6 +721,7 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
                                .rstd = rstd,
                                .gamma = static_cast<const T*>(gamma),
                                .dx = static_cast<T*>(dx),
+                               .dx_residual = static_cast<const T*>(dx_residual),
                                .partials = static_cast<float*>(workspace),
                                .rows = desc.rows,
                                .hidden = static_cast<int>(desc.hidden)};

@@ -67,15 +67,19 @@ struct NormBackwardTuning {
   int vecs = 0;  // 16-byte vectors per thread (2 or 4); 0: the smallest that holds the row
 };
 
+// dx_residual (null, or [rows, hidden] of the desc's dtype): added to dx in
+// the same pass, dx = norm's dx + dx_residual rounded once (a residual
+// stream's gradient; it may not alias dx).
 void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
                           const void* gamma, void* dx, float* dgamma, float* dbeta, void* workspace,
-                          cudaStream_t stream, const NormBackwardTuning& tuning = {});
+                          cudaStream_t stream, const NormBackwardTuning& tuning = {},
+                          const void* dx_residual = nullptr);
 
 namespace host {
 void norm_forward(const NormDesc& desc, const void* x, const void* gamma, const void* beta, void* y, float* mean,
                   float* rstd);
 void norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
-                   const void* gamma, void* dx, float* dgamma, float* dbeta);
+                   const void* gamma, void* dx, float* dgamma, float* dbeta, const void* dx_residual = nullptr);
 }  // namespace host
 
 }  // namespace stepgraph::kernels

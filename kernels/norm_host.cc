@@ -60,7 +60,7 @@ void norm_forward(const NormDesc& desc, const void* x, const void* gamma, const 
 }
 
 void norm_backward(const NormDesc& desc, const void* dy, const void* x, const float* mean, const float* rstd,
-                   const void* gamma, void* dx, float* dgamma, float* dbeta) {
+                   const void* gamma, void* dx, float* dgamma, float* dbeta, const void* dx_residual) {
   check_norm(desc);
   const bool layer_norm = desc.kind == NormKind::kLayerNorm;
   const char* op = "host norm_backward";
@@ -96,7 +96,9 @@ void norm_backward(const NormDesc& desc, const void* dy, const void* x, const fl
     const float mean_gdy = layer_norm ? static_cast<float>(sum_gdy / static_cast<double>(hidden)) : 0.0f;
     const auto mean_gdy_xhat = static_cast<float>(sum_gdy_xhat / static_cast<double>(hidden));
     for (std::int64_t j = 0; j < hidden; ++j) {
-      store_from_float(desc.dtype, dx, start + j, row_rstd * (gdy[j] - mean_gdy - xhat[j] * mean_gdy_xhat));
+      const float residual = dx_residual != nullptr ? load_as_float(desc.dtype, dx_residual, start + j) : 0.0f;
+      store_from_float(desc.dtype, dx, start + j,
+                       row_rstd * (gdy[j] - mean_gdy - xhat[j] * mean_gdy_xhat) + residual);
     }
   }
   for (std::int64_t j = 0; j < hidden; ++j) {

@@ -71,8 +71,8 @@ Tensor LayerNormLinear::backward(Context& ctx, const Saved& saved, const BwdArgs
               "the forward's output");
   // Sequence-parallel: d_normed comes back reduce-scattered to this rank's tokens.
   const Tensor d_normed = linear_.backward(ctx, saved.linear, {args.dy});
-  if (!d_normed.defined()) return {};
-  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed});
+  if (!d_normed.defined()) return args.dx_residual;  // no dx of its own: the residual's gradient alone
+  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed, args.dx_residual});
   // gamma and beta saw only this rank's tokens.
   if (sequence_parallel()) ops::all_reduce_many_(ctx, *tp, norm_.gradients(), ReduceOp::kSum);
   return dx;

@@ -50,6 +50,9 @@ class LayerNormLinear {
   };
   struct BwdArgs {
     Tensor dy;
+    // Optional, the input's shape: returned added to dx, fused into the
+    // norm's backward (the residual stream's gradient: Norm::BwdArgs).
+    Tensor dx_residual;
   };
 
   // `tensor_parallel`: the group a column-parallel linear is split across

@@ -141,7 +141,7 @@ Tensor LayerNormMLP::backward_fp8(Context& ctx, const Saved& saved, const BwdArg
   } else {
     d_normed = fc1_->backward(ctx, saved.fc1, {ops::gelu_backward(ctx, d_act, saved.pre)});
   }
-  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed});
+  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed, args.dx_residual});
   // gamma and beta saw only this rank's tokens (Note [Sequence-parallel LayerNormMLP]).
   if (tp_ != nullptr) ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);
   return dx;
@@ -274,9 +274,9 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
                      {.out_dtype = config_.dtype, .rows = whole ? 0 : rows, .a_row = first_row})
         .d;
   };
-  if (tp_ == nullptr) return norm_.backward(ctx, saved.norm, {fc1_dgrad(0, all_tokens)});
+  if (tp_ == nullptr) return norm_.backward(ctx, saved.norm, {fc1_dgrad(0, all_tokens), args.dx_residual});
   const Tensor d_normed = gemm_reduce_scatter(ctx, *tp_, all_tokens, config_.overlap.fc1_dgrad, fc1_dgrad);
-  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed});
+  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed, args.dx_residual});
   // gamma and beta saw only this rank's tokens.
   ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);
   return dx;

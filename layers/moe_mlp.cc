@@ -121,14 +121,15 @@ Tensor MoEMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   const Tensor d_logits = ops::router_topk_backward(ctx, unpermuted.dgates, saved.logits, saved.routed);
   const Tensor d_normed_router = router_.backward(ctx, saved.router, {d_logits});
   if (tp_ == nullptr) {
-    return norm_.backward(ctx, saved.norm, {ops::residual_add(ctx, d_normed_experts, d_normed_router)});
+    return norm_.backward(ctx, saved.norm,
+                          {ops::residual_add(ctx, d_normed_experts, d_normed_router), args.dx_residual});
   }
   // The experts' part is a partial sum over the ranks, the router's is whole
   // on every rank: rank 0 adds it, so the reduce-scatter's sum holds it once.
   const Tensor d_partial =
       tp_->rank() == 0 ? ops::residual_add(ctx, d_normed_experts, d_normed_router) : d_normed_experts;
   const Tensor d_normed = ops::reduce_scatter(ctx, *tp_, d_partial, ReduceOp::kSum);
-  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed});
+  const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed, args.dx_residual});
   // gamma and beta saw only this rank's tokens.
   ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);
   return dx;

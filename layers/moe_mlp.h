@@ -112,6 +112,9 @@ class MoEMLP {
   };
   struct BwdArgs {
     Tensor dy;
+    // Optional, the input's shape: returned added to dx, fused into the
+    // norm's backward (the residual stream's gradient: Norm::BwdArgs).
+    Tensor dx_residual;
   };
 
   // `tensor_parallel`: a communicator of N ranks shards every expert's ffn

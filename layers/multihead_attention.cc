@@ -93,7 +93,7 @@ Tensor MultiheadAttention::backward(Context& ctx, const Saved& saved, const BwdA
                                                             saved.out, saved.lse, d_out, saved.cu_seqlens);
   const Tensor d_qkv = ops::qkv_merge_rope_backward(ctx, rope_params(), grads.dq, grads.dk, grads.dv,
                                                     saved.cu_seqlens);
-  return qkv_.backward(ctx, saved.qkv, {d_qkv});
+  return qkv_.backward(ctx, saved.qkv, {d_qkv, args.dx_residual});
 }
 
 }  // namespace stepgraph

@@ -63,6 +63,9 @@ class MultiheadAttention {
   };
   struct BwdArgs {
     Tensor dy;  // [T, hidden]
+    // Optional, [T, hidden]: returned added to dx, fused into the norm's
+    // backward (the residual stream's gradient: Norm::BwdArgs).
+    Tensor dx_residual;
   };
 
   MultiheadAttention(Context& ctx, const std::string& name, const MultiheadAttentionConfig& config,

@@ -48,8 +48,12 @@ Tensor Norm::backward(Context& ctx, const Saved& saved, const BwdArgs& args) con
   check_input(label_, "backward", "dy", args.dy, exactly(saved.x.shape()), config_.dtype, "the forward's output");
   const ops::NormParams params{config_.kind, config_.eps};
   // The parameter gradients straight into gamma's and beta's grads: no copy launches after it.
+  if (args.dx_residual.defined()) {
+    check_input(label_, "backward", "dx_residual", args.dx_residual, exactly(saved.x.shape()), config_.dtype,
+                "the forward's input");
+  }
   return ops::norm_backward_into_(ctx, params, args.dy, saved.x, saved.mean, saved.rstd, gamma_.value, gamma_.grad,
-                                  layernorm() ? beta_.grad : Tensor());
+                                  layernorm() ? beta_.grad : Tensor(), args.dx_residual);
 }
 
 }  // namespace stepgraph

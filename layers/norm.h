@@ -36,6 +36,9 @@ class Norm {
   };
   struct BwdArgs {
     Tensor dy;
+    // Optional, x's shape: added to dx in the norm's own pass (the residual
+    // stream's gradient, so no separate add follows).
+    Tensor dx_residual;
   };
 
   Norm(Context& ctx, const std::string& name, const NormConfig& config);

@@ -223,15 +223,13 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
     const auto site = static_cast<std::int64_t>(1 + 2 * i);
     // A dropped output's gradient: the forward's mask applied to dh.
     const Tensor d_mlp_out = dropout(ctx, dh, site + 1);
-    const Tensor d_mlp = block.moe
-                             ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(block_saved.mlp), {d_mlp_out})
-                             : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(block_saved.mlp), {d_mlp_out});
-    dh = ops::residual_add(ctx, dh, d_mlp);
+    // Each block's backward returns its dx with dh added in its norm's pass.
+    dh = block.moe ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(block_saved.mlp), {d_mlp_out, dh})
+                   : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(block_saved.mlp), {d_mlp_out, dh});
     if (block.attention) {
       SG_CHECK(block_saved.attention.has_value(), "ResidualStack backward: block ", i,
                " has attention but its saved state has none (a Saved from another stack?)");
-      const Tensor d_attention = block.attention->backward(ctx, *block_saved.attention, {dropout(ctx, dh, site)});
-      dh = ops::residual_add(ctx, dh, d_attention);
+      dh = block.attention->backward(ctx, *block_saved.attention, {dropout(ctx, dh, site), dh});
     }
     done(i);
     // The weight-gradient stream joins back one block behind, so the

@@ -11,8 +11,8 @@ using kernels::NormKind;
 
 std::string NormParams::to_string() const {
   char text[64];
-  std::snprintf(text, sizeof(text), "%s, eps=%g", kind == NormKind::kLayerNorm ? "layernorm" : "rmsnorm",
-                static_cast<double>(eps));
+  std::snprintf(text, sizeof(text), "%s, eps=%g%s", kind == NormKind::kLayerNorm ? "layernorm" : "rmsnorm",
+                static_cast<double>(eps), dx_residual ? ", dx + residual" : "");
   return text;
 }
 
@@ -64,7 +64,8 @@ std::vector<TensorMeta> check_backward_of(std::string_view op, const OpParams& p
                                           std::span<const TensorMeta> inputs, bool into) {
   const NormParams& p = params.as<NormParams>();
   const std::size_t grads = into ? (layernorm(p) ? 2 : 1) : 0;
-  const std::size_t arity = backward_arity(p) + grads;
+  SG_CHECK(into || !p.dx_residual, "op ", op, ": dx_residual is for norm_backward_into_");
+  const std::size_t arity = backward_arity(p) + grads + (p.dx_residual ? 1 : 0);
   SG_CHECK(inputs.size() == arity, "op ", op, " (", p.to_string(), ") takes ", arity, " inputs, got ", inputs.size());
   const kernels::NormDesc desc = describe(p, inputs[1]);
   kernels::check_norm(desc);
@@ -77,7 +78,8 @@ std::vector<TensorMeta> check_backward_of(std::string_view op, const OpParams& p
   const TensorMeta grad{Shape{desc.hidden}, DType::kFloat32};
   if (into) {
     expect(op, "dgamma", inputs[next++], grad);
-    if (layernorm(p)) expect(op, "dbeta", inputs[next], grad);
+    if (layernorm(p)) expect(op, "dbeta", inputs[next++], grad);
+    if (p.dx_residual) expect(op, "dx_residual", inputs[next], inputs[1]);
   }
   std::vector<TensorMeta> out{inputs[1]};
   if (!into) {
@@ -132,6 +134,7 @@ struct BackwardPointers {
   float* dgamma;
   float* dbeta = nullptr;
   void* workspace;
+  const void* dx_residual = nullptr;
 };
 
 BackwardPointers backward_pointers(const NormParams& p, const KernelArgs& a, bool into) {
@@ -145,7 +148,8 @@ BackwardPointers backward_pointers(const NormParams& p, const KernelArgs& a, boo
   b.dx = a.outputs[0];
   if (into) {  // the parameter gradients follow gamma among the inputs
     b.dgamma = static_cast<float*>(a.inputs[next++]);
-    if (layernorm(p)) b.dbeta = static_cast<float*>(a.inputs[next]);
+    if (layernorm(p)) b.dbeta = static_cast<float*>(a.inputs[next++]);
+    if (p.dx_residual) b.dx_residual = a.inputs[next];
     b.workspace = a.outputs[1];
     return b;
   }
@@ -160,14 +164,14 @@ void launch_backward(const OpParams& params, const KernelArgs& a, CUstream_st* s
   const NormParams& p = params.as<NormParams>();
   const BackwardPointers b = backward_pointers(p, a, into);
   kernels::launch_norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma,
-                                b.dbeta, b.workspace, stream);
+                                b.dbeta, b.workspace, stream, {}, b.dx_residual);
 }
 
 void run_backward_host(const OpParams& params, const KernelArgs& a, bool into) {
   const NormParams& p = params.as<NormParams>();
   const BackwardPointers b = backward_pointers(p, a, into);
   kernels::host::norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma,
-                               b.dbeta);
+                               b.dbeta, b.dx_residual);
 }
 
 }  // namespace
@@ -244,14 +248,18 @@ NormBackward norm_backward(Context& ctx, const NormParams& params, const Tensor&
 }
 
 Tensor norm_backward_into_(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x, const Tensor& mean,
-                          const Tensor& rstd, const Tensor& gamma, const Tensor& dgamma, const Tensor& dbeta) {
+                          const Tensor& rstd, const Tensor& gamma, const Tensor& dgamma, const Tensor& dbeta,
+                          const Tensor& dx_residual) {
+  NormParams p = params;
+  p.dx_residual = dx_residual.defined();
   std::vector<Tensor> inputs{dy, x};
-  if (layernorm(params)) inputs.push_back(mean);
+  if (layernorm(p)) inputs.push_back(mean);
   inputs.push_back(rstd);
   inputs.push_back(gamma);
   inputs.push_back(dgamma);
-  if (layernorm(params)) inputs.push_back(dbeta);
-  return ctx.call(norm_backward_into_op(), params, std::move(inputs)).at(0);
+  if (layernorm(p)) inputs.push_back(dbeta);
+  if (p.dx_residual) inputs.push_back(dx_residual);
+  return ctx.call(norm_backward_into_op(), p, std::move(inputs)).at(0);
 }
 
 }  // namespace stepgraph::ops

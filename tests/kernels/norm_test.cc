@@ -434,20 +434,24 @@ void check_forward_on_device(NormKind kind, DType dtype, std::int64_t rows, std:
   EXPECT_LE(relative_error(rstd.download(kFp32, rows).to_floats(), want.rstd), kStatTolerance);
 }
 
+// With `residual`, a random dx_residual is added to dx in the same pass.
 void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std::int64_t hidden,
-                              std::int64_t offset = 0, const NormBackwardTuning& tuning = {}) {
+                              std::int64_t offset = 0, const NormBackwardTuning& tuning = {}, bool residual = false) {
   const NormDesc desc = make_desc(kind, dtype, rows, hidden);
   testing::SeededRng rng;
   const NormInputs in = random_inputs(desc, rng);
+  const HostArray residual_in = random_inputs(desc, rng).dy;
   const bool layer_norm = is_layer_norm(desc);
   // Both sides get the host forward's statistics: this checks the backward alone.
   const ForwardResult fwd = host_forward(desc, in);
   HostArray dx_want(dtype, rows * hidden);
   std::vector<float> dgamma_want(hidden), dbeta_want(hidden);
   host::norm_backward(desc, in.dy.data(), in.x.data(), fwd.mean.data(), fwd.rstd.data(), in.gamma.data(),
-                      dx_want.data(), dgamma_want.data(), layer_norm ? dbeta_want.data() : nullptr);
+                      dx_want.data(), dgamma_want.data(), layer_norm ? dbeta_want.data() : nullptr,
+                      residual ? residual_in.data() : nullptr);
 
   ShiftedArray x(in.x, offset), gamma(in.gamma, offset), dy(in.dy, offset), dx(dtype, rows * hidden, offset);
+  ShiftedArray dx_residual(residual_in, offset);
   DeviceArray mean(floats(fwd.mean)), rstd(floats(fwd.rstd));
   DeviceArray dgamma(hidden * sizeof(float)), dbeta(hidden * sizeof(float));
   DeviceArray workspace(norm_backward_workspace_bytes(desc));
@@ -459,7 +463,7 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
     workspace.poison();
     launch_norm_backward(desc, dy.get(), x.get(), layer_norm ? mean.as<float>() : nullptr, rstd.as<float>(),
                          gamma.get(), dx.get(), dgamma.as<float>(), layer_norm ? dbeta.as<float>() : nullptr,
-                         workspace.get(), stream.get(), tuning);
+                         workspace.get(), stream.get(), tuning, residual ? dx_residual.get() : nullptr);
     stream.synchronize();
     return std::vector<HostArray>{dx.download(), dgamma.download(kFp32, hidden), dbeta.download(kFp32, hidden)};
   };
@@ -470,7 +474,8 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
   std::vector<float> dx_scale(static_cast<std::size_t>(rows * hidden));
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t j = 0; j < hidden; ++j) {
-      dx_scale[r * hidden + j] = std::fabs(fwd.rstd[r] * in.gamma.get(j) * in.dy.get(r * hidden + j));
+      dx_scale[r * hidden + j] = std::fabs(fwd.rstd[r] * in.gamma.get(j) * in.dy.get(r * hidden + j)) +
+                                 (residual ? std::fabs(residual_in.get(r * hidden + j)) : 0.0f);
     }
   }
   EXPECT_LE(relative_error(first[0].to_floats(), dx_want.to_floats(), dx_scale), tolerance_for(dtype));
@@ -487,6 +492,37 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
   EXPECT_EQ(first[1].bytes, second[1].bytes) << "dgamma differs between two runs";
   if (layer_norm) {
     EXPECT_EQ(first[2].bytes, second[2].bytes) << "dbeta differs between two runs";
+  }
+}
+
+// The residual stream's gradient added in the backward's own pass (the
+// ResidualStack's dh), on the vector path with resident rows, the
+// element-wise path, and rows too long to stay resident.
+TEST(NormTest, BackwardAddsTheResidualGradientOnDevice) {
+  SG_SKIP_WITHOUT_GPU();
+  check_backward_on_device(NormKind::kLayerNorm, kBf16, 300, 1024, 0, {}, true);
+  check_backward_on_device(NormKind::kRMSNorm, kFp32, 7, 4097, 0, {}, true);
+  check_backward_on_device(NormKind::kLayerNorm, kBf16, 3, 40000, 0, {}, true);
+  check_backward_on_device(NormKind::kLayerNorm, kFp16, 7, 1024, 1, {}, true);  // unaligned: element-wise
+}
+
+// On the host, in fp32, dx + r is the plain backward's dx plus r, exactly.
+TEST(NormTest, HostBackwardAddsTheResidualGradientExactly) {
+  for (NormKind kind : {NormKind::kLayerNorm, NormKind::kRMSNorm}) {
+    const NormDesc desc = make_desc(kind, kFp32, 5, 96);
+    testing::SeededRng rng;
+    const NormInputs in = random_inputs(desc, rng);
+    const HostArray residual = random_inputs(desc, rng).dy;
+    const ForwardResult fwd = host_forward(desc, in);
+    HostArray plain(kFp32, 5 * 96), fused(kFp32, 5 * 96);
+    std::vector<float> dgamma(96), dbeta(96);
+    host::norm_backward(desc, in.dy.data(), in.x.data(), fwd.mean.data(), fwd.rstd.data(), in.gamma.data(),
+                        plain.data(), dgamma.data(), dbeta.data());
+    host::norm_backward(desc, in.dy.data(), in.x.data(), fwd.mean.data(), fwd.rstd.data(), in.gamma.data(),
+                        fused.data(), dgamma.data(), dbeta.data(), residual.data());
+    for (std::int64_t i = 0; i < plain.numel; ++i) {
+      ASSERT_EQ(fused.get(i), plain.get(i) + residual.get(i)) << "element " << i;
+    }
   }
 }
 

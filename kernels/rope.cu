@@ -18,12 +18,14 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "engine/cuda_check.h"
 #include "kernels/launch_config.cuh"
 #include "kernels/packed_sequences.cuh"
 #include "kernels/rope.h"
+#include "kernels/rope_theta.h"
 #include "kernels/vector_io.cuh"
 
 namespace stepgraph::kernels {
@@ -37,7 +39,7 @@ struct RopeShape {
   int head_dim;
   int half;        // rotated / 2
   int per_head;    // threads per head: half pairs + (head_dim - rotated) passed-through features
-  float log2_base;
+  double log2_base;  // of the base, for rope_theta
   float sign;      // +1 forward, -1 backward
   bool to_packed;  // q, k, v -> packed (the backward's merge); else packed -> q, k, v
   int heads_per_thread;
@@ -66,7 +68,7 @@ __global__ void rope_heads_kernel(RopeShape s, const std::int32_t* cu_seqlens, c
     const bool rotated = j < s.half;
     if (rotated) {
       const int position = t - sequence_start_of(cu_seqlens, s.sequences, s.tokens, t);
-      const float theta = exp2f(-static_cast<float>(2 * j) / static_cast<float>(2 * s.half) * s.log2_base);
+      const float theta = rope_theta(j, 2 * s.half, s.log2_base);
       sincosf(static_cast<float>(position) * theta, &sn, &c);
       sn *= s.sign;
     }
@@ -111,7 +113,7 @@ RopeShape shape_of(const RopeDesc& d, std::int64_t kv_heads, float sign, bool to
                    .head_dim = static_cast<int>(d.head_dim),
                    .half = half,
                    .per_head = per_head,
-                   .log2_base = std::log2(d.base),
+                   .log2_base = std::log2(static_cast<double>(d.base)),
                    .sign = sign,
                    .to_packed = to_packed,
                    .heads_per_thread = heads_per_thread};

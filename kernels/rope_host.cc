@@ -6,6 +6,7 @@
 #include "engine/half_precision.h"
 #include "kernels/attention.h"
 #include "kernels/rope.h"
+#include "kernels/rope_theta.h"
 
 namespace stepgraph::kernels {
 
@@ -47,8 +48,9 @@ std::vector<float> positions(const RopeDesc& d, const std::int32_t* cu_seqlens) 
 void rotate_head(const RopeDesc& d, const void* in, std::int64_t in_at, void* out, std::int64_t out_at,
                  float position, float sign) {
   const std::int64_t half = d.rotated() / 2;
+  const double log2_base = std::log2(static_cast<double>(d.base));
   for (std::int64_t f = 0; f < half; ++f) {
-    const float theta = std::pow(d.base, -2.0f * static_cast<float>(f) / static_cast<float>(d.rotated()));
+    const float theta = rope_theta(static_cast<int>(f), static_cast<int>(d.rotated()), log2_base);
     const float angle = position * theta;
     const float c = std::cos(angle), sn = sign * std::sin(angle);
     const float a = load_as_float(d.dtype, in, in_at + f);

@@ -107,15 +107,18 @@ void expect_padded_buckets_train_as_unpadded(Device device) {
     }
     // Per tensor, not per element: AdamW divides each update by the root of
     // its squared-gradient average, so an element whose gradient is near 0
-    // moves by up to lr whichever way rounding tips it (one of 4096 moved
-    // 1.5e-4 off, seed 765465878), while the tensor as a whole stays within
-    // rounding of the unpadded run's.
+    // moves by up to lr whichever way rounding tips it. On the H100 (T17)
+    // the elementwise check failed at seeds 765465878 and others, before
+    // and after the fused residual; per tensor the largest difference seen
+    // was 3.3e-4 of the tensor's norm (a 192-element bias). Padding that
+    // leaked into the gradients would move every master by up to lr a step,
+    // of the order of the tensor itself.
     double diff = 0.0, norm = 0.0;
     for (std::size_t k = 0; k < want.size(); ++k) {
       diff += (static_cast<double>(got[k]) - want[k]) * (static_cast<double>(got[k]) - want[k]);
       norm += static_cast<double>(want[k]) * want[k];
     }
-    ASSERT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm) + 1e-6) << a[i]->name;
+    ASSERT_LE(std::sqrt(diff), 1e-3 * std::sqrt(norm) + 1e-6) << a[i]->name;
   }
 }
 

@@ -118,6 +118,8 @@ if wants benchmarks; then
   step benchmarks.log "$here/bin/attention_bench" --out "$results/attention.json"
   step benchmarks.log python3 "$here/benchmarks/attention_peer.py" --out "$results/attention_peer.json"
   step benchmarks.log "$here/bin/moe_layer_bench" --out "$results/moe_layer.json"
+  step benchmarks.log "$here/bin/pipeline_bench" --out "$results/pipeline_large.json"
+  step benchmarks.log "$here/bin/pipeline_bench" --hidden 256 --tokens 256 --out "$results/pipeline_small.json"
   step benchmarks.log "$here/bin/step_bench" --out "$results/step_bench.json"
   step benchmarks.log python3 "$here/benchmarks/pytorch_peer.py" --out "$results/pytorch_peer.json"
   step benchmarks.log python3 "$here/benchmarks/report.py" "$results/step_bench.json" "$results/pytorch_peer.json" \

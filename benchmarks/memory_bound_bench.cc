@@ -133,6 +133,27 @@ int run(int repeats, const std::string& out_path) {
     rows.push_back(row("layernorm_bwd_bf16_16384x4096_vecs4", time_backward({.vecs = 4}), bwd_bytes, copy_gbps));
   }
 
+  {  // LayerNorm bf16 backward at the small step config's shape (256 tokens, hidden 512): the
+     // automatic rows per block (one) against the 8 a block of 256 threads holds.
+    const kernels::NormDesc desc{kernels::NormKind::kLayerNorm, DType::kBFloat16, 256, 512, 1e-5f};
+    const double elems = static_cast<double>(desc.rows) * desc.hidden;
+    Buffer x(elems * 2, stream, 3, true), dy(elems * 2, stream, 5, true), dx(elems * 2, stream, 6, true);
+    Buffer gamma(desc.hidden * 2, stream, 7, true);
+    Buffer mean(desc.rows * 4, stream, 9), rstd(desc.rows * 4, stream, 10);
+    Buffer dgamma(desc.hidden * 4, stream, 11), dbeta(desc.hidden * 4, stream, 12);
+    Buffer workspace(std::max<std::size_t>(kernels::norm_backward_workspace_bytes(desc), 256), stream, 13);
+    const double bwd_bytes = elems * 2 * 3 + desc.rows * 8.0 + desc.hidden * 10.0;
+    for (const int rows_per_block : {0, 8}) {
+      const bench::Summary t = bench::time_launches(stream.get(), 5, repeats, [&] {
+        kernels::launch_norm_backward(desc, dy.get(), x.get(), mean.as<float>(), rstd.as<float>(), gamma.get(),
+                                      dx.get(), dgamma.as<float>(), dbeta.as<float>(), workspace.get(), stream.get(),
+                                      {.rows_per_block = rows_per_block});
+      });
+      rows.push_back(row(rows_per_block == 0 ? "layernorm_bwd_bf16_256x512" : "layernorm_bwd_bf16_256x512_rows8", t,
+                         bwd_bytes, copy_gbps));
+    }
+  }
+
   {  // Cross-entropy, bf16 logits, vocab 32768, 8192 tokens.
     kernels::CrossEntropyDesc desc;
     desc.logits_type = DType::kBFloat16;

@@ -144,10 +144,8 @@ RowPlan forward_plan(const NormDesc& desc, bool vector) {
   return plan_rows(desc, vector, kForwardVecs, forward_slots(vector), kForwardMaxThreads, kForwardBlockThreads);
 }
 
-// vecs: the register budget (2 or 4), 0 for the smallest that holds the row.
-// Budget 4 never has more row groups than budget 2 (more threads per row
-// never means fewer rows per block), so the workspace bound below holds.
-RowPlan backward_plan(const NormDesc& desc, bool vector, int vecs = 0) {
+// The plan of a register budget before the rows per block are chosen.
+RowPlan backward_budget_plan(const NormDesc& desc, bool vector, int vecs) {
   const std::int64_t accesses = desc.hidden / access_width(desc.dtype, vector);
   const bool fits_two = accesses <= backward_slots(2, vector) * kBackwardBlockThreads;
   if (vecs == 0) vecs = fits_two ? 2 : 4;
@@ -160,14 +158,31 @@ RowPlan backward_plan(const NormDesc& desc, bool vector, int vecs = 0) {
   return plan_rows(desc, vector, 4, backward_slots(4, vector), kBackwardMaxThreads, kBackwardBlockThreads);
 }
 
-// Partial rows in the workspace: its size cannot depend on the pointers, so
-// it covers both plans (the element-wise one has as many or more threads per
-// row, hence as many or more row groups).
-std::int64_t max_partial_rows(const NormDesc& desc) {
-  std::int64_t groups = backward_plan(desc, false).groups;
-  if (desc.hidden % vector_count(desc.dtype) == 0) groups = std::max(groups, backward_plan(desc, true).groups);
-  return std::min(groups, kMaxBackwardBlocks);
+// Note [Norm backward rows per block]
+// A block of 256 threads takes 256 / threads_per_row rows at once: 8 rows of
+// 512 bf16 features. With few rows that leaves most SMs idle (the small
+// step config's 256 rows ran as 32 blocks, 1.7% SM throughput in ncu), so the
+// automatic plan takes fewer rows a block where rows / kBackwardTargetGroups
+// says so, down to one: at least kBackwardTargetGroups blocks where there are
+// as many rows. The rule depends on the shape alone, so the workspace and the
+// row-to-block assignment (and with them dgamma's bits) are fixed by it.
+constexpr std::int64_t kBackwardTargetGroups = 256;
+
+// tuning.vecs: the register budget (2 or 4), 0 for the smallest that holds
+// the row; tuning.rows_per_block as in NormBackwardTuning.
+RowPlan backward_plan(const NormDesc& desc, bool vector, const NormBackwardTuning& tuning = {}) {
+  RowPlan plan = backward_budget_plan(desc, vector, tuning.vecs);
+  const std::int64_t wanted = tuning.rows_per_block > 0
+                                  ? tuning.rows_per_block
+                                  : std::max<std::int64_t>(1, desc.rows / kBackwardTargetGroups);
+  plan.rows_per_block = static_cast<int>(std::min<std::int64_t>(plan.rows_per_block, wanted));
+  plan.groups = (desc.rows + plan.rows_per_block - 1) / plan.rows_per_block;
+  return plan;
 }
+
+// Partial rows in the workspace: its size cannot depend on the pointers or
+// the tuning, so it covers every plan: one row a block at most.
+std::int64_t max_partial_rows(const NormDesc& desc) { return std::min(desc.rows, kMaxBackwardBlocks); }
 
 // ---------------------------------------------------------------------------
 // Device side.
@@ -707,7 +722,7 @@ void launch_norm_backward(const NormDesc& desc, const void* dy, const void* x, c
   // The partial rows are written in float4 on the vector path.
   check_device_pointer(op, "workspace (norm_backward_workspace_bytes)", workspace, 16);
 
-  const RowPlan plan = backward_plan(desc, vector_access(desc, {dy, x, gamma, dx, dx_residual}), tuning.vecs);
+  const RowPlan plan = backward_plan(desc, vector_access(desc, {dy, x, gamma, dx, dx_residual}), tuning);
   const dim3 block(plan.threads_per_row, plan.rows_per_block);
   int device = 0;
   int sms = 0;

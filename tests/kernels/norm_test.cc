@@ -526,6 +526,17 @@ TEST(NormTest, HostBackwardAddsTheResidualGradientExactly) {
   }
 }
 
+// Rows per block (Note [Norm backward rows per block]): the automatic plan
+// (one row a block at 256 rows), the old 8 and an odd 3 all match the host.
+TEST(NormTest, BackwardRowsPerBlockPlansMatchTheHost) {
+  SG_SKIP_WITHOUT_GPU();
+  for (int rows_per_block : {0, 8, 3}) {
+    SCOPED_TRACE("rows_per_block " + std::to_string(rows_per_block));
+    check_backward_on_device(NormKind::kLayerNorm, kBf16, 256, 512, 0, {.rows_per_block = rows_per_block});
+    check_backward_on_device(NormKind::kRMSNorm, kFp32, 100, 96, 0, {.rows_per_block = rows_per_block});
+  }
+}
+
 // NormTest.<Kind><DType><Direction><Shape>, e.g. NormTest.LayerNormBf16ForwardRagged.
 #define SG_NORM_DEVICE_TESTS(Kind, Type, Shape, rows, hidden)                 \
   TEST(NormTest, Kind##Type##Forward##Shape) {                                \

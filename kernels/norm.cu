@@ -140,28 +140,8 @@ RowPlan plan_rows(const NormDesc& desc, bool vector, int vecs, int slots, int ma
   return plan;
 }
 
-// Note [Norm rows per block]
-// A block takes block_threads / threads_per_row rows at once: 8 rows of 512
-// bf16 features in the backward's 256 threads, 4 in the forward's 128. With
-// few rows that leaves most SMs idle (the small step config's 256 rows ran
-// as 32 backward blocks, 1.7% SM throughput in ncu), so the automatic plans
-// take fewer rows a block where rows / kTargetRowGroups says so, down to
-// one: at least kTargetRowGroups blocks where there are as many rows. The
-// rule depends on the shape alone, so the backward's workspace and its
-// row-to-block assignment (and with them dgamma's bits) are fixed by it.
-constexpr std::int64_t kTargetRowGroups = 256;
-
-// `plan` with at most `wanted` rows a block (0: the rule above).
-RowPlan with_rows_per_block(const NormDesc& desc, RowPlan plan, std::int64_t wanted) {
-  if (wanted <= 0) wanted = std::max<std::int64_t>(1, desc.rows / kTargetRowGroups);
-  plan.rows_per_block = static_cast<int>(std::min<std::int64_t>(plan.rows_per_block, wanted));
-  plan.groups = (desc.rows + plan.rows_per_block - 1) / plan.rows_per_block;
-  return plan;
-}
-
 RowPlan forward_plan(const NormDesc& desc, bool vector) {
-  return with_rows_per_block(
-      desc, plan_rows(desc, vector, kForwardVecs, forward_slots(vector), kForwardMaxThreads, kForwardBlockThreads), 0);
+  return plan_rows(desc, vector, kForwardVecs, forward_slots(vector), kForwardMaxThreads, kForwardBlockThreads);
 }
 
 // The plan of a register budget before the rows per block are chosen.
@@ -178,11 +158,26 @@ RowPlan backward_budget_plan(const NormDesc& desc, bool vector, int vecs) {
   return plan_rows(desc, vector, 4, backward_slots(4, vector), kBackwardMaxThreads, kBackwardBlockThreads);
 }
 
+// Note [Norm backward rows per block]
+// A block of 256 threads takes 256 / threads_per_row rows at once: 8 rows of
+// 512 bf16 features. With few rows that leaves most SMs idle (the small
+// step config's 256 rows ran as 32 blocks, 1.7% SM throughput in ncu), so the
+// automatic plan takes fewer rows a block where rows / kBackwardTargetGroups
+// says so, down to one: at least kBackwardTargetGroups blocks where there are
+// as many rows. The rule depends on the shape alone, so the workspace and the
+// row-to-block assignment (and with them dgamma's bits) are fixed by it.
+constexpr std::int64_t kBackwardTargetGroups = 256;
+
 // tuning.vecs: the register budget (2 or 4), 0 for the smallest that holds
-// the row; tuning.rows_per_block as in NormBackwardTuning (Note [Norm rows
-// per block]).
+// the row; tuning.rows_per_block as in NormBackwardTuning.
 RowPlan backward_plan(const NormDesc& desc, bool vector, const NormBackwardTuning& tuning = {}) {
-  return with_rows_per_block(desc, backward_budget_plan(desc, vector, tuning.vecs), tuning.rows_per_block);
+  RowPlan plan = backward_budget_plan(desc, vector, tuning.vecs);
+  const std::int64_t wanted = tuning.rows_per_block > 0
+                                  ? tuning.rows_per_block
+                                  : std::max<std::int64_t>(1, desc.rows / kBackwardTargetGroups);
+  plan.rows_per_block = static_cast<int>(std::min<std::int64_t>(plan.rows_per_block, wanted));
+  plan.groups = (desc.rows + plan.rows_per_block - 1) / plan.rows_per_block;
+  return plan;
 }
 
 // Partial rows in the workspace: its size cannot depend on the pointers or

@@ -66,7 +66,7 @@ void launch_norm_forward_fp8(const NormDesc& desc, const void* x, const void* ga
 struct NormBackwardTuning {
   int vecs = 0;  // 16-byte vectors per thread (2 or 4); 0: the smallest that holds the row
   // Rows a block takes (at most what its 256 threads hold); 0: automatic,
-  // fewer where few rows would leave SMs idle (Note [Norm rows per block]).
+  // fewer where few rows would leave SMs idle (Note [Norm backward rows per block]).
   int rows_per_block = 0;
 };
 

@@ -526,7 +526,7 @@ TEST(NormTest, HostBackwardAddsTheResidualGradientExactly) {
   }
 }
 
-// Rows per block (Note [Norm rows per block]): the automatic plan
+// Rows per block (Note [Norm backward rows per block]): the automatic plan
 // (one row a block at 256 rows), the old 8 and an odd 3 all match the host.
 TEST(NormTest, BackwardRowsPerBlockPlansMatchTheHost) {
   SG_SKIP_WITHOUT_GPU();

@@ -38,6 +38,15 @@ void replay_pass(sg_graphed_layers graphed, sg_tensor source, const char* what, 
   if (out != nullptr) *out = capi::new_tensor_handle(g->ctx, result);
 }
 
+// sg_graphed_layers_input and _grad_output: a new handle to a microbatch's static tensor.
+template <typename Get>
+void static_tensor(sg_graphed_layers graphed, sg_tensor* out, const char* function, Get&& get) {
+  require(out, function, "out");
+  *out = nullptr;
+  const std::shared_ptr<sg_graphed_layers_s> g = graphed_of(graphed, function);
+  *out = capi::new_tensor_handle(g->ctx, get(*g->graphed));
+}
+
 }  // namespace
 
 extern "C" sg_result sg_graphed_layers_capture(sg_context ctx, const sg_layer* layers, size_t layer_count,
@@ -59,7 +68,8 @@ extern "C" sg_result sg_graphed_layers_capture(sg_context ctx, const sg_layer* l
       list.push_back(layer->layer.get());
     }
     if (order_length > 0) require(order, function, "order");
-    const PipelineSchedule schedule = PipelineSchedule::from_signed(std::vector<std::int64_t>(order, order + order_length));
+    const PipelineSchedule schedule =
+        PipelineSchedule::from_signed(std::vector<std::int64_t>(order, order + order_length));
     const auto microbatches = static_cast<size_t>(schedule.microbatches());
     require(sample_inputs, function, "sample_inputs");
     std::vector<TensorMeta> metas;
@@ -99,19 +109,13 @@ extern "C" sg_result sg_graphed_layers_backward(sg_graphed_layers graphed, int64
 
 extern "C" sg_result sg_graphed_layers_input(sg_graphed_layers graphed, int64_t microbatch, sg_tensor* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(out, function, "out");
-    *out = nullptr;
-    const std::shared_ptr<sg_graphed_layers_s> g = graphed_of(graphed, function);
-    *out = capi::new_tensor_handle(g->ctx, g->graphed->input(microbatch));
+    static_tensor(graphed, out, function, [&](const GraphedLayers& g) { return g.input(microbatch); });
   });
 }
 
 extern "C" sg_result sg_graphed_layers_grad_output(sg_graphed_layers graphed, int64_t microbatch, sg_tensor* out) {
   return run_guarded(__func__, [&, function = __func__] {
-    require(out, function, "out");
-    *out = nullptr;
-    const std::shared_ptr<sg_graphed_layers_s> g = graphed_of(graphed, function);
-    *out = capi::new_tensor_handle(g->ctx, g->graphed->grad_output(microbatch));
+    static_tensor(graphed, out, function, [&](const GraphedLayers& g) { return g.grad_output(microbatch); });
   });
 }
 

@@ -112,8 +112,7 @@ void GraphedLayers::replay_layer(const PipelinePass& pass, std::size_t layer, co
 const Tensor& GraphedLayers::forward(std::int64_t m, const Tensor& x, std::span<CUstream_st* const> source_streams) {
   const PipelinePass pass{PipelinePass::Kind::kForward, m};
   for (std::size_t layer = 0; layer < pipeline_.layer_count(); ++layer) {
-    if (layer == 0) replay_layer(pass, layer, x, source_streams);
-    else replay_layer(pass, layer);
+    replay_layer(pass, layer, layer == 0 ? x : Tensor{}, source_streams);  // streams wait only on a binding
   }
   return output(m);
 }
@@ -122,8 +121,7 @@ const Tensor& GraphedLayers::backward(std::int64_t m, const Tensor& dy,
                                       std::span<CUstream_st* const> source_streams) {
   const PipelinePass pass{PipelinePass::Kind::kBackward, m};
   for (std::size_t layer = pipeline_.layer_count(); layer-- > 0;) {
-    if (layer + 1 == pipeline_.layer_count()) replay_layer(pass, layer, dy, source_streams);
-    else replay_layer(pass, layer);
+    replay_layer(pass, layer, layer + 1 == pipeline_.layer_count() ? dy : Tensor{}, source_streams);
   }
   return grad_input(m);
 }

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -28,12 +27,6 @@ namespace {
 
 using testing::read_floats;
 using testing::write_floats;
-
-std::vector<std::uint32_t> bits_of(const std::vector<float>& values) {
-  std::vector<std::uint32_t> out(values.size());
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-  return out;
-}
 
 // A pipeline stage of three layers of different kinds: norm -> linear, an
 // MLP, a linear; bf16 with fp32 gradients. The same seeds give the same weights.
@@ -87,18 +80,18 @@ void expect_graphed_schedule_equals_eager(Device device) {
       if (pass.kind == PipelinePass::Kind::kForward) {
         const Tensor want = eager.forward(ctx, m, x[i]);
         const Tensor& got = graphed->forward(m, x[i]);
-        EXPECT_EQ(bits_of(read_floats(ctx, got)), bits_of(read_floats(ctx, want)));
+        EXPECT_EQ(testing::bits(read_floats(ctx, got)), testing::bits(read_floats(ctx, want)));
       } else {
         const Tensor want = eager.backward(ctx, m, dy[i]);
         const Tensor& got = graphed->backward(m, dy[i]);
-        EXPECT_EQ(bits_of(read_floats(ctx, got)), bits_of(read_floats(ctx, want)));
+        EXPECT_EQ(testing::bits(read_floats(ctx, got)), testing::bits(read_floats(ctx, want)));
       }
     }
     const auto& want_sums = eager.gradient_sums();
     const auto& got_sums = graphed->gradient_sums();
     ASSERT_EQ(got_sums.size(), want_sums.size());
     for (std::size_t p = 0; p < want_sums.size(); ++p) {
-      EXPECT_EQ(bits_of(read_floats(ctx, got_sums[p])), bits_of(read_floats(ctx, want_sums[p])))
+      EXPECT_EQ(testing::bits(read_floats(ctx, got_sums[p])), testing::bits(read_floats(ctx, want_sums[p])))
           << want_sums[p].name();
     }
   }
@@ -144,8 +137,9 @@ TEST(GraphedLayersTest, GradientsAreSummedOverMicrobatches) {
     }
   }
   for (std::size_t p = 0; p < 2; ++p) {
-    EXPECT_EQ(bits_of(read_floats(ctx, pipeline.gradient_sums()[p])), bits_of(want[p])) << "parameter " << p;
-    EXPECT_NE(bits_of(want[p]), bits_of(read_floats(ctx, pipeline.parameters()[p]->grad)));
+    EXPECT_EQ(testing::bits(read_floats(ctx, pipeline.gradient_sums()[p])), testing::bits(want[p]))
+        << "parameter " << p;
+    EXPECT_NE(testing::bits(want[p]), testing::bits(read_floats(ctx, pipeline.parameters()[p]->grad)));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -31,6 +32,13 @@ inline void write_floats(Context& ctx, const Tensor& t, const std::vector<float>
 template <typename T>
 void write_values(Context& ctx, const Tensor& t, const std::vector<T>& values) {
   ctx.copy_from_host(t, values.data(), values.size() * sizeof(T));
+}
+
+// The bit patterns of fp32 values, for bit-for-bit comparisons that print usefully.
+inline std::vector<std::uint32_t> bits(const std::vector<float>& values) {
+  std::vector<std::uint32_t> out(values.size());
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+  return out;
 }
 
 // max |got - want| over max |want|.

@@ -75,6 +75,7 @@ struct Options {
   bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
   bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
   bool recompute_activation = false;  // ResidualStackConfig::recompute_activation
+  bool step_scoped_gradients = false;  // AdamW::use_step_scoped_gradients
   float dropout = 0.0f;               // ResidualStackConfig::dropout
   std::string out;
 };
@@ -138,6 +139,7 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"fp8_weight_cache", options.fp8_weight_cache},
       {"skip_nonfinite", options.skip_nonfinite},
       {"recompute_activation", options.recompute_activation},
+      {"step_scoped_gradients", options.step_scoped_gradients},
       {"dropout", options.dropout},
       {"steps", options.steps},
       {"warmup", options.warmup},
@@ -367,6 +369,7 @@ int run(const Options& options) {
   run_options.cuda_profiler_range = options.cuda_profiler_range;
   run_options.skip_nonfinite = options.skip_nonfinite;
   run_options.recompute_activation = options.recompute_activation;
+  run_options.step_scoped_gradients = options.step_scoped_gradients;
   run_options.dropout = options.dropout;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
@@ -436,6 +439,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.99));
   app.add_flag("--recompute-activation", options.recompute_activation,
                "dense blocks keep fc1's pre-activation only and compute GeLU again in the backward");
+  app.add_flag("--step-scoped-gradients", options.step_scoped_gradients,
+               "gradients live from their backward to their group's update, in the step's memory, not persistent "
+               "(not with --dp, --tp, --skip-nonfinite)");
   app.add_flag("--fp8-weight-cache", options.fp8_weight_cache,
                "with --fp8 current or delayed: each weight quantized once per optimizer step into persistent copies");
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");

@@ -107,7 +107,7 @@ std::map<std::string, std::int64_t> persistent_breakdown(const ResidualStack& mo
   std::map<std::string, std::int64_t> out{{"masters", 0}, {"gradients", 0}, {"moments", 0}, {"copies", 0},
                                           {"fp8_state", 0}};
   for (const Parameter* p : params) {
-    out["gradients"] += p->grad.bytes();
+    if (p->grad.defined()) out["gradients"] += p->grad.bytes();  // none between steps where step-scoped
     if (!optimizer.sharded()) out["masters"] += p->master.bytes();
     if (p->has_copy()) out["copies"] += p->value.bytes();
   }
@@ -132,6 +132,10 @@ void check_run_options(const StepRunOptions& options) {
   SG_CHECK(options.steps >= 1, "--steps must be >= 1, got ", options.steps);
   SG_CHECK(options.warmup >= 1, "--warmup must be >= 1 (the first steps check the losses), got ", options.warmup);
   SG_CHECK(options.loss_check_steps >= 1, "loss_check_steps must be >= 1, got ", options.loss_check_steps);
+  SG_CHECK(!options.step_scoped_gradients ||
+               (options.data_parallel == nullptr && options.tensor_parallel == nullptr && !options.skip_nonfinite),
+           "--step-scoped-gradients works without --dp, --tp and --skip-nonfinite (their steps read persistent "
+           "gradients)");
 }
 
 ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOptions& options) {
@@ -155,6 +159,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   // With attention, TrainStep's packing is `sequences` sequences of seq_len (tp is 1 then: ResidualStack refuses
   // attention with a tensor-parallel communicator).
   TrainStep step(ctx, model, optimizer, config.tokens / tp, options.data_parallel, options.dp_mode, config.sequences);
+  if (options.step_scoped_gradients) optimizer.use_step_scoped_gradients(ctx);
   load_batch(ctx, step, config, options.data_seed);
 
   std::shared_ptr<CapturedStep> captured;

@@ -84,6 +84,9 @@ struct StepRunOptions {
   bool skip_nonfinite = false;
   // Dense blocks recompute GeLU in the backward (Note [Recomputed activation]).
   bool recompute_activation = false;
+  // Gradients live from their backward to their group's update only (Note
+  // [Step-scoped gradients] in layers/parameter.h), not persistent.
+  bool step_scoped_gradients = false;
   // Dropout on the stack's input and every attention and MLP output.
   float dropout = 0.0f;
   // Before measuring, one untimed eager step of the config's first blocks

@@ -61,6 +61,25 @@ struct TableChunk {
 
 static_assert(sizeof(TableHeader) % 16 == 0 && sizeof(TableTensor) % 16 == 0, "table entries keep 16-byte alignment");
 
+TableTensor entry_of(const AdamWTensor& t) {
+  return {t.weight, t.grad, t.m, t.v, t.copy, t.numel, t.copy_is_fp16 ? 1 : 0, 0};
+}
+
+// Tensor entries passed by value (within the 4 KiB of kernel parameters
+// every CUDA version takes), for write_adamw_table_entries.
+constexpr int kEntriesPerWrite = 56;
+struct EntryBatch {
+  TableTensor entries[kEntriesPerWrite];
+  std::int32_t count;
+};
+static_assert(sizeof(EntryBatch) <= 4000, "an entry batch fits the kernel parameter space");
+
+__global__ void write_entries_kernel(TableTensor* __restrict__ dst, const EntryBatch batch) {
+  for (int i = static_cast<int>(threadIdx.x); i < batch.count; i += static_cast<int>(blockDim.x)) {
+    dst[i] = batch.entries[i];
+  }
+}
+
 // Per-launch constants; the bias corrections need t, which only the device
 // knows. log_beta = log1p(beta - 1) comes from the host (exact argument for
 // beta >= 0.5), the host reference computes the same values.
@@ -278,7 +297,7 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
   std::memcpy(out, &header, sizeof(header));
   out += sizeof(header);
   for (const AdamWTensor& t : tensors) {
-    const TableTensor entry{t.weight, t.grad, t.m, t.v, t.copy, t.numel, t.copy_is_fp16 ? 1 : 0, 0};
+    const TableTensor entry = entry_of(t);
     std::memcpy(out, &entry, sizeof(entry));
     out += sizeof(entry);
   }
@@ -288,6 +307,21 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
       std::memcpy(out, &entry, sizeof(entry));
       out += sizeof(entry);
     }
+  }
+}
+
+void write_adamw_table_entries(const std::vector<AdamWTensor>& tensors, void* table_device, cudaStream_t stream) {
+  check_tensors(tensors);
+  SG_CHECK(table_device != nullptr && is_aligned16(table_device),
+           "write_adamw_table_entries: table_device must be build_adamw_table's table, 16-byte aligned, got ",
+           table_device);
+  auto* entries = reinterpret_cast<TableTensor*>(static_cast<std::byte*>(table_device) + sizeof(TableHeader));
+  for (std::size_t first = 0; first < tensors.size(); first += kEntriesPerWrite) {
+    EntryBatch batch{};
+    batch.count = static_cast<std::int32_t>(std::min<std::size_t>(kEntriesPerWrite, tensors.size() - first));
+    for (std::int32_t i = 0; i < batch.count; ++i) batch.entries[i] = entry_of(tensors[first + i]);
+    write_entries_kernel<<<1, 64, 0, stream>>>(entries + first, batch);
+    SG_CUDA_CHECK(cudaGetLastError());
   }
 }
 

@@ -54,6 +54,13 @@ std::size_t adamw_table_bytes(const std::vector<AdamWTensor>& tensors);
 // launch.
 void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host);
 
+// Rewrites the table's tensor entries (not its chunk list, which depends on
+// the sizes alone) on `stream` from `tensors`, which must have the sizes the
+// table was built for: for tensors whose addresses change between steps
+// (Note [Step-scoped gradients] in layers/parameter.h). The entries travel
+// as kernel parameters, so a captured write replays the capture's pointers.
+void write_adamw_table_entries(const std::vector<AdamWTensor>& tensors, void* table_device, cudaStream_t stream);
+
 // tensor_count and total_numel (the sum of numel) describe the table and size
 // the grid. The update kernel runs when total_numel > 0. The step advances
 // when advance_step is true: a step split into several updates (parameter

@@ -53,6 +53,10 @@ AdamW::Update AdamW::make_update(Context& ctx, const std::vector<UpdateTensors>&
   std::vector<kernels::AdamWTensor> table_entries;
   for (const UpdateTensors& e : entries) {
     const bool has_copy = e.copy.defined();
+    // A step-scoped gradient has no address yet: the entry holds the master's
+    // until each update writes the step's (table_from_operands).
+    const Tensor& grad = e.grad.defined() ? e.grad : e.master;
+    if (!e.grad.defined()) update.params.table_from_operands = true;
     update.tensors.insert(update.tensors.end(), {e.master, e.grad, e.m, e.v});
     update.grads.push_back(e.grad);
     if (has_copy) update.tensors.push_back(e.copy);
@@ -60,7 +64,7 @@ AdamW::Update AdamW::make_update(Context& ctx, const std::vector<UpdateTensors>&
     update.params.total_numel += e.master.meta().numel();
     SG_CHECK(!has_copy || e.copy.dtype() == DType::kBFloat16 || e.copy.dtype() == DType::kFloat16,
              "AdamW: the model-dtype copy of a parameter must be bf16 or fp16, got ", dtype_name(e.copy.dtype()));
-    table_entries.push_back({e.master.data_as<float>(), e.grad.data_as<float>(), e.m.data_as<float>(),
+    table_entries.push_back({e.master.data_as<float>(), grad.data_as<float>(), e.m.data_as<float>(),
                              e.v.data_as<float>(), has_copy ? e.copy.data() : nullptr, e.master.meta().numel(),
                              has_copy && e.copy.dtype() == DType::kFloat16});
   }
@@ -79,8 +83,49 @@ void AdamW::step(Context& ctx) const {
     step_shard(ctx, shards_.at(0), /*advance_step=*/true);
     return;
   }
-  run_update(ctx, all_.params, all_.table, all_.tensors);
+  run_update(ctx, all_.params, all_.table, tensors_now(all_));
   after_update(ctx, all_.first, all_.count);
+  release_step_gradients();
+}
+
+std::vector<Tensor> AdamW::tensors_now(const Update& update) const {
+  if (!step_scoped_) return update.tensors;
+  std::vector<Tensor> out = update.tensors;
+  std::size_t position = 0;  // of the parameter's master: {master, grad, m, v[, copy]}
+  for (std::size_t i = 0; i < update.count; ++i) {
+    const Parameter& p = *parameters_[update.first + i];
+    SG_CHECK(p.grad.defined(), "AdamW: parameter '", p.name,
+             "' has no gradient this step: the backward did not write it (step-scoped gradients, Note "
+             "[Step-scoped gradients] in layers/parameter.h)");
+    out[position + 1] = p.grad;
+    position += update.params.has_copy[i] ? 5 : 4;
+  }
+  return out;
+}
+
+void AdamW::release_step_gradients() const {
+  if (!step_scoped_) return;
+  for (Parameter* p : parameters_) p->grad = Tensor();
+}
+
+void AdamW::use_step_scoped_gradients(Context& ctx) {
+  if (step_scoped_) return;
+  SG_CHECK_CODE(!sharded(), ErrorCode::kUnsupported,
+                "AdamW::use_step_scoped_gradients: a sharded (ZeRO-1) optimizer reduce-scatters persistent "
+                "gradients; keep them persistent");
+  SG_CHECK_CODE(!skips_nonfinite(), ErrorCode::kUnsupported,
+                "AdamW::use_step_scoped_gradients: the non-finite skip checks the gradients through persistent "
+                "tables; keep them persistent, or turn the skip off");
+  step_scoped_ = true;
+  for (Parameter* p : parameters_) {
+    p->step_scoped_gradient = true;
+    p->grad = Tensor();
+  }
+  // The tables again, without the persistent gradients (which go with their last handle).
+  all_ = make_update(ctx, 0, parameters_.size(), "adamw.table");
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g] = make_update(ctx, groups_[g].first, groups_[g].count, "adamw.group" + std::to_string(g) + ".table");
+  }
 }
 
 void AdamW::run_update(Context& ctx, const ops::AdamWParams& params, const Tensor& table,
@@ -140,13 +185,21 @@ void AdamW::step_group(Context& ctx, std::size_t group, bool advance_step) const
   }
   ops::AdamWParams params = groups_[group].params;
   params.advance_step = advance_step;
-  run_update(ctx, params, groups_[group].table, groups_[group].tensors);
+  run_update(ctx, params, groups_[group].table, tensors_now(groups_[group]));
   after_update(ctx, groups_[group].first, groups_[group].count);
 }
 
 const std::vector<Tensor>& AdamW::group_gradients(std::size_t group) const {
   SG_CHECK(group < groups_.size(), "AdamW::group_gradients: group ", group, " of ", groups_.size());
+  SG_CHECK_CODE(!step_scoped_, ErrorCode::kInvalidState,
+                "AdamW::group_gradients: the gradients are step-scoped (read Parameter::grad during the step)");
   return groups_[group].grads;
+}
+
+const std::vector<Tensor>& AdamW::all_gradients() const {
+  SG_CHECK_CODE(!step_scoped_, ErrorCode::kInvalidState,
+                "AdamW::all_gradients: the gradients are step-scoped (read Parameter::grad during the step)");
+  return all_.grads;
 }
 
 namespace {
@@ -164,6 +217,9 @@ AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicat
       done_(optimizer.group_count(), false),
       remaining_(optimizer.group_count()) {
   SG_CHECK(remaining_ > 0, "AdamW::GroupedStep: the optimizer has no groups; call set_groups first");
+  SG_CHECK_CODE(!(optimizer.step_scoped_gradients() && reduces(data_parallel)), ErrorCode::kUnsupported,
+                "AdamW::GroupedStep: step-scoped gradients are not summed across data-parallel ranks yet; keep "
+                "them persistent");
 }
 
 void AdamW::GroupedStep::operator()(std::size_t group) {
@@ -215,6 +271,9 @@ void AdamW::set_skip_nonfinite(Context& ctx, bool skip) {
     skipped_ = {};
     return;
   }
+  SG_CHECK_CODE(!step_scoped_, ErrorCode::kUnsupported,
+                "AdamW::set_skip_nonfinite: the skip checks persistent gradients; this optimizer's are "
+                "step-scoped (use_step_scoped_gradients)");
   SG_CHECK_CODE(!sharded(), ErrorCode::kUnsupported,
                 "AdamW::set_skip_nonfinite: a sharded (ZeRO-1) update reduce-scatters and all-gathers, and "
                 "collectives inside a CUDA conditional node fail to instantiate (NCCL #1986); use the all-reduce "
@@ -264,6 +323,7 @@ std::int64_t AdamW::skipped_steps(Context& ctx) const {
 void AdamW::GroupedStep::finish() const {
   SG_CHECK(remaining_ == 0, "AdamW::GroupedStep: ", remaining_, " of ", done_.size(),
            " parameter groups were not updated this step (the backward did not report them)");
+  optimizer_.release_step_gradients();
 }
 
 std::int64_t AdamW::steps_taken(Context& ctx) const { return ctx.to_vector<std::int64_t>(step_).at(0); }
@@ -279,6 +339,10 @@ std::vector<AdamW::Moments> AdamW::moments() const {
 
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
                          Communicator* data_parallel, Communicator* tensor_parallel) {
+  SG_CHECK_CODE(!optimizer.step_scoped_gradients() || (data_parallel == nullptr && tensor_parallel == nullptr),
+                ErrorCode::kUnsupported,
+                "step-scoped gradients (Note [Step-scoped gradients]) are not yet reduced across data- or "
+                "tensor-parallel ranks; keep the gradients persistent for a parallel step");
   if (optimizer.group_count() == 0) {
     backward({});
     if (reduces(data_parallel) && !optimizer.sharded()) {

@@ -65,8 +65,20 @@ class AdamW {
   // Updates group `group`; advance_step for the last update of a step only.
   void step_group(Context& ctx, std::size_t group, bool advance_step) const;
   // The gradients a group's update reads (all of them for step()).
+  // Persistent gradients only (an Error with step-scoped ones).
   const std::vector<Tensor>& group_gradients(std::size_t group) const;
-  const std::vector<Tensor>& all_gradients() const { return all_.grads; }
+  const std::vector<Tensor>& all_gradients() const;
+
+  // Note [Step-scoped gradients] (layers/parameter.h): from now on every
+  // parameter's gradient is a tensor of the step, made by the backward where
+  // it first writes it and dropped once the step's updates are issued
+  // (step(), GroupedStep::finish()); the persistent gradients are released
+  // (their memory freed where nothing else holds them). Each update writes
+  // its table's entries from the step's gradients (AdamWParams::
+  // table_from_operands). Not with ZeRO-1, the non-finite skip or
+  // collectives over the gradients (data or tensor parallelism): Errors.
+  void use_step_scoped_gradients(Context& ctx);
+  bool step_scoped_gradients() const { return step_scoped_; }
 
   // One step's grouped updates, driven by a backward's "gradients ready"
   // calls (ResidualStack::GradientsReady): each group updates on the
@@ -183,6 +195,10 @@ class AdamW {
   };
   // The update of parameters [first, first + count).
   Update make_update(Context& ctx, std::size_t first, std::size_t count, const std::string& table_name) const;
+  // The update's tensors with this step's gradients (step-scoped), else its own.
+  std::vector<Tensor> tensors_now(const Update& update) const;
+  // Drops the step's gradients (step-scoped; a no-op otherwise).
+  void release_step_gradients() const;
   Update make_update(Context& ctx, const std::vector<UpdateTensors>& entries, const std::string& table_name) const;
 
   // This rank's shard of a group's parameters [first, first + count), laid
@@ -223,6 +239,7 @@ class AdamW {
   Tensor skipped_;             // int64 [1], with skip_nonfinite
   std::optional<kernels::LossScaling> loss_scaling_;
   Tensor loss_scale_;  // fp32 [3], with loss scaling
+  bool step_scoped_ = false;
 };
 
 // Runs `backward` and the optimizer's step: each group's update as soon as

@@ -85,6 +85,9 @@ void AdamW::shard(Context& ctx, Communicator& comm) {
   SG_CHECK_CODE(!skips_nonfinite(), ErrorCode::kUnsupported,
                 "AdamW::shard: the optimizer skips non-finite steps, whose updates run inside a CUDA conditional "
                 "node, where a sharded update's collectives cannot (NCCL #1986); turn the skip off to shard");
+  SG_CHECK_CODE(!step_scoped_, ErrorCode::kUnsupported,
+                "AdamW::shard: a sharded update reduce-scatters persistent gradients; this optimizer's are "
+                "step-scoped (use_step_scoped_gradients)");
   SG_CHECK_CODE(!sharded(), ErrorCode::kInvalidState, "AdamW::shard: the optimizer is already sharded over ",
                 sharding_->describe());
   comm.check_device(ctx.device(), "AdamW::shard");

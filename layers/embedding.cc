@@ -30,7 +30,7 @@ void Embedding::backward(Context& ctx, const Saved& saved, const BwdArgs& args) 
   const Shape& tokens = saved.tokens.shape();
   check_input(label_, "backward", "dy", args.dy, {tokens.dim(0), tokens.dim(1) * config_.dim}, config_.dtype,
               "the forward's output");
-  ops::embedding_backward_(ctx, table_.grad, args.dy, saved.tokens);
+  ops::embedding_backward_(ctx, table_.gradient_for_write(ctx), args.dy, saved.tokens);
 }
 
 }  // namespace stepgraph

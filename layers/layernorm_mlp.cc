@@ -253,17 +253,17 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
     // Note [Recomputed activation]: GeLU(pre) again, on this stream.
     const Tensor act = config_.recompute_activation ? ops::gelu(ctx, saved.pre) : saved.act;
     // fc2: grad_W2 = dy^T act with grad_b2 fused (BGRADB), written into b2's grad.
-    ops::gemm_into_(ctx, w2_.grad, dy, act,
+    ops::gemm_into_(ctx, w2_.gradient_for_write(ctx), dy, act,
                     {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32}, {}, {},
-                    b2_.grad);
+                    b2_.gradient_for_write(ctx));
     // fc1: grad_W1 = d_pre^T normed, with grad_b1 fused unless fc2's dgrad gave it.
     if (b1_grad.defined()) {
-      ops::copy_(ctx, b1_.grad, ops::cast(ctx, b1_grad, DType::kFloat32));
-      ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
+      ops::copy_(ctx, b1_.gradient_for_write(ctx), ops::cast(ctx, b1_grad, DType::kFloat32));
+      ops::gemm_into_(ctx, w1_.gradient_for_write(ctx), d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
     } else {
-      ops::gemm_into_(ctx, w1_.grad, d_pre, saved.normed,
+      ops::gemm_into_(ctx, w1_.gradient_for_write(ctx), d_pre, saved.normed,
                       {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32}, {}, {},
-                      b1_.grad);
+                      b1_.gradient_for_write(ctx));
     }
   }
   // d_normed = d_pre W1: every rank's slice contributed to every token, so

@@ -273,10 +273,10 @@ Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail:
     // grad_W[out, in] = dy^T x, both as their transposed copies, on the weight-gradient stream.
     WeightGradScope weight_grads(ctx);
     ops::GemmParams wgrad = fp8_params(dy.blocks, x_blocks, DType::kFloat32, recipe.fast_accumulation_backward);
-    ops::fp8_gemm_into_(ctx, weight_.grad, dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv,
+    ops::fp8_gemm_into_(ctx, weight_.gradient_for_write(ctx), dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv,
                         wgrad);
     // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
-    if (config_.bias) ops::copy_(ctx, bias_.grad, ops::column_sum(ctx, dy_value));
+    if (config_.bias) ops::copy_(ctx, bias_.gradient_for_write(ctx), ops::column_sum(ctx, dy_value));
   }
   Tensor dx;
   if (saved.dgrad) {
@@ -484,7 +484,8 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
                           .epilogue = config_.bias ? GemmEpilogue::kBiasGradOfA : GemmEpilogue::kNone,
                           .out_dtype = DType::kFloat32};
     // The bias gradient straight into bias_.grad (fp32 like the epilogue's output): no copy after it.
-    ops::gemm_into_(ctx, weight_.grad, dy, saved.x, wgrad, {}, {}, config_.bias ? bias_.grad : Tensor());
+    ops::gemm_into_(ctx, weight_.gradient_for_write(ctx), dy, saved.x, wgrad, {}, {},
+                    config_.bias ? bias_.gradient_for_write(ctx) : Tensor());
   }
   if (!saved.dgrad) return {};
   if (column() && sequence_parallel()) {

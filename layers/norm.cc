@@ -52,8 +52,9 @@ Tensor Norm::backward(Context& ctx, const Saved& saved, const BwdArgs& args) con
     check_input(label_, "backward", "dx_residual", args.dx_residual, exactly(saved.x.shape()), config_.dtype,
                 "the forward's input");
   }
-  return ops::norm_backward_into_(ctx, params, args.dy, saved.x, saved.mean, saved.rstd, gamma_.value, gamma_.grad,
-                                  layernorm() ? beta_.grad : Tensor(), args.dx_residual);
+  return ops::norm_backward_into_(ctx, params, args.dy, saved.x, saved.mean, saved.rstd, gamma_.value,
+                                  gamma_.gradient_for_write(ctx),
+                                  layernorm() ? beta_.gradient_for_write(ctx) : Tensor(), args.dx_residual);
 }
 
 }  // namespace stepgraph

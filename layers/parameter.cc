@@ -4,6 +4,7 @@
 
 #include "engine/error.h"
 #include "ops/elementwise_ops.h"
+#include "ops/row_ops.h"
 
 namespace stepgraph {
 
@@ -28,6 +29,17 @@ void write_initial_values(Context& ctx, const Parameter& p, std::span<const floa
 }
 
 }  // namespace
+
+const Tensor& Parameter::gradient_for_write(Context& ctx) const {
+  if (!grad.defined()) {
+    SG_CHECK_CODE(step_scoped_gradient, ErrorCode::kInvalidState, "parameter '", name,
+                  "' has no gradient tensor: a backward needs a persistent gradient or step-scoped gradients "
+                  "(Note [Step-scoped gradients] in layers/parameter.h)");
+    grad = ops::empty(ctx, master.meta());  // every element is written by the caller's op
+    grad.set_name(name + ".grad");
+  }
+  return grad;
+}
 
 Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
                          std::span<const float> init) {

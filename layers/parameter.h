@@ -1,6 +1,24 @@
 // Parameters: an fp32 master weight (what the optimizer updates), the copy in
 // the model's dtype that layers read (the master itself when that is fp32),
-// and an fp32 main gradient. All persistent: fixed addresses for every step.
+// and an fp32 main gradient. All persistent: fixed addresses for every step,
+// except the gradient of an optimizer with step-scoped gradients.
+//
+// Note [Step-scoped gradients]
+// A persistent gradient holds 4 bytes a parameter for the whole step, the
+// forward included, although it is only ever written by the backward and
+// read by the optimizer right after. With AdamW::use_step_scoped_gradients
+// each gradient is a tensor of the step instead: made where the backward
+// first writes it (Parameter::gradient_for_write: on the weight-gradient
+// stream for the GEMMs' gradients), read by its group's update, and dropped
+// when the step's updates are issued. Traced, it is a pool value that lives
+// from its weight-gradient GEMM to its group's AdamW, so the gradients of
+// the blocks updated earlier in the backward share memory with those of the
+// blocks after them, and none is live during the forward, whose saved
+// activations set the pool's peak (benchmarks/README.md, "Step-scoped
+// gradients"). Eager, it comes from the caching allocator. Between steps
+// the parameter has no gradient (`grad` is undefined): code that reads
+// gradients after a step (tests, gradient sums over microbatches) needs
+// persistent ones, the default.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +43,11 @@ struct Parameter {
   std::string name;
   Tensor master;  // fp32
   Tensor value;   // what layers read: `master`, or its copy in the model dtype
-  Tensor grad;    // fp32, overwritten by each backward
+  // fp32, overwritten by each backward. Step-scoped (Note [Step-scoped
+  // gradients]): undefined between steps, made by gradient_for_write; a
+  // layer's const backward makes it, hence mutable.
+  mutable Tensor grad;
+  bool step_scoped_gradient = false;
   // What a layer derives from `value` and keeps (an FP8 weight cache, Note
   // [FP8 weight cache] in layers/fp8_operand.h), remade whenever the value
   // changes: by the optimizer right after its update (inside the step), and
@@ -33,6 +55,10 @@ struct Parameter {
   std::vector<std::function<void(Context&)>> after_update;
 
   bool has_copy() const { return value.impl() != master.impl(); }
+  // The gradient a backward overwrites in full: `grad`, made first (on the
+  // current stream) where it is step-scoped and this step has none yet. An
+  // Error where a persistent gradient was released.
+  const Tensor& gradient_for_write(Context& ctx) const;
 };
 
 // Runs the parameter's after_update hooks, in order.

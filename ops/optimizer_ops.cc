@@ -11,16 +11,16 @@ bool AdamWParams::operator==(const AdamWParams& other) const {
   return hyper.lr == other.hyper.lr && hyper.beta1 == other.hyper.beta1 && hyper.beta2 == other.hyper.beta2 &&
          hyper.eps == other.hyper.eps && hyper.weight_decay == other.hyper.weight_decay && has_copy == other.has_copy &&
          total_numel == other.total_numel && advance_step == other.advance_step && device_lr == other.device_lr &&
-         unscale_grads == other.unscale_grads;
+         unscale_grads == other.unscale_grads && table_from_operands == other.table_from_operands;
 }
 
 std::string AdamWParams::to_string() const {
-  char text[200];
-  std::snprintf(text, sizeof(text), "lr=%g%s, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s%s",
+  char text[240];
+  std::snprintf(text, sizeof(text), "lr=%g%s, betas=(%g, %g), eps=%g, wd=%g, %zu tensors%s%s%s",
                 static_cast<double>(hyper.lr), device_lr ? " (read on the device)" : "",
                 static_cast<double>(hyper.beta1), static_cast<double>(hyper.beta2), static_cast<double>(hyper.eps),
                 static_cast<double>(hyper.weight_decay), has_copy.size(), advance_step ? "" : ", step not advanced",
-                unscale_grads ? ", gradients unscaled" : "");
+                unscale_grads ? ", gradients unscaled" : "", table_from_operands ? ", table from operands" : "");
   return text;
 }
 
@@ -69,6 +69,7 @@ std::vector<TensorMeta> check(const OpParams& params, std::span<const TensorMeta
 std::vector<int> written(const OpParams& params, std::size_t) {
   const AdamWParams& p = params.as<AdamWParams>();
   std::vector<int> out;
+  if (p.table_from_operands) out.push_back(static_cast<int>(kTable));
   if (p.advance_step) out.push_back(static_cast<int>(kStep));
   const std::vector<std::size_t> masters = master_indices(p);
   for (std::size_t t = 0; t < masters.size(); ++t) {
@@ -112,6 +113,7 @@ const OpDef& adamw_op() {
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const AdamWParams& p = params.as<AdamWParams>();
+            if (p.table_from_operands) kernels::write_adamw_table_entries(tensors_of(p, a), a.inputs[kTable], stream);
             kernels::launch_adamw(p.hyper, a.inputs[kTable], static_cast<std::int64_t>(p.has_copy.size()),
                                   p.total_numel, static_cast<std::int64_t*>(a.inputs[kStep]), stream, p.advance_step,
                                   rate_of(p, a), unscale_of(p, a));

@@ -1,7 +1,8 @@
 // AdamW over many parameters in one op (kernels/adamw.h). Its inputs are the
 // launch table and the device step counter (persistent), then per parameter
 // its fp32 master, fp32 grad, moments m and v, and its dtype copy if it has
-// one; everything but the grads and the table is written in place.
+// one; everything but the grads (and the table, unless table_from_operands)
+// is written in place.
 #pragma once
 
 #include <string>
@@ -25,6 +26,11 @@ struct AdamWParams {
   // Every gradient is multiplied by 1/S of the loss-scale state (fp32 [3], the
   // last input) before the update: Note [Loss scaling] in kernels/step_guard.h.
   bool unscale_grads = false;
+  // The table's tensor entries are written from the op's own tensors before
+  // each update (kernels::write_adamw_table_entries): for gradients whose
+  // addresses are the step's (Note [Step-scoped gradients] in
+  // layers/parameter.h). The table is then an input the op writes.
+  bool table_from_operands = false;
 
   bool operator==(const AdamWParams& other) const;
   std::string to_string() const;

@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,profile,multigpu,multigpu_bench,multigpu_sanitize]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_sanitize]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -13,6 +13,10 @@
 #   programs.log                 the trainer runs, the demo, the attention kernels against SDPA
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
+#   step_table.log               --stages step_table: the training-step table alone, in under 10 minutes
+#                                (issue 18's goals in one job): step_bench --profile, step_bench
+#                                --step-scoped-gradients, PyTorch's eager and compiled systems (--quick),
+#                                step_report.md and step_report_step_scoped.md
 #   multigpu.log                 --stages multigpu (2 GPUs): the multi-rank NCCL tests, the trainer's
 #                                checks at TP=2 and DP=2, 10,000 TP=2 steps, DP=2 losses against one
 #                                GPU, a killed rank
@@ -124,6 +128,19 @@ if wants benchmarks; then
   step benchmarks.log python3 "$here/benchmarks/pytorch_peer.py" --out "$results/pytorch_peer.json"
   step benchmarks.log python3 "$here/benchmarks/report.py" "$results/step_bench.json" "$results/pytorch_peer.json" \
     --markdown "$results/step_report.md" --plot "$results/step_report.png"
+fi
+
+# 4b. The training-step table alone (not in the default stages: benchmarks has it whole).
+if wants step_table; then
+  : >"$results/step_table.log"
+  step step_table.log "$here/bin/step_bench" --profile --out "$results/step_bench.json"
+  step step_table.log "$here/bin/step_bench" --step-scoped-gradients --out "$results/step_bench_step_scoped.json"
+  step step_table.log python3 "$here/benchmarks/pytorch_peer.py" --quick --systems eager,compile_graph,compile \
+    --budget-s 300 --out "$results/pytorch_peer.json"
+  step step_table.log python3 "$here/benchmarks/report.py" "$results/step_bench.json" "$results/pytorch_peer.json" \
+    --markdown "$results/step_report.md" --plot "$results/step_report.png"
+  step step_table.log python3 "$here/benchmarks/report.py" "$results/step_bench_step_scoped.json" \
+    "$results/pytorch_peer.json" --markdown "$results/step_report_step_scoped.md"
 fi
 
 # 5. Collectives: comm_bench and its torch.distributed peer, one process

@@ -171,16 +171,10 @@ Tensor GroupedLinear::backward(Context& ctx, const Saved& saved, const BwdArgs& 
               "the forward's output");
   // A row-parallel bias gradient is the whole one on every rank: every rank
   // gets the same (whole) dy, whichever rank added the bias.
-  {
-    // On the weight-gradient stream, beside the dgrad chain, as a Linear's;
-    // step-scoped gradients then share memory with the blocks' after them
-    // (Note [Step-scoped gradients] in layers/parameter.h).
-    WeightGradScope weight_grads(ctx);
-    ops::grouped_linear_wgrad_(ctx, weight_.gradient_for_write(ctx), args.dy, saved.x, saved.offsets,
-                               /*accumulate=*/false);
-    if (config_.bias) {
-      ops::grouped_bias_grad_(ctx, bias_.gradient_for_write(ctx), args.dy, saved.offsets, /*accumulate=*/false);
-    }
+  ops::grouped_linear_wgrad_(ctx, weight_.gradient_for_write(ctx), args.dy, saved.x, saved.offsets,
+                             /*accumulate=*/false);
+  if (config_.bias) {
+    ops::grouped_bias_grad_(ctx, bias_.gradient_for_write(ctx), args.dy, saved.offsets, /*accumulate=*/false);
   }
   return ops::grouped_linear_dgrad(ctx, args.dy, weight_.value, saved.offsets, config_.dtype);
 }
@@ -196,15 +190,12 @@ Tensor GroupedLinear::backward_fp8(Context& ctx, const Saved& saved, const Tenso
   const bool column = config_.parallel == GroupedParallel::kColumn;
   const detail::Fp8Copies dy = detail::quantize_for_gemm(ctx, recipe, dy_value, recipe.gradient_format(), true, true,
                                                          dy_state_, kernels::BlockShape::k1x128, slices_of(column));
-  {
-    WeightGradScope weight_grads(ctx);  // as the 16-bit backward's
-    ops::grouped_fp8_wgrad_(ctx, weight_.gradient_for_write(ctx), dy.columnwise, dy.columnwise_scale_inv,
-                            saved.x_fp8_t, saved.x_scale_inv, saved.offsets, /*accumulate=*/false,
-                            !recipe.fast_accumulation_backward);
-    // The bias's gradient from the 16-bit dy (as the 16-bit layer's).
-    if (config_.bias) {
-      ops::grouped_bias_grad_(ctx, bias_.gradient_for_write(ctx), dy_value, saved.offsets, /*accumulate=*/false);
-    }
+  ops::grouped_fp8_wgrad_(ctx, weight_.gradient_for_write(ctx), dy.columnwise, dy.columnwise_scale_inv,
+                          saved.x_fp8_t, saved.x_scale_inv, saved.offsets, /*accumulate=*/false,
+                          !recipe.fast_accumulation_backward);
+  // The bias's gradient from the 16-bit dy (as the 16-bit layer's).
+  if (config_.bias) {
+    ops::grouped_bias_grad_(ctx, bias_.gradient_for_write(ctx), dy_value, saved.offsets, /*accumulate=*/false);
   }
   // W's column-wise copy [in, E * out], quantized again with the forward's scale.
   const bool delayed = recipe.scaling == Fp8Scaling::kDelayed;

@@ -259,7 +259,8 @@ Tensor LayerNormMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& a
     // fc1: grad_W1 = d_pre^T normed, with grad_b1 fused unless fc2's dgrad gave it.
     if (b1_grad.defined()) {
       ops::copy_(ctx, b1_.gradient_for_write(ctx), ops::cast(ctx, b1_grad, DType::kFloat32));
-      ops::gemm_into_(ctx, w1_.gradient_for_write(ctx), d_pre, saved.normed, {.trans_a = true, .out_dtype = DType::kFloat32});
+      ops::gemm_into_(ctx, w1_.gradient_for_write(ctx), d_pre, saved.normed,
+                      {.trans_a = true, .out_dtype = DType::kFloat32});
     } else {
       ops::gemm_into_(ctx, w1_.gradient_for_write(ctx), d_pre, saved.normed,
                       {.trans_a = true, .epilogue = GemmEpilogue::kBiasGradOfA, .out_dtype = DType::kFloat32}, {}, {},

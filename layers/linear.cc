@@ -273,8 +273,8 @@ Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail:
     // grad_W[out, in] = dy^T x, both as their transposed copies, on the weight-gradient stream.
     WeightGradScope weight_grads(ctx);
     ops::GemmParams wgrad = fp8_params(dy.blocks, x_blocks, DType::kFloat32, recipe.fast_accumulation_backward);
-    ops::fp8_gemm_into_(ctx, weight_.gradient_for_write(ctx), dy.columnwise, dy.columnwise_scale_inv, saved.x_fp8_t, saved.x_scale_inv,
-                        wgrad);
+    ops::fp8_gemm_into_(ctx, weight_.gradient_for_write(ctx), dy.columnwise, dy.columnwise_scale_inv,
+                        saved.x_fp8_t, saved.x_scale_inv, wgrad);
     // The bias's gradient from the 16-bit dy: no FP8 epilogue reduces it.
     if (config_.bias) ops::copy_(ctx, bias_.gradient_for_write(ctx), ops::column_sum(ctx, dy_value));
   }

@@ -139,4 +139,13 @@ std::vector<Tensor> gradients_of(const std::vector<Parameter*>& params) {
   return out;
 }
 
+std::vector<Tensor> join_tensors_of(const std::vector<Parameter*>& params) {
+  std::vector<Tensor> out;
+  for (const Parameter* p : params) {
+    if (p->grad.defined()) out.push_back(p->grad);
+    if (p->step_scoped_gradient) out.push_back(p->master);
+  }
+  return out;
+}
+
 }  // namespace stepgraph

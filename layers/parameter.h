@@ -68,6 +68,12 @@ void run_after_update(Context& ctx, const Parameter& parameter);
 // (numel values; the copy is init rounded to dtype).
 // The gradients of `params`, in their order.
 std::vector<Tensor> gradients_of(const std::vector<Parameter*>& params);
+// What the main stream waits for to join the weight-gradient stream behind
+// `params`' group (Note [Joining the weight-gradient stream] in
+// ops/stream_ops.h): each gradient's last write, and where the gradient is
+// step-scoped its master's too, which the group's update writes after it read
+// the gradient: from the join on, the gradient's memory is free as well.
+std::vector<Tensor> join_tensors_of(const std::vector<Parameter*>& params);
 
 Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
                          std::span<const float> init);

@@ -191,12 +191,20 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, con
 std::vector<std::size_t> ResidualStack::parameter_group_sizes() {
   std::vector<std::size_t> sizes;
   for (Block& block : blocks_) {
-    sizes.push_back((block.moe ? block.moe->parameters() : block.dense->parameters()).size() +
-                    (block.attention ? block.attention->parameters().size() : 0));
+    if (block.attention) sizes.push_back(block.attention->parameters().size());
+    sizes.push_back(mlp_parameters(block).size());
   }
   sizes.push_back(final_norm_->parameters().size());
   sizes.push_back(head_->parameters().size());
   return sizes;
+}
+
+std::vector<Parameter*> ResidualStack::mlp_parameters(const Block& block) {
+  return block.moe ? block.moe->parameters() : block.dense->parameters();
+}
+
+std::size_t ResidualStack::mlp_group(std::size_t block) const {
+  return blocks_[block].attention ? 2 * block + 1 : block;  // every block has attention, or none has
 }
 
 Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& dlogits,
@@ -210,7 +218,19 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
   auto done = [&](std::size_t group) {
     if (ready) ready(group);
   };
-  const std::size_t head_group = blocks_.size() + 1;
+  // The weight-gradient stream joins back one group behind, so the
+  // activations the later group's weight gradients read leave the pool
+  // (Note [Joining the weight-gradient stream] in ops/stream_ops.h), and
+  // step-scoped gradients once their update read them. A block with
+  // attention is two groups, so its MLP's gradients go before its
+  // attention's backward (the MoE experts' are a block's most).
+  std::vector<Parameter*> joined_next = head_->parameters();
+  auto done_and_join = [&](std::size_t group, std::vector<Parameter*> params) {
+    done(group);
+    ops::order_after(ctx, join_tensors_of(joined_next));
+    joined_next = std::move(params);
+  };
+  const std::size_t head_group = blocks_.empty() ? 1 : mlp_group(blocks_.size() - 1) + 2;
   const Tensor d_normed = head_->backward(ctx, saved.head, {dlogits});
   done(head_group);
   Tensor dh = final_norm_->backward(ctx, saved.final_norm, {d_normed});
@@ -226,16 +246,13 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
     // Each block's backward returns its dx with dh added in its norm's pass.
     dh = block.moe ? block.moe->backward(ctx, std::get<MoEMLP::Saved>(block_saved.mlp), {d_mlp_out, dh})
                    : block.dense->backward(ctx, std::get<LayerNormMLP::Saved>(block_saved.mlp), {d_mlp_out, dh});
+    done_and_join(mlp_group(i), mlp_parameters(block));
     if (block.attention) {
       SG_CHECK(block_saved.attention.has_value(), "ResidualStack backward: block ", i,
                " has attention but its saved state has none (a Saved from another stack?)");
       dh = block.attention->backward(ctx, *block_saved.attention, {dropout(ctx, dh, site), dh});
+      done_and_join(mlp_group(i) - 1, block.attention->parameters());
     }
-    done(i);
-    // The weight-gradient stream joins back one block behind, so the
-    // activations the later block's weight gradients read leave the pool
-    // (Note [Joining the weight-gradient stream] in ops/stream_ops.h).
-    ops::order_after(ctx, i + 1 < blocks_.size() ? block_gradients(i + 1) : gradients_of(head_->parameters()));
   }
   dh = dropout(ctx, dh, 0);
   // The next step's numbers (Note [Dropout in a captured step]).
@@ -246,15 +263,6 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
 Tensor ResidualStack::dropout(Context& ctx, const Tensor& x, std::int64_t site) const {
   if (config_.dropout == 0.0f) return x;
   return ops::dropout(ctx, x, rng_, {.p = config_.dropout, .offset = site * kernels::dropout_draws(x.numel())});
-}
-
-std::vector<Tensor> ResidualStack::block_gradients(std::size_t i) const {
-  const Block& block = blocks_[i];
-  std::vector<Parameter*> params = block.moe ? block.moe->parameters() : block.dense->parameters();
-  if (block.attention) {
-    for (Parameter* p : block.attention->parameters()) params.push_back(p);
-  }
-  return gradients_of(params);
 }
 
 void ResidualStack::check_errors(Context& ctx) const {

@@ -159,8 +159,9 @@ class ResidualStack {
   // FP8 delayed scaling under data parallelism: every block's amaxes
   // max-all-reduced over `group` (Linear::set_amax_group); TrainStep sets it.
   void set_fp8_amax_group(Communicator* group);
-  // parameters() in consecutive groups: one per block, the final norm, the
-  // head. The backward finishes them in reverse order.
+  // parameters() in consecutive groups: per block its attention (with
+  // attention) and its MLP, then the final norm, the head. The backward
+  // finishes them in reverse order.
   std::vector<std::size_t> parameter_group_sizes();
   // Whether block i is an MoE block.
   bool is_moe_block(std::int64_t i) const;
@@ -179,7 +180,9 @@ class ResidualStack {
   std::vector<Block> blocks_;
   std::vector<Linear*> fp8_linears() const;  // every block's FP8 Linears, in block order
   std::vector<GroupedLinear*> fp8_experts() const;  // every MoE block's FP8 expert layers
-  std::vector<Tensor> block_gradients(std::size_t i) const;  // block i's parameters' gradients
+  static std::vector<Parameter*> mlp_parameters(const Block& block);
+  // The parameter group of block `block`'s MLP; its attention's is the one before.
+  std::size_t mlp_group(std::size_t block) const;
   Tensor fp8_non_finite_;  // FP8: the counter every block's Linears share
   Tensor rng_;             // dropout's {seed, counter}
   // Dropout site `site` of a step over `tokens` rows (Note [Dropout in a captured step]).

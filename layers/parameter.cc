@@ -1,5 +1,6 @@
 #include "layers/parameter.h"
 
+#include <optional>
 #include <random>
 
 #include "engine/error.h"
@@ -35,6 +36,14 @@ const Tensor& Parameter::gradient_for_write(Context& ctx) const {
     SG_CHECK_CODE(step_scoped_gradient, ErrorCode::kInvalidState, "parameter '", name,
                   "' has no gradient tensor: a backward needs a persistent gradient or step-scoped gradients "
                   "(Note [Step-scoped gradients] in layers/parameter.h)");
+    // Traced: made on the writer's stream, where its lifetime starts. Eager:
+    // on the main stream, where its last handle frees it, so the caching
+    // allocator hands the same memory back next step (a cudaMemPool reuses
+    // memory freed on another stream only through dependencies it sees:
+    // allocated on the weight-gradient stream, call T27's eager large step
+    // grew the device's use to 78.6 GiB).
+    std::optional<StreamScope> main_stream;
+    if (!ctx.tracing()) main_stream.emplace(ctx, 0);
     grad = ops::empty(ctx, master.meta());  // every element is written by the caller's op
     grad.set_name(name + ".grad");
   }

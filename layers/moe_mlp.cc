@@ -87,6 +87,7 @@ MoEMLP::Forward MoEMLP::forward(Context& ctx, const FwdArgs& args) const {
   s.pre = fc1.y;
   const GroupedLinear::Forward fc2 = fc2_.forward(ctx, {ops::gelu(ctx, s.pre), s.plan.splits});
   s.fc2 = fc2.saved;
+  if (config_.recompute_activation && !config_.fp8) s.fc2.x = Tensor();  // made again in the backward
   s.expert_out = fc2.y;
   out.y = ops::moe_unpermute(ctx, s.expert_out, s.plan.positions, s.routed.gates);
   // The ranks' gated partial sums, summed, this rank's tokens kept.
@@ -112,7 +113,9 @@ Tensor MoEMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   // d gate = <dy, whole expert output>: the sum of the ranks' dots with their
   // partial outputs (See Note [Tensor-parallel MoE]).
   if (tp_ != nullptr) unpermuted.dgates = ops::all_reduce(ctx, *tp_, unpermuted.dgates, ReduceOp::kSum);
-  const Tensor d_act = fc2_.backward(ctx, saved.fc2, {unpermuted.dy_perm});
+  GroupedLinear::Saved fc2 = saved.fc2;
+  if (!config_.fp8 && !fc2.x.defined()) fc2.x = ops::gelu(ctx, saved.pre);  // recompute_activation
+  const Tensor d_act = fc2_.backward(ctx, fc2, {unpermuted.dy_perm});
   const Tensor d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
   const Tensor d_x_perm = fc1_.backward(ctx, saved.fc1, {d_pre});
   // The normed rows reach the output through the experts (summed back over

@@ -85,6 +85,13 @@ struct MoEMLPConfig {
   // FP8 expert products (Note [FP8 GroupedLinear]: current or delayed
   // scaling, bf16); the router stays 16-bit (its E outputs are few).
   std::optional<Fp8Recipe> fp8;
+  // 16-bit experts keep fc1's output only and compute GeLU again right
+  // before fc2's backward (as LayerNormMLP's Note [Recomputed activation]):
+  // [tokens * k, ffn] 16-bit elements less per block at the step's peak.
+  // The forward's GeLU reads the same 16-bit pre-activation, so the
+  // gradients are the same bits. FP8 experts save fc2's input quantized and
+  // ignore it.
+  bool recompute_activation = false;
 };
 
 class MoEMLP {
@@ -103,7 +110,7 @@ class MoEMLP {
     ops::MoEPlan plan;
     GroupedLinear::Saved fc1;  // its input: the permuted normed rows
     Tensor pre;                // fc1's output, before GeLU
-    GroupedLinear::Saved fc2;  // its input: GeLU(pre)
+    GroupedLinear::Saved fc2;  // its input: GeLU(pre) (undefined with recompute_activation)
     Tensor expert_out;         // fc2's output [tokens * k, hidden], expert order (a partial sum when sharded)
   };
   struct Forward {

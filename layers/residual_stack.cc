@@ -66,12 +66,10 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
           seed + 8);
     }
     if (is_moe_block(i)) {
-      block.moe =
-          std::make_unique<MoEMLP>(ctx, name,
-                                   MoEMLPConfig{config.hidden, config.ffn, config.experts,
-                                                static_cast<int>(config.topk), config.norm, config.eps, config.dtype,
-                                                config.fp8},
-                                   seed, tensor_parallel);
+      MoEMLPConfig moe{config.hidden, config.ffn, config.experts, static_cast<int>(config.topk),
+                       config.norm, config.eps, config.dtype, config.fp8};
+      moe.recompute_activation = config.recompute_activation;
+      block.moe = std::make_unique<MoEMLP>(ctx, name, moe, seed, tensor_parallel);
     } else {
       LayerNormMLPConfig mlp{config.hidden, config.ffn, config.norm, config.eps, config.dtype, config.overlap,
                              config.fp8};

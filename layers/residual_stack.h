@@ -79,7 +79,8 @@ struct ResidualStackConfig {
   // 16-bit.
   std::optional<Fp8Recipe> fp8;
   // The dense blocks keep fc1's pre-activation only and compute GeLU again
-  // in the backward (Note [Recomputed activation] in layers/layernorm_mlp.h).
+  // in the backward (Note [Recomputed activation] in layers/layernorm_mlp.h),
+  // and so do the 16-bit MoE blocks' experts (MoEMLPConfig, the same bits).
   bool recompute_activation = false;
   // The probability of dropping each element of the stack's input and of
   // every attention and MLP output before its residual add (Note [Dropout

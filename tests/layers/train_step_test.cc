@@ -255,6 +255,45 @@ TEST(TrainStepCudaTest, StepScopedGradientsTrainAsPersistentOnesInLessMemory) {
   expect_step_scoped_gradients_train_alike(Device::kCuda, 5);
 }
 
+// MoE experts that compute GeLU again in the backward (MoEMLPConfig::
+// recompute_activation) train as the ones that save it, bit for bit (both
+// GeLUs read the same 16-bit pre-activation), with a smaller pool.
+void expect_moe_recompute_trains_as_saved(Device device, int steps) {
+  ResidualStackConfig saved_config = small_model();
+  saved_config.experts = 4;
+  saved_config.moe_every = 1;
+  ResidualStackConfig recompute_config = saved_config;
+  recompute_config.recompute_activation = true;
+  Context ctx(device);
+  Trainer saved(ctx, saved_config);
+  Trainer eager(ctx, recompute_config);
+  Trainer graphed(ctx, recompute_config);
+  auto saving = CapturedStep::capture(ctx, [&] { return saved.step(ctx); });
+  auto recomputing =
+      CapturedStep::capture(ctx, [&] { return graphed.step(ctx); }, {.pool_report_policy = PoolReportPolicy::kError});
+  const std::int64_t activation_bytes = kTokens * saved_config.topk * saved_config.ffn * 2;  // one block's
+  EXPECT_LE(recomputing->plan().lower_bound_bytes, saving->plan().lower_bound_bytes - activation_bytes)
+      << "saved " << saving->plan().lower_bound_bytes << ", recomputed " << recomputing->plan().lower_bound_bytes;
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    const std::uint32_t seed = 600 + static_cast<std::uint32_t>(s % 2);
+    for (Trainer* t : {&saved, &eager, &graphed}) load_batch(ctx, t->step, seed, saved_config.hidden, saved_config.vocab);
+    losses.push_back(expect_same_step<ResidualStack>(ctx, eager, graphed, *recomputing, s));
+    saving->replay();
+    EXPECT_EQ(bits(losses.back()), bits(ctx.to_vector<float>(saving->outputs()[0]).at(0))) << "step " << s;
+  }
+  expect_trained_alike<ResidualStack>(ctx, eager, graphed, losses, steps);
+}
+
+TEST(TrainStepHostTest, MoERecomputedActivationTrainsAsSavedBitForBit) {
+  expect_moe_recompute_trains_as_saved(Device::kHost, 3);
+}
+
+TEST(TrainStepCudaTest, MoERecomputedActivationTrainsAsSavedBitForBit) {
+  SG_SKIP_WITHOUT_GPU();
+  expect_moe_recompute_trains_as_saved(Device::kCuda, 5);
+}
+
 TEST(TrainStepHostTest, StepScopedGradientsRefuseWhatReadsPersistentOnes) {
   Context ctx(Device::kHost);
   Trainer skipping(ctx, small_model());

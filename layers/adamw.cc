@@ -343,6 +343,9 @@ void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWit
                 ErrorCode::kUnsupported,
                 "step-scoped gradients (Note [Step-scoped gradients]) are not yet reduced across data- or "
                 "tensor-parallel ranks; keep the gradients persistent for a parallel step");
+  // Whatever an earlier step left (a capture that threw mid-backward keeps
+  // its traced gradients' handles) is not this step's.
+  optimizer.release_step_gradients();
   if (optimizer.group_count() == 0) {
     backward({});
     if (reduces(data_parallel) && !optimizer.sharded()) {

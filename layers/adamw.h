@@ -79,6 +79,8 @@ class AdamW {
   // collectives over the gradients (data or tensor parallelism): Errors.
   void use_step_scoped_gradients(Context& ctx);
   bool step_scoped_gradients() const { return step_scoped_; }
+  // Drops the step's gradients (step-scoped; a no-op otherwise).
+  void release_step_gradients() const;
 
   // One step's grouped updates, driven by a backward's "gradients ready"
   // calls (ResidualStack::GradientsReady): each group updates on the
@@ -197,8 +199,7 @@ class AdamW {
   Update make_update(Context& ctx, std::size_t first, std::size_t count, const std::string& table_name) const;
   // The update's tensors with this step's gradients (step-scoped), else its own.
   std::vector<Tensor> tensors_now(const Update& update) const;
-  // Drops the step's gradients (step-scoped; a no-op otherwise).
-  void release_step_gradients() const;
+
   Update make_update(Context& ctx, const std::vector<UpdateTensors>& entries, const std::string& table_name) const;
 
   // This rank's shard of a group's parameters [first, first + count), laid

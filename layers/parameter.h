@@ -15,7 +15,8 @@
 // the blocks updated earlier in the backward share memory with those of the
 // blocks after them, and none is live during the forward, whose saved
 // activations set the pool's peak (benchmarks/README.md, "Step-scoped
-// gradients"). Eager, it comes from the caching allocator. Between steps
+// gradients"). Eager, it comes from the caching allocator, made on the main
+// stream, where its last handle frees it (gradient_for_write). Between steps
 // the parameter has no gradient (`grad` is undefined): code that reads
 // gradients after a step (tests, gradient sums over microbatches) needs
 // persistent ones, the default.
@@ -55,9 +56,10 @@ struct Parameter {
   std::vector<std::function<void(Context&)>> after_update;
 
   bool has_copy() const { return value.impl() != master.impl(); }
-  // The gradient a backward overwrites in full: `grad`, made first (on the
-  // current stream) where it is step-scoped and this step has none yet. An
-  // Error where a persistent gradient was released.
+  // The gradient a backward overwrites in full: `grad`, made first where it
+  // is step-scoped and this step has none yet (traced on the current stream,
+  // eager on the main one). An Error where a persistent gradient was
+  // released.
   const Tensor& gradient_for_write(Context& ctx) const;
 };
 

@@ -74,6 +74,9 @@ int exit_code_of(int status) {
 
 }  // namespace
 
+// Beyond --comm-timeout: a survivor's watchdog poll and bounded abort.
+constexpr std::chrono::milliseconds kWorkerExitGrace{5000};
+
 int run_local_workers(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
                       std::ostream& err) {
   SG_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
@@ -101,14 +104,18 @@ int run_local_workers(int nproc, const std::vector<std::string>& args, std::chro
         err << "trainer: rank " << rank << " " << describe_status(status) << "\n";
         if (first_failure == 0) {
           first_failure = exit_code_of(status);
-          deadline = std::chrono::steady_clock::now() + timeout;
+          // The others' watchdogs end them within the timeout and their
+          // abort's grace (Note [A bounded abort] in trainer/watchdog.h);
+          // only a rank past that is killed.
+          deadline = std::chrono::steady_clock::now() + timeout + kWorkerExitGrace;
         }
       }
       continue;
     }
     if (first_failure != 0 && std::chrono::steady_clock::now() > deadline) {
       for (const auto& [stuck, rank] : running) {
-        err << "trainer: rank " << rank << " did not end within " << timeout.count() / 1000.0
+        err << "trainer: rank " << rank << " did not end within "
+            << std::chrono::duration<double>(timeout + kWorkerExitGrace).count()
             << " s after another rank failed; killing it\n";
         ::kill(stuck, SIGKILL);
       }

@@ -2,10 +2,36 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 #include "engine/error.h"
 
 namespace stepgraph::trainer {
+namespace {
+
+// See Note [A bounded abort]. The thread is never joined: the process ends.
+void abort_within_grace(Communicator& comm, const std::string& reason) {
+  struct Done {
+    std::mutex mutex;
+    std::condition_variable signal;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  std::thread([&comm, reason, done] {
+    comm.abort(reason);
+    std::lock_guard lock(done->mutex);
+    done->done = true;
+    done->signal.notify_all();
+  }).detach();
+  std::unique_lock lock(done->mutex);
+  if (!done->signal.wait_for(lock, Watchdog::kAbortGrace, [&] { return done->done; })) {
+    std::fprintf(stderr, "trainer: rank %d: the communicator's abort did not return within %.1f s; exiting without it\n",
+                 comm.rank(), Watchdog::kAbortGrace.count() / 1000.0);
+    std::fflush(stderr);
+  }
+}
+
+}  // namespace
 
 Watchdog::Watchdog(Communicator& comm, std::chrono::milliseconds timeout, std::string what)
     : comm_(comm), timeout_(timeout), what_(std::move(what)), thread_([this] { watch(); }) {}
@@ -48,7 +74,7 @@ void Watchdog::watch() {
     std::fprintf(stderr, "trainer: rank %d: %s; aborting %s\n", comm_.rank(), failure.c_str(),
                  comm_.describe().c_str());
     std::fflush(stderr);
-    comm_.abort(failure);
+    abort_within_grace(comm_, failure);
     std::_Exit(kExitStatus);  // the main thread may be blocked in the device for good
   }
 }

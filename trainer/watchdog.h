@@ -7,6 +7,13 @@
 // communicator (ncclCommAbort, so no peer waits on this rank either), prints
 // what it was waiting for, naming the rank and the step (or the capture), and ends the
 // process with status 3.
+//
+// Note [A bounded abort]
+// ncclCommAbort can itself wait on the dead peer (its proxy thread, kernels
+// of the step's graph still spinning on the device): on two H200s the
+// survivor of a killed rank sat in it until the launcher killed it. The
+// abort runs on a thread of its own and gets kAbortGrace; the process ends
+// with status 3 then whether or not it returned.
 #pragma once
 
 #include <atomic>
@@ -24,6 +31,7 @@ namespace stepgraph::trainer {
 class Watchdog {
  public:
   static constexpr int kExitStatus = 3;
+  static constexpr std::chrono::milliseconds kAbortGrace{1500};
 
   // `what`: the collectives a step holds, for the message.
   Watchdog(Communicator& comm, std::chrono::milliseconds timeout, std::string what);

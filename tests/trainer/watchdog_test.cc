@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <span>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/host_world.h"
 
@@ -41,6 +45,52 @@ TEST(WatchdogDeathTest, AnAbortedCommunicatorEndsTheRank) {
         std::this_thread::sleep_for(5s);
       },
       ::testing::ExitedWithCode(Watchdog::kExitStatus), "rank 0: .*rank 1 ran out of data");
+}
+
+// A communicator whose abort never returns (ncclCommAbort waiting on a dead
+// peer, Note [A bounded abort]); every collective is a test error.
+class StuckAbortCommunicator final : public Communicator {
+ public:
+  StuckAbortCommunicator() : Communicator("stuck", 0, 2) {}
+  Device device() const override { return Device::kHost; }
+  void all_reduce(const void*, void*, std::int64_t, DType, ReduceOp, CUstream_st*) override { unused(); }
+  void all_reduce_many(std::span<void* const>, std::span<const std::int64_t>, DType, ReduceOp,
+                       CUstream_st*) override {
+    unused();
+  }
+  void reduce_scatter(const void*, void*, std::int64_t, DType, ReduceOp, CUstream_st*) override { unused(); }
+  void all_gather(const void*, void*, std::int64_t, DType, CUstream_st*) override { unused(); }
+  void broadcast(const void*, void*, std::int64_t, DType, int, CUstream_st*) override { unused(); }
+  void send(const void*, std::int64_t, DType, int, CUstream_st*) override { unused(); }
+  void recv(void*, std::int64_t, DType, int, CUstream_st*) override { unused(); }
+  void send_recv(const void*, int, void*, int, std::int64_t, DType, CUstream_st*) override { unused(); }
+  std::vector<std::string> exchange(std::string_view, std::string_view) override {
+    unused();
+    return {};
+  }
+  void abort(std::string_view) noexcept override {
+    for (;;) std::this_thread::sleep_for(1h);
+  }
+  void check_health() override {}
+
+ private:
+  static void unused() { ADD_FAILURE() << "the watchdog made a collective call"; }
+};
+
+TEST(WatchdogDeathTest, AnAbortThatNeverReturnsStillEndsTheRankInBoundedTime) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        StuckAbortCommunicator comm;
+        const auto start = std::chrono::steady_clock::now();
+        Watchdog watchdog(comm, 100ms, "all-reduces");
+        watchdog.start("step 3");
+        std::this_thread::sleep_for(30s);  // the death test fails if the rank is still here
+        std::fprintf(stderr, "still alive after %f s\n",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      },
+      ::testing::ExitedWithCode(Watchdog::kExitStatus),
+      "rank 0: step 3 did not finish.*the communicator's abort did not return within 1.5 s; exiting without it");
 }
 
 TEST(WatchdogTest, FinishedPhasesAndAHealthyWorldLeaveTheRankAlone) {

@@ -76,6 +76,7 @@ struct Options {
   bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
   bool recompute_activation = false;  // ResidualStackConfig::recompute_activation
   bool step_scoped_gradients = false;  // AdamW::use_step_scoped_gradients
+  std::string gemm_algorithms = "heuristic";  // Note [Deterministic algorithm choice]
   float dropout = 0.0f;               // ResidualStackConfig::dropout
   std::string out;
 };
@@ -140,6 +141,7 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"skip_nonfinite", options.skip_nonfinite},
       {"recompute_activation", options.recompute_activation},
       {"step_scoped_gradients", options.step_scoped_gradients},
+      {"gemm_algorithms", options.gemm_algorithms},
       {"dropout", options.dropout},
       {"steps", options.steps},
       {"warmup", options.warmup},
@@ -370,6 +372,7 @@ int run(const Options& options) {
   run_options.skip_nonfinite = options.skip_nonfinite;
   run_options.recompute_activation = options.recompute_activation;
   run_options.step_scoped_gradients = options.step_scoped_gradients;
+  run_options.gemm_algorithms = *parse_algorithm_choice(options.gemm_algorithms);  // CLI11 checked the name
   run_options.dropout = options.dropout;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
@@ -444,6 +447,10 @@ int main(int argc, char** argv) {
                "(not with --dp, --tp, --skip-nonfinite)");
   app.add_flag("--fp8-weight-cache", options.fp8_weight_cache,
                "with --fp8 current or delayed: each weight quantized once per optimizer step into persistent copies");
+  app.add_option("--gemm-algorithms", options.gemm_algorithms,
+                 "heuristic (cuBLASLt's choice, the same bits every run) or timed (the fastest in this process)")
+      ->check(CLI::IsMember({"heuristic", "timed"}))
+      ->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");
   CLI11_PARSE(app, argc, argv);
   try {

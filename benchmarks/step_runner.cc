@@ -147,6 +147,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   ModeResult r;
   Context ctx(options.device, options.dp_layout ? 2 : 1);
   if (options.dp_layout) ctx.set_communication_stream(2);
+  ctx.set_algorithm_choice(options.gemm_algorithms);
   ResidualStackConfig model_config = config.model;
   model_config.overlap = options.overlap;
   model_config.recompute_activation = options.recompute_activation;

@@ -63,6 +63,7 @@
 
 #include "benchmarks/bench_support.h"
 #include "benchmarks/step_configs.h"
+#include "engine/algorithm_choice.h"
 #include "engine/communicator.h"
 #include "engine/tensor.h"
 #include "graphs/captured_step.h"
@@ -87,6 +88,8 @@ struct StepRunOptions {
   // Gradients live from their backward to their group's update only (Note
   // [Step-scoped gradients] in layers/parameter.h), not persistent.
   bool step_scoped_gradients = false;
+  // How cuBLASLt's algorithms are picked (Note [Deterministic algorithm choice]).
+  AlgorithmChoice gemm_algorithms = AlgorithmChoice::kHeuristic;
   // Dropout on the stack's input and every attention and MLP output.
   float dropout = 0.0f;
   // Before measuring, one untimed eager step of the config's first blocks

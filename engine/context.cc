@@ -94,6 +94,16 @@ std::uint64_t Context::id() const { return state_->id; }
 int Context::stream_count() const { return state_->stream_count; }
 int Context::current_stream() const { return state_->current_stream; }
 bool Context::tracing() const { return state_->recorder != nullptr; }
+
+void Context::set_algorithm_choice(AlgorithmChoice choice) {
+  SG_CHECK(choice == AlgorithmChoice::kHeuristic || choice == AlgorithmChoice::kTimed,
+           "set_algorithm_choice: unknown choice ", static_cast<int>(choice), "; use an AlgorithmChoice enumerator");
+  SG_CHECK_CODE(!tracing(), ErrorCode::kInvalidState,
+                "set_algorithm_choice: a step is being traced; set the choice before tracing it");
+  state_->algorithm_choice = choice;
+}
+
+AlgorithmChoice Context::algorithm_choice() const { return state_->algorithm_choice; }
 MemoryStats Context::memory_stats() const { return state_->stats; }
 OpRecorder* Context::recorder() const { return state_->recorder; }
 Backend& Context::backend() const { return *state_->backend; }

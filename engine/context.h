@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/algorithm_choice.h"
 #include "engine/backend.h"
 #include "engine/op.h"
 #include "engine/tensor.h"
@@ -109,6 +110,13 @@ class Context {
 
   bool tracing() const;
   MemoryStats memory_stats() const;
+
+  // How the GEMMs this context calls from now on pick their cuBLASLt
+  // algorithm (Note [Deterministic algorithm choice]); kHeuristic by default.
+  // Each GEMM op records the choice, so it is part of a traced step; set it
+  // before tracing (an Error while tracing).
+  void set_algorithm_choice(AlgorithmChoice choice);
+  AlgorithmChoice algorithm_choice() const;
 
   // The CUDA stream behind stream `index` (an Error on a host context): for
   // callers that launch their own work, ordered by synchronize().

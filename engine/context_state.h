@@ -34,6 +34,7 @@ struct ContextState {
   StreamOrder order;
   std::int64_t next_order_id = 0;
   OpRecorder* recorder = nullptr;
+  AlgorithmChoice algorithm_choice = AlgorithmChoice::kHeuristic;
   MemoryStats stats;
 };
 

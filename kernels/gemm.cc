@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <sstream>
@@ -17,6 +18,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/gemm_algorithm_record.h"
 
 namespace stepgraph::kernels {
 namespace {
@@ -284,7 +286,9 @@ Selected select_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_ti
                                      &preference, kHeuristicCandidates, results, &returned);
   // NOT_SUPPORTED is the heuristic's "no algorithm": reported below.
   if (status != CUBLAS_STATUS_NOT_SUPPORTED) SG_CUBLAS_CHECK(status);
-  const int first = may_time ? fastest_candidate(desc, results, returned) : 0;
+  // See Note [Deterministic algorithm choice]: only a timed desc is timed.
+  const bool timed = may_time && desc.algorithm == AlgorithmChoice::kTimed;
+  const int first = timed ? fastest_candidate(desc, results, returned) : 0;
   for (int i = first; i < returned; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= limit) {
       return {results[i].algo, results[i].workspaceSize};
@@ -309,6 +313,7 @@ struct GemmDescHash {
     mix(std::hash<float>{}(desc.beta));
     mix(static_cast<std::size_t>(desc.fast_accumulation));
     for (const auto& blocks : {desc.a_blocks, desc.b_blocks}) mix(blocks ? 1 + static_cast<std::size_t>(*blocks) : 0);
+    mix(static_cast<std::size_t>(desc.algorithm));
     return seed;
   }
 };
@@ -326,6 +331,42 @@ class AlgoCache {
     const Selected& whole = find_or_select(by_key, desc, alignment, may_time, kWorkspaceBytes);
     if (whole.workspace <= limit) return whole;
     return find_or_select(by_key, desc, alignment, may_time, limit);
+  }
+
+  // Every algorithm chosen for a timed desc, in a stable order.
+  std::vector<GemmAlgorithmPick> timed_picks() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<GemmAlgorithmPick> picks;
+    for (const auto& [desc, by_key] : algos_) {
+      if (desc.algorithm != AlgorithmChoice::kTimed) continue;
+      for (const auto& [key, selected] : by_key) {
+        GemmAlgorithmPick pick{desc, key.first, key.second, selected.workspace, {}};
+        static_assert(sizeof(pick.algo) == sizeof(selected.algo.data));
+        std::memcpy(pick.algo.data(), selected.algo.data, sizeof(pick.algo));
+        picks.push_back(pick);
+      }
+    }
+    std::sort(picks.begin(), picks.end(), [](const GemmAlgorithmPick& a, const GemmAlgorithmPick& b) {
+      return a.desc.to_string() + std::to_string(a.alignment) + "/" + std::to_string(a.workspace_limit) <
+             b.desc.to_string() + std::to_string(b.alignment) + "/" + std::to_string(b.workspace_limit);
+    });
+    return picks;
+  }
+
+  // Takes recorded picks as this process's choices. A desc already chosen
+  // differently here is an Error: the picks must come before the first GEMM.
+  void adopt(const std::vector<GemmAlgorithmPick>& picks) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (const GemmAlgorithmPick& pick : picks) {
+      Selected selected{};
+      std::memcpy(selected.algo.data, pick.algo.data(), sizeof(pick.algo));
+      selected.workspace = pick.workspace;
+      auto& by_key = algos_[pick.desc];
+      const auto [it, inserted] = by_key.emplace(Key{pick.alignment, pick.workspace_limit}, selected);
+      SG_CHECK_CODE(inserted || std::memcmp(it->second.algo.data, selected.algo.data, sizeof(pick.algo)) == 0,
+                    ErrorCode::kInvalidState, "adopt_timed_gemm_algorithms: ", pick.desc.to_string(),
+                    " already has another algorithm in this process; adopt the record before the first GEMM");
+    }
   }
 
  private:
@@ -348,10 +389,14 @@ class AlgoCache {
 
 // `may_time`: no stream capture is under way, so candidates may be timed
 // (see Note [Timing cuBLASLt's candidates]).
+AlgoCache& algo_cache() {
+  static AlgoCache cache;
+  return cache;
+}
+
 Selected cached_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time,
                      std::size_t limit = kWorkspaceBytes) {
-  static AlgoCache cache;
-  return cache.get(desc, alignment, may_time, limit);
+  return algo_cache().get(desc, alignment, may_time, limit);
 }
 
 constexpr std::uintptr_t kBestAlignment = 256;
@@ -410,7 +455,8 @@ std::string GemmDesc::to_string() const {
   out << "gemm " << m << "x" << n << "x" << k << " A=" << dtype_name(a_type) << (trans_a ? "^T" : "")
       << " B=" << dtype_name(b_type) << (trans_b ? "^T" : "") << " D=" << dtype_name(d_type)
       << " epilogue=" << gemm_epilogue_name(epilogue) << " alpha=" << alpha << " beta=" << beta
-      << (fast_accumulation ? " fast_accumulation" : "");
+      << (fast_accumulation ? " fast_accumulation" : "")
+      << (algorithm == AlgorithmChoice::kTimed ? " algorithm=timed" : "");
   auto blocks_name = [](BlockShape shape) { return shape == BlockShape::k1x128 ? "1x128" : "128x128"; };
   if (a_blocks) out << " a_blocks=" << blocks_name(*a_blocks);
   if (b_blocks) out << " b_blocks=" << blocks_name(*b_blocks);
@@ -521,6 +567,35 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
   SG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), &problem.op, &alpha, operands.b, &problem.a, operands.a, &problem.b,
                                  &beta, operands.d, &problem.d, operands.d, &problem.d, &algo, operands.workspace,
                                  operands.workspace_bytes, stream));
+}
+
+}  // namespace stepgraph::kernels
+
+namespace stepgraph::kernels {
+
+std::string gemm_library_identity() {
+  int device = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp properties{};
+  SG_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  std::ostringstream out;
+  out << "cuBLASLt " << cublasLtGetVersion() << ", " << properties.name << " (" << properties.multiProcessorCount
+      << " SMs)";
+  return out.str();
+}
+
+std::string export_timed_gemm_algorithms() {
+  return format_gemm_algorithm_record({gemm_library_identity(), algo_cache().timed_picks()});
+}
+
+void adopt_timed_gemm_algorithms(const std::string& text) {
+  const GemmAlgorithmRecord record = parse_gemm_algorithm_record(text);
+  const std::string here = gemm_library_identity();
+  SG_CHECK_CODE(record.identity == here, ErrorCode::kInvalidArgument,
+                "the GEMM algorithms were timed with ", record.identity, "; this process has ", here,
+                ": timed picks are valid only for the library and GPU model that made them. Resume there, "
+                "or start a new run");
+  algo_cache().adopt(record.picks);
 }
 
 }  // namespace stepgraph::kernels

@@ -10,10 +10,13 @@
 //   wgrad    dW[out,in]= dy[T,out]^T * x[T,in]     A = dy (trans_a), B = x, kNone / kBiasGradOfA,
 //                                                  beta = 1 to accumulate into an fp32 main grad
 //
-// The algorithm is chosen once per GemmDesc and operand alignment (cuBLASLt's
-// heuristic) and cached, so eager execution and graph capture use the same one; call
-// gemm_prepare() before capturing (it creates the handle and picks the
-// algorithm, neither of which may happen under stream capture).
+// The algorithm is chosen once per GemmDesc and operand alignment and cached,
+// so eager execution and graph capture use the same one: cuBLASLt's heuristic
+// (the same bits on every run), or with GemmDesc::algorithm kTimed the
+// fastest candidate by timing (Note [Deterministic algorithm choice] in
+// engine/algorithm_choice.h). Call gemm_prepare() before capturing (it
+// creates the handle and picks the algorithm, neither of which may happen
+// under stream capture).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,6 +26,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/algorithm_choice.h"
 #include "engine/dtype.h"
 #include "kernels/fp8_block_scales.h"
 
@@ -67,6 +71,8 @@ struct GemmDesc {
   // for the whole tensor (Note [FP8 GEMMs]).
   std::optional<BlockShape> a_blocks;
   std::optional<BlockShape> b_blocks;
+  // How the algorithm is picked; kTimed may give other bits in another process.
+  AlgorithmChoice algorithm = AlgorithmChoice::kHeuristic;
 
   bool operator==(const GemmDesc&) const = default;
   std::string to_string() const;
@@ -127,5 +133,18 @@ struct GemmOperands {
 };
 
 void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_t stream);
+
+// What cuBLASLt's choices depend on besides the problem: the library version
+// and the GPU model, e.g. "cuBLASLt 130100, NVIDIA H100 80GB HBM3 (132 SMs)".
+// A run resumed elsewhere may pick other algorithms, and so other bits.
+std::string gemm_library_identity();
+
+// The algorithms this process picked by timing (GemmDesc::algorithm kTimed),
+// as text for a checkpoint (kernels/gemm_algorithm_record.h), and back: a
+// resumed run adopts them before its first GEMM, so it launches the same
+// algorithms as the run it continues. Adopting picks recorded under another
+// gemm_library_identity() is an Error naming both.
+std::string export_timed_gemm_algorithms();
+void adopt_timed_gemm_algorithms(const std::string& text);
 
 }  // namespace stepgraph::kernels

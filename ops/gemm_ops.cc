@@ -28,6 +28,9 @@ std::string GemmParams::to_string() const {
   if (bias_grad_into) {
     length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", bias grad in place");
   }
+  if (algorithm == AlgorithmChoice::kTimed) {
+    length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), ", timed algorithm");
+  }
   if (rows > 0 || a_row > 0 || d_row > 0) {
     length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length),
                             ", rows=%lld a_row=%lld d_row=%lld", static_cast<long long>(rows),
@@ -87,6 +90,7 @@ kernels::GemmDesc describe(const GemmParams& p, std::span<const TensorMeta> inpu
   desc.fast_accumulation = p.fast_accumulation;
   desc.a_blocks = p.a_blocks;
   desc.b_blocks = p.b_blocks;
+  desc.algorithm = p.algorithm;
   return desc;
 }
 
@@ -269,6 +273,7 @@ namespace {
 GemmParams with_workspace(Context& ctx, GemmParams params, const std::vector<Tensor>& inputs) {
   std::vector<TensorMeta> metas;
   for (const Tensor& t : inputs) metas.push_back(t.meta());
+  params.algorithm = ctx.algorithm_choice();
   params.workspace_bytes = static_cast<std::int64_t>(ctx.backend().library_scratch_bytes(
       [&] { return kernels::gemm_workspace_bytes(describe(params, metas)); }));
   return params;

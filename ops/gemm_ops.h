@@ -53,6 +53,9 @@ struct GemmParams {
   // into an existing tensor (an input after D, e.g. a bias's fp32 grad)
   // instead of a new output, so no copy follows. Set by gemm_into_.
   bool bias_grad_into = false;
+  // How cuBLASLt's algorithm is picked: the context's choice, set by the
+  // functions below (Note [Deterministic algorithm choice]).
+  AlgorithmChoice algorithm = AlgorithmChoice::kHeuristic;
 
   bool operator==(const GemmParams&) const = default;
   std::string to_string() const;

@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_sanitize]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,determinism,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_sanitize]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -11,6 +11,8 @@
 #   tests.log, pytest.log        GoogleTest binaries; the Python binding's tests
 #   fuzz_table.txt               the fuzz test's cases and their outcomes
 #   programs.log                 the trainer runs, the demo, the attention kernels against SDPA
+#   determinism.log              every trainer configuration twice per mode and resumed, bit for bit, on a
+#                                text file (tools/determinism_checks.sh)
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
 #   step_table.log               --stages step_table: the training-step table alone, in under 10 minutes
@@ -18,7 +20,7 @@
 #                                --step-scoped-gradients, PyTorch's eager and compiled systems (--quick),
 #                                step_report.md and step_report_step_scoped.md
 #   multigpu.log                 --stages multigpu (2 GPUs): the multi-rank NCCL tests, the trainer's
-#                                checks at TP=2 and DP=2, 10,000 TP=2 steps, DP=2 losses against one
+#                                checks and determinism checks at TP=2, DP=2 and ZeRO-1, 10,000 TP=2 steps, DP=2 losses against one
 #                                GPU, a killed rank
 #   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs): tp_mlp_bench + tp_peer.py,
@@ -34,7 +36,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,benchmarks,comm]}
 shift
 sanitize=no
-stages=tests,python,programs,benchmarks,comm
+stages=tests,python,programs,determinism,benchmarks,comm
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=yes ;;
@@ -111,6 +113,16 @@ if wants programs; then
   step programs.log python3 "$here/benchmarks/attention_sdpa_check.py" --binary "$here/bin/attention_sdpa_dump" --cases 24
 fi
 
+# 3b. Reproducibility: every configuration's runs equal bit for bit, fresh and
+# resumed, on a text file (the bundle's own sources: real token statistics).
+cat "$here"/python/stepgraph/*.py "$here"/python_tests/*.py "$here"/benchmarks/*.py "$here"/*.sh "$here"/*.py \
+  "$here"/python_tests/*.md >"$work/corpus.txt"
+if wants determinism; then
+  : >"$results/determinism.log"
+  echo "corpus: $(wc -c <"$work/corpus.txt") bytes of the bundle's sources" >>"$results/determinism.log"
+  step determinism.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/determinism" "$work/corpus.txt" --long 1000
+fi
+
 # 4. Benchmarks, each writing JSON beside its log.
 if wants benchmarks; then
   : >"$results/benchmarks.log"
@@ -181,6 +193,13 @@ if wants multigpu; then
     "$here/bin/trainer" --nproc-per-node 2 --dp 2 --dtype fp32 --steps 50 --log-every 1 >"$work/dp2_fp32.log" 2>&1
     step multigpu.log python3 "$here/compare_losses.py" "$work/dp1_fp32.log" "$work/dp2_fp32.log" --rtol 2e-4
     step multigpu.log "$here/killed_rank_check.sh" "$here/bin/trainer" "$work/killed"
+    # Reproducible and exactly resumed at 2 ranks, on the text file (tools/determinism_checks.sh).
+    step multigpu.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/det_dp2" "$work/corpus.txt" --only default \
+      -- --nproc-per-node 2 --dp 2
+    step multigpu.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/det_zero1" "$work/corpus.txt" --only default \
+      -- --nproc-per-node 2 --dp 2 --dp-mode zero1
+    step multigpu.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/det_tp2" "$work/corpus.txt" --only default \
+      -- --nproc-per-node 2 --tp 2 --heads 0
   fi
 fi
 # Where a step's time goes: every op of one replay by stream, then Nsight Compute over every kernel of one

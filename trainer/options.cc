@@ -153,6 +153,12 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "allreduce (every rank updates every parameter) or zero1 (reduce-scatter, each rank updates its 1/N "
                  "shard of the optimizer, all-gather the weights)")
       ->check(CLI::IsMember({"allreduce", "zero1"}));
+  app.add_option("--gemm-algorithms", o.gemm_algorithms,
+                 "how cuBLASLt's GEMM algorithms are picked: heuristic (the library's choice: the same bits on every "
+                 "run of one binary and GPU model) or timed (the fastest candidate in this process: can be faster, "
+                 "but another process may pick another and get other bits; the picks go into checkpoints so a "
+                 "resume repeats them)")
+      ->check(CLI::IsMember({"heuristic", "timed"}));
   app.add_option("--comm-timeout", o.comm_timeout_s,
                  "seconds a rank waits for the others (a collective, a step, the start) before it aborts them all")
       ->check(CLI::PositiveNumber);

@@ -94,6 +94,10 @@ struct TrainerOptions {
   std::string dp_mode = "allreduce";  // allreduce | zero1 (layers/train_step.h DataParallelMode)
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank
   bool profile = false;               // graph mode: profile one more step after the run (graphs/step_profile.h)
+  // How cuBLASLt's GEMM algorithms are picked (Note [Deterministic algorithm
+  // choice] in engine/algorithm_choice.h): heuristic (the same bits on every
+  // run) or timed (the fastest in this process; recorded in checkpoints).
+  std::string gemm_algorithms = "heuristic";
 };
 
 // The schedule of the options (the base rate --lr, decaying over --steps);

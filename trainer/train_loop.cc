@@ -13,11 +13,13 @@
 #include <string>
 #include <utility>
 
+#include "engine/algorithm_choice.h"
 #include "engine/context.h"
 #include "engine/error.h"
 #include "engine/fp8_recipe.h"
 #include "graphs/captured_step.h"
 #include "graphs/shared_pool_capture.h"
+#include "kernels/gemm.h"
 #include "layers/adamw.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
@@ -102,6 +104,8 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
   }
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
   if (o.dtype == "fp16") config["config.loss-scale-interval"] = std::to_string(o.loss_scale_interval);
+  // A timed run's picks are in its checkpoints, which a heuristic run must not take.
+  if (o.gemm_algorithms != "heuristic") config["config.gemm-algorithms"] = o.gemm_algorithms;
   if (!o.buckets.empty()) {  // the sequence lengths and buckets a resume must draw again
     config["config.buckets"] = o.buckets;
     config["config.min-seq-len"] = std::to_string(o.min_seq_len);
@@ -129,6 +133,42 @@ double sequence_floor(const MarkovSource& source, std::int64_t length) {
   double sum = 0;
   for (std::int64_t i = 0; i < length; ++i) sum += source.conditional_entropy(i + 1);
   return sum / static_cast<double>(length);
+}
+
+// Note [Deterministic algorithm choice]: a checkpoint names the library and
+// GPU its GEMMs were picked for and, where they were timed, the picks, so the
+// resumed run launches the algorithms of the run it continues.
+constexpr const char* kGemmLibraryKey = "stepgraph.gemm_library";
+constexpr const char* kGemmAlgorithmsKey = "stepgraph.gemm_algorithms";
+
+void record_gemm_algorithms(Checkpoint& state, AlgorithmChoice choice, const std::string& library) {
+  if (library.empty()) return;
+  state.metadata[kGemmLibraryKey] = library;
+  if (choice == AlgorithmChoice::kTimed) state.metadata[kGemmAlgorithmsKey] = kernels::export_timed_gemm_algorithms();
+}
+
+// Before the first step: adopts a timed run's picks (an Error on another
+// library or GPU, where they are not valid) and says where a heuristic run
+// resumes elsewhere, whose bits may then differ in the last place.
+void resume_gemm_algorithms(const Checkpoint& saved, AlgorithmChoice choice, const std::string& library,
+                            std::ostream& out) {
+  if (library.empty()) return;
+  const auto recorded = saved.metadata.find(kGemmLibraryKey);
+  if (choice == AlgorithmChoice::kTimed) {
+    const auto picks = saved.metadata.find(kGemmAlgorithmsKey);
+    SG_CHECK_CODE(picks != saved.metadata.end(), ErrorCode::kIo,
+                  "the checkpoint has no timed GEMM algorithms although its run was --gemm-algorithms timed; it "
+                  "was not written by this trainer");
+    kernels::adopt_timed_gemm_algorithms(picks->second);
+    out << "gemm algorithms: the checkpoint's timed picks adopted\n";
+    return;
+  }
+  if (recorded != saved.metadata.end() && recorded->second != library) {
+    out << fmt::format("note: the checkpoint's GEMMs were picked for {}; this run has {}: cuBLASLt may pick other "
+                       "algorithms, so the steps after the resume may differ in their last bits from an "
+                       "uninterrupted run\n",
+                       recorded->second, library);
+  }
 }
 
 std::string mebibytes(std::int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); }
@@ -214,6 +254,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   // (stream 2), beside the weight-gradient stream (1).
   Context ctx(device, ranks > 1 ? 2 : 1);
   if (ranks > 1) ctx.set_communication_stream(2);
+  const std::optional<AlgorithmChoice> gemm_choice = parse_algorithm_choice(o.gemm_algorithms);
+  SG_CHECK(gemm_choice.has_value(), "--gemm-algorithms ", o.gemm_algorithms, ": use heuristic or timed");
+  ctx.set_algorithm_choice(*gemm_choice);
+  // What cuBLASLt's picks depend on; empty on the host, whose GEMMs are ours.
+  const std::string gemm_library = device == Device::kCuda ? kernels::gemm_library_identity() : std::string();
   const LanguageModelConfig config = model_config(o, data->vocab());
   LanguageModel model(ctx, config, tp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
@@ -238,6 +283,13 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         "lr {}; device {}, mode {}\n",
         o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
         device_name(device), o.mode);
+  }
+  if (device == Device::kCuda) {
+    out << fmt::format("gemm algorithms: {} ({}){}\n", o.gemm_algorithms, gemm_library,
+                       *gemm_choice == AlgorithmChoice::kTimed
+                           ? ": the fastest in this process, another run may pick others and get other bits; "
+                             "checkpoints keep the picks"
+                           : ": the same bits on every run with this binary and GPU model");
   }
   if (config.model.fp8) {
     out << fmt::format("fp8: the attention projections and MLPs' GEMMs{} in FP8, recipe {}\n",
@@ -280,7 +332,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const std::string checkpoint_path = per_rank_files ? shard_checkpoint_path(o.checkpoint, rank, ranks) : o.checkpoint;
   std::int64_t done = 0;
   if (o.resume) {
-    const Progress progress = load_state(ctx, model, optimizer, run, read_checkpoint(checkpoint_path));
+    const Checkpoint saved = read_checkpoint(checkpoint_path);
+    const Progress progress = load_state(ctx, model, optimizer, run, saved);
+    resume_gemm_algorithms(saved, *gemm_choice, gemm_library, out);
     if (world != nullptr && per_rank_files) {
       // The ranks' files are written one by one: a crash between them leaves
       // files of different steps, which must not be mixed.
@@ -300,7 +354,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   }
   auto save = [&](std::int64_t steps_done, std::uint64_t data_position) {
     if (rank != 0 && !per_rank_files) return;
-    write_checkpoint(checkpoint_path, save_state(ctx, model, optimizer, run, {steps_done, data_position}));
+    Checkpoint state = save_state(ctx, model, optimizer, run, {steps_done, data_position});
+    record_gemm_algorithms(state, *gemm_choice, gemm_library);
+    write_checkpoint(checkpoint_path, state);
   };
 
   // On cuda a dead peer leaves this rank waiting inside the device (the

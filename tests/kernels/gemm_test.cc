@@ -23,6 +23,7 @@
 
 #include "engine/error.h"
 #include "engine/stream.h"
+#include "kernels/gemm_algorithm_record.h"
 #include "kernels/gemm_host.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
@@ -531,6 +532,45 @@ TEST(GemmTest, Bf16MisalignedDeviceOperandIsAnError) {
   operands.b = static_cast<const char*>(operands.b) + 2;  // one bf16 element in
   Stream stream;
   expect_error([&] { launch_gemm(desc, operands, stream.get()); }, ErrorCode::kInvalidArgument, "operand 'b' at");
+}
+
+// Note [Deterministic algorithm choice]: a timed desc's pick leaves the
+// process as a record and comes back unchanged; a record of another library
+// or GPU, or one that contradicts this process's pick, is refused.
+TEST(GemmTest, Bf16TimedPicksExportAndAdoptBack) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  GemmDesc desc = make_desc({DType::kBFloat16, DType::kBFloat16}, false, false, GemmEpilogue::kNone, {64, 64, 8192});
+  desc.algorithm = AlgorithmChoice::kTimed;
+  const HostOperands operands(desc, rng);
+  const Outputs first = run_on_device(desc, operands);
+  const std::string exported = export_timed_gemm_algorithms();
+  const GemmAlgorithmRecord record = parse_gemm_algorithm_record(exported);
+  EXPECT_EQ(record.identity, gemm_library_identity());
+  const auto pick = std::find_if(record.picks.begin(), record.picks.end(),
+                                 [&](const GemmAlgorithmPick& p) { return p.desc == desc; });
+  ASSERT_NE(pick, record.picks.end()) << exported;
+  EXPECT_NO_THROW(adopt_timed_gemm_algorithms(exported));
+  EXPECT_TRUE(bitwise_equal(first.d, run_on_device(desc, operands).d));
+
+  GemmAlgorithmRecord elsewhere = record;
+  elsewhere.identity = "cuBLASLt 1, another GPU (1 SMs)";
+  expect_error([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(elsewhere)); },
+               ErrorCode::kInvalidArgument, "were timed with cuBLASLt 1, another GPU");
+  GemmAlgorithmRecord contradicting = record;
+  for (GemmAlgorithmPick& p : contradicting.picks) p.algo[0] ^= 1;
+  expect_error([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(contradicting)); },
+               ErrorCode::kInvalidState, "already has another algorithm");
+}
+
+TEST(GemmTest, HeuristicDescsAreNotRecorded) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  const GemmDesc desc = make_desc({DType::kBFloat16, DType::kBFloat16}, false, true, GemmEpilogue::kNone, {48, 80, 96});
+  (void)run_on_device(desc, HostOperands(desc, rng));
+  for (const GemmAlgorithmPick& p : parse_gemm_algorithm_record(export_timed_gemm_algorithms()).picks) {
+    EXPECT_EQ(p.desc.algorithm, AlgorithmChoice::kTimed) << p.desc.to_string();
+  }
 }
 
 }  // namespace

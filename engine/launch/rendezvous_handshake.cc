@@ -117,8 +117,8 @@ sockaddr_in listen_address(const LaunchInfo& info) {
   SG_CHECK_CODE(!resolved.empty(), ErrorCode::kIo, "rank 0 ", failure, "; set MASTER_ADDR to this host's address");
   for (const sockaddr_in& address : resolved) {
     SG_CHECK(address.sin_addr.s_addr != htonl(INADDR_ANY), "MASTER_ADDR=", quoted(info.master_addr),
-             " is every interface (0.0.0.0), where rank 0 does not listen; set it to the address of rank 0's host "
-             "that the other ranks reach");
+             " is every interface (0.0.0.0), where rank 0 does not listen; set MASTER_ADDR to the address of rank "
+             "0's host that the other ranks reach");
   }
   if (info.world_size == info.local_world_size) return resolved.front();
   for (const sockaddr_in& address : resolved) {
@@ -313,6 +313,9 @@ class RankZeroJoin {
       for (std::size_t i = 0; i < refused_.size(); ++i) out += (i == 0 ? "" : ", ") + refused_[i];
       if (refused_count_ > refused_.size()) out += detail::concat(" (", refused_count_, " refused in all)");
     }
+    if (strangers_ > 0) {
+      out += detail::concat("; ", strangers_, " other connection(s) to rank 0 were no rank of this run (no valid hello)");
+    }
     if (accept_failures_ > 0) {
       out += detail::concat("; rank 0 ran out of descriptors ", accept_failures_,
                             " time(s) while accepting connections", descriptor_limit_text());
@@ -323,10 +326,15 @@ class RankZeroJoin {
  private:
   milliseconds handshake_limit() const { return std::min(timeout_, kHandshakeLimit); }
 
+  // Closes `joiner`; one that claimed a rank is named in rank 0's error, the others are counted.
   void refuse(Joining& joiner, const std::string& why) {
     const std::string line = claimed(joiner) + " " + why;
-    if (refused_.size() < kRefusalsNamed) refused_.push_back(line);
-    ++refused_count_;
+    if (joiner.stage == Joining::Stage::kHello) {
+      ++strangers_;
+    } else {
+      if (refused_.size() < kRefusalsNamed) refused_.push_back(line);
+      ++refused_count_;
+    }
     log_.warn(line);
     joiner.fd.reset();
   }
@@ -340,11 +348,16 @@ class RankZeroJoin {
     std::erase_if(joining_, [](const Joining& joiner) { return joiner.fd.get() < 0; });
   }
 
-  // Makes room for one more connection: drops the oldest that has not passed the handshake.
+  // Makes room for one more connection: drops the oldest that has not passed
+  // the handshake, preferring one that has not even said hello (a rank says it
+  // the moment it connects).
   bool drop_oldest() {
     if (joining_.empty()) return false;
-    refuse(joining_.front(), "was dropped: too many connections at once had not finished their handshake");
-    joining_.erase(joining_.begin());
+    auto victim = std::find_if(joining_.begin(), joining_.end(),
+                               [](const Joining& joiner) { return joiner.stage == Joining::Stage::kHello; });
+    if (victim == joining_.end()) victim = joining_.begin();
+    refuse(*victim, "was dropped: too many connections at once had not finished their handshake");
+    joining_.erase(victim);
     return true;
   }
 
@@ -476,6 +489,7 @@ class RankZeroJoin {
   std::vector<Admitted> admitted_;
   std::vector<std::string> refused_;
   std::size_t refused_count_ = 0;
+  std::size_t strangers_ = 0;
   std::size_t accept_failures_ = 0;
   Clock::time_point paused_until_{};
   milliseconds backoff_{10};

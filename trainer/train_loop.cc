@@ -22,8 +22,10 @@
 #include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
 #include "layers/train_step.h"
+#include "trainer/atomic_file.h"
 #include "trainer/buckets.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpoint_set.h"
 #include "trainer/data_source.h"
 #include "trainer/distributed.h"
 #include "trainer/markov_source.h"
@@ -192,6 +194,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
 
   const RunConfig run = run_config(o, *data, dp);
   if (world != nullptr) check_same_flags(*world, run);  // before any work: a mismatch would hang in NCCL
+  if (!o.checkpoint.empty()) check_writable_directory(o.checkpoint, "--checkpoint");  // not after the run
 
   // The groups: the whole world for one kind of parallelism, a split for both.
   std::unique_ptr<Communicator> tp_group;
@@ -277,20 +280,18 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   // A sharded optimizer or model writes one file per rank (its shards);
   // otherwise every rank holds the same state and rank 0 alone writes it.
   const bool per_rank_files = optimizer.sharded() || o.tp > 1;
-  const std::string checkpoint_path = per_rank_files ? shard_checkpoint_path(o.checkpoint, rank, ranks) : o.checkpoint;
+  // Per-rank files commit together through a manifest at --checkpoint (Note [Checkpoint sets]).
+  const std::string& checkpoint_path = o.checkpoint;
   std::int64_t done = 0;
   if (o.resume) {
-    const Progress progress = load_state(ctx, model, optimizer, run, read_checkpoint(checkpoint_path));
-    if (world != nullptr && per_rank_files) {
-      // The ranks' files are written one by one: a crash between them leaves
-      // files of different steps, which must not be mixed.
-      const std::vector<std::string> steps = world->exchange(std::to_string(progress.step), "checkpoint steps");
-      for (std::size_t r = 0; r < steps.size(); ++r) {
-        SG_CHECK_CODE(steps[r] == steps[0], ErrorCode::kIo, "the ranks' checkpoint files are of different steps: ",
-                      shard_checkpoint_path(o.checkpoint, 0, ranks), " is at step ", steps[0], ", ",
-                      shard_checkpoint_path(o.checkpoint, static_cast<int>(r), ranks), " at step ", steps[r],
-                      " (a run ended while writing them); resume from an earlier, complete set");
-      }
+    Progress progress;
+    if (per_rank_files) {
+      const CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
+      progress = load_state(ctx, model, optimizer, run, part.checkpoint);
+      SG_CHECK_CODE(progress.step == part.step, ErrorCode::kIo, "checkpoint part ", part.file, " is at step ",
+                    progress.step, " but its manifest ", checkpoint_path, " is at step ", part.step);
+    } else {
+      progress = load_state(ctx, model, optimizer, run, read_checkpoint(checkpoint_path));
     }
     SG_CHECK(progress.step < o.steps, "the checkpoint ", checkpoint_path, " is at step ", progress.step,
              ", not before --steps ", o.steps, ": nothing to resume");
@@ -300,7 +301,14 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   }
   auto save = [&](std::int64_t steps_done, std::uint64_t data_position) {
     if (rank != 0 && !per_rank_files) return;
-    write_checkpoint(checkpoint_path, save_state(ctx, model, optimizer, run, {steps_done, data_position}));
+    const Checkpoint state = save_state(ctx, model, optimizer, run, {steps_done, data_position});
+    if (!per_rank_files) {
+      write_checkpoint(checkpoint_path, state);
+      return;
+    }
+    write_checkpoint_set(checkpoint_path, steps_done, rank, ranks, state, [&](const std::string& checksum) {
+      return world != nullptr ? world->exchange(checksum, "checkpoint checksums") : std::vector<std::string>{checksum};
+    });
   };
 
   // On cuda a dead peer leaves this rank waiting inside the device (the
@@ -483,7 +491,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (!o.checkpoint.empty()) {
     save(o.steps, position);
     out << "checkpoint: "
-        << (per_rank_files ? shard_checkpoint_path(o.checkpoint, 0, ranks) + " (one file per rank)" : o.checkpoint)
+        << o.checkpoint << (per_rank_files ? " (the manifest of one file per rank)" : "")
         << " at step " << o.steps << "\n";
   }
 

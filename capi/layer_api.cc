@@ -48,6 +48,16 @@ std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* r, const char* funct
       to_flag(r->fast_accumulation_backward, function, "recipe fast_accumulation_backward");
   recipe.on_non_finite = to_flag(r->stop_on_non_finite, function, "recipe stop_on_non_finite") ? NonFiniteAmax::kStop
                                                                                                : NonFiniteAmax::kSkipStep;
+  // Fields another scaling reads (engine/fp8_recipe.h: ignored otherwise) keep the defaults, so
+  // that a value set there is not dropped silently.
+  const Fp8Recipe defaults;
+  SG_CHECK(recipe.scaling == Fp8Scaling::kDelayed ||
+               (recipe.amax_history_len == defaults.amax_history_len &&
+                recipe.amax_reduction == defaults.amax_reduction && recipe.margin == defaults.margin),
+           function, ": recipe amax_history_len (", recipe.amax_history_len, "), amax_most_recent and margin (",
+           recipe.margin, ") apply to delayed scaling only; leave them at sg_fp8_recipe_default's values");
+  SG_CHECK(recipe.scaling == Fp8Scaling::kBlock || recipe.power_of_two_scales == defaults.power_of_two_scales,
+           function, ": recipe power_of_two_scales applies to block scaling only; leave it at 1");
   recipe.check();
   return recipe;
 }
@@ -90,6 +100,12 @@ void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... a
 }
 
 ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& c, const char* function) {
+  // Without experts no block routes: topk and moe_every would be ignored.
+  const ResidualStackConfig defaults;
+  SG_CHECK(c.experts != 0 || (c.topk == defaults.topk && c.moe_every == defaults.moe_every), function,
+           ": config topk (", c.topk, ") and moe_every (", c.moe_every, ") apply to mixture-of-experts blocks, and "
+           "experts is 0; set experts > 0, or leave them at their defaults (", defaults.topk, ", ", defaults.moe_every,
+           ")");
   return {.hidden = c.hidden,
           .ffn = c.ffn,
           .layers = c.layers,

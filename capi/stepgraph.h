@@ -71,7 +71,11 @@ extern "C" {
  * where its recipe says stop, a stack's routing errors); exported as
  * STEPGRAPH_C_8. Flags of the config structs take 0 or 1 only, norms' eps
  * must be finite and >= 0, a schedule's total >= 0, and sg_tensor_wrap checks
- * its byte count for every address. */
+ * its byte count for every address. Fields a layer would ignore are refused
+ * unless they keep their defaults: an FP8 recipe's delayed-only fields
+ * (amax_history_len, amax_most_recent, margin) for another scaling and
+ * power_of_two_scales outside block scaling, a residual stack's topk and
+ * moe_every without experts, a constant schedule's min_lr and total. */
 #define SG_API_VERSION 8
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */

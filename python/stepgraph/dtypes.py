@@ -160,7 +160,28 @@ def _convert(array, dtype, name):
     if kind not in "iuf":
         raise TypeError(f"{name} must be a real (integer or float) array for a {dtype.short_name} tensor, got "
                         f"{array.dtype}")
-    _check_fits_float32(name, array)  # (an fp16 tensor rounds values past 65504 to inf, as the device does)
-    if dtype == DType.BFLOAT16 and array.dtype != np.uint16:
-        return float32_to_bf16_bits(array)
-    return np.ascontiguousarray(array, dtype=storage)
+    if dtype == DType.BFLOAT16 and array.dtype == np.uint16:
+        return np.ascontiguousarray(array)  # raw bits
+    with np.errstate(over="ignore"):
+        if dtype == DType.BFLOAT16:
+            converted = float32_to_bf16_bits(array.astype(np.float32))
+            finite = (converted & np.uint16(0x7F80)) != np.uint16(0x7F80)
+        else:
+            converted = np.ascontiguousarray(array, dtype=storage)
+            finite = np.isfinite(converted)
+    _check_stays_finite(name, array, finite, dtype)
+    return converted
+
+
+def _check_stays_finite(name, array, finite, dtype):
+    """ArgumentError for finite values that `dtype` cannot hold: they would become infinities."""
+    if not array.size:
+        return
+    overflow = (np.isfinite(array) if array.dtype.kind == "f" else True) & ~finite
+    if overflow.any():
+        index = tuple(int(i) for i in np.argwhere(overflow)[0])
+        largest = {DType.FLOAT32: "3.4028235e+38", DType.BFLOAT16: "3.3895314e+38", DType.FLOAT16: "65504"}[dtype]
+        raise _checks.ArgumentError(
+            f"{name}: {array[index]!r} at index {index[0] if len(index) == 1 else index} overflows "
+            f"{dtype.short_name} (largest finite {largest}; {int(overflow.sum())} value(s)); scale it, or clip it "
+            f"yourself")

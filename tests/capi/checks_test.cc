@@ -1,7 +1,9 @@
 // The C API refuses the values a C caller can pass that the Python binding
 // refuses too: a wrapped tensor's byte count past int64 or the address space
 // (whatever the address), flags other than 0 or 1, a norm's eps that is not
-// finite or is negative, a schedule's negative total. sg_layer_check_errors
+// finite or is negative, a schedule's negative total, and fields the layer
+// would ignore (another scaling's FP8 fields, topk without experts, a
+// constant schedule's decay). sg_layer_check_errors
 // reports an FP8 layer's non-finite amaxes where the recipe says stop. A step
 // may return a persistent tensor that no op of it read. On the host.
 #include <gtest/gtest.h>
@@ -77,6 +79,41 @@ TEST_F(CapiChecksTest, FlagsAreZeroOrOne) {
   recipe.hybrid = 3;
   EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "recipe hybrid is a flag");
   EXPECT_EQ(layer, nullptr);
+}
+
+TEST_F(CapiChecksTest, FieldsThatWouldBeIgnoredAreRefused) {
+  sg_linear_config config;
+  sg_linear_config_default(&config);
+  config.in_features = config.out_features = 16;
+  config.dtype = SG_DTYPE_FLOAT32;
+  sg_layer layer = nullptr;
+  sg_fp8_recipe recipe;
+  sg_fp8_recipe_default(&recipe, SG_FP8_CURRENT);
+  recipe.margin = 2;  // delayed scaling's
+  EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "margin (2)",
+                 "apply to delayed scaling only");
+  sg_fp8_recipe_default(&recipe, SG_FP8_DELAYED);
+  recipe.power_of_two_scales = 0;  // block scaling's
+  EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "power_of_two_scales",
+                 "block scaling only");
+  sg_residual_stack_config stack;
+  sg_residual_stack_config_default(&stack);
+  stack.hidden = 8;
+  stack.ffn = 16;
+  stack.layers = 1;
+  stack.vocab = 16;
+  stack.dtype = SG_DTYPE_FLOAT32;
+  stack.topk = 1;  // experts is 0
+  EXPECT_INVALID(sg_residual_stack_create(ctx_, &stack, &layer), "config topk (1)", "experts is 0");
+  ASSERT_SG_OK(sg_linear_create(ctx_, "fc", &config, 1, &layer));
+  sg_adamw_config adamw;
+  sg_adamw_config_default(&adamw);
+  const sg_lr_schedule constant{0, 1e-3f, 1e-4f, 0, 100};
+  sg_optimizer optimizer = nullptr;
+  EXPECT_INVALID(sg_adamw_create_scheduled(ctx_, &layer, 1, &adamw, &constant, &optimizer), "schedule->min_lr",
+                 "a constant one (kind 0) ignores them");
+  sg_layer_destroy(layer);
+  EXPECT_EQ(optimizer, nullptr);
 }
 
 TEST_F(CapiChecksTest, EpsMustBeFiniteAndNotNegative) {

@@ -261,3 +261,26 @@ def test_capture_of_a_step_returning_an_unread_parameter_beside_its_output(ctx):
     y, w_out = graph.outputs
     assert y.shape == (2, 4)
     assert w_out.numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# --- array values past the tensor's range ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, value", [("float32", 1e39), ("bf16", 3.4e38), ("fp16", 70000.0), ("fp16", 10**6)])
+def test_finite_values_that_would_become_infinities_are_refused(ctx, dtype, value):
+    array = np.array([1.0, value, 2.0], np.float64) if isinstance(value, float) else np.array([1, value, 2])
+    with pytest.raises(sg.ArgumentError, match=r"from_numpy: array: .* at index 1 overflows"):
+        ctx.from_numpy(array, dtype=dtype)
+    # Infinities and NaN in the data are values, not overflows: they go through.
+    values = ctx.from_numpy(np.array([1.0, np.inf, np.nan]), dtype=dtype).to_float32()
+    assert values[0] == 1.0 and np.isinf(values[1]) and np.isnan(values[2])
+
+
+def test_bits_helpers_refuse_values_outside_their_types():
+    with pytest.raises(sg.ArgumentError, match=r"bf16_bits_to_float32: bits must hold values in \[0, 65535\], got -1"):
+        sg.bf16_bits_to_float32(np.array([-1, 16256]))
+    with pytest.raises(TypeError, match="bits must be an integer array"):
+        sg.bf16_bits_to_float32(np.array([1.5]))
+    with pytest.raises(sg.ArgumentError, match="float32_to_bf16_bits: values: .* overflows float32"):
+        sg.float32_to_bf16_bits(np.array([1e39]))
+    assert sg.float32_to_bf16_bits(np.float32(1.0)).shape == ()

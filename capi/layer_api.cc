@@ -40,14 +40,16 @@ std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* r, const char* funct
   recipe.formats = to_flag(r->hybrid, function, "recipe hybrid") ? Fp8Formats::kHybrid : Fp8Formats::kE4M3;
   recipe.amax_history_len = r->amax_history_len;
   recipe.amax_reduction = to_flag(r->amax_most_recent, function, "recipe amax_most_recent") ? AmaxReduction::kMostRecent
-                                                                                           : AmaxReduction::kMax;
+                                                                                            : AmaxReduction::kMax;
   recipe.margin = r->margin;
   recipe.power_of_two_scales = to_flag(r->power_of_two_scales, function, "recipe power_of_two_scales");
-  recipe.fast_accumulation_forward = to_flag(r->fast_accumulation_forward, function, "recipe fast_accumulation_forward");
+  recipe.fast_accumulation_forward =
+      to_flag(r->fast_accumulation_forward, function, "recipe fast_accumulation_forward");
   recipe.fast_accumulation_backward =
       to_flag(r->fast_accumulation_backward, function, "recipe fast_accumulation_backward");
-  recipe.on_non_finite = to_flag(r->stop_on_non_finite, function, "recipe stop_on_non_finite") ? NonFiniteAmax::kStop
-                                                                                               : NonFiniteAmax::kSkipStep;
+  recipe.on_non_finite = to_flag(r->stop_on_non_finite, function, "recipe stop_on_non_finite")
+                             ? NonFiniteAmax::kStop
+                             : NonFiniteAmax::kSkipStep;
   // Fields another scaling reads (engine/fp8_recipe.h: ignored otherwise) keep the defaults, so
   // that a value set there is not dropped silently.
   const Fp8Recipe defaults;
@@ -56,8 +58,8 @@ std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* r, const char* funct
                 recipe.amax_reduction == defaults.amax_reduction && recipe.margin == defaults.margin),
            function, ": recipe amax_history_len (", recipe.amax_history_len, "), amax_most_recent and margin (",
            recipe.margin, ") apply to delayed scaling only; leave them at sg_fp8_recipe_default's values");
-  SG_CHECK(recipe.scaling == Fp8Scaling::kBlock || recipe.power_of_two_scales == defaults.power_of_two_scales,
-           function, ": recipe power_of_two_scales applies to block scaling only; leave it at 1");
+  SG_CHECK(recipe.scaling == Fp8Scaling::kBlock || recipe.power_of_two_scales == defaults.power_of_two_scales, function,
+           ": recipe power_of_two_scales applies to block scaling only; leave it at 1");
   recipe.check();
   return recipe;
 }
@@ -103,9 +105,9 @@ ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& c, 
   // Without experts no block routes: topk and moe_every would be ignored.
   const ResidualStackConfig defaults;
   SG_CHECK(c.experts != 0 || (c.topk == defaults.topk && c.moe_every == defaults.moe_every), function,
-           ": config topk (", c.topk, ") and moe_every (", c.moe_every, ") apply to mixture-of-experts blocks, and "
-           "experts is 0; set experts > 0, or leave them at their defaults (", defaults.topk, ", ", defaults.moe_every,
-           ")");
+           ": config topk (", c.topk, ") and moe_every (", c.moe_every,
+           ") apply to mixture-of-experts blocks, and experts is 0; set experts > 0, or leave them at their defaults (",
+           defaults.topk, ", ", defaults.moe_every, ")");
   return {.hidden = c.hidden,
           .ffn = c.ffn,
           .layers = c.layers,
@@ -202,8 +204,8 @@ extern "C" sg_result sg_linear_create(sg_context ctx, const char* name, const sg
                                       sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function), capi::to_linear_config(*config, function),
-                             seed);
+    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function),
+                             capi::to_linear_config(*config, function), seed);
   });
 }
 
@@ -221,7 +223,8 @@ extern "C" sg_result sg_layernorm_linear_create(sg_context ctx, const char* name
                                                 sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const LayerNormLinearConfig c{capi::to_norm_kind(config->norm), capi::checked_eps(config->eps, function, "config eps"),
+    const LayerNormLinearConfig c{capi::to_norm_kind(config->norm),
+                                  capi::checked_eps(config->eps, function, "config eps"),
                                   capi::to_linear_config(config->linear, function)};
     capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
@@ -232,8 +235,7 @@ extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, c
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
     const LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm),
-                               capi::checked_eps(config->eps, function, "config eps"),
-                               capi::to_dtype(config->dtype)};
+                               capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
     capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
@@ -266,8 +268,7 @@ extern "C" sg_result sg_layernorm_mlp_create_fp8(sg_context ctx, const char* nam
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
     LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm),
-                               capi::checked_eps(config->eps, function, "config eps"),
-                         capi::to_dtype(config->dtype)};
+                         capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
     c.fp8 = capi::to_fp8_recipe(recipe, function);
     capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });

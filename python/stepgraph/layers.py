@@ -290,8 +290,8 @@ class ResidualStack(Layer):
             overlap = b"bulk" if overlap is None else overlap
         elif overlap is not None:
             # It would be ignored: only a tensor-parallel stack has collectives to overlap.
-            raise _checks.ArgumentError(f"ResidualStack: overlap={overlap.decode()!r} applies to a tensor-parallel stack only; "
-                                        f"pass tensor_parallel=world too, or leave overlap out")
+            raise _checks.ArgumentError(f"ResidualStack: overlap={overlap.decode()!r} applies to a tensor-parallel "
+                                        f"stack only; pass tensor_parallel=world too, or leave overlap out")
         self.config = {name: getattr(config, name) for name, _ in _capi.ResidualStackConfig._fields_}
         self.ctx = ctx
         self._handle = _capi.new_handle()

@@ -21,13 +21,13 @@ namespace {
 #define ASSERT_SG_OK(call) ASSERT_EQ((call), SG_OK) << sg_last_error()
 
 // The call fails with SG_ERROR_INVALID_ARGUMENT and a message holding every word.
-#define EXPECT_INVALID(call, ...)                                                          \
-  do {                                                                                     \
-    EXPECT_EQ((call), SG_ERROR_INVALID_ARGUMENT) << #call;                                 \
-    const std::string message = sg_last_error();                                           \
-    for (const char* word : {__VA_ARGS__}) {                                               \
+#define EXPECT_INVALID(call, ...)                                                            \
+  do {                                                                                       \
+    EXPECT_EQ((call), SG_ERROR_INVALID_ARGUMENT) << #call;                                   \
+    const std::string message = sg_last_error();                                             \
+    for (const char* word : {__VA_ARGS__}) {                                                 \
       EXPECT_NE(message.find(word), std::string::npos) << "'" << word << "' in " << message; \
-    }                                                                                      \
+    }                                                                                        \
   } while (0)
 
 class CapiChecksTest : public ::testing::Test {

@@ -1,13 +1,14 @@
 // Tracer::finish with outputs that no op of the step made: a persistent
 // tensor returned unchanged (read by an op or not), alone or beside traced
 // values, and the captured step that replays them, on the host.
+#include "graphs/tracer.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "engine/context.h"
 #include "graphs/captured_step.h"
-#include "graphs/tracer.h"
 #include "ops/elementwise_ops.h"
 
 namespace stepgraph {
@@ -72,7 +73,10 @@ TEST(TracerTest, AStepReturningAnUnreadParameterBesideItsResult) {
   const Tensor w = ctx.persistent("w", x.meta());
   write(ctx, x, {1, 2});
   write(ctx, w, {7, 8});
-  auto step = CapturedStep::capture(ctx, [&] { return std::vector<Tensor>{ops::add(ctx, x, x), w}; },
+  auto step = CapturedStep::capture(ctx,
+                                    [&] {
+                                      return std::vector<Tensor>{ops::add(ctx, x, x), w};
+                                    },
                                     {.pool_report_policy = PoolReportPolicy::kError});
   step->replay();
   ASSERT_EQ(step->outputs().size(), 2u);

@@ -29,7 +29,8 @@ def small_model(ctx, **overrides):
 
 @pytest.mark.parametrize("value, error, words", [
     (2.9, TypeError, r"LrSchedule: warmup must be an integer .* got float 2.9"),
-    (2**64 + 3, sg.ArgumentError, r"LrSchedule: warmup must be in \[0, 9223372036854775807\], got 18446744073709551619"),
+    (2**64 + 3, sg.ArgumentError,
+     r"LrSchedule: warmup must be in \[0, 9223372036854775807\], got 18446744073709551619"),
     (True, TypeError, r"LrSchedule: warmup must be an integer .* got the bool True"),
     ("3", TypeError, r"LrSchedule: warmup must be an integer .* got str '3'"),
     (-1, sg.ArgumentError, r"LrSchedule: warmup must be in \[0, "),

@@ -246,6 +246,26 @@ TEST(CheckpointFuzzTest, RandomHeaderEditsWithAValidChecksum) {
   EXPECT_LT(accepted, 3000);
 }
 
+// Symlinks planted beside the target (at the old fixed temporary name, at
+// names like the new ones, dangling) are never written through.
+TEST(CheckpointFuzzTest, PlantedSymlinksAreNeverWrittenThrough) {
+  const auto path = fresh_path("planted.safetensors");
+  const auto victim = fresh_path("victim");
+  const auto absent = fresh_path("absent");
+  write_bytes(victim, "victim");
+  const std::string name = path.filename().string();
+  for (const std::string& planted : {name + ".tmp", "." + name + ".tmp", "." + name + ".tmp-1-0000000000000000"}) {
+    std::filesystem::create_symlink(victim, path.parent_path() / planted);
+  }
+  std::filesystem::create_symlink(absent, path.parent_path() / (name + ".tmp.dangling"));
+  const Checkpoint written = small_checkpoint();
+  for (int i = 0; i < 20; ++i) write_checkpoint(path, written);
+  EXPECT_EQ(read_bytes(victim), "victim");
+  EXPECT_FALSE(std::filesystem::exists(absent));
+  EXPECT_FALSE(std::filesystem::is_symlink(path));
+  EXPECT_EQ(read_checkpoint(path).tensors.size(), written.tensors.size());
+}
+
 TEST(CheckpointFuzzTest, ManyEmptyTensorsStayWithinTheFileSize) {
   // 100k empty tensors: a valid layout (the trainer then refuses the extra
   // tensors); reading it allocates about what the header holds.

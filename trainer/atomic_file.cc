@@ -173,6 +173,8 @@ void check_writable_directory(const std::filesystem::path& path, std::string_vie
                 " does not exist; create it or choose another path");
   SG_CHECK_CODE(std::filesystem::is_directory(status), ErrorCode::kIo, flag, " ", path, ": ", directory,
                 " is not a directory");
+  SG_CHECK_CODE(!path.filename().empty() && !std::filesystem::is_directory(path, error), ErrorCode::kIo, flag, " ",
+                path, " is a directory; name a file in it, e.g. ", path / "checkpoint.safetensors");
   std::filesystem::path probe;
   try {
     const int fd = create_fresh(directory, path.filename().string(), probe);

@@ -135,6 +135,9 @@ void check_metadata(const Checkpoint& checkpoint, const RunConfig& config) {
       differences += "\n  " + key + ": checkpoint " + saved + ", this run " + value;
     }
   }
+  SG_CHECK_CODE(checkpoint.metadata.count("stepgraph.checkpoint_set") == 0, ErrorCode::kIo,
+                "the checkpoint is the manifest of per-rank files (written by a run with --dp-mode zero1 or --tp > 1); "
+                "resume with the flags that wrote it");
   for (const auto& [key, value] : checkpoint.metadata) {
     if (key == kStepKey || key == kPositionKey || config.count(key) != 0) continue;
     SG_CHECK_CODE(key.compare(0, kConfigPrefix.size(), kConfigPrefix) == 0, ErrorCode::kIo,

@@ -147,6 +147,11 @@ TEST(CheckpointResumeTest, UnknownEntriesAndExtraTensorsAreRefused) {
   const auto setting = edited(path, "setting.safetensors", [](Checkpoint& c) { c.metadata["config.new-flag"] = "on"; });
   expect_error([&] { resume(o, setting); }, ErrorCode::kInvalidArgument,
                {"config.new-flag: checkpoint on, this run (not set"});
+  const auto manifest = edited(path, "manifest.safetensors", [](Checkpoint& c) {
+    c.tensors.clear();
+    c.metadata = {{"stepgraph.checkpoint_set", "1"}, {"stepgraph.step", "3"}};
+  });
+  expect_error([&] { resume(o, manifest); }, ErrorCode::kIo, {"manifest of per-rank files", "--dp-mode zero1"});
   const auto missing = edited(path, "missing.safetensors", [](Checkpoint& c) {
     std::erase_if(c.tensors, [](const CheckpointTensor& t) { return t.name == "adamw.step"; });
   });

@@ -271,6 +271,8 @@ TEST(CheckpointTest, WritableDirectoryIsCheckedUpFront) {
   write_bytes(file, "x");
   expect_error([&] { check_writable_directory(file / "c.safetensors", "--checkpoint"); }, ErrorCode::kIo,
                {"--checkpoint", "is not a directory"});
+  expect_error([&] { check_writable_directory(path.parent_path(), "--checkpoint"); }, ErrorCode::kIo,
+               {"--checkpoint", "is a directory; name a file in it"});
   // Unwritable: a read-only directory (for root, which writes anywhere, /proc).
   const auto read_only = fresh_path("read-only");
   std::filesystem::create_directory(read_only);

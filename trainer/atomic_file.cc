@@ -50,8 +50,8 @@ int create_fresh(const std::filesystem::path& directory, const std::string& stem
     error = errno;
     if (error != EEXIST && error != EINTR) break;
   }
-  SG_THROW(ErrorCode::kIo, "cannot create a temporary file in ", directory, " to write ", stem, ": ",
-           error_text(error), "; check that the directory exists and is writable");
+  SG_THROW(ErrorCode::kIo, "cannot create a temporary file in ", directory, " to write ", stem, ": ", error_text(error),
+           "; check that the directory exists and is writable");
 }
 
 void fsync_directory(const std::filesystem::path& directory, const std::filesystem::path& target) {
@@ -65,18 +65,12 @@ void fsync_directory(const std::filesystem::path& directory, const std::filesyst
 
 std::string_view write_point_name(WritePoint point) {
   switch (point) {
-    case WritePoint::kCreated:
-      return "created";
-    case WritePoint::kPartlyWritten:
-      return "partly-written";
-    case WritePoint::kWritten:
-      return "written";
-    case WritePoint::kSynced:
-      return "synced";
-    case WritePoint::kRenamed:
-      return "renamed";
-    case WritePoint::kDirectorySynced:
-      return "directory-synced";
+    case WritePoint::kCreated: return "created";
+    case WritePoint::kPartlyWritten: return "partly-written";
+    case WritePoint::kWritten: return "written";
+    case WritePoint::kSynced: return "synced";
+    case WritePoint::kRenamed: return "renamed";
+    case WritePoint::kDirectorySynced: return "directory-synced";
   }
   return "unknown";
 }

@@ -250,8 +250,9 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
   if (text.size() < kHeaderStart.size() + kDigits + 1 || text.compare(0, kHeaderStart.size(), kHeaderStart) != 0 ||
       !std::all_of(text.begin() + kHeaderStart.size(), text.begin() + kHeaderStart.size() + kDigits, is_hex_digit) ||
       text[kHeaderStart.size() + kDigits] != '"') {
-    corrupt(path, "its header does not begin with a StepGraph checksum (a safetensors file from elsewhere, or one "
-                  "written by an older StepGraph)");
+    corrupt(path,
+            "its header does not begin with a StepGraph checksum (a safetensors file from elsewhere, or one "
+            "written by an older StepGraph)");
   }
   const std::string stored = text.substr(kHeaderStart.size(), kDigits);
   std::fill_n(text.begin() + kHeaderStart.size(), kDigits, '0');

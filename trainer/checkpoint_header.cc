@@ -32,13 +32,13 @@ std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, D
 
 // Where the parse is: which object or array the next event belongs to.
 enum class Place {
-  kTop,           // before the root object
-  kRoot,          // in the root object
-  kMetadata,      // in "__metadata__"
-  kEntry,         // in a tensor's entry
-  kShape,         // in an entry's "shape"
-  kOffsets,       // in an entry's "data_offsets"
-  kDone,          // after the root object
+  kTop,       // before the root object
+  kRoot,      // in the root object
+  kMetadata,  // in "__metadata__"
+  kEntry,     // in a tensor's entry
+  kShape,     // in an entry's "shape"
+  kOffsets,   // in an entry's "data_offsets"
+  kDone,      // after the root object
 };
 
 // The SAX events of nlohmann's parser, checked against the schema. A false
@@ -101,9 +101,7 @@ class HeaderHandler {
   bool start_object(std::size_t) {
     if (++depth_ > kMaxHeaderDepth) return too_deep();
     switch (place_) {
-      case Place::kTop:
-        place_ = Place::kRoot;
-        return true;
+      case Place::kTop: place_ = Place::kRoot; return true;
       case Place::kRoot:
         if (key_ == kMetadataKey) {
           metadata_seen_ = true;
@@ -115,8 +113,7 @@ class HeaderHandler {
         }
         keys_.clear();
         return true;
-      default:
-        return value("an object");
+      default: return value("an object");
     }
   }
   bool key(Json::string_t& key) {
@@ -143,17 +140,10 @@ class HeaderHandler {
   bool end_object() {
     --depth_;
     switch (place_) {
-      case Place::kRoot:
-        place_ = Place::kDone;
-        return true;
-      case Place::kMetadata:
-        place_ = Place::kRoot;
-        return true;
-      case Place::kEntry:
-        place_ = Place::kRoot;
-        return finish_entry();
-      default:
-        return refuse("its header has an unexpected end of an object");
+      case Place::kRoot: place_ = Place::kDone; return true;
+      case Place::kMetadata: place_ = Place::kRoot; return true;
+      case Place::kEntry: place_ = Place::kRoot; return finish_entry();
+      default: return refuse("its header has an unexpected end of an object");
     }
   }
   bool start_array(std::size_t) {
@@ -200,22 +190,18 @@ class HeaderHandler {
   // A value where the schema has none of its kind.
   bool value(std::string_view kind) {
     switch (place_) {
-      case Place::kTop:
-        return refuse(fmt::format("its header is {}, not a JSON object", kind));
+      case Place::kTop: return refuse(fmt::format("its header is {}, not a JSON object", kind));
       case Place::kRoot:
         return refuse(fmt::format("{} is {}, not an object",
                                   key_ == kMetadataKey ? std::string(kMetadataKey) : "tensor " + printable(key_),
                                   kind));
-      case Place::kMetadata:
-        return refuse(fmt::format("metadata {} is {}, not a string", printable(key_), kind));
-      case Place::kEntry:
-        return refuse(fmt::format("tensor {} has {} as its {}", printable(entry_.name), kind, key_));
+      case Place::kMetadata: return refuse(fmt::format("metadata {} is {}, not a string", printable(key_), kind));
+      case Place::kEntry: return refuse(fmt::format("tensor {} has {} as its {}", printable(entry_.name), kind, key_));
       case Place::kShape:
       case Place::kOffsets:
         return refuse(fmt::format("tensor {} has {} in its {}", printable(entry_.name), kind,
                                   place_ == Place::kShape ? "shape" : "data_offsets"));
-      case Place::kDone:
-        return refuse("its header has more after the JSON object");
+      case Place::kDone: return refuse("its header has more after the JSON object");
     }
     return refuse("its header does not have a checkpoint's layout");
   }

@@ -96,8 +96,8 @@ void write_checkpoint_set(const std::filesystem::path& manifest, std::int64_t st
   index.metadata[kStepKey] = std::to_string(step);
   index.metadata[kWorldKey] = std::to_string(ranks);
   for (int r = 0; r < ranks; ++r) {
-    SG_CHECK_CODE(is_checksum(checksums[static_cast<std::size_t>(r)]), ErrorCode::kIo, "rank ", r,
-                  " sent ", printable(checksums[static_cast<std::size_t>(r)]), " as its checkpoint part's checksum");
+    SG_CHECK_CODE(is_checksum(checksums[static_cast<std::size_t>(r)]), ErrorCode::kIo, "rank ", r, " sent ",
+                  printable(checksums[static_cast<std::size_t>(r)]), " as its checkpoint part's checksum");
     index.metadata[rank_key(r)] = checksums[static_cast<std::size_t>(r)];
   }
   write_checkpoint(manifest, index, [&](WritePoint point) {
@@ -123,12 +123,12 @@ CheckpointSetPart read_checkpoint_set_part(const std::filesystem::path& manifest
     const auto it = index.metadata.find(key);
     if (it == index.metadata.end()) bad_manifest(manifest, fmt::format("it has no '{}'", key));
     const std::optional<std::uint64_t> value = parse_decimal(it->second, max);
-    if (!value) bad_manifest(manifest, fmt::format("its '{}' is {}, not a count up to {}", key,
-                                                   printable(it->second), max));
+    if (!value)
+      bad_manifest(manifest, fmt::format("its '{}' is {}, not a count up to {}", key, printable(it->second), max));
     return *value;
   };
-  const auto step = static_cast<std::int64_t>(
-      count(kStepKey, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())));
+  const auto step =
+      static_cast<std::int64_t>(count(kStepKey, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())));
   const auto world = static_cast<int>(count(kWorldKey, static_cast<std::uint64_t>(std::numeric_limits<int>::max())));
   if (world < 1) bad_manifest(manifest, "its world size is 0");
   for (const auto& [key, value] : index.metadata) {
@@ -150,7 +150,8 @@ CheckpointSetPart read_checkpoint_set_part(const std::filesystem::path& manifest
   out.file = checkpoint_set_part_path(manifest, step, rank, ranks, checksum);
   std::error_code error;
   SG_CHECK_CODE(std::filesystem::exists(out.file, error), ErrorCode::kIo, "checkpoint ", manifest, " (step ", step,
-                ") names ", out.file, " for rank ", rank, ", which does not exist (deleted, or on another host's disk)");
+                ") names ", out.file, " for rank ", rank,
+                ", which does not exist (deleted, or on another host's disk)");
   out.checkpoint = read_checkpoint(out.file);
   SG_CHECK_CODE(out.checkpoint.checksum == checksum, ErrorCode::kIo, "checkpoint part ", out.file, " has checksum ",
                 out.checkpoint.checksum, " but its manifest ", manifest, " names ", checksum,

@@ -47,9 +47,9 @@ void write_checkpoint_set(const std::filesystem::path& manifest, std::int64_t st
                           const SetWriteObserver& observer = {});
 
 struct CheckpointSetPart {
-  std::int64_t step = 0;            // the manifest's
-  std::filesystem::path file;       // the part's file
-  Checkpoint checkpoint;            // its contents
+  std::int64_t step = 0;       // the manifest's
+  std::filesystem::path file;  // the part's file
+  Checkpoint checkpoint;       // its contents
 };
 
 // This rank's part of the set whose manifest is at `manifest`. Error(kIo)

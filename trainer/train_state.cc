@@ -64,8 +64,9 @@ class Loader {
                   "checkpoint tensor '", name, "' holds ", saved.bytes.size(), " bytes, expected ", tensor.bytes());
     if (finite) {
       const std::optional<std::size_t> at = first_non_finite(saved);
-      SG_CHECK_CODE(!at.has_value(), ErrorCode::kIo, "checkpoint tensor '", name, "' has a NaN or infinite value (element ",
-                    at.value_or(0), "): the run that wrote it had diverged; resume from an earlier checkpoint");
+      SG_CHECK_CODE(!at.has_value(), ErrorCode::kIo, "checkpoint tensor '", name,
+                    "' has a NaN or infinite value (element ", at.value_or(0),
+                    "): the run that wrote it had diverged; resume from an earlier checkpoint");
     }
     ctx_.copy_from_host(tensor, saved.bytes.data(), saved.bytes.size());
     return saved;
@@ -119,21 +120,25 @@ std::uint64_t parse_count(const Checkpoint& checkpoint, const char* key) {
 // `text` as it is where it is short plain ASCII, else escaped.
 std::string shown(const std::string& text) {
   const bool plain = text.size() <= 200 && std::all_of(text.begin(), text.end(), [](char c) {
-    return c >= 0x20 && c < 0x7f && c != '\'' && c != '\\';
-  });
+                       return c >= 0x20 && c < 0x7f && c != '\'' && c != '\\';
+                     });
   return plain ? text : printable(text, 200);
 }
 
 // Every metadata entry is one this run writes: the configuration (compared
 // key by key, both ways), the step and the data position.
 void check_metadata(const Checkpoint& checkpoint, const RunConfig& config) {
+  constexpr int kShown = 24;  // differences listed; the rest counted
   std::string differences;
+  int count = 0;
+  const auto differ = [&](const std::string& line) {
+    if (count++ < kShown) differences += "\n  " + line;
+  };
   for (const auto& [key, value] : config) {
     const auto it = checkpoint.metadata.find(key);
     const std::string saved = it == checkpoint.metadata.end() ? "(not recorded)" : shown(it->second);
-    if (it == checkpoint.metadata.end() || it->second != value) {
-      differences += "\n  " + key + ": checkpoint " + saved + ", this run " + value;
-    }
+    if (it == checkpoint.metadata.end() || it->second != value)
+      differ(key + ": checkpoint " + saved + ", this run " + value);
   }
   SG_CHECK_CODE(checkpoint.metadata.count("stepgraph.checkpoint_set") == 0, ErrorCode::kIo,
                 "the checkpoint is the manifest of per-rank files (written by a run with --dp-mode zero1 or --tp > 1); "
@@ -142,13 +147,13 @@ void check_metadata(const Checkpoint& checkpoint, const RunConfig& config) {
     if (key == kStepKey || key == kPositionKey || config.count(key) != 0) continue;
     SG_CHECK_CODE(key.compare(0, kConfigPrefix.size(), kConfigPrefix) == 0, ErrorCode::kIo,
                   "the checkpoint has an unknown metadata entry ", printable(key),
-                  key.rfind("stepgraph.", 0) == 0 ? " (is it the manifest of per-rank files?)" : "",
                   "; it was not written by this trainer");
     // A setting the checkpoint's run made and this run does not (e.g. a
     // schedule where this run has none): the runs differ.
-    differences += "\n  " + shown(key) + ": checkpoint " + shown(value) + ", this run (not set: pass --" +
-                   shown(key.substr(kConfigPrefix.size())) + " as the checkpoint's run did)";
+    differ(shown(key) + ": checkpoint " + shown(value) + ", this run (not set: pass --" +
+           shown(key.substr(kConfigPrefix.size())) + " as the checkpoint's run did)");
   }
+  if (count > kShown) differences += fmt::format("\n  and {} more", count - kShown);
   SG_CHECK(differences.empty(),
            "the checkpoint was written by a run with another configuration; resume with the "
            "same flags or start a new checkpoint:",

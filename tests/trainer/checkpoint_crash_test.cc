@@ -33,7 +33,8 @@ Checkpoint state(int step, int rank) {
   Checkpoint checkpoint;
   checkpoint.metadata = {{"stepgraph.step", std::to_string(step)}, {"rank", std::to_string(rank)}};
   CheckpointTensor tensor{"w", DType::kFloat32, {64, 64}, std::vector<std::byte>(64 * 64 * 4)};
-  for (std::size_t i = 0; i < tensor.bytes.size(); ++i) tensor.bytes[i] = static_cast<std::byte>(i * 13 + step * 7 + rank);
+  for (std::size_t i = 0; i < tensor.bytes.size(); ++i)
+    tensor.bytes[i] = static_cast<std::byte>(i * 13 + step * 7 + rank);
   checkpoint.tensors.push_back(std::move(tensor));
   return checkpoint;
 }

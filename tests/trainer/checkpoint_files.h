@@ -3,13 +3,13 @@
 // any header it likes, as a writer that recomputes the checksum would.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace stepgraph::trainer::testing {
 

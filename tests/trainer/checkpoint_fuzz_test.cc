@@ -5,6 +5,7 @@
 // Error(kIo) whose message is printable ASCII, or (for an edit that keeps
 // the layout valid) a checkpoint that reads back; nothing crashes. Runs as
 // plain GoogleTest, and under AddressSanitizer where the build has that config.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,8 +14,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "engine/error.h"
 #include "tests/trainer/checkpoint_files.h"
@@ -62,7 +61,8 @@ std::string read_outcome(const std::filesystem::path& path, const std::string& b
   }
 }
 
-void expect_refused(const std::filesystem::path& path, const std::string& bytes, std::initializer_list<std::string> words) {
+void expect_refused(const std::filesystem::path& path, const std::string& bytes,
+                    std::initializer_list<std::string> words) {
   const std::string message = read_outcome(path, bytes);
   EXPECT_FALSE(message.empty()) << "accepted";
   for (const std::string& word : words) EXPECT_NE(message.find(word), std::string::npos) << message;
@@ -92,8 +92,7 @@ TEST(CheckpointFuzzTest, DuplicateAndUnknownKeysAreRefused) {
   const auto path = fresh_path("keys.safetensors");
   const std::string w = R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
   expect_refused(path, sealed_file("}," + w + "," + w + "}", "abcd"), {"tensor 'w' appears twice"});
-  expect_refused(path, sealed_file(R"(,"step":"1","step":"2"},)" + w + "}", "abcd"),
-                 {"metadata 'step' appears twice"});
+  expect_refused(path, sealed_file(R"(,"step":"1","step":"2"},)" + w + "}", "abcd"), {"metadata 'step' appears twice"});
   expect_refused(path, sealed_file(R"(,"stepgraph.checksum":"fnv1a64:0000000000000000"},)" + w + "}", "abcd"),
                  {"metadata 'stepgraph.checksum' appears twice"});
   expect_refused(path, sealed_file(R"(},"__metadata__":{},)" + w + "}", "abcd"), {"two __metadata__ objects"});
@@ -101,24 +100,29 @@ TEST(CheckpointFuzzTest, DuplicateAndUnknownKeysAreRefused) {
                  {"tensor 'w' has dtype twice"});
   expect_refused(path, sealed_file(R"(},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":1}})", "abcd"),
                  {"unknown key 'extra'"});
-  expect_refused(path, sealed_file(R"(},"w":{"dtype":"F32","shape":[1]}})", ""), {"lacks dtype, shape or data_offsets"});
+  expect_refused(path, sealed_file(R"(},"w":{"dtype":"F32","shape":[1]}})", ""),
+                 {"lacks dtype, shape or data_offsets"});
   expect_refused(path, sealed_file(R"(,"n":1},)" + w + "}", "abcd"), {"metadata 'n' is a number, not a string"});
   expect_refused(path, sealed_file(R"(},"w":[1]})", ""), {"tensor 'w' is a list, not an object"});
-  expect_refused(path, sealed_file(R"(},"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", ""),
-                 {"empty name"});
+  expect_refused(path, sealed_file(R"(},"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", ""), {"empty name"});
   expect_refused(path, sealed_file("}} []", ""), {"not valid JSON"});
 }
 
 TEST(CheckpointFuzzTest, ExtraOrMissingTensorBytesAreRefused) {
   const auto path = fresh_path("tiles.safetensors");
   const std::string a = R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
-  expect_refused(path, sealed_file("}," + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", "0123456789ab"),
+  expect_refused(path,
+                 sealed_file("}," + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", "0123456789ab"),
                  {"tensor 'b' starts at 8, expected 4"});
   expect_refused(path, sealed_file("}," + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})", "01234567"),
                  {"gap or overlap"});
-  expect_refused(path, sealed_file("}," + a + "}", "0123"  "4567"), {"8 bytes of tensor data, its header describes 4"});
-  expect_refused(path, sealed_file("}," + a + "}", "01"), {"2 bytes of tensor data, its header describes 4",
-                                                          "truncated"});
+  expect_refused(path,
+                 sealed_file("}," + a + "}",
+                             "0123"
+                             "4567"),
+                 {"8 bytes of tensor data, its header describes 4"});
+  expect_refused(path, sealed_file("}," + a + "}", "01"),
+                 {"2 bytes of tensor data, its header describes 4", "truncated"});
 }
 
 TEST(CheckpointFuzzTest, IntegersThatWouldWrapAreRefused) {
@@ -157,8 +161,9 @@ TEST(CheckpointFuzzTest, NamesInErrorsAreEscaped) {
   const auto path = fresh_path("escaped.safetensors");
   // A terminal escape and a long name in a key: escaped and cut short.
   const std::string message = read_outcome(
-      path, sealed_file(R"(},"\u001b[2J)" + std::string(500, 'x') + R"(":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})",
-                        "abcdefgh"));
+      path,
+      sealed_file(R"(},"\u001b[2J)" + std::string(500, 'x') + R"(":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})",
+                  "abcdefgh"));
   EXPECT_NE(message.find("\\x1b[2J"), std::string::npos) << message;
   EXPECT_NE(message.find("..."), std::string::npos) << message;
   EXPECT_LT(message.size(), path.string().size() + 250) << message;
@@ -227,15 +232,9 @@ TEST(CheckpointFuzzTest, RandomHeaderEditsWithAValidChecksum) {
     for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
       const std::size_t at = rng() % rest.size();
       switch (rng() % 3) {
-        case 0:
-          rest[at] = alphabet[rng() % alphabet.size()];
-          break;
-        case 1:
-          rest.insert(at, 1, alphabet[rng() % alphabet.size()]);
-          break;
-        default:
-          rest.erase(at, 1 + rng() % 8);
-          break;
+        case 0: rest[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: rest.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+        default: rest.erase(at, 1 + rng() % 8); break;
       }
       if (rest.empty()) rest = "}";
     }
@@ -270,7 +269,8 @@ TEST(CheckpointFuzzTest, ManyEmptyTensorsStayWithinTheFileSize) {
   // 100k empty tensors: a valid layout (the trainer then refuses the extra
   // tensors); reading it allocates about what the header holds.
   std::string rest = "}";
-  for (int i = 0; i < 100000; ++i) rest += fmt::format(R"(,"e{}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", i);
+  for (int i = 0; i < 100000; ++i)
+    rest += fmt::format(R"(,"e{}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", i);
   rest += "}";
   const auto path = fresh_path("empties.safetensors");
   write_bytes(path, sealed_file(rest, ""));

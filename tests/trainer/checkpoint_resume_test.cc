@@ -108,11 +108,11 @@ TEST(CheckpointResumeTest, EditedCountsAreRefused) {
   expect_error([&] { resume(o, other_position); }, ErrorCode::kIo,
                {"'stepgraph.data_position' is 2 but its 'stepgraph.step' is 3", "must be equal"});
   for (const std::int64_t count : {std::int64_t{-100}, std::int64_t{4}, std::numeric_limits<std::int64_t>::min()}) {
-    const auto file =
-        edited(path, "adamw_step.safetensors", [&](Checkpoint& c) { set_int64(c, "adamw.step", count); });
+    const auto file = edited(path, "adamw_step.safetensors", [&](Checkpoint& c) { set_int64(c, "adamw.step", count); });
     expect_error([&] { resume(o, file); }, ErrorCode::kIo, {"'adamw.step'", "outside [0, 3]"});
   }
-  const auto skipped = edited(path, "skipped.safetensors", [&](Checkpoint& c) { set_int64(c, "adamw.skipped_steps", -1); });
+  const auto skipped =
+      edited(path, "skipped.safetensors", [&](Checkpoint& c) { set_int64(c, "adamw.skipped_steps", -1); });
   expect_error([&] { resume(o, skipped); }, ErrorCode::kIo, {"'adamw.skipped_steps'", "outside [0, 3]"});
 }
 
@@ -163,7 +163,8 @@ TEST(CheckpointResumeTest, UnknownEntriesAndExtraTensorsAreRefused) {
 TEST(CheckpointResumeTest, AnEditedLayerCountIsRefused) {
   const TrainerOptions o = small_options();
   const std::filesystem::path path = saved_run(o, "layers.safetensors");
-  const auto one_layer = edited(path, "one_layer.safetensors", [](Checkpoint& c) { c.metadata["config.layers"] = "1"; });
+  const auto one_layer =
+      edited(path, "one_layer.safetensors", [](Checkpoint& c) { c.metadata["config.layers"] = "1"; });
   TrainerOptions smaller = o;
   smaller.layers = 1;
   expect_error([&] { resume(smaller, one_layer); }, ErrorCode::kIo, {"this model does not have", "block1"});
@@ -174,7 +175,8 @@ TEST(CheckpointResumeTest, AnotherDtypeOrModelNamesTheDifference) {
   const std::filesystem::path path = saved_run(o, "foreign.safetensors");
   TrainerOptions fp32 = o;
   fp32.dtype = "fp32";
-  expect_error([&] { resume(fp32, path); }, ErrorCode::kInvalidArgument, {"config.dtype: checkpoint bf16, this run fp32"});
+  expect_error([&] { resume(fp32, path); }, ErrorCode::kInvalidArgument,
+               {"config.dtype: checkpoint bf16, this run fp32"});
   TrainerOptions wider = o;
   wider.hidden = 64;
   wider.ffn = 128;
@@ -186,7 +188,8 @@ TEST(CheckpointResumeTest, AnUnwritableCheckpointDirectoryStopsTheRunBeforeTrain
   TrainerOptions o = small_options();
   o.checkpoint = (fresh_path("no-such-dir") / "run.safetensors").string();
   std::ostringstream log;
-  expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kIo, {"--checkpoint", "no-such-dir", "does not exist"});
+  expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kIo,
+               {"--checkpoint", "no-such-dir", "does not exist"});
   EXPECT_EQ(log.str().find("step 1 "), std::string::npos) << "it trained first:\n" << log.str();
   o.checkpoint = "/proc/run.safetensors";  // no process may create files there
   std::ostringstream proc_log;

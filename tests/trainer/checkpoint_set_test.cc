@@ -36,8 +36,9 @@ void save_two(const std::filesystem::path& path, int step) {
     second = mine;
     return std::vector<std::string>{first, second};
   });
-  write_checkpoint_set(path, step, 0, 2, part(step, 0),
-                       [&](const std::string&) { return std::vector<std::string>{first, second}; });
+  write_checkpoint_set(path, step, 0, 2, part(step, 0), [&](const std::string&) {
+    return std::vector<std::string>{first, second};
+  });
 }
 
 std::vector<std::string> files_of(const std::filesystem::path& path) {
@@ -105,11 +106,13 @@ TEST(CheckpointSetTest, EditedManifestsAreRefused) {
     write_checkpoint(path, copy);
   };
   edited("stepgraph.step", "-1");
-  expect_error([&] { read_checkpoint_set_part(path, 0, 2); }, ErrorCode::kIo, {"'stepgraph.step' is '-1', not a count"});
+  expect_error([&] { read_checkpoint_set_part(path, 0, 2); }, ErrorCode::kIo,
+               {"'stepgraph.step' is '-1', not a count"});
   edited("stepgraph.step", " +4");
   expect_error([&] { read_checkpoint_set_part(path, 0, 2); }, ErrorCode::kIo, {"not a count"});
   edited("stepgraph.world_size", "18446744073709551617");
-  expect_error([&] { read_checkpoint_set_part(path, 0, 2); }, ErrorCode::kIo, {"'stepgraph.world_size'", "not a count"});
+  expect_error([&] { read_checkpoint_set_part(path, 0, 2); }, ErrorCode::kIo,
+               {"'stepgraph.world_size'", "not a count"});
   edited("stepgraph.extra", "1");
   expect_error([&] { read_checkpoint_set_part(path, 0, 2); }, ErrorCode::kIo, {"unknown entry 'stepgraph.extra'"});
   edited("stepgraph.rank1.checksum", "");

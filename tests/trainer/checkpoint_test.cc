@@ -1,7 +1,6 @@
 #include "trainer/checkpoint.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -177,8 +176,8 @@ TEST(CheckpointTest, OldCheckpointSurvivesAFailedWrite) {
   write_checkpoint(path, old);
   // A write that fails at any point before the rename leaves the old file
   // and no temporary behind.
-  for (const WritePoint point : {WritePoint::kCreated, WritePoint::kPartlyWritten, WritePoint::kWritten,
-                                 WritePoint::kSynced}) {
+  for (const WritePoint point :
+       {WritePoint::kCreated, WritePoint::kPartlyWritten, WritePoint::kWritten, WritePoint::kSynced}) {
     expect_error(
         [&] {
           write_checkpoint(path, sample_checkpoint(7), [&](WritePoint at) {

@@ -103,8 +103,9 @@ def check_fits(obj, is_torch, pointer, shape, byte_strides, itemsize, owner="wra
     start, size = extent
     low, high = bounds
     if low < start or high > start + size:
+        layout = f"strides {list(byte_strides)} (bytes)" if byte_strides is not None else "row-major layout"
         raise ArgumentError(
-            f"{owner}: the array's shape {list(shape)} and strides {list(byte_strides) if byte_strides else None} "
-            f"(bytes) reach bytes [{low - start}, {high - start}) of its buffer, which holds {size} bytes; "
+            f"{owner}: the array's shape {list(shape)} and {layout} reach bytes [{low - start}, {high - start}) of "
+            f"its buffer, which holds {size} bytes; "
             f"StepGraph would read and write outside it. Wrap a view that fits (not an as_strided view "
             f"larger than its buffer), or pass a copy")

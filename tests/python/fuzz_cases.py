@@ -612,6 +612,20 @@ a.setflags(write=False)
 ctx.wrap(a)
 """, SGE, [])
 case("binding", "wrap_transposed", "ctx.wrap(np.ones((4, 6), np.float32).T)", SGE, [])
+# A view larger than its buffer: copies to and from the host (and every op) would run 4 MiB past
+# a 4 KiB allocation (a heap overflow under ASan) if wrap took it. Host memory: a host context.
+case("binding", "wrap_as_strided_past_its_buffer", """
+from numpy.lib.stride_tricks import as_strided
+host = sg.Context('host')
+t = host.wrap(as_strided(np.zeros(1024, np.float32), shape=(1024, 1024), strides=(4096, 4)))
+t.copy_from(np.ones((1024, 1024), np.float32))
+""", ARG, ["wrap", "which holds 4096 bytes"])
+case("binding", "wrap_interface_past_a_bytearray", """
+from numpy.lib.stride_tricks import as_strided
+host = sg.Context('host')
+buffer = bytearray(64)
+host.wrap(as_strided(np.frombuffer(buffer, np.float32), shape=(4096,), strides=(4,))).numpy().sum()
+""", ARG, ["which holds 64 bytes"])
 case("binding", "init_distributed_bad_device", "sg.init_distributed('tpu')", ARG, ["device must be", "'tpu'"])
 case("binding", "init_distributed_int_device", "sg.init_distributed(1)", TYPE, ["device must be"])
 case("binding", "init_distributed_zero_timeout", "sg.init_distributed(DEVICE, timeout=0)", ARG, ["timeout", "got 0"])

@@ -194,7 +194,6 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
 
   const RunConfig run = run_config(o, *data, dp);
   if (world != nullptr) check_same_flags(*world, run);  // before any work: a mismatch would hang in NCCL
-  if (!o.checkpoint.empty()) check_writable_directory(o.checkpoint, "--checkpoint");  // not after the run
 
   // The groups: the whole world for one kind of parallelism, a split for both.
   std::unique_ptr<Communicator> tp_group;
@@ -282,6 +281,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const bool per_rank_files = optimizer.sharded() || o.tp > 1;
   // Per-rank files commit together through a manifest at --checkpoint (Note [Checkpoint sets]).
   const std::string& checkpoint_path = o.checkpoint;
+  if (!checkpoint_path.empty() && (rank == 0 || per_rank_files)) {
+    check_writable_directory(checkpoint_path, "--checkpoint");  // a rank that writes: before training, not after
+  }
   std::int64_t done = 0;
   if (o.resume) {
     Progress progress;

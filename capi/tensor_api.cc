@@ -293,6 +293,7 @@ extern "C" sg_result sg_tensor_set_name(sg_tensor tensor, const char* name) {
   return run_guarded(__func__, [&, function = __func__] {
     const auto t = tensor_of(tensor, function);
     require(name, function, "name");
+    SG_CHECK(name[0] != '\0', function, ": name is empty; a tensor's name appears in dumps, reports and errors");
     t->tensor.set_name(name);
   });
 }

@@ -457,6 +457,13 @@ schedule = {_schedule}
 _capi.call('sg_adamw_create_scheduled', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, byref(cfg),
            byref(schedule), byref(c.c_void_p()))
 """, words=_words)
+case("capi", "tensor_set_name_empty", "_capi.call('sg_tensor_set_name', new_tensor(raw_ctx, 2), b'')",
+     words=["sg_tensor_set_name", "name is empty"])
+case("capi", "graph_cache_empty_key", """
+cache = _capi.new_handle()
+_capi.call('sg_graph_cache_create', 1 << 20, byref(cache))
+_capi.call('sg_graph_cache_contains', cache, b'', raw_ctx, byref(c.c_int()))
+""", words=["sg_graph_cache_contains", "key is empty"])
 case("capi", "layer_check_errors_null", "_capi.call('sg_layer_check_errors', None)",
      words=["sg_layer_check_errors", "layer"])
 case("capi", "layer_check_errors_tensor_handle", "_capi.call('sg_layer_check_errors', new_tensor(raw_ctx, 2))",

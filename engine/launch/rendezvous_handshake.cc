@@ -232,6 +232,12 @@ class RateLimitedLog {
     next_ = now + std::chrono::seconds(5);
   }
 
+  // Says how many lines were left out since the last one.
+  void flush() {
+    if (suppressed_ > 0) logger().warn("rendezvous: {} similar message(s) left out", suppressed_);
+    suppressed_ = 0;
+  }
+
  private:
   Clock::time_point next_{};
   std::size_t suppressed_ = 0;
@@ -302,6 +308,8 @@ class RankZeroJoin {
       std::erase_if(joining_, [](const Joining& joiner) { return joiner.fd.get() < 0; });
       if (listening && ready[0].revents != 0) accept_some();
     }
+    log_.flush();
+    descriptor_log_.flush();
     return std::move(admitted_);
   }
 
@@ -384,12 +392,12 @@ class RankZeroJoin {
         if (drop_oldest()) continue;
         // Nothing of ours to close: wait instead of spinning on a listener that stays readable.
         paused_until_ = Clock::now() + backoff_;
-        log_.warn(detail::concat("rank 0 cannot accept a connection: ", wire::errno_text(error),
+        descriptor_log_.warn(detail::concat("rank 0 cannot accept a connection: ", wire::errno_text(error),
                                  descriptor_limit_text(), "; retrying in ", backoff_.count(), " ms"));
         backoff_ = std::min(backoff_ * 2, milliseconds(500));
         return;
       }
-      log_.warn("rank 0 cannot accept a connection: " + wire::errno_text(error));
+      descriptor_log_.warn("rank 0 cannot accept a connection: " + wire::errno_text(error));
       paused_until_ = Clock::now() + backoff_;
       return;
     }
@@ -493,7 +501,8 @@ class RankZeroJoin {
   std::size_t accept_failures_ = 0;
   Clock::time_point paused_until_{};
   milliseconds backoff_{10};
-  RateLimitedLog log_;
+  RateLimitedLog log_;             // connections refused
+  RateLimitedLog descriptor_log_;  // accept() failing
 };
 
 std::string endpoint(const LaunchInfo& info) { return info.master_addr + ":" + std::to_string(info.master_port); }

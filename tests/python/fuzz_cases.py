@@ -478,9 +478,9 @@ def step():
 sg.capture(ctx, step)
 """, words=["sg_layer_check_errors: called while a step is being captured"])
 case("capi", "layer_check_errors_fp8_stop_after_nan", """
-layer = sg.Linear(ctx, 16, 16, dtype='float32', fp8=sg.Fp8Recipe.current(on_non_finite='stop'))
+layer = sg.Linear(ctx, 16, 16, dtype='bf16', fp8=sg.Fp8Recipe.current(on_non_finite='stop'))
 values = np.full((16, 16), 0.5, np.float32); values[2, 2] = np.inf
-x = ctx.from_numpy(values)
+x = ctx.from_numpy(values, dtype='bf16')
 y, saved = _capi.new_handle(), _capi.new_handle()
 _capi.call('sg_layer_forward', layer._handle, x._handle, byref(y), byref(saved))
 _capi.call('sg_layer_check_errors', layer._handle)

@@ -7,7 +7,9 @@
 //
 // A TCP star (POSIX sockets, IPv4, hostnames through getaddrinfo): rank 0
 // listens on master_addr:master_port, every other rank holds one connection
-// to it, and every exchange goes through rank 0. Frames are length-prefixed.
+// to it, and every exchange goes through rank 0. Frames are length-prefixed
+// and, after each connection's challenge over the run's secret, carry a MAC
+// (Note [Rendezvous authentication] in rendezvous_auth.cc).
 // Every exchange is collective: each rank makes the same exchanges, with the
 // same `what`, in the same order; rank 0 checks that and answers a mismatch
 // with an Error on every rank.

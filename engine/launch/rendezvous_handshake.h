@@ -20,7 +20,8 @@
 namespace stepgraph::handshake {
 
 inline constexpr std::size_t kMaxTagBytes = 4096;
-// Connections rank 0 holds that have not passed the handshake yet; past it, the oldest is dropped.
+// Connections rank 0 holds that have not passed the handshake yet; past it,
+// the oldest is dropped (Note [Joining under load] in the .cc).
 inline constexpr std::size_t kMaxUnauthenticated = 128;
 // How long one connection may take over its handshake before rank 0 drops it.
 inline constexpr std::chrono::milliseconds kHandshakeLimit{5000};

@@ -1,6 +1,7 @@
 // The edge of the C API: exceptions become result codes and a thread-local
 // last-error message; C enums become engine values.
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <string>
 
@@ -55,6 +56,16 @@ sg_result run_guarded(const char* function, const std::function<void()>& body) n
 
 void require(const void* pointer, const char* function, const char* what) {
   SG_CHECK(pointer != nullptr, function, ": ", what, " is NULL");
+}
+
+bool to_flag(int value, const char* function, const char* what) {
+  SG_CHECK(value == 0 || value == 1, function, ": ", what, " is a flag (0 or 1), got ", value);
+  return value == 1;
+}
+
+float checked_eps(float eps, const char* function, const char* what) {
+  SG_CHECK(std::isfinite(eps) && eps >= 0.0f, function, ": ", what, " must be finite and >= 0, got ", eps);
+  return eps;
 }
 
 void copy_string(std::string_view text, char* buffer, std::size_t capacity, std::size_t* length) {

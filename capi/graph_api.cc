@@ -236,6 +236,7 @@ namespace {
 // One context's graphs never meet another's: the key names the context too.
 GraphKey cache_key(const char* key, const char* function, const Context* ctx) {
   require(key, function, "key");
+  SG_CHECK(key[0] != '\0', function, ": key is empty; a key names everything the graph depends on");
   GraphKey out;
   out.add("key", std::string_view(key));
   out.add("context", ctx->id());

@@ -73,6 +73,14 @@ sg_result run_guarded(const char* function, const std::function<void()>& body) n
 // Throws Error(kInvalidArgument) "<function>: <what> is NULL" for a null pointer.
 void require(const void* pointer, const char* function, const char* what);
 
+// A C int used as a bool: 0 or 1 only, so that 2 or -1 (a wrong field, an
+// uninitialised struct) is an Error naming `what` rather than true.
+bool to_flag(int value, const char* function, const char* what);
+
+// A norm's epsilon: finite and >= 0 (NaN or infinity would make every output
+// NaN or 0).
+float checked_eps(float eps, const char* function, const char* what);
+
 // Copies `text` into (buffer, capacity) (truncated, NUL-terminated) and sets
 // *length (if given) to its full length.
 void copy_string(std::string_view text, char* buffer, std::size_t capacity, std::size_t* length);

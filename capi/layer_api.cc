@@ -21,30 +21,45 @@ namespace {
 template <typename L>
 using LayerAdapter = AnyLayerOf<L>;
 
-LinearConfig to_linear_config(const sg_linear_config& c) {
+LinearConfig to_linear_config(const sg_linear_config& c, const char* function) {
   return {.in_features = c.in_features,
           .out_features = c.out_features,
-          .bias = c.bias != 0,
+          .bias = to_flag(c.bias, function, "config bias"),
           .dtype = to_dtype(c.dtype),
-          .dgrad = c.dgrad != 0,
-          .wgrad = c.wgrad != 0};
+          .dgrad = to_flag(c.dgrad, function, "config dgrad"),
+          .wgrad = to_flag(c.wgrad, function, "config wgrad")};
 }
 
-std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* r) {
+std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* r, const char* function) {
   if (r == nullptr) return std::nullopt;
   SG_CHECK(r->scaling == SG_FP8_CURRENT || r->scaling == SG_FP8_DELAYED || r->scaling == SG_FP8_BLOCK,
            "sg_fp8_recipe: scaling ", static_cast<int>(r->scaling), " is not SG_FP8_CURRENT, SG_FP8_DELAYED or "
            "SG_FP8_BLOCK");
   Fp8Recipe recipe;
   recipe.scaling = static_cast<Fp8Scaling>(r->scaling);
-  recipe.formats = r->hybrid != 0 ? Fp8Formats::kHybrid : Fp8Formats::kE4M3;
+  recipe.formats = to_flag(r->hybrid, function, "recipe hybrid") ? Fp8Formats::kHybrid : Fp8Formats::kE4M3;
   recipe.amax_history_len = r->amax_history_len;
-  recipe.amax_reduction = r->amax_most_recent != 0 ? AmaxReduction::kMostRecent : AmaxReduction::kMax;
+  recipe.amax_reduction = to_flag(r->amax_most_recent, function, "recipe amax_most_recent") ? AmaxReduction::kMostRecent
+                                                                                            : AmaxReduction::kMax;
   recipe.margin = r->margin;
-  recipe.power_of_two_scales = r->power_of_two_scales != 0;
-  recipe.fast_accumulation_forward = r->fast_accumulation_forward != 0;
-  recipe.fast_accumulation_backward = r->fast_accumulation_backward != 0;
-  recipe.on_non_finite = r->stop_on_non_finite != 0 ? NonFiniteAmax::kStop : NonFiniteAmax::kSkipStep;
+  recipe.power_of_two_scales = to_flag(r->power_of_two_scales, function, "recipe power_of_two_scales");
+  recipe.fast_accumulation_forward =
+      to_flag(r->fast_accumulation_forward, function, "recipe fast_accumulation_forward");
+  recipe.fast_accumulation_backward =
+      to_flag(r->fast_accumulation_backward, function, "recipe fast_accumulation_backward");
+  recipe.on_non_finite = to_flag(r->stop_on_non_finite, function, "recipe stop_on_non_finite")
+                             ? NonFiniteAmax::kStop
+                             : NonFiniteAmax::kSkipStep;
+  // Fields another scaling reads (engine/fp8_recipe.h: ignored otherwise) keep the defaults, so
+  // that a value set there is not dropped silently.
+  const Fp8Recipe defaults;
+  SG_CHECK(recipe.scaling == Fp8Scaling::kDelayed ||
+               (recipe.amax_history_len == defaults.amax_history_len &&
+                recipe.amax_reduction == defaults.amax_reduction && recipe.margin == defaults.margin),
+           function, ": recipe amax_history_len (", recipe.amax_history_len, "), amax_most_recent and margin (",
+           recipe.margin, ") apply to delayed scaling only; leave them at sg_fp8_recipe_default's values");
+  SG_CHECK(recipe.scaling == Fp8Scaling::kBlock || recipe.power_of_two_scales == defaults.power_of_two_scales, function,
+           ": recipe power_of_two_scales applies to block scaling only; leave it at 1");
   recipe.check();
   return recipe;
 }
@@ -86,13 +101,19 @@ void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... a
   make_layer_keeping<L>(ctx, out, function, nullptr, std::forward<Args>(args)...);
 }
 
-ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& c) {
+ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& c, const char* function) {
+  // Without experts no block routes: topk and moe_every would be ignored.
+  const ResidualStackConfig defaults;
+  SG_CHECK(c.experts != 0 || (c.topk == defaults.topk && c.moe_every == defaults.moe_every), function,
+           ": config topk (", c.topk, ") and moe_every (", c.moe_every,
+           ") apply to mixture-of-experts blocks, and experts is 0; set experts > 0, or leave them at their defaults (",
+           defaults.topk, ", ", defaults.moe_every, ")");
   return {.hidden = c.hidden,
           .ffn = c.ffn,
           .layers = c.layers,
           .vocab = c.vocab,
           .norm = to_norm_kind(c.norm),
-          .eps = c.eps,
+          .eps = checked_eps(c.eps, function, "config eps"),
           .dtype = to_dtype(c.dtype),
           .seed = c.seed,
           .experts = c.experts,
@@ -111,6 +132,20 @@ Parameter& parameter_at(const sg_layer_s& layer, int64_t index, const char* func
   SG_CHECK(index >= 0 && index < static_cast<int64_t>(parameters.size()), function, ": parameter index ", index,
            " is outside [0, ", parameters.size(), ") for this ", layer.layer->kind(), " layer");
   return *parameters[static_cast<std::size_t>(index)];
+}
+
+// What the layer counted on the device: non-finite FP8 amaxes where its
+// recipe says stop, a stack's MoE routing errors.
+void check_layer_errors(Context& ctx, AnyLayer& layer) {
+  if (auto* linear = dynamic_cast<LayerAdapter<Linear>*>(&layer)) {
+    linear->layer().check_errors(ctx);
+  } else if (auto* norm_linear = dynamic_cast<LayerAdapter<LayerNormLinear>*>(&layer)) {
+    norm_linear->layer().linear().check_errors(ctx);
+  } else if (auto* mlp = dynamic_cast<LayerAdapter<LayerNormMLP>*>(&layer)) {
+    for (const Linear* fc : mlp->layer().fp8_linears()) fc->check_errors(ctx);
+  } else if (auto* stack = dynamic_cast<LayerAdapter<ResidualStack>*>(&layer)) {
+    stack->layer().check_errors(ctx);
+  }
 }
 
 }  // namespace
@@ -169,15 +204,16 @@ extern "C" sg_result sg_linear_create(sg_context ctx, const char* name, const sg
                                       sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function), capi::to_linear_config(*config),
-                             seed);
+    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function),
+                             capi::to_linear_config(*config, function), seed);
   });
 }
 
 extern "C" sg_result sg_norm_create(sg_context ctx, const char* name, const sg_norm_config* config, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const NormConfig c{capi::to_norm_kind(config->kind), config->hidden, config->eps, capi::to_dtype(config->dtype)};
+    const NormConfig c{capi::to_norm_kind(config->kind), config->hidden,
+                       capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
     capi::make_layer<Norm>(ctx, out, function, capi::checked_name(name, function), c);
   });
 }
@@ -187,8 +223,9 @@ extern "C" sg_result sg_layernorm_linear_create(sg_context ctx, const char* name
                                                 sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const LayerNormLinearConfig c{capi::to_norm_kind(config->norm), config->eps,
-                                  capi::to_linear_config(config->linear)};
+    const LayerNormLinearConfig c{capi::to_norm_kind(config->norm),
+                                  capi::checked_eps(config->eps, function, "config eps"),
+                                  capi::to_linear_config(config->linear, function)};
     capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
@@ -197,8 +234,8 @@ extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, c
                                              uint32_t seed, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm), config->eps,
-                               capi::to_dtype(config->dtype)};
+    const LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm),
+                               capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
     capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
@@ -207,8 +244,8 @@ extern "C" sg_result sg_linear_create_fp8(sg_context ctx, const char* name, cons
                                           uint32_t seed, const sg_fp8_recipe* recipe, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    LinearConfig c = capi::to_linear_config(*config);
-    c.fp8 = capi::to_fp8_recipe(recipe);
+    LinearConfig c = capi::to_linear_config(*config, function);
+    c.fp8 = capi::to_fp8_recipe(recipe, function);
     capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
@@ -218,8 +255,9 @@ extern "C" sg_result sg_layernorm_linear_create_fp8(sg_context ctx, const char* 
                                                     const sg_fp8_recipe* recipe, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    LayerNormLinearConfig c{capi::to_norm_kind(config->norm), config->eps, capi::to_linear_config(config->linear)};
-    c.linear.fp8 = capi::to_fp8_recipe(recipe);
+    LayerNormLinearConfig c{capi::to_norm_kind(config->norm), capi::checked_eps(config->eps, function, "config eps"),
+                            capi::to_linear_config(config->linear, function)};
+    c.linear.fp8 = capi::to_fp8_recipe(recipe, function);
     capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
@@ -229,9 +267,9 @@ extern "C" sg_result sg_layernorm_mlp_create_fp8(sg_context ctx, const char* nam
                                                  const sg_fp8_recipe* recipe, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm), config->eps,
-                         capi::to_dtype(config->dtype)};
-    c.fp8 = capi::to_fp8_recipe(recipe);
+    LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm),
+                         capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
+    c.fp8 = capi::to_fp8_recipe(recipe, function);
     capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
   });
 }
@@ -239,7 +277,7 @@ extern "C" sg_result sg_layernorm_mlp_create_fp8(sg_context ctx, const char* nam
 extern "C" sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    capi::make_layer<ResidualStack>(ctx, out, function, capi::to_residual_stack_config(*config));
+    capi::make_layer<ResidualStack>(ctx, out, function, capi::to_residual_stack_config(*config, function));
   });
 }
 
@@ -249,7 +287,7 @@ extern "C" sg_result sg_residual_stack_create_tensor_parallel(sg_context ctx, co
     require(config, function, "config");
     require(overlap, function, "overlap");
     const std::shared_ptr<capi::WorldState> state = capi::handle_object(world, function, "world")->state;
-    ResidualStackConfig c = capi::to_residual_stack_config(*config);
+    ResidualStackConfig c = capi::to_residual_stack_config(*config, function);
     c.overlap = MLPOverlap::parse(overlap);
     Communicator* tensor_parallel = state->comm.get();  // null: a world of one, the plain stack
     capi::make_layer_keeping<ResidualStack>(ctx, out, function, state, c, tensor_parallel);
@@ -323,5 +361,15 @@ extern "C" sg_result sg_layer_sync_parameters(sg_layer layer) {
   return run_guarded(__func__, [&, function = __func__] {
     const auto l = capi::handle_object(layer, function, "layer");
     for (const Parameter* p : l->layer->parameters()) sync_copy_from_master(*l->ctx, *p);
+  });
+}
+
+extern "C" sg_result sg_layer_check_errors(sg_layer layer) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const auto l = capi::handle_object(layer, function, "layer");
+    SG_CHECK_CODE(!l->ctx->tracing(), ErrorCode::kInvalidState, function,
+                  ": called while a step is being captured; it reads the device's counters, so call it after a "
+                  "replay (or an eager call)");
+    capi::check_layer_errors(*l->ctx, *l->layer);
   });
 }

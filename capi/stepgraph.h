@@ -67,7 +67,16 @@ extern "C" {
  * (sg_optimizer_set_lr, sg_optimizer_lr); exported as STEPGRAPH_C_6. */
 /* 7: additions only: per-layer graphs for pipeline schedules
  * (sg_graphed_layers_*); exported as STEPGRAPH_C_7. */
-#define SG_API_VERSION 7
+/* 8: additions only: sg_layer_check_errors (an FP8 layer's non-finite amaxes
+ * where its recipe says stop, a stack's routing errors); exported as
+ * STEPGRAPH_C_8. Flags of the config structs take 0 or 1 only, norms' eps
+ * must be finite and >= 0, a schedule's total >= 0, and sg_tensor_wrap checks
+ * its byte count for every address. Fields a layer would ignore are refused
+ * unless they keep their defaults: an FP8 recipe's delayed-only fields
+ * (amax_history_len, amax_most_recent, margin) for another scaling and
+ * power_of_two_scales outside block scaling, a residual stack's topk and
+ * moe_every without experts, a constant schedule's min_lr and total. */
+#define SG_API_VERSION 8
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -179,12 +188,19 @@ sg_result sg_tensor_create(sg_context ctx, const char* name, sg_dtype dtype, int
  * may be NULL for row-major) must describe a contiguous row-major layout:
  * StepGraph's kernels read dense rows, so a transposed or sliced view is an
  * SG_ERROR_INVALID_ARGUMENT (make it contiguous first). Dimensions of size 1
- * may have any stride. NULL `data` is refused for a tensor of more than 0
- * bytes; a cuda context refuses memory that is not device memory. Past that
- * the caller guarantees the memory: readable and writable for the tensor's
- * bytes (on a host context the library cannot check an address reliably), and
- * valid, at the same address, for as long as the tensor or a captured step
- * that reads it is in use. */
+ * may have any stride.
+ * Checked: the tensor's byte count (the product of `dims` times the element
+ * size) must fit in int64, and [data, data + bytes) must not pass the end of
+ * the address space, whatever `data` is; NULL `data` is refused for a tensor
+ * of more than 0 bytes; a cuda context refuses memory that is not device
+ * memory.
+ * Trusted, since the library cannot see an allocation's size: the caller
+ * guarantees that `data` points at memory readable and writable for the
+ * tensor's whole byte count (a buffer smaller than dims say is read and
+ * written past its end, in copies to and from the host and in every op), and
+ * that it stays valid, at the same address, for as long as the tensor or a
+ * captured step that reads it is in use. (The Python binding checks the
+ * extent where the wrapped object can tell it: see Context.wrap.) */
 sg_result sg_tensor_wrap(sg_context ctx, const char* name, sg_dtype dtype, int rank, const int64_t* dims,
                          const int64_t* strides, void* data, sg_tensor* out);
 /* A second handle to the same tensor (destroy both). */
@@ -327,6 +343,13 @@ sg_result sg_layer_forward(sg_layer layer, sg_tensor x, sg_tensor* y, sg_saved* 
  * when the layer computes no dx (a Linear with dgrad off). */
 sg_result sg_layer_backward(sg_layer layer, sg_saved saved, sg_tensor dy, sg_tensor* dx);
 sg_result sg_saved_destroy(sg_saved saved);
+/* Error for what the layer counted on the device since it was made: an FP8
+ * layer's quantizations that met a non-finite amax (NaN or infinity in an
+ * input, weight or gradient) where its recipe's stop_on_non_finite is 1, a
+ * residual stack's MoE routing errors. Reads the device (waits for the work so
+ * far), so not while a step is captured: call it after a replay or an eager
+ * call. A layer with nothing to count returns SG_OK. */
+sg_result sg_layer_check_errors(sg_layer layer);
 
 sg_result sg_layer_parameter_count(sg_layer layer, int64_t* out);
 /* Parameter `index`: its fp32 master weight, the copy in the layer's dtype that
@@ -401,8 +424,8 @@ typedef struct sg_lr_schedule {
   int kind;
   float base;
   float min_lr;
-  int64_t warmup;
-  int64_t total;
+  int64_t warmup; /* >= 0 */
+  int64_t total;  /* >= 0; > warmup for cosine and linear */
 } sg_lr_schedule;
 /* AdamW whose rate follows `schedule` (its base replaces config->lr). */
 sg_result sg_adamw_create_scheduled(sg_context ctx, const sg_layer* layers, size_t layer_count,

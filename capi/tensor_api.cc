@@ -50,6 +50,25 @@ void check_contiguous(const char* name, const Shape& shape, const int64_t* strid
   }
 }
 
+// The byte count of a wrapped tensor, for every address (not only null):
+// dims whose product overflows int64 (or whose bytes do) are an Error naming
+// the tensor, and so is a range [data, data + bytes) that passes the end of
+// the address space. Whether the caller's memory really holds those bytes
+// cannot be checked here; stepgraph.h says what the caller guarantees.
+void check_wrapped_bytes(const char* function, const char* name, const TensorMeta& meta, const void* data) {
+  std::int64_t bytes = 0;
+  try {
+    bytes = meta.bytes();
+  } catch (const stepgraph::Error& error) {
+    SG_THROW(stepgraph::ErrorCode::kInvalidArgument, function, " '", name, "': ", error.message(),
+             "; a wrapped tensor's dims times its element size must fit in int64");
+  }
+  const auto start = reinterpret_cast<std::uintptr_t>(data);
+  SG_CHECK(static_cast<std::uint64_t>(bytes) <= UINTPTR_MAX - start, function, " '", name, "': ", bytes,
+           " bytes from address ", data, " pass the end of the address space; the dims ", meta.shape,
+           " do not describe memory at that address");
+}
+
 // The tensor behind a live handle (the shared_ptr keeps it alive for the call).
 std::shared_ptr<sg_tensor_s> tensor_of(sg_tensor tensor, const char* function) {
   return stepgraph::capi::handle_object(tensor, function, "tensor");
@@ -177,6 +196,7 @@ extern "C" sg_result sg_tensor_wrap(sg_context ctx, const char* name, sg_dtype d
     *out = nullptr;
     const TensorMeta meta{make_shape(function, rank, dims), stepgraph::capi::to_dtype(dtype)};
     check_contiguous(name, meta.shape, strides);
+    check_wrapped_bytes(function, name, meta, data);
     *out = stepgraph::capi::new_tensor_handle(context, context->wrap(name, meta, data));
   });
 }
@@ -273,6 +293,7 @@ extern "C" sg_result sg_tensor_set_name(sg_tensor tensor, const char* name) {
   return run_guarded(__func__, [&, function = __func__] {
     const auto t = tensor_of(tensor, function);
     require(name, function, "name");
+    SG_CHECK(name[0] != '\0', function, ": name is empty; a tensor's name appears in dumps, reports and errors");
     t->tensor.set_name(name);
   });
 }

@@ -35,6 +35,11 @@ sg_result create_adamw(const char* function, sg_context ctx, const sg_layer* lay
     if (schedule != nullptr) {
       SG_CHECK(schedule->kind >= 0 && schedule->kind <= 2, function, ": schedule->kind must be 0 (constant), 1 "
                "(cosine) or 2 (linear), got ", schedule->kind);
+      SG_CHECK(schedule->total >= 0, function, ": schedule->total must be >= 0, got ", schedule->total);
+      // A constant schedule has no decay: min_lr and total would be ignored.
+      SG_CHECK(schedule->kind != 0 || (schedule->min_lr == 0.0f && schedule->total == 0), function,
+               ": schedule->min_lr (", schedule->min_lr, ") and schedule->total (", schedule->total,
+               ") set the decay of cosine and linear schedules; a constant one (kind 0) ignores them, so leave them 0");
       lr_schedule = kernels::LrSchedule{.kind = static_cast<kernels::LrScheduleKind>(schedule->kind),
                                         .base = schedule->base,
                                         .min_lr = schedule->min_lr,

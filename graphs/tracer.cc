@@ -118,7 +118,6 @@ TraceResult Tracer::finish(std::span<const Tensor> outputs) {
   ctx_.set_recorder(nullptr);
 
   TraceResult result;
-  result.impls.resize(program_.values().size());
   for (const Tensor& output : outputs) {
     SG_CHECK(output.defined(), "a step output is undefined (default-constructed)");
     SG_CHECK(output.context_id() == ctx_.id(), "step output '", output.name(), "' belongs to another context");
@@ -127,6 +126,9 @@ TraceResult Tracer::finish(std::span<const Tensor> outputs) {
     result.outputs.push_back(id);
     if (program_.value(id).kind == ValueKind::kPool) program_.value(id).live_out = true;
   }
+  // Sized after the outputs: a persistent tensor returned unchanged, which no
+  // op of the step read, becomes a value only in the loop above.
+  result.impls.resize(program_.values().size());
   for (ValueId id = 0; id < static_cast<ValueId>(program_.values().size()); ++id) {
     ValueInfo& value = program_.value(id);
     if (value.kind == ValueKind::kPersistent) {

@@ -47,7 +47,8 @@ class Tracer final : public OpRecorder {
   void begin_if_zero(const Tensor& flag) override;
   void end_if_zero() override;
 
-  // Stops tracing. `outputs` must be values of this trace or persistent tensors.
+  // Stops tracing. `outputs` must be values of this trace or persistent tensors
+  // (returned unchanged, read by no op or not: the output is that tensor).
   TraceResult finish(std::span<const Tensor> outputs);
 
  private:

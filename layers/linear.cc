@@ -402,6 +402,8 @@ Tensor Linear::backward_quantized(Context& ctx, const Saved& saved, const Quanti
 
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "input", args.x, {"tokens", local_in_features()}, config_.dtype);
+  SG_CHECK(args.x.shape().dim(0) > 0, label_, " forward: the input has 0 tokens (shape ", args.x.shape(),
+           "); give it at least one row");
   if (config_.fp8) return forward_fp8(ctx, args);
   const std::int64_t tokens = args.x.shape().dim(0);
   if (row() && sequence_parallel()) {

@@ -16,6 +16,7 @@
 
 #include "engine/error.h"
 #include "engine/launch/join.h"
+#include "engine/launch/rendezvous_secret.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -46,7 +47,8 @@ int exit_code_of(int status) {
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-[[noreturn]] void exec_worker(int rank, int nproc, int port, const std::vector<std::string>& args) {
+[[noreturn]] void exec_worker(int rank, int nproc, int port, const std::string& secret,
+                              const std::vector<std::string>& args) {
   const std::string r = std::to_string(rank);
   const std::string n = std::to_string(nproc);
   for (const auto& [name, value] : std::map<std::string, std::string>{{"RANK", r},
@@ -58,6 +60,10 @@ int exit_code_of(int status) {
                                                                       {kLocalWorkerVariable, "1"}}) {
     ::setenv(name.c_str(), value.c_str(), 1);
   }
+  // The run's secret reaches the ranks in their environment, never their
+  // command line (which every user of the host can read in ps).
+  ::setenv(kSecretVariable, secret.c_str(), 1);
+  ::unsetenv(kSecretFileVariable);
   // NVLink multicast stays off in every process (shared hosts), unless the caller chose.
   ::setenv("NCCL_NVLS_ENABLE", "0", 0);
   ::setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
@@ -85,11 +91,12 @@ int run_local_workers(int nproc, const std::vector<std::string>& args, std::chro
            "was started by a launcher (",
            describe(launch_info_from_env()), "); leave out --nproc-per-node");
   const int port = free_local_port();
+  const std::string secret = make_rendezvous_secret();
   std::map<pid_t, int> running;  // pid -> rank
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
     SG_CHECK_CODE(pid >= 0, ErrorCode::kIo, "--nproc-per-node: fork failed: ", std::strerror(errno));
-    if (pid == 0) exec_worker(rank, nproc, port, args);
+    if (pid == 0) exec_worker(rank, nproc, port, secret, args);
     running[pid] = rank;
   }
   int first_failure = 0;

@@ -31,8 +31,9 @@ inline constexpr const char* kLocalWorkerVariable = "STEPGRAPH_LOCAL_WORKER";
 
 // Starts `nproc` copies of this program with `args` (the worker's command
 // line: --nproc-per-node removed) as ranks 0..nproc-1 of a local world, on a
-// free port of 127.0.0.1, with NVLink multicast kept off in their
-// environment. Waits for all; once one fails, the others get `timeout` to
+// free port of 127.0.0.1, with a fresh rendezvous secret (from the OS's
+// random source) in their environment (STEPGRAPH_RENDEZVOUS_SECRET, never in
+// argv) and NVLink multicast kept off. Waits for all; once one fails, the others get `timeout` to
 // end on their own (they notice the dead rank) before they are killed.
 // Returns the first failure's exit code (0 when every rank succeeded).
 int run_local_workers(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,

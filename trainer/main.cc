@@ -14,6 +14,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "trainer/distributed.h"
+#include "trainer/memory_budget.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
 
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
                                         : std::string("host");
     out << "device: " << description << "\n";
     if (world.size() > 1) out << "world: " << stepgraph::describe(world.launch) << "\n";
+    // Before anything is allocated: a data file's vocabulary or the flags may ask for more than the machine has.
+    trainer::check_run_memory(options, choice.device, world.size(), world.launch.local_rank);
     trainer::train(options, choice.device, out, world.comm.get());
     return EXIT_SUCCESS;
   } catch (const stepgraph::Error& error) {

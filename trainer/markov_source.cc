@@ -47,8 +47,8 @@ void check_config(const MarkovConfig& config) {
            config.vocab);
   SG_CHECK(config.order >= 1, "Markov source: order must be >= 1, got ", config.order);
   SG_CHECK(power_up_to(config.vocab, config.order + 1, kMaxTableEntries) > 0,
-           "Markov source: vocab^(order+1) = ", config.vocab, "^", config.order + 1, " passes the table limit of ",
-           kMaxTableEntries, " entries; use a smaller vocab or order");
+           "Markov source: --vocab ^ (--order + 1) = ", config.vocab, "^", config.order + 1,
+           " passes the table limit of 2^24 entries; use a smaller --vocab or --order");
   SG_CHECK(std::isfinite(config.concentration) && config.concentration > 0,
            "Markov source: concentration must be > 0, got ", config.concentration);
   SG_CHECK(config.smoothing > 0 && config.smoothing <= 1, "Markov source: smoothing must be in (0, 1], got ",

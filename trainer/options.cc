@@ -7,6 +7,7 @@
 
 #include "engine/error.h"
 #include "layers/comm_gemm_overlap.h"
+#include "trainer/flag_values.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -46,6 +47,14 @@ constexpr Defaults kCudaDefaults{.steps = 1000,
                                  .lr = 1e-3,
                                  .dtype = "bf16"};
 
+// Caps past which a value is a typo, not a run: they keep the products of
+// flags (bytes, tokens, milliseconds) inside 64 bits. Sizes and steps:
+// trainer/flag_values.h.
+constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
+constexpr std::int64_t kMaxRanks = std::int64_t{1} << 16;
+constexpr double kMaxLr = 1e6;               // fp32 on the device, with room for the update's products
+constexpr double kMaxTimeoutSeconds = 1e6;  // 11.6 days, as int64 milliseconds and clock arithmetic
+
 template <typename T>
 void default_if(T& value, T unset, T fallback) {
   if (value == unset) value = fallback;
@@ -71,16 +80,19 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   app.add_option("--dropout", o.dropout,
                  "the probability of dropping each element of the blocks' input and of every attention and MLP "
                  "output (0: none); the generator's state lives on the device and in checkpoints")
-      ->check(CLI::Range(0.0, 0.99));
-  app.add_option("--loss-scale-interval", o.loss_scale_interval,
+      ->check(real_number(0, 0.99));
+  CLI::Option* loss_scale_option = app.add_option("--loss-scale-interval", o.loss_scale_interval,
                  "with --dtype fp16: good steps in a row after which the loss scale doubles (an overflowed step "
                  "halves it and is skipped)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole_number(1, std::int64_t{1} << 24));
   app.add_option("--buckets", o.buckets,
                  "sequences of varying length (each in [--min-seq-len, --seq-len]) trained in shape buckets: token "
                  "counts like 256,512,1024, or pow2; one captured step per bucket, all in one shared pool, each "
                  "batch padded (and the padding masked) to the smallest bucket that holds it");
-  app.add_option("--min-seq-len", o.min_seq_len, "with --buckets: the shortest sequence (default --seq-len / 2)");
+  CLI::Option* min_seq_len_option =
+      app.add_option("--min-seq-len", o.min_seq_len, "with --buckets: the shortest sequence (default --seq-len / 2)")
+          ->check(whole_number(1, kMaxSize));
   bool skip_nonfinite = true;  // o.skip_nonfinite stays unset unless a flag was given
   CLI::Option* skip_option = app.add_flag("--skip-nonfinite,!--no-skip-nonfinite", skip_nonfinite,
                "skip a step whose loss or any gradient is NaN or infinite: checked on the device, the update inside "
@@ -90,62 +102,70 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                "with --fp8 current or delayed: quantize each weight once per optimizer step, right after its update, "
                "into persistent FP8 copies (2 bytes a weight element; the same results)");
   app.add_option("--steps", o.steps, "total training steps (a resumed run continues to this step)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxSteps));
   app.add_option("--layers", o.layers, "TransformerLayers (or, with --heads 0, LayerNormMLP blocks)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, kMaxLayers));
   app.add_option("--hidden", o.hidden, "hidden size (a multiple of --heads, or with --heads 0 of --context)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxSize));
   app.add_option("--heads", o.heads,
                  "attention heads per layer (default: 4 on the host, 8 on cuda); 0: the window model, MLP blocks over "
                  "a window of --context tokens")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, kMaxSize));
   app.add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads; fewer: grouped-query attention)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, kMaxSize));
   app.add_option("--seq-len", o.seq_len, "tokens per training sequence (the sequence model's context)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--ffn", o.ffn, "MLP inner size")->check(CLI::PositiveNumber);
-  app.add_option("--experts", o.experts, "experts per MoE block (0: dense blocks only)")->check(CLI::NonNegativeNumber);
-  app.add_option("--topk", o.topk, "experts each token is routed to")->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxSize));
+  app.add_option("--ffn", o.ffn, "MLP inner size")->check(whole_number(1, kMaxSize));
+  app.add_option("--experts", o.experts, "experts per MoE block (0: dense blocks only)")
+      ->check(whole_number(0, kMaxSize));
+  CLI::Option* topk_option = app.add_option("--topk", o.topk, "with --experts: the experts each token is routed to")
+                                  ->check(whole_number(1, kMaxSize));
   app.add_option("--batch", o.batch,
                  "sequences per step (each predicts its --seq-len next tokens); with --heads 0 examples per step")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxSize));
   app.add_option("--context", o.context, "window model (--heads 0): tokens of context per example (the window W)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "AdamW learning rate (the peak, with a schedule)")->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxSize));
+  app.add_option("--lr", o.lr, "AdamW learning rate (the peak, with a schedule)")
+      ->check(real_number(0, kMaxLr, Bound::kExclusive));
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant, cosine or linear: the rate decays from --lr to --min-lr over --steps, after "
                  "--warmup-steps of linear warmup, computed on the device (no re-capture)")
       ->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup from 0 to --lr")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--min-lr", o.min_lr, "the rate cosine and linear decay to")->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, kMaxSteps));
+  app.add_option("--min-lr", o.min_lr, "the rate cosine and linear decay to")
+      ->check(real_number(0, kMaxLr));
   app.add_option("--decay-steps", o.decay_steps,
                  "the step where the decay reaches --min-lr (default --steps: a run stopped early and resumed with "
                  "a larger --steps keeps its schedule only if this is given)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed, "seed of the model, the Markov chain and the sampling");
-  app.add_option("--log-every", o.log_every, "print a step line every N steps")->check(CLI::PositiveNumber);
+      ->check(whole_number(0, kMaxSteps));
+  app.add_option("--seed", o.seed, "seed of the model, the Markov chain and the sampling (the model's initialization "
+                 "takes 32 bits)")
+      ->check(unsigned_number(0xffffffffu));
+  app.add_option("--log-every", o.log_every, "print a step line every N steps")
+      ->check(whole_number(1, kMaxSteps));
   app.add_option("--data", o.data, "a text or StepGraph token file (default: a synthetic Markov source)");
-  app.add_option("--vocab", o.vocab, "Markov source: vocabulary size")->check(CLI::Range(2, 65536));
-  app.add_option("--order", o.order, "Markov source: order (tokens of history that matter)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--vocab", o.vocab, "Markov source: vocabulary size")
+      ->check(whole_number(2, 65536));
+  app.add_option("--order", o.order, "Markov source: order (tokens of history that matter; vocab^(order + 1) <= 2^24)")
+      ->check(whole_number(1, 23));
   app.add_option("--checkpoint", o.checkpoint, "checkpoint file, written at the end and every --save-every steps");
   app.add_flag("--resume", o.resume, "continue from --checkpoint to --steps");
   app.add_option("--save-every", o.save_every, "also write the checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, kMaxSteps));
 
   app.add_option("--nproc-per-node", o.nproc_per_node,
                  "start this many ranks on this host (one process per GPU); under torchrun, srun or mpirun leave it "
                  "out: their variables set the world")
-      ->check(CLI::Range(1, 64));
+      ->check(whole_number(1, 64));
   app.add_option("--dp", o.dp, "data-parallel ranks (default: the world size); the global --batch is split among them")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxRanks));
   app.add_option("--tp", o.tp,
                  "tensor-parallel ranks: groups of this many consecutive ranks shard every block's ffn, the experts "
                  "and the head's vocabulary, and each holds 1/tp of its group's tokens (sequence parallelism); the "
                  "world is tp x dp")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--overlap", o.overlap,
+      ->check(whole_number(1, kMaxRanks));
+  CLI::Option* overlap_option = app.add_option("--overlap", o.overlap,
                  "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk, overlap (ring_exchange "
                  "for the all-gathers, pipelined for the reduce-scatters), or four modes fc1_fprop,fc2_fprop,"
                  "fc2_dgrad,fc1_dgrad");
@@ -161,7 +181,7 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(CLI::IsMember({"heuristic", "timed"}));
   app.add_option("--comm-timeout", o.comm_timeout_s,
                  "seconds a rank waits for the others (a collective, a step, the start) before it aborts them all")
-      ->check(CLI::PositiveNumber);
+      ->check(real_number(0, kMaxTimeoutSeconds, Bound::kExclusive));
 
   app.add_flag("--profile", o.profile,
                "graph mode: after the run, run one more step with a timing mark around every op and print each "
@@ -181,6 +201,23 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
     return parsed;
   }
   if (skip_option->count() > 0) o.skip_nonfinite = skip_nonfinite;
+  // Flags that would be silently ignored in the mode the others choose. Here,
+  // where it is known whether they were given at all (their defaults are values).
+  std::string ignored;
+  if (topk_option->count() > 0 && o.experts == 0) {
+    ignored = "--topk routes tokens to experts: it needs --experts N (N >= --topk)";
+  } else if (loss_scale_option->count() > 0 && o.dtype != "fp16") {
+    ignored = "--loss-scale-interval sets fp16's loss scaling: it needs --dtype fp16";
+  } else if (overlap_option->count() > 0 && o.tp == 1) {
+    ignored = "--overlap sets how tensor-parallel GEMMs meet their collectives: it needs --tp N (N > 1)";
+  } else if (min_seq_len_option->count() > 0 && o.buckets.empty()) {
+    ignored = "--min-seq-len goes with --buckets";
+  }
+  if (!ignored.empty()) {
+    parsed.exit_code = 2;
+    parsed.message = "trainer: " + ignored + "\nRun with --help for the flags.";
+    return parsed;
+  }
   parsed.options = o;
   return parsed;
 }
@@ -216,6 +253,12 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   }
   default_if<std::int64_t>(o.log_every, 0, d.log_every);
   default_if<double>(o.lr, 0, d.lr);
+  if (o.fp8 != "none") {
+    // FP8 GEMMs take bf16 operands and give bf16 results (Note [FP8 Linear] in layers/linear.h).
+    SG_CHECK(o.dtype.empty() || o.dtype == "bf16", "--fp8 ", o.fp8, " runs bf16 models only, got --dtype ", o.dtype,
+             ": pass --dtype bf16 (the default with --fp8), or --fp8 none");
+    if (o.dtype.empty()) o.dtype = "bf16";
+  }
   if (o.dtype.empty()) o.dtype = d.dtype;
   if (o.data.empty()) {
     default_if<std::int64_t>(o.vocab, 0, d.vocab);
@@ -228,7 +271,25 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.steps > 0 && o.layers >= 0 && o.hidden > 0 && o.ffn > 0 && o.batch > 0 && o.context > 0 &&
                o.log_every > 0 && o.save_every >= 0,
            "--steps, --hidden, --ffn, --batch, --context and --log-every must be > 0 and --layers, --save-every >= 0");
-  SG_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got ", o.lr);
+  SG_CHECK(o.layers <= kMaxLayers, "--layers must be at most ", kMaxLayers, ", got ", o.layers);
+  for (const auto& [flag, value] : {std::pair{"--hidden", o.hidden}, {"--ffn", o.ffn}, {"--batch", o.batch},
+                                    {o.heads > 0 ? "--seq-len" : "--context", o.context}, {"--heads", o.heads},
+                                    {"--kv-heads", o.kv_heads}, {"--experts", o.experts}, {"--topk", o.topk}}) {
+    SG_CHECK(value >= 0 && value <= kMaxSize, flag, " must be at most 2^31 - 1, got ", value);
+  }
+  // Each step's tokens are indexed and packed (cu_seqlens) with 32-bit integers.
+  SG_CHECK(o.batch * o.context <= kMaxSize, "--batch (", o.batch, ") x ", o.heads > 0 ? "--seq-len" : "--context", " (",
+           o.context, ") is ", o.batch * o.context, " tokens a step; at most 2^31 - 1 fit the step's 32-bit indices");
+  SG_CHECK(std::isfinite(o.lr) && o.lr > 0 && o.lr <= kMaxLr, "--lr must be a positive number at most ", kMaxLr,
+           ", got ", o.lr);
+  SG_CHECK(std::isfinite(o.min_lr) && o.min_lr >= 0, "--min-lr must be a finite number >= 0, got ", o.min_lr);
+  SG_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout <= 0.99, "--dropout must be in [0, 0.99], got ",
+           o.dropout);
+  SG_CHECK(std::isfinite(o.comm_timeout_s) && o.comm_timeout_s > 0 && o.comm_timeout_s <= kMaxTimeoutSeconds,
+           "--comm-timeout must be a number of seconds in (0, ", kMaxTimeoutSeconds, "], got ", o.comm_timeout_s);
+  SG_CHECK(o.warmup_steps >= 0 && o.warmup_steps <= kMaxSteps && o.decay_steps >= 0 && o.decay_steps <= kMaxSteps &&
+               o.steps <= kMaxSteps,
+           "--steps, --warmup-steps and --decay-steps must be in [0, 2^40]");
   const kernels::LrScheduleKind schedule = kernels::parse_lr_schedule_kind(o.lr_schedule);  // an Error naming them
   SG_CHECK(o.min_lr <= o.lr, "--min-lr (", o.min_lr, ") must not exceed --lr (", o.lr, ")");
   const std::int64_t decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps;
@@ -244,14 +305,34 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
              "): each head gets hidden / heads features");
     SG_CHECK(o.kv_heads == 0 || o.heads % o.kv_heads == 0, "--kv-heads (", o.kv_heads, ") must divide --heads (",
              o.heads, ")");
+    // Rotary position embeddings turn pairs of a head's features.
+    const std::int64_t head_dim = o.hidden / o.heads;
+    SG_CHECK(head_dim % 2 == 0, "--hidden (", o.hidden, ") / --heads (", o.heads, ") is ", head_dim,
+             " features a head; rotary positions need an even number: change --hidden or --heads");
+    SG_CHECK(device != Device::kCuda || head_dim <= 256, "--hidden (", o.hidden, ") / --heads (", o.heads, ") is ",
+             head_dim, " features a head; the CUDA attention kernels take at most 256: raise --heads");
   } else {
     SG_CHECK(o.hidden % o.context == 0, "--hidden (", o.hidden, ") must be a multiple of --context (", o.context,
              "): each of the context tokens gets hidden / context embedding columns");
+  }
+  if (o.fp8 != "none") {
+    // The FP8 GEMMs' operand tiles: features and tokens in whole tiles (Note [FP8 Linear] in layers/linear.h).
+    const std::int64_t tile = o.fp8 == "block" ? 128 : 16;
+    const std::int64_t kv_features = o.heads > 0 ? (o.kv_heads > 0 ? o.kv_heads : o.heads) * (o.hidden / o.heads) : 0;
+    SG_CHECK(o.hidden % tile == 0 && (o.hidden + 2 * kv_features) % tile == 0 && (o.ffn / o.tp) % tile == 0,
+             "--fp8 ", o.fp8, " needs --hidden, the attention's q/k/v width (--hidden + 2 x --kv-heads x head dim = ",
+             o.hidden + 2 * kv_features, ") and --ffn / --tp (", o.ffn / o.tp, ") to be multiples of ", tile,
+             ", got --hidden ", o.hidden, ", --ffn ", o.ffn);
+    SG_CHECK((o.batch * (o.heads > 0 ? o.context : 1)) % tile == 0, "--fp8 ", o.fp8, " needs each step's tokens (--batch",
+             o.heads > 0 ? " x --seq-len" : "", " = ", o.batch * (o.heads > 0 ? o.context : 1), ") to be a multiple of ",
+             tile);
   }
   SG_CHECK(!o.fp8_weight_cache || o.fp8 == "current" || o.fp8 == "delayed",
            "--fp8-weight-cache needs --fp8 current or delayed (tensor-wise scaling), got --fp8 ", o.fp8);
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
+  SG_CHECK(o.experts == 0 || o.layers >= 2, "--experts makes every second block an MoE block: it needs --layers 2 or "
+           "more, got --layers ", o.layers);
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
   SG_CHECK(o.dropout == 0 || o.tp == 1, "--dropout with --tp ", o.tp, ": dropout is not tensor-parallel yet");
   SG_CHECK(!(o.skip_nonfinite.value_or(false) && o.dp_mode == "zero1"),

@@ -24,8 +24,10 @@
 #include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
 #include "layers/train_step.h"
+#include "trainer/atomic_file.h"
 #include "trainer/buckets.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpoint_set.h"
 #include "trainer/data_source.h"
 #include "trainer/distributed.h"
 #include "trainer/markov_source.h"
@@ -138,9 +140,6 @@ double sequence_floor(const MarkovSource& source, std::int64_t length) {
 // Note [Deterministic algorithm choice]: a checkpoint names the library and
 // GPU its GEMMs were picked for and, where they were timed, the picks, so the
 // resumed run launches the algorithms of the run it continues.
-constexpr const char* kGemmLibraryKey = "stepgraph.gemm_library";
-constexpr const char* kGemmAlgorithmsKey = "stepgraph.gemm_algorithms";
-
 void record_gemm_algorithms(Checkpoint& state, AlgorithmChoice choice, const std::string& library) {
   if (library.empty()) return;
   state.metadata[kGemmLibraryKey] = library;
@@ -167,7 +166,7 @@ void resume_gemm_algorithms(const Checkpoint& saved, AlgorithmChoice choice, con
     out << fmt::format("note: the checkpoint's GEMMs were picked for {}; this run has {}: cuBLASLt may pick other "
                        "algorithms, so the steps after the resume may differ in their last bits from an "
                        "uninterrupted run\n",
-                       recorded->second, library);
+                       printable(recorded->second, 200), library);
   }
 }
 
@@ -329,23 +328,26 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   // A sharded optimizer or model writes one file per rank (its shards);
   // otherwise every rank holds the same state and rank 0 alone writes it.
   const bool per_rank_files = optimizer.sharded() || o.tp > 1;
-  const std::string checkpoint_path = per_rank_files ? shard_checkpoint_path(o.checkpoint, rank, ranks) : o.checkpoint;
+  // Per-rank files commit together through a manifest at --checkpoint (Note [Checkpoint sets]).
+  const std::string& checkpoint_path = o.checkpoint;
+  if (!checkpoint_path.empty() && (rank == 0 || per_rank_files)) {
+    check_writable_directory(checkpoint_path, "--checkpoint");  // a rank that writes: before training, not after
+  }
   std::int64_t done = 0;
   if (o.resume) {
-    const Checkpoint saved = read_checkpoint(checkpoint_path);
-    const Progress progress = load_state(ctx, model, optimizer, run, saved);
-    resume_gemm_algorithms(saved, *gemm_choice, gemm_library, out);
-    if (world != nullptr && per_rank_files) {
-      // The ranks' files are written one by one: a crash between them leaves
-      // files of different steps, which must not be mixed.
-      const std::vector<std::string> steps = world->exchange(std::to_string(progress.step), "checkpoint steps");
-      for (std::size_t r = 0; r < steps.size(); ++r) {
-        SG_CHECK_CODE(steps[r] == steps[0], ErrorCode::kIo, "the ranks' checkpoint files are of different steps: ",
-                      shard_checkpoint_path(o.checkpoint, 0, ranks), " is at step ", steps[0], ", ",
-                      shard_checkpoint_path(o.checkpoint, static_cast<int>(r), ranks), " at step ", steps[r],
-                      " (a run ended while writing them); resume from an earlier, complete set");
-      }
+    Progress progress;
+    Checkpoint saved;
+    if (per_rank_files) {
+      CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
+      progress = load_state(ctx, model, optimizer, run, part.checkpoint);
+      SG_CHECK_CODE(progress.step == part.step, ErrorCode::kIo, "checkpoint part ", part.file, " is at step ",
+                    progress.step, " but its manifest ", checkpoint_path, " is at step ", part.step);
+      saved = std::move(part.checkpoint);
+    } else {
+      saved = read_checkpoint(checkpoint_path);
+      progress = load_state(ctx, model, optimizer, run, saved);
     }
+    resume_gemm_algorithms(saved, *gemm_choice, gemm_library, out);
     SG_CHECK(progress.step < o.steps, "the checkpoint ", checkpoint_path, " is at step ", progress.step,
              ", not before --steps ", o.steps, ": nothing to resume");
     data->seek(progress.data_position);
@@ -356,7 +358,13 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     if (rank != 0 && !per_rank_files) return;
     Checkpoint state = save_state(ctx, model, optimizer, run, {steps_done, data_position});
     record_gemm_algorithms(state, *gemm_choice, gemm_library);
-    write_checkpoint(checkpoint_path, state);
+    if (!per_rank_files) {
+      write_checkpoint(checkpoint_path, state);
+      return;
+    }
+    write_checkpoint_set(checkpoint_path, steps_done, rank, ranks, state, [&](const std::string& checksum) {
+      return world != nullptr ? world->exchange(checksum, "checkpoint checksums") : std::vector<std::string>{checksum};
+    });
   };
 
   // On cuda a dead peer leaves this rank waiting inside the device (the
@@ -539,7 +547,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (!o.checkpoint.empty()) {
     save(o.steps, position);
     out << "checkpoint: "
-        << (per_rank_files ? shard_checkpoint_path(o.checkpoint, 0, ranks) + " (one file per rank)" : o.checkpoint)
+        << o.checkpoint << (per_rank_files ? " (the manifest of one file per rank)" : "")
         << " at step " << o.steps << "\n";
   }
 

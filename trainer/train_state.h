@@ -25,19 +25,27 @@ struct Progress {
 
 using RunConfig = std::map<std::string, std::string>;  // "config.<name>" -> value
 
+// What the trainer records of its GEMM algorithms (Note [Deterministic
+// algorithm choice] in engine/algorithm_choice.h): the library and GPU they
+// were picked for, and a timed run's picks. load_state leaves them to the
+// trainer's resume.
+inline constexpr const char* kGemmLibraryKey = "stepgraph.gemm_library";
+inline constexpr const char* kGemmAlgorithmsKey = "stepgraph.gemm_algorithms";
+
 // A sharded optimizer (ZeRO-1) is saved per rank: this rank's shards of the
 // masters and moments, the step counter, and every parameter's value (what
-// the layers read), so each rank's file restores that rank alone.
+// the layers read), so each rank's part restores that rank alone (the parts
+// commit together: trainer/checkpoint_set.h).
 Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress);
 
-// Where rank `rank` of `ranks` keeps its file when the optimizer is sharded:
-// "PATH.rank1-of-4".
-std::string shard_checkpoint_path(const std::string& path, int rank, int ranks);
-
-// Checks `checkpoint`'s configuration against `config` (Error(kInvalidArgument)
-// listing every difference), loads every tensor into the model and optimizer
-// (Error(kIo) for a missing tensor or a wrong shape) and returns the progress.
+// Checks `checkpoint`'s configuration against `config` both ways
+// (Error(kInvalidArgument) listing every difference, a setting recorded in
+// the checkpoint but absent from this run included), loads every tensor into
+// the model and optimizer and returns the progress. Error(kIo) for a missing
+// tensor, one this model does not have, a wrong shape or dtype, a NaN or
+// infinite master, an unknown metadata entry, a step or data position that is
+// not a decimal count (or not equal), and counters outside [0, step].
 Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
                     const Checkpoint& checkpoint);
 

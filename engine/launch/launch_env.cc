@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/launch/rendezvous_secret.h"
 
 namespace stepgraph {
 namespace {
@@ -245,6 +246,8 @@ LaunchInfo launch_info_from_env(const EnvLookup& env) {
     SG_CHECK(one_host, "MASTER_ADDR is not set but the ", info.launcher, " run spans several hosts (world size ",
              info.world_size, ", ", info.local_world_size, " per host); set MASTER_ADDR to the host of rank 0");
   }
+  // A world of one never meets anyone: its secret is not needed (nor checked).
+  if (info.world_size > 1) info.secret = rendezvous_secret_from_env(env);
   return info;
 }
 

@@ -16,7 +16,8 @@
 // variable and its value: a value that is no integer, a rank outside
 // [0, world), a local rank outside [0, local world), a port outside
 // [1, 65535], a launcher's variables partly set (RANK without WORLD_SIZE...),
-// a run over several hosts with no MASTER_ADDR to meet at.
+// a run over several hosts with no MASTER_ADDR to meet at, a rendezvous
+// secret that is too short or whose file others may read.
 #pragma once
 
 #include <functional>
@@ -34,6 +35,9 @@ struct LaunchInfo {
   std::string master_addr = "127.0.0.1";  // where rank 0 listens for the rendezvous
   int master_port = 29500;  // where rank 0 listens: MASTER_PORT (+1 under torchrun's agent store; see launch_env.cc)
   std::string launcher = "none";  // "torchrun", "slurm", "mpirun", or "none" (a single process)
+  // The run's rendezvous secret (rendezvous_secret.h): STEPGRAPH_RENDEZVOUS_SECRET or the file
+  // STEPGRAPH_RENDEZVOUS_SECRET_FILE names; empty when neither is set. Never printed.
+  std::string secret;
 };
 
 // A lookup of environment variables: nullopt when the variable is not set.

@@ -7,7 +7,9 @@
 //
 // A TCP star (POSIX sockets, IPv4, hostnames through getaddrinfo): rank 0
 // listens on master_addr:master_port, every other rank holds one connection
-// to it, and every exchange goes through rank 0. Frames are length-prefixed.
+// to it, and every exchange goes through rank 0. Frames are length-prefixed
+// and, after each connection's challenge over the run's secret, carry a MAC
+// (Note [Rendezvous authentication] in rendezvous_auth.cc).
 // Every exchange is collective: each rank makes the same exchanges, with the
 // same `what`, in the same order; rank 0 checks that and answers a mismatch
 // with an Error on every rank.
@@ -33,6 +35,7 @@
 
 #include "engine/error.h"
 #include "engine/launch/launch_env.h"
+#include "engine/launch/rendezvous_auth.h"
 
 namespace stepgraph {
 
@@ -41,12 +44,18 @@ class Rendezvous {
   // The largest blob one rank may give to one exchange.
   static constexpr std::size_t kMaxBlobBytes = std::size_t{64} << 20;
 
-  // Rank 0 listens on master_addr:master_port (SO_REUSEADDR); the others
-  // connect, retrying until `timeout`. Every rank says hello with its rank,
-  // world size and `run_tag` (what must agree across ranks: a hash of the
-  // configuration, up to 4096 bytes); a mismatch (a rank twice, another world size or tag) is
-  // an Error on every rank naming the differing rank and value. A world of
-  // one needs no socket. `timeout` is also the first per-exchange timeout.
+  // Rank 0 listens on master_addr:master_port (SO_REUSEADDR; Note [Where
+  // rank 0 listens]); the others connect, retrying until `timeout`. Each
+  // connection starts with a two-way challenge over info.secret, and every
+  // later frame carries a MAC (Note [Rendezvous authentication]): a process
+  // without the secret can neither join nor pose as rank 0, and is named in
+  // the error. Every rank then gives its rank, world size and `run_tag` (what
+  // must agree across ranks: a hash of the configuration, up to 4096 bytes);
+  // a mismatch (a rank twice, another world size or tag) is an Error on every
+  // rank naming the differing rank and value. A run over several hosts
+  // without a secret is an Error (kInvalidArgument) saying how to pass one. A
+  // world of one needs no socket. `timeout` is also the first per-exchange
+  // timeout; no wait in joining outlasts it (rank 0), or twice it (the others).
   [[nodiscard]] static std::unique_ptr<Rendezvous> connect(const LaunchInfo& info, std::string_view run_tag,
                                                            std::chrono::milliseconds timeout);
 
@@ -72,7 +81,8 @@ class Rendezvous {
  private:
   enum class Exchange : std::uint8_t { kAllGather = 1, kBroadcast = 2, kBarrier = 3 };
 
-  Rendezvous(int rank, int world_size, std::chrono::milliseconds timeout, std::vector<int> sockets);
+  Rendezvous(int rank, int world_size, std::chrono::milliseconds timeout, std::vector<int> sockets,
+             std::vector<FrameMac> macs);
 
   // Checks a call's arguments and that no earlier exchange failed.
   void check_usable(std::string_view local, std::string_view what) const;
@@ -89,6 +99,7 @@ class Rendezvous {
   std::chrono::milliseconds timeout_;
   // Rank 0: the connection to each rank, by rank ([0] unused). Others: [0] is the connection to rank 0.
   std::vector<int> sockets_;
+  std::vector<FrameMac> macs_;  // the MAC of each connection in sockets_ (Note [Rendezvous authentication])
   std::uint64_t sequence_ = 0;  // exchanges made so far
   std::string failure_;         // set once an exchange failed
   // Rank 0: a rank that could not take the answer of the last exchange; raised by the next one.

@@ -6,7 +6,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 7
+API_VERSION = 8
 
 
 class LinearConfig(ctypes.Structure):
@@ -113,6 +113,7 @@ _PROTOTYPES = {
     "sg_layer_forward": [H, H, P(H), P(H)],
     "sg_layer_backward": [H, H, H, P(H)],
     "sg_saved_destroy": [H],
+    "sg_layer_check_errors": [H],
     "sg_layer_parameter_count": [H, P(c_int64)],
     "sg_layer_parameter": [H, c_int64] + _STRING_OUT + [P(H), P(H), P(H)],
     "sg_layer_sync_parameters": [H],

@@ -6,10 +6,16 @@ casts arrays without a word (int64 labels over 2**31 wrap, floats truncate).
 These helpers refuse such values before they reach ctypes, naming the argument,
 the value and the allowed range:
 
-    TypeError      the wrong kind of value (a float or a bool where an int is meant)
+    TypeError      the wrong kind of value (a float or a bool where an int is meant, a string
+                   where a number is meant, an object of another class)
     ArgumentError  the right kind out of range (a StepGraphError and a ValueError)
+
+Strings reach C as NUL-terminated bytes, so a name with a NUL in it would be cut short
+silently: check_name refuses it. Choices among names ("layernorm", "bulk", ...) go through
+check_choice, objects the binding hands to C through check_instance.
 """
 
+import ctypes
 import math
 import operator
 
@@ -64,10 +70,17 @@ def check_float32(name, value, lo, hi, hi_open=False, owner=None):
     def allowed(number):
         return math.isfinite(number) and lo <= number and (number < hi if hi_open else number <= hi)
 
-    with np.errstate(over="ignore"):
-        stored = float(np.float32(value))
+    try:
+        with np.errstate(over="ignore"):
+            stored = float(np.float32(value))
+    except OverflowError:  # an int beyond even a double's range
+        stored = math.inf if value > 0 else -math.inf
     if not allowed(stored):
-        rounded = f" (stored as float32: {stored!r})" if allowed(float(value)) else ""
+        try:
+            exact_allowed = allowed(float(value))
+        except OverflowError:
+            exact_allowed = False
+        rounded = f" (stored as float32: {stored!r})" if exact_allowed or math.isinf(stored) else ""
         raise ArgumentError(f"{where} must be finite and {interval}, got {value!r}{rounded}")
     return stored
 
@@ -134,3 +147,71 @@ def check_values(name, array, lo, hi, allowed=(), note="", owner=None):
         raise ArgumentError(f"{_where(owner, name)} must hold values in [{lo}, {hi}]{extra}, got {values[index]} at "
                             f"index {index[0] if len(index) == 1 else index} ({int(outside.sum())} value(s) outside)"
                             f"{note}")
+
+
+def _describe(value):
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_instance(name, value, kinds, what, owner=None):
+    """`value` if it is an instance of `kinds` (a class or a tuple of classes); TypeError naming the
+    argument and `what` it must be ("a stepgraph Tensor (ctx.wrap or ctx.from_numpy)") otherwise."""
+    if not isinstance(value, kinds):
+        raise TypeError(f"{_where(owner, name)} must be {what}, got {_describe(value)}")
+    return value
+
+
+def check_choice(name, value, choices, owner=None):
+    """`value`, a str among `choices` (a dict or another collection of strs): TypeError for another
+    kind of value (a number, None, a list), ArgumentError for a str not among them."""
+    allowed = ", ".join(repr(c) for c in choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{_where(owner, name)} must be one of {allowed} (a str), got {_describe(value)}")
+    if value not in choices:
+        raise ArgumentError(f"{_where(owner, name)} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def check_name(name, value, owner=None):
+    """A name for C (a tensor's, a layer's, a cache key): a non-empty str without NUL characters, as
+    UTF-8 bytes. A NUL would end the C string early, so "a\\0b" would silently become "a"."""
+    where = _where(owner, name)
+    if not isinstance(value, str):
+        raise TypeError(f"{where} must be a str, got {_describe(value)}")
+    if not value:
+        raise ArgumentError(f"{where} must not be empty")
+    if "\0" in value:
+        raise ArgumentError(f"{where} must not contain a NUL character (C strings end there), got {value!r}")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate
+        raise ArgumentError(f"{where} is not valid Unicode text ({error.reason}), got {value!r}") from None
+
+
+def check_handle(value, made_by):
+    """A handle from the C API (ctypes.c_void_p): the classes that wrap one (Tensor, CapturedStep,
+    Saved, GraphedLayers) are made by the library, never from another value."""
+    if not isinstance(value, ctypes.c_void_p):
+        raise TypeError(f"{made_by}; it is not made from a {type(value).__name__}")
+    return value
+
+
+def check_callable(name, value, owner=None):
+    if not callable(value):
+        raise TypeError(f"{_where(owner, name)} must be callable (a function of no arguments returning the step's "
+                        f"outputs), got {_describe(value)}")
+    return value
+
+
+def check_sequence(name, value, owner=None, length=None):
+    """`value` (a list, tuple or other iterable, not a str, bytes or dict) as a list; with `length`,
+    exactly that many items."""
+    where = _where(owner, name)
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{where} must be a sequence{f' of {length}' if length is not None else ''}, got "
+                        f"{_describe(value)}")
+    items = list(value)
+    if length is not None and len(items) != length:
+        raise TypeError(f"{where} must hold exactly {length} items, got {len(items)}: {value!r}")
+    return items

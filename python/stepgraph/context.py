@@ -6,10 +6,10 @@ import itertools
 
 import numpy as np
 
-from stepgraph import _capi, _checks
+from stepgraph import _capi, _checks, _extent
 from stepgraph._library import StepGraphError
 from stepgraph.dtypes import as_dtype, to_storage
-from stepgraph.tensor import Tensor, describe_array
+from stepgraph.tensor import Tensor, _is_torch, describe_array
 
 _DEVICES = {"cuda": 0, "host": 1}
 _names = itertools.count()
@@ -39,8 +39,7 @@ class Context:
     """
 
     def __init__(self, device="cuda", side_streams=1, communication_stream=None):
-        if device not in _DEVICES:
-            raise StepGraphError(f"device must be 'cuda' or 'host', got {device!r}")
+        _checks.check_choice("device", device, _DEVICES, "Context")
         side_streams = _checks.check_int("side_streams", side_streams, *_checks.NON_NEGATIVE_INT32, "Context")
         if communication_stream is not None:
             communication_stream = _checks.check_int("communication_stream", communication_stream,
@@ -128,40 +127,55 @@ class Context:
     def tensor(self, shape, dtype="float32", name=None):
         """A zero-filled persistent tensor (a fixed address for the context's life)."""
         shape = _checks.check_shape("shape", shape, "tensor")
+        dtype = as_dtype(dtype, "dtype", "tensor")
+        name = _checks.check_name("name", f"tensor{next(_names)}" if name is None else name, "tensor")
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         handle = _capi.new_handle()
-        name = name or f"tensor{next(_names)}"
-        _capi.call("sg_tensor_create", self.handle, name.encode(), int(as_dtype(dtype)), len(shape), dims,
-                   ctypes.byref(handle))
+        _capi.call("sg_tensor_create", self.handle, name, int(dtype), len(shape), dims, ctypes.byref(handle))
         return Tensor(handle)
 
     def from_numpy(self, array, dtype=None, name=None):
-        """A persistent tensor holding a copy of `array` (converted to `dtype`, default the array's)."""
+        """A persistent tensor holding a copy of `array` (converted to `dtype`, default the array's;
+        a 0-d array gives a tensor of shape ())."""
         array = np.asarray(array)
-        dtype = as_dtype(dtype if dtype is not None else array.dtype)
+        dtype = as_dtype(dtype if dtype is not None else array.dtype, "dtype", "from_numpy")
         data = to_storage(array, dtype, "from_numpy: array")  # refused before a tensor is made
         tensor = self.tensor(array.shape, dtype, name)
-        tensor.copy_from(data, "from_numpy: array")
+        tensor.copy_from(data.reshape(array.shape), "from_numpy: array")
         return tensor
 
     def wrap(self, array, name=None):
         """A persistent tensor over `array`'s own memory, no copy: torch tensors and objects with
-        __cuda_array_interface__ (cupy) on cuda, numpy arrays on host. The array must be
-        contiguous (row-major) and stay alive while StepGraph uses it (the Tensor keeps a
-        reference; a captured step that reads it needs it too)."""
-        dtype, shape, strides, pointer, stream, contiguous = describe_array(array, self._device)
+        __cuda_array_interface__ (cupy) on cuda, numpy arrays (and other objects with
+        __array_interface__) on host. The array must be contiguous (row-major) and writable.
+
+        Checked here: the dtype, shape and strides, and that the view lies inside the memory
+        behind the object where the object can tell: a numpy array's base buffer (an array that
+        owns its data, or a bytes-like object at the end of its .base chain), a torch tensor's
+        storage (untyped_storage().nbytes() from storage_offset), a cupy array's allocation
+        (data.mem.size). An as_strided view larger than its buffer is refused.
+
+        Trusted, since nothing can check it: an object whose buffer is unknown (an
+        __array_interface__ or __cuda_array_interface__ of another library, a numpy view of
+        memory numpy does not own) must describe memory it really has, readable and writable
+        for the tensor's bytes. And the memory must stay alive and in place while StepGraph
+        uses it: the Tensor keeps a reference to `array`, and a captured step that reads the
+        tensor needs it as long as the graph lives. Resizing or freeing the memory behind the
+        object's back (torch's resize_, a cupy memory pool released) is the caller's to avoid."""
+        name = _checks.check_name("name", f"wrapped{next(_names)}" if name is None else name, "wrap")
+        dtype, shape, strides, byte_strides, pointer, stream, contiguous = describe_array(array, self._device)
         if contiguous is False:
             raise StepGraphError("cannot wrap a non-contiguous torch tensor: StepGraph reads dense rows; "
                                  "call .contiguous() first")
+        _extent.check_fits(array, _is_torch(array), pointer, shape, byte_strides, dtype.itemsize)
         if stream is not None:
             # The producer's stream: wait for its pending writes (the array interface's stream rule).
+            stream = _checks.check_int("the array interface's stream", stream, 1, 2**64 - 1, "wrap")
             _capi.call("sg_cuda_stream_synchronize", ctypes.c_void_p(stream))
-        shape = _checks.check_shape("shape", shape, "wrap")
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         stride_array = (ctypes.c_int64 * max(len(strides), 1))(*strides) if strides is not None else None
         handle = _capi.new_handle()
-        name = name or f"wrapped{next(_names)}"
-        _capi.call("sg_tensor_wrap", self.handle, name.encode(), int(dtype), len(shape), dims, stride_array,
+        _capi.call("sg_tensor_wrap", self.handle, name, int(dtype), len(shape), dims, stride_array,
                    ctypes.c_void_p(pointer), ctypes.byref(handle))
         tensor = Tensor(handle, owner=array)
         tensor._source_stream = stream

@@ -10,7 +10,7 @@ environment the launcher set up (torchrun, Slurm srun, Open MPI mpirun), as the 
 import ctypes
 
 from stepgraph import _capi, _checks
-from stepgraph._library import ArgumentError, StepGraphError
+from stepgraph._library import StepGraphError
 from stepgraph.context import cuda_device_count
 
 _DEVICES = {"cuda": 0, "host": 1}
@@ -30,11 +30,7 @@ def init_distributed(device="auto", timeout=300):
     Context), TCP between the processes on "host". "auto" is "cuda" where there is a GPU, else
     "host"; every rank must pick the same device. `timeout` also bounds each later collective: a
     rank that died ends the others' next step with a StepGraphError instead of a hang."""
-    if not isinstance(device, str):
-        raise TypeError(f"init_distributed: device must be 'auto', 'cuda' or 'host', got {type(device).__name__} "
-                        f"{device!r}")
-    if device not in ("auto", *_DEVICES):
-        raise ArgumentError(f"init_distributed: device must be 'auto', 'cuda' or 'host', got {device!r}")
+    _checks.check_choice("device", device, ("auto", *_DEVICES), "init_distributed")
     timeout = _checks.check_real("timeout", timeout, MIN_TIMEOUT, MAX_TIMEOUT, "init_distributed")
     if device == "auto":
         device = "cuda" if cuda_device_count()[0] > 0 else "host"

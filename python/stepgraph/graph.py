@@ -12,6 +12,7 @@ one static pool, captured into CUDA graphs (host: a planned program) and replaye
 
 import ctypes
 import sys
+import threading
 import weakref
 
 from stepgraph import _capi, _checks
@@ -20,11 +21,42 @@ from stepgraph.tensor import Tensor
 
 _POLICIES = {"warn": 0, "error": 1, "free": 2}
 
+# Step functions being traced on this thread (their layer calls record, nothing runs).
+_trace_depth = threading.local()
 
-def policy_value(policy):
-    if policy not in _POLICIES:
-        raise StepGraphError(f"pool report policy must be 'warn', 'error' or 'free', got {policy!r}")
-    return _POLICIES[policy]
+
+def tracing():
+    """Whether a step function of this thread is being traced (inside capture or get_or_capture)."""
+    return getattr(_trace_depth, "value", 0) > 0
+
+
+def policy_value(policy, owner=None):
+    """The sg_pool_report_policy of "warn", "error" or "free"."""
+    return _POLICIES[_checks.check_choice("policy", policy, _POLICIES, owner)]
+
+
+def _context(owner, ctx):
+    from stepgraph.context import Context  # context imports tensor, as this module does
+
+    return _checks.check_instance("ctx", ctx, Context, "a stepgraph Context", owner)
+
+
+def _bindings(bindings):
+    """replay's bindings as a list of (static, source) Tensor pairs."""
+    if bindings is None:
+        return []
+    if isinstance(bindings, dict):
+        pairs = list(bindings.items())
+    else:
+        pairs = _checks.check_sequence("bindings", bindings, "replay")
+    for index, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise TypeError(f"replay: bindings[{index}] must be a pair (static input, source), got {pair!r}")
+        static, source = pair
+        if not isinstance(static, Tensor) or not isinstance(source, Tensor):
+            raise TypeError(f"replay bindings map stepgraph Tensors to stepgraph Tensors, got "
+                            f"{type(static).__name__} -> {type(source).__name__} at bindings[{index}]")
+    return [tuple(pair) for pair in pairs]
 
 
 class CapturedStep:
@@ -32,7 +64,9 @@ class CapturedStep:
     the next replay), its pool report and its plan."""
 
     def __init__(self, handle, keep_alive=None):
-        self._handle = handle
+        self._handle = None
+        self._handle = _checks.check_handle(handle, "a CapturedStep is made by capture(), GraphCache or "
+                                                    "TrainStep.capture()")
         self._keep_alive = keep_alive
         # Output tensors handed out (a NumPy or torch view keeps its tensor alive):
         # release_pool() refuses while any is in use, since their memory is the pool.
@@ -50,10 +84,7 @@ class CapturedStep:
         dropped right away: the stream each was produced on, and torch's current stream, wait
         until the copies have read them, so the allocator's reuse of their memory cannot
         overwrite a batch before the step reads it."""
-        pairs = list(bindings.items()) if isinstance(bindings, dict) else list(bindings or [])
-        for static, source in pairs:
-            if not isinstance(static, Tensor) or not isinstance(source, Tensor):
-                raise TypeError("replay bindings map stepgraph Tensors to stepgraph Tensors")
+        pairs = _bindings(bindings)
         statics = (ctypes.c_void_p * max(len(pairs), 1))(*[s._handle.value for s, _ in pairs])
         sources = (ctypes.c_void_p * max(len(pairs), 1))(*[t._handle.value for _, t in pairs])
         streams = _source_streams(source for _, source in pairs)
@@ -136,8 +167,12 @@ class _StepFunction:
 
     def _call(self, _user, outputs, capacity, count):
         written = 0
+        _trace_depth.value = getattr(_trace_depth, "value", 0) + 1
         try:
-            result = self.fn()
+            try:
+                result = self.fn()
+            finally:
+                _trace_depth.value -= 1
             tensors = [result] if isinstance(result, Tensor) else list(result or [])
             if len(tensors) > capacity:
                 raise StepGraphError(f"a step function returns at most {capacity} tensors, got {len(tensors)}")
@@ -170,15 +205,25 @@ def capture(ctx, fn, policy="warn"):
     """Traces `fn()` once on `ctx` (layer calls record, nothing runs), plans and captures it.
     `fn` returns the step's outputs. Policy for pool tensors the step keeps without returning
     them: "warn" (keep them valid), "error" (refuse the capture), "free" (reuse their memory)."""
-    step = _StepFunction(fn)
+    _context("capture", ctx)
+    policy = policy_value(policy, "capture")
+    step = _StepFunction(_checks.check_callable("fn", fn, "capture"))
     handle = _capi.new_handle()
-    step.run("sg_capture", ctx.handle, step.c_function, None, policy_value(policy), ctypes.byref(handle))
+    step.run("sg_capture", ctx.handle, step.c_function, None, policy, ctypes.byref(handle))
     return CapturedStep(handle)
+
+
+def _key(owner, key):
+    """A cache key as C text: a str, or an int (its decimal text); other objects are refused,
+    since str() of one (a default repr with its address) would make a new key every run."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    return _checks.check_name("key", key, owner)
 
 
 class GraphCache:
     """Captured steps by key, least recently used evicted beyond `max_pool_bytes` of pools.
-    A key names everything the graph depends on; keys are per context."""
+    A key (a str, or an int) names everything the graph depends on; keys are per context."""
 
     def __init__(self, max_pool_bytes=8 << 30):
         max_pool_bytes = _checks.check_int("max_pool_bytes", max_pool_bytes, *_checks.POSITIVE_INT64, "GraphCache")
@@ -191,19 +236,26 @@ class GraphCache:
 
     def get_or_capture(self, key, ctx, fn, policy="warn"):
         """The graph stored under `key` (a hit), or `fn` captured and stored (a miss)."""
-        step = _StepFunction(fn)
+        key = _key("GraphCache.get_or_capture", key)
+        _context("GraphCache.get_or_capture", ctx)
+        policy = policy_value(policy, "GraphCache.get_or_capture")
+        step = _StepFunction(_checks.check_callable("fn", fn, "GraphCache.get_or_capture"))
         handle = _capi.new_handle()
-        step.run("sg_graph_cache_get_or_capture", self._handle, str(key).encode(), ctx.handle, step.c_function, None,
-                 policy_value(policy), ctypes.byref(handle))
+        step.run("sg_graph_cache_get_or_capture", self._handle, key, ctx.handle, step.c_function, None, policy,
+                 ctypes.byref(handle))
         return CapturedStep(handle)
 
     def contains(self, key, ctx):
+        key = _key("GraphCache.contains", key)
+        _context("GraphCache.contains", ctx)
         value = ctypes.c_int()
-        _capi.call("sg_graph_cache_contains", self._handle, str(key).encode(), ctx.handle, ctypes.byref(value))
+        _capi.call("sg_graph_cache_contains", self._handle, key, ctx.handle, ctypes.byref(value))
         return bool(value.value)
 
     def erase(self, key, ctx):
-        _capi.call("sg_graph_cache_erase", self._handle, str(key).encode(), ctx.handle)
+        key = _key("GraphCache.erase", key)
+        _context("GraphCache.erase", ctx)
+        _capi.call("sg_graph_cache_erase", self._handle, key, ctx.handle)
 
     def clear(self):
         _capi.call("sg_graph_cache_clear", self._handle)

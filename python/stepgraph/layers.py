@@ -11,11 +11,14 @@ The same calls run now (eager) or are recorded inside a captured step function.
 
 import collections
 import ctypes
+import math
 
 from stepgraph import _capi, _checks
+from stepgraph.context import Context
+from stepgraph.distributed import World
 from stepgraph.fp8 import Fp8Recipe
-from stepgraph._library import StepGraphError
 from stepgraph.dtypes import as_dtype
+from stepgraph.graph import tracing
 from stepgraph.tensor import Tensor
 
 _NORMS = {"layernorm": 0, "rmsnorm": 1}
@@ -26,10 +29,17 @@ Parameter.__doc__ = ("A parameter: fp32 master weight, the copy in the layer dty
                      "(the master itself in fp32), and the fp32 gradient.")
 
 
-def _norm(kind):
-    if kind not in _NORMS:
-        raise StepGraphError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
-    return _NORMS[kind]
+def _norm(owner, kind, name="norm"):
+    return _NORMS[_checks.check_choice(name, kind, _NORMS, owner)]
+
+
+def _eps(owner, eps):
+    """The norm's epsilon as the float32 the C API stores: finite and >= 0 (1e40 would be inf)."""
+    return _checks.check_float32("eps", eps, 0.0, math.inf, owner=owner)
+
+
+def _context(owner, ctx):
+    return _checks.check_instance("ctx", ctx, Context, "a stepgraph Context", owner)
 
 
 class Saved:
@@ -38,7 +48,8 @@ class Saved:
     a wrapped torch or CuPy array must not go back to its allocator before the backward ran."""
 
     def __init__(self, handle, keeps=None):
-        self._handle = handle
+        self._handle = None
+        self._handle = _checks.check_handle(handle, "a Saved is made by a layer's forward")
         self._keeps = keeps
 
     def __del__(self):
@@ -48,6 +59,10 @@ class Saved:
 
 class Layer:
     """Base of every layer: forward, backward, parameters."""
+
+    # An FP8 layer whose recipe says on_non_finite="stop": its eager forward and backward check
+    # the device's count of non-finite amaxes after they run (see check_errors).
+    _stops_on_non_finite = False
 
     def __init__(self, ctx, create, *args):
         self.ctx = ctx
@@ -64,22 +79,39 @@ class Layer:
 
     def forward(self, x):
         """(y, saved) for input `x` (a stepgraph Tensor)."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"forward takes a stepgraph Tensor (ctx.wrap or ctx.from_numpy), got {type(x).__name__}")
+        _checks.check_instance("x", x, Tensor, "a stepgraph Tensor (ctx.wrap or ctx.from_numpy)",
+                               f"{type(self).__name__}.forward")
         y, saved = _capi.new_handle(), _capi.new_handle()
         _capi.call("sg_layer_forward", self._handle, x._handle, ctypes.byref(y), ctypes.byref(saved))
-        return Forward(Tensor(y), Saved(saved, keeps=x))
+        out = Forward(Tensor(y), Saved(saved, keeps=x))
+        self._check_eager()
+        return out
 
     def __call__(self, x):
         return self.forward(x).y
 
     def backward(self, saved, dy):
         """dx (None when the layer computes none); writes every parameter gradient."""
-        if not isinstance(saved, Saved) or not isinstance(dy, Tensor):
-            raise TypeError("backward takes the Saved of this layer's forward and a stepgraph Tensor dy")
+        owner = f"{type(self).__name__}.backward"
+        _checks.check_instance("saved", saved, Saved, "the Saved of this layer's forward", owner)
+        _checks.check_instance("dy", dy, Tensor, "a stepgraph Tensor", owner)
         dx = _capi.new_handle()
         _capi.call("sg_layer_backward", self._handle, saved._handle, dy._handle, ctypes.byref(dx))
-        return Tensor._adopt(dx)
+        out = Tensor._adopt(dx)
+        self._check_eager()
+        return out
+
+    def check_errors(self):
+        """Raises StepGraphError for what the layer counted on the device since it was built: FP8
+        quantizations that met a non-finite amax where the recipe's on_non_finite is "stop"
+        (a NaN or infinity in an input, weight or gradient), and a ResidualStack's MoE routing
+        errors. Reads the device (it waits for the work so far). Eager forward and backward of a
+        "stop" layer call it themselves; call it after a captured step's replay()."""
+        _capi.call("sg_layer_check_errors", self._handle)
+
+    def _check_eager(self):
+        if self._stops_on_non_finite and not tracing():
+            self.check_errors()
 
     def parameters(self):
         count = ctypes.c_int64()
@@ -107,13 +139,17 @@ def _seed(owner, seed):
     return _checks.check_int("seed", seed, *_checks.UINT32, owner)
 
 
+def _name(owner, name):
+    return _checks.check_name("name", name, owner)
+
+
 def _linear_config(owner, in_features, out_features, bias, dtype, dgrad, wgrad):
     config = _capi.LinearConfig()
     _capi.lib().sg_linear_config_default(ctypes.byref(config))
     config.in_features, config.out_features = _sizes(owner, in_features=in_features, out_features=out_features)
     config.bias, config.dgrad, config.wgrad = (_checks.check_flag(name, value, owner) for name, value in
                                                (("bias", bias), ("dgrad", dgrad), ("wgrad", wgrad)))
-    config.dtype = int(as_dtype(dtype))
+    config.dtype = int(as_dtype(dtype, "dtype", owner))
     return config
 
 
@@ -121,9 +157,12 @@ def _fp8_args(owner, create, fp8):
     """The create function and its trailing recipe argument: the FP8 variant when a recipe is given."""
     if fp8 is None:
         return create, ()
-    if not isinstance(fp8, Fp8Recipe):
-        raise TypeError(f"{owner}: fp8 must be an sg.Fp8Recipe or None, got {type(fp8).__name__}")
+    _checks.check_instance("fp8", fp8, Fp8Recipe, "an sg.Fp8Recipe or None", owner)
     return create + "_fp8", (ctypes.byref(fp8._to_c(owner)),)
+
+
+def _stops(fp8):
+    return fp8 is not None and fp8.on_non_finite == "stop"
 
 
 class Linear(Layer):
@@ -132,20 +171,25 @@ class Linear(Layer):
 
     def __init__(self, ctx, in_features, out_features, bias=True, dtype="bfloat16", dgrad=True, wgrad=True,
                  name="linear", seed=1, fp8=None):
+        _context("Linear", ctx)
         config = _linear_config("Linear", in_features, out_features, bias, dtype, dgrad, wgrad)
         create, recipe = _fp8_args("Linear", "sg_linear_create", fp8)
-        super().__init__(ctx, create, name.encode(), ctypes.byref(config), _seed("Linear", seed), *recipe)
+        super().__init__(ctx, create, _name("Linear", name), ctypes.byref(config), _seed("Linear", seed), *recipe)
+        self._stops_on_non_finite = _stops(fp8)
 
 
 class Norm(Layer):
     """LayerNorm ("layernorm": gamma, beta) or RMSNorm ("rmsnorm": gamma) over the last dimension."""
 
     def __init__(self, ctx, hidden, kind="layernorm", eps=1e-5, dtype="bfloat16", name="norm"):
+        owner = type(self).__name__
+        _context(owner, ctx)
         config = _capi.NormConfig()
         _capi.lib().sg_norm_config_default(ctypes.byref(config))
-        (hidden,) = _sizes("Norm", hidden=hidden)
-        config.kind, config.hidden, config.eps, config.dtype = _norm(kind), hidden, eps, int(as_dtype(dtype))
-        super().__init__(ctx, "sg_norm_create", name.encode(), ctypes.byref(config))
+        (hidden,) = _sizes(owner, hidden=hidden)
+        config.kind, config.hidden = _norm(owner, kind, "kind"), hidden
+        config.eps, config.dtype = _eps(owner, eps), int(as_dtype(dtype, "dtype", owner))
+        super().__init__(ctx, "sg_norm_create", _name(owner, name), ctypes.byref(config))
 
 
 class LayerNorm(Norm):
@@ -163,12 +207,15 @@ class LayerNormLinear(Layer):
 
     def __init__(self, ctx, in_features, out_features, norm="layernorm", eps=1e-5, bias=True, dtype="bfloat16",
                  dgrad=True, wgrad=True, name="layernorm_linear", seed=1, fp8=None):
+        _context("LayerNormLinear", ctx)
         config = _capi.LayerNormLinearConfig()
         _capi.lib().sg_layernorm_linear_config_default(ctypes.byref(config))
-        config.norm, config.eps = _norm(norm), eps
+        config.norm, config.eps = _norm("LayerNormLinear", norm), _eps("LayerNormLinear", eps)
         config.linear = _linear_config("LayerNormLinear", in_features, out_features, bias, dtype, dgrad, wgrad)
         create, recipe = _fp8_args("LayerNormLinear", "sg_layernorm_linear_create", fp8)
-        super().__init__(ctx, create, name.encode(), ctypes.byref(config), _seed("LayerNormLinear", seed), *recipe)
+        super().__init__(ctx, create, _name("LayerNormLinear", name), ctypes.byref(config),
+                         _seed("LayerNormLinear", seed), *recipe)
+        self._stops_on_non_finite = _stops(fp8)
 
 
 class LayerNormMLP(Layer):
@@ -177,12 +224,16 @@ class LayerNormMLP(Layer):
 
     def __init__(self, ctx, hidden, ffn, norm="layernorm", eps=1e-5, dtype="bfloat16", name="mlp", seed=1,
                  fp8=None):
+        _context("LayerNormMLP", ctx)
         config = _capi.LayerNormMLPConfig()
         _capi.lib().sg_layernorm_mlp_config_default(ctypes.byref(config))
         config.hidden, config.ffn = _sizes("LayerNormMLP", hidden=hidden, ffn=ffn)
-        config.norm, config.eps, config.dtype = _norm(norm), eps, int(as_dtype(dtype))
+        config.norm, config.eps = _norm("LayerNormMLP", norm), _eps("LayerNormMLP", eps)
+        config.dtype = int(as_dtype(dtype, "dtype", "LayerNormMLP"))
         create, recipe = _fp8_args("LayerNormMLP", "sg_layernorm_mlp_create", fp8)
-        super().__init__(ctx, create, name.encode(), ctypes.byref(config), _seed("LayerNormMLP", seed), *recipe)
+        super().__init__(ctx, create, _name("LayerNormMLP", name), ctypes.byref(config), _seed("LayerNormMLP", seed),
+                         *recipe)
+        self._stops_on_non_finite = _stops(fp8)
 
 
 # The integer fields of a ResidualStack: their C types and the engine's rules (layers >= 0,
@@ -210,27 +261,42 @@ class ResidualStack(Layer):
     (tensor and sequence parallelism): each rank's forward takes its rows x [tokens / N, hidden] and
     gives every rank's tokens' logits over its vocabulary slice [tokens, vocab / N]; a TrainStep of
     it (tokens = this rank's rows, no world of its own) trains on each rank's rows. overlap: how the
-    collectives meet their GEMMs, "none", "bulk" (default), "overlap" or four modes."""
+    collectives meet their GEMMs, "none", "bulk" (default), "overlap" or four modes; it is refused
+    without tensor_parallel, where it would have no effect."""
 
     def __init__(self, ctx, hidden=None, ffn=None, layers=None, vocab=None, norm="layernorm", eps=None,
                  dtype="bfloat16", seed=None, experts=None, topk=None, moe_every=None, tensor_parallel=None,
-                 overlap="bulk"):
+                 overlap=None):
+        _context("ResidualStack", ctx)
         config = _model_defaults()
         values = {"hidden": hidden, "ffn": ffn, "layers": layers, "vocab": vocab, "seed": seed, "experts": experts,
                   "topk": topk, "moe_every": moe_every}
         for field, value in values.items():
             if value is not None:
                 setattr(config, field, _checks.check_int(field, value, *_MODEL_RANGES[field], "ResidualStack"))
+        if not config.experts:
+            for field, value in (("topk", topk), ("moe_every", moe_every)):
+                if value is not None:  # it would be ignored: no block is a mixture of experts
+                    raise _checks.ArgumentError(f"ResidualStack: {field}={value!r} applies to mixture-of-experts "
+                                                f"blocks only; set experts > 0 too, or leave {field} out")
         if eps is not None:
-            config.eps = eps
-        config.norm, config.dtype = _norm(norm), int(as_dtype(dtype))
+            config.eps = _eps("ResidualStack", eps)
+        config.norm, config.dtype = _norm("ResidualStack", norm), int(as_dtype(dtype, "dtype", "ResidualStack"))
+        if overlap is not None:
+            overlap = _checks.check_name("overlap", overlap, "ResidualStack")
+        if tensor_parallel is not None:
+            _checks.check_instance("tensor_parallel", tensor_parallel, World,
+                                   "a stepgraph World (from init_distributed) or None", "ResidualStack")
+            overlap = b"bulk" if overlap is None else overlap
+        elif overlap is not None:
+            # It would be ignored: only a tensor-parallel stack has collectives to overlap.
+            raise _checks.ArgumentError(f"ResidualStack: overlap={overlap.decode()!r} applies to a tensor-parallel "
+                                        f"stack only; pass tensor_parallel=world too, or leave overlap out")
         self.config = {name: getattr(config, name) for name, _ in _capi.ResidualStackConfig._fields_}
         self.ctx = ctx
         self._handle = _capi.new_handle()
         if tensor_parallel is None:
             _capi.call("sg_residual_stack_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))
         else:
-            if not isinstance(overlap, str):
-                raise TypeError(f"ResidualStack: overlap must be a str such as 'bulk', got {type(overlap).__name__}")
             _capi.call("sg_residual_stack_create_tensor_parallel", ctx.handle, ctypes.byref(config),
-                       tensor_parallel._handle, overlap.encode(), ctypes.byref(self._handle))
+                       tensor_parallel.handle, overlap, ctypes.byref(self._handle))

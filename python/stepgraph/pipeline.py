@@ -46,13 +46,19 @@ def make_graphed_layers(layers, sample_inputs, order, policy="error"):
     """Captures `layers` (stepgraph layers of one context) as per-layer graphs over the
     microbatches of `order`; sample_inputs[i] gives microbatch i's input shape and dtype (one per
     microbatch: len(order) // 2). `policy` is the pool report policy (see stepgraph.capture)."""
-    layers, sample_inputs = list(layers), list(sample_inputs)
-    if not layers or not all(isinstance(layer, Layer) for layer in layers):
-        raise TypeError("make_graphed_layers takes a non-empty list of stepgraph layers")
-    if not all(isinstance(x, Tensor) for x in sample_inputs):
-        raise TypeError("make_graphed_layers: sample_inputs are stepgraph Tensors (ctx.wrap or ctx.from_numpy)")
-    order = [_checks.check_int(f"order[{i}]", entry, *_checks.INT64, "make_graphed_layers")
-             for i, entry in enumerate(order)]
+    owner = "make_graphed_layers"
+    layers = _checks.check_sequence("layers", layers, owner)
+    sample_inputs = _checks.check_sequence("sample_inputs", sample_inputs, owner)
+    if not layers:
+        raise _checks.ArgumentError("make_graphed_layers takes a non-empty list of stepgraph layers, got none")
+    for i, layer in enumerate(layers):
+        _checks.check_instance(f"layers[{i}]", layer, Layer, "a stepgraph layer", owner)
+    for i, x in enumerate(sample_inputs):
+        _checks.check_instance(f"sample_inputs[{i}]", x, Tensor, "a stepgraph Tensor (ctx.wrap or ctx.from_numpy)",
+                               owner)
+    order = [_checks.check_int(f"order[{i}]", entry, *_checks.INT64, owner)
+             for i, entry in enumerate(_checks.check_sequence("order", order, owner))]
+    policy = policy_value(policy, owner)
     if len(sample_inputs) != len(order) // 2:
         raise StepGraphError(f"make_graphed_layers: {len(sample_inputs)} sample input(s) for an order of "
                              f"{len(order)} passes; give one per microbatch ({len(order) // 2})")
@@ -61,7 +67,7 @@ def make_graphed_layers(layers, sample_inputs, order, policy="error"):
     order_array = (ctypes.c_int64 * max(len(order), 1))(*order)
     handle = _capi.new_handle()
     _capi.call("sg_graphed_layers_capture", layers[0].ctx.handle, layer_handles, len(layers), input_handles,
-               order_array, len(order), policy_value(policy), ctypes.byref(handle))
+               order_array, len(order), policy, ctypes.byref(handle))
     return GraphedLayers(handle, layers)
 
 
@@ -69,7 +75,8 @@ class GraphedLayers:
     """The per-layer graphs of make_graphed_layers: replay each pass in the captured order."""
 
     def __init__(self, handle, layers):
-        self._handle = handle
+        self._handle = None
+        self._handle = _checks.check_handle(handle, "GraphedLayers are made by make_graphed_layers()")
         self._layers = layers  # the handle keeps them alive too; this keeps their Python side
 
     def __del__(self):
@@ -77,9 +84,10 @@ class GraphedLayers:
         self._handle = None
 
     def _pass(self, name, microbatch, source):
-        microbatch = _checks.check_int("microbatch", microbatch, *_checks.INT64, name)
-        if source is not None and not isinstance(source, Tensor):
-            raise TypeError(f"{name} takes a stepgraph Tensor or None, got {type(source).__name__}")
+        microbatch = _checks.check_int("microbatch", microbatch, *_checks.INT64, f"GraphedLayers.{name}")
+        if source is not None:
+            _checks.check_instance("x" if name == "forward" else "dy", source, Tensor, "a stepgraph Tensor or None",
+                                   f"GraphedLayers.{name}")
         streams = _source_streams([source] if source is not None else [])
         stream_array = (ctypes.c_void_p * max(len(streams), 1))(*streams)
         out = _capi.new_handle()
@@ -99,7 +107,7 @@ class GraphedLayers:
         return self._pass("backward", microbatch, dy)
 
     def _tensor(self, name, microbatch):
-        microbatch = _checks.check_int("microbatch", microbatch, *_checks.INT64, name)
+        microbatch = _checks.check_int("microbatch", microbatch, *_checks.INT64, f"GraphedLayers.{name}")
         out = _capi.new_handle()
         _capi.call(f"sg_graphed_layers_{name}", self._handle, microbatch, ctypes.byref(out))
         return Tensor(out)

@@ -34,7 +34,9 @@ class Tensor:
     _source_stream = None
 
     def __init__(self, handle, owner=None):
-        self._handle = handle  # c_void_p, owned
+        self._handle = None
+        self._handle = _checks.check_handle(handle, "a Tensor is made by a Context (tensor, wrap, from_numpy), a "
+                                                    "layer or a captured step")  # c_void_p, owned
         self._owner = owner  # the wrapped object whose memory this tensor uses
 
     def __del__(self):
@@ -90,7 +92,7 @@ class Tensor:
 
     @name.setter
     def name(self, value):
-        _capi.call("sg_tensor_set_name", self._handle, value.encode())
+        _capi.call("sg_tensor_set_name", self._handle, _checks.check_name("name", value, "Tensor"))
 
     def __repr__(self):
         try:
@@ -160,17 +162,31 @@ class Tensor:
             raw = torch.as_tensor(_Interface(self, name, self._interface(bits)), device="cuda")
         else:
             raw = torch.from_numpy(np.asarray(_Interface(self, name, self._interface(bits))))
-        torch_dtype = {DType.BFLOAT16: torch.bfloat16, DType.FLOAT8_E4M3: torch.float8_e4m3fn,
-                       DType.FLOAT8_E5M2: torch.float8_e5m2}.get(dtype)
+        torch_dtype = _torch_view_dtype(torch, dtype)
         return raw.view(torch_dtype) if torch_dtype is not None else raw
 
     def copy_from(self, array, name="copy_from: array"):
         """Copies host data in. The array's shape must be this tensor's shape exactly; its values are
         converted to this tensor's dtype as dtypes.to_storage says (floats to bf16 bits for bf16,
         integer arrays only for int32/int64, values that fit)."""
+        _checks.check_instance("name", name, str, "a str (the array's name in messages)", "copy_from")
         array = _checks.check_array_shape(name, array, self.shape, self.dtype.short_name)
         data = to_storage(array, self.dtype, name)
         _capi.call("sg_tensor_copy_from_host", self._handle, data.ctypes.data_as(ctypes.c_void_p), data.nbytes)
+
+
+def _torch_view_dtype(torch, dtype):
+    """The torch dtype the raw bits are viewed as (None: they already are it). Looked up only for
+    the dtype at hand: torch < 2.1 has no float8 types, and its other tensors still convert."""
+    names = {DType.BFLOAT16: "bfloat16", DType.FLOAT8_E4M3: "float8_e4m3fn", DType.FLOAT8_E5M2: "float8_e5m2"}
+    if dtype not in names:
+        return None
+    found = getattr(torch, names[dtype], None)
+    if found is None:
+        raise StepGraphError(f"torch(): torch {getattr(torch, '__version__', '?')} has no torch.{names[dtype]} "
+                             f"for this {dtype.short_name} tensor (float8 types came with torch 2.1); use .numpy() "
+                             f"for its raw bits, or a newer torch")
+    return found
 
 
 # --- wrapping other libraries' arrays ---------------------------------------------
@@ -181,8 +197,9 @@ def _is_torch(obj):
 
 
 def describe_array(obj, device):
-    """(dtype, shape, strides in elements, pointer, stream to wait for or None) of an
-    array to wrap on `device`; a clear error for what cannot be wrapped."""
+    """(dtype, shape, strides in elements or None, byte strides or None, pointer, stream to wait for
+    or None, torch's is_contiguous or None) of an array to wrap on `device`; a clear error for what
+    cannot be wrapped."""
     if _is_torch(obj):
         on_cuda = obj.device.type == "cuda"
         if on_cuda != (device == "cuda"):
@@ -195,27 +212,43 @@ def describe_array(obj, device):
             # torch's current stream (0 is the legacy default stream, which StepGraph's
             # non-blocking streams do not wait for): synchronized before the wrap.
             stream = torch.cuda.current_stream(obj.device).cuda_stream
-        return as_dtype(obj.dtype), tuple(obj.shape), tuple(obj.stride()), obj.data_ptr(), stream, obj.is_contiguous()
+        strides = tuple(obj.stride())
+        return (as_dtype(obj.dtype, "array.dtype", "wrap"), tuple(obj.shape), strides,
+                tuple(s * obj.element_size() for s in strides), obj.data_ptr(), stream, obj.is_contiguous())
     if device == "cuda":
         if not hasattr(obj, "__cuda_array_interface__"):
-            raise StepGraphError(f"a cuda context wraps objects with __cuda_array_interface__ (torch, cupy); "
-                                 f"got {type(obj).__name__}")
+            raise TypeError(f"wrap: a cuda context wraps objects with __cuda_array_interface__ (torch, cupy); "
+                            f"got {type(obj).__name__}")
         interface = obj.__cuda_array_interface__
     else:
         if not hasattr(obj, "__array_interface__"):
-            raise StepGraphError(f"a host context wraps objects with __array_interface__ (numpy); "
-                                 f"got {type(obj).__name__}")
+            raise TypeError(f"wrap: a host context wraps objects with __array_interface__ (numpy); "
+                            f"got {type(obj).__name__}")
         interface = obj.__array_interface__
+    if not isinstance(interface, dict) or not all(key in interface for key in ("data", "typestr", "shape")):
+        raise TypeError(f"wrap: the {type(obj).__name__}'s array interface is not a dict with data, typestr and "
+                        f"shape")
+    if interface.get("mask") is not None:
+        raise StepGraphError("wrap: cannot wrap a masked array interface; StepGraph reads every element")
+    if not isinstance(interface["data"], tuple) or len(interface["data"]) != 2:
+        raise StepGraphError("wrap: the array interface's data is not a (pointer, read_only) pair (an array "
+                             "exporting a buffer instead); pass np.asarray(obj) or a copy")
     pointer, readonly = interface["data"]
     if readonly:
         raise StepGraphError("cannot wrap a read-only array: StepGraph may write the tensors it is given; "
                              "pass a writable copy")
+    pointer = _checks.check_int("the array's address", pointer or 0, 0, 2**64 - 1, "wrap")
     dtype = from_typestr(interface["typestr"])
-    shape = tuple(interface["shape"])
+    shape = _checks.check_shape("shape", interface["shape"], "wrap")
     strides = interface.get("strides")
+    byte_strides = None
     if strides is not None:
-        if any(s % dtype.itemsize for s in strides):
-            raise StepGraphError(f"strides {strides} (bytes) are not whole elements of {dtype.short_name}")
-        strides = tuple(s // dtype.itemsize for s in strides)
+        byte_strides = tuple(_checks.check_int(f"strides[{i}]", s, *_checks.INT64, "wrap")
+                             for i, s in enumerate(strides))
+        if len(byte_strides) != len(shape):
+            raise StepGraphError(f"wrap: the array interface has {len(byte_strides)} strides for shape {list(shape)}")
+        if any(s % dtype.itemsize for s in byte_strides):
+            raise StepGraphError(f"strides {byte_strides} (bytes) are not whole elements of {dtype.short_name}")
+        strides = tuple(s // dtype.itemsize for s in byte_strides)
     stream = interface.get("stream") if device == "cuda" else None
-    return dtype, shape, strides, pointer, stream, None
+    return dtype, shape, strides, byte_strides, pointer, stream, None

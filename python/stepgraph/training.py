@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from stepgraph import _capi, _checks
+from stepgraph.context import Context
 from stepgraph.distributed import World
 from stepgraph.dtypes import to_storage
 from stepgraph.graph import CapturedStep, policy_value
@@ -28,9 +29,24 @@ class LrSchedule:
     """
 
     def __init__(self, kind="constant", base=1e-3, min_lr=0.0, warmup=0, total=0):
-        if kind not in _SCHEDULE_KINDS:
-            raise ValueError(f"LrSchedule: kind must be one of {sorted(_SCHEDULE_KINDS)}, got {kind!r}")
         self.kind, self.base, self.min_lr, self.warmup, self.total = kind, base, min_lr, warmup, total
+        self._to_c("LrSchedule")  # every field checked now; AdamW checks them again (they may change)
+
+    def _to_c(self, owner):
+        """The sg_lr_schedule of this schedule, each field checked as the C API stores it (int64 steps,
+        float32 rates); the engine then checks how they relate (min_lr <= base, total > warmup)."""
+        schedule = _capi.LrSchedule(
+            _SCHEDULE_KINDS[_checks.check_choice("kind", self.kind, _SCHEDULE_KINDS, owner)],
+            _checks.check_float32("base", self.base, 0.0, math.inf, owner=owner),
+            _checks.check_float32("min_lr", self.min_lr, 0.0, math.inf, owner=owner),
+            _checks.check_int("warmup", self.warmup, *_checks.NON_NEGATIVE_INT64, owner),
+            _checks.check_int("total", self.total, *_checks.NON_NEGATIVE_INT64, owner))
+        if self.kind == "constant" and (self.min_lr != 0 or self.total != 0):
+            # They would be ignored: a constant schedule has no decay.
+            raise _checks.ArgumentError(f"{owner}: min_lr ({self.min_lr}) and total ({self.total}) set the decay of "
+                                        f"'cosine' and 'linear' schedules; a 'constant' one ignores them, so leave "
+                                        f"them out or pick a decay")
+        return schedule
 
     def __repr__(self):
         return (f"LrSchedule({self.kind!r}, base={self.base}, min_lr={self.min_lr}, warmup={self.warmup}, "
@@ -39,17 +55,24 @@ class LrSchedule:
 
 class AdamW:
     """AdamW over the parameters of `layers` (one layer or a list), one multi-tensor op per step.
-    The rate is a device scalar every update reads: `lr` at first, then `set_lr(value)` between steps, or,
-    with `schedule` (an LrSchedule, whose base replaces lr), the schedule's rate of each step."""
+    The rate is a device scalar every update reads: `lr` (default 1e-3) at first, then `set_lr(value)` between
+    steps, or, with `schedule` (an LrSchedule, whose base is the rate: lr is then refused), the schedule's
+    rate of each step."""
 
-    def __init__(self, ctx, layers, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None):
-        layers = [layers] if isinstance(layers, Layer) else list(layers)
-        for layer in layers:
-            if not isinstance(layer, Layer):
-                raise TypeError(f"AdamW: layers must be stepgraph layers (a model or a list of layers), got "
-                                f"{type(layer).__name__}")
-        if isinstance(betas, (str, bytes)) or len(betas) != 2:
-            raise TypeError(f"AdamW: betas must be a pair (beta1, beta2), got {betas!r}")
+    def __init__(self, ctx, layers, lr=None, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None):
+        _checks.check_instance("ctx", ctx, Context, "a stepgraph Context", "AdamW")
+        layers = [layers] if isinstance(layers, Layer) else _checks.check_sequence("layers", layers, "AdamW")
+        if not layers:
+            raise _checks.ArgumentError("AdamW: layers is empty; pass a model or a list of its layers")
+        for index, layer in enumerate(layers):
+            _checks.check_instance(f"layers[{index}]", layer, Layer,
+                                   "a stepgraph layer (pass a model or a list of layers)", "AdamW")
+        betas = _checks.check_sequence("betas", betas, "AdamW", length=2)
+        if lr is not None and schedule is not None:
+            # It would be ignored: the schedule's base is the rate.
+            raise _checks.ArgumentError(f"AdamW: lr={lr!r} and a schedule were both given; the schedule's base is "
+                                        f"the rate, so set LrSchedule(base=...) and leave lr out")
+        lr = 1e-3 if lr is None else lr
         # The engine's rules (kernels/adamw.cu check_adamw_hyper), on the float32 values it stores.
         config = _capi.AdamWConfig(_checks.check_float32("lr", lr, 0.0, math.inf, owner="AdamW"),
                                    _checks.check_float32("beta1", betas[0], 0.0, 1.0, hi_open=True, owner="AdamW"),
@@ -63,13 +86,8 @@ class AdamW:
             _capi.call("sg_adamw_create", ctx.handle, handles, len(layers), ctypes.byref(config),
                        ctypes.byref(self._handle))
         else:
-            if not isinstance(schedule, LrSchedule):
-                raise TypeError(f"AdamW: schedule must be a stepgraph.LrSchedule, got {type(schedule).__name__}")
-            plan = _capi.LrSchedule(_SCHEDULE_KINDS[schedule.kind],
-                                    _checks.check_float32("schedule.base", schedule.base, 0.0, math.inf, owner="AdamW"),
-                                    _checks.check_float32("schedule.min_lr", schedule.min_lr, 0.0, math.inf,
-                                                          owner="AdamW"),
-                                    int(schedule.warmup), int(schedule.total))
+            _checks.check_instance("schedule", schedule, LrSchedule, "a stepgraph.LrSchedule or None", "AdamW")
+            plan = schedule._to_c("AdamW: schedule")
             _capi.call("sg_adamw_create_scheduled", ctx.handle, handles, len(layers), ctypes.byref(config),
                        ctypes.byref(plan), ctypes.byref(self._handle))
 
@@ -116,13 +134,11 @@ class TrainStep:
     """
 
     def __init__(self, model, optimizer, tokens, world=None):
-        if not isinstance(model, ResidualStack):
-            raise TypeError(f"TrainStep needs a stepgraph ResidualStack, got {type(model).__name__}")
-        if not isinstance(optimizer, AdamW):
-            raise TypeError(f"TrainStep needs a stepgraph AdamW, got {type(optimizer).__name__}")
-        if world is not None and not isinstance(world, World):
-            raise TypeError(f"TrainStep: world must be a stepgraph World (from init_distributed) or None, got "
-                            f"{type(world).__name__}")
+        _checks.check_instance("model", model, ResidualStack, "a stepgraph ResidualStack", "TrainStep")
+        _checks.check_instance("optimizer", optimizer, AdamW, "a stepgraph AdamW", "TrainStep")
+        if world is not None:
+            _checks.check_instance("world", world, World, "a stepgraph World (from init_distributed) or None",
+                                   "TrainStep")
         tokens = _checks.check_int("tokens", tokens, *_checks.POSITIVE_INT64, "TrainStep")
         self.model, self.optimizer, self.world = model, optimizer, world
         config = _capi.TrainStepConfig()
@@ -172,6 +188,7 @@ class TrainStep:
     def capture(self, policy="error"):
         """The whole step captured as one graph (CUDA graphs on cuda, a planned host program on
         host); its output 0 is the loss. Replay it with graph.replay()."""
+        policy = policy_value(policy, "TrainStep.capture")
         handle = _capi.new_handle()
-        _capi.call("sg_train_step_capture", self._handle, policy_value(policy), ctypes.byref(handle))
+        _capi.call("sg_train_step_capture", self._handle, policy, ctypes.byref(handle))
         return CapturedStep(handle, keep_alive=self)

@@ -22,7 +22,7 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 7);
+  EXPECT_EQ(version(), 8);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
@@ -87,6 +87,15 @@ TEST(CapiExportsTest, Version7AdditionsAreExportedAsStepgraphC7) {
     EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_7"), nullptr) << name << " is not in STEPGRAPH_C_7";
     EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_6"), nullptr) << name << " is in STEPGRAPH_C_6";
   }
+}
+
+TEST(CapiExportsTest, Version8AdditionIsExportedAsStepgraphC8) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  const char* name = "sg_layer_check_errors";
+  EXPECT_NE(dlsym(library, name), nullptr) << name;
+  EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_8"), nullptr) << name << " is not in STEPGRAPH_C_8";
+  EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_7"), nullptr) << name << " is in STEPGRAPH_C_7";
 }
 
 TEST(CapiExportsTest, EngineSymbolsStayHidden) {

@@ -223,8 +223,8 @@ def test_the_step_keeps_the_world_alive_after_close(no_launcher):
 # ---- bad arguments and bad launches -------------------------------------------------------------
 
 @pytest.mark.parametrize("device, error, words", [
-    ("tpu", sg.ArgumentError, "init_distributed: device must be 'auto', 'cuda' or 'host', got 'tpu'"),
-    (0, TypeError, "device must be 'auto', 'cuda' or 'host', got int 0"),
+    ("tpu", sg.ArgumentError, "init_distributed: device must be one of 'auto', 'cuda', 'host', got 'tpu'"),
+    (0, TypeError, "device must be one of 'auto', 'cuda', 'host' (a str), got int 0"),
     (None, TypeError, "got NoneType None"),
 ])
 def test_bad_device_is_a_clear_error(no_launcher, device, error, words):

@@ -382,6 +382,110 @@ case("capi", "communication_stream_out_of_range", "_capi.call('sg_context_set_co
 case("capi", "communication_stream_null_out", "_capi.call('sg_context_communication_stream', raw_ctx, None)",
      words=["sg_context_communication_stream", "out is NULL"])
 
+# The values the binding refuses, as a C caller passes them: byte counts past int64 or the
+# address space for a real address, flags other than 0/1, eps that is not finite or negative,
+# a negative schedule total, fields the layer would ignore; the layer error check.
+def _wrap_case(name, dims, words, address="BUF", dtype=0):
+    case("capi", name, f"_capi.call('sg_tensor_wrap', raw_ctx, b'w', {dtype}, {len(dims)}, dims(*{dims!r}), None, "
+                       f"{address}, byref(c.c_void_p()))", words=["sg_tensor_wrap 'w'", *words])
+
+
+_wrap_case("wrap_elements_overflow_real_address", (2**32, 2**32), ["more elements than int64"])
+_wrap_case("wrap_bytes_overflow_real_address", (2**31, 2**31), ["more bytes than int64"])
+_wrap_case("wrap_int64_bytes_overflow", (2**59, 8), ["more bytes than int64"], dtype=6)
+_wrap_case("wrap_past_the_address_space", (2**40,), ["pass the end of the address space"],
+           address="c.c_void_p(2**64 - 4096)")
+_CONFIGS = {
+    "linear": ("LinearConfig", "sg_linear_config_default", "cfg.in_features = cfg.out_features = 16; cfg.dtype = 0",
+               "_capi.call('sg_linear_create', raw_ctx, b'l', byref(cfg), 1, byref(c.c_void_p()))"),
+    "norm": ("NormConfig", "sg_norm_config_default", "cfg.hidden = 8; cfg.dtype = 0",
+             "_capi.call('sg_norm_create', raw_ctx, b'n', byref(cfg), byref(c.c_void_p()))"),
+    "layernorm_linear": ("LayerNormLinearConfig", "sg_layernorm_linear_config_default",
+                         "cfg.linear.in_features = cfg.linear.out_features = 16; cfg.linear.dtype = 0",
+                         "_capi.call('sg_layernorm_linear_create', raw_ctx, b'l', byref(cfg), 1, byref(c.c_void_p()))"),
+    "layernorm_mlp": ("LayerNormMLPConfig", "sg_layernorm_mlp_config_default", "cfg.hidden = 16; cfg.ffn = 32; "
+                      "cfg.dtype = 0",
+                      "_capi.call('sg_layernorm_mlp_create', raw_ctx, b'm', byref(cfg), 1, byref(c.c_void_p()))"),
+    "residual_stack": ("ResidualStackConfig", "sg_residual_stack_config_default",
+                       "cfg.hidden = 8; cfg.ffn = 16; cfg.layers = 1; cfg.vocab = 16; cfg.dtype = 0",
+                       "_capi.call('sg_residual_stack_create', raw_ctx, byref(cfg), byref(c.c_void_p()))"),
+}
+
+
+def _config_case(name, layer, change, words):
+    struct, default, setup, call = _CONFIGS[layer]
+    case("capi", name, f"cfg = _capi.{struct}(); _capi.lib().{default}(byref(cfg)); {setup}\n{change}\n{call}",
+         words=words)
+
+
+for _flag in ("bias", "dgrad", "wgrad"):
+    _config_case(f"linear_{_flag}_two", "linear", f"cfg.{_flag} = 2", [f"config {_flag} is a flag", "got 2"])
+_config_case("layernorm_linear_bias_minus_one", "layernorm_linear", "cfg.linear.bias = -1",
+             ["config bias is a flag", "got -1"])
+for _layer in ("norm", "layernorm_linear", "layernorm_mlp", "residual_stack"):
+    for _label, _value in (("inf", "float('inf')"), ("nan", "float('nan')"), ("negative", "-1e-5")):
+        _config_case(f"{_layer}_eps_{_label}", _layer, f"cfg.eps = {_value}", ["config eps must be finite and >= 0"])
+_config_case("residual_stack_topk_without_experts", "residual_stack", "cfg.topk = 1",
+             ["config topk (1)", "experts is 0"])
+_config_case("residual_stack_moe_every_without_experts", "residual_stack", "cfg.moe_every = 1",
+             ["moe_every (1)", "experts is 0"])
+for _field, _value, _scaling, _words in (
+        ("stop_on_non_finite", "2", 0, ["recipe stop_on_non_finite is a flag", "got 2"]),
+        ("hybrid", "-1", 0, ["recipe hybrid is a flag"]),
+        ("fast_accumulation_forward", "5", 1, ["recipe fast_accumulation_forward is a flag"]),
+        ("margin", "3", 0, ["margin (3)", "apply to delayed scaling only"]),
+        ("amax_history_len", "16", 2, ["amax_history_len (16)", "apply to delayed scaling only"]),
+        ("power_of_two_scales", "0", 1, ["power_of_two_scales applies to block scaling only"])):
+    case("capi", f"fp8_recipe_{_field}_{_value}", f"""
+cfg = _capi.LinearConfig(); _capi.lib().sg_linear_config_default(byref(cfg))
+cfg.in_features = cfg.out_features = 128; cfg.dtype = 0
+recipe = _capi.Fp8Recipe(); _capi.lib().sg_fp8_recipe_default(byref(recipe), {_scaling})
+recipe.{_field} = {_value}
+_capi.call('sg_linear_create_fp8', raw_ctx, b'l', byref(cfg), 1, byref(recipe), byref(c.c_void_p()))
+""", words=["sg_linear_create_fp8", *_words])
+for _name, _schedule, _words in (
+        ("schedule_negative_total", "_capi.LrSchedule(1, 1e-3, 0.0, 0, -5)", ["schedule->total must be >= 0, got -5"]),
+        ("schedule_negative_warmup", "_capi.LrSchedule(1, 1e-3, 0.0, -1, 10)", ["warmup steps must be >= 0"]),
+        ("schedule_constant_with_total", "_capi.LrSchedule(0, 1e-3, 0.0, 0, 100)",
+         ["a constant one (kind 0) ignores them"]),
+        ("schedule_kind_7", "_capi.LrSchedule(7, 1e-3, 0.0, 0, 100)", ["schedule->kind must be 0"]),
+        ("schedule_nan_base", "_capi.LrSchedule(1, float('nan'), 0.0, 0, 100)", ["base rate must be finite"])):
+    case("capi", _name, f"""
+layer = sg.Linear(ctx, 4, 4, dtype='float32')
+cfg = _capi.AdamWConfig(); _capi.lib().sg_adamw_config_default(byref(cfg))
+schedule = {_schedule}
+_capi.call('sg_adamw_create_scheduled', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, byref(cfg),
+           byref(schedule), byref(c.c_void_p()))
+""", words=_words)
+case("capi", "tensor_set_name_empty", "_capi.call('sg_tensor_set_name', new_tensor(raw_ctx, 2), b'')",
+     words=["sg_tensor_set_name", "name is empty"])
+case("capi", "graph_cache_empty_key", """
+cache = _capi.new_handle()
+_capi.call('sg_graph_cache_create', 1 << 20, byref(cache))
+_capi.call('sg_graph_cache_contains', cache, b'', raw_ctx, byref(c.c_int()))
+""", words=["sg_graph_cache_contains", "key is empty"])
+case("capi", "layer_check_errors_null", "_capi.call('sg_layer_check_errors', None)",
+     words=["sg_layer_check_errors", "layer"])
+case("capi", "layer_check_errors_tensor_handle", "_capi.call('sg_layer_check_errors', new_tensor(raw_ctx, 2))",
+     words=["sg_layer_check_errors", "not a layer handle"])
+case("capi", "layer_check_errors_while_capturing", """
+layer = sg.Linear(ctx, 4, 4, dtype='float32')
+x = ctx.tensor((2, 4))
+def step():
+    y = layer(x)
+    _capi.call('sg_layer_check_errors', layer._handle)
+    return [y]
+sg.capture(ctx, step)
+""", words=["sg_layer_check_errors: called while a step is being captured"])
+case("capi", "layer_check_errors_fp8_stop_after_nan", """
+layer = sg.Linear(ctx, 16, 16, dtype='bf16', fp8=sg.Fp8Recipe.current(on_non_finite='stop'))
+values = np.full((16, 16), 0.5, np.float32); values[2, 2] = np.inf
+x = ctx.from_numpy(values, dtype='bf16')
+y, saved = _capi.new_handle(), _capi.new_handle()
+_capi.call('sg_layer_forward', layer._handle, x._handle, byref(y), byref(saved))
+_capi.call('sg_layer_check_errors', layer._handle)
+""", words=["Linear 'linear'", "met a non-finite amax", "on_non_finite is stop"])
+
 # ---- the Python binding -----------------------------------------------------------------
 
 case("binding", "tensor_huge_dim", "ctx.tensor((HUGE, 2))", ARG, ["shape[0]", str(2**64 + 32)])
@@ -515,6 +619,20 @@ a.setflags(write=False)
 ctx.wrap(a)
 """, SGE, [])
 case("binding", "wrap_transposed", "ctx.wrap(np.ones((4, 6), np.float32).T)", SGE, [])
+# A view larger than its buffer: copies to and from the host (and every op) would run 4 MiB past
+# a 4 KiB allocation (a heap overflow under ASan) if wrap took it. Host memory: a host context.
+case("binding", "wrap_as_strided_past_its_buffer", """
+from numpy.lib.stride_tricks import as_strided
+host = sg.Context('host')
+t = host.wrap(as_strided(np.zeros(1024, np.float32), shape=(1024, 1024), strides=(4096, 4)))
+t.copy_from(np.ones((1024, 1024), np.float32))
+""", ARG, ["wrap", "which holds 4096 bytes"])
+case("binding", "wrap_interface_past_a_bytearray", """
+from numpy.lib.stride_tricks import as_strided
+host = sg.Context('host')
+buffer = bytearray(64)
+host.wrap(as_strided(np.frombuffer(buffer, np.float32), shape=(4096,), strides=(4,))).numpy().sum()
+""", ARG, ["which holds 64 bytes"])
 case("binding", "init_distributed_bad_device", "sg.init_distributed('tpu')", ARG, ["device must be", "'tpu'"])
 case("binding", "init_distributed_int_device", "sg.init_distributed(1)", TYPE, ["device must be"])
 case("binding", "init_distributed_zero_timeout", "sg.init_distributed(DEVICE, timeout=0)", ARG, ["timeout", "got 0"])

@@ -59,7 +59,11 @@ def test_offsets_tile_the_data(tmp_path):
 
 
 def test_checksum_definition(tmp_path):
-    _, _, header, data = write_and_read(tmp_path)
-    stored = header["__metadata__"].pop("stepgraph.checksum")
-    canonical = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
-    assert stored == "fnv1a64:%016x" % fnv1a64(data, fnv1a64(canonical))
+    raw, _, header, _ = write_and_read(tmp_path)
+    start = b'{"__metadata__":{"stepgraph.checksum":"fnv1a64:'
+    assert raw[8 : 8 + len(start)] == start  # the checksum comes first, at fixed bytes
+    digits = raw[8 + len(start) : 8 + len(start) + 16]
+    assert header["__metadata__"]["stepgraph.checksum"] == "fnv1a64:" + digits.decode()
+    # FNV-1a over the whole file with the 16 digits read as '0'.
+    zeroed = raw[: 8 + len(start)] + b"0" * 16 + raw[8 + len(start) + 16 :]
+    assert int(digits, 16) == fnv1a64(zeroed)

@@ -1,13 +1,17 @@
 #include "trainer/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/error.h"
+#include "tests/trainer/checkpoint_files.h"
 #include "tests/trainer/test_support.h"
+#include "trainer/atomic_file.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -15,7 +19,18 @@ namespace {
 using testing::expect_error;
 using testing::fresh_path;
 using testing::read_bytes;
+using testing::sealed_file;
 using testing::write_bytes;
+
+// Temporary files a writer left beside `path` (Note [Atomic file writes]).
+int leftover_temporaries(const std::filesystem::path& path) {
+  int count = 0;
+  const std::string prefix = "." + path.filename().string() + ".tmp-";
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path())) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) ++count;
+  }
+  return count;
+}
 
 CheckpointTensor make_tensor(std::string name, DType dtype, std::vector<std::int64_t> shape, int salt) {
   std::int64_t count = 1;
@@ -56,12 +71,12 @@ TEST(CheckpointTest, RoundTripKeepsOrderMetadataAndBytes) {
   const Checkpoint written = sample_checkpoint(1);
   write_checkpoint(path, written);
   expect_same(read_checkpoint(path), written);
-  EXPECT_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+  EXPECT_EQ(leftover_temporaries(path), 0);
   // Overwriting replaces it.
   const Checkpoint second = sample_checkpoint(2);
   write_checkpoint(path, second);
   expect_same(read_checkpoint(path), second);
-  EXPECT_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+  EXPECT_EQ(leftover_temporaries(path), 0);
 }
 
 TEST(CheckpointTest, FileHasTheSafetensorsLayout) {
@@ -72,6 +87,7 @@ TEST(CheckpointTest, FileHasTheSafetensorsLayout) {
   std::uint64_t length = 0;
   std::memcpy(&length, file.data(), 8);
   EXPECT_EQ(length % 8, 0u);
+  EXPECT_EQ(file.substr(8, testing::kHeaderStart.size()), testing::kHeaderStart) << "the checksum comes first";
   const auto header = nlohmann::json::parse(file.substr(8, length));
   EXPECT_EQ(header["__metadata__"]["step"], "103");
   EXPECT_EQ(header["__metadata__"][std::string(kChecksumKey)].get<std::string>().rfind("fnv1a64:", 0), 0u);
@@ -107,10 +123,14 @@ TEST(CheckpointTest, CorruptBytesAreDetected) {
   write_bytes(path, bad_shape);
   expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {"checksum mismatch"});
 
-  std::string bad_json = good;
-  bad_json[9] = '[';
-  write_bytes(path, bad_json);
-  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "not JSON"});
+  std::string bad_start = good;
+  bad_start[9] = '[';
+  write_bytes(path, bad_start);
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "StepGraph checksum"});
+
+  // A header that is not JSON, with a checksum that matches it.
+  write_bytes(path, sealed_file(R"(},"w":{"dtype":"F32",)", ""));
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "not valid JSON"});
 }
 
 TEST(CheckpointTest, TruncatedFilesAreDetected) {
@@ -118,13 +138,16 @@ TEST(CheckpointTest, TruncatedFilesAreDetected) {
   write_checkpoint(path, sample_checkpoint(5));
   const std::string good = read_bytes(path);
   write_bytes(path, good.substr(0, good.size() - 1));
-  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "truncated"});
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "checksum mismatch", "truncated"});
   write_bytes(path, good.substr(0, 100));
   expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "header length"});
   write_bytes(path, good.substr(0, 5));
   expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {path.string(), "fewer than the 8-byte"});
   write_bytes(path, good + "extra");
-  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {"bytes of tensor data"});
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {"checksum mismatch"});
+  // The same with a checksum over the extra bytes: the header does not describe them.
+  write_bytes(path, sealed_file(R"(},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "abcdextra"));
+  expect_error([&] { read_checkpoint(path); }, ErrorCode::kIo, {"9 bytes of tensor data, its header describes 4"});
 }
 
 TEST(CheckpointTest, MissingAndForeignFilesAreClearErrors) {
@@ -139,31 +162,42 @@ TEST(CheckpointTest, MissingAndForeignFilesAreClearErrors) {
   const std::uint64_t length = header.size();
   std::memcpy(foreign.data(), &length, 8);
   write_bytes(text, foreign + header + "abcd");
-  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {"__metadata__"});
-  const std::string bad_dtype =
-      R"({"__metadata__":{"stepgraph.checksum":"fnv1a64:0"},"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})";
-  const std::uint64_t bad_length = bad_dtype.size();
-  std::memcpy(foreign.data(), &bad_length, 8);
-  write_bytes(text, foreign.substr(0, 8) + bad_dtype + "abcdefgh");
-  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {text.string(), "F64"});
+  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {"does not begin with a StepGraph checksum"});
+  write_bytes(text, sealed_file(R"(},"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", "abcdefgh"));
+  expect_error([&] { read_checkpoint(text); }, ErrorCode::kIo, {text.string(), "'F64'"});
+  const auto directory = fresh_path("dir.safetensors");
+  std::filesystem::create_directory(directory);
+  expect_error([&] { read_checkpoint(directory); }, ErrorCode::kIo, {"is a directory"});
 }
 
 TEST(CheckpointTest, OldCheckpointSurvivesAFailedWrite) {
   const auto path = fresh_path("kept.safetensors");
   const Checkpoint old = sample_checkpoint(6);
   write_checkpoint(path, old);
-  // The temporary file cannot be created: a directory is in its place.
+  // A write that fails at any point before the rename leaves the old file
+  // and no temporary behind.
+  for (const WritePoint point :
+       {WritePoint::kCreated, WritePoint::kPartlyWritten, WritePoint::kWritten, WritePoint::kSynced}) {
+    expect_error(
+        [&] {
+          write_checkpoint(path, sample_checkpoint(7), [&](WritePoint at) {
+            SG_CHECK_CODE(at != point, ErrorCode::kIo, "injected failure at ", write_point_name(at));
+          });
+        },
+        ErrorCode::kIo, {"injected failure"});
+    expect_same(read_checkpoint(path), old);
+    EXPECT_EQ(leftover_temporaries(path), 0) << write_point_name(point);
+  }
+  // A directory where the old fixed temporary name was does not matter.
   std::filesystem::create_directory(path.string() + ".tmp");
-  expect_error([&] { write_checkpoint(path, sample_checkpoint(7)); }, ErrorCode::kIo,
-               {".tmp", "previous checkpoint is unchanged"});
+  write_checkpoint(path, old);
   expect_same(read_checkpoint(path), old);
-  std::filesystem::remove(path.string() + ".tmp");
   // A directory in PATH's place: the rename fails, the temporary file goes.
   const auto blocked = fresh_path("blocked.safetensors");
   std::filesystem::create_directory(blocked);
   write_bytes(blocked / "inside", "keep me");
   expect_error([&] { write_checkpoint(blocked, old); }, ErrorCode::kIo, {"cannot rename"});
-  EXPECT_FALSE(std::filesystem::exists(blocked.string() + ".tmp"));
+  EXPECT_EQ(leftover_temporaries(blocked), 0);
   EXPECT_EQ(read_bytes(blocked / "inside"), "keep me");
 }
 
@@ -186,7 +220,66 @@ TEST(CheckpointTest, MalformedCheckpointsAreNotWritten) {
   bad_name.tensors.push_back(make_tensor("__metadata__", DType::kFloat32, {1}, 0));
   expect_error([&] { write_checkpoint(path, bad_name); }, ErrorCode::kInvalidArgument, {"not allowed"});
   EXPECT_FALSE(std::filesystem::exists(path));
-  EXPECT_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+  EXPECT_EQ(leftover_temporaries(path), 0);
+}
+
+// A symlink planted where a fixed temporary name would be, or at the target,
+// is never written through (Note [Atomic file writes]).
+TEST(CheckpointTest, PlantedSymlinksAreNotFollowed) {
+  const auto path = fresh_path("planted.safetensors");
+  const auto victim = fresh_path("victim.txt");
+  write_bytes(victim, "do not overwrite");
+  std::filesystem::create_symlink(victim, path.string() + ".tmp");
+  const Checkpoint written = sample_checkpoint(9);
+  write_checkpoint(path, written);
+  EXPECT_EQ(read_bytes(victim), "do not overwrite");
+  EXPECT_FALSE(std::filesystem::is_symlink(path));
+  EXPECT_TRUE(std::filesystem::is_symlink(path.string() + ".tmp"));
+  expect_same(read_checkpoint(path), written);
+
+  // A symlink at the target itself is replaced by the file, its target untouched.
+  const auto linked = fresh_path("linked.safetensors");
+  std::filesystem::create_symlink(victim, linked);
+  write_checkpoint(linked, written);
+  EXPECT_FALSE(std::filesystem::is_symlink(linked));
+  EXPECT_EQ(read_bytes(victim), "do not overwrite");
+  expect_same(read_checkpoint(linked), written);
+}
+
+TEST(CheckpointTest, TemporariesHaveFreshNames) {
+  const auto path = fresh_path("fresh.safetensors");
+  AtomicFile first(path);
+  AtomicFile second(path);
+  EXPECT_NE(first.temporary(), second.temporary());
+  EXPECT_EQ(first.temporary().parent_path(), path.parent_path());
+  EXPECT_EQ(leftover_temporaries(path), 2);
+  first.write("a", 1);
+  first.commit();
+  EXPECT_EQ(read_bytes(path), "a");
+  EXPECT_EQ(leftover_temporaries(path), 1);
+}
+
+TEST(CheckpointTest, WritableDirectoryIsCheckedUpFront) {
+  const auto path = fresh_path("ok.safetensors");
+  check_writable_directory(path, "--checkpoint");
+  EXPECT_EQ(leftover_temporaries(path), 0);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  expect_error([&] { check_writable_directory(path.parent_path() / "no-such-dir" / "c.safetensors", "--checkpoint"); },
+               ErrorCode::kIo, {"--checkpoint", "no-such-dir", "does not exist"});
+  const auto file = fresh_path("a-file");
+  write_bytes(file, "x");
+  expect_error([&] { check_writable_directory(file / "c.safetensors", "--checkpoint"); }, ErrorCode::kIo,
+               {"--checkpoint", "is not a directory"});
+  expect_error([&] { check_writable_directory(path.parent_path(), "--checkpoint"); }, ErrorCode::kIo,
+               {"--checkpoint", "is a directory; name a file in it"});
+  // Unwritable: a read-only directory (for root, which writes anywhere, /proc).
+  const auto read_only = fresh_path("read-only");
+  std::filesystem::create_directory(read_only);
+  ::chmod(read_only.c_str(), 0555);
+  const std::filesystem::path unwritable = ::geteuid() == 0 ? "/proc/c.safetensors" : read_only / "c.safetensors";
+  expect_error([&] { check_writable_directory(unwritable, "--checkpoint"); }, ErrorCode::kIo,
+               {"--checkpoint", "cannot create files in", "before training"});
+  ::chmod(read_only.c_str(), 0755);
 }
 
 TEST(CheckpointTest, FindTensorNamesWhatIsThere) {

@@ -16,6 +16,7 @@
 
 #include "engine/host_world.h"
 #include "tests/support/expect_error.h"
+#include "trainer/checkpoint_set.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
 #include "trainer/train_state.h"
@@ -143,24 +144,23 @@ TEST(DataParallelTrainerResumeTest, Zero1ResumeFromPerRankFilesEqualsAnUninterru
   o.dp_mode = "zero1";
   o.skip_nonfinite = false;
   const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "zero1_resume.safetensors";
-  for (int r = 0; r < 2; ++r) std::filesystem::remove(shard_checkpoint_path(path.string(), r, 2));
+  std::filesystem::remove(path);
   expect_resume_equals_uninterrupted(o, path.string());
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(std::filesystem::exists(shard_checkpoint_path(path.string(), r, 2)));
-  EXPECT_FALSE(std::filesystem::exists(path)) << "a sharded run writes per-rank files only";
-  // Files of different steps (a run that ended while writing them) are refused.
+  // The manifest at PATH names one part per rank (Note [Checkpoint sets]).
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(path, r, 2).step, o.steps);
+  // A manifest whose parts are gone (replaced by a later set) is refused.
   TrainerOptions at7 = o;
   at7.checkpoint = path.string() + ".mixed";
   at7.steps = 7;
   train_ranks(at7, 2);
-  const std::string rank0 = shard_checkpoint_path(at7.checkpoint, 0, 2);
-  std::filesystem::copy_file(rank0, rank0 + ".step7", std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(at7.checkpoint, at7.checkpoint + ".step7", std::filesystem::copy_options::overwrite_existing);
   TrainerOptions at9 = at7;
   at9.steps = 9;
   at9.resume = true;
   train_ranks(at9, 2);
-  std::filesystem::copy_file(rank0 + ".step7", rank0, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(at7.checkpoint + ".step7", at7.checkpoint, std::filesystem::copy_options::overwrite_existing);
   at9.steps = 12;
-  EXPECT_ERROR_CONTAINS(train_ranks(at9, 2), "checkpoint files are of different steps", "at step 7", "at step 9");
+  EXPECT_ERROR_CONTAINS(train_ranks(at9, 2), "(step 7) names", "which does not exist");
 }
 
 TEST(DataParallelTrainerFlagsTest, RanksWithDifferentFlagsStopNamingTheFlag) {
@@ -235,9 +235,9 @@ TEST(TensorParallelTrainerResumeTest, ResumeFromPerRankFilesEqualsAnUninterrupte
   o.tp = 2;
   o.overlap = "overlap";
   const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "tp_resume.safetensors";
-  for (int r = 0; r < 2; ++r) std::filesystem::remove(shard_checkpoint_path(path.string(), r, 2));
+  std::filesystem::remove(path);
   expect_resume_equals_uninterrupted(o, path.string());
-  for (int r = 0; r < 2; ++r) EXPECT_TRUE(std::filesystem::exists(shard_checkpoint_path(path.string(), r, 2)));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(path, r, 2).step, o.steps);
 }
 
 TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {

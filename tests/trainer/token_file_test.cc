@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <string>
@@ -10,6 +12,8 @@
 
 #include "engine/error.h"
 #include "tests/trainer/test_support.h"
+#include "trainer/memory_budget.h"
+#include "trainer/options.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -144,6 +148,126 @@ TEST(TokenFileTest, DamagedTokenFilesAreClearErrors) {
         write_token_file(damaged, 10, std::vector<std::int32_t>{3, 10});
       },
       ErrorCode::kInvalidArgument, {"write_token_file: token 1 is 10, outside the vocab [0, 10)"});
+}
+
+// A token file's 24-byte header: magic, bytes per token, vocab, count.
+std::string header(std::uint32_t width, std::uint32_t vocab, std::uint64_t count, const char* magic = "SGTOKEN1") {
+  std::string bytes(24, '\0');
+  std::memcpy(bytes.data(), magic, 8);
+  std::memcpy(bytes.data() + 8, &width, 4);
+  std::memcpy(bytes.data() + 12, &vocab, 4);
+  std::memcpy(bytes.data() + 16, &count, 8);
+  return bytes;
+}
+
+TEST(TokenFileTest, MalformedHeadersAreClearErrorsNamingTheFile) {
+  const auto path = fresh_path("bad.sgt");
+  // Another version of the format is not text.
+  write_bytes(path, header(2, 10, 4, "SGTOKEN2") + std::string(8, '\0'));
+  expect_error([&] { open_token_data(path); }, ErrorCode::kIo, {path.string(), "bad magic", "version byte is 50"});
+  // A count that overflows count x width.
+  write_bytes(path, header(4, 10, std::uint64_t{1} << 62) + std::string(16, '\0'));
+  expect_error([&] { inspect_data_file(path); }, ErrorCode::kIo, {path.string(), "damaged or truncated", "16 bytes"});
+  write_bytes(path, header(2, 0, 2) + std::string(4, '\0'));
+  expect_error([&] { inspect_data_file(path); }, ErrorCode::kIo, {path.string(), "vocab 0"});
+  write_bytes(path, header(2, 10, 1) + std::string(2, '\0'));
+  expect_error([&] { open_token_data(path); }, ErrorCode::kIo, {path.string(), "1 tokens", "at least 2"});
+  // int32 tokens below 0.
+  std::string negative = header(4, 10, 2) + std::string(8, '\0');
+  negative[28] = negative[29] = negative[30] = negative[31] = '\xff';
+  write_bytes(path, negative);
+  expect_error([&] { open_token_data(path); }, ErrorCode::kIo, {path.string(), "token 1 is -1", "[0, 10)"});
+  expect_error([&] { open_token_data("/dev/null"); }, ErrorCode::kIo, {"/dev/null", "not a regular file"});
+}
+
+// The header alone says what a file holds: a file of any size is inspected
+// without reading its tokens.
+TEST(TokenFileTest, InspectReadsTheHeaderOnly) {
+  const auto tokens = fresh_path("tokens.sgt");
+  write_token_file(tokens, 70000, std::vector<std::int32_t>{1, 69999, 3});
+  const DataFileInfo info = inspect_data_file(tokens);
+  EXPECT_TRUE(info.token_file);
+  EXPECT_EQ(info.bytes_per_token, 4u);
+  EXPECT_EQ(info.vocab, 70000);
+  EXPECT_EQ(info.tokens, 3u);
+  const auto text = fresh_path("text.txt");
+  write_bytes(text, "hello");
+  const DataFileInfo text_info = inspect_data_file(text);
+  EXPECT_FALSE(text_info.token_file);
+  EXPECT_EQ(text_info.vocab, 256);
+  EXPECT_EQ(text_info.tokens, 5u);
+}
+
+// A 16 KB token file that claims a vocabulary of 100 M: the embedding, head
+// and logits it implies are refused before any of it is allocated (the
+// trainer grew to 23.4 GB before the kernel killed it).
+TEST(TokenFileTest, AVocabularyLargerThanMemoryIsRefusedNamingTheFile) {
+  const auto path = fresh_path("claims_100M.sgt");
+  write_bytes(path, header(2, 100'000'000, 8000) + std::string(16000, '\0'));
+  TrainerOptions flags;
+  flags.data = path.string();
+  const TrainerOptions o = resolve_defaults(flags, Device::kHost);
+  const MemoryNeed need = estimate_memory(o, inspect_data_file(path).vocab, 1);
+  // 100 M x (32-wide embedding + 64-wide head) x 16 bytes, and 256 x 100 M fp32 logits.
+  EXPECT_GE(need.vocab_bytes, 100e6 * 96 * 16 + 256 * 100e6 * 4);
+  expect_error([&] { check_memory(need, o, 100'000'000, MemoryLimit{.bytes = 64e9, .what = "host memory (64 GiB)"}); },
+               ErrorCode::kOutOfMemory, {path.string(), "vocabulary of 100000000", "--hidden 64", "host memory"});
+  expect_error([&] { check_run_memory(o, Device::kHost, 1, 0); }, ErrorCode::kOutOfMemory,
+               {path.string(), "vocabulary of 100000000"});
+  // The default host run fits anywhere.
+  const TrainerOptions defaults = resolve_defaults(TrainerOptions{}, Device::kHost);
+  EXPECT_LT(estimate_memory(defaults, 8, 1).total(), 64e6);
+  check_run_memory(defaults, Device::kHost, 1, 0);
+  // Flags alone can ask for too much: named as flags.
+  TrainerOptions big = defaults;
+  big.hidden = 1 << 20;
+  big.ffn = 1 << 20;
+  expect_error([&] { check_run_memory(big, Device::kHost, 1, 0); }, ErrorCode::kOutOfMemory,
+               {"these flags", "--hidden", "--layers"});
+}
+
+std::int64_t resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+// Files are mapped, not copied into a widened token array (5 bytes of memory
+// a byte of text before): opening one and drawing batches keeps little of it
+// resident, and a token file's check releases each window it read.
+TEST(TokenFileTest, LargeFilesAreMappedNotCopied) {
+  constexpr std::size_t kBytes = std::size_t{96} << 20;
+  const auto text = fresh_path("large.txt");
+  {
+    std::ofstream out(text, std::ios::binary);
+    const std::string block(1 << 20, 'a');
+    for (std::size_t i = 0; i < kBytes / block.size(); ++i) out.write(block.data(), static_cast<std::streamsize>(block.size()));
+  }
+  const std::int64_t before = resident_kib();
+  auto source = open_token_data(text);
+  EXPECT_LT(resident_kib() - before, 16 * 1024) << "KiB resident after opening a 96 MiB text file";
+  // Drawn examples map the file's pages (file-backed, reclaimable): never more than the file.
+  Batch batch;
+  for (int step = 0; step < 10; ++step) source->next_batch(64, 32, batch);
+  EXPECT_LT(resident_kib() - before, static_cast<std::int64_t>(kBytes / 1024) + 16 * 1024);
+
+  const auto tokens = fresh_path("large.sgt");
+  {
+    std::ofstream out(tokens, std::ios::binary);
+    const std::string head = header(2, 50000, kBytes / 2);
+    out.write(head.data(), static_cast<std::streamsize>(head.size()));
+    const std::string block(1 << 20, '\x01');  // token 257
+    for (std::size_t i = 0; i < kBytes / block.size(); ++i) out.write(block.data(), static_cast<std::streamsize>(block.size()));
+  }
+  const std::int64_t before_tokens = resident_kib();
+  auto token_source = open_token_data(tokens);
+  EXPECT_EQ(token_source->vocab(), 50000);
+  EXPECT_LT(resident_kib() - before_tokens, 16 * 1024) << "KiB resident after opening a 96 MiB token file";
+  token_source->next_batch(4, 8, batch);
+  EXPECT_EQ(batch.labels, (std::vector<std::int32_t>{257, 257, 257, 257}));
 }
 
 }  // namespace

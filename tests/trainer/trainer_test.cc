@@ -503,5 +503,118 @@ TEST(TrainerOptionsTest, EveryFlagOfTheIssueParses) {
   EXPECT_EQ(data.options->data, "corpus.txt");
 }
 
+// Numbers that are not plainly a value of the flag's kind and range are
+// refused at the edge naming the flag (before: '2.5' gave CLI11's "At Most 1
+// required but received 2", NaN and 1e300 reached the layers, -1 wrapped
+// around as a seed, and --comm-timeout nan passed).
+TEST(TrainerOptionsTest, NumbersOutOfKindOrRangeAreRefusedNamingTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--steps", "2.5"}, "--steps: '2.5' is not a whole number"},
+      {{"--steps", "1e3"}, "--steps: '1e3' is not a whole number"},
+      {{"--steps", ""}, "--steps: '' is not a whole number"},
+      {{"--steps", "0x10"}, "--steps: '0x10' is not a whole number"},
+      {{"--log-every", "99999999999999999999"}, "--log-every: 99999999999999999999 is out of range"},
+      {{"--hidden", "3000000000"}, "--hidden: 3000000000 is out of range: give a whole number in [1, 2^31 - 1]"},
+      {{"--layers", "-1"}, "--layers: -1 is out of range"},
+      {{"--batch", "-5"}, "--batch: -5 is out of range"},
+      {{"--seed", "-1"}, "--seed: '-1' is not a whole number"},
+      {{"--seed", "4294967296"}, "--seed: 4294967296 is out of range"},
+      {{"--lr", "nan"}, "--lr: nan is not a finite number"},
+      {{"--lr", "inf"}, "--lr: inf is not a finite number"},
+      {{"--lr", "1e300"}, "--lr: 1e300 is out of range"},
+      {{"--lr", "0"}, "--lr: 0 is out of range"},
+      {{"--lr", "fast"}, "--lr: 'fast' is not a number"},
+      {{"--min-lr", "nan"}, "--min-lr: nan is not a finite number"},
+      {{"--dropout", "nan"}, "--dropout: nan is not a finite number"},
+      {{"--dropout", "1"}, "--dropout: 1 is out of range"},
+      {{"--comm-timeout", "nan"}, "--comm-timeout: nan is not a finite number"},
+      {{"--comm-timeout", "1e300"}, "--comm-timeout: 1e300 is out of range"},
+      {{"--loss-scale-interval", "0"}, "--loss-scale-interval: 0 is out of range"},
+      {{"--order", "99999999999"}, "--order: 99999999999 is out of range"},
+      {{"--nproc-per-node", "65"}, "--nproc-per-node: 65 is out of range"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const ParsedCommandLine parsed = parse(args);
+    EXPECT_FALSE(parsed.options.has_value()) << args[0] << " " << args[1];
+    EXPECT_EQ(parsed.exit_code, 2) << args[0];
+    EXPECT_NE(parsed.message.find(needle), std::string::npos) << parsed.message;
+  }
+  // The bounds themselves are values.
+  const ParsedCommandLine bounds = parse({"--seed", "4294967295", "--lr", "1e6", "--dropout", "0.99", "--steps",
+                                          "1099511627776", "--comm-timeout", "0.5"});
+  ASSERT_TRUE(bounds.options.has_value()) << bounds.message;
+  EXPECT_EQ(bounds.options->seed, 4294967295u);
+  EXPECT_EQ(bounds.options->steps, std::int64_t{1} << 40);
+}
+
+// Options that the other flags make meaningless are refused, not ignored.
+TEST(TrainerOptionsTest, OptionsThatWouldBeIgnoredAreRefused) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--topk", "3"}, "--topk routes tokens to experts: it needs --experts"},
+      {{"--loss-scale-interval", "5"}, "--loss-scale-interval sets fp16's loss scaling: it needs --dtype fp16"},
+      {{"--overlap", "none"}, "--overlap sets how tensor-parallel GEMMs meet their collectives"},
+      {{"--min-seq-len", "4"}, "--min-seq-len goes with --buckets"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const ParsedCommandLine parsed = parse(args);
+    EXPECT_FALSE(parsed.options.has_value()) << args[0];
+    EXPECT_EQ(parsed.exit_code, 2) << args[0];
+    EXPECT_NE(parsed.message.find(needle), std::string::npos) << parsed.message;
+  }
+  EXPECT_TRUE(parse({"--experts", "4", "--topk", "3"}).options.has_value());
+  EXPECT_TRUE(parse({"--dtype", "fp16", "--loss-scale-interval", "5"}).options.has_value());
+  EXPECT_TRUE(parse({"--tp", "2", "--overlap", "none"}).options.has_value());
+  auto resolved = [](std::vector<std::string> args) {
+    return resolve_defaults(*parse(std::move(args)).options, Device::kHost);
+  };
+  // One block has no second block to be an MoE block (was ResidualStack's "moe_every must be in [1, layers = 1]").
+  expect_error([&] { resolved({"--experts", "2", "--layers", "1"}); }, ErrorCode::kInvalidArgument,
+               "--experts makes every second block an MoE block: it needs --layers 2 or more");
+}
+
+// FP8 GEMMs are bf16's: fp32 (or fp16) with --fp8 was accepted; --fp8 alone
+// now trains bf16 on the host too, whose default is fp32.
+TEST(TrainerOptionsTest, Fp8RunsBf16OnlyAndNamesItsShapeFlags) {
+  auto resolved = [](std::vector<std::string> args) {
+    return resolve_defaults(*parse(std::move(args)).options, Device::kHost);
+  };
+  expect_error([&] { resolved({"--fp8", "current", "--dtype", "fp32"}); }, ErrorCode::kInvalidArgument,
+               "--fp8 current runs bf16 models only, got --dtype fp32");
+  expect_error([&] { resolved({"--fp8", "delayed", "--dtype", "fp16"}); }, ErrorCode::kInvalidArgument,
+               "--fp8 delayed runs bf16 models only, got --dtype fp16");
+  EXPECT_EQ(resolved({"--fp8", "current"}).dtype, "bf16");
+  EXPECT_EQ(resolved({"--fp8", "current", "--dtype", "bf16"}).dtype, "bf16");
+  EXPECT_EQ(resolved({}).dtype, "fp32");
+  // The Linear's own error named 'block0.attention.qkv.linear' and its token count.
+  expect_error([&] { resolved({"--fp8", "current", "--heads", "4", "--hidden", "64", "--batch", "3", "--seq-len", "5"}); },
+               ErrorCode::kInvalidArgument, "--fp8 current needs each step's tokens (--batch x --seq-len = 15)");
+  expect_error([&] { resolved({"--fp8", "block"}); }, ErrorCode::kInvalidArgument,
+               "to be multiples of 128, got --hidden 64, --ffn 128");
+}
+
+// An odd head dimension named the rotary kernel's rotary_dim (0), a value no
+// flag sets; the flags that decide it are --hidden and --heads.
+TEST(TrainerOptionsTest, HeadDimensionErrorsNameHiddenAndHeads) {
+  auto resolved = [](std::vector<std::string> args, Device device = Device::kHost) {
+    return resolve_defaults(*parse(std::move(args)).options, device);
+  };
+  expect_error([&] { resolved({"--heads", "8", "--hidden", "24"}); }, ErrorCode::kInvalidArgument,
+               "--hidden (24) / --heads (8) is 3 features a head; rotary positions need an even number");
+  expect_error([&] { resolved({"--heads", "1", "--hidden", "512"}, Device::kCuda); }, ErrorCode::kInvalidArgument,
+               "--hidden (512) / --heads (1) is 512 features a head; the CUDA attention kernels take at most 256");
+  EXPECT_EQ(resolved({"--heads", "8", "--hidden", "48"}).heads, 8);
+}
+
+// Products of flags stay inside the step's 32-bit token indices.
+TEST(TrainerOptionsTest, TokensPerStepFitThirtyTwoBits) {
+  auto resolved = [](std::vector<std::string> args) {
+    return resolve_defaults(*parse(std::move(args)).options, Device::kHost);
+  };
+  expect_error([&] { resolved({"--batch", "2000000000", "--heads", "0", "--context", "2"}); },
+               ErrorCode::kInvalidArgument, "--batch (2000000000) x --context (2) is 4000000000 tokens a step");
+  expect_error([&] { resolved({"--batch", "65536", "--heads", "2", "--seq-len", "65536"}); },
+               ErrorCode::kInvalidArgument, "--batch (65536) x --seq-len (65536)");
+}
+
 }  // namespace
 }  // namespace stepgraph::trainer

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -42,12 +43,19 @@ std::string describe_status(int status) {
   return "ended";
 }
 
+// Environment text in a message: printable ASCII only, at most 40 bytes.
+std::string printable_variable(const std::string& text) {
+  std::string out;
+  for (const char c : text.substr(0, 40)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return text.size() > 40 ? out + "..." : out;
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-[[noreturn]] void exec_worker(int rank, int nproc, int port, const std::string& secret,
+[[noreturn]] void exec_worker(int rank, int nproc, int port, const std::string& secret, int restart,
                               const std::vector<std::string>& args) {
   const std::string r = std::to_string(rank);
   const std::string n = std::to_string(nproc);
@@ -57,7 +65,8 @@ int exit_code_of(int status) {
                                                                       {"LOCAL_WORLD_SIZE", n},
                                                                       {"MASTER_ADDR", "127.0.0.1"},
                                                                       {"MASTER_PORT", std::to_string(port)},
-                                                                      {kLocalWorkerVariable, "1"}}) {
+                                                                      {kLocalWorkerVariable, "1"},
+                                                                      {kRestartVariable, std::to_string(restart)}}) {
     ::setenv(name.c_str(), value.c_str(), 1);
   }
   // The run's secret reaches the ranks in their environment, never their
@@ -78,25 +87,19 @@ int exit_code_of(int status) {
   std::_Exit(127);
 }
 
-}  // namespace
-
 // Beyond --comm-timeout: a survivor's watchdog poll and bounded abort.
 constexpr std::chrono::milliseconds kWorkerExitGrace{5000};
 
-int run_local_workers(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
-                      std::ostream& err) {
-  SG_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
-  SG_CHECK(launch_info_from_env().launcher == "none",
-           "--nproc-per-node starts the ranks itself, but this process "
-           "was started by a launcher (",
-           describe(launch_info_from_env()), "); leave out --nproc-per-node");
+// One start of every rank; the first failure's exit code, 0 when all succeeded.
+int run_workers_once(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout, int restart,
+                     std::ostream& err) {
   const int port = free_local_port();
   const std::string secret = make_rendezvous_secret();
   std::map<pid_t, int> running;  // pid -> rank
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
     SG_CHECK_CODE(pid >= 0, ErrorCode::kIo, "--nproc-per-node: fork failed: ", std::strerror(errno));
-    if (pid == 0) exec_worker(rank, nproc, port, secret, args);
+    if (pid == 0) exec_worker(rank, nproc, port, secret, restart, args);
     running[pid] = rank;
   }
   int first_failure = 0;
@@ -131,6 +134,39 @@ int run_local_workers(int nproc, const std::vector<std::string>& args, std::chro
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return first_failure;
+}
+
+}  // namespace
+
+int run_local_workers(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                      int max_restarts, std::ostream& err) {
+  SG_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
+  SG_CHECK(max_restarts >= 0, "--max-restarts must be >= 0, got ", max_restarts);
+  SG_CHECK(launch_info_from_env().launcher == "none",
+           "--nproc-per-node starts the ranks itself, but this process "
+           "was started by a launcher (",
+           describe(launch_info_from_env()), "); leave out --nproc-per-node");
+  for (int restart = 0;; ++restart) {
+    const int status = run_workers_once(nproc, args, timeout, restart, err);
+    // A run that ended, or one refused for its flags (which a restart would refuse again).
+    if (status == 0 || status == kInvalidArgumentExit || restart >= max_restarts) return status;
+    err << "trainer: restarting every rank (restart " << restart + 1 << " of " << max_restarts
+        << "): each resumes from the newest complete checkpoint\n";
+  }
+}
+
+int restart_count_from_env() {
+  for (const char* name : {kRestartVariable, "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    const std::string text(value);
+    int count = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
+    SG_CHECK(error == std::errc{} && end == text.data() + text.size() && count >= 0 && !text.empty(), name, " is '",
+             printable_variable(text), "', not a restart count (a decimal >= 0)");
+    return count;
+  }
+  return 0;
 }
 
 World join_world(Device device, std::chrono::milliseconds timeout) {

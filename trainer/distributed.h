@@ -28,6 +28,12 @@ namespace stepgraph::trainer {
 
 // Set in the workers --nproc-per-node starts (they must not start workers).
 inline constexpr const char* kLocalWorkerVariable = "STEPGRAPH_LOCAL_WORKER";
+// How many times the workers were started again after a failure (0 on the
+// first start): --max-restarts sets it, torchrun's TORCHELASTIC_RESTART_COUNT
+// counts the same.
+inline constexpr const char* kRestartVariable = "STEPGRAPH_RESTART_COUNT";
+// The exit status of a run refused for its flags (never restarted).
+inline constexpr int kInvalidArgumentExit = 2;
 
 // Starts `nproc` copies of this program with `args` (the worker's command
 // line: --nproc-per-node removed) as ranks 0..nproc-1 of a local world, on a
@@ -35,9 +41,26 @@ inline constexpr const char* kLocalWorkerVariable = "STEPGRAPH_LOCAL_WORKER";
 // random source) in their environment (STEPGRAPH_RENDEZVOUS_SECRET, never in
 // argv) and NVLink multicast kept off. Waits for all; once one fails, the others get `timeout` to
 // end on their own (they notice the dead rank) before they are killed.
-// Returns the first failure's exit code (0 when every rank succeeded).
+// Then, up to `max_restarts` times, starts every rank again (Note [Elastic
+// restarts]); a run refused for its flags is not restarted. Returns the last
+// start's first failure's exit code (0 when every rank succeeded).
 int run_local_workers(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
-                      std::ostream& err);
+                      int max_restarts, std::ostream& err);
+
+// Note [Elastic restarts]
+// A rank that dies ends the run's other ranks (the watchdog); a launcher with
+// restarts (--max-restarts with --nproc-per-node, torchrun --max-restarts)
+// then starts every rank again. A restarted trainer with --checkpoint
+// resumes from it where it exists (the newest complete save: checkpoints are
+// written atomically and per-rank parts commit through their manifest) and
+// starts over where none was saved yet. Training is deterministic (Note
+// [Deterministic algorithm choice] in engine/algorithm_choice.h), so the
+// finished run equals an uninterrupted one bit for bit.
+//
+// The restart count of this process (kRestartVariable, else torchrun's
+// TORCHELASTIC_RESTART_COUNT; 0 without either). An Error for a value that
+// is not a count.
+int restart_count_from_env();
 
 struct World {
   LaunchInfo launch;

@@ -7,6 +7,7 @@
 //   ./bazelw run //trainer -- --mode graph --steps 2000
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,15 +21,20 @@
 
 namespace {
 
-// The worker's command line: the launcher's own flag removed.
-std::vector<std::string> without_nproc_flag(const std::vector<std::string>& args) {
+// The worker's command line: the launcher's own flags removed.
+std::vector<std::string> without_launcher_flags(const std::vector<std::string>& args) {
   std::vector<std::string> out;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--nproc-per-node") {
-      ++i;  // and its value
-    } else if (args[i].rfind("--nproc-per-node=", 0) != 0) {
-      out.push_back(args[i]);
+    bool launcher_flag = false;
+    for (const std::string flag : {"--nproc-per-node", "--max-restarts"}) {
+      if (args[i] == flag) {
+        ++i;  // and its value
+        launcher_flag = true;
+      } else if (args[i].rfind(flag + "=", 0) == 0) {
+        launcher_flag = true;
+      }
     }
+    if (!launcher_flag) out.push_back(args[i]);
   }
   return out;
 }
@@ -55,11 +61,18 @@ int main(int argc, char** argv) {
   trainer::World world;
   try {
     if (parsed.options->nproc_per_node > 1 && std::getenv(trainer::kLocalWorkerVariable) == nullptr) {
-      return trainer::run_local_workers(static_cast<int>(parsed.options->nproc_per_node), without_nproc_flag(args),
-                                        timeout_of(*parsed.options), std::cerr);
+      trainer::check_restart_options(*parsed.options);
+      return trainer::run_local_workers(static_cast<int>(parsed.options->nproc_per_node),
+                                        without_launcher_flags(args), timeout_of(*parsed.options),
+                                        static_cast<int>(parsed.options->max_restarts), std::cerr);
     }
     const trainer::DeviceChoice choice = trainer::choose_device(*parsed.options);
-    const trainer::TrainerOptions options = trainer::resolve_defaults(*parsed.options, choice.device);
+    trainer::TrainerOptions options = trainer::resolve_defaults(*parsed.options, choice.device);
+    // A restarted rank continues from the newest complete checkpoint, where one was saved (Note [Elastic restarts]).
+    const int restart = trainer::restart_count_from_env();
+    const bool resumes_after_restart =
+        restart > 0 && !options.resume && !options.checkpoint.empty() && std::filesystem::exists(options.checkpoint);
+    if (resumes_after_restart) options.resume = true;
     world = trainer::join_world(choice.device, timeout_of(options));
     // Rank 0 speaks for the run; the others print only their errors.
     std::ostream& out = world.rank() == 0 ? std::cout : null_stream();
@@ -70,6 +83,12 @@ int main(int argc, char** argv) {
                                         : std::string("host");
     out << "device: " << description << "\n";
     if (world.size() > 1) out << "world: " << stepgraph::describe(world.launch) << "\n";
+    if (restart > 0) {
+      out << "restart " << restart << ": "
+          << (resumes_after_restart ? "resuming from " + options.checkpoint
+                                    : std::string("no checkpoint saved yet, starting over"))
+          << "\n";
+    }
     // Before anything is allocated: a data file's vocabulary or the flags may ask for more than the machine has.
     trainer::check_run_memory(options, choice.device, world.size(), world.launch.local_rank);
     trainer::train(options, choice.device, out, world.comm.get());

@@ -158,6 +158,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "start this many ranks on this host (one process per GPU); under torchrun, srun or mpirun leave it "
                  "out: their variables set the world")
       ->check(whole_number(1, 64));
+  app.add_option("--max-restarts", o.max_restarts,
+                 "with --nproc-per-node and --checkpoint: when a rank dies, start every rank again, up to this many "
+                 "times, each resuming from the newest complete checkpoint (torchrun: its own --max-restarts)")
+      ->check(whole_number(0, 100));
   app.add_option("--dp", o.dp, "data-parallel ranks (default: the world size); the global --batch is split among them")
       ->check(whole_number(1, kMaxRanks));
   app.add_option("--tp", o.tp,
@@ -228,6 +232,14 @@ DeviceChoice choose_device(const TrainerOptions& options) {
   const DeviceCount found = cuda_device_count();
   if (found.count > 0) return {Device::kCuda, ""};
   return {Device::kHost, found.no_device_reason + "; training on the host with a small model"};
+}
+
+void check_restart_options(const TrainerOptions& o) {
+  SG_CHECK(o.max_restarts == 0 || o.nproc_per_node > 1,
+           "--max-restarts restarts the ranks that --nproc-per-node starts; give --nproc-per-node N (N >= 2), or "
+           "under torchrun its own --max-restarts");
+  SG_CHECK(o.max_restarts == 0 || !o.checkpoint.empty(),
+           "--max-restarts needs --checkpoint PATH (and --save-every N) for the restarted ranks to resume from");
 }
 
 TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
@@ -334,6 +346,7 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.experts == 0 || o.layers >= 2, "--experts makes every second block an MoE block: it needs --layers 2 or "
            "more, got --layers ", o.layers);
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
+  check_restart_options(o);
   SG_CHECK(o.dropout == 0 || o.tp == 1, "--dropout with --tp ", o.tp, ": dropout is not tensor-parallel yet");
   SG_CHECK(!(o.skip_nonfinite.value_or(false) && o.dp_mode == "zero1"),
            "--skip-nonfinite with --dp-mode zero1: the sharded update's collectives cannot run inside the "

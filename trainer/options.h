@@ -88,6 +88,7 @@ struct TrainerOptions {
   // processes of this program on this host; without it the launcher's
   // variables (torchrun, srun, mpirun) decide the world.
   std::int64_t nproc_per_node = 0;    // 0: not the local launcher
+  std::int64_t max_restarts = 0;      // --nproc-per-node starts every rank again this often (Note [Elastic restarts])
   std::int64_t dp = 0;                // data-parallel ranks; 0: the world size / tp
   std::int64_t tp = 1;                // tensor-parallel ranks (consecutive ranks form a group)
   std::string overlap = "bulk";       // tensor-parallel GEMM/collective overlap (layers/comm_gemm_overlap.h)
@@ -124,5 +125,10 @@ DeviceChoice choose_device(const TrainerOptions& options);
 // Fills every default for `device` (Note [Trainer defaults]) and checks the
 // combinations; Error(kInvalidArgument) naming the flag otherwise.
 TrainerOptions resolve_defaults(const TrainerOptions& options, Device device);
+
+// --max-restarts goes with --nproc-per-node and --checkpoint
+// (Error(kInvalidArgument) naming the flag otherwise); resolve_defaults and
+// the local launcher check it.
+void check_restart_options(const TrainerOptions& options);
 
 }  // namespace stepgraph::trainer

@@ -44,7 +44,7 @@ TEST(LocalWorkersSecretTest, LocalWorkersGetASecretInTheirEnvironment) {
   // A secret file in the parent's environment is not what the workers use.
   ::setenv("STEPGRAPH_RENDEZVOUS_SECRET_FILE", "/no/such/file", 1);
   const int status = trainer::run_local_workers(2, {"--gtest_filter=LocalWorkersSecretTest.WorkerSide"},
-                                                std::chrono::seconds(10), std::cerr);
+                                                std::chrono::seconds(10), /*max_restarts=*/0, std::cerr);
   ::unsetenv("STEPGRAPH_RENDEZVOUS_SECRET_FILE");
   EXPECT_EQ(status, 0) << "a worker failed; its output is above";
 }

@@ -71,9 +71,9 @@ same_losses() {  # same_losses A B [FIRST_STEP]: equal loss lines from FIRST_STE
   diff <(losses "$1" | awk -v f="$first" '$1 >= f') <(losses "$2" | awk -v f="$first" '$1 >= f') >/dev/null &&
     [ "$(losses "$2" | awk -v f="$first" '$1 >= f' | wc -l)" -gt 0 ]
 }
-same_checkpoints() {  # same_checkpoints A B: A and B, or each rank's A.rankR-of-N and B.rankR-of-N
+same_checkpoints() {  # same_checkpoints A B: A and B, and each per-rank part of A's set against B's of that name
   local file status=0 found=0
-  for file in "$1" "$1".rank*; do
+  for file in "$1" "$1".step*; do
     [ -e "$file" ] || continue
     found=1
     python3 "$compare" "$file" "$2${file#"$1"}" | sed 's/^/  /'

@@ -57,6 +57,7 @@ install -m 0755 tools/killed_rank_check.sh "$bundle/killed_rank_check.sh"
 install -m 0755 tools/compare_losses.py "$bundle/compare_losses.py"
 install -m 0755 tools/compare_checkpoints.py "$bundle/compare_checkpoints.py"
 install -m 0755 tools/determinism_checks.sh "$bundle/determinism_checks.sh"
+install -m 0755 tools/restart_check.sh "$bundle/restart_check.sh"
 install -m 0755 tools/ncu_summary.py "$bundle/ncu_summary.py"
 install -m 0755 tools/gpu_run.sh "$bundle/run.sh"
 

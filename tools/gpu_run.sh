@@ -193,6 +193,9 @@ if wants multigpu; then
     "$here/bin/trainer" --nproc-per-node 2 --dp 2 --dtype fp32 --steps 50 --log-every 1 >"$work/dp2_fp32.log" 2>&1
     step multigpu.log python3 "$here/compare_losses.py" "$work/dp1_fp32.log" "$work/dp2_fp32.log" --rtol 2e-4
     step multigpu.log "$here/killed_rank_check.sh" "$here/bin/trainer" "$work/killed"
+    # Elastic restarts: a killed rank restarted, the run equal to an uninterrupted one (DP=2 and ZeRO-1's parts).
+    step multigpu.log "$here/restart_check.sh" "$here/bin/trainer" "$work/restart_dp2" --dp 2
+    step multigpu.log "$here/restart_check.sh" "$here/bin/trainer" "$work/restart_zero1" --dp 2 --dp-mode zero1
     # Reproducible and exactly resumed at 2 ranks, on the text file (tools/determinism_checks.sh).
     step multigpu.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/det_dp2" "$work/corpus.txt" --only default \
       -- --nproc-per-node 2 --dp 2

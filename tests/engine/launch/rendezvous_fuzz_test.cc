@@ -89,9 +89,9 @@ sockaddr_in loopback_address(int port, const char* ip = "127.0.0.1") {
   return address;
 }
 
-// A blocking connection to 127.0.0.1:port, retried while nobody listens yet; -1 if none within 3 s.
-int connect_raw(int port) {
-  for (int attempt = 0; attempt < 150; ++attempt) {
+// A blocking connection to 127.0.0.1:port, retried every 20 ms while nobody listens yet; -1 if none.
+int connect_raw(int port, int attempts = 150) {
+  for (int attempt = 0; attempt < attempts; ++attempt) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const sockaddr_in address = loopback_address(port);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) return fd;
@@ -193,7 +193,7 @@ TEST(RendezvousFuzzTest, RankZeroAmongStrangersOnlyEndsInTime) {
   expect_all_succeeded(run_processes(2, [&](int process) {
     if (process == 1) {
       for (std::uint32_t round = 0; round < 400; ++round) {
-        const int fd = connect_raw(port);
+        const int fd = connect_raw(port, round == 0 ? 150 : 1);
         if (fd < 0) return 0;  // rank 0 gave up
         send_all(fd, random_bytes(64 + round % 512, round));
         ::close(fd);

@@ -255,7 +255,6 @@ std::string descriptor_limit_text() {
 struct Admitted {
   HelloFrame hello;
   std::string run_tag;
-  std::string address;
   Connection connection;
 };
 
@@ -477,7 +476,7 @@ class RankZeroJoin {
       refuse(joiner, "sent a frame with a wrong MAC right after its handshake (altered on the way?)");
       return;
     }
-    Admitted admitted{joiner.hello, "", joiner.address, {}};
+    Admitted admitted{joiner.hello, "", {}};
     try {
       wire::Reader reader(body, "join");
       admitted.run_tag = std::string(reader.take(reader.u32()));

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
@@ -140,6 +141,22 @@ int listen_raw(int port) {
   return fd;
 }
 
+// One child tells another that it is done (a file appears), so a case's order does not rest on sleeps.
+struct Signal {
+  std::string path;
+  explicit Signal(const char* name) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name + "." + std::to_string(::getpid());
+    ::unlink(path.c_str());
+  }
+  void raise() const { std::ofstream(path).put('1'); }
+  // Waits until raised, at most `limit`.
+  void wait(milliseconds limit = seconds(5)) const {
+    const Clock::time_point until = Clock::now() + limit;
+    while (::access(path.c_str(), F_OK) != 0 && Clock::now() < until) std::this_thread::sleep_for(milliseconds(10));
+  }
+};
+
 long max_rss_kib() {
   rusage usage{};
   ::getrusage(RUSAGE_SELF, &usage);
@@ -157,6 +174,7 @@ int genuine_exchange(Rendezvous& rendezvous, int rank) {
 
 TEST(RendezvousFuzzTest, GarbageAndOversizeAnnouncementsAreRefusedWhileTheRanksJoin) {
   const int port = free_port();
+  const Signal sent("garbage_sent");
   expect_all_succeeded(run_processes(3, [&](int process) {
     if (process == 2) {
       std::vector<int> held;
@@ -175,11 +193,12 @@ TEST(RendezvousFuzzTest, GarbageAndOversizeAnnouncementsAreRefusedWhileTheRanksJ
         send_all(fd, attack);
         held.push_back(fd);
       }
+      sent.raise();
       std::this_thread::sleep_for(milliseconds(800));
       for (const int fd : held) ::close(fd);
       return 0;
     }
-    if (process == 1) std::this_thread::sleep_for(milliseconds(300));  // after the garbage
+    if (process == 1) sent.wait();  // after the garbage
     const long before = max_rss_kib();
     auto rendezvous = Rendezvous::connect(secret_rank(process, 2, port), "run", kTimeout);
     CHILD_CHECK(max_rss_kib() - before < 64 * 1024, "rank ", process, " grew by ", max_rss_kib() - before,
@@ -210,13 +229,17 @@ TEST(RendezvousFuzzTest, RankZeroAmongStrangersOnlyEndsInTime) {
 
 TEST(RendezvousFuzzTest, AnImpostorWithoutTheSecretCannotTakeARank) {
   const int port = free_port();
+  const Signal refused("impostor_refused");
   expect_all_succeeded(run_processes(3, [&](int process) {
     if (process == 2) {  // says it is rank 1, has no secret
-      return expect_error_in_time([&] { (void)Rendezvous::connect(rank_info(1, 2, port), "run", kTimeout); },
-                                  ErrorCode::kInvalidArgument,
-                                  {"has a rendezvous secret but rank 1 has none", "STEPGRAPH_RENDEZVOUS_SECRET"});
+      const int status =
+          expect_error_in_time([&] { (void)Rendezvous::connect(rank_info(1, 2, port), "run", kTimeout); },
+                               ErrorCode::kInvalidArgument,
+                               {"has a rendezvous secret but rank 1 has none", "STEPGRAPH_RENDEZVOUS_SECRET"});
+      refused.raise();
+      return status;
     }
-    if (process == 1) std::this_thread::sleep_for(milliseconds(400));  // the impostor comes first
+    if (process == 1) refused.wait();  // the impostor comes first
     auto rendezvous = Rendezvous::connect(secret_rank(process, 2, port), "run", kTimeout);
     return genuine_exchange(*rendezvous, process);
   }));
@@ -346,8 +369,9 @@ TEST(RendezvousFuzzTest, DescriptorExhaustionEndsInTimeWithoutFloodingTheLog) {
     if (process == 1) {
       std::vector<int> held;
       for (int i = 0; i < 20; ++i) {
-        const int fd = connect_raw(port);
-        if (fd >= 0) held.push_back(fd);
+        const int fd = connect_raw(port, i == 0 ? 150 : 1);
+        if (fd < 0) break;  // rank 0 is done
+        held.push_back(fd);
       }
       std::this_thread::sleep_for(kBound);
       for (const int fd : held) ::close(fd);
@@ -378,8 +402,9 @@ TEST(RendezvousFuzzTest, IdleConnectionsBeyondTheLimitsDoNotKeepARankOut) {
     if (process == 2) {
       std::vector<int> held;
       for (int i = 0; i < 200; ++i) {
-        const int fd = connect_raw(port);
-        if (fd >= 0) held.push_back(fd);
+        const int fd = connect_raw(port, i == 0 ? 150 : 1);
+        if (fd < 0) break;  // rank 0 is done
+        held.push_back(fd);
       }
       std::this_thread::sleep_for(milliseconds(1500));
       for (const int fd : held) ::close(fd);

@@ -64,7 +64,9 @@ std::string u32_bytes(std::uint32_t value) {
   return out;
 }
 
-std::string u64_bytes(std::uint64_t value) { return u32_bytes(static_cast<std::uint32_t>(value)) + u32_bytes(value >> 32); }
+std::string u64_bytes(std::uint64_t value) {
+  return u32_bytes(static_cast<std::uint32_t>(value)) + u32_bytes(value >> 32);
+}
 
 std::string frame(std::string_view body) { return u64_bytes(body.size()) + std::string(body); }
 
@@ -179,11 +181,11 @@ TEST(RendezvousFuzzTest, GarbageAndOversizeAnnouncementsAreRefusedWhileTheRanksJ
     if (process == 2) {
       std::vector<int> held;
       const std::vector<std::string> attacks = {
-          random_bytes(4096, 1),                                        // noise
+          random_bytes(4096, 1),                                         // noise
           u64_bytes(std::uint64_t{1} << 62) + random_bytes(1 << 20, 2),  // announces 4 EiB, sends 1 MiB
-          u64_bytes(~std::uint64_t{0}),                                 // announces 2^64 - 1
-          u64_bytes(4000) + random_bytes(4000, 3),                      // a hello-sized frame of noise
-          frame(u32_bytes(0x53475256) + u32_bytes(2) + "short"),        // our magic, cut short
+          u64_bytes(~std::uint64_t{0}),                                  // announces 2^64 - 1
+          u64_bytes(4000) + random_bytes(4000, 3),                       // a hello-sized frame of noise
+          frame(u32_bytes(0x53475256) + u32_bytes(2) + "short"),         // our magic, cut short
           frame(u32_bytes(0x53475256) + u32_bytes(1) + u32_bytes(1) + u32_bytes(2) + u32_bytes(3) + "tag"),  // v1
           std::string("GET / HTTP/1.1\r\n\x1b[2J\r\n\r\n"),
       };
@@ -232,10 +234,9 @@ TEST(RendezvousFuzzTest, AnImpostorWithoutTheSecretCannotTakeARank) {
   const Signal refused("impostor_refused");
   expect_all_succeeded(run_processes(3, [&](int process) {
     if (process == 2) {  // says it is rank 1, has no secret
-      const int status =
-          expect_error_in_time([&] { (void)Rendezvous::connect(rank_info(1, 2, port), "run", kTimeout); },
-                               ErrorCode::kInvalidArgument,
-                               {"has a rendezvous secret but rank 1 has none", "STEPGRAPH_RENDEZVOUS_SECRET"});
+      const int status = expect_error_in_time(
+          [&] { (void)Rendezvous::connect(rank_info(1, 2, port), "run", kTimeout); }, ErrorCode::kInvalidArgument,
+          {"has a rendezvous secret but rank 1 has none", "STEPGRAPH_RENDEZVOUS_SECRET"});
       refused.raise();
       return status;
     }
@@ -276,10 +277,9 @@ TEST(RendezvousFuzzTest, AWrongSecretIsNamedOnEveryRank) {
           [&] { (void)Rendezvous::connect(secret_rank(2, 3, port, kOtherSecret), "run", kTimeout); }, ErrorCode::kIo,
           {"rank 0 at 127.0.0.1:", "failed to prove the rendezvous secret to rank 2"});
     }
-    return expect_error_in_time([&] { (void)Rendezvous::connect(secret_rank(rank, 3, port), "run", kTimeout); },
-                                ErrorCode::kIo,
-                                {"rank 2 did not join", "claiming rank 2 could not check rank 0's proof",
-                                 "secret differs"});
+    return expect_error_in_time(
+        [&] { (void)Rendezvous::connect(secret_rank(rank, 3, port), "run", kTimeout); }, ErrorCode::kIo,
+        {"rank 2 did not join", "claiming rank 2 could not check rank 0's proof", "secret differs"});
   }));
 }
 
@@ -297,8 +297,9 @@ int rogue_rank0(int port, Rogue rogue) {
     case Rogue::kEcho: send_all(fd, hello); break;
     case Rogue::kFakeChallenge:
     case Rogue::kNoSecret:
-      send_all(fd, frame(u32_bytes(0x53475256) + u32_bytes(2) + std::string(1, rogue == Rogue::kNoSecret ? '\0' : '\1') +
-                         random_bytes(32, 7) + random_bytes(32, 8)));
+      send_all(fd,
+               frame(u32_bytes(0x53475256) + u32_bytes(2) + std::string(1, rogue == Rogue::kNoSecret ? '\0' : '\1') +
+                     random_bytes(32, 7) + random_bytes(32, 8)));
       break;
     case Rogue::kSilent: break;
     case Rogue::kHuge: send_all(fd, u64_bytes(std::uint64_t{1} << 40) + random_bytes(4096, 9)); break;
@@ -490,8 +491,8 @@ TEST(RendezvousFuzzTest, AMultiHostRunWithoutASecretDoesNotStart) {
     ADD_FAILURE() << "a multi-host run started without a secret";
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
-    for (const char* word : {"spans several hosts", "no rendezvous secret", "STEPGRAPH_RENDEZVOUS_SECRET=",
-                             "STEPGRAPH_RENDEZVOUS_SECRET_FILE"}) {
+    for (const char* word : {"spans several hosts", "no rendezvous secret",
+                             "STEPGRAPH_RENDEZVOUS_SECRET=", "STEPGRAPH_RENDEZVOUS_SECRET_FILE"}) {
       EXPECT_NE(error.message().find(word), std::string::npos) << word << " in: " << error.message();
     }
   }

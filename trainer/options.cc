@@ -201,7 +201,12 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
     return parsed;
   } catch (const CLI::ParseError& error) {
     parsed.exit_code = 2;  // a usage error, like every bad flag value (main's convention)
-    parsed.message = std::string("trainer: ") + error.what() + "\nRun with --help for the flags.";
+    std::string what = error.what();
+    // CLI11 says "--steps: At Most 1 required but received 2" for a flag given twice.
+    if (const std::size_t at = what.find(": At Most 1 required but received "); at != std::string::npos) {
+      what = what.substr(0, at) + " was given " + what.substr(at + 34) + " times; give it once";
+    }
+    parsed.message = "trainer: " + what + "\nRun with --help for the flags.";
     return parsed;
   }
   if (skip_option->count() > 0) o.skip_nonfinite = skip_nonfinite;
@@ -302,7 +307,9 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(o.warmup_steps >= 0 && o.warmup_steps <= kMaxSteps && o.decay_steps >= 0 && o.decay_steps <= kMaxSteps &&
                o.steps <= kMaxSteps,
            "--steps, --warmup-steps and --decay-steps must be in [0, 2^40]");
-  const kernels::LrScheduleKind schedule = kernels::parse_lr_schedule_kind(o.lr_schedule);  // an Error naming them
+  SG_CHECK(o.lr_schedule == "constant" || o.lr_schedule == "cosine" || o.lr_schedule == "linear",
+           "--lr-schedule: unknown learning-rate schedule '", o.lr_schedule, "'; use constant, cosine or linear");
+  const kernels::LrScheduleKind schedule = kernels::parse_lr_schedule_kind(o.lr_schedule);
   SG_CHECK(o.min_lr <= o.lr, "--min-lr (", o.min_lr, ") must not exceed --lr (", o.lr, ")");
   const std::int64_t decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps;
   SG_CHECK(schedule == kernels::LrScheduleKind::kConstant || o.warmup_steps < decay_end, "--warmup-steps (",
@@ -343,6 +350,8 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
            "--fp8-weight-cache needs --fp8 current or delayed (tensor-wise scaling), got --fp8 ", o.fp8);
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
+  SG_CHECK(o.experts == 0 || o.dtype != "fp16", "--experts with --dtype fp16: the MoE blocks' grouped GEMM takes bf16 "
+           "or fp32; pass --dtype bf16 or fp32, or leave --experts out");
   SG_CHECK(o.experts == 0 || o.layers >= 2, "--experts makes every second block an MoE block: it needs --layers 2 or "
            "more, got --layers ", o.layers);
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <fstream>
@@ -11,7 +12,7 @@
 
 #include "engine/error.h"
 #include "trainer/counter_rng.h"
-#include "trainer/mapped_file.h"
+#include "trainer/file_reader.h"
 
 namespace stepgraph::trainer {
 namespace {
@@ -21,9 +22,8 @@ static_assert(std::endian::native == std::endian::little, "token files are read 
 constexpr std::uint64_t kOffsetStream = 3;
 constexpr std::size_t kHeaderBytes = 24;
 constexpr std::size_t kMagicPrefix = 7;  // "SGTOKEN": the format's name; the 8th byte is its version
-// Tokens are checked this many bytes at a time, each window's pages released
-// after its check, so opening a large file never holds it all resident.
-constexpr std::size_t kCheckWindowBytes = std::size_t{64} << 20;
+// Tokens are checked this many bytes at a time.
+constexpr std::size_t kCheckChunkBytes = std::size_t{1} << 20;
 
 template <typename T>
 T load(const unsigned char* at) {
@@ -32,15 +32,17 @@ T load(const unsigned char* at) {
   return value;
 }
 
-DataFileInfo parse_header(const std::filesystem::path& path, std::span<const unsigned char> bytes) {
+// `bytes`: the file's first min(size, 24) bytes.
+DataFileInfo parse_header(const std::filesystem::path& path, std::span<const unsigned char> bytes,
+                          std::uint64_t file_size) {
   const bool named_token_file =
       bytes.size() >= kMagicPrefix && std::memcmp(bytes.data(), kTokenFileMagic, kMagicPrefix) == 0;
   if (!named_token_file) {
-    SG_CHECK_CODE(bytes.size() >= 2, ErrorCode::kIo, "text file ", path, " has ", bytes.size(),
+    SG_CHECK_CODE(file_size >= 2, ErrorCode::kIo, "text file ", path, " has ", file_size,
                   " byte; an example needs at least 2 (a window and its label)");
-    return DataFileInfo{.token_file = false, .bytes_per_token = 1, .vocab = 256, .tokens = bytes.size()};
+    return DataFileInfo{.token_file = false, .bytes_per_token = 1, .vocab = 256, .tokens = file_size};
   }
-  SG_CHECK_CODE(bytes.size() >= kHeaderBytes, ErrorCode::kIo, "token file ", path, " is truncated: ", bytes.size(),
+  SG_CHECK_CODE(file_size >= kHeaderBytes, ErrorCode::kIo, "token file ", path, " is truncated: ", file_size,
                 " bytes, less than its ", kHeaderBytes, "-byte header");
   SG_CHECK_CODE(bytes[kMagicPrefix] == static_cast<unsigned char>(kTokenFileMagic[kMagicPrefix]), ErrorCode::kIo,
                 "token file ", path, " has a bad magic: it starts with \"SGTOKEN\" but its version byte is ",
@@ -52,7 +54,7 @@ DataFileInfo parse_header(const std::filesystem::path& path, std::span<const uns
                 " bytes per token; the format allows 2 (uint16) or 4 (int32)");
   SG_CHECK_CODE(vocab >= 1 && vocab <= static_cast<std::uint32_t>(std::numeric_limits<std::int32_t>::max()),
                 ErrorCode::kIo, "token file ", path, " has vocab ", vocab, "; it must be in [1, 2^31)");
-  const std::size_t payload = bytes.size() - kHeaderBytes;
+  const std::uint64_t payload = file_size - kHeaderBytes;
   SG_CHECK_CODE(count <= payload / width && count * width == payload, ErrorCode::kIo, "token file ", path,
                 " is damaged or truncated: its header says ", count, " tokens of ", width, " bytes, but ", payload,
                 " bytes follow the header");
@@ -61,31 +63,31 @@ DataFileInfo parse_header(const std::filesystem::path& path, std::span<const uns
   return DataFileInfo{.token_file = true, .bytes_per_token = width, .vocab = vocab, .tokens = count};
 }
 
-// Every token of a mapped token file in [0, vocab), or Error(kIo) naming the first that is not.
-void check_tokens(const std::filesystem::path& path, const MappedFile& file, const DataFileInfo& info) {
-  const unsigned char* tokens = file.bytes().data() + kHeaderBytes;
-  const std::size_t per_window = kCheckWindowBytes / info.bytes_per_token;
-  for (std::uint64_t first = 0; first < info.tokens; first += per_window) {
-    const std::uint64_t last = std::min<std::uint64_t>(first + per_window, info.tokens);
-    for (std::uint64_t i = first; i < last; ++i) {
-      const unsigned char* at = tokens + i * info.bytes_per_token;
+// Every token of a token file in [0, vocab), or Error(kIo) naming the first that is not.
+void check_tokens(const FileReader& file, const DataFileInfo& info) {
+  std::vector<unsigned char> chunk(kCheckChunkBytes);
+  const std::uint64_t per_chunk = kCheckChunkBytes / info.bytes_per_token;
+  for (std::uint64_t first = 0; first < info.tokens; first += per_chunk) {
+    const std::uint64_t count = std::min<std::uint64_t>(per_chunk, info.tokens - first);
+    const std::span<unsigned char> bytes(chunk.data(), count * info.bytes_per_token);
+    file.read(kHeaderBytes + first * info.bytes_per_token, bytes);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const unsigned char* at = bytes.data() + i * info.bytes_per_token;
       const std::int64_t token = info.bytes_per_token == 2 ? load<std::uint16_t>(at) : load<std::int32_t>(at);
-      SG_CHECK_CODE(token >= 0 && token < info.vocab, ErrorCode::kIo, "token file ", path, ": token ", i, " is ",
-                    token, ", outside the vocab [0, ", info.vocab, ")");
+      SG_CHECK_CODE(token >= 0 && token < info.vocab, ErrorCode::kIo, "token file ", file.path(), ": token ",
+                    first + i, " is ", token, ", outside the vocab [0, ", info.vocab, ")");
     }
-    file.release_pages(kHeaderBytes + first * info.bytes_per_token, (last - first) * info.bytes_per_token);
   }
 }
 
-// Tokens read in place from the mapping: 1 (text), 2 or 4 bytes each.
-class MappedTokens final : public DataSource {
+// Tokens read from the file as examples are drawn: 1 (text), 2 or 4 bytes each.
+class FileTokens final : public DataSource {
  public:
-  MappedTokens(std::string description, std::string name, MappedFile file, DataFileInfo info, std::uint64_t seed)
+  FileTokens(std::string description, FileReader file, DataFileInfo info, std::uint64_t seed)
       : description_(std::move(description)),
-        name_(std::move(name)),
         file_(std::move(file)),
         info_(info),
-        tokens_(file_.bytes().data() + (info.token_file ? kHeaderBytes : 0)),
+        first_byte_(info.token_file ? kHeaderBytes : 0),
         seed_(seed) {}
 
   std::int64_t vocab() const override { return info_.vocab; }
@@ -98,60 +100,80 @@ class MappedTokens final : public DataSource {
     SG_CHECK(batch >= 1, "next_batch: batch must be >= 1, got ", batch);
     SG_CHECK(context >= 1, "next_batch: context must be >= 1, got ", context);
     const std::uint64_t count = info_.tokens;
-    SG_CHECK(count > static_cast<std::uint64_t>(context), "data file ", name_, " has ", count,
+    SG_CHECK(count > static_cast<std::uint64_t>(context), "data file ", file_.path(), " has ", count,
              " tokens: too short for a context of ", context, " (an example needs context + 1 = ", context + 1, ")");
-    out.windows.resize(static_cast<std::size_t>(batch) * static_cast<std::size_t>(context));
-    out.labels.resize(static_cast<std::size_t>(batch));
     const auto width = static_cast<std::size_t>(context);
+    out.windows.resize(static_cast<std::size_t>(batch) * width);
+    out.labels.resize(static_cast<std::size_t>(batch));
+    example_.resize((width + 1) * info_.bytes_per_token);
     for (std::int64_t r = 0; r < batch; ++r) {
       CounterRng rng(seed_, kOffsetStream, position_, static_cast<std::uint64_t>(r));
       const std::uint64_t offset = rng.next_below(count - static_cast<std::uint64_t>(context));
+      file_.read(first_byte_ + offset * info_.bytes_per_token, example_);
       std::int32_t* row = out.windows.data() + static_cast<std::size_t>(r) * width;
-      for (std::size_t i = 0; i < width; ++i) row[i] = token(offset + i);
-      out.labels[static_cast<std::size_t>(r)] = token(offset + width);
+      for (std::size_t i = 0; i < width; ++i) row[i] = token(i);
+      const std::int32_t label = token(width);
+      out.labels[static_cast<std::size_t>(r)] = label;
+      // Checked at open; a file rewritten since then must not feed the model a token outside its vocabulary.
+      SG_CHECK_CODE(label < info_.vocab && *std::max_element(row, row + width) < info_.vocab &&
+                        *std::min_element(row, row + width) >= 0 && label >= 0,
+                    ErrorCode::kIo, "data file ", file_.path(), " changed during the run: a token at ", offset,
+                    " is outside its vocab [0, ", info_.vocab, ")");
     }
     ++position_;
   }
 
  private:
-  std::int32_t token(std::uint64_t i) const {
+  // Token i of the example just read.
+  std::int32_t token(std::size_t i) const {
+    const unsigned char* at = example_.data() + i * info_.bytes_per_token;
     switch (info_.bytes_per_token) {
       case 1:
-        return tokens_[i];
+        return *at;
       case 2:
-        return load<std::uint16_t>(tokens_ + 2 * i);
+        return load<std::uint16_t>(at);
       default:
-        return load<std::int32_t>(tokens_ + 4 * i);
+        return load<std::int32_t>(at);
     }
   }
 
   std::string description_;
-  std::string name_;
-  MappedFile file_;
+  FileReader file_;
   DataFileInfo info_;
-  const unsigned char* tokens_;
+  std::uint64_t first_byte_;
   std::uint64_t seed_;
   std::uint64_t position_ = 0;
+  std::vector<unsigned char> example_;  // one example's bytes, reused
 };
 
 }  // namespace
 
+namespace {
+
+DataFileInfo read_header(const FileReader& file) {
+  std::array<unsigned char, kHeaderBytes> header{};
+  const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(file.size(), kHeaderBytes));
+  file.read(0, std::span(header.data(), length));
+  return parse_header(file.path(), std::span(header.data(), length), file.size());
+}
+
+}  // namespace
+
 DataFileInfo inspect_data_file(const std::filesystem::path& path) {
-  const MappedFile file = MappedFile::open(path, "data file");  // maps; reads only the pages touched
-  return parse_header(path, file.bytes());
+  return read_header(FileReader::open(path, "data file"));
 }
 
 std::unique_ptr<DataSource> open_token_data(const std::filesystem::path& path, std::uint64_t seed) {
-  MappedFile file = MappedFile::open(path, "data file");
-  const DataFileInfo info = parse_header(path, file.bytes());
+  FileReader file = FileReader::open(path, "data file");
+  const DataFileInfo info = read_header(file);
   std::string description;
   if (info.token_file) {
-    check_tokens(path, file, info);
+    check_tokens(file, info);
     description = fmt::format("token file {}: {} tokens, vocab {}", path.string(), info.tokens, info.vocab);
   } else {
     description = fmt::format("text file {}: {} bytes as tokens (vocab 256)", path.string(), info.tokens);
   }
-  return std::make_unique<MappedTokens>(std::move(description), path.string(), std::move(file), info, seed);
+  return std::make_unique<FileTokens>(std::move(description), std::move(file), info, seed);
 }
 
 void write_token_file(const std::filesystem::path& path, std::int64_t vocab, std::span<const std::int32_t> tokens) {

@@ -10,9 +10,9 @@
 // A file that does not start with "SGTOKEN" is read as text; one that starts
 // with it but not with the magic (another version) is an error.
 //
-// Both are memory-mapped, never copied: a file costs at most its size in
-// file-backed pages (a token file's tokens are checked once at open, a window
-// of pages at a time, each window released after its check).
+// Both are read in place (trainer/file_reader.h), never copied into memory:
+// each example's bytes are read as it is drawn, and a token file's tokens are
+// checked once at open, a megabyte at a time.
 //
 // Example `row` of batch `position` starts at a uniform pseudo-random offset
 // keyed by (seed, position, row): window = tokens[off, off + context), label =

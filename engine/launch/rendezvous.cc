@@ -215,7 +215,8 @@ std::string Rendezvous::exchange_as_root(Exchange kind, std::string_view local, 
       wire::FrameReader& reader = readers[static_cast<std::size_t>(rank)];
       IoResult result = reader.step(sockets_[static_cast<std::size_t>(rank)]);
       if (result.status == Io::kDone) {
-        result = wire::open_sealed(macs_[static_cast<std::size_t>(rank)], reader, &requests[static_cast<std::size_t>(rank)]);
+        result =
+            wire::open_sealed(macs_[static_cast<std::size_t>(rank)], reader, &requests[static_cast<std::size_t>(rank)]);
       }
       switch (result.status) {
         case Io::kDone: break;

@@ -50,8 +50,7 @@
 namespace stepgraph {
 namespace {
 
-constexpr std::string_view kProofLabel[] = {"stepgraph rendezvous proof: rank 0",
-                                            "stepgraph rendezvous proof: peer"};
+constexpr std::string_view kProofLabel[] = {"stepgraph rendezvous proof: rank 0", "stepgraph rendezvous proof: peer"};
 constexpr std::string_view kToRank0Label = "stepgraph rendezvous key: to rank 0";
 constexpr std::string_view kFromRank0Label = "stepgraph rendezvous key: from rank 0";
 
@@ -78,7 +77,8 @@ class HmacStream {
   }
 
   HmacStream& update(std::string_view bytes) {
-    ok_ = ok_ && EVP_MAC_update(context_.get(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) == 1;
+    ok_ =
+        ok_ && EVP_MAC_update(context_.get(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) == 1;
     return *this;
   }
 
@@ -112,8 +112,8 @@ Nonce make_nonce() {
   while (got < nonce.size()) {
     const ssize_t n = ::getrandom(nonce.data() + got, nonce.size() - got, 0);
     if (n < 0 && errno == EINTR) continue;
-    SG_CHECK_CODE(n > 0, ErrorCode::kInternal, "getrandom() failed: ",
-                  std::error_code(errno, std::generic_category()).message());
+    SG_CHECK_CODE(n > 0, ErrorCode::kInternal,
+                  "getrandom() failed: ", std::error_code(errno, std::generic_category()).message());
     got += static_cast<std::size_t>(n);
   }
   return nonce;
@@ -159,7 +159,8 @@ bool FrameMac::open(std::string& frame) {
   if (frame.size() < kMacBytes) return false;
   const std::size_t length = frame.size() - kMacBytes;
   const std::string_view body(frame.data(), length);
-  const std::string expected = HmacStream(receive_key_).update(u64_bytes(received_)).update(u64_bytes(length)).update(body).finish();
+  const std::string expected =
+      HmacStream(receive_key_).update(u64_bytes(received_)).update(u64_bytes(length)).update(body).finish();
   if (!proof_matches(std::string_view(frame).substr(length), expected)) return false;
   ++received_;
   frame.resize(length);

@@ -63,7 +63,9 @@ constexpr std::uint8_t kResponseRefused = 2;  // rank 0's proof did not check ou
 constexpr std::size_t kRefusalsNamed = 8;     // in rank 0's error; more are counted
 constexpr int kAcceptsPerPass = 64;
 
-std::string nonce_bytes(const Nonce& nonce) { return std::string(reinterpret_cast<const char*>(nonce.data()), nonce.size()); }
+std::string nonce_bytes(const Nonce& nonce) {
+  return std::string(reinterpret_cast<const char*>(nonce.data()), nonce.size());
+}
 
 std::string address_text(const sockaddr_in& address) {
   char text[INET_ADDRSTRLEN] = {};
@@ -255,7 +257,6 @@ std::string descriptor_limit_text() {
 struct Admitted {
   HelloFrame hello;
   std::string run_tag;
-  std::string address;
   Connection connection;
 };
 
@@ -322,7 +323,8 @@ class RankZeroJoin {
       if (refused_count_ > refused_.size()) out += detail::concat(" (", refused_count_, " refused in all)");
     }
     if (strangers_ > 0) {
-      out += detail::concat("; ", strangers_, " other connection(s) to rank 0 were no rank of this run (no valid hello)");
+      out +=
+          detail::concat("; ", strangers_, " other connection(s) to rank 0 were no rank of this run (no valid hello)");
     }
     if (accept_failures_ > 0) {
       out += detail::concat("; rank 0 ran out of descriptors ", accept_failures_,
@@ -393,7 +395,7 @@ class RankZeroJoin {
         // Nothing of ours to close: wait instead of spinning on a listener that stays readable.
         paused_until_ = Clock::now() + backoff_;
         descriptor_log_.warn(detail::concat("rank 0 cannot accept a connection: ", wire::errno_text(error),
-                                 descriptor_limit_text(), "; retrying in ", backoff_.count(), " ms"));
+                                            descriptor_limit_text(), "; retrying in ", backoff_.count(), " ms"));
         backoff_ = std::min(backoff_ * 2, milliseconds(500));
         return;
       }
@@ -414,8 +416,10 @@ class RankZeroJoin {
         return;
       }
       if (result.status == Io::kTooLarge) {
-        refuse(joiner, detail::concat("announced a frame of ", joiner.reader.announced(), " bytes during its handshake, "
-                                      "more than ", joiner.reader.limit()));
+        refuse(joiner, detail::concat("announced a frame of ", joiner.reader.announced(),
+                                      " bytes during its handshake, "
+                                      "more than ",
+                                      joiner.reader.limit()));
         return;
       }
       switch (joiner.stage) {
@@ -443,8 +447,8 @@ class RankZeroJoin {
     // Small, on a fresh connection: it fits the socket's buffer, or the peer is no rank of ours.
     const IoResult sent = wire::send_frame(joiner.fd.get(), head + proof, Clock::now());
     if (hello->version != kVersion) {
-      refuse(joiner, detail::concat("speaks rendezvous protocol version ", hello->version, ", rank 0 version ", kVersion,
-                                    " (another StepGraph build)"));
+      refuse(joiner, detail::concat("speaks rendezvous protocol version ", hello->version, ", rank 0 version ",
+                                    kVersion, " (another StepGraph build)"));
     } else if (hello->has_secret != mine) {
       refuse(joiner, mine ? "has no rendezvous secret, rank 0 has one" : "has a rendezvous secret, rank 0 has none");
     } else if (sent.status != Io::kDone) {
@@ -477,7 +481,7 @@ class RankZeroJoin {
       refuse(joiner, "sent a frame with a wrong MAC right after its handshake (altered on the way?)");
       return;
     }
-    Admitted admitted{joiner.hello, "", joiner.address, {}};
+    Admitted admitted{joiner.hello, "", {}};
     try {
       wire::Reader reader(body, "join");
       admitted.run_tag = std::string(reader.take(reader.u32()));
@@ -583,8 +587,8 @@ std::vector<Connection> accept_ranks(const LaunchInfo& info, std::string_view ru
       mismatches.push_back(detail::concat("a process says it is rank ", hello.rank, ", outside [1, ", info.world_size,
                                           ") (rank 0 is this one)"));
     } else if (one.run_tag != run_tag) {
-      mismatches.push_back(detail::concat("rank ", hello.rank, " has run tag ", quoted(one.run_tag), ", rank 0 has ",
-                                          quoted(run_tag)));
+      mismatches.push_back(
+          detail::concat("rank ", hello.rank, " has run tag ", quoted(one.run_tag), ", rank 0 has ", quoted(run_tag)));
     } else if (present[static_cast<std::size_t>(hello.rank)]) {
       mismatches.push_back(
           detail::concat("rank ", hello.rank, " joined twice (two processes say they are rank ", hello.rank, ")"));
@@ -698,8 +702,8 @@ Connection join_rank0(const LaunchInfo& info, std::string_view run_tag, millisec
                       ": it says it has none (start every rank with the same secret), or another process listens on "
                       "MASTER_PORT ",
                       info.master_port, " in its place");
-        SG_CHECK(mine || !theirs, "rank 0 at ", address, " has a rendezvous secret but rank ", info.rank,
-                 " has none; ", how_to_pass_a_secret());
+        SG_CHECK(mine || !theirs, "rank 0 at ", address, " has a rendezvous secret but rank ", info.rank, " has none; ",
+                 how_to_pass_a_secret());
         (void)reader.take(kNonceBytes);
         const std::string transcript = hello + challenge.substr(0, kChallengeHeadBytes);
         const std::string_view proof = std::string_view(challenge).substr(kChallengeHeadBytes);

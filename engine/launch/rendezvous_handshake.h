@@ -37,8 +37,8 @@ struct Connection {
 // connection to each rank by rank ([0] empty); `late_faults` gets, by rank,
 // why a rank did not take its OK verdict. An Error on failure, sent to every
 // rank that was admitted.
-std::vector<Connection> accept_ranks(const LaunchInfo& info, std::string_view run_tag, std::chrono::milliseconds timeout,
-                                     std::vector<std::string>* late_faults);
+std::vector<Connection> accept_ranks(const LaunchInfo& info, std::string_view run_tag,
+                                     std::chrono::milliseconds timeout, std::vector<std::string>* late_faults);
 
 // Every other rank: connects to rank 0 (retrying until `timeout`), proves
 // itself and checks rank 0's proof, and waits (2 x `timeout`) for the verdict.

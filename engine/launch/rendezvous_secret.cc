@@ -59,8 +59,8 @@ std::string make_rendezvous_secret() {
   while (got < sizeof(bytes)) {
     const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
     if (n < 0 && errno == EINTR) continue;
-    SG_CHECK_CODE(n > 0, ErrorCode::kInternal, "cannot make a rendezvous secret: getrandom() failed: ",
-                  errno_text(errno));
+    SG_CHECK_CODE(n > 0, ErrorCode::kInternal,
+                  "cannot make a rendezvous secret: getrandom() failed: ", errno_text(errno));
     got += static_cast<std::size_t>(n);
   }
   constexpr char kHex[] = "0123456789abcdef";

@@ -8,6 +8,9 @@
 // send_sealed adds it, read_sealed checks and strips it.
 #pragma once
 
+#include <poll.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -15,9 +18,6 @@
 #include <string>
 #include <string_view>
 #include <utility>
-
-#include <poll.h>
-#include <unistd.h>
 
 #include "engine/error.h"
 #include "engine/launch/rendezvous_auth.h"

@@ -570,6 +570,9 @@ TEST(TrainerOptionsTest, OptionsThatWouldBeIgnoredAreRefused) {
   // One block has no second block to be an MoE block (was ResidualStack's "moe_every must be in [1, layers = 1]").
   expect_error([&] { resolved({"--experts", "2", "--layers", "1"}); }, ErrorCode::kInvalidArgument,
                "--experts makes every second block an MoE block: it needs --layers 2 or more");
+  // Was GroupedLinear 'block1.fc1''s "dtype fp16 is not supported", after the model was built.
+  expect_error([&] { resolved({"--experts", "2", "--dtype", "fp16"}); }, ErrorCode::kInvalidArgument,
+               "--experts with --dtype fp16: the MoE blocks' grouped GEMM takes bf16 or fp32");
 }
 
 // FP8 GEMMs are bf16's: fp32 (or fp16) with --fp8 was accepted; --fp8 alone

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
@@ -63,7 +64,9 @@ std::string u32_bytes(std::uint32_t value) {
   return out;
 }
 
-std::string u64_bytes(std::uint64_t value) { return u32_bytes(static_cast<std::uint32_t>(value)) + u32_bytes(value >> 32); }
+std::string u64_bytes(std::uint64_t value) {
+  return u32_bytes(static_cast<std::uint32_t>(value)) + u32_bytes(value >> 32);
+}
 
 std::string frame(std::string_view body) { return u64_bytes(body.size()) + std::string(body); }
 
@@ -89,9 +92,9 @@ sockaddr_in loopback_address(int port, const char* ip = "127.0.0.1") {
   return address;
 }
 
-// A blocking connection to 127.0.0.1:port, retried while nobody listens yet; -1 if none within 3 s.
-int connect_raw(int port) {
-  for (int attempt = 0; attempt < 150; ++attempt) {
+// A blocking connection to 127.0.0.1:port, retried every 20 ms while nobody listens yet; -1 if none.
+int connect_raw(int port, int attempts = 150) {
+  for (int attempt = 0; attempt < attempts; ++attempt) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const sockaddr_in address = loopback_address(port);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) return fd;
@@ -140,6 +143,22 @@ int listen_raw(int port) {
   return fd;
 }
 
+// One child tells another that it is done (a file appears), so a case's order does not rest on sleeps.
+struct Signal {
+  std::string path;
+  explicit Signal(const char* name) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name + "." + std::to_string(::getpid());
+    ::unlink(path.c_str());
+  }
+  void raise() const { std::ofstream(path).put('1'); }
+  // Waits until raised, at most `limit`.
+  void wait(milliseconds limit = seconds(5)) const {
+    const Clock::time_point until = Clock::now() + limit;
+    while (::access(path.c_str(), F_OK) != 0 && Clock::now() < until) std::this_thread::sleep_for(milliseconds(10));
+  }
+};
+
 long max_rss_kib() {
   rusage usage{};
   ::getrusage(RUSAGE_SELF, &usage);
@@ -157,15 +176,16 @@ int genuine_exchange(Rendezvous& rendezvous, int rank) {
 
 TEST(RendezvousFuzzTest, GarbageAndOversizeAnnouncementsAreRefusedWhileTheRanksJoin) {
   const int port = free_port();
+  const Signal sent("garbage_sent");
   expect_all_succeeded(run_processes(3, [&](int process) {
     if (process == 2) {
       std::vector<int> held;
       const std::vector<std::string> attacks = {
-          random_bytes(4096, 1),                                        // noise
+          random_bytes(4096, 1),                                         // noise
           u64_bytes(std::uint64_t{1} << 62) + random_bytes(1 << 20, 2),  // announces 4 EiB, sends 1 MiB
-          u64_bytes(~std::uint64_t{0}),                                 // announces 2^64 - 1
-          u64_bytes(4000) + random_bytes(4000, 3),                      // a hello-sized frame of noise
-          frame(u32_bytes(0x53475256) + u32_bytes(2) + "short"),        // our magic, cut short
+          u64_bytes(~std::uint64_t{0}),                                  // announces 2^64 - 1
+          u64_bytes(4000) + random_bytes(4000, 3),                       // a hello-sized frame of noise
+          frame(u32_bytes(0x53475256) + u32_bytes(2) + "short"),         // our magic, cut short
           frame(u32_bytes(0x53475256) + u32_bytes(1) + u32_bytes(1) + u32_bytes(2) + u32_bytes(3) + "tag"),  // v1
           std::string("GET / HTTP/1.1\r\n\x1b[2J\r\n\r\n"),
       };
@@ -175,11 +195,12 @@ TEST(RendezvousFuzzTest, GarbageAndOversizeAnnouncementsAreRefusedWhileTheRanksJ
         send_all(fd, attack);
         held.push_back(fd);
       }
+      sent.raise();
       std::this_thread::sleep_for(milliseconds(800));
       for (const int fd : held) ::close(fd);
       return 0;
     }
-    if (process == 1) std::this_thread::sleep_for(milliseconds(300));  // after the garbage
+    if (process == 1) sent.wait();  // after the garbage
     const long before = max_rss_kib();
     auto rendezvous = Rendezvous::connect(secret_rank(process, 2, port), "run", kTimeout);
     CHILD_CHECK(max_rss_kib() - before < 64 * 1024, "rank ", process, " grew by ", max_rss_kib() - before,
@@ -193,7 +214,7 @@ TEST(RendezvousFuzzTest, RankZeroAmongStrangersOnlyEndsInTime) {
   expect_all_succeeded(run_processes(2, [&](int process) {
     if (process == 1) {
       for (std::uint32_t round = 0; round < 400; ++round) {
-        const int fd = connect_raw(port);
+        const int fd = connect_raw(port, round == 0 ? 150 : 1);
         if (fd < 0) return 0;  // rank 0 gave up
         send_all(fd, random_bytes(64 + round % 512, round));
         ::close(fd);
@@ -210,13 +231,16 @@ TEST(RendezvousFuzzTest, RankZeroAmongStrangersOnlyEndsInTime) {
 
 TEST(RendezvousFuzzTest, AnImpostorWithoutTheSecretCannotTakeARank) {
   const int port = free_port();
+  const Signal refused("impostor_refused");
   expect_all_succeeded(run_processes(3, [&](int process) {
     if (process == 2) {  // says it is rank 1, has no secret
-      return expect_error_in_time([&] { (void)Rendezvous::connect(rank_info(1, 2, port), "run", kTimeout); },
-                                  ErrorCode::kInvalidArgument,
-                                  {"has a rendezvous secret but rank 1 has none", "STEPGRAPH_RENDEZVOUS_SECRET"});
+      const int status = expect_error_in_time(
+          [&] { (void)Rendezvous::connect(rank_info(1, 2, port), "run", kTimeout); }, ErrorCode::kInvalidArgument,
+          {"has a rendezvous secret but rank 1 has none", "STEPGRAPH_RENDEZVOUS_SECRET"});
+      refused.raise();
+      return status;
     }
-    if (process == 1) std::this_thread::sleep_for(milliseconds(400));  // the impostor comes first
+    if (process == 1) refused.wait();  // the impostor comes first
     auto rendezvous = Rendezvous::connect(secret_rank(process, 2, port), "run", kTimeout);
     return genuine_exchange(*rendezvous, process);
   }));
@@ -253,10 +277,9 @@ TEST(RendezvousFuzzTest, AWrongSecretIsNamedOnEveryRank) {
           [&] { (void)Rendezvous::connect(secret_rank(2, 3, port, kOtherSecret), "run", kTimeout); }, ErrorCode::kIo,
           {"rank 0 at 127.0.0.1:", "failed to prove the rendezvous secret to rank 2"});
     }
-    return expect_error_in_time([&] { (void)Rendezvous::connect(secret_rank(rank, 3, port), "run", kTimeout); },
-                                ErrorCode::kIo,
-                                {"rank 2 did not join", "claiming rank 2 could not check rank 0's proof",
-                                 "secret differs"});
+    return expect_error_in_time(
+        [&] { (void)Rendezvous::connect(secret_rank(rank, 3, port), "run", kTimeout); }, ErrorCode::kIo,
+        {"rank 2 did not join", "claiming rank 2 could not check rank 0's proof", "secret differs"});
   }));
 }
 
@@ -274,8 +297,9 @@ int rogue_rank0(int port, Rogue rogue) {
     case Rogue::kEcho: send_all(fd, hello); break;
     case Rogue::kFakeChallenge:
     case Rogue::kNoSecret:
-      send_all(fd, frame(u32_bytes(0x53475256) + u32_bytes(2) + std::string(1, rogue == Rogue::kNoSecret ? '\0' : '\1') +
-                         random_bytes(32, 7) + random_bytes(32, 8)));
+      send_all(fd,
+               frame(u32_bytes(0x53475256) + u32_bytes(2) + std::string(1, rogue == Rogue::kNoSecret ? '\0' : '\1') +
+                     random_bytes(32, 7) + random_bytes(32, 8)));
       break;
     case Rogue::kSilent: break;
     case Rogue::kHuge: send_all(fd, u64_bytes(std::uint64_t{1} << 40) + random_bytes(4096, 9)); break;
@@ -346,8 +370,9 @@ TEST(RendezvousFuzzTest, DescriptorExhaustionEndsInTimeWithoutFloodingTheLog) {
     if (process == 1) {
       std::vector<int> held;
       for (int i = 0; i < 20; ++i) {
-        const int fd = connect_raw(port);
-        if (fd >= 0) held.push_back(fd);
+        const int fd = connect_raw(port, i == 0 ? 150 : 1);
+        if (fd < 0) break;  // rank 0 is done
+        held.push_back(fd);
       }
       std::this_thread::sleep_for(kBound);
       for (const int fd : held) ::close(fd);
@@ -378,8 +403,9 @@ TEST(RendezvousFuzzTest, IdleConnectionsBeyondTheLimitsDoNotKeepARankOut) {
     if (process == 2) {
       std::vector<int> held;
       for (int i = 0; i < 200; ++i) {
-        const int fd = connect_raw(port);
-        if (fd >= 0) held.push_back(fd);
+        const int fd = connect_raw(port, i == 0 ? 150 : 1);
+        if (fd < 0) break;  // rank 0 is done
+        held.push_back(fd);
       }
       std::this_thread::sleep_for(milliseconds(1500));
       for (const int fd : held) ::close(fd);
@@ -465,8 +491,8 @@ TEST(RendezvousFuzzTest, AMultiHostRunWithoutASecretDoesNotStart) {
     ADD_FAILURE() << "a multi-host run started without a secret";
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
-    for (const char* word : {"spans several hosts", "no rendezvous secret", "STEPGRAPH_RENDEZVOUS_SECRET=",
-                             "STEPGRAPH_RENDEZVOUS_SECRET_FILE"}) {
+    for (const char* word : {"spans several hosts", "no rendezvous secret",
+                             "STEPGRAPH_RENDEZVOUS_SECRET=", "STEPGRAPH_RENDEZVOUS_SECRET_FILE"}) {
       EXPECT_NE(error.message().find(word), std::string::npos) << word << " in: " << error.message();
     }
   }

@@ -60,8 +60,7 @@ TEST(RendezvousSecretTest, TheVariableIsTheSecret) {
 TEST(RendezvousSecretTest, ShortSecretsAndBothVariablesAreErrors) {
   EXPECT_ERROR_CONTAINS((void)rendezvous_secret_from_env(lookup({{"STEPGRAPH_RENDEZVOUS_SECRET", "hunter2"}})),
                         "STEPGRAPH_RENDEZVOUS_SECRET gives a secret of 7 bytes", "openssl rand -hex 32");
-  EXPECT_ERROR_CONTAINS((void)rendezvous_secret_from_env(lookup({{"STEPGRAPH_RENDEZVOUS_SECRET", ""}})),
-                        "0 bytes");
+  EXPECT_ERROR_CONTAINS((void)rendezvous_secret_from_env(lookup({{"STEPGRAPH_RENDEZVOUS_SECRET", ""}})), "0 bytes");
   EXPECT_ERROR_CONTAINS((void)rendezvous_secret_from_env(lookup(
                             {{"STEPGRAPH_RENDEZVOUS_SECRET", kGood}, {"STEPGRAPH_RENDEZVOUS_SECRET_FILE", "/x"}})),
                         "both STEPGRAPH_RENDEZVOUS_SECRET and STEPGRAPH_RENDEZVOUS_SECRET_FILE");
@@ -94,8 +93,12 @@ TEST(RendezvousSecretTest, AMissingFileOrADirectoryIsRefused) {
 }
 
 TEST(RendezvousSecretTest, LaunchInfoCarriesTheSecretOfAWorldOfSeveral) {
-  const Vars torchrun = {{"RANK", "1"},          {"WORLD_SIZE", "2"},   {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                         {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  const Vars torchrun = {{"RANK", "1"},
+                         {"WORLD_SIZE", "2"},
+                         {"LOCAL_RANK", "1"},
+                         {"LOCAL_WORLD_SIZE", "2"},
+                         {"MASTER_ADDR", "127.0.0.1"},
+                         {"MASTER_PORT", "29500"}};
   Vars with = torchrun;
   with["STEPGRAPH_RENDEZVOUS_SECRET"] = kGood;
   EXPECT_EQ(launch_info_from_env(lookup(with)).secret, kGood);

@@ -81,6 +81,8 @@ VALUES = {
     "--overlap": (["none", "bulk"], ["fast"]),
     "--nproc-per-node": (["1"], ["0", "65", "-2"]),
     "--comm-timeout": (["30"], ["0", "nan", "inf", "-1", "1e300"]),
+    "--gemm-algorithms": (["heuristic", "timed"], ["fastest", "", "Heuristic"]),
+    "--max-restarts": (["0"], ["-1", "101", "1", "2.5"]),
     "--device": ([], ["tpu", ""]),
 }
 # What a flag needs to mean anything (without it: a clear error).

@@ -86,4 +86,12 @@ CLI::Validator real_number(double min, double max, Bound lower) {
       "NUMBER in " + range);
 }
 
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "the value is empty: give one, or leave the flag out" : std::string();
+      },
+      "TEXT");
+}
+
 }  // namespace stepgraph::trainer

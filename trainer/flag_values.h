@@ -35,4 +35,8 @@ enum class Bound { kInclusive, kExclusive };
 // infinities are refused.
 CLI::Validator real_number(double min, double max, Bound lower = Bound::kInclusive);
 
+// A value that is not empty: `--data ""` would otherwise mean "no file" and
+// train on the Markov source without a word.
+CLI::Validator non_empty();
+
 }  // namespace stepgraph::trainer

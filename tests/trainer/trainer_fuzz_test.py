@@ -82,6 +82,8 @@ VALUES = {
     "--nproc-per-node": (["1"], ["0", "65", "-2"]),
     "--comm-timeout": (["30"], ["0", "nan", "inf", "-1", "1e300"]),
     "--device": ([], ["tpu", ""]),
+    "--data": ([], ["", "/nonexistent/corpus.txt"]),
+    "--checkpoint": ([], [""]),
 }
 # What a flag needs to mean anything (without it: a clear error).
 REQUIRES = {
@@ -250,6 +252,7 @@ def classify(args, named, completed):
     if UNCLEAR.search(err):
         return "unclear", "an internal message"
     names = {a.split("=")[0] for a in args if a.startswith("--")} | set(named)
+    names |= {value for flag, value in zip(args, args[1:]) if flag in ("--data", "--checkpoint") and value}
     if not any(name in message for name in names):
         return "unclear", "names none of the flags or files given"
     return "error", ""

@@ -12,7 +12,9 @@ sets, nothing at all).
 The cases come from a seeded generator: random and edge values of every
 flag, alone and in combinations; truncated, garbage and oversized-claim token
 files; empty, tiny and binary text files; missing, garbage and truncated
-checkpoints. It prints how many cases ran and the count of each outcome, and
+checkpoints; and a fixed set of the cases that prompted it (a 16 KB token
+file claiming a vocabulary of 100 M, --fp8 with fp32, an odd head
+dimension, ...). It prints how many cases ran and the count of each outcome, and
 on a failure the seed and each failing command.
 
   TRAINER_FUZZ_SEED=N      replay one run's cases (default: a fresh seed)
@@ -217,6 +219,31 @@ def generate(rng, index, workdir):
     return args, named, " ".join(label)
 
 
+def fixed_cases(workdir):
+    """The cases that prompted this fuzz, run every time: (args, files, label)."""
+    claims = os.path.join(workdir, "claims_100M.sgt")
+    with open(claims, "wb") as f:  # 16 KB claiming a vocabulary of 100 M: was an OOM kill at 23.4 GB
+        f.write(token_file(2, 100_000_000, 8000, [0] * 8000))
+    binary = os.path.join(workdir, "binary.txt")
+    with open(binary, "wb") as f:
+        f.write(bytes(range(256)) * 8)
+    empty = os.path.join(workdir, "empty.txt")
+    open(empty, "wb").close()
+    cases = [
+        (["--data", claims], [claims], "fixed: 100 M vocabulary claim"),
+        (["--data", binary], [binary], "fixed: binary text"),
+        (["--data", empty], [empty], "fixed: empty text"),
+        (["--fp8", "current", "--dtype", "fp32"], [], "fixed: fp8 with fp32"),
+        (["--heads", "8", "--hidden", "24"], [], "fixed: odd head dimension"),
+        (["--steps", "2.5"], [], "fixed: a float for an int"),
+        (["--lr", "nan"], [], "fixed: NaN"),
+        (["--batch", "2000000000", "--heads", "0", "--context", "2"], [], "fixed: tokens past 2^31"),
+        (["--hidden", "2000000000"], [], "fixed: a model past memory"),
+        (["--experts", "2", "--dtype", "fp16"], [], "fixed: MoE in fp16"),
+    ]
+    return [(dedupe_base(BASE + args), named, label) for args, named, label in cases]
+
+
 def dedupe_base(args):
     """BASE's values are dropped where a case gives the flag itself."""
     for flag in ("--steps", "--log-every", "--device"):
@@ -272,7 +299,7 @@ def run_case(case):
 def run_fuzz(capsys=None):
     rng = random.Random(SEED)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as workdir:
-        cases = []
+        cases = fixed_cases(workdir)
         for i in range(CASES):
             args, named, label = generate(rng, i, workdir)
             cases.append((dedupe_base(args), named, label))

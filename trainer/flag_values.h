@@ -9,7 +9,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 
 namespace stepgraph::trainer {

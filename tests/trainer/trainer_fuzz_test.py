@@ -12,10 +12,11 @@ sets, nothing at all).
 The cases come from a seeded generator: random and edge values of every
 flag, alone and in combinations; truncated, garbage and oversized-claim token
 files; empty, tiny and binary text files; missing, garbage, truncated and
-bit-flipped checkpoints (of one the trainer wrote) to resume from; and a fixed set of the cases that prompted it (a 16 KB token
-file claiming a vocabulary of 100 M, --fp8 with fp32, an odd head
-dimension, ...). It prints how many cases ran and the count of each
-outcome, and on a failure the seed and each failing command.
+bit-flipped checkpoints (of one the trainer wrote) to resume from; and a
+fixed set of the cases that prompted it (a 16 KB token file claiming a
+vocabulary of 100 M, --fp8 with fp32, an odd head dimension, ...). It prints
+how many cases ran and the count of each outcome, and on a failure the seed
+and each failing command.
 
   TRAINER_FUZZ_SEED=N      replay one run's cases (default: a fresh seed)
   TRAINER_FUZZ_CASES=N     how many generated cases (default 200)

@@ -61,8 +61,8 @@ void FileReader::read(std::uint64_t offset, std::span<unsigned char> out) const 
     if (got < 0 && errno == EINTR) continue;
     SG_CHECK_CODE(got >= 0, ErrorCode::kIo, "cannot read ", what_, " ", path_, " at byte ", offset + done, ": ",
                   std::strerror(errno));
-    SG_CHECK_CODE(got > 0, ErrorCode::kIo, what_, " ", path_, " ended at byte ", offset + done, " of the ",
-                  size_, " it had when opened: was it changed during the run?");
+    SG_CHECK_CODE(got > 0, ErrorCode::kIo, what_, " ", path_, " ended at byte ", offset + done, " of the ", size_,
+                  " it had when opened: was it changed during the run?");
     done += static_cast<std::size_t>(got);
   }
 }

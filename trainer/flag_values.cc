@@ -46,7 +46,8 @@ CLI::Validator whole_number(std::int64_t min, std::int64_t max) {
           if (all_digits) return fmt::format("{} is out of range: give a whole number in {}", text, range);
           return fmt::format("'{}' is not a whole number: give one in {}", text, range);
         }
-        if (value < min || value > max) return fmt::format("{} is out of range: give a whole number in {}", text, range);
+        if (value < min || value > max)
+          return fmt::format("{} is out of range: give a whole number in {}", text, range);
         return {};
       },
       "INT in " + range);
@@ -68,8 +69,7 @@ CLI::Validator unsigned_number(std::uint64_t max) {
 }
 
 CLI::Validator real_number(double min, double max, Bound lower) {
-  const std::string range =
-      fmt::format("{}{:g}, {:g}]", lower == Bound::kExclusive ? "(" : "[", min, max);
+  const std::string range = fmt::format("{}{:g}, {:g}]", lower == Bound::kExclusive ? "(" : "[", min, max);
   return CLI::Validator(
       [min, max, lower, range](std::string& text) -> std::string {
         const bool starts_blank = text.empty() || std::isspace(static_cast<unsigned char>(text[0]));
@@ -84,6 +84,14 @@ CLI::Validator real_number(double min, double max, Bound lower) {
         return {};
       },
       "NUMBER in " + range);
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "the value is empty: give one, or leave the flag out" : std::string();
+      },
+      "TEXT");
 }
 
 }  // namespace stepgraph::trainer

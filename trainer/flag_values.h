@@ -9,7 +9,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 
 namespace stepgraph::trainer {
@@ -34,5 +33,9 @@ enum class Bound { kInclusive, kExclusive };
 // A finite decimal number in [min, max] ((min, max] with kExclusive): NaN and
 // infinities are refused.
 CLI::Validator real_number(double min, double max, Bound lower = Bound::kInclusive);
+
+// A value that is not empty: `--data ""` would otherwise mean "no file" and
+// train on the Markov source without a word.
+CLI::Validator non_empty();
 
 }  // namespace stepgraph::trainer

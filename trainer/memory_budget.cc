@@ -64,7 +64,8 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
     block_parameters += layers * (2 * hidden * hidden + 2 * hidden * kv);  // q and the projection; k and v
   }
   const double activations = tokens * hidden * layers * b;
-  const double batches = 2 * static_cast<double>(o.batch) * (static_cast<double>(o.context) + 1) * 4;  // this and the next
+  const double batches =
+      2 * static_cast<double>(o.batch) * (static_cast<double>(o.context) + 1) * 4;  // this and the next
   need.other_bytes = block_parameters * per_parameter + activations + batches;
   return need;
 }
@@ -88,14 +89,14 @@ void check_memory(const MemoryNeed& need, const TrainerOptions& o, std::int64_t 
   if (need.total() <= limit.bytes) return;
   if (!o.data.empty() && need.vocab_bytes > limit.bytes) {
     SG_THROW(ErrorCode::kOutOfMemory, "data file ", o.data, " has a vocabulary of ", vocab, " tokens: its embedding, ",
-             "LM head, logits and their optimizer state need at least ", format_bytes(need.vocab_bytes), " with --hidden ",
-             o.hidden, " and --batch ", o.batch, ", more than ", limit.what,
+             "LM head, logits and their optimizer state need at least ", format_bytes(need.vocab_bytes),
+             " with --hidden ", o.hidden, " and --batch ", o.batch, ", more than ", limit.what,
              "; use a file with a smaller vocabulary, or a smaller --hidden or --batch");
   }
   SG_THROW(ErrorCode::kOutOfMemory, "the model and batch of these flags need at least ", format_bytes(need.total()),
-           " (vocabulary ", vocab, ": ", format_bytes(need.vocab_bytes), "; the ", o.layers, " blocks and activations: ",
-           format_bytes(need.other_bytes), "), more than ", limit.what, "; lower --layers, --hidden, --ffn, --experts, ",
-           "--batch or ", o.heads > 0 ? "--seq-len" : "--context");
+           " (vocabulary ", vocab, ": ", format_bytes(need.vocab_bytes), "; the ", o.layers,
+           " blocks and activations: ", format_bytes(need.other_bytes), "), more than ", limit.what,
+           "; lower --layers, --hidden, --ffn, --experts, ", "--batch or ", o.heads > 0 ? "--seq-len" : "--context");
 }
 
 void check_run_memory(const TrainerOptions& o, Device device, int world_size, int local_rank) {

@@ -89,7 +89,8 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   app.add_option("--buckets", o.buckets,
                  "sequences of varying length (each in [--min-seq-len, --seq-len]) trained in shape buckets: token "
                  "counts like 256,512,1024, or pow2; one captured step per bucket, all in one shared pool, each "
-                 "batch padded (and the padding masked) to the smallest bucket that holds it");
+                 "batch padded (and the padding masked) to the smallest bucket that holds it")
+      ->check(non_empty());
   CLI::Option* min_seq_len_option =
       app.add_option("--min-seq-len", o.min_seq_len, "with --buckets: the shortest sequence (default --seq-len / 2)")
           ->check(whole_number(1, kMaxSize));
@@ -144,12 +145,14 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(unsigned_number(0xffffffffu));
   app.add_option("--log-every", o.log_every, "print a step line every N steps")
       ->check(whole_number(1, kMaxSteps));
-  app.add_option("--data", o.data, "a text or StepGraph token file (default: a synthetic Markov source)");
+  app.add_option("--data", o.data, "a text or StepGraph token file (default: a synthetic Markov source)")
+      ->check(non_empty());
   app.add_option("--vocab", o.vocab, "Markov source: vocabulary size")
       ->check(whole_number(2, 65536));
   app.add_option("--order", o.order, "Markov source: order (tokens of history that matter; vocab^(order + 1) <= 2^24)")
       ->check(whole_number(1, 23));
-  app.add_option("--checkpoint", o.checkpoint, "checkpoint file, written at the end and every --save-every steps");
+  app.add_option("--checkpoint", o.checkpoint, "checkpoint file, written at the end and every --save-every steps")
+      ->check(non_empty());
   app.add_flag("--resume", o.resume, "continue from --checkpoint to --steps");
   app.add_option("--save-every", o.save_every, "also write the checkpoint every N steps (0: only at the end)")
       ->check(whole_number(0, kMaxSteps));
@@ -172,7 +175,8 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   CLI::Option* overlap_option = app.add_option("--overlap", o.overlap,
                  "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk, overlap (ring_exchange "
                  "for the all-gathers, pipelined for the reduce-scatters), or four modes fc1_fprop,fc2_fprop,"
-                 "fc2_dgrad,fc1_dgrad");
+                 "fc2_dgrad,fc1_dgrad")
+      ->check(non_empty());
   app.add_option("--dp-mode", o.dp_mode,
                  "allreduce (every rank updates every parameter) or zero1 (reduce-scatter, each rank updates its 1/N "
                  "shard of the optimizer, all-gather the weights)")

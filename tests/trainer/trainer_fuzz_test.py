@@ -3,17 +3,20 @@ as a user runs it (--device host, a few steps, a timeout per case).
 
 Every generated case must end as either
   - a correct run: exit 0 with its step lines, or
-  - a clear error: a non-zero exit whose last line starts "trainer: " and
-    names one of the flags given or the file passed,
+  - a clear error: a non-zero exit with a line that starts "trainer: " and
+    names one of the flags given or a file passed,
 never as a crash (a signal, or a sanitizer's report), a hang (past the
 timeout) or an unclear message (a stack trace, an internal name no flag
 sets, nothing at all).
 
 The cases come from a seeded generator: random and edge values of every
 flag, alone and in combinations; truncated, garbage and oversized-claim token
-files; empty, tiny and binary text files; missing, garbage and truncated
-checkpoints. It prints how many cases ran and the count of each outcome, and
-on a failure the seed and each failing command.
+files; empty, tiny and binary text files; missing, garbage, truncated and
+bit-flipped checkpoints (of one the trainer wrote) to resume from; and a
+fixed set of the cases that prompted it (a 16 KB token file claiming a
+vocabulary of 100 M, --fp8 with fp32, an odd head dimension, ...). It prints
+how many cases ran and the count of each outcome, and on a failure the seed
+and each failing command.
 
   TRAINER_FUZZ_SEED=N      replay one run's cases (default: a fresh seed)
   TRAINER_FUZZ_CASES=N     how many generated cases (default 200)
@@ -84,6 +87,8 @@ VALUES = {
     "--gemm-algorithms": (["heuristic", "timed"], ["fastest", "", "Heuristic"]),
     "--max-restarts": (["0"], ["-1", "101", "1", "2.5"]),
     "--device": ([], ["tpu", ""]),
+    "--data": ([], ["", "/nonexistent/corpus.txt"]),
+    "--checkpoint": ([], [""]),
 }
 # What a flag needs to mean anything (without it: a clear error).
 REQUIRES = {
@@ -152,17 +157,38 @@ def data_file(rng):
     return kind, "dir"
 
 
-def checkpoint_file(rng, path):
-    kind = rng.choice(["missing", "garbage", "empty", "json_only"])
+def checkpoint_file(rng, path, real):
+    """A checkpoint to resume from: garbage, or `real` (a checkpoint the trainer wrote) damaged."""
+    kind = rng.choice(["missing", "garbage", "empty", "json_only", "truncated", "flipped", "flipped", "intact"])
     if kind == "missing":
         return kind
     with open(path, "wb") as f:
-        if kind == "garbage":
+        if kind == "truncated":
+            f.write(real[:rng.randrange(0, len(real))])
+        elif kind == "flipped":  # a few bytes anywhere: the length, the header, the tensors
+            damaged = bytearray(real)
+            for _ in range(rng.randrange(1, 4)):
+                damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+            f.write(bytes(damaged))
+        elif kind == "intact":
+            f.write(real)
+        elif kind == "garbage":
             f.write(rng.randbytes(rng.randrange(1, 4096)))
         elif kind == "json_only":
             header = b'{"__metadata__": {"format": "stepgraph"}}'
             f.write(struct.pack("<Q", len(header)) + header)
     return kind
+
+
+def real_checkpoint(workdir):
+    """The bytes of a checkpoint the trainer writes after BASE's 2 steps (made once per run)."""
+    path = os.path.join(workdir, "real.safetensors")
+    if not os.path.exists(path):
+        made = subprocess.run([TRAINER] + BASE + ["--checkpoint", path], capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert made.returncode == 0, made.stderr
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def generate(rng, index, workdir):
@@ -187,8 +213,8 @@ def generate(rng, index, workdir):
             args += [flag, rng.choice(VALUES[flag][0])]
     elif roll < 0.35:  # checkpoints to resume from
         path = os.path.join(workdir, f"case{index}.safetensors")
-        kind = checkpoint_file(rng, path)
-        args += ["--checkpoint", path, "--resume"]
+        kind = checkpoint_file(rng, path, real_checkpoint(workdir))
+        args += ["--checkpoint", path, "--resume", "--steps", "3"]
         named.append(path)
         label.append("checkpoint:" + kind)
     else:  # flags: small valid combinations, some with edge values
@@ -215,6 +241,31 @@ def generate(rng, index, workdir):
             named.append(path)
         label.append("flags")
     return args, named, " ".join(label)
+
+
+def fixed_cases(workdir):
+    """The cases that prompted this fuzz, run every time: (args, files, label)."""
+    claims = os.path.join(workdir, "claims_100M.sgt")
+    with open(claims, "wb") as f:  # 16 KB claiming a vocabulary of 100 M: was an OOM kill at 23.4 GB
+        f.write(token_file(2, 100_000_000, 8000, [0] * 8000))
+    binary = os.path.join(workdir, "binary.txt")
+    with open(binary, "wb") as f:
+        f.write(bytes(range(256)) * 8)
+    empty = os.path.join(workdir, "empty.txt")
+    open(empty, "wb").close()
+    cases = [
+        (["--data", claims], [claims], "fixed: 100 M vocabulary claim"),
+        (["--data", binary], [binary], "fixed: binary text"),
+        (["--data", empty], [empty], "fixed: empty text"),
+        (["--fp8", "current", "--dtype", "fp32"], [], "fixed: fp8 with fp32"),
+        (["--heads", "8", "--hidden", "24"], [], "fixed: odd head dimension"),
+        (["--steps", "2.5"], [], "fixed: a float for an int"),
+        (["--lr", "nan"], [], "fixed: NaN"),
+        (["--batch", "2000000000", "--heads", "0", "--context", "2"], [], "fixed: tokens past 2^31"),
+        (["--hidden", "2000000000"], [], "fixed: a model past memory"),
+        (["--experts", "2", "--dtype", "fp16"], [], "fixed: MoE in fp16"),
+    ]
+    return [(dedupe_base(BASE + args), named, label) for args, named, label in cases]
 
 
 def dedupe_base(args):
@@ -252,6 +303,7 @@ def classify(args, named, completed):
     if UNCLEAR.search(err):
         return "unclear", "an internal message"
     names = {a.split("=")[0] for a in args if a.startswith("--")} | set(named)
+    names |= {value for flag, value in zip(args, args[1:]) if flag in ("--data", "--checkpoint") and value}
     if not any(name in message for name in names):
         return "unclear", "names none of the flags or files given"
     return "error", ""
@@ -271,7 +323,7 @@ def run_case(case):
 def run_fuzz(capsys=None):
     rng = random.Random(SEED)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as workdir:
-        cases = []
+        cases = fixed_cases(workdir)
         for i in range(CASES):
             args, named, label = generate(rng, i, workdir)
             cases.append((dedupe_base(args), named, label))

@@ -532,6 +532,11 @@ TEST(TrainerOptionsTest, NumbersOutOfKindOrRangeAreRefusedNamingTheFlag) {
       {{"--loss-scale-interval", "0"}, "--loss-scale-interval: 0 is out of range"},
       {{"--order", "99999999999"}, "--order: 99999999999 is out of range"},
       {{"--nproc-per-node", "65"}, "--nproc-per-node: 65 is out of range"},
+      // An empty path meant "none": the Markov source, or no checkpoint, without a word.
+      {{"--data", ""}, "--data: the value is empty"},
+      {{"--checkpoint", ""}, "--checkpoint: the value is empty"},
+      {{"--buckets", ""}, "--buckets: the value is empty"},
+      {{"--tp", "2", "--overlap", ""}, "--overlap: the value is empty"},
   };
   for (const auto& [args, needle] : cases) {
     const ParsedCommandLine parsed = parse(args);

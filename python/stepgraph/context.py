@@ -170,7 +170,8 @@ class Context:
         _extent.check_fits(array, _is_torch(array), pointer, shape, byte_strides, dtype.itemsize)
         if stream is not None:
             # The producer's stream: wait for its pending writes (the array interface's stream rule).
-            stream = _checks.check_int("the array interface's stream", stream, 1, 2**64 - 1, "wrap")
+            # 0 is the legacy default stream: torch's current stream unless one was chosen.
+            stream = _checks.check_int("the array interface's stream", stream, 0, 2**64 - 1, "wrap")
             _capi.call("sg_cuda_stream_synchronize", ctypes.c_void_p(stream))
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         stride_array = (ctypes.c_int64 * max(len(strides), 1))(*strides) if strides is not None else None

@@ -569,10 +569,6 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
                                  operands.workspace_bytes, stream));
 }
 
-}  // namespace stepgraph::kernels
-
-namespace stepgraph::kernels {
-
 std::string gemm_library_identity() {
   int device = 0;
   SG_CUDA_CHECK(cudaGetDevice(&device));

@@ -62,18 +62,6 @@ class Fnv1a64 {
   std::uint64_t hash_ = 0xcbf29ce484222325ULL;
 };
 
-// Bytes of a tensor; nullopt for a negative dimension or one past 2^62 bytes.
-std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, DType dtype) {
-  constexpr std::uint64_t kLimit = std::uint64_t{1} << 62;
-  std::uint64_t bytes = dtype_size(dtype);
-  for (std::int64_t dim : shape) {
-    if (dim < 0) return std::nullopt;
-    if (dim != 0 && bytes > kLimit / static_cast<std::uint64_t>(dim)) return std::nullopt;
-    bytes *= static_cast<std::uint64_t>(dim);
-  }
-  return bytes;
-}
-
 // A JSON string of our own (trusted) text; Error for text that is not UTF-8.
 std::string json_string(const std::string& text) {
   try {
@@ -103,7 +91,7 @@ std::string header_text(const Checkpoint& checkpoint) {
     SG_CHECK(names.insert(tensor.name).second, "checkpoint has two tensors named '", tensor.name, "'");
     SG_CHECK(tensor.shape.size() <= detail::kMaxDimensions, "checkpoint tensor '", tensor.name, "' has ",
              tensor.shape.size(), " dimensions; at most ", detail::kMaxDimensions, " are written");
-    const std::optional<std::uint64_t> size = byte_size(tensor.shape, tensor.dtype);
+    const std::optional<std::uint64_t> size = detail::byte_size(tensor.shape, tensor.dtype);
     SG_CHECK(size.has_value(), "checkpoint tensor '", tensor.name, "' has a negative or huge dimension");
     SG_CHECK(tensor.bytes.size() == *size, "checkpoint tensor '", tensor.name, "' has ", tensor.bytes.size(),
              " bytes; its shape and dtype ", dtype_name(tensor.dtype), " need ", *size);

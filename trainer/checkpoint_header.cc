@@ -18,18 +18,6 @@ constexpr std::string_view kMetadataKey = "__metadata__";
 
 [[noreturn]] void fail(std::string what) { throw HeaderError{std::move(what)}; }
 
-// Bytes of a tensor; nullopt for a dimension product past 2^62 bytes.
-std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, DType dtype) {
-  constexpr std::uint64_t kLimit = std::uint64_t{1} << 62;
-  std::uint64_t bytes = dtype_size(dtype);
-  for (std::int64_t dim : shape) {
-    if (dim < 0) return std::nullopt;
-    if (dim != 0 && bytes > kLimit / static_cast<std::uint64_t>(dim)) return std::nullopt;
-    bytes *= static_cast<std::uint64_t>(dim);
-  }
-  return bytes;
-}
-
 // Where the parse is: which object or array the next event belongs to.
 enum class Place {
   kTop,       // before the root object
@@ -233,6 +221,17 @@ class HeaderHandler {
 };
 
 }  // namespace
+
+std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, DType dtype) {
+  constexpr std::uint64_t kLimit = std::uint64_t{1} << 62;
+  std::uint64_t bytes = dtype_size(dtype);
+  for (std::int64_t dim : shape) {
+    if (dim < 0) return std::nullopt;
+    if (dim != 0 && bytes > kLimit / static_cast<std::uint64_t>(dim)) return std::nullopt;
+    bytes *= static_cast<std::uint64_t>(dim);
+  }
+  return bytes;
+}
 
 ParsedHeader parse_checkpoint_header(std::string_view text) {
   HeaderHandler handler;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,5 +41,9 @@ inline constexpr std::size_t kMaxDimensions = 16;
 // {"dtype": name, "shape": [unsigned...], "data_offsets": [begin, end]}
 // whose offsets span the bytes its shape and dtype need.
 ParsedHeader parse_checkpoint_header(std::string_view text);
+
+// Bytes of a tensor of `shape` and `dtype`; nullopt for a negative
+// dimension or a product past 2^62 bytes (the reader and the writer agree).
+std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, DType dtype);
 
 }  // namespace stepgraph::trainer::detail

@@ -9,21 +9,12 @@
 #include <string>
 
 #include "engine/error.h"
+#include "tests/support/expect_error.h"
 
 namespace stepgraph::kernels {
 namespace {
 
-// Throws stepgraph::Error with `code` and a message containing `mentions`.
-template <typename Call>
-void expect_error(Call&& call, ErrorCode code, const std::string& mentions) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected " << error_code_name(code) << " mentioning '" << mentions << "'";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), code) << error.what();
-    EXPECT_NE(error.message().find(mentions), std::string::npos) << error.what();
-  }
-}
+using stepgraph::testing::expect_error_code;
 
 GemmAlgorithmRecord sample() {
   GemmAlgorithmPick plain;
@@ -86,7 +77,7 @@ TEST(GemmAlgorithmRecordTest, EachMalformedRecordNamesWhatIsWrong) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text);
-    expect_error([&] { parse_gemm_algorithm_record(c.text); }, ErrorCode::kIo, c.mentions);
+    expect_error_code([&] { parse_gemm_algorithm_record(c.text); }, ErrorCode::kIo, c.mentions);
   }
   // Every prefix of a good record is a whole record or a clear error.
   for (std::size_t size = 0; size < good.size(); ++size) {
@@ -99,7 +90,7 @@ TEST(GemmAlgorithmRecordTest, EachMalformedRecordNamesWhatIsWrong) {
 }
 
 TEST(GemmAlgorithmRecordTest, AnIdentityWithALineBreakIsRefused) {
-  expect_error([] { format_gemm_algorithm_record({"a\nb", {}}); }, ErrorCode::kInvalidArgument,
+  expect_error_code([] { format_gemm_algorithm_record({"a\nb", {}}); }, ErrorCode::kInvalidArgument,
                         "line break");
 }
 

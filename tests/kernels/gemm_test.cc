@@ -26,6 +26,7 @@
 #include "kernels/gemm_algorithm_record.h"
 #include "kernels/gemm_host.h"
 #include "tests/kernels/kernel_test_support.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
 
@@ -204,16 +205,7 @@ void expect_close(const GemmDesc& desc, const Outputs& got, const Outputs& want,
   }
 }
 
-// Throws stepgraph::Error with `code` and a message containing `mentions`.
-void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& mentions) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected " << error_code_name(code) << " mentioning '" << mentions << "'";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), code) << error.what();
-    EXPECT_NE(error.message().find(mentions), std::string::npos) << error.what();
-  }
-}
+using stepgraph::testing::expect_error_code;
 
 GemmDesc valid_desc() {
   return make_desc({DType::kBFloat16, DType::kBFloat16}, false, true, GemmEpilogue::kNone, {8, 16, 32});
@@ -226,7 +218,7 @@ TEST(GemmTest, CheckGemmRejectsEachBadDescriptor) {
                              const std::string& mentions) {
     GemmDesc desc = valid_desc();
     change(desc);
-    expect_error([&] { check_gemm(desc); }, code, mentions);
+    expect_error_code([&] { check_gemm(desc); }, code, mentions);
   };
   const ErrorCode invalid = ErrorCode::kInvalidArgument;
   const ErrorCode unsupported = ErrorCode::kUnsupported;
@@ -311,7 +303,7 @@ TEST(GemmTest, LaunchRejectsBadOperandsBeforeTouchingTheDevice) {
     desc.trans_a = epilogue == GemmEpilogue::kBiasGradOfA;
     GemmOperands operands = good;
     change(operands);
-    expect_error([&] { launch_gemm(desc, operands, nullptr); }, ErrorCode::kInvalidArgument, mentions);
+    expect_error_code([&] { launch_gemm(desc, operands, nullptr); }, ErrorCode::kInvalidArgument, mentions);
   };
   expect_bad(
       GemmEpilogue::kNone, [](GemmOperands& o) { o.a = nullptr; }, "operand 'a' is null");
@@ -339,8 +331,8 @@ TEST(GemmTest, LaunchRejectsBadOperandsBeforeTouchingTheDevice) {
       GemmEpilogue::kNone, [&](GemmOperands& o) { o.workspace = fake(0x7010); }, "not 256-byte aligned");
   GemmDesc bad = valid_desc();
   bad.k = 0;
-  expect_error([&] { launch_gemm(bad, good, nullptr); }, ErrorCode::kInvalidArgument, "must be > 0");
-  expect_error([&] { gemm_prepare(bad); }, ErrorCode::kInvalidArgument, "must be > 0");
+  expect_error_code([&] { launch_gemm(bad, good, nullptr); }, ErrorCode::kInvalidArgument, "must be > 0");
+  expect_error_code([&] { gemm_prepare(bad); }, ErrorCode::kInvalidArgument, "must be > 0");
 }
 
 TEST(GemmTest, HostReferenceRejectsMissingOperands) {
@@ -350,9 +342,9 @@ TEST(GemmTest, HostReferenceRejectsMissingOperands) {
   HostOperands operands(desc, rng);
   GemmOperands pointers = operands.pointers();
   pointers.bias = nullptr;
-  expect_error([&] { host::gemm(desc, pointers); }, ErrorCode::kInvalidArgument, "operand 'bias' is null");
+  expect_error_code([&] { host::gemm(desc, pointers); }, ErrorCode::kInvalidArgument, "operand 'bias' is null");
   desc.a_type = DType::kFloat16;
-  expect_error([&] { host::gemm(desc, operands.pointers()); }, ErrorCode::kUnsupported, "share a dtype");
+  expect_error_code([&] { host::gemm(desc, operands.pointers()); }, ErrorCode::kUnsupported, "share a dtype");
 }
 
 TEST(GemmTest, HostGeluMatchesKnownValuesAndItsGradientTheFiniteDifference) {
@@ -531,7 +523,7 @@ TEST(GemmTest, Bf16MisalignedDeviceOperandIsAnError) {
   GemmOperands operands = device.pointers();
   operands.b = static_cast<const char*>(operands.b) + 2;  // one bf16 element in
   Stream stream;
-  expect_error([&] { launch_gemm(desc, operands, stream.get()); }, ErrorCode::kInvalidArgument, "operand 'b' at");
+  expect_error_code([&] { launch_gemm(desc, operands, stream.get()); }, ErrorCode::kInvalidArgument, "operand 'b' at");
 }
 
 // Note [Deterministic algorithm choice]: a timed desc's pick leaves the
@@ -555,11 +547,11 @@ TEST(GemmTest, Bf16TimedPicksExportAndAdoptBack) {
 
   GemmAlgorithmRecord elsewhere = record;
   elsewhere.identity = "cuBLASLt 1, another GPU (1 SMs)";
-  expect_error([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(elsewhere)); },
+  expect_error_code([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(elsewhere)); },
                ErrorCode::kInvalidArgument, "were timed with cuBLASLt 1, another GPU");
   GemmAlgorithmRecord contradicting = record;
   for (GemmAlgorithmPick& p : contradicting.picks) p.algo[0] ^= 1;
-  expect_error([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(contradicting)); },
+  expect_error_code([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(contradicting)); },
                ErrorCode::kInvalidState, "already has another algorithm");
 }
 

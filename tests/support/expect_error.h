@@ -38,6 +38,19 @@ template <typename Call>
   return ::testing::AssertionFailure() << statement << "\n  raised nothing; expected a stepgraph::Error";
 }
 
+// Throws stepgraph::Error with `code` and a message containing `mentions`
+// (a non-fatal failure otherwise).
+template <typename Call>
+void expect_error_code(Call&& call, ErrorCode code, std::string_view mentions) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected " << error_code_name(code) << " mentioning '" << mentions << "'";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), code) << error.what();
+    EXPECT_NE(error.message().find(mentions), std::string::npos) << error.what();
+  }
+}
+
 }  // namespace stepgraph::testing
 
 // The statement may be a declaration (it runs as the body of a lambda).

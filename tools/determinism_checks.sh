@@ -37,7 +37,8 @@ mkdir -p "$work"
 failures=0
 checks=0
 
-# The configurations: a name and the trainer flags that make it.
+# The configurations: a name and the trainer flags that make it (STEPS: --steps, so a
+# schedule decays over the whole run and a resumed half keeps it).
 configs=(
   "default|"
   "fp16|--dtype fp16"
@@ -46,7 +47,7 @@ configs=(
   "fp8_block|--fp8 block"
   "moe|--experts 4"
   "dropout|--dropout 0.1"
-  "lr_schedule|--lr-schedule cosine --warmup-steps 5 --decay-steps 30"
+  "lr_schedule|--lr-schedule cosine --warmup-steps 5 --decay-steps STEPS"
   "buckets|--buckets pow2"
 )
 
@@ -126,6 +127,7 @@ resumes() {  # resumes NAME STEPS DATA_FLAGS FLAGS...
 for entry in "${configs[@]}"; do
   name=${entry%%|*}
   flags=${entry#*|}
+  flags=${flags//STEPS/$steps}
   if [ -n "$only" ] && [[ ",$only," != *",$name,"* ]]; then continue; fi
   echo "--- $name: trainer --data TEXT $flags ${extra[*]}"
   n=$steps

@@ -11,8 +11,9 @@
 #   tests.log, pytest.log        GoogleTest binaries; the Python binding's tests
 #   fuzz_table.txt               the fuzz test's cases and their outcomes
 #   programs.log                 the trainer runs, the demo, the attention kernels against SDPA
-#   determinism.log              every trainer configuration twice per mode and resumed, bit for bit, on a
-#                                text file (tools/determinism_checks.sh)
+#   determinism.log              every trainer configuration twice per mode and resumed, 1,000 steps, bit
+#                                for bit, on a text file (tools/determinism_checks.sh); with 2 GPUs also
+#                                DP=2, ZeRO-1 and TP=2
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
 #   step_table.log               --stages step_table: the training-step table alone, in under 10 minutes
@@ -20,7 +21,7 @@
 #                                --step-scoped-gradients, PyTorch's eager and compiled systems (--quick),
 #                                step_report.md and step_report_step_scoped.md
 #   multigpu.log                 --stages multigpu (2 GPUs): the multi-rank NCCL tests, the trainer's
-#                                checks and determinism checks at TP=2, DP=2 and ZeRO-1, 10,000 TP=2 steps, DP=2 losses against one
+#                                checks at TP=2 and DP=2, restarts after a killed rank (DP=2, ZeRO-1), 10,000 TP=2 steps, DP=2 losses against one
 #                                GPU, a killed rank
 #   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs): tp_mlp_bench + tp_peer.py,
@@ -120,7 +121,16 @@ cat "$here"/python/stepgraph/*.py "$here"/python_tests/*.py "$here"/benchmarks/*
 if wants determinism; then
   : >"$results/determinism.log"
   echo "corpus: $(wc -c <"$work/corpus.txt") bytes of the bundle's sources" >>"$results/determinism.log"
-  step determinism.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/determinism" "$work/corpus.txt" --long 1000
+  step determinism.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/determinism" "$work/corpus.txt" --steps 1000
+  # And at 2 ranks where the machine has 2 GPUs (DP=2, ZeRO-1, TP=2 on the window model: attention is not
+  # tensor-parallel yet).
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    for world in "--dp 2" "--dp 2 --dp-mode zero1" "--tp 2 --heads 0"; do
+      # shellcheck disable=SC2086
+      step determinism.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/determinism_${world// /_}" \
+        "$work/corpus.txt" --steps 1000 --only default -- --nproc-per-node 2 $world
+    done
+  fi
 fi
 
 # 4. Benchmarks, each writing JSON beside its log.
@@ -196,13 +206,6 @@ if wants multigpu; then
     # Elastic restarts: a killed rank restarted, the run equal to an uninterrupted one (DP=2 and ZeRO-1's parts).
     step multigpu.log "$here/restart_check.sh" "$here/bin/trainer" "$work/restart_dp2" --dp 2
     step multigpu.log "$here/restart_check.sh" "$here/bin/trainer" "$work/restart_zero1" --dp 2 --dp-mode zero1
-    # Reproducible and exactly resumed at 2 ranks, on the text file (tools/determinism_checks.sh).
-    step multigpu.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/det_dp2" "$work/corpus.txt" --only default \
-      -- --nproc-per-node 2 --dp 2
-    step multigpu.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/det_zero1" "$work/corpus.txt" --only default \
-      -- --nproc-per-node 2 --dp 2 --dp-mode zero1
-    step multigpu.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/det_tp2" "$work/corpus.txt" --only default \
-      -- --nproc-per-node 2 --tp 2 --heads 0
   fi
 fi
 # Where a step's time goes: every op of one replay by stream, then Nsight Compute over every kernel of one

@@ -58,6 +58,7 @@ install -m 0755 tools/compare_losses.py "$bundle/compare_losses.py"
 install -m 0755 tools/compare_checkpoints.py "$bundle/compare_checkpoints.py"
 install -m 0755 tools/determinism_checks.sh "$bundle/determinism_checks.sh"
 install -m 0755 tools/restart_check.sh "$bundle/restart_check.sh"
+install -m 0644 tests/trainer/trainer_fuzz_test.py "$bundle/trainer_fuzz_test.py"
 install -m 0755 tools/ncu_summary.py "$bundle/ncu_summary.py"
 install -m 0755 tools/gpu_run.sh "$bundle/run.sh"
 

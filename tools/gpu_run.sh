@@ -110,6 +110,8 @@ if wants programs; then
   : >"$results/programs.log"
   step programs.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/trainer"
   step programs.log "$here/bin/capture_demo" --device cuda --replays 10
+  # The trainer's flag, data-file and checkpoint fuzz on cuda: every case a clear error or a correct run.
+  step programs.log env TRAINER="$here/bin/trainer" TRAINER_FUZZ_DEVICE=cuda python3 "$here/trainer_fuzz_test.py"
   # The attention kernels against PyTorch SDPA on random packings (issue 16).
   step programs.log python3 "$here/benchmarks/attention_sdpa_check.py" --binary "$here/bin/attention_sdpa_dump" --cases 24
 fi

@@ -24,6 +24,7 @@ and each failing command.
                            120: generous, so a slow AddressSanitizer build is
                            not mistaken for a hang; a case takes ~0.2 s here)
   TRAINER_FUZZ_JOBS=N      cases run at once (default 2)
+  TRAINER_FUZZ_DEVICE=D    the device every case runs on (default host; cuda on a GPU machine)
 """
 
 import collections
@@ -45,8 +46,9 @@ CASES = int(os.environ.get("TRAINER_FUZZ_CASES", "200"))
 TIMEOUT = float(os.environ.get("TRAINER_FUZZ_TIMEOUT", "120"))
 JOBS = int(os.environ.get("TRAINER_FUZZ_JOBS", "2"))
 
-# Every case: the host, two steps, a step line each.
-BASE = ["--device", "host", "--steps", "2", "--log-every", "1"]
+# Every case: the host (or TRAINER_FUZZ_DEVICE=cuda on a GPU machine), two steps, a step line each.
+DEVICE = os.environ.get("TRAINER_FUZZ_DEVICE", "host")
+BASE = ["--device", DEVICE, "--steps", "2", "--log-every", "1"]
 
 # flag -> (small values that can run, edge values that must be refused or run).
 # Valid values stay small: a correct run must end well inside the timeout.

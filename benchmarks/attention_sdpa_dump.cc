@@ -1,7 +1,7 @@
 // The attention kernels' results on random packed batches, written for
 // benchmarks/attention_sdpa_check.py to compare against PyTorch's
-// scaled_dot_product_attention (issue 16: "attention against SDPA on random
-// shapes, including odd sequence lengths and one-token sequences").
+// scaled_dot_product_attention on random shapes, including odd sequence
+// lengths and one-token sequences.
 //
 //   attention_sdpa_dump --out DIR [--cases 16] [--seed N]
 //

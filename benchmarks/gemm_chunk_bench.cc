@@ -1,6 +1,6 @@
 // GEMM chunking: what splitting a GEMM into token chunks costs on one GPU,
 // the price of overlapping a tensor-parallel MLP's GEMMs with its collectives
-// (issue 14: each chunk's all-gather or reduce-scatter runs while the next
+// (each chunk's all-gather or reduce-scatter runs while the next
 // chunk's GEMM computes; goal: chunked / one GEMM <= 1.05).
 //
 //   gemm_chunk_bench --config large --tp 2 --chunks 2,4,8 --repeats 50 --out gemm_chunk.json

@@ -1,4 +1,4 @@
-// Grouped GEMM throughput: launch_grouped_gemm on the rows of issue #5, with
+// Grouped GEMM throughput: launch_grouped_gemm on the MoE expert shapes, with
 // the split in device memory as the MoE layer has it.
 //
 //   grouped_gemm_bench --out grouped_gemm.json                 # forward, every row
@@ -209,7 +209,7 @@ int run(const Options& options) {
 }  // namespace stepgraph
 
 int main(int argc, char** argv) {
-  CLI::App app{"Grouped GEMM over device offsets: TFLOP/s on the rows of issue #5"};
+  CLI::App app{"Grouped GEMM over device offsets: TFLOP/s on the MoE expert shapes"};
   stepgraph::Options options;
   app.add_option("--experts", options.experts, "expert counts")->delimiter(',')->capture_default_str();
   app.add_option("--tokens", options.tokens, "token counts")->delimiter(',')->capture_default_str();

@@ -213,7 +213,7 @@ int run(int repeats, const std::string& out_path) {
     rows.push_back(row("adamw_104.9M_params", t, static_cast<double>(total) * 30.0, copy_gbps));
   }
 
-  {  // FP8 quantization, bf16 [8192, 4096] to E4M3 (issue 17).
+  {  // FP8 quantization, bf16 [8192, 4096] to E4M3.
     constexpr std::int64_t kRows = 8192;
     constexpr std::int64_t kCols = 4096;
     const double elems = static_cast<double>(kRows) * kCols;

@@ -1,4 +1,4 @@
-// One pipeline stage's iteration (issue 19, item 5): L LayerNormMLP layers
+// One pipeline stage's iteration: L LayerNormMLP layers
 // over M microbatches in 1F1B order, two ways on the same parameters and
 // inputs:
 //   graphed  GraphedLayers: one graph per layer, pass and microbatch,

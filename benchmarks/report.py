@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Merges step_bench's and pytorch_peer.py's JSON into a markdown table, a
-PNG plot, and the issue's goals.
+PNG plot, and the step goals.
 
     python3 benchmarks/report.py step_bench.json pytorch_peer.json \\
         --markdown step_report.md --png step_report.png
@@ -209,7 +209,7 @@ def mfu_lines(configs):
 
 
 def goals(configs):
-    """The issue's goals: a list of (verdict, config, goal, detail); tp_goals where the configs are tensor-parallel."""
+    """The step goals: a list of (verdict, config, goal, detail); tp_goals where the configs are tensor-parallel."""
     if any(tp_world(c) is not None for c in configs):
         return tp_goals(configs)
     by_name = {c["name"]: c["systems"] for c in configs}

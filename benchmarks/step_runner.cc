@@ -100,7 +100,7 @@ nlohmann::json system_json(const std::string& name, const StepConfig& config, co
 }
 
 // ModeResult::persistent_breakdown of a model and its optimizer, `total` the
-// context's persistent bytes (issue 18: say what each GiB is).
+// context's persistent bytes, so a report can say what each GiB is.
 std::map<std::string, std::int64_t> persistent_breakdown(const ResidualStack& model,
                                                          const std::vector<Parameter*>& params,
                                                          const AdamW& optimizer, std::int64_t total) {

@@ -347,7 +347,7 @@ def run_tp_config(name, rows, steps, warmup, deadline, group, async_error):
                 build = lambda: build_tp_system(row_name, c, group)  # noqa: E731
             result, why = peer.run_everywhere(build, c, steps, warmup, group, world_one=n == 1)
             if result is None and graph and system is None:
-                out["unavailable"][row_name] = f"capture failed: {why}"  # no row (the brief of issue 15)
+                out["unavailable"][row_name] = f"capture failed: {why}"  # no row for a capture failure
             elif result is None:
                 row = {"system": row_name, "status": "failed", "reason": why}
             else:

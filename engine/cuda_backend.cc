@@ -92,7 +92,7 @@ class CudaExecutable final : public Executable {
 // every later op waits for. On equal priorities the block scheduler
 // dispatches whichever kernel came first, so a weight-gradient GEMM or an
 // AdamW kernel that fills every SM held a small critical-path kernel back
-// for its whole length: in one H100 profile of the moe config (call T1) an
+// for its whole length: in one H100 profile of the moe config an
 // unpermute backward that runs in 66 us alone took 3.0 ms beside a group's
 // AdamW, and large's norm backward 1.3 ms beside a weight-gradient GEMM.
 // So stream 1 is the lowest priority, stream 0 above it, and the streams

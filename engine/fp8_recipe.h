@@ -1,4 +1,4 @@
-// FP8 recipes (issue 17): how a layer's GEMM inputs are scaled into FP8, as
+// FP8 recipes: how a layer's GEMM inputs are scaled into FP8, as
 // plain values. Two recipes built separately with the same fields are equal,
 // hash equal and give equal graph keys (the same captured graph); any changed
 // field is another key (a new capture). A layer without a recipe runs bf16.
@@ -39,7 +39,7 @@ enum class AmaxReduction : std::uint8_t { kMax, kMostRecent };
 // What a step that meets a non-finite amax does (the layers count them on the
 // device, Linear::non_finite_amaxes): keep that tensor's scale and go on, or
 // stop the run with an Error at the next check_errors. Skipping the whole
-// optimizer step is issue 19's non-finite skip.
+// optimizer step is the optimizer's non-finite skip.
 enum class NonFiniteAmax : std::uint8_t { kSkipStep, kStop };
 
 std::string_view fp8_scaling_name(Fp8Scaling scaling);  // "current", "delayed", "block"
@@ -62,7 +62,7 @@ struct Fp8Recipe {
   NonFiniteAmax on_non_finite = NonFiniteAmax::kSkipStep;
   // Tensor-wise scaling: quantize each FP8 weight once per optimizer step,
   // right after its update, into persistent row- and column-wise copies the
-  // step's GEMMs read (Note [FP8 weight cache] in layers/fp8_operand.h).
+  // step's GEMMs read, so they are never stale.
   // Costs the copies' two bytes a weight element of persistent memory.
   bool cache_weights = false;
 

@@ -1,4 +1,4 @@
-// Causal self-attention over packed variable-length sequences (issue 16):
+// Causal self-attention over packed variable-length sequences:
 // the CUDA kernels (attention.cu: flash-attention style, online softmax, no
 // S x S matrix) and their plain fp32 host reference (attention_host.cc).
 //

@@ -1,4 +1,4 @@
-// Where each block's scale_inv lives for block-scaled FP8 (issue 17): the
+// Where each block's scale_inv lives for block-scaled FP8: the
 // layout cuBLASLt reads (cuBLAS docs, "128-element 1D and 128x128 2D block
 // scaling for FP8 data types"), so the quantize kernels write what the GEMM
 // takes with no reshuffle between them. Host and device code share it.

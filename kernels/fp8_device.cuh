@@ -116,9 +116,9 @@ __device__ __forceinline__ void store_bytes(std::uint8_t* out, const std::uint8_
 // stores into the tile aligned and leave the warp's 32 shared loads 2-way
 // bank-conflicted. The first form, 16 byte loads a thread down a column,
 // 4-way conflicted, ran the quantize at 69.6% of the copy bandwidth; this one
-// at 75.2% (ncu and memory_bound_bench, calls Q4 and Q5). An XOR-swizzled
+// at 75.2% (ncu and memory_bound_bench on an H100). An XOR-swizzled
 // unpadded tile whose loads and stores touch 32 distinct banks measured no
-// faster (74.8%, call Q6): the banks are no longer what limits it.
+// faster (74.8%): the banks are no longer what limits it.
 inline constexpr int kFp8Tile = 64;
 inline constexpr int kFp8TileStride = kFp8Tile + 8;
 inline constexpr int kFp8TileThreads = 256;

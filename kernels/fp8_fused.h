@@ -1,4 +1,4 @@
-// Fused FP8 quantization (issue 17; Note [FP8 scaling] in
+// Fused FP8 quantization (Note [FP8 scaling] in
 // engine/fp8_recipe.h): LayerNorm/RMSNorm, GeLU and GeLU's backward, each
 // writing its usual 16-bit result (optional) together with its FP8 copies
 // (row-wise q [rows, cols], column-wise q^T [cols, rows]) and amax in one

@@ -1,4 +1,4 @@
-// Quantizing tensors to FP8 (issue 17; Note [FP8 scaling] in
+// Quantizing tensors to FP8 (Note [FP8 scaling] in
 // engine/fp8_recipe.h): the scale rules, the host references the CUDA
 // kernels are held to, bit for bit on the quantized bytes, and the kernels
 // (tensor-wise so far). FP8 tensors

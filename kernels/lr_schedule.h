@@ -1,5 +1,5 @@
 // Learning-rate schedules computed on the device from the optimizer's step
-// counter (issue 19), so a captured step replays with a new rate each time
+// counter, so a captured step replays with a new rate each time
 // and nothing is captured again.
 //
 // Note [Learning-rate schedule]

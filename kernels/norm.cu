@@ -34,24 +34,15 @@
 // elements in the forward and the backward (4096 + 1 included).
 //
 // Backward. The grid is persistent: as many blocks as are resident on the
-// device at once, each looping over a fixed set of row groups (no prefetch:
-// Note [Norm backward L2 prefetch]).
+// device at once, each looping over a fixed set of row groups. No slice
+// prefetches its next rows into L2: on an H100 that made the backward slower
+// at every depth tried (docs/norm_backward_l2_prefetch.md).
 // Parameter gradients: each thread accumulates dy * xhat and dy for its columns
 // over its block's rows in registers; the slices of a block are summed in
 // shared memory in slice order, and block b writes partial row b of
 // `workspace` ([partial_rows, hidden] fp32 for dgamma, then the same for
 // dbeta). A second kernel sums each column's partial rows in a fixed order.
 // No atomics: dgamma/dbeta are bitwise reproducible from run to run.
-//
-// Note [Norm backward L2 prefetch]
-// The backward could have each slice pull its next 1-4 rows of x and dy into
-// L2 (cp.async.bulk.prefetch.L2 from one thread) while it reduced and wrote
-// the current row, to keep a second row in flight. On the H100 it only cost
-// (LayerNorm bf16, 16384 x 4096, two runs; benchmarks/README.md and
-// results/h100-2026-11-23-lnbwd/): 2 vectors per thread took 158.8 / 156.3 us
-// (84.7% / 86.6% of copy bandwidth) without it, 176.2 / 172.8 us prefetching
-// one row, 196.2 / 194.4 us prefetching two. So it is gone; commit 1da726c
-// has it (NormBackwardTuning::prefetch_rows).
 #include "kernels/norm.h"
 
 #include <algorithm>

@@ -4,9 +4,9 @@
 // (packed_sequences.cuh). One thread per pair of every head computed the
 // same position and sine/cosine once per head: on the H100 the large
 // config's split took ~615 us for 8192 x 96 x 128 bf16 (18.8% of DRAM
-// bandwidth, 59% SM busy: ncu, call T5). Now a thread takes a pair of up to
+// bandwidth, 59% SM busy under ncu). Now a thread takes a pair of up to
 // kMaxHeadsPerThread heads and computes the angle once for them, with the
-// same float operations, so the bits are unchanged (call T6: large's split
+// same float operations, so the bits are unchanged (large's split
 // 580 -> 392 us a call, the merge 692 -> 423-637 us, in the step's profile).
 //
 // One kernel serves every entry point: it moves heads between a "packed"

@@ -1,6 +1,5 @@
-// Rotary position embedding (RoPE) over packed variable-length sequences
-// (issue 16): the CUDA kernels (rope.cu) and their fp32 host reference
-// (rope_host.cc).
+// Rotary position embedding (RoPE) over packed variable-length sequences:
+// the CUDA kernels (rope.cu) and their fp32 host reference (rope_host.cc).
 //
 // x [T, H, D] (bf16, fp16 or fp32), tokens packed as in kernels/attention.h
 // (cu_seqlens int32 [S + 1]); a token's position p is its index within its

@@ -71,9 +71,10 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
 // bit. They are remade at construction and whenever the value changes
 // outside a step (sync_copy_from_master: checkpoint loads, the C API), so
 // nothing reads a stale copy. A step that must not change the weights (the
-// non-finite skip of issue 19) skips the refresh with the update. Cost: two
-// bytes a weight element of persistent memory, against two FP8 copies made
-// and freed in every step without it. Tensor-wise scaling only.
+// non-finite skip, Note [Non-finite steps] in layers/adamw.h) skips the
+// refresh with the update. Cost: two bytes a weight element of persistent
+// memory, against two FP8 copies made and freed in every step without it.
+// Tensor-wise scaling only.
 struct Fp8WeightCache {
   Tensor rowwise;     // [rows, cols] in the forward format
   Tensor columnwise;  // [cols, rows]

@@ -26,7 +26,7 @@
 // pipelined) is the config's `overlap`: See Note [Communication-GEMM overlap].
 //
 // Note [FP8 LayerNormMLP]
-// With config.fp8 (issue 17), fc1 and fc2 are FP8 Linears with the recipe
+// With config.fp8, fc1 and fc2 are FP8 Linears with the recipe
 // (Note [FP8 Linear]): the same parameters under the same names and seeds,
 // the norm in 16 bits, GeLU between them as its own op (cuBLASLt's FP8 GEMMs
 // have no GeLU epilogues), fc1's and fc2's scaling state their own. With a

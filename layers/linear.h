@@ -33,7 +33,9 @@
 // features must then be multiples of 128. Token counts and features are
 // multiples of 16 otherwise; each other case is an Error naming it. The
 // weight is quantized in every forward, on the weight-gradient stream (idle
-// in the forward); once per optimizer step is to come.
+// in the forward), unless Fp8Recipe::cache_weights keeps its copies from one
+// optimizer step to the next (Note [FP8 weight cache] in
+// layers/fp8_operand.h).
 //
 // Tensor-parallel FP8 (Note [Column- and row-parallel Linear] below) keeps
 // the 16-bit layer's collectives, on 16-bit tensors: a
@@ -127,7 +129,7 @@ struct LinearConfig {
   // (ring_exchange). Without it the collectives are all-reduces: none or bulk.
   CommOverlap fprop_overlap = CommOverlap::kBulk;
   CommOverlap dgrad_overlap = CommOverlap::kBulk;
-  // FP8 GEMMs (issue 17; Note [FP8 Linear]); nullopt runs the 16-bit GEMMs.
+  // FP8 GEMMs (Note [FP8 Linear]); nullopt runs the 16-bit GEMMs.
   std::optional<Fp8Recipe> fp8;
 };
 

@@ -40,7 +40,7 @@ const Tensor& Parameter::gradient_for_write(Context& ctx) const {
     // on the main stream, where its last handle frees it, so the caching
     // allocator hands the same memory back next step (a cudaMemPool reuses
     // memory freed on another stream only through dependencies it sees:
-    // allocated on the weight-gradient stream, call T27's eager large step
+    // allocated on the weight-gradient stream, the eager large step on an H100
     // grew the device's use to 78.6 GiB).
     std::optional<StreamScope> main_stream;
     if (!ctx.tracing()) main_stream.emplace(ctx, 0);

@@ -72,7 +72,7 @@ struct ResidualStackConfig {
   float rope_base = 10000.0f;
   // Tensor-parallel only: how the dense blocks' collectives meet their GEMMs.
   MLPOverlap overlap;
-  // FP8 GEMMs in every block's projections and MLP (issue 17): attention's
+  // FP8 GEMMs in every block's projections and MLP: attention's
   // QKV and output projections, the dense MLP's fc1 and fc2, and an MoE
   // block's expert products (not block scaling: Note [FP8 GroupedLinear]);
   // the embedding, attention itself, the norms, the router and the head stay

@@ -1,4 +1,4 @@
-// Fused FP8 ops (issue 17; kernels/fp8_fused.h): the norm, GeLU and GeLU's
+// Fused FP8 ops (kernels/fp8_fused.h): the norm, GeLU and GeLU's
 // backward writing the FP8 copies their next GEMM reads (row-wise,
 // column-wise) and their amax in the same pass, with tensor-wise scaling.
 // The bytes and amax are those of the op followed by ops::quantize, bit for

@@ -1,4 +1,4 @@
-// FP8 ops (issue 17; Note [FP8 scaling] in engine/fp8_recipe.h): quantizing
+// FP8 ops (Note [FP8 scaling] in engine/fp8_recipe.h): quantizing
 // a tensor with a scale read on the device, giving its row-wise and
 // column-wise FP8 copies and its amax (kernels/fp8_quantize.h), and the
 // scale updates of current and delayed scaling, all inside the step. The

@@ -17,7 +17,7 @@
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
 #   step_table.log               --stages step_table: the training-step table alone, in under 10 minutes
-#                                (issue 18's goals in one job): step_bench --profile, step_bench
+#                                (the step goals in one job): step_bench --profile, step_bench
 #                                --step-scoped-gradients, PyTorch's eager and compiled systems (--quick),
 #                                step_report.md and step_report_step_scoped.md
 #   multigpu.log                 --stages multigpu (2 GPUs): the multi-rank NCCL tests, the trainer's
@@ -112,7 +112,7 @@ if wants programs; then
   step programs.log "$here/bin/capture_demo" --device cuda --replays 10
   # The trainer's flag, data-file and checkpoint fuzz on cuda: every case a clear error or a correct run.
   step programs.log env TRAINER="$here/bin/trainer" TRAINER_FUZZ_DEVICE=cuda python3 "$here/trainer_fuzz_test.py"
-  # The attention kernels against PyTorch SDPA on random packings (issue 16).
+  # The attention kernels against PyTorch SDPA on random packings.
   step programs.log python3 "$here/benchmarks/attention_sdpa_check.py" --binary "$here/bin/attention_sdpa_dump" --cases 24
 fi
 

@@ -43,7 +43,7 @@ std::vector<std::int64_t> sequence_lengths(std::uint64_t seed, std::int64_t step
 // [sequences + 1]: the real sequences, then the padding in sequences of at
 // most `width` tokens, then empty ones. Causal attention costs a sequence's
 // length squared: one padding sequence of 1,024 tokens cost more than the
-// 32 real ones of 64-128 beside it (call T8), chunks of `width` cost no more
+// 32 real ones of 64-128 beside it (on an H100), chunks of `width` cost no more
 // a token than the real ones. `sequences` must leave room for the chunks
 // (padded_sequences gives enough).
 std::int64_t padded_sequences(std::int64_t batch_sequences, std::int64_t bucket, std::int64_t width);

@@ -1,4 +1,4 @@
-// The named configs of step_bench: the shapes the issue asks for, and clear
+// The named configs of step_bench: the small, medium, large and moe shapes, and clear
 // errors for bad --configs lists.
 #include "benchmarks/step_configs.h"
 

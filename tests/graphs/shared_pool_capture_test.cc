@@ -1,5 +1,5 @@
 // Steps planned into one shared pool (Note [Steps sharing one pool] in
-// graphs/captured_step.h; issue 19's shape buckets): the pool is the
+// graphs/captured_step.h; what shape buckets need): the pool is the
 // largest step's plan, not the sum; every step replayed in any order equals
 // eager; releasing one step leaves the others running; the memory goes with
 // the last owner; a pool too small for a step is an Error.

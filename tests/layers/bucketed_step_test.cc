@@ -1,4 +1,4 @@
-// Shape buckets (issue 19, item 3), at the layer level: a batch of T tokens
+// Shape buckets, at the layer level: a batch of T tokens
 // trains in the smallest bucket that holds it, padded with zero
 // activations in a sequence of their own and labels of ignore_index. The
 // padding then contributes exact zeros to every gradient (its loss
@@ -107,7 +107,7 @@ void expect_padded_buckets_train_as_unpadded(Device device) {
     }
     // Per tensor, not per element: AdamW divides each update by the root of
     // its squared-gradient average, so an element whose gradient is near 0
-    // moves by up to lr whichever way rounding tips it. On the H100 (T17)
+    // moves by up to lr whichever way rounding tips it. On an H100
     // the elementwise check failed at seeds 765465878 and others, before
     // and after the fused residual; per tensor the largest difference seen
     // was 3.3e-4 of the tensor's norm (a 192-element bias). Padding that

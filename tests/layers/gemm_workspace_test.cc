@@ -1,5 +1,5 @@
 // The GEMMs' cuBLASLt workspace in the pool is what their algorithms need on
-// the GPU and nothing on the host (issue 18's finding: the README's Python
+// the GPU and nothing on the host (before this, the README's Python
 // example, hidden 64 and 64 tokens, planned a 64 MiB pool on the host for
 // about 200 KB of tensors, every GEMM carrying a 32 MiB workspace).
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Per-layer graphs for pipeline schedules (issue 19, item 5): a list of
+// Per-layer graphs for pipeline schedules: a list of
 // layers captured as one graph per layer, pass and microbatch in a 1F1B
 // order, sharing one pool plan, equals the same schedule run eagerly bit
 // for bit (outputs, input gradients, gradients summed over microbatches),

@@ -1,4 +1,4 @@
-// Issue 12: a layer given an input of the wrong shape or dtype says so in its
+// A layer given an input of the wrong shape or dtype says so in its
 // own terms, before any op runs: the layer (its name, else its kind), the
 // argument, the shape and dtype it expected and the ones it got. For every
 // layer: a wrong-shaped and a wrong-dtype input to forward and dy to

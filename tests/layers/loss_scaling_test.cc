@@ -1,5 +1,5 @@
-// fp16's dynamic loss scaling (Note [Loss scaling] in kernels/step_guard.h,
-// issue 19): the rule that backs the scale off on an overflow and grows it
+// fp16's dynamic loss scaling (Note [Loss scaling] in kernels/step_guard.h):
+// the rule that backs the scale off on an overflow and grows it
 // after a run of good steps; AdamW's unscaling, which is exact (an update
 // from S-scaled gradients equals the update from the unscaled ones, bit for
 // bit); an overflowed step that changes nothing but the scale; and a whole

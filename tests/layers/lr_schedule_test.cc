@@ -1,5 +1,5 @@
 // Learning-rate schedules on the device (Note [Learning-rate schedule] in
-// kernels/lr_schedule.h, issue 19): the formula at its corners, bad
+// kernels/lr_schedule.h): the formula at its corners, bad
 // schedules as errors naming the field, and AdamW whose rate changes every
 // step in one captured graph: a cosine schedule, or set_lr between replays,
 // replayed from one capture equals an eager twin bit for bit, and each

@@ -1,5 +1,5 @@
 // Skipping non-finite steps on the device (Note [Non-finite steps] in
-// layers/adamw.h, issue 19): a step whose loss or one gradient is NaN or
+// layers/adamw.h): a step whose loss or one gradient is NaN or
 // infinite leaves the parameters, their copies, the moments, the step
 // counter, the scheduled rate and the weights' after-update hooks exactly
 // as they were, and the next good step goes on as if the bad one never ran.

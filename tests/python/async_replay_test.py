@@ -1,4 +1,4 @@
-"""The DataLoader loop (issue 12): replay with a fresh torch batch every step, no
+"""The DataLoader loop: replay with a fresh torch batch every step, no
 synchronize, the batch dropped right after replay(). torch's caching allocator
 hands the freed memory to the next clone() at once, so the replay must order
 torch's stream after its input copies (Note [Sources the caller reuses] in

@@ -300,7 +300,7 @@ fn = _capi.STEP_FN(lambda user, outputs, capacity, count: 0)
 _capi.call('sg_capture', raw_ctx, fn, None, 99, byref(c.c_void_p()))
 """, words=["policy 99 is not an sg_pool_report_policy"])
 
-# Worlds, the versioned train step config and the communication stream (issue 13).
+# Worlds, the versioned train step config and the communication stream.
 case("capi", "null_out_world_init", "_capi.call('sg_world_init', DEV, 30.0, None)",
      words=["sg_world_init", "out is NULL"])
 case("capi", "world_init_bad_device", "_capi.call('sg_world_init', 7, 30.0, byref(c.c_void_p()))",

@@ -1,4 +1,4 @@
-"""Per-layer graphs for pipeline schedules through the binding (issue 19, item 5), on the host:
+"""Per-layer graphs for pipeline schedules through the binding, on the host:
 sg.make_graphed_layers replayed in 1F1B order equals the same layers' eager forward and backward
 in that order, bit for bit, over two iterations, with the gradients summed over the microbatches;
 a replay out of the captured order is refused, naming the graph due."""

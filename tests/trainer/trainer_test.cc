@@ -195,7 +195,7 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
   expect_same_losses(rest.losses, std::vector<float>(whole.losses.begin() + 13, whole.losses.end()), 14);
 }
 
-// FP8 (issue 17): eager equals graph with each recipe the small model takes
+// FP8: eager equals graph with each recipe the small model takes
 // (block needs 128-multiples; the GPU test below runs it), and delayed
 // scaling's histories and scales go into the checkpoint, so a resumed run
 // continues exactly.

@@ -22,9 +22,9 @@
 // the environment before NCCL starts (a different value is replaced, with a
 // warning), and nothing here calls cuMulticastCreate.
 //
-// Note [Bytes and bus bandwidth] (nccl-tests' definitions, its doc/PERFORMANCE.md)
-// A row's "bytes" S is the size nccl-tests gives the collective, for n ranks
-// and elements of E bytes:
+// Note [Bytes and bus bandwidth]
+// nccl-tests' definitions (its doc/PERFORMANCE.md). A row's "bytes" S is the
+// size nccl-tests gives the collective, for n ranks and elements of E bytes:
 //   all_reduce      S = the buffer each rank reduces (count * E); in place, as gradients are
 //   all_gather      S = the gathered output of each rank = n * its input; out of place
 //   reduce_scatter  S = the input of each rank = n * its output; out of place

@@ -57,7 +57,7 @@ void build_adamw_table(const std::vector<AdamWTensor>& tensors, void* table_host
 // Rewrites the table's tensor entries (not its chunk list, which depends on
 // the sizes alone) on `stream` from `tensors`, which must have the sizes the
 // table was built for: for tensors whose addresses change between steps
-// (Note [Step-scoped gradients] in layers/parameter.h). The entries travel
+// (gradients that live only within a step). The entries travel
 // as kernel parameters, so a captured write replays the capture's pointers.
 void write_adamw_table_entries(const std::vector<AdamWTensor>& tensors, void* table_device, cudaStream_t stream);
 

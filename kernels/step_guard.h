@@ -1,5 +1,5 @@
 // The device side of a step that skips its update when anything is not
-// finite (Note [Non-finite steps] in layers/adamw.h): flag a tensor's
+// finite (the optimizer decides whether to skip): flag a tensor's
 // non-finite values, count the flagged steps; and fp16's dynamic loss
 // scaling, which rides on that skip (Note [Loss scaling]). Each launch keeps everything
 // on the device, so a captured step reads nothing on the host.
@@ -26,7 +26,7 @@ void launch_count_and_clear_flag(std::int32_t* flag, std::int64_t* skipped, cuda
 // so every gradient of the backward is S times the true one, and AdamW
 // divides by S again (a multiply by 1/S: exact for a power of two) before
 // its update. A step whose scaled gradients overflow is skipped by the
-// non-finite check (Note [Non-finite steps] in layers/adamw.h) and halves
+// non-finite check (launch_flag_nonfinite above) and halves
 // S; `growth_interval` good steps in a row double it. The state lives on
 // the device, fp32 [3] = {S, 1/S, good steps in a row}, so a captured step
 // reads and updates it without the host.

@@ -68,8 +68,8 @@ class TrainStep {
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   // A sequence model's step over `tokens` tokens packed as up to `sequences`
-  // sequences of any lengths (shape buckets, Note [Shape buckets] in
-  // trainer/buckets.h): tokens int32 [tokens, 1], one label per token, and
+  // sequences of any lengths (so a batch can be padded into a fixed shape
+  // bucket): tokens int32 [tokens, 1], one label per token, and
   // packing() [sequences + 1], which starts as one sequence of all the
   // tokens and empty ones after it; write each batch's packing into it.
   struct PackedTokens {

@@ -28,8 +28,8 @@ struct AdamWParams {
   bool unscale_grads = false;
   // The table's tensor entries are written from the op's own tensors before
   // each update (kernels::write_adamw_table_entries): for gradients whose
-  // addresses are the step's (Note [Step-scoped gradients] in
-  // layers/parameter.h). The table is then an input the op writes.
+  // addresses are the step's (step-scoped gradients, made and freed inside
+  // each step). The table is then an input the op writes.
   bool table_from_operands = false;
 
   bool operator==(const AdamWParams& other) const;

@@ -1,5 +1,6 @@
 // The ops of a step that skips its update when anything is not finite
-// (kernels/step_guard.h, Note [Non-finite steps] in layers/step_guard.h).
+// (kernels/step_guard.h; the optimizer runs its updates only where nothing
+// was flagged).
 // Each writes its first input in place and reads nothing on the host.
 #pragma once
 

@@ -3,7 +3,8 @@
 // 16-bit element types' conversions, and softmax probabilities handed from
 // wgmma accumulators to wgmma's register A operand.
 //
-// Note [Safe cu_seqlens]: a kernel reads cu_seqlens as
+// Note [Safe cu_seqlens]
+// A kernel reads cu_seqlens as
 //   c'[0] = 0,  c'[S] = T,  c'[s] = min(T, max(0, c[1], ..., c[s]))  (0 < s < S),
 // which is cu_seqlens itself when it is a valid packing and otherwise some
 // valid packing (every token in exactly one sequence), so nothing is read or

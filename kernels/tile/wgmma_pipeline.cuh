@@ -4,8 +4,9 @@
 // (m64n256k16 bf16 or m64n256k32 FP8 in, fp32 accumulators in registers) reading both operands
 // from shared memory through matrix descriptors.
 //
-// Note [wgmma operand tiles]: a K-major [rows][64] bf16 tile whose 16-byte
-// chunk c of row r sits at chunk c ^ (r & 7), the tile 1024-byte aligned, is
+// Note [wgmma operand tiles]
+// A K-major [rows][64] bf16 tile whose 16-byte chunk c of row r sits at
+// chunk c ^ (r & 7), the tile 1024-byte aligned, is
 // what a TMA box with CU_TENSOR_MAP_SWIZZLE_128B writes and what a wgmma
 // descriptor with the 128-byte swizzle mode reads (8-row atoms of 1024
 // bytes: stride byte offset 1024); the chunks one wave of a warp reads fall

@@ -1,4 +1,4 @@
-// step_bench --dp's runner (Note [Data-parallel rows] in step_runner.h): the
+// step_bench --dp's runner (Note [Data-parallel rows] in benchmarks/step_runner.h): the
 // flag checks, combining the ranks' samples, the scaling arithmetic of the
 // JSON, and real data-parallel runs of the tiny config on host worlds of 2
 // ranks (threads), all-reduce and ZeRO-1. On CUDA where there is a GPU (the

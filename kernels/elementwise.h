@@ -50,9 +50,8 @@ void launch_sum_f32(float* out, const float* x, std::int64_t n, cudaStream_t str
 // bit for bit, and every launch gives the same bits (eager == graph). A
 // block of 1024 threads takes 16 columns, a thread one column and one row
 // class: a warp reads 2 rows x 16 columns (two full 32-byte sectors of bf16),
-// and a 2048-column tensor fills 128 blocks (the first form, 8 partials and
-// 32 columns a block, filled 64 SMs: 2.8 ms of the medium FP8 step's bias
-// gradients). A bias's gradient from dy, where no GEMM epilogue
+// and a 2048-column tensor fills 128 blocks (fewer, wider blocks left half of
+// an H100's SMs idle). A bias's gradient from dy, where no GEMM epilogue
 // fuses it (FP8 GEMMs). kColumnSumLanes lives in elementwise_host.h, which
 // the host reference and this kernel share.
 void launch_column_sum(DType dtype, std::int64_t rows, std::int64_t cols, const void* x, float* out,

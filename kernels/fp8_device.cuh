@@ -114,11 +114,10 @@ __device__ __forceinline__ void store_bytes(std::uint8_t* out, const std::uint8_
 // 8 blocks down by 4 across, so each of its stores fills one 32-byte sector
 // in each of 4 rows of q^T. The 8 bytes of padding per tile row keep 8-byte
 // stores into the tile aligned and leave the warp's 32 shared loads 2-way
-// bank-conflicted. The first form, 16 byte loads a thread down a column,
-// 4-way conflicted, ran the quantize at 69.6% of the copy bandwidth; this one
-// at 75.2% (ncu and memory_bound_bench on an H100). An XOR-swizzled
-// unpadded tile whose loads and stores touch 32 distinct banks measured no
-// faster (74.8%): the banks are no longer what limits it.
+// bank-conflicted. This beats a thread's 16 byte loads down a column (4-way
+// conflicted), and a conflict-free XOR-swizzled tile measured no faster, so
+// the banks are no longer what limits it (the numbers: benchmarks/README.md,
+// "What falls short").
 inline constexpr int kFp8Tile = 64;
 inline constexpr int kFp8TileStride = kFp8Tile + 8;
 inline constexpr int kFp8TileThreads = 256;

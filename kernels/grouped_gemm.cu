@@ -5,44 +5,20 @@
 // kernel (grouped_gemm_ws.cu): a persistent grid of at most one block per SM
 // walks a tile schedule over (group, m-tile, n-tile) that every block
 // computes from the device offsets. Wgrad's reduction runs over each group's
-// ragged token range. (The bf16 wgrad ran on a cp.async + ldmatrix +
-// mma.sync kernel until commit b5ebfaa: Note [Grouped GEMM variants that lost].)
+// ragged token range. (The forms that lost to it: Note [Grouped GEMM
+// variants that lost].)
 // fp32 inputs take a simple one-thread-per-output kernel over the same
 // clamped offsets. Which kernel runs depends only on the desc, and the grid
 // size only on (T, E, N, K, SM count), so a captured graph is fixed by them.
 //
 // Note [Grouped GEMM variants that lost]
-// Tried on the H100 for the bf16 forward and dgrad, timed against
-// torch._grouped_mm in the same job on the 16 forward rows of
-// benchmarks/README.md (ratio: our TFLOP/s over torch's; run1/ to run3/ are
-// in benchmarks/results/h100-2026-11-23-grouped-gemm-ws/), and deleted once
-// the cooperative kernel won. Commit 1da726c still has them all, behind
-// SG_GROUPED_GEMM_PATH and SG_GROUPED_GEMM_RASTER_BAND:
-//   - mma.sync for the forward and dgrad (wgrad keeps it): the first version
-//     reached forward 0.32-0.79x, and dgrad stayed at 0.32-0.83x in the run
-//     of commit bcf403d, whose wgmma forward reached 0.61-1.06x. mma.sync is
-//     the Ampere instruction; the H100's tensor-core rate needs wgmma.
-//   - ping-pong: each consumer warpgroup on its own 128 x 128 tile, the two
-//     alternating through named barriers so that one's epilogue hides under
-//     the other's main loop. 0.41-1.04x against 0.57-1.06x for the
-//     cooperative kernel in the same job (run1/): a 128 x 128 x 64 stage
-//     moves 32 KiB per 2.1 MFLOP against 48 KiB per 4.2 MFLOP at 128 x 256,
-//     and L2 -> shared traffic is what limits these kernels.
-//   - clusters of 2 blocks on adjacent m-tiles sharing the w box by TMA
-//     multicast (half the w traffic, as CUTLASS does): correct, but
-//     cooperative pairs 0.41-0.52x and ping-pong pairs 0.24-0.34x (run1/),
-//     dgrad on pairs 0.35-0.71x (commit 7cfac56). Not short of blocks (66
-//     clusters of 2 fit: run2/occupancy_probe.cu); never profiled, so the
-//     cause is unknown.
-//   - raster bands of 4 and 8 m-tiles: 421 and 387 TFLOP/s against 612 for
-//     16 on E=8 T=65536 4096->14336 balanced (run2/fwd_band*.json); 32 was
-//     5-10% lower on the E=128 T=65536 rows (run3/). The band is fixed at 16.
-// With band 16 the cooperative kernel reached forward 0.65-1.09x and dgrad
-// 0.84-1.11x (commit 0b3da6d, run3/).
-//   - mma.sync for the bf16 wgrad (cp.async, ldmatrix.trans of MN-major
-//     tiles, 128 x 128 x 64 blocks): 0.36-0.60x of torch._grouped_mm's
-//     wgrad (benchmarks/README.md before this note's commit); replaced by
-//     the wgmma kernel reading both operands MN-major.
+// On the H100 the cooperative kernel beat every other form tried against
+// torch._grouped_mm: mma.sync (the Ampere instruction; also for the wgrad),
+// ping-pong warpgroups on 128 x 128 tiles (less work per byte moved from L2,
+// which is what limits these kernels), 2-block clusters sharing the weight
+// box by TMA multicast, and raster bands other than 16 m-tiles. They are
+// deleted; docs/grouped_gemm_variants.md has the numbers and the commits
+// that still hold them.
 #include <cuda_bf16.h>
 
 #include <algorithm>

@@ -1,13 +1,11 @@
 // The CUDA kernels of kernels/rope.h: one thread per rotated pair (or
 // passed-through feature) of one token and a few of its heads; the
 // token's position comes from cu_seqlens on the device
-// (packed_sequences.cuh). One thread per pair of every head computed the
-// same position and sine/cosine once per head: on the H100 the large
-// config's split took ~615 us for 8192 x 96 x 128 bf16 (18.8% of DRAM
-// bandwidth, 59% SM busy under ncu). Now a thread takes a pair of up to
-// kMaxHeadsPerThread heads and computes the angle once for them, with the
-// same float operations, so the bits are unchanged (large's split
-// 580 -> 392 us a call, the merge 692 -> 423-637 us, in the step's profile).
+// (packed_sequences.cuh). A thread takes a pair of up to kMaxHeadsPerThread
+// heads and computes the position and angle once for them, with the float
+// operations of one thread per head, so the bits are the same: one thread
+// per pair of every head spent its time recomputing them (benchmarks/
+// README.md, "The rotary split and merge").
 //
 // One kernel serves every entry point: it moves heads between a "packed"
 // layout [T, H + 2 Hkv, D] and the separate q [T, H, D], k [T, Hkv, D],

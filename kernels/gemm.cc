@@ -387,13 +387,13 @@ class AlgoCache {
   std::unordered_map<GemmDesc, std::unordered_map<Key, Selected, KeyHash>, GemmDescHash> algos_;
 };
 
-// `may_time`: no stream capture is under way, so candidates may be timed
-// (see Note [Timing cuBLASLt's candidates]).
 AlgoCache& algo_cache() {
   static AlgoCache cache;
   return cache;
 }
 
+// `may_time`: no stream capture is under way, so candidates may be timed
+// (see Note [Timing cuBLASLt's candidates]).
 Selected cached_algo(const GemmDesc& desc, std::uintptr_t alignment, bool may_time,
                      std::size_t limit = kWorkspaceBytes) {
   return algo_cache().get(desc, alignment, may_time, limit);
@@ -569,6 +569,40 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
                                  operands.workspace_bytes, stream));
 }
 
+namespace {
+
+// An identity read from a file, fit for a message: printable ASCII, at most 120 characters.
+std::string printable_identity(const std::string& identity) {
+  std::string out;
+  for (const char c : identity.substr(0, 120)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return identity.size() > 120 ? out + "..." : out;
+}
+
+// The workspace a recorded algorithm needs for its problem on this device
+// (cublasLtMatmulAlgoCheck), within the pick's limit; an Error naming the
+// problem where it does not run.
+std::size_t checked_workspace(const GemmAlgorithmPick& pick) {
+  const void* probe = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(pick.alignment));
+  const GemmDesc& desc = pick.desc;
+  const bool has_vector = epilogue_reads_bias(desc.epilogue) || epilogue_writes_bias_grad(desc.epilogue);
+  const auto* scale_probe = static_cast<const float*>(probe);
+  LtMatmul problem(desc, has_vector ? probe : nullptr, epilogue_uses_aux(desc.epilogue) ? probe : nullptr,
+                   desc.a_blocks ? scale_probe : nullptr, desc.b_blocks ? scale_probe : nullptr);
+  cublasLtMatmulAlgo_t algo{};
+  std::memcpy(algo.data, pick.algo.data(), sizeof(pick.algo));
+  cublasLtMatmulHeuristicResult_t result{};
+  const cublasStatus_t status = cublasLtMatmulAlgoCheck(lt_handle(), &problem.op, &problem.a, &problem.b,
+                                                        &problem.d, &problem.d, &algo, &result);
+  SG_CHECK_CODE(status == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= pick.workspace_limit,
+                ErrorCode::kInvalidArgument, "the recorded GEMM algorithm for ", desc.to_string(),
+                " does not run on this device within its workspace (cublasLtMatmulAlgoCheck: status ",
+                static_cast<int>(status), ", workspace ", result.workspaceSize, " of at most ", pick.workspace_limit,
+                "): the record was altered or written elsewhere; start a new run");
+  return result.workspaceSize;
+}
+
+}  // namespace
+
 std::string gemm_library_identity() {
   int device = 0;
   SG_CUDA_CHECK(cudaGetDevice(&device));
@@ -588,10 +622,14 @@ void adopt_timed_gemm_algorithms(const std::string& text) {
   const GemmAlgorithmRecord record = parse_gemm_algorithm_record(text);
   const std::string here = gemm_library_identity();
   SG_CHECK_CODE(record.identity == here, ErrorCode::kInvalidArgument,
-                "the GEMM algorithms were timed with ", record.identity, "; this process has ", here,
-                ": timed picks are valid only for the library and GPU model that made them. Resume there, "
+                "the GEMM algorithms were timed with ", printable_identity(record.identity), "; this process has ",
+                here, ": timed picks are valid only for the library and GPU model that made them. Resume there, "
                 "or start a new run");
-  algo_cache().adopt(record.picks);
+  // The record comes from a file: cuBLASLt checks each algorithm against its
+  // problem, and says what workspace it needs, before any launch.
+  std::vector<GemmAlgorithmPick> picks = record.picks;
+  for (GemmAlgorithmPick& pick : picks) pick.workspace = checked_workspace(pick);
+  algo_cache().adopt(picks);
 }
 
 }  // namespace stepgraph::kernels

@@ -549,10 +549,12 @@ TEST(GemmTest, Bf16TimedPicksExportAndAdoptBack) {
   elsewhere.identity = "cuBLASLt 1, another GPU (1 SMs)";
   expect_error_code([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(elsewhere)); },
                ErrorCode::kInvalidArgument, "were timed with cuBLASLt 1, another GPU");
+  // Another algorithm for a desc this process already chose: refused, by
+  // cuBLASLt's check of the altered words or by the cache, naming the desc.
   GemmAlgorithmRecord contradicting = record;
   for (GemmAlgorithmPick& p : contradicting.picks) p.algo[0] ^= 1;
-  expect_error_code([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(contradicting)); },
-               ErrorCode::kInvalidState, "already has another algorithm");
+  EXPECT_ERROR_CONTAINS(adopt_timed_gemm_algorithms(format_gemm_algorithm_record(contradicting)),
+                        "gemm 64x64x8192");
 }
 
 TEST(GemmTest, HeuristicDescsAreNotRecorded) {

@@ -52,7 +52,7 @@ steps back to back, one synchronize. Memory: peak_bytes is
 torch.cuda.max_memory_allocated during the system's run (reset before it);
 device_used_delta_bytes is cudaMemGetInfo used bytes after the timed steps
 minus before the system's setup. The JSON schema is step_bench's (see
-benchmarks/README.md).
+docs/step_performance.md).
 
 The config table and the FLOP count (benchmarks/model_flops.h: 6 * tokens *
 matmul parameters + the causal attention core, forward 2 * 2 * (L^2 / 2) *

@@ -1,6 +1,6 @@
 // Runs one StepConfig's whole training step (TrainStep: forward, softmax
 // cross-entropy, backward, AdamW) eager or graphed and measures it; builds
-// the per-config JSON that step_bench writes (schema: benchmarks/README.md,
+// the per-config JSON that step_bench writes (schema: docs/step_performance.md,
 // "Training step: graph vs eager, and PyTorch").
 //
 // Note [How a step is timed]

@@ -18,7 +18,7 @@
 // the MLP. Timing: rounds of one sample per row, interleaved (so drift hits
 // every row alike); a sample is `--replays` graph replays between device
 // events after a host barrier of all ranks; per row the median over samples
-// of the slowest rank. Goals (benchmarks/README.md, "Tensor parallelism"):
+// of the slowest rank. Goals (docs/communication_performance.md, "Tensor parallelism"):
 // overlap <= 1.10x no_comm and >= 1.15x faster than none, at N = 2.
 // --profile prints each row's step profile (stream busy time, exposed
 // communication) from one more profiled run.

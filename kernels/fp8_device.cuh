@@ -116,8 +116,8 @@ __device__ __forceinline__ void store_bytes(std::uint8_t* out, const std::uint8_
 // stores into the tile aligned and leave the warp's 32 shared loads 2-way
 // bank-conflicted. This beats a thread's 16 byte loads down a column (4-way
 // conflicted), and a conflict-free XOR-swizzled tile measured no faster, so
-// the banks are no longer what limits it (the numbers: benchmarks/README.md,
-// "What falls short").
+// the banks are no longer what limits it (the numbers: docs/fp8_performance.md,
+// "What falls short: FP8").
 inline constexpr int kFp8Tile = 64;
 inline constexpr int kFp8TileStride = kFp8Tile + 8;
 inline constexpr int kFp8TileThreads = 256;

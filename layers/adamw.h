@@ -121,7 +121,7 @@ class AdamW {
   // runs inside Context::run_if_zero, a CUDA conditional (IF) node in a
   // captured step, so a replay reads nothing on the host. The updates thus
   // wait for the whole backward instead of overlapping it (the cost is in
-  // benchmarks/README.md). skipped_steps() counts the steps skipped.
+  // docs/step_options_performance.md). skipped_steps() counts the steps skipped.
   // Not with ZeRO-1: its updates reduce-scatter and all-gather, and
   // collectives inside conditional nodes fail to instantiate (NCCL #1986).
   void set_skip_nonfinite(Context& ctx, bool skip);

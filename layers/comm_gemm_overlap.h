@@ -38,7 +38,7 @@
 // the gathered tensors) are values of the step's one static pool, at
 // addresses fixed when the step is planned and recorded into the graph once:
 // no buffer is allocated per step and there is no second pool. Point-to-point
-// NCCL moves them (see benchmarks/README.md, "Tensor parallelism", for why
+// NCCL moves them (see docs/communication_performance.md, "Tensor parallelism", for why
 // send/recv rather than copies into peer memory, with numbers). NCCL stages
 // them through its own channel buffers: zero-copy registration of the pool
 // (ncclCommRegister, or NCCL's graph registration) needs the pool allocated

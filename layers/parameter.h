@@ -14,7 +14,7 @@
 // from its weight-gradient GEMM to its group's AdamW, so the gradients of
 // the blocks updated earlier in the backward share memory with those of the
 // blocks after them, and none is live during the forward, whose saved
-// activations set the pool's peak (benchmarks/README.md, "Step-scoped
+// activations set the pool's peak (docs/memory.md, "Step-scoped
 // gradients"). Eager, it comes from the caching allocator, made on the main
 // stream, where its last handle frees it (gradient_for_write). Between steps
 // the parameter has no gradient (`grad` is undefined): code that reads

@@ -18,6 +18,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "engine/printable_text.h"
 #include "kernels/gemm_algorithm_record.h"
 
 namespace stepgraph::kernels {
@@ -571,13 +572,6 @@ void launch_gemm(const GemmDesc& desc, const GemmOperands& operands, cudaStream_
 
 namespace {
 
-// An identity read from a file, fit for a message: printable ASCII, at most 120 characters.
-std::string printable_identity(const std::string& identity) {
-  std::string out;
-  for (const char c : identity.substr(0, 120)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  return identity.size() > 120 ? out + "..." : out;
-}
-
 // The workspace a recorded algorithm needs for its problem on this device
 // (cublasLtMatmulAlgoCheck), within the pick's limit; an Error naming the
 // problem where it does not run.
@@ -622,7 +616,7 @@ void adopt_timed_gemm_algorithms(const std::string& text) {
   const GemmAlgorithmRecord record = parse_gemm_algorithm_record(text);
   const std::string here = gemm_library_identity();
   SG_CHECK_CODE(record.identity == here, ErrorCode::kInvalidArgument,
-                "the GEMM algorithms were timed with ", printable_identity(record.identity), "; this process has ",
+                "the GEMM algorithms were timed with ", quoted(record.identity), "; this process has ",
                 here, ": timed picks are valid only for the library and GPU model that made them. Resume there, "
                 "or start a new run");
   // The record comes from a file: cuBLASLt checks each algorithm against its

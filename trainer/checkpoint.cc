@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/error.h"
+#include "engine/printable_text.h"
 #include "trainer/checkpoint_header.h"
 
 namespace stepgraph::trainer {
@@ -142,27 +143,7 @@ bool is_hex_digit(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= '
 
 }  // namespace
 
-std::string printable(std::string_view text, std::size_t limit) {
-  std::string out = "'";
-  std::size_t shown = 0;
-  for (const char c : text) {
-    if (shown >= limit) {
-      out += "...";
-      break;
-    }
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '\\' || c == '\'') {
-      out += '\\';
-      out += c;
-    } else if (byte >= 0x20 && byte < 0x7f) {
-      out += c;
-    } else {
-      out += fmt::format("\\x{:02x}", byte);
-    }
-    ++shown;
-  }
-  return out + "'";
-}
+std::string printable(std::string_view text, std::size_t limit) { return quoted(text, limit); }
 
 std::string_view safetensors_dtype(DType dtype) {
   for (const DTypeName& entry : kDTypeNames) {

@@ -70,8 +70,8 @@ std::string write_checkpoint_to(AtomicFile& file, const Checkpoint& checkpoint);
 // tensors in file order.
 Checkpoint read_checkpoint(const std::filesystem::path& path);
 
-// `text` for an error message: printable ASCII kept, other bytes as \xNN,
-// quotes and backslashes escaped, cut at `limit` characters with "...".
+// A name or value read from a checkpoint, for an error message: quoted() of
+// engine/printable_text.h, cut at the checkpoint messages' `limit`.
 std::string printable(std::string_view text, std::size_t limit = 80);
 
 // The tensor called `name`; Error(kIo) naming what is there when missing.

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "engine/error.h"
+#include "engine/printable_text.h"
 #include "engine/launch/join.h"
 #include "engine/launch/rendezvous_secret.h"
 
@@ -41,13 +42,6 @@ std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
   return "ended";
-}
-
-// Environment text in a message: printable ASCII only, at most 40 bytes.
-std::string printable_variable(const std::string& text) {
-  std::string out;
-  for (const char c : text.substr(0, 40)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  return text.size() > 40 ? out + "..." : out;
 }
 
 int exit_code_of(int status) {
@@ -162,8 +156,8 @@ int restart_count_from_env() {
     const std::string text(value);
     int count = 0;
     const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
-    SG_CHECK(error == std::errc{} && end == text.data() + text.size() && count >= 0 && !text.empty(), name, " is '",
-             printable_variable(text), "', not a restart count (a decimal >= 0)");
+    SG_CHECK(error == std::errc{} && end == text.data() + text.size() && count >= 0 && !text.empty(), name, " is ",
+             quoted(text, 40), ", not a restart count (a decimal >= 0)");
     return count;
   }
   return 0;

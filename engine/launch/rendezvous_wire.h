@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "engine/error.h"
+#include "engine/printable_text.h"
 #include "engine/launch/rendezvous_auth.h"
 
 namespace stepgraph::wire {
@@ -32,13 +33,9 @@ inline constexpr std::uint8_t kAnswerError = 1;
 
 std::string errno_text(int error);
 
-// Text from the caller or the wire, fit for a message: quoted, every byte
-// that is not printable ASCII (terminal escapes included) and every quote
-// and backslash as \xNN, and cut after `shown` bytes.
-std::string quoted(std::string_view text, std::size_t shown = 120);
-// Every byte that is not printable ASCII as \xNN, no quotes, for a whole
-// message that came off the wire (rank 0's error answers).
-std::string escaped(std::string_view text, std::size_t shown = 16384);
+// Text from the caller or the wire, fit for a message (engine/printable_text.h).
+using ::stepgraph::escaped;
+using ::stepgraph::quoted;
 
 // ---- encoding (little-endian)
 

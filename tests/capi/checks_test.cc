@@ -30,6 +30,27 @@ namespace {
     }                                                                                        \
   } while (0)
 
+// A square fp32 Linear of `features`, the engine's defaults otherwise.
+sg_linear_config fp32_linear_config(int64_t features) {
+  sg_linear_config config;
+  sg_linear_config_default(&config);
+  config.in_features = config.out_features = features;
+  config.dtype = SG_DTYPE_FLOAT32;
+  return config;
+}
+
+// A one-block fp32 stack of hidden 8, ffn 16, vocab 16.
+sg_residual_stack_config small_fp32_stack_config() {
+  sg_residual_stack_config stack;
+  sg_residual_stack_config_default(&stack);
+  stack.hidden = 8;
+  stack.ffn = 16;
+  stack.layers = 1;
+  stack.vocab = 16;
+  stack.dtype = SG_DTYPE_FLOAT32;
+  return stack;
+}
+
 class CapiChecksTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_SG_OK(sg_context_create(SG_DEVICE_HOST, 0, &ctx_)); }
@@ -58,10 +79,7 @@ TEST_F(CapiChecksTest, WrapChecksTheByteCountForEveryAddress) {
 }
 
 TEST_F(CapiChecksTest, FlagsAreZeroOrOne) {
-  sg_linear_config config;
-  sg_linear_config_default(&config);
-  config.in_features = config.out_features = 16;
-  config.dtype = SG_DTYPE_FLOAT32;
+  sg_linear_config config = fp32_linear_config(16);
   sg_layer layer = nullptr;
   config.bias = 2;
   EXPECT_INVALID(sg_linear_create(ctx_, "fc", &config, 1, &layer), "sg_linear_create", "config bias is a flag",
@@ -82,10 +100,7 @@ TEST_F(CapiChecksTest, FlagsAreZeroOrOne) {
 }
 
 TEST_F(CapiChecksTest, FieldsThatWouldBeIgnoredAreRefused) {
-  sg_linear_config config;
-  sg_linear_config_default(&config);
-  config.in_features = config.out_features = 16;
-  config.dtype = SG_DTYPE_FLOAT32;
+  sg_linear_config config = fp32_linear_config(16);
   sg_layer layer = nullptr;
   sg_fp8_recipe recipe;
   sg_fp8_recipe_default(&recipe, SG_FP8_CURRENT);
@@ -96,13 +111,7 @@ TEST_F(CapiChecksTest, FieldsThatWouldBeIgnoredAreRefused) {
   recipe.power_of_two_scales = 0;  // block scaling's
   EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "power_of_two_scales",
                  "block scaling only");
-  sg_residual_stack_config stack;
-  sg_residual_stack_config_default(&stack);
-  stack.hidden = 8;
-  stack.ffn = 16;
-  stack.layers = 1;
-  stack.vocab = 16;
-  stack.dtype = SG_DTYPE_FLOAT32;
+  sg_residual_stack_config stack = small_fp32_stack_config();
   stack.topk = 1;  // experts is 0
   EXPECT_INVALID(sg_residual_stack_create(ctx_, &stack, &layer), "config topk (1)", "experts is 0");
   ASSERT_SG_OK(sg_linear_create(ctx_, "fc", &config, 1, &layer));
@@ -136,13 +145,7 @@ TEST_F(CapiChecksTest, EpsMustBeFiniteAndNotNegative) {
     mlp.ffn = 16;
     mlp.eps = eps;
     EXPECT_INVALID(sg_layernorm_mlp_create(ctx_, "m", &mlp, 1, &layer), "config eps must be finite");
-    sg_residual_stack_config stack;
-    sg_residual_stack_config_default(&stack);
-    stack.hidden = 8;
-    stack.ffn = 16;
-    stack.layers = 1;
-    stack.vocab = 16;
-    stack.dtype = SG_DTYPE_FLOAT32;
+    sg_residual_stack_config stack = small_fp32_stack_config();
     stack.eps = eps;
     EXPECT_INVALID(sg_residual_stack_create(ctx_, &stack, &layer), "sg_residual_stack_create",
                    "config eps must be finite");
@@ -151,10 +154,7 @@ TEST_F(CapiChecksTest, EpsMustBeFiniteAndNotNegative) {
 }
 
 TEST_F(CapiChecksTest, ScheduleTotalMustNotBeNegative) {
-  sg_linear_config config;
-  sg_linear_config_default(&config);
-  config.in_features = config.out_features = 8;
-  config.dtype = SG_DTYPE_FLOAT32;
+  sg_linear_config config = fp32_linear_config(8);
   sg_layer layer = nullptr;
   ASSERT_SG_OK(sg_linear_create(ctx_, "fc", &config, 1, &layer));
   sg_adamw_config adamw;
@@ -178,10 +178,7 @@ sg_tensor nan_input(sg_context ctx) {
 }
 
 TEST_F(CapiChecksTest, CheckErrorsReportsNonFiniteAmaxesWhereTheRecipeSaysStop) {
-  sg_linear_config config;
-  sg_linear_config_default(&config);
-  config.in_features = config.out_features = 16;
-  config.dtype = SG_DTYPE_FLOAT32;
+  sg_linear_config config = fp32_linear_config(16);
   sg_tensor x = nan_input(ctx_);
   for (const int stop : {0, 1}) {
     SCOPED_TRACE(stop);

@@ -548,7 +548,7 @@ TEST(GemmTest, Bf16TimedPicksExportAndAdoptBack) {
   GemmAlgorithmRecord elsewhere = record;
   elsewhere.identity = "cuBLASLt 1, another GPU (1 SMs)";
   expect_error_code([&] { adopt_timed_gemm_algorithms(format_gemm_algorithm_record(elsewhere)); },
-               ErrorCode::kInvalidArgument, "were timed with cuBLASLt 1, another GPU");
+                    ErrorCode::kInvalidArgument, "were timed with 'cuBLASLt 1, another GPU");
   // Another algorithm for a desc this process already chose: refused, by
   // cuBLASLt's check of the altered words or by the cache, naming the desc.
   GemmAlgorithmRecord contradicting = record;

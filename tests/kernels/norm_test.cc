@@ -480,10 +480,20 @@ void check_backward_on_device(NormKind kind, DType dtype, std::int64_t rows, std
   }
   EXPECT_LE(relative_error(first[0].to_floats(), dx_want.to_floats(), dx_scale), tolerance_for(dtype));
   // dgamma and dbeta sum over every row, in another order than the host's:
-  // seed 4004152981 (ManyRows) measured dbeta 1.09e-5 off.
-  EXPECT_LE(relative_error(first[1].to_floats(), dgamma_want), kColumnSumTolerance);
+  // seed 4004152981 (ManyRows) measured dbeta 1.09e-5 off. Their rounding
+  // error grows with the sums of |terms|, not with the sums, which cancel
+  // (RMSNorm at hidden 1 over 1000 rows: dgamma is a sum of +-dy).
+  std::vector<float> dgamma_scale(hidden, 0.0f), dbeta_scale(hidden, 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < hidden; ++j) {
+      const float centred = in.x.get(r * hidden + j) - (layer_norm ? fwd.mean[r] : 0.0f);
+      dgamma_scale[j] += std::fabs(in.dy.get(r * hidden + j) * centred * fwd.rstd[r]);
+      dbeta_scale[j] += std::fabs(in.dy.get(r * hidden + j));
+    }
+  }
+  EXPECT_LE(relative_error(first[1].to_floats(), dgamma_want, dgamma_scale), kColumnSumTolerance);
   if (layer_norm) {
-    EXPECT_LE(relative_error(first[2].to_floats(), dbeta_want), kColumnSumTolerance);
+    EXPECT_LE(relative_error(first[2].to_floats(), dbeta_want, dbeta_scale), kColumnSumTolerance);
   }
 
   // Deterministic: a second run is bitwise equal.

@@ -11,7 +11,7 @@
 // launcher's variables (launch_info_from_env: torchrun, Slurm srun, Open MPI
 // mpirun; none set is one process of world size 1); each rank drives GPU
 // `local_rank`; rank 0 makes NCCL's unique id and the Rendezvous
-// (engine/launch/rendezvous.h) carries it to the others. At world size 1
+// (launch/rendezvous.h) carries it to the others. At world size 1
 // NCCL's collectives are local copies (or nothing, for the in-place
 // all-reduce): no link is crossed, the output says so, and busbw is 0.
 // benchmarks/comm_peer.py measures the same rows through torch.distributed
@@ -92,9 +92,9 @@
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
-#include "engine/launch/join.h"
-#include "engine/launch/launch_env.h"
-#include "engine/launch/rendezvous.h"
+#include "launch/join.h"
+#include "launch/launch_env.h"
+#include "launch/rendezvous.h"
 #include "engine/nccl_communicator.h"
 #include "engine/stream.h"
 #include "engine/stream_capture.h"

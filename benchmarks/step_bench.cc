@@ -51,9 +51,9 @@
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
-#include "engine/launch/join.h"
+#include "launch/join.h"
 #include "engine/fp8_recipe.h"
-#include "engine/launch/launch_env.h"
+#include "launch/launch_env.h"
 #include "engine/nccl_communicator.h"
 
 namespace stepgraph::bench {

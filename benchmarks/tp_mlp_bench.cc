@@ -43,7 +43,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/half_precision.h"
-#include "engine/launch/join.h"
+#include "launch/join.h"
 #include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "layers/comm_gemm_overlap.h"

@@ -28,7 +28,7 @@
 #include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/error.h"
-#include "engine/launch/launch_env.h"
+#include "launch/launch_env.h"
 #include "graphs/captured_step.h"
 #include "graphs/graph_cache.h"
 #include "layers/adamw.h"

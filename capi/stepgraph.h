@@ -368,7 +368,7 @@ sg_result sg_layer_sync_parameters(sg_layer layer);
  *   srun      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (or
  *             SLURM_TASKS_PER_NODE); MASTER_ADDR/MASTER_PORT, else the first node;
  *   mpirun    OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; MASTER_ADDR, MASTER_PORT
- * (in this order; engine/launch/launch_env.h has the details, e.g. torchrun's
+ * (in this order; launch/launch_env.h has the details, e.g. torchrun's
  * agent store moving the meeting to MASTER_PORT + 1). None of them set:
  * a world of one (rank 0 of 1) with no communicator and no socket, so the same
  * program runs alone unchanged.

@@ -1,5 +1,5 @@
 // The C API's worlds: this process's place among the ranks of a run, joined
-// from the launcher's environment as the trainer joins it (engine/launch/join.h).
+// from the launcher's environment as the trainer joins it (launch/join.h).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include "capi/handles.h"
 #include "engine/device.h"
-#include "engine/launch/join.h"
+#include "launch/join.h"
 
 using namespace stepgraph;  // NOLINT(google-build-using-namespace): the C entry points below
 using capi::require;
@@ -25,7 +25,7 @@ std::chrono::milliseconds to_timeout(double seconds, const char* function) {
   return std::chrono::milliseconds(std::llround(seconds * 1000.0));
 }
 
-// Joins the world the launcher's variables describe (engine/launch/join.h).
+// Joins the world the launcher's variables describe (launch/join.h).
 // A world of one needs no communicator and opens no socket.
 std::shared_ptr<capi::WorldState> join_world(sg_device device, std::chrono::milliseconds timeout) {
   const Device kind = capi::to_device(device);  // checks the enum before any socket opens

@@ -22,7 +22,7 @@
 namespace stepgraph {
 
 // NCCL's ncclUniqueId as plain bytes: rank 0 makes it, a rendezvous carries
-// it to the others (engine/launch/rendezvous.h).
+// it to the others (launch/rendezvous.h).
 struct NcclUniqueId {
   std::array<char, 128> bytes{};
 };

@@ -17,8 +17,8 @@
 
 #include "engine/error.h"
 #include "engine/printable_text.h"
-#include "engine/launch/join.h"
-#include "engine/launch/rendezvous_secret.h"
+#include "launch/join.h"
+#include "launch/rendezvous_secret.h"
 
 namespace stepgraph::trainer {
 namespace {

@@ -1,11 +1,11 @@
 // The trainer's ranks: one process per GPU (NCCL's model), started by the
 // trainer itself (--nproc-per-node N) or by the launchers people use
-// (torchrun, Slurm srun, Open MPI mpirun: engine/launch/launch_env.h).
+// (torchrun, Slurm srun, Open MPI mpirun: launch/launch_env.h).
 //
 //   trainer --nproc-per-node 2 ...            # this host, 2 ranks
 //   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 trainer ...   (or srun / mpirun)
 //
-// Every rank meets at MASTER_ADDR:MASTER_PORT (engine/launch/rendezvous.h):
+// Every rank meets at MASTER_ADDR:MASTER_PORT (launch/rendezvous.h):
 // rank 0's NCCL unique id reaches the others there, and the ranks compare
 // their flags before any work, so ranks started differently stop at once
 // with an error naming the flag. On the host backend the ranks' collectives
@@ -22,7 +22,7 @@
 
 #include "engine/communicator.h"
 #include "engine/device_kind.h"
-#include "engine/launch/launch_env.h"
+#include "launch/launch_env.h"
 
 namespace stepgraph::trainer {
 

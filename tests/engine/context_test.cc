@@ -9,7 +9,6 @@
 
 #include "engine/error.h"
 #include "ops/elementwise_ops.h"
-#include "ops/registry.h"
 #include "tests/support/expect_error.h"
 
 namespace stepgraph {
@@ -121,20 +120,6 @@ TEST(ContextHostTest, HostCopiesCheckSizes) {
   float buffer[3] = {};
   EXPECT_ERROR_CONTAINS(ctx.copy_from_host(a, buffer, sizeof(buffer)), "copy_from_host: tensor 'a'", "holds 16 bytes, got 12");
   EXPECT_ERROR_CONTAINS(ctx.copy_to_host(a, buffer, sizeof(buffer)), "copy_to_host: tensor 'a' holds 16 bytes, got a buffer of 12");
-}
-
-TEST(OpRegistryTest, EveryOpHasAUniqueNameACheckAndBothImplementations) {
-  std::vector<std::string> names;
-  for (const OpDef* op : ops::all_ops()) {
-    names.emplace_back(op->name);
-    EXPECT_NE(op->check, nullptr) << op->name;
-    EXPECT_NE(op->launch_cuda, nullptr) << op->name;
-    EXPECT_NE(op->run_host, nullptr) << op->name;
-    EXPECT_EQ(&ops::find_op(op->name), op);
-  }
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(std::unique(names.begin(), names.end()), names.end());
-  EXPECT_ERROR_CONTAINS(ops::find_op("conv3d"), "unknown op 'conv3d'", "known ops:");
 }
 
 }  // namespace

@@ -34,7 +34,7 @@
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
-#include "engine/launch/join.h"
+#include "launch/join.h"
 #include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "layers/adamw.h"

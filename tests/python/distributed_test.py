@@ -21,7 +21,7 @@ import pytest
 
 import stepgraph as sg
 
-# Every launcher's variables (engine/launch/launch_env.h): the tests set or clear all of them.
+# Every launcher's variables (launch/launch_env.h): the tests set or clear all of them.
 LAUNCHER_VARIABLES = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",

@@ -8,7 +8,8 @@ it, so a dependency from a lower floor to a higher one is a build error:
     layers/                               layers, models, optimizer, steps
     ops/        graphs/                   op definitions | trace, plan, capture (siblings:
                                           neither sees the other)
-    kernels/                              CUDA kernels and host references
+    kernels/    launch/                   CUDA kernels and host references | how the
+                                          processes of a run find each other (siblings)
     engine/                               the ground floor
 
 tests/ sees every floor. tools/check_layering.sh proves the rule holds.
@@ -34,6 +35,10 @@ GRAPHS_USERS = OPS_USERS
 
 # kernels/ by ops/ and everything above it (layers name kernel enums in their configs).
 KERNELS_USERS = ["//ops:__subpackages__"] + OPS_USERS
+
+# launch/ (the launchers' environment, the rendezvous) by capi/ and the
+# programs: only they start or join a multi-process run.
+LAUNCH_USERS = CAPI_USERS + ["//capi:__subpackages__"]
 
 # engine/ by everyone.
 ENGINE_USERS = ["//:__subpackages__"]

@@ -30,7 +30,7 @@ ALLOWED = {
     "engine/backend_factory.cc": "the seam: makes the Backend (CudaBackend or HostBackend) for a Device",
     "engine/communicator.cc": "the collectives' seam: a Communicator checks that a tensor is on its own device",
     "engine/device_kind.cc": "the enum's own names (device_name)",
-    "engine/launch/join.cc": "the communicators' factory for a launched world: the rendezvous's host "
+    "launch/join.cc": "the communicators' factory for a launched world: the rendezvous's host "
                              "communicator on host, NCCL on cuda (as backend_factory.cc is the backends')",
     # The C API's edge.
     "capi/edge.cc": "converts between the C API's sg_device and Device",

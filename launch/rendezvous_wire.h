@@ -1,6 +1,6 @@
 // The rendezvous's wire: frames on non-blocking TCP sockets, the encoding of
 // their fields, the answers rank 0 sends, and wire text made fit to print.
-// Internal to engine/launch (rendezvous.cc and rendezvous_handshake.cc); see
+// Internal to launch/ (rendezvous.cc and rendezvous_handshake.cc); see
 // Note [Rendezvous protocol] in rendezvous.cc.
 //
 // A frame is an 8-byte little-endian length, then that many bytes. After a
@@ -21,7 +21,7 @@
 
 #include "engine/error.h"
 #include "engine/printable_text.h"
-#include "engine/launch/rendezvous_auth.h"
+#include "launch/rendezvous_auth.h"
 
 namespace stepgraph::wire {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/launch/launch_env.h"
+#include "launch/launch_env.h"
 
 namespace stepgraph::testing {
 

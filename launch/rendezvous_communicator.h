@@ -1,5 +1,5 @@
 // A host Communicator whose ranks are separate processes that meet through a
-// Rendezvous (engine/launch/rendezvous.h): `trainer --device host
+// Rendezvous (launch/rendezvous.h): `trainer --device host
 // --nproc-per-node 2`, and torchrun / srun / mpirun launches of host runs.
 //
 //   auto rendezvous = Rendezvous::connect(launch_info_from_env(), run_tag, std::chrono::seconds(60));
@@ -59,7 +59,7 @@
 #include <string>
 
 #include "engine/communicator.h"
-#include "engine/launch/rendezvous.h"
+#include "launch/rendezvous.h"
 
 namespace stepgraph {
 

@@ -1,7 +1,7 @@
 // The rendezvous secret: made from the OS's random source, read from
 // STEPGRAPH_RENDEZVOUS_SECRET or a file only its owner may read, and passed
 // on by launch_info_from_env.
-#include "engine/launch/rendezvous_secret.h"
+#include "launch/rendezvous_secret.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "engine/error.h"
-#include "engine/launch/launch_env.h"
+#include "launch/launch_env.h"
 #include "tests/support/expect_error.h"
 
 namespace stepgraph {

@@ -1,4 +1,4 @@
-#include "engine/launch/rendezvous_handshake.h"
+#include "launch/rendezvous_handshake.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <utility>
 
-#include "engine/launch/rendezvous_secret.h"
+#include "launch/rendezvous_secret.h"
 #include "engine/logging.h"
 
 // Note [Where rank 0 listens]

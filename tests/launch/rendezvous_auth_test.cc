@@ -1,7 +1,7 @@
 // The rendezvous's cryptography: HMAC-SHA256 against RFC 4231, proofs that
 // depend on the secret, the role and the transcript, and frame MACs that
 // refuse replayed, altered, reordered and misdirected frames.
-#include "engine/launch/rendezvous_auth.h"
+#include "launch/rendezvous_auth.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Rendezvous between real processes: each test forks one child per rank on
 // 127.0.0.1 through forked_ranks.h (a child reports by exit code; a hang is
 // killed and fails the test instead of stalling it).
-#include "engine/launch/rendezvous.h"
+#include "launch/rendezvous.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "tests/engine/launch/forked_ranks.h"
+#include "tests/launch/forked_ranks.h"
 #include "tests/support/expect_error.h"
 
 namespace stepgraph {

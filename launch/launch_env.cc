@@ -1,4 +1,4 @@
-#include "engine/launch/launch_env.h"
+#include "launch/launch_env.h"
 
 #include <charconv>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/launch/rendezvous_secret.h"
+#include "launch/rendezvous_secret.h"
 
 namespace stepgraph {
 namespace {

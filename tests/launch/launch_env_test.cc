@@ -1,4 +1,4 @@
-#include "engine/launch/launch_env.h"
+#include "launch/launch_env.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -12,8 +12,8 @@
 #include <iterator>
 #include <string>
 
-#include "engine/launch/launch_env.h"
-#include "engine/launch/rendezvous.h"
+#include "launch/launch_env.h"
+#include "launch/rendezvous.h"
 #include "trainer/distributed.h"
 
 namespace stepgraph {

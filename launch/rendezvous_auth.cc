@@ -1,4 +1,4 @@
-#include "engine/launch/rendezvous_auth.h"
+#include "launch/rendezvous_auth.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>

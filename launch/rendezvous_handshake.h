@@ -1,7 +1,7 @@
 // How the ranks of a rendezvous join: rank 0 listens and admits every other
 // rank after a two-way challenge (Note [Rendezvous authentication]); each
 // other rank connects, proves itself, checks rank 0's proof and waits for
-// rank 0's verdict. Internal to engine/launch: Rendezvous::connect calls
+// rank 0's verdict. Internal to launch/: Rendezvous::connect calls
 // these, then exchanges frames over the connections they return.
 //
 // Where rank 0 listens (Note [Where rank 0 listens] in the .cc): MASTER_ADDR's
@@ -13,9 +13,9 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/launch/launch_env.h"
-#include "engine/launch/rendezvous_auth.h"
-#include "engine/launch/rendezvous_wire.h"
+#include "launch/launch_env.h"
+#include "launch/rendezvous_auth.h"
+#include "launch/rendezvous_wire.h"
 
 namespace stepgraph::handshake {
 

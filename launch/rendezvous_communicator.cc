@@ -1,4 +1,4 @@
-#include "engine/launch/rendezvous_communicator.h"
+#include "launch/rendezvous_communicator.h"
 
 #include <algorithm>
 #include <cstddef>

@@ -7,7 +7,7 @@
 // bit for bit against a HostWorld (threads) of the same size run in the same
 // child on the same inputs: a process world and a thread world give the same
 // bits.
-#include "engine/launch/rendezvous_communicator.h"
+#include "launch/rendezvous_communicator.h"
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -29,8 +29,8 @@
 #include "engine/half_precision.h"
 #include "engine/host_reduce.h"
 #include "engine/host_world.h"
-#include "engine/launch/rendezvous.h"
-#include "tests/engine/launch/forked_ranks.h"
+#include "launch/rendezvous.h"
+#include "tests/launch/forked_ranks.h"
 #include "tests/support/expect_error.h"
 
 namespace stepgraph {

@@ -16,8 +16,8 @@
 
 #include "engine/communicator.h"
 #include "engine/device_kind.h"
-#include "engine/launch/launch_env.h"
-#include "engine/launch/rendezvous.h"
+#include "launch/launch_env.h"
+#include "launch/rendezvous.h"
 
 namespace stepgraph {
 

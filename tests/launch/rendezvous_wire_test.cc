@@ -2,7 +2,7 @@
 // bytes that arrive (not with what the peer announces), oversize
 // announcements are refused before any allocation, sealed frames pass and
 // altered ones fail, and wire text is escaped before it is printed.
-#include "engine/launch/rendezvous_wire.h"
+#include "launch/rendezvous_wire.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>

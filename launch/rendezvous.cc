@@ -1,4 +1,4 @@
-#include "engine/launch/rendezvous.h"
+#include "launch/rendezvous.h"
 
 #include <poll.h>
 #include <unistd.h>
@@ -6,9 +6,9 @@
 #include <map>
 #include <utility>
 
-#include "engine/launch/rendezvous_handshake.h"
-#include "engine/launch/rendezvous_secret.h"
-#include "engine/launch/rendezvous_wire.h"
+#include "launch/rendezvous_handshake.h"
+#include "launch/rendezvous_secret.h"
+#include "launch/rendezvous_wire.h"
 #include "engine/logging.h"
 
 // Note [Rendezvous protocol]

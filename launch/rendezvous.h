@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/launch/launch_env.h"
-#include "engine/launch/rendezvous_auth.h"
+#include "launch/launch_env.h"
+#include "launch/rendezvous_auth.h"
 
 namespace stepgraph {
 

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "engine/launch/rendezvous.h"
-#include "tests/engine/launch/forked_ranks.h"
+#include "launch/rendezvous.h"
+#include "tests/launch/forked_ranks.h"
 
 namespace stepgraph {
 namespace {

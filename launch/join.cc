@@ -1,10 +1,10 @@
-#include "engine/launch/join.h"
+#include "launch/join.h"
 
 #include <cstring>
 
 #include "engine/device.h"
 #include "engine/error.h"
-#include "engine/launch/rendezvous_communicator.h"
+#include "launch/rendezvous_communicator.h"
 #include "engine/nccl_communicator.h"
 
 namespace stepgraph {

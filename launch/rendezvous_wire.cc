@@ -1,4 +1,4 @@
-#include "engine/launch/rendezvous_wire.h"
+#include "launch/rendezvous_wire.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -1,4 +1,4 @@
-#include "engine/launch/rendezvous_secret.h"
+#include "launch/rendezvous_secret.h"
 
 #include <fcntl.h>
 #include <sys/random.h>

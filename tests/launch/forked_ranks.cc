@@ -1,4 +1,4 @@
-#include "tests/engine/launch/forked_ranks.h"
+#include "tests/launch/forked_ranks.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>

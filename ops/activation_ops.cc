@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "kernels/activation.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -42,6 +43,7 @@ const OpDef& gelu_op() {
   };
   return op;
 }
+SG_REGISTER_OP(gelu_op);
 
 // Inputs: dy, x.
 const OpDef& gelu_backward_op() {
@@ -61,6 +63,7 @@ const OpDef& gelu_backward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(gelu_backward_op);
 
 const OpDef& residual_add_op() {
   static const OpDef op{
@@ -79,6 +82,7 @@ const OpDef& residual_add_op() {
   };
   return op;
 }
+SG_REGISTER_OP(residual_add_op);
 
 Tensor gelu(Context& ctx, const Tensor& x) { return ctx.call(gelu_op(), NoParams{}, {x}).front(); }
 

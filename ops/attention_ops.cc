@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -160,6 +161,7 @@ const OpDef& qkv_split_rope_op() {
   };
   return op;
 }
+SG_REGISTER_OP(qkv_split_rope_op);
 
 const OpDef& qkv_merge_rope_backward_op() {
   static const OpDef op{
@@ -180,6 +182,7 @@ const OpDef& qkv_merge_rope_backward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(qkv_merge_rope_backward_op);
 
 const OpDef& attention_forward_op() {
   static const OpDef op{
@@ -199,6 +202,7 @@ const OpDef& attention_forward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(attention_forward_op);
 
 const OpDef& attention_backward_op() {
   static const OpDef op{
@@ -220,6 +224,7 @@ const OpDef& attention_backward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(attention_backward_op);
 
 QkvSplit qkv_split_rope(Context& ctx, const RopeParams& params, const Tensor& qkv, const Tensor& cu_seqlens) {
   std::vector<Tensor> out = ctx.call(qkv_split_rope_op(), params, {qkv, cu_seqlens});

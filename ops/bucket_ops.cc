@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "kernels/elementwise.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -96,6 +97,7 @@ const OpDef& pack_op() {
   };
   return op;
 }
+SG_REGISTER_OP(pack_op);
 
 const OpDef& unpack_inplace_op() {
   static const OpDef op{
@@ -114,6 +116,7 @@ const OpDef& unpack_inplace_op() {
   };
   return op;
 }
+SG_REGISTER_OP(unpack_inplace_op);
 
 Tensor pack(Context& ctx, const std::vector<Tensor>& tensors, std::int64_t padded_numel) {
   return ctx.call(pack_op(), PackParams{padded_numel}, tensors)[0];

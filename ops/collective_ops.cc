@@ -3,6 +3,7 @@
 #include <string>
 
 #include "engine/error.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -103,6 +104,7 @@ const OpDef& all_reduce_op() {
   };
   return op;
 }
+SG_REGISTER_OP(all_reduce_op);
 
 const OpDef& all_reduce_inplace_op() {
   static const OpDef op{
@@ -121,6 +123,7 @@ const OpDef& all_reduce_inplace_op() {
   };
   return op;
 }
+SG_REGISTER_OP(all_reduce_inplace_op);
 
 namespace {
 void all_reduce_many_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
@@ -157,6 +160,7 @@ const OpDef& all_reduce_many_op() {
   };
   return op;
 }
+SG_REGISTER_OP(all_reduce_many_op);
 
 namespace {
 void reduce_scatter_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
@@ -198,6 +202,7 @@ const OpDef& reduce_scatter_op() {
   };
   return op;
 }
+SG_REGISTER_OP(reduce_scatter_op);
 
 const OpDef& reduce_scatter_into_op() {
   static const OpDef op{
@@ -227,6 +232,7 @@ const OpDef& reduce_scatter_into_op() {
   };
   return op;
 }
+SG_REGISTER_OP(reduce_scatter_into_op);
 
 const OpDef& all_gather_op() {
   static const OpDef op{
@@ -243,6 +249,7 @@ const OpDef& all_gather_op() {
   };
   return op;
 }
+SG_REGISTER_OP(all_gather_op);
 
 const OpDef& broadcast_inplace_op() {
   static const OpDef op{
@@ -259,6 +266,7 @@ const OpDef& broadcast_inplace_op() {
   };
   return op;
 }
+SG_REGISTER_OP(broadcast_inplace_op);
 
 const OpDef& send_op() {
   static const OpDef op{
@@ -274,6 +282,7 @@ const OpDef& send_op() {
   };
   return op;
 }
+SG_REGISTER_OP(send_op);
 
 const OpDef& recv_op() {
   static const OpDef op{
@@ -289,6 +298,7 @@ const OpDef& recv_op() {
   };
   return op;
 }
+SG_REGISTER_OP(recv_op);
 
 // In the uniformity check a send_recv is the send to `to` and the receive from
 // `from`, each matched with its partner's (graphs/collective_check.h).
@@ -306,6 +316,7 @@ const OpDef& send_recv_op() {
   };
   return op;
 }
+SG_REGISTER_OP(send_recv_op);
 
 Tensor all_reduce(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
   return ctx.call(all_reduce_op(), params_for(ctx, comm, "all_reduce", op), {x})[0];

@@ -4,6 +4,7 @@
 
 #include "engine/error.h"
 #include "kernels/dropout.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -51,6 +52,7 @@ const OpDef& dropout_op() {
   };
   return op;
 }
+SG_REGISTER_OP(dropout_op);
 
 const OpDef& rng_advance_op() {
   static const OpDef op{
@@ -73,6 +75,7 @@ const OpDef& rng_advance_op() {
   };
   return op;
 }
+SG_REGISTER_OP(rng_advance_op);
 
 Tensor dropout(Context& ctx, const Tensor& x, const Tensor& state, const DropoutParams& params) {
   return ctx.call(dropout_op(), params, {x, state}).at(0);

@@ -6,6 +6,7 @@
 #include "engine/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/elementwise_host.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -129,6 +130,7 @@ const OpDef& fill_op() {
   };
   return op;
 }
+SG_REGISTER_OP(fill_op);
 
 const OpDef& copy_op() {
   static const OpDef op{
@@ -141,6 +143,7 @@ const OpDef& copy_op() {
   };
   return op;
 }
+SG_REGISTER_OP(copy_op);
 
 // copy_(dst, src): writes input 0.
 const OpDef& copy_inplace_op() {
@@ -155,6 +158,7 @@ const OpDef& copy_inplace_op() {
   };
   return op;
 }
+SG_REGISTER_OP(copy_inplace_op);
 
 const OpDef& axpy_op() {
   static const OpDef op{
@@ -171,6 +175,7 @@ const OpDef& axpy_op() {
   };
   return op;
 }
+SG_REGISTER_OP(axpy_op);
 
 // axpy_(y, x): writes input 0.
 const OpDef& axpy_inplace_op() {
@@ -189,6 +194,7 @@ const OpDef& axpy_inplace_op() {
   };
   return op;
 }
+SG_REGISTER_OP(axpy_inplace_op);
 
 const OpDef& add_op() {
   static const OpDef op{
@@ -205,6 +211,7 @@ const OpDef& add_op() {
   };
   return op;
 }
+SG_REGISTER_OP(add_op);
 
 const OpDef& mul_op() {
   static const OpDef op{
@@ -221,6 +228,7 @@ const OpDef& mul_op() {
   };
   return op;
 }
+SG_REGISTER_OP(mul_op);
 
 const OpDef& sum_op() {
   static const OpDef op{
@@ -237,6 +245,7 @@ const OpDef& sum_op() {
   };
   return op;
 }
+SG_REGISTER_OP(sum_op);
 
 const OpDef& cast_op() {
   static const OpDef op{
@@ -253,6 +262,7 @@ const OpDef& cast_op() {
   };
   return op;
 }
+SG_REGISTER_OP(cast_op);
 
 Tensor cast(Context& ctx, const Tensor& x, DType dtype) { return ctx.call(cast_op(), CastParams{dtype}, {x}).front(); }
 
@@ -295,6 +305,7 @@ const OpDef& column_sum_op() {
   };
   return op;
 }
+SG_REGISTER_OP(column_sum_op);
 
 Tensor column_sum(Context& ctx, const Tensor& x) { return ctx.call(column_sum_op(), NoParams{}, {x}).front(); }
 

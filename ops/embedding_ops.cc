@@ -4,6 +4,7 @@
 
 #include "engine/error.h"
 #include "kernels/embedding.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -84,6 +85,7 @@ const OpDef& embedding_op() {
   };
   return op;
 }
+SG_REGISTER_OP(embedding_op);
 
 const OpDef& embedding_backward_op() {
   static const OpDef op{
@@ -103,6 +105,7 @@ const OpDef& embedding_backward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(embedding_backward_op);
 
 Tensor embedding(Context& ctx, const Tensor& table, const Tensor& tokens, const Tensor& error_flag) {
   return ctx.call(embedding_op(), NoParams{}, {table, tokens, error_flag}).front();

@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "kernels/fp8_fused.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -175,6 +176,7 @@ const OpDef& norm_fp8_op() {
   };
   return op;
 }
+SG_REGISTER_OP(norm_fp8_op);
 
 const OpDef& gelu_fp8_op() {
   static const OpDef op{
@@ -199,6 +201,7 @@ const OpDef& gelu_fp8_op() {
   };
   return op;
 }
+SG_REGISTER_OP(gelu_fp8_op);
 
 const OpDef& dgelu_fp8_op() {
   static const OpDef op{
@@ -224,6 +227,7 @@ const OpDef& dgelu_fp8_op() {
   };
   return op;
 }
+SG_REGISTER_OP(dgelu_fp8_op);
 
 NormFp8 norm_fp8(Context& ctx, const NormFp8Params& params, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                  const Tensor& scale) {

@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "kernels/fp8_fused.h"
 #include "kernels/fp8_quantize.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -102,6 +103,7 @@ const OpDef& quantize_op() {
   };
   return op;
 }
+SG_REGISTER_OP(quantize_op);
 
 namespace {
 
@@ -144,6 +146,7 @@ const OpDef& quantize_into_op() {
   };
   return op;
 }
+SG_REGISTER_OP(quantize_into_op);
 
 std::string BlockQuantizeParams::to_string() const {
   return std::string(fp8_format_name(format)) + (shape == kernels::BlockShape::k1x128 ? " 1x128" : " 128x128") +
@@ -217,6 +220,7 @@ const OpDef& quantize_blocks_op() {
   };
   return op;
 }
+SG_REGISTER_OP(quantize_blocks_op);
 
 BlockQuantized quantize_blocks(Context& ctx, const Tensor& x, const BlockQuantizeParams& params) {
   std::vector<Tensor> out = ctx.call(quantize_blocks_op(), params, {x});
@@ -298,6 +302,7 @@ const OpDef& amax_op() {
   };
   return op;
 }
+SG_REGISTER_OP(amax_op);
 
 const OpDef& scale_from_amax_op() {
   static const OpDef op{
@@ -323,6 +328,7 @@ const OpDef& scale_from_amax_op() {
   };
   return op;
 }
+SG_REGISTER_OP(scale_from_amax_op);
 
 const OpDef& delayed_scaling_update_op() {
   static const OpDef op{
@@ -348,6 +354,7 @@ const OpDef& delayed_scaling_update_op() {
   };
   return op;
 }
+SG_REGISTER_OP(delayed_scaling_update_op);
 
 const OpDef& count_flags_op() {
   static const OpDef op{
@@ -379,6 +386,7 @@ const OpDef& count_flags_op() {
   };
   return op;
 }
+SG_REGISTER_OP(count_flags_op);
 
 void count_flags_(Context& ctx, const Tensor& counter, const std::vector<Tensor>& flags) {
   std::vector<Tensor> inputs{counter};

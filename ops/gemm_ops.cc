@@ -6,6 +6,7 @@
 
 #include "engine/error.h"
 #include "kernels/gemm_host.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -252,6 +253,7 @@ const OpDef& gemm_op() {
   };
   return op;
 }
+SG_REGISTER_OP(gemm_op);
 
 const OpDef& gemm_into_op() {
   static const OpDef op{
@@ -264,6 +266,7 @@ const OpDef& gemm_into_op() {
   };
   return op;
 }
+SG_REGISTER_OP(gemm_into_op);
 
 namespace {
 

@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "kernels/grouped_gemm.h"
 #include "ops/grouped_gemm_ops.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -173,6 +174,7 @@ const OpDef& grouped_fp8_forward_op() {
                         .run_host = run_host<GroupedGemmKind::kForward>};
   return op;
 }
+SG_REGISTER_OP(grouped_fp8_forward_op);
 
 const OpDef& grouped_fp8_dgrad_op() {
   static const OpDef op{.name = "grouped_fp8_dgrad",
@@ -181,6 +183,7 @@ const OpDef& grouped_fp8_dgrad_op() {
                         .run_host = run_host<GroupedGemmKind::kDgrad>};
   return op;
 }
+SG_REGISTER_OP(grouped_fp8_dgrad_op);
 
 const OpDef& grouped_fp8_wgrad_op() {
   static const OpDef op{.name = "grouped_fp8_wgrad_",
@@ -190,6 +193,7 @@ const OpDef& grouped_fp8_wgrad_op() {
                         .run_host = run_host<GroupedGemmKind::kWgrad>};
   return op;
 }
+SG_REGISTER_OP(grouped_fp8_wgrad_op);
 
 Tensor grouped_fp8_forward(Context& ctx, const Tensor& x, const Tensor& x_scale_inv, const Tensor& w,
                            const Tensor& w_scale_inv, const Tensor& offsets, const Tensor& bias, DType out_dtype,

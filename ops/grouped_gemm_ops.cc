@@ -6,6 +6,7 @@
 
 #include "engine/error.h"
 #include "kernels/grouped_gemm.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -207,6 +208,7 @@ const OpDef& grouped_linear_forward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(grouped_linear_forward_op);
 
 const OpDef& grouped_linear_dgrad_op() {
   static const OpDef op{
@@ -217,6 +219,7 @@ const OpDef& grouped_linear_dgrad_op() {
   };
   return op;
 }
+SG_REGISTER_OP(grouped_linear_dgrad_op);
 
 const OpDef& grouped_linear_wgrad_op() {
   static const OpDef op{
@@ -228,6 +231,7 @@ const OpDef& grouped_linear_wgrad_op() {
   };
   return op;
 }
+SG_REGISTER_OP(grouped_linear_wgrad_op);
 
 const OpDef& grouped_bias_grad_op() {
   static const OpDef op{
@@ -253,6 +257,7 @@ const OpDef& grouped_bias_grad_op() {
   };
   return op;
 }
+SG_REGISTER_OP(grouped_bias_grad_op);
 
 Tensor grouped_linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& bias,
                               DType out_dtype) {

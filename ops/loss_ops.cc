@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "kernels/cross_entropy.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -65,6 +66,7 @@ const OpDef& cross_entropy_op() {
   };
   return op;
 }
+SG_REGISTER_OP(cross_entropy_op);
 
 CrossEntropyResult cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& error_flag,
                                  const CrossEntropyParams& params) {

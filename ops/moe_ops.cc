@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "kernels/moe_routing.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -160,6 +161,7 @@ const OpDef& router_topk_op() {
   };
   return op;
 }
+SG_REGISTER_OP(router_topk_op);
 
 const OpDef& router_topk_backward_op() {
   static const OpDef op{
@@ -178,6 +180,7 @@ const OpDef& router_topk_backward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(router_topk_backward_op);
 
 const OpDef& moe_plan_op() {
   static const OpDef op{
@@ -199,6 +202,7 @@ const OpDef& moe_plan_op() {
   };
   return op;
 }
+SG_REGISTER_OP(moe_plan_op);
 
 const OpDef& split_offsets_op() {
   static const OpDef op{
@@ -218,6 +222,7 @@ const OpDef& split_offsets_op() {
   };
   return op;
 }
+SG_REGISTER_OP(split_offsets_op);
 
 namespace {
 kernels::PermuteDesc permute_call_desc(const KernelArgs& a) {
@@ -241,6 +246,7 @@ const OpDef& moe_permute_op() {
   };
   return op;
 }
+SG_REGISTER_OP(moe_permute_op);
 
 const OpDef& moe_unpermute_op() {
   static const OpDef op{
@@ -263,6 +269,7 @@ const OpDef& moe_unpermute_op() {
   };
   return op;
 }
+SG_REGISTER_OP(moe_unpermute_op);
 
 const OpDef& moe_unpermute_backward_op() {
   static const OpDef op{
@@ -283,6 +290,7 @@ const OpDef& moe_unpermute_backward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(moe_unpermute_backward_op);
 
 RouterResult router_topk(Context& ctx, const Tensor& logits, int topk) {
   std::vector<Tensor> out = ctx.call(router_topk_op(), TopkParams{topk}, {logits});

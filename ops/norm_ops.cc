@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -196,6 +197,7 @@ const OpDef& norm_forward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(norm_forward_op);
 
 const OpDef& norm_backward_op() {
   static const OpDef op{
@@ -207,6 +209,7 @@ const OpDef& norm_backward_op() {
   };
   return op;
 }
+SG_REGISTER_OP(norm_backward_op);
 
 const OpDef& norm_backward_into_op() {
   static const OpDef op{
@@ -219,6 +222,7 @@ const OpDef& norm_backward_into_op() {
   };
   return op;
 }
+SG_REGISTER_OP(norm_backward_into_op);
 
 NormForward norm_forward(Context& ctx, const NormParams& params, const Tensor& x, const Tensor& gamma,
                          const Tensor& beta) {

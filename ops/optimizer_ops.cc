@@ -4,6 +4,7 @@
 
 #include "engine/error.h"
 #include "kernels/step_guard.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -127,6 +128,7 @@ const OpDef& adamw_op() {
   };
   return op;
 }
+SG_REGISTER_OP(adamw_op);
 
 void adamw_step(Context& ctx, const AdamWParams& params, const Tensor& table, const Tensor& step,
                 const std::vector<Tensor>& tensors, const Tensor& lr, const Tensor& loss_scale) {
@@ -166,6 +168,7 @@ const OpDef& lr_schedule_op() {
   };
   return op;
 }
+SG_REGISTER_OP(lr_schedule_op);
 
 void lr_schedule_(Context& ctx, const kernels::LrSchedule& schedule, const Tensor& step, const Tensor& lr) {
   ctx.call(lr_schedule_op(), schedule, {step, lr});

@@ -6,6 +6,7 @@
 #include "engine/error.h"
 #include "kernels/parallel_cross_entropy.h"
 #include "ops/collective_ops.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -113,6 +114,7 @@ const OpDef& vocab_parallel_cross_entropy_stats_op() {
   };
   return op;
 }
+SG_REGISTER_OP(vocab_parallel_cross_entropy_stats_op);
 
 const OpDef& vocab_parallel_cross_entropy_rescale_op() {
   static const OpDef op{
@@ -133,6 +135,7 @@ const OpDef& vocab_parallel_cross_entropy_rescale_op() {
   };
   return op;
 }
+SG_REGISTER_OP(vocab_parallel_cross_entropy_rescale_op);
 
 const OpDef& vocab_parallel_cross_entropy_finish_op() {
   static const OpDef op{
@@ -156,6 +159,7 @@ const OpDef& vocab_parallel_cross_entropy_finish_op() {
   };
   return op;
 }
+SG_REGISTER_OP(vocab_parallel_cross_entropy_finish_op);
 
 CrossEntropyResult vocab_parallel_cross_entropy(Context& ctx, Communicator& tp, const Tensor& logits_local,
                                                 const Tensor& labels, const Tensor& error_flag,

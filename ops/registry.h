@@ -1,4 +1,6 @@
-// The op registry: every op by its stable name.
+// The op registry: every op by its stable name, sorted by name. Each op
+// registers itself in its own file (ops/op_registration.h); depending on this
+// target links every op family in.
 #pragma once
 
 #include <span>

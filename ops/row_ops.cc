@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "kernels/elementwise.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -66,6 +67,7 @@ const OpDef& empty_op() {
   };
   return op;
 }
+SG_REGISTER_OP(empty_op);
 
 const OpDef& copy_rows_inplace_op() {
   static const OpDef op{
@@ -85,6 +87,7 @@ const OpDef& copy_rows_inplace_op() {
   };
   return op;
 }
+SG_REGISTER_OP(copy_rows_inplace_op);
 
 Tensor empty(Context& ctx, const TensorMeta& meta) { return ctx.call(empty_op(), EmptyParams{meta}, {}).front(); }
 

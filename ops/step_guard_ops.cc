@@ -3,6 +3,7 @@
 #include "engine/error.h"
 #include "kernels/adamw.h"
 #include "kernels/step_guard.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -61,6 +62,7 @@ const OpDef& flag_nonfinite_op() {
   };
   return op;
 }
+SG_REGISTER_OP(flag_nonfinite_op);
 
 const OpDef& adamw_flag_nonfinite_grads_op() {
   static const OpDef op{
@@ -92,6 +94,7 @@ const OpDef& adamw_flag_nonfinite_grads_op() {
   };
   return op;
 }
+SG_REGISTER_OP(adamw_flag_nonfinite_grads_op);
 
 const OpDef& count_and_clear_flag_op() {
   static const OpDef op{
@@ -116,6 +119,7 @@ const OpDef& count_and_clear_flag_op() {
   };
   return op;
 }
+SG_REGISTER_OP(count_and_clear_flag_op);
 
 std::string LossScaleParams::to_string() const {
   return "initial " + std::to_string(scaling.initial_scale) + ", x" + std::to_string(scaling.growth_factor) +
@@ -149,6 +153,7 @@ const OpDef& loss_scale_update_op() {
   };
   return op;
 }
+SG_REGISTER_OP(loss_scale_update_op);
 
 const OpDef& scale_by_loss_scale_op() {
   static const OpDef op{
@@ -176,6 +181,7 @@ const OpDef& scale_by_loss_scale_op() {
   };
   return op;
 }
+SG_REGISTER_OP(scale_by_loss_scale_op);
 
 void loss_scale_update_(Context& ctx, const kernels::LossScaling& scaling, const Tensor& state, const Tensor& flag) {
   ctx.call(loss_scale_update_op(), LossScaleParams{scaling}, {state, flag});

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "ops/op_registration.h"
 
 namespace stepgraph::ops {
 
@@ -19,6 +20,7 @@ const OpDef& order_after_op() {
   };
   return op;
 }
+SG_REGISTER_OP(order_after_op);
 
 void order_after(Context& ctx, std::span<const Tensor> tensors) {
   ctx.call(order_after_op(), NoParams{}, std::vector<Tensor>(tensors.begin(), tensors.end()));

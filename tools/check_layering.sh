@@ -6,7 +6,8 @@
 #      package under engine/ that depends on //layers:linear must fail
 #      analysis with "is not visible" (the probe is removed afterwards);
 #   3. no device branch outside the backends (tools/layering/check_device_branches.py),
-#      no getenv in kernels/ or ops/.
+#      no getenv in kernels/ or ops/;
+#   4. the README's layout table matches the tree (tools/layering/check_readme_layout.py).
 # Prints one line per check and exits non-zero on the first failure.
 #
 #   tools/check_layering.sh        # .ci/run runs it after the tests
@@ -60,3 +61,6 @@ envs=$(grep -rn 'getenv' --include=*.cc --include=*.h --include=*.cu --include=*
 [ -z "$envs" ] || fail "getenv in kernels/ or ops/ (a kernel choice must be an op parameter):
 $envs"
 echo "check_layering: no getenv in kernels/ or ops/"
+
+# 4. The README's layout table names the folders that exist, and every one of them.
+python3 tools/layering/check_readme_layout.py --root . || fail "the README's layout table does not match the tree (above)"

@@ -31,7 +31,7 @@ ALLOWED = {
     "engine/communicator.cc": "the collectives' seam: a Communicator checks that a tensor is on its own device",
     "engine/device_kind.cc": "the enum's own names (device_name)",
     "launch/join.cc": "the communicators' factory for a launched world: the rendezvous's host "
-                             "communicator on host, NCCL on cuda (as backend_factory.cc is the backends')",
+                      "communicator on host, NCCL on cuda (as backend_factory.cc is the backends')",
     # The C API's edge.
     "capi/edge.cc": "converts between the C API's sg_device and Device",
     # Programs on the top floor, which choose and describe the device for their user.

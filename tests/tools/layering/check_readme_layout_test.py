@@ -1,0 +1,77 @@
+"""tools/layering/check_readme_layout.py: the tree's README matches the tree;
+a copy whose table names a missing folder, or that leaves a tracked folder
+out, fails and names it."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", ""))
+SCRIPT_LINK = os.path.join(RUNFILES, "tools", "layering", "check_readme_layout.py")
+if not os.path.exists(SCRIPT_LINK):  # run by plain pytest from the checkout
+    SCRIPT_LINK = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "layering",
+                               "check_readme_layout.py")
+SCRIPT = os.path.realpath(SCRIPT_LINK)
+TREE = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+
+
+def run(root):
+    return subprocess.run([sys.executable, SCRIPT, "--root", root], capture_output=True, text=True)
+
+
+def copy_of_tree(tmp_path):
+    """README.md and an empty folder per top-level folder, in a fresh git work tree."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    shutil.copy(os.path.join(TREE, "README.md"), root / "README.md")
+    tracked = subprocess.run(["git", "-C", TREE, "ls-files"], check=True, capture_output=True, text=True).stdout
+    for line in tracked.splitlines():
+        if "/" in line and not line.startswith("."):
+            parts = line.split("/")
+            # The folder, and one level below it (the table names tools/'s sub-folders).
+            (root / parts[0]).mkdir(exist_ok=True)
+            (root / parts[0] / ".keep").touch()
+            if len(parts) > 2:
+                (root / parts[0] / parts[1]).mkdir(exist_ok=True)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    return root
+
+
+def test_the_tree_matches_its_readme():
+    result = run(TREE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all present" in result.stdout
+
+
+def test_a_copy_matches_too(tmp_path):
+    result = run(str(copy_of_tree(tmp_path)))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_missing_folder_is_named(tmp_path):
+    root = copy_of_tree(tmp_path)
+    shutil.rmtree(root / "launch")
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    result = run(str(root))
+    assert result.returncode == 1
+    assert "names `launch/`, which does not exist" in result.stdout
+
+
+def test_a_folder_left_out_of_the_table_is_named(tmp_path):
+    root = copy_of_tree(tmp_path)
+    (root / "optim").mkdir()
+    (root / "optim" / "adamw.cc").touch()
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    result = run(str(root))
+    assert result.returncode == 1
+    assert "`optim/` is in the tree but not in the README's layout section" in result.stdout
+
+
+def test_a_sub_folder_that_is_gone_is_named(tmp_path):
+    root = copy_of_tree(tmp_path)
+    shutil.rmtree(root / "tools" / "demo")
+    result = run(str(root))
+    assert result.returncode == 1
+    assert "names `demo/` under trainer, benchmarks, python, tools, which is in none of them" in result.stdout

@@ -57,9 +57,8 @@ AdamW::Update AdamW::make_update(Context& ctx, const std::vector<UpdateTensors>&
     // until each update writes the step's (table_from_operands).
     const Tensor& grad = e.grad.defined() ? e.grad : e.master;
     if (!e.grad.defined()) update.params.table_from_operands = true;
-    update.tensors.insert(update.tensors.end(), {e.master, e.grad, e.m, e.v});
+    update.tensors.push_back(e);
     update.grads.push_back(e.grad);
-    if (has_copy) update.tensors.push_back(e.copy);
     update.params.has_copy.push_back(has_copy);
     update.params.total_numel += e.master.meta().numel();
     SG_CHECK(!has_copy || e.copy.dtype() == DType::kBFloat16 || e.copy.dtype() == DType::kFloat16,
@@ -88,17 +87,15 @@ void AdamW::step(Context& ctx) const {
   release_step_gradients();
 }
 
-std::vector<Tensor> AdamW::tensors_now(const Update& update) const {
+std::vector<AdamW::UpdateTensors> AdamW::tensors_now(const Update& update) const {
   if (!step_scoped_) return update.tensors;
-  std::vector<Tensor> out = update.tensors;
-  std::size_t position = 0;  // of the parameter's master: {master, grad, m, v[, copy]}
+  std::vector<UpdateTensors> out = update.tensors;
   for (std::size_t i = 0; i < update.count; ++i) {
     const Parameter& p = *parameters_[update.first + i];
     SG_CHECK(p.grad.defined(), "AdamW: parameter '", p.name,
              "' has no gradient this step: the backward did not write it (step-scoped gradients, Note "
              "[Step-scoped gradients] in layers/parameter.h)");
-    out[position + 1] = p.grad;
-    position += update.params.has_copy[i] ? 5 : 4;
+    out[i].grad = p.grad;
   }
   return out;
 }
@@ -129,17 +126,19 @@ void AdamW::use_step_scoped_gradients(Context& ctx) {
 }
 
 void AdamW::run_update(Context& ctx, const ops::AdamWParams& params, const Tensor& table,
-                       const std::vector<Tensor>& tensors) const {
+                       const std::vector<UpdateTensors>& tensors) const {
   // Every update of a grouped step computes the same rate: the counter
   // advances in the last one only.
   if (schedule_) ops::lr_schedule_(ctx, *schedule_, step_, lr_);
+  ops::AdamWOperands<Tensor> operands{.table = table, .step = step_, .params = tensors, .lr = lr_};
   if (!scales_loss()) {
-    ops::adamw_step(ctx, params, table, step_, tensors, lr_);
+    ops::adamw_step(ctx, params, std::move(operands));
     return;
   }
   ops::AdamWParams unscaling = params;
   unscaling.unscale_grads = true;
-  ops::adamw_step(ctx, unscaling, table, step_, tensors, lr_, loss_scale_);
+  operands.loss_scale = loss_scale_;
+  ops::adamw_step(ctx, unscaling, std::move(operands));
 }
 
 void AdamW::set_lr(Context& ctx, float lr) {

@@ -183,22 +183,21 @@ class AdamW {
   const Tensor& step_counter() const { return step_; }
 
  private:
+  // One parameter's tensors; copy is undefined when the master is the value.
+  using UpdateTensors = ops::AdamWParamOperands<Tensor>;
   // One launch: its parameters' table and tensors.
-  struct UpdateTensors {
-    Tensor master, grad, m, v, copy;  // copy: undefined when the master is the value
-  };
   struct Update {
     std::size_t first = 0;  // the parameters [first, first + count) it updates
     std::size_t count = 0;
     ops::AdamWParams params;
     Tensor table;                 // the kernel's launch table (pointers), int64 words
-    std::vector<Tensor> tensors;  // per parameter: master, grad, m, v[, copy]
+    std::vector<UpdateTensors> tensors;  // per parameter
     std::vector<Tensor> grads;    // per parameter
   };
   // The update of parameters [first, first + count).
   Update make_update(Context& ctx, std::size_t first, std::size_t count, const std::string& table_name) const;
   // The update's tensors with this step's gradients (step-scoped), else its own.
-  std::vector<Tensor> tensors_now(const Update& update) const;
+  std::vector<UpdateTensors> tensors_now(const Update& update) const;
 
   Update make_update(Context& ctx, const std::vector<UpdateTensors>& entries, const std::string& table_name) const;
 
@@ -223,7 +222,7 @@ class AdamW {
 
   // The schedule's rate into lr_ (with a schedule), then the update.
   void run_update(Context& ctx, const ops::AdamWParams& params, const Tensor& table,
-                  const std::vector<Tensor>& tensors) const;
+                  const std::vector<UpdateTensors>& tensors) const;
 
   kernels::AdamWHyper hyper_;
   std::optional<kernels::LrSchedule> schedule_;

@@ -114,9 +114,9 @@ void AdamW::shard(Context& ctx, Communicator& comm) {
 std::vector<AdamW::ShardState> AdamW::shard_states() const {
   SG_CHECK_CODE(sharded(), ErrorCode::kInvalidState, "AdamW::shard_states: the optimizer is not sharded");
   std::vector<ShardState> out;
-  // The update's tensors are {master, grad, m, v[, copy]} (make_update).
   for (const Shard& shard : shards_) {
-    out.push_back({shard.name, shard.update.tensors[0], shard.update.tensors[2], shard.update.tensors[3]});
+    const UpdateTensors& tensors = shard.update.tensors.at(0);  // the shard is one parameter
+    out.push_back({shard.name, tensors.master, tensors.m, tensors.v});
   }
   return out;
 }

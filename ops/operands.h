@@ -1,0 +1,232 @@
+// Named operands: an op's inputs as a struct of named fields.
+//
+// Note [Named operands]
+// An op's inputs are a struct template with one named field per operand,
+// over the field type F: `Tensor` where the op is called, `TensorMeta` in its
+// check, `Operand` (address and meta) in its launcher and host reference, and
+// `int` (the input's position) for its layout. One function per struct lists
+// the fields in the program's input order, with their use (read, or written
+// in place) and whether this call has them (optional operands):
+//
+//   template <typename F> struct AttentionOperands { F q, k, v, cu_seqlens; };
+//   template <typename F, typename V>
+//   void visit_operands(const AttentionParams&, AttentionOperands<F>& o, V& v) {
+//     v({"q"}, o.q); v({"k"}, o.k); v({"v"}, o.v); v({"cu_seqlens"}, o.cu_seqlens);
+//   }
+//
+// flatten() makes the program's inputs from the call's struct; bind_metas()
+// (checking the count, naming every operand in its error) and bind_args()
+// read them back; written_inputs_of() is the op's mutated_inputs_for. The
+// order of the inputs in a program (graph keys, dumps) is the visit order,
+// and nothing else counts positions. A list operand is a std::vector of
+// fields: `v.list(name, items, count)` sizes it before its elements are
+// visited, with kRestOfInputs for a last list as long as the inputs left.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/op.h"
+#include "engine/tensor.h"
+
+namespace stepgraph::ops {
+
+enum class Use {
+  kRead,
+  kWrite,  // written in place (OpDef::written_inputs)
+};
+
+// One operand as an op's visit function names it.
+struct Slot {
+  std::string_view name;
+  std::int64_t index = -1;  // its element of a list operand; -1 for a single operand
+  Use use = Use::kRead;
+  bool present = true;  // false: an optional operand this call leaves out
+};
+
+// "grad[3]", "table".
+std::string slot_name(const Slot& slot);
+
+// The length of a list operand that takes every input left (the last operand).
+inline constexpr std::size_t kRestOfInputs = std::numeric_limits<std::size_t>::max();
+
+// An operand in a launcher or a host reference: its address and meta (both
+// null for an optional operand the call leaves out).
+struct Operand {
+  void* data = nullptr;
+  const TensorMeta* meta = nullptr;
+
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+  bool present() const { return meta != nullptr; }
+  const Shape& shape() const { return meta->shape; }
+  DType dtype() const { return meta->dtype; }
+  std::int64_t numel() const { return meta->numel(); }
+};
+
+namespace operands_detail {
+
+class Flattener {
+ public:
+  explicit Flattener(std::string_view op) : op_(op) {}
+  void operator()(const Slot& slot, const Tensor& tensor);
+  template <typename X>
+  void list(std::string_view name, std::vector<X>& items, std::size_t count) {
+    SG_CHECK(count == kRestOfInputs || items.size() == count, "op ", op_, ": operand list '", name, "' holds ",
+             items.size(), " elements, its params say ", count);
+  }
+  std::vector<Tensor> take() { return std::move(inputs_); }
+
+ private:
+  std::string_view op_;
+  std::vector<Tensor> inputs_;
+};
+
+// Binds fields in visit order to the inputs; counts them (past the end too).
+class Binder {
+ public:
+  explicit Binder(std::size_t input_count) : input_count_(input_count) {}
+  template <typename X>
+  void list(std::string_view, std::vector<X>& items, std::size_t count) {
+    items.resize(count != kRestOfInputs ? count : (next_ < input_count_ ? input_count_ - next_ : 0));
+  }
+  std::size_t next() const { return next_; }
+
+ protected:
+  // The input the next present field binds to, or false past the end.
+  bool advance(const Slot& slot, std::size_t& at) {
+    if (!slot.present) return false;
+    at = next_++;
+    return at < input_count_;
+  }
+
+ private:
+  std::size_t input_count_;
+  std::size_t next_ = 0;
+};
+
+class MetaBinder : public Binder {
+ public:
+  explicit MetaBinder(std::span<const TensorMeta> inputs) : Binder(inputs.size()), inputs_(inputs) {}
+  void operator()(const Slot& slot, TensorMeta& meta) {
+    std::size_t at = 0;
+    if (advance(slot, at)) meta = inputs_[at];
+  }
+
+ private:
+  std::span<const TensorMeta> inputs_;
+};
+
+class ArgBinder : public Binder {
+ public:
+  explicit ArgBinder(const KernelArgs& args) : Binder(args.inputs.size()), args_(args) {}
+  void operator()(const Slot& slot, Operand& operand) {
+    std::size_t at = 0;
+    if (advance(slot, at)) operand = {args_.inputs[at], &args_.input_metas[at]};
+  }
+
+ private:
+  const KernelArgs& args_;
+};
+
+class IndexBinder : public Binder {
+ public:
+  explicit IndexBinder(std::size_t input_count) : Binder(input_count) {}
+  void operator()(const Slot& slot, int& index) {
+    std::size_t at = 0;
+    index = -1;
+    if (!slot.present) return;
+    advance(slot, at);
+    index = static_cast<int>(at);
+    if (slot.use == Use::kWrite) written.push_back(index);
+  }
+  std::vector<int> written;
+};
+
+// The present operands' names, for a count error.
+class Namer {
+ public:
+  template <typename F>
+  void operator()(const Slot& slot, F&) {
+    if (slot.present) names.push_back(slot_name(slot));
+  }
+  template <typename X>
+  void list(std::string_view name, std::vector<X>& items, std::size_t count) {
+    items.resize(count != kRestOfInputs ? count : 0);
+    if (count == kRestOfInputs) rest = name;
+  }
+  std::vector<std::string> names;
+  std::string_view rest;  // a list as long as the inputs left
+};
+
+// "op adamw takes 7 inputs (table, step, master[0], ...), got 6".
+[[noreturn]] void throw_count(std::string_view op, const Namer& namer, std::size_t got);
+
+}  // namespace operands_detail
+
+// The program's inputs of one call, in visit order; Error naming the operand
+// when a present one is undefined or an absent one is given.
+template <template <typename> class Operands, typename Params>
+std::vector<Tensor> flatten(std::string_view op, const Params& params, Operands<Tensor> operands) {
+  operands_detail::Flattener flattener(op);
+  visit_operands(params, operands, flattener);
+  return flattener.take();
+}
+
+// The check's view of the inputs; Error naming the operands when the count is off.
+template <template <typename> class Operands, typename Params>
+Operands<TensorMeta> bind_metas(std::string_view op, const Params& params, std::span<const TensorMeta> inputs) {
+  Operands<TensorMeta> operands;
+  operands_detail::MetaBinder binder(inputs);
+  visit_operands(params, operands, binder);
+  if (binder.next() != inputs.size()) {
+    operands_detail::Namer namer;
+    Operands<TensorMeta> names;
+    visit_operands(params, names, namer);
+    operands_detail::throw_count(op, namer, inputs.size());
+  }
+  return operands;
+}
+
+// The launcher's view of the inputs (counted by the check before).
+template <template <typename> class Operands, typename Params>
+Operands<Operand> bind_args(const Params& params, const KernelArgs& args) {
+  Operands<Operand> operands;
+  operands_detail::ArgBinder binder(args);
+  visit_operands(params, operands, binder);
+  return operands;
+}
+
+// Each operand's position among the inputs (-1 where absent).
+template <template <typename> class Operands, typename Params>
+Operands<int> operand_layout(const Params& params, std::size_t input_count) {
+  Operands<int> operands;
+  operands_detail::IndexBinder binder(input_count);
+  visit_operands(params, operands, binder);
+  return operands;
+}
+
+// The positions of the operands written in place, in visit order.
+template <template <typename> class Operands, typename Params>
+std::vector<int> written_operands(const Params& params, std::size_t input_count) {
+  Operands<int> operands;
+  operands_detail::IndexBinder binder(input_count);
+  visit_operands(params, operands, binder);
+  return std::move(binder.written);
+}
+
+// OpDef::mutated_inputs_for of an op with named operands.
+template <template <typename> class Operands, typename Params>
+std::vector<int> written_inputs_of(const OpParams& params, std::size_t input_count) {
+  return written_operands<Operands>(params.as<Params>(), input_count);
+}
+
+}  // namespace stepgraph::ops

@@ -12,6 +12,10 @@
 
 namespace stepgraph {
 
+std::string_view data_parallel_mode_name(DataParallelMode mode) {
+  return mode == DataParallelMode::kZero1 ? "zero1" : "allreduce";
+}
+
 // The model side of a step: it owns the model's persistent inputs (and their
 // error flags); forward reads them and hands back the logits with the
 // backward of that forward.

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -44,6 +45,7 @@ enum class DataParallelMode : std::uint8_t {
   kAllReduce,  // every rank all-reduces the gradients and runs the whole update
   kZero1,      // reduce-scatter, each rank updates its 1/N shard, all-gather the weights (Note [Sharded AdamW])
 };
+std::string_view data_parallel_mode_name(DataParallelMode mode);  // "allreduce" | "zero1"
 
 class TrainStep {
  public:

@@ -10,6 +10,9 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace stepgraph::trainer {
 
@@ -37,5 +40,26 @@ CLI::Validator real_number(double min, double max, Bound lower = Bound::kInclusi
 // A value that is not empty: `--data ""` would otherwise mean "no file" and
 // train on the Markov source without a word.
 CLI::Validator non_empty();
+
+// A flag whose value is one of `choices` by name: --help lists the names,
+// another value is refused naming the flag ("--dtype: fp64 not in
+// {bf16,fp16,fp32}"), and the chosen value is stored in `target` once, here.
+//   add_choice(app, "--dtype", o.dtype, {{"bf16", DType::kBFloat16}, ...}, "model dtype");
+template <typename T>
+CLI::Option* add_choice(CLI::App& app, const std::string& flag, T& target,
+                        std::vector<std::pair<std::string, T>> choices, const std::string& help) {
+  std::vector<std::string> names;
+  for (const auto& choice : choices) names.push_back(choice.first);
+  return app
+      .add_option_function<std::string>(
+          flag,
+          [&target, choices](const std::string& name) {
+            for (const auto& [choice_name, value] : choices) {
+              if (choice_name == name) target = value;
+            }
+          },
+          help)
+      ->check(CLI::IsMember(names));
+}
 
 }  // namespace stepgraph::trainer

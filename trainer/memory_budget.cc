@@ -13,8 +13,6 @@
 namespace stepgraph::trainer {
 namespace {
 
-double dtype_bytes(const std::string& dtype) { return dtype == "fp32" ? 4 : 2; }
-
 // A cgroup's memory limit (v2, then v1), or 0 where there is none.
 double cgroup_limit() {
   for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
@@ -36,7 +34,7 @@ std::string format_bytes(double bytes) {
 }
 
 MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int64_t dp) {
-  const double b = dtype_bytes(o.dtype);
+  const double b = static_cast<double>(dtype_size(o.dtype.value_or(DType::kBFloat16)));
   // A parameter element: its value (b bytes), its gradient (b at least) and
   // AdamW's fp32 master and two moments; an fp32 value is its own master.
   const double per_parameter = b == 4 ? 16 : 2 * b + 12;

@@ -2,7 +2,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "engine/error.h"
@@ -16,7 +15,7 @@ namespace {
 struct Defaults {
   std::int64_t steps, layers, hidden, ffn, heads, sequences, seq_len, examples, context, log_every, vocab, order;
   double lr;
-  const char* dtype;
+  DType dtype;
 };
 constexpr Defaults kHostDefaults{.steps = 1000,
                                  .layers = 2,
@@ -31,7 +30,7 @@ constexpr Defaults kHostDefaults{.steps = 1000,
                                  .vocab = 8,
                                  .order = 2,
                                  .lr = 3e-3,
-                                 .dtype = "fp32"};
+                                 .dtype = DType::kFloat32};
 constexpr Defaults kCudaDefaults{.steps = 1000,
                                  .layers = 4,
                                  .hidden = 512,
@@ -45,7 +44,7 @@ constexpr Defaults kCudaDefaults{.steps = 1000,
                                  .vocab = 8,
                                  .order = 2,
                                  .lr = 1e-3,
-                                 .dtype = "bf16"};
+                                 .dtype = DType::kBFloat16};
 
 // Caps past which a value is a typo, not a run: they keep the products of
 // flags (bytes, tokens, milliseconds) inside 64 bits. Sizes and steps:
@@ -60,23 +59,47 @@ void default_if(T& value, T unset, T fallback) {
   if (value == unset) value = fallback;
 }
 
+// The flag names of an enum's values, from the enum's own name function.
+template <typename T, typename Name>
+std::vector<std::pair<std::string, T>> named(std::initializer_list<T> values, Name name) {
+  std::vector<std::pair<std::string, T>> out;
+  for (T value : values) out.emplace_back(std::string(name(value)), value);
+  return out;
+}
+
+// --fp8's choices: none, or the engine's recipe of each scaling.
+std::vector<std::pair<std::string, std::optional<Fp8Recipe>>> fp8_choices() {
+  std::vector<std::pair<std::string, std::optional<Fp8Recipe>>> out{{"none", std::nullopt}};
+  for (Fp8Scaling scaling : {Fp8Scaling::kCurrent, Fp8Scaling::kDelayed, Fp8Scaling::kBlock}) {
+    out.emplace_back(std::string(fp8_scaling_name(scaling)), Fp8Recipe::of(scaling));
+  }
+  return out;
+}
+
+std::string fp8_flag(const std::optional<Fp8Recipe>& fp8) {
+  return fp8 ? std::string(fp8_scaling_name(fp8->scaling)) : std::string("none");
+}
+
 }  // namespace
+
+std::string_view step_mode_name(StepMode mode) { return mode == StepMode::kEager ? "eager" : "graph"; }
 
 ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   TrainerOptions o;
   CLI::App app{"StepGraph trainer: trains a token language model eager or as one replayed CUDA graph per step"};
-  app.add_option("--device", o.device, "cuda, host, or auto (cuda when there is a GPU)")
-      ->check(CLI::IsMember({"auto", "cuda", "host"}));
-  app.add_option("--mode", o.mode, "eager (ops launched one by one) or graph (the step captured once, replayed)")
-      ->check(CLI::IsMember({"eager", "graph"}));
-  app.add_option("--dtype", o.dtype,
-                 "model dtype: bf16, fp16 (with dynamic loss scaling on the device) or fp32 (default: bf16 on cuda, "
-                 "fp32 on the host)")
-      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
-  app.add_option("--fp8", o.fp8,
-                 "FP8 GEMMs in the attention projections and MLPs: none, current, delayed (history 1024) or block "
-                 "(1 x 128 / 128 x 128 scales); features and tokens must divide by 16 (block: 128)")
-      ->check(CLI::IsMember({"none", "current", "delayed", "block"}));
+  add_choice(app, "--device", o.device, {{"auto", std::nullopt}, {"cuda", Device::kCuda}, {"host", Device::kHost}},
+             "cuda, host, or auto (cuda when there is a GPU)");
+  add_choice(app, "--mode", o.mode, named({StepMode::kEager, StepMode::kGraph}, step_mode_name),
+             "eager (ops launched one by one) or graph (the step captured once, replayed)");
+  add_choice(app, "--dtype", o.dtype,
+             named<std::optional<DType>>({DType::kBFloat16, DType::kFloat16, DType::kFloat32},
+                                         [](const std::optional<DType>& d) { return dtype_name(*d); }),
+             "model dtype: bf16, fp16 (with dynamic loss scaling on the device) or fp32 (default: bf16 on cuda, "
+             "fp32 on the host)");
+  add_choice(
+      app, "--fp8", o.fp8, fp8_choices(),
+      "FP8 GEMMs in the attention projections and MLPs: none, current, delayed (history 1024) or block "
+      "(1 x 128 / 128 x 128 scales); features and tokens must divide by 16 (block: 128)");
   app.add_option("--dropout", o.dropout,
                  "the probability of dropping each element of the blocks' input and of every attention and MLP "
                  "output (0: none); the generator's state lives on the device and in checkpoints")
@@ -99,7 +122,8 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                "skip a step whose loss or any gradient is NaN or infinite: checked on the device, the update inside "
                "a CUDA conditional node, nothing read on the host (default on; off with --dp-mode zero1, which it "
                "does not support)");
-  app.add_flag("--fp8-weight-cache", o.fp8_weight_cache,
+  bool fp8_weight_cache = false;
+  CLI::Option* cache_option = app.add_flag("--fp8-weight-cache", fp8_weight_cache,
                "with --fp8 current or delayed: quantize each weight once per optimizer step, right after its update, "
                "into persistent FP8 copies (2 bytes a weight element; the same results)");
   app.add_option("--steps", o.steps, "total training steps (a resumed run continues to this step)")
@@ -128,10 +152,12 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(whole_number(1, kMaxSize));
   app.add_option("--lr", o.lr, "AdamW learning rate (the peak, with a schedule)")
       ->check(real_number(0, kMaxLr, Bound::kExclusive));
-  app.add_option("--lr-schedule", o.lr_schedule,
-                 "constant, cosine or linear: the rate decays from --lr to --min-lr over --steps, after "
-                 "--warmup-steps of linear warmup, computed on the device (no re-capture)")
-      ->capture_default_str();
+  add_choice(app, "--lr-schedule", o.lr_schedule,
+             named({kernels::LrScheduleKind::kConstant, kernels::LrScheduleKind::kCosine,
+                    kernels::LrScheduleKind::kLinear},
+                   kernels::lr_schedule_kind_name),
+             "constant (the default), cosine or linear: the rate decays from --lr to --min-lr over --steps, after "
+             "--warmup-steps of linear warmup, computed on the device (no re-capture)");
   app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup from 0 to --lr")
       ->check(whole_number(0, kMaxSteps));
   app.add_option("--min-lr", o.min_lr, "the rate cosine and linear decay to")
@@ -172,21 +198,30 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "and the head's vocabulary, and each holds 1/tp of its group's tokens (sequence parallelism); the "
                  "world is tp x dp")
       ->check(whole_number(1, kMaxRanks));
-  CLI::Option* overlap_option = app.add_option("--overlap", o.overlap,
-                 "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk, overlap (ring_exchange "
-                 "for the all-gathers, pipelined for the reduce-scatters), or four modes fc1_fprop,fc2_fprop,"
-                 "fc2_dgrad,fc1_dgrad")
-      ->check(non_empty());
-  app.add_option("--dp-mode", o.dp_mode,
-                 "allreduce (every rank updates every parameter) or zero1 (reduce-scatter, each rank updates its 1/N "
-                 "shard of the optimizer, all-gather the weights)")
-      ->check(CLI::IsMember({"allreduce", "zero1"}));
-  app.add_option("--gemm-algorithms", o.gemm_algorithms,
-                 "how cuBLASLt's GEMM algorithms are picked: heuristic (the library's choice: the same bits on every "
-                 "run of one binary and GPU model) or timed (the fastest candidate in this process: can be faster, "
-                 "but another process may pick another and get other bits; the picks go into checkpoints so a "
-                 "resume repeats them)")
-      ->check(CLI::IsMember({"heuristic", "timed"}));
+  CLI::Option* overlap_option =
+      app.add_option_function<std::string>(
+             "--overlap",
+             [&o](const std::string& text) {
+               try {
+                 o.overlap = MLPOverlap::parse(text);
+               } catch (const Error& error) {  // the mode that does not fit, as a usage error naming the flag
+                 throw CLI::ValidationError("--overlap", error.message());
+               }
+             },
+             "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk (the default), overlap "
+             "(ring_exchange for the all-gathers, pipelined for the reduce-scatters), or four modes fc1_fprop,"
+             "fc2_fprop,fc2_dgrad,fc1_dgrad")
+          ->check(non_empty());
+  add_choice(app, "--dp-mode", o.dp_mode,
+             named({DataParallelMode::kAllReduce, DataParallelMode::kZero1}, data_parallel_mode_name),
+             "allreduce (every rank updates every parameter) or zero1 (reduce-scatter, each rank updates its 1/N "
+             "shard of the optimizer, all-gather the weights)");
+  add_choice(app, "--gemm-algorithms", o.gemm_algorithms,
+             named({AlgorithmChoice::kHeuristic, AlgorithmChoice::kTimed}, algorithm_choice_name),
+             "how cuBLASLt's GEMM algorithms are picked: heuristic (the library's choice: the same bits on every "
+             "run of one binary and GPU model) or timed (the fastest candidate in this process: can be faster, "
+             "but another process may pick another and get other bits; the picks go into checkpoints so a "
+             "resume repeats them)");
   app.add_option("--comm-timeout", o.comm_timeout_s,
                  "seconds a rank waits for the others (a collective, a step, the start) before it aborts them all")
       ->check(real_number(0, kMaxTimeoutSeconds, Bound::kExclusive));
@@ -219,12 +254,22 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   std::string ignored;
   if (topk_option->count() > 0 && o.experts == 0) {
     ignored = "--topk routes tokens to experts: it needs --experts N (N >= --topk)";
-  } else if (loss_scale_option->count() > 0 && o.dtype != "fp16") {
+  } else if (loss_scale_option->count() > 0 && o.dtype != DType::kFloat16) {
     ignored = "--loss-scale-interval sets fp16's loss scaling: it needs --dtype fp16";
   } else if (overlap_option->count() > 0 && o.tp == 1) {
     ignored = "--overlap sets how tensor-parallel GEMMs meet their collectives: it needs --tp N (N > 1)";
   } else if (min_seq_len_option->count() > 0 && o.buckets.empty()) {
     ignored = "--min-seq-len goes with --buckets";
+  } else if (cache_option->count() > 0 && !o.fp8) {
+    ignored = "--fp8-weight-cache keeps FP8 copies of the weights: it needs --fp8 current or delayed";
+  }
+  if (ignored.empty() && o.fp8 && fp8_weight_cache) {
+    o.fp8->cache_weights = true;
+    try {
+      o.fp8->check();  // the recipe's own rules (block scaling has no weight cache)
+    } catch (const Error& error) {
+      ignored = "--fp8 " + fp8_flag(o.fp8) + " with --fp8-weight-cache: " + error.message();
+    }
   }
   if (!ignored.empty()) {
     parsed.exit_code = 2;
@@ -236,8 +281,7 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
 }
 
 DeviceChoice choose_device(const TrainerOptions& options) {
-  if (options.device == "host") return {Device::kHost, ""};
-  if (options.device == "cuda") return {Device::kCuda, ""};
+  if (options.device) return {*options.device, ""};
   const DeviceCount found = cuda_device_count();
   if (found.count > 0) return {Device::kCuda, ""};
   return {Device::kHost, found.no_device_reason + "; training on the host with a small model"};
@@ -259,8 +303,6 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   default_if<std::int64_t>(o.hidden, 0, d.hidden);
   default_if<std::int64_t>(o.ffn, 0, d.ffn);
   default_if<std::int64_t>(o.heads, -1, d.heads);
-  SG_CHECK(o.heads == 0 || o.tp == 1, "--heads ", o.heads, " with --tp ", o.tp,
-           ": attention is not tensor-parallel yet; pass --heads 0 (the window model) or --tp 1");
   if (o.heads > 0) {
     SG_CHECK(o.context == 0, "--context is the window model's (--heads 0); the sequence model's context is --seq-len");
     default_if<std::int64_t>(o.seq_len, 0, d.seq_len);
@@ -274,13 +316,13 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   }
   default_if<std::int64_t>(o.log_every, 0, d.log_every);
   default_if<double>(o.lr, 0, d.lr);
-  if (o.fp8 != "none") {
+  if (o.fp8) {
     // FP8 GEMMs take bf16 operands and give bf16 results (Note [FP8 Linear] in layers/linear.h).
-    SG_CHECK(o.dtype.empty() || o.dtype == "bf16", "--fp8 ", o.fp8, " runs bf16 models only, got --dtype ", o.dtype,
-             ": pass --dtype bf16 (the default with --fp8), or --fp8 none");
-    if (o.dtype.empty()) o.dtype = "bf16";
+    SG_CHECK(!o.dtype || *o.dtype == DType::kBFloat16, "--fp8 ", fp8_flag(o.fp8), " runs bf16 models only, got --dtype ",
+             dtype_name(o.dtype.value_or(DType::kBFloat16)), ": pass --dtype bf16 (the default with --fp8), or --fp8 none");
+    o.dtype = DType::kBFloat16;
   }
-  if (o.dtype.empty()) o.dtype = d.dtype;
+  if (!o.dtype) o.dtype = d.dtype;
   if (o.data.empty()) {
     default_if<std::int64_t>(o.vocab, 0, d.vocab);
     default_if<std::int64_t>(o.order, 0, d.order);
@@ -289,36 +331,17 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
              o.data, " the file decides the vocabulary");
   }
 
-  SG_CHECK(o.steps > 0 && o.layers >= 0 && o.hidden > 0 && o.ffn > 0 && o.batch > 0 && o.context > 0 &&
-               o.log_every > 0 && o.save_every >= 0,
-           "--steps, --hidden, --ffn, --batch, --context and --log-every must be > 0 and --layers, --save-every >= 0");
-  SG_CHECK(o.layers <= kMaxLayers, "--layers must be at most ", kMaxLayers, ", got ", o.layers);
-  for (const auto& [flag, value] : {std::pair{"--hidden", o.hidden}, {"--ffn", o.ffn}, {"--batch", o.batch},
-                                    {o.heads > 0 ? "--seq-len" : "--context", o.context}, {"--heads", o.heads},
-                                    {"--kv-heads", o.kv_heads}, {"--experts", o.experts}, {"--topk", o.topk}}) {
-    SG_CHECK(value >= 0 && value <= kMaxSize, flag, " must be at most 2^31 - 1, got ", value);
-  }
+  // Each flag's own range is its CLI11 validator's (parse_command_line); from
+  // here on, the combinations.
   // Each step's tokens are indexed and packed (cu_seqlens) with 32-bit integers.
   SG_CHECK(o.batch * o.context <= kMaxSize, "--batch (", o.batch, ") x ", o.heads > 0 ? "--seq-len" : "--context", " (",
            o.context, ") is ", o.batch * o.context, " tokens a step; at most 2^31 - 1 fit the step's 32-bit indices");
-  SG_CHECK(std::isfinite(o.lr) && o.lr > 0 && o.lr <= kMaxLr, "--lr must be a positive number at most ", kMaxLr,
-           ", got ", o.lr);
-  SG_CHECK(std::isfinite(o.min_lr) && o.min_lr >= 0, "--min-lr must be a finite number >= 0, got ", o.min_lr);
-  SG_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout <= 0.99, "--dropout must be in [0, 0.99], got ",
-           o.dropout);
-  SG_CHECK(std::isfinite(o.comm_timeout_s) && o.comm_timeout_s > 0 && o.comm_timeout_s <= kMaxTimeoutSeconds,
-           "--comm-timeout must be a number of seconds in (0, ", kMaxTimeoutSeconds, "], got ", o.comm_timeout_s);
-  SG_CHECK(o.warmup_steps >= 0 && o.warmup_steps <= kMaxSteps && o.decay_steps >= 0 && o.decay_steps <= kMaxSteps &&
-               o.steps <= kMaxSteps,
-           "--steps, --warmup-steps and --decay-steps must be in [0, 2^40]");
-  SG_CHECK(o.lr_schedule == "constant" || o.lr_schedule == "cosine" || o.lr_schedule == "linear",
-           "--lr-schedule: unknown learning-rate schedule '", o.lr_schedule, "'; use constant, cosine or linear");
-  const kernels::LrScheduleKind schedule = kernels::parse_lr_schedule_kind(o.lr_schedule);
+  const kernels::LrScheduleKind schedule = o.lr_schedule;
   SG_CHECK(o.min_lr <= o.lr, "--min-lr (", o.min_lr, ") must not exceed --lr (", o.lr, ")");
   const std::int64_t decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps;
   SG_CHECK(schedule == kernels::LrScheduleKind::kConstant || o.warmup_steps < decay_end, "--warmup-steps (",
            o.warmup_steps, ") must be fewer than the steps the decay ends at (", decay_end, ", --decay-steps or --steps) "
-           "for the ", o.lr_schedule, " decay to have steps left");
+           "for the ", kernels::lr_schedule_kind_name(schedule), " decay to have steps left");
   SG_CHECK(schedule != kernels::LrScheduleKind::kConstant || o.decay_steps == 0,
            "--decay-steps is where the cosine and linear decays end; with --lr-schedule constant leave it out");
   SG_CHECK(schedule != kernels::LrScheduleKind::kConstant || o.min_lr == 0,
@@ -338,30 +361,29 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
     SG_CHECK(o.hidden % o.context == 0, "--hidden (", o.hidden, ") must be a multiple of --context (", o.context,
              "): each of the context tokens gets hidden / context embedding columns");
   }
-  if (o.fp8 != "none") {
+  if (o.fp8) {
     // The FP8 GEMMs' operand tiles: features and tokens in whole tiles (Note [FP8 Linear] in layers/linear.h).
-    const std::int64_t tile = o.fp8 == "block" ? 128 : 16;
+    const std::string fp8 = fp8_flag(o.fp8);
+    const std::int64_t tile = o.fp8->scaling == Fp8Scaling::kBlock ? 128 : 16;
     const std::int64_t kv_features = o.heads > 0 ? (o.kv_heads > 0 ? o.kv_heads : o.heads) * (o.hidden / o.heads) : 0;
     SG_CHECK(o.hidden % tile == 0 && (o.hidden + 2 * kv_features) % tile == 0 && (o.ffn / o.tp) % tile == 0,
-             "--fp8 ", o.fp8, " needs --hidden, the attention's q/k/v width (--hidden + 2 x --kv-heads x head dim = ",
+             "--fp8 ", fp8, " needs --hidden, the attention's q/k/v width (--hidden + 2 x --kv-heads x head dim = ",
              o.hidden + 2 * kv_features, ") and --ffn / --tp (", o.ffn / o.tp, ") to be multiples of ", tile,
              ", got --hidden ", o.hidden, ", --ffn ", o.ffn);
-    SG_CHECK((o.batch * (o.heads > 0 ? o.context : 1)) % tile == 0, "--fp8 ", o.fp8, " needs each step's tokens (--batch",
+    SG_CHECK((o.batch * (o.heads > 0 ? o.context : 1)) % tile == 0, "--fp8 ", fp8, " needs each step's tokens (--batch",
              o.heads > 0 ? " x --seq-len" : "", " = ", o.batch * (o.heads > 0 ? o.context : 1), ") to be a multiple of ",
              tile);
   }
-  SG_CHECK(!o.fp8_weight_cache || o.fp8 == "current" || o.fp8 == "delayed",
-           "--fp8-weight-cache needs --fp8 current or delayed (tensor-wise scaling), got --fp8 ", o.fp8);
   SG_CHECK(o.experts == 0 || (o.topk >= 1 && o.topk <= o.experts), "--topk (", o.topk,
            ") must be between 1 and --experts (", o.experts, ")");
-  SG_CHECK(o.experts == 0 || o.dtype != "fp16", "--experts with --dtype fp16: the MoE blocks' grouped GEMM takes bf16 "
+  SG_CHECK(o.experts == 0 || o.dtype != DType::kFloat16, "--experts with --dtype fp16: the MoE blocks' grouped GEMM takes bf16 "
            "or fp32; pass --dtype bf16 or fp32, or leave --experts out");
   SG_CHECK(o.experts == 0 || o.layers >= 2, "--experts makes every second block an MoE block: it needs --layers 2 or "
            "more, got --layers ", o.layers);
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
   check_restart_options(o);
-  SG_CHECK(o.dropout == 0 || o.tp == 1, "--dropout with --tp ", o.tp, ": dropout is not tensor-parallel yet");
-  SG_CHECK(!(o.skip_nonfinite.value_or(false) && o.dp_mode == "zero1"),
+  const bool zero1 = o.dp_mode == DataParallelMode::kZero1;
+  SG_CHECK(!(o.skip_nonfinite.value_or(false) && zero1),
            "--skip-nonfinite with --dp-mode zero1: the sharded update's collectives cannot run inside the "
            "conditional node that skips a step (NCCL #1986); use --dp-mode allreduce, or --no-skip-nonfinite");
   if (!o.buckets.empty()) {
@@ -374,26 +396,22 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   } else {
     SG_CHECK(o.min_seq_len == 0, "--min-seq-len goes with --buckets");
   }
-  SG_CHECK(o.loss_scale_interval >= 1 && o.loss_scale_interval <= (1 << 24), "--loss-scale-interval must be in [1, ",
-           "2^24], got ", o.loss_scale_interval);
-  SG_CHECK(o.dtype != "fp16" || o.skip_nonfinite.value_or(o.dp_mode != "zero1"),
+  SG_CHECK(o.dtype != DType::kFloat16 || o.skip_nonfinite.value_or(!zero1),
            "--dtype fp16 scales the loss and skips the steps whose scaled gradients overflow: it needs the skip "
            "(leave out --no-skip-nonfinite, and use --dp-mode allreduce)");
-  if (!o.skip_nonfinite) o.skip_nonfinite = o.dp_mode != "zero1";
-  SG_CHECK(!o.profile || o.mode == "graph", "--profile profiles the captured step: use it with --mode graph");
+  if (!o.skip_nonfinite) o.skip_nonfinite = !zero1;
+  SG_CHECK(!o.profile || o.mode == StepMode::kGraph, "--profile profiles the captured step: use it with --mode graph");
   SG_CHECK(!o.profile || o.buckets.empty(), "--profile profiles the one captured step; --buckets captures one per "
            "bucket, which it does not profile yet: leave one of them out");
   SG_CHECK(o.ffn % o.tp == 0, "--ffn (", o.ffn, ") must divide by --tp (", o.tp, "): each rank holds ffn / tp of every block");
-  MLPOverlap::parse(o.overlap);  // an Error naming the mode that does not fit
 
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
   return o;
 }
 
 std::optional<kernels::LrSchedule> lr_schedule_of(const TrainerOptions& o) {
-  const kernels::LrScheduleKind kind = kernels::parse_lr_schedule_kind(o.lr_schedule);
-  if (kind == kernels::LrScheduleKind::kConstant && o.warmup_steps == 0) return std::nullopt;
-  return kernels::LrSchedule{.kind = kind,
+  if (o.lr_schedule == kernels::LrScheduleKind::kConstant && o.warmup_steps == 0) return std::nullopt;
+  return kernels::LrSchedule{.kind = o.lr_schedule,
                              .base = static_cast<float>(o.lr),
                              .min_lr = static_cast<float>(o.min_lr),
                              .warmup = o.warmup_steps,

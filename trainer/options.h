@@ -27,20 +27,31 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
+#include "engine/algorithm_choice.h"
 #include "engine/device.h"
-#include "engine/tensor.h"
-
+#include "engine/dtype.h"
+#include "engine/fp8_recipe.h"
 #include "kernels/lr_schedule.h"
+#include "layers/comm_gemm_overlap.h"
+#include "layers/train_step.h"
 
 namespace stepgraph::trainer {
 
+// How each step runs: ops launched one by one, or captured once and replayed.
+enum class StepMode : std::uint8_t { kEager, kGraph };
+std::string_view step_mode_name(StepMode mode);  // "eager" | "graph"
+
+// The values of the flags: every choice already an enum or a value
+// (parse_command_line converts the text once); resolve_defaults fills what
+// the device decides.
 struct TrainerOptions {
-  std::string device = "auto";  // auto | cuda | host
-  std::string mode = "graph";   // eager | graph
-  std::string dtype;            // bf16 | fp32; empty: the device's default
-  std::string fp8 = "none";     // none | current | delayed | block: FP8 GEMMs in the blocks (Fp8Recipe)
-  bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
+  std::optional<Device> device;          // empty: auto (cuda where there is a GPU)
+  StepMode mode = StepMode::kGraph;
+  std::optional<DType> dtype;            // bf16 | fp16 | fp32; empty: the device's default
+  // FP8 GEMMs in the blocks; empty: none. --fp8-weight-cache is its cache_weights.
+  std::optional<Fp8Recipe> fp8;
   // Skip a step whose loss or gradients are not finite, on the device (Note
   // [Non-finite steps] in layers/adamw.h). Unset: on, but off with ZeRO-1
   // (whose sharded update cannot run inside the conditional node).
@@ -72,7 +83,7 @@ struct TrainerOptions {
   // The rate of each step (kernels/lr_schedule.h): constant, cosine or
   // linear decay to --min-lr over --steps, after --warmup-steps of linear
   // warmup; computed on the device from the step counter.
-  std::string lr_schedule = "constant";
+  kernels::LrScheduleKind lr_schedule = kernels::LrScheduleKind::kConstant;
   std::int64_t warmup_steps = 0;
   double min_lr = 0;
   std::int64_t decay_steps = 0;  // where the decay ends; 0: --steps
@@ -91,14 +102,14 @@ struct TrainerOptions {
   std::int64_t max_restarts = 0;      // --nproc-per-node starts every rank again this often (Note [Elastic restarts])
   std::int64_t dp = 0;                // data-parallel ranks; 0: the world size / tp
   std::int64_t tp = 1;                // tensor-parallel ranks (consecutive ranks form a group)
-  std::string overlap = "bulk";       // tensor-parallel GEMM/collective overlap (layers/comm_gemm_overlap.h)
-  std::string dp_mode = "allreduce";  // allreduce | zero1 (layers/train_step.h DataParallelMode)
+  MLPOverlap overlap;                 // tensor-parallel GEMM/collective overlap (layers/comm_gemm_overlap.h)
+  DataParallelMode dp_mode = DataParallelMode::kAllReduce;
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank
   bool profile = false;               // graph mode: profile one more step after the run (graphs/step_profile.h)
   // How cuBLASLt's GEMM algorithms are picked (Note [Deterministic algorithm
   // choice] in engine/algorithm_choice.h): heuristic (the same bits on every
   // run) or timed (the fastest in this process; recorded in checkpoints).
-  std::string gemm_algorithms = "heuristic";
+  AlgorithmChoice gemm_algorithms = AlgorithmChoice::kHeuristic;
 };
 
 // The schedule of the options (the base rate --lr, decaying over --steps);

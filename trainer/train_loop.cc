@@ -56,26 +56,46 @@ std::int64_t model_vocab(std::int64_t vocab, std::int64_t tp, DType dtype) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
+// `o` resolved (resolve_defaults): its dtype is set.
 LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
-  LanguageModelConfig config;
-  config.model.overlap = MLPOverlap::parse(o.overlap);
-  config.model.hidden = o.hidden;
-  config.model.ffn = o.ffn;
-  config.model.layers = o.layers;
-  config.model.dtype = o.dtype == "fp32" ? DType::kFloat32 : (o.dtype == "fp16" ? DType::kFloat16 : DType::kBFloat16);
-  config.model.vocab = model_vocab(vocab, o.tp, config.model.dtype);
-  config.model.seed = static_cast<std::uint32_t>(o.seed);
-  config.model.experts = o.experts;
-  config.model.topk = o.topk;
-  config.model.heads = o.heads;
-  config.model.kv_heads = o.kv_heads;
-  config.model.dropout = static_cast<float>(o.dropout);
-  if (o.fp8 != "none") {
-    config.model.fp8 = Fp8Recipe::of(parse_fp8_scaling(o.fp8));
-    config.model.fp8->cache_weights = o.fp8_weight_cache;
+  const DType dtype = o.dtype.value();
+  return LanguageModelConfig{.model = {.hidden = o.hidden,
+                                       .ffn = o.ffn,
+                                       .layers = o.layers,
+                                       .vocab = model_vocab(vocab, o.tp, dtype),
+                                       .dtype = dtype,
+                                       .seed = static_cast<std::uint32_t>(o.seed),
+                                       .experts = o.experts,
+                                       .topk = o.topk,
+                                       .heads = o.heads,
+                                       .kv_heads = o.kv_heads,
+                                       .overlap = o.overlap,
+                                       .fp8 = o.fp8,
+                                       .dropout = static_cast<float>(o.dropout)},
+                             .context = o.context};
+}
+
+// The spelling a checkpoint records for --overlap: the preset's name, or the
+// four modes. Checkpoints compare these texts, so a saved spelling is read
+// back through the same function (canonical_overlap).
+std::string overlap_text(const MLPOverlap& overlap) {
+  if (overlap == MLPOverlap::uniform(CommOverlap::kNone)) return "none";
+  if (overlap == MLPOverlap::uniform(CommOverlap::kBulk)) return "bulk";
+  if (overlap == MLPOverlap::overlapped()) return "overlap";
+  return fmt::format("{},{},{},{}", comm_overlap_name(overlap.fc1_fprop), comm_overlap_name(overlap.fc2_fprop),
+                     comm_overlap_name(overlap.fc2_dgrad), comm_overlap_name(overlap.fc1_dgrad));
+}
+
+// A checkpoint's recorded --overlap in overlap_text's spelling, so one written
+// as "bulk,bulk,bulk,bulk" still resumes a run of --overlap bulk.
+void canonical_overlap(Checkpoint& saved) {
+  const auto recorded = saved.metadata.find("config.overlap");
+  if (recorded == saved.metadata.end()) return;
+  try {
+    recorded->second = overlap_text(MLPOverlap::parse(recorded->second));
+  } catch (const Error&) {
+    // Not a mode: load_state reports it as a mismatch, with the recorded text.
   }
-  config.context = o.context;
-  return config;
 }
 
 // What must match for a resumed run to continue the saved one exactly (and
@@ -83,8 +103,8 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
 RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
   RunConfig config{{"config.dp", std::to_string(dp)},
           {"config.tp", std::to_string(o.tp)},
-          {"config.overlap", o.overlap},
-          {"config.dp-mode", o.dp_mode},
+          {"config.overlap", overlap_text(o.overlap)},
+          {"config.dp-mode", std::string(data_parallel_mode_name(o.dp_mode))},
           {"config.layers", std::to_string(o.layers)},
           {"config.hidden", std::to_string(o.hidden)},
           {"config.ffn", std::to_string(o.ffn)},
@@ -94,8 +114,8 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
           {"config.context", std::to_string(o.context)},
           {"config.heads", std::to_string(o.heads)},
           {"config.kv-heads", std::to_string(o.kv_heads)},
-          {"config.dtype", o.dtype},
-          {"config.fp8", o.fp8},
+          {"config.dtype", std::string(dtype_name(o.dtype.value()))},
+          {"config.fp8", o.fp8 ? std::string(fp8_scaling_name(o.fp8->scaling)) : std::string("none")},
           {"config.lr", fmt::format("{}", o.lr)},
           {"config.seed", std::to_string(o.seed)},
           {"config.data", data.describe()}};
@@ -105,9 +125,11 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
     config["config.lr-schedule"] = schedule->to_string();
   }
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
-  if (o.dtype == "fp16") config["config.loss-scale-interval"] = std::to_string(o.loss_scale_interval);
+  if (o.dtype == DType::kFloat16) config["config.loss-scale-interval"] = std::to_string(o.loss_scale_interval);
   // A timed run's picks are in its checkpoints, which a heuristic run must not take.
-  if (o.gemm_algorithms != "heuristic") config["config.gemm-algorithms"] = o.gemm_algorithms;
+  if (o.gemm_algorithms != AlgorithmChoice::kHeuristic) {
+    config["config.gemm-algorithms"] = algorithm_choice_name(o.gemm_algorithms);
+  }
   if (!o.buckets.empty()) {  // the sequence lengths and buckets a resume must draw again
     config["config.buckets"] = o.buckets;
     config["config.min-seq-len"] = std::to_string(o.min_seq_len);
@@ -253,20 +275,18 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   // (stream 2), beside the weight-gradient stream (1).
   Context ctx(device, ranks > 1 ? 2 : 1);
   if (ranks > 1) ctx.set_communication_stream(2);
-  const std::optional<AlgorithmChoice> gemm_choice = parse_algorithm_choice(o.gemm_algorithms);
-  SG_CHECK(gemm_choice.has_value(), "--gemm-algorithms ", o.gemm_algorithms, ": use heuristic or timed");
-  ctx.set_algorithm_choice(*gemm_choice);
+  ctx.set_algorithm_choice(o.gemm_algorithms);
   // What cuBLASLt's picks depend on; empty on the host, whose GEMMs are ours.
   const std::string gemm_library = device == Device::kCuda ? kernels::gemm_library_identity() : std::string();
   const LanguageModelConfig config = model_config(o, data->vocab());
   LanguageModel model(ctx, config, tp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
-  optimizer.set_skip_nonfinite(ctx, o.skip_nonfinite.value_or(o.dp_mode != "zero1"));
+  const bool zero1 = o.dp_mode == DataParallelMode::kZero1;
+  optimizer.set_skip_nonfinite(ctx, o.skip_nonfinite.value_or(!zero1));
   // fp16: dynamic loss scaling on the device (Note [Loss scaling] in kernels/step_guard.h).
   const kernels::LossScaling loss_scaling{.growth_interval = static_cast<int>(o.loss_scale_interval)};
   if (config.model.dtype == DType::kFloat16) optimizer.set_loss_scaling(ctx, loss_scaling);
-  TrainStep step(ctx, model, optimizer, local_batch, dp_comm,
-                 o.dp_mode == "zero1" ? DataParallelMode::kZero1 : DataParallelMode::kAllReduce);
+  TrainStep step(ctx, model, optimizer, local_batch, dp_comm, o.dp_mode);
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
                                                       config.model.moe_every, o.experts, o.topk)
                                         : std::string();
@@ -275,17 +295,18 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         "model: GPT, {} TransformerLayers{}, hidden {}, {} heads ({} kv), ffn {}, vocab {}, rotary positions, causal "
         "attention over sequences of {} tokens, {}, batch {} sequences ({} tokens), lr {}; device {}, mode {}\n",
         o.layers, moe, o.hidden, o.heads, o.kv_heads != 0 ? o.kv_heads : o.heads, o.ffn, config.model.vocab,
-        o.seq_len, o.dtype, o.batch, tokens_per_step, o.lr, device_name(device), o.mode);
+        o.seq_len, dtype_name(config.model.dtype), o.batch, tokens_per_step, o.lr, device_name(device),
+        step_mode_name(o.mode));
   } else {
     out << fmt::format(
         "model: window, {} MLP blocks{}, hidden {}, ffn {}, vocab {}, context {} (embedding width {}), {}, batch {}, "
         "lr {}; device {}, mode {}\n",
-        o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(), o.dtype, o.batch, o.lr,
-        device_name(device), o.mode);
+        o.layers, moe, o.hidden, o.ffn, config.model.vocab, o.context, config.embedding_dim(),
+        dtype_name(config.model.dtype), o.batch, o.lr, device_name(device), step_mode_name(o.mode));
   }
   if (device == Device::kCuda) {
-    out << fmt::format("gemm algorithms: {} ({}){}\n", o.gemm_algorithms, gemm_library,
-                       *gemm_choice == AlgorithmChoice::kTimed
+    out << fmt::format("gemm algorithms: {} ({}){}\n", algorithm_choice_name(o.gemm_algorithms), gemm_library,
+                       o.gemm_algorithms == AlgorithmChoice::kTimed
                            ? ": the fastest in this process, another run may pick others and get other bits; "
                              "checkpoints keep the picks"
                            : ": the same bits on every run with this binary and GPU model");
@@ -313,10 +334,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
               ? std::string("non-finite steps: skipped on the device (a step whose loss or gradients are NaN or "
                             "infinite changes nothing)\n")
               : fmt::format("non-finite steps: not checked ({})\n",
-                            o.dp_mode == "zero1" ? "--dp-mode zero1 does not support the skip" : "--no-skip-nonfinite"));
+                            zero1 ? "--dp-mode zero1 does not support the skip" : "--no-skip-nonfinite"));
   if (dp_comm != nullptr) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
-                       local_batch * o.tp, o.dp_mode == "zero1" ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
+                       local_batch * o.tp, zero1 ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
   }
   if (tp_comm != nullptr) {
     out << fmt::format("tensor parallel: {} ranks ({}), {} examples each outside the blocks, ffn {} and vocab {} "
@@ -339,15 +360,17 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     Checkpoint saved;
     if (per_rank_files) {
       CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
+      canonical_overlap(part.checkpoint);
       progress = load_state(ctx, model, optimizer, run, part.checkpoint);
       SG_CHECK_CODE(progress.step == part.step, ErrorCode::kIo, "checkpoint part ", part.file, " is at step ",
                     progress.step, " but its manifest ", checkpoint_path, " is at step ", part.step);
       saved = std::move(part.checkpoint);
     } else {
       saved = read_checkpoint(checkpoint_path);
+      canonical_overlap(saved);
       progress = load_state(ctx, model, optimizer, run, saved);
     }
-    resume_gemm_algorithms(saved, *gemm_choice, gemm_library, out);
+    resume_gemm_algorithms(saved, o.gemm_algorithms, gemm_library, out);
     SG_CHECK(progress.step < o.steps, "the checkpoint ", checkpoint_path, " is at step ", progress.step,
              ", not before --steps ", o.steps, ": nothing to resume");
     data->seek(progress.data_position);
@@ -357,7 +380,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   auto save = [&](std::int64_t steps_done, std::uint64_t data_position) {
     if (rank != 0 && !per_rank_files) return;
     Checkpoint state = save_state(ctx, model, optimizer, run, {steps_done, data_position});
-    record_gemm_algorithms(state, *gemm_choice, gemm_library);
+    record_gemm_algorithms(state, o.gemm_algorithms, gemm_library);
     if (!per_rank_files) {
       write_checkpoint(checkpoint_path, state);
       return;
@@ -375,7 +398,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (ranks > 1 && device == Device::kCuda) {
     watchdog = std::make_unique<Watchdog>(
         *world, std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000)),
-        o.dp_mode == "zero1" ? "the loss all-reduce, and per parameter group a gradient reduce-scatter and a weight "
+        zero1 ? "the loss all-reduce, and per parameter group a gradient reduce-scatter and a weight "
                                "all-gather"
                              : "the loss all-reduce and one gradient all-reduce per parameter group");
   }
@@ -395,7 +418,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     bucket_uses.assign(buckets.size(), 0);
     out << fmt::format("buckets: {} tokens; {} sequences a step of {} to {} tokens each\n",
                        fmt::join(buckets, ", "), local_batch, o.min_seq_len, o.seq_len);
-    if (o.mode == "graph") {
+    if (o.mode == StepMode::kGraph) {
       std::vector<CapturedStep::StepFunction> functions;
       for (const auto& bucket_step : bucket_steps) {
         functions.push_back([&ctx, bucket_step = bucket_step.get()] { return (*bucket_step)(ctx); });
@@ -408,7 +431,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     }
   }
   std::shared_ptr<CapturedStep> graph;
-  if (o.mode == "graph" && buckets.empty()) {
+  if (o.mode == StepMode::kGraph && buckets.empty()) {
     if (watchdog) watchdog->start("the capture of the step (the ranks compare their collectives)");
     const auto start = Clock::now();
     graph = CapturedStep::capture(ctx, [&] { return step(ctx); }, {.communicators = step.communicators()});
@@ -464,7 +487,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         ctx.copy_from_host(ran->inputs(), packed.tokens.data(), packed.tokens.size() * sizeof(std::int32_t));
         ctx.copy_from_host(ran->labels(), packed.labels.data(), packed.labels.size() * sizeof(std::int32_t));
         ctx.copy_from_host(ran->packing(), packed.cu_seqlens.data(), packed.cu_seqlens.size() * sizeof(std::int32_t));
-        if (o.mode == "graph") {
+        if (o.mode == StepMode::kGraph) {
           bucket_graphs.steps[b]->replay();
           loss_tensor = bucket_graphs.steps[b]->outputs()[0];
         } else {

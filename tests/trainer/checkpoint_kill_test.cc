@@ -43,12 +43,12 @@ TrainerOptions options(bool zero1, const std::string& checkpoint) {
   o.batch = 16;
   o.context = 2;
   o.log_every = 1000;
-  o.dtype = "fp32";
+  o.dtype = DType::kFloat32;
   o.seed = 3;
   o.checkpoint = checkpoint;
   o.save_every = checkpoint.empty() ? 0 : 1;
   if (zero1) {
-    o.dp_mode = "zero1";
+    o.dp_mode = DataParallelMode::kZero1;
     o.skip_nonfinite = false;
   }
   return resolve_defaults(o, Device::kHost);

@@ -34,7 +34,7 @@ TrainerOptions small_options() {
   o.batch = 4;
   o.seq_len = 8;
   o.log_every = 1;
-  o.dtype = "bf16";
+  o.dtype = DType::kBFloat16;
   o.seed = 11;
   return resolve_defaults(o, Device::kHost);
 }
@@ -81,7 +81,7 @@ void set_int64(Checkpoint& checkpoint, const std::string& name, std::int64_t val
 
 TEST(CheckpointResumeTest, ResumingWithoutTheScheduleTheCheckpointRecordedIsRefused) {
   TrainerOptions o = small_options();
-  o.lr_schedule = "cosine";
+  o.lr_schedule = kernels::LrScheduleKind::kCosine;
   o.warmup_steps = 2;
   o.min_lr = o.lr / 10;
   o.decay_steps = 10;
@@ -174,7 +174,7 @@ TEST(CheckpointResumeTest, AnotherDtypeOrModelNamesTheDifference) {
   const TrainerOptions o = small_options();
   const std::filesystem::path path = saved_run(o, "foreign.safetensors");
   TrainerOptions fp32 = o;
-  fp32.dtype = "fp32";
+  fp32.dtype = DType::kFloat32;
   expect_error([&] { resume(fp32, path); }, ErrorCode::kInvalidArgument,
                {"config.dtype: checkpoint bf16, this run fp32"});
   TrainerOptions wider = o;

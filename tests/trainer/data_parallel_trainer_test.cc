@@ -25,7 +25,7 @@ namespace stepgraph::trainer {
 namespace {
 
 // fp32 on the host: the reduction-order tolerance below is fp32's.
-TrainerOptions options(const std::string& mode) {
+TrainerOptions options(StepMode mode) {
   TrainerOptions o;
   o.steps = 12;
   o.layers = 2;
@@ -35,7 +35,7 @@ TrainerOptions options(const std::string& mode) {
   o.heads = 0;    // the window model: tensor parallelism has no attention yet
   o.context = 2;
   o.log_every = 4;
-  o.dtype = "fp32";
+  o.dtype = DType::kFloat32;
   o.seed = 5;
   o.mode = mode;
   return resolve_defaults(o, Device::kHost);
@@ -86,9 +86,9 @@ class DataParallelTrainerTest : public ::testing::TestWithParam<int> {};
 TEST_P(DataParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
   const int ranks = GetParam();
   std::ostringstream log;
-  const std::vector<float> single = train(options("graph"), Device::kHost, log).losses;
-  const std::vector<std::vector<float>> graph = train_ranks(options("graph"), ranks);
-  const std::vector<std::vector<float>> eager = train_ranks(options("eager"), ranks);
+  const std::vector<float> single = train(options(StepMode::kGraph), Device::kHost, log).losses;
+  const std::vector<std::vector<float>> graph = train_ranks(options(StepMode::kGraph), ranks);
+  const std::vector<std::vector<float>> eager = train_ranks(options(StepMode::kEager), ranks);
   const double worst = expect_ranks_match_one_process(graph, eager, single);
   EXPECT_LT(graph[0].back(), graph[0].front());
   std::printf("%d ranks: largest relative loss difference to one process over %zu steps: %.3g\n", ranks, single.size(),
@@ -99,11 +99,11 @@ TEST_P(DataParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
 // adds in the same rank order as its all-reduce: Note [Sharded AdamW]).
 TEST_P(DataParallelTrainerTest, Zero1EqualsAllReduceBitForBit) {
   const int ranks = GetParam();
-  TrainerOptions zero1 = options("graph");
-  zero1.dp_mode = "zero1";
+  TrainerOptions zero1 = options(StepMode::kGraph);
+  zero1.dp_mode = DataParallelMode::kZero1;
   zero1.skip_nonfinite = false;  // ZeRO-1 cannot skip on the device (its allreduce twin does)
   const std::vector<std::vector<float>> sharded = train_ranks(zero1, ranks);
-  const std::vector<std::vector<float>> all_reduce = train_ranks(options("graph"), ranks);
+  const std::vector<std::vector<float>> all_reduce = train_ranks(options(StepMode::kGraph), ranks);
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(bits(sharded[r]), bits(all_reduce[r])) << "rank " << r;
 }
 
@@ -132,7 +132,7 @@ TrainerOptions expect_resume_equals_uninterrupted(const TrainerOptions& o, const
 TEST(DataParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRunOnTwoRanks) {
   const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "dp_resume.safetensors";
   std::filesystem::remove(path);
-  const TrainerOptions rest = expect_resume_equals_uninterrupted(options("graph"), path.string());
+  const TrainerOptions rest = expect_resume_equals_uninterrupted(options(StepMode::kGraph), path.string());
   // The checkpoint of 2 ranks is refused at another world size, naming it.
   std::ostringstream log;
   EXPECT_ERROR_CONTAINS(train(rest, Device::kHost, log), "config.dp");
@@ -140,8 +140,8 @@ TEST(DataParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRunOnTwoRanks) {
 
 // ZeRO-1: each rank writes its own shard file, and a resume continues exactly.
 TEST(DataParallelTrainerResumeTest, Zero1ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
-  TrainerOptions o = options("graph");
-  o.dp_mode = "zero1";
+  TrainerOptions o = options(StepMode::kGraph);
+  o.dp_mode = DataParallelMode::kZero1;
   o.skip_nonfinite = false;
   const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "zero1_resume.safetensors";
   std::filesystem::remove(path);
@@ -166,7 +166,7 @@ TEST(DataParallelTrainerResumeTest, Zero1ResumeFromPerRankFilesEqualsAnUninterru
 TEST(DataParallelTrainerFlagsTest, RanksWithDifferentFlagsStopNamingTheFlag) {
   EXPECT_ERROR_CONTAINS(HostWorld::run(2,
                                        [](Communicator& comm) {
-                                         TrainerOptions o = options("graph");
+                                         TrainerOptions o = options(StepMode::kGraph);
                                          if (comm.rank() == 1) o.hidden = 64;
                                          std::ostringstream log;
                                          train(o, Device::kHost, log, &comm);
@@ -177,7 +177,7 @@ TEST(DataParallelTrainerFlagsTest, RanksWithDifferentFlagsStopNamingTheFlag) {
 TEST(DataParallelTrainerFlagsTest, BatchAndDpMustFitTheWorld) {
   EXPECT_ERROR_CONTAINS(HostWorld::run(4,
                                        [](Communicator& comm) {
-                                         TrainerOptions o = options("graph");
+                                         TrainerOptions o = options(StepMode::kGraph);
                                          o.batch = 30;
                                          std::ostringstream log;
                                          train(o, Device::kHost, log, &comm);
@@ -185,7 +185,7 @@ TEST(DataParallelTrainerFlagsTest, BatchAndDpMustFitTheWorld) {
                         "--batch 30 is the global batch and must split evenly over the 4");
   EXPECT_ERROR_CONTAINS(HostWorld::run(2,
                                        [](Communicator& comm) {
-                                         TrainerOptions o = options("graph");
+                                         TrainerOptions o = options(StepMode::kGraph);
                                          o.dp = 4;
                                          std::ostringstream log;
                                          train(o, Device::kHost, log, &comm);
@@ -209,12 +209,12 @@ class TensorParallelTrainerTest : public ::testing::TestWithParam<TensorParallel
 TEST_P(TensorParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
   const auto [ranks, overlap] = GetParam();
   std::ostringstream log;
-  const std::vector<float> single = train(options("graph"), Device::kHost, log).losses;
-  TrainerOptions o = options("graph");
+  const std::vector<float> single = train(options(StepMode::kGraph), Device::kHost, log).losses;
+  TrainerOptions o = options(StepMode::kGraph);
   o.tp = 2;
-  o.overlap = overlap;
+  o.overlap = MLPOverlap::parse(overlap);
   const std::vector<std::vector<float>> graph = train_ranks(o, ranks);
-  o.mode = "eager";
+  o.mode = StepMode::kEager;
   const std::vector<std::vector<float>> eager = train_ranks(o, ranks);
   const double worst = expect_ranks_match_one_process(graph, eager, single);
   std::printf("tp 2 x dp %d (%s): largest relative loss difference to one process over %zu steps: %.3g\n",
@@ -231,9 +231,9 @@ INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelTrainerTest,
 // Each tensor-parallel rank holds its own shards: it writes its own file, and
 // a resume continues exactly.
 TEST(TensorParallelTrainerResumeTest, ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
-  TrainerOptions o = options("graph");
+  TrainerOptions o = options(StepMode::kGraph);
   o.tp = 2;
-  o.overlap = "overlap";
+  o.overlap = MLPOverlap::overlapped();
   const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "tp_resume.safetensors";
   std::filesystem::remove(path);
   expect_resume_equals_uninterrupted(o, path.string());
@@ -243,18 +243,46 @@ TEST(TensorParallelTrainerResumeTest, ResumeFromPerRankFilesEqualsAnUninterrupte
 TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {
   EXPECT_ERROR_CONTAINS(HostWorld::run(2,
                                        [](Communicator& comm) {
-                                         TrainerOptions o = options("graph");
+                                         TrainerOptions o = options(StepMode::kGraph);
                                          o.tp = 4;
                                          std::ostringstream log;
                                          train(o, Device::kHost, log, &comm);
                                        }),
                         "--tp 4 must divide the world of 2 ranks");
-  TrainerOptions o = options("graph");
+  TrainerOptions o = options(StepMode::kGraph);
   o.tp = 3;
   EXPECT_ERROR_CONTAINS(resolve_defaults(o, Device::kHost), "--ffn (64) must divide by --tp (3)");
-  o.tp = 2;
-  o.overlap = "pipelined,none,none,none";
-  EXPECT_ERROR_CONTAINS(resolve_defaults(o, Device::kHost), "fc1_fprop (all-gather then GEMM)");
+  // A mode that does not fit its collective is refused where --overlap is read, naming the flag.
+  const ParsedCommandLine parsed =
+      parse_command_line(std::vector<std::string>{"--tp", "2", "--overlap", "pipelined,none,none,none"});
+  EXPECT_FALSE(parsed.options.has_value());
+  EXPECT_EQ(parsed.exit_code, 2);
+  EXPECT_NE(parsed.message.find("--overlap: "), std::string::npos) << parsed.message;
+  EXPECT_NE(parsed.message.find("fc1_fprop (all-gather then GEMM)"), std::string::npos) << parsed.message;
+}
+
+// What a tensor-parallel stack cannot run yet is refused once, by the stack
+// that owns the limit (ResidualStack), on every rank before any step.
+TEST(TensorParallelTrainerFlagsTest, AttentionAndDropoutAreRefusedByTheStack) {
+  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
+                                       [](Communicator& comm) {
+                                         TrainerOptions o = options(StepMode::kGraph);
+                                         o.tp = 2;
+                                         o.heads = 2;
+                                         o.seq_len = o.context;
+                                         std::ostringstream log;
+                                         train(o, Device::kHost, log, &comm);
+                                       }),
+                        "attention (heads = 2) is not supported with tensor parallelism yet");
+  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
+                                       [](Communicator& comm) {
+                                         TrainerOptions o = options(StepMode::kGraph);
+                                         o.tp = 2;
+                                         o.dropout = 0.1;
+                                         std::ostringstream log;
+                                         train(o, Device::kHost, log, &comm);
+                                       }),
+                        "dropout (0.1) is not supported with tensor parallelism yet");
 }
 
 }  // namespace

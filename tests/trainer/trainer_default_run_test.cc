@@ -14,7 +14,7 @@ namespace {
 
 TEST(TrainerDefaultRunTest, HostDefaultsReachTheEntropyRate) {
   TrainerOptions defaults;
-  defaults.device = "host";
+  defaults.device = Device::kHost;
   const TrainerOptions o = resolve_defaults(defaults, Device::kHost);
   std::ostringstream log;
   const TrainResult result = train(o, Device::kHost, log);

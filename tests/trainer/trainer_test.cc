@@ -41,7 +41,7 @@ TrainerOptions small_options(Device device, bool window = false) {
     o.seq_len = 8;
   }
   o.log_every = 5;
-  o.dtype = "bf16";
+  o.dtype = DType::kBFloat16;
   o.seed = 11;
   return resolve_defaults(o, device);
 }
@@ -64,9 +64,9 @@ std::filesystem::path temp_path(const std::string& name) { return std::filesyste
 
 // `o` trained eagerly, then graphed: the same losses bit for bit. Both runs log to `log`.
 TrainResult expect_graph_losses_equal_eager(TrainerOptions o, Device device, std::ostream& log) {
-  o.mode = "eager";
+  o.mode = StepMode::kEager;
   const TrainResult eager = train(o, device, log);
-  o.mode = "graph";
+  o.mode = StepMode::kGraph;
   TrainResult graph = train(o, device, log);
   expect_same_losses(graph.losses, eager.losses, 1);
   return graph;
@@ -117,7 +117,7 @@ TEST(TrainerCudaTest, Fp8RecipesReachTheEntropyRate) {
   SG_SKIP_WITHOUT_GPU();
   for (const char* recipe : {"current", "delayed", "block"}) {
     TrainerOptions o;
-    o.fp8 = recipe;
+    o.fp8 = Fp8Recipe::of(parse_fp8_scaling(recipe));
     o = resolve_defaults(o, Device::kCuda);
     std::ostringstream log;
     const TrainResult result = train(o, Device::kCuda, log);
@@ -143,7 +143,7 @@ TEST(TrainerHostTest, LogHasStepLinesAndASummary) {
   EXPECT_NE(text.find("pool report: "), std::string::npos) << text;
   EXPECT_NE(text.find("non-finite steps: skipped on the device"), std::string::npos) << text;
   EXPECT_NE(text.find("non-finite steps skipped: 0 "), std::string::npos) << text;
-  o.mode = "eager";
+  o.mode = StepMode::kEager;
   std::ostringstream eager_log;
   train(o, Device::kHost, eager_log);
   EXPECT_NE(eager_log.str().find("eager peak memory: "), std::string::npos) << eager_log.str();
@@ -154,16 +154,16 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
                                         double dropout = 0, std::int64_t loss_scale_interval = 2000,
                                         const std::string& buckets = "") {
   TrainerOptions o = small_options(Device::kHost);
-  o.dtype = dtype;
+  o.dtype = parse_dtype(dtype);
   o.loss_scale_interval = loss_scale_interval;
   if (!buckets.empty()) {
     o.buckets = buckets;
     o.min_seq_len = 3;
   }
-  o.mode = mode;
+  o.mode = mode == "eager" ? StepMode::kEager : StepMode::kGraph;
   o.dropout = dropout;
   if (lr_schedule != "constant") {  // decaying over the uninterrupted run's 24 steps, whatever --steps says
-    o.lr_schedule = lr_schedule;
+    o.lr_schedule = kernels::parse_lr_schedule_kind(lr_schedule);
     o.warmup_steps = 4;
     o.min_lr = o.lr / 10;
     o.decay_steps = 24;
@@ -173,7 +173,7 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
     o.ffn = 128;
     o.batch = 2;
     o.seq_len = 16;
-    o.fp8 = fp8;
+    o.fp8 = Fp8Recipe::of(parse_fp8_scaling(fp8));
   }
   o.steps = 24;
   std::ostringstream log;
@@ -210,7 +210,7 @@ TEST(TrainerHostTest, Fp8EagerAndGraphLossesAreEqual) {
       o.batch = 2;
       o.seq_len = 16;
       o.experts = experts;
-      o.fp8 = recipe;
+      o.fp8 = Fp8Recipe::of(parse_fp8_scaling(recipe));
       std::ostringstream log;
       expect_graph_losses_equal_eager(o, Device::kHost, log);
       EXPECT_NE(log.str().find("fp8: the attention projections"), std::string::npos) << log.str();
@@ -246,7 +246,7 @@ TEST(TrainerHostTest, ResumedFp16RunWithItsLossScaleEqualsAnUninterruptedOne) {
 
 TEST(TrainerHostTest, Fp16RunScalesItsLossEagerAndGraphAlike) {
   TrainerOptions o = small_options(Device::kHost);
-  o.dtype = "fp16";
+  o.dtype = DType::kFloat16;
   o.loss_scale_interval = 3;
   o.steps = 30;
   o.log_every = 1;
@@ -305,7 +305,7 @@ void expect_error(Call&& call, ErrorCode code, const std::string& needle) {
 
 TEST(TrainerHostTest, Fp16WithoutTheNonFiniteSkipIsAClearError) {
   TrainerOptions o;  // as parsed from --dtype fp16 --no-skip-nonfinite
-  o.dtype = "fp16";
+  o.dtype = DType::kFloat16;
   o.skip_nonfinite = false;
   expect_error([&] { resolve_defaults(o, Device::kHost); }, ErrorCode::kInvalidArgument, "needs the skip");
 }
@@ -334,7 +334,7 @@ TEST(TrainerHostTest, ResumingWithAnotherConfigurationOrNoFileIsAClearError) {
 
 TEST(TrainerHostTest, ScheduledEagerAndGraphLossesAreEqualAndTheLogShowsTheRate) {
   TrainerOptions o = small_options(Device::kHost);
-  o.lr_schedule = "linear";
+  o.lr_schedule = kernels::LrScheduleKind::kLinear;
   o.warmup_steps = 3;
   o.min_lr = 1e-4;
   std::ostringstream log;
@@ -351,7 +351,7 @@ TEST(TrainerHostTest, ScheduledEagerAndGraphLossesAreEqualAndTheLogShowsTheRate)
   train(o, Device::kHost, log);
   o.resume = true;
   o.steps = 10;
-  o.lr_schedule = "cosine";
+  o.lr_schedule = kernels::LrScheduleKind::kCosine;
   expect_error([&] { train(o, Device::kHost, log); }, ErrorCode::kInvalidArgument, "config.lr-schedule");
 }
 
@@ -411,16 +411,13 @@ TEST(TrainerOptionsTest, BadFlagsGiveClearErrors) {
                "--kv-heads (3) must divide --heads (4)");
   expect_error([&] { resolved({"--heads", "4", "--context", "4"}); }, ErrorCode::kInvalidArgument,
                "the sequence model's context is --seq-len");
-  expect_error([&] { resolved({"--heads", "4", "--tp", "2"}); }, ErrorCode::kInvalidArgument,
-               "attention is not tensor-parallel yet");
   expect_error([&] { resolved({"--seq-len", "16"}); }, ErrorCode::kInvalidArgument,
                "--seq-len and --kv-heads are the sequence model's");
   expect_error([&] { resolved({"--resume"}); }, ErrorCode::kInvalidArgument, "--resume needs --checkpoint");
   expect_error([&] { resolved({"--save-every", "5"}); }, ErrorCode::kInvalidArgument, "--save-every needs");
   expect_error([&] { resolved({"--experts", "2", "--topk", "3"}); }, ErrorCode::kInvalidArgument, "--topk");
   expect_error([&] { resolved({"--data", "x.txt", "--vocab", "8"}); }, ErrorCode::kInvalidArgument, "--vocab");
-  expect_error([&] { resolved({"--lr-schedule", "step"}); }, ErrorCode::kInvalidArgument,
-               "unknown learning-rate schedule 'step'");
+  expect_parse_error({"--lr-schedule", "step"}, "--lr-schedule: step not in {constant,cosine,linear}");
   expect_error([&] { resolved({"--lr-schedule", "cosine", "--steps", "10", "--warmup-steps", "10"}); },
                ErrorCode::kInvalidArgument, "--warmup-steps (10) must be fewer");
   expect_error([&] { resolved({"--lr", "1e-3", "--min-lr", "1e-2", "--lr-schedule", "cosine"}); },
@@ -476,8 +473,8 @@ TEST(TrainerOptionsTest, EveryFlagOfTheIssueParses) {
                                           "4"});
   ASSERT_TRUE(parsed.options.has_value()) << parsed.message;
   const TrainerOptions o = resolve_defaults(*parsed.options, Device::kHost);
-  EXPECT_EQ(o.device, "host");
-  EXPECT_EQ(o.mode, "eager");
+  EXPECT_EQ(o.device, Device::kHost);
+  EXPECT_EQ(o.mode, StepMode::kEager);
   EXPECT_EQ(o.steps, 7);
   EXPECT_EQ(o.layers, 3);
   EXPECT_EQ(o.hidden, 48);
@@ -559,6 +556,9 @@ TEST(TrainerOptionsTest, OptionsThatWouldBeIgnoredAreRefused) {
       {{"--loss-scale-interval", "5"}, "--loss-scale-interval sets fp16's loss scaling: it needs --dtype fp16"},
       {{"--overlap", "none"}, "--overlap sets how tensor-parallel GEMMs meet their collectives"},
       {{"--min-seq-len", "4"}, "--min-seq-len goes with --buckets"},
+      {{"--fp8-weight-cache"}, "--fp8-weight-cache keeps FP8 copies of the weights: it needs --fp8 current or delayed"},
+      {{"--fp8", "block", "--fp8-weight-cache"},
+       "--fp8 block with --fp8-weight-cache: FP8 recipe: cache_weights is built for tensor-wise scaling"},
   };
   for (const auto& [args, needle] : cases) {
     const ParsedCommandLine parsed = parse(args);
@@ -569,6 +569,11 @@ TEST(TrainerOptionsTest, OptionsThatWouldBeIgnoredAreRefused) {
   EXPECT_TRUE(parse({"--experts", "4", "--topk", "3"}).options.has_value());
   EXPECT_TRUE(parse({"--dtype", "fp16", "--loss-scale-interval", "5"}).options.has_value());
   EXPECT_TRUE(parse({"--tp", "2", "--overlap", "none"}).options.has_value());
+  const ParsedCommandLine cached = parse({"--fp8", "delayed", "--fp8-weight-cache"});
+  ASSERT_TRUE(cached.options.has_value()) << cached.message;
+  ASSERT_TRUE(cached.options->fp8.has_value());
+  EXPECT_EQ(cached.options->fp8->scaling, Fp8Scaling::kDelayed);
+  EXPECT_TRUE(cached.options->fp8->cache_weights);
   auto resolved = [](std::vector<std::string> args) {
     return resolve_defaults(*parse(std::move(args)).options, Device::kHost);
   };
@@ -590,9 +595,9 @@ TEST(TrainerOptionsTest, Fp8RunsBf16OnlyAndNamesItsShapeFlags) {
                "--fp8 current runs bf16 models only, got --dtype fp32");
   expect_error([&] { resolved({"--fp8", "delayed", "--dtype", "fp16"}); }, ErrorCode::kInvalidArgument,
                "--fp8 delayed runs bf16 models only, got --dtype fp16");
-  EXPECT_EQ(resolved({"--fp8", "current"}).dtype, "bf16");
-  EXPECT_EQ(resolved({"--fp8", "current", "--dtype", "bf16"}).dtype, "bf16");
-  EXPECT_EQ(resolved({}).dtype, "fp32");
+  EXPECT_EQ(resolved({"--fp8", "current"}).dtype, DType::kBFloat16);
+  EXPECT_EQ(resolved({"--fp8", "current", "--dtype", "bf16"}).dtype, DType::kBFloat16);
+  EXPECT_EQ(resolved({}).dtype, DType::kFloat32);
   // The Linear's own error named 'block0.attention.qkv.linear' and its token count.
   expect_error([&] { resolved({"--fp8", "current", "--heads", "4", "--hidden", "64", "--batch", "3", "--seq-len", "5"}); },
                ErrorCode::kInvalidArgument, "--fp8 current needs each step's tokens (--batch x --seq-len = 15)");

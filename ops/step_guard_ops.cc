@@ -4,6 +4,7 @@
 #include "kernels/adamw.h"
 #include "kernels/step_guard.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -11,11 +12,8 @@ namespace {
 const TensorMeta kFlag{Shape{1}, DType::kInt32};
 
 void check_flag(std::string_view op, const TensorMeta& flag) {
-  SG_CHECK(flag == kFlag, "op ", op, ": the flag (the first input) must be int32 [1], got ", flag.shape, " ",
-           dtype_name(flag.dtype));
+  SG_CHECK(flag == kFlag, "op ", op, ": the flag must be int32 [1], got ", flag.shape, " ", dtype_name(flag.dtype));
 }
-
-std::int32_t* flag_of(const KernelArgs& a) { return static_cast<std::int32_t*>(a.inputs[0]); }
 
 const TensorMeta kLossScaleState{Shape{kernels::kLossScaleStateSize}, DType::kFloat32};
 
@@ -24,12 +22,81 @@ void check_state(std::string_view op, const TensorMeta& state) {
            "], got ", state.shape, " ", dtype_name(state.dtype));
 }
 
+// flag_nonfinite_: flag = 1 where x is not finite.
+template <typename F>
+struct FlagOperands {
+  F flag;  // int32 [1], written
+  F x;     // fp32
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, FlagOperands<F>& o, V& v) {
+  v({.name = "flag", .use = Use::kWrite}, o.flag);
+  v({"x"}, o.x);
+}
+
+template <typename F>
+struct FlagGradsOperands {
+  F flag;                // int32 [1], written
+  F table;               // the AdamW launch table, int64 words
+  std::vector<F> grads;  // fp32, in the table's order
+};
+
+template <typename F, typename V>
+void visit_operands(const FlagGradsParams&, FlagGradsOperands<F>& o, V& v) {
+  v({.name = "flag", .use = Use::kWrite}, o.flag);
+  v({"table"}, o.table);
+  v.list("grads", o.grads, kRestOfInputs);
+  for (std::size_t i = 0; i < o.grads.size(); ++i)
+    v({.name = "grads", .index = static_cast<std::int64_t>(i)}, o.grads[i]);
+}
+
+template <typename F>
+struct CountFlagOperands {
+  F count;  // int64 [1], written
+  F flag;   // int32 [1], cleared
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, CountFlagOperands<F>& o, V& v) {
+  v({.name = "count", .use = Use::kWrite}, o.count);
+  v({.name = "flag", .use = Use::kWrite}, o.flag);
+}
+
+template <typename F>
+struct LossScaleUpdateOperands {
+  F state;  // fp32 [kLossScaleStateSize], written
+  F flag;   // int32 [1]
+};
+
+template <typename F, typename V>
+void visit_operands(const LossScaleParams&, LossScaleUpdateOperands<F>& o, V& v) {
+  v({.name = "state", .use = Use::kWrite}, o.state);
+  v({"flag"}, o.flag);
+}
+
+template <typename F>
+struct ScaleByLossScaleOperands {
+  F x;      // fp32, bf16 or fp16, written
+  F state;  // fp32 [kLossScaleStateSize]
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, ScaleByLossScaleOperands<F>& o, V& v) {
+  v({.name = "x", .use = Use::kWrite}, o.x);
+  v({"state"}, o.state);
+}
+
+constexpr std::string_view kFlagNonfinite = "flag_nonfinite_";
+constexpr std::string_view kFlagGrads = "adamw_flag_nonfinite_grads_";
+constexpr std::string_view kCountAndClear = "count_and_clear_flag_";
+constexpr std::string_view kLossScaleUpdate = "loss_scale_update_";
+constexpr std::string_view kScaleByLossScale = "scale_by_loss_scale_";
+
 // The gradients' pointers and sizes as AdamW tensors (only grad is read).
-std::vector<kernels::AdamWTensor> grads_of(const KernelArgs& a) {
+std::vector<kernels::AdamWTensor> grads_of(const FlagGradsOperands<Operand>& o) {
   std::vector<kernels::AdamWTensor> out;
-  for (std::size_t i = 2; i < a.inputs.size(); ++i) {
-    out.push_back({.grad = static_cast<const float*>(a.inputs[i]), .numel = a.input_metas[i].numel()});
-  }
+  for (const Operand& grad : o.grads) out.push_back({.grad = grad.as<const float>(), .numel = grad.numel()});
   return out;
 }
 
@@ -39,25 +106,25 @@ std::string FlagGradsParams::to_string() const { return std::to_string(total_num
 
 const OpDef& flag_nonfinite_op() {
   static const OpDef op{
-      .name = "flag_nonfinite_",
-      .check = [](const OpParams&, std::span<const TensorMeta> inputs) {
-        SG_CHECK(inputs.size() == 2, "op flag_nonfinite_ takes the flag and one tensor, got ", inputs.size(),
-                 " inputs");
-        check_flag("flag_nonfinite_", inputs[0]);
-        SG_CHECK(inputs[1].dtype == DType::kFloat32, "op flag_nonfinite_: checks fp32 values, got ",
-                 dtype_name(inputs[1].dtype));
-        return std::vector<TensorMeta>{};
-      },
-      .mutated_inputs = {0},
+      .name = kFlagNonfinite,
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> inputs) {
+            const auto o = bind_metas<FlagOperands>(kFlagNonfinite, NoParams{}, inputs);
+            check_flag(kFlagNonfinite, o.flag);
+            SG_CHECK(o.x.dtype == DType::kFloat32, "op flag_nonfinite_: checks fp32 values, got ",
+                     dtype_name(o.x.dtype));
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs_for = written_inputs_of<FlagOperands, NoParams>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_flag_nonfinite(static_cast<const float*>(a.inputs[1]), a.input_metas[1].numel(),
-                                           flag_of(a), stream);
+            const auto o = bind_args<FlagOperands>(NoParams{}, a);
+            kernels::launch_flag_nonfinite(o.x.as<const float>(), o.x.numel(), o.flag.as<std::int32_t>(), stream);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::flag_nonfinite(static_cast<const float*>(a.inputs[1]), a.input_metas[1].numel(),
-                                          flag_of(a));
+            const auto o = bind_args<FlagOperands>(NoParams{}, a);
+            kernels::host::flag_nonfinite(o.x.as<const float>(), o.x.numel(), o.flag.as<std::int32_t>());
           },
   };
   return op;
@@ -66,30 +133,35 @@ SG_REGISTER_OP(flag_nonfinite_op);
 
 const OpDef& adamw_flag_nonfinite_grads_op() {
   static const OpDef op{
-      .name = "adamw_flag_nonfinite_grads_",
-      .check = [](const OpParams& params, std::span<const TensorMeta> inputs) {
-        SG_CHECK(inputs.size() >= 2, "op adamw_flag_nonfinite_grads_ takes the flag, the table and the gradients");
-        check_flag("adamw_flag_nonfinite_grads_", inputs[0]);
-        SG_CHECK(inputs[1].dtype == DType::kInt64, "op adamw_flag_nonfinite_grads_: the table is int64 words");
-        std::int64_t total = 0;
-        for (std::size_t i = 2; i < inputs.size(); ++i) {
-          SG_CHECK(inputs[i].dtype == DType::kFloat32, "op adamw_flag_nonfinite_grads_: gradients are fp32, got ",
-                   dtype_name(inputs[i].dtype));
-          total += inputs[i].numel();
-        }
-        SG_CHECK(total == params.as<FlagGradsParams>().total_numel, "op adamw_flag_nonfinite_grads_: the gradients "
-                 "hold ", total, " elements, the params say ", params.as<FlagGradsParams>().total_numel);
-        return std::vector<TensorMeta>{};
-      },
-      .mutated_inputs = {0},
+      .name = kFlagGrads,
+      .check =
+          [](const OpParams& params, std::span<const TensorMeta> inputs) {
+            const auto& p = params.as<FlagGradsParams>();
+            const auto o = bind_metas<FlagGradsOperands>(kFlagGrads, p, inputs);
+            check_flag(kFlagGrads, o.flag);
+            SG_CHECK(o.table.dtype == DType::kInt64, "op adamw_flag_nonfinite_grads_: the table is int64 words");
+            std::int64_t total = 0;
+            for (const TensorMeta& grad : o.grads) {
+              SG_CHECK(grad.dtype == DType::kFloat32, "op adamw_flag_nonfinite_grads_: gradients are fp32, got ",
+                       dtype_name(grad.dtype));
+              total += grad.numel();
+            }
+            SG_CHECK(total == p.total_numel, "op adamw_flag_nonfinite_grads_: the gradients hold ", total,
+                     " elements, the params say ", p.total_numel);
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs_for = written_inputs_of<FlagGradsOperands, FlagGradsParams>,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_adamw_flag_nonfinite_grads(a.inputs[1], static_cast<std::int64_t>(a.inputs.size() - 2),
-                                                       params.as<FlagGradsParams>().total_numel, flag_of(a), stream);
+            const auto& p = params.as<FlagGradsParams>();
+            const auto o = bind_args<FlagGradsOperands>(p, a);
+            kernels::launch_adamw_flag_nonfinite_grads(o.table.data, static_cast<std::int64_t>(o.grads.size()),
+                                                       p.total_numel, o.flag.as<std::int32_t>(), stream);
           },
       .run_host =
-          [](const OpParams&, const KernelArgs& a) {
-            kernels::host::adamw_flag_nonfinite_grads(grads_of(a), flag_of(a));
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto o = bind_args<FlagGradsOperands>(params.as<FlagGradsParams>(), a);
+            kernels::host::adamw_flag_nonfinite_grads(grads_of(o), o.flag.as<std::int32_t>());
           },
   };
   return op;
@@ -98,23 +170,25 @@ SG_REGISTER_OP(adamw_flag_nonfinite_grads_op);
 
 const OpDef& count_and_clear_flag_op() {
   static const OpDef op{
-      .name = "count_and_clear_flag_",
-      .check = [](const OpParams&, std::span<const TensorMeta> inputs) {
-        SG_CHECK(inputs.size() == 2 && inputs[0] == (TensorMeta{Shape{1}, DType::kInt64}),
-                 "op count_and_clear_flag_ takes the count (int64 [1]) and the flag");
-        check_flag("count_and_clear_flag_", inputs[1]);
-        return std::vector<TensorMeta>{};
-      },
-      .mutated_inputs = {0, 1},
+      .name = kCountAndClear,
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> inputs) {
+            const auto o = bind_metas<CountFlagOperands>(kCountAndClear, NoParams{}, inputs);
+            SG_CHECK(o.count == (TensorMeta{Shape{1}, DType::kInt64}),
+                     "op count_and_clear_flag_ takes the count (int64 [1]) and the flag");
+            check_flag(kCountAndClear, o.flag);
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs_for = written_inputs_of<CountFlagOperands, NoParams>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_count_and_clear_flag(static_cast<std::int32_t*>(a.inputs[1]),
-                                          static_cast<std::int64_t*>(a.inputs[0]), stream);
+            const auto o = bind_args<CountFlagOperands>(NoParams{}, a);
+            kernels::launch_count_and_clear_flag(o.flag.as<std::int32_t>(), o.count.as<std::int64_t>(), stream);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::count_and_clear_flag(static_cast<std::int32_t*>(a.inputs[1]),
-                                         static_cast<std::int64_t*>(a.inputs[0]));
+            const auto o = bind_args<CountFlagOperands>(NoParams{}, a);
+            kernels::host::count_and_clear_flag(o.flag.as<std::int32_t>(), o.count.as<std::int64_t>());
           },
   };
   return op;
@@ -130,25 +204,28 @@ std::string LossScaleParams::to_string() const {
 
 const OpDef& loss_scale_update_op() {
   static const OpDef op{
-      .name = "loss_scale_update_",
-      .check = [](const OpParams& params, std::span<const TensorMeta> inputs) {
-        SG_CHECK(inputs.size() == 2, "op loss_scale_update_ takes the scale state and the flag, got ", inputs.size(),
-                 " inputs");
-        check_state("loss_scale_update_", inputs[0]);
-        check_flag("loss_scale_update_", inputs[1]);
-        kernels::check_loss_scaling(params.as<LossScaleParams>().scaling);
-        return std::vector<TensorMeta>{};
-      },
-      .mutated_inputs = {0},
+      .name = kLossScaleUpdate,
+      .check =
+          [](const OpParams& params, std::span<const TensorMeta> inputs) {
+            const auto& p = params.as<LossScaleParams>();
+            const auto o = bind_metas<LossScaleUpdateOperands>(kLossScaleUpdate, p, inputs);
+            check_state(kLossScaleUpdate, o.state);
+            check_flag(kLossScaleUpdate, o.flag);
+            kernels::check_loss_scaling(p.scaling);
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs_for = written_inputs_of<LossScaleUpdateOperands, LossScaleParams>,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_loss_scale_update(params.as<LossScaleParams>().scaling, static_cast<float*>(a.inputs[0]),
-                                              static_cast<const std::int32_t*>(a.inputs[1]), stream);
+            const auto& p = params.as<LossScaleParams>();
+            const auto o = bind_args<LossScaleUpdateOperands>(p, a);
+            kernels::launch_loss_scale_update(p.scaling, o.state.as<float>(), o.flag.as<const std::int32_t>(), stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
-            kernels::host::loss_scale_update(params.as<LossScaleParams>().scaling, static_cast<float*>(a.inputs[0]),
-                                             static_cast<const std::int32_t*>(a.inputs[1]));
+            const auto& p = params.as<LossScaleParams>();
+            const auto o = bind_args<LossScaleUpdateOperands>(p, a);
+            kernels::host::loss_scale_update(p.scaling, o.state.as<float>(), o.flag.as<const std::int32_t>());
           },
   };
   return op;
@@ -157,26 +234,26 @@ SG_REGISTER_OP(loss_scale_update_op);
 
 const OpDef& scale_by_loss_scale_op() {
   static const OpDef op{
-      .name = "scale_by_loss_scale_",
-      .check = [](const OpParams&, std::span<const TensorMeta> inputs) {
-        SG_CHECK(inputs.size() == 2, "op scale_by_loss_scale_ takes the values and the scale state, got ",
-                 inputs.size(), " inputs");
-        const DType dtype = inputs[0].dtype;
-        SG_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
-                 "op scale_by_loss_scale_: fp32, bf16 or fp16 values, got ", dtype_name(dtype));
-        check_state("scale_by_loss_scale_", inputs[1]);
-        return std::vector<TensorMeta>{};
-      },
-      .mutated_inputs = {0},
+      .name = kScaleByLossScale,
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> inputs) {
+            const auto o = bind_metas<ScaleByLossScaleOperands>(kScaleByLossScale, NoParams{}, inputs);
+            const DType dtype = o.x.dtype;
+            SG_CHECK(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+                     "op scale_by_loss_scale_: fp32, bf16 or fp16 values, got ", dtype_name(dtype));
+            check_state(kScaleByLossScale, o.state);
+            return std::vector<TensorMeta>{};
+          },
+      .mutated_inputs_for = written_inputs_of<ScaleByLossScaleOperands, NoParams>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_scale_by_loss_scale(a.input_metas[0].dtype, a.inputs[0], a.input_metas[0].numel(),
-                                                static_cast<const float*>(a.inputs[1]), stream);
+            const auto o = bind_args<ScaleByLossScaleOperands>(NoParams{}, a);
+            kernels::launch_scale_by_loss_scale(o.x.dtype(), o.x.data, o.x.numel(), o.state.as<const float>(), stream);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::scale_by_loss_scale(a.input_metas[0].dtype, a.inputs[0], a.input_metas[0].numel(),
-                                               static_cast<const float*>(a.inputs[1]));
+            const auto o = bind_args<ScaleByLossScaleOperands>(NoParams{}, a);
+            kernels::host::scale_by_loss_scale(o.x.dtype(), o.x.data, o.x.numel(), o.state.as<const float>());
           },
   };
   return op;
@@ -184,30 +261,32 @@ const OpDef& scale_by_loss_scale_op() {
 SG_REGISTER_OP(scale_by_loss_scale_op);
 
 void loss_scale_update_(Context& ctx, const kernels::LossScaling& scaling, const Tensor& state, const Tensor& flag) {
-  ctx.call(loss_scale_update_op(), LossScaleParams{scaling}, {state, flag});
+  const LossScaleParams params{scaling};
+  ctx.call(loss_scale_update_op(), params,
+           flatten(kLossScaleUpdate, params, LossScaleUpdateOperands<Tensor>{.state = state, .flag = flag}));
 }
 
 void scale_by_loss_scale_(Context& ctx, const Tensor& x, const Tensor& state) {
-  ctx.call(scale_by_loss_scale_op(), NoParams{}, {x, state});
+  ctx.call(scale_by_loss_scale_op(), NoParams{},
+           flatten(kScaleByLossScale, NoParams{}, ScaleByLossScaleOperands<Tensor>{.x = x, .state = state}));
 }
 
 void flag_nonfinite_(Context& ctx, const Tensor& flag, const Tensor& x) {
-  ctx.call(flag_nonfinite_op(), NoParams{}, {flag, x});
+  ctx.call(flag_nonfinite_op(), NoParams{},
+           flatten(kFlagNonfinite, NoParams{}, FlagOperands<Tensor>{.flag = flag, .x = x}));
 }
 
 void adamw_flag_nonfinite_grads_(Context& ctx, const Tensor& flag, const Tensor& table,
                                  const std::vector<Tensor>& grads) {
-  std::vector<Tensor> inputs{flag, table};
   FlagGradsParams params;
-  for (const Tensor& grad : grads) {
-    inputs.push_back(grad);
-    params.total_numel += grad.numel();
-  }
-  ctx.call(adamw_flag_nonfinite_grads_op(), params, std::move(inputs));
+  for (const Tensor& grad : grads) params.total_numel += grad.numel();
+  ctx.call(adamw_flag_nonfinite_grads_op(), params,
+           flatten(kFlagGrads, params, FlagGradsOperands<Tensor>{.flag = flag, .table = table, .grads = grads}));
 }
 
 void count_and_clear_flag_(Context& ctx, const Tensor& skipped, const Tensor& flag) {
-  ctx.call(count_and_clear_flag_op(), NoParams{}, {skipped, flag});
+  ctx.call(count_and_clear_flag_op(), NoParams{},
+           flatten(kCountAndClear, NoParams{}, CountFlagOperands<Tensor>{.count = skipped, .flag = flag}));
 }
 
 }  // namespace stepgraph::ops

@@ -22,7 +22,8 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config) {
 LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel)
     : config_(checked(config)),
       tp_(tensor_parallel),
-      embedding_(ctx, "embedding", EmbeddingConfig{config.model.vocab, config.embedding_dim(), config.model.dtype},
+      embedding_(ctx, "embedding",
+                 EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
                  config.model.seed + 104729),
       stack_(ctx, config.model, tensor_parallel) {}
 

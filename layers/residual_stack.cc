@@ -66,14 +66,25 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
           seed + 8);
     }
     if (is_moe_block(i)) {
-      MoEMLPConfig moe{config.hidden, config.ffn, config.experts, static_cast<int>(config.topk),
-                       config.norm, config.eps, config.dtype, config.fp8};
-      moe.recompute_activation = config.recompute_activation;
+      const MoEMLPConfig moe{.hidden = config.hidden,
+                             .ffn = config.ffn,
+                             .experts = config.experts,
+                             .topk = static_cast<int>(config.topk),
+                             .norm = config.norm,
+                             .eps = config.eps,
+                             .dtype = config.dtype,
+                             .fp8 = config.fp8,
+                             .recompute_activation = config.recompute_activation};
       block.moe = std::make_unique<MoEMLP>(ctx, name, moe, seed, tensor_parallel);
     } else {
-      LayerNormMLPConfig mlp{config.hidden, config.ffn, config.norm, config.eps, config.dtype, config.overlap,
-                             config.fp8};
-      mlp.recompute_activation = config.recompute_activation;
+      const LayerNormMLPConfig mlp{.hidden = config.hidden,
+                                   .ffn = config.ffn,
+                                   .norm = config.norm,
+                                   .eps = config.eps,
+                                   .dtype = config.dtype,
+                                   .overlap = config.overlap,
+                                   .fp8 = config.fp8,
+                                   .recompute_activation = config.recompute_activation};
       block.dense = std::make_unique<LayerNormMLP>(ctx, name, mlp, seed, tensor_parallel);
     }
     blocks_.push_back(std::move(block));
@@ -84,7 +95,9 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     for (GroupedLinear* experts : fp8_experts()) experts->share_non_finite_counter(fp8_non_finite_);
   }
   final_norm_ =
-      std::make_unique<Norm>(ctx, "final_norm", NormConfig{config.norm, config.hidden, config.eps, config.dtype});
+      std::make_unique<Norm>(ctx, "final_norm",
+                             NormConfig{.kind = config.norm, .hidden = config.hidden, .eps = config.eps,
+                                        .dtype = config.dtype});
   head_ = std::make_unique<VocabParallelHead>(
       ctx, "head", VocabParallelHeadConfig{.hidden = config.hidden, .vocab = config.vocab, .dtype = config.dtype},
       config.seed + 7919, tensor_parallel);

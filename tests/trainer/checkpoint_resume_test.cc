@@ -92,6 +92,22 @@ TEST(CheckpointResumeTest, ResumingWithoutTheScheduleTheCheckpointRecordedIsRefu
   resume(o, path);  // the same schedule resumes
 }
 
+// The options hold --overlap as its modes; a checkpoint records them as text.
+// Any spelling of the same modes resumes, another mode names the difference.
+TEST(CheckpointResumeTest, TheOverlapIsComparedAsModesNotSpelling) {
+  const TrainerOptions o = small_options();  // overlap bulk
+  const std::filesystem::path path = saved_run(o, "overlap.safetensors");
+  EXPECT_EQ(read_checkpoint(path).metadata.at("config.overlap"), "bulk");
+  const auto with_overlap = [&](const std::string& text) {
+    return edited(path, "overlap_edited.safetensors", [&](Checkpoint& c) { c.metadata["config.overlap"] = text; });
+  };
+  resume(o, with_overlap("bulk,bulk,bulk,bulk"));
+  expect_error([&] { resume(o, with_overlap("none")); }, ErrorCode::kInvalidArgument,
+               {"config.overlap: checkpoint none, this run bulk"});
+  expect_error([&] { resume(o, with_overlap("sideways")); }, ErrorCode::kInvalidArgument,
+               {"config.overlap: checkpoint sideways, this run bulk"});
+}
+
 TEST(CheckpointResumeTest, EditedCountsAreRefused) {
   const TrainerOptions o = small_options();
   const std::filesystem::path path = saved_run(o, "counts.safetensors");

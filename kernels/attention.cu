@@ -10,13 +10,9 @@
 #include "engine/error.h"
 #include "kernels/attention.h"
 #include "kernels/attention_paths.h"
+#include "kernels/vector_io.cuh"
 
 namespace stepgraph::kernels {
-namespace {
-
-bool aligned16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
-
-}  // namespace
 
 bool attention_uses_tensor_cores(const AttentionDesc& desc) {
   return (desc.dtype == DType::kBFloat16 || desc.dtype == DType::kFloat16) &&
@@ -38,14 +34,9 @@ void launch_attention_forward(const AttentionDesc& desc, const void* q, const vo
   check_attention_cuda(desc);
   SG_CHECK(q != nullptr && k != nullptr && v != nullptr && cu_seqlens != nullptr && out != nullptr && lse != nullptr,
            "attention forward: q, k, v, cu_seqlens, out and lse must be device pointers, got a null one");
-  attention_detail::AttentionPointers p;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.cu_seqlens = cu_seqlens;
-  p.out_mut = out;
-  p.lse_mut = lse;
-  if (attention_uses_tensor_cores(desc) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out)) {
+  const attention_detail::AttentionPointers p{
+      .q = q, .k = k, .v = v, .cu_seqlens = cu_seqlens, .out_mut = out, .lse_mut = lse};
+  if (attention_uses_tensor_cores(desc) && is_aligned16(q) && is_aligned16(k) && is_aligned16(v) && is_aligned16(out)) {
     attention_detail::forward_wgmma(desc, p, stream);
   } else {
     attention_detail::forward_simple(desc, p, stream);
@@ -89,25 +80,26 @@ void launch_attention_backward(const AttentionDesc& desc, const void* q, const v
   SG_CHECK(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 256 == 0,
            "attention backward: workspace must be a 256-byte aligned device buffer of "
            "attention_backward_workspace_bytes(desc) bytes");
-  attention_detail::AttentionPointers p;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.out = out;
-  p.lse = lse;
-  p.dout = dout;
-  p.cu_seqlens = cu_seqlens;
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
   const BackwardWorkspace layout(desc);
   auto* scratch = static_cast<unsigned char*>(workspace);
-  p.delta = reinterpret_cast<float*>(scratch);
-  p.dq_semaphores = reinterpret_cast<int*>(scratch + layout.delta);
-  p.dq_accum = reinterpret_cast<float*>(scratch + layout.delta + layout.semaphores);
+  const attention_detail::AttentionPointers p{
+      .q = q,
+      .k = k,
+      .v = v,
+      .out = out,
+      .lse = lse,
+      .dout = dout,
+      .cu_seqlens = cu_seqlens,
+      .dq = dq,
+      .dk = dk,
+      .dv = dv,
+      .delta = reinterpret_cast<float*>(scratch),
+      .dq_accum = reinterpret_cast<float*>(scratch + layout.delta + layout.semaphores),
+      .dq_semaphores = reinterpret_cast<int*>(scratch + layout.delta),
+  };
   attention_detail::backward_delta(desc, p, stream);
-  if (attention_uses_tensor_cores(desc) && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) &&
-      aligned16(dq) && aligned16(dk) && aligned16(dv)) {
+  if (attention_uses_tensor_cores(desc) && is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
+      is_aligned16(dout) && is_aligned16(dq) && is_aligned16(dk) && is_aligned16(dv)) {
     attention_detail::backward_wgmma(desc, p, stream);
   } else {
     attention_detail::backward_simple(desc, p, stream);

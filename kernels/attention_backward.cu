@@ -46,6 +46,7 @@
 #include "engine/error.h"
 #include "kernels/attention_paths.h"
 #include "kernels/tensor_map.h"
+#include "kernels/tile/attention_launch.cuh"
 #include "kernels/tile/attention_tile.cuh"
 #include "kernels/tile/wgmma_ops.cuh"
 #include "kernels/tile/wgmma_pipeline.cuh"
@@ -513,22 +514,16 @@ template <typename T, int D>
 void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const BackwardParams& params,
             CUstream_st* stream) {
   using C = BackwardConfig<D>;
-  const std::int64_t q_width = desc.heads * D;
-  const std::int64_t kv_width = desc.kv_heads * D;
-  const CUtensorMap map_q = swizzled_tensor_map<2>(desc.dtype, ptr.q, {q_width, desc.tokens}, {64, C::kBM});
-  const CUtensorMap map_do = swizzled_tensor_map<2>(desc.dtype, ptr.dout, {q_width, desc.tokens}, {64, C::kBM});
-  const CUtensorMap map_k = swizzled_tensor_map<2>(desc.dtype, ptr.k, {kv_width, desc.tokens}, {64, C::kBN});
-  const CUtensorMap map_v = swizzled_tensor_map<2>(desc.dtype, ptr.v, {kv_width, desc.tokens}, {64, C::kBN});
+  const tile::QkvMaps maps = tile::qkv_maps<C, D>(desc, ptr.q, ptr.k, ptr.v);
+  const CUtensorMap map_do = tile::token_major_map<D>(desc.dtype, ptr.dout, desc.heads, desc.tokens, C::kBM);
+  // fp32 sums: 32 columns make the 128-byte swizzle atom.
   const CUtensorMap map_dq =
-      swizzled_tensor_map<2>(DType::kFloat32, params.dq_accum, {q_width, desc.tokens}, {32, C::kBM});
+      swizzled_tensor_map<2>(DType::kFloat32, params.dq_accum, {desc.heads * D, desc.tokens}, {32, C::kBM});
   SG_CUDA_CHECK(cudaMemsetAsync(params.dq_semaphores, 0, sizeof(int) * desc.heads * desc.tokens, stream));
   SG_CUDA_CHECK(cudaMemsetAsync(params.dq_accum, 0, sizeof(float) * desc.heads * desc.tokens * D, stream));
-  auto* kernel = attention_backward_wgmma_kernel<T, D>;
-  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(tile::attention_tile_bound(desc.tokens, desc.sequences, C::kBN)),
-                  static_cast<unsigned>(desc.kv_heads));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, map_dq, params);
-  SG_CUDA_CHECK(cudaGetLastError());
+  // A block per tile of kBN keys and per KV head.
+  tile::launch_over_tiles<C>(attention_backward_wgmma_kernel<T, D>, desc, C::kBN, desc.kv_heads, stream, maps.q, maps.k,
+                             maps.v, map_do, map_dq, params);
   const std::int64_t count4 = desc.tokens * desc.heads * D / 4;
   const int blocks = static_cast<int>(std::min<std::int64_t>((count4 + 255) / 256, 4 * 1024));
   attention_dq_store_kernel<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<const float4*>(params.dq_accum),

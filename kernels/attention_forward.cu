@@ -34,6 +34,7 @@
 #include "engine/error.h"
 #include "kernels/attention_paths.h"
 #include "kernels/tensor_map.h"
+#include "kernels/tile/attention_launch.cuh"
 #include "kernels/tile/attention_tile.cuh"
 #include "kernels/tile/wgmma_ops.cuh"
 #include "kernels/tile/wgmma_pipeline.cuh"
@@ -291,17 +292,10 @@ template <typename T, int D>
 void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const ForwardParams& params,
             CUstream_st* stream) {
   using C = ForwardConfig<D>;
-  const std::int64_t q_width = desc.heads * D;
-  const std::int64_t kv_width = desc.kv_heads * D;
-  const CUtensorMap map_q = swizzled_tensor_map<2>(desc.dtype, ptr.q, {q_width, desc.tokens}, {64, C::kBM});
-  const CUtensorMap map_k = swizzled_tensor_map<2>(desc.dtype, ptr.k, {kv_width, desc.tokens}, {64, C::kBN});
-  const CUtensorMap map_v = swizzled_tensor_map<2>(desc.dtype, ptr.v, {kv_width, desc.tokens}, {64, C::kBN});
-  auto* kernel = attention_forward_wgmma_kernel<T, D>;
-  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(tile::attention_tile_bound(desc.tokens, desc.sequences, C::kBM)),
-                  static_cast<unsigned>(desc.heads));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(map_q, map_k, map_v, params);
-  SG_CUDA_CHECK(cudaGetLastError());
+  const tile::QkvMaps maps = tile::qkv_maps<C, D>(desc, ptr.q, ptr.k, ptr.v);
+  // A block per tile of kBM query rows and per query head.
+  tile::launch_over_tiles<C>(attention_forward_wgmma_kernel<T, D>, desc, C::kBM, desc.heads, stream, maps.q, maps.k,
+                             maps.v, params);
 }
 
 }  // namespace

@@ -54,6 +54,21 @@ std::int64_t key_end(const AttentionDesc& desc, std::int64_t i, std::int64_t end
   return desc.causal ? i + 1 : end;
 }
 
+// The loop both host passes share (desc checked): check cu_seqlens, then
+// visit(i, h, g, begin, end) for each query token i of each sequence
+// [begin, end) and each query head h (kv head g), in that order.
+template <typename Visit>
+void for_each_query(const AttentionDesc& desc, const std::int32_t* cu_seqlens, Visit&& visit) {
+  check_cu_seqlens(desc, cu_seqlens);
+  const std::int64_t group = desc.heads / desc.kv_heads;
+  for (std::int64_t s = 0; s < desc.sequences; ++s) {
+    const std::int64_t begin = cu_seqlens[s], end = cu_seqlens[s + 1];
+    for (std::int64_t h = 0; h < desc.heads; ++h) {
+      for (std::int64_t i = begin; i < end; ++i) visit(i, h, h / group, begin, end);
+    }
+  }
+}
+
 }  // namespace
 
 void check_cu_seqlens(const AttentionDesc& desc, const std::int32_t* cu_seqlens) {
@@ -69,74 +84,62 @@ void check_cu_seqlens(const AttentionDesc& desc, const std::int32_t* cu_seqlens)
 
 void attention_forward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
                        const std::int32_t* cu_seqlens, void* out, float* lse) {
-  check_attention(desc);
-  check_cu_seqlens(desc, cu_seqlens);
+  check_attention(desc);  // before the sizes below are computed from desc
   const Heads qh{desc.dtype, desc.heads, desc.head_dim};
   const Heads kvh{desc.dtype, desc.kv_heads, desc.head_dim};
-  const std::int64_t group = desc.heads / desc.kv_heads;
   const float scale = desc.softmax_scale();
   std::vector<float> p;
   std::vector<float> acc(static_cast<std::size_t>(desc.head_dim));
-  for (std::int64_t s = 0; s < desc.sequences; ++s) {
-    const std::int64_t begin = cu_seqlens[s], end = cu_seqlens[s + 1];
-    for (std::int64_t h = 0; h < desc.heads; ++h) {
-      const std::int64_t g = h / group;
-      for (std::int64_t i = begin; i < end; ++i) {
-        const std::int64_t last = key_end(desc, i, end);
-        p.assign(static_cast<std::size_t>(last - begin), 0.0f);
-        float max = -std::numeric_limits<float>::infinity();
-        for (std::int64_t j = begin; j < last; ++j) {
-          p[j - begin] = scale * dot(qh, q, i, h, kvh, k, j, g);
-          max = std::max(max, p[j - begin]);
-        }
-        float sum = 0.0f;
-        for (float& x : p) {
-          x = std::exp(x - max);
-          sum += x;
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (std::int64_t j = begin; j < last; ++j) {
-          for (std::int64_t d = 0; d < desc.head_dim; ++d) acc[d] += p[j - begin] * kvh.load(v, j, g, d);
-        }
-        for (std::int64_t d = 0; d < desc.head_dim; ++d) store_from_float(desc.dtype, out, qh.at(i, h, d), acc[d] / sum);
-        lse[h * desc.tokens + i] = max + std::log(sum);
-      }
-    }
-  }
+  for_each_query(desc, cu_seqlens,
+                 [&](std::int64_t i, std::int64_t h, std::int64_t g, std::int64_t begin, std::int64_t end) {
+                   const std::int64_t last = key_end(desc, i, end);
+                   p.assign(static_cast<std::size_t>(last - begin), 0.0f);
+                   float max = -std::numeric_limits<float>::infinity();
+                   for (std::int64_t j = begin; j < last; ++j) {
+                     p[j - begin] = scale * dot(qh, q, i, h, kvh, k, j, g);
+                     max = std::max(max, p[j - begin]);
+                   }
+                   float sum = 0.0f;
+                   for (float& x : p) {
+                     x = std::exp(x - max);
+                     sum += x;
+                   }
+                   std::fill(acc.begin(), acc.end(), 0.0f);
+                   for (std::int64_t j = begin; j < last; ++j) {
+                     for (std::int64_t d = 0; d < desc.head_dim; ++d) acc[d] += p[j - begin] * kvh.load(v, j, g, d);
+                   }
+                   for (std::int64_t d = 0; d < desc.head_dim; ++d) {
+                     store_from_float(desc.dtype, out, qh.at(i, h, d), acc[d] / sum);
+                   }
+                   lse[h * desc.tokens + i] = max + std::log(sum);
+                 });
 }
 
 void attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v, const void* out,
                         const float* lse, const void* dout, const std::int32_t* cu_seqlens, void* dq, void* dk,
                         void* dv) {
-  check_attention(desc);
-  check_cu_seqlens(desc, cu_seqlens);
+  check_attention(desc);  // before the sizes below are computed from desc
   const Heads qh{desc.dtype, desc.heads, desc.head_dim};
   const Heads kvh{desc.dtype, desc.kv_heads, desc.head_dim};
-  const std::int64_t group = desc.heads / desc.kv_heads;
   const float scale = desc.softmax_scale();
   const auto q_size = static_cast<std::size_t>(desc.tokens * desc.heads * desc.head_dim);
   const auto kv_size = static_cast<std::size_t>(desc.tokens * desc.kv_heads * desc.head_dim);
   std::vector<float> dq32(q_size, 0.0f), dk32(kv_size, 0.0f), dv32(kv_size, 0.0f);
-  for (std::int64_t s = 0; s < desc.sequences; ++s) {
-    const std::int64_t begin = cu_seqlens[s], end = cu_seqlens[s + 1];
-    for (std::int64_t h = 0; h < desc.heads; ++h) {
-      const std::int64_t g = h / group;
-      for (std::int64_t i = begin; i < end; ++i) {
-        const float delta = dot(qh, dout, i, h, qh, out, i, h);
-        const float row_lse = lse[h * desc.tokens + i];
-        for (std::int64_t j = begin; j < key_end(desc, i, end); ++j) {
-          const float p = std::exp(scale * dot(qh, q, i, h, kvh, k, j, g) - row_lse);
-          const float dp = dot(qh, dout, i, h, kvh, v, j, g);
-          const float ds = p * (dp - delta);
-          for (std::int64_t d = 0; d < desc.head_dim; ++d) {
-            dv32[kvh.at(j, g, d)] += p * qh.load(dout, i, h, d);
-            dq32[qh.at(i, h, d)] += scale * ds * kvh.load(k, j, g, d);
-            dk32[kvh.at(j, g, d)] += scale * ds * qh.load(q, i, h, d);
-          }
-        }
-      }
-    }
-  }
+  for_each_query(desc, cu_seqlens,
+                 [&](std::int64_t i, std::int64_t h, std::int64_t g, std::int64_t begin, std::int64_t end) {
+                   const float delta = dot(qh, dout, i, h, qh, out, i, h);
+                   const float row_lse = lse[h * desc.tokens + i];
+                   for (std::int64_t j = begin; j < key_end(desc, i, end); ++j) {
+                     const float p = std::exp(scale * dot(qh, q, i, h, kvh, k, j, g) - row_lse);
+                     const float dp = dot(qh, dout, i, h, kvh, v, j, g);
+                     const float ds = p * (dp - delta);
+                     for (std::int64_t d = 0; d < desc.head_dim; ++d) {
+                       dv32[kvh.at(j, g, d)] += p * qh.load(dout, i, h, d);
+                       dq32[qh.at(i, h, d)] += scale * ds * kvh.load(k, j, g, d);
+                       dk32[kvh.at(j, g, d)] += scale * ds * qh.load(q, i, h, d);
+                     }
+                   }
+                 });
   for (std::size_t e = 0; e < q_size; ++e) store_from_float(desc.dtype, dq, static_cast<std::int64_t>(e), dq32[e]);
   for (std::size_t e = 0; e < kv_size; ++e) {
     store_from_float(desc.dtype, dk, static_cast<std::int64_t>(e), dk32[e]);

@@ -86,28 +86,17 @@ void launch_cross_entropy(const CrossEntropyDesc& desc, const void* logits, cons
   SG_CHECK(workspace != nullptr, "cross_entropy: workspace is null; allocate cross_entropy_workspace_bytes(desc)");
   SG_CHECK(error_flag != nullptr,
            "cross_entropy: error_flag is null; pass a zeroed int32 on the device and read it after the step");
-  const auto check_aligned = [](const void* pointer, std::size_t alignment, const char* what) {
-    check_cross_entropy_alignment("cross_entropy", pointer, alignment, what);
-  };
-  check_aligned(logits, 16, "logits");
-  check_aligned(dlogits, 16, "dlogits");
-  check_aligned(workspace, 16, "workspace");
-  check_aligned(labels, dtype_size(desc.label_type), "labels");
-  check_aligned(loss, alignof(float), "loss");
-  check_aligned(error_flag, alignof(std::int32_t), "error_flag");
+  check_cross_entropy_alignment("cross_entropy", loss, alignof(float), "loss");
+  check_cross_entropy_alignment("cross_entropy", error_flag, alignof(std::int32_t), "error_flag");
 
-  const CrossEntropyWorkspace scratch(workspace);
-  launch_cross_entropy_count(desc.label_type, labels, desc.tokens, desc.vocab, desc.ignore_index, scratch.count,
-                             error_flag, stream);
-  with_label_type(desc.label_type, [&](auto label_tag) {
-    using L = typename decltype(label_tag)::type;
-    with_logit_type(desc.logits_type, [&](auto logit_tag) {
-      using T = typename decltype(logit_tag)::type;
-      cross_entropy_rows_kernel<T, L><<<static_cast<unsigned>(desc.tokens), kRowThreads, 0, stream>>>(
-          static_cast<const T*>(logits), static_cast<const L*>(labels), static_cast<T*>(dlogits), scratch.count,
-          scratch.row_loss, desc.vocab, desc.ignore_index, desc.loss_scale);
-      SG_CUDA_CHECK(cudaGetLastError());
-    });
+  const CrossEntropyWorkspace scratch =
+      start_cross_entropy_rows("cross_entropy", desc.label_type, logits, labels, dlogits, workspace, desc.tokens,
+                               desc.vocab, desc.ignore_index, error_flag, stream);
+  with_row_types(desc.logits_type, desc.label_type, [&]<typename T, typename L>() {
+    cross_entropy_rows_kernel<T, L><<<static_cast<unsigned>(desc.tokens), kRowThreads, 0, stream>>>(
+        static_cast<const T*>(logits), static_cast<const L*>(labels), static_cast<T*>(dlogits), scratch.count,
+        scratch.row_loss, desc.vocab, desc.ignore_index, desc.loss_scale);
+    SG_CUDA_CHECK(cudaGetLastError());
   });
   launch_cross_entropy_mean(scratch.row_loss, scratch.count, desc.tokens, loss, stream);
 }

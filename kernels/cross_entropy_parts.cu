@@ -72,6 +72,19 @@ void launch_cross_entropy_count(DType label_type, const void* labels, std::int64
   });
 }
 
+CrossEntropyWorkspace start_cross_entropy_rows(const char* op, DType label_type, const void* logits, const void* labels,
+                                               const void* dlogits, void* workspace, std::int64_t tokens,
+                                               std::int64_t vocab, std::int64_t ignore_index, std::int32_t* error_flag,
+                                               cudaStream_t stream) {
+  check_cross_entropy_alignment(op, logits, 16, "logits");
+  check_cross_entropy_alignment(op, dlogits, 16, "dlogits");
+  check_cross_entropy_alignment(op, workspace, 16, "workspace");
+  check_cross_entropy_alignment(op, labels, dtype_size(label_type), "labels");
+  const CrossEntropyWorkspace scratch(workspace);
+  launch_cross_entropy_count(label_type, labels, tokens, vocab, ignore_index, scratch.count, error_flag, stream);
+  return scratch;
+}
+
 void launch_cross_entropy_mean(const float* row_loss, const std::int64_t* count, std::int64_t tokens, float* loss,
                                cudaStream_t stream) {
   cross_entropy_mean_kernel<<<1, kMeanThreads, 0, stream>>>(row_loss, count, tokens, loss);

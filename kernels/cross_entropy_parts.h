@@ -63,6 +63,15 @@ void check_cross_entropy_row_width(const char* op, const char* what, DType logit
 // An Error naming `op` and `what` unless `pointer` is `alignment`-byte aligned.
 void check_cross_entropy_alignment(const char* op, const void* pointer, std::size_t alignment, const char* what);
 
+// The start of both cross-entropies' row pass: an Error naming `op` unless
+// logits, dlogits and workspace are 16-byte aligned and labels aligned to
+// their size; then launch_cross_entropy_count into the workspace, whose
+// layout it returns.
+CrossEntropyWorkspace start_cross_entropy_rows(const char* op, DType label_type, const void* logits, const void* labels,
+                                               const void* dlogits, void* workspace, std::int64_t tokens,
+                                               std::int64_t vocab, std::int64_t ignore_index, std::int32_t* error_flag,
+                                               cudaStream_t stream);
+
 namespace host {
 // Label i of an int32 or int64 array.
 std::int64_t load_label(DType dtype, const void* labels, std::int64_t i);

@@ -58,8 +58,8 @@ __global__ void grouped_gemm_simple_kernel(Problem p) {
       const std::int64_t e = i / (n * k);
       const std::int64_t row = i / k % n;
       const std::int64_t col = i % k;
-      for (std::int64_t t = offs[e]; t < offs[e + 1]; ++t) sum += as_float(dy[t * n + row]) * as_float(x[t * k + col]);
-      if (p.accumulate) sum += as_float(out[i]);
+      for (std::int64_t t = offs[e]; t < offs[e + 1]; ++t) sum += to_float(dy[t * n + row]) * to_float(x[t * k + col]);
+      if (p.accumulate) sum += to_float(out[i]);
     } else {
       const std::int64_t row = i / cols;
       const std::int64_t col = i % cols;
@@ -67,10 +67,10 @@ __global__ void grouped_gemm_simple_kernel(Problem p) {
         const int e = tile::group_of_tile(offs, p.experts, static_cast<int>(row));
         const In* we = w + e * n * k;
         if constexpr (kKind == GroupedGemmKind::kForward) {
-          for (std::int64_t j = 0; j < k; ++j) sum += as_float(x[row * k + j]) * as_float(we[col * k + j]);
-          if (bias != nullptr) sum += as_float(bias[e * n + col]);
+          for (std::int64_t j = 0; j < k; ++j) sum += to_float(x[row * k + j]) * to_float(we[col * k + j]);
+          if (bias != nullptr) sum += to_float(bias[e * n + col]);
         } else {
-          for (std::int64_t j = 0; j < n; ++j) sum += as_float(dy[row * n + j]) * as_float(we[j * k + col]);
+          for (std::int64_t j = 0; j < n; ++j) sum += to_float(dy[row * n + j]) * to_float(we[j * k + col]);
         }
       }
     }
@@ -91,7 +91,7 @@ __global__ void grouped_bias_grad_kernel(const In* dy, const std::int32_t* offse
   float sum = 0.0f;
   if (col < n) {
     for (std::int64_t row = offs[e] + threadIdx.y; row < offs[e + 1]; row += blockDim.y) {
-      sum += as_float(dy[row * n + col]);
+      sum += to_float(dy[row * n + col]);
     }
   }
   partial[threadIdx.y][threadIdx.x] = sum;

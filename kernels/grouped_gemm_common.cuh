@@ -1,6 +1,7 @@
 // Internal to the grouped GEMM kernels (grouped_gemm.cu, grouped_gemm_ws.cu):
-// the problem a launch describes, element conversions and the zeroing of rows
-// outside every group.
+// the problem a launch describes, paired element loads and stores (the
+// scalar conversions are vector_io.cuh's) and the zeroing of rows outside
+// every group.
 #pragma once
 
 #include <cuda.h>
@@ -12,6 +13,7 @@
 #include <type_traits>
 
 #include "kernels/grouped_gemm.h"
+#include "kernels/vector_io.cuh"
 
 namespace stepgraph::kernels::grouped {
 
@@ -42,15 +44,6 @@ __device__ __forceinline__ const T* at(const void* base, std::int64_t element) {
   return static_cast<const T*>(base) + element;
 }
 
-template <typename T>
-__device__ __forceinline__ float as_float(T value) {
-  if constexpr (std::is_same_v<T, float>) {
-    return value;
-  } else {
-    return __bfloat162float(value);
-  }
-}
-
 template <typename Out>
 __device__ __forceinline__ void store_pair(Out* p, float v0, float v1) {
   if constexpr (std::is_same_v<Out, float>) {
@@ -66,15 +59,6 @@ __device__ __forceinline__ float2 load_pair(const Out* p) {
     return *reinterpret_cast<const float2*>(p);
   } else {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-  }
-}
-
-template <typename Out>
-__device__ __forceinline__ Out from_float(float v) {
-  if constexpr (std::is_same_v<Out, float>) {
-    return v;
-  } else {
-    return __float2bfloat16_rn(v);
   }
 }
 

@@ -30,6 +30,19 @@ static_assert(kScanThreads >= kMaxExperts, "the scans hold one expert per thread
 
 std::int64_t chunks_of(const PlanDesc& desc) { return (desc.entries() + kChunk - 1) / kChunk; }
 
+// The count and scatter kernels' layout: a warp per chunk of kChunk entries,
+// each warp with `experts` int32 slots of the block's shared memory.
+struct WarpChunk {
+  int lane;
+  std::int32_t* slots;
+  std::int64_t chunk;
+};
+__device__ __forceinline__ WarpChunk warp_chunk(std::int32_t* shared, int experts) {
+  const int warp = threadIdx.x / 32;
+  return {static_cast<int>(threadIdx.x % 32), shared + warp * experts,
+          static_cast<std::int64_t>(blockIdx.x) * kPlanWarps + warp};
+}
+
 __device__ __forceinline__ std::int32_t valid_expert(std::int32_t e, int experts, bool& out_of_range) {
   out_of_range = e < 0 || e >= experts;
   return out_of_range ? 0 : e;
@@ -39,10 +52,7 @@ __global__ void __launch_bounds__(kPlanWarps * 32)
     plan_count_kernel(const std::int32_t* __restrict__ chosen, std::int64_t entries, int experts, std::int64_t chunks,
                       std::int32_t* __restrict__ chunk_counts, std::int32_t* __restrict__ error_word) {
   extern __shared__ std::int32_t shared_counts[];
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  std::int32_t* counts = shared_counts + warp * experts;
-  const std::int64_t chunk = static_cast<std::int64_t>(blockIdx.x) * kPlanWarps + warp;
+  const auto [lane, counts, chunk] = warp_chunk(shared_counts, experts);
   if (chunk >= chunks) return;  // whole warps; no block barrier below
   for (int e = lane; e < experts; e += 32) counts[e] = 0;
   __syncwarp();
@@ -106,10 +116,7 @@ __global__ void __launch_bounds__(kPlanWarps * 32)
                         std::int64_t chunks, const std::int32_t* __restrict__ chunk_bases,
                         std::int32_t* __restrict__ positions, std::int32_t* __restrict__ sources) {
   extern __shared__ std::int32_t shared_next[];
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  std::int32_t* next = shared_next + warp * experts;
-  const std::int64_t chunk = static_cast<std::int64_t>(blockIdx.x) * kPlanWarps + warp;
+  const auto [lane, next, chunk] = warp_chunk(shared_next, experts);
   if (chunk >= chunks) return;
   for (int e = lane; e < experts; e += 32) next[e] = chunk_bases[chunk * experts + e];
   __syncwarp();

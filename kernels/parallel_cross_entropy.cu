@@ -156,14 +156,10 @@ void launch_parallel_cross_entropy_stats(const ParallelCrossEntropyDesc& desc, c
            "parallel_cross_entropy stats: logits, labels, local_max and partial must not be null");
   check_aligned(logits, 16, "logits");
   check_aligned(labels, dtype_size(desc.label_type), "labels");
-  with_label_type(desc.label_type, [&](auto label_tag) {
-    using L = typename decltype(label_tag)::type;
-    with_logit_type(desc.logits_type, [&](auto logit_tag) {
-      using T = typename decltype(logit_tag)::type;
-      parallel_cross_entropy_stats_kernel<T, L><<<static_cast<unsigned>(desc.tokens), kRowThreads, 0, stream>>>(
-          static_cast<const T*>(logits), static_cast<const L*>(labels), local_max, partial, desc);
-      SG_CUDA_CHECK(cudaGetLastError());
-    });
+  with_row_types(desc.logits_type, desc.label_type, [&]<typename T, typename L>() {
+    parallel_cross_entropy_stats_kernel<T, L><<<static_cast<unsigned>(desc.tokens), kRowThreads, 0, stream>>>(
+        static_cast<const T*>(logits), static_cast<const L*>(labels), local_max, partial, desc);
+    SG_CUDA_CHECK(cudaGetLastError());
   });
 }
 
@@ -192,23 +188,14 @@ void launch_parallel_cross_entropy_finish(const ParallelCrossEntropyDesc& desc, 
   SG_CHECK(error_flag != nullptr,
            "parallel_cross_entropy finish: error_flag is null; pass a zeroed int32 on the device and read it after "
            "the step");
-  check_aligned(logits, 16, "logits");
-  check_aligned(dlogits, 16, "dlogits");
-  check_aligned(workspace, 16, "workspace");
-  check_aligned(labels, dtype_size(desc.label_type), "labels");
-
-  const CrossEntropyWorkspace scratch(workspace);
-  launch_cross_entropy_count(desc.label_type, labels, desc.tokens, desc.vocab, desc.ignore_index, scratch.count,
-                             error_flag, stream);
-  with_label_type(desc.label_type, [&](auto label_tag) {
-    using L = typename decltype(label_tag)::type;
-    with_logit_type(desc.logits_type, [&](auto logit_tag) {
-      using T = typename decltype(logit_tag)::type;
-      parallel_cross_entropy_rows_kernel<T, L><<<static_cast<unsigned>(desc.tokens), kRowThreads, 0, stream>>>(
-          static_cast<const T*>(logits), static_cast<const L*>(labels), global_max, totals,
-          static_cast<T*>(dlogits), scratch.count, scratch.row_loss, desc);
-      SG_CUDA_CHECK(cudaGetLastError());
-    });
+  const CrossEntropyWorkspace scratch =
+      start_cross_entropy_rows("parallel_cross_entropy", desc.label_type, logits, labels, dlogits, workspace,
+                               desc.tokens, desc.vocab, desc.ignore_index, error_flag, stream);
+  with_row_types(desc.logits_type, desc.label_type, [&]<typename T, typename L>() {
+    parallel_cross_entropy_rows_kernel<T, L><<<static_cast<unsigned>(desc.tokens), kRowThreads, 0, stream>>>(
+        static_cast<const T*>(logits), static_cast<const L*>(labels), global_max, totals, static_cast<T*>(dlogits),
+        scratch.count, scratch.row_loss, desc);
+    SG_CUDA_CHECK(cudaGetLastError());
   });
   launch_cross_entropy_mean(scratch.row_loss, scratch.count, desc.tokens, loss, stream);
 }

@@ -50,6 +50,17 @@ void with_label_type(DType dtype, F&& f) {
   }
 }
 
+// f.template operator()<T, L>() with the element types of the logits (T) and
+// of the labels (L) of a row kernel.
+template <typename F>
+void with_row_types(DType logits, DType labels, F&& f) {
+  with_label_type(labels, [&](auto label_tag) {
+    with_logit_type(logits, [&](auto logit_tag) {
+      f.template operator()<typename decltype(logit_tag)::type, typename decltype(label_tag)::type>();
+    });
+  });
+}
+
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // A row of `vocab` T values (vocab a multiple of Vec16<T>::kCount, below

@@ -15,34 +15,34 @@
 
 namespace stepgraph::kernels {
 
+// fp32 <-> T for the element types the kernels read: one specialisation per
+// type holds both directions (round to nearest even on the way down).
 template <typename T>
-__device__ __forceinline__ float to_float(T value);
+struct FloatConvert;
 template <>
-__device__ __forceinline__ float to_float<float>(float value) {
-  return value;
-}
+struct FloatConvert<float> {
+  __device__ __forceinline__ static float widen(float value) { return value; }
+  __device__ __forceinline__ static float narrow(float value) { return value; }
+};
 template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 value) {
-  return __bfloat162float(value);
-}
+struct FloatConvert<__nv_bfloat16> {
+  __device__ __forceinline__ static float widen(__nv_bfloat16 value) { return __bfloat162float(value); }
+  __device__ __forceinline__ static __nv_bfloat16 narrow(float value) { return __float2bfloat16_rn(value); }
+};
 template <>
-__device__ __forceinline__ float to_float<__half>(__half value) {
-  return __half2float(value);
+struct FloatConvert<__half> {
+  __device__ __forceinline__ static float widen(__half value) { return __half2float(value); }
+  __device__ __forceinline__ static __half narrow(float value) { return __float2half_rn(value); }
+};
+
+template <typename T>
+__device__ __forceinline__ float to_float(T value) {
+  return FloatConvert<T>::widen(value);
 }
 
 template <typename T>
-__device__ __forceinline__ T from_float(float value);
-template <>
-__device__ __forceinline__ float from_float<float>(float value) {
-  return value;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float value) {
-  return __float2bfloat16_rn(value);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float value) {
-  return __float2half_rn(value);
+__device__ __forceinline__ T from_float(float value) {
+  return FloatConvert<T>::narrow(value);
 }
 
 // 16 bytes of T: 4 fp32, or 8 bf16/fp16.

@@ -38,6 +38,8 @@ using testing::relative_error;
 using testing::tolerance_for;
 
 constexpr std::int64_t kIgnore = -100;
+// Descs below that name no ignore_index rely on this default.
+static_assert(CrossEntropyDesc{}.ignore_index == kIgnore);
 
 // Random labels in [0, vocab); each token ignored with probability
 // `ignored_fraction`, token 0 never (so something counts).
@@ -119,12 +121,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CrossEntropyHostTiny,
                          });
 
 TEST(CrossEntropyHost, Fp32Int32_3x8_GradientMatchesCentralDifferences) {
-  const CrossEntropyDesc desc{.logits_type = DType::kFloat32,
-                              .label_type = DType::kInt32,
-                              .tokens = 3,
-                              .vocab = 8,
-                              .ignore_index = kIgnore,
-                              .loss_scale = 1.0f};
+  const CrossEntropyDesc desc{.logits_type = DType::kFloat32, .label_type = DType::kInt32, .tokens = 3, .vocab = 8};
   testing::SeededRng rng;
   HostArray logits = random_array(DType::kFloat32, 24, rng, -2.0f, 2.0f);
   const HostArray labels = labels_of(DType::kInt32, {2, kIgnore, 7});
@@ -262,26 +259,41 @@ Inputs random_inputs(const CrossEntropyDesc& desc, double ignored_fraction, std:
           random_labels(desc.tokens, desc.vocab, ignored_fraction, rng)};
 }
 
-// One launch into fresh buffers: outputs and workspace poisoned (NaN), the
-// error flag zeroed.
+// Fresh device buffers of one launch: the inputs uploaded, outputs and
+// workspace poisoned (NaN), the error flag zeroed.
+struct DeviceBuffers {
+  DeviceBuffers(const CrossEntropyDesc& desc, const Inputs& in)
+      : desc(desc),
+        logits(in.logits),
+        labels(labels_of(desc.label_type, in.labels)),
+        dlogits(in.logits.bytes.size()),
+        loss(sizeof(float)),
+        workspace(cross_entropy_workspace_bytes(desc)),
+        flag(HostArray(DType::kInt32, 1)) {
+    dlogits.poison();
+    loss.poison();
+    workspace.poison();
+  }
+  // launch_cross_entropy with `with_labels` (default: labels).
+  void launch(cudaStream_t stream, const DeviceArray* with_labels = nullptr) {
+    launch_cross_entropy(desc, logits.get(), (with_labels != nullptr ? with_labels : &labels)->get(), loss.as<float>(),
+                         dlogits.get(), workspace.get(), flag.as<std::int32_t>(), stream);
+  }
+
+  CrossEntropyDesc desc;
+  DeviceArray logits, labels, dlogits, loss, workspace, flag;
+};
+
+// One launch into fresh buffers.
 Outputs run_device(const CrossEntropyDesc& desc, const Inputs& in) {
-  DeviceArray logits(in.logits);
-  DeviceArray labels(labels_of(desc.label_type, in.labels));
-  DeviceArray dlogits(in.logits.bytes.size());
-  DeviceArray loss(sizeof(float));
-  DeviceArray workspace(cross_entropy_workspace_bytes(desc));
-  DeviceArray flag(HostArray(DType::kInt32, 1));
-  dlogits.poison();
-  loss.poison();
-  workspace.poison();
+  DeviceBuffers buffers(desc, in);
   Stream stream;
-  launch_cross_entropy(desc, logits.get(), labels.get(), loss.as<float>(), dlogits.get(), workspace.get(),
-                       flag.as<std::int32_t>(), stream.get());
+  buffers.launch(stream.get());
   stream.synchronize();
   Outputs out;
-  out.loss = loss.download(DType::kFloat32, 1).get(0);
-  out.dlogits = dlogits.download(desc.logits_type, desc.tokens * desc.vocab);
-  std::memcpy(&out.error_flag, flag.download(DType::kInt32, 1).data(), sizeof(std::int32_t));
+  out.loss = buffers.loss.download(DType::kFloat32, 1).get(0);
+  out.dlogits = buffers.dlogits.download(desc.logits_type, desc.tokens * desc.vocab);
+  std::memcpy(&out.error_flag, buffers.flag.download(DType::kInt32, 1).data(), sizeof(std::int32_t));
   return out;
 }
 
@@ -396,56 +408,40 @@ TEST(CrossEntropyDeviceEdge, Fp32Int64_7x1024_OutOfRangeLabels_SetStickyErrorFla
   EXPECT_LE(relative_error(got.dlogits.to_floats(), want.dlogits.to_floats()), tolerance_for(DType::kFloat32));
 
   // Sticky: a later launch with good labels leaves the flag set.
-  DeviceArray logits(in.logits);
-  DeviceArray bad_labels(labels_of(desc.label_type, in.labels));
-  DeviceArray good_labels(labels_of(desc.label_type, as_ignored.labels));
-  DeviceArray dlogits(in.logits.bytes.size());
-  DeviceArray loss(sizeof(float));
-  DeviceArray workspace(cross_entropy_workspace_bytes(desc));
-  DeviceArray flag(HostArray(DType::kInt32, 1));
+  DeviceBuffers buffers(desc, in);
+  const DeviceArray good_labels(labels_of(desc.label_type, as_ignored.labels));
   Stream stream;
-  for (const DeviceArray* labels : {&bad_labels, &good_labels}) {
-    launch_cross_entropy(desc, logits.get(), labels->get(), loss.as<float>(), dlogits.get(), workspace.get(),
-                         flag.as<std::int32_t>(), stream.get());
-  }
+  buffers.launch(stream.get());
+  buffers.launch(stream.get(), &good_labels);
   stream.synchronize();
-  EXPECT_EQ(flag.download(DType::kInt32, 1).get(0), 1.0f);
+  EXPECT_EQ(buffers.flag.download(DType::kInt32, 1).get(0), 1.0f);
 }
 
 TEST(CrossEntropyDeviceEdge, Bf16Int64_64x4096_CapturedGraphReplays_MatchEagerBitwise) {
   SG_SKIP_WITHOUT_GPU();
-  const CrossEntropyDesc desc{.logits_type = DType::kBFloat16,
-                              .label_type = DType::kInt64,
-                              .tokens = 64,
-                              .vocab = 4096,
-                              .ignore_index = kIgnore,
-                              .loss_scale = 1.0f};
+  const CrossEntropyDesc desc{
+      .logits_type = DType::kBFloat16, .label_type = DType::kInt64, .tokens = 64, .vocab = 4096};
   testing::SeededRng rng;
   const Inputs in = random_inputs(desc, 0.2, rng);
   const Outputs eager = run_device(desc, in);
 
-  DeviceArray logits(in.logits);
-  DeviceArray labels(labels_of(desc.label_type, in.labels));
-  DeviceArray dlogits(in.logits.bytes.size());
-  DeviceArray loss(sizeof(float));
-  DeviceArray workspace(cross_entropy_workspace_bytes(desc));
-  DeviceArray flag(HostArray(DType::kInt32, 1));
+  DeviceBuffers buffers(desc, in);
   Stream stream;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   SG_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-  launch_cross_entropy(desc, logits.get(), labels.get(), loss.as<float>(), dlogits.get(), workspace.get(),
-                       flag.as<std::int32_t>(), stream.get());
+  buffers.launch(stream.get());
   SG_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
   SG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 2; ++replay) {
-    dlogits.poison();
-    loss.poison();
+    buffers.dlogits.poison();
+    buffers.loss.poison();
     SG_CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
     stream.synchronize();
-    const float got_loss = loss.download(DType::kFloat32, 1).get(0);
+    const float got_loss = buffers.loss.download(DType::kFloat32, 1).get(0);
     EXPECT_EQ(std::memcmp(&got_loss, &eager.loss, sizeof(float)), 0) << "replay " << replay;
-    EXPECT_TRUE(dlogits.download(desc.logits_type, 64 * 4096).bytes == eager.dlogits.bytes) << "replay " << replay;
+    EXPECT_TRUE(buffers.dlogits.download(desc.logits_type, 64 * 4096).bytes == eager.dlogits.bytes)
+        << "replay " << replay;
   }
   SG_CUDA_CHECK(cudaGraphExecDestroy(exec));
   SG_CUDA_CHECK(cudaGraphDestroy(graph));

@@ -6,6 +6,7 @@
 #include "engine/error.h"
 #include "kernels/moe_routing.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 
@@ -17,22 +18,122 @@ namespace {
 
 const TensorMeta kErrorWord{Shape{1}, DType::kInt32};
 
-void check_arity(std::string_view op, std::span<const TensorMeta> in, std::size_t want, const char* names) {
-  SG_CHECK(in.size() == want, "op ", op, " takes ", want, " inputs (", names, "), got ", in.size());
-}
-
 void check_meta(std::string_view op, const char* what, const TensorMeta& got, const TensorMeta& want) {
   SG_CHECK(got == want, "op ", op, ": ", what, " must be ", want.shape, " ", dtype_name(want.dtype), ", got ",
            got.shape, " ", dtype_name(got.dtype));
 }
 
-// A [rows, cols] matrix of any dtype; returns its dims.
 void check_matrix(std::string_view op, const char* what, const TensorMeta& meta) {
   SG_CHECK(meta.shape.rank() == 2, "op ", op, ": ", what, " must be a matrix, got ", meta.shape);
 }
 
-kernels::RouterDesc router_desc(const OpParams& p, const TensorMeta& logits) {
-  return {logits.dtype, logits.shape.dim(0), logits.shape.dim(1), p.as<TopkParams>().topk};
+// --- operands -----------------------------------------------------------------
+
+template <typename F>
+struct RouterOperands {
+  F logits;  // [T, E]
+};
+
+template <typename F, typename V>
+void visit_operands(const TopkParams&, RouterOperands<F>& o, V& v) {
+  v({"logits"}, o.logits);
+}
+
+template <typename F>
+struct RouterBackwardOperands {
+  F dgates;   // fp32 [T, k]
+  F logits;   // [T, E]
+  F experts;  // int32 [T, k]
+  F gates;    // fp32 [T, k]
+};
+
+template <typename F, typename V>
+void visit_operands(const TopkParams&, RouterBackwardOperands<F>& o, V& v) {
+  v({"dgates"}, o.dgates);
+  v({"logits"}, o.logits);
+  v({"experts"}, o.experts);
+  v({"gates"}, o.gates);
+}
+
+// moe_plan and split_offsets: what they read and the error word they raise.
+template <typename F>
+struct PlanOperands {
+  F experts;     // int32 [T, k]
+  F error_word;  // int32 [1], written
+};
+
+template <typename F, typename V>
+void visit_operands(const MoEPlanParams&, PlanOperands<F>& o, V& v) {
+  v({"experts"}, o.experts);
+  v({.name = "error_word", .use = Use::kWrite}, o.error_word);
+}
+
+template <typename F>
+struct SplitOffsetsOperands {
+  F splits;      // int32 [E]
+  F error_word;  // int32 [1], written
+};
+
+template <typename F, typename V>
+void visit_operands(const SplitOffsetsParams&, SplitOffsetsOperands<F>& o, V& v) {
+  v({"splits"}, o.splits);
+  v({.name = "error_word", .use = Use::kWrite}, o.error_word);
+}
+
+template <typename F>
+struct PermuteOperands {
+  F x;        // [T, H]
+  F sources;  // int32 [T*k]
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, PermuteOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+  v({"sources"}, o.sources);
+}
+
+template <typename F>
+struct UnpermuteOperands {
+  F y_perm;     // [T*k, H]
+  F positions;  // int32 [T, k]
+  F gates;      // fp32 [T, k], optional: weight 1 without
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, UnpermuteOperands<F>& o, V& v) {
+  v({"y_perm"}, o.y_perm);
+  v({"positions"}, o.positions);
+  v.optional_last({"gates"}, o.gates);
+}
+
+template <typename F>
+struct UnpermuteBackwardOperands {
+  F dy;         // [T, H]
+  F y_perm;     // [T*k, H]
+  F positions;  // int32 [T, k]
+  F gates;      // fp32 [T, k]
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, UnpermuteBackwardOperands<F>& o, V& v) {
+  v({"dy"}, o.dy);
+  v({"y_perm"}, o.y_perm);
+  v({"positions"}, o.positions);
+  v({"gates"}, o.gates);
+}
+
+constexpr std::string_view kRouter = "router_topk";
+constexpr std::string_view kRouterBackward = "router_topk_backward";
+constexpr std::string_view kPlan = "moe_plan";
+constexpr std::string_view kSplitOffsets = "split_offsets";
+constexpr std::string_view kPermute = "moe_permute";
+constexpr std::string_view kUnpermute = "moe_unpermute";
+constexpr std::string_view kUnpermuteBackward = "moe_unpermute_backward";
+
+// --- descriptors and checks -----------------------------------------------------
+
+kernels::RouterDesc router_desc(const TopkParams& p, const TensorMeta& logits) {
+  return {logits.dtype, logits.shape.dim(0), logits.shape.dim(1), p.topk};
 }
 
 // positions [T, k] gives the permute desc; rows are [T*k, H] of `dtype`.
@@ -40,75 +141,74 @@ kernels::PermuteDesc permute_desc(const TensorMeta& positions, std::int64_t hidd
   return {dtype, positions.shape.dim(0), hidden, static_cast<int>(positions.shape.dim(1))};
 }
 
-std::int32_t* int_ptr(void* p) { return static_cast<std::int32_t*>(p); }
-float* float_ptr(void* p) { return static_cast<float*>(p); }
+// The desc of rows [T*k, H] at positions [T, k].
+kernels::PermuteDesc rows_desc(const Operand& rows, const Operand& positions) {
+  return permute_desc(*positions.meta, rows.shape().dim(1), rows.dtype());
+}
 
-// Inputs: logits [T, E].
 std::vector<TensorMeta> check_router_topk(const OpParams& params, std::span<const TensorMeta> in) {
-  check_arity("router_topk", in, 1, "logits");
-  check_matrix("router_topk", "logits", in[0]);
-  const kernels::RouterDesc desc = router_desc(params, in[0]);
+  const auto& p = params.as<TopkParams>();
+  const auto o = bind_metas<RouterOperands>(kRouter, p, in);
+  check_matrix(kRouter, "logits", o.logits);
+  const kernels::RouterDesc desc = router_desc(p, o.logits);
   kernels::check_router(desc);
   const Shape out{desc.tokens, desc.topk};
   return {TensorMeta{out, DType::kInt32}, TensorMeta{out, DType::kFloat32}};
 }
 
-// Inputs: dgates [T, k] fp32, logits [T, E], experts [T, k] int32, gates [T, k] fp32.
 std::vector<TensorMeta> check_router_backward(const OpParams& params, std::span<const TensorMeta> in) {
-  constexpr std::string_view op = "router_topk_backward";
-  check_arity(op, in, 4, "dgates, logits, experts, gates");
-  check_matrix(op, "logits", in[1]);
-  const kernels::RouterDesc desc = router_desc(params, in[1]);
+  const auto& p = params.as<TopkParams>();
+  const auto o = bind_metas<RouterBackwardOperands>(kRouterBackward, p, in);
+  check_matrix(kRouterBackward, "logits", o.logits);
+  const kernels::RouterDesc desc = router_desc(p, o.logits);
   kernels::check_router(desc);
   const Shape routed{desc.tokens, desc.topk};
-  check_meta(op, "dgates", in[0], {routed, DType::kFloat32});
-  check_meta(op, "experts", in[2], {routed, DType::kInt32});
-  check_meta(op, "gates", in[3], {routed, DType::kFloat32});
-  return {in[1]};
+  check_meta(kRouterBackward, "dgates", o.dgates, {routed, DType::kFloat32});
+  check_meta(kRouterBackward, "experts", o.experts, {routed, DType::kInt32});
+  check_meta(kRouterBackward, "gates", o.gates, {routed, DType::kFloat32});
+  return {o.logits};
 }
 
-kernels::PlanDesc plan_desc(const OpParams& params, const TensorMeta& experts) {
-  return {experts.shape.dim(0), params.as<MoEPlanParams>().experts, static_cast<int>(experts.shape.dim(1))};
+kernels::PlanDesc plan_desc(const MoEPlanParams& p, const TensorMeta& experts) {
+  return {experts.shape.dim(0), p.experts, static_cast<int>(experts.shape.dim(1))};
 }
 
-// Inputs: experts [T, k] int32, error word int32 [1] (written).
 std::vector<TensorMeta> check_plan(const OpParams& params, std::span<const TensorMeta> in) {
-  check_arity("moe_plan", in, 2, "experts, error word");
-  check_matrix("moe_plan", "experts", in[0]);
-  SG_CHECK(in[0].dtype == DType::kInt32, "op moe_plan: experts must be int32, got ", dtype_name(in[0].dtype));
-  check_meta("moe_plan", "the error word", in[1], kErrorWord);
-  const kernels::PlanDesc desc = plan_desc(params, in[0]);
+  const auto& p = params.as<MoEPlanParams>();
+  const auto o = bind_metas<PlanOperands>(kPlan, p, in);
+  check_matrix(kPlan, "experts", o.experts);
+  SG_CHECK(o.experts.dtype == DType::kInt32, "op moe_plan: experts must be int32, got ", dtype_name(o.experts.dtype));
+  check_meta(kPlan, "the error word", o.error_word, kErrorWord);
+  const kernels::PlanDesc desc = plan_desc(p, o.experts);
   const auto scratch = static_cast<std::int64_t>(kernels::moe_plan_workspace_bytes(desc) / 4);
   return {TensorMeta{Shape{desc.experts}, DType::kInt32}, TensorMeta{Shape{desc.experts + 1}, DType::kInt32},
-          TensorMeta{in[0].shape, DType::kInt32}, TensorMeta{Shape{desc.entries()}, DType::kInt32},
+          TensorMeta{o.experts.shape, DType::kInt32}, TensorMeta{Shape{desc.entries()}, DType::kInt32},
           TensorMeta{Shape{scratch > 0 ? scratch : 1}, DType::kInt32}};
 }
 
-// Inputs: splits int32 [E], error word int32 [1] (written).
 std::vector<TensorMeta> check_split_offsets(const OpParams& params, std::span<const TensorMeta> in) {
-  check_arity("split_offsets", in, 2, "splits, error word");
-  SG_CHECK(in[0].shape.rank() == 1 && in[0].dtype == DType::kInt32 && in[0].shape.dim(0) >= 1 &&
-               in[0].shape.dim(0) <= kernels::kMaxExperts,
-           "op split_offsets: splits must be int32 [E] with 1 <= E <= ", kernels::kMaxExperts, ", got ", in[0].shape,
-           " ", dtype_name(in[0].dtype));
-  check_meta("split_offsets", "the error word", in[1], kErrorWord);
-  const std::int64_t tokens = params.as<SplitOffsetsParams>().tokens;
-  SG_CHECK(tokens >= 0 && tokens < (std::int64_t{1} << 31), "op split_offsets: tokens must be in [0, 2^31), got ",
-           tokens);
-  return {TensorMeta{Shape{in[0].shape.dim(0) + 1}, DType::kInt32}};
+  const auto& p = params.as<SplitOffsetsParams>();
+  const auto o = bind_metas<SplitOffsetsOperands>(kSplitOffsets, p, in);
+  SG_CHECK(o.splits.shape.rank() == 1 && o.splits.dtype == DType::kInt32 && o.splits.shape.dim(0) >= 1 &&
+               o.splits.shape.dim(0) <= kernels::kMaxExperts,
+           "op split_offsets: splits must be int32 [E] with 1 <= E <= ", kernels::kMaxExperts, ", got ", o.splits.shape,
+           " ", dtype_name(o.splits.dtype));
+  check_meta(kSplitOffsets, "the error word", o.error_word, kErrorWord);
+  SG_CHECK(p.tokens >= 0 && p.tokens < (std::int64_t{1} << 31), "op split_offsets: tokens must be in [0, 2^31), got ",
+           p.tokens);
+  return {TensorMeta{Shape{o.splits.shape.dim(0) + 1}, DType::kInt32}};
 }
 
-// Inputs: x [T, H], sources int32 [T*k].
 std::vector<TensorMeta> check_permute(const OpParams&, std::span<const TensorMeta> in) {
-  check_arity("moe_permute", in, 2, "x, sources");
-  check_matrix("moe_permute", "x", in[0]);
-  const std::int64_t tokens = in[0].shape.dim(0);
-  SG_CHECK(in[1].shape.rank() == 1 && in[1].dtype == DType::kInt32 && tokens > 0 &&
-               (in[1].shape.dim(0) == tokens || in[1].shape.dim(0) == 2 * tokens),
+  const auto o = bind_metas<PermuteOperands>(kPermute, NoParams{}, in);
+  check_matrix(kPermute, "x", o.x);
+  const std::int64_t tokens = o.x.shape.dim(0);
+  SG_CHECK(o.sources.shape.rank() == 1 && o.sources.dtype == DType::kInt32 && tokens > 0 &&
+               (o.sources.shape.dim(0) == tokens || o.sources.shape.dim(0) == 2 * tokens),
            "op moe_permute: sources must be int32 [tokens * k] with k 1 or 2 (tokens = ", tokens, "), got ",
-           in[1].shape, " ", dtype_name(in[1].dtype));
-  kernels::check_permute({in[0].dtype, tokens, in[0].shape.dim(1), static_cast<int>(in[1].shape.dim(0) / tokens)});
-  return {TensorMeta{Shape{in[1].shape.dim(0), in[0].shape.dim(1)}, in[0].dtype}};
+           o.sources.shape, " ", dtype_name(o.sources.dtype));
+  kernels::check_permute({o.x.dtype, tokens, o.x.shape.dim(1), static_cast<int>(o.sources.shape.dim(0) / tokens)});
+  return {TensorMeta{Shape{o.sources.shape.dim(0), o.x.shape.dim(1)}, o.x.dtype}};
 }
 
 // positions int32 [T, k] and rows [T*k, H]; returns the desc.
@@ -123,39 +223,44 @@ kernels::PermuteDesc check_rows(std::string_view op, const TensorMeta& rows, con
   return desc;
 }
 
-// Inputs: y_perm [T*k, H], positions [T, k][, gates fp32 [T, k]].
 std::vector<TensorMeta> check_unpermute(const OpParams&, std::span<const TensorMeta> in) {
-  SG_CHECK(in.size() == 2 || in.size() == 3, "op moe_unpermute takes y_perm, positions and optionally gates, got ",
-           in.size(), " inputs");
-  const kernels::PermuteDesc desc = check_rows("moe_unpermute", in[0], in[1]);
-  if (in.size() == 3) check_meta("moe_unpermute", "gates", in[2], {in[1].shape, DType::kFloat32});
+  const auto o = bind_metas<UnpermuteOperands>(kUnpermute, NoParams{}, in);
+  const kernels::PermuteDesc desc = check_rows(kUnpermute, o.y_perm, o.positions);
+  if (operand_layout<UnpermuteOperands>(NoParams{}, in.size()).gates >= 0) {
+    check_meta(kUnpermute, "gates", o.gates, {o.positions.shape, DType::kFloat32});
+  }
   return {TensorMeta{Shape{desc.tokens, desc.hidden}, desc.dtype}};
 }
 
-// Inputs: dy [T, H], y_perm [T*k, H], positions [T, k], gates fp32 [T, k].
 std::vector<TensorMeta> check_unpermute_backward(const OpParams&, std::span<const TensorMeta> in) {
-  constexpr std::string_view op = "moe_unpermute_backward";
-  check_arity(op, in, 4, "dy, y_perm, positions, gates");
-  const kernels::PermuteDesc desc = check_rows(op, in[1], in[2]);
-  check_meta(op, "dy", in[0], {Shape{desc.tokens, desc.hidden}, desc.dtype});
-  check_meta(op, "gates", in[3], {in[2].shape, DType::kFloat32});
-  return {in[1], TensorMeta{in[2].shape, DType::kFloat32}};
+  const auto o = bind_metas<UnpermuteBackwardOperands>(kUnpermuteBackward, NoParams{}, in);
+  const kernels::PermuteDesc desc = check_rows(kUnpermuteBackward, o.y_perm, o.positions);
+  check_meta(kUnpermuteBackward, "dy", o.dy, {Shape{desc.tokens, desc.hidden}, desc.dtype});
+  check_meta(kUnpermuteBackward, "gates", o.gates, {o.positions.shape, DType::kFloat32});
+  return {o.y_perm, TensorMeta{o.positions.shape, DType::kFloat32}};
 }
+
+std::int32_t* int_ptr(void* p) { return static_cast<std::int32_t*>(p); }
+float* float_ptr(void* p) { return static_cast<float*>(p); }
 
 }  // namespace
 
 const OpDef& router_topk_op() {
   static const OpDef op{
-      .name = "router_topk",
+      .name = kRouter,
       .check = check_router_topk,
       .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_router_topk(router_desc(p, a.input_metas[0]), a.inputs[0], int_ptr(a.outputs[0]),
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
+            const auto& p = params.as<TopkParams>();
+            const auto o = bind_args<RouterOperands>(p, a);
+            kernels::launch_router_topk(router_desc(p, *o.logits.meta), o.logits.data, int_ptr(a.outputs[0]),
                                         float_ptr(a.outputs[1]), s);
           },
       .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::router_topk(router_desc(p, a.input_metas[0]), a.inputs[0], int_ptr(a.outputs[0]),
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<TopkParams>();
+            const auto o = bind_args<RouterOperands>(p, a);
+            kernels::host::router_topk(router_desc(p, *o.logits.meta), o.logits.data, int_ptr(a.outputs[0]),
                                        float_ptr(a.outputs[1]));
           },
   };
@@ -165,17 +270,21 @@ SG_REGISTER_OP(router_topk_op);
 
 const OpDef& router_topk_backward_op() {
   static const OpDef op{
-      .name = "router_topk_backward",
+      .name = kRouterBackward,
       .check = check_router_backward,
       .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_router_backward(router_desc(p, a.input_metas[1]), float_ptr(a.inputs[0]), a.inputs[1],
-                                            int_ptr(a.inputs[2]), float_ptr(a.inputs[3]), a.outputs[0], s);
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
+            const auto& p = params.as<TopkParams>();
+            const auto o = bind_args<RouterBackwardOperands>(p, a);
+            kernels::launch_router_backward(router_desc(p, *o.logits.meta), o.dgates.as<float>(), o.logits.data,
+                                            o.experts.as<std::int32_t>(), o.gates.as<float>(), a.outputs[0], s);
           },
       .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::router_backward(router_desc(p, a.input_metas[1]), float_ptr(a.inputs[0]), a.inputs[1],
-                                           int_ptr(a.inputs[2]), float_ptr(a.inputs[3]), a.outputs[0]);
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<TopkParams>();
+            const auto o = bind_args<RouterBackwardOperands>(p, a);
+            kernels::host::router_backward(router_desc(p, *o.logits.meta), o.dgates.as<float>(), o.logits.data,
+                                           o.experts.as<std::int32_t>(), o.gates.as<float>(), a.outputs[0]);
           },
   };
   return op;
@@ -184,20 +293,24 @@ SG_REGISTER_OP(router_topk_backward_op);
 
 const OpDef& moe_plan_op() {
   static const OpDef op{
-      .name = "moe_plan",
+      .name = kPlan,
       .check = check_plan,
-      .mutated_inputs = {1},
+      .mutated_inputs_for = written_inputs_of<PlanOperands, MoEPlanParams>,
       .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_moe_plan(plan_desc(p, a.input_metas[0]), int_ptr(a.inputs[0]), int_ptr(a.outputs[0]),
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
+            const auto& p = params.as<MoEPlanParams>();
+            const auto o = bind_args<PlanOperands>(p, a);
+            kernels::launch_moe_plan(plan_desc(p, *o.experts.meta), o.experts.as<std::int32_t>(), int_ptr(a.outputs[0]),
                                      int_ptr(a.outputs[1]), int_ptr(a.outputs[2]), int_ptr(a.outputs[3]), a.outputs[4],
-                                     int_ptr(a.inputs[1]), s);
+                                     o.error_word.as<std::int32_t>(), s);
           },
       .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::moe_plan(plan_desc(p, a.input_metas[0]), int_ptr(a.inputs[0]), int_ptr(a.outputs[0]),
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<MoEPlanParams>();
+            const auto o = bind_args<PlanOperands>(p, a);
+            kernels::host::moe_plan(plan_desc(p, *o.experts.meta), o.experts.as<std::int32_t>(), int_ptr(a.outputs[0]),
                                     int_ptr(a.outputs[1]), int_ptr(a.outputs[2]), int_ptr(a.outputs[3]),
-                                    int_ptr(a.inputs[1]));
+                                    o.error_word.as<std::int32_t>());
           },
   };
   return op;
@@ -206,18 +319,22 @@ SG_REGISTER_OP(moe_plan_op);
 
 const OpDef& split_offsets_op() {
   static const OpDef op{
-      .name = "split_offsets",
+      .name = kSplitOffsets,
       .check = check_split_offsets,
-      .mutated_inputs = {1},
+      .mutated_inputs_for = written_inputs_of<SplitOffsetsOperands, SplitOffsetsParams>,
       .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_split_offsets(a.input_metas[0].numel(), p.as<SplitOffsetsParams>().tokens,
-                                          int_ptr(a.inputs[0]), int_ptr(a.outputs[0]), int_ptr(a.inputs[1]), s);
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
+            const auto& p = params.as<SplitOffsetsParams>();
+            const auto o = bind_args<SplitOffsetsOperands>(p, a);
+            kernels::launch_split_offsets(o.splits.numel(), p.tokens, o.splits.as<std::int32_t>(),
+                                          int_ptr(a.outputs[0]), o.error_word.as<std::int32_t>(), s);
           },
       .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::split_offsets(a.input_metas[0].numel(), p.as<SplitOffsetsParams>().tokens,
-                                         int_ptr(a.inputs[0]), int_ptr(a.outputs[0]), int_ptr(a.inputs[1]));
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<SplitOffsetsParams>();
+            const auto o = bind_args<SplitOffsetsOperands>(p, a);
+            kernels::host::split_offsets(o.splits.numel(), p.tokens, o.splits.as<std::int32_t>(), int_ptr(a.outputs[0]),
+                                         o.error_word.as<std::int32_t>());
           },
   };
   return op;
@@ -225,23 +342,25 @@ const OpDef& split_offsets_op() {
 SG_REGISTER_OP(split_offsets_op);
 
 namespace {
-kernels::PermuteDesc permute_call_desc(const KernelArgs& a) {
-  const TensorMeta& x = a.input_metas[0];
-  return {x.dtype, x.shape.dim(0), x.shape.dim(1), static_cast<int>(a.input_metas[1].numel() / x.shape.dim(0))};
+kernels::PermuteDesc permute_call_desc(const PermuteOperands<Operand>& o) {
+  const Shape& x = o.x.shape();
+  return {o.x.dtype(), x.dim(0), x.dim(1), static_cast<int>(o.sources.numel() / x.dim(0))};
 }
 }  // namespace
 
 const OpDef& moe_permute_op() {
   static const OpDef op{
-      .name = "moe_permute",
+      .name = kPermute,
       .check = check_permute,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_moe_permute(permute_call_desc(a), a.inputs[0], int_ptr(a.inputs[1]), a.outputs[0], s);
+            const auto o = bind_args<PermuteOperands>(NoParams{}, a);
+            kernels::launch_moe_permute(permute_call_desc(o), o.x.data, o.sources.as<std::int32_t>(), a.outputs[0], s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::moe_permute(permute_call_desc(a), a.inputs[0], int_ptr(a.inputs[1]), a.outputs[0]);
+            const auto o = bind_args<PermuteOperands>(NoParams{}, a);
+            kernels::host::moe_permute(permute_call_desc(o), o.x.data, o.sources.as<std::int32_t>(), a.outputs[0]);
           },
   };
   return op;
@@ -250,21 +369,19 @@ SG_REGISTER_OP(moe_permute_op);
 
 const OpDef& moe_unpermute_op() {
   static const OpDef op{
-      .name = "moe_unpermute",
+      .name = kUnpermute,
       .check = check_unpermute,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            const float* gates = a.inputs.size() == 3 ? float_ptr(a.inputs[2]) : nullptr;
-            kernels::launch_moe_unpermute(
-                permute_desc(a.input_metas[1], a.input_metas[0].shape.dim(1), a.input_metas[0].dtype), a.inputs[0],
-                int_ptr(a.inputs[1]), gates, a.outputs[0], s);
+            const auto o = bind_args<UnpermuteOperands>(NoParams{}, a);
+            kernels::launch_moe_unpermute(rows_desc(o.y_perm, o.positions), o.y_perm.data,
+                                          o.positions.as<std::int32_t>(), o.gates.as<const float>(), a.outputs[0], s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            const float* gates = a.inputs.size() == 3 ? float_ptr(a.inputs[2]) : nullptr;
-            kernels::host::moe_unpermute(
-                permute_desc(a.input_metas[1], a.input_metas[0].shape.dim(1), a.input_metas[0].dtype), a.inputs[0],
-                int_ptr(a.inputs[1]), gates, a.outputs[0]);
+            const auto o = bind_args<UnpermuteOperands>(NoParams{}, a);
+            kernels::host::moe_unpermute(rows_desc(o.y_perm, o.positions), o.y_perm.data,
+                                         o.positions.as<std::int32_t>(), o.gates.as<const float>(), a.outputs[0]);
           },
   };
   return op;
@@ -273,19 +390,21 @@ SG_REGISTER_OP(moe_unpermute_op);
 
 const OpDef& moe_unpermute_backward_op() {
   static const OpDef op{
-      .name = "moe_unpermute_backward",
+      .name = kUnpermuteBackward,
       .check = check_unpermute_backward,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_moe_unpermute_backward(
-                permute_desc(a.input_metas[2], a.input_metas[1].shape.dim(1), a.input_metas[1].dtype), a.inputs[0],
-                a.inputs[1], int_ptr(a.inputs[2]), float_ptr(a.inputs[3]), a.outputs[0], float_ptr(a.outputs[1]), s);
+            const auto o = bind_args<UnpermuteBackwardOperands>(NoParams{}, a);
+            kernels::launch_moe_unpermute_backward(rows_desc(o.y_perm, o.positions), o.dy.data, o.y_perm.data,
+                                                   o.positions.as<std::int32_t>(), o.gates.as<float>(), a.outputs[0],
+                                                   float_ptr(a.outputs[1]), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::moe_unpermute_backward(
-                permute_desc(a.input_metas[2], a.input_metas[1].shape.dim(1), a.input_metas[1].dtype), a.inputs[0],
-                a.inputs[1], int_ptr(a.inputs[2]), float_ptr(a.inputs[3]), a.outputs[0], float_ptr(a.outputs[1]));
+            const auto o = bind_args<UnpermuteBackwardOperands>(NoParams{}, a);
+            kernels::host::moe_unpermute_backward(rows_desc(o.y_perm, o.positions), o.dy.data, o.y_perm.data,
+                                                  o.positions.as<std::int32_t>(), o.gates.as<float>(), a.outputs[0],
+                                                  float_ptr(a.outputs[1]));
           },
   };
   return op;
@@ -293,7 +412,8 @@ const OpDef& moe_unpermute_backward_op() {
 SG_REGISTER_OP(moe_unpermute_backward_op);
 
 RouterResult router_topk(Context& ctx, const Tensor& logits, int topk) {
-  std::vector<Tensor> out = ctx.call(router_topk_op(), TopkParams{topk}, {logits});
+  std::vector<Tensor> out =
+      ctx.call(router_topk_op(), TopkParams{topk}, flatten(kRouter, TopkParams{topk}, RouterOperands<Tensor>{logits}));
   out[0].set_name("router.experts");
   out[1].set_name("router.gates");
   return {out[0], out[1]};
@@ -301,11 +421,18 @@ RouterResult router_topk(Context& ctx, const Tensor& logits, int topk) {
 
 Tensor router_topk_backward(Context& ctx, const Tensor& dgates, const Tensor& logits, const RouterResult& routed) {
   const int topk = routed.experts.shape().rank() == 2 ? static_cast<int>(routed.experts.shape().dim(1)) : 0;
-  return ctx.call(router_topk_backward_op(), TopkParams{topk}, {dgates, logits, routed.experts, routed.gates}).front();
+  const TopkParams params{topk};
+  return ctx
+      .call(router_topk_backward_op(), params,
+            flatten(kRouterBackward, params,
+                    RouterBackwardOperands<Tensor>{dgates, logits, routed.experts, routed.gates}))
+      .front();
 }
 
 MoEPlan moe_plan(Context& ctx, const Tensor& experts, const Tensor& error_word, std::int64_t num_experts) {
-  std::vector<Tensor> out = ctx.call(moe_plan_op(), MoEPlanParams{num_experts}, {experts, error_word});
+  const MoEPlanParams params{num_experts};
+  std::vector<Tensor> out =
+      ctx.call(moe_plan_op(), params, flatten(kPlan, params, PlanOperands<Tensor>{experts, error_word}));
   out[0].set_name("moe.splits");
   out[1].set_name("moe.offsets");
   out[2].set_name("moe.positions");
@@ -314,22 +441,30 @@ MoEPlan moe_plan(Context& ctx, const Tensor& experts, const Tensor& error_word, 
 }
 
 Tensor split_offsets(Context& ctx, const Tensor& splits, const Tensor& error_word, std::int64_t tokens) {
-  return ctx.call(split_offsets_op(), SplitOffsetsParams{tokens}, {splits, error_word}).front();
+  const SplitOffsetsParams params{tokens};
+  return ctx
+      .call(split_offsets_op(), params,
+            flatten(kSplitOffsets, params, SplitOffsetsOperands<Tensor>{splits, error_word}))
+      .front();
 }
 
 Tensor moe_permute(Context& ctx, const Tensor& x, const Tensor& sources) {
-  return ctx.call(moe_permute_op(), NoParams{}, {x, sources}).front();
+  return ctx.call(moe_permute_op(), NoParams{}, flatten(kPermute, NoParams{}, PermuteOperands<Tensor>{x, sources}))
+      .front();
 }
 
 Tensor moe_unpermute(Context& ctx, const Tensor& y_perm, const Tensor& positions, const Tensor& gates) {
-  std::vector<Tensor> inputs{y_perm, positions};
-  if (gates.defined()) inputs.push_back(gates);
-  return ctx.call(moe_unpermute_op(), NoParams{}, std::move(inputs)).front();
+  return ctx
+      .call(moe_unpermute_op(), NoParams{},
+            flatten(kUnpermute, NoParams{}, UnpermuteOperands<Tensor>{y_perm, positions, gates}))
+      .front();
 }
 
 UnpermuteGrads moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& y_perm, const Tensor& positions,
                                       const Tensor& gates) {
-  std::vector<Tensor> out = ctx.call(moe_unpermute_backward_op(), NoParams{}, {dy, y_perm, positions, gates});
+  std::vector<Tensor> out = ctx.call(
+      moe_unpermute_backward_op(), NoParams{},
+      flatten(kUnpermuteBackward, NoParams{}, UnpermuteBackwardOperands<Tensor>{dy, y_perm, positions, gates}));
   return {out[0], out[1]};
 }
 

@@ -20,7 +20,9 @@
 // order of the inputs in a program (graph keys, dumps) is the visit order,
 // and nothing else counts positions. A list operand is a std::vector of
 // fields: `v.list(name, items, count)` sizes it before its elements are
-// visited, with kRestOfInputs for a last list as long as the inputs left.
+// visited, with kRestOfInputs for a last list as long as the inputs left;
+// `v.optional_last(slot, field)` is a last operand present when the call
+// gives it (a defined tensor, one more input), whatever the params.
 #pragma once
 
 #include <cstddef>
@@ -83,6 +85,10 @@ class Flattener {
     SG_CHECK(count == kRestOfInputs || items.size() == count, "op ", op_, ": operand list '", name, "' holds ",
              items.size(), " elements, its params say ", count);
   }
+  void optional_last(Slot slot, const Tensor& tensor) {
+    slot.present = tensor.defined();
+    (*this)(slot, tensor);
+  }
   std::vector<Tensor> take() { return std::move(inputs_); }
 
  private:
@@ -101,6 +107,7 @@ class Binder {
   std::size_t next() const { return next_; }
 
  protected:
+  bool inputs_left() const { return next_ < input_count_; }
   // The input the next present field binds to, or false past the end.
   bool advance(const Slot& slot, std::size_t& at) {
     if (!slot.present) return false;
@@ -120,6 +127,10 @@ class MetaBinder : public Binder {
     std::size_t at = 0;
     if (advance(slot, at)) meta = inputs_[at];
   }
+  void optional_last(Slot slot, TensorMeta& field) {
+    slot.present = inputs_left();
+    (*this)(slot, field);
+  }
 
  private:
   std::span<const TensorMeta> inputs_;
@@ -131,6 +142,10 @@ class ArgBinder : public Binder {
   void operator()(const Slot& slot, Operand& operand) {
     std::size_t at = 0;
     if (advance(slot, at)) operand = {args_.inputs[at], &args_.input_metas[at]};
+  }
+  void optional_last(Slot slot, Operand& field) {
+    slot.present = inputs_left();
+    (*this)(slot, field);
   }
 
  private:
@@ -148,6 +163,10 @@ class IndexBinder : public Binder {
     index = static_cast<int>(at);
     if (slot.use == Use::kWrite) written.push_back(index);
   }
+  void optional_last(Slot slot, int& field) {
+    slot.present = inputs_left();
+    (*this)(slot, field);
+  }
   std::vector<int> written;
 };
 
@@ -157,6 +176,10 @@ class Namer {
   template <typename F>
   void operator()(const Slot& slot, F&) {
     if (slot.present) names.push_back(slot_name(slot));
+  }
+  template <typename F>
+  void optional_last(const Slot& slot, F&) {
+    names.push_back(slot_name(slot) + " (optional)");
   }
   template <typename X>
   void list(std::string_view name, std::vector<X>& items, std::size_t count) {

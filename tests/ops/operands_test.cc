@@ -88,5 +88,29 @@ TEST(OperandsTest, FlattenChecksPresenceAndListSizes) {
   EXPECT_ERROR_CONTAINS(flatten("toy", ToyParams{.pairs = 1}, o), "operand 'pairs[0]' is missing");
 }
 
+template <typename F>
+struct TailOperands {
+  F x;
+  F gates;
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, TailOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+  v.optional_last({"gates"}, o.gates);
+}
+
+TEST(OperandsTest, AnOptionalLastOperandIsThereWhenTheCallGivesIt) {
+  EXPECT_EQ(operand_layout<TailOperands>(NoParams{}, 1).gates, -1);
+  EXPECT_EQ(operand_layout<TailOperands>(NoParams{}, 2).gates, 1);
+  const std::vector<TensorMeta> three{f32(1), f32(2), f32(3)};
+  EXPECT_ERROR_CONTAINS(bind_metas<TailOperands>("tail", NoParams{}, three), "op tail takes 2 inputs",
+                        "x, gates (optional)", "got 3");
+  Context ctx(Device::kHost);
+  const Tensor x = ctx.persistent("x", f32(1));
+  EXPECT_EQ(flatten("tail", NoParams{}, TailOperands<Tensor>{.x = x}).size(), 1u);
+  EXPECT_EQ(flatten("tail", NoParams{}, TailOperands<Tensor>{.x = x, .gates = x}).size(), 2u);
+}
+
 }  // namespace
 }  // namespace stepgraph::ops

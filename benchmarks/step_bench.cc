@@ -40,6 +40,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -47,6 +48,7 @@
 #include "benchmarks/model_flops.h"
 #include "benchmarks/step_configs.h"
 #include "benchmarks/step_runner.h"
+#include "engine/algorithm_choice.h"
 #include "engine/communicator.h"
 #include "engine/cuda_check.h"
 #include "engine/device.h"
@@ -59,24 +61,24 @@
 namespace stepgraph::bench {
 namespace {
 
+// The flags as values: main() converts each choice once, where CLI11 read it.
 struct Options {
   std::string configs = "small,medium,large,moe";
-  std::string device = "cuda";
+  Device device = Device::kCuda;
   int steps = 50;
   int warmup = 10;
   int dp = 0;  // 0: the single-GPU benchmark; N: data-parallel rows over N ranks
   int tp = 0;  // N: tensor-parallel rows over N ranks (Note [Tensor-parallel rows])
-  std::string overlap = "bulk";
+  MLPOverlap overlap;  // bulk
   bool profile = false;  // one profiled step per graphed row
   bool cuda_profiler_range = false;  // one graphed replay between cudaProfilerStart and Stop
-  std::string dp_mode = "allreduce";
+  DataParallelMode dp_mode = DataParallelMode::kAllReduce;
   int timeout_s = 300;
-  std::string fp8 = "none";  // none | current | delayed | block: FP8 GEMMs in every config's blocks
-  bool fp8_weight_cache = false;  // Fp8Recipe::cache_weights
+  std::optional<Fp8Recipe> fp8;   // FP8 GEMMs in every config's blocks (--fp8-weight-cache: its cache_weights)
   bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
   bool recompute_activation = false;  // ResidualStackConfig::recompute_activation
   bool step_scoped_gradients = false;  // AdamW::use_step_scoped_gradients
-  std::string gemm_algorithms = "heuristic";  // Note [Deterministic algorithm choice]
+  AlgorithmChoice gemm_algorithms = AlgorithmChoice::kHeuristic;  // Note [Deterministic algorithm choice]
   float dropout = 0.0f;               // ResidualStackConfig::dropout
   std::string out;
 };
@@ -136,12 +138,12 @@ nlohmann::json result_header(const std::string& device, const Options& options, 
       {"source", "stepgraph"},
       {"device", device},
       {"peak_tflops", kH100PeakTflops},
-      {"fp8", options.fp8},
-      {"fp8_weight_cache", options.fp8_weight_cache},
+      {"fp8", options.fp8 ? std::string(fp8_scaling_name(options.fp8->scaling)) : std::string("none")},
+      {"fp8_weight_cache", options.fp8 && options.fp8->cache_weights},
       {"skip_nonfinite", options.skip_nonfinite},
       {"recompute_activation", options.recompute_activation},
       {"step_scoped_gradients", options.step_scoped_gradients},
-      {"gemm_algorithms", options.gemm_algorithms},
+      {"gemm_algorithms", algorithm_choice_name(options.gemm_algorithms)},
       {"dropout", options.dropout},
       {"steps", options.steps},
       {"warmup", options.warmup},
@@ -259,17 +261,17 @@ std::unique_ptr<Communicator> join_world(const LaunchInfo& launch, Device device
 int run_parallel(const Options& options, Device device, const std::vector<StepConfig>& configs,
                  const StepRunOptions& run_options, const LaunchInfo& launch, const nlohmann::json& env) {
   const bool tensor = options.tp > 0;
-  const DataParallelMode mode = parse_dp_mode(options.dp_mode);
+  const DataParallelMode mode = options.dp_mode;
   SG_CHECK(options.timeout_s > 0, "--timeout-s must be positive, got ", options.timeout_s);
   const auto timeout = std::chrono::milliseconds(std::int64_t{1000} * options.timeout_s);
   std::ostringstream tag;  // what every rank must agree on
   if (tensor) {
-    tag << "step_bench --tp " << options.tp << " --overlap " << options.overlap;
+    tag << "step_bench --tp " << options.tp << " --overlap " << options.overlap.to_string();
   } else {
-    tag << "step_bench --dp " << options.dp << " --dp-mode " << options.dp_mode;
+    tag << "step_bench --dp " << options.dp << " --dp-mode " << data_parallel_mode_name(mode);
   }
   tag << " --configs " << options.configs << " --steps " << options.steps << " --warmup " << options.warmup
-      << " --device " << options.device;
+      << " --device " << device_name(device);
   std::unique_ptr<Communicator> world = join_world(launch, device, tag.str(), timeout);
   const bool leader = launch.rank == 0;
   const int n = launch.world_size;
@@ -295,7 +297,7 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
       {"world_size", n},
       {"local_world_size", launch.local_world_size},
       {"launcher", launch.launcher},
-      {"dp_mode", n > 1 ? nlohmann::json(std::string(dp_mode_name(mode))) : nullptr},
+      {"dp_mode", n > 1 ? nlohmann::json(std::string(data_parallel_mode_name(mode))) : nullptr},
       {"communicator", world != nullptr ? world->describe() : "none (world size 1)"},
       {"nccl_version", device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr},
       {"multicast_env", env},
@@ -350,14 +352,10 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
 
 int run(const Options& options) {
   const nlohmann::json env = bench::keep_multicast_off("step_bench");  // before anything starts NCCL
-  SG_CHECK(options.device == "cuda" || options.device == "host", "--device must be cuda or host, got '", options.device,
-           "'");
-  const Device device = options.device == "cuda" ? Device::kCuda : Device::kHost;
+  const Device device = options.device;
   std::vector<StepConfig> configs = parse_config_list(options.configs);
-  if (options.fp8 != "none") {
-    Fp8Recipe recipe = Fp8Recipe::of(parse_fp8_scaling(options.fp8));
-    recipe.cache_weights = options.fp8_weight_cache;
-    for (StepConfig& config : configs) config.model.fp8 = recipe;
+  if (options.fp8) {
+    for (StepConfig& config : configs) config.model.fp8 = options.fp8;
   }
   for (const StepConfig& config : configs) {
     SG_CHECK(device == Device::kCuda || config.name == "tiny", "--device host runs only the smoke config 'tiny' ",
@@ -372,7 +370,7 @@ int run(const Options& options) {
   run_options.skip_nonfinite = options.skip_nonfinite;
   run_options.recompute_activation = options.recompute_activation;
   run_options.step_scoped_gradients = options.step_scoped_gradients;
-  run_options.gemm_algorithms = *parse_algorithm_choice(options.gemm_algorithms);  // CLI11 checked the name
+  run_options.gemm_algorithms = options.gemm_algorithms;
   run_options.dropout = options.dropout;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
@@ -382,12 +380,11 @@ int run(const Options& options) {
     SG_CHECK(options.tp == launch.world_size, "--tp ", options.tp, " needs ", options.tp,
              " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.tp,
              " bin/step_bench --tp ", options.tp, "), but this run has ", launch.world_size);
-    run_options.overlap = MLPOverlap::parse(options.overlap);
+    run_options.overlap = options.overlap;
   } else {
     check_dp_flag(options.dp, launch.world_size);
     if (options.dp == 0) return run_single(options, device, configs, run_options);
   }
-  (void)parse_dp_mode(options.dp_mode);  // a bad flag before any rank meets another
   try {
     return run_parallel(options, device, configs, run_options, launch, env);
   } catch (const std::exception& error) {
@@ -406,19 +403,28 @@ int run(const Options& options) {
 int main(int argc, char** argv) {
   CLI::App app{"Training step, eager and graphed: step time, tokens/s, MFU, pool, capture time, memory"};
   stepgraph::bench::Options options;
+  // The choices' texts, converted once after parsing (CLI11 checked the names).
+  std::string device = "cuda";
+  std::string overlap = "bulk";
+  std::string dp_mode = "allreduce";
+  std::string fp8 = "none";
+  std::string gemm_algorithms = "heuristic";
+  bool fp8_weight_cache = false;
   app.add_option("--configs", options.configs, "comma-separated: small, medium, large, moe (tiny: host smoke)")
       ->capture_default_str();
   app.add_option("--steps", options.steps, "timed steps per mode (>= 50 for the report)")->capture_default_str();
   app.add_option("--warmup", options.warmup, "untimed steps first; the first 5 compare eager and graph losses")
       ->capture_default_str();
-  app.add_option("--device", options.device, "cuda, or host (only with --configs tiny)")->capture_default_str();
+  app.add_option("--device", device, "cuda, or host (only with --configs tiny)")
+      ->check(CLI::IsMember({"cuda", "host"}))
+      ->capture_default_str();
   app.add_option("--dp", options.dp,
                  "data parallel over the launch's N ranks (torchrun/srun/mpirun; one process: 1): per-GPU tokens/s "
                  "at N against each GPU alone");
   app.add_option("--tp", options.tp,
                  "tensor parallel over the launch's N ranks: the same global step sharded over N GPUs against one GPU "
                  "training it alone");
-  app.add_option("--overlap", options.overlap, "with --tp: none, bulk, overlap, or four modes (trainer/README.md)")
+  app.add_option("--overlap", overlap, "with --tp: none, bulk, overlap, or four modes (trainer/README.md)")
       ->capture_default_str();
   app.add_flag("--profile", options.profile,
                "after each graphed row, one profiled step: each stream's busy time, the exposed communication, the "
@@ -426,11 +432,12 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-profiler-range", options.cuda_profiler_range,
                "after each graphed row's timed steps, one replay between cudaProfilerStart and cudaProfilerStop: "
                "ncu --profile-from-start off (or nsys --capture-range=cudaProfilerApi) then sees that step alone");
-  app.add_option("--dp-mode", options.dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
+  app.add_option("--dp-mode", dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
+      ->check(CLI::IsMember({"allreduce", "zero1"}))
       ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")
       ->capture_default_str();
-  app.add_option("--fp8", options.fp8,
+  app.add_option("--fp8", fp8,
                  "FP8 GEMMs in the attention projections, MLPs and experts: none, current, delayed or block (block: "
                  "not in MoE configs); MFU stays counted against the bf16 peak")
       ->check(CLI::IsMember({"none", "current", "delayed", "block"}))
@@ -445,15 +452,29 @@ int main(int argc, char** argv) {
   app.add_flag("--step-scoped-gradients", options.step_scoped_gradients,
                "gradients live from their backward to their group's update, in the step's memory, not persistent "
                "(not with --dp, --tp, --skip-nonfinite)");
-  app.add_flag("--fp8-weight-cache", options.fp8_weight_cache,
+  app.add_flag("--fp8-weight-cache", fp8_weight_cache,
                "with --fp8 current or delayed: each weight quantized once per optimizer step into persistent copies");
-  app.add_option("--gemm-algorithms", options.gemm_algorithms,
+  app.add_option("--gemm-algorithms", gemm_algorithms,
                  "heuristic (cuBLASLt's choice, the same bits every run) or timed (the fastest in this process)")
       ->check(CLI::IsMember({"heuristic", "timed"}))
       ->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here (with --dp: rank 0)");
   CLI11_PARSE(app, argc, argv);
   try {
+    namespace sg = stepgraph;
+    options.device = device == "cuda" ? sg::Device::kCuda : sg::Device::kHost;
+    options.dp_mode = dp_mode == "zero1" ? sg::DataParallelMode::kZero1 : sg::DataParallelMode::kAllReduce;
+    options.gemm_algorithms = *sg::parse_algorithm_choice(gemm_algorithms);
+    if (fp8 != "none") {
+      options.fp8 = sg::Fp8Recipe::of(sg::parse_fp8_scaling(fp8));
+      options.fp8->cache_weights = fp8_weight_cache;
+    }
+    try {
+      options.overlap = sg::MLPOverlap::parse(overlap);
+    } catch (const sg::Error& error) {
+      std::cerr << "step_bench: --overlap: " << error.message() << "\n";
+      return 2;
+    }
     return stepgraph::bench::run(options);
   } catch (const stepgraph::Error& error) {
     std::cerr << "step_bench: " << error.message() << "\n";

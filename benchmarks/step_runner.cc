@@ -346,17 +346,6 @@ nlohmann::json run_config(const StepConfig& config, const StepRunOptions& option
 
 // ---------------------------------------------------------------- data parallelism
 
-DataParallelMode parse_dp_mode(std::string_view name) {
-  if (name == "allreduce") return DataParallelMode::kAllReduce;
-  SG_CHECK(name == "zero1", "--dp-mode is allreduce (every rank all-reduces the gradients and updates everything) ",
-           "or zero1 (the optimizer sharded over the ranks), got '", name, "'");
-  return DataParallelMode::kZero1;
-}
-
-std::string_view dp_mode_name(DataParallelMode mode) {
-  return mode == DataParallelMode::kZero1 ? "zero1" : "allreduce";
-}
-
 void check_dp_flag(int dp, int world_size) {
   SG_CHECK(dp >= 0, "--dp must be the number of ranks (>= 1), got ", dp);
   SG_CHECK(dp != 0 || world_size == 1, "this process is one of ", world_size,
@@ -445,7 +434,7 @@ nlohmann::json dp_system_json(const StepConfig& config, StepMode mode, int world
   const std::string name = dp_system_name(mode, world_size);
   nlohmann::json out = system_json(name, config, r.combined, eager.combined);
   out["world_size"] = world_size;
-  out["dp_mode"] = dp_mode ? nlohmann::json(std::string(dp_mode_name(*dp_mode))) : nullptr;
+  out["dp_mode"] = dp_mode ? nlohmann::json(std::string(data_parallel_mode_name(*dp_mode))) : nullptr;
   out["rank_median_us"] = r.rank_median_us;
   out["global_tokens_per_s"] = world_size * out["tokens_per_s"].get<double>();
   const double median = r.combined.step_us.median_us;
@@ -498,7 +487,7 @@ nlohmann::json dp_config_json(const StepConfig& config, const DataParallelResult
   out["reason"] = nullptr;
   out["world_size"] = n;
   out["global_tokens"] = n * config.tokens;
-  out["dp_mode"] = n > 1 ? nlohmann::json(std::string(dp_mode_name(results.mode))) : nullptr;
+  out["dp_mode"] = n > 1 ? nlohmann::json(std::string(data_parallel_mode_name(results.mode))) : nullptr;
 
   const RankedResult& top_eager = n > 1 ? *results.dp_eager : results.baseline_eager;
   const RankedResult& top_graph = n > 1 ? *results.dp_graph : results.baseline_graph;

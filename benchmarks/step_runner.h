@@ -175,10 +175,6 @@ nlohmann::json config_header_json(const StepConfig& config);
 
 // ---- Data parallelism (step_bench --dp; Note [Data-parallel rows]) ----
 
-// "allreduce" or "zero1"; Error(kInvalidArgument) naming --dp-mode otherwise.
-DataParallelMode parse_dp_mode(std::string_view name);
-std::string_view dp_mode_name(DataParallelMode mode);
-
 // step_bench's --dp against the launch: `dp` 0 (not given) runs the
 // single-GPU benchmark and needs a world of 1; otherwise `dp` must be the
 // world size. Error(kInvalidArgument) saying how to launch otherwise.

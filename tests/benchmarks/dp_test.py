@@ -141,7 +141,7 @@ def test_two_host_processes_write_the_tensor_parallel_rows(tmp_path):
         (["--tp", "2"], {}, "--tp 2 needs 2 ranks"),
         (["--tp", "2", "--dp", "2"], {}, "--tp and --dp together"),
         (["--dp", "2"], {}, "--dp 2 needs 2 ranks"),
-        (["--dp", "1", "--dp-mode", "ddp"], {}, "--dp-mode is allreduce"),
+        (["--dp", "1", "--dp-mode", "ddp"], {}, "--dp-mode: ddp not in {allreduce,zero1}"),
         (["--dp", "-1"], {}, "--dp must be the number of ranks"),
         ([], {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
          "--dp was not given: pass --dp 2"),

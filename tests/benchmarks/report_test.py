@@ -277,7 +277,7 @@ def test_peer_starts_no_system_after_its_budget():
     "flags, message",
     [
         (["--device", "host", "--configs", "small"], "runs only the smoke config 'tiny'"),
-        (["--device", "tpu", "--configs", "tiny"], "--device must be cuda or host"),
+        (["--device", "tpu", "--configs", "tiny"], "--device: tpu not in {cuda,host}"),
         (["--device", "host", "--configs", "tiny,,small"], "empty name"),
         (["--device", "host", "--configs", "tiny", "--steps", "0"], "--steps must be >= 1"),
     ],

@@ -1,42 +1,45 @@
 // LayerNormMLP: norm -> fc1 -> GeLU -> fc2, TransformerEngine's MLP block
-// without its residual. The bias and the GeLU of fc1 are fused into one
-// cuBLASLt epilogue (GELU_AUX_BIAS, which keeps the pre-activation for the
-// backward), fc2's bias into another (BIAS); the backward fuses GeLU's
-// derivative and fc1's bias gradient into fc2's dgrad (DGELU_BGRAD) and fc2's
-// bias gradient into its wgrad (BGRADB). In fp32 (where cuBLASLt has no
-// GeLU epilogues) GeLU and its derivative run as separate ops and fc1's bias
-// gradient comes fused into fc1's wgrad instead: the same math, unfused.
+// without its residual, composed of a Norm and two Linears in every
+// precision and parallel mode. fc1 carries GeLU as its activation and fc2
+// GeLU's derivative as its input activation (Note [Linear epilogues] in
+// layers/linear.h): in 16 bits fc1's GEMM adds the bias and applies GeLU,
+// keeping the pre-activation in 16 bits (GELU_AUX_BIAS), fc2's adds its bias
+// (BIAS); the backward fuses GeLU's derivative and fc1's bias gradient into
+// fc2's data gradient (DGELU_BGRAD) and fc2's bias gradient into its weight
+// gradient (BGRADB). In fp32 and FP8 (no GeLU epilogues there) GeLU and its
+// derivative run as ops of their own and fc1's bias gradient comes from
+// fc1's weight gradient instead: the same math, unfused.
 //
 // Note [Sequence-parallel LayerNormMLP]
 // With a tensor-parallel communicator of N ranks (Megatron's tensor and
 // sequence parallelism), each rank holds 1/N of the tokens outside the MLP
 // (its input and output are [tokens / N, hidden]) and 1/N of the ffn inside
-// it: fc1's rows [r ffn/N, (r+1) ffn/N) with their bias (column-parallel),
-// fc2's matching columns (row-parallel). The forward normalises its token
-// shard, all-gathers the normalised tokens, runs fc1 and GeLU on its ffn
-// slice, multiplies by its fc2 slice and reduce-scatters the partial sums
-// back to token shards; fc2's bias is added by rank 0's GEMM only, so the
-// sum holds it once. The backward mirrors it: dy is all-gathered, the
-// weight gradients of the slices are local, d_normed is reduce-scattered,
-// and the norm's gamma and beta gradients (of this rank's tokens only) are
-// all-reduced across the ranks. Each rank's slices are the slices of the
-// weights one rank would draw from the same seed, so N ranks compute what
-// one computes, up to the order of the fp32 additions of fc2's partial sums.
-// How each of the four collectives meets its GEMM (none, bulk, ring_exchange,
-// pipelined) is the config's `overlap`: See Note [Communication-GEMM overlap].
+// it: fc1 is a column-parallel and fc2 a row-parallel Linear, both
+// sequence-parallel (Note [Column- and row-parallel Linear] in
+// layers/linear.h). The forward normalises its token shard; fc1 all-gathers
+// the normalised tokens and runs its ffn slice with GeLU; fc2 multiplies by
+// its slice and reduce-scatters the partial sums back to token shards (its
+// bias added by rank 0's GEMM only, so the sum holds it once). The backward
+// mirrors it: fc2 all-gathers dy, the weight gradients of the slices are
+// local, fc1 reduce-scatters d_normed, and the norm's gamma and beta
+// gradients (of this rank's tokens only) are all-reduced across the ranks.
+// Each rank's slices are the slices of the weights one rank would draw from
+// the same seed, so N ranks compute what one computes, up to the order of
+// the fp32 additions of fc2's partial sums. How each of the four collectives
+// meets its GEMM (none, bulk, ring_exchange, pipelined) is the config's
+// `overlap`, handed to the Linears: See Note [Communication-GEMM overlap].
 //
 // Note [FP8 LayerNormMLP]
 // With config.fp8, fc1 and fc2 are FP8 Linears with the recipe
 // (Note [FP8 Linear]): the same parameters under the same names and seeds,
-// the norm in 16 bits, GeLU between them as its own op (cuBLASLt's FP8 GEMMs
-// have no GeLU epilogues), fc1's and fc2's scaling state their own. With a
-// tensor-parallel communicator fc1 is a column- and fc2 a row-parallel FP8
-// Linear, both sequence-parallel, so the layer shards as the 16-bit one does
-// (Note [FP8 Linear] for how FP8 meets the collectives); the overlap's four
-// modes go to the Linears and must be none or bulk. With current or delayed
+// the norm in 16 bits, GeLU between them as its own op, fc1's and fc2's
+// scaling state their own. Under tensor parallelism they shard as the
+// 16-bit ones do (Note [FP8 Linear] for how FP8 meets the collectives); the
+// overlap's four modes must be none or bulk. With current or delayed
 // scaling and no tensor parallelism, the norm writes fc1's FP8 input, GeLU
 // fc2's, and GeLU's backward fc1's FP8 output gradient in their own passes
 // (config.fp8_fused; Note [Fused FP8 operands] in layers/linear.h): the
+// operands' makers then apply GeLU and its derivative, not the Linears; the
 // 16-bit normed and act are never written, and current scaling reads pre
 // twice (amax, then the copies) instead of writing act and reading it twice.
 #pragma once
@@ -98,12 +101,9 @@ class LayerNormMLP {
   };
   struct Saved {
     Norm::Saved norm;
-    Tensor normed;  // fc1's input (FP8: undefined, fc1 keeps its FP8 copy)
-    Tensor pre;     // fc1's output before GeLU (the epilogue's aux)
-    Tensor act;     // GeLU(pre): fc2's input (FP8, recompute_activation: undefined)
-    // FP8 only: what fc1's and fc2's Linears saved.
-    Linear::Saved fc1;
-    Linear::Saved fc2;
+    Tensor pre;         // fc1's output before GeLU (the epilogue's aux); fc2's backward reads it
+    Linear::Saved fc1;  // its x: the normed input (sequence-parallel: all-gathered; FP8: undefined)
+    Linear::Saved fc2;  // its x: GeLU(pre) (FP8, recompute_activation: undefined)
   };
   struct Forward {
     Tensor y;  // [tokens, hidden]
@@ -133,24 +133,14 @@ class LayerNormMLP {
   std::vector<Linear*> fp8_linears();
 
  private:
-  bool fused_gelu() const { return config_.dtype != DType::kFloat32; }
-  int tp_size() const;              // tensor-parallel ranks (1 without)
-  std::int64_t local_ffn() const;  // this rank's slice of ffn
-
   std::string label_;  // "LayerNormMLP 'name'", for argument errors
   LayerNormMLPConfig config_;
   Communicator* tp_ = nullptr;
+  // The norm and GeLU write the Linears' FP8 operands (Note [FP8 LayerNormMLP]).
+  bool quantized_operands_ = false;
   Norm norm_;
-  Parameter w1_;  // [ffn, hidden] (this rank's [ffn / N, hidden] rows when tensor-parallel)
-  Parameter b1_;  // [ffn] (its [ffn / N])
-  Parameter w2_;  // [hidden, ffn] (its [hidden, ffn / N] columns)
-  Parameter b2_;  // [hidden], on every rank
-  // FP8: fc1 and fc2 as Linears, holding the four parameters above instead.
-  std::optional<Linear> fc1_;
-  std::optional<Linear> fc2_;
-  Forward forward_fp8(Context& ctx, const FwdArgs& args) const;
-  Tensor backward_fp8(Context& ctx, const Saved& saved, const BwdArgs& args) const;
-  bool fused_fp8() const;  // Note [FP8 LayerNormMLP]: the fused path
+  Linear fc1_;  // [ffn, hidden] (column-parallel: this rank's ffn / N rows), GeLU as its activation
+  Linear fc2_;  // [hidden, ffn] (row-parallel: this rank's ffn / N columns), GeLU's derivative on its dx
 };
 
 }  // namespace stepgraph

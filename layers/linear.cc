@@ -9,6 +9,7 @@
 #include "engine/error.h"
 #include "layers/layer_checks.h"
 #include "layers/weight_grad_scope.h"
+#include "ops/activation_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
 #include "ops/fp8_ops.h"
@@ -24,6 +25,14 @@ std::string_view tensor_parallel_mode_name(TensorParallelMode mode) {
     case TensorParallelMode::kNone: return "none";
     case TensorParallelMode::kColumn: return "column";
     case TensorParallelMode::kRow: return "row";
+  }
+  return "unknown";
+}
+
+std::string_view linear_activation_name(LinearActivation activation) {
+  switch (activation) {
+    case LinearActivation::kNone: return "none";
+    case LinearActivation::kGelu: return "gelu";
   }
   return "unknown";
 }
@@ -75,6 +84,14 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
                     " with FP8: an FP8 tensor-parallel layer runs its collectives none or bulk (Note [FP8 Linear])");
     }
   }
+  // See Note [Linear epilogues]: an activation of a partial sum is not the sum's.
+  SG_CHECK(!row() || config.activation == LinearActivation::kNone, label_, ": activation ",
+           linear_activation_name(config.activation),
+           " on a row-parallel layer would act on each rank's partial sum; put it on a column-parallel or plain Linear");
+  SG_CHECK(!column() || config.input_activation == LinearActivation::kNone, label_, ": input_activation ",
+           linear_activation_name(config.input_activation),
+           " on a column-parallel layer would differentiate each rank's partial dx; use it on a row-parallel or "
+           "plain Linear");
   check_overlap("fprop_overlap", config.fprop_overlap, column() ? CommOverlap::kRingExchange : CommOverlap::kPipelined);
   check_overlap("dgrad_overlap", config.dgrad_overlap, column() ? CommOverlap::kPipelined : CommOverlap::kRingExchange);
   const float scale = 1.0f / std::sqrt(static_cast<float>(config.in_features));
@@ -231,6 +248,11 @@ Linear::Forward Linear::forward_fp8_from(Context& ctx, const detail::Fp8Copies& 
                         adds_bias ? bias_.value : Tensor())
               .d;
   if (row()) out.y = sum_partials(ctx, out.y, config_.fprop_overlap);
+  if (config_.activation == LinearActivation::kGelu) {
+    // FP8 GEMMs have no GeLU epilogue (Note [Linear epilogues]).
+    out.pre = out.y;
+    out.y = ops::gelu(ctx, out.pre);
+  }
   out.saved = Saved{.dgrad = config_.dgrad,
                     .wgrad = config_.wgrad,
                     .x_fp8_t = x.columnwise,
@@ -316,11 +338,13 @@ Tensor Linear::backward_fp8_from(Context& ctx, const Saved& saved, const detail:
   return dx;
 }
 
-bool Linear::takes_quantized_operands() const {
+bool takes_quantized_operands(const LinearConfig& config, bool tensor_parallel) {
   // The fused kernels that make the operands read 16-bit tensors.
-  const bool sixteen_bit = config_.dtype == DType::kBFloat16 || config_.dtype == DType::kFloat16;
-  return config_.fp8 && config_.fp8->scaling != Fp8Scaling::kBlock && tp_ == nullptr && sixteen_bit;
+  const bool sixteen_bit = config.dtype == DType::kBFloat16 || config.dtype == DType::kFloat16;
+  return config.fp8 && config.fp8->scaling != Fp8Scaling::kBlock && !tensor_parallel && sixteen_bit;
 }
+
+bool Linear::takes_quantized_operands() const { return stepgraph::takes_quantized_operands(config_, tp_ != nullptr); }
 
 Linear::OperandScale Linear::operand_scale(Context& ctx, const Tensor& amax, const DelayedState& state,
                                            Fp8Format format) const {
@@ -367,6 +391,10 @@ Linear::Forward Linear::forward_quantized(Context& ctx, const QuantizedOperand& 
 Tensor Linear::backward_quantized(Context& ctx, const Saved& saved, const QuantizedOperand& dy,
                                   const OperandScale& scale) const {
   SG_CHECK(takes_quantized_operands(), label_, ": backward_quantized needs takes_quantized_operands()");
+  SG_CHECK(config_.input_activation == LinearActivation::kNone, label_,
+           ": backward_quantized takes dy as its maker quantized it, with no input_pre for input_activation ",
+           linear_activation_name(config_.input_activation), "; let the maker of dy apply the activation's "
+           "derivative (Note [Fused FP8 operands]), or call backward");
   if (!saved.dgrad && !saved.wgrad) return {};
   const Tensor& shaped = saved.dgrad ? dy.rowwise : dy.columnwise;
   SG_CHECK(shaped.defined(), label_, " backward_quantized: dy.", saved.dgrad ? "rowwise" : "columnwise",
@@ -400,6 +428,8 @@ Tensor Linear::backward_quantized(Context& ctx, const Saved& saved, const Quanti
                            dy.value, tokens);
 }
 
+bool Linear::fuses_gelu() const { return !config_.fp8 && config_.dtype != DType::kFloat32; }
+
 Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "input", args.x, {"tokens", local_in_features()}, config_.dtype);
   SG_CHECK(args.x.shape().dim(0) > 0, label_, " forward: the input has 0 tokens (shape ", args.x.shape(),
@@ -413,25 +443,46 @@ Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
   }
   // Row-parallel: the bias once in the sum of the ranks' partial products.
   const bool adds_bias = config_.bias && (!row() || tp_->rank() == 0);
+  // Note [Linear epilogues]: GeLU in the epilogue, writing pre as its aux, or as an op after the GEMM.
+  const bool activates = config_.activation == LinearActivation::kGelu;
+  const bool fused = activates && adds_bias && fuses_gelu();
   const ops::GemmParams params{
-      .trans_b = true, .epilogue = adds_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone, .out_dtype = config_.dtype};
+      .trans_b = true,
+      .epilogue = fused ? GemmEpilogue::kGeluAuxBias : adds_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
+      .out_dtype = config_.dtype};
   const Tensor bias = adds_bias ? bias_.value : Tensor();
   Forward out;
+  // The GEMM over every row of `rows` into fresh outputs.
+  auto whole = [&](const Tensor& rows) {
+    const ops::GemmResult r = ops::gemm(ctx, rows, weight_.value, params, bias);
+    if (!activates) {
+      out.y = r.d;
+      return;
+    }
+    out.pre = fused ? r.aux : r.d;
+    out.y = fused ? r.d : ops::gelu(ctx, out.pre);
+  };
   Tensor x = args.x;
   if (column() && sequence_parallel()) {
     // The GEMM takes every rank's tokens, whole or shard by shard as they arrive.
     const std::int64_t all = tokens * ranks();
     x = all_gather_gemm(ctx, *tp_, args.x, config_.fprop_overlap, [&](const Tensor& rows, std::int64_t first_row) {
       if (first_row == 0 && rows.shape().dim(0) == all) {
-        out.y = ops::gemm(ctx, rows, weight_.value, params, bias).d;
+        whole(rows);
         return;
       }
-      if (!out.y.defined()) out.y = ops::empty(ctx, {Shape{all, local_out_features()}, config_.dtype});
+      // Row windows of outputs made whole first (Note [Row windows of a GEMM]).
+      const TensorMeta meta{Shape{all, local_out_features()}, config_.dtype};
+      if (activates && !out.pre.defined()) out.pre = ops::empty(ctx, meta);
+      if ((fused || !activates) && !out.y.defined()) out.y = ops::empty(ctx, meta);
       ops::GemmParams window = params;
       window.rows = rows.shape().dim(0);
       window.d_row = first_row;
-      ops::gemm_into_(ctx, out.y, rows, weight_.value, window, bias);
+      // The GEMM writes y (and pre as the epilogue's aux), or pre when GeLU runs after it.
+      ops::gemm_into_(ctx, activates && !fused ? out.pre : out.y, rows, weight_.value, window, bias,
+                      fused ? out.pre : Tensor());
     });
+    if (activates && !out.y.defined()) out.y = ops::gelu(ctx, out.pre);  // unfused GeLU after a chunked GEMM
   } else if (row() && sequence_parallel()) {
     out.y = gemm_reduce_scatter(ctx, *tp_, tokens, config_.fprop_overlap, [&](std::int64_t first, std::int64_t rows) {
       ops::GemmParams window = params;
@@ -442,7 +493,7 @@ Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
       return ops::gemm(ctx, x, weight_.value, window, bias).d;
     });
   } else {
-    out.y = ops::gemm(ctx, x, weight_.value, params, bias).d;
+    whole(x);
     if (row()) {
       std::optional<InlineCollectives> serial;
       if (config_.fprop_overlap == CommOverlap::kNone) serial.emplace(ctx);
@@ -454,46 +505,101 @@ Linear::Forward Linear::forward(Context& ctx, const FwdArgs& args) const {
 }
 
 Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
-  if (config_.fp8) return backward_fp8(ctx, saved, args);
-  check_input(label_, "backward", "saved.x", saved.x, {"tokens", local_in_features()}, config_.dtype,
-              "the forward's input");
+  return backward_fused(ctx, saved, args).dx;
+}
+
+Linear::Backward Linear::backward_fused(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  const bool takes_pre = config_.input_activation == LinearActivation::kGelu;
+  if (config_.fp8) {
+    SG_CHECK(!args.bias_grad.defined(), label_,
+             " backward: an FP8 layer sums its bias gradient from the 16-bit dy; pass no bias_grad");
+    Backward out{backward_fp8(ctx, saved, args)};
+    // FP8 GEMMs have no dGeLU epilogue (Note [Linear epilogues]).
+    if (takes_pre && out.dx.defined()) {
+      check_input(label_, "backward", "input_pre", args.input_pre, exactly(out.dx.shape()), config_.dtype,
+                  "the pre-activation of the forward's input (the Linear before's Forward::pre)");
+      out.dx = ops::gelu_backward(ctx, out.dx, args.input_pre);
+    }
+    return out;
+  }
+  // A saved x left undefined is made again from input_pre (Note [Linear epilogues]).
+  const bool remakes_x = takes_pre && !saved.x.defined();
+  if (!remakes_x) {
+    check_input(label_, "backward", "saved.x", saved.x, {"tokens", local_in_features()}, config_.dtype,
+                "the forward's input");
+  }
+  if (takes_pre) {
+    check_input(label_, "backward", "input_pre", args.input_pre,
+                {remakes_x ? ExpectedDim("tokens") : ExpectedDim(saved.x.shape().dim(0)), local_in_features()},
+                config_.dtype, "the pre-activation of the forward's input (the Linear before's Forward::pre)");
+  }
   // The GEMM's tokens; a sequence-parallel row-parallel output holds 1/N of them.
-  const std::int64_t tokens = saved.x.shape().dim(0);
+  const std::int64_t tokens = (remakes_x ? args.input_pre : saved.x).shape().dim(0);
   const bool gathers_dy = row() && sequence_parallel();
   check_input(label_, "backward", "dy", args.dy, {gathers_dy ? tokens / ranks() : tokens, local_out_features()},
               config_.dtype, "the forward's output");
-  // dx[tokens, in] = dy W, over rows of dy: whole, or (a sequence-parallel
-  // row-parallel layer) shard by shard as dy's shards arrive.
-  Tensor dx;
+  if (args.bias_grad.defined()) {
+    SG_CHECK(config_.bias, label_, " backward: got a bias_grad but the layer has no bias; pass none");
+    check_input(label_, "backward", "bias_grad", args.bias_grad, {local_out_features()}, config_.dtype,
+                "this layer's bias gradient, from the epilogue of the Linear after");
+  }
+  // dx[tokens, in] = dy W, with GeLU's derivative (and the Linear before's
+  // bias gradient) in the epilogue where cuBLASLt has it.
+  const bool fused_dgelu = takes_pre && fuses_gelu();
+  const ops::GemmParams dgrad{.epilogue = fused_dgelu ? GemmEpilogue::kDGeluBGrad : GemmEpilogue::kNone,
+                              .out_dtype = config_.dtype};
+  const Tensor aux = fused_dgelu ? args.input_pre : Tensor();
+  Backward out;
+  Tensor& dx = out.dx;
+  auto dgrad_whole = [&](const Tensor& rows) {
+    const ops::GemmResult r = ops::gemm(ctx, rows, weight_.value, dgrad, {}, aux);
+    dx = r.d;
+    out.input_bias_grad = r.bias_grad;
+  };
+  // Over rows of dy: whole, or (a sequence-parallel row-parallel layer) shard
+  // by shard as dy's shards arrive; by windows the Linear before sums its own
+  // bias gradient, since the windows' sums would need adding.
   Tensor dy = args.dy;
   if (gathers_dy) {
     dy = all_gather_gemm(ctx, *tp_, args.dy, config_.dgrad_overlap, [&](const Tensor& rows, std::int64_t first_row) {
       if (!saved.dgrad) return;
       if (first_row == 0 && rows.shape().dim(0) == tokens) {
-        dx = ops::gemm(ctx, rows, weight_.value, {.out_dtype = config_.dtype}).d;
+        dgrad_whole(rows);
         return;
       }
       if (!dx.defined()) dx = ops::empty(ctx, {Shape{tokens, local_in_features()}, config_.dtype});
-      ops::gemm_into_(ctx, dx, rows, weight_.value,
-                      {.out_dtype = config_.dtype, .rows = rows.shape().dim(0), .d_row = first_row});
+      ops::GemmParams window = dgrad;
+      window.rows = rows.shape().dim(0);
+      window.d_row = first_row;
+      ops::gemm_into_(ctx, dx, rows, weight_.value, window, {}, aux);
     });
+  } else if (takes_pre && saved.dgrad) {
+    dgrad_whole(dy);  // first: see Note [Linear epilogues]
   }
+  if (takes_pre && dx.defined() && !fused_dgelu) dx = ops::gelu_backward(ctx, dx, args.input_pre);
   if (saved.wgrad) {
-    // grad_W[out, in] = dy^T x, with grad_b = sum over tokens of dy fused
-    // (BGRADB), on the weight-gradient stream.
+    // grad_W[out, in] = dy^T x, on the weight-gradient stream.
     WeightGradScope weight_grads(ctx);
-    ops::GemmParams wgrad{.trans_a = true,
-                          .epilogue = config_.bias ? GemmEpilogue::kBiasGradOfA : GemmEpilogue::kNone,
-                          .out_dtype = DType::kFloat32};
-    // The bias gradient straight into bias_.grad (fp32 like the epilogue's output): no copy after it.
-    ops::gemm_into_(ctx, weight_.gradient_for_write(ctx), dy, saved.x, wgrad, {}, {},
-                    config_.bias ? bias_.gradient_for_write(ctx) : Tensor());
+    const Tensor x = remakes_x ? ops::gelu(ctx, args.input_pre) : saved.x;
+    if (args.bias_grad.defined()) {
+      // The bias gradient came from the Linear after's epilogue: in fp32 into bias_.grad.
+      ops::copy_(ctx, bias_.gradient_for_write(ctx), ops::cast(ctx, args.bias_grad, DType::kFloat32));
+      ops::gemm_into_(ctx, weight_.gradient_for_write(ctx), dy, x, {.trans_a = true, .out_dtype = DType::kFloat32});
+    } else {
+      // grad_b = sum over tokens of dy fused (BGRADB), straight into bias_.grad
+      // (fp32 like the epilogue's output): no copy after it.
+      ops::GemmParams wgrad{.trans_a = true,
+                            .epilogue = config_.bias ? GemmEpilogue::kBiasGradOfA : GemmEpilogue::kNone,
+                            .out_dtype = DType::kFloat32};
+      ops::gemm_into_(ctx, weight_.gradient_for_write(ctx), dy, x, wgrad, {}, {},
+                      config_.bias ? bias_.gradient_for_write(ctx) : Tensor());
+    }
   }
-  if (!saved.dgrad) return {};
+  if (!saved.dgrad) return out;
   if (column() && sequence_parallel()) {
     // Every rank's slice of out contributed to every input feature: sum them
     // and keep this rank's tokens.
-    return gemm_reduce_scatter(ctx, *tp_, tokens, config_.dgrad_overlap, [&](std::int64_t first, std::int64_t rows) {
+    dx = gemm_reduce_scatter(ctx, *tp_, tokens, config_.dgrad_overlap, [&](std::int64_t first, std::int64_t rows) {
       ops::GemmParams window{.out_dtype = config_.dtype};
       if (rows != tokens) {
         window.rows = rows;
@@ -501,6 +607,7 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
       }
       return ops::gemm(ctx, dy, weight_.value, window).d;
     });
+    return out;
   }
   if (!dx.defined()) dx = ops::gemm(ctx, dy, weight_.value, {.out_dtype = config_.dtype}).d;
   if (column()) {
@@ -508,7 +615,7 @@ Tensor Linear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
     if (config_.dgrad_overlap == CommOverlap::kNone) serial.emplace(ctx);
     dx = ops::all_reduce(ctx, *tp_, dx, ReduceOp::kSum);
   }
-  return dx;
+  return out;
 }
 
 }  // namespace stepgraph

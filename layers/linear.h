@@ -1,57 +1,31 @@
-// Linear: y = x W^T (+ b), on cuBLASLt with the bias fused into the epilogue.
+// Linear: y = x W^T (+ b), on cuBLASLt with the bias (and an activation)
+// fused into the GEMMs' epilogues.
 //
 // Forward takes FwdArgs and returns the output with a Saved struct: what the
 // backward needs, with every flag resolved at forward time into a plain
 // value. The saved input is the caller's tensor itself (a reference, never a
 // copy). Backward writes the parameter gradients (fp32 main grads) when
-// wgrad is on and returns dx when dgrad is on.
-//
-// Note [FP8 Linear]
-// With LinearConfig::fp8 the three products run as FP8 GEMMs (Note [FP8
-// GEMMs] in kernels/gemm.h), each in the TN form Hopper needs:
-//   forward  y  = x W^T     x row-wise [T, in] (E4M3), W row-wise [out, in] (E4M3)
-//   dgrad    dx = dy W      dy row-wise [T, out], W's column-wise copy [in, out]
-//   wgrad    dW = dy^T x    dy's column-wise copy [out, T], x's column-wise copy [in, T]
-// Gradients are E5M2 with the hybrid formats, E4M3 otherwise. Scales are
-// current (amax, then scale, then quantize, all inside the step); the
-// forward keeps the transposed FP8 copies the backward reads, one byte an
-// element, and not its 16-bit input (Saved::x stays undefined), so the
-// caller's input can be freed after the forward. W's transposed copy is not
-// kept: the data gradient quantizes it again from W (unchanged until the
-// optimizer runs) with the forward's scale (current: saved; delayed: the
-// state's, not updated before the backward's GEMMs; block: recomputed, the
-// same), so the saved bytes are those of the activations alone. The bias
-// rides the forward GEMM's epilogue; its gradient is a column sum of the
-// 16-bit dy. Delayed scaling keeps an amax history and a
-// scale per tensor (x, W, dy) in persistent memory: a step quantizes with
-// the scales the earlier steps left, and the end of its backward rolls this
-// step's amaxes in and updates the scales (after every GEMM that read them:
-// the planner orders the writes after the reads), so nothing runs between
-// replays. Block scaling (Fp8Recipe::block(): DeepSeek-V3's recipe) gives x
-// and dy a scale per 1 x 128 block and W one per 128 x 128 tile, each copy
-// with its own block scales in the layout its GEMM reads; tokens and
-// features must then be multiples of 128. Token counts and features are
-// multiples of 16 otherwise; each other case is an Error naming it. The
-// weight is quantized in every forward, on the weight-gradient stream (idle
-// in the forward), unless Fp8Recipe::cache_weights keeps its copies from one
-// optimizer step to the next (Note [FP8 weight cache] in
-// layers/fp8_operand.h).
-//
-// Tensor-parallel FP8 (Note [Column- and row-parallel Linear] below) keeps
-// the 16-bit layer's collectives, on 16-bit tensors: a
-// sequence-parallel column layer gathers x before quantizing it, a
-// sequence-parallel row layer gathers dy the same way, and partial sums
-// (the row layer's y, the column layer's dx) leave the FP8 GEMMs in 16 bits
-// before they are added. Where a quantized tensor is a slice (W always, x of
-// a row layer, dy of a column layer) its amax is max-all-reduced over the
-// tensor-parallel group (current scaling before the scale, delayed before
-// the history), so each rank quantizes its slice with the scale one rank
-// gives the whole tensor and N ranks compute what one computes, up to the
-// fp32 order of the partial sums. Block scales are local to their blocks and
-// need nothing. The collectives run none or bulk: an FP8 GEMM quantizes its
-// whole operand first, so there is no shard-by-shard GEMM for ring_exchange
-// or pipelined to overlap (an Error).
-//
+// wgrad is on and returns dx when dgrad is on. The modes are values of
+// LinearConfig, each with its Note below: epilogues, tensor parallelism, FP8.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/context.h"
+#include "engine/fp8_recipe.h"
+#include "kernels/fp8_block_scales.h"
+#include "layers/comm_gemm_overlap.h"
+#include "layers/fp8_operand.h"
+#include "layers/parameter.h"
+
+namespace stepgraph {
+
 // Note [Column- and row-parallel Linear]
 // With a tensor-parallel communicator of N ranks (Megatron's tensor
 // parallelism), rank r holds a slice of the [out, in] weight one rank would
@@ -85,31 +59,43 @@
 // communication stream; weight gradients stay on the weight-gradient stream
 // (WeightGradScope). N ranks compute what one rank computes, up to the fp32
 // order of the additions that the reductions split across ranks. Without a
-// communicator the layer is the plain one, op for op. LayerNormMLP does the
-// same by hand (Note [Sequence-parallel LayerNormMLP]).
-#pragma once
-
-#include <cstdint>
-#include <functional>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
-
-#include "engine/communicator.h"
-#include "engine/context.h"
-#include "engine/fp8_recipe.h"
-#include "kernels/fp8_block_scales.h"
-#include "layers/comm_gemm_overlap.h"
-#include "layers/fp8_operand.h"
-#include "layers/parameter.h"
-
-namespace stepgraph {
+// communicator the layer is the plain one, op for op.
 
 // How a Linear is split across a tensor-parallel group (Note [Column- and
 // row-parallel Linear]).
 enum class TensorParallelMode : std::uint8_t { kNone, kColumn, kRow };
 std::string_view tensor_parallel_mode_name(TensorParallelMode mode);  // "none", "column", "row"
+
+// Note [Linear epilogues]
+// What runs around a Linear's GEMMs besides the product is a value of its
+// config, so a layer built from Linears gets the fusions a hand-written
+// block has:
+//   bias              the forward GEMM adds b (cuBLASLt BIAS); the weight
+//                     gradient sums dy over the tokens into b's gradient
+//                     in the same GEMM (BGRADB).
+//   activation gelu   y = GeLU(x W^T + b), and Forward::pre keeps x W^T + b,
+//                     in the layer's dtype, for the backward of the Linear
+//                     after (GELU_AUX_BIAS).
+//   input_activation gelu
+//                     the input was GeLU(pre), pre the Linear before's
+//                     Forward::pre (BwdArgs::input_pre). The backward returns
+//                     the gradient of pre, (dy W) * GeLU'(pre), with the
+//                     Linear before's bias gradient from the same GEMM
+//                     (DGELU_BGRAD, Backward::input_bias_grad, in the layer's
+//                     dtype); that Linear's backward takes it as
+//                     BwdArgs::bias_grad instead of summing its dy again.
+//                     This data gradient is issued before the weight
+//                     gradient: the Linear before goes on from it.
+// Where cuBLASLt has no such epilogue (fp32 layers, FP8 GEMMs, no bias) the
+// activation and its derivative run as ops of their own after the GEMM: the
+// same math, unfused. A row-parallel Linear's output is a partial sum until
+// its collective, and so is a column-parallel one's dx: the activation is
+// refused on kRow, the input activation on kColumn. With input_activation,
+// a Saved::x left undefined is made again from input_pre on the
+// weight-gradient stream, right before the weight gradient reads it (Note
+// [Recomputed activation] in layers/layernorm_mlp.h).
+enum class LinearActivation : std::uint8_t { kNone, kGelu };
+std::string_view linear_activation_name(LinearActivation activation);  // "none", "gelu"
 
 struct LinearConfig {
   std::int64_t in_features = 0;   // the whole layer's, also when tensor-parallel
@@ -131,9 +117,56 @@ struct LinearConfig {
   CommOverlap dgrad_overlap = CommOverlap::kBulk;
   // FP8 GEMMs (Note [FP8 Linear]); nullopt runs the 16-bit GEMMs.
   std::optional<Fp8Recipe> fp8;
+  // Epilogues beyond the bias (Note [Linear epilogues]).
+  LinearActivation activation = LinearActivation::kNone;        // forward: y = activation(x W^T + b)
+  LinearActivation input_activation = LinearActivation::kNone;  // backward: dx is the gradient of the input's pre
 };
 
-
+// Note [FP8 Linear]
+// With LinearConfig::fp8 the three products run as FP8 GEMMs (Note [FP8
+// GEMMs] in kernels/gemm.h), each in the TN form Hopper needs:
+//   forward  y  = x W^T     x row-wise [T, in] (E4M3), W row-wise [out, in] (E4M3)
+//   dgrad    dx = dy W      dy row-wise [T, out], W's column-wise copy [in, out]
+//   wgrad    dW = dy^T x    dy's column-wise copy [out, T], x's column-wise copy [in, T]
+// Gradients are E5M2 with the hybrid formats, E4M3 otherwise. Scales are
+// current (amax, then scale, then quantize, all inside the step); the
+// forward keeps the transposed FP8 copies the backward reads, one byte an
+// element, and not its 16-bit input (Saved::x stays undefined), so the
+// caller's input can be freed after the forward. W's transposed copy is not
+// kept: the data gradient quantizes it again from W (unchanged until the
+// optimizer runs) with the forward's scale (current: saved; delayed: the
+// state's, not updated before the backward's GEMMs; block: recomputed, the
+// same), so the saved bytes are those of the activations alone. The bias
+// rides the forward GEMM's epilogue; its gradient is a column sum of the
+// 16-bit dy. Delayed scaling keeps an amax history and a
+// scale per tensor (x, W, dy) in persistent memory: a step quantizes with
+// the scales the earlier steps left, and the end of its backward rolls this
+// step's amaxes in and updates the scales (after every GEMM that read them:
+// the planner orders the writes after the reads), so nothing runs between
+// replays. Block scaling (Fp8Recipe::block(): DeepSeek-V3's recipe) gives x
+// and dy a scale per 1 x 128 block and W one per 128 x 128 tile, each copy
+// with its own block scales in the layout its GEMM reads; tokens and
+// features must then be multiples of 128. Token counts and features are
+// multiples of 16 otherwise; each other case is an Error naming it. The
+// weight is quantized in every forward, on the weight-gradient stream (idle
+// in the forward), unless Fp8Recipe::cache_weights keeps its copies from one
+// optimizer step to the next (Note [FP8 weight cache] in
+// layers/fp8_operand.h).
+//
+// Tensor-parallel FP8 (Note [Column- and row-parallel Linear]) keeps
+// the 16-bit layer's collectives, on 16-bit tensors: a
+// sequence-parallel column layer gathers x before quantizing it, a
+// sequence-parallel row layer gathers dy the same way, and partial sums
+// (the row layer's y, the column layer's dx) leave the FP8 GEMMs in 16 bits
+// before they are added. Where a quantized tensor is a slice (W always, x of
+// a row layer, dy of a column layer) its amax is max-all-reduced over the
+// tensor-parallel group (current scaling before the scale, delayed before
+// the history), so each rank quantizes its slice with the scale one rank
+// gives the whole tensor and N ranks compute what one computes, up to the
+// fp32 order of the partial sums. Block scales are local to their blocks and
+// need nothing. The collectives run none or bulk: an FP8 GEMM quantizes its
+// whole operand first, so there is no shard-by-shard GEMM for ring_exchange
+// or pipelined to overlap (an Error).
 class Linear;
 // The FP8 state (Linear::state) of `linears`, in their order.
 std::vector<StateTensor> state_of(const std::vector<Linear*>& linears);
@@ -155,6 +188,10 @@ void check_non_finite_amaxes(std::int64_t count, const Fp8Recipe& recipe, std::s
 // wise scaling without tensor parallelism, in bf16 or fp16 layers only
 // (takes_quantized_operands): block scales and the gathers of sequence
 // parallelism need the 16-bit tensor, and the fused kernels read 16 bits.
+// Whether a Linear of `config` takes them, `tensor_parallel` when it has a
+// communicator (Linear::takes_quantized_operands of a built one).
+bool takes_quantized_operands(const LinearConfig& config, bool tensor_parallel);
+
 class Linear {
  public:
   struct FwdArgs {
@@ -178,11 +215,25 @@ class Linear {
     Tensor w_amax;
   };
   struct Forward {
-    Tensor y;  // [tokens, out_features] (kColumn: [tokens, out / N]; kRow with SP: [tokens / N, out])
+    Tensor y;    // [tokens, out_features] (kColumn: [tokens, out / N]; kRow with SP: [tokens / N, out])
+    Tensor pre;  // with an activation: y before it (Note [Linear epilogues]); else undefined
     Saved saved;
   };
   struct BwdArgs {
     Tensor dy;  // the forward's output's shape
+    // config.input_activation: the pre-activation the input was made from,
+    // the input's shape (the Linear before's Forward::pre).
+    Tensor input_pre;
+    // Optional: this Linear's bias gradient, [local out] in the layer's
+    // dtype, made by the epilogue of the Linear after (its
+    // Backward::input_bias_grad); the weight gradient then does not sum dy.
+    Tensor bias_grad;
+  };
+  struct Backward {
+    Tensor dx;  // undefined when dgrad is off; config.input_activation: the gradient of input_pre
+    // config.input_activation fused into the data gradient's epilogue: the
+    // Linear before's bias gradient (for its BwdArgs::bias_grad); else undefined.
+    Tensor input_bias_grad;
   };
 
   // An operand quantized by its maker (Note [Fused FP8 operands]).
@@ -206,6 +257,8 @@ class Linear {
   Forward forward(Context& ctx, const FwdArgs& args) const;
   // dx, or an undefined tensor when dgrad is off.
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
+  // backward's dx with what its epilogue made for the Linear before (Note [Linear epilogues]).
+  Backward backward_fused(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   // Note [Fused FP8 operands]. `amax`: current scaling's max |x| (or |dy|)
   // from the maker's amax pass; delayed scaling ignores it (may be undefined).
@@ -246,6 +299,8 @@ class Linear {
   bool column() const { return config_.tensor_parallel == TensorParallelMode::kColumn; }
   bool row() const { return config_.tensor_parallel == TensorParallelMode::kRow; }
   bool sequence_parallel() const { return config_.sequence_parallel; }
+  // The GEMMs' dtype has cuBLASLt's GeLU epilogues (16-bit, not FP8).
+  bool fuses_gelu() const;
   Forward forward_fp8(Context& ctx, const FwdArgs& args) const;
   // The FP8 GEMMs once x [tokens, in] (or dy, with its 16-bit value for the
   // bias gradient) is quantized, by the Linear or by its maker.

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <cmath>
 #include <random>
 #include <string>
@@ -307,6 +308,22 @@ TEST(MLPOverlapTest, ParsesNamesAndRefusesModesThatDoNotFitTheirCollective) {
   EXPECT_ERROR_CONTAINS(
       LayerNormMLP(ctx, "mlp", {.hidden = kHidden, .ffn = kFfn, .overlap = {.fc2_dgrad = CommOverlap::kPipelined}}, 1),
       "LayerNormMLP 'mlp': fc2_dgrad (all-gather then GEMM)");
+}
+
+// The overlap is the collectives': a layer without a communicator has none
+// and takes any fitting choice (a step config's overlap reaches its one-rank
+// reference too), in every precision.
+TEST(MLPOverlapTest, APlainLayerTakesAnyFittingOverlap) {
+  Context ctx(Device::kHost);
+  for (const std::optional<Fp8Recipe>& fp8 : {std::optional<Fp8Recipe>(), std::optional(Fp8Recipe::current())}) {
+    const LayerNormMLP layer(ctx, "mlp", {.hidden = 16, .ffn = 32, .overlap = MLPOverlap::overlapped(), .fp8 = fp8},
+                             1);
+    const Tensor x = ctx.persistent("x", {Shape{16, 16}, DType::kBFloat16});
+    const std::vector<std::uint16_t> zeros(16 * 16, 0);
+    ctx.copy_from_host(x, zeros.data(), zeros.size() * sizeof(std::uint16_t));
+    const LayerNormMLP::Forward f = layer.forward(ctx, {x});
+    EXPECT_NO_THROW(layer.backward(ctx, f.saved, {f.y}));
+  }
 }
 
 TEST(MLPOverlapTest, EqualChoicesMeetOneGraphKeyAndEveryFieldChangesIt) {

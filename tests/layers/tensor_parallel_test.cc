@@ -139,7 +139,7 @@ TEST(TensorParallelPoolReportTest, TheStepLeavesNothingAndAHeldGatheredGradientI
     auto leaky = CapturedStep::capture(ctx,
                                        [&] {
                                          const LayerNormMLP::Forward f = layer.forward(ctx, {x});
-                                         held = f.saved.normed;
+                                         held = f.saved.fc1.x;
                                          held.set_name("mlp.fc1_input_gathered");
                                          return std::vector<Tensor>{f.y, layer.backward(ctx, f.saved, {dy})};
                                        },

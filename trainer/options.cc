@@ -133,8 +133,8 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   app.add_option("--hidden", o.hidden, "hidden size (a multiple of --heads, or with --heads 0 of --context)")
       ->check(whole_number(1, kMaxSize));
   app.add_option("--heads", o.heads,
-                 "attention heads per layer (default: 4 on the host, 8 on cuda); 0: the window model, MLP blocks over "
-                 "a window of --context tokens")
+                 "attention heads per layer (default: 0 on the host, 8 on cuda); 0: the window model, MLP blocks "
+                 "over a window of --context tokens")
       ->check(whole_number(0, kMaxSize));
   app.add_option("--kv-heads", o.kv_heads, "key/value heads (default: --heads; fewer: grouped-query attention)")
       ->check(whole_number(0, kMaxSize));

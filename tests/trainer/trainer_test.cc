@@ -396,6 +396,12 @@ TEST(TrainerOptionsTest, BadFlagsGiveClearErrors) {
   EXPECT_FALSE(help.options.has_value());
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.message.find("--log-every"), std::string::npos) << help.message;
+  // The choices are listed, and the defaults stated are the ones resolve_defaults fills.
+  EXPECT_NE(help.message.find("{bf16,fp16,fp32}"), std::string::npos) << help.message;
+  EXPECT_NE(help.message.find("{allreduce,zero1}"), std::string::npos) << help.message;
+  EXPECT_NE(help.message.find("default: 0 on the host, 8 on cuda"), std::string::npos) << help.message;
+  EXPECT_EQ(resolve_defaults(TrainerOptions{}, Device::kHost).heads, 0);
+  EXPECT_EQ(resolve_defaults(TrainerOptions{}, Device::kCuda).heads, 8);
 
   auto resolved = [](std::vector<std::string> args) {
     return resolve_defaults(*parse(std::move(args)).options, Device::kHost);

@@ -7,6 +7,7 @@
 #include "engine/error.h"
 #include "kernels/grouped_gemm.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 
@@ -50,112 +51,180 @@ void expect_dtype(std::string_view op, std::string_view role, const TensorMeta& 
            describe(m));
 }
 
-// The kernel description of a call, after the checks of its shapes.
-GroupedGemmDesc describe_call(GroupedGemmKind kind, const GroupedGemmParams& p, std::span<const TensorMeta> in) {
+// --- operands -----------------------------------------------------------------
+
+template <typename F>
+struct ForwardOperands {
+  F x;        // [T, K]
+  F w;        // [E, N, K]
+  F offsets;  // int32 [E + 1]
+  F bias;     // [E, N], with params.bias
+};
+
+template <typename F, typename V>
+void visit_operands(const GroupedGemmParams& p, ForwardOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+  v({"w"}, o.w);
+  v({"offsets"}, o.offsets);
+  v({.name = "bias", .present = p.bias}, o.bias);
+}
+
+template <typename F>
+struct DgradOperands {
+  F dy;  // [T, N]
+  F w;   // [E, N, K]
+  F offsets;
+};
+
+template <typename F, typename V>
+void visit_operands(const GroupedGemmParams&, DgradOperands<F>& o, V& v) {
+  v({"dy"}, o.dy);
+  v({"w"}, o.w);
+  v({"offsets"}, o.offsets);
+}
+
+template <typename F>
+struct WgradOperands {
+  F dw;  // fp32 [E, N, K], written
+  F dy;  // [T, N]
+  F x;   // [T, K]
+  F offsets;
+};
+
+template <typename F, typename V>
+void visit_operands(const GroupedGemmParams&, WgradOperands<F>& o, V& v) {
+  v({.name = "dw", .use = Use::kWrite}, o.dw);
+  v({"dy"}, o.dy);
+  v({"x"}, o.x);
+  v({"offsets"}, o.offsets);
+}
+
+template <typename F>
+struct BiasGradOperands {
+  F db;  // fp32 [E, N], written
+  F dy;  // [T, N]
+  F offsets;
+};
+
+template <typename F, typename V>
+void visit_operands(const GroupedGemmParams&, BiasGradOperands<F>& o, V& v) {
+  v({.name = "db", .use = Use::kWrite}, o.db);
+  v({"dy"}, o.dy);
+  v({"offsets"}, o.offsets);
+}
+
+constexpr std::string_view kForward = "grouped_linear_forward";
+constexpr std::string_view kDgrad = "grouped_linear_dgrad";
+constexpr std::string_view kWgrad = "grouped_linear_wgrad_";
+constexpr std::string_view kBiasGrad = "grouped_bias_grad_";
+
+// --- the kernel descriptions of calls, after the checks of their shapes -------
+
+template <typename F>
+GroupedGemmDesc describe_call(const GroupedGemmParams& p, const ForwardOperands<F>& o) {
+  constexpr std::string_view op = kForward;
+  const TensorMeta& x = meta_of(o.x);
+  const TensorMeta& w = meta_of(o.w);
+  const TensorMeta& offsets = meta_of(o.offsets);
+  expect_rank(op, "x", x, 2, "[T, K]");
+  expect_rank(op, "w", w, 3, "[E, N, K]");
   GroupedGemmDesc d;
-  d.kind = kind;
-  switch (kind) {
-    case GroupedGemmKind::kForward: {  // x [T,K], w [E,N,K], offsets[, bias [E,N]]
-      constexpr std::string_view op = "grouped_linear_forward";
-      SG_CHECK(in.size() == (p.bias ? 4u : 3u), "op ", op, " takes x, w, offsets", p.bias ? ", bias" : "", "; got ",
-               in.size(), " inputs");
-      const TensorMeta& x = in[0];
-      const TensorMeta& w = in[1];
-      expect_rank(op, "x", x, 2, "[T, K]");
-      expect_rank(op, "w", w, 3, "[E, N, K]");
-      d.experts = check_offsets(op, in[2]);
-      const std::string context = "x " + describe(x) + ", w " + describe(w) + ", offsets " + describe(in[2]);
-      expect_same(op, "K of x and of w", x.shape.dim(1), w.shape.dim(2), context);
-      expect_same(op, "expert counts of w and offsets", w.shape.dim(0), d.experts, context);
-      expect_dtype(op, "w", w, x.dtype);
-      if (p.bias) {
-        SG_CHECK(in[3].shape == (Shape{w.shape.dim(0), w.shape.dim(1)}) && in[3].dtype == w.dtype, "op ", op,
-                 ": bias must be [E, N] = ", Shape{w.shape.dim(0), w.shape.dim(1)}, " ", dtype_name(w.dtype),
-                 " (w's dtype), got ", describe(in[3]));
-      }
-      d.tokens = x.shape.dim(0);
-      d.n = w.shape.dim(1);
-      d.k = w.shape.dim(2);
-      d.in_type = x.dtype;
-      d.out_type = p.out_dtype;
-      d.bias = p.bias;
-      break;
-    }
-    case GroupedGemmKind::kDgrad: {  // dy [T,N], w [E,N,K], offsets
-      constexpr std::string_view op = "grouped_linear_dgrad";
-      SG_CHECK(in.size() == 3, "op ", op, " takes dy, w, offsets; got ", in.size(), " inputs");
-      const TensorMeta& dy = in[0];
-      const TensorMeta& w = in[1];
-      expect_rank(op, "dy", dy, 2, "[T, N]");
-      expect_rank(op, "w", w, 3, "[E, N, K]");
-      d.experts = check_offsets(op, in[2]);
-      const std::string context = "dy " + describe(dy) + ", w " + describe(w) + ", offsets " + describe(in[2]);
-      expect_same(op, "N of dy and of w", dy.shape.dim(1), w.shape.dim(1), context);
-      expect_same(op, "expert counts of w and offsets", w.shape.dim(0), d.experts, context);
-      expect_dtype(op, "w", w, dy.dtype);
-      d.tokens = dy.shape.dim(0);
-      d.n = w.shape.dim(1);
-      d.k = w.shape.dim(2);
-      d.in_type = dy.dtype;
-      d.out_type = p.out_dtype;
-      break;
-    }
-    case GroupedGemmKind::kWgrad: {  // dw [E,N,K] fp32, dy [T,N], x [T,K], offsets
-      constexpr std::string_view op = "grouped_linear_wgrad_";
-      SG_CHECK(in.size() == 4, "op ", op, " takes dw, dy, x, offsets; got ", in.size(), " inputs");
-      const TensorMeta& dw = in[0];
-      const TensorMeta& dy = in[1];
-      const TensorMeta& x = in[2];
-      expect_rank(op, "dw", dw, 3, "[E, N, K]");
-      expect_rank(op, "dy", dy, 2, "[T, N]");
-      expect_rank(op, "x", x, 2, "[T, K]");
-      d.experts = check_offsets(op, in[3]);
-      const std::string context =
-          "dw " + describe(dw) + ", dy " + describe(dy) + ", x " + describe(x) + ", offsets " + describe(in[3]);
-      SG_CHECK(dw.dtype == DType::kFloat32, "op ", op, ": dw must be fp32 (a main grad), got ", describe(dw));
-      expect_same(op, "token counts of dy and x", dy.shape.dim(0), x.shape.dim(0), context);
-      expect_same(op, "N of dy and of dw", dy.shape.dim(1), dw.shape.dim(1), context);
-      expect_same(op, "K of x and of dw", x.shape.dim(1), dw.shape.dim(2), context);
-      expect_same(op, "expert counts of dw and offsets", dw.shape.dim(0), d.experts, context);
-      expect_dtype(op, "x", x, dy.dtype);
-      d.tokens = dy.shape.dim(0);
-      d.n = dw.shape.dim(1);
-      d.k = dw.shape.dim(2);
-      d.in_type = dy.dtype;
-      d.out_type = DType::kFloat32;
-      d.accumulate = p.accumulate;
-      break;
-    }
+  d.kind = GroupedGemmKind::kForward;
+  d.experts = check_offsets(op, offsets);
+  const std::string context = "x " + describe(x) + ", w " + describe(w) + ", offsets " + describe(offsets);
+  expect_same(op, "K of x and of w", x.shape.dim(1), w.shape.dim(2), context);
+  expect_same(op, "expert counts of w and offsets", w.shape.dim(0), d.experts, context);
+  expect_dtype(op, "w", w, x.dtype);
+  if (p.bias) {
+    const TensorMeta& bias = meta_of(o.bias);
+    SG_CHECK(bias.shape == (Shape{w.shape.dim(0), w.shape.dim(1)}) && bias.dtype == w.dtype, "op ", op,
+             ": bias must be [E, N] = ", Shape{w.shape.dim(0), w.shape.dim(1)}, " ", dtype_name(w.dtype),
+             " (w's dtype), got ", describe(bias));
   }
+  d.tokens = x.shape.dim(0);
+  d.n = w.shape.dim(1);
+  d.k = w.shape.dim(2);
+  d.in_type = x.dtype;
+  d.out_type = p.out_dtype;
+  d.bias = p.bias;
   kernels::check_grouped_gemm(d);
   return d;
 }
 
-kernels::GroupedGemmOperands operands_of(GroupedGemmKind kind, const GroupedGemmParams& p, const KernelArgs& a) {
-  kernels::GroupedGemmOperands o;
-  switch (kind) {
-    case GroupedGemmKind::kForward:
-      o = {.x = a.inputs[0], .w = a.inputs[1], .offsets = static_cast<const std::int32_t*>(a.inputs[2])};
-      if (p.bias) o.bias = a.inputs[3];
-      o.out = a.outputs[0];
-      break;
-    case GroupedGemmKind::kDgrad:
-      o = {.w = a.inputs[1], .dy = a.inputs[0], .offsets = static_cast<const std::int32_t*>(a.inputs[2])};
-      o.out = a.outputs[0];
-      break;
-    case GroupedGemmKind::kWgrad:
-      o = {.x = a.inputs[2], .dy = a.inputs[1], .offsets = static_cast<const std::int32_t*>(a.inputs[3])};
-      o.out = a.inputs[0];
-      break;
-  }
-  return o;
+template <typename F>
+GroupedGemmDesc describe_call(const GroupedGemmParams& p, const DgradOperands<F>& o) {
+  constexpr std::string_view op = kDgrad;
+  const TensorMeta& dy = meta_of(o.dy);
+  const TensorMeta& w = meta_of(o.w);
+  const TensorMeta& offsets = meta_of(o.offsets);
+  expect_rank(op, "dy", dy, 2, "[T, N]");
+  expect_rank(op, "w", w, 3, "[E, N, K]");
+  GroupedGemmDesc d;
+  d.kind = GroupedGemmKind::kDgrad;
+  d.experts = check_offsets(op, offsets);
+  const std::string context = "dy " + describe(dy) + ", w " + describe(w) + ", offsets " + describe(offsets);
+  expect_same(op, "N of dy and of w", dy.shape.dim(1), w.shape.dim(1), context);
+  expect_same(op, "expert counts of w and offsets", w.shape.dim(0), d.experts, context);
+  expect_dtype(op, "w", w, dy.dtype);
+  d.tokens = dy.shape.dim(0);
+  d.n = w.shape.dim(1);
+  d.k = w.shape.dim(2);
+  d.in_type = dy.dtype;
+  d.out_type = p.out_dtype;
+  kernels::check_grouped_gemm(d);
+  return d;
 }
 
-template <GroupedGemmKind kKind>
-std::vector<TensorMeta> check_gemm(const OpParams& params, std::span<const TensorMeta> inputs) {
+template <typename F>
+GroupedGemmDesc describe_call(const GroupedGemmParams& p, const WgradOperands<F>& o) {
+  constexpr std::string_view op = kWgrad;
+  const TensorMeta& dw = meta_of(o.dw);
+  const TensorMeta& dy = meta_of(o.dy);
+  const TensorMeta& x = meta_of(o.x);
+  const TensorMeta& offsets = meta_of(o.offsets);
+  expect_rank(op, "dw", dw, 3, "[E, N, K]");
+  expect_rank(op, "dy", dy, 2, "[T, N]");
+  expect_rank(op, "x", x, 2, "[T, K]");
+  GroupedGemmDesc d;
+  d.kind = GroupedGemmKind::kWgrad;
+  d.experts = check_offsets(op, offsets);
+  const std::string context =
+      "dw " + describe(dw) + ", dy " + describe(dy) + ", x " + describe(x) + ", offsets " + describe(offsets);
+  SG_CHECK(dw.dtype == DType::kFloat32, "op ", op, ": dw must be fp32 (a main grad), got ", describe(dw));
+  expect_same(op, "token counts of dy and x", dy.shape.dim(0), x.shape.dim(0), context);
+  expect_same(op, "N of dy and of dw", dy.shape.dim(1), dw.shape.dim(1), context);
+  expect_same(op, "K of x and of dw", x.shape.dim(1), dw.shape.dim(2), context);
+  expect_same(op, "expert counts of dw and offsets", dw.shape.dim(0), d.experts, context);
+  expect_dtype(op, "x", x, dy.dtype);
+  d.tokens = dy.shape.dim(0);
+  d.n = dw.shape.dim(1);
+  d.k = dw.shape.dim(2);
+  d.in_type = dy.dtype;
+  d.out_type = DType::kFloat32;
+  d.accumulate = p.accumulate;
+  kernels::check_grouped_gemm(d);
+  return d;
+}
+
+const std::int32_t* offsets_of(const Operand& offsets) { return offsets.as<const std::int32_t>(); }
+
+kernels::GroupedGemmOperands pointers_of(const ForwardOperands<Operand>& o, const KernelArgs& a) {
+  return {.x = o.x.data, .w = o.w.data, .bias = o.bias.data, .offsets = offsets_of(o.offsets), .out = a.outputs[0]};
+}
+
+kernels::GroupedGemmOperands pointers_of(const DgradOperands<Operand>& o, const KernelArgs& a) {
+  return {.w = o.w.data, .dy = o.dy.data, .offsets = offsets_of(o.offsets), .out = a.outputs[0]};
+}
+
+kernels::GroupedGemmOperands pointers_of(const WgradOperands<Operand>& o, const KernelArgs&) {
+  return {.x = o.x.data, .dy = o.dy.data, .offsets = offsets_of(o.offsets), .out = o.dw.data};
+}
+
+template <template <typename> class Operands>
+std::vector<TensorMeta> check_gemm(std::string_view op, const OpParams& params, std::span<const TensorMeta> inputs) {
   const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  const GroupedGemmDesc d = describe_call(kKind, p, inputs);
-  switch (kKind) {
+  const GroupedGemmDesc d = describe_call(p, bind_metas<Operands>(op, p, inputs));
+  switch (d.kind) {
     case GroupedGemmKind::kForward: return {{Shape{d.tokens, d.n}, d.out_type}};
     case GroupedGemmKind::kDgrad: return {{Shape{d.tokens, d.k}, d.out_type}};
     case GroupedGemmKind::kWgrad: return {};
@@ -163,29 +232,31 @@ std::vector<TensorMeta> check_gemm(const OpParams& params, std::span<const Tenso
   return {};
 }
 
-template <GroupedGemmKind kKind>
+template <template <typename> class Operands>
 void launch_gemm(const OpParams& params, const KernelArgs& args, CUstream_st* stream) {
   const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  kernels::launch_grouped_gemm(describe_call(kKind, p, args.input_metas), operands_of(kKind, p, args), stream);
+  const auto o = bind_args<Operands>(p, args);
+  kernels::launch_grouped_gemm(describe_call(p, o), pointers_of(o, args), stream);
 }
 
-template <GroupedGemmKind kKind>
+template <template <typename> class Operands>
 void run_gemm_host(const OpParams& params, const KernelArgs& args) {
   const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  kernels::host::grouped_gemm(describe_call(kKind, p, args.input_metas), operands_of(kKind, p, args));
+  const auto o = bind_args<Operands>(p, args);
+  kernels::host::grouped_gemm(describe_call(p, o), pointers_of(o, args));
 }
 
-// db [E,N] fp32, dy [T,N], offsets.
-kernels::GroupedBiasGradDesc describe_bias_grad(const GroupedGemmParams& p, std::span<const TensorMeta> in) {
-  constexpr std::string_view op = "grouped_bias_grad_";
-  SG_CHECK(in.size() == 3, "op ", op, " takes db, dy, offsets; got ", in.size(), " inputs");
-  const TensorMeta& db = in[0];
-  const TensorMeta& dy = in[1];
+template <typename F>
+kernels::GroupedBiasGradDesc describe_bias_grad(const GroupedGemmParams& p, const BiasGradOperands<F>& o) {
+  constexpr std::string_view op = kBiasGrad;
+  const TensorMeta& db = meta_of(o.db);
+  const TensorMeta& dy = meta_of(o.dy);
+  const TensorMeta& offsets = meta_of(o.offsets);
   expect_rank(op, "db", db, 2, "[E, N]");
   expect_rank(op, "dy", dy, 2, "[T, N]");
   kernels::GroupedBiasGradDesc d;
-  d.experts = check_offsets(op, in[2]);
-  const std::string context = "db " + describe(db) + ", dy " + describe(dy) + ", offsets " + describe(in[2]);
+  d.experts = check_offsets(op, offsets);
+  const std::string context = "db " + describe(db) + ", dy " + describe(dy) + ", offsets " + describe(offsets);
   SG_CHECK(db.dtype == DType::kFloat32, "op ", op, ": db must be fp32 (a main grad), got ", describe(db));
   expect_same(op, "N of dy and of db", dy.shape.dim(1), db.shape.dim(1), context);
   expect_same(op, "expert counts of db and offsets", db.shape.dim(0), d.experts, context);
@@ -201,10 +272,11 @@ kernels::GroupedBiasGradDesc describe_bias_grad(const GroupedGemmParams& p, std:
 
 const OpDef& grouped_linear_forward_op() {
   static const OpDef op{
-      .name = "grouped_linear_forward",
-      .check = check_gemm<GroupedGemmKind::kForward>,
-      .launch_cuda = launch_gemm<GroupedGemmKind::kForward>,
-      .run_host = run_gemm_host<GroupedGemmKind::kForward>,
+      .name = kForward,
+      .check = [](const OpParams& params,
+                  std::span<const TensorMeta> in) { return check_gemm<ForwardOperands>(kForward, params, in); },
+      .launch_cuda = launch_gemm<ForwardOperands>,
+      .run_host = run_gemm_host<ForwardOperands>,
   };
   return op;
 }
@@ -212,10 +284,11 @@ SG_REGISTER_OP(grouped_linear_forward_op);
 
 const OpDef& grouped_linear_dgrad_op() {
   static const OpDef op{
-      .name = "grouped_linear_dgrad",
-      .check = check_gemm<GroupedGemmKind::kDgrad>,
-      .launch_cuda = launch_gemm<GroupedGemmKind::kDgrad>,
-      .run_host = run_gemm_host<GroupedGemmKind::kDgrad>,
+      .name = kDgrad,
+      .check = [](const OpParams& params,
+                  std::span<const TensorMeta> in) { return check_gemm<DgradOperands>(kDgrad, params, in); },
+      .launch_cuda = launch_gemm<DgradOperands>,
+      .run_host = run_gemm_host<DgradOperands>,
   };
   return op;
 }
@@ -223,11 +296,12 @@ SG_REGISTER_OP(grouped_linear_dgrad_op);
 
 const OpDef& grouped_linear_wgrad_op() {
   static const OpDef op{
-      .name = "grouped_linear_wgrad_",
-      .check = check_gemm<GroupedGemmKind::kWgrad>,
-      .mutated_inputs = {0},
-      .launch_cuda = launch_gemm<GroupedGemmKind::kWgrad>,
-      .run_host = run_gemm_host<GroupedGemmKind::kWgrad>,
+      .name = kWgrad,
+      .check = [](const OpParams& params,
+                  std::span<const TensorMeta> in) { return check_gemm<WgradOperands>(kWgrad, params, in); },
+      .mutated_inputs_for = written_inputs_of<WgradOperands, GroupedGemmParams>,
+      .launch_cuda = launch_gemm<WgradOperands>,
+      .run_host = run_gemm_host<WgradOperands>,
   };
   return op;
 }
@@ -235,24 +309,27 @@ SG_REGISTER_OP(grouped_linear_wgrad_op);
 
 const OpDef& grouped_bias_grad_op() {
   static const OpDef op{
-      .name = "grouped_bias_grad_",
+      .name = kBiasGrad,
       .check =
           [](const OpParams& params, std::span<const TensorMeta> in) {
-            describe_bias_grad(params.as<GroupedGemmParams>(), in);
+            const auto& p = params.as<GroupedGemmParams>();
+            describe_bias_grad(p, bind_metas<BiasGradOperands>(kBiasGrad, p, in));
             return std::vector<TensorMeta>{};
           },
-      .mutated_inputs = {0},
+      .mutated_inputs_for = written_inputs_of<BiasGradOperands, GroupedGemmParams>,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_grouped_bias_grad(describe_bias_grad(params.as<GroupedGemmParams>(), a.input_metas),
-                                              a.inputs[1], static_cast<const std::int32_t*>(a.inputs[2]),
-                                              static_cast<float*>(a.inputs[0]), stream);
+            const auto& p = params.as<GroupedGemmParams>();
+            const auto o = bind_args<BiasGradOperands>(p, a);
+            kernels::launch_grouped_bias_grad(describe_bias_grad(p, o), o.dy.data, offsets_of(o.offsets),
+                                              o.db.as<float>(), stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
-            kernels::host::grouped_bias_grad(describe_bias_grad(params.as<GroupedGemmParams>(), a.input_metas),
-                                             a.inputs[1], static_cast<const std::int32_t*>(a.inputs[2]),
-                                             static_cast<float*>(a.inputs[0]));
+            const auto& p = params.as<GroupedGemmParams>();
+            const auto o = bind_args<BiasGradOperands>(p, a);
+            kernels::host::grouped_bias_grad(describe_bias_grad(p, o), o.dy.data, offsets_of(o.offsets),
+                                             o.db.as<float>());
           },
   };
   return op;
@@ -261,27 +338,32 @@ SG_REGISTER_OP(grouped_bias_grad_op);
 
 Tensor grouped_linear_forward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& bias,
                               DType out_dtype) {
-  std::vector<Tensor> inputs{x, w, offsets};
-  if (bias.defined()) inputs.push_back(bias);
+  const GroupedGemmParams params{.out_dtype = out_dtype, .bias = bias.defined()};
   return ctx
-      .call(grouped_linear_forward_op(), GroupedGemmParams{.out_dtype = out_dtype, .bias = bias.defined()},
-            std::move(inputs))
+      .call(grouped_linear_forward_op(), params,
+            flatten(kForward, params, ForwardOperands<Tensor>{.x = x, .w = w, .offsets = offsets, .bias = bias}))
       .front();
 }
 
 Tensor grouped_linear_dgrad(Context& ctx, const Tensor& dy, const Tensor& w, const Tensor& offsets, DType out_dtype) {
-  return ctx.call(grouped_linear_dgrad_op(), GroupedGemmParams{.out_dtype = out_dtype}, {dy, w, offsets}).front();
+  const GroupedGemmParams params{.out_dtype = out_dtype};
+  return ctx
+      .call(grouped_linear_dgrad_op(), params,
+            flatten(kDgrad, params, DgradOperands<Tensor>{.dy = dy, .w = w, .offsets = offsets}))
+      .front();
 }
 
 void grouped_linear_wgrad_(Context& ctx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& offsets,
                            bool accumulate) {
-  ctx.call(grouped_linear_wgrad_op(), GroupedGemmParams{.out_dtype = DType::kFloat32, .accumulate = accumulate},
-           {dw, dy, x, offsets});
+  const GroupedGemmParams params{.out_dtype = DType::kFloat32, .accumulate = accumulate};
+  ctx.call(grouped_linear_wgrad_op(), params,
+           flatten(kWgrad, params, WgradOperands<Tensor>{.dw = dw, .dy = dy, .x = x, .offsets = offsets}));
 }
 
 void grouped_bias_grad_(Context& ctx, const Tensor& db, const Tensor& dy, const Tensor& offsets, bool accumulate) {
-  ctx.call(grouped_bias_grad_op(), GroupedGemmParams{.out_dtype = DType::kFloat32, .accumulate = accumulate},
-           {db, dy, offsets});
+  const GroupedGemmParams params{.out_dtype = DType::kFloat32, .accumulate = accumulate};
+  ctx.call(grouped_bias_grad_op(), params,
+           flatten(kBiasGrad, params, BiasGradOperands<Tensor>{.db = db, .dy = dy, .offsets = offsets}));
 }
 
 }  // namespace stepgraph::ops

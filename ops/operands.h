@@ -74,6 +74,11 @@ struct Operand {
   std::int64_t numel() const { return meta->numel(); }
 };
 
+// The meta of a field in a check (TensorMeta) or a launcher (Operand), for
+// code that serves both.
+inline const TensorMeta& meta_of(const TensorMeta& meta) { return meta; }
+inline const TensorMeta& meta_of(const Operand& operand) { return *operand.meta; }
+
 namespace operands_detail {
 
 class Flattener {

@@ -13,28 +13,12 @@ The backward row times torch.autograd.grad of the output with a fixed
 grad_output (the forward is run once outside the timing and retained).
 """
 import argparse
-import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-
-def time_call(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(1000.0 * start.elapsed_time(stop))
-    return {"median_us": statistics.median(samples), "min_us": min(samples), "max_us": max(samples)}
+from peer_common import add_run_args, cuda_ready, int_list, run_rows, str_list, time_call, write_result
 
 
 def flops(kind, seq, batch, heads, dim, causal):
@@ -79,53 +63,29 @@ def run_row(kind, backend_name, seq, heads, dim, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
-    strs = lambda s: s.split(",")  # noqa: E731
-    parser.add_argument("--seqs", type=ints, default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--heads", type=ints, default=[16, 32])
-    parser.add_argument("--dims", type=ints, default=[128, 64])
-    parser.add_argument("--kinds", type=strs, default=["forward", "backward"])
-    parser.add_argument("--backends", type=strs, default=["flash", "cudnn"])
+    parser.add_argument("--seqs", type=int_list, default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--heads", type=int_list, default=[16, 32])
+    parser.add_argument("--dims", type=int_list, default=[128, 64])
+    parser.add_argument("--kinds", type=str_list, default=["forward", "backward"])
+    parser.add_argument("--backends", type=str_list, default=["flash", "cudnn"])
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--causal", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--out", default="")
+    add_run_args(parser)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("attention_peer: needs CUDA", file=sys.stderr)
+    if not cuda_ready("attention_peer"):
         return 1
-    print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}", file=sys.stderr)
-    rows = []
+
+    def run_case(kind, dim, heads, seq, backend):
+        try:
+            return run_row(kind, backend, seq, heads, dim, args)
+        except RuntimeError as error:  # a backend that does not take this shape
+            print(f"attention_peer: {backend} {kind} seq={seq} H={heads} D={dim}: {error}", file=sys.stderr)
+            return None
+
     print(f"{'row':<48}{'impl':>12}{'median us':>12}{'TFLOP/s':>10}")
-    for kind in args.kinds:
-        for dim in args.dims:
-            for heads in args.heads:
-                for seq in args.seqs:
-                    for backend in args.backends:
-                        try:
-                            row = run_row(kind, backend, seq, heads, dim, args)
-                        except RuntimeError as error:  # a backend that does not take this shape
-                            print(f"attention_peer: {backend} {kind} seq={seq} H={heads} D={dim}: {error}",
-                                  file=sys.stderr)
-                            continue
-                        print(f"{row['name']:<48}{row['impl']:>12}{row['median_us']:>12.1f}{row['tflops']:>10.1f}",
-                              flush=True)
-                        rows.append(row)
-                        torch.cuda.empty_cache()
-    result = {
-        "benchmark": "attention",
-        "impl": "torch.sdpa",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "rows": rows,
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+    rows = run_rows([args.kinds, args.dims, args.heads, args.seqs, args.backends], run_case,
+                    lambda row: f"{row['name']:<48}{row['impl']:>12}{row['median_us']:>12.1f}{row['tflops']:>10.1f}")
+    write_result("attention", "torch.sdpa", args, rows)
     return 0
 
 

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_support.h"
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
   app.add_option("--cases", options.cases, "random cases")->capture_default_str();
   app.add_option("--seed", options.seed, "random seed (0: from the clock; printed)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  try {
+  return stepgraph::bench::run_main("attention_sdpa_dump", [&] {
     const stepgraph::DeviceCount found = stepgraph::cuda_device_count();
     if (found.count == 0) {
       std::cerr << "attention_sdpa_dump: needs a GPU: " << found.no_device_reason << "\n";
@@ -182,8 +183,5 @@ int main(int argc, char** argv) {
     }
     std::cout << "device: " << stepgraph::describe(stepgraph::device_properties(0)) << "\n";
     return stepgraph::run(options);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "attention_sdpa_dump: " << error.message() << "\n";
-    return EXIT_FAILURE;
-  }
+  });
 }

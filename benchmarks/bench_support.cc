@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <iostream>
 #include <string_view>
@@ -57,6 +58,17 @@ Summary time_launches(cudaStream_t stream, int warmup, int repeats, const std::f
     samples.push_back(1000.0 * Event::elapsed_ms(start, stop));
   }
   return summarize(std::move(samples));
+}
+
+int run_main(const char* program, const std::function<int()>& run) {
+  try {
+    return run();
+  } catch (const Error& error) {
+    std::cerr << program << ": " << error.message() << "\n";
+  } catch (const std::exception& error) {
+    std::cerr << program << ": " << error.what() << "\n";
+  }
+  return EXIT_FAILURE;
 }
 
 void write_json(const std::string& path, const nlohmann::json& value) {

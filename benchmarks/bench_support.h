@@ -37,6 +37,10 @@ Summary time_launches(cudaStream_t stream, int warmup, int repeats, const std::f
 // warning naming `program`). Returns the three as a JSON object for results.
 nlohmann::json keep_multicast_off(const std::string& program);
 
+// main()'s last step: returns run(); an Error (or another exception) is
+// printed as "<program>: <message>" and gives EXIT_FAILURE.
+int run_main(const char* program, const std::function<int()>& run);
+
 // Writes `value` (indented) to `path`; nothing when `path` is empty.
 void write_json(const std::string& path, const nlohmann::json& value);
 

@@ -665,13 +665,5 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here (rank 0)");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return stepgraph::run(options);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "comm_bench: " << error.message() << "\n";
-    return EXIT_FAILURE;
-  } catch (const std::exception& error) {
-    std::cerr << "comm_bench: " << error.what() << "\n";
-    return EXIT_FAILURE;
-  }
+  return stepgraph::bench::run_main("comm_bench", [&] { return stepgraph::run(options); });
 }

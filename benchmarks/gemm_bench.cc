@@ -360,10 +360,5 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--fast-accumulation", options.fast_accumulation, "fp8 with tensor scaling: cuBLASLt's fast accumulation");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return stepgraph::run(options);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "gemm_bench: " << error.message() << "\n";
-    return EXIT_FAILURE;
-  }
+  return stepgraph::bench::run_main("gemm_bench", [&] { return stepgraph::run(options); });
 }

@@ -227,10 +227,5 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.warmup, "untimed launches first")->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return stepgraph::run(options);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "grouped_gemm_bench: " << error.message() << "\n";
-    return EXIT_FAILURE;
-  }
+  return stepgraph::bench::run_main("grouped_gemm_bench", [&] { return stepgraph::run(options); });
 }

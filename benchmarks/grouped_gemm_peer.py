@@ -16,11 +16,11 @@ on the host:
            torch refuses is "status": "unsupported" with its error)
 """
 import argparse
-import json
-import statistics
 import sys
 
 import torch
+
+from peer_common import add_run_args, cuda_ready, int_list, run_rows, str_list, time_call, write_result
 
 
 def group_sizes(routing, tokens, experts):
@@ -34,22 +34,6 @@ def group_sizes(routing, tokens, experts):
     sizes = [tokens * w // total for w in weights]
     sizes[0] += tokens - sum(sizes)
     return sizes
-
-
-def time_call(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(1000.0 * start.elapsed_time(stop))
-    return {"median_us": statistics.median(samples), "min_us": min(samples), "max_us": max(samples)}
 
 
 def run_row(kind, experts, tokens, k, n, routing, args):
@@ -97,47 +81,25 @@ def run_row(kind, experts, tokens, k, n, routing, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
-    strs = lambda s: s.split(",")  # noqa: E731
-    parser.add_argument("--experts", type=ints, default=[8, 128])
-    parser.add_argument("--tokens", type=ints, default=[16384, 65536])
-    parser.add_argument("--shapes", type=strs, default=["2048x1536", "4096x14336"], help="KxN (in x out features)")
-    parser.add_argument("--routings", type=strs, default=["balanced", "skewed"])
-    parser.add_argument("--kinds", type=strs, default=["forward"])
+    parser.add_argument("--experts", type=int_list, default=[8, 128])
+    parser.add_argument("--tokens", type=int_list, default=[16384, 65536])
+    parser.add_argument("--shapes", type=str_list, default=["2048x1536", "4096x14336"], help="KxN (in x out features)")
+    parser.add_argument("--routings", type=str_list, default=["balanced", "skewed"])
+    parser.add_argument("--kinds", type=str_list, default=["forward"])
     parser.add_argument("--wgrad-out", choices=["bf16", "fp32"], default="bf16", help="wgrad's dw dtype")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--out", default="")
+    add_run_args(parser)
     args = parser.parse_args()
-    if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
-        print("grouped_gemm_peer: needs CUDA and torch._grouped_mm", file=sys.stderr)
+    if not cuda_ready("grouped_gemm_peer", "CUDA and torch._grouped_mm", hasattr(torch, "_grouped_mm")):
         return 1
-    print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}", file=sys.stderr)
-    rows = []
+
+    def run_case(kind, shape, experts, tokens, routing):
+        k, n = (int(v) for v in shape.split("x"))
+        return run_row(kind, experts, tokens, k, n, routing, args)
+
     print(f"{'row':<52}{'median us':>12}{'TFLOP/s':>10}")
-    for kind in args.kinds:
-        for shape in args.shapes:
-            k, n = (int(v) for v in shape.split("x"))
-            for experts in args.experts:
-                for tokens in args.tokens:
-                    for routing in args.routings:
-                        row = run_row(kind, experts, tokens, k, n, routing, args)
-                        print(f"{row['name']:<52}{row['median_us']:>12.1f}{row['tflops']:>10.1f}", flush=True)
-                        rows.append(row)
-                        torch.cuda.empty_cache()
-    result = {
-        "benchmark": "grouped_gemm",
-        "impl": "torch._grouped_mm",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "rows": rows,
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+    rows = run_rows([args.kinds, args.shapes, args.experts, args.tokens, args.routings], run_case,
+                    lambda row: f"{row['name']:<52}{row['median_us']:>12.1f}{row['tflops']:>10.1f}")
+    write_result("grouped_gemm", "torch._grouped_mm", args, rows)
     return 0
 
 

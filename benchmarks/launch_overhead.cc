@@ -93,10 +93,5 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.warmup, "untimed rounds first")->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return stepgraph::run(options);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "launch_overhead: " << error.message() << "\n";
-    return EXIT_FAILURE;
-  }
+  return stepgraph::bench::run_main("launch_overhead", [&] { return stepgraph::run(options); });
 }

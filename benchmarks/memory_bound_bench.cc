@@ -313,10 +313,5 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed launches per kernel")->capture_default_str();
   app.add_option("--out", out, "write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return stepgraph::run(repeats, out);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "memory_bound_bench: " << error.message() << "\n";
-    return EXIT_FAILURE;
-  }
+  return stepgraph::bench::run_main("memory_bound_bench", [&] { return stepgraph::run(repeats, out); });
 }

@@ -295,10 +295,6 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--out", out, "JSON result file");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return stepgraph::run(shape, experts, warmup, repeats, out);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "moe_layer_bench: " << error.what() << "\n";
-    return EXIT_FAILURE;
-  }
+  return stepgraph::bench::run_main("moe_layer_bench",
+                                    [&] { return stepgraph::run(shape, experts, warmup, repeats, out); });
 }

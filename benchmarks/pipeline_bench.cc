@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed iterations")->check(CLI::PositiveNumber);
   app.add_option("--out", out, "JSON result file");
   CLI11_PARSE(app, argc, argv);
-  try {
+  return stepgraph::bench::run_main("pipeline_bench", [&] {
     const stepgraph::DeviceProperties device = stepgraph::device_properties(0);
     std::cout << "device: " << stepgraph::describe(device) << "\n";
     nlohmann::json result = stepgraph::run(shape, warmup, repeats);
@@ -179,8 +179,5 @@ int main(int argc, char** argv) {
                                        {"repeats", repeats},
                                        {"result", result}});
     return result["eager_equals_graph_bitwise"].get<bool>() ? EXIT_SUCCESS : EXIT_FAILURE;
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "pipeline_bench: " << error.what() << "\n";
-    return EXIT_FAILURE;
-  }
+  });
 }

@@ -195,6 +195,58 @@ def step_flops(c):
     return 6.0 * c["tokens"] * matmul_params_per_token(c) + attention_core_flops(c)
 
 
+def result_header(args, device, flops_text, unit, over_ranks=""):
+    """The keys that open every training_step JSON (this peer's and
+    tp_step_peer.py's): the device, the step counts and what the numbers
+    mean. `unit` names what one run is ("system", "row"); `over_ranks` says
+    how ranks combine the peak memory (empty on one process)."""
+    return {
+        "benchmark": "training_step",
+        "source": "pytorch",
+        "device": torch.cuda.get_device_name(device),
+        "torch_version": torch.__version__,
+        "peak_tflops": PEAK_TFLOPS,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
+        "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
+        "flops": flops_text,
+        "memory": f"peak_bytes: torch.cuda.max_memory_allocated over the {unit}'s run{over_ranks}; "
+        f"device_used_delta_bytes: cudaMemGetInfo used after the timed steps minus before the {unit}'s setup",
+        "optimizer": {"name": "AdamW (fused)", "lr": LR, "weight_decay": WEIGHT_DECAY},
+    }
+
+
+def save_progress(result, path):
+    """Writes result to path (when given) after every config: a later crash keeps the earlier results."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def failed_systems(result):
+    """config/system of every system whose status is not ok."""
+    return [f"{c['name']}/{s['system']}" for c in result["configs"] for s in c["systems"] if s["status"] != "ok"]
+
+
+def exit_status(peer, failed, wrong=(), wrong_text="", leader=True):
+    """1 when a row failed or a loss check disagrees (the leader says which on
+    stderr), else 0."""
+    if leader and failed:
+        print(f"{peer}: failed or not run: {', '.join(failed)}", file=sys.stderr)
+    if leader and wrong:
+        print(f"{peer}: {wrong_text}: {', '.join(wrong)}", file=sys.stderr)
+    return 1 if failed or wrong else 0
+
+
+def apply_step_counts(args, peer):
+    """--quick sets --steps 20 --warmup 5; both must be >= 1."""
+    if args.quick:
+        args.steps, args.warmup = 20, 5
+    if args.steps < 1 or args.warmup < 1:
+        raise SystemExit(f"{peer}: --steps and --warmup must be >= 1")
+
+
 def config_header(name, trunk=False):
     """A config's shape and FLOPs, as step_bench's config_header_json; trunk: its MLP-only trunk (mlp_only)."""
     c = mlp_only(CONFIGS[name]) if trunk else CONFIGS[name]
@@ -926,20 +978,8 @@ def run_ddp(args, configs, systems):
         note = ("world size 1: the dp1 rows are the baseline of a run at N > 1; pytorch_ddp_*_dp1 run DDP with no peer "
                 "(its hooks and a one-rank NCCL all-reduce): DDP's own overhead and a check that the capture works, "
                 "not scaling") if world == 1 else ""
-        result = {
-            "benchmark": "training_step",
-            "source": "pytorch",
-            "device": torch.cuda.get_device_name(device),
-            "torch_version": torch.__version__,
-            "peak_tflops": PEAK_TFLOPS,
-            "steps": args.steps,
-            "warmup": args.warmup,
-            "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
-            "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
-            "flops": FLOPS_TEXT,
-            "memory": "peak_bytes: torch.cuda.max_memory_allocated over the system's run (largest over the ranks); "
-            "device_used_delta_bytes: cudaMemGetInfo used after the timed steps minus before the system's setup",
-            "optimizer": {"name": "AdamW (fused)", "lr": LR, "weight_decay": WEIGHT_DECAY},
+        result = result_header(args, device, FLOPS_TEXT, "system", " (largest over the ranks)")
+        result.update({
             "data_parallel": {
                 "world_size": world,
                 "local_world_size": local_world,
@@ -963,7 +1003,7 @@ def run_ddp(args, configs, systems):
                 "note": note,
             },
             "configs": [],
-        }
+        })
         if leader:
             how = f"rank 0 of {world} ({local_world} per host) via {launcher}" if launcher != "none" else "one process"
             print(f"device: {result['device']}, torch {torch.__version__}, NCCL {comm_nccl_version()}; {how}; DDP",
@@ -974,18 +1014,12 @@ def run_ddp(args, configs, systems):
         for name in configs:
             result["configs"].append(run_dp_config(name, systems, args.steps, args.warmup, deadline, group,
                                                    local_rank))
-            if leader and args.out:  # after every config: a later crash keeps the earlier results
-                with open(args.out, "w") as f:
-                    json.dump(result, f, indent=2)
-        failed = [f"{c['name']}/{s['system']}" for c in result["configs"] for s in c["systems"] if s["status"] != "ok"]
+            if leader:
+                save_progress(result, args.out)
+        failed = failed_systems(result)
         wrong = [f"{c['name']}/{mode}" for c in result["configs"] for mode, d in c["dp_loss_check"].items()
                  if not d["agrees"]]
-        if leader and failed:
-            print(f"pytorch_peer: failed or not run: {', '.join(failed)}", file=sys.stderr)
-        if leader and wrong:
-            print(f"pytorch_peer: DDP's first loss differs from the ranks' mean alone: {', '.join(wrong)}",
-                  file=sys.stderr)
-        return 1 if failed or wrong else 0
+        return exit_status("pytorch_peer", failed, wrong, "DDP's first loss differs from the ranks' mean alone", leader)
     finally:
         end_process_group(store_dir)
 
@@ -1017,10 +1051,7 @@ def main(argv=None):
     parser.add_argument("--timeout-s", type=int, default=300, help="with --ddp: torch.distributed's timeout")
     parser.add_argument("--out", help="write the results as JSON here (with --ddp: rank 0)")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.warmup = 20, 5
-    if args.steps < 1 or args.warmup < 1:
-        raise SystemExit("pytorch_peer: --steps and --warmup must be >= 1")
+    apply_step_counts(args, "pytorch_peer")
     configs = parse_list(args.configs, list(CONFIGS), "config")
     if args.ddp:
         systems = parse_list(args.systems or ",".join(DDP_SYSTEMS), list(DDP_SYSTEMS), "system (with --ddp)")
@@ -1038,33 +1069,14 @@ def main(argv=None):
         raise SystemExit("pytorch_peer: no CUDA device (torch.cuda.is_available() is False)")
     if args.ddp:
         return run_ddp(args, configs, systems)
-    result = {
-        "benchmark": "training_step",
-        "source": "pytorch",
-        "device": torch.cuda.get_device_name(0),
-        "torch_version": torch.__version__,
-        "peak_tflops": PEAK_TFLOPS,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
-        "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
-        "flops": FLOPS_TEXT,
-        "memory": "peak_bytes: torch.cuda.max_memory_allocated over the system's run; device_used_delta_bytes: "
-        "cudaMemGetInfo used after the timed steps minus before the system's setup",
-        "optimizer": {"name": "AdamW (fused)", "lr": LR, "weight_decay": WEIGHT_DECAY},
-        "configs": [],
-    }
+    result = result_header(args, 0, FLOPS_TEXT, "system")
+    result["configs"] = []
     print(f"device: {result['device']}, torch {torch.__version__}", flush=True)
     deadline = time.perf_counter() + args.budget_s
     for name in configs:
         result["configs"].append(run_config(name, systems, args.steps, args.warmup, deadline))
-        if args.out:  # after every config: a later crash keeps the earlier results
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=2)
-    failed = [f"{c['name']}/{s['system']}" for c in result["configs"] for s in c["systems"] if s["status"] != "ok"]
-    if failed:
-        print(f"pytorch_peer: failed or not run: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+        save_progress(result, args.out)
+    return exit_status("pytorch_peer", failed_systems(result))
 
 
 if __name__ == "__main__":

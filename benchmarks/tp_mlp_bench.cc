@@ -293,10 +293,5 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", options.profile, "print each row's step profile (one more run per row)");
   app.add_option("--out", options.out, "write the results as JSON here (rank 0)");
   CLI11_PARSE(app, argc, argv);
-  try {
-    return stepgraph::run(options);
-  } catch (const stepgraph::Error& error) {
-    std::cerr << "tp_mlp_bench: " << error.message() << "\n";
-    return EXIT_FAILURE;
-  }
+  return stepgraph::bench::run_main("tp_mlp_bench", [&] { return stepgraph::run(options); });
 }

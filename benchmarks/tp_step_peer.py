@@ -81,7 +81,6 @@ import pytorch_peer as peer  # noqa: E402  (first: comm_peer sets the multicast 
 import tp_peer  # noqa: E402
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 
 torch, dist, F = peer.torch, peer.dist, peer.F
@@ -379,10 +378,7 @@ def main(argv=None):
     parser.add_argument("--timeout-s", type=int, default=300, help="torch.distributed's timeout")
     parser.add_argument("--out", help="rank 0 writes the results as JSON here")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.warmup = 20, 5
-    if args.steps < 1 or args.warmup < 1:
-        raise SystemExit("tp_step_peer: --steps and --warmup must be >= 1")
+    peer.apply_step_counts(args, "tp_step_peer")
     if args.timeout_s <= 0:
         raise SystemExit(f"tp_step_peer: --timeout-s must be positive, got {args.timeout_s}")
     configs = peer.parse_list(args.configs, list(peer.CONFIGS), "config")
@@ -410,20 +406,9 @@ def main(argv=None):
             except Exception as error:  # every async row fails with it
                 async_error = f"{type(error).__name__}: {error}"[:2000]
         note = "world size 1: the tp1 rows alone; nothing is sharded" if world == 1 else ""
-        result = {
-            "benchmark": "training_step",
-            "source": "pytorch",
-            "device": torch.cuda.get_device_name(device),
-            "torch_version": torch.__version__,
-            "peak_tflops": peer.PEAK_TFLOPS,
-            "steps": args.steps,
-            "warmup": args.warmup,
-            "timing": "host wall clock around one step followed by torch.cuda.synchronize() (median, min, max over "
-            "`steps` samples after `warmup` steps); pipelined_step_us: `steps` steps back to back, one synchronize",
-            "flops": peer.FLOPS_TEXT + "; tflops and mfu per GPU (/ world_size for the TP rows)",
-            "memory": "peak_bytes: torch.cuda.max_memory_allocated over the row's run (largest over the ranks); "
-            "device_used_delta_bytes: cudaMemGetInfo used after the timed steps minus before the row's setup",
-            "optimizer": {"name": "AdamW (fused)", "lr": peer.LR, "weight_decay": peer.WEIGHT_DECAY},
+        flops_text = peer.FLOPS_TEXT + "; tflops and mfu per GPU (/ world_size for the TP rows)"
+        result = peer.result_header(args, device, flops_text, "row", " (largest over the ranks)")
+        result.update({
             "tensor_parallel": {
                 "world_size": world,
                 "local_world_size": local_world,
@@ -446,7 +431,7 @@ def main(argv=None):
                 "note": note,
             },
             "configs": [],
-        }
+        })
         if leader:
             print(f"device: {result['device']}, torch {torch.__version__}, NCCL {peer.comm_nccl_version()}; "
                   f"{world} rank(s) ({local_world} per host) via {launcher}; tensor parallel", flush=True)
@@ -458,19 +443,14 @@ def main(argv=None):
         for name in configs:
             c = run_tp_config(name, rows, args.steps, args.warmup, deadline, group, async_error)
             result["configs"].append(c)
-            if leader and args.out:  # after every config: a later crash keeps the earlier results
-                with open(args.out, "w") as f:
-                    json.dump(result, f, indent=2)
-        failed = [f"{c['name']}/{s['system']}" for c in result["configs"] for s in c["systems"] if s["status"] != "ok"]
+            if leader:
+                peer.save_progress(result, args.out)
+        failed = peer.failed_systems(result)
         failed += [f"{c['name']}: {c['reason']}" for c in result["configs"] if c["status"] != "ok"]
         wrong = [f"{c['name']}/{row} ({d['first_loss']:.5f} vs {d['baseline_first_loss']:.5f})"
                  for c in result["configs"] for row, d in c["tp_loss_check"].items() if not d["agrees"]]
-        if leader and failed:
-            print(f"tp_step_peer: failed or not run: {', '.join(failed)}", file=sys.stderr)
-        if leader and wrong:
-            print(f"tp_step_peer: a TP row's first loss differs from {EAGER_BASE}'s: {', '.join(wrong)}",
-                  file=sys.stderr)
-        return 1 if failed or wrong else 0
+        return peer.exit_status("tp_step_peer", failed, wrong, f"a TP row's first loss differs from {EAGER_BASE}'s",
+                                leader)
     finally:
         peer.end_process_group(store_dir)
 

@@ -28,12 +28,14 @@
 #include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/error.h"
+#include "engine/fp8_recipe.h"
 #include "launch/launch_env.h"
 #include "graphs/captured_step.h"
 #include "graphs/graph_cache.h"
 #include "layers/adamw.h"
 #include "layers/any_layer.h"
 #include "layers/graphed_layers.h"
+#include "layers/language_model.h"
 #include "layers/parameter.h"
 #include "layers/residual_stack.h"
 #include "layers/train_step.h"
@@ -92,6 +94,13 @@ DType to_dtype(sg_dtype dtype);
 sg_dtype from_dtype(DType dtype);
 kernels::NormKind to_norm_kind(sg_norm_kind kind);
 PoolReportPolicy to_policy(sg_pool_report_policy policy);
+
+// A config's topk and moe_every keep their defaults without experts (they would be ignored).
+void check_moe_fields(std::int64_t experts, std::int64_t topk, std::int64_t moe_every, const char* function);
+
+// An FP8 recipe from C (null: none), every field checked; and back.
+std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* recipe, const char* function);
+sg_fp8_recipe from_fp8_recipe(const Fp8Recipe& recipe);
 
 // Capture by a C step function (shared by sg_capture and the graph cache).
 std::shared_ptr<CapturedStep> capture_step_function(Context& ctx, sg_step_fn fn, void* user,
@@ -162,6 +171,8 @@ namespace stepgraph::capi {
 
 // The ResidualStack behind a layer handle; an Error for other layers.
 ResidualStack& residual_stack_of(const sg_layer_s& layer);
+// The LanguageModel behind a layer handle; null for other layers.
+LanguageModel* language_model_of(AnyLayer& layer);
 
 // A new caller-owned tensor handle (nullptr for an undefined tensor).
 inline sg_tensor new_tensor_handle(const std::shared_ptr<Context>& ctx, Tensor tensor) {

@@ -30,6 +30,17 @@ LinearConfig to_linear_config(const sg_linear_config& c, const char* function) {
           .wgrad = to_flag(c.wgrad, function, "config wgrad")};
 }
 
+}  // namespace
+
+void check_moe_fields(std::int64_t experts, std::int64_t topk, std::int64_t moe_every, const char* function) {
+  // Without experts no block routes: topk and moe_every would be ignored.
+  const ResidualStackConfig defaults;
+  SG_CHECK(experts != 0 || (topk == defaults.topk && moe_every == defaults.moe_every), function, ": config topk (",
+           topk, ") and moe_every (", moe_every,
+           ") apply to mixture-of-experts blocks, and experts is 0; set experts > 0, or leave them at their defaults (",
+           defaults.topk, ", ", defaults.moe_every, ")");
+}
+
 std::optional<Fp8Recipe> to_fp8_recipe(const sg_fp8_recipe* r, const char* function) {
   if (r == nullptr) return std::nullopt;
   SG_CHECK(r->scaling == SG_FP8_CURRENT || r->scaling == SG_FP8_DELAYED || r->scaling == SG_FP8_BLOCK,
@@ -76,6 +87,8 @@ sg_fp8_recipe from_fp8_recipe(const Fp8Recipe& r) {
           r.on_non_finite == NonFiniteAmax::kStop ? 1 : 0};
 }
 
+namespace {
+
 sg_linear_config from_linear_config(const LinearConfig& c) {
   return {c.in_features, c.out_features, c.bias ? 1 : 0, from_dtype(c.dtype), c.dgrad ? 1 : 0, c.wgrad ? 1 : 0};
 }
@@ -102,12 +115,7 @@ void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... a
 }
 
 ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& c, const char* function) {
-  // Without experts no block routes: topk and moe_every would be ignored.
-  const ResidualStackConfig defaults;
-  SG_CHECK(c.experts != 0 || (c.topk == defaults.topk && c.moe_every == defaults.moe_every), function,
-           ": config topk (", c.topk, ") and moe_every (", c.moe_every,
-           ") apply to mixture-of-experts blocks, and experts is 0; set experts > 0, or leave them at their defaults (",
-           defaults.topk, ", ", defaults.moe_every, ")");
+  check_moe_fields(c.experts, c.topk, c.moe_every, function);
   return {.hidden = c.hidden,
           .ffn = c.ffn,
           .layers = c.layers,
@@ -145,6 +153,8 @@ void check_layer_errors(Context& ctx, AnyLayer& layer) {
     for (const Linear* fc : mlp->layer().fp8_linears()) fc->check_errors(ctx);
   } else if (auto* stack = dynamic_cast<LayerAdapter<ResidualStack>*>(&layer)) {
     stack->layer().check_errors(ctx);
+  } else if (LanguageModel* model = language_model_of(layer)) {
+    model->check_errors(ctx);
   }
 }
 

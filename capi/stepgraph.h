@@ -76,7 +76,17 @@ extern "C" {
  * (amax_history_len, amax_most_recent, margin) for another scaling and
  * power_of_two_scales outside block scaling, a residual stack's topk and
  * moe_every without experts, a constant schedule's min_lr and total. */
-#define SG_API_VERSION 8
+/* 9: additions only: language models (sg_language_model_config,
+ * sg_language_model_create: the trainer's GPT and window model), optimizers
+ * with every option of the trainer's (sg_optimizer_config, sg_optimizer_create:
+ * schedule, non-finite skip, loss scaling, step-scoped gradients), version 2 of
+ * sg_train_step_config (packed sequences, ZeRO-1) and sg_train_step_packing.
+ * Every versioned config starts with size, magic and version (NCCL's
+ * ncclConfig_t pattern): fill it with its _default function or _INITIALIZER
+ * macro; a config from another stepgraph.h is read up to the fields of its
+ * version, and one this library cannot read is an error saying so. Exported as
+ * STEPGRAPH_C_9. */
+#define SG_API_VERSION 9
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -332,9 +342,57 @@ sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_confi
  * plain stack. The layer keeps the world's communicator alive. */
 sg_result sg_residual_stack_create_tensor_parallel(sg_context ctx, const sg_residual_stack_config* config,
                                                    sg_world world, const char* overlap, sg_layer* out);
+
+/* A language model (layers/language_model.h), the trainer's model: an
+ * embedding, a residual stack and an LM head, trained by sg_train_step_create
+ * on token ids. With heads > 0 a GPT: TransformerLayers with causal attention
+ * over packed sequences of `context` tokens, rotary positions, every next
+ * token predicted. With heads = 0 the window model: one prediction per
+ * example from a window of `context` tokens, by MLP blocks over their
+ * concatenated embedding (hidden a multiple of context).
+ * It is a layer handle (kind "language_model") for sg_adamw_create,
+ * sg_optimizer_create, sg_layer_parameter and sg_layer_check_errors; it has no
+ * sg_layer_forward (its input is tokens with their packing: train it with a
+ * train step). Bad values and combinations are errors at creation, naming the
+ * field. */
+#define SG_LANGUAGE_MODEL_CONFIG_MAGIC 0x53474c4du /* "SGLM" */
+#define SG_LANGUAGE_MODEL_CONFIG_VERSION 1
+typedef struct sg_language_model_config {
+  size_t size;      /* sizeof(sg_language_model_config) where the caller was compiled */
+  uint32_t magic;   /* SG_LANGUAGE_MODEL_CONFIG_MAGIC */
+  uint32_t version; /* SG_LANGUAGE_MODEL_CONFIG_VERSION where the caller was compiled */
+  /* Version 1. */
+  int64_t vocab;    /* the LM head's width, a multiple of 8 (x N with tensor parallelism) */
+  int64_t hidden;
+  int64_t ffn;
+  int64_t layers;
+  int64_t heads;    /* > 0: the GPT; 0: the window model */
+  int64_t kv_heads; /* 0: heads; fewer: grouped-query attention */
+  int64_t context;  /* tokens per sequence (GPT) or per example (window model) */
+  sg_norm_kind norm;
+  float eps;
+  sg_dtype dtype;   /* bf16, fp16 or fp32 */
+  uint32_t seed;
+  int64_t experts;  /* > 0: every moe_every-th block routes each token to topk experts */
+  int64_t topk;
+  int64_t moe_every;
+  float rope_base;
+  float dropout;            /* in [0, 1): on the stack's input and every attention and MLP output */
+  int recompute_activation; /* bool: the MLPs keep fc1's pre-activation only */
+  int fp8;                  /* bool: FP8 GEMMs in the blocks, by fp8_recipe */
+  sg_fp8_recipe fp8_recipe; /* read with fp8 = 1 (sg_fp8_recipe_default's current scaling by default) */
+  int fp8_weight_cache;     /* bool, with fp8: weights quantized once per update, not per GEMM */
+  sg_world tensor_parallel; /* NULL (the default) or a world: the model sharded over its ranks */
+  const char* overlap;      /* tensor-parallel collectives and GEMMs: NULL (bulk), "none", "bulk",
+                             * "overlap" or four modes (trainer/README.md) */
+} sg_language_model_config;
+/* The engine's defaults (a small bf16 GPT: see the function's values). */
+void sg_language_model_config_default(sg_language_model_config* config);
+sg_result sg_language_model_create(sg_context ctx, const sg_language_model_config* config, sg_layer* out);
 sg_result sg_layer_destroy(sg_layer layer);
 
-/* "linear", "norm", "layernorm_linear", "layernorm_mlp", "residual_stack". */
+/* "linear", "norm", "layernorm_linear", "layernorm_mlp", "residual_stack",
+ * "language_model". */
 sg_result sg_layer_kind(sg_layer layer, char* buffer, size_t capacity, size_t* length);
 /* Runs now (eager) or records (inside a capture's step function). `saved` is
  * what backward needs: pass it to backward of the same layer. */
@@ -435,15 +493,56 @@ sg_result sg_adamw_create_scheduled(sg_context ctx, const sg_layer* layers, size
 sg_result sg_optimizer_set_lr(sg_optimizer optimizer, float lr);
 /* The rate the last update used (with a schedule) or the one set (reads the device). */
 sg_result sg_optimizer_lr(sg_optimizer optimizer, float* out);
+/* An optimizer's settings, versioned like sg_train_step_config: start from
+ * sg_optimizer_config_default (or SG_OPTIMIZER_CONFIG_INITIALIZER), then set
+ * fields. */
+#define SG_OPTIMIZER_CONFIG_MAGIC 0x53474f50u /* "SGOP" */
+#define SG_OPTIMIZER_CONFIG_VERSION 1
+typedef struct sg_optimizer_config {
+  size_t size;      /* sizeof(sg_optimizer_config) where the caller was compiled */
+  uint32_t magic;   /* SG_OPTIMIZER_CONFIG_MAGIC */
+  uint32_t version; /* SG_OPTIMIZER_CONFIG_VERSION where the caller was compiled */
+  /* Version 1. */
+  sg_adamw_config adamw;
+  int schedule;               /* bool: the rate follows lr_schedule (its base replaces adamw.lr) */
+  sg_lr_schedule lr_schedule;
+  int skip_nonfinite;         /* bool: a step whose loss or gradients are NaN or infinite changes
+                               * nothing (layers/adamw.h Note [Non-finite steps]); not with ZeRO-1 */
+  int loss_scaling;           /* bool: dynamic loss scaling on the device (fp16 models) */
+  float loss_scale_initial;   /* powers of two (kernels/step_guard.h LossScaling) */
+  float loss_scale_growth_factor;
+  float loss_scale_backoff_factor;
+  int loss_scale_growth_interval; /* good steps in a row before the scale grows, >= 1 */
+  int step_scoped_gradients;  /* bool: gradients live from their backward to their group's update
+                               * (Note [Step-scoped gradients]); not with the skip or parallelism */
+} sg_optimizer_config;
+#define SG_OPTIMIZER_CONFIG_INITIALIZER                                                                  \
+  {                                                                                                     \
+    sizeof(sg_optimizer_config), SG_OPTIMIZER_CONFIG_MAGIC, SG_OPTIMIZER_CONFIG_VERSION,               \
+        {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f}, 0, {0, 1e-3f, 0.0f, 0, 0}, 0, 0, 65536.0f, 2.0f, 0.5f, 2000, 0 \
+  }
+void sg_optimizer_config_default(sg_optimizer_config* config);
+/* AdamW over the parameters of `layer_count` layers with `config`'s options. */
+sg_result sg_optimizer_create(sg_context ctx, const sg_layer* layers, size_t layer_count,
+                              const sg_optimizer_config* config, sg_optimizer* out);
+/* Steps skipped as non-finite so far, and the loss scale the next step uses
+ * (1 without loss scaling); both read the device. */
+sg_result sg_optimizer_skipped_steps(sg_optimizer optimizer, int64_t* out);
+sg_result sg_optimizer_loss_scale(sg_optimizer optimizer, float* out);
 sg_result sg_optimizer_destroy(sg_optimizer optimizer);
 sg_result sg_optimizer_step(sg_optimizer optimizer);
 /* Steps taken so far (reads the device counter). */
 sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out);
 
-/* A whole training step of a residual stack (sg_residual_stack_create):
- * forward, softmax cross-entropy, backward, AdamW over `tokens` tokens.
- * Its inputs are persistent tensors: x [tokens, hidden] in the model dtype and
- * labels [tokens] int32. */
+/* A whole training step of a residual stack (sg_residual_stack_create) or a
+ * language model (sg_language_model_create): forward, softmax cross-entropy,
+ * backward, AdamW over `tokens` rows. Its inputs are persistent tensors:
+ * for a residual stack x [tokens, hidden] in the model dtype and labels
+ * [tokens] int32; for the GPT token ids int32 [tokens, 1] (tokens a multiple
+ * of the model's context: tokens / context sequences) and one label per
+ * token, the next token (sg_train_step_packing holds the packing); for the
+ * window model token ids int32 [tokens, context] (one example per row) and
+ * one label per example. */
 sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out);
 
 /* A train step's settings, versioned across the ABI like ncclConfig_t: new
@@ -452,7 +551,7 @@ sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t t
  * sg_train_step_config_default (or SG_TRAIN_STEP_CONFIG_INITIALIZER), then set
  * the fields. A struct that was not initialised that way is refused. */
 #define SG_TRAIN_STEP_CONFIG_MAGIC 0x53475453u /* "SGTS" */
-#define SG_TRAIN_STEP_CONFIG_VERSION 1
+#define SG_TRAIN_STEP_CONFIG_VERSION 2
 typedef struct sg_train_step_config {
   size_t size;      /* sizeof(sg_train_step_config) where the caller was compiled */
   uint32_t magic;   /* SG_TRAIN_STEP_CONFIG_MAGIC */
@@ -466,9 +565,16 @@ typedef struct sg_train_step_config {
                    * the loss is the global mean (the same on every rank). Every
                    * rank must build the same model (same seed and config),
                    * optimizer and step, and capture or run the same steps. */
+  /* Version 2. */
+  int64_t sequences; /* a GPT's step: 0 (the default) for tokens / context sequences of context
+                      * tokens each; > 0 for up to `sequences` sequences of any lengths packed
+                      * into the tokens (shape buckets): write each batch's packing into
+                      * sg_train_step_packing (it starts as one sequence of every token) */
+  int zero1;         /* bool, data parallel: ZeRO-1 (a sharded optimizer: reduce-scatter, update
+                      * 1/N, all-gather) instead of all-reducing the gradients */
 } sg_train_step_config;
 #define SG_TRAIN_STEP_CONFIG_INITIALIZER \
-  { sizeof(sg_train_step_config), SG_TRAIN_STEP_CONFIG_MAGIC, SG_TRAIN_STEP_CONFIG_VERSION, 0, NULL }
+  { sizeof(sg_train_step_config), SG_TRAIN_STEP_CONFIG_MAGIC, SG_TRAIN_STEP_CONFIG_VERSION, 0, NULL, 0, 0 }
 void sg_train_step_config_default(sg_train_step_config* config);
 /* sg_train_step_create with a config (tokens and, for data parallelism, a
  * world). The step keeps the world's communicator alive (see sg_world_init). */
@@ -476,6 +582,10 @@ sg_result sg_train_step_create_with_config(sg_layer model, sg_optimizer optimize
                                            sg_train_step* out);
 sg_result sg_train_step_destroy(sg_train_step step);
 sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels);
+/* The cu_seqlens int32 [sequences + 1] of a model with attention (where each
+ * packed sequence of the tokens starts; write another packing of the same
+ * tokens between steps or replays); *out is NULL for a model without. */
+sg_result sg_train_step_packing(sg_train_step step, sg_tensor* out);
 /* One step now (eager), or recorded inside a step function; *loss is a fp32
  * scalar tensor. */
 sg_result sg_train_step_run(sg_train_step step, sg_tensor* loss);

@@ -20,16 +20,18 @@ from stepgraph.distributed import World, init_distributed
 from stepgraph.dtypes import DType, bf16_bits_to_float32, float32_to_bf16_bits
 from stepgraph.fp8 import Fp8Recipe
 from stepgraph.graph import CapturedStep, GraphCache, capture
+from stepgraph.language_model import LanguageModel
 from stepgraph.layers import (LayerNorm, LayerNormLinear, LayerNormMLP, Linear, Norm, Parameter, ResidualStack, RMSNorm,
                               Saved)
 from stepgraph.pipeline import GraphedLayers, make_graphed_layers, one_f_one_b
 from stepgraph.tensor import Tensor
-from stepgraph.training import AdamW, LrSchedule, TrainStep
+from stepgraph.training import IGNORE_INDEX, AdamW, LossScaling, LrSchedule, TrainStep
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 __all__ = [
-    "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "Fp8Recipe", "GraphCache", "GraphedLayers", "LayerNorm", "LayerNormLinear",
-    "LayerNormMLP", "Linear", "LrSchedule", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
+    "AdamW", "ArgumentError", "CapturedStep", "Context", "DType", "Fp8Recipe", "GraphCache", "GraphedLayers",
+    "IGNORE_INDEX", "LanguageModel", "LayerNorm", "LayerNormLinear", "LayerNormMLP", "Linear", "LossScaling",
+    "LrSchedule", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
     "TrainStep", "World",
     "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits",
     "init_distributed", "library_path", "make_graphed_layers", "one_f_one_b",

@@ -6,7 +6,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 8
+API_VERSION = 9
 
 
 class LinearConfig(ctypes.Structure):
@@ -50,10 +50,30 @@ class LrSchedule(ctypes.Structure):
 
 
 class TrainStepConfig(ctypes.Structure):
-    """sg_train_step_config (version 1): fill it with sg_train_step_config_default, which sets
+    """sg_train_step_config (version 2): fill it with sg_train_step_config_default, which sets
     size, magic and version, then set the fields."""
     _fields_ = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32), ("tokens", c_int64),
-                ("world", c_void_p)]
+                ("world", c_void_p), ("sequences", c_int64), ("zero1", c_int)]
+
+
+class OptimizerConfig(ctypes.Structure):
+    """sg_optimizer_config (version 1): fill it with sg_optimizer_config_default."""
+    _fields_ = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32), ("adamw", AdamWConfig),
+                ("schedule", c_int), ("lr_schedule", LrSchedule), ("skip_nonfinite", c_int), ("loss_scaling", c_int),
+                ("loss_scale_initial", c_float), ("loss_scale_growth_factor", c_float),
+                ("loss_scale_backoff_factor", c_float), ("loss_scale_growth_interval", c_int),
+                ("step_scoped_gradients", c_int)]
+
+
+class LanguageModelConfig(ctypes.Structure):
+    """sg_language_model_config (version 1): fill it with sg_language_model_config_default."""
+    _fields_ = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32), ("vocab", c_int64),
+                ("hidden", c_int64), ("ffn", c_int64), ("layers", c_int64), ("heads", c_int64),
+                ("kv_heads", c_int64), ("context", c_int64), ("norm", c_int), ("eps", c_float), ("dtype", c_int),
+                ("seed", c_uint32), ("experts", c_int64), ("topk", c_int64), ("moe_every", c_int64),
+                ("rope_base", c_float), ("dropout", c_float), ("recompute_activation", c_int), ("fp8", c_int),
+                ("fp8_recipe", Fp8Recipe), ("fp8_weight_cache", c_int), ("tensor_parallel", c_void_p),
+                ("overlap", c_char_p)]
 
 
 class GraphCacheStats(ctypes.Structure):
@@ -108,6 +128,7 @@ _PROTOTYPES = {
     "sg_layernorm_mlp_create_fp8": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(Fp8Recipe), P(H)],
     "sg_residual_stack_create": [H, P(ResidualStackConfig), P(H)],
     "sg_residual_stack_create_tensor_parallel": [H, P(ResidualStackConfig), H, c_char_p, P(H)],
+    "sg_language_model_create": [H, P(LanguageModelConfig), P(H)],
     "sg_layer_destroy": [H],
     "sg_layer_kind": [H] + _STRING_OUT,
     "sg_layer_forward": [H, H, P(H), P(H)],
@@ -122,6 +143,9 @@ _PROTOTYPES = {
     "sg_optimizer_step": [H],
     "sg_optimizer_steps_taken": [H, P(c_int64)],
     "sg_adamw_create_scheduled": [H, P(H), c_size_t, P(AdamWConfig), P(LrSchedule), P(H)],
+    "sg_optimizer_create": [H, P(H), c_size_t, P(OptimizerConfig), P(H)],
+    "sg_optimizer_skipped_steps": [H, P(c_int64)],
+    "sg_optimizer_loss_scale": [H, P(c_float)],
     "sg_optimizer_set_lr": [H, c_float],
     "sg_optimizer_lr": [H, P(c_float)],
     "sg_world_init": [c_int, c_double, P(H)],
@@ -134,6 +158,7 @@ _PROTOTYPES = {
     "sg_train_step_create_with_config": [H, H, P(TrainStepConfig), P(H)],
     "sg_train_step_destroy": [H],
     "sg_train_step_inputs": [H, P(H), P(H)],
+    "sg_train_step_packing": [H, P(H)],
     "sg_train_step_run": [H, P(H)],
     "sg_train_step_check_errors": [H],
     "sg_capture": [H, STEP_FN, c_void_p, c_int, P(H)],
@@ -183,6 +208,8 @@ _OTHER_RESTYPES = {
     "sg_residual_stack_config_default": (None, [P(ResidualStackConfig)]),
     "sg_adamw_config_default": (None, [P(AdamWConfig)]),
     "sg_train_step_config_default": (None, [P(TrainStepConfig)]),
+    "sg_optimizer_config_default": (None, [P(OptimizerConfig)]),
+    "sg_language_model_config_default": (None, [P(LanguageModelConfig)]),
 }
 
 _lib = None

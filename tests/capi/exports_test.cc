@@ -22,7 +22,7 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 8);
+  EXPECT_EQ(version(), 9);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
@@ -96,6 +96,19 @@ TEST(CapiExportsTest, Version8AdditionIsExportedAsStepgraphC8) {
   EXPECT_NE(dlsym(library, name), nullptr) << name;
   EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_8"), nullptr) << name << " is not in STEPGRAPH_C_8";
   EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_7"), nullptr) << name << " is in STEPGRAPH_C_7";
+}
+
+// API version 9's additions (language models, optimizer configs), in their own version node.
+TEST(CapiExportsTest, Version9AdditionsAreExportedAsStepgraphC9) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  for (const char* name : {"sg_language_model_config_default", "sg_language_model_create", "sg_optimizer_config_default",
+                           "sg_optimizer_create", "sg_optimizer_loss_scale", "sg_optimizer_skipped_steps",
+                           "sg_train_step_packing"}) {
+    EXPECT_NE(dlsym(library, name), nullptr) << name;
+    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_9"), nullptr) << name << " is not in STEPGRAPH_C_9";
+    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_8"), nullptr) << name << " is in STEPGRAPH_C_8";
+  }
 }
 
 TEST(CapiExportsTest, EngineSymbolsStayHidden) {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -247,7 +248,16 @@ TEST_F(WorldTest, TrainStepConfigIsVersioned) {
   EXPECT_EQ(config.version, static_cast<uint32_t>(SG_TRAIN_STEP_CONFIG_VERSION));
   EXPECT_EQ(config.tokens, 0);
   EXPECT_EQ(config.world, nullptr);
-  EXPECT_EQ(std::memcmp(&config, &initializer, sizeof(config)), 0);
+  // The initializer and the function agree field by field (padding bytes may differ).
+  EXPECT_EQ(initializer.size, config.size);
+  EXPECT_EQ(initializer.magic, config.magic);
+  EXPECT_EQ(initializer.version, config.version);
+  EXPECT_EQ(initializer.tokens, config.tokens);
+  EXPECT_EQ(initializer.world, config.world);
+  EXPECT_EQ(initializer.sequences, 0);
+  EXPECT_EQ(config.sequences, 0);
+  EXPECT_EQ(initializer.zero1, 0);
+  EXPECT_EQ(config.zero1, 0);
   sg_train_step_config_default(nullptr);  // like the other *_default calls: nothing to fill
 
   sg_context ctx = nullptr;
@@ -275,16 +285,32 @@ TEST_F(WorldTest, TrainStepConfigIsVersioned) {
   config.tokens = 4;
   sg_train_step_config bad = config;
   bad.magic = 0;
-  expect_refused(bad, "config was not initialised");
+  expect_refused(bad, "config (sg_train_step_config) was not initialised");
   bad = config;
   bad.version = SG_TRAIN_STEP_CONFIG_VERSION + 1;
-  expect_refused(bad, "config version 2 is not one this library reads (1 to 1)");
+  expect_refused(bad, "config (sg_train_step_config) version 3 is newer than this library reads (1 to 2): the "
+                      "caller was built against a newer stepgraph.h");
   bad = config;
   bad.version = 0;
-  expect_refused(bad, "config version 0");
+  expect_refused(bad, "config (sg_train_step_config) version 0");
   bad = config;
   bad.size = sizeof(sg_train_step_config) + 8;  // a newer caller's struct with the old version number
-  expect_refused(bad, "config size");
+  expect_refused(bad, "config (sg_train_step_config) size");
+  bad = config;
+  bad.zero1 = 1;  // without a world of several ranks
+  expect_refused(bad, "config->zero1 shards the optimizer over a data-parallel world");
+  {
+    // A caller built against version 1 of the header: its struct ends before `sequences`, whose
+    // bytes here are garbage; the library reads the version-1 fields and defaults the rest.
+    sg_train_step_config old_caller = config;
+    old_caller.version = 1;
+    old_caller.size = offsetof(sg_train_step_config, sequences);
+    old_caller.sequences = -7;
+    old_caller.zero1 = 5;
+    ASSERT_SG_OK(sg_train_step_create_with_config(model, optimizer, &old_caller, &step));
+    ASSERT_SG_OK(sg_train_step_destroy(step));
+    step = nullptr;
+  }
   EXPECT_EQ(sg_train_step_create_with_config(model, optimizer, nullptr, &step), SG_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(sg_last_error()).find("config is NULL"), std::string::npos);
 

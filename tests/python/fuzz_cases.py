@@ -286,7 +286,7 @@ case("capi", "residual_stack_zero_hidden", """
 cfg = _capi.ResidualStackConfig(); _capi.lib().sg_residual_stack_config_default(byref(cfg))
 cfg.hidden = 0; cfg.ffn = 16; cfg.layers = 1; cfg.vocab = 16; cfg.dtype = 0
 _capi.call('sg_residual_stack_create', raw_ctx, byref(cfg), byref(c.c_void_p()))
-""", words=["hidden must be > 0"])
+""", words=["hidden", "must be > 0"])
 case("capi", "layer_backward_destroyed_saved", """
 layer = sg.Linear(ctx, 4, 4, dtype="float32")
 x = ctx.tensor((2, 4))
@@ -337,15 +337,15 @@ _capi.call('sg_train_step_create_with_config', model._handle, opt._handle, None,
 case("capi", "train_step_config_not_initialised", """
 cfg = _capi.TrainStepConfig(); cfg.tokens = 4
 create_step(cfg)
-""", words=["sg_train_step_create_with_config", "config was not initialised"])
+""", words=["sg_train_step_create_with_config", "config (sg_train_step_config) was not initialised"])
 case("capi", "train_step_config_newer_version", """
 cfg = step_config(); cfg.version = 99
 create_step(cfg)
-""", words=["config version 99 is not one this library reads"])
+""", words=["version 99 is newer than this library reads", "built against a newer stepgraph.h"])
 case("capi", "train_step_config_wrong_size", """
 cfg = step_config(); cfg.size = 16
 create_step(cfg)
-""", words=["config size 16 does not match version 1"])
+""", words=["size 16 does not match version 2", "an older"])
 case("capi", "train_step_config_zero_tokens", "create_step(step_config(tokens=0))", words=["tokens must be > 0"])
 case("capi", "train_step_config_destroyed_world", """
 w = new_world()

@@ -81,6 +81,8 @@ KINDS = {
                  ("objects", "np.array([object(), object()])", ("TypeError", "ArgumentError"), []),
                  ("complex", "np.ones(2, complex)", ("TypeError", "ArgumentError"), [])],
     "label": [("int", "3", TYPE, ["str"]), ("object", "object()", TYPE, [])],
+    "loss_scaling": [("str", "'dynamic'", TYPE, ["LossScaling"]), ("int", "3", TYPE, ["LossScaling"]),
+                     ("false", "False", TYPE, ["LossScaling"])],
 }
 # None is a fault for these kinds unless the argument is optional (None then means the default).
 _NONE_IS_A_FAULT = {"int", "int32", "uint32", "flag", "float32", "real", "name", "choice", "dtype", "shape", "tensor",
@@ -177,17 +179,43 @@ _ENTRIES = [
           {"kind": arg("choice", "'cosine'"), "base": arg("float32", "1e-3"), "min_lr": arg("float32", "1e-4"),
            "warmup": arg("int", "2"), "total": arg("int", "10")}),
     Entry("AdamW", MODEL, "sg.AdamW(ctx={ctx}, layers={layers}, lr={lr}, betas={betas}, eps={eps}, "
-                          "weight_decay={weight_decay}, schedule={schedule})",
+                          "weight_decay={weight_decay}, schedule={schedule}, skip_nonfinite={skip_nonfinite}, "
+                          "loss_scaling={loss_scaling}, step_scoped_gradients={step_scoped_gradients})",
           {"ctx": arg("context", "ctx"), "layers": arg("layers", "model"), "lr": arg("float32", "None", True),
            "betas": arg("pair", "(0.9, 0.999)"), "eps": arg("float32", "1e-8"),
-           "weight_decay": arg("float32", "0.0"), "schedule": arg("schedule", "None", True)}),
+           "weight_decay": arg("float32", "0.0"), "schedule": arg("schedule", "None", True),
+           "skip_nonfinite": arg("flag", "True"), "loss_scaling": arg("loss_scaling", "None", True),
+           "step_scoped_gradients": arg("flag", "False")}),
+    Entry("LossScaling", "", "sg.LossScaling(initial_scale={initial_scale}, growth_factor={growth_factor}, "
+                             "backoff_factor={backoff_factor}, growth_interval={growth_interval})",
+          {"initial_scale": arg("float32", "1024.0"), "growth_factor": arg("float32", "2.0"),
+           "backoff_factor": arg("float32", "0.5"), "growth_interval": arg("int32", "100")}),
+    Entry("LanguageModel", "", "sg.LanguageModel(ctx={ctx}, vocab={vocab}, hidden={hidden}, layers={layers}, "
+                               "heads={heads}, kv_heads={kv_heads}, ffn={ffn}, seq_len={seq_len}, context={context}, "
+                               "norm={norm}, eps={eps}, dtype={dtype}, seed={seed}, experts={experts}, topk={topk}, "
+                               "moe_every={moe_every}, rope_base={rope_base}, dropout={dropout}, "
+                               "recompute_activation={recompute_activation}, fp8={fp8}, "
+                               "fp8_weight_cache={fp8_weight_cache}, tensor_parallel={tensor_parallel}, "
+                               "overlap={overlap})",
+          {"ctx": arg("context", "ctx"), "vocab": arg("int", "16", True), "hidden": arg("int", "16", True),
+           "layers": arg("int", "1", True), "heads": arg("int", "2", True), "kv_heads": arg("int", "1", True),
+           "ffn": arg("int", "32", True), "seq_len": arg("int", "4", True), "context": arg("int", "None", True),
+           "norm": arg("choice", "'rmsnorm'"), "eps": arg("float32", "None", True), "dtype": arg("dtype", "'float32'"),
+           "seed": arg("uint32", "2", True), "experts": arg("int", "2", True), "topk": arg("int", "1", True),
+           "moe_every": arg("int", "1", True), "rope_base": arg("float32", "500.0", True),
+           "dropout": arg("float32", "0.1"), "recompute_activation": arg("flag", "False"),
+           "fp8": arg("recipe", "None", True), "fp8_weight_cache": arg("flag", "False"),
+           "tensor_parallel": arg("world", "None", True), "overlap": arg("name", "None", True)}),
     Entry("AdamW.set_lr", MODEL + "; opt = sg.AdamW(ctx, model)", "opt.set_lr(lr={lr})", {"lr": arg("float32", "0.1")}),
     Entry("TrainStep", MODEL + "; opt = sg.AdamW(ctx, model)",
-          "sg.TrainStep(model={model}, optimizer={optimizer}, tokens={tokens}, world={world})",
+          "sg.TrainStep(model={model}, optimizer={optimizer}, tokens={tokens}, world={world}, "
+          "sequences={sequences}, dp_mode={dp_mode})",
           {"model": arg("model", "model"), "optimizer": arg("optimizer", "opt"), "tokens": arg("int", "4"),
-           "world": arg("world", "None", True)}),
-    Entry("TrainStep.load", STEP, "step.load(x={x}, labels={labels})",
-          {"x": arg("numpy_in", "np.ones((4, 8), np.float32)"), "labels": arg("numpy_in", "[0, 1, 2, 3]")}),
+           "world": arg("world", "None", True), "sequences": arg("int", "None", True),
+           "dp_mode": arg("choice", "'allreduce'")}),
+    Entry("TrainStep.load", STEP, "step.load(x={x}, labels={labels}, packing={packing})",
+          {"x": arg("numpy_in", "np.ones((4, 8), np.float32)"), "labels": arg("numpy_in", "[0, 1, 2, 3]"),
+           "packing": arg("numpy_in", "None", True)}),
     Entry("TrainStep.capture", STEP, "step.capture(policy={policy})", {"policy": arg("choice", "'error'")}),
     Entry("capture", LINEAR + "; x = ctx.tensor((2, 4))", "sg.capture(ctx={ctx}, fn={fn}, policy={policy})",
           {"ctx": arg("context", "ctx"), "fn": arg("callable", "lambda: [layer(x)]"),
@@ -251,6 +279,15 @@ IGNORED = [
     ("current_recipe_reduction", "sg.Fp8Recipe(amax_reduction='most_recent')", ARG, ["amax_reduction", "delayed"]),
     ("delayed_recipe_power_of_two", "sg.Fp8Recipe.delayed(power_of_two_scales=False)", ARG,
      ["power_of_two_scales", "block"]),
+    ("weight_cache_without_fp8", "sg.LanguageModel(ctx, fp8_weight_cache=True)", ARG, ["fp8_weight_cache", "fp8"]),
+    ("kv_heads_of_the_window_model", "sg.LanguageModel(ctx, heads=0, kv_heads=2)", ARG, ["kv_heads", "heads=0"]),
+    ("seq_len_of_the_window_model", "sg.LanguageModel(ctx, heads=0, seq_len=8)", ARG, ["seq_len", "context"]),
+    ("context_of_the_gpt", "sg.LanguageModel(ctx, heads=2, context=8)", ARG, ["context", "seq_len"]),
+    ("language_model_overlap_alone", "sg.LanguageModel(ctx, overlap='none')", ARG, ["overlap", "tensor-parallel"]),
+    ("sequences_of_a_stack", "m = small_model(ctx); sg.TrainStep(m, sg.AdamW(ctx, m), tokens=4, sequences=2)",
+     ARG, ["sequences", "attention"]),
+    ("loss_scaling_without_the_skip", "m = small_model(ctx); sg.AdamW(ctx, m, loss_scaling=True)", ARG,
+     ["loss_scaling", "skip_nonfinite"]),
 ]
 
 # The constructors made from handles, given something else.

@@ -125,28 +125,43 @@ class Binder {
   std::size_t next_ = 0;
 };
 
-class MetaBinder : public Binder {
+// Binds fields to a span of inputs (metas in a check) or results (a call's tensors).
+template <typename T>
+class SpanBinder : public Binder {
  public:
-  explicit MetaBinder(std::span<const TensorMeta> inputs) : Binder(inputs.size()), inputs_(inputs) {}
-  void operator()(const Slot& slot, TensorMeta& meta) {
+  explicit SpanBinder(std::span<const T> items) : Binder(items.size()), items_(items) {}
+  void operator()(const Slot& slot, T& field) {
     std::size_t at = 0;
-    if (advance(slot, at)) meta = inputs_[at];
+    if (advance(slot, at)) field = items_[at];
   }
-  void optional_last(Slot slot, TensorMeta& field) {
+  void optional_last(Slot slot, T& field) {
     slot.present = inputs_left();
     (*this)(slot, field);
   }
 
  private:
-  std::span<const TensorMeta> inputs_;
+  std::span<const T> items_;
+};
+
+// Collects the present fields in visit order (a check's output metas).
+template <typename T>
+class Collector {
+ public:
+  void operator()(const Slot& slot, const T& field) {
+    if (slot.present) items.push_back(field);
+  }
+  template <typename X>
+  void list(std::string_view, std::vector<X>&, std::size_t) {}
+  std::vector<T> items;
 };
 
 class ArgBinder : public Binder {
  public:
-  explicit ArgBinder(const KernelArgs& args) : Binder(args.inputs.size()), args_(args) {}
+  ArgBinder(std::span<void* const> addresses, std::span<const TensorMeta> metas)
+      : Binder(addresses.size()), addresses_(addresses), metas_(metas) {}
   void operator()(const Slot& slot, Operand& operand) {
     std::size_t at = 0;
-    if (advance(slot, at)) operand = {args_.inputs[at], &args_.input_metas[at]};
+    if (advance(slot, at)) operand = {addresses_[at], &metas_[at]};
   }
   void optional_last(Slot slot, Operand& field) {
     slot.present = inputs_left();
@@ -154,7 +169,8 @@ class ArgBinder : public Binder {
   }
 
  private:
-  const KernelArgs& args_;
+  std::span<void* const> addresses_;
+  std::span<const TensorMeta> metas_;
 };
 
 class IndexBinder : public Binder {
@@ -213,7 +229,7 @@ std::vector<Tensor> flatten(std::string_view op, const Params& params, Operands<
 template <template <typename> class Operands, typename Params>
 Operands<TensorMeta> bind_metas(std::string_view op, const Params& params, std::span<const TensorMeta> inputs) {
   Operands<TensorMeta> operands;
-  operands_detail::MetaBinder binder(inputs);
+  operands_detail::SpanBinder<TensorMeta> binder(inputs);
   visit_operands(params, operands, binder);
   if (binder.next() != inputs.size()) {
     operands_detail::Namer namer;
@@ -228,9 +244,35 @@ Operands<TensorMeta> bind_metas(std::string_view op, const Params& params, std::
 template <template <typename> class Operands, typename Params>
 Operands<Operand> bind_args(const Params& params, const KernelArgs& args) {
   Operands<Operand> operands;
-  operands_detail::ArgBinder binder(args);
+  operands_detail::ArgBinder binder(args.inputs, args.input_metas);
   visit_operands(params, operands, binder);
   return operands;
+}
+
+// Named outputs (a struct visited like operands, all fields read): the
+// launcher's view of the outputs, a check's list of output metas, and a
+// call's results by name.
+template <template <typename> class Outputs, typename Params>
+Outputs<Operand> bind_outputs(const Params& params, const KernelArgs& args) {
+  Outputs<Operand> outputs;
+  operands_detail::ArgBinder binder(args.outputs, args.output_metas);
+  visit_operands(params, outputs, binder);
+  return outputs;
+}
+
+template <template <typename> class Outputs, typename Params>
+std::vector<TensorMeta> output_metas(const Params& params, Outputs<TensorMeta> outputs) {
+  operands_detail::Collector<TensorMeta> collector;
+  visit_operands(params, outputs, collector);
+  return std::move(collector.items);
+}
+
+template <template <typename> class Outputs, typename Params>
+Outputs<Tensor> bind_results(const Params& params, std::span<const Tensor> results) {
+  Outputs<Tensor> outputs;
+  operands_detail::SpanBinder<Tensor> binder(results);
+  visit_operands(params, outputs, binder);
+  return outputs;
 }
 
 // Each operand's position among the inputs (-1 where absent).

@@ -121,29 +121,20 @@ int run(const Options& options) {
   std::mt19937 rng(std::random_device{}());
   Stream stream;
   nlohmann::json rows = nlohmann::json::array();
-  std::cout << std::left << std::setw(48) << "row" << std::right << std::setw(12) << "median us" << std::setw(10)
-            << "min us" << std::setw(10) << "max us" << std::setw(10) << "TFLOP/s\n";
+  const bench::RowTable table{
+      48, {{"median_us", "median us"}, {"min_us", "min us"}, {"max_us", "max us"}, {"tflops", "TFLOP/s"}}};
+  table.print_header();
   for (const std::string& kind : options.kinds) {
     for (std::int64_t dim : options.dims) {
       for (std::int64_t heads : options.heads) {
         for (std::int64_t seq : options.seqs) {
-          nlohmann::json row = run_row(options, kind, seq, heads, dim, rng, stream);
-          std::cout << std::left << std::setw(48) << row["name"].get<std::string>() << std::right << std::fixed
-                    << std::setprecision(1) << std::setw(12) << row["median_us"].get<double>() << std::setw(10)
-                    << row["min_us"].get<double>() << std::setw(10) << row["max_us"].get<double>() << std::setw(10)
-                    << row["tflops"].get<double>() << "\n"
-                    << std::flush;
-          rows.push_back(std::move(row));
+          rows.push_back(run_row(options, kind, seq, heads, dim, rng, stream));
+          table.print(rows.back());
         }
       }
     }
   }
-  bench::write_json(options.out, {{"benchmark", "attention"},
-                                  {"impl", "stepgraph"},
-                                  {"device", device.name},
-                                  {"repeats", options.repeats},
-                                  {"warmup", options.warmup},
-                                  {"rows", rows}});
+  bench::write_json(options.out, bench::rows_result("attention", device.name, options.repeats, options.warmup, rows));
   return EXIT_SUCCESS;
 }
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <string_view>
 #include <utility>
@@ -58,6 +59,27 @@ Summary time_launches(cudaStream_t stream, int warmup, int repeats, const std::f
     samples.push_back(1000.0 * Event::elapsed_ms(start, stop));
   }
   return summarize(std::move(samples));
+}
+
+void RowTable::print_header() const {
+  std::cout << std::left << std::setw(name_width) << "row" << std::right;
+  for (std::size_t i = 0; i < columns.size(); ++i) std::cout << std::setw(i == 0 ? 12 : 10) << columns[i].second;
+  std::cout << "\n";
+}
+
+void RowTable::print(const nlohmann::json& row) const {
+  std::cout << std::left << std::setw(name_width) << row["name"].get<std::string>() << std::right << std::fixed
+            << std::setprecision(1);
+  for (std::size_t i = 0; i < columns.size(); ++i) {
+    std::cout << std::setw(i == 0 ? 12 : 10) << row[columns[i].first].get<double>();
+  }
+  std::cout << "\n" << std::flush;
+}
+
+nlohmann::json rows_result(const std::string& benchmark, const std::string& device, int repeats, int warmup,
+                           const nlohmann::json& rows) {
+  return {{"benchmark", benchmark}, {"impl", "stepgraph"}, {"device", device},
+          {"repeats", repeats},     {"warmup", warmup},    {"rows", rows}};
 }
 
 int run_main(const char* program, const std::function<int()>& run) {

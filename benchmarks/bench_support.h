@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/fp8.h"
@@ -36,6 +37,23 @@ Summary time_launches(cudaStream_t stream, int warmup, int repeats, const std::f
 // the environment before NCCL reads them (another value is replaced, with a
 // warning naming `program`). Returns the three as a JSON object for results.
 nlohmann::json keep_multicast_off(const std::string& program);
+
+// The table a benchmark prints as its rows come: row["name"] left-aligned
+// `name_width` wide, then each column (a number's JSON key and its heading)
+// right-aligned, 12 wide for the first and 10 after, with one decimal.
+struct RowTable {
+  int name_width = 48;
+  std::vector<std::pair<std::string, std::string>> columns;  // {key, heading}
+
+  void print_header() const;
+  void print(const nlohmann::json& row) const;  // flushed: rows come slowly
+};
+
+// The JSON result of a benchmark that times rows on one GPU, as its PyTorch
+// peer writes it: {"benchmark", "impl": "stepgraph", "device", "repeats",
+// "warmup", "rows"}.
+nlohmann::json rows_result(const std::string& benchmark, const std::string& device, int repeats, int warmup,
+                           const nlohmann::json& rows);
 
 // main()'s last step: returns run(); an Error (or another exception) is
 // printed as "<program>: <message>" and gives EXIT_FAILURE.

@@ -174,8 +174,8 @@ int run(const Options& options) {
   std::mt19937 rng(std::random_device{}());
   Stream stream;
   nlohmann::json rows = nlohmann::json::array();
-  std::cout << std::left << std::setw(52) << "row" << std::right << std::setw(12) << "median us" << std::setw(10)
-            << "TFLOP/s\n";
+  const bench::RowTable table{52, {{"median_us", "median us"}, {"tflops", "TFLOP/s"}}};
+  table.print_header();
   for (const std::string& kind : options.kinds) {
     for (const std::string& shape : options.shapes) {
       const auto cross = shape.find('x');
@@ -185,23 +185,16 @@ int run(const Options& options) {
       for (std::int64_t experts : options.experts) {
         for (std::int64_t tokens : options.tokens) {
           for (const std::string& routing : options.routings) {
-            nlohmann::json row = run_row(options, kind, experts, tokens, k, n, routing, rng, stream);
-            std::cout << std::left << std::setw(52) << row["name"].get<std::string>() << std::right << std::fixed
-                      << std::setprecision(1) << std::setw(12) << row["median_us"].get<double>() << std::setw(10)
-                      << row["tflops"].get<double>() << "\n";
-            rows.push_back(std::move(row));
+            rows.push_back(run_row(options, kind, experts, tokens, k, n, routing, rng, stream));
+            table.print(rows.back());
           }
         }
       }
     }
   }
-  bench::write_json(options.out, {{"benchmark", "grouped_gemm"},
-                                  {"impl", "stepgraph"},
-                                  {"dtype", options.dtype},
-                                  {"device", device.name},
-                                  {"repeats", options.repeats},
-                                  {"warmup", options.warmup},
-                                  {"rows", rows}});
+  nlohmann::json result = bench::rows_result("grouped_gemm", device.name, options.repeats, options.warmup, rows);
+  result["dtype"] = options.dtype;
+  bench::write_json(options.out, result);
   return EXIT_SUCCESS;
 }
 

@@ -14,9 +14,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
-#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +26,7 @@
 #include "engine/half_precision.h"
 #include "engine/stream.h"
 #include "kernels/grouped_gemm.h"
+#include "tests/kernels/grouped_splits.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
@@ -37,41 +38,10 @@ namespace {
 using stepgraph::testing::DeviceArray;
 using stepgraph::testing::relative_error;
 
-constexpr GroupedGemmKind kKinds[] = {GroupedGemmKind::kForward, GroupedGemmKind::kDgrad, GroupedGemmKind::kWgrad};
+using stepgraph::testing::common_splits;
+using stepgraph::testing::Split;
 
-std::vector<std::int32_t> offsets_of(const std::vector<std::int32_t>& counts) {
-  std::vector<std::int32_t> offsets{0};
-  for (std::int32_t c : counts) offsets.push_back(offsets.back() + c);
-  return offsets;
-}
-
-struct Split {
-  std::string name;
-  std::vector<std::int32_t> offsets;
-};
-
-// The split classes, for T tokens and E >= 2 groups.
-std::vector<Split> splits(std::int32_t tokens, std::int32_t experts, std::mt19937& rng) {
-  std::vector<Split> out;
-  std::vector<std::int32_t> counts(experts, tokens / experts);
-  counts.back() += tokens % experts;
-  out.push_back({"balanced", offsets_of(counts)});
-  std::fill(counts.begin(), counts.end(), 0);
-  counts[experts / 2] = tokens;
-  out.push_back({"one_group_all", offsets_of(counts)});
-  std::uniform_int_distribution<std::int32_t> cut(0, tokens);
-  std::vector<std::int32_t> ragged{0};
-  for (int e = 1; e < experts; ++e) ragged.push_back(cut(rng));
-  std::sort(ragged.begin(), ragged.end());
-  ragged.push_back(tokens);
-  ragged[std::min(1, experts - 1)] = ragged[0];  // an empty group
-  out.push_back({"ragged_with_empty", ragged});
-  std::vector<std::int32_t> partial = ragged;
-  partial.front() = std::min<std::int32_t>(5, partial[1]);
-  partial.back() = std::max<std::int32_t>(tokens - 13, partial[experts - 1]);
-  out.push_back({"partial_cover", partial});
-  return out;
-}
+constexpr auto& kKinds = stepgraph::testing::kGroupedKinds;
 
 // Random FP8 codes of values in [-2, 2) (finite, exactly representable).
 std::vector<std::uint8_t> random_codes(Fp8Format format, std::int64_t n, std::mt19937& rng) {
@@ -257,7 +227,7 @@ std::vector<float> run_cuda(const Fp8Case& c, cudaStream_t stream) {
 template <typename Check>
 void for_each_case(std::int64_t tokens, std::int64_t experts, std::int64_t n, std::int64_t k, std::mt19937& rng,
                    Check&& check) {
-  for (const Split& split : splits(static_cast<std::int32_t>(tokens), static_cast<std::int32_t>(experts), rng)) {
+  for (const Split& split : common_splits(static_cast<std::int32_t>(tokens), static_cast<std::int32_t>(experts), rng)) {
     for (GroupedGemmKind kind : kKinds) {
       for (DType dy_type : {DType::kFloat8E5M2, DType::kFloat8E4M3}) {
         if (kind == GroupedGemmKind::kForward && dy_type == DType::kFloat8E4M3) continue;  // reads no dy

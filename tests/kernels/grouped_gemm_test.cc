@@ -25,6 +25,7 @@
 #include "engine/error.h"
 #include "engine/stream.h"
 #include "ops/grouped_gemm_ops.h"
+#include "tests/kernels/grouped_splits.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
@@ -39,53 +40,23 @@ using stepgraph::testing::random_array;
 using stepgraph::testing::relative_error;
 using stepgraph::testing::tolerance_for;
 
-constexpr GroupedGemmKind kKinds[] = {GroupedGemmKind::kForward, GroupedGemmKind::kDgrad, GroupedGemmKind::kWgrad};
+using stepgraph::testing::common_splits;
+using stepgraph::testing::offsets_of;
+using stepgraph::testing::Split;
 
-struct Split {
-  std::string name;
-  std::vector<std::int32_t> offsets;  // E + 1
-};
+constexpr auto& kKinds = stepgraph::testing::kGroupedKinds;
 
-std::vector<std::int32_t> offsets_of(const std::vector<std::int32_t>& counts, std::int32_t first = 0) {
-  std::vector<std::int32_t> offsets{first};
-  for (std::int32_t c : counts) offsets.push_back(offsets.back() + c);
-  return offsets;
-}
-
-// The split classes every kernel must handle, for T tokens and E >= 4 groups.
+// common_splits, and for E >= 4 groups: most tokens in the first group and
+// the rest in the last, and out-of-range offsets (clamped into [0, T] and made
+// nondecreasing by the kernels).
 std::vector<Split> splits(std::int32_t tokens, std::int32_t experts, std::mt19937& rng) {
-  std::vector<Split> out;
-  std::vector<std::int32_t> counts(experts, tokens / experts);
-  counts.back() += tokens % experts;
-  out.push_back({"balanced", offsets_of(counts)});
-
-  std::fill(counts.begin(), counts.end(), 0);
-  counts[experts / 2] = tokens;
-  out.push_back({"one_group_all", offsets_of(counts)});
-
-  std::fill(counts.begin(), counts.end(), 0);
+  std::vector<Split> out = common_splits(tokens, experts, rng);
+  std::vector<std::int32_t> counts(experts, 0);
   counts[0] = tokens * 9 / 10;
   counts[experts - 1] = tokens - counts[0];
   out.push_back({"skewed_with_empty", offsets_of(counts)});
 
-  // Random cut points: ragged sizes, sometimes empty.
-  std::uniform_int_distribution<std::int32_t> cut(0, tokens);
-  std::vector<std::int32_t> cuts(experts - 1);
-  for (std::int32_t& c : cuts) c = cut(rng);
-  std::sort(cuts.begin(), cuts.end());
-  std::vector<std::int32_t> ragged{0};
-  ragged.insert(ragged.end(), cuts.begin(), cuts.end());
-  ragged.push_back(tokens);
-  out.push_back({"ragged", ragged});
-
-  // Rows before offsets[0] and after offsets[E] belong to no group.
-  std::vector<std::int32_t> partial = ragged;
-  partial.front() = std::min<std::int32_t>(7, partial[1]);
-  partial.back() = std::max<std::int32_t>(tokens - 11, partial[experts - 1]);
-  out.push_back({"partial_cover", partial});
-
-  // Out-of-range offsets are clamped into [0, T] and made nondecreasing.
-  std::vector<std::int32_t> wild = ragged;
+  std::vector<std::int32_t> wild = out[2].offsets;  // ragged_with_empty
   wild[0] = -5;
   wild[1] = tokens + 100;
   wild[2] = 3;

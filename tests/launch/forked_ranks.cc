@@ -13,9 +13,6 @@
 
 namespace stepgraph::testing {
 
-using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
-
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};

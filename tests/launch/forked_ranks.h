@@ -18,6 +18,11 @@
 
 namespace stepgraph::testing {
 
+// The harness's and its tests' time words.
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
 inline constexpr int kTimedOut = 124;  // the parent killed the child
 inline constexpr int kUncaught = 101;  // the child raised where it should not
 
@@ -29,8 +34,7 @@ LaunchInfo rank_info(int rank, int world_size, int port);
 
 // Runs body(i) in `count` child processes; returns their exit codes (kTimedOut for one killed after `limit`,
 // 128 + signal for one ended by a signal).
-std::vector<int> run_processes(int count, const std::function<int(int)>& body,
-                               std::chrono::milliseconds limit = std::chrono::seconds(9));
+std::vector<int> run_processes(int count, const std::function<int(int)>& body, milliseconds limit = seconds(9));
 
 // Fails (non-fatally) for each process whose exit code is not 0.
 void expect_all_succeeded(const std::vector<int>& codes);

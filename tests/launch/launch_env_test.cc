@@ -50,19 +50,67 @@ Vars without(Vars vars, std::initializer_list<const char*> names) {
   return vars;
 }
 
-// ---- no launcher
+// ---- what each launcher's variables give
 
-TEST(LaunchEnvTest, NoLauncherIsOneProcess) {
-  const LaunchInfo info = read({});
-  EXPECT_EQ(info.rank, 0);
-  EXPECT_EQ(info.world_size, 1);
-  EXPECT_EQ(info.local_rank, 0);
-  EXPECT_EQ(info.local_world_size, 1);
-  EXPECT_EQ(info.launcher, "none");
-  EXPECT_EQ(info.master_addr, "127.0.0.1");
-  EXPECT_EQ(info.master_port, 29500);
-  EXPECT_EQ(describe(info), "a single process (rank 0 of 1, no launcher)");
+struct LauncherCase {
+  const char* name;
+  Vars vars;
+  LaunchInfo want;
+  std::string description;
+};
+
+class LauncherTest : public ::testing::TestWithParam<LauncherCase> {};
+
+TEST_P(LauncherTest, ReadsRankWorldLocalWorldAndRendezvous) {
+  const LauncherCase& c = GetParam();
+  const LaunchInfo info = read(c.vars);
+  EXPECT_EQ(info.launcher, c.want.launcher);
+  EXPECT_EQ(info.rank, c.want.rank);
+  EXPECT_EQ(info.world_size, c.want.world_size);
+  EXPECT_EQ(info.local_rank, c.want.local_rank);
+  EXPECT_EQ(info.local_world_size, c.want.local_world_size);
+  EXPECT_EQ(info.master_addr, c.want.master_addr);
+  EXPECT_EQ(info.master_port, c.want.master_port);
+  EXPECT_EQ(describe(info), c.description);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Launchers, LauncherTest,
+    ::testing::Values(
+        LauncherCase{"NoLauncherIsOneProcess", {}, LaunchInfo{}, "a single process (rank 0 of 1, no launcher)"},
+        LauncherCase{"Torchrun",
+                     kTorchrun,
+                     {.rank = 1,
+                      .world_size = 4,
+                      .local_rank = 1,
+                      .local_world_size = 2,
+                      .master_addr = "10.0.0.1",
+                      .master_port = 29500,
+                      .launcher = "torchrun"},
+                     "rank 1 of 4 (local 1 of 2) via torchrun, rendezvous 10.0.0.1:29500"},
+        LauncherCase{"Slurm",
+                     kSlurm,
+                     {.rank = 3,
+                      .world_size = 8,
+                      .local_rank = 1,
+                      .local_world_size = 2,
+                      .master_addr = "gpu07",
+                      .master_port = 29500,
+                      .launcher = "slurm"},
+                     "rank 3 of 8 (local 1 of 2) via slurm, rendezvous gpu07:29500"},
+        LauncherCase{"Mpirun",
+                     with(kMpirun, {{"MASTER_PORT", "31000"}}),
+                     {.rank = 2,
+                      .world_size = 4,
+                      .local_rank = 2,
+                      .local_world_size = 4,
+                      .master_addr = "127.0.0.1",
+                      .master_port = 31000,
+                      .launcher = "mpirun"},
+                     "rank 2 of 4 (local 2 of 4) via mpirun, rendezvous 127.0.0.1:31000"}),
+    [](const ::testing::TestParamInfo<LauncherCase>& info) { return std::string(info.param.name); });
+
+// ---- no launcher
 
 TEST(LaunchEnvTest, OneProcessStillReadsTheRendezvousAddress) {
   const LaunchInfo info = read({{"MASTER_ADDR", "head"}, {"MASTER_PORT", "1234"}});
@@ -88,18 +136,6 @@ TEST(LaunchEnvTest, ProcessEnvReadsTheEnvironment) {
 }
 
 // ---- torchrun
-
-TEST(LaunchEnvTest, Torchrun) {
-  const LaunchInfo info = read(kTorchrun);
-  EXPECT_EQ(info.launcher, "torchrun");
-  EXPECT_EQ(info.rank, 1);
-  EXPECT_EQ(info.world_size, 4);
-  EXPECT_EQ(info.local_rank, 1);
-  EXPECT_EQ(info.local_world_size, 2);
-  EXPECT_EQ(info.master_addr, "10.0.0.1");
-  EXPECT_EQ(info.master_port, 29500);
-  EXPECT_EQ(describe(info), "rank 1 of 4 (local 1 of 2) via torchrun, rendezvous 10.0.0.1:29500");
-}
 
 // torchrun's agent keeps its store on MASTER_PORT (seen on the H100 machines):
 // the rendezvous meets one port up; STEPGRAPH_RENDEZVOUS_PORT chooses outright.
@@ -136,18 +172,6 @@ TEST(LaunchEnvTest, TorchrunPartlySetNamesWhatIsMissing) {
 }
 
 // ---- Slurm
-
-TEST(LaunchEnvTest, Slurm) {
-  const LaunchInfo info = read(kSlurm);
-  EXPECT_EQ(info.launcher, "slurm");
-  EXPECT_EQ(info.rank, 3);
-  EXPECT_EQ(info.world_size, 8);
-  EXPECT_EQ(info.local_rank, 1);
-  EXPECT_EQ(info.local_world_size, 2);
-  EXPECT_EQ(info.master_addr, "gpu07");
-  EXPECT_EQ(info.master_port, 29500);
-  EXPECT_EQ(describe(info), "rank 3 of 8 (local 1 of 2) via slurm, rendezvous gpu07:29500");
-}
 
 TEST(LaunchEnvTest, SlurmNtasksPerNodeComesBeforeTasksPerNode) {
   EXPECT_EQ(read(with(kSlurm, {{"SLURM_NTASKS_PER_NODE", "4"}})).local_world_size, 4);
@@ -212,18 +236,6 @@ TEST(LaunchEnvTest, SlurmRanksOutOfRange) {
 }
 
 // ---- Open MPI
-
-TEST(LaunchEnvTest, Mpirun) {
-  const LaunchInfo info = read(with(kMpirun, {{"MASTER_PORT", "31000"}}));
-  EXPECT_EQ(info.launcher, "mpirun");
-  EXPECT_EQ(info.rank, 2);
-  EXPECT_EQ(info.world_size, 4);
-  EXPECT_EQ(info.local_rank, 2);
-  EXPECT_EQ(info.local_world_size, 4);
-  EXPECT_EQ(info.master_addr, "127.0.0.1");
-  EXPECT_EQ(info.master_port, 31000);
-  EXPECT_EQ(describe(info), "rank 2 of 4 (local 2 of 4) via mpirun, rendezvous 127.0.0.1:31000");
-}
 
 TEST(LaunchEnvTest, MpirunOnSeveralHosts) {
   const Vars two_hosts = with(kMpirun, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,9 +39,6 @@ namespace {
 
 using namespace ::stepgraph::testing;  // NOLINT(google-build-using-namespace): the harness of forked_ranks.h
 
-using std::chrono::milliseconds;
-using std::chrono::seconds;
-using Clock = std::chrono::steady_clock;
 using Bytes = std::vector<std::byte>;
 
 // Rank `rank` of a world of `world` processes; `timeout` is the rendezvous's per-exchange timeout.
@@ -48,6 +46,18 @@ std::unique_ptr<Communicator> connect(int rank, int world, int port, millisecond
   std::unique_ptr<Rendezvous> rendezvous = Rendezvous::connect(rank_info(rank, world, port), "comm-test", seconds(5));
   rendezvous->set_timeout(timeout);
   return make_rendezvous_communicator(std::move(rendezvous), "world");
+}
+
+// Each of `world` forked ranks connects (`timeout` per exchange) and runs
+// body(rank, comm), whose return is the rank's exit code; every rank must
+// succeed.
+void on_connected_ranks(int world, const std::function<int(int, std::unique_ptr<Communicator>&)>& body,
+                        milliseconds timeout = seconds(5)) {
+  const int port = free_port();
+  expect_all_succeeded(run_processes(world, [&](int rank) {
+    auto comm = connect(rank, world, port, timeout);
+    return body(rank, comm);
+  }));
 }
 
 // ---- inputs and references
@@ -256,9 +266,7 @@ int check_references(const Results& got, int rank, int world) {
 
 // The suite on a world of `world` processes: references, and the same bits as a HostWorld of `world` threads.
 void suite_matches_host_world(int world) {
-  const int port = free_port();
-  expect_all_succeeded(run_processes(world, [&](int rank) {
-    auto comm = connect(rank, world, port);
+  on_connected_ranks(world, [&](int rank, std::unique_ptr<Communicator>& comm) {
     CHILD_CHECK(comm->rank() == rank && comm->world_size() == world);
     comm->check_device(Device::kHost, "test");
     const Results processes = run_suite(*comm);
@@ -279,7 +287,7 @@ void suite_matches_host_world(int world) {
                   ": the process world and the thread world differ: ", difference);
     }
     return check_references(processes, rank, world);
-  }));
+  });
 }
 
 TEST(RendezvousCommunicatorTest, EveryCollectiveOnTwoRanksMatchesItsReferenceAndHostWorldBitForBit) {
@@ -346,9 +354,7 @@ TEST(RendezvousCommunicatorTest, BuffersLargerThanAPartTravelInPartsWithTheSameB
 
 TEST(RendezvousCommunicatorTest, ACountMismatchIsAnErrorOnEveryRankNamingBothCalls) {
   constexpr int kWorld = 4;
-  const int port = free_port();
-  expect_all_succeeded(run_processes(kWorld, [&](int rank) {
-    auto comm = connect(rank, kWorld, port);
+  on_connected_ranks(kWorld, [&](int rank, std::unique_ptr<Communicator>& comm) {
     Bytes buffer = input(DType::kFloat32, rank, 1024, 0);
     comm->all_reduce(buffer.data(), buffer.data(), 1024, DType::kFloat32, ReduceOp::kSum, nullptr);
     const std::int64_t count = rank == 2 ? 512 : 1024;
@@ -362,25 +368,21 @@ TEST(RendezvousCommunicatorTest, ACountMismatchIsAnErrorOnEveryRankNamingBothCal
                            {"failed earlier", "all_reduce(512 fp32, sum) #2"});
     failed |= expect_error([&] { comm->check_health(); }, ErrorCode::kInvalidState, {"differs between ranks"});
     return failed;
-  }));
+  });
 }
 
 TEST(RendezvousCommunicatorTest, ARootMismatchIsAnErrorOnEveryRankNamingBothCalls) {
   // Root 0 travels by Rendezvous::broadcast, root 1 by all_gather: still both calls named.
-  const int port = free_port();
-  expect_all_succeeded(run_processes(2, [&](int rank) {
-    auto comm = connect(rank, 2, port);
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
     Bytes buffer = input(DType::kInt32, rank, 16, 0);
     return expect_error([&] { comm->broadcast(buffer.data(), buffer.data(), 16, DType::kInt32, rank, nullptr); },
                         ErrorCode::kInvalidState,
                         {"differs between ranks", "broadcast(16 int32, root 0) #1", "broadcast(16 int32, root 1) #1"});
-  }));
+  });
 }
 
 TEST(RendezvousCommunicatorTest, AnOperatorMismatchIsAnErrorOnEveryRankNamingBothCalls) {
-  const int port = free_port();
-  expect_all_succeeded(run_processes(2, [&](int rank) {
-    auto comm = connect(rank, 2, port);
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
     const std::vector<std::int64_t> counts = {4, 5};
     Bytes a = input(DType::kFloat32, rank, 4, 0);
     Bytes b = input(DType::kFloat32, rank, 5, 1);
@@ -389,7 +391,7 @@ TEST(RendezvousCommunicatorTest, AnOperatorMismatchIsAnErrorOnEveryRankNamingBot
     return expect_error([&] { comm->all_reduce_many(buffers, counts, DType::kFloat32, op, nullptr); },
                         ErrorCode::kInvalidState,
                         {"all_reduce_many([4, 5] fp32, sum) #1", "all_reduce_many([4, 5] fp32, max) #1"});
-  }));
+  });
 }
 
 // ---- ranks that are gone
@@ -427,29 +429,30 @@ TEST(RendezvousCommunicatorTest, AKilledRankZeroIsNamedByTheOtherQuicklyOnTwoRan
 TEST(RendezvousCommunicatorTest, AbortClosesTheRendezvousSoPeersFailFast) {
   // Rank 1 aborts and stays alive: the others learn of it from the closed rendezvous, long before any timeout.
   constexpr int kWorld = 4;
-  const int port = free_port();
-  expect_all_succeeded(run_processes(kWorld, [&](int rank) {
-    auto comm = connect(rank, kWorld, port, seconds(8));
-    Bytes buffer = input(DType::kFloat32, rank, 256, 0);
-    comm->all_reduce(buffer.data(), buffer.data(), 256, DType::kFloat32, ReduceOp::kSum, nullptr);
-    if (rank == 1) {
-      comm->abort("watchdog: step 7 stalled");
-      int failed = expect_error([&] { comm->check_health(); }, ErrorCode::kInvalidState,
-                                {"rank 1 aborted: watchdog: step 7 stalled"});
-      failed |= expect_error(
-          [&] { comm->all_reduce(buffer.data(), buffer.data(), 256, DType::kFloat32, ReduceOp::kSum, nullptr); },
-          ErrorCode::kInvalidState, {"failed earlier", "aborted"});
-      comm->abort("again");  // harmless
-      std::this_thread::sleep_for(seconds(3));
-      return failed;
-    }
-    const Clock::time_point start = Clock::now();
-    const int failed = expect_error(
-        [&] { comm->all_reduce(buffer.data(), buffer.data(), 256, DType::kFloat32, ReduceOp::kSum, nullptr); },
-        ErrorCode::kIo, {"rank 1", "all_reduce(256 fp32, sum) #2"});
-    CHILD_CHECK(Clock::now() - start < seconds(2), "took too long");
-    return failed;
-  }));
+  on_connected_ranks(
+      kWorld,
+      [&](int rank, std::unique_ptr<Communicator>& comm) {
+        Bytes buffer = input(DType::kFloat32, rank, 256, 0);
+        comm->all_reduce(buffer.data(), buffer.data(), 256, DType::kFloat32, ReduceOp::kSum, nullptr);
+        if (rank == 1) {
+          comm->abort("watchdog: step 7 stalled");
+          int failed = expect_error([&] { comm->check_health(); }, ErrorCode::kInvalidState,
+                                    {"rank 1 aborted: watchdog: step 7 stalled"});
+          failed |= expect_error(
+              [&] { comm->all_reduce(buffer.data(), buffer.data(), 256, DType::kFloat32, ReduceOp::kSum, nullptr); },
+              ErrorCode::kInvalidState, {"failed earlier", "aborted"});
+          comm->abort("again");  // harmless
+          std::this_thread::sleep_for(seconds(3));
+          return failed;
+        }
+        const Clock::time_point start = Clock::now();
+        const int failed = expect_error(
+            [&] { comm->all_reduce(buffer.data(), buffer.data(), 256, DType::kFloat32, ReduceOp::kSum, nullptr); },
+            ErrorCode::kIo, {"rank 1", "all_reduce(256 fp32, sum) #2"});
+        CHILD_CHECK(Clock::now() - start < seconds(2), "took too long");
+        return failed;
+      },
+      seconds(8));
 }
 
 TEST(RendezvousCommunicatorTest, AnAbortFromAnotherThreadEndsTheCallInFlight) {
@@ -458,9 +461,7 @@ TEST(RendezvousCommunicatorTest, AnAbortFromAnotherThreadEndsTheCallInFlight) {
   // next call names rank 1.
   int aborted[2];
   ASSERT_EQ(::pipe(aborted), 0);
-  const int port = free_port();
-  expect_all_succeeded(run_processes(2, [&](int rank) {
-    auto comm = connect(rank, 2, port, seconds(5));
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
     Bytes buffer = input(DType::kFloat32, rank, 64, 0);
     if (rank == 0) {
       pollfd told{aborted[0], POLLIN, 0};
@@ -481,7 +482,7 @@ TEST(RendezvousCommunicatorTest, AnAbortFromAnotherThreadEndsTheCallInFlight) {
     watchdog.join();
     std::this_thread::sleep_for(seconds(2));  // alive: rank 0 learns from the closed rendezvous
     return failed;
-  }));
+  });
   ::close(aborted[0]);
   ::close(aborted[1]);
 }
@@ -489,9 +490,7 @@ TEST(RendezvousCommunicatorTest, AnAbortFromAnotherThreadEndsTheCallInFlight) {
 // ---- point to point
 
 TEST(RendezvousCommunicatorTest, SendAndRecvWorkInAWorldOfTwo) {
-  const int port = free_port();
-  expect_all_succeeded(run_processes(2, [&](int rank) {
-    auto comm = connect(rank, 2, port);
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
     const Bytes mine = input(DType::kInt32, rank, 64, 0);
     Bytes got(mine.size());
     if (rank == 0) {
@@ -506,14 +505,12 @@ TEST(RendezvousCommunicatorTest, SendAndRecvWorkInAWorldOfTwo) {
     return expect_error([&] { comm->send(mine.data(), 8, DType::kFloat32, 1 - rank, nullptr); },
                         ErrorCode::kInvalidState,
                         {"send/recv(8 fp32, rank 0 to rank 1) #3", "send/recv(8 fp32, rank 1 to rank 0) #3"});
-  }));
+  });
 }
 
 TEST(RendezvousCommunicatorTest, ALoneSendOrRecvInAWorldOfFourIsUnsupportedAndSpendsNothing) {
   constexpr int kWorld = 4;
-  const int port = free_port();
-  expect_all_succeeded(run_processes(kWorld, [&](int rank) {
-    auto comm = connect(rank, kWorld, port);
+  on_connected_ranks(kWorld, [&](int rank, std::unique_ptr<Communicator>& comm) {
     Bytes buffer = input(DType::kFloat32, rank, 16, 0);
     const int peer = (rank + 1) % kWorld;
     int failed = expect_error([&] { comm->send(buffer.data(), 16, DType::kFloat32, peer, nullptr); },
@@ -526,15 +523,13 @@ TEST(RendezvousCommunicatorTest, ALoneSendOrRecvInAWorldOfFourIsUnsupportedAndSp
     comm->broadcast(from3.data(), from3.data(), 16, DType::kFloat32, 3, nullptr);
     CHILD_CHECK(from3 == input(DType::kFloat32, 3, 16, 0));
     return failed;
-  }));
+  });
 }
 
 TEST(RendezvousCommunicatorTest, SendRecvThatDoNotPairUpAreAnErrorOnEveryRank) {
   // A ring, except that rank 1 receives from rank 3 instead of rank 0.
   constexpr int kWorld = 4;
-  const int port = free_port();
-  expect_all_succeeded(run_processes(kWorld, [&](int rank) {
-    auto comm = connect(rank, kWorld, port);
+  on_connected_ranks(kWorld, [&](int rank, std::unique_ptr<Communicator>& comm) {
     const Bytes mine = input(DType::kFloat32, rank, 16, 0);
     Bytes got(mine.size());
     const int to = (rank + 1) % kWorld;
@@ -543,7 +538,7 @@ TEST(RendezvousCommunicatorTest, SendRecvThatDoNotPairUpAreAnErrorOnEveryRank) {
         [&] { comm->send_recv(mine.data(), to, got.data(), from, 16, DType::kFloat32, nullptr); },
         ErrorCode::kInvalidState,
         {"send_recv(16 fp32) #1", "do not pair up", "rank 0 sends to rank 1, but rank 1 receives from rank 3"});
-  }));
+  });
 }
 
 // ---- one process

@@ -31,10 +31,6 @@ namespace {
 
 using namespace ::stepgraph::testing;  // NOLINT(google-build-using-namespace): the harness of forked_ranks.h
 
-using std::chrono::milliseconds;
-using std::chrono::seconds;
-using Clock = std::chrono::steady_clock;
-
 constexpr milliseconds kTimeout(1500);
 constexpr milliseconds kBound = kTimeout + seconds(2);  // no case may take longer
 const std::string kSecret = "fuzz-secret-0123456789abcdef-A";

@@ -22,10 +22,6 @@ namespace {
 
 using namespace ::stepgraph::testing;  // NOLINT(google-build-using-namespace): the harness of forked_ranks.h
 
-using std::chrono::milliseconds;
-using std::chrono::seconds;
-using Clock = std::chrono::steady_clock;
-
 constexpr int kWorld = 4;
 
 std::string blob_of(int rank, std::size_t bytes) {

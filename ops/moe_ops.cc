@@ -226,7 +226,7 @@ kernels::PermuteDesc check_rows(std::string_view op, const TensorMeta& rows, con
 std::vector<TensorMeta> check_unpermute(const OpParams&, std::span<const TensorMeta> in) {
   const auto o = bind_metas<UnpermuteOperands>(kUnpermute, NoParams{}, in);
   const kernels::PermuteDesc desc = check_rows(kUnpermute, o.y_perm, o.positions);
-  if (operand_layout<UnpermuteOperands>(NoParams{}, in.size()).gates >= 0) {
+  if (operand_layout<UnpermuteOperands>(NoParams{}, in.size()).at.gates >= 0) {
     check_meta(kUnpermute, "gates", o.gates, {o.positions.shape, DType::kFloat32});
   }
   return {TensorMeta{Shape{desc.tokens, desc.hidden}, desc.dtype}};

@@ -16,7 +16,8 @@
 //
 // flatten() makes the program's inputs from the call's struct; bind_metas()
 // (checking the count, naming every operand in its error) and bind_args()
-// read them back; written_inputs_of() is the op's mutated_inputs_for. The
+// read them back; operand_layout() gives each operand's position, and
+// written_inputs_of() is the op's mutated_inputs_for. The
 // order of the inputs in a program (graph keys, dumps) is the visit order,
 // and nothing else counts positions. A list operand is a std::vector of
 // fields: `v.list(name, items, count)` sizes it before its elements are
@@ -240,13 +241,20 @@ Operands<TensorMeta> bind_metas(std::string_view op, const Params& params, std::
   return operands;
 }
 
+// Binds a struct to addresses and their metas (a launcher's inputs or outputs).
+template <template <typename> class Fields, typename Params>
+Fields<Operand> bind_addresses(const Params& params, std::span<void* const> addresses,
+                               std::span<const TensorMeta> metas) {
+  Fields<Operand> fields;
+  operands_detail::ArgBinder binder(addresses, metas);
+  visit_operands(params, fields, binder);
+  return fields;
+}
+
 // The launcher's view of the inputs (counted by the check before).
 template <template <typename> class Operands, typename Params>
 Operands<Operand> bind_args(const Params& params, const KernelArgs& args) {
-  Operands<Operand> operands;
-  operands_detail::ArgBinder binder(args.inputs, args.input_metas);
-  visit_operands(params, operands, binder);
-  return operands;
+  return bind_addresses<Operands>(params, args.inputs, args.input_metas);
 }
 
 // Named outputs (a struct visited like operands, all fields read): the
@@ -254,10 +262,7 @@ Operands<Operand> bind_args(const Params& params, const KernelArgs& args) {
 // call's results by name.
 template <template <typename> class Outputs, typename Params>
 Outputs<Operand> bind_outputs(const Params& params, const KernelArgs& args) {
-  Outputs<Operand> outputs;
-  operands_detail::ArgBinder binder(args.outputs, args.output_metas);
-  visit_operands(params, outputs, binder);
-  return outputs;
+  return bind_addresses<Outputs>(params, args.outputs, args.output_metas);
 }
 
 template <template <typename> class Outputs, typename Params>
@@ -275,28 +280,27 @@ Outputs<Tensor> bind_results(const Params& params, std::span<const Tensor> resul
   return outputs;
 }
 
-// Each operand's position among the inputs (-1 where absent).
-template <template <typename> class Operands, typename Params>
-Operands<int> operand_layout(const Params& params, std::size_t input_count) {
-  Operands<int> operands;
-  operands_detail::IndexBinder binder(input_count);
-  visit_operands(params, operands, binder);
-  return operands;
-}
+// Each operand's position among the inputs (-1 where absent), and the
+// positions of those written in place, in visit order.
+template <template <typename> class Operands>
+struct OperandLayout {
+  Operands<int> at;
+  std::vector<int> written;
+};
 
-// The positions of the operands written in place, in visit order.
 template <template <typename> class Operands, typename Params>
-std::vector<int> written_operands(const Params& params, std::size_t input_count) {
-  Operands<int> operands;
+OperandLayout<Operands> operand_layout(const Params& params, std::size_t input_count) {
+  OperandLayout<Operands> layout;
   operands_detail::IndexBinder binder(input_count);
-  visit_operands(params, operands, binder);
-  return std::move(binder.written);
+  visit_operands(params, layout.at, binder);
+  layout.written = std::move(binder.written);
+  return layout;
 }
 
 // OpDef::mutated_inputs_for of an op with named operands.
 template <template <typename> class Operands, typename Params>
 std::vector<int> written_inputs_of(const OpParams& params, std::size_t input_count) {
-  return written_operands<Operands>(params.as<Params>(), input_count);
+  return operand_layout<Operands>(params.as<Params>(), input_count).written;
 }
 
 }  // namespace stepgraph::ops

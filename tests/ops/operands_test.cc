@@ -47,9 +47,9 @@ TEST(OperandsTest, BindsInVisitOrderWithOptionalAndListOperands) {
   EXPECT_EQ(o.bias, f32(2));
   EXPECT_EQ(o.pairs, (std::vector<TensorMeta>{f32(3), f32(4)}));
   EXPECT_EQ(o.rest, (std::vector<TensorMeta>{f32(5), f32(6)}));
-  EXPECT_EQ(written_operands<ToyOperands>(p, inputs.size()), (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(operand_layout<ToyOperands>(p, inputs.size()).written, (std::vector<int>{0, 2, 3}));
 
-  const ToyOperands<int> at = operand_layout<ToyOperands>(ToyParams{.pairs = 1}, 2);
+  const ToyOperands<int> at = operand_layout<ToyOperands>(ToyParams{.pairs = 1}, 2).at;
   EXPECT_EQ(at.bias, -1);
   EXPECT_EQ(at.pairs, (std::vector<int>{1}));
   EXPECT_TRUE(at.rest.empty());
@@ -101,8 +101,8 @@ void visit_operands(const NoParams&, TailOperands<F>& o, V& v) {
 }
 
 TEST(OperandsTest, AnOptionalLastOperandIsThereWhenTheCallGivesIt) {
-  EXPECT_EQ(operand_layout<TailOperands>(NoParams{}, 1).gates, -1);
-  EXPECT_EQ(operand_layout<TailOperands>(NoParams{}, 2).gates, 1);
+  EXPECT_EQ(operand_layout<TailOperands>(NoParams{}, 1).at.gates, -1);
+  EXPECT_EQ(operand_layout<TailOperands>(NoParams{}, 2).at.gates, 1);
   const std::vector<TensorMeta> three{f32(1), f32(2), f32(3)};
   EXPECT_ERROR_CONTAINS(bind_metas<TailOperands>("tail", NoParams{}, three), "op tail takes 2 inputs",
                         "x, gates (optional)", "got 3");

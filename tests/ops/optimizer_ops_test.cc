@@ -32,7 +32,7 @@ AdamWParams two_parameters() {
 
 TEST(AdamWOperandsTest, LayoutKeepsTheProgramOrder) {
   const AdamWParams p = two_parameters();
-  const AdamWOperands<int> at = ops::operand_layout<AdamWOperands>(p, 13);
+  const AdamWOperands<int> at = ops::operand_layout<AdamWOperands>(p, 13).at;
   EXPECT_EQ(at.table, 0);
   EXPECT_EQ(at.step, 1);
   ASSERT_EQ(at.params.size(), 2u);

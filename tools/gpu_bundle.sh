@@ -54,6 +54,7 @@ find "$bundle" -name __pycache__ -prune -exec rm -rf {} +
 install -m 0755 tools/count_test_results.py "$bundle/count_test_results.py"
 install -m 0755 tools/trainer_checks.sh "$bundle/trainer_checks.sh"
 install -m 0755 tools/killed_rank_check.sh "$bundle/killed_rank_check.sh"
+install -m 0644 tools/kill_worker.sh "$bundle/kill_worker.sh"  # sourced by the two checks
 install -m 0755 tools/compare_losses.py "$bundle/compare_losses.py"
 install -m 0755 tools/compare_checkpoints.py "$bundle/compare_checkpoints.py"
 install -m 0755 tools/determinism_checks.sh "$bundle/determinism_checks.sh"

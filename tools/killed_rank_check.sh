@@ -8,6 +8,9 @@
 #   killed_rank_check.sh TRAINER WORK_DIR [extra trainer flags]
 # Exit status 0 when it holds; the trainer's output is printed.
 set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/kill_worker.sh
+source "$here/kill_worker.sh"
 trainer=${1:?usage: killed_rank_check.sh TRAINER WORK_DIR [flags]}
 work=${2:?usage: killed_rank_check.sh TRAINER WORK_DIR [flags]}
 shift 2
@@ -16,13 +19,7 @@ mkdir -p "$work"
 log="$work/killed_rank.log"
 "$trainer" --nproc-per-node 2 --steps 100000000 --log-every 500 --comm-timeout "$timeout_s" "$@" >"$log" 2>&1 &
 launcher=$!
-for _ in $(seq 1 240); do  # until a step has been logged (at most 120 s)
-  grep -q '^step ' "$log" && break
-  sleep 0.5
-done
-victim=$(pgrep -P "$launcher" | tail -n 1)
-echo "workers of launcher $launcher: $(pgrep -P "$launcher" | tr '\n' ' '); killing $victim"
-kill -9 "$victim"
+kill_worker_once "$launcher" "$log" '^step '  # once training runs
 start=$SECONDS
 wait "$launcher"
 status=$?

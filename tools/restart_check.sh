@@ -8,6 +8,8 @@
 #   restart_check.sh TRAINER WORK_DIR [extra trainer flags, e.g. --dp 2]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/kill_worker.sh
+source "$here/kill_worker.sh"
 trainer=${1:?usage: restart_check.sh TRAINER WORK_DIR [flags]}
 work=${2:?usage: restart_check.sh TRAINER WORK_DIR [flags]}
 shift 2
@@ -22,13 +24,7 @@ flags=(--nproc-per-node 2 --steps 60 --save-every 5 --log-every 1 --comm-timeout
 log="$work/restarted.log"
 "$trainer" "${flags[@]}" --max-restarts 1 --checkpoint "$work/restarted.safetensors" >"$log" 2>&1 &
 launcher=$!
-for _ in $(seq 1 240); do  # until step 23 has been logged (at most 120 s)
-  grep -q '^step 23 ' "$log" && break
-  sleep 0.5
-done
-victim=$(pgrep -P "$launcher" | tail -n 1)
-echo "workers of launcher $launcher: $(pgrep -P "$launcher" | tr '\n' ' '); killing $victim"
-kill -9 "$victim"
+kill_worker_once "$launcher" "$log" '^step 23 '  # mid-run, past a checkpoint
 wait "$launcher"
 status=$?
 cat "$log"

@@ -56,39 +56,31 @@ def test_resolving_citations_pass(tmp_path):
     assert "all 4 citations resolve (2 notes defined)" in result.stdout
 
 
-def test_dangling_citation_fails_naming_file_and_line(tmp_path):
-    plant(tmp_path, GOOD)
-    plant(tmp_path, {"kernels/k.cu": "// one\n// The plan (see Note [Pool\n// lifetime]).\n"})
-    result = run(tmp_path)
-    assert result.returncode == 1
-    assert "kernels/k.cu:2: cites Note [Pool lifetime], which no file defines" in result.stdout
-    assert "1 of 5 citations do not resolve" in result.stdout
-
-
-def test_citation_naming_the_wrong_file_fails(tmp_path):
-    plant(tmp_path, GOOD)
-    plant(tmp_path, {"ops/op.h": "// Note [Retry rule] in engine/pool.h applies.\n"})
-    result = run(tmp_path)
-    assert result.returncode == 1
-    assert ("ops/op.h:1: cites Note [Retry rule] in engine/pool.h, which does not define it "
-            "(it is defined in tools/run.sh)") in result.stdout
-
-
-def test_citation_naming_a_missing_file_fails(tmp_path):
-    plant(tmp_path, GOOD)
-    plant(tmp_path, {"ops/op.h": "// As in Note [Pool lifetimes] in layers/pool.h.\n"})
-    result = run(tmp_path)
-    assert result.returncode == 1
-    assert ("ops/op.h:1: cites Note [Pool lifetimes] in layers/pool.h, a file that does not exist "
-            "(it is defined in engine/pool.h)") in result.stdout
-
-
-def test_definition_with_text_on_its_line_is_a_citation(tmp_path):
+@pytest.mark.parametrize("base, files, messages", [
+    pytest.param(GOOD, {"kernels/k.cu": "// one\n// The plan (see Note [Pool\n// lifetime]).\n"},
+                 ["kernels/k.cu:2: cites Note [Pool lifetime], which no file defines",
+                  "1 of 5 citations do not resolve"],
+                 id="dangling_citation_named_by_file_and_line"),
+    pytest.param(GOOD, {"ops/op.h": "// Note [Retry rule] in engine/pool.h applies.\n"},
+                 ["ops/op.h:1: cites Note [Retry rule] in engine/pool.h, which does not define it "
+                  "(it is defined in tools/run.sh)"],
+                 id="citation_naming_the_wrong_file"),
+    pytest.param(GOOD, {"ops/op.h": "// As in Note [Pool lifetimes] in layers/pool.h.\n"},
+                 ["ops/op.h:1: cites Note [Pool lifetimes] in layers/pool.h, a file that does not exist "
+                  "(it is defined in engine/pool.h)"],
+                 id="citation_naming_a_missing_file"),
     # `// Note [X]: text` does not define X: a definition is the heading alone.
-    plant(tmp_path, {"a.h": "// Note [Inline]: not a heading.\n"})
+    pytest.param({}, {"a.h": "// Note [Inline]: not a heading.\n"},
+                 ["a.h:1: cites Note [Inline], which no file defines"],
+                 id="definition_with_text_on_its_line_is_a_citation"),
+])
+def test_unresolved_citation_fails(tmp_path, base, files, messages):
+    plant(tmp_path, base)
+    plant(tmp_path, files)
     result = run(tmp_path)
     assert result.returncode == 1
-    assert "a.h:1: cites Note [Inline], which no file defines" in result.stdout
+    for message in messages:
+        assert message in result.stdout
 
 
 def test_missing_root_is_an_error(tmp_path):

@@ -9,14 +9,9 @@ import sys
 
 import pytest
 
-RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", ""))
-SCRIPT_LINK = os.path.join(RUNFILES, "tools", "layering", "check_device_branches.py")
-if not os.path.exists(SCRIPT_LINK):  # run by plain pytest from the checkout
-    SCRIPT_LINK = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "layering",
-                               "check_device_branches.py")
-# The runfile links to the checkout's own file, two folders below the tree's top.
-SCRIPT = os.path.realpath(SCRIPT_LINK)
-TREE = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+from script_under_test import locate  # beside this file
+
+SCRIPT, TREE = locate("check_device_branches.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
 
 import check_device_branches as checker  # noqa: E402

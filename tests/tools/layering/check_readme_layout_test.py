@@ -7,13 +7,9 @@ import shutil
 import subprocess
 import sys
 
-RUNFILES = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", ""))
-SCRIPT_LINK = os.path.join(RUNFILES, "tools", "layering", "check_readme_layout.py")
-if not os.path.exists(SCRIPT_LINK):  # run by plain pytest from the checkout
-    SCRIPT_LINK = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "layering",
-                               "check_readme_layout.py")
-SCRIPT = os.path.realpath(SCRIPT_LINK)
-TREE = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+from script_under_test import locate  # beside this file
+
+SCRIPT, TREE = locate("check_readme_layout.py")
 
 
 def run(root):
@@ -50,13 +46,18 @@ def test_a_copy_matches_too(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def expect_fails_naming(root, message):
+    """The check of `root` fails, and its report has `message`."""
+    result = run(str(root))
+    assert result.returncode == 1
+    assert message in result.stdout
+
+
 def test_a_missing_folder_is_named(tmp_path):
     root = copy_of_tree(tmp_path)
     shutil.rmtree(root / "launch")
     subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
-    result = run(str(root))
-    assert result.returncode == 1
-    assert "names `launch/`, which does not exist" in result.stdout
+    expect_fails_naming(root, "names `launch/`, which does not exist")
 
 
 def test_a_folder_left_out_of_the_table_is_named(tmp_path):
@@ -64,14 +65,10 @@ def test_a_folder_left_out_of_the_table_is_named(tmp_path):
     (root / "optim").mkdir()
     (root / "optim" / "adamw.cc").touch()
     subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
-    result = run(str(root))
-    assert result.returncode == 1
-    assert "`optim/` is in the tree but not in the README's layout section" in result.stdout
+    expect_fails_naming(root, "`optim/` is in the tree but not in the README's layout section")
 
 
 def test_a_sub_folder_that_is_gone_is_named(tmp_path):
     root = copy_of_tree(tmp_path)
     shutil.rmtree(root / "tools" / "demo")
-    result = run(str(root))
-    assert result.returncode == 1
-    assert "names `demo/` under trainer, benchmarks, python, tools, which is in none of them" in result.stdout
+    expect_fails_naming(root, "names `demo/` under trainer, benchmarks, python, tools, which is in none of them")

@@ -130,5 +130,7 @@ class LanguageModel(Layer):
         return self.config["seq_len" if self.sequence_model else "context"]
 
     def __repr__(self):
-        kind = "GPT" if self.sequence_model else "window model"
-        return f"<stepgraph.LanguageModel {kind} {self.config}>"
+        config = getattr(self, "config", None)
+        if config is None:
+            return "<stepgraph.LanguageModel (not built)>"
+        return f"<stepgraph.LanguageModel {'GPT' if self.sequence_model else 'window model'} {config}>"

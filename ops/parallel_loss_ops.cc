@@ -7,6 +7,7 @@
 #include "kernels/parallel_cross_entropy.h"
 #include "ops/collective_ops.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 
@@ -20,18 +21,87 @@ std::string VocabParallelCrossEntropyParams::to_string() const {
 
 namespace {
 
-const VocabParallelCrossEntropyParams& of(const OpParams& params) {
-  return params.as<VocabParallelCrossEntropyParams>();
+using Params = VocabParallelCrossEntropyParams;
+
+template <typename F>
+struct StatsOperands {
+  F logits_local;  // [tokens, vocab_local]
+  F labels;        // [tokens]
+};
+
+template <typename F, typename V>
+void visit_operands(const Params&, StatsOperands<F>& o, V& v) {
+  v({"logits_local"}, o.logits_local);
+  v({"labels"}, o.labels);
 }
 
-// logits [tokens, vocab_local] and labels [tokens] lead every step that reads the logits.
-kernels::ParallelCrossEntropyDesc describe(const VocabParallelCrossEntropyParams& p,
-                                           std::span<const TensorMeta> inputs) {
+template <typename F>
+struct Stats {
+  F local_max;  // fp32 [tokens]
+  F partial;    // fp32 [tokens, 2]
+};
+
+template <typename F, typename V>
+void visit_operands(const Params&, Stats<F>& o, V& v) {
+  v({"local_max"}, o.local_max);
+  v({"partial"}, o.partial);
+}
+
+template <typename F>
+struct RescaleOperands {
+  F local_max, global_max;  // fp32 [tokens]
+  F partial;                // fp32 [tokens, 2]
+};
+
+template <typename F, typename V>
+void visit_operands(const Params&, RescaleOperands<F>& o, V& v) {
+  v({"local_max"}, o.local_max);
+  v({"global_max"}, o.global_max);
+  v({"partial"}, o.partial);
+}
+
+template <typename F>
+struct FinishOperands {
+  F logits_local;  // [tokens, vocab_local]
+  F labels;        // [tokens]
+  F global_max;    // fp32 [tokens]
+  F totals;        // fp32 [tokens, 2]
+  F error_flag;    // int32 [1], raised on a bad label
+};
+
+template <typename F, typename V>
+void visit_operands(const Params&, FinishOperands<F>& o, V& v) {
+  v({"logits_local"}, o.logits_local);
+  v({"labels"}, o.labels);
+  v({"global_max"}, o.global_max);
+  v({"totals"}, o.totals);
+  v({.name = "error_flag", .use = Use::kWrite}, o.error_flag);
+}
+
+template <typename F>
+struct FinishOutputs {
+  F loss;           // fp32 []
+  F dlogits_local;  // like logits_local
+  F scratch;        // fp32, the kernel's workspace
+};
+
+template <typename F, typename V>
+void visit_operands(const Params&, FinishOutputs<F>& o, V& v) {
+  v({"loss"}, o.loss);
+  v({"dlogits_local"}, o.dlogits_local);
+  v({"scratch"}, o.scratch);
+}
+
+constexpr std::string_view kStats = "vocab_parallel_cross_entropy_stats";
+constexpr std::string_view kRescale = "vocab_parallel_cross_entropy_rescale";
+constexpr std::string_view kFinish = "vocab_parallel_cross_entropy_finish";
+
+kernels::ParallelCrossEntropyDesc describe(const Params& p, const TensorMeta& logits, const TensorMeta& labels) {
   kernels::ParallelCrossEntropyDesc desc;
-  desc.logits_type = inputs[0].dtype;
-  desc.label_type = inputs[1].dtype;
-  desc.tokens = inputs[0].shape.rank() == 2 ? inputs[0].shape.dim(0) : 0;
-  desc.vocab_local = inputs[0].shape.rank() == 2 ? inputs[0].shape.dim(1) : 0;
+  desc.logits_type = logits.dtype;
+  desc.label_type = labels.dtype;
+  desc.tokens = logits.shape.rank() == 2 ? logits.shape.dim(0) : 0;
+  desc.vocab_local = logits.shape.rank() == 2 ? logits.shape.dim(1) : 0;
   desc.vocab = p.vocab;
   desc.vocab_offset = p.vocab_offset;
   desc.ignore_index = p.ignore_index;
@@ -42,13 +112,13 @@ kernels::ParallelCrossEntropyDesc describe(const VocabParallelCrossEntropyParams
 TensorMeta f32(Shape shape) { return {std::move(shape), DType::kFloat32}; }
 
 // Checks logits_local [tokens, vocab_local] and labels [tokens] against the params; returns tokens.
-std::int64_t check_logits_and_labels(std::string_view op, const OpParams& params, std::span<const TensorMeta> inputs) {
-  SG_CHECK(inputs[0].shape.rank() == 2, "op ", op, ": logits_local must be [tokens, vocab_local], got ",
-           inputs[0].shape);
-  const std::int64_t tokens = inputs[0].shape.dim(0);
-  SG_CHECK(inputs[1].shape == Shape{tokens}, "op ", op, ": labels must be [", tokens, "] to match the logits ",
-           inputs[0].shape, ", got ", inputs[1].shape);
-  kernels::check_parallel_cross_entropy(describe(of(params), inputs));
+std::int64_t check_logits_and_labels(std::string_view op, const Params& p, const TensorMeta& logits,
+                                     const TensorMeta& labels) {
+  SG_CHECK(logits.shape.rank() == 2, "op ", op, ": logits_local must be [tokens, vocab_local], got ", logits.shape);
+  const std::int64_t tokens = logits.shape.dim(0);
+  SG_CHECK(labels.shape == Shape{tokens}, "op ", op, ": labels must be [", tokens, "] to match the logits ",
+           logits.shape, ", got ", labels.shape);
+  kernels::check_parallel_cross_entropy(describe(p, logits, labels));
   return tokens;
 }
 
@@ -59,57 +129,63 @@ void expect_f32(std::string_view op, std::string_view what, const TensorMeta& me
 }
 
 std::vector<TensorMeta> check_stats(const OpParams& params, std::span<const TensorMeta> inputs) {
-  constexpr std::string_view kOp = "vocab_parallel_cross_entropy_stats";
-  SG_CHECK(inputs.size() == 2, "op ", kOp, " takes logits_local and labels, got ", inputs.size(), " inputs");
-  const std::int64_t tokens = check_logits_and_labels(kOp, params, inputs);
-  return {f32(Shape{tokens}), f32(Shape{tokens, 2})};
+  const Params& p = params.as<Params>();
+  const auto o = bind_metas<StatsOperands>(kStats, p, inputs);
+  const std::int64_t tokens = check_logits_and_labels(kStats, p, o.logits_local, o.labels);
+  return output_metas(p, Stats<TensorMeta>{.local_max = f32(Shape{tokens}), .partial = f32(Shape{tokens, 2})});
 }
 
-std::vector<TensorMeta> check_rescale(const OpParams&, std::span<const TensorMeta> inputs) {
-  constexpr std::string_view kOp = "vocab_parallel_cross_entropy_rescale";
-  SG_CHECK(inputs.size() == 3, "op ", kOp, " takes local_max, global_max and partial, got ", inputs.size(),
-           " inputs");
-  SG_CHECK(inputs[0].shape.rank() == 1 && inputs[0].shape.dim(0) > 0, "op ", kOp,
-           ": local_max must be [tokens], got ", inputs[0].shape);
-  const std::int64_t tokens = inputs[0].shape.dim(0);
-  expect_f32(kOp, "local_max", inputs[0], Shape{tokens});
-  expect_f32(kOp, "global_max", inputs[1], Shape{tokens});
-  expect_f32(kOp, "partial", inputs[2], Shape{tokens, 2});
+std::vector<TensorMeta> check_rescale(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const auto o = bind_metas<RescaleOperands>(kRescale, params.as<Params>(), inputs);
+  SG_CHECK(o.local_max.shape.rank() == 1 && o.local_max.shape.dim(0) > 0, "op ", kRescale,
+           ": local_max must be [tokens], got ", o.local_max.shape);
+  const std::int64_t tokens = o.local_max.shape.dim(0);
+  expect_f32(kRescale, "local_max", o.local_max, Shape{tokens});
+  expect_f32(kRescale, "global_max", o.global_max, Shape{tokens});
+  expect_f32(kRescale, "partial", o.partial, Shape{tokens, 2});
   return {f32(Shape{tokens, 2})};
 }
 
 std::vector<TensorMeta> check_finish(const OpParams& params, std::span<const TensorMeta> inputs) {
-  constexpr std::string_view kOp = "vocab_parallel_cross_entropy_finish";
-  SG_CHECK(inputs.size() == 5, "op ", kOp, " takes logits_local, labels, global_max, totals and an error flag, got ",
-           inputs.size(), " inputs");
-  const std::int64_t tokens = check_logits_and_labels(kOp, params, inputs);
-  expect_f32(kOp, "global_max", inputs[2], Shape{tokens});
-  expect_f32(kOp, "totals", inputs[3], Shape{tokens, 2});
-  SG_CHECK(inputs[4] == (TensorMeta{Shape{1}, DType::kInt32}), "op ", kOp, ": the error flag must be int32 [1], got ",
-           inputs[4].shape, " ", dtype_name(inputs[4].dtype));
+  const Params& p = params.as<Params>();
+  const auto o = bind_metas<FinishOperands>(kFinish, p, inputs);
+  const std::int64_t tokens = check_logits_and_labels(kFinish, p, o.logits_local, o.labels);
+  expect_f32(kFinish, "global_max", o.global_max, Shape{tokens});
+  expect_f32(kFinish, "totals", o.totals, Shape{tokens, 2});
+  SG_CHECK(o.error_flag == (TensorMeta{Shape{1}, DType::kInt32}), "op ", kFinish,
+           ": the error flag must be int32 [1], got ", o.error_flag.shape, " ", dtype_name(o.error_flag.dtype));
   const auto scratch = static_cast<std::int64_t>(
-      (kernels::parallel_cross_entropy_workspace_bytes(describe(of(params), inputs)) + 3) / 4);
-  return {f32(Shape{}), inputs[0], f32(Shape{scratch})};
+      (kernels::parallel_cross_entropy_workspace_bytes(describe(p, o.logits_local, o.labels)) + 3) / 4);
+  return output_metas(p, FinishOutputs<TensorMeta>{
+                             .loss = f32(Shape{}), .dlogits_local = o.logits_local, .scratch = f32(Shape{scratch})});
 }
 
-float* as_f32(void* p) { return static_cast<float*>(p); }
+template <typename Operands>
+kernels::ParallelCrossEntropyDesc describe(const Params& p, const Operands& o) {
+  return describe(p, *o.logits_local.meta, *o.labels.meta);
+}
 
 }  // namespace
 
 const OpDef& vocab_parallel_cross_entropy_stats_op() {
   static const OpDef op{
-      .name = "vocab_parallel_cross_entropy_stats",
+      .name = kStats,
       .check = check_stats,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_parallel_cross_entropy_stats(describe(of(params), a.input_metas), a.inputs[0],
-                                                         a.inputs[1], as_f32(a.outputs[0]), as_f32(a.outputs[1]),
-                                                         stream);
+            const Params& p = params.as<Params>();
+            const auto in = bind_args<StatsOperands>(p, a);
+            const auto out = bind_outputs<Stats>(p, a);
+            kernels::launch_parallel_cross_entropy_stats(describe(p, in), in.logits_local.data, in.labels.data,
+                                                         out.local_max.as<float>(), out.partial.as<float>(), stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
-            kernels::host::parallel_cross_entropy_stats(describe(of(params), a.input_metas), a.inputs[0], a.inputs[1],
-                                                        as_f32(a.outputs[0]), as_f32(a.outputs[1]));
+            const Params& p = params.as<Params>();
+            const auto in = bind_args<StatsOperands>(p, a);
+            const auto out = bind_outputs<Stats>(p, a);
+            kernels::host::parallel_cross_entropy_stats(describe(p, in), in.logits_local.data, in.labels.data,
+                                                        out.local_max.as<float>(), out.partial.as<float>());
           },
   };
   return op;
@@ -118,19 +194,21 @@ SG_REGISTER_OP(vocab_parallel_cross_entropy_stats_op);
 
 const OpDef& vocab_parallel_cross_entropy_rescale_op() {
   static const OpDef op{
-      .name = "vocab_parallel_cross_entropy_rescale",
+      .name = kRescale,
       .check = check_rescale,
       .launch_cuda =
-          [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_parallel_cross_entropy_rescale(a.input_metas[0].shape.dim(0), as_f32(a.inputs[0]),
-                                                           as_f32(a.inputs[1]), as_f32(a.inputs[2]),
-                                                           as_f32(a.outputs[0]), stream);
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const auto o = bind_args<RescaleOperands>(params.as<Params>(), a);
+            kernels::launch_parallel_cross_entropy_rescale(o.local_max.shape().dim(0), o.local_max.as<float>(),
+                                                           o.global_max.as<float>(), o.partial.as<float>(),
+                                                           static_cast<float*>(a.outputs[0]), stream);
           },
       .run_host =
-          [](const OpParams&, const KernelArgs& a) {
-            kernels::host::parallel_cross_entropy_rescale(a.input_metas[0].shape.dim(0), as_f32(a.inputs[0]),
-                                                          as_f32(a.inputs[1]), as_f32(a.inputs[2]),
-                                                          as_f32(a.outputs[0]));
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto o = bind_args<RescaleOperands>(params.as<Params>(), a);
+            kernels::host::parallel_cross_entropy_rescale(o.local_max.shape().dim(0), o.local_max.as<float>(),
+                                                          o.global_max.as<float>(), o.partial.as<float>(),
+                                                          static_cast<float*>(a.outputs[0]));
           },
   };
   return op;
@@ -139,22 +217,27 @@ SG_REGISTER_OP(vocab_parallel_cross_entropy_rescale_op);
 
 const OpDef& vocab_parallel_cross_entropy_finish_op() {
   static const OpDef op{
-      .name = "vocab_parallel_cross_entropy_finish",
+      .name = kFinish,
       .check = check_finish,
-      .mutated_inputs = {4},
+      .mutated_inputs_for = written_inputs_of<FinishOperands, Params>,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            kernels::launch_parallel_cross_entropy_finish(
-                describe(of(params), a.input_metas), a.inputs[0], a.inputs[1], as_f32(a.inputs[2]),
-                as_f32(a.inputs[3]), as_f32(a.outputs[0]), a.outputs[1], a.outputs[2],
-                static_cast<std::int32_t*>(a.inputs[4]), stream);
+            const Params& p = params.as<Params>();
+            const auto in = bind_args<FinishOperands>(p, a);
+            const auto out = bind_outputs<FinishOutputs>(p, a);
+            kernels::launch_parallel_cross_entropy_finish(describe(p, in), in.logits_local.data, in.labels.data,
+                                                          in.global_max.as<float>(), in.totals.as<float>(),
+                                                          out.loss.as<float>(), out.dlogits_local.data,
+                                                          out.scratch.data, in.error_flag.as<std::int32_t>(), stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
-            kernels::host::parallel_cross_entropy_finish(describe(of(params), a.input_metas), a.inputs[0],
-                                                         a.inputs[1], as_f32(a.inputs[2]), as_f32(a.inputs[3]),
-                                                         as_f32(a.outputs[0]), a.outputs[1],
-                                                         static_cast<std::int32_t*>(a.inputs[4]));
+            const Params& p = params.as<Params>();
+            const auto in = bind_args<FinishOperands>(p, a);
+            const auto out = bind_outputs<FinishOutputs>(p, a);
+            kernels::host::parallel_cross_entropy_finish(
+                describe(p, in), in.logits_local.data, in.labels.data, in.global_max.as<float>(), in.totals.as<float>(),
+                out.loss.as<float>(), out.dlogits_local.data, in.error_flag.as<std::int32_t>());
           },
   };
   return op;
@@ -176,14 +259,26 @@ CrossEntropyResult vocab_parallel_cross_entropy(Context& ctx, Communicator& tp, 
                                           .ignore_index = params.ignore_index,
                                           .loss_scale = params.loss_scale};
   // See Note [Vocabulary-parallel cross-entropy] for the steps.
-  const std::vector<Tensor> stats = ctx.call(vocab_parallel_cross_entropy_stats_op(), p, {logits_local, labels});
-  const Tensor global_max = all_reduce(ctx, tp, stats[0], ReduceOp::kMax).set_name("ce.global_max");
+  const Stats<Tensor> stats = bind_results<Stats>(
+      p, ctx.call(vocab_parallel_cross_entropy_stats_op(), p,
+                  flatten(kStats, p, StatsOperands<Tensor>{.logits_local = logits_local, .labels = labels})));
+  const Tensor global_max = all_reduce(ctx, tp, stats.local_max, ReduceOp::kMax).set_name("ce.global_max");
   const Tensor scaled =
-      ctx.call(vocab_parallel_cross_entropy_rescale_op(), p, {stats[0], global_max, stats[1]}).at(0);
+      ctx.call(vocab_parallel_cross_entropy_rescale_op(), p,
+               flatten(kRescale, p,
+                       RescaleOperands<Tensor>{
+                           .local_max = stats.local_max, .global_max = global_max, .partial = stats.partial}))
+          .at(0);
   const Tensor totals = all_reduce(ctx, tp, scaled, ReduceOp::kSum).set_name("ce.totals");
-  std::vector<Tensor> out =
-      ctx.call(vocab_parallel_cross_entropy_finish_op(), p, {logits_local, labels, global_max, totals, error_flag});
-  return {out[0], out[1]};
+  const FinishOutputs<Tensor> out =
+      bind_results<FinishOutputs>(p, ctx.call(vocab_parallel_cross_entropy_finish_op(), p,
+                                              flatten(kFinish, p,
+                                                      FinishOperands<Tensor>{.logits_local = logits_local,
+                                                                             .labels = labels,
+                                                                             .global_max = global_max,
+                                                                             .totals = totals,
+                                                                             .error_flag = error_flag})));
+  return {out.loss, out.dlogits_local};
 }
 
 }  // namespace stepgraph::ops

@@ -42,6 +42,13 @@ class DeviceFloats {
   float* data_ = nullptr;
 };
 
+// `to` waits (on the device) for the work enqueued on `from` so far:
+// `event` recorded on `from`, waited for by `to` (a fork or a join).
+void hand_over(Event& event, cudaStream_t from, cudaStream_t to) {
+  event.record(from);
+  event.wait_on(to);
+}
+
 TEST(StreamCaptureTest, LegacyDefaultStreamIsRefusedWithTheFix) {
   // Checked before any CUDA call, so it runs without a GPU too.
   try {
@@ -79,12 +86,10 @@ TEST(StreamCaptureTest, ForkJoinOnTwoStreamsReplayedHundredTimesIsExact) {
   Event fork;
   Event join;
   StreamCapture capture(main_stream.get());
-  fork.record(main_stream.get());
-  fork.wait_on(side_stream.get());
+  hand_over(fork, main_stream.get(), side_stream.get());
   kernels::launch_axpy_f32(y0.get(), x.get(), 3.0f, kN, main_stream.get());
   kernels::launch_axpy_f32(y1.get(), x.get(), 2.0f, kN, side_stream.get());
-  join.record(side_stream.get());
-  join.wait_on(main_stream.get());
+  hand_over(join, side_stream.get(), main_stream.get());
   kernels::launch_axpy_f32(z.get(), y1.get(), 1.0f, kN, main_stream.get());
   Graph graph = capture.end();
   EXPECT_EQ(graph.node_count(), 3u);  // three kernels; fork/join became edges
@@ -114,8 +119,7 @@ TEST(StreamCaptureTest, UnjoinedSideStreamIsAClearError) {
   Stream side_stream;
   Event fork;
   StreamCapture capture(main_stream.get());
-  fork.record(main_stream.get());
-  fork.wait_on(side_stream.get());
+  hand_over(fork, main_stream.get(), side_stream.get());
   kernels::launch_fill_f32(y.get(), 1.0f, kN, side_stream.get());
   try {
     capture.end();
@@ -145,12 +149,10 @@ TEST(StreamCaptureTest, CapturedKernelsKeepTheirStreamsPriorities) {
   Event fork;
   Event join;
   StreamCapture capture(main_stream.get());
-  fork.record(main_stream.get());
-  fork.wait_on(low_stream.get());
+  hand_over(fork, main_stream.get(), low_stream.get());
   kernels::launch_fill_f32(a.get(), 1.0f, kN, main_stream.get());
   kernels::launch_fill_f32(b.get(), 2.0f, kN, low_stream.get());
-  join.record(low_stream.get());
-  join.wait_on(main_stream.get());
+  hand_over(join, low_stream.get(), main_stream.get());
   Graph graph = capture.end();
 
   std::size_t count = graph.node_count();

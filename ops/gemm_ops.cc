@@ -2,11 +2,13 @@
 
 #include <cstdio>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine/error.h"
 #include "kernels/gemm_host.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 
@@ -17,8 +19,9 @@ std::string GemmParams::to_string() const {
   int length = std::snprintf(text, sizeof(text), "%s%s%s, out=%s, alpha=%g", trans_a ? "A^T " : "",
                              trans_b ? "B^T " : "", kernels::gemm_epilogue_name(epilogue).c_str(),
                              std::string(dtype_name(out_dtype)).c_str(), static_cast<double>(alpha));
-  if (fp8_scales) length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), "%s",
-                                         fast_accumulation ? ", fp8 fast accumulation" : ", fp8");
+  if (fp8_scales)
+    length += std::snprintf(text + length, sizeof(text) - static_cast<std::size_t>(length), "%s",
+                            fast_accumulation ? ", fp8 fast accumulation" : ", fp8");
   auto blocks_name = [](const std::optional<kernels::BlockShape>& blocks) {
     return !blocks ? "tensor" : *blocks == kernels::BlockShape::k1x128 ? "1x128" : "128x128";
   };
@@ -46,36 +49,62 @@ std::string GemmParams::to_string() const {
 
 namespace {
 
-// Input positions: a, b, then bias, aux (read by the epilogue, or written by
-// it through gemm_into_), then the FP8 scale_inv of a and b, then d (gemm_into_).
-struct Layout {
-  int bias = -1;
-  int aux = -1;
-  int a_scale_inv = -1;
-  int b_scale_inv = -1;
-  int d = -1;
-  int bias_grad = -1;  // GemmParams::bias_grad_into
-  std::size_t inputs = 2;
+// A call of gemm or gemm_into_: the params and which op (their operands differ).
+struct GemmCall {
+  GemmParams p;
+  bool into = false;
 };
 
-Layout input_layout(const GemmParams& p, bool into) {
-  Layout layout;
-  if (kernels::epilogue_reads_bias(p.epilogue)) layout.bias = static_cast<int>(layout.inputs++);
-  if (kernels::epilogue_reads_aux(p.epilogue) || (into && kernels::epilogue_writes_aux(p.epilogue))) {
-    layout.aux = static_cast<int>(layout.inputs++);
-  }
-  if (p.fp8_scales) {
-    layout.a_scale_inv = static_cast<int>(layout.inputs++);
-    layout.b_scale_inv = static_cast<int>(layout.inputs++);
-  }
-  if (into) layout.d = static_cast<int>(layout.inputs++);
-  if (into && p.bias_grad_into) layout.bias_grad = static_cast<int>(layout.inputs++);
-  return layout;
+template <typename F>
+struct GemmInputs {
+  F a, b;
+  F bias;                      // [n], where the epilogue reads a bias
+  F aux;                       // [m, n]: read by the epilogue, or written by it through gemm_into_
+  F a_scale_inv, b_scale_inv;  // FP8 (params.fp8_scales): a scalar or block scales each
+  F d;                         // gemm_into_: the result, written
+  F bias_grad;                 // gemm_into_ with params.bias_grad_into: written
+};
+
+template <typename F, typename V>
+void visit_operands(const GemmCall& c, GemmInputs<F>& o, V& v) {
+  const GemmEpilogue e = c.p.epilogue;
+  const bool writes_aux = c.into && kernels::epilogue_writes_aux(e);
+  v({"a"}, o.a);
+  v({"b"}, o.b);
+  v({.name = "bias", .present = kernels::epilogue_reads_bias(e)}, o.bias);
+  v({.name = "aux",
+     .use = writes_aux ? Use::kWrite : Use::kRead,
+     .present = kernels::epilogue_reads_aux(e) || writes_aux},
+    o.aux);
+  v({.name = "a_scale_inv", .present = c.p.fp8_scales}, o.a_scale_inv);
+  v({.name = "b_scale_inv", .present = c.p.fp8_scales}, o.b_scale_inv);
+  v({.name = "d", .use = Use::kWrite, .present = c.into}, o.d);
+  v({.name = "bias_grad", .use = Use::kWrite, .present = c.into && c.p.bias_grad_into}, o.bias_grad);
 }
 
-kernels::GemmDesc describe(const GemmParams& p, std::span<const TensorMeta> inputs) {
-  const TensorMeta& a = inputs[0];
-  const TensorMeta& b = inputs[1];
+template <typename F>
+struct GemmOutputs {
+  F d;          // gemm: [m, n]
+  F aux;        // gemm with an epilogue that writes the pre-activation
+  F bias_grad;  // where the epilogue writes a bias gradient, unless into an input
+  F workspace;  // fp32 [workspace_bytes / 4], with workspace_bytes > 0
+};
+
+template <typename F, typename V>
+void visit_operands(const GemmCall& c, GemmOutputs<F>& o, V& v) {
+  const GemmEpilogue e = c.p.epilogue;
+  v({.name = "d", .present = !c.into}, o.d);
+  v({.name = "aux", .present = !c.into && kernels::epilogue_writes_aux(e)}, o.aux);
+  v({.name = "bias_grad", .present = kernels::epilogue_writes_bias_grad(e) && !c.p.bias_grad_into}, o.bias_grad);
+  v({.name = "workspace", .present = c.p.workspace_bytes > 0}, o.workspace);
+}
+
+constexpr std::string_view kGemm = "gemm";
+constexpr std::string_view kGemmInto = "gemm_into_";
+
+std::string_view op_name(bool into) { return into ? kGemmInto : kGemm; }
+
+kernels::GemmDesc describe(const GemmParams& p, const TensorMeta& a, const TensorMeta& b) {
   kernels::GemmDesc desc;
   desc.trans_a = p.trans_a;
   desc.trans_b = p.trans_b;
@@ -101,50 +130,51 @@ void expect_meta(std::string_view role, const TensorMeta& got, const TensorMeta&
 }
 
 // See Note [Row windows of a GEMM].
-void check_windows(const GemmParams& p, std::span<const TensorMeta> inputs, bool into, std::string_view op) {
-  SG_CHECK(p.rows >= 0 && p.a_row >= 0 && p.d_row >= 0, "op ", op, ": rows, a_row and d_row must be >= 0, got ",
-           p.rows, ", ", p.a_row, ", ", p.d_row);
-  const std::int64_t m = p.rows > 0 ? p.rows : p.trans_a ? inputs[0].shape.dim(1) : inputs[0].shape.dim(0);
+void check_windows(const GemmCall& c, const GemmInputs<TensorMeta>& o, std::string_view op) {
+  const GemmParams& p = c.p;
+  SG_CHECK(p.rows >= 0 && p.a_row >= 0 && p.d_row >= 0, "op ", op, ": rows, a_row and d_row must be >= 0, got ", p.rows,
+           ", ", p.a_row, ", ", p.d_row);
+  const std::int64_t m = p.rows > 0 ? p.rows : p.trans_a ? o.a.shape.dim(1) : o.a.shape.dim(0);
   if (p.trans_a) {
-    SG_CHECK(p.a_row == 0 && (p.rows == 0 || p.rows == inputs[0].shape.dim(1)), "op ", op,
-             ": a row window (rows=", p.rows, ", a_row=", p.a_row, ") needs A not transposed");
+    SG_CHECK(p.a_row == 0 && (p.rows == 0 || p.rows == o.a.shape.dim(1)), "op ", op, ": a row window (rows=", p.rows,
+             ", a_row=", p.a_row, ") needs A not transposed");
   } else {
-    SG_CHECK(p.a_row + m <= inputs[0].shape.dim(0), "op ", op, ": A rows [", p.a_row, ", ", p.a_row + m,
-             ") exceed A ", inputs[0].shape);
+    SG_CHECK(p.a_row + m <= o.a.shape.dim(0), "op ", op, ": A rows [", p.a_row, ", ", p.a_row + m, ") exceed A ",
+             o.a.shape);
   }
-  if (!into) {
+  if (!c.into) {
     SG_CHECK(p.d_row == 0, "op ", op, ": d_row (", p.d_row, ") is for gemm_into_; a fresh D is the window itself");
     return;
   }
-  const TensorMeta& d = inputs[static_cast<std::size_t>(input_layout(p, true).d)];
-  SG_CHECK(d.shape.rank() == 2 && p.d_row + m <= d.shape.dim(0), "op ", op, ": D rows [", p.d_row, ", ",
-           p.d_row + m, ") exceed D ", d.shape);
+  SG_CHECK(o.d.shape.rank() == 2 && p.d_row + m <= o.d.shape.dim(0), "op ", op, ": D rows [", p.d_row, ", ",
+           p.d_row + m, ") exceed D ", o.d.shape);
 }
 
-std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> inputs, bool into) {
-  const std::string_view op = into ? "gemm_into_" : "gemm";
-  const Layout layout = input_layout(p, into);
-  SG_CHECK(inputs.size() == layout.inputs, "op ", op, " with epilogue ", kernels::gemm_epilogue_name(p.epilogue),
-           " takes ", layout.inputs, " inputs, got ", inputs.size());
-  SG_CHECK(inputs[0].shape.rank() == 2 && inputs[1].shape.rank() == 2, "op ", op, " needs 2-D operands, got A ",
-           inputs[0].shape, " and B ", inputs[1].shape);
-  const std::int64_t k_of_b = p.trans_b ? inputs[1].shape.dim(1) : inputs[1].shape.dim(0);
-  const kernels::GemmDesc desc = describe(p, inputs);
+std::vector<TensorMeta> check(const GemmCall& c, std::span<const TensorMeta> inputs) {
+  const GemmParams& p = c.p;
+  const std::string_view op = op_name(c.into);
+  const auto o = bind_metas<GemmInputs>(op, c, inputs);
+  SG_CHECK(o.a.shape.rank() == 2 && o.b.shape.rank() == 2, "op ", op, " needs 2-D operands, got A ", o.a.shape,
+           " and B ", o.b.shape);
+  const std::int64_t k_of_b = p.trans_b ? o.b.shape.dim(1) : o.b.shape.dim(0);
+  const kernels::GemmDesc desc = describe(p, o.a, o.b);
   SG_CHECK(desc.k == k_of_b, "op ", op, ": inner dimensions differ: opA(A) is ", desc.m, "x", desc.k, " but opB(B) is ",
-           k_of_b, "x", desc.n, " (A ", inputs[0].shape, p.trans_a ? " transposed" : "", ", B ", inputs[1].shape,
+           k_of_b, "x", desc.n, " (A ", o.a.shape, p.trans_a ? " transposed" : "", ", B ", o.b.shape,
            p.trans_b ? " transposed" : "", ")");
   kernels::check_gemm(desc);
   SG_CHECK(p.fp8_scales == (is_fp8(desc.a_type) && is_fp8(desc.b_type)), "op ", op, ": ",
-           p.fp8_scales ? "fp8 scales given for non-FP8 operands" : "FP8 operands need their scale_inv tensors",
-           " (A ", dtype_name(desc.a_type), ", B ", dtype_name(desc.b_type), "); call fp8_gemm");
-  check_windows(p, inputs, into, op);
+           p.fp8_scales ? "fp8 scales given for non-FP8 operands" : "FP8 operands need their scale_inv tensors", " (A ",
+           dtype_name(desc.a_type), ", B ", dtype_name(desc.b_type), "); call fp8_gemm");
+  check_windows(c, o, op);
   const TensorMeta d_meta{Shape{desc.m, desc.n}, p.out_dtype};
   // gemm_into_'s D (and its aux) may hold more rows than the window.
-  const TensorMeta whole_d =
-      into ? TensorMeta{Shape{inputs[layout.d].shape.dim(0), desc.n}, p.out_dtype} : d_meta;
-  if (layout.bias >= 0) expect_meta("bias", inputs[layout.bias], {Shape{desc.n}, p.out_dtype}, op);
-  if (layout.aux >= 0) expect_meta("aux (the forward pre-activation)", inputs[layout.aux], whole_d, op);
-  if (layout.d >= 0) expect_meta("D", inputs[layout.d], whole_d, op);
+  const TensorMeta whole_d = c.into ? TensorMeta{Shape{o.d.shape.dim(0), desc.n}, p.out_dtype} : d_meta;
+  const GemmEpilogue e = p.epilogue;
+  if (kernels::epilogue_reads_bias(e)) expect_meta("bias", o.bias, {Shape{desc.n}, p.out_dtype}, op);
+  if (kernels::epilogue_reads_aux(e) || (c.into && kernels::epilogue_writes_aux(e))) {
+    expect_meta("aux (the forward pre-activation)", o.aux, whole_d, op);
+  }
+  if (c.into) expect_meta("D", o.d, whole_d, op);
   // One scalar, or the block scales of the TN operand [outer, k].
   auto scales = [&](const std::optional<kernels::BlockShape>& blocks, std::int64_t outer) {
     const std::int64_t count = blocks ? kernels::BlockScaleLayout{*blocks, outer, desc.k}.count() : 1;
@@ -154,30 +184,29 @@ std::vector<TensorMeta> check(const GemmParams& p, std::span<const TensorMeta> i
     SG_CHECK(p.rows == 0 && p.a_row == 0 && p.d_row == 0, "op ", op,
              ": block-scaled FP8 takes no row windows (the scales cover whole operands), got ", p.to_string());
   }
-  if (layout.a_scale_inv >= 0) expect_meta("A's scale_inv", inputs[layout.a_scale_inv], scales(p.a_blocks, desc.m), op);
-  if (layout.b_scale_inv >= 0) expect_meta("B's scale_inv", inputs[layout.b_scale_inv], scales(p.b_blocks, desc.n), op);
-
-  std::vector<TensorMeta> outputs;
-  if (!into) outputs.push_back(d_meta);
-  if (!into && kernels::epilogue_writes_aux(p.epilogue)) outputs.push_back(d_meta);
-  SG_CHECK(!p.bias_grad_into || (into && kernels::epilogue_writes_bias_grad(p.epilogue)), "op ", op,
+  if (p.fp8_scales) {
+    expect_meta("A's scale_inv", o.a_scale_inv, scales(p.a_blocks, desc.m), op);
+    expect_meta("B's scale_inv", o.b_scale_inv, scales(p.b_blocks, desc.n), op);
+  }
+  SG_CHECK(!p.bias_grad_into || (c.into && kernels::epilogue_writes_bias_grad(e)), "op ", op,
            ": bias_grad_into needs gemm_into_ with an epilogue that writes a bias gradient, got ",
-           kernels::gemm_epilogue_name(p.epilogue));
-  if (kernels::epilogue_writes_bias_grad(p.epilogue)) {
-    const std::int64_t length = p.epilogue == GemmEpilogue::kBiasGradOfA ? desc.m : desc.n;
+           kernels::gemm_epilogue_name(e));
+  GemmOutputs<TensorMeta> outputs{.d = d_meta, .aux = d_meta};
+  if (kernels::epilogue_writes_bias_grad(e)) {
+    const std::int64_t length = e == GemmEpilogue::kBiasGradOfA ? desc.m : desc.n;
     const TensorMeta bias_grad{Shape{length}, p.out_dtype};
-    if (layout.bias_grad >= 0) {
-      expect_meta("the bias gradient written in place", inputs[layout.bias_grad], bias_grad, op);
+    if (p.bias_grad_into) {
+      expect_meta("the bias gradient written in place", o.bias_grad, bias_grad, op);
     } else {
-      outputs.push_back(bias_grad);
+      outputs.bias_grad = bias_grad;
     }
   }
   SG_CHECK(p.workspace_bytes >= 0 && p.workspace_bytes % 4 == 0 &&
                static_cast<std::size_t>(p.workspace_bytes) <= kernels::gemm_workspace_bytes(),
            "op ", op, ": workspace_bytes must be a multiple of 4 in [0, ", kernels::gemm_workspace_bytes(), "], got ",
            p.workspace_bytes);
-  if (p.workspace_bytes > 0) outputs.push_back({Shape{p.workspace_bytes / 4}, DType::kFloat32});
-  return outputs;
+  outputs.workspace = {Shape{p.workspace_bytes / 4}, DType::kFloat32};
+  return output_metas(c, std::move(outputs));
 }
 
 // The address of row `row` of a row-major tensor of `meta`'s shape.
@@ -189,67 +218,68 @@ T* row_address(T* base, const TensorMeta& meta, std::int64_t row) {
                               row * row_bytes);
 }
 
-kernels::GemmOperands operands(const GemmParams& p, const KernelArgs& args, bool into) {
-  const Layout layout = input_layout(p, into);
+kernels::GemmOperands pointers(const GemmCall& c, const GemmInputs<Operand>& in, const GemmOutputs<Operand>& out) {
+  const GemmParams& p = c.p;
   kernels::GemmOperands o;
-  o.a = row_address<const void>(args.inputs[0], args.input_metas[0], p.a_row);
-  o.b = args.inputs[1];
-  if (layout.bias >= 0) o.bias = args.inputs[layout.bias];
-  if (layout.aux >= 0) o.aux = row_address<void>(args.inputs[layout.aux], args.input_metas[layout.aux], p.d_row);
-  if (layout.a_scale_inv >= 0) o.a_scale_inv = static_cast<const float*>(args.inputs[layout.a_scale_inv]);
-  if (layout.b_scale_inv >= 0) o.b_scale_inv = static_cast<const float*>(args.inputs[layout.b_scale_inv]);
-  std::size_t next = 0;
-  o.d = into ? row_address<void>(args.inputs[layout.d], args.input_metas[layout.d], p.d_row) : args.outputs[next++];
-  if (!into && kernels::epilogue_writes_aux(p.epilogue)) o.aux = args.outputs[next++];
-  if (layout.bias_grad >= 0) {
-    o.bias_grad = args.inputs[layout.bias_grad];
-  } else if (kernels::epilogue_writes_bias_grad(p.epilogue)) {
-    o.bias_grad = args.outputs[next++];
-  }
+  o.a = row_address<const void>(in.a.data, *in.a.meta, p.a_row);
+  o.b = in.b.data;
+  o.bias = in.bias.data;
+  if (in.aux.present()) o.aux = row_address<void>(in.aux.data, *in.aux.meta, p.d_row);
+  if (out.aux.present()) o.aux = out.aux.data;
+  o.a_scale_inv = in.a_scale_inv.as<const float>();
+  o.b_scale_inv = in.b_scale_inv.as<const float>();
+  o.d = c.into ? row_address<void>(in.d.data, *in.d.meta, p.d_row) : out.d.data;
+  o.bias_grad = in.bias_grad.present() ? in.bias_grad.data : out.bias_grad.data;
   o.workspace_bytes = static_cast<std::size_t>(p.workspace_bytes);
-  if (p.workspace_bytes > 0) o.workspace = args.outputs[next];
+  o.workspace = out.workspace.data;
   return o;
 }
 
 template <bool kInto>
 std::vector<TensorMeta> check_op(const OpParams& params, std::span<const TensorMeta> inputs) {
-  return check(params.as<GemmParams>(), inputs, kInto);
+  return check(GemmCall{params.as<GemmParams>(), kInto}, inputs);
+}
+
+// The kernel's description and operands of a launch.
+template <bool kInto>
+std::pair<kernels::GemmDesc, kernels::GemmOperands> bind(const OpParams& params, const KernelArgs& args) {
+  const GemmCall c{params.as<GemmParams>(), kInto};
+  const auto in = bind_args<GemmInputs>(c, args);
+  return {describe(c.p, *in.a.meta, *in.b.meta), pointers(c, in, bind_outputs<GemmOutputs>(c, args))};
 }
 
 template <bool kInto>
 void launch_cuda(const OpParams& params, const KernelArgs& args, CUstream_st* stream) {
-  const GemmParams& p = params.as<GemmParams>();
-  kernels::launch_gemm(describe(p, args.input_metas), operands(p, args, kInto), stream);
+  const auto [desc, operands] = bind<kInto>(params, args);
+  kernels::launch_gemm(desc, operands, stream);
 }
 
 template <bool kInto>
 void run_host(const OpParams& params, const KernelArgs& args) {
-  const GemmParams& p = params.as<GemmParams>();
-  kernels::host::gemm(describe(p, args.input_metas), operands(p, args, kInto));
+  const auto [desc, operands] = bind<kInto>(params, args);
+  kernels::host::gemm(desc, operands);
 }
 
+template <bool kInto>
 void prepare_cuda(const OpParams& params, std::span<const TensorMeta> inputs) {
-  kernels::gemm_prepare(describe(params.as<GemmParams>(), inputs));
+  const GemmCall c{params.as<GemmParams>(), kInto};
+  const auto o = bind_metas<GemmInputs>(op_name(kInto), c, inputs);
+  kernels::gemm_prepare(describe(c.p, o.a, o.b));
 }
 
-std::vector<int> written_input(const OpParams& params, std::size_t) {
-  const GemmParams& p = params.as<GemmParams>();
-  const Layout layout = input_layout(p, true);
-  std::vector<int> out{layout.d};
-  if (kernels::epilogue_writes_aux(p.epilogue)) out.push_back(layout.aux);
-  if (layout.bias_grad >= 0) out.push_back(layout.bias_grad);
-  return out;
+std::vector<int> written_input(const OpParams& params, std::size_t input_count) {
+  return operand_layout<GemmInputs>(GemmCall{params.as<GemmParams>(), true}, input_count).written;
 }
 
 }  // namespace
 
 const OpDef& gemm_op() {
   static const OpDef op{
-      .name = "gemm",
+      .name = kGemm,
       .check = check_op<false>,
       .launch_cuda = launch_cuda<false>,
       .run_host = run_host<false>,
-      .prepare_cuda = prepare_cuda,
+      .prepare_cuda = prepare_cuda<false>,
   };
   return op;
 }
@@ -257,12 +287,12 @@ SG_REGISTER_OP(gemm_op);
 
 const OpDef& gemm_into_op() {
   static const OpDef op{
-      .name = "gemm_into_",
+      .name = kGemmInto,
       .check = check_op<true>,
       .mutated_inputs_for = written_input,
       .launch_cuda = launch_cuda<true>,
       .run_host = run_host<true>,
-      .prepare_cuda = prepare_cuda,
+      .prepare_cuda = prepare_cuda<true>,
   };
   return op;
 }
@@ -270,71 +300,64 @@ SG_REGISTER_OP(gemm_into_op);
 
 namespace {
 
-// params with the workspace its GEMM needs on this context's device. Call it
-// before ctx.call, not in its argument list: the list moves `inputs`, and its
-// arguments are evaluated in an unspecified order (GCC moved them first).
-GemmParams with_workspace(Context& ctx, GemmParams params, const std::vector<Tensor>& inputs) {
-  std::vector<TensorMeta> metas;
-  for (const Tensor& t : inputs) metas.push_back(t.meta());
+// params with the workspace its GEMM needs on this context's device.
+GemmParams with_workspace(Context& ctx, GemmParams params, const Tensor& a, const Tensor& b) {
   params.algorithm = ctx.algorithm_choice();
   params.workspace_bytes = static_cast<std::int64_t>(ctx.backend().library_scratch_bytes(
-      [&] { return kernels::gemm_workspace_bytes(describe(params, metas)); }));
+      [&] { return kernels::gemm_workspace_bytes(describe(params, a.meta(), b.meta())); }));
   return params;
+}
+
+// The call's tensors as its inputs: those of other epilogues are left out.
+std::vector<Tensor> gemm_inputs(const GemmCall& c, GemmInputs<Tensor> o) {
+  const GemmEpilogue e = c.p.epilogue;
+  if (!kernels::epilogue_reads_bias(e)) o.bias = Tensor();
+  if (!kernels::epilogue_reads_aux(e) && !(c.into && kernels::epilogue_writes_aux(e))) o.aux = Tensor();
+  return flatten(op_name(c.into), c, std::move(o));
 }
 
 }  // namespace
 
 GemmResult gemm(Context& ctx, const Tensor& a, const Tensor& b, const GemmParams& params, const Tensor& bias,
                 const Tensor& aux) {
-  std::vector<Tensor> inputs{a, b};
-  if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
-  if (kernels::epilogue_reads_aux(params.epilogue)) inputs.push_back(aux);
-  const GemmParams sized = with_workspace(ctx, params, inputs);
-  std::vector<Tensor> outputs = ctx.call(gemm_op(), sized, std::move(inputs));
-  GemmResult result;
-  std::size_t next = 0;
-  result.d = outputs[next++];
-  if (kernels::epilogue_writes_aux(params.epilogue)) result.aux = outputs[next++];
-  if (kernels::epilogue_writes_bias_grad(params.epilogue)) result.bias_grad = outputs[next++];
-  return result;
+  const GemmCall c{with_workspace(ctx, params, a, b)};
+  const std::vector<Tensor> outputs =
+      ctx.call(gemm_op(), c.p, gemm_inputs(c, {.a = a, .b = b, .bias = bias, .aux = aux}));
+  const auto r = bind_results<GemmOutputs>(c, outputs);
+  return {.d = r.d, .aux = r.aux, .bias_grad = r.bias_grad};
 }
 
 GemmResult fp8_gemm(Context& ctx, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                     const Tensor& b_scale_inv, GemmParams params, const Tensor& bias) {
   params.fp8_scales = true;
-  std::vector<Tensor> inputs{a, b};
-  if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
-  inputs.push_back(a_scale_inv);
-  inputs.push_back(b_scale_inv);
-  const GemmParams sized = with_workspace(ctx, params, inputs);
-  std::vector<Tensor> outputs = ctx.call(gemm_op(), sized, std::move(inputs));
-  return GemmResult{outputs[0], {}, {}};
+  const GemmCall c{with_workspace(ctx, params, a, b)};
+  const std::vector<Tensor> outputs =
+      ctx.call(gemm_op(), c.p,
+               gemm_inputs(c, {.a = a, .b = b, .bias = bias, .a_scale_inv = a_scale_inv, .b_scale_inv = b_scale_inv}));
+  return GemmResult{bind_results<GemmOutputs>(c, outputs).d, {}, {}};
 }
 
 void fp8_gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                     const Tensor& b_scale_inv, GemmParams params) {
   params.fp8_scales = true;
   SG_CHECK(!kernels::epilogue_reads_bias(params.epilogue) && !kernels::epilogue_uses_aux(params.epilogue),
-           "fp8_gemm_into_: epilogue ", kernels::gemm_epilogue_name(params.epilogue), " takes inputs this call has "
+           "fp8_gemm_into_: epilogue ", kernels::gemm_epilogue_name(params.epilogue),
+           " takes inputs this call has "
            "no place for; use fp8_gemm");
-  std::vector<Tensor> inputs{a, b, a_scale_inv, b_scale_inv, d};
-  const GemmParams sized = with_workspace(ctx, params, inputs);
-  ctx.call(gemm_into_op(), sized, std::move(inputs));
+  const GemmCall c{with_workspace(ctx, params, a, b), /*into=*/true};
+  ctx.call(gemm_into_op(), c.p,
+           gemm_inputs(c, {.a = a, .b = b, .a_scale_inv = a_scale_inv, .b_scale_inv = b_scale_inv, .d = d}));
 }
 
 Tensor gemm_into_(Context& ctx, const Tensor& d, const Tensor& a, const Tensor& b, const GemmParams& params,
                   const Tensor& bias, const Tensor& aux, const Tensor& bias_grad) {
-  std::vector<Tensor> inputs{a, b};
-  if (kernels::epilogue_reads_bias(params.epilogue)) inputs.push_back(bias);
-  if (kernels::epilogue_uses_aux(params.epilogue)) inputs.push_back(aux);
-  inputs.push_back(d);
   GemmParams into = params;
   into.bias_grad_into = bias_grad.defined();
-  if (bias_grad.defined()) inputs.push_back(bias_grad);
-  const GemmParams sized = with_workspace(ctx, into, inputs);
-  std::vector<Tensor> outputs = ctx.call(gemm_into_op(), sized, std::move(inputs));
+  const GemmCall c{with_workspace(ctx, into, a, b), /*into=*/true};
+  const std::vector<Tensor> outputs = ctx.call(
+      gemm_into_op(), c.p, gemm_inputs(c, {.a = a, .b = b, .bias = bias, .aux = aux, .d = d, .bias_grad = bias_grad}));
   if (!kernels::epilogue_writes_bias_grad(params.epilogue)) return Tensor();
-  return bias_grad.defined() ? bias_grad : outputs[0];
+  return bias_grad.defined() ? bias_grad : bind_results<GemmOutputs>(c, outputs).bias_grad;
 }
 
 }  // namespace stepgraph::ops

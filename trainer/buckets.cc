@@ -13,15 +13,11 @@ constexpr std::int32_t kIgnoreIndex = -100;  // ops::CrossEntropyParams' default
 
 }  // namespace
 
-std::vector<std::int64_t> parse_buckets(const std::string& text, std::int64_t smallest_batch,
-                                        std::int64_t largest_batch) {
-  std::vector<std::int64_t> out;
+BucketSpec BucketSpec::parse(const std::string& text) {
+  BucketSpec spec;
   if (text == "pow2") {
-    std::int64_t size = 1;
-    while (size < smallest_batch) size *= 2;
-    out.push_back(size);
-    while (out.back() < largest_batch) out.push_back(out.back() * 2);
-    return out;
+    spec.pow2 = true;
+    return spec;
   }
   std::stringstream items(text);
   std::string item;
@@ -35,14 +31,41 @@ std::vector<std::int64_t> parse_buckets(const std::string& text, std::int64_t sm
     }
     SG_CHECK(used == item.size() && !item.empty() && value > 0, "--buckets: '", item, "' in '", text,
              "' is not a positive token count; give token counts like 256,512,1024, or pow2");
-    out.push_back(value);
+    spec.sizes.push_back(value);
   }
-  SG_CHECK(!out.empty(), "--buckets: no token counts in '", text, "'");
+  SG_CHECK(!spec.sizes.empty(), "--buckets: no token counts in '", text, "'");
+  return spec;
+}
+
+std::string BucketSpec::to_string() const {
+  if (pow2) return "pow2";
+  std::string out;
+  for (std::int64_t size : sizes) out += (out.empty() ? "" : ",") + std::to_string(size);
+  return out;
+}
+
+std::vector<std::int64_t> parse_buckets(const BucketSpec& spec, std::int64_t smallest_batch,
+                                        std::int64_t largest_batch) {
+  std::vector<std::int64_t> out;
+  if (spec.pow2) {
+    std::int64_t size = 1;
+    while (size < smallest_batch) size *= 2;
+    out.push_back(size);
+    while (out.back() < largest_batch) out.push_back(out.back() * 2);
+    return out;
+  }
+  SG_CHECK(!spec.sizes.empty(), "--buckets: no token counts");
+  out = spec.sizes;
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
-  SG_CHECK(out.back() >= largest_batch, "--buckets ", text, ": the largest bucket (", out.back(),
+  SG_CHECK(out.back() >= largest_batch, "--buckets ", spec.to_string(), ": the largest bucket (", out.back(),
            " tokens) must hold a batch whose sequences are all full length (", largest_batch, " tokens)");
   return out;
+}
+
+std::vector<std::int64_t> parse_buckets(const std::string& text, std::int64_t smallest_batch,
+                                        std::int64_t largest_batch) {
+  return parse_buckets(BucketSpec::parse(text), smallest_batch, largest_batch);
 }
 
 std::size_t bucket_for(const std::vector<std::int64_t>& buckets, std::int64_t tokens) {

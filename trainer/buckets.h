@@ -21,11 +21,29 @@
 
 namespace stepgraph::trainer {
 
-// "256,512,1024" (token counts, ascending after parsing) or "pow2": powers of
-// two from the first >= `smallest_batch` (every sequence at its shortest) to
-// the first >= `largest_batch` (every sequence at full length). The largest
-// bucket must hold `largest_batch` tokens; an Error otherwise, or on a
-// malformed list.
+// --buckets as a value: token counts in the order given, or powers of two.
+// Empty: no buckets.
+struct BucketSpec {
+  bool pow2 = false;
+  std::vector<std::int64_t> sizes;
+
+  // "256,512,1024" (positive token counts) or "pow2"; an Error naming
+  // --buckets and the item otherwise.
+  static BucketSpec parse(const std::string& text);
+  // The flag's text, as checkpoints record it: "pow2" or the counts joined by
+  // commas, so parse(text).to_string() is the text's plain spelling.
+  std::string to_string() const;
+  bool empty() const { return !pow2 && sizes.empty(); }
+  bool operator==(const BucketSpec&) const = default;
+};
+
+// The buckets of a run: the spec's counts ascending, or powers of two from
+// the first >= `smallest_batch` (every sequence at its shortest) to the first
+// >= `largest_batch` (every sequence at full length). The largest bucket must
+// hold `largest_batch` tokens; an Error otherwise.
+std::vector<std::int64_t> parse_buckets(const BucketSpec& spec, std::int64_t smallest_batch,
+                                        std::int64_t largest_batch);
+// The same from the flag's text (BucketSpec::parse first).
 std::vector<std::int64_t> parse_buckets(const std::string& text, std::int64_t smallest_batch,
                                         std::int64_t largest_batch);
 

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/error.h"
+
 namespace stepgraph::trainer {
 
 // Steps and step counts (--steps, --warmup-steps, --log-every, ...): a run of
@@ -60,6 +62,25 @@ CLI::Option* add_choice(CLI::App& app, const std::string& flag, T& target,
           },
           help)
       ->check(CLI::IsMember(names));
+}
+
+// A flag whose text `parse` turns into `target` (MLPOverlap::parse,
+// BucketSpec::parse): its stepgraph::Error becomes a usage error naming the
+// flag ("--overlap: unknown overlap mode 'fast' ...").
+template <typename T, typename Parse>
+CLI::Option* add_parsed(CLI::App& app, const std::string& flag, T& target, Parse parse, const std::string& help) {
+  return app.add_option_function<std::string>(
+      flag,
+      [&target, flag, parse](const std::string& text) {
+        try {
+          target = parse(text);
+        } catch (const Error& error) {
+          const std::string& message = error.message();
+          if (message.starts_with(flag + ":")) throw CLI::ValidationError(message);  // it names the flag already
+          throw CLI::ValidationError(flag, message);
+        }
+      },
+      help);
 }
 
 }  // namespace stepgraph::trainer

@@ -109,10 +109,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "halves it and is skipped)")
       ->capture_default_str()
       ->check(whole_number(1, std::int64_t{1} << 24));
-  app.add_option("--buckets", o.buckets,
-                 "sequences of varying length (each in [--min-seq-len, --seq-len]) trained in shape buckets: token "
-                 "counts like 256,512,1024, or pow2; one captured step per bucket, all in one shared pool, each "
-                 "batch padded (and the padding masked) to the smallest bucket that holds it")
+  add_parsed(app, "--buckets", o.buckets, BucketSpec::parse,
+             "sequences of varying length (each in [--min-seq-len, --seq-len]) trained in shape buckets: token "
+             "counts like 256,512,1024, or pow2; one captured step per bucket, all in one shared pool, each "
+             "batch padded (and the padding masked) to the smallest bucket that holds it")
       ->check(non_empty());
   CLI::Option* min_seq_len_option =
       app.add_option("--min-seq-len", o.min_seq_len, "with --buckets: the shortest sequence (default --seq-len / 2)")
@@ -199,18 +199,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "world is tp x dp")
       ->check(whole_number(1, kMaxRanks));
   CLI::Option* overlap_option =
-      app.add_option_function<std::string>(
-             "--overlap",
-             [&o](const std::string& text) {
-               try {
-                 o.overlap = MLPOverlap::parse(text);
-               } catch (const Error& error) {  // the mode that does not fit, as a usage error naming the flag
-                 throw CLI::ValidationError("--overlap", error.message());
-               }
-             },
-             "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk (the default), overlap "
-             "(ring_exchange for the all-gathers, pipelined for the reduce-scatters), or four modes fc1_fprop,"
-             "fc2_fprop,fc2_dgrad,fc1_dgrad")
+      add_parsed(app, "--overlap", o.overlap, MLPOverlap::parse,
+                 "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk (the default), overlap "
+                 "(ring_exchange for the all-gathers, pipelined for the reduce-scatters), or four modes fc1_fprop,"
+                 "fc2_fprop,fc2_dgrad,fc1_dgrad")
           ->check(non_empty());
   add_choice(app, "--dp-mode", o.dp_mode,
              named({DataParallelMode::kAllReduce, DataParallelMode::kZero1}, data_parallel_mode_name),

@@ -36,6 +36,7 @@
 #include "kernels/lr_schedule.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/train_step.h"
+#include "trainer/buckets.h"
 
 namespace stepgraph::trainer {
 
@@ -63,9 +64,9 @@ struct TrainerOptions {
   // (Note [Loss scaling] in kernels/step_guard.h).
   std::int64_t loss_scale_interval = 2000;
   // Shape buckets (Note [Shape buckets] in trainer/buckets.h): empty, or
-  // "256,512,..." / "pow2"; each sequence of a step then has a length drawn
-  // in [min_seq_len, seq_len] (0: seq_len / 2).
-  std::string buckets;
+  // token counts / powers of two; each sequence of a step then has a length
+  // drawn in [min_seq_len, seq_len] (0: seq_len / 2).
+  BucketSpec buckets;
   std::int64_t min_seq_len = 0;
   // 0 (or empty) below means "the device's default" until resolve_defaults.
   std::int64_t steps = 0;

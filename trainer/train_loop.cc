@@ -56,9 +56,8 @@ std::int64_t model_vocab(std::int64_t vocab, std::int64_t tp, DType dtype) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
-// `o` resolved (resolve_defaults): its dtype is set.
 LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
-  const DType dtype = o.dtype.value();
+  const DType dtype = *o.dtype;
   return LanguageModelConfig{.model = {.hidden = o.hidden,
                                        .ffn = o.ffn,
                                        .layers = o.layers,
@@ -77,7 +76,7 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
 
 // The spelling a checkpoint records for --overlap: the preset's name, or the
 // four modes. Checkpoints compare these texts, so a saved spelling is read
-// back through the same function (canonical_overlap).
+// back through the same function (canonical_saved_flags).
 std::string overlap_text(const MLPOverlap& overlap) {
   if (overlap == MLPOverlap::uniform(CommOverlap::kNone)) return "none";
   if (overlap == MLPOverlap::uniform(CommOverlap::kBulk)) return "bulk";
@@ -86,16 +85,21 @@ std::string overlap_text(const MLPOverlap& overlap) {
                      comm_overlap_name(overlap.fc2_dgrad), comm_overlap_name(overlap.fc1_dgrad));
 }
 
-// A checkpoint's recorded --overlap in overlap_text's spelling, so one written
-// as "bulk,bulk,bulk,bulk" still resumes a run of --overlap bulk.
-void canonical_overlap(Checkpoint& saved) {
-  const auto recorded = saved.metadata.find("config.overlap");
-  if (recorded == saved.metadata.end()) return;
-  try {
-    recorded->second = overlap_text(MLPOverlap::parse(recorded->second));
-  } catch (const Error&) {
-    // Not a mode: load_state reports it as a mismatch, with the recorded text.
-  }
+// A checkpoint's recorded flag texts in the spelling this run records them
+// in (overlap_text, BucketSpec::to_string), so a checkpoint that wrote
+// "bulk,bulk,bulk,bulk" or "16, 32" still resumes a run of the same values.
+// A text that does not parse stays as it is: load_state reports the mismatch.
+void canonical_saved_flags(Checkpoint& saved) {
+  auto canonical = [&saved](const char* key, auto spelling) {
+    const auto recorded = saved.metadata.find(key);
+    if (recorded == saved.metadata.end()) return;
+    try {
+      recorded->second = spelling(recorded->second);
+    } catch (const Error&) {
+    }
+  };
+  canonical("config.overlap", [](const std::string& text) { return overlap_text(MLPOverlap::parse(text)); });
+  canonical("config.buckets", [](const std::string& text) { return BucketSpec::parse(text).to_string(); });
 }
 
 // What must match for a resumed run to continue the saved one exactly (and
@@ -114,7 +118,7 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
           {"config.context", std::to_string(o.context)},
           {"config.heads", std::to_string(o.heads)},
           {"config.kv-heads", std::to_string(o.kv_heads)},
-          {"config.dtype", std::string(dtype_name(o.dtype.value()))},
+          {"config.dtype", std::string(dtype_name(*o.dtype))},
           {"config.fp8", o.fp8 ? std::string(fp8_scaling_name(o.fp8->scaling)) : std::string("none")},
           {"config.lr", fmt::format("{}", o.lr)},
           {"config.seed", std::to_string(o.seed)},
@@ -131,7 +135,7 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
     config["config.gemm-algorithms"] = algorithm_choice_name(o.gemm_algorithms);
   }
   if (!o.buckets.empty()) {  // the sequence lengths and buckets a resume must draw again
-    config["config.buckets"] = o.buckets;
+    config["config.buckets"] = o.buckets.to_string();
     config["config.min-seq-len"] = std::to_string(o.min_seq_len);
   }
   return config;
@@ -221,6 +225,9 @@ class ProgressLine {
 }  // namespace
 
 TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Communicator* world) {
+  SG_CHECK_CODE(o.dtype.has_value() && o.skip_nonfinite.has_value(), ErrorCode::kInvalidState,
+                "train: the options are not resolved (no dtype or non-finite skip chosen); pass them through "
+                "resolve_defaults first");
   const int ranks = world != nullptr ? world->world_size() : 1;
   const int rank = world != nullptr ? world->rank() : 0;
   SG_CHECK(ranks % o.tp == 0, "--tp ", o.tp, " must divide the world of ", ranks,
@@ -282,7 +289,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   LanguageModel model(ctx, config, tp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
   const bool zero1 = o.dp_mode == DataParallelMode::kZero1;
-  optimizer.set_skip_nonfinite(ctx, o.skip_nonfinite.value_or(!zero1));
+  optimizer.set_skip_nonfinite(ctx, *o.skip_nonfinite);
   // fp16: dynamic loss scaling on the device (Note [Loss scaling] in kernels/step_guard.h).
   const kernels::LossScaling loss_scaling{.growth_interval = static_cast<int>(o.loss_scale_interval)};
   if (config.model.dtype == DType::kFloat16) optimizer.set_loss_scaling(ctx, loss_scaling);
@@ -360,14 +367,14 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     Checkpoint saved;
     if (per_rank_files) {
       CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
-      canonical_overlap(part.checkpoint);
+      canonical_saved_flags(part.checkpoint);
       progress = load_state(ctx, model, optimizer, run, part.checkpoint);
       SG_CHECK_CODE(progress.step == part.step, ErrorCode::kIo, "checkpoint part ", part.file, " is at step ",
                     progress.step, " but its manifest ", checkpoint_path, " is at step ", part.step);
       saved = std::move(part.checkpoint);
     } else {
       saved = read_checkpoint(checkpoint_path);
-      canonical_overlap(saved);
+      canonical_saved_flags(saved);
       progress = load_state(ctx, model, optimizer, run, saved);
     }
     resume_gemm_algorithms(saved, o.gemm_algorithms, gemm_library, out);

@@ -12,6 +12,20 @@
 namespace stepgraph::trainer {
 namespace {
 
+// The flag's value: parsed once, written back in its plain spelling (what
+// checkpoints record), the sizes of a run decided later from the ranks' batch.
+TEST(BucketsTest, TheSpecIsTheFlagsValueAndSpellsItselfPlainly) {
+  EXPECT_EQ(BucketSpec::parse("pow2"), (BucketSpec{.pow2 = true}));
+  EXPECT_EQ(BucketSpec::parse("512,128,256"), (BucketSpec{.sizes = {512, 128, 256}}));
+  EXPECT_EQ(BucketSpec::parse("512,128,256").to_string(), "512,128,256");
+  EXPECT_EQ(BucketSpec::parse("16, 32").to_string(), "16,32");
+  EXPECT_EQ(BucketSpec::parse("pow2").to_string(), "pow2");
+  EXPECT_TRUE(BucketSpec{}.empty());
+  EXPECT_FALSE(BucketSpec::parse("pow2").empty());
+  EXPECT_ERROR_CONTAINS(BucketSpec::parse("16,x"), "--buckets: 'x' in '16,x'", "positive token count");
+  EXPECT_EQ(parse_buckets(BucketSpec::parse("64,16,32"), 16, 64), (std::vector<std::int64_t>{16, 32, 64}));
+}
+
 TEST(BucketsTest, ListsArePowersOfTwoOrSortedTokenCountsThatHoldTheLargestBatch) {
   EXPECT_EQ(parse_buckets("pow2", 16, 64), (std::vector<std::int64_t>{16, 32, 64}));
   EXPECT_EQ(parse_buckets("pow2", 20, 100), (std::vector<std::int64_t>{32, 64, 128}));

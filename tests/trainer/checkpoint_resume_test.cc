@@ -11,6 +11,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/error.h"
 #include "tests/trainer/test_support.h"
@@ -92,20 +93,32 @@ TEST(CheckpointResumeTest, ResumingWithoutTheScheduleTheCheckpointRecordedIsRefu
   resume(o, path);  // the same schedule resumes
 }
 
-// The options hold --overlap as its modes; a checkpoint records them as text.
-// Any spelling of the same modes resumes, another mode names the difference.
-TEST(CheckpointResumeTest, TheOverlapIsComparedAsModesNotSpelling) {
-  const TrainerOptions o = small_options();  // overlap bulk
-  const std::filesystem::path path = saved_run(o, "overlap.safetensors");
-  EXPECT_EQ(read_checkpoint(path).metadata.at("config.overlap"), "bulk");
-  const auto with_overlap = [&](const std::string& text) {
-    return edited(path, "overlap_edited.safetensors", [&](Checkpoint& c) { c.metadata["config.overlap"] = text; });
+// The options hold a flag's value; a checkpoint records it as text (`key` =
+// `recorded`). Another spelling of the same value resumes; another value, or
+// a text that is no value, names the difference.
+void expect_compared_as_values(const TrainerOptions& o, const std::string& key, const std::string& recorded,
+                               const std::string& same, const std::vector<std::string>& others) {
+  const std::filesystem::path path = saved_run(o, key + ".safetensors");
+  EXPECT_EQ(read_checkpoint(path).metadata.at(key), recorded);
+  const auto with_text = [&](const std::string& text) {
+    return edited(path, key + "_edited.safetensors", [&](Checkpoint& c) { c.metadata[key] = text; });
   };
-  resume(o, with_overlap("bulk,bulk,bulk,bulk"));
-  expect_error([&] { resume(o, with_overlap("none")); }, ErrorCode::kInvalidArgument,
-               {"config.overlap: checkpoint none, this run bulk"});
-  expect_error([&] { resume(o, with_overlap("sideways")); }, ErrorCode::kInvalidArgument,
-               {"config.overlap: checkpoint sideways, this run bulk"});
+  resume(o, with_text(same));
+  for (const std::string& other : others) {
+    expect_error([&] { resume(o, with_text(other)); }, ErrorCode::kInvalidArgument,
+                 {key + ": checkpoint " + other + ", this run " + recorded});
+  }
+}
+
+TEST(CheckpointResumeTest, TheOverlapIsComparedAsModesNotSpelling) {
+  expect_compared_as_values(small_options(), "config.overlap", "bulk", "bulk,bulk,bulk,bulk", {"none", "sideways"});
+}
+
+TEST(CheckpointResumeTest, TheBucketsAreComparedAsCountsNotSpelling) {
+  TrainerOptions o = small_options();
+  o.buckets = BucketSpec{.sizes = {16, 32}};
+  o.min_seq_len = 3;
+  expect_compared_as_values(o, "config.buckets", "16,32", "16, 032", {"16,64"});
 }
 
 TEST(CheckpointResumeTest, EditedCountsAreRefused) {

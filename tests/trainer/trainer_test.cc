@@ -157,7 +157,7 @@ void expect_resume_equals_uninterrupted(const std::string& dtype, const std::str
   o.dtype = parse_dtype(dtype);
   o.loss_scale_interval = loss_scale_interval;
   if (!buckets.empty()) {
-    o.buckets = buckets;
+    o.buckets = BucketSpec::parse(buckets);
     o.min_seq_len = 3;
   }
   o.mode = mode == "eager" ? StepMode::kEager : StepMode::kGraph;
@@ -266,7 +266,7 @@ TEST(TrainerHostTest, Fp16RunScalesItsLossEagerAndGraphAlike) {
 // (one capture each, one shared pool), and the pool is smaller than one per bucket.
 TEST(TrainerHostTest, BucketedEagerAndGraphLossesAreEqualInOneSharedPool) {
   TrainerOptions o = small_options(Device::kHost);
-  o.buckets = "pow2";
+  o.buckets = BucketSpec{.pow2 = true};
   o.min_seq_len = 3;
   std::ostringstream log;
   const TrainResult graph = expect_graph_losses_equal_eager(o, Device::kHost, log);
@@ -301,6 +301,13 @@ void expect_error(Call&& call, ErrorCode code, const std::string& needle) {
     EXPECT_EQ(error.code(), code) << error.message();
     EXPECT_NE(error.message().find(needle), std::string::npos) << error.message();
   }
+}
+
+// train() reads what resolve_defaults decides; options that skipped it are named, not guessed.
+TEST(TrainerHostTest, UnresolvedOptionsAreAClearError) {
+  std::ostringstream log;
+  expect_error([&] { train(TrainerOptions{}, Device::kHost, log); }, ErrorCode::kInvalidState,
+               "pass them through resolve_defaults first");
 }
 
 TEST(TrainerHostTest, Fp16WithoutTheNonFiniteSkipIsAClearError) {
@@ -539,6 +546,8 @@ TEST(TrainerOptionsTest, NumbersOutOfKindOrRangeAreRefusedNamingTheFlag) {
       {{"--data", ""}, "--data: the value is empty"},
       {{"--checkpoint", ""}, "--checkpoint: the value is empty"},
       {{"--buckets", ""}, "--buckets: the value is empty"},
+      {{"--buckets", "16,abc"}, "trainer: --buckets: 'abc' in '16,abc' is not a positive token count"},
+      {{"--overlap", "fast"}, "--overlap: unknown overlap mode 'fast'"},
       {{"--tp", "2", "--overlap", ""}, "--overlap: the value is empty"},
   };
   for (const auto& [args, needle] : cases) {

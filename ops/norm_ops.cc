@@ -5,6 +5,7 @@
 
 #include "engine/error.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 
@@ -36,163 +37,197 @@ void expect(std::string_view op, std::string_view role, const TensorMeta& got, c
            got.shape, " ", dtype_name(got.dtype));
 }
 
-std::vector<TensorMeta> check_forward(const OpParams& params, std::span<const TensorMeta> inputs) {
-  const NormParams& p = params.as<NormParams>();
-  const std::size_t arity = layernorm(p) ? 3 : 2;
-  SG_CHECK(inputs.size() == arity, "op norm_forward (", p.to_string(), ") takes ", arity, " inputs, got ",
-           inputs.size());
-  SG_CHECK(inputs[0].shape.rank() >= 1, "op norm_forward: x must have at least one dimension");
-  const kernels::NormDesc desc = describe(p, inputs[0]);
-  kernels::check_norm(desc);
-  const TensorMeta param{Shape{desc.hidden}, inputs[0].dtype};
-  expect("norm_forward", "gamma", inputs[1], param);
-  if (layernorm(p)) expect("norm_forward", "beta", inputs[2], param);
-  const TensorMeta stat{Shape{desc.rows}, DType::kFloat32};
-  std::vector<TensorMeta> out{inputs[0]};
-  if (layernorm(p)) out.push_back(stat);
-  out.push_back(stat);
-  return out;
+// --- operands -------------------------------------------------------------------
+
+template <typename F>
+struct ForwardInputs {
+  F x;      // [..., hidden]
+  F gamma;  // [hidden], x's dtype
+  F beta;   // [hidden]: LayerNorm only
+};
+
+template <typename F, typename V>
+void visit_operands(const NormParams& p, ForwardInputs<F>& o, V& v) {
+  v({"x"}, o.x);
+  v({"gamma"}, o.gamma);
+  v({.name = "beta", .present = layernorm(p)}, o.beta);
 }
 
-// Backward inputs: dy, x, [mean], rstd, gamma.
-// The inputs of both backward ops before the parameter gradients: dy, x, [mean], rstd, gamma.
-std::size_t backward_arity(const NormParams& p) { return layernorm(p) ? 5 : 4; }
+template <typename F>
+struct ForwardOutputs {
+  F y;
+  F mean;  // fp32 [rows]: LayerNorm only
+  F rstd;  // fp32 [rows]
+};
+
+template <typename F, typename V>
+void visit_operands(const NormParams& p, ForwardOutputs<F>& o, V& v) {
+  v({"y"}, o.y);
+  v({.name = "mean", .present = layernorm(p)}, o.mean);
+  v({"rstd"}, o.rstd);
+}
 
 // norm_backward outputs dgamma (and dbeta); norm_backward_into_ takes them as
 // inputs after gamma and writes them in place (a layer's gradients, without
 // a copy).
-std::vector<TensorMeta> check_backward_of(std::string_view op, const OpParams& params,
-                                          std::span<const TensorMeta> inputs, bool into) {
+struct BackwardCall {
+  NormParams p;
+  bool into = false;
+};
+
+template <typename F>
+struct BackwardInputs {
+  F dy, x;
+  F mean;  // LayerNorm only
+  F rstd;
+  F gamma;
+  F dgamma;       // norm_backward_into_: fp32 [hidden], written
+  F dbeta;        // norm_backward_into_ and LayerNorm: fp32 [hidden], written
+  F dx_residual;  // norm_backward_into_ with params.dx_residual: x's shape and dtype
+};
+
+template <typename F, typename V>
+void visit_operands(const BackwardCall& c, BackwardInputs<F>& o, V& v) {
+  v({"dy"}, o.dy);
+  v({"x"}, o.x);
+  v({.name = "mean", .present = layernorm(c.p)}, o.mean);
+  v({"rstd"}, o.rstd);
+  v({"gamma"}, o.gamma);
+  v({.name = "dgamma", .use = Use::kWrite, .present = c.into}, o.dgamma);
+  v({.name = "dbeta", .use = Use::kWrite, .present = c.into && layernorm(c.p)}, o.dbeta);
+  v({.name = "dx_residual", .present = c.into && c.p.dx_residual}, o.dx_residual);
+}
+
+template <typename F>
+struct BackwardOutputs {
+  F dx;
+  F dgamma;     // norm_backward: fp32 [hidden]
+  F dbeta;      // norm_backward and LayerNorm: fp32 [hidden]
+  F workspace;  // fp32: the reduction's scratch
+};
+
+template <typename F, typename V>
+void visit_operands(const BackwardCall& c, BackwardOutputs<F>& o, V& v) {
+  v({"dx"}, o.dx);
+  v({.name = "dgamma", .present = !c.into}, o.dgamma);
+  v({.name = "dbeta", .present = !c.into && layernorm(c.p)}, o.dbeta);
+  v({"workspace"}, o.workspace);
+}
+
+constexpr std::string_view kForward = "norm_forward";
+constexpr std::string_view kBackward = "norm_backward";
+constexpr std::string_view kBackwardInto = "norm_backward_into_";
+
+std::string_view backward_name(bool into) { return into ? kBackwardInto : kBackward; }
+
+// --- checks and launches ----------------------------------------------------------
+
+std::vector<TensorMeta> check_forward(const OpParams& params, std::span<const TensorMeta> inputs) {
   const NormParams& p = params.as<NormParams>();
-  const std::size_t grads = into ? (layernorm(p) ? 2 : 1) : 0;
-  SG_CHECK(into || !p.dx_residual, "op ", op, ": dx_residual is for norm_backward_into_");
-  const std::size_t arity = backward_arity(p) + grads + (p.dx_residual ? 1 : 0);
-  SG_CHECK(inputs.size() == arity, "op ", op, " (", p.to_string(), ") takes ", arity, " inputs, got ", inputs.size());
-  const kernels::NormDesc desc = describe(p, inputs[1]);
+  const auto o = bind_metas<ForwardInputs>(kForward, p, inputs);
+  SG_CHECK(o.x.shape.rank() >= 1, "op norm_forward: x must have at least one dimension");
+  const kernels::NormDesc desc = describe(p, o.x);
   kernels::check_norm(desc);
-  expect(op, "dy", inputs[0], inputs[1]);
+  const TensorMeta param{Shape{desc.hidden}, o.x.dtype};
+  expect(kForward, "gamma", o.gamma, param);
+  if (layernorm(p)) expect(kForward, "beta", o.beta, param);
   const TensorMeta stat{Shape{desc.rows}, DType::kFloat32};
-  std::size_t next = 2;
-  if (layernorm(p)) expect(op, "mean", inputs[next++], stat);
-  expect(op, "rstd", inputs[next++], stat);
-  expect(op, "gamma", inputs[next++], {Shape{desc.hidden}, inputs[1].dtype});
+  return output_metas(p, ForwardOutputs<TensorMeta>{.y = o.x, .mean = stat, .rstd = stat});
+}
+
+std::vector<TensorMeta> check_backward_of(const BackwardCall& c, std::span<const TensorMeta> inputs) {
+  const NormParams& p = c.p;
+  const std::string_view op = backward_name(c.into);
+  SG_CHECK(c.into || !p.dx_residual, "op ", op, ": dx_residual is for norm_backward_into_");
+  const auto o = bind_metas<BackwardInputs>(op, c, inputs);
+  const kernels::NormDesc desc = describe(p, o.x);
+  kernels::check_norm(desc);
+  expect(op, "dy", o.dy, o.x);
+  const TensorMeta stat{Shape{desc.rows}, DType::kFloat32};
+  if (layernorm(p)) expect(op, "mean", o.mean, stat);
+  expect(op, "rstd", o.rstd, stat);
+  expect(op, "gamma", o.gamma, {Shape{desc.hidden}, o.x.dtype});
   const TensorMeta grad{Shape{desc.hidden}, DType::kFloat32};
-  if (into) {
-    expect(op, "dgamma", inputs[next++], grad);
-    if (layernorm(p)) expect(op, "dbeta", inputs[next++], grad);
-    if (p.dx_residual) expect(op, "dx_residual", inputs[next], inputs[1]);
-  }
-  std::vector<TensorMeta> out{inputs[1]};
-  if (!into) {
-    out.push_back(grad);
-    if (layernorm(p)) out.push_back(grad);
+  if (c.into) {
+    expect(op, "dgamma", o.dgamma, grad);
+    if (layernorm(p)) expect(op, "dbeta", o.dbeta, grad);
+    if (p.dx_residual) expect(op, "dx_residual", o.dx_residual, o.x);
   }
   const auto scratch = static_cast<std::int64_t>((kernels::norm_backward_workspace_bytes(desc) + 3) / 4);
-  out.push_back({Shape{scratch}, DType::kFloat32});
-  return out;
+  return output_metas(c, BackwardOutputs<TensorMeta>{
+                             .dx = o.x, .dgamma = grad, .dbeta = grad, .workspace = {Shape{scratch}, DType::kFloat32}});
 }
 
 std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const TensorMeta> inputs) {
-  return check_backward_of("norm_backward", params, inputs, false);
+  return check_backward_of({params.as<NormParams>(), false}, inputs);
 }
 
 std::vector<TensorMeta> check_backward_into(const OpParams& params, std::span<const TensorMeta> inputs) {
-  return check_backward_of("norm_backward_into_", params, inputs, true);
+  return check_backward_of({params.as<NormParams>(), true}, inputs);
 }
 
-std::vector<int> written_gradients(const OpParams& params, std::size_t) {
-  const NormParams& p = params.as<NormParams>();
-  const int first = static_cast<int>(backward_arity(p));
-  return layernorm(p) ? std::vector<int>{first, first + 1} : std::vector<int>{first};
-}
-
-struct ForwardPointers {
-  const void* x;
-  const void* gamma;
-  const void* beta = nullptr;
-  void* y;
-  float* mean = nullptr;
-  float* rstd;
-};
-
-ForwardPointers forward_pointers(const NormParams& p, const KernelArgs& a) {
-  ForwardPointers f{a.inputs[0], a.inputs[1]};
-  if (layernorm(p)) f.beta = a.inputs[2];
-  f.y = a.outputs[0];
-  std::size_t next = 1;
-  if (layernorm(p)) f.mean = static_cast<float*>(a.outputs[next++]);
-  f.rstd = static_cast<float*>(a.outputs[next]);
-  return f;
+std::vector<int> written_gradients(const OpParams& params, std::size_t input_count) {
+  return operand_layout<BackwardInputs>(BackwardCall{params.as<NormParams>(), true}, input_count).written;
 }
 
 struct BackwardPointers {
   const void* dy;
   const void* x;
-  const float* mean = nullptr;
+  const float* mean;
   const float* rstd;
   const void* gamma;
   void* dx;
   float* dgamma;
-  float* dbeta = nullptr;
+  float* dbeta;
   void* workspace;
-  const void* dx_residual = nullptr;
+  const void* dx_residual;
 };
 
-BackwardPointers backward_pointers(const NormParams& p, const KernelArgs& a, bool into) {
-  BackwardPointers b{};
-  b.dy = a.inputs[0];
-  b.x = a.inputs[1];
-  std::size_t next = 2;
-  if (layernorm(p)) b.mean = static_cast<const float*>(a.inputs[next++]);
-  b.rstd = static_cast<const float*>(a.inputs[next++]);
-  b.gamma = a.inputs[next++];
-  b.dx = a.outputs[0];
-  if (into) {  // the parameter gradients follow gamma among the inputs
-    b.dgamma = static_cast<float*>(a.inputs[next++]);
-    if (layernorm(p)) b.dbeta = static_cast<float*>(a.inputs[next++]);
-    if (p.dx_residual) b.dx_residual = a.inputs[next];
-    b.workspace = a.outputs[1];
-    return b;
-  }
-  b.dgamma = static_cast<float*>(a.outputs[1]);
-  next = 2;
-  if (layernorm(p)) b.dbeta = static_cast<float*>(a.outputs[next++]);
-  b.workspace = a.outputs[next];
-  return b;
+BackwardPointers backward_pointers(const BackwardCall& c, const BackwardInputs<Operand>& in,
+                                   const BackwardOutputs<Operand>& out) {
+  const Operand& dgamma = c.into ? in.dgamma : out.dgamma;
+  const Operand& dbeta = c.into ? in.dbeta : out.dbeta;
+  return {in.dy.data,  in.x.data,          in.mean.as<const float>(), in.rstd.as<const float>(), in.gamma.data,
+          out.dx.data, dgamma.as<float>(), dbeta.as<float>(),         out.workspace.data,        in.dx_residual.data};
 }
 
 void launch_backward(const OpParams& params, const KernelArgs& a, CUstream_st* stream, bool into) {
-  const NormParams& p = params.as<NormParams>();
-  const BackwardPointers b = backward_pointers(p, a, into);
-  kernels::launch_norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma,
-                                b.dbeta, b.workspace, stream, {}, b.dx_residual);
+  const BackwardCall c{params.as<NormParams>(), into};
+  const auto in = bind_args<BackwardInputs>(c, a);
+  const BackwardPointers b = backward_pointers(c, in, bind_outputs<BackwardOutputs>(c, a));
+  kernels::launch_norm_backward(describe(c.p, *in.x.meta), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma, b.dbeta,
+                                b.workspace, stream, {}, b.dx_residual);
 }
 
 void run_backward_host(const OpParams& params, const KernelArgs& a, bool into) {
-  const NormParams& p = params.as<NormParams>();
-  const BackwardPointers b = backward_pointers(p, a, into);
-  kernels::host::norm_backward(describe(p, a.input_metas[1]), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma,
-                               b.dbeta, b.dx_residual);
+  const BackwardCall c{params.as<NormParams>(), into};
+  const auto in = bind_args<BackwardInputs>(c, a);
+  const BackwardPointers b = backward_pointers(c, in, bind_outputs<BackwardOutputs>(c, a));
+  kernels::host::norm_backward(describe(c.p, *in.x.meta), b.dy, b.x, b.mean, b.rstd, b.gamma, b.dx, b.dgamma, b.dbeta,
+                               b.dx_residual);
 }
 
 }  // namespace
 
 const OpDef& norm_forward_op() {
   static const OpDef op{
-      .name = "norm_forward",
+      .name = kForward,
       .check = check_forward,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const NormParams& p = params.as<NormParams>();
-            const ForwardPointers f = forward_pointers(p, a);
-            kernels::launch_norm_forward(describe(p, a.input_metas[0]), f.x, f.gamma, f.beta, f.y, f.mean, f.rstd,
-                                         stream);
+            const auto in = bind_args<ForwardInputs>(p, a);
+            const auto out = bind_outputs<ForwardOutputs>(p, a);
+            kernels::launch_norm_forward(describe(p, *in.x.meta), in.x.data, in.gamma.data, in.beta.data, out.y.data,
+                                         out.mean.as<float>(), out.rstd.as<float>(), stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const NormParams& p = params.as<NormParams>();
-            const ForwardPointers f = forward_pointers(p, a);
-            kernels::host::norm_forward(describe(p, a.input_metas[0]), f.x, f.gamma, f.beta, f.y, f.mean, f.rstd);
+            const auto in = bind_args<ForwardInputs>(p, a);
+            const auto out = bind_outputs<ForwardOutputs>(p, a);
+            kernels::host::norm_forward(describe(p, *in.x.meta), in.x.data, in.gamma.data, in.beta.data, out.y.data,
+                                        out.mean.as<float>(), out.rstd.as<float>());
           },
   };
   return op;
@@ -201,7 +236,7 @@ SG_REGISTER_OP(norm_forward_op);
 
 const OpDef& norm_backward_op() {
   static const OpDef op{
-      .name = "norm_backward",
+      .name = kBackward,
       .check = check_backward,
       .launch_cuda = [](const OpParams& params, const KernelArgs& a,
                         CUstream_st* stream) { launch_backward(params, a, stream, false); },
@@ -213,7 +248,7 @@ SG_REGISTER_OP(norm_backward_op);
 
 const OpDef& norm_backward_into_op() {
   static const OpDef op{
-      .name = "norm_backward_into_",
+      .name = kBackwardInto,
       .check = check_backward_into,
       .mutated_inputs_for = written_gradients,
       .launch_cuda = [](const OpParams& params, const KernelArgs& a,
@@ -226,44 +261,36 @@ SG_REGISTER_OP(norm_backward_into_op);
 
 NormForward norm_forward(Context& ctx, const NormParams& params, const Tensor& x, const Tensor& gamma,
                          const Tensor& beta) {
-  std::vector<Tensor> inputs{x, gamma};
-  if (layernorm(params)) inputs.push_back(beta);
-  std::vector<Tensor> out = ctx.call(norm_forward_op(), params, std::move(inputs));
-  NormForward result;
-  result.y = out[0];
-  std::size_t next = 1;
-  if (layernorm(params)) result.mean = out[next++];
-  result.rstd = out[next];
-  return result;
+  const ForwardInputs<Tensor> in{.x = x, .gamma = gamma, .beta = layernorm(params) ? beta : Tensor()};
+  const auto out =
+      bind_results<ForwardOutputs>(params, ctx.call(norm_forward_op(), params, flatten(kForward, params, in)));
+  return {.y = out.y, .mean = out.mean, .rstd = out.rstd};
 }
 
 NormBackward norm_backward(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x,
                            const Tensor& mean, const Tensor& rstd, const Tensor& gamma) {
-  std::vector<Tensor> inputs{dy, x};
-  if (layernorm(params)) inputs.push_back(mean);
-  inputs.push_back(rstd);
-  inputs.push_back(gamma);
-  std::vector<Tensor> out = ctx.call(norm_backward_op(), params, std::move(inputs));
-  NormBackward result;
-  result.dx = out[0];
-  result.dgamma = out[1];
-  if (layernorm(params)) result.dbeta = out[2];
-  return result;
+  const BackwardCall c{params, false};
+  const BackwardInputs<Tensor> in{
+      .dy = dy, .x = x, .mean = layernorm(params) ? mean : Tensor(), .rstd = rstd, .gamma = gamma};
+  const auto out = bind_results<BackwardOutputs>(c, ctx.call(norm_backward_op(), params, flatten(kBackward, c, in)));
+  return {.dx = out.dx, .dgamma = out.dgamma, .dbeta = out.dbeta};
 }
 
-Tensor norm_backward_into_(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x, const Tensor& mean,
-                          const Tensor& rstd, const Tensor& gamma, const Tensor& dgamma, const Tensor& dbeta,
-                          const Tensor& dx_residual) {
-  NormParams p = params;
-  p.dx_residual = dx_residual.defined();
-  std::vector<Tensor> inputs{dy, x};
-  if (layernorm(p)) inputs.push_back(mean);
-  inputs.push_back(rstd);
-  inputs.push_back(gamma);
-  inputs.push_back(dgamma);
-  if (layernorm(p)) inputs.push_back(dbeta);
-  if (p.dx_residual) inputs.push_back(dx_residual);
-  return ctx.call(norm_backward_into_op(), p, std::move(inputs)).at(0);
+Tensor norm_backward_into_(Context& ctx, const NormParams& params, const Tensor& dy, const Tensor& x,
+                           const Tensor& mean, const Tensor& rstd, const Tensor& gamma, const Tensor& dgamma,
+                           const Tensor& dbeta, const Tensor& dx_residual) {
+  BackwardCall c{params, true};
+  c.p.dx_residual = dx_residual.defined();
+  const bool ln = layernorm(c.p);
+  const BackwardInputs<Tensor> in{.dy = dy,
+                                  .x = x,
+                                  .mean = ln ? mean : Tensor(),
+                                  .rstd = rstd,
+                                  .gamma = gamma,
+                                  .dgamma = dgamma,
+                                  .dbeta = ln ? dbeta : Tensor(),
+                                  .dx_residual = dx_residual};
+  return bind_results<BackwardOutputs>(c, ctx.call(norm_backward_into_op(), c.p, flatten(kBackwardInto, c, in))).dx;
 }
 
 }  // namespace stepgraph::ops

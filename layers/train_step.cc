@@ -182,7 +182,8 @@ TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, Packe
                      Communicator* data_parallel, DataParallelMode mode)
     : TrainStep(ctx,
                 std::make_unique<LanguageModelSide>(
-                    ctx, model, PackedTokens{checked_rows(packed.tokens, "tokens"), packed.sequences}),
+                    ctx, model,
+                    PackedTokens{.tokens = checked_rows(packed.tokens, "tokens"), .sequences = packed.sequences}),
                 optimizer, data_parallel, mode) {}
 
 TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,

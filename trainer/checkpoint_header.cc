@@ -95,7 +95,7 @@ class HeaderHandler {
           metadata_seen_ = true;
           place_ = Place::kMetadata;
         } else {
-          entry_ = HeaderEntry{key_, DType::kFloat32, {}, 0, 0};
+          entry_ = HeaderEntry{.name = key_};
           entry_keys_.clear();
           place_ = Place::kEntry;
         }

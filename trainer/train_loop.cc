@@ -419,8 +419,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (!o.buckets.empty()) {
     buckets = parse_buckets(o.buckets, local_batch * o.min_seq_len, local_batch * o.seq_len);
     for (std::int64_t size : buckets) {
-      bucket_steps.push_back(std::make_unique<TrainStep>(
-          ctx, model, optimizer, TrainStep::PackedTokens{size, padded_sequences(local_batch, size, o.seq_len)}));
+      const TrainStep::PackedTokens packing{.tokens = size,
+                                            .sequences = padded_sequences(local_batch, size, o.seq_len)};
+      bucket_steps.push_back(std::make_unique<TrainStep>(ctx, model, optimizer, packing));
     }
     bucket_uses.assign(buckets.size(), 0);
     out << fmt::format("buckets: {} tokens; {} sequences a step of {} to {} tokens each\n",

@@ -6,6 +6,7 @@
 #include "kernels/moe_routing.h"
 #include "layers/layer_checks.h"
 #include "layers/weight_grad_scope.h"
+#include "ops/activation_ops.h"
 #include "ops/fp8_ops.h"
 #include "ops/grouped_fp8_ops.h"
 #include "ops/grouped_gemm_ops.h"
@@ -31,6 +32,14 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
     ranks_ = tensor_parallel->world_size();
     rank_ = tensor_parallel->rank();
     const bool column = config.parallel == GroupedParallel::kColumn;
+    // An activation of a partial sum is not the sum's (Note [Linear epilogues] in layers/linear.h).
+    SG_CHECK(column || config.activation == LinearActivation::kNone, label_, ": activation ",
+             linear_activation_name(config.activation),
+             " on a row-parallel layer would act on each rank's partial sum; put it on a column-parallel layer");
+    SG_CHECK(!column || config.input_activation == LinearActivation::kNone, label_, ": input_activation ",
+             linear_activation_name(config.input_activation),
+             " on a column-parallel layer would differentiate each rank's partial dx; use it on a row-parallel "
+             "layer");
     const std::int64_t sharded = column ? config.out_features : config.in_features;
     SG_CHECK(sharded % ranks_ == 0, "GroupedLinear '", name, "': ", column ? "out_features " : "in_features ",
              sharded, " must divide by the ", ranks_, " tensor-parallel ranks (", column ? "column" : "row",
@@ -118,11 +127,18 @@ GroupedLinear::Forward GroupedLinear::forward(Context& ctx, const FwdArgs& args)
   // A row-parallel bias goes into the ranks' sum once: rank 0 adds it.
   const bool adds_bias = config_.bias && (config_.parallel != GroupedParallel::kRow || rank_ == 0);
   const Tensor bias = adds_bias ? bias_.value : Tensor();
-  if (config_.fp8) return forward_fp8(ctx, args.x, offsets, bias);
   Forward out;
-  out.saved.x = args.x;
-  out.saved.offsets = offsets;
-  out.y = ops::grouped_linear_forward(ctx, args.x, weight_.value, offsets, bias, config_.dtype);
+  if (config_.fp8) {
+    out = forward_fp8(ctx, args.x, offsets, bias);
+  } else {
+    out.saved.x = args.x;
+    out.saved.offsets = offsets;
+    out.y = ops::grouped_linear_forward(ctx, args.x, weight_.value, offsets, bias, config_.dtype);
+  }
+  if (config_.activation == LinearActivation::kGelu) {
+    out.pre = out.y;
+    out.y = ops::gelu(ctx, out.pre);
+  }
   return out;
 }
 
@@ -161,17 +177,28 @@ GroupedLinear::Forward GroupedLinear::forward_fp8(Context& ctx, const Tensor& x,
 }
 
 Tensor GroupedLinear::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
+  const bool takes_pre = config_.input_activation == LinearActivation::kGelu;
+  if (takes_pre) {
+    check_input(label_, "backward", "input_pre", args.input_pre, {"tokens", local_in()}, config_.dtype,
+                "the pre-activation of the forward's input");
+  }
+  const Tensor dx = config_.fp8 ? backward_fp8(ctx, saved, args.dy) : backward_16bit(ctx, saved, args);
+  return takes_pre ? ops::gelu_backward(ctx, dx, args.input_pre) : dx;
+}
+
+Tensor GroupedLinear::backward_16bit(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   const std::string& label = label_;
-  if (config_.fp8) return backward_fp8(ctx, saved, args.dy);
-  check_input(label, "backward", "saved.x", saved.x, {"tokens", local_in()}, config_.dtype,
-              "the forward's input");
+  // A saved input left undefined is made again from the pre-activation (recompute_activation).
+  const bool remakes_x = config_.input_activation == LinearActivation::kGelu && !saved.x.defined();
+  const Tensor x = remakes_x ? ops::gelu(ctx, args.input_pre) : saved.x;
+  check_input(label, "backward", "saved.x", x, {"tokens", local_in()}, config_.dtype, "the forward's input");
   check_input(label, "backward", "saved.offsets", saved.offsets, {config_.experts + 1}, DType::kInt32,
               "the forward's split offsets");
-  check_input(label, "backward", "dy", args.dy, {saved.x.shape().dim(0), local_out()}, config_.dtype,
+  check_input(label, "backward", "dy", args.dy, {x.shape().dim(0), local_out()}, config_.dtype,
               "the forward's output");
   // A row-parallel bias gradient is the whole one on every rank: every rank
   // gets the same (whole) dy, whichever rank added the bias.
-  ops::grouped_linear_wgrad_(ctx, weight_.gradient_for_write(ctx), args.dy, saved.x, saved.offsets,
+  ops::grouped_linear_wgrad_(ctx, weight_.gradient_for_write(ctx), args.dy, x, saved.offsets,
                              /*accumulate=*/false);
   if (config_.bias) {
     ops::grouped_bias_grad_(ctx, bias_.gradient_for_write(ctx), args.dy, saved.offsets, /*accumulate=*/false);

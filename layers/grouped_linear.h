@@ -53,6 +53,7 @@
 #include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/fp8_recipe.h"
+#include "layers/activation.h"
 #include "layers/fp8_operand.h"
 #include "layers/parameter.h"
 
@@ -75,6 +76,13 @@ struct GroupedLinearConfig {
   GroupedParallel parallel = GroupedParallel::kNone;
   // FP8 products (Note [FP8 GroupedLinear]); nullopt runs the 16-bit ones.
   std::optional<Fp8Recipe> fp8;
+  // As a Linear's (Note [Linear epilogues] in layers/linear.h), as ops after
+  // the grouped products: y = activation(x W_e^T + b_e) keeping Forward::pre;
+  // dx the gradient of the pre-activation the input was made from
+  // (BwdArgs::input_pre), and a saved x left undefined made again from it
+  // before the backward's products.
+  LinearActivation activation = LinearActivation::kNone;
+  LinearActivation input_activation = LinearActivation::kNone;
 };
 
 class GroupedLinear {
@@ -98,11 +106,14 @@ class GroupedLinear {
     Tensor w_amax;
   };
   struct Forward {
-    Tensor y;  // [T, out_features]
+    Tensor y;    // [T, out_features]
+    Tensor pre;  // with an activation: y before it; else undefined
     Saved saved;
   };
   struct BwdArgs {
     Tensor dy;  // [T, out_features]
+    // config.input_activation: the pre-activation the input was made from, the input's shape.
+    Tensor input_pre;
   };
 
   // `tensor_parallel`: a communicator of N ranks shards the layer as
@@ -112,7 +123,8 @@ class GroupedLinear {
 
   // x is [T, local_in()]; y is [T, local_out()] (a partial sum for kRow).
   Forward forward(Context& ctx, const FwdArgs& args) const;
-  // Writes the weight (and bias) gradients; returns dx [T, in_features].
+  // Writes the weight (and bias) gradients; returns dx [T, in_features]
+  // (config.input_activation: the gradient of input_pre).
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   // Error if a split seen since the last check was negative or the splits did
@@ -139,6 +151,7 @@ class GroupedLinear {
  private:
   Forward forward_fp8(Context& ctx, const Tensor& x, const Tensor& offsets, const Tensor& bias) const;
   Tensor backward_fp8(Context& ctx, const Saved& saved, const Tensor& dy) const;
+  Tensor backward_16bit(Context& ctx, const Saved& saved, const BwdArgs& args) const;
   // The tensor-parallel group when the tensor is a slice of the whole layer's.
   Communicator* slices_of(bool sharded) const { return sharded ? tp_ : nullptr; }
 

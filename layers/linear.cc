@@ -29,14 +29,6 @@ std::string_view tensor_parallel_mode_name(TensorParallelMode mode) {
   return "unknown";
 }
 
-std::string_view linear_activation_name(LinearActivation activation) {
-  switch (activation) {
-    case LinearActivation::kNone: return "none";
-    case LinearActivation::kGelu: return "gelu";
-  }
-  return "unknown";
-}
-
 Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config, std::uint32_t seed,
                Communicator* tensor_parallel)
     : label_(layer_label("Linear", name)), config_(config), tp_(tensor_parallel) {

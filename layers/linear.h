@@ -20,6 +20,7 @@
 #include "engine/context.h"
 #include "engine/fp8_recipe.h"
 #include "kernels/fp8_block_scales.h"
+#include "layers/activation.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/fp8_operand.h"
 #include "layers/parameter.h"
@@ -93,9 +94,9 @@ std::string_view tensor_parallel_mode_name(TensorParallelMode mode);  // "none",
 // refused on kRow, the input activation on kColumn. With input_activation,
 // a Saved::x left undefined is made again from input_pre on the
 // weight-gradient stream, right before the weight gradient reads it (Note
-// [Recomputed activation] in layers/layernorm_mlp.h).
-enum class LinearActivation : std::uint8_t { kNone, kGelu };
-std::string_view linear_activation_name(LinearActivation activation);  // "none", "gelu"
+// [Recomputed activation] in layers/layernorm_mlp.h). GroupedLinear takes
+// the same two fields, with GeLU and its derivative as ops (its grouped
+// products have no epilogues).
 
 struct LinearConfig {
   std::int64_t in_features = 0;   // the whole layer's, also when tensor-parallel

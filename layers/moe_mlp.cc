@@ -25,6 +25,20 @@ const MoEMLPConfig& checked(Context& ctx, const std::string& name, const MoEMLPC
   return config;
 }
 
+// fc1 (`first`) or fc2 of the experts. See Note [Tensor-parallel MoE]: fc1
+// column-parallel, fc2 row-parallel; GeLU between them as fc1's activation
+// and fc2's input activation.
+GroupedLinearConfig experts_config(const MoEMLPConfig& config, bool first) {
+  return {.experts = config.experts,
+          .in_features = first ? config.hidden : config.ffn,
+          .out_features = first ? config.ffn : config.hidden,
+          .dtype = config.dtype,
+          .parallel = first ? GroupedParallel::kColumn : GroupedParallel::kRow,
+          .fp8 = config.fp8,
+          .activation = first ? LinearActivation::kGelu : LinearActivation::kNone,
+          .input_activation = first ? LinearActivation::kNone : LinearActivation::kGelu};
+}
+
 }  // namespace
 
 MoEMLP::MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config, std::uint32_t seed,
@@ -37,15 +51,8 @@ MoEMLP::MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config
               LinearConfig{
                   .in_features = config.hidden, .out_features = config.experts, .bias = false, .dtype = config.dtype},
               seed),
-      // See Note [Tensor-parallel MoE]: fc1 column-parallel, fc2 row-parallel.
-      fc1_(ctx, name + ".fc1",
-           GroupedLinearConfig{config.experts, config.hidden, config.ffn, true, config.dtype, GroupedParallel::kColumn,
-                               config.fp8},
-           seed + 2, tensor_parallel),
-      fc2_(ctx, name + ".fc2",
-           GroupedLinearConfig{config.experts, config.ffn, config.hidden, true, config.dtype, GroupedParallel::kRow,
-                               config.fp8},
-           seed + 4, tensor_parallel) {
+      fc1_(ctx, name + ".fc1", experts_config(config, true), seed + 2, tensor_parallel),
+      fc2_(ctx, name + ".fc2", experts_config(config, false), seed + 4, tensor_parallel) {
   // The router's outputs, and both expert layers, must agree on the expert count.
   SG_CHECK(router_.config().out_features == config.experts && fc1_.config().experts == config.experts &&
                fc2_.config().experts == config.experts,
@@ -82,10 +89,10 @@ MoEMLP::Forward MoEMLP::forward(Context& ctx, const FwdArgs& args) const {
   s.routed = ops::router_topk(ctx, s.logits, config_.topk);
   s.plan = ops::moe_plan(ctx, s.routed.experts, routing_error_, config_.experts);
   const Tensor x_perm = ops::moe_permute(ctx, tokens, s.plan.sources);
-  const GroupedLinear::Forward fc1 = fc1_.forward(ctx, {x_perm, s.plan.splits});
+  const GroupedLinear::Forward fc1 = fc1_.forward(ctx, {x_perm, s.plan.splits});  // GeLU(pre) and pre
   s.fc1 = fc1.saved;
-  s.pre = fc1.y;
-  const GroupedLinear::Forward fc2 = fc2_.forward(ctx, {ops::gelu(ctx, s.pre), s.plan.splits});
+  s.pre = fc1.pre;
+  const GroupedLinear::Forward fc2 = fc2_.forward(ctx, {fc1.y, s.plan.splits});
   s.fc2 = fc2.saved;
   if (config_.recompute_activation && !config_.fp8) s.fc2.x = Tensor();  // made again in the backward
   s.expert_out = fc2.y;
@@ -113,10 +120,8 @@ Tensor MoEMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   // d gate = <dy, whole expert output>: the sum of the ranks' dots with their
   // partial outputs (See Note [Tensor-parallel MoE]).
   if (tp_ != nullptr) unpermuted.dgates = ops::all_reduce(ctx, *tp_, unpermuted.dgates, ReduceOp::kSum);
-  GroupedLinear::Saved fc2 = saved.fc2;
-  if (!config_.fp8 && !fc2.x.defined()) fc2.x = ops::gelu(ctx, saved.pre);  // recompute_activation
-  const Tensor d_act = fc2_.backward(ctx, fc2, {unpermuted.dy_perm});
-  const Tensor d_pre = ops::gelu_backward(ctx, d_act, saved.pre);
+  // fc2 gives the gradient of pre (and makes its input again under recompute_activation).
+  const Tensor d_pre = fc2_.backward(ctx, saved.fc2, {.dy = unpermuted.dy_perm, .input_pre = saved.pre});
   const Tensor d_x_perm = fc1_.backward(ctx, saved.fc1, {d_pre});
   // The normed rows reach the output through the experts (summed back over
   // the k copies: permute's backward) and through the router's gates.

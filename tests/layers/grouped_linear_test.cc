@@ -15,7 +15,9 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
+#include "engine/host_world.h"
 #include "graphs/captured_step.h"
+#include "ops/activation_ops.h"
 #include "tests/layers/gradient_check.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/kernels/kernel_test_support.h"
@@ -143,6 +145,68 @@ void check_bad_splits(Device device, bool graphed) {
 
 TEST(GroupedLinearHostTest, BadSplitsRaiseAfterTheStepEager) { check_bad_splits(Device::kHost, false); }
 TEST(GroupedLinearHostTest, BadSplitsRaiseAfterTheStepGraphed) { check_bad_splits(Device::kHost, true); }
+
+// The activation fields (as a Linear's, Note [Linear epilogues] in
+// layers/linear.h) run GeLU and its derivative as ops after the grouped
+// products: bit for bit what a caller gets from the plain layer and the ops,
+// in fp32 and bf16; an input left unsaved is made again from input_pre with
+// the same bits, since the forward's GeLU read the same pre.
+TEST(GroupedLinearHostTest, ActivationFieldsAreGeluAndItsDerivativeAroundThePlainLayer) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    Context ctx(Device::kHost);
+    constexpr std::int64_t kIn = 8, kFfn = 16, kTokens = 7;
+    const GroupedLinearConfig fc1_config{.experts = 3, .in_features = kIn, .out_features = kFfn, .dtype = dtype};
+    const GroupedLinearConfig fc2_config{.experts = 3, .in_features = kFfn, .out_features = kIn, .dtype = dtype};
+    GroupedLinearConfig gelu_config = fc1_config;
+    gelu_config.activation = LinearActivation::kGelu;
+    GroupedLinearConfig input_gelu_config = fc2_config;
+    input_gelu_config.input_activation = LinearActivation::kGelu;
+    GroupedLinear fc1(ctx, "fc1", fc1_config, 3), fc1_gelu(ctx, "fc1_gelu", gelu_config, 3);
+    GroupedLinear fc2(ctx, "fc2", fc2_config, 5), fc2_input_gelu(ctx, "fc2_input_gelu", input_gelu_config, 5);
+    const Tensor splits = splits_tensor(ctx, {3, 0, 4});
+    testing::SeededRng rng;
+    const Tensor x = ctx.persistent("x", {Shape{kTokens, kIn}, dtype});
+    const Tensor dy = ctx.persistent("dy", {Shape{kTokens, kIn}, dtype});
+    write_floats(ctx, x, testing::random_values(kTokens * kIn, rng, 1.0f));
+    write_floats(ctx, dy, testing::random_values(kTokens * kIn, rng, 0.1f));
+    auto bits_of = [&](const Tensor& t) { return testing::bits(read_floats(ctx, t)); };
+
+    const GroupedLinear::Forward plain1 = fc1.forward(ctx, {x, splits});
+    const GroupedLinear::Forward got1 = fc1_gelu.forward(ctx, {x, splits});
+    EXPECT_EQ(bits_of(got1.pre), bits_of(plain1.y));
+    EXPECT_EQ(bits_of(got1.y), bits_of(ops::gelu(ctx, plain1.y)));
+
+    const GroupedLinear::Forward plain2 = fc2.forward(ctx, {got1.y, splits});
+    GroupedLinear::Forward got2 = fc2_input_gelu.forward(ctx, {got1.y, splits});
+    const Tensor d_pre = fc2_input_gelu.backward(ctx, got2.saved, {.dy = dy, .input_pre = got1.pre});
+    const Tensor d_act = fc2.backward(ctx, plain2.saved, {dy});
+    EXPECT_EQ(bits_of(d_pre), bits_of(ops::gelu_backward(ctx, d_act, got1.pre)));
+    const std::vector<std::uint32_t> saved_grad = bits_of(fc2_input_gelu.parameters()[0]->grad);
+    EXPECT_EQ(saved_grad, bits_of(fc2.parameters()[0]->grad));
+
+    got2.saved.x = Tensor();  // recompute_activation
+    const Tensor remade = fc2_input_gelu.backward(ctx, got2.saved, {.dy = dy, .input_pre = got1.pre});
+    EXPECT_EQ(bits_of(remade), bits_of(d_pre));
+    EXPECT_EQ(bits_of(fc2_input_gelu.parameters()[0]->grad), saved_grad);
+    EXPECT_ERROR_CONTAINS(fc2_input_gelu.backward(ctx, got2.saved, {.dy = dy}),
+                          "GroupedLinear 'fc2_input_gelu' backward: input_pre must be [tokens, 16]");
+  }
+}
+
+TEST(GroupedLinearHostTest, AnActivationOfAPartialSumIsAnError) {
+  HostWorld::run(2, [](Communicator& comm) {
+    Context ctx(Device::kHost);
+    EXPECT_ERROR_CONTAINS(GroupedLinear(ctx, "row", {.experts = 2, .in_features = 8, .out_features = 8,
+                                                     .parallel = GroupedParallel::kRow,
+                                                     .activation = LinearActivation::kGelu}, 1, &comm),
+                          "GroupedLinear 'row': activation gelu on a row-parallel layer");
+    EXPECT_ERROR_CONTAINS(GroupedLinear(ctx, "column", {.experts = 2, .in_features = 8, .out_features = 8,
+                                                        .parallel = GroupedParallel::kColumn,
+                                                        .input_activation = LinearActivation::kGelu}, 1, &comm),
+                          "GroupedLinear 'column': input_activation gelu on a column-parallel layer");
+  });
+}
 
 TEST(GroupedLinearHostTest, BadShapesAndConfigsAreErrors) {
   Context ctx(Device::kHost);

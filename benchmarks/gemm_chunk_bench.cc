@@ -125,14 +125,12 @@ std::string known_gemms() { return "fc1_fwd, fc2_fwd, fc2_dgrad, fc1_dgrad, fc2_
 std::int64_t tokens_of(const GemmShape& shape) { return shape.split == Split::kRows ? shape.m : shape.k; }
 
 kernels::GemmDesc whole_desc(const GemmShape& shape) {
-  kernels::GemmDesc desc;
-  desc.m = shape.m;
-  desc.n = shape.n;
-  desc.k = shape.k;
-  desc.trans_a = shape.trans_a;
-  desc.trans_b = shape.trans_b;
-  desc.d_type = shape.d_type;
-  return desc;
+  return {.m = shape.m,
+          .n = shape.n,
+          .k = shape.k,
+          .trans_a = shape.trans_a,
+          .trans_b = shape.trans_b,
+          .d_type = shape.d_type};
 }
 
 // Chunk `index` of `chunks`: its desc and its operands at element offsets

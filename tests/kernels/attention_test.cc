@@ -308,12 +308,7 @@ TEST(AttentionTest, garbage_cu_seqlens_read_as_a_valid_packing_never_fault) {
 }
 
 TEST(AttentionTest, checks_shapes_and_pointers_without_a_launch) {
-  AttentionDesc d;
-  d.tokens = 16;
-  d.sequences = 2;
-  d.heads = 4;
-  d.kv_heads = 2;
-  d.head_dim = 64;
+  AttentionDesc d{.tokens = 16, .sequences = 2, .heads = 4, .kv_heads = 2, .head_dim = 64};
   EXPECT_TRUE(attention_uses_tensor_cores(d));
   d.head_dim = 96;
   EXPECT_FALSE(attention_uses_tensor_cores(d));

@@ -238,14 +238,13 @@ void check_on_device(const Fp8Problem& p, Stream& stream) {
   const std::size_t d_bytes = want.size() * dtype_size(d_type);
   SG_CUDA_CHECK(cudaMalloc(&d, d_bytes));
   SG_CUDA_CHECK(cudaMalloc(&workspace, gemm_workspace_bytes()));
-  GemmOperands ops;
-  ops.a = a;
-  ops.b = b;
-  ops.d = d;
-  ops.bias = bias;
-  ops.workspace = workspace;
-  ops.a_scale_inv = static_cast<const float*>(a_scales);
-  ops.b_scale_inv = static_cast<const float*>(b_scales);
+  const GemmOperands ops{.a = a,
+                         .b = b,
+                         .d = d,
+                         .bias = bias,
+                         .workspace = workspace,
+                         .a_scale_inv = static_cast<const float*>(a_scales),
+                         .b_scale_inv = static_cast<const float*>(b_scales)};
   bool launched = false;
   EXPECT_NO_THROW({
     launch_gemm(p.desc, ops, stream.get());

@@ -177,17 +177,15 @@ std::vector<float> reference(const Case& c) {
 
 GroupedGemmDesc desc_of(GroupedGemmKind kind, std::int64_t tokens, std::int64_t experts, std::int64_t n, std::int64_t k,
                         DType in, DType out, bool bias, bool accumulate) {
-  GroupedGemmDesc d;
-  d.kind = kind;
-  d.tokens = tokens;
-  d.experts = experts;
-  d.n = n;
-  d.k = k;
-  d.in_type = in;
-  d.out_type = kind == GroupedGemmKind::kWgrad && in != DType::kBFloat16 ? DType::kFloat32 : out;
-  d.bias = kind == GroupedGemmKind::kForward && bias;
-  d.accumulate = kind == GroupedGemmKind::kWgrad && accumulate;
-  return d;
+  return {.kind = kind,
+          .tokens = tokens,
+          .experts = experts,
+          .n = n,
+          .k = k,
+          .in_type = in,
+          .out_type = kind == GroupedGemmKind::kWgrad && in != DType::kBFloat16 ? DType::kFloat32 : out,
+          .bias = kind == GroupedGemmKind::kForward && bias,
+          .accumulate = kind == GroupedGemmKind::kWgrad && accumulate};
 }
 
 // Every kind x dtypes x bias/accumulate x split, for one size.

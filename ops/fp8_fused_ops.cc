@@ -6,6 +6,7 @@
 #include "engine/error.h"
 #include "kernels/fp8_fused.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 
@@ -21,17 +22,98 @@ namespace {
 
 const TensorMeta kScalar{Shape{1}, DType::kFloat32};
 
+// --- operands ---------------------------------------------------------------------
+
+// What every fused op writes: the 16-bit result, its FP8 copies, the amax.
+template <typename F>
+struct FusedOutputs {
+  F value;       // the 16-bit result: keep_16bit
+  F rowwise;     // FP8 [rows, cols]: rowwise
+  F columnwise;  // FP8 [cols, rows]: columnwise
+  F amax;        // fp32 [1]
+};
+
+template <typename F, typename V>
+void visit_operands(const FusedFp8Params& p, FusedOutputs<F>& o, V& v) {
+  const bool copies = !p.amax_only;
+  v({.name = "value", .present = copies && p.keep_16bit}, o.value);
+  v({.name = "rowwise", .present = copies && p.rowwise}, o.rowwise);
+  v({.name = "columnwise", .present = copies && p.columnwise}, o.columnwise);
+  v({"amax"}, o.amax);
+}
+
+bool layernorm(const NormParams& p) { return p.kind == kernels::NormKind::kLayerNorm; }
+
+template <typename F>
+struct NormFp8Inputs {
+  F x;      // [rows, hidden], 16-bit
+  F gamma;  // [hidden]
+  F beta;   // [hidden]: LayerNorm only
+  F scale;  // fp32 [1]: unless amax_only
+};
+
+template <typename F, typename V>
+void visit_operands(const NormFp8Params& p, NormFp8Inputs<F>& o, V& v) {
+  v({"x"}, o.x);
+  v({"gamma"}, o.gamma);
+  v({.name = "beta", .present = layernorm(p.norm)}, o.beta);
+  v({.name = "scale", .present = !p.fp8.amax_only}, o.scale);
+}
+
+template <typename F>
+struct NormFp8Outputs {
+  F mean;  // fp32 [rows]: LayerNorm only
+  F rstd;  // fp32 [rows]
+  FusedOutputs<F> fused;
+};
+
+template <typename F, typename V>
+void visit_operands(const NormFp8Params& p, NormFp8Outputs<F>& o, V& v) {
+  v({.name = "mean", .present = layernorm(p.norm)}, o.mean);
+  v({"rstd"}, o.rstd);
+  visit_operands(p.fp8, o.fused, v);
+}
+
+template <typename F>
+struct GeluFp8Inputs {
+  F pre;    // [rows, cols], 16-bit
+  F scale;  // fp32 [1]: unless amax_only
+};
+
+template <typename F, typename V>
+void visit_operands(const FusedFp8Params& p, GeluFp8Inputs<F>& o, V& v) {
+  v({"pre"}, o.pre);
+  v({.name = "scale", .present = !p.amax_only}, o.scale);
+}
+
+template <typename F>
+struct DgeluFp8Inputs {
+  F d_act;  // [rows, cols], 16-bit
+  F pre;    // like d_act
+  F scale;  // fp32 [1]: unless amax_only
+};
+
+template <typename F, typename V>
+void visit_operands(const FusedFp8Params& p, DgeluFp8Inputs<F>& o, V& v) {
+  v({"d_act"}, o.d_act);
+  v({"pre"}, o.pre);
+  v({.name = "scale", .present = !p.amax_only}, o.scale);
+}
+
+constexpr std::string_view kNormFp8 = "norm_fp8";
+constexpr std::string_view kGeluFp8 = "gelu_fp8";
+constexpr std::string_view kDgeluFp8 = "dgelu_fp8";
+
+// --- checks and pointers -------------------------------------------------------------
+
 // Checks what every fused op shares: `x` the 16-bit [rows, cols] input whose
-// shape the result takes, the scale input when not amax_only, and which
-// copies. Appends the fused outputs ([value] [rowwise] [columnwise] amax).
-void check_fused(std::string_view op, const FusedFp8Params& p, const TensorMeta& x, std::span<const TensorMeta> scale,
-                 std::vector<TensorMeta>& out) {
+// shape the result takes, the scale (bound unless amax_only), and which
+// copies; returns the fused outputs' metas.
+FusedOutputs<TensorMeta> check_fused(std::string_view op, const FusedFp8Params& p, const TensorMeta& x,
+                                     const TensorMeta& scale) {
   SG_CHECK(x.shape.rank() == 2, "op ", op, ": the input must be 2-D [rows, cols], got ", x.shape);
-  SG_CHECK(p.amax_only == scale.empty(), "op ", op, ": ",
-           p.amax_only ? "amax_only takes no scale" : "takes the scale ([1] fp32) as its last input");
-  if (!scale.empty()) {
-    SG_CHECK(scale[0] == kScalar, "op ", op, ": scale must be [1] fp32, got ", scale[0].shape, " ",
-             dtype_name(scale[0].dtype));
+  if (!p.amax_only) {
+    SG_CHECK(scale == kScalar, "op ", op, ": scale must be [1] fp32, got ", scale.shape, " ", dtype_name(scale.dtype));
   }
   SG_CHECK(p.amax_only || p.rowwise || p.columnwise || p.keep_16bit, "op ", op,
            ": asks for nothing; set rowwise, columnwise or keep_16bit, or amax_only");
@@ -41,137 +123,90 @@ void check_fused(std::string_view op, const FusedFp8Params& p, const TensorMeta&
   // The kernels' own checks (dtype, cols a multiple of 16), with stand-in pointers.
   float placeholder = 0;
   std::uint8_t byte = 0;
-  kernels::check_fp8_fused(std::string(op).c_str(), x.dtype, rows, cols,
-                           {p.format, p.amax_only ? nullptr : &placeholder, p.amax_only ? nullptr : &byte, nullptr,
-                            &placeholder});
-  const bool copies = !p.amax_only;
+  kernels::check_fp8_fused(
+      std::string(op).c_str(), x.dtype, rows, cols,
+      {p.format, p.amax_only ? nullptr : &placeholder, p.amax_only ? nullptr : &byte, nullptr, &placeholder});
   const DType q = fp8_dtype(p.format);
-  if (copies && p.keep_16bit) out.push_back(x);
-  if (copies && p.rowwise) out.push_back({Shape{rows, cols}, q});
-  if (copies && p.columnwise) out.push_back({Shape{cols, rows}, q});
-  out.push_back(kScalar);
+  return {.value = x, .rowwise = {Shape{rows, cols}, q}, .columnwise = {Shape{cols, rows}, q}, .amax = kScalar};
 }
 
-// The fused outputs from `first` on, and where the kernels write them.
+// Where the kernels write the fused outputs; the scale is device memory for
+// the kernels, host memory for the host references, which read it there.
 struct FusedPointers {
   void* value = nullptr;
   kernels::Fp8Copies copies;
 };
 
-FusedPointers fused_pointers(const FusedFp8Params& p, const KernelArgs& a, std::size_t first, const void* scale) {
-  FusedPointers f;
-  f.copies.format = p.format;
-  std::size_t next = first;
-  if (!p.amax_only) {
-    f.copies.scale = static_cast<const float*>(scale);
-    if (p.keep_16bit) f.value = a.outputs[next++];
-    if (p.rowwise) f.copies.rowwise = static_cast<std::uint8_t*>(a.outputs[next++]);
-    if (p.columnwise) f.copies.columnwise = static_cast<std::uint8_t*>(a.outputs[next++]);
-  }
-  f.copies.amax = static_cast<float*>(a.outputs[next]);
-  return f;
+FusedPointers fused_pointers(const FusedFp8Params& p, const FusedOutputs<Operand>& out, const Operand& scale) {
+  return {.value = out.value.data,
+          .copies = {.format = p.format,
+                     .scale = scale.as<const float>(),
+                     .rowwise = out.rowwise.as<std::uint8_t>(),
+                     .columnwise = out.columnwise.as<std::uint8_t>(),
+                     .amax = out.amax.as<float>()}};
 }
 
-FusedFp8 fused_result(const FusedFp8Params& p, const std::vector<Tensor>& out, std::size_t first) {
-  FusedFp8 r;
-  std::size_t next = first;
-  if (!p.amax_only) {
-    if (p.keep_16bit) r.value = out[next++];
-    if (p.rowwise) r.rowwise = out[next++];
-    if (p.columnwise) r.columnwise = out[next++];
-  }
-  r.amax = out[next];
-  return r;
+FusedFp8 fused_result(const FusedOutputs<Tensor>& r) {
+  return {.value = r.value, .rowwise = r.rowwise, .columnwise = r.columnwise, .amax = r.amax};
 }
-
-// The scale, the last input (device memory for the kernels, host memory for
-// the host references, which read it there).
-const void* scale_input(const FusedFp8Params& p, const KernelArgs& a) {
-  return p.amax_only ? nullptr : a.inputs.back();
-}
-
-bool layernorm(const NormParams& p) { return p.kind == kernels::NormKind::kLayerNorm; }
 
 kernels::NormDesc norm_desc(const NormParams& p, const TensorMeta& x) {
   return {p.kind, x.dtype, x.shape.dim(0), x.shape.dim(1), p.eps};
 }
 
-// Inputs: x, gamma, [beta], [scale]. Outputs: [mean], rstd, then the fused ones.
 std::vector<TensorMeta> check_norm(const OpParams& params, std::span<const TensorMeta> inputs) {
   const NormFp8Params& p = params.as<NormFp8Params>();
-  const std::size_t arity = (layernorm(p.norm) ? 3 : 2) + (p.fp8.amax_only ? 0 : 1);
-  SG_CHECK(inputs.size() == arity, "op norm_fp8 (", p.to_string(), ") takes ", arity, " inputs, got ",
-           inputs.size());
-  SG_CHECK(inputs[0].shape.rank() == 2, "op norm_fp8: x must be 2-D [rows, hidden], got ", inputs[0].shape);
-  const TensorMeta param{Shape{inputs[0].shape.dim(1)}, inputs[0].dtype};
-  const std::size_t params_end = layernorm(p.norm) ? 3 : 2;
-  for (std::size_t i = 1; i < params_end; ++i) {
-    SG_CHECK(inputs[i] == param, "op norm_fp8: ", i == 1 ? "gamma" : "beta", " must be ", param.shape, " ",
-             dtype_name(param.dtype), ", got ", inputs[i].shape, " ", dtype_name(inputs[i].dtype));
-  }
+  const auto o = bind_metas<NormFp8Inputs>(kNormFp8, p, inputs);
+  SG_CHECK(o.x.shape.rank() == 2, "op norm_fp8: x must be 2-D [rows, hidden], got ", o.x.shape);
+  const TensorMeta param{Shape{o.x.shape.dim(1)}, o.x.dtype};
+  auto expect_param = [&](const char* name, const TensorMeta& got) {
+    SG_CHECK(got == param, "op norm_fp8: ", name, " must be ", param.shape, " ", dtype_name(param.dtype), ", got ",
+             got.shape, " ", dtype_name(got.dtype));
+  };
+  expect_param("gamma", o.gamma);
+  if (layernorm(p.norm)) expect_param("beta", o.beta);
   float placeholder = 0;
-  kernels::check_norm_fp8(norm_desc(p.norm, inputs[0]), {p.fp8.format, nullptr, nullptr, nullptr, &placeholder});
-  const TensorMeta stat{Shape{inputs[0].shape.dim(0)}, DType::kFloat32};
-  std::vector<TensorMeta> out;
-  if (layernorm(p.norm)) out.push_back(stat);
-  out.push_back(stat);
-  check_fused("norm_fp8", p.fp8, inputs[0], inputs.subspan(params_end), out);
-  return out;
+  kernels::check_norm_fp8(norm_desc(p.norm, o.x), {p.fp8.format, nullptr, nullptr, nullptr, &placeholder});
+  const TensorMeta stat{Shape{o.x.shape.dim(0)}, DType::kFloat32};
+  return output_metas(
+      p, NormFp8Outputs<TensorMeta>{.mean = stat, .rstd = stat, .fused = check_fused(kNormFp8, p.fp8, o.x, o.scale)});
 }
 
-struct NormPointers {
-  const void* beta = nullptr;
-  float* mean = nullptr;
-  float* rstd = nullptr;
-  FusedPointers fused;
-};
-
-NormPointers norm_pointers(const NormFp8Params& p, const KernelArgs& a) {
-  NormPointers n;
-  if (layernorm(p.norm)) n.beta = a.inputs[2];
-  std::size_t next = 0;
-  if (layernorm(p.norm)) n.mean = static_cast<float*>(a.outputs[next++]);
-  n.rstd = static_cast<float*>(a.outputs[next++]);
-  n.fused = fused_pointers(p.fp8, a, next, scale_input(p.fp8, a));
-  return n;
-}
-
-// GeLU: inputs pre, [scale]; dGeLU: d_act, pre, [scale]. Outputs: the fused ones.
-template <std::size_t kTensors>
+template <template <typename> class Inputs>
 std::vector<TensorMeta> check_activation(std::string_view op, const OpParams& params,
                                          std::span<const TensorMeta> inputs) {
   const FusedFp8Params& p = params.as<FusedFp8Params>();
-  const std::size_t arity = kTensors + (p.amax_only ? 0 : 1);
-  SG_CHECK(inputs.size() == arity, "op ", op, " (", p.to_string(), ") takes ", arity, " inputs, got ",
-           inputs.size());
-  for (std::size_t i = 1; i < kTensors; ++i) {
-    SG_CHECK(inputs[i] == inputs[0], "op ", op, ": its tensors must match, got ", inputs[0].shape, " ",
-             dtype_name(inputs[0].dtype), " and ", inputs[i].shape, " ", dtype_name(inputs[i].dtype));
+  const auto o = bind_metas<Inputs>(op, p, inputs);
+  if constexpr (requires { o.d_act; }) {
+    SG_CHECK(o.pre == o.d_act, "op ", op, ": its tensors must match, got ", o.d_act.shape, " ",
+             dtype_name(o.d_act.dtype), " and ", o.pre.shape, " ", dtype_name(o.pre.dtype));
   }
-  std::vector<TensorMeta> out;
-  check_fused(op, p, inputs[0], inputs.subspan(kTensors), out);
-  return out;
+  return output_metas(p, check_fused(op, p, o.pre, o.scale));
 }
 
 }  // namespace
 
 const OpDef& norm_fp8_op() {
   static const OpDef op{
-      .name = "norm_fp8",
+      .name = kNormFp8,
       .check = check_norm,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const NormFp8Params& p = params.as<NormFp8Params>();
-            const NormPointers n = norm_pointers(p, a);
-            kernels::launch_norm_fp8(norm_desc(p.norm, a.input_metas[0]), a.inputs[0], a.inputs[1], n.beta,
-                                     n.fused.value, n.mean, n.rstd, n.fused.copies, stream);
+            const auto in = bind_args<NormFp8Inputs>(p, a);
+            const auto out = bind_outputs<NormFp8Outputs>(p, a);
+            const FusedPointers f = fused_pointers(p.fp8, out.fused, in.scale);
+            kernels::launch_norm_fp8(norm_desc(p.norm, *in.x.meta), in.x.data, in.gamma.data, in.beta.data, f.value,
+                                     out.mean.as<float>(), out.rstd.as<float>(), f.copies, stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const NormFp8Params& p = params.as<NormFp8Params>();
-            const NormPointers n = norm_pointers(p, a);
-            kernels::host::norm_fp8(norm_desc(p.norm, a.input_metas[0]), a.inputs[0], a.inputs[1], n.beta,
-                                    n.fused.value, n.mean, n.rstd, n.fused.copies);
+            const auto in = bind_args<NormFp8Inputs>(p, a);
+            const auto out = bind_outputs<NormFp8Outputs>(p, a);
+            const FusedPointers f = fused_pointers(p.fp8, out.fused, in.scale);
+            kernels::host::norm_fp8(norm_desc(p.norm, *in.x.meta), in.x.data, in.gamma.data, in.beta.data, f.value,
+                                    out.mean.as<float>(), out.rstd.as<float>(), f.copies);
           },
   };
   return op;
@@ -180,23 +215,26 @@ SG_REGISTER_OP(norm_fp8_op);
 
 const OpDef& gelu_fp8_op() {
   static const OpDef op{
-      .name = "gelu_fp8",
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> inputs) { return check_activation<1>("gelu_fp8", params, inputs); },
+      .name = kGeluFp8,
+      .check =
+          [](const OpParams& params, std::span<const TensorMeta> inputs) {
+            return check_activation<GeluFp8Inputs>(kGeluFp8, params, inputs);
+          },
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const FusedFp8Params& p = params.as<FusedFp8Params>();
-            const FusedPointers f = fused_pointers(p, a, 0, scale_input(p, a));
-            const TensorMeta& pre = a.input_metas[0];
-            kernels::launch_gelu_fp8(pre.dtype, pre.shape.dim(0), pre.shape.dim(1), a.inputs[0], f.value, f.copies,
-                                     stream);
+            const auto in = bind_args<GeluFp8Inputs>(p, a);
+            const FusedPointers f = fused_pointers(p, bind_outputs<FusedOutputs>(p, a), in.scale);
+            kernels::launch_gelu_fp8(in.pre.dtype(), in.pre.shape().dim(0), in.pre.shape().dim(1), in.pre.data, f.value,
+                                     f.copies, stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const FusedFp8Params& p = params.as<FusedFp8Params>();
-            const FusedPointers f = fused_pointers(p, a, 0, scale_input(p, a));
-            const TensorMeta& pre = a.input_metas[0];
-            kernels::host::gelu_fp8(pre.dtype, pre.shape.dim(0), pre.shape.dim(1), a.inputs[0], f.value, f.copies);
+            const auto in = bind_args<GeluFp8Inputs>(p, a);
+            const FusedPointers f = fused_pointers(p, bind_outputs<FusedOutputs>(p, a), in.scale);
+            kernels::host::gelu_fp8(in.pre.dtype(), in.pre.shape().dim(0), in.pre.shape().dim(1), in.pre.data, f.value,
+                                    f.copies);
           },
   };
   return op;
@@ -205,24 +243,26 @@ SG_REGISTER_OP(gelu_fp8_op);
 
 const OpDef& dgelu_fp8_op() {
   static const OpDef op{
-      .name = "dgelu_fp8",
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> inputs) { return check_activation<2>("dgelu_fp8", params, inputs); },
+      .name = kDgeluFp8,
+      .check =
+          [](const OpParams& params, std::span<const TensorMeta> inputs) {
+            return check_activation<DgeluFp8Inputs>(kDgeluFp8, params, inputs);
+          },
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const FusedFp8Params& p = params.as<FusedFp8Params>();
-            const FusedPointers f = fused_pointers(p, a, 0, scale_input(p, a));
-            const TensorMeta& d = a.input_metas[0];
-            kernels::launch_dgelu_fp8(d.dtype, d.shape.dim(0), d.shape.dim(1), a.inputs[0], a.inputs[1], f.value,
-                                      f.copies, stream);
+            const auto in = bind_args<DgeluFp8Inputs>(p, a);
+            const FusedPointers f = fused_pointers(p, bind_outputs<FusedOutputs>(p, a), in.scale);
+            kernels::launch_dgelu_fp8(in.d_act.dtype(), in.d_act.shape().dim(0), in.d_act.shape().dim(1), in.d_act.data,
+                                      in.pre.data, f.value, f.copies, stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const FusedFp8Params& p = params.as<FusedFp8Params>();
-            const FusedPointers f = fused_pointers(p, a, 0, scale_input(p, a));
-            const TensorMeta& d = a.input_metas[0];
-            kernels::host::dgelu_fp8(d.dtype, d.shape.dim(0), d.shape.dim(1), a.inputs[0], a.inputs[1], f.value,
-                                     f.copies);
+            const auto in = bind_args<DgeluFp8Inputs>(p, a);
+            const FusedPointers f = fused_pointers(p, bind_outputs<FusedOutputs>(p, a), in.scale);
+            kernels::host::dgelu_fp8(in.d_act.dtype(), in.d_act.shape().dim(0), in.d_act.shape().dim(1), in.d_act.data,
+                                     in.pre.data, f.value, f.copies);
           },
   };
   return op;
@@ -231,29 +271,25 @@ SG_REGISTER_OP(dgelu_fp8_op);
 
 NormFp8 norm_fp8(Context& ctx, const NormFp8Params& params, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                  const Tensor& scale) {
-  std::vector<Tensor> inputs{x, gamma};
-  if (layernorm(params.norm)) inputs.push_back(beta);
-  if (!params.fp8.amax_only) inputs.push_back(scale);
-  const std::vector<Tensor> out = ctx.call(norm_fp8_op(), params, inputs);
-  NormFp8 r;
-  std::size_t next = 0;
-  if (layernorm(params.norm)) r.mean = out[next++];
-  r.rstd = out[next++];
-  r.out = fused_result(params.fp8, out, next);
-  return r;
+  const NormFp8Inputs<Tensor> in{.x = x,
+                                 .gamma = gamma,
+                                 .beta = layernorm(params.norm) ? beta : Tensor(),
+                                 .scale = params.fp8.amax_only ? Tensor() : scale};
+  const auto r = bind_results<NormFp8Outputs>(params, ctx.call(norm_fp8_op(), params, flatten(kNormFp8, params, in)));
+  return {.out = fused_result(r.fused), .mean = r.mean, .rstd = r.rstd};
 }
 
 FusedFp8 gelu_fp8(Context& ctx, const Tensor& pre, const Tensor& scale, const FusedFp8Params& params) {
-  std::vector<Tensor> inputs{pre};
-  if (!params.amax_only) inputs.push_back(scale);
-  return fused_result(params, ctx.call(gelu_fp8_op(), params, inputs), 0);
+  const GeluFp8Inputs<Tensor> in{.pre = pre, .scale = params.amax_only ? Tensor() : scale};
+  return fused_result(
+      bind_results<FusedOutputs>(params, ctx.call(gelu_fp8_op(), params, flatten(kGeluFp8, params, in))));
 }
 
 FusedFp8 dgelu_fp8(Context& ctx, const Tensor& d_act, const Tensor& pre, const Tensor& scale,
                    const FusedFp8Params& params) {
-  std::vector<Tensor> inputs{d_act, pre};
-  if (!params.amax_only) inputs.push_back(scale);
-  return fused_result(params, ctx.call(dgelu_fp8_op(), params, inputs), 0);
+  const DgeluFp8Inputs<Tensor> in{.d_act = d_act, .pre = pre, .scale = params.amax_only ? Tensor() : scale};
+  return fused_result(
+      bind_results<FusedOutputs>(params, ctx.call(dgelu_fp8_op(), params, flatten(kDgeluFp8, params, in))));
 }
 
 }  // namespace stepgraph::ops

@@ -1,6 +1,19 @@
 // How a tensor-parallel GEMM meets its collective ("userbuffers" overlap),
 // chosen per GEMM as a plain value (it enters the graph key).
-//
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "engine/communicator.h"
+#include "engine/context.h"
+#include "graphs/graph_key.h"
+
+namespace stepgraph {
+
 // Note [Communication-GEMM overlap]
 // A sequence-parallel layer all-gathers its token shards before a
 // column-parallel GEMM and reduce-scatters the partial sums after a
@@ -43,20 +56,6 @@
 // them through its own channel buffers: zero-copy registration of the pool
 // (ncclCommRegister, or NCCL's graph registration) needs the pool allocated
 // by ncclMemAlloc, which the CUDA backend does not do yet.
-#pragma once
-
-#include <cstdint>
-#include <functional>
-#include <optional>
-#include <string>
-#include <string_view>
-
-#include "engine/communicator.h"
-#include "engine/context.h"
-#include "graphs/graph_key.h"
-
-namespace stepgraph {
-
 enum class CommOverlap : std::uint8_t { kNone, kBulk, kRingExchange, kPipelined };
 std::string_view comm_overlap_name(CommOverlap mode);  // "none", "bulk", "ring_exchange", "pipelined"
 // The mode of a name; an Error listing the names otherwise.

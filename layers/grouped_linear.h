@@ -20,28 +20,6 @@
 // a kRow output is a partial sum the caller reduces, a kColumn input is the
 // caller's gathered tokens. The config keeps the whole layer's sizes; each
 // rank's slices are the slices of the weights one rank draws from the seed.
-//
-// Note [FP8 GroupedLinear]
-// With GroupedLinearConfig::fp8 (current or delayed scaling, bf16 layers)
-// the three grouped products run on FP8 operands (Note [FP8 grouped GEMM] in
-// kernels/grouped_gemm_ws.cu), as an FP8 Linear's do (Note [FP8 Linear] in
-// linear.h): x in E4M3 row-wise for the forward and column-wise [in, T] for
-// the weight gradient (kept instead of the 16-bit x); dy in the gradient
-// format, row-wise for dgrad and column-wise [out, T] for wgrad; W [E, out,
-// in] as the matrix [E * out, in], row-wise in the forward (quantized on the
-// weight-gradient stream) and column-wise [in, E * out] for dgrad, quantized
-// again in the backward with the forward's scale. One tensor-wise scale per
-// tensor: the whole stacked weight shares one (its amax is the largest over
-// every expert), so does every token's activation. Delayed scaling keeps an
-// amax history per tensor and updates it at the end of the backward; a
-// sliced tensor's amax (W always, x of kRow, dy of kColumn) is max-all-
-// reduced over the tensor-parallel group first. The recipe's fast-
-// accumulation fields choose each product's accumulation as for cuBLASLt
-// (the forward fast, the backward split by default). Block scaling is not built
-// for grouped products (an Error): the kernel applies tensor-wise scales in
-// its epilogue, while 128-blocks along the reduction need each block's
-// partial sums scaled in the main loop. Token counts, in and out features
-// must be multiples of 16.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +45,27 @@ enum class GroupedParallel : std::uint8_t {
   kRow,     // in_features sharded: each rank's output is a partial sum
 };
 
+// Note [FP8 GroupedLinear]
+// With GroupedLinearConfig::fp8 (current or delayed scaling, bf16 layers)
+// the three grouped products run on FP8 operands (Note [FP8 grouped GEMM] in
+// kernels/grouped_gemm_ws.cu), as an FP8 Linear's do (Note [FP8 Linear] in
+// linear.h): x in E4M3 row-wise for the forward and column-wise [in, T] for
+// the weight gradient (kept instead of the 16-bit x); dy in the gradient
+// format, row-wise for dgrad and column-wise [out, T] for wgrad; W [E, out,
+// in] as the matrix [E * out, in], row-wise in the forward (quantized on the
+// weight-gradient stream) and column-wise [in, E * out] for dgrad, quantized
+// again in the backward with the forward's scale. One tensor-wise scale per
+// tensor: the whole stacked weight shares one (its amax is the largest over
+// every expert), so does every token's activation. Delayed scaling keeps an
+// amax history per tensor and updates it at the end of the backward; a
+// sliced tensor's amax (W always, x of kRow, dy of kColumn) is max-all-
+// reduced over the tensor-parallel group first. The recipe's fast-
+// accumulation fields choose each product's accumulation as for cuBLASLt
+// (the forward fast, the backward split by default). Block scaling is not built
+// for grouped products (an Error): the kernel applies tensor-wise scales in
+// its epilogue, while 128-blocks along the reduction need each block's
+// partial sums scaled in the main loop. Token counts, in and out features
+// must be multiples of 16.
 struct GroupedLinearConfig {
   std::int64_t experts = 0;
   std::int64_t in_features = 0;   // the whole layer's, also when sharded

@@ -9,7 +9,23 @@
 // gradient (BGRADB). In fp32 and FP8 (no GeLU epilogues there) GeLU and its
 // derivative run as ops of their own and fc1's bias gradient comes from
 // fc1's weight gradient instead: the same math, unfused.
-//
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/context.h"
+#include "engine/fp8_recipe.h"
+#include "layers/comm_gemm_overlap.h"
+#include "layers/linear.h"
+#include "layers/norm.h"
+#include "layers/parameter.h"
+
+namespace stepgraph {
+
 // Note [Sequence-parallel LayerNormMLP]
 // With a tensor-parallel communicator of N ranks (Megatron's tensor and
 // sequence parallelism), each rank holds 1/N of the tokens outside the MLP
@@ -42,23 +58,6 @@
 // operands' makers then apply GeLU and its derivative, not the Linears; the
 // 16-bit normed and act are never written, and current scaling reads pre
 // twice (amax, then the copies) instead of writing act and reading it twice.
-#pragma once
-
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "engine/communicator.h"
-#include "engine/context.h"
-#include "engine/fp8_recipe.h"
-#include "layers/comm_gemm_overlap.h"
-#include "layers/linear.h"
-#include "layers/norm.h"
-#include "layers/parameter.h"
-
-namespace stepgraph {
-
 struct LayerNormMLPConfig {
   std::int64_t hidden = 0;
   std::int64_t ffn = 0;

@@ -9,7 +9,24 @@
 // [Router top-k and gates] in kernels/moe_routing.h (k = 2 renormalizes over
 // the two chosen experts). The router's gradient flows through the gates; the
 // expert choice itself has none. No auxiliary load-balancing loss.
-//
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/communicator.h"
+#include "engine/context.h"
+#include "engine/fp8_recipe.h"
+#include "layers/grouped_linear.h"
+#include "layers/linear.h"
+#include "layers/norm.h"
+#include "layers/parameter.h"
+#include "ops/moe_ops.h"
+
+namespace stepgraph {
+
 // Note [Tensor-parallel MoE]
 // With a tensor-parallel communicator of N ranks, every expert's MLP is split
 // the way LayerNormMLP is (See Note [Sequence-parallel LayerNormMLP] in
@@ -56,24 +73,6 @@
 // the same global tokens, up to the order of fp32 additions (fc2's partial
 // sums, fc1's data gradients, d gates). ffn must divide by N; the token shards
 // must be equal (the collectives check it).
-#pragma once
-
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "engine/communicator.h"
-#include "engine/context.h"
-#include "engine/fp8_recipe.h"
-#include "layers/grouped_linear.h"
-#include "layers/linear.h"
-#include "layers/norm.h"
-#include "layers/parameter.h"
-#include "ops/moe_ops.h"
-
-namespace stepgraph {
-
 struct MoEMLPConfig {
   std::int64_t hidden = 0;
   std::int64_t ffn = 0;  // per expert

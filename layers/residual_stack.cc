@@ -1,6 +1,7 @@
 #include "layers/residual_stack.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "engine/error.h"
@@ -13,6 +14,12 @@
 #include "ops/stream_ops.h"
 
 namespace stepgraph {
+
+std::optional<std::string> ResidualStack::tensor_parallel_gap(const ResidualStackConfig& config) {
+  if (config.heads > 0) return detail::concat("attention (heads = ", config.heads, ")");
+  if (config.dropout > 0.0f) return detail::concat("dropout (", config.dropout, ")");
+  return std::nullopt;
+}
 
 ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel)
     : config_(config), tp_(tensor_parallel) {
@@ -36,8 +43,11 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
   SG_CHECK(config.heads >= 0, "ResidualStack: heads must be >= 0 (0: no attention), got ", config.heads);
   SG_CHECK(std::isfinite(config.dropout) && config.dropout >= 0.0f && config.dropout < 1.0f,
            "ResidualStack: dropout must be in [0, 1), got ", config.dropout);
-  SG_CHECK_CODE(config.dropout == 0.0f || tensor_parallel == nullptr, ErrorCode::kUnsupported,
-                "ResidualStack: dropout (", config.dropout, ") is not supported with tensor parallelism yet");
+  if (tensor_parallel != nullptr) {
+    const std::optional<std::string> gap = tensor_parallel_gap(config);
+    SG_CHECK_CODE(!gap, ErrorCode::kUnsupported, "ResidualStack: ", gap.value_or(""),
+                  " is not supported with tensor parallelism yet; use data parallelism, or leave it out");
+  }
   if (config.dropout > 0.0f) {
     rng_ = ctx.persistent("rng.state", {Shape{2}, DType::kInt64});
     // The seed spread over 64 bits (the golden-ratio multiplier; unsigned, so it wraps), as the key's bits.
@@ -45,9 +55,6 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     const std::int64_t initial[2] = {static_cast<std::int64_t>(key), 0};
     ctx.copy_from_host(rng_, initial, sizeof(initial));
   }
-  SG_CHECK_CODE(config.heads == 0 || tensor_parallel == nullptr, ErrorCode::kUnsupported,
-           "ResidualStack: attention (heads = ", config.heads,
-           ") is not supported with tensor parallelism yet; use data parallelism, or heads = 0");
   for (std::int64_t i = 0; i < config.layers; ++i) {
     const std::string name = "block" + std::to_string(i);
     const std::uint32_t seed = config.seed + 16 * static_cast<std::uint32_t>(i);

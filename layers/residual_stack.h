@@ -118,8 +118,14 @@ class ResidualStack {
   };
 
   // `tensor_parallel`: See Note [Tensor-parallel ResidualStack]; null (the
-  // default) is the model on one rank.
+  // default) is the model on one rank. A config with a tensor_parallel_gap
+  // and a tensor-parallel communicator is Error(kUnsupported).
   ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr);
+
+  // What of `config` a tensor-parallel stack cannot hold yet ("attention
+  // (heads = 4)", "dropout (0.1)"), or nothing. The constructor refuses it;
+  // a program may ask first, to name its own flags.
+  static std::optional<std::string> tensor_parallel_gap(const ResidualStackConfig& config);
 
   // x: [tokens, hidden] (this rank's [tokens / N, hidden]); with attention
   // (heads > 0) cu_seqlens int32 [sequences + 1] says where each packed

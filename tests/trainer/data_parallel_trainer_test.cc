@@ -11,10 +11,14 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <vector>
 
+#include "engine/context.h"
 #include "engine/host_world.h"
+#include "layers/residual_stack.h"
 #include "tests/support/expect_error.h"
 #include "trainer/checkpoint_set.h"
 #include "trainer/options.h"
@@ -261,9 +265,10 @@ TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {
   EXPECT_NE(parsed.message.find("fc1_fprop (all-gather then GEMM)"), std::string::npos) << parsed.message;
 }
 
-// What a tensor-parallel stack cannot run yet is refused once, by the stack
-// that owns the limit (ResidualStack), on every rank before any step.
-TEST(TensorParallelTrainerFlagsTest, AttentionAndDropoutAreRefusedByTheStack) {
+// What a tensor-parallel stack cannot run yet is ResidualStack's rule
+// (tensor_parallel_gap); the trainer asks it before building the model, on
+// every rank, to name the flags.
+TEST(TensorParallelTrainerFlagsTest, AttentionAndDropoutAreRefusedNamingTheFlags) {
   EXPECT_ERROR_CONTAINS(HostWorld::run(2,
                                        [](Communicator& comm) {
                                          TrainerOptions o = options(StepMode::kGraph);
@@ -273,7 +278,7 @@ TEST(TensorParallelTrainerFlagsTest, AttentionAndDropoutAreRefusedByTheStack) {
                                          std::ostringstream log;
                                          train(o, Device::kHost, log, &comm);
                                        }),
-                        "attention (heads = 2) is not supported with tensor parallelism yet");
+                        "--tp 2: the model's attention (heads = 2) is not tensor-parallel yet; pass --tp 1");
   EXPECT_ERROR_CONTAINS(HostWorld::run(2,
                                        [](Communicator& comm) {
                                          TrainerOptions o = options(StepMode::kGraph);
@@ -282,7 +287,27 @@ TEST(TensorParallelTrainerFlagsTest, AttentionAndDropoutAreRefusedByTheStack) {
                                          std::ostringstream log;
                                          train(o, Device::kHost, log, &comm);
                                        }),
-                        "dropout (0.1) is not supported with tensor parallelism yet");
+                        "--tp 2: the model's dropout (0.1) is not tensor-parallel yet");
+}
+
+// The rule itself, and the stack's own refusal for callers that do not ask first.
+TEST(TensorParallelTrainerFlagsTest, TheStackRefusesWhatItsGapNames) {
+  EXPECT_EQ(ResidualStack::tensor_parallel_gap({.heads = 4}), std::optional<std::string>("attention (heads = 4)"));
+  EXPECT_EQ(ResidualStack::tensor_parallel_gap({.dropout = 0.5f}), std::optional<std::string>("dropout (0.5)"));
+  EXPECT_EQ(ResidualStack::tensor_parallel_gap({.heads = 0}), std::nullopt);
+  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
+                                       [](Communicator& comm) {
+                                         Context ctx(Device::kHost);
+                                         ResidualStack stack(ctx,
+                                                             {.hidden = 32,
+                                                              .ffn = 64,
+                                                              .layers = 1,
+                                                              .vocab = 16,
+                                                              .dtype = DType::kFloat32,
+                                                              .heads = 2},
+                                                             &comm);
+                                       }),
+                        "ResidualStack: attention (heads = 2) is not supported with tensor parallelism yet");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "engine/error.h"
 #include "kernels/embedding.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -25,62 +26,87 @@ kernels::EmbeddingDesc describe(const char* op, const TensorMeta& table, const T
 
 Shape out_shape(const kernels::EmbeddingDesc& desc) { return Shape{desc.rows, desc.width * desc.dim}; }
 
-// Inputs: table, tokens, error_flag (written).
+template <typename F>
+struct EmbeddingOperands {
+  F table;       // [vocab, dim]
+  F tokens;      // int32 [rows, width]
+  F error_flag;  // int32 [1], raised on a token outside the table
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, EmbeddingOperands<F>& o, V& v) {
+  v({"table"}, o.table);
+  v({"tokens"}, o.tokens);
+  v({.name = "error_flag", .use = Use::kWrite}, o.error_flag);
+}
+
+template <typename F>
+struct EmbeddingBackwardOperands {
+  F grad;    // fp32 [vocab, dim], accumulated into
+  F dout;    // [rows, width * dim]
+  F tokens;  // int32 [rows, width]
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, EmbeddingBackwardOperands<F>& o, V& v) {
+  v({.name = "grad", .use = Use::kWrite}, o.grad);
+  v({"dout"}, o.dout);
+  v({"tokens"}, o.tokens);
+}
+
+constexpr std::string_view kForward = "embedding";
+constexpr std::string_view kBackward = "embedding_backward";
+
 std::vector<TensorMeta> check_forward(const OpParams&, std::span<const TensorMeta> inputs) {
-  SG_CHECK(inputs.size() == 3, "op embedding takes a table, tokens and an error flag, got ", inputs.size(), " inputs");
-  SG_CHECK(inputs[2] == (TensorMeta{Shape{1}, DType::kInt32}), "op embedding: the error flag must be int32 [1], got ",
-           inputs[2].shape, " ", dtype_name(inputs[2].dtype));
-  const kernels::EmbeddingDesc desc = describe("embedding", inputs[0], inputs[1]);
+  const auto o = bind_metas<EmbeddingOperands>(kForward, NoParams{}, inputs);
+  SG_CHECK(o.error_flag == (TensorMeta{Shape{1}, DType::kInt32}),
+           "op embedding: the error flag must be int32 [1], got ", o.error_flag.shape, " ",
+           dtype_name(o.error_flag.dtype));
+  const kernels::EmbeddingDesc desc = describe("embedding", o.table, o.tokens);
   return {TensorMeta{out_shape(desc), desc.dtype}};
 }
 
-// Inputs: grad (written), dout, tokens.
 std::vector<TensorMeta> check_backward(const OpParams&, std::span<const TensorMeta> inputs) {
-  SG_CHECK(inputs.size() == 3, "op embedding_backward takes the table's grad, dout and tokens, got ", inputs.size(),
-           " inputs");
-  const TensorMeta& grad = inputs[0];
-  const TensorMeta& dout = inputs[1];
-  SG_CHECK(grad.dtype == DType::kFloat32, "op embedding_backward: the table's grad must be fp32, got ",
-           dtype_name(grad.dtype));
-  kernels::EmbeddingDesc desc = describe("embedding_backward", grad, inputs[2]);
-  desc.dtype = dout.dtype;
+  const auto o = bind_metas<EmbeddingBackwardOperands>(kBackward, NoParams{}, inputs);
+  SG_CHECK(o.grad.dtype == DType::kFloat32, "op embedding_backward: the table's grad must be fp32, got ",
+           dtype_name(o.grad.dtype));
+  kernels::EmbeddingDesc desc = describe("embedding_backward", o.grad, o.tokens);
+  desc.dtype = o.dout.dtype;
   kernels::check_embedding(desc);
-  SG_CHECK(dout.shape == out_shape(desc), "op embedding_backward: dout must be ", out_shape(desc),
-           " (rows, width * dim) to match the tokens ", inputs[2].shape, " and the grad ", grad.shape, ", got ",
-           dout.shape);
+  SG_CHECK(o.dout.shape == out_shape(desc), "op embedding_backward: dout must be ", out_shape(desc),
+           " (rows, width * dim) to match the tokens ", o.tokens.shape, " and the grad ", o.grad.shape, ", got ",
+           o.dout.shape);
   return {};
 }
 
-kernels::EmbeddingDesc forward_desc(const KernelArgs& a) {
-  return describe("embedding", a.input_metas[0], a.input_metas[1]);
+kernels::EmbeddingDesc forward_desc(const EmbeddingOperands<Operand>& o) {
+  return describe("embedding", *o.table.meta, *o.tokens.meta);
 }
 
-kernels::EmbeddingDesc backward_desc(const KernelArgs& a) {
-  kernels::EmbeddingDesc desc = describe("embedding_backward", a.input_metas[0], a.input_metas[2]);
-  desc.dtype = a.input_metas[1].dtype;
+kernels::EmbeddingDesc backward_desc(const EmbeddingBackwardOperands<Operand>& o) {
+  kernels::EmbeddingDesc desc = describe("embedding_backward", *o.grad.meta, *o.tokens.meta);
+  desc.dtype = o.dout.dtype();
   return desc;
-}
-
-const std::int32_t* tokens_of(const KernelArgs& a, std::size_t index) {
-  return static_cast<const std::int32_t*>(a.inputs[index]);
 }
 
 }  // namespace
 
 const OpDef& embedding_op() {
   static const OpDef op{
-      .name = "embedding",
+      .name = kForward,
       .check = check_forward,
-      .mutated_inputs = {2},
+      .mutated_inputs_for = written_inputs_of<EmbeddingOperands, NoParams>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_embedding_forward(forward_desc(a), a.inputs[0], tokens_of(a, 1), a.outputs[0],
-                                              static_cast<std::int32_t*>(a.inputs[2]), s);
+            const auto o = bind_args<EmbeddingOperands>(NoParams{}, a);
+            kernels::launch_embedding_forward(forward_desc(o), o.table.data, o.tokens.as<const std::int32_t>(),
+                                              a.outputs[0], o.error_flag.as<std::int32_t>(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::embedding_forward(forward_desc(a), a.inputs[0], tokens_of(a, 1), a.outputs[0],
-                                             static_cast<std::int32_t*>(a.inputs[2]));
+            const auto o = bind_args<EmbeddingOperands>(NoParams{}, a);
+            kernels::host::embedding_forward(forward_desc(o), o.table.data, o.tokens.as<const std::int32_t>(),
+                                             a.outputs[0], o.error_flag.as<std::int32_t>());
           },
   };
   return op;
@@ -89,18 +115,20 @@ SG_REGISTER_OP(embedding_op);
 
 const OpDef& embedding_backward_op() {
   static const OpDef op{
-      .name = "embedding_backward",
+      .name = kBackward,
       .check = check_backward,
-      .mutated_inputs = {0},
+      .mutated_inputs_for = written_inputs_of<EmbeddingBackwardOperands, NoParams>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_embedding_backward(backward_desc(a), a.inputs[1], tokens_of(a, 2),
-                                               static_cast<float*>(a.inputs[0]), s);
+            const auto o = bind_args<EmbeddingBackwardOperands>(NoParams{}, a);
+            kernels::launch_embedding_backward(backward_desc(o), o.dout.data, o.tokens.as<const std::int32_t>(),
+                                               o.grad.as<float>(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::embedding_backward(backward_desc(a), a.inputs[1], tokens_of(a, 2),
-                                              static_cast<float*>(a.inputs[0]));
+            const auto o = bind_args<EmbeddingBackwardOperands>(NoParams{}, a);
+            kernels::host::embedding_backward(backward_desc(o), o.dout.data, o.tokens.as<const std::int32_t>(),
+                                              o.grad.as<float>());
           },
   };
   return op;
@@ -108,11 +136,17 @@ const OpDef& embedding_backward_op() {
 SG_REGISTER_OP(embedding_backward_op);
 
 Tensor embedding(Context& ctx, const Tensor& table, const Tensor& tokens, const Tensor& error_flag) {
-  return ctx.call(embedding_op(), NoParams{}, {table, tokens, error_flag}).front();
+  return ctx
+      .call(embedding_op(), NoParams{},
+            flatten(kForward, NoParams{},
+                    EmbeddingOperands<Tensor>{.table = table, .tokens = tokens, .error_flag = error_flag}))
+      .front();
 }
 
 void embedding_backward_(Context& ctx, const Tensor& grad, const Tensor& dout, const Tensor& tokens) {
-  ctx.call(embedding_backward_op(), NoParams{}, {grad, dout, tokens});
+  ctx.call(
+      embedding_backward_op(), NoParams{},
+      flatten(kBackward, NoParams{}, EmbeddingBackwardOperands<Tensor>{.grad = grad, .dout = dout, .tokens = tokens}));
 }
 
 }  // namespace stepgraph::ops

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "capi/handles.h"
+#include "capi/layer_configs.h"
 #include "capi/versioned_config.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
@@ -32,7 +33,7 @@ class LanguageModelLayer final : public AnyLayer {
   [[noreturn]] static void refuse(const char* pass) {
     SG_THROW(ErrorCode::kUnsupported, "sg_layer_", pass, ": a language model's input is token ids with their "
              "packing, which its train step holds: it has no ", pass, " of its own; train it with a train step "
-             "(sg_train_step_create_with_config; TrainStep in Python) and run or capture the step");
+             "(sg_train_step_create; TrainStep in Python) and run or capture the step");
   }
 
   LanguageModel model_;
@@ -83,25 +84,13 @@ LanguageModelConfig to_config(const sg_language_model_config& c, const char* fun
   const bool fp8 = to_flag(c.fp8, function, "config fp8");
   const bool cache = to_flag(c.fp8_weight_cache, function, "config fp8_weight_cache");
   SG_CHECK(fp8 || !cache, function, ": config fp8_weight_cache applies to FP8 GEMMs, and fp8 is 0; set fp8 = 1");
-  LanguageModelConfig config{
-      .model = {.hidden = c.hidden,
-                .ffn = c.ffn,
-                .layers = c.layers,
-                .vocab = c.vocab,
-                .norm = to_norm_kind(c.norm),
-                .eps = checked_eps(c.eps, function, "config eps"),
-                .dtype = to_dtype(c.dtype),
-                .seed = c.seed,
-                .experts = c.experts,
-                .topk = c.topk,
-                .moe_every = c.moe_every,
-                .heads = c.heads,
-                .kv_heads = c.kv_heads,
-                .rope_base = c.rope_base,
-                .overlap = c.overlap != nullptr ? MLPOverlap::parse(c.overlap) : MLPOverlap{},
-                .recompute_activation = to_flag(c.recompute_activation, function, "config recompute_activation"),
-                .dropout = c.dropout},
-      .context = c.context};
+  LanguageModelConfig config{.model = stack_fields(c, function), .context = c.context};
+  config.model.heads = c.heads;
+  config.model.kv_heads = c.kv_heads;
+  config.model.rope_base = c.rope_base;
+  config.model.overlap = c.overlap != nullptr ? MLPOverlap::parse(c.overlap) : MLPOverlap{};
+  config.model.recompute_activation = to_flag(c.recompute_activation, function, "config recompute_activation");
+  config.model.dropout = c.dropout;
   if (fp8) {
     config.model.fp8 = to_fp8_recipe(&c.fp8_recipe, function);
     config.model.fp8->cache_weights = cache;

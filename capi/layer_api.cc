@@ -1,12 +1,13 @@
-// The C API's layers: configs, the four dense layers and the ResidualStack
-// behind one AnyLayer, forward/backward with an opaque saved state,
-// parameters.
+// The C API's layers: the four dense layers and the ResidualStack behind one
+// AnyLayer (their configs: capi/layer_configs.cc), forward/backward with an
+// opaque saved state, parameters.
 #include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
 
 #include "capi/handles.h"
+#include "capi/layer_configs.h"
 #include "engine/fp8_recipe.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/layernorm_linear.h"
@@ -20,15 +21,6 @@ namespace {
 
 template <typename L>
 using LayerAdapter = AnyLayerOf<L>;
-
-LinearConfig to_linear_config(const sg_linear_config& c, const char* function) {
-  return {.in_features = c.in_features,
-          .out_features = c.out_features,
-          .bias = to_flag(c.bias, function, "config bias"),
-          .dtype = to_dtype(c.dtype),
-          .dgrad = to_flag(c.dgrad, function, "config dgrad"),
-          .wgrad = to_flag(c.wgrad, function, "config wgrad")};
-}
 
 }  // namespace
 
@@ -89,14 +81,6 @@ sg_fp8_recipe from_fp8_recipe(const Fp8Recipe& r) {
 
 namespace {
 
-sg_linear_config from_linear_config(const LinearConfig& c) {
-  return {c.in_features, c.out_features, c.bias ? 1 : 0, from_dtype(c.dtype), c.dgrad ? 1 : 0, c.wgrad ? 1 : 0};
-}
-
-sg_norm_kind from_norm_kind(kernels::NormKind kind) {
-  return kind == kernels::NormKind::kLayerNorm ? SG_NORM_LAYERNORM : SG_NORM_RMSNORM;
-}
-
 // A layer L(ctx, args...) behind a new handle; it keeps `keeps` alive.
 template <typename L, typename... Args>
 void make_layer_keeping(sg_context ctx, sg_layer* out, const char* function, std::shared_ptr<const void> keeps,
@@ -112,21 +96,6 @@ void make_layer_keeping(sg_context ctx, sg_layer* out, const char* function, std
 template <typename L, typename... Args>
 void make_layer(sg_context ctx, sg_layer* out, const char* function, Args&&... args) {
   make_layer_keeping<L>(ctx, out, function, nullptr, std::forward<Args>(args)...);
-}
-
-ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& c, const char* function) {
-  check_moe_fields(c.experts, c.topk, c.moe_every, function);
-  return {.hidden = c.hidden,
-          .ffn = c.ffn,
-          .layers = c.layers,
-          .vocab = c.vocab,
-          .norm = to_norm_kind(c.norm),
-          .eps = checked_eps(c.eps, function, "config eps"),
-          .dtype = to_dtype(c.dtype),
-          .seed = c.seed,
-          .experts = c.experts,
-          .topk = c.topk,
-          .moe_every = c.moe_every};
 }
 
 const char* checked_name(const char* name, const char* function) {
@@ -173,10 +142,6 @@ using namespace stepgraph;  // NOLINT(google-build-using-namespace): the C entry
 using capi::require;
 using capi::run_guarded;
 
-extern "C" void sg_linear_config_default(sg_linear_config* config) {
-  if (config != nullptr) *config = capi::from_linear_config(LinearConfig{});
-}
-
 extern "C" void sg_fp8_recipe_default(sg_fp8_recipe* recipe, sg_fp8_scaling scaling) {
   if (recipe == nullptr) return;
   *recipe = capi::from_fp8_recipe(scaling == SG_FP8_DELAYED ? Fp8Recipe::delayed()
@@ -185,46 +150,20 @@ extern "C" void sg_fp8_recipe_default(sg_fp8_recipe* recipe, sg_fp8_scaling scal
   recipe->scaling = scaling;  // an unknown value stays, for the layer to refuse by name
 }
 
-extern "C" void sg_norm_config_default(sg_norm_config* config) {
-  if (config == nullptr) return;
-  const NormConfig d;
-  *config = {capi::from_norm_kind(d.kind), d.hidden, d.eps, capi::from_dtype(d.dtype)};
-}
-
-extern "C" void sg_layernorm_linear_config_default(sg_layernorm_linear_config* config) {
-  if (config == nullptr) return;
-  const LayerNormLinearConfig d;
-  *config = {capi::from_norm_kind(d.norm), d.eps, capi::from_linear_config(d.linear)};
-}
-
-extern "C" void sg_layernorm_mlp_config_default(sg_layernorm_mlp_config* config) {
-  if (config == nullptr) return;
-  const LayerNormMLPConfig d;
-  *config = {d.hidden, d.ffn, capi::from_norm_kind(d.norm), d.eps, capi::from_dtype(d.dtype)};
-}
-
-extern "C" void sg_residual_stack_config_default(sg_residual_stack_config* config) {
-  if (config == nullptr) return;
-  const ResidualStackConfig d;
-  *config = {d.hidden, d.ffn,     d.layers, d.vocab,    capi::from_norm_kind(d.norm), d.eps, capi::from_dtype(d.dtype),
-             d.seed,   d.experts, d.topk,   d.moe_every};
-}
-
 extern "C" sg_result sg_linear_create(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
                                       sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
     capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function),
-                             capi::to_linear_config(*config, function), seed);
+                             capi::read_linear_config(*config, function), seed);
   });
 }
 
 extern "C" sg_result sg_norm_create(sg_context ctx, const char* name, const sg_norm_config* config, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const NormConfig c{capi::to_norm_kind(config->kind), config->hidden,
-                       capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
-    capi::make_layer<Norm>(ctx, out, function, capi::checked_name(name, function), c);
+    capi::make_layer<Norm>(ctx, out, function, capi::checked_name(name, function),
+                           capi::read_norm_config(*config, function));
   });
 }
 
@@ -233,10 +172,8 @@ extern "C" sg_result sg_layernorm_linear_create(sg_context ctx, const char* name
                                                 sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const LayerNormLinearConfig c{capi::to_norm_kind(config->norm),
-                                  capi::checked_eps(config->eps, function, "config eps"),
-                                  capi::to_linear_config(config->linear, function)};
-    capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
+    capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function),
+                                      capi::read_layernorm_linear_config(*config, function), seed);
   });
 }
 
@@ -244,63 +181,22 @@ extern "C" sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, c
                                              uint32_t seed, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    const LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm),
-                               capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
-    capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
-  });
-}
-
-extern "C" sg_result sg_linear_create_fp8(sg_context ctx, const char* name, const sg_linear_config* config,
-                                          uint32_t seed, const sg_fp8_recipe* recipe, sg_layer* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    require(config, function, "config");
-    LinearConfig c = capi::to_linear_config(*config, function);
-    c.fp8 = capi::to_fp8_recipe(recipe, function);
-    capi::make_layer<Linear>(ctx, out, function, capi::checked_name(name, function), c, seed);
-  });
-}
-
-extern "C" sg_result sg_layernorm_linear_create_fp8(sg_context ctx, const char* name,
-                                                    const sg_layernorm_linear_config* config, uint32_t seed,
-                                                    const sg_fp8_recipe* recipe, sg_layer* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    require(config, function, "config");
-    LayerNormLinearConfig c{capi::to_norm_kind(config->norm), capi::checked_eps(config->eps, function, "config eps"),
-                            capi::to_linear_config(config->linear, function)};
-    c.linear.fp8 = capi::to_fp8_recipe(recipe, function);
-    capi::make_layer<LayerNormLinear>(ctx, out, function, capi::checked_name(name, function), c, seed);
-  });
-}
-
-extern "C" sg_result sg_layernorm_mlp_create_fp8(sg_context ctx, const char* name,
-                                                 const sg_layernorm_mlp_config* config, uint32_t seed,
-                                                 const sg_fp8_recipe* recipe, sg_layer* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    require(config, function, "config");
-    LayerNormMLPConfig c{config->hidden, config->ffn, capi::to_norm_kind(config->norm),
-                         capi::checked_eps(config->eps, function, "config eps"), capi::to_dtype(config->dtype)};
-    c.fp8 = capi::to_fp8_recipe(recipe, function);
-    capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function), c, seed);
+    capi::make_layer<LayerNormMLP>(ctx, out, function, capi::checked_name(name, function),
+                                   capi::read_layernorm_mlp_config(*config, function), seed);
   });
 }
 
 extern "C" sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(config, function, "config");
-    capi::make_layer<ResidualStack>(ctx, out, function, capi::to_residual_stack_config(*config, function));
-  });
-}
-
-extern "C" sg_result sg_residual_stack_create_tensor_parallel(sg_context ctx, const sg_residual_stack_config* config,
-                                                              sg_world world, const char* overlap, sg_layer* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    require(config, function, "config");
-    require(overlap, function, "overlap");
-    const std::shared_ptr<capi::WorldState> state = capi::handle_object(world, function, "world")->state;
-    ResidualStackConfig c = capi::to_residual_stack_config(*config, function);
-    c.overlap = MLPOverlap::parse(overlap);
-    Communicator* tensor_parallel = state->comm.get();  // null: a world of one, the plain stack
-    capi::make_layer_keeping<ResidualStack>(ctx, out, function, state, c, tensor_parallel);
+    const sg_residual_stack_config c = capi::read_residual_stack_config(*config, function);
+    std::shared_ptr<capi::WorldState> world;
+    if (c.tensor_parallel != nullptr) {
+      world = capi::handle_object(c.tensor_parallel, function, "config->tensor_parallel")->state;
+    }
+    Communicator* tensor_parallel = world != nullptr ? world->comm.get() : nullptr;  // null: a world of one
+    capi::make_layer_keeping<ResidualStack>(ctx, out, function, world, capi::to_residual_stack_config(c, function),
+                                            tensor_parallel);
   });
 }
 

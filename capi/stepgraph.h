@@ -7,7 +7,7 @@
  *
  *   sg_context ctx;
  *   sg_residual_stack_config config;
- *   sg_residual_stack_config_default(&config);
+ *   sg_residual_stack_config_default(&config);  (size, magic, version, defaults)
  *   if (sg_context_create(SG_DEVICE_HOST, 1, &ctx) != SG_OK) puts(sg_last_error());
  *
  * Handles are opaque 64-bit values checked on every call, not addresses: the
@@ -86,7 +86,19 @@ extern "C" {
  * macro; a config from another stepgraph.h is read up to the fields of its
  * version, and one this library cannot read is an error saying so. Exported as
  * STEPGRAPH_C_9. */
-#define SG_API_VERSION 9
+/* 10: one versioned config per object instead of create variants: the layer
+ * configs (sg_linear_config, sg_norm_config, sg_layernorm_linear_config,
+ * sg_layernorm_mlp_config, sg_residual_stack_config) start with size, magic
+ * and version and hold the FP8 recipe (fp8, fp8_recipe) or the
+ * tensor-parallel world and overlap; sg_train_step_create takes an
+ * sg_train_step_config; optimizers are made by sg_optimizer_create. Removed:
+ * sg_linear_create_fp8, sg_layernorm_linear_create_fp8,
+ * sg_layernorm_mlp_create_fp8, sg_residual_stack_create_tensor_parallel,
+ * sg_train_step_create_with_config, sg_adamw_create, sg_adamw_create_scheduled.
+ * The functions whose arguments changed are exported as STEPGRAPH_C_10, so a
+ * binary built against an older header fails to load instead of passing the
+ * old structs. */
+#define SG_API_VERSION 10
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -239,70 +251,6 @@ sg_result sg_tensor_copy_to_host(sg_tensor tensor, void* dst, size_t bytes);
 
 /* ---- Layers ---------------------------------------------------------------- */
 
-typedef struct sg_linear_config {
-  int64_t in_features;
-  int64_t out_features;
-  int bias; /* bool */
-  sg_dtype dtype;
-  int dgrad; /* bool: backward computes dx */
-  int wgrad; /* bool: backward writes the parameter gradients */
-} sg_linear_config;
-
-typedef struct sg_norm_config {
-  sg_norm_kind kind;
-  int64_t hidden;
-  float eps;
-  sg_dtype dtype;
-} sg_norm_config;
-
-typedef struct sg_layernorm_linear_config {
-  sg_norm_kind norm;
-  float eps;
-  sg_linear_config linear; /* in_features is the normalized hidden size */
-} sg_layernorm_linear_config;
-
-typedef struct sg_layernorm_mlp_config {
-  int64_t hidden;
-  int64_t ffn;
-  sg_norm_kind norm;
-  float eps;
-  sg_dtype dtype;
-} sg_layernorm_mlp_config;
-
-/* The residual trunk of a language model, fed activations: residual blocks
- * h = h + LayerNormMLP(h) (or MoE blocks), a final norm and an LM head.
- * experts > 0 makes every moe_every-th block a mixture of experts routing each
- * token to its topk experts (topk 1 or 2, at most experts; split sizes stay on
- * the device); a bad combination is an error at creation. */
-typedef struct sg_residual_stack_config {
-  int64_t hidden;
-  int64_t ffn;
-  int64_t layers;
-  int64_t vocab;
-  sg_norm_kind norm;
-  float eps;
-  sg_dtype dtype;
-  uint32_t seed;
-  int64_t experts;
-  int64_t topk;
-  int64_t moe_every;
-} sg_residual_stack_config;
-
-/* The engine's defaults (bf16, eps 1e-5, bias/dgrad/wgrad on, ...). */
-void sg_linear_config_default(sg_linear_config* config);
-void sg_norm_config_default(sg_norm_config* config);
-void sg_layernorm_linear_config_default(sg_layernorm_linear_config* config);
-void sg_layernorm_mlp_config_default(sg_layernorm_mlp_config* config);
-void sg_residual_stack_config_default(sg_residual_stack_config* config);
-
-/* Layers: parameters initialised from `seed`, persistent in the context. */
-sg_result sg_linear_create(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
-                           sg_layer* out);
-sg_result sg_norm_create(sg_context ctx, const char* name, const sg_norm_config* config, sg_layer* out);
-sg_result sg_layernorm_linear_create(sg_context ctx, const char* name, const sg_layernorm_linear_config* config,
-                                     uint32_t seed, sg_layer* out);
-sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
-                                  uint32_t seed, sg_layer* out);
 /* FP8 GEMMs (engine/fp8_recipe.h, Note [FP8 Linear] in layers/linear.h): a
  * recipe as a plain value. Fill it with sg_fp8_recipe_default for a scaling,
  * then change fields; a field out of range is an error at layer creation. */
@@ -320,28 +268,132 @@ typedef struct sg_fp8_recipe {
 } sg_fp8_recipe;
 /* The engine's recipe for `scaling` (Fp8Recipe::current(), delayed(), block()). */
 void sg_fp8_recipe_default(sg_fp8_recipe* recipe, sg_fp8_scaling scaling);
-/* The layers above with FP8 GEMMs; `recipe` null is the 16-bit layer. */
-sg_result sg_linear_create_fp8(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
-                               const sg_fp8_recipe* recipe, sg_layer* out);
-sg_result sg_layernorm_linear_create_fp8(sg_context ctx, const char* name, const sg_layernorm_linear_config* config,
-                                         uint32_t seed, const sg_fp8_recipe* recipe, sg_layer* out);
-sg_result sg_layernorm_mlp_create_fp8(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
-                                      uint32_t seed, const sg_fp8_recipe* recipe, sg_layer* out);
+
+/* Every layer config is versioned (see SG_API_VERSION 9): start from its
+ * _default function, then set fields. `fp8` = 1 runs the layer's GEMMs in FP8
+ * by `fp8_recipe` (sg_fp8_recipe_default's current scaling by default). */
+#define SG_LINEAR_CONFIG_MAGIC 0x53474c49u /* "SGLI" */
+#define SG_LINEAR_CONFIG_VERSION 1
+typedef struct sg_linear_config {
+  size_t size;      /* sizeof(sg_linear_config) where the caller was compiled */
+  uint32_t magic;   /* SG_LINEAR_CONFIG_MAGIC */
+  uint32_t version; /* SG_LINEAR_CONFIG_VERSION where the caller was compiled */
+  /* Version 1. */
+  int64_t in_features;
+  int64_t out_features;
+  int bias; /* bool */
+  sg_dtype dtype;
+  int dgrad; /* bool: backward computes dx */
+  int wgrad; /* bool: backward writes the parameter gradients */
+  int fp8;   /* bool */
+  sg_fp8_recipe fp8_recipe;
+} sg_linear_config;
+
+#define SG_NORM_CONFIG_MAGIC 0x53474e4fu /* "SGNO" */
+#define SG_NORM_CONFIG_VERSION 1
+typedef struct sg_norm_config {
+  size_t size;
+  uint32_t magic;   /* SG_NORM_CONFIG_MAGIC */
+  uint32_t version; /* SG_NORM_CONFIG_VERSION */
+  /* Version 1. */
+  sg_norm_kind kind;
+  int64_t hidden;
+  float eps;
+  sg_dtype dtype;
+} sg_norm_config;
+
+/* A norm, then a Linear of in_features (the normalized hidden size) to out_features. */
+#define SG_LAYERNORM_LINEAR_CONFIG_MAGIC 0x53474e4cu /* "SGNL" */
+#define SG_LAYERNORM_LINEAR_CONFIG_VERSION 1
+typedef struct sg_layernorm_linear_config {
+  size_t size;
+  uint32_t magic;   /* SG_LAYERNORM_LINEAR_CONFIG_MAGIC */
+  uint32_t version; /* SG_LAYERNORM_LINEAR_CONFIG_VERSION */
+  /* Version 1. */
+  sg_norm_kind norm;
+  float eps;
+  int64_t in_features;
+  int64_t out_features;
+  int bias; /* bool */
+  sg_dtype dtype;
+  int dgrad; /* bool */
+  int wgrad; /* bool */
+  int fp8;   /* bool */
+  sg_fp8_recipe fp8_recipe;
+} sg_layernorm_linear_config;
+
+#define SG_LAYERNORM_MLP_CONFIG_MAGIC 0x53474d4cu /* "SGML" */
+#define SG_LAYERNORM_MLP_CONFIG_VERSION 1
+typedef struct sg_layernorm_mlp_config {
+  size_t size;
+  uint32_t magic;   /* SG_LAYERNORM_MLP_CONFIG_MAGIC */
+  uint32_t version; /* SG_LAYERNORM_MLP_CONFIG_VERSION */
+  /* Version 1. */
+  int64_t hidden;
+  int64_t ffn;
+  sg_norm_kind norm;
+  float eps;
+  sg_dtype dtype;
+  int fp8; /* bool */
+  sg_fp8_recipe fp8_recipe;
+} sg_layernorm_mlp_config;
+
+/* The residual trunk of a language model, fed activations: residual blocks
+ * h = h + LayerNormMLP(h) (or MoE blocks), a final norm and an LM head.
+ * experts > 0 makes every moe_every-th block a mixture of experts routing each
+ * token to its topk experts (topk 1 or 2, at most experts; split sizes stay on
+ * the device); a bad combination is an error at creation.
+ * tensor_parallel: NULL, or a world over whose every rank the stack is tensor-
+ * and sequence-parallel (layers/residual_stack.h, Note [Tensor-parallel
+ * ResidualStack]): each rank holds 1/N of every block's ffn, of the experts and
+ * of the vocabulary, its forward takes this rank's rows x [tokens / N, hidden]
+ * and gives the logits of every rank's tokens over its vocabulary slice
+ * [tokens, vocab / N]; a train step of it (tokens = this rank's rows, no world
+ * of its own) trains on each rank's rows, the loss their global mean. Every
+ * rank must make the same calls; a world of one gives the plain stack; the
+ * layer keeps the world's communicator alive. overlap: how the collectives
+ * meet their GEMMs, NULL (bulk), "none", "bulk", "overlap" or four modes
+ * (trainer/README.md); only with tensor_parallel. */
+#define SG_RESIDUAL_STACK_CONFIG_MAGIC 0x53475253u /* "SGRS" */
+#define SG_RESIDUAL_STACK_CONFIG_VERSION 1
+typedef struct sg_residual_stack_config {
+  size_t size;
+  uint32_t magic;   /* SG_RESIDUAL_STACK_CONFIG_MAGIC */
+  uint32_t version; /* SG_RESIDUAL_STACK_CONFIG_VERSION */
+  /* Version 1. */
+  int64_t hidden;
+  int64_t ffn;
+  int64_t layers;
+  int64_t vocab;
+  sg_norm_kind norm;
+  float eps;
+  sg_dtype dtype;
+  uint32_t seed;
+  int64_t experts;
+  int64_t topk;
+  int64_t moe_every;
+  sg_world tensor_parallel;
+  const char* overlap;
+} sg_residual_stack_config;
+
+/* The engine's defaults (bf16, eps 1e-5, bias/dgrad/wgrad on, no FP8, ...). */
+void sg_linear_config_default(sg_linear_config* config);
+void sg_norm_config_default(sg_norm_config* config);
+void sg_layernorm_linear_config_default(sg_layernorm_linear_config* config);
+void sg_layernorm_mlp_config_default(sg_layernorm_mlp_config* config);
+void sg_residual_stack_config_default(sg_residual_stack_config* config);
+
+/* Layers: parameters initialised from `seed`, persistent in the context. */
+sg_result sg_linear_create(sg_context ctx, const char* name, const sg_linear_config* config, uint32_t seed,
+                           sg_layer* out);
+sg_result sg_norm_create(sg_context ctx, const char* name, const sg_norm_config* config, sg_layer* out);
+sg_result sg_layernorm_linear_create(sg_context ctx, const char* name, const sg_layernorm_linear_config* config,
+                                     uint32_t seed, sg_layer* out);
+sg_result sg_layernorm_mlp_create(sg_context ctx, const char* name, const sg_layernorm_mlp_config* config,
+                                  uint32_t seed, sg_layer* out);
 /* A residual stack is a layer too: forward gives logits [tokens, vocab] from
  * x [tokens, hidden]; backward takes dlogits and gives dx. */
 sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_config* config, sg_layer* out);
-/* The same stack tensor- and sequence-parallel over every rank of `world`
- * (layers/residual_stack.h, Note [Tensor-parallel ResidualStack]): each rank
- * holds 1/N of every block's ffn, of the experts and of the vocabulary, its
- * forward takes this rank's rows x [tokens / N, hidden] and gives the logits
- * of every rank's tokens over its vocabulary slice [tokens, vocab / N].
- * `overlap`: how the collectives meet their GEMMs, "none", "bulk", "overlap"
- * or four modes (trainer/README.md). A train step of it (sg_train_step_create,
- * tokens = this rank's rows) trains on each rank's rows, the loss their
- * global mean. Every rank must make the same calls. A world of one gives the
- * plain stack. The layer keeps the world's communicator alive. */
-sg_result sg_residual_stack_create_tensor_parallel(sg_context ctx, const sg_residual_stack_config* config,
-                                                   sg_world world, const char* overlap, sg_layer* out);
 
 /* A language model (layers/language_model.h), the trainer's model: an
  * embedding, a residual stack and an LM head, trained by sg_train_step_create
@@ -350,8 +402,7 @@ sg_result sg_residual_stack_create_tensor_parallel(sg_context ctx, const sg_resi
  * token predicted. With heads = 0 the window model: one prediction per
  * example from a window of `context` tokens, by MLP blocks over their
  * concatenated embedding (hidden a multiple of context).
- * It is a layer handle (kind "language_model") for sg_adamw_create,
- * sg_optimizer_create, sg_layer_parameter and sg_layer_check_errors; it has no
+ * It is a layer handle (kind "language_model") for sg_optimizer_create, sg_layer_parameter and sg_layer_check_errors; it has no
  * sg_layer_forward (its input is tokens with their packing: train it with a
  * train step). Bad values and combinations are errors at creation, naming the
  * field. */
@@ -471,9 +522,6 @@ typedef struct sg_adamw_config {
 } sg_adamw_config;
 void sg_adamw_config_default(sg_adamw_config* config);
 
-/* AdamW over the parameters of `layer_count` layers (one multi-tensor op). */
-sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count, const sg_adamw_config* config,
-                          sg_optimizer* out);
 /* A learning-rate schedule (kernels/lr_schedule.h), computed on the device
  * from the step counter before each update, so a captured step replays with
  * each step's rate: `warmup` steps of linear warmup to `base`, then constant
@@ -485,9 +533,6 @@ typedef struct sg_lr_schedule {
   int64_t warmup; /* >= 0 */
   int64_t total;  /* >= 0; > warmup for cosine and linear */
 } sg_lr_schedule;
-/* AdamW whose rate follows `schedule` (its base replaces config->lr). */
-sg_result sg_adamw_create_scheduled(sg_context ctx, const sg_layer* layers, size_t layer_count,
-                                    const sg_adamw_config* config, const sg_lr_schedule* schedule, sg_optimizer* out);
 /* The rate of the next updates, written from the host between steps: a step
  * captured before takes it without a new capture. An error with a schedule. */
 sg_result sg_optimizer_set_lr(sg_optimizer optimizer, float lr);
@@ -522,7 +567,8 @@ typedef struct sg_optimizer_config {
         {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f}, 0, {0, 1e-3f, 0.0f, 0, 0}, 0, 0, 65536.0f, 2.0f, 0.5f, 2000, 0 \
   }
 void sg_optimizer_config_default(sg_optimizer_config* config);
-/* AdamW over the parameters of `layer_count` layers with `config`'s options. */
+/* AdamW over the parameters of `layer_count` layers (one multi-tensor op)
+ * with `config`'s options. */
 sg_result sg_optimizer_create(sg_context ctx, const sg_layer* layers, size_t layer_count,
                               const sg_optimizer_config* config, sg_optimizer* out);
 /* Steps skipped as non-finite so far, and the loss scale the next step uses
@@ -543,8 +589,6 @@ sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out);
  * token, the next token (sg_train_step_packing holds the packing); for the
  * window model token ids int32 [tokens, context] (one example per row) and
  * one label per example. */
-sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out);
-
 /* A train step's settings, versioned across the ABI like ncclConfig_t: new
  * fields are appended in later versions, and `size`, `magic` and `version` tell
  * the library which fields the caller knows. Start from
@@ -576,10 +620,11 @@ typedef struct sg_train_step_config {
 #define SG_TRAIN_STEP_CONFIG_INITIALIZER \
   { sizeof(sg_train_step_config), SG_TRAIN_STEP_CONFIG_MAGIC, SG_TRAIN_STEP_CONFIG_VERSION, 0, NULL, 0, 0 }
 void sg_train_step_config_default(sg_train_step_config* config);
-/* sg_train_step_create with a config (tokens and, for data parallelism, a
- * world). The step keeps the world's communicator alive (see sg_world_init). */
-sg_result sg_train_step_create_with_config(sg_layer model, sg_optimizer optimizer, const sg_train_step_config* config,
-                                           sg_train_step* out);
+/* The step of `model` and `optimizer` as `config` says (tokens and, for data
+ * parallelism, a world). The step keeps the world's communicator alive (see
+ * sg_world_init). */
+sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, const sg_train_step_config* config,
+                               sg_train_step* out);
 sg_result sg_train_step_destroy(sg_train_step step);
 sg_result sg_train_step_inputs(sg_train_step step, sg_tensor* x, sg_tensor* labels);
 /* The cu_seqlens int32 [sequences + 1] of a model with attention (where each

@@ -65,30 +65,7 @@ sg_optimizer issue_optimizer(std::shared_ptr<capi::OptimizerState> state) {
   return capi::issue_handle(std::make_shared<sg_optimizer_s>(sg_optimizer_s{std::move(state)}));
 }
 
-sg_result create_adamw(const char* function, sg_context ctx, const sg_layer* layers, size_t layer_count,
-                       const sg_adamw_config* config, const sg_lr_schedule* schedule, sg_optimizer* out) {
-  return run_guarded(function, [&] {
-    require(out, function, "out");
-    *out = nullptr;
-    *out = issue_optimizer(make_adamw(function, ctx, layers, layer_count, config, schedule));
-  });
-}
-
 }  // namespace
-
-extern "C" sg_result sg_adamw_create(sg_context ctx, const sg_layer* layers, size_t layer_count,
-                                     const sg_adamw_config* config, sg_optimizer* out) {
-  return create_adamw(__func__, ctx, layers, layer_count, config, nullptr, out);
-}
-
-extern "C" sg_result sg_adamw_create_scheduled(sg_context ctx, const sg_layer* layers, size_t layer_count,
-                                               const sg_adamw_config* config, const sg_lr_schedule* schedule,
-                                               sg_optimizer* out) {
-  if (schedule == nullptr) {
-    return run_guarded(__func__, [&, function = __func__] { require(schedule, function, "schedule"); });
-  }
-  return create_adamw(__func__, ctx, layers, layer_count, config, schedule, out);
-}
 
 namespace {
 
@@ -280,23 +257,13 @@ sg_train_step create_train_step(const char* function, sg_layer model, sg_optimiz
 
 }  // namespace
 
-extern "C" sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, int64_t tokens, sg_train_step* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    require(out, function, "out");
-    *out = nullptr;
-    sg_train_step_config config = SG_TRAIN_STEP_CONFIG_INITIALIZER;
-    config.tokens = tokens;
-    *out = create_train_step(function, model, optimizer, config, nullptr);
-  });
-}
-
 extern "C" void sg_train_step_config_default(sg_train_step_config* config) {
   if (config == nullptr) return;
   *config = SG_TRAIN_STEP_CONFIG_INITIALIZER;
 }
 
-extern "C" sg_result sg_train_step_create_with_config(sg_layer model, sg_optimizer optimizer,
-                                                      const sg_train_step_config* config, sg_train_step* out) {
+extern "C" sg_result sg_train_step_create(sg_layer model, sg_optimizer optimizer, const sg_train_step_config* config,
+                                          sg_train_step* out) {
   return run_guarded(__func__, [&, function = __func__] {
     require(out, function, "out");
     *out = nullptr;

@@ -6,12 +6,10 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 9
+API_VERSION = 10
 
 
-class LinearConfig(ctypes.Structure):
-    _fields_ = [("in_features", c_int64), ("out_features", c_int64), ("bias", c_int), ("dtype", c_int),
-                ("dgrad", c_int), ("wgrad", c_int)]
+_HEADER = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32)]
 
 
 class Fp8Recipe(ctypes.Structure):
@@ -21,22 +19,33 @@ class Fp8Recipe(ctypes.Structure):
                 ("fast_accumulation_backward", c_int), ("stop_on_non_finite", c_int)]
 
 
+# The layer configs (version 1 each): fill one with its sg_*_config_default, which sets size, magic
+# and version, then set the fields.
+class LinearConfig(ctypes.Structure):
+    _fields_ = _HEADER + [("in_features", c_int64), ("out_features", c_int64), ("bias", c_int), ("dtype", c_int),
+                          ("dgrad", c_int), ("wgrad", c_int), ("fp8", c_int), ("fp8_recipe", Fp8Recipe)]
+
+
 class NormConfig(ctypes.Structure):
-    _fields_ = [("kind", c_int), ("hidden", c_int64), ("eps", c_float), ("dtype", c_int)]
+    _fields_ = _HEADER + [("kind", c_int), ("hidden", c_int64), ("eps", c_float), ("dtype", c_int)]
 
 
 class LayerNormLinearConfig(ctypes.Structure):
-    _fields_ = [("norm", c_int), ("eps", c_float), ("linear", LinearConfig)]
+    _fields_ = _HEADER + [("norm", c_int), ("eps", c_float), ("in_features", c_int64), ("out_features", c_int64),
+                          ("bias", c_int), ("dtype", c_int), ("dgrad", c_int), ("wgrad", c_int), ("fp8", c_int),
+                          ("fp8_recipe", Fp8Recipe)]
 
 
 class LayerNormMLPConfig(ctypes.Structure):
-    _fields_ = [("hidden", c_int64), ("ffn", c_int64), ("norm", c_int), ("eps", c_float), ("dtype", c_int)]
+    _fields_ = _HEADER + [("hidden", c_int64), ("ffn", c_int64), ("norm", c_int), ("eps", c_float), ("dtype", c_int),
+                          ("fp8", c_int), ("fp8_recipe", Fp8Recipe)]
 
 
 class ResidualStackConfig(ctypes.Structure):
-    _fields_ = [("hidden", c_int64), ("ffn", c_int64), ("layers", c_int64), ("vocab", c_int64), ("norm", c_int),
-                ("eps", c_float), ("dtype", c_int), ("seed", c_uint32), ("experts", c_int64), ("topk", c_int64),
-                ("moe_every", c_int64)]
+    _fields_ = _HEADER + [("hidden", c_int64), ("ffn", c_int64), ("layers", c_int64), ("vocab", c_int64),
+                          ("norm", c_int), ("eps", c_float), ("dtype", c_int), ("seed", c_uint32),
+                          ("experts", c_int64), ("topk", c_int64), ("moe_every", c_int64),
+                          ("tensor_parallel", c_void_p), ("overlap", c_char_p)]
 
 
 class AdamWConfig(ctypes.Structure):
@@ -123,11 +132,7 @@ _PROTOTYPES = {
     "sg_norm_create": [H, c_char_p, P(NormConfig), P(H)],
     "sg_layernorm_linear_create": [H, c_char_p, P(LayerNormLinearConfig), c_uint32, P(H)],
     "sg_layernorm_mlp_create": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(H)],
-    "sg_linear_create_fp8": [H, c_char_p, P(LinearConfig), c_uint32, P(Fp8Recipe), P(H)],
-    "sg_layernorm_linear_create_fp8": [H, c_char_p, P(LayerNormLinearConfig), c_uint32, P(Fp8Recipe), P(H)],
-    "sg_layernorm_mlp_create_fp8": [H, c_char_p, P(LayerNormMLPConfig), c_uint32, P(Fp8Recipe), P(H)],
     "sg_residual_stack_create": [H, P(ResidualStackConfig), P(H)],
-    "sg_residual_stack_create_tensor_parallel": [H, P(ResidualStackConfig), H, c_char_p, P(H)],
     "sg_language_model_create": [H, P(LanguageModelConfig), P(H)],
     "sg_layer_destroy": [H],
     "sg_layer_kind": [H] + _STRING_OUT,
@@ -138,11 +143,9 @@ _PROTOTYPES = {
     "sg_layer_parameter_count": [H, P(c_int64)],
     "sg_layer_parameter": [H, c_int64] + _STRING_OUT + [P(H), P(H), P(H)],
     "sg_layer_sync_parameters": [H],
-    "sg_adamw_create": [H, P(H), c_size_t, P(AdamWConfig), P(H)],
     "sg_optimizer_destroy": [H],
     "sg_optimizer_step": [H],
     "sg_optimizer_steps_taken": [H, P(c_int64)],
-    "sg_adamw_create_scheduled": [H, P(H), c_size_t, P(AdamWConfig), P(LrSchedule), P(H)],
     "sg_optimizer_create": [H, P(H), c_size_t, P(OptimizerConfig), P(H)],
     "sg_optimizer_skipped_steps": [H, P(c_int64)],
     "sg_optimizer_loss_scale": [H, P(c_float)],
@@ -154,8 +157,7 @@ _PROTOTYPES = {
     "sg_world_size": [H, P(c_int)],
     "sg_world_local_rank": [H, P(c_int)],
     "sg_world_describe": [H] + _STRING_OUT,
-    "sg_train_step_create": [H, H, c_int64, P(H)],
-    "sg_train_step_create_with_config": [H, H, P(TrainStepConfig), P(H)],
+    "sg_train_step_create": [H, H, P(TrainStepConfig), P(H)],
     "sg_train_step_destroy": [H],
     "sg_train_step_inputs": [H, P(H), P(H)],
     "sg_train_step_packing": [H, P(H)],

@@ -143,9 +143,8 @@ def _name(owner, name):
     return _checks.check_name("name", name, owner)
 
 
-def _linear_config(owner, in_features, out_features, bias, dtype, dgrad, wgrad):
-    config = _capi.LinearConfig()
-    _capi.lib().sg_linear_config_default(ctypes.byref(config))
+def _linear_fields(owner, config, in_features, out_features, bias, dtype, dgrad, wgrad):
+    """Sets a Linear's fields of `config` (an sg_linear_config or sg_layernorm_linear_config); returns it."""
     config.in_features, config.out_features = _sizes(owner, in_features=in_features, out_features=out_features)
     config.bias, config.dgrad, config.wgrad = (_checks.check_flag(name, value, owner) for name, value in
                                                (("bias", bias), ("dgrad", dgrad), ("wgrad", wgrad)))
@@ -153,12 +152,18 @@ def _linear_config(owner, in_features, out_features, bias, dtype, dgrad, wgrad):
     return config
 
 
-def _fp8_args(owner, create, fp8):
-    """The create function and its trailing recipe argument: the FP8 variant when a recipe is given."""
-    if fp8 is None:
-        return create, ()
-    _checks.check_instance("fp8", fp8, Fp8Recipe, "an sg.Fp8Recipe or None", owner)
-    return create + "_fp8", (ctypes.byref(fp8._to_c(owner)),)
+def _defaults(structure, default_function):
+    config = structure()
+    getattr(_capi.lib(), default_function)(ctypes.byref(config))
+    return config
+
+
+def _set_fp8(owner, config, fp8):
+    """config.fp8 and config.fp8_recipe from `fp8` (an Fp8Recipe, or None for 16-bit GEMMs)."""
+    if fp8 is not None:
+        _checks.check_instance("fp8", fp8, Fp8Recipe, "an sg.Fp8Recipe or None", owner)
+        config.fp8, config.fp8_recipe = 1, fp8._to_c(owner)
+    return config
 
 
 def _stops(fp8):
@@ -172,9 +177,10 @@ class Linear(Layer):
     def __init__(self, ctx, in_features, out_features, bias=True, dtype="bfloat16", dgrad=True, wgrad=True,
                  name="linear", seed=1, fp8=None):
         _context("Linear", ctx)
-        config = _linear_config("Linear", in_features, out_features, bias, dtype, dgrad, wgrad)
-        create, recipe = _fp8_args("Linear", "sg_linear_create", fp8)
-        super().__init__(ctx, create, _name("Linear", name), ctypes.byref(config), _seed("Linear", seed), *recipe)
+        config = _linear_fields("Linear", _defaults(_capi.LinearConfig, "sg_linear_config_default"), in_features,
+                                out_features, bias, dtype, dgrad, wgrad)
+        _set_fp8("Linear", config, fp8)
+        super().__init__(ctx, "sg_linear_create", _name("Linear", name), ctypes.byref(config), _seed("Linear", seed))
         self._stops_on_non_finite = _stops(fp8)
 
 
@@ -184,8 +190,7 @@ class Norm(Layer):
     def __init__(self, ctx, hidden, kind="layernorm", eps=1e-5, dtype="bfloat16", name="norm"):
         owner = type(self).__name__
         _context(owner, ctx)
-        config = _capi.NormConfig()
-        _capi.lib().sg_norm_config_default(ctypes.byref(config))
+        config = _defaults(_capi.NormConfig, "sg_norm_config_default")
         (hidden,) = _sizes(owner, hidden=hidden)
         config.kind, config.hidden = _norm(owner, kind, "kind"), hidden
         config.eps, config.dtype = _eps(owner, eps), int(as_dtype(dtype, "dtype", owner))
@@ -208,13 +213,12 @@ class LayerNormLinear(Layer):
     def __init__(self, ctx, in_features, out_features, norm="layernorm", eps=1e-5, bias=True, dtype="bfloat16",
                  dgrad=True, wgrad=True, name="layernorm_linear", seed=1, fp8=None):
         _context("LayerNormLinear", ctx)
-        config = _capi.LayerNormLinearConfig()
-        _capi.lib().sg_layernorm_linear_config_default(ctypes.byref(config))
+        config = _defaults(_capi.LayerNormLinearConfig, "sg_layernorm_linear_config_default")
         config.norm, config.eps = _norm("LayerNormLinear", norm), _eps("LayerNormLinear", eps)
-        config.linear = _linear_config("LayerNormLinear", in_features, out_features, bias, dtype, dgrad, wgrad)
-        create, recipe = _fp8_args("LayerNormLinear", "sg_layernorm_linear_create", fp8)
-        super().__init__(ctx, create, _name("LayerNormLinear", name), ctypes.byref(config),
-                         _seed("LayerNormLinear", seed), *recipe)
+        _linear_fields("LayerNormLinear", config, in_features, out_features, bias, dtype, dgrad, wgrad)
+        _set_fp8("LayerNormLinear", config, fp8)
+        super().__init__(ctx, "sg_layernorm_linear_create", _name("LayerNormLinear", name), ctypes.byref(config),
+                         _seed("LayerNormLinear", seed))
         self._stops_on_non_finite = _stops(fp8)
 
 
@@ -225,14 +229,13 @@ class LayerNormMLP(Layer):
     def __init__(self, ctx, hidden, ffn, norm="layernorm", eps=1e-5, dtype="bfloat16", name="mlp", seed=1,
                  fp8=None):
         _context("LayerNormMLP", ctx)
-        config = _capi.LayerNormMLPConfig()
-        _capi.lib().sg_layernorm_mlp_config_default(ctypes.byref(config))
+        config = _defaults(_capi.LayerNormMLPConfig, "sg_layernorm_mlp_config_default")
         config.hidden, config.ffn = _sizes("LayerNormMLP", hidden=hidden, ffn=ffn)
         config.norm, config.eps = _norm("LayerNormMLP", norm), _eps("LayerNormMLP", eps)
         config.dtype = int(as_dtype(dtype, "dtype", "LayerNormMLP"))
-        create, recipe = _fp8_args("LayerNormMLP", "sg_layernorm_mlp_create", fp8)
-        super().__init__(ctx, create, _name("LayerNormMLP", name), ctypes.byref(config), _seed("LayerNormMLP", seed),
-                         *recipe)
+        _set_fp8("LayerNormMLP", config, fp8)
+        super().__init__(ctx, "sg_layernorm_mlp_create", _name("LayerNormMLP", name), ctypes.byref(config),
+                         _seed("LayerNormMLP", seed))
         self._stops_on_non_finite = _stops(fp8)
 
 
@@ -245,9 +248,7 @@ _MODEL_RANGES = {"hidden": _checks.POSITIVE_INT64, "ffn": _checks.POSITIVE_INT64
 
 
 def _model_defaults():
-    config = _capi.ResidualStackConfig()
-    _capi.lib().sg_residual_stack_config_default(ctypes.byref(config))
-    return config
+    return _defaults(_capi.ResidualStackConfig, "sg_residual_stack_config_default")
 
 
 class ResidualStack(Layer):
@@ -292,11 +293,10 @@ class ResidualStack(Layer):
             # It would be ignored: only a tensor-parallel stack has collectives to overlap.
             raise _checks.ArgumentError(f"ResidualStack: overlap={overlap.decode()!r} applies to a tensor-parallel "
                                         f"stack only; pass tensor_parallel=world too, or leave overlap out")
-        self.config = {name: getattr(config, name) for name, _ in _capi.ResidualStackConfig._fields_}
+        self.config = {name: getattr(config, name) for name, _ in _capi.ResidualStackConfig._fields_
+                       if name not in ("size", "magic", "version", "tensor_parallel", "overlap")}
+        if tensor_parallel is not None:
+            config.tensor_parallel, config.overlap = tensor_parallel.handle.value, overlap
         self.ctx = ctx
         self._handle = _capi.new_handle()
-        if tensor_parallel is None:
-            _capi.call("sg_residual_stack_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))
-        else:
-            _capi.call("sg_residual_stack_create_tensor_parallel", ctx.handle, ctypes.byref(config),
-                       tensor_parallel.handle, overlap, ctypes.byref(self._handle))
+        _capi.call("sg_residual_stack_create", ctx.handle, ctypes.byref(config), ctypes.byref(self._handle))

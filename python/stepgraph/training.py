@@ -229,7 +229,7 @@ class TrainStep:
             config.sequences = sequences
         config.zero1 = _DP_MODES[dp_mode]
         self._handle = _capi.new_handle()
-        _capi.call("sg_train_step_create_with_config", model._handle, optimizer._handle, ctypes.byref(config),
+        _capi.call("sg_train_step_create", model._handle, optimizer._handle, ctypes.byref(config),
                    ctypes.byref(self._handle))
         x, labels, packing = _capi.new_handle(), _capi.new_handle(), _capi.new_handle()
         _capi.call("sg_train_step_inputs", self._handle, ctypes.byref(x), ctypes.byref(labels))

@@ -187,11 +187,12 @@ struct Training {
     config.vocab = 40;
     config.seed = 7;
     EXPECT_EQ(sg_residual_stack_create(ctx, &config, &model), SG_OK) << sg_last_error();
-    sg_adamw_config adamw;
-    sg_adamw_config_default(&adamw);
-    adamw.lr = 1e-2f;
-    EXPECT_EQ(sg_adamw_create(ctx, &model, 1, &adamw, &optimizer), SG_OK) << sg_last_error();
-    EXPECT_EQ(sg_train_step_create(model, optimizer, tokens, &step), SG_OK) << sg_last_error();
+    sg_optimizer_config options = SG_OPTIMIZER_CONFIG_INITIALIZER;
+    options.adamw.lr = 1e-2f;
+    EXPECT_EQ(sg_optimizer_create(ctx, &model, 1, &options, &optimizer), SG_OK) << sg_last_error();
+    sg_train_step_config step_config = SG_TRAIN_STEP_CONFIG_INITIALIZER;
+    step_config.tokens = tokens;
+    EXPECT_EQ(sg_train_step_create(model, optimizer, &step_config, &step), SG_OK) << sg_last_error();
     EXPECT_EQ(sg_train_step_inputs(step, &x, &labels), SG_OK) << sg_last_error();
   }
   ~Training() {
@@ -491,8 +492,8 @@ TEST(CapiHandlesTest, WrongTypeHandleIsAnErrorAndLeavesTheHandleAlone) {
   config.tokens = 4;
   config.world = reinterpret_cast<sg_world>(ctx);
   sg_train_step step = nullptr;
-  expect_handle_error(sg_train_step_create_with_config(training.model, training.optimizer, &config, &step),
-                      "sg_train_step_create_with_config", "config->world 0x");
+  expect_handle_error(sg_train_step_create(training.model, training.optimizer, &config, &step),
+                      "sg_train_step_create", "config->world 0x");
   EXPECT_NE(std::string(sg_last_error()).find("is a context handle, not a world handle"), std::string::npos);
   EXPECT_EQ(step, nullptr);
   // The wrongly used handles still work.

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -91,11 +92,15 @@ TEST_F(CapiChecksTest, FlagsAreZeroOrOne) {
   sg_fp8_recipe recipe;
   sg_fp8_recipe_default(&recipe, SG_FP8_CURRENT);
   recipe.stop_on_non_finite = 7;
-  EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "sg_linear_create_fp8",
+  config.fp8 = 1;
+  config.fp8_recipe = recipe;
+  EXPECT_INVALID(sg_linear_create(ctx_, "fc", &config, 1, &layer), "sg_linear_create",
                  "recipe stop_on_non_finite is a flag", "got 7");
-  sg_fp8_recipe_default(&recipe, SG_FP8_CURRENT);
-  recipe.hybrid = 3;
-  EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "recipe hybrid is a flag");
+  sg_fp8_recipe_default(&config.fp8_recipe, SG_FP8_CURRENT);
+  config.fp8_recipe.hybrid = 3;
+  EXPECT_INVALID(sg_linear_create(ctx_, "fc", &config, 1, &layer), "recipe hybrid is a flag");
+  config.fp8 = 2;
+  EXPECT_INVALID(sg_linear_create(ctx_, "fc", &config, 1, &layer), "config fp8 is a flag", "got 2");
   EXPECT_EQ(layer, nullptr);
 }
 
@@ -105,24 +110,57 @@ TEST_F(CapiChecksTest, FieldsThatWouldBeIgnoredAreRefused) {
   sg_fp8_recipe recipe;
   sg_fp8_recipe_default(&recipe, SG_FP8_CURRENT);
   recipe.margin = 2;  // delayed scaling's
-  EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "margin (2)",
-                 "apply to delayed scaling only");
-  sg_fp8_recipe_default(&recipe, SG_FP8_DELAYED);
-  recipe.power_of_two_scales = 0;  // block scaling's
-  EXPECT_INVALID(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer), "power_of_two_scales",
-                 "block scaling only");
+  config.fp8 = 1;
+  config.fp8_recipe = recipe;
+  EXPECT_INVALID(sg_linear_create(ctx_, "fc", &config, 1, &layer), "margin (2)", "apply to delayed scaling only");
+  sg_fp8_recipe_default(&config.fp8_recipe, SG_FP8_DELAYED);
+  config.fp8_recipe.power_of_two_scales = 0;  // block scaling's
+  EXPECT_INVALID(sg_linear_create(ctx_, "fc", &config, 1, &layer), "power_of_two_scales", "block scaling only");
+  config.fp8 = 0;
   sg_residual_stack_config stack = small_fp32_stack_config();
   stack.topk = 1;  // experts is 0
   EXPECT_INVALID(sg_residual_stack_create(ctx_, &stack, &layer), "config topk (1)", "experts is 0");
+  stack = small_fp32_stack_config();
+  stack.overlap = "bulk";  // without a tensor-parallel world
+  EXPECT_INVALID(sg_residual_stack_create(ctx_, &stack, &layer), "config overlap", "tensor_parallel is NULL");
   ASSERT_SG_OK(sg_linear_create(ctx_, "fc", &config, 1, &layer));
-  sg_adamw_config adamw;
-  sg_adamw_config_default(&adamw);
-  const sg_lr_schedule constant{0, 1e-3f, 1e-4f, 0, 100};
+  sg_optimizer_config options = SG_OPTIMIZER_CONFIG_INITIALIZER;
+  options.schedule = 1;
+  options.lr_schedule = sg_lr_schedule{0, 1e-3f, 1e-4f, 0, 100};
   sg_optimizer optimizer = nullptr;
-  EXPECT_INVALID(sg_adamw_create_scheduled(ctx_, &layer, 1, &adamw, &constant, &optimizer), "schedule->min_lr",
+  EXPECT_INVALID(sg_optimizer_create(ctx_, &layer, 1, &options, &optimizer), "schedule->min_lr",
                  "a constant one (kind 0) ignores them");
   sg_layer_destroy(layer);
   EXPECT_EQ(optimizer, nullptr);
+}
+
+// Every layer config carries size, magic and version: a struct not made by its _default
+// function, or from another stepgraph.h, is refused naming the struct and what to do.
+TEST_F(CapiChecksTest, LayerConfigsAreVersioned) {
+  sg_layer layer = nullptr;
+  sg_linear_config linear = fp32_linear_config(8);
+  linear.magic = 0;
+  EXPECT_INVALID(sg_linear_create(ctx_, "fc", &linear, 1, &layer), "sg_linear_create: config (sg_linear_config) was "
+                 "not initialised", "start from sg_linear_config_default");
+  linear = fp32_linear_config(8);
+  linear.version = SG_LINEAR_CONFIG_VERSION + 1;
+  EXPECT_INVALID(sg_linear_create(ctx_, "fc", &linear, 1, &layer), "built against a newer stepgraph.h");
+  sg_norm_config norm;
+  sg_norm_config_default(&norm);
+  norm.size -= 8;
+  EXPECT_INVALID(sg_norm_create(ctx_, "n", &norm, &layer), "config (sg_norm_config) size", "an older");
+  sg_layernorm_linear_config norm_linear;
+  sg_layernorm_linear_config_default(&norm_linear);
+  norm_linear.version = 0;
+  EXPECT_INVALID(sg_layernorm_linear_create(ctx_, "l", &norm_linear, 1, &layer), "version 0 is not a version");
+  sg_layernorm_mlp_config mlp;
+  std::memset(&mlp, 0, sizeof(mlp));  // never initialised
+  EXPECT_INVALID(sg_layernorm_mlp_create(ctx_, "m", &mlp, 1, &layer), "sg_layernorm_mlp_config_default");
+  sg_residual_stack_config stack = small_fp32_stack_config();
+  stack.magic = SG_LINEAR_CONFIG_MAGIC;  // another struct's
+  EXPECT_INVALID(sg_residual_stack_create(ctx_, &stack, &layer), "config (sg_residual_stack_config) was not "
+                 "initialised");
+  EXPECT_EQ(layer, nullptr);
 }
 
 TEST_F(CapiChecksTest, EpsMustBeFiniteAndNotNegative) {
@@ -136,7 +174,7 @@ TEST_F(CapiChecksTest, EpsMustBeFiniteAndNotNegative) {
     EXPECT_INVALID(sg_norm_create(ctx_, "n", &norm, &layer), "sg_norm_create", "config eps must be finite and >= 0");
     sg_layernorm_linear_config norm_linear;
     sg_layernorm_linear_config_default(&norm_linear);
-    norm_linear.linear.in_features = norm_linear.linear.out_features = 8;
+    norm_linear.in_features = norm_linear.out_features = 8;
     norm_linear.eps = eps;
     EXPECT_INVALID(sg_layernorm_linear_create(ctx_, "l", &norm_linear, 1, &layer), "config eps must be finite");
     sg_layernorm_mlp_config mlp;
@@ -157,11 +195,11 @@ TEST_F(CapiChecksTest, ScheduleTotalMustNotBeNegative) {
   sg_linear_config config = fp32_linear_config(8);
   sg_layer layer = nullptr;
   ASSERT_SG_OK(sg_linear_create(ctx_, "fc", &config, 1, &layer));
-  sg_adamw_config adamw;
-  sg_adamw_config_default(&adamw);
-  const sg_lr_schedule schedule{0, 1e-3f, 0.0f, 0, -5};
+  sg_optimizer_config options = SG_OPTIMIZER_CONFIG_INITIALIZER;
+  options.schedule = 1;
+  options.lr_schedule = sg_lr_schedule{0, 1e-3f, 0.0f, 0, -5};
   sg_optimizer optimizer = nullptr;
-  EXPECT_INVALID(sg_adamw_create_scheduled(ctx_, &layer, 1, &adamw, &schedule, &optimizer), "schedule->total",
+  EXPECT_INVALID(sg_optimizer_create(ctx_, &layer, 1, &options, &optimizer), "schedule->total",
                  "must be >= 0, got -5");
   ASSERT_SG_OK(sg_layer_destroy(layer));
 }
@@ -182,11 +220,11 @@ TEST_F(CapiChecksTest, CheckErrorsReportsNonFiniteAmaxesWhereTheRecipeSaysStop) 
   sg_tensor x = nan_input(ctx_);
   for (const int stop : {0, 1}) {
     SCOPED_TRACE(stop);
-    sg_fp8_recipe recipe;
-    sg_fp8_recipe_default(&recipe, SG_FP8_CURRENT);
-    recipe.stop_on_non_finite = stop;
+    config.fp8 = 1;
+    sg_fp8_recipe_default(&config.fp8_recipe, SG_FP8_CURRENT);
+    config.fp8_recipe.stop_on_non_finite = stop;
     sg_layer layer = nullptr;
-    ASSERT_SG_OK(sg_linear_create_fp8(ctx_, "fc", &config, 1, &recipe, &layer));
+    ASSERT_SG_OK(sg_linear_create(ctx_, "fc", &config, 1, &layer));
     ASSERT_SG_OK(sg_layer_check_errors(layer));  // nothing counted yet
     sg_tensor y = nullptr;
     sg_saved saved = nullptr;

@@ -56,7 +56,7 @@ class LanguageModelTest : public ::testing::Test {
     sg_train_step_config step = SG_TRAIN_STEP_CONFIG_INITIALIZER;
     step.tokens = tokens;
     step.sequences = sequences;
-    ASSERT_SG_OK(sg_train_step_create_with_config(model_, optimizer_, &step, &step_));
+    ASSERT_SG_OK(sg_train_step_create(model_, optimizer_, &step, &step_));
   }
 
   std::vector<int64_t> dims(sg_tensor t) {

@@ -140,16 +140,15 @@ Trained train(sg_world world, int rank, int size) {
   config.seed = 9;
   sg_layer model = nullptr;
   TRY(sg_residual_stack_create(ctx, &config, &model));
-  sg_adamw_config adamw;
-  sg_adamw_config_default(&adamw);
-  adamw.lr = 1e-2f;
+  sg_optimizer_config options = SG_OPTIMIZER_CONFIG_INITIALIZER;
+  options.adamw.lr = 1e-2f;
   sg_optimizer optimizer = nullptr;
-  TRY(sg_adamw_create(ctx, &model, 1, &adamw, &optimizer));
+  TRY(sg_optimizer_create(ctx, &model, 1, &options, &optimizer));
   sg_train_step_config step_config = SG_TRAIN_STEP_CONFIG_INITIALIZER;
   step_config.tokens = rows;
   step_config.world = world;
   sg_train_step step = nullptr;
-  TRY(sg_train_step_create_with_config(model, optimizer, &step_config, &step));
+  TRY(sg_train_step_create(model, optimizer, &step_config, &step));
   TRY(sg_world_destroy(world));  // the step keeps the world alive
   sg_graph graph = nullptr;
   TRY(sg_train_step_capture(step, SG_POOL_REPORT_ERROR, &graph));
@@ -271,16 +270,15 @@ TEST_F(WorldTest, TrainStepConfigIsVersioned) {
   model_config.dtype = SG_DTYPE_FLOAT32;
   sg_layer model = nullptr;
   ASSERT_SG_OK(sg_residual_stack_create(ctx, &model_config, &model));
-  sg_adamw_config adamw;
-  sg_adamw_config_default(&adamw);
+  sg_optimizer_config options = SG_OPTIMIZER_CONFIG_INITIALIZER;
   sg_optimizer optimizer = nullptr;
-  ASSERT_SG_OK(sg_adamw_create(ctx, &model, 1, &adamw, &optimizer));
+  ASSERT_SG_OK(sg_optimizer_create(ctx, &model, 1, &options, &optimizer));
   sg_train_step step = nullptr;
   auto expect_refused = [&](sg_train_step_config bad, const std::string& words) {
-    EXPECT_EQ(sg_train_step_create_with_config(model, optimizer, &bad, &step), SG_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(sg_train_step_create(model, optimizer, &bad, &step), SG_ERROR_INVALID_ARGUMENT);
     EXPECT_EQ(step, nullptr);
     const std::string message = sg_last_error();
-    EXPECT_NE(message.find("sg_train_step_create_with_config: " + words), std::string::npos) << message;
+    EXPECT_NE(message.find("sg_train_step_create: " + words), std::string::npos) << message;
   };
   config.tokens = 4;
   sg_train_step_config bad = config;
@@ -307,14 +305,14 @@ TEST_F(WorldTest, TrainStepConfigIsVersioned) {
     old_caller.size = offsetof(sg_train_step_config, sequences);
     old_caller.sequences = -7;
     old_caller.zero1 = 5;
-    ASSERT_SG_OK(sg_train_step_create_with_config(model, optimizer, &old_caller, &step));
+    ASSERT_SG_OK(sg_train_step_create(model, optimizer, &old_caller, &step));
     ASSERT_SG_OK(sg_train_step_destroy(step));
     step = nullptr;
   }
-  EXPECT_EQ(sg_train_step_create_with_config(model, optimizer, nullptr, &step), SG_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sg_train_step_create(model, optimizer, nullptr, &step), SG_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(sg_last_error()).find("config is NULL"), std::string::npos);
 
-  ASSERT_SG_OK(sg_train_step_create_with_config(model, optimizer, &config, &step));
+  ASSERT_SG_OK(sg_train_step_create(model, optimizer, &config, &step));
   sg_tensor x = nullptr;
   ASSERT_SG_OK(sg_train_step_inputs(step, &x, nullptr));
   int64_t dims[2] = {};

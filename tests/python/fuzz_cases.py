@@ -52,7 +52,7 @@ def step_config(tokens=4, world=None):
 def create_step(cfg):
     model = small_model(ctx)
     opt = sg.AdamW(ctx, model)
-    _capi.call('sg_train_step_create_with_config', model._handle, opt._handle, byref(cfg), byref(c.c_void_p()))
+    _capi.call('sg_train_step_create', model._handle, opt._handle, byref(cfg), byref(c.c_void_p()))
 def train_step(ctx, tokens=4):
     model = small_model(ctx)
     return sg.TrainStep(model, sg.AdamW(ctx, model), tokens=tokens)
@@ -64,12 +64,18 @@ def linear_graph(ctx):
     graph = sg.capture(ctx, lambda: [layer(x)])
     return graph, x, layer
 def tp_stack(world, overlap=b"bulk", out=True):
-    """sg_residual_stack_create_tensor_parallel of a small fp32 stack over `world`."""
+    """sg_residual_stack_create of a small fp32 stack tensor-parallel over `world`."""
     cfg = _capi.ResidualStackConfig()
     _capi.lib().sg_residual_stack_config_default(byref(cfg))
     cfg.hidden, cfg.ffn, cfg.layers, cfg.vocab, cfg.dtype = 8, 16, 1, 16, 0
-    _capi.call('sg_residual_stack_create_tensor_parallel', raw_ctx, byref(cfg), world, overlap,
-               byref(c.c_void_p()) if out else None)
+    cfg.tensor_parallel, cfg.overlap = world, overlap
+    _capi.call('sg_residual_stack_create', raw_ctx, byref(cfg), byref(c.c_void_p()) if out else None)
+def optimizer_config(**fields):
+    cfg = _capi.OptimizerConfig()
+    _capi.lib().sg_optimizer_config_default(byref(cfg))
+    for name, value in fields.items():
+        setattr(cfg, name, value)
+    return cfg
 ctx = sg.Context(DEVICE)
 raw_ctx = new_ctx()
 _buffer_tensor = ctx.tensor((64,))  # memory of the context's device, for sg_tensor_wrap
@@ -235,22 +241,22 @@ _capi.call('sg_layer_parameter', layer._handle, 2**62, buf, 64, byref(c.c_size_t
            byref(c.c_void_p()), byref(c.c_void_p()))
 """, words=["sg_layer_parameter"])
 case("capi", "adamw_null_layers", """
-cfg = _capi.AdamWConfig(); _capi.lib().sg_adamw_config_default(byref(cfg))
-_capi.call('sg_adamw_create', raw_ctx, None, 3, byref(cfg), byref(c.c_void_p()))
-""", words=["sg_adamw_create"])
+_capi.call('sg_optimizer_create', raw_ctx, None, 3, byref(optimizer_config()), byref(c.c_void_p()))
+""", words=["sg_optimizer_create", "layers is NULL"])
 case("capi", "adamw_nan_lr", """
 layer = sg.Linear(ctx, 4, 4, dtype="float32")
-cfg = _capi.AdamWConfig(); _capi.lib().sg_adamw_config_default(byref(cfg)); cfg.lr = float('nan')
-_capi.call('sg_adamw_create', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, byref(cfg), byref(c.c_void_p()))
+cfg = optimizer_config(); cfg.adamw.lr = float('nan')
+_capi.call('sg_optimizer_create', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, byref(cfg),
+           byref(c.c_void_p()))
 """, words=["lr must be finite"])
 case("capi", "adamw_null_config", """
 layer = sg.Linear(ctx, 4, 4, dtype="float32")
-_capi.call('sg_adamw_create', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, None, byref(c.c_void_p()))
-""", words=["sg_adamw_create"])
+_capi.call('sg_optimizer_create', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, None, byref(c.c_void_p()))
+""", words=["sg_optimizer_create", "config is NULL"])
 case("capi", "train_step_negative_tokens", """
 model = small_model(ctx)
 opt = sg.AdamW(ctx, model)
-_capi.call('sg_train_step_create', model._handle, opt._handle, -4, byref(c.c_void_p()))
+_capi.call('sg_train_step_create', model._handle, opt._handle, byref(step_config(tokens=-4)), byref(c.c_void_p()))
 """, words=["tokens must be > 0, got -4"])
 case("capi", "train_step_capture_bad_policy", """
 step = train_step(ctx)
@@ -332,12 +338,12 @@ case("capi", "garbage_world_handle", "_capi.call('sg_world_rank', c.c_void_p(0xD
 case("capi", "train_step_config_null", """
 model = small_model(ctx)
 opt = sg.AdamW(ctx, model)
-_capi.call('sg_train_step_create_with_config', model._handle, opt._handle, None, byref(c.c_void_p()))
-""", words=["sg_train_step_create_with_config", "config is NULL"])
+_capi.call('sg_train_step_create', model._handle, opt._handle, None, byref(c.c_void_p()))
+""", words=["sg_train_step_create", "config is NULL"])
 case("capi", "train_step_config_not_initialised", """
 cfg = _capi.TrainStepConfig(); cfg.tokens = 4
 create_step(cfg)
-""", words=["sg_train_step_create_with_config", "config (sg_train_step_config) was not initialised"])
+""", words=["sg_train_step_create", "config (sg_train_step_config) was not initialised"])
 case("capi", "train_step_config_newer_version", """
 cfg = step_config(); cfg.version = 99
 create_step(cfg)
@@ -351,32 +357,32 @@ case("capi", "train_step_config_destroyed_world", """
 w = new_world()
 _capi.call('sg_world_destroy', w)
 create_step(step_config(world=w.value))
-""", words=["sg_train_step_create_with_config", "config->world", "was destroyed"])
+""", words=["sg_train_step_create", "config->world", "was destroyed"])
 case("capi", "train_step_config_tensor_as_world", """
 create_step(step_config(world=new_tensor(raw_ctx, 2).value))
-""", words=["sg_train_step_create_with_config", "is a tensor handle, not a world handle"])
+""", words=["sg_train_step_create", "is a tensor handle, not a world handle"])
 case("capi", "train_step_config_null_out", """
 model = small_model(ctx)
 opt = sg.AdamW(ctx, model)
-_capi.call('sg_train_step_create_with_config', model._handle, opt._handle, byref(step_config()), None)
-""", words=["sg_train_step_create_with_config", "out is NULL"])
+_capi.call('sg_train_step_create', model._handle, opt._handle, byref(step_config()), None)
+""", words=["sg_train_step_create", "out is NULL"])
 case("capi", "tensor_parallel_null_world", "tp_stack(None)",
-     words=["sg_residual_stack_create_tensor_parallel", "world is NULL"])
+     words=["sg_residual_stack_create", "overlap", "tensor_parallel is NULL"])
 case("capi", "tensor_parallel_destroyed_world", """
 w = new_world()
 _capi.call('sg_world_destroy', w)
 tp_stack(w.value)
-""", words=["sg_residual_stack_create_tensor_parallel", "world", "was destroyed"])
+""", words=["sg_residual_stack_create", "world", "was destroyed"])
 case("capi", "tensor_parallel_tensor_as_world", "tp_stack(new_tensor(raw_ctx, 2).value)",
-     words=["sg_residual_stack_create_tensor_parallel", "is a tensor handle, not a world handle"])
-case("capi", "tensor_parallel_null_overlap", "tp_stack(new_world().value, overlap=None)",
-     words=["sg_residual_stack_create_tensor_parallel", "overlap is NULL"])
+     words=["sg_residual_stack_create", "is a tensor handle, not a world handle"])
+case("capi", "tensor_parallel_empty_overlap", "tp_stack(new_world().value, overlap=b'')",
+     words=["overlap"])
 case("capi", "tensor_parallel_unknown_overlap", "tp_stack(new_world().value, overlap=b'sideways')",
      words=["unknown overlap mode 'sideways'"])
 case("capi", "tensor_parallel_misfit_overlap", "tp_stack(new_world().value, overlap=b'pipelined,none,none,none')",
      words=["fc1_fprop (all-gather then GEMM) takes none, bulk or ring_exchange"])
 case("capi", "tensor_parallel_null_out", "tp_stack(new_world().value, out=False)",
-     words=["sg_residual_stack_create_tensor_parallel", "out is NULL"])
+     words=["sg_residual_stack_create", "out is NULL"])
 case("capi", "communication_stream_out_of_range", "_capi.call('sg_context_set_communication_stream', raw_ctx, 5)",
      words=["communication stream must be a side stream", "got 5"])
 case("capi", "communication_stream_null_out", "_capi.call('sg_context_communication_stream', raw_ctx, None)",
@@ -401,7 +407,7 @@ _CONFIGS = {
     "norm": ("NormConfig", "sg_norm_config_default", "cfg.hidden = 8; cfg.dtype = 0",
              "_capi.call('sg_norm_create', raw_ctx, b'n', byref(cfg), byref(c.c_void_p()))"),
     "layernorm_linear": ("LayerNormLinearConfig", "sg_layernorm_linear_config_default",
-                         "cfg.linear.in_features = cfg.linear.out_features = 16; cfg.linear.dtype = 0",
+                         "cfg.in_features = cfg.out_features = 16; cfg.dtype = 0",
                          "_capi.call('sg_layernorm_linear_create', raw_ctx, b'l', byref(cfg), 1, byref(c.c_void_p()))"),
     "layernorm_mlp": ("LayerNormMLPConfig", "sg_layernorm_mlp_config_default", "cfg.hidden = 16; cfg.ffn = 32; "
                       "cfg.dtype = 0",
@@ -420,7 +426,7 @@ def _config_case(name, layer, change, words):
 
 for _flag in ("bias", "dgrad", "wgrad"):
     _config_case(f"linear_{_flag}_two", "linear", f"cfg.{_flag} = 2", [f"config {_flag} is a flag", "got 2"])
-_config_case("layernorm_linear_bias_minus_one", "layernorm_linear", "cfg.linear.bias = -1",
+_config_case("layernorm_linear_bias_minus_one", "layernorm_linear", "cfg.bias = -1",
              ["config bias is a flag", "got -1"])
 for _layer in ("norm", "layernorm_linear", "layernorm_mlp", "residual_stack"):
     for _label, _value in (("inf", "float('inf')"), ("nan", "float('nan')"), ("negative", "-1e-5")):
@@ -439,10 +445,10 @@ for _field, _value, _scaling, _words in (
     case("capi", f"fp8_recipe_{_field}_{_value}", f"""
 cfg = _capi.LinearConfig(); _capi.lib().sg_linear_config_default(byref(cfg))
 cfg.in_features = cfg.out_features = 128; cfg.dtype = 0
-recipe = _capi.Fp8Recipe(); _capi.lib().sg_fp8_recipe_default(byref(recipe), {_scaling})
-recipe.{_field} = {_value}
-_capi.call('sg_linear_create_fp8', raw_ctx, b'l', byref(cfg), 1, byref(recipe), byref(c.c_void_p()))
-""", words=["sg_linear_create_fp8", *_words])
+cfg.fp8 = 1; _capi.lib().sg_fp8_recipe_default(byref(cfg.fp8_recipe), {_scaling})
+cfg.fp8_recipe.{_field} = {_value}
+_capi.call('sg_linear_create', raw_ctx, b'l', byref(cfg), 1, byref(c.c_void_p()))
+""", words=["sg_linear_create", *_words])
 for _name, _schedule, _words in (
         ("schedule_negative_total", "_capi.LrSchedule(1, 1e-3, 0.0, 0, -5)", ["schedule->total must be >= 0, got -5"]),
         ("schedule_negative_warmup", "_capi.LrSchedule(1, 1e-3, 0.0, -1, 10)", ["warmup steps must be >= 0"]),
@@ -452,10 +458,9 @@ for _name, _schedule, _words in (
         ("schedule_nan_base", "_capi.LrSchedule(1, float('nan'), 0.0, 0, 100)", ["base rate must be finite"])):
     case("capi", _name, f"""
 layer = sg.Linear(ctx, 4, 4, dtype='float32')
-cfg = _capi.AdamWConfig(); _capi.lib().sg_adamw_config_default(byref(cfg))
-schedule = {_schedule}
-_capi.call('sg_adamw_create_scheduled', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, byref(cfg),
-           byref(schedule), byref(c.c_void_p()))
+cfg = optimizer_config(schedule=1, lr_schedule={_schedule})
+_capi.call('sg_optimizer_create', ctx.handle, (c.c_void_p * 1)(layer._handle.value), 1, byref(cfg),
+           byref(c.c_void_p()))
 """, words=_words)
 case("capi", "tensor_set_name_empty", "_capi.call('sg_tensor_set_name', new_tensor(raw_ctx, 2), b'')",
      words=["sg_tensor_set_name", "name is empty"])

@@ -6,59 +6,103 @@
 #include "engine/error.h"
 #include "kernels/activation.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 namespace {
 
-// `arity` inputs of one float dtype and shape; one output like them.
-template <std::size_t kArity>
-std::vector<TensorMeta> check_same(std::string_view op, std::span<const TensorMeta> inputs) {
-  SG_CHECK(inputs.size() == kArity, "op ", op, " takes ", kArity, " inputs, got ", inputs.size());
-  const DType dtype = inputs[0].dtype;
+template <typename F>
+struct GeluOperands {
+  F x;
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, GeluOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+}
+
+template <typename F>
+struct GeluBackwardOperands {
+  F dy;
+  F x;  // the forward's input
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, GeluBackwardOperands<F>& o, V& v) {
+  v({"dy"}, o.dy);
+  v({"x"}, o.x);
+}
+
+template <typename F>
+struct ResidualAddOperands {
+  F a, b;
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, ResidualAddOperands<F>& o, V& v) {
+  v({"a"}, o.a);
+  v({"b"}, o.b);
+}
+
+constexpr std::string_view kGelu = "gelu";
+constexpr std::string_view kGeluBackward = "gelu_backward";
+constexpr std::string_view kResidualAdd = "residual_add";
+
+// One float dtype, and `other` (when given) like `first`; one output like them.
+std::vector<TensorMeta> check_same(std::string_view op, const TensorMeta& first, const TensorMeta* other,
+                                   std::string_view other_name) {
+  const DType dtype = first.dtype;
   SG_CHECK_CODE(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
                 ErrorCode::kUnsupported, "op ", op, ": dtype ", dtype_name(dtype),
                 " is not supported (bf16, fp16, fp32)");
-  for (std::size_t i = 1; i < inputs.size(); ++i) {
-    SG_CHECK(inputs[i] == inputs[0], "op ", op, ": input ", i, " is ", inputs[i].shape, " ",
-             dtype_name(inputs[i].dtype), " but input 0 is ", inputs[0].shape, " ", dtype_name(dtype));
+  if (other != nullptr) {
+    SG_CHECK(*other == first, "op ", op, ": ", other_name, " is ", other->shape, " ", dtype_name(other->dtype),
+             " but it must match ", first.shape, " ", dtype_name(dtype));
   }
-  return {inputs[0]};
+  return {first};
 }
 
 }  // namespace
 
 const OpDef& gelu_op() {
   static const OpDef op{
-      .name = "gelu",
-      .check = [](const OpParams&, std::span<const TensorMeta> in) { return check_same<1>("gelu", in); },
+      .name = kGelu,
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> in) {
+            return check_same(kGelu, bind_metas<GeluOperands>(kGelu, NoParams{}, in).x, nullptr, "");
+          },
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_gelu_forward(a.input_metas[0].dtype, a.inputs[0], a.outputs[0], a.input_metas[0].numel(),
-                                         s);
+            const Operand x = bind_args<GeluOperands>(NoParams{}, a).x;
+            kernels::launch_gelu_forward(x.dtype(), x.data, a.outputs[0], x.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::gelu_forward(a.input_metas[0].dtype, a.inputs[0], a.outputs[0], a.input_metas[0].numel());
+            const Operand x = bind_args<GeluOperands>(NoParams{}, a).x;
+            kernels::host::gelu_forward(x.dtype(), x.data, a.outputs[0], x.numel());
           },
   };
   return op;
 }
 SG_REGISTER_OP(gelu_op);
 
-// Inputs: dy, x.
 const OpDef& gelu_backward_op() {
   static const OpDef op{
-      .name = "gelu_backward",
-      .check = [](const OpParams&, std::span<const TensorMeta> in) { return check_same<2>("gelu_backward", in); },
+      .name = kGeluBackward,
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> in) {
+            const auto o = bind_metas<GeluBackwardOperands>(kGeluBackward, NoParams{}, in);
+            return check_same(kGeluBackward, o.dy, &o.x, "x");
+          },
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_gelu_backward(a.input_metas[0].dtype, a.inputs[0], a.inputs[1], a.outputs[0],
-                                          a.input_metas[0].numel(), s);
+            const auto o = bind_args<GeluBackwardOperands>(NoParams{}, a);
+            kernels::launch_gelu_backward(o.dy.dtype(), o.dy.data, o.x.data, a.outputs[0], o.dy.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::gelu_backward(a.input_metas[0].dtype, a.inputs[0], a.inputs[1], a.outputs[0],
-                                         a.input_metas[0].numel());
+            const auto o = bind_args<GeluBackwardOperands>(NoParams{}, a);
+            kernels::host::gelu_backward(o.dy.dtype(), o.dy.data, o.x.data, a.outputs[0], o.dy.numel());
           },
   };
   return op;
@@ -67,31 +111,43 @@ SG_REGISTER_OP(gelu_backward_op);
 
 const OpDef& residual_add_op() {
   static const OpDef op{
-      .name = "residual_add",
-      .check = [](const OpParams&, std::span<const TensorMeta> in) { return check_same<2>("residual_add", in); },
+      .name = kResidualAdd,
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> in) {
+            const auto o = bind_metas<ResidualAddOperands>(kResidualAdd, NoParams{}, in);
+            return check_same(kResidualAdd, o.a, &o.b, "b");
+          },
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_residual_add(a.input_metas[0].dtype, a.inputs[0], a.inputs[1], a.outputs[0],
-                                         a.input_metas[0].numel(), s);
+            const auto o = bind_args<ResidualAddOperands>(NoParams{}, a);
+            kernels::launch_residual_add(o.a.dtype(), o.a.data, o.b.data, a.outputs[0], o.a.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::residual_add(a.input_metas[0].dtype, a.inputs[0], a.inputs[1], a.outputs[0],
-                                        a.input_metas[0].numel());
+            const auto o = bind_args<ResidualAddOperands>(NoParams{}, a);
+            kernels::host::residual_add(o.a.dtype(), o.a.data, o.b.data, a.outputs[0], o.a.numel());
           },
   };
   return op;
 }
 SG_REGISTER_OP(residual_add_op);
 
-Tensor gelu(Context& ctx, const Tensor& x) { return ctx.call(gelu_op(), NoParams{}, {x}).front(); }
+Tensor gelu(Context& ctx, const Tensor& x) {
+  return ctx.call(gelu_op(), NoParams{}, flatten(kGelu, NoParams{}, GeluOperands<Tensor>{x})).front();
+}
 
 Tensor gelu_backward(Context& ctx, const Tensor& dy, const Tensor& x) {
-  return ctx.call(gelu_backward_op(), NoParams{}, {dy, x}).front();
+  return ctx
+      .call(gelu_backward_op(), NoParams{},
+            flatten(kGeluBackward, NoParams{}, GeluBackwardOperands<Tensor>{.dy = dy, .x = x}))
+      .front();
 }
 
 Tensor residual_add(Context& ctx, const Tensor& a, const Tensor& b) {
-  return ctx.call(residual_add_op(), NoParams{}, {a, b}).front();
+  return ctx
+      .call(residual_add_op(), NoParams{},
+            flatten(kResidualAdd, NoParams{}, ResidualAddOperands<Tensor>{.a = a, .b = b}))
+      .front();
 }
 
 }  // namespace stepgraph::ops

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -53,6 +54,17 @@ std::vector<std::vector<float>> train_ranks(const TrainerOptions& o, int ranks) 
     losses[static_cast<std::size_t>(comm.rank())] = train(o, Device::kHost, log, &comm).losses;
   });
   return losses;
+}
+
+// The graphed options, edited by `edit` on each rank, trained on a thread
+// world of `ranks`: for the Error a rank meets.
+void train_edited(int ranks, const std::function<void(TrainerOptions&, int rank)>& edit) {
+  HostWorld::run(ranks, [&](Communicator& comm) {
+    TrainerOptions o = options(StepMode::kGraph);
+    edit(o, comm.rank());
+    std::ostringstream log;
+    train(o, Device::kHost, log, &comm);
+  });
 }
 
 std::vector<std::uint32_t> bits(const std::vector<float>& values) {
@@ -168,32 +180,17 @@ TEST(DataParallelTrainerResumeTest, Zero1ResumeFromPerRankFilesEqualsAnUninterru
 }
 
 TEST(DataParallelTrainerFlagsTest, RanksWithDifferentFlagsStopNamingTheFlag) {
-  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
-                                       [](Communicator& comm) {
-                                         TrainerOptions o = options(StepMode::kGraph);
-                                         if (comm.rank() == 1) o.hidden = 64;
-                                         std::ostringstream log;
-                                         train(o, Device::kHost, log, &comm);
-                                       }),
+  EXPECT_ERROR_CONTAINS(train_edited(2,
+                                     [](TrainerOptions& o, int rank) {
+                                       if (rank == 1) o.hidden = 64;
+                                     }),
                         "different flags: --hidden is 32 on rank 0 but 64 on rank 1");
 }
 
 TEST(DataParallelTrainerFlagsTest, BatchAndDpMustFitTheWorld) {
-  EXPECT_ERROR_CONTAINS(HostWorld::run(4,
-                                       [](Communicator& comm) {
-                                         TrainerOptions o = options(StepMode::kGraph);
-                                         o.batch = 30;
-                                         std::ostringstream log;
-                                         train(o, Device::kHost, log, &comm);
-                                       }),
+  EXPECT_ERROR_CONTAINS(train_edited(4, [](TrainerOptions& o, int) { o.batch = 30; }),
                         "--batch 30 is the global batch and must split evenly over the 4");
-  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
-                                       [](Communicator& comm) {
-                                         TrainerOptions o = options(StepMode::kGraph);
-                                         o.dp = 4;
-                                         std::ostringstream log;
-                                         train(o, Device::kHost, log, &comm);
-                                       }),
+  EXPECT_ERROR_CONTAINS(train_edited(2, [](TrainerOptions& o, int) { o.dp = 4; }),
                         "--dp 4 needs a world of 4 ranks, but this run has 2");
 }
 
@@ -245,13 +242,7 @@ TEST(TensorParallelTrainerResumeTest, ResumeFromPerRankFilesEqualsAnUninterrupte
 }
 
 TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {
-  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
-                                       [](Communicator& comm) {
-                                         TrainerOptions o = options(StepMode::kGraph);
-                                         o.tp = 4;
-                                         std::ostringstream log;
-                                         train(o, Device::kHost, log, &comm);
-                                       }),
+  EXPECT_ERROR_CONTAINS(train_edited(2, [](TrainerOptions& o, int) { o.tp = 4; }),
                         "--tp 4 must divide the world of 2 ranks");
   TrainerOptions o = options(StepMode::kGraph);
   o.tp = 3;
@@ -269,24 +260,18 @@ TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {
 // (tensor_parallel_gap); the trainer asks it before building the model, on
 // every rank, to name the flags.
 TEST(TensorParallelTrainerFlagsTest, AttentionAndDropoutAreRefusedNamingTheFlags) {
-  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
-                                       [](Communicator& comm) {
-                                         TrainerOptions o = options(StepMode::kGraph);
-                                         o.tp = 2;
-                                         o.heads = 2;
-                                         o.seq_len = o.context;
-                                         std::ostringstream log;
-                                         train(o, Device::kHost, log, &comm);
-                                       }),
+  EXPECT_ERROR_CONTAINS(train_edited(2,
+                                     [](TrainerOptions& o, int) {
+                                       o.tp = 2;
+                                       o.heads = 2;
+                                       o.seq_len = o.context;
+                                     }),
                         "--tp 2: the model's attention (heads = 2) is not tensor-parallel yet; pass --tp 1");
-  EXPECT_ERROR_CONTAINS(HostWorld::run(2,
-                                       [](Communicator& comm) {
-                                         TrainerOptions o = options(StepMode::kGraph);
-                                         o.tp = 2;
-                                         o.dropout = 0.1;
-                                         std::ostringstream log;
-                                         train(o, Device::kHost, log, &comm);
-                                       }),
+  EXPECT_ERROR_CONTAINS(train_edited(2,
+                                     [](TrainerOptions& o, int) {
+                                       o.tp = 2;
+                                       o.dropout = 0.1;
+                                     }),
                         "--tp 2: the model's dropout (0.1) is not tensor-parallel yet");
 }
 

@@ -95,7 +95,8 @@ extern "C" {
  * sg_linear_create_fp8, sg_layernorm_linear_create_fp8,
  * sg_layernorm_mlp_create_fp8, sg_residual_stack_create_tensor_parallel,
  * sg_train_step_create_with_config, sg_adamw_create, sg_adamw_create_scheduled.
- * The functions whose arguments changed are exported as STEPGRAPH_C_10, so a
+ * Added: sg_context_set_gemm_algorithms and sg_context_gemm_algorithms. The
+ * functions whose arguments changed are exported as STEPGRAPH_C_10, so a
  * binary built against an older header fails to load instead of passing the
  * old structs. */
 #define SG_API_VERSION 10
@@ -199,6 +200,12 @@ sg_result sg_context_memory(sg_context ctx, int64_t* persistent_bytes, int64_t* 
  * sg_context_set_communication_stream(ctx, 2). */
 sg_result sg_context_set_communication_stream(sg_context ctx, int index);
 sg_result sg_context_communication_stream(sg_context ctx, int* out);
+/* How cuBLASLt's GEMM algorithms are picked (engine/algorithm_choice.h, the
+ * trainer's --gemm-algorithms): "heuristic" (the default: the same bits on
+ * every run) or "timed" (the fastest in this process). Set it before the
+ * layers run or are captured. The host's GEMMs are the library's own either way. */
+sg_result sg_context_set_gemm_algorithms(sg_context ctx, const char* choice);
+sg_result sg_context_gemm_algorithms(sg_context ctx, char* buffer, size_t capacity, size_t* length);
 
 /* ---- Tensors -------------------------------------------------------------- */
 

@@ -3,12 +3,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "capi/handles.h"
+#include "engine/algorithm_choice.h"
 #include "engine/cuda_check.h"
 #include "engine/device.h"
+#include "engine/printable_text.h"
 
 using stepgraph::Context;
 using stepgraph::Device;
@@ -172,6 +175,25 @@ extern "C" sg_result sg_context_communication_stream(sg_context ctx, int* out) {
     const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
     require(out, function, "out");
     *out = context->communication_stream();
+  });
+}
+
+extern "C" sg_result sg_context_set_gemm_algorithms(sg_context ctx, const char* choice) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
+    require(choice, function, "choice");
+    const std::optional<stepgraph::AlgorithmChoice> parsed = stepgraph::parse_algorithm_choice(choice);
+    SG_CHECK(parsed.has_value(), function, ": choice ", stepgraph::quoted(choice),
+             " is not a GEMM algorithm choice; use \"heuristic\" or \"timed\"");
+    context->set_algorithm_choice(*parsed);
+  });
+}
+
+extern "C" sg_result sg_context_gemm_algorithms(sg_context ctx, char* buffer, size_t capacity, size_t* length) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
+    stepgraph::capi::copy_string(stepgraph::algorithm_choice_name(context->algorithm_choice()), buffer, capacity,
+                                 length);
   });
 }
 

@@ -109,6 +109,8 @@ _PROTOTYPES = {
     "sg_context_memory": [H, P(c_int64), P(c_int64), P(c_int64)],
     "sg_context_set_communication_stream": [H, c_int],
     "sg_context_communication_stream": [H, P(c_int)],
+    "sg_context_set_gemm_algorithms": [H, c_char_p],
+    "sg_context_gemm_algorithms": [H] + _STRING_OUT,
     "sg_stream_scope_enter": [H, c_int, P(H)],
     "sg_stream_scope_exit": [H],
     "sg_cuda_stream_synchronize": [c_void_p],

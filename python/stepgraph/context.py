@@ -12,6 +12,7 @@ from stepgraph.dtypes import as_dtype, to_storage
 from stepgraph.tensor import Tensor, _is_torch, describe_array
 
 _DEVICES = {"cuda": 0, "host": 1}
+_GEMM_ALGORITHMS = ("heuristic", "timed")  # engine/algorithm_choice.h
 _names = itertools.count()
 
 
@@ -38,8 +39,9 @@ class Context:
     graphs made from it keep the engine's context alive until they go too.
     """
 
-    def __init__(self, device="cuda", side_streams=1, communication_stream=None):
+    def __init__(self, device="cuda", side_streams=1, communication_stream=None, gemm_algorithms="heuristic"):
         _checks.check_choice("device", device, _DEVICES, "Context")
+        gemm_algorithms = _checks.check_choice("gemm_algorithms", gemm_algorithms, _GEMM_ALGORITHMS, "Context")
         side_streams = _checks.check_int("side_streams", side_streams, *_checks.NON_NEGATIVE_INT32, "Context")
         if communication_stream is not None:
             communication_stream = _checks.check_int("communication_stream", communication_stream,
@@ -49,6 +51,7 @@ class Context:
         self._device = device
         if communication_stream is not None:
             self.communication_stream = communication_stream
+        _capi.call("sg_context_set_gemm_algorithms", self._handle, gemm_algorithms.encode())
 
     def __enter__(self):
         return self
@@ -77,6 +80,12 @@ class Context:
         value = ctypes.c_int()
         _capi.call("sg_context_stream_count", self.handle, ctypes.byref(value))
         return value.value
+
+    @property
+    def gemm_algorithms(self):
+        """How cuBLASLt's GEMM algorithms are picked: "heuristic" (the same bits on every run) or "timed"
+        (the fastest in this process), the trainer's --gemm-algorithms."""
+        return _capi.string_out("sg_context_gemm_algorithms", self.handle)
 
     @property
     def communication_stream(self):

@@ -383,6 +383,10 @@ case("capi", "tensor_parallel_misfit_overlap", "tp_stack(new_world().value, over
      words=["fc1_fprop (all-gather then GEMM) takes none, bulk or ring_exchange"])
 case("capi", "tensor_parallel_null_out", "tp_stack(new_world().value, out=False)",
      words=["sg_residual_stack_create", "out is NULL"])
+case("capi", "gemm_algorithms_unknown", "_capi.call('sg_context_set_gemm_algorithms', raw_ctx, b'fastest')",
+     words=["sg_context_set_gemm_algorithms", "'fastest'", "heuristic", "timed"])
+case("capi", "gemm_algorithms_null", "_capi.call('sg_context_set_gemm_algorithms', raw_ctx, None)",
+     words=["sg_context_set_gemm_algorithms", "choice is NULL"])
 case("capi", "communication_stream_out_of_range", "_capi.call('sg_context_set_communication_stream', raw_ctx, 5)",
      words=["communication stream must be a side stream", "got 5"])
 case("capi", "communication_stream_null_out", "_capi.call('sg_context_communication_stream', raw_ctx, None)",

@@ -98,9 +98,10 @@ STEP = "model = small_model(ctx); step = sg.TrainStep(model, sg.AdamW(ctx, model
 
 _ENTRIES = [
     Entry("Context", "", "sg.Context(device={device}, side_streams={side_streams}, "
-                         "communication_stream={communication_stream})",
+                         "communication_stream={communication_stream}, gemm_algorithms={gemm_algorithms})",
           {"device": arg("choice", "DEVICE"), "side_streams": arg("int32", "1"),
-           "communication_stream": arg("int32", "None", optional=True)}),
+           "communication_stream": arg("int32", "None", optional=True),
+           "gemm_algorithms": arg("choice", "'timed'")}),
     Entry("Context.communication_stream", "c2 = sg.Context(DEVICE, side_streams=1)",
           "c2.communication_stream = {index}", {"index": arg("int32", "1", optional=True)}),
     Entry("Context.cuda_stream", "", "ctx.cuda_stream(index={index})",

@@ -170,3 +170,12 @@ def test_step_arguments_are_checked(ctx):
     window_step = sg.TrainStep(window, sg.AdamW(ctx, window), tokens=4)
     with pytest.raises(sg.ArgumentError, match="packing is the cu_seqlens of a model with attention"):
         window_step.load(np.zeros((4, 4), np.int32), np.zeros(4, np.int32), packing=[0, 4])
+
+
+def test_gemm_algorithms_is_the_contexts():
+    with sg.Context("host", gemm_algorithms="timed") as timed:
+        assert timed.gemm_algorithms == "timed"
+    with sg.Context("host") as default:
+        assert default.gemm_algorithms == "heuristic"
+    with pytest.raises(sg.ArgumentError, match="gemm_algorithms must be one of"):
+        sg.Context("host", gemm_algorithms="fastest")

@@ -4,6 +4,7 @@
 
 #include "engine/error.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -31,6 +32,61 @@ struct CollectiveParams {
 
 using P2P = CollectiveParams::PointToPoint;
 
+// The tensor a collective reads (all_reduce, reduce_scatter, all_gather, send, send_recv).
+template <typename F>
+struct SourceOperands {
+  F x;
+};
+
+template <typename F, typename V>
+void visit_operands(const CollectiveParams&, SourceOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+}
+
+// The tensor an in-place collective reads and writes (all_reduce_, broadcast_).
+template <typename F>
+struct InPlaceOperands {
+  F x;
+};
+
+template <typename F, typename V>
+void visit_operands(const CollectiveParams&, InPlaceOperands<F>& o, V& v) {
+  v({.name = "x", .use = Use::kWrite}, o.x);
+}
+
+template <typename F>
+struct ScatterIntoOperands {
+  F x;
+  F out;  // this rank's share, written
+};
+
+template <typename F, typename V>
+void visit_operands(const CollectiveParams&, ScatterIntoOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+  v({.name = "out", .use = Use::kWrite}, o.out);
+}
+
+// all_reduce_many_: every input is reduced in place.
+template <typename F>
+struct ManyOperands {
+  std::vector<F> tensors;
+};
+
+template <typename F, typename V>
+void visit_operands(const CollectiveParams&, ManyOperands<F>& o, V& v) {
+  v.list("tensors", o.tensors, kRestOfInputs);
+  for (std::size_t i = 0; i < o.tensors.size(); ++i) {
+    v({.name = "tensors", .index = static_cast<std::int64_t>(i), .use = Use::kWrite}, o.tensors[i]);
+  }
+}
+
+// recv reads nothing.
+template <typename F>
+struct NoOperands {};
+
+template <typename F, typename V>
+void visit_operands(const CollectiveParams&, NoOperands<F>&, V&) {}
+
 CollectiveParams params_for(Context& ctx, Communicator& comm, std::string_view what, ReduceOp op = ReduceOp::kSum,
                             int peer = -1, P2P p2p = P2P::kNone, TensorMeta meta = {}) {
   comm.check_device(ctx.device(), what);
@@ -54,8 +110,10 @@ CollectiveCall collective_call(const OpParams& params) {
   return {p.communicator, -1, -1, signature};
 }
 
-void check_one_input(std::string_view op, std::span<const TensorMeta> inputs) {
-  SG_CHECK(inputs.size() == 1, "op ", op, " takes 1 input, got ", inputs.size());
+// The one tensor a collective reads (or writes in place), after the count check.
+template <template <typename> class Operands = SourceOperands>
+TensorMeta x_of(std::string_view op, const OpParams& params, std::span<const TensorMeta> inputs) {
+  return bind_metas<Operands>(op, of(params), inputs).x;
 }
 
 void check_reducible(std::string_view op, const TensorMeta& x) {
@@ -76,14 +134,24 @@ Shape with_leading(const Shape& shape, std::int64_t rows) {
   return Shape(dims);
 }
 
-std::int64_t numel(const KernelArgs& a, bool output) {
-  return output ? a.output_metas[0].numel() : a.input_metas[0].numel();
+// The result of a collective that makes one (reduce_scatter, all_gather, recv, send_recv).
+template <typename F>
+struct Received {
+  F out;
+};
+
+template <typename F, typename V>
+void visit_operands(const CollectiveParams&, Received<F>& o, V& v) {
+  v({"out"}, o.out);
 }
+
+Operand source(const OpParams& p, const KernelArgs& a) { return bind_args<SourceOperands>(of(p), a).x; }
+Operand received(const OpParams& p, const KernelArgs& a) { return bind_outputs<Received>(of(p), a).out; }
 
 // Runs the call on the communicator: `stream` is null on host.
 void all_reduce_run(const OpParams& p, const KernelArgs& a, CUstream_st* stream, bool in_place) {
-  void* out = in_place ? a.inputs[0] : a.outputs[0];
-  comm_of(p).all_reduce(a.inputs[0], out, numel(a, false), a.input_metas[0].dtype, of(p).op, stream);
+  const Operand x = in_place ? bind_args<InPlaceOperands>(of(p), a).x : bind_args<SourceOperands>(of(p), a).x;
+  comm_of(p).all_reduce(x.data, in_place ? x.data : received(p, a).data, x.numel(), x.dtype(), of(p).op, stream);
 }
 
 }  // namespace
@@ -92,10 +160,10 @@ const OpDef& all_reduce_op() {
   static const OpDef op{
       .name = "all_reduce",
       .check =
-          [](const OpParams&, std::span<const TensorMeta> in) {
-            check_one_input("all_reduce", in);
-            check_reducible("all_reduce", in[0]);
-            return std::vector<TensorMeta>{in[0]};
+          [](const OpParams& p, std::span<const TensorMeta> in) {
+            const TensorMeta x = x_of("all_reduce", p, in);
+            check_reducible("all_reduce", x);
+            return std::vector<TensorMeta>{x};
           },
       .launch_cuda = [](const OpParams& p, const KernelArgs& a,
                         CUstream_st* s) { all_reduce_run(p, a, s, /*in_place=*/false); },
@@ -110,12 +178,11 @@ const OpDef& all_reduce_inplace_op() {
   static const OpDef op{
       .name = "all_reduce_",
       .check =
-          [](const OpParams&, std::span<const TensorMeta> in) {
-            check_one_input("all_reduce_", in);
-            check_reducible("all_reduce_", in[0]);
+          [](const OpParams& p, std::span<const TensorMeta> in) {
+            check_reducible("all_reduce_", x_of<InPlaceOperands>("all_reduce_", p, in));
             return std::vector<TensorMeta>{};
           },
-      .mutated_inputs = {0},
+      .mutated_inputs_for = written_inputs_of<InPlaceOperands, CollectiveParams>,
       .launch_cuda = [](const OpParams& p, const KernelArgs& a,
                         CUstream_st* s) { all_reduce_run(p, a, s, /*in_place=*/true); },
       .run_host = [](const OpParams& p, const KernelArgs& a) { all_reduce_run(p, a, nullptr, /*in_place=*/true); },
@@ -127,16 +194,15 @@ SG_REGISTER_OP(all_reduce_inplace_op);
 
 namespace {
 void all_reduce_many_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+  const auto o = bind_args<ManyOperands>(of(p), a);
+  std::vector<void*> addresses;
   std::vector<std::int64_t> counts;
-  for (const TensorMeta& meta : a.input_metas) counts.push_back(meta.numel());
-  comm_of(p).all_reduce_many(a.inputs, counts, a.input_metas.empty() ? DType::kFloat32 : a.input_metas[0].dtype,
-                             of(p).op, s);
-}
-
-std::vector<int> all_inputs(const OpParams&, std::size_t count) {
-  std::vector<int> indices(count);
-  for (std::size_t i = 0; i < count; ++i) indices[i] = static_cast<int>(i);
-  return indices;
+  for (const Operand& t : o.tensors) {
+    addresses.push_back(t.data);
+    counts.push_back(t.numel());
+  }
+  comm_of(p).all_reduce_many(addresses, counts, o.tensors.empty() ? DType::kFloat32 : o.tensors[0].dtype(), of(p).op,
+                             s);
 }
 }  // namespace
 
@@ -144,16 +210,18 @@ const OpDef& all_reduce_many_op() {
   static const OpDef op{
       .name = "all_reduce_many_",
       .check =
-          [](const OpParams&, std::span<const TensorMeta> in) {
-            SG_CHECK(!in.empty(), "op all_reduce_many_ takes at least one tensor");
-            for (std::size_t i = 0; i < in.size(); ++i) {
-              check_reducible("all_reduce_many_", in[i]);
-              SG_CHECK(in[i].dtype == in[0].dtype, "op all_reduce_many_: tensor ", i, " is ", dtype_name(in[i].dtype),
-                       " but tensor 0 is ", dtype_name(in[0].dtype), "; one call reduces one dtype");
+          [](const OpParams& p, std::span<const TensorMeta> in) {
+            const auto tensors = bind_metas<ManyOperands>("all_reduce_many_", of(p), in).tensors;
+            SG_CHECK(!tensors.empty(), "op all_reduce_many_ takes at least one tensor");
+            for (std::size_t i = 0; i < tensors.size(); ++i) {
+              check_reducible("all_reduce_many_", tensors[i]);
+              SG_CHECK(tensors[i].dtype == tensors[0].dtype, "op all_reduce_many_: tensor ", i, " is ",
+                       dtype_name(tensors[i].dtype), " but tensor 0 is ", dtype_name(tensors[0].dtype),
+                       "; one call reduces one dtype");
             }
             return std::vector<TensorMeta>{};
           },
-      .mutated_inputs_for = all_inputs,
+      .mutated_inputs_for = written_inputs_of<ManyOperands, CollectiveParams>,
       .launch_cuda = all_reduce_many_run,
       .run_host = [](const OpParams& p, const KernelArgs& a) { all_reduce_many_run(p, a, nullptr); },
       .collective = collective_call,
@@ -163,23 +231,30 @@ const OpDef& all_reduce_many_op() {
 SG_REGISTER_OP(all_reduce_many_op);
 
 namespace {
+
 void reduce_scatter_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-  comm_of(p).reduce_scatter(a.inputs[0], a.outputs[0], numel(a, true), a.input_metas[0].dtype, of(p).op, s);
+  const Operand x = source(p, a), out = received(p, a);
+  comm_of(p).reduce_scatter(x.data, out.data, out.numel(), x.dtype(), of(p).op, s);
 }
 void all_gather_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-  comm_of(p).all_gather(a.inputs[0], a.outputs[0], numel(a, false), a.input_metas[0].dtype, s);
+  const Operand x = source(p, a);
+  comm_of(p).all_gather(x.data, received(p, a).data, x.numel(), x.dtype(), s);
 }
 void broadcast_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-  comm_of(p).broadcast(a.inputs[0], a.inputs[0], numel(a, false), a.input_metas[0].dtype, of(p).peer, s);
+  const Operand x = bind_args<InPlaceOperands>(of(p), a).x;
+  comm_of(p).broadcast(x.data, x.data, x.numel(), x.dtype(), of(p).peer, s);
 }
 void send_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-  comm_of(p).send(a.inputs[0], numel(a, false), a.input_metas[0].dtype, of(p).peer, s);
+  const Operand x = source(p, a);
+  comm_of(p).send(x.data, x.numel(), x.dtype(), of(p).peer, s);
 }
 void recv_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-  comm_of(p).recv(a.outputs[0], numel(a, true), a.output_metas[0].dtype, of(p).peer, s);
+  const Operand out = received(p, a);
+  comm_of(p).recv(out.data, out.numel(), out.dtype(), of(p).peer, s);
 }
 void send_recv_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-  comm_of(p).send_recv(a.inputs[0], of(p).peer, a.outputs[0], of(p).from, numel(a, false), a.input_metas[0].dtype, s);
+  const Operand x = source(p, a);
+  comm_of(p).send_recv(x.data, of(p).peer, received(p, a).data, of(p).from, x.numel(), x.dtype(), s);
 }
 }  // namespace
 
@@ -188,13 +263,13 @@ const OpDef& reduce_scatter_op() {
       .name = "reduce_scatter",
       .check =
           [](const OpParams& p, std::span<const TensorMeta> in) {
-            check_one_input("reduce_scatter", in);
-            check_reducible("reduce_scatter", in[0]);
-            const std::int64_t rows = leading("reduce_scatter", in[0]);
+            const TensorMeta x = x_of("reduce_scatter", p, in);
+            check_reducible("reduce_scatter", x);
+            const std::int64_t rows = leading("reduce_scatter", x);
             const int n = of(p).world_size;
-            SG_CHECK(rows % n == 0, "op reduce_scatter: x ", in[0].shape, " has ", rows,
+            SG_CHECK(rows % n == 0, "op reduce_scatter: x ", x.shape, " has ", rows,
                      " rows, not a multiple of the world size ", n, "; pad it so every rank gets equal rows");
-            return std::vector<TensorMeta>{{with_leading(in[0].shape, rows / n), in[0].dtype}};
+            return std::vector<TensorMeta>{{with_leading(x.shape, rows / n), x.dtype}};
           },
       .launch_cuda = reduce_scatter_run,
       .run_host = [](const OpParams& p, const KernelArgs& a) { reduce_scatter_run(p, a, nullptr); },
@@ -209,24 +284,24 @@ const OpDef& reduce_scatter_into_op() {
       .name = "reduce_scatter_into_",
       .check =
           [](const OpParams& p, std::span<const TensorMeta> in) {
-            SG_CHECK(in.size() == 2, "op reduce_scatter_into_ takes x and out, got ", in.size(), " tensors");
-            check_reducible("reduce_scatter_into_", in[0]);
+            const auto o = bind_metas<ScatterIntoOperands>("reduce_scatter_into_", of(p), in);
+            check_reducible("reduce_scatter_into_", o.x);
             const int n = of(p).world_size;
-            SG_CHECK(in[1].dtype == in[0].dtype && in[1].numel() * n == in[0].numel(),
-                     "op reduce_scatter_into_: out must hold x's ", in[0].numel(), " ", dtype_name(in[0].dtype),
-                     " elements / ", n, " ranks, got ", in[1].numel(), " ", dtype_name(in[1].dtype));
+            SG_CHECK(o.out.dtype == o.x.dtype && o.out.numel() * n == o.x.numel(),
+                     "op reduce_scatter_into_: out must hold x's ", o.x.numel(), " ", dtype_name(o.x.dtype),
+                     " elements / ", n, " ranks, got ", o.out.numel(), " ", dtype_name(o.out.dtype));
             return std::vector<TensorMeta>{};
           },
-      .mutated_inputs = {1},
+      .mutated_inputs_for = written_inputs_of<ScatterIntoOperands, CollectiveParams>,
       .launch_cuda =
           [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            comm_of(p).reduce_scatter(a.inputs[0], a.inputs[1], a.input_metas[1].numel(), a.input_metas[0].dtype,
-                                      of(p).op, s);
+            const auto o = bind_args<ScatterIntoOperands>(of(p), a);
+            comm_of(p).reduce_scatter(o.x.data, o.out.data, o.out.numel(), o.x.dtype(), of(p).op, s);
           },
       .run_host =
           [](const OpParams& p, const KernelArgs& a) {
-            comm_of(p).reduce_scatter(a.inputs[0], a.inputs[1], a.input_metas[1].numel(), a.input_metas[0].dtype,
-                                      of(p).op, nullptr);
+            const auto o = bind_args<ScatterIntoOperands>(of(p), a);
+            comm_of(p).reduce_scatter(o.x.data, o.out.data, o.out.numel(), o.x.dtype(), of(p).op, nullptr);
           },
       .collective = collective_call,
   };
@@ -239,9 +314,9 @@ const OpDef& all_gather_op() {
       .name = "all_gather",
       .check =
           [](const OpParams& p, std::span<const TensorMeta> in) {
-            check_one_input("all_gather", in);
-            const std::int64_t rows = leading("all_gather", in[0]);
-            return std::vector<TensorMeta>{{with_leading(in[0].shape, rows * of(p).world_size), in[0].dtype}};
+            const TensorMeta x = x_of("all_gather", p, in);
+            const std::int64_t rows = leading("all_gather", x);
+            return std::vector<TensorMeta>{{with_leading(x.shape, rows * of(p).world_size), x.dtype}};
           },
       .launch_cuda = all_gather_run,
       .run_host = [](const OpParams& p, const KernelArgs& a) { all_gather_run(p, a, nullptr); },
@@ -255,11 +330,11 @@ const OpDef& broadcast_inplace_op() {
   static const OpDef op{
       .name = "broadcast_",
       .check =
-          [](const OpParams&, std::span<const TensorMeta> in) {
-            check_one_input("broadcast_", in);
+          [](const OpParams& p, std::span<const TensorMeta> in) {
+            x_of<InPlaceOperands>("broadcast_", p, in);
             return std::vector<TensorMeta>{};
           },
-      .mutated_inputs = {0},
+      .mutated_inputs_for = written_inputs_of<InPlaceOperands, CollectiveParams>,
       .launch_cuda = broadcast_run,
       .run_host = [](const OpParams& p, const KernelArgs& a) { broadcast_run(p, a, nullptr); },
       .collective = collective_call,
@@ -272,8 +347,8 @@ const OpDef& send_op() {
   static const OpDef op{
       .name = "send",
       .check =
-          [](const OpParams&, std::span<const TensorMeta> in) {
-            check_one_input("send", in);
+          [](const OpParams& p, std::span<const TensorMeta> in) {
+            x_of("send", p, in);
             return std::vector<TensorMeta>{};
           },
       .launch_cuda = send_run,
@@ -289,7 +364,7 @@ const OpDef& recv_op() {
       .name = "recv",
       .check =
           [](const OpParams& p, std::span<const TensorMeta> in) {
-            SG_CHECK(in.empty(), "op recv takes no inputs, got ", in.size());
+            bind_metas<NoOperands>("recv", of(p), in);
             return std::vector<TensorMeta>{of(p).meta};
           },
       .launch_cuda = recv_run,
@@ -305,11 +380,8 @@ SG_REGISTER_OP(recv_op);
 const OpDef& send_recv_op() {
   static const OpDef op{
       .name = "send_recv",
-      .check =
-          [](const OpParams&, std::span<const TensorMeta> in) {
-            check_one_input("send_recv", in);
-            return std::vector<TensorMeta>{in[0]};
-          },
+      .check = [](const OpParams& p,
+                  std::span<const TensorMeta> in) { return std::vector<TensorMeta>{x_of("send_recv", p, in)}; },
       .launch_cuda = send_recv_run,
       .run_host = [](const OpParams& p, const KernelArgs& a) { send_recv_run(p, a, nullptr); },
       .collective = collective_call,
@@ -319,39 +391,48 @@ const OpDef& send_recv_op() {
 SG_REGISTER_OP(send_recv_op);
 
 Tensor all_reduce(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
-  return ctx.call(all_reduce_op(), params_for(ctx, comm, "all_reduce", op), {x})[0];
+  const CollectiveParams p = params_for(ctx, comm, "all_reduce", op);
+  return ctx.call(all_reduce_op(), p, flatten("all_reduce", p, SourceOperands<Tensor>{x}))[0];
 }
 
 void all_reduce_(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
-  ctx.call(all_reduce_inplace_op(), params_for(ctx, comm, "all_reduce_", op), {x});
+  const CollectiveParams p = params_for(ctx, comm, "all_reduce_", op);
+  ctx.call(all_reduce_inplace_op(), p, flatten("all_reduce_", p, InPlaceOperands<Tensor>{x}));
 }
 
 void all_reduce_many_(Context& ctx, Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op) {
-  ctx.call(all_reduce_many_op(), params_for(ctx, comm, "all_reduce_many_", op), tensors);
+  const CollectiveParams p = params_for(ctx, comm, "all_reduce_many_", op);
+  ctx.call(all_reduce_many_op(), p, flatten("all_reduce_many_", p, ManyOperands<Tensor>{tensors}));
 }
 
 Tensor reduce_scatter(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
-  return ctx.call(reduce_scatter_op(), params_for(ctx, comm, "reduce_scatter", op), {x})[0];
+  const CollectiveParams p = params_for(ctx, comm, "reduce_scatter", op);
+  return ctx.call(reduce_scatter_op(), p, flatten("reduce_scatter", p, SourceOperands<Tensor>{x}))[0];
 }
 
 void reduce_scatter_into_(Context& ctx, Communicator& comm, const Tensor& x, const Tensor& out, ReduceOp op) {
-  ctx.call(reduce_scatter_into_op(), params_for(ctx, comm, "reduce_scatter_into_", op), {x, out});
+  const CollectiveParams p = params_for(ctx, comm, "reduce_scatter_into_", op);
+  ctx.call(reduce_scatter_into_op(), p,
+           flatten("reduce_scatter_into_", p, ScatterIntoOperands<Tensor>{.x = x, .out = out}));
 }
 
 Tensor all_gather(Context& ctx, Communicator& comm, const Tensor& x) {
-  return ctx.call(all_gather_op(), params_for(ctx, comm, "all_gather"), {x})[0];
+  const CollectiveParams p = params_for(ctx, comm, "all_gather");
+  return ctx.call(all_gather_op(), p, flatten("all_gather", p, SourceOperands<Tensor>{x}))[0];
 }
 
 void broadcast_(Context& ctx, Communicator& comm, const Tensor& x, int root) {
   SG_CHECK(root >= 0 && root < comm.world_size(), "broadcast_: root must be a rank in [0, ", comm.world_size(),
            "), got ", root);
-  ctx.call(broadcast_inplace_op(), params_for(ctx, comm, "broadcast_", ReduceOp::kSum, root), {x});
+  const CollectiveParams p = params_for(ctx, comm, "broadcast_", ReduceOp::kSum, root);
+  ctx.call(broadcast_inplace_op(), p, flatten("broadcast_", p, InPlaceOperands<Tensor>{x}));
 }
 
 void send(Context& ctx, Communicator& comm, const Tensor& x, int peer) {
   SG_CHECK(peer >= 0 && peer < comm.world_size() && peer != comm.rank(), "send: peer must be another rank in [0, ",
            comm.world_size(), "), got ", peer, " on rank ", comm.rank());
-  ctx.call(send_op(), params_for(ctx, comm, "send", ReduceOp::kSum, peer, P2P::kSend), {x});
+  const CollectiveParams p = params_for(ctx, comm, "send", ReduceOp::kSum, peer, P2P::kSend);
+  ctx.call(send_op(), p, flatten("send", p, SourceOperands<Tensor>{x}));
 }
 
 Tensor recv(Context& ctx, Communicator& comm, const TensorMeta& meta, int peer) {
@@ -372,7 +453,7 @@ Tensor send_recv(Context& ctx, Communicator& comm, const Tensor& x, int to, int 
   }
   CollectiveParams params = params_for(ctx, comm, "send_recv", ReduceOp::kSum, to, P2P::kSendRecv);
   params.from = from;
-  return ctx.call(send_recv_op(), params, {x})[0];
+  return ctx.call(send_recv_op(), params, flatten("send_recv", params, SourceOperands<Tensor>{x}))[0];
 }
 
 }  // namespace stepgraph::ops

@@ -227,6 +227,23 @@ extern "C" sg_result sg_graph_dump(sg_graph graph, char* buffer, size_t capacity
   });
 }
 
+extern "C" sg_result sg_graph_profile(sg_graph graph) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const std::shared_ptr<sg_graph_s> g = capi::handle_object(graph, function, "graph");
+    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
+    g->last_profile = owner->profile().to_string();
+  });
+}
+
+extern "C" sg_result sg_graph_last_profile(sg_graph graph, char* buffer, size_t capacity, size_t* length) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const std::shared_ptr<sg_graph_s> g = capi::handle_object(graph, function, "graph");
+    SG_CHECK_CODE(!g->last_profile.empty(), ErrorCode::kInvalidState, function,
+                  ": this graph has no profile yet; call sg_graph_profile first");
+    capi::copy_string(g->last_profile, buffer, capacity, length);
+  });
+}
+
 extern "C" sg_result sg_graph_release_pool(sg_graph graph) {
   return run_guarded(__func__, [&, function = __func__] { step_of(graph, function)->release_pool(); });
 }

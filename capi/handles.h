@@ -148,6 +148,7 @@ struct sg_graph_s {
   std::shared_ptr<stepgraph::Context> ctx;
   std::shared_ptr<stepgraph::CapturedStep> step;
   std::shared_ptr<const void> keep_alive;  // a train step's state, for train-step graphs
+  std::string last_profile;                // sg_graph_profile's text, for sg_graph_last_profile
 };
 
 struct sg_world_s {

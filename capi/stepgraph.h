@@ -95,7 +95,8 @@ extern "C" {
  * sg_linear_create_fp8, sg_layernorm_linear_create_fp8,
  * sg_layernorm_mlp_create_fp8, sg_residual_stack_create_tensor_parallel,
  * sg_train_step_create_with_config, sg_adamw_create, sg_adamw_create_scheduled.
- * Added: sg_context_set_gemm_algorithms and sg_context_gemm_algorithms. The
+ * Added: sg_context_set_gemm_algorithms and sg_context_gemm_algorithms, and
+ * sg_graph_profile and sg_graph_last_profile (the trainer's --profile). The
  * functions whose arguments changed are exported as STEPGRAPH_C_10, so a
  * binary built against an older header fails to load instead of passing the
  * old structs. */
@@ -688,6 +689,13 @@ sg_result sg_graph_pool_report_count(sg_graph graph, size_t* count, int64_t* byt
 sg_result sg_graph_pool_report(sg_graph graph, char* buffer, size_t capacity, size_t* length);
 /* The program and its plan, as text. */
 sg_result sg_graph_dump(sg_graph graph, char* buffer, size_t capacity, size_t* length);
+/* The trainer's --profile: runs the step once more with a timing mark around
+ * every op (a real step: its optimizer update happens as in a replay) and
+ * keeps the table of when each op ran (graphs/step_profile.h), which
+ * sg_graph_last_profile copies out (as often as needed, without running
+ * again). */
+sg_result sg_graph_profile(sg_graph graph);
+sg_result sg_graph_last_profile(sg_graph graph, char* buffer, size_t capacity, size_t* length);
 /* Frees the pool now; later replays and reads of its outputs are errors. */
 sg_result sg_graph_release_pool(sg_graph graph);
 

@@ -179,6 +179,8 @@ _PROTOTYPES = {
     "sg_graph_pool_report": [H] + _STRING_OUT,
     "sg_graph_dump": [H] + _STRING_OUT,
     "sg_graph_release_pool": [H],
+    "sg_graph_profile": [H],
+    "sg_graph_last_profile": [H] + _STRING_OUT,
     "sg_graph_cache_create": [c_int64, P(H)],
     "sg_graph_cache_destroy": [H],
     "sg_graph_cache_get_or_capture": [H, c_char_p, H, STEP_FN, c_void_p, c_int, P(H)],

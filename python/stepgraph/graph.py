@@ -134,6 +134,13 @@ class CapturedStep:
         """The program and its plan, as text."""
         return _capi.string_out("sg_graph_dump", self._handle)
 
+    def profile(self):
+        """Runs the step once more with a timing mark around every op (a real step: an optimizer update
+        happens as in a replay) and returns the table of when each op ran, as text (the trainer's
+        --profile)."""
+        _capi.call("sg_graph_profile", self._handle)
+        return _capi.string_out("sg_graph_last_profile", self._handle)
+
     def release_pool(self):
         """Frees the pool now; replaying or reading the outputs afterwards is an error. Refused
         while an output tensor taken from `outputs`, or a NumPy or torch view of one, is still

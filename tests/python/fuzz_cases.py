@@ -383,6 +383,10 @@ case("capi", "tensor_parallel_misfit_overlap", "tp_stack(new_world().value, over
      words=["fc1_fprop (all-gather then GEMM) takes none, bulk or ring_exchange"])
 case("capi", "tensor_parallel_null_out", "tp_stack(new_world().value, out=False)",
      words=["sg_residual_stack_create", "out is NULL"])
+case("capi", "graph_profile_not_run", """
+graph, x, layer = linear_graph(ctx)
+_capi.string_out('sg_graph_last_profile', graph._handle)
+""", words=["sg_graph_last_profile", "no profile yet", "sg_graph_profile"])
 case("capi", "gemm_algorithms_unknown", "_capi.call('sg_context_set_gemm_algorithms', raw_ctx, b'fastest')",
      words=["sg_context_set_gemm_algorithms", "'fastest'", "heuristic", "timed"])
 case("capi", "gemm_algorithms_null", "_capi.call('sg_context_set_gemm_algorithms', raw_ctx, None)",

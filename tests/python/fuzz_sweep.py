@@ -260,7 +260,7 @@ ENTRIES = {entry.name: entry for entry in _ENTRIES}
 # from C handles (a TypeError from anything else: the cases below), World by init_distributed.
 NO_ARGUMENTS = {"Context.close", "Context.memory", "Context.synchronize", "Tensor.item", "Tensor.numpy",
                 "Tensor.to_float32", "Tensor.torch", "AdamW.step", "TrainStep.__call__", "TrainStep.check_errors",
-                "CapturedStep.dump", "CapturedStep.release_pool", "GraphCache.clear", "World.close",
+                "CapturedStep.dump", "CapturedStep.profile", "CapturedStep.release_pool", "GraphCache.clear", "World.close",
                 "World.describe", "Layer.check_errors", "Layer.parameters", "Layer.sync_parameters",
                 "cuda_device_count", "library_path", "Context.__enter__", "World.__enter__"}
 MADE_BY_THE_LIBRARY = {"Tensor": "ctx.tensor", "CapturedStep": "capture", "GraphedLayers": "make_graphed_layers",

@@ -1,12 +1,15 @@
 #include "ops/elementwise_ops.h"
 
 #include <cstdio>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "engine/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/elementwise_host.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -36,51 +39,131 @@ struct AxpyParams {
   std::string to_string() const { return "alpha=" + format_float(alpha); }
 };
 
+// --- operands ---------------------------------------------------------------------
+
+template <typename F>
+struct NoOperands {};  // fill
+
+template <typename F, typename V>
+void visit_operands(const FillParams&, NoOperands<F>&, V&) {}
+
+template <typename F>
+struct UnaryOperands {
+  F x;
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, UnaryOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+}
+
+template <typename F, typename V>
+void visit_operands(const CastParams&, UnaryOperands<F>& o, V& v) {
+  v({"x"}, o.x);
+}
+
+template <typename F>
+struct BinaryOperands {
+  F a, b;
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, BinaryOperands<F>& o, V& v) {
+  v({"a"}, o.a);
+  v({"b"}, o.b);
+}
+
+template <typename F>
+struct CopyIntoOperands {
+  F dst;  // written
+  F src;
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, CopyIntoOperands<F>& o, V& v) {
+  v({.name = "dst", .use = Use::kWrite}, o.dst);
+  v({"src"}, o.src);
+}
+
+template <typename F>
+struct AxpyOperands {
+  F y, x;  // y + alpha x
+};
+
+template <typename F, typename V>
+void visit_operands(const AxpyParams&, AxpyOperands<F>& o, V& v) {
+  v({"y"}, o.y);
+  v({"x"}, o.x);
+}
+
+template <typename F>
+struct AxpyIntoOperands {
+  F y;  // y += alpha x, written
+  F x;
+};
+
+template <typename F, typename V>
+void visit_operands(const AxpyParams&, AxpyIntoOperands<F>& o, V& v) {
+  v({.name = "y", .use = Use::kWrite}, o.y);
+  v({"x"}, o.x);
+}
+
 // --- checks --------------------------------------------------------------------
 
-void check_arity(std::string_view op, std::span<const TensorMeta> inputs, std::size_t expected) {
-  SG_CHECK(inputs.size() == expected, "op ", op, " takes ", expected, " input(s), got ", inputs.size());
-}
+struct Named {
+  std::string_view name;
+  const TensorMeta& meta;
+};
 
-void check_fp32(std::string_view op, std::span<const TensorMeta> inputs) {
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    SG_CHECK_CODE(inputs[i].dtype == DType::kFloat32, ErrorCode::kUnsupported, "op ", op, ": input ", i, " is ",
-                  dtype_name(inputs[i].dtype), "; only fp32 is supported");
+// fp32 operands of one shape; returns `outputs` metas like the first.
+std::vector<TensorMeta> check_fp32_alike(std::string_view op, std::initializer_list<Named> operands,
+                                         std::size_t outputs) {
+  const Named& first = *operands.begin();
+  for (const Named& o : operands) {
+    SG_CHECK_CODE(o.meta.dtype == DType::kFloat32, ErrorCode::kUnsupported, "op ", op, ": ", o.name, " is ",
+                  dtype_name(o.meta.dtype), "; only fp32 is supported");
+    SG_CHECK(o.meta.shape == first.meta.shape, "op ", op, ": ", o.name, " has shape ", o.meta.shape, " but ",
+             first.name, " has shape ", first.meta.shape, "; elementwise inputs must have equal shapes");
   }
-}
-
-void check_same_shapes(std::string_view op, std::span<const TensorMeta> inputs) {
-  for (std::size_t i = 1; i < inputs.size(); ++i) {
-    SG_CHECK(inputs[i].shape == inputs[0].shape, "op ", op, ": input ", i, " has shape ", inputs[i].shape,
-             " but input 0 has shape ", inputs[0].shape, "; elementwise inputs must have equal shapes");
-  }
-}
-
-// fp32 inputs of one shape, `arity` of them; returns `outputs` metas like input 0.
-template <std::size_t kArity, std::size_t kOutputs, const char* kName>
-std::vector<TensorMeta> check_elementwise(const OpParams&, std::span<const TensorMeta> inputs) {
-  check_arity(kName, inputs, kArity);
-  check_fp32(kName, inputs);
-  check_same_shapes(kName, inputs);
-  return std::vector<TensorMeta>(kOutputs, inputs[0]);
+  return std::vector<TensorMeta>(outputs, first.meta);
 }
 
 std::vector<TensorMeta> check_fill(const OpParams& params, std::span<const TensorMeta> inputs) {
-  check_arity("fill", inputs, 0);
-  const TensorMeta& meta = params.as<FillParams>().meta;
-  check_fp32("fill", std::span(&meta, 1));
-  return {meta};
+  const auto& p = params.as<FillParams>();
+  bind_metas<NoOperands>("fill", p, inputs);
+  return check_fp32_alike("fill", {{"the filled tensor", p.meta}}, 1);
+}
+
+std::vector<TensorMeta> check_copy(const OpParams&, std::span<const TensorMeta> inputs) {
+  const auto o = bind_metas<UnaryOperands>("copy", NoParams{}, inputs);
+  return check_fp32_alike("copy", {{"x", o.x}}, 1);
+}
+
+std::vector<TensorMeta> check_copy_into(const OpParams&, std::span<const TensorMeta> inputs) {
+  const auto o = bind_metas<CopyIntoOperands>("copy_", NoParams{}, inputs);
+  return check_fp32_alike("copy_", {{"dst", o.dst}, {"src", o.src}}, 0);
+}
+
+template <const char* kName>
+std::vector<TensorMeta> check_binary(const OpParams&, std::span<const TensorMeta> inputs) {
+  const auto o = bind_metas<BinaryOperands>(kName, NoParams{}, inputs);
+  return check_fp32_alike(kName, {{"a", o.a}, {"b", o.b}}, 1);
+}
+
+template <template <typename> class Operands, const char* kName>
+std::vector<TensorMeta> check_axpy(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const auto o = bind_metas<Operands>(kName, params.as<AxpyParams>(), inputs);
+  return check_fp32_alike(kName, {{"y", o.y}, {"x", o.x}}, std::is_same_v<Operands<int>, AxpyOperands<int>> ? 1 : 0);
 }
 
 std::vector<TensorMeta> check_sum(const OpParams&, std::span<const TensorMeta> inputs) {
-  check_arity("sum", inputs, 1);
-  check_fp32("sum", inputs);
+  const auto o = bind_metas<UnaryOperands>("sum", NoParams{}, inputs);
+  check_fp32_alike("sum", {{"x", o.x}}, 0);
   return {TensorMeta{Shape{}, DType::kFloat32}};
 }
 
 std::vector<TensorMeta> check_column_sum(const OpParams&, std::span<const TensorMeta> inputs) {
-  check_arity("column_sum", inputs, 1);
-  const TensorMeta& x = inputs[0];
+  const TensorMeta x = bind_metas<UnaryOperands>("column_sum", NoParams{}, inputs).x;
   SG_CHECK(x.shape.rank() == 2, "op column_sum: x must be 2-D [rows, cols], got ", x.shape);
   SG_CHECK(x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16,
            "op column_sum: x must be fp32, bf16 or fp16, got ", dtype_name(x.dtype));
@@ -88,26 +171,24 @@ std::vector<TensorMeta> check_column_sum(const OpParams&, std::span<const Tensor
 }
 
 std::vector<TensorMeta> check_cast(const OpParams& params, std::span<const TensorMeta> inputs) {
-  check_arity("cast", inputs, 1);
-  const DType to = params.as<CastParams>().to;
-  for (DType dtype : {inputs[0].dtype, to}) {
+  const auto& p = params.as<CastParams>();
+  const TensorMeta x = bind_metas<UnaryOperands>("cast", p, inputs).x;
+  for (DType dtype : {x.dtype, p.to}) {
     SG_CHECK_CODE(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
                   ErrorCode::kUnsupported, "op cast: dtype ", dtype_name(dtype),
                   " is not supported (fp32, bf16, fp16)");
   }
-  return {TensorMeta{inputs[0].shape, to}};
+  return {TensorMeta{x.shape, p.to}};
 }
 
 // --- launchers and host references ----------------------------------------------
 
-float* out_f32(const KernelArgs& args, std::size_t i) { return static_cast<float*>(args.outputs[i]); }
-float* in_f32(const KernelArgs& args, std::size_t i) { return static_cast<float*>(args.inputs[i]); }
-std::int64_t count(const KernelArgs& args) {
-  return args.input_metas.empty() ? args.output_metas[0].numel() : args.input_metas[0].numel();
-}
+float* out_f32(const KernelArgs& args) { return static_cast<float*>(args.outputs[0]); }
+float* f32(const Operand& operand) { return operand.as<float>(); }
 
-constexpr char kCopy[] = "copy";
-constexpr char kCopyInplace[] = "copy_";
+// The unary ops' x (NoParams).
+Operand x_of(const KernelArgs& a) { return bind_args<UnaryOperands>(NoParams{}, a).x; }
+
 constexpr char kAxpy[] = "axpy";
 constexpr char kAxpyInplace[] = "axpy_";
 constexpr char kAdd[] = "add";
@@ -121,11 +202,11 @@ const OpDef& fill_op() {
       .check = check_fill,
       .launch_cuda =
           [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_fill_f32(out_f32(a, 0), p.as<FillParams>().value, count(a), s);
+            kernels::launch_fill_f32(out_f32(a), p.as<FillParams>().value, a.output_metas[0].numel(), s);
           },
       .run_host =
           [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::fill_f32(out_f32(a, 0), p.as<FillParams>().value, count(a));
+            kernels::host::fill_f32(out_f32(a), p.as<FillParams>().value, a.output_metas[0].numel());
           },
   };
   return op;
@@ -134,27 +215,38 @@ SG_REGISTER_OP(fill_op);
 
 const OpDef& copy_op() {
   static const OpDef op{
-      .name = kCopy,
-      .check = check_elementwise<1, 1, kCopy>,
-      .launch_cuda = [](const OpParams&, const KernelArgs& a,
-                        CUstream_st* s) { kernels::launch_copy_f32(out_f32(a, 0), in_f32(a, 0), count(a), s); },
-      .run_host = [](const OpParams&,
-                     const KernelArgs& a) { kernels::host::copy_f32(out_f32(a, 0), in_f32(a, 0), count(a)); },
+      .name = "copy",
+      .check = check_copy,
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
+            const Operand x = x_of(a);
+            kernels::launch_copy_f32(out_f32(a), f32(x), x.numel(), s);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            const Operand x = x_of(a);
+            kernels::host::copy_f32(out_f32(a), f32(x), x.numel());
+          },
   };
   return op;
 }
 SG_REGISTER_OP(copy_op);
 
-// copy_(dst, src): writes input 0.
 const OpDef& copy_inplace_op() {
   static const OpDef op{
-      .name = kCopyInplace,
-      .check = check_elementwise<2, 0, kCopyInplace>,
-      .mutated_inputs = {0},
-      .launch_cuda = [](const OpParams&, const KernelArgs& a,
-                        CUstream_st* s) { kernels::launch_copy_f32(in_f32(a, 0), in_f32(a, 1), count(a), s); },
-      .run_host = [](const OpParams&,
-                     const KernelArgs& a) { kernels::host::copy_f32(in_f32(a, 0), in_f32(a, 1), count(a)); },
+      .name = "copy_",
+      .check = check_copy_into,
+      .mutated_inputs_for = written_inputs_of<CopyIntoOperands, NoParams>,
+      .launch_cuda =
+          [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
+            const auto o = bind_args<CopyIntoOperands>(NoParams{}, a);
+            kernels::launch_copy_f32(f32(o.dst), f32(o.src), o.dst.numel(), s);
+          },
+      .run_host =
+          [](const OpParams&, const KernelArgs& a) {
+            const auto o = bind_args<CopyIntoOperands>(NoParams{}, a);
+            kernels::host::copy_f32(f32(o.dst), f32(o.src), o.dst.numel());
+          },
   };
   return op;
 }
@@ -163,33 +255,40 @@ SG_REGISTER_OP(copy_inplace_op);
 const OpDef& axpy_op() {
   static const OpDef op{
       .name = kAxpy,
-      .check = check_elementwise<2, 1, kAxpy>,
+      .check = check_axpy<AxpyOperands, kAxpy>,
       .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_axpy_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a), s);
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
+            const auto& p = params.as<AxpyParams>();
+            const auto o = bind_args<AxpyOperands>(p, a);
+            kernels::launch_axpy_f32(out_f32(a), f32(o.y), f32(o.x), p.alpha, o.y.numel(), s);
           },
       .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::axpy_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a));
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<AxpyParams>();
+            const auto o = bind_args<AxpyOperands>(p, a);
+            kernels::host::axpy_f32(out_f32(a), f32(o.y), f32(o.x), p.alpha, o.y.numel());
           },
   };
   return op;
 }
 SG_REGISTER_OP(axpy_op);
 
-// axpy_(y, x): writes input 0.
 const OpDef& axpy_inplace_op() {
   static const OpDef op{
       .name = kAxpyInplace,
-      .check = check_elementwise<2, 0, kAxpyInplace>,
-      .mutated_inputs = {0},
+      .check = check_axpy<AxpyIntoOperands, kAxpyInplace>,
+      .mutated_inputs_for = written_inputs_of<AxpyIntoOperands, AxpyParams>,
       .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_axpy_f32(in_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a), s);
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
+            const auto& p = params.as<AxpyParams>();
+            const auto o = bind_args<AxpyIntoOperands>(p, a);
+            kernels::launch_axpy_f32(f32(o.y), f32(o.y), f32(o.x), p.alpha, o.y.numel(), s);
           },
       .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::axpy_f32(in_f32(a, 0), in_f32(a, 0), in_f32(a, 1), p.as<AxpyParams>().alpha, count(a));
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<AxpyParams>();
+            const auto o = bind_args<AxpyIntoOperands>(p, a);
+            kernels::host::axpy_f32(f32(o.y), f32(o.y), f32(o.x), p.alpha, o.y.numel());
           },
   };
   return op;
@@ -199,14 +298,16 @@ SG_REGISTER_OP(axpy_inplace_op);
 const OpDef& add_op() {
   static const OpDef op{
       .name = kAdd,
-      .check = check_elementwise<2, 1, kAdd>,
+      .check = check_binary<kAdd>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_add_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a), s);
+            const auto o = bind_args<BinaryOperands>(NoParams{}, a);
+            kernels::launch_add_f32(out_f32(a), f32(o.a), f32(o.b), o.a.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::add_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a));
+            const auto o = bind_args<BinaryOperands>(NoParams{}, a);
+            kernels::host::add_f32(out_f32(a), f32(o.a), f32(o.b), o.a.numel());
           },
   };
   return op;
@@ -216,14 +317,16 @@ SG_REGISTER_OP(add_op);
 const OpDef& mul_op() {
   static const OpDef op{
       .name = kMul,
-      .check = check_elementwise<2, 1, kMul>,
+      .check = check_binary<kMul>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_mul_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a), s);
+            const auto o = bind_args<BinaryOperands>(NoParams{}, a);
+            kernels::launch_mul_f32(out_f32(a), f32(o.a), f32(o.b), o.a.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::mul_f32(out_f32(a, 0), in_f32(a, 0), in_f32(a, 1), count(a));
+            const auto o = bind_args<BinaryOperands>(NoParams{}, a);
+            kernels::host::mul_f32(out_f32(a), f32(o.a), f32(o.b), o.a.numel());
           },
   };
   return op;
@@ -236,11 +339,13 @@ const OpDef& sum_op() {
       .check = check_sum,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_sum_f32(out_f32(a, 0), in_f32(a, 0), a.input_metas[0].numel(), s);
+            const Operand x = x_of(a);
+            kernels::launch_sum_f32(out_f32(a), f32(x), x.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            kernels::host::sum_f32(out_f32(a, 0), in_f32(a, 0), a.input_metas[0].numel());
+            const Operand x = x_of(a);
+            kernels::host::sum_f32(out_f32(a), f32(x), x.numel());
           },
   };
   return op;
@@ -252,41 +357,21 @@ const OpDef& cast_op() {
       .name = "cast",
       .check = check_cast,
       .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            kernels::launch_cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a), s);
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
+            const auto& p = params.as<CastParams>();
+            const Operand x = bind_args<UnaryOperands>(p, a).x;
+            kernels::launch_cast(x.dtype(), p.to, x.data, a.outputs[0], x.numel(), s);
           },
       .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            kernels::host::cast(a.input_metas[0].dtype, p.as<CastParams>().to, a.inputs[0], a.outputs[0], count(a));
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<CastParams>();
+            const Operand x = bind_args<UnaryOperands>(p, a).x;
+            kernels::host::cast(x.dtype(), p.to, x.data, a.outputs[0], x.numel());
           },
   };
   return op;
 }
 SG_REGISTER_OP(cast_op);
-
-Tensor cast(Context& ctx, const Tensor& x, DType dtype) { return ctx.call(cast_op(), CastParams{dtype}, {x}).front(); }
-
-Tensor fill(Context& ctx, const TensorMeta& meta, float value) {
-  return ctx.call(fill_op(), FillParams{meta, value}, {}).front();
-}
-
-Tensor copy(Context& ctx, const Tensor& x) { return ctx.call(copy_op(), NoParams{}, {x}).front(); }
-
-void copy_(Context& ctx, const Tensor& dst, const Tensor& src) { ctx.call(copy_inplace_op(), NoParams{}, {dst, src}); }
-
-Tensor axpy(Context& ctx, const Tensor& y, const Tensor& x, float alpha) {
-  return ctx.call(axpy_op(), AxpyParams{alpha}, {y, x}).front();
-}
-
-void axpy_(Context& ctx, const Tensor& y, const Tensor& x, float alpha) {
-  ctx.call(axpy_inplace_op(), AxpyParams{alpha}, {y, x});
-}
-
-Tensor add(Context& ctx, const Tensor& a, const Tensor& b) { return ctx.call(add_op(), NoParams{}, {a, b}).front(); }
-
-Tensor mul(Context& ctx, const Tensor& a, const Tensor& b) { return ctx.call(mul_op(), NoParams{}, {a, b}).front(); }
-
-Tensor sum(Context& ctx, const Tensor& x) { return ctx.call(sum_op(), NoParams{}, {x}).front(); }
 
 const OpDef& column_sum_op() {
   static const OpDef op{
@@ -294,20 +379,66 @@ const OpDef& column_sum_op() {
       .check = check_column_sum,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            const TensorMeta& x = a.input_metas[0];
-            kernels::launch_column_sum(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0], out_f32(a, 0), s);
+            const Operand x = x_of(a);
+            kernels::launch_column_sum(x.dtype(), x.shape().dim(0), x.shape().dim(1), x.data, out_f32(a), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            const TensorMeta& x = a.input_metas[0];
-            kernels::host::column_sum(x.dtype, x.shape.dim(0), x.shape.dim(1), a.inputs[0], out_f32(a, 0));
+            const Operand x = x_of(a);
+            kernels::host::column_sum(x.dtype(), x.shape().dim(0), x.shape().dim(1), x.data, out_f32(a));
           },
   };
   return op;
 }
 SG_REGISTER_OP(column_sum_op);
 
-Tensor column_sum(Context& ctx, const Tensor& x) { return ctx.call(column_sum_op(), NoParams{}, {x}).front(); }
+namespace {
+
+// One call of an elementwise op by its named operands; its first output.
+template <template <typename> class Operands, typename Params>
+Tensor call(Context& ctx, const OpDef& op, const Params& params, Operands<Tensor> operands) {
+  return ctx.call(op, params, flatten(op.name, params, std::move(operands))).front();
+}
+
+}  // namespace
+
+Tensor cast(Context& ctx, const Tensor& x, DType dtype) {
+  return call(ctx, cast_op(), CastParams{dtype}, UnaryOperands<Tensor>{x});
+}
+
+Tensor fill(Context& ctx, const TensorMeta& meta, float value) {
+  return call(ctx, fill_op(), FillParams{meta, value}, NoOperands<Tensor>{});
+}
+
+Tensor copy(Context& ctx, const Tensor& x) { return call(ctx, copy_op(), NoParams{}, UnaryOperands<Tensor>{x}); }
+
+void copy_(Context& ctx, const Tensor& dst, const Tensor& src) {
+  ctx.call(copy_inplace_op(), NoParams{},
+           flatten("copy_", NoParams{}, CopyIntoOperands<Tensor>{.dst = dst, .src = src}));
+}
+
+Tensor axpy(Context& ctx, const Tensor& y, const Tensor& x, float alpha) {
+  return call(ctx, axpy_op(), AxpyParams{alpha}, AxpyOperands<Tensor>{.y = y, .x = x});
+}
+
+void axpy_(Context& ctx, const Tensor& y, const Tensor& x, float alpha) {
+  const AxpyParams params{alpha};
+  ctx.call(axpy_inplace_op(), params, flatten(kAxpyInplace, params, AxpyIntoOperands<Tensor>{.y = y, .x = x}));
+}
+
+Tensor add(Context& ctx, const Tensor& a, const Tensor& b) {
+  return call(ctx, add_op(), NoParams{}, BinaryOperands<Tensor>{.a = a, .b = b});
+}
+
+Tensor mul(Context& ctx, const Tensor& a, const Tensor& b) {
+  return call(ctx, mul_op(), NoParams{}, BinaryOperands<Tensor>{.a = a, .b = b});
+}
+
+Tensor sum(Context& ctx, const Tensor& x) { return call(ctx, sum_op(), NoParams{}, UnaryOperands<Tensor>{x}); }
+
+Tensor column_sum(Context& ctx, const Tensor& x) {
+  return call(ctx, column_sum_op(), NoParams{}, UnaryOperands<Tensor>{x});
+}
 
 float item(Context& ctx, const Tensor& x) {
   SG_CHECK_CODE(!ctx.tracing(), ErrorCode::kInvalidState, "op item reads tensor '", x.name(),

@@ -70,7 +70,7 @@ TEST(ContextHostTest, ShapeMismatchNamesTheOpAndBothShapes) {
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
     EXPECT_EQ(error.message(),
-              "op add: input 1 has shape [3, 1] but input 0 has shape [3]; elementwise inputs must "
+              "op add: b has shape [3, 1] but a has shape [3]; elementwise inputs must "
               "have equal shapes");
   }
 }
@@ -83,7 +83,7 @@ TEST(ContextHostTest, UnsupportedDtypeIsAnError) {
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(error.message().find("op mul: input 0 is bf16"), std::string::npos) << error.message();
+    EXPECT_NE(error.message().find("op mul: a is bf16"), std::string::npos) << error.message();
   }
 }
 

@@ -6,6 +6,7 @@
 #include "engine/error.h"
 #include "kernels/elementwise.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
 namespace {
@@ -16,13 +17,44 @@ struct PackParams {
   std::string to_string() const { return "padded=" + std::to_string(padded_numel); }
 };
 
-std::int64_t total_numel(std::span<const TensorMeta> metas) {
+template <typename F>
+struct PackOperands {
+  std::vector<F> tensors;  // packed end to end, in order
+};
+
+template <typename F, typename V>
+void visit_operands(const PackParams&, PackOperands<F>& o, V& v) {
+  v.list("tensors", o.tensors, kRestOfInputs);
+  for (std::size_t i = 0; i < o.tensors.size(); ++i)
+    v({.name = "tensors", .index = static_cast<std::int64_t>(i)}, o.tensors[i]);
+}
+
+template <typename F>
+struct UnpackOperands {
+  F packed;
+  std::vector<F> targets;  // written, in order
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, UnpackOperands<F>& o, V& v) {
+  v({"packed"}, o.packed);
+  v.list("targets", o.targets, kRestOfInputs);
+  for (std::size_t i = 0; i < o.targets.size(); ++i) {
+    v({.name = "targets", .index = static_cast<std::int64_t>(i), .use = Use::kWrite}, o.targets[i]);
+  }
+}
+
+constexpr std::string_view kPack = "pack";
+constexpr std::string_view kUnpack = "unpack_";
+
+template <typename F>
+std::int64_t total_numel(const std::vector<F>& tensors) {
   std::int64_t total = 0;
-  for (const TensorMeta& meta : metas) total += meta.numel();
+  for (const F& t : tensors) total += meta_of(t).numel();
   return total;
 }
 
-void check_one_dtype(std::string_view op, std::span<const TensorMeta> metas) {
+void check_one_dtype(std::string_view op, const std::vector<TensorMeta>& metas) {
   SG_CHECK(!metas.empty(), "op ", op, " needs at least one tensor");
   for (std::size_t i = 1; i < metas.size(); ++i) {
     SG_CHECK(metas[i].dtype == metas[0].dtype, "op ", op, ": tensor ", i, " is ", dtype_name(metas[i].dtype),
@@ -30,27 +62,28 @@ void check_one_dtype(std::string_view op, std::span<const TensorMeta> metas) {
   }
 }
 
-// Copies between `flat` and the tensors, in order: a callback per range.
+// Copies between the flat bytes and the tensors, in order: a callback per range.
 template <typename Copy>
-void for_each_range(std::span<const TensorMeta> metas, std::size_t element, const Copy& copy) {
+void for_each_range(const std::vector<Operand>& tensors, std::size_t element, const Copy& copy) {
   std::size_t offset = 0;
-  for (std::size_t i = 0; i < metas.size(); ++i) {
-    const auto bytes = static_cast<std::size_t>(metas[i].numel()) * element;
-    copy(i, offset, bytes);
+  for (const Operand& t : tensors) {
+    const auto bytes = static_cast<std::size_t>(t.numel()) * element;
+    copy(t, offset, bytes);
     offset += bytes;
   }
 }
 
 void pack_run(const KernelArgs& a, CUstream_st* stream) {
-  const std::size_t element = dtype_size(a.input_metas[0].dtype);
+  const auto o = bind_args<PackOperands>(PackParams{}, a);
+  const std::size_t element = dtype_size(o.tensors.at(0).dtype());
   auto* flat = static_cast<std::byte*>(a.outputs[0]);
-  const auto used = static_cast<std::size_t>(total_numel(a.input_metas)) * element;
+  const auto used = static_cast<std::size_t>(total_numel(o.tensors)) * element;
   const auto length = static_cast<std::size_t>(a.output_metas[0].numel()) * element;
-  for_each_range(a.input_metas, element, [&](std::size_t i, std::size_t offset, std::size_t bytes) {
+  for_each_range(o.tensors, element, [&](const Operand& t, std::size_t offset, std::size_t bytes) {
     if (stream != nullptr) {
-      kernels::launch_copy_bytes(flat + offset, a.inputs[i], bytes, stream);
+      kernels::launch_copy_bytes(flat + offset, t.data, bytes, stream);
     } else if (bytes > 0) {
-      std::memcpy(flat + offset, a.inputs[i], bytes);
+      std::memcpy(flat + offset, t.data, bytes);
     }
   });
   if (stream != nullptr) {
@@ -61,36 +94,31 @@ void pack_run(const KernelArgs& a, CUstream_st* stream) {
 }
 
 void unpack_run(const KernelArgs& a, CUstream_st* stream) {
-  const std::size_t element = dtype_size(a.input_metas[0].dtype);
-  const auto* flat = static_cast<const std::byte*>(a.inputs[0]);
-  const std::span<const TensorMeta> targets = a.input_metas.subspan(1);
-  for_each_range(targets, element, [&](std::size_t i, std::size_t offset, std::size_t bytes) {
+  const auto o = bind_args<UnpackOperands>(NoParams{}, a);
+  const std::size_t element = dtype_size(o.packed.dtype());
+  const auto* flat = static_cast<const std::byte*>(o.packed.data);
+  for_each_range(o.targets, element, [&](const Operand& t, std::size_t offset, std::size_t bytes) {
     if (stream != nullptr) {
-      kernels::launch_copy_bytes(a.inputs[i + 1], flat + offset, bytes, stream);
+      kernels::launch_copy_bytes(t.data, flat + offset, bytes, stream);
     } else if (bytes > 0) {
-      std::memcpy(a.inputs[i + 1], flat + offset, bytes);
+      std::memcpy(t.data, flat + offset, bytes);
     }
   });
-}
-
-std::vector<int> all_but_first(const OpParams&, std::size_t count) {
-  std::vector<int> indices;
-  for (std::size_t i = 1; i < count; ++i) indices.push_back(static_cast<int>(i));
-  return indices;
 }
 
 }  // namespace
 
 const OpDef& pack_op() {
   static const OpDef op{
-      .name = "pack",
+      .name = kPack,
       .check =
-          [](const OpParams& p, std::span<const TensorMeta> in) {
-            check_one_dtype("pack", in);
-            const std::int64_t padded = p.as<PackParams>().padded_numel;
-            SG_CHECK(padded >= total_numel(in), "op pack: padded length ", padded, " is shorter than the ",
-                     total_numel(in), " elements of its tensors");
-            return std::vector<TensorMeta>{{Shape{padded}, in[0].dtype}};
+          [](const OpParams& params, std::span<const TensorMeta> in) {
+            const auto& p = params.as<PackParams>();
+            const auto o = bind_metas<PackOperands>(kPack, p, in);
+            check_one_dtype(kPack, o.tensors);
+            SG_CHECK(p.padded_numel >= total_numel(o.tensors), "op pack: padded length ", p.padded_numel,
+                     " is shorter than the ", total_numel(o.tensors), " elements of its tensors");
+            return std::vector<TensorMeta>{{Shape{p.padded_numel}, o.tensors[0].dtype}};
           },
       .launch_cuda = [](const OpParams&, const KernelArgs& a, CUstream_st* s) { pack_run(a, s); },
       .run_host = [](const OpParams&, const KernelArgs& a) { pack_run(a, nullptr); },
@@ -101,16 +129,19 @@ SG_REGISTER_OP(pack_op);
 
 const OpDef& unpack_inplace_op() {
   static const OpDef op{
-      .name = "unpack_",
+      .name = kUnpack,
       .check =
           [](const OpParams&, std::span<const TensorMeta> in) {
-            check_one_dtype("unpack_", in);
-            SG_CHECK(in.size() >= 2, "op unpack_ takes the packed tensor and at least one target");
-            SG_CHECK(in[0].numel() >= total_numel(in.subspan(1)), "op unpack_: the packed tensor holds ", in[0].numel(),
-                     " elements, its targets ", total_numel(in.subspan(1)));
+            const auto o = bind_metas<UnpackOperands>(kUnpack, NoParams{}, in);
+            SG_CHECK(!o.targets.empty(), "op unpack_ takes the packed tensor and at least one target");
+            std::vector<TensorMeta> all{o.packed};
+            all.insert(all.end(), o.targets.begin(), o.targets.end());
+            check_one_dtype(kUnpack, all);
+            SG_CHECK(o.packed.numel() >= total_numel(o.targets), "op unpack_: the packed tensor holds ",
+                     o.packed.numel(), " elements, its targets ", total_numel(o.targets));
             return std::vector<TensorMeta>{};
           },
-      .mutated_inputs_for = all_but_first,
+      .mutated_inputs_for = written_inputs_of<UnpackOperands, NoParams>,
       .launch_cuda = [](const OpParams&, const KernelArgs& a, CUstream_st* s) { unpack_run(a, s); },
       .run_host = [](const OpParams&, const KernelArgs& a) { unpack_run(a, nullptr); },
   };
@@ -119,13 +150,13 @@ const OpDef& unpack_inplace_op() {
 SG_REGISTER_OP(unpack_inplace_op);
 
 Tensor pack(Context& ctx, const std::vector<Tensor>& tensors, std::int64_t padded_numel) {
-  return ctx.call(pack_op(), PackParams{padded_numel}, tensors)[0];
+  const PackParams params{padded_numel};
+  return ctx.call(pack_op(), params, flatten(kPack, params, PackOperands<Tensor>{tensors}))[0];
 }
 
 void unpack_(Context& ctx, const Tensor& packed, const std::vector<Tensor>& tensors) {
-  std::vector<Tensor> inputs{packed};
-  inputs.insert(inputs.end(), tensors.begin(), tensors.end());
-  ctx.call(unpack_inplace_op(), NoParams{}, std::move(inputs));
+  ctx.call(unpack_inplace_op(), NoParams{},
+           flatten(kUnpack, NoParams{}, UnpackOperands<Tensor>{.packed = packed, .targets = tensors}));
 }
 
 }  // namespace stepgraph::ops

@@ -4,16 +4,36 @@
 
 #include "engine/error.h"
 #include "ops/op_registration.h"
+#include "ops/operands.h"
 
 namespace stepgraph::ops {
+namespace {
+
+template <typename F>
+struct OrderAfterOperands {
+  std::vector<F> tensors;  // whose writes the stream waits for
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, OrderAfterOperands<F>& o, V& v) {
+  v.list("tensors", o.tensors, kRestOfInputs);
+  for (std::size_t i = 0; i < o.tensors.size(); ++i)
+    v({.name = "tensors", .index = static_cast<std::int64_t>(i)}, o.tensors[i]);
+}
+
+constexpr std::string_view kOrderAfter = "order_after";
+
+}  // namespace
 
 const OpDef& order_after_op() {
   static const OpDef op{
-      .name = "order_after",
-      .check = [](const OpParams&, std::span<const TensorMeta> inputs) {
-        SG_CHECK(!inputs.empty(), "op order_after: give the tensors whose writes the stream waits for");
-        return std::vector<TensorMeta>{};
-      },
+      .name = kOrderAfter,
+      .check =
+          [](const OpParams&, std::span<const TensorMeta> inputs) {
+            SG_CHECK(!bind_metas<OrderAfterOperands>(kOrderAfter, NoParams{}, inputs).tensors.empty(),
+                     "op order_after: give the tensors whose writes the stream waits for");
+            return std::vector<TensorMeta>{};
+          },
       // No kernel: the wait before it is the whole op.
       .launch_cuda = [](const OpParams&, const KernelArgs&, CUstream_st*) {},
       .run_host = [](const OpParams&, const KernelArgs&) {},
@@ -23,7 +43,9 @@ const OpDef& order_after_op() {
 SG_REGISTER_OP(order_after_op);
 
 void order_after(Context& ctx, std::span<const Tensor> tensors) {
-  ctx.call(order_after_op(), NoParams{}, std::vector<Tensor>(tensors.begin(), tensors.end()));
+  ctx.call(order_after_op(), NoParams{},
+           flatten(kOrderAfter, NoParams{},
+                   OrderAfterOperands<Tensor>{std::vector<Tensor>(tensors.begin(), tensors.end())}));
 }
 
 }  // namespace stepgraph::ops

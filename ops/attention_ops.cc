@@ -126,6 +126,44 @@ void visit_operands(const AttentionParams&, AttentionBackwardOperands<F>& o, V& 
   v({"cu_seqlens"}, o.cu_seqlens);
 }
 
+template <typename F>
+struct QkvSplitOutputs {
+  F q, k, v;  // q and k rotated
+};
+
+template <typename F, typename V>
+void visit_operands(const RopeParams&, QkvSplitOutputs<F>& o, V& v) {
+  v({"q"}, o.q);
+  v({"k"}, o.k);
+  v({"v"}, o.v);
+}
+
+template <typename F>
+struct AttentionForwardOutputs {
+  F out;  // q's shape and dtype
+  F lse;  // fp32 [heads, tokens]
+};
+
+template <typename F, typename V>
+void visit_operands(const AttentionParams&, AttentionForwardOutputs<F>& o, V& v) {
+  v({"out"}, o.out);
+  v({"lse"}, o.lse);
+}
+
+template <typename F>
+struct AttentionBackwardOutputs {
+  F dq, dk, dv;
+  F scratch;  // fp32: the kernel's workspace
+};
+
+template <typename F, typename V>
+void visit_operands(const AttentionParams&, AttentionBackwardOutputs<F>& o, V& v) {
+  v({"dq"}, o.dq);
+  v({"dk"}, o.dk);
+  v({"dv"}, o.dv);
+  v({"scratch"}, o.scratch);
+}
+
 constexpr std::string_view kSplit = "qkv_split_rope";
 constexpr std::string_view kMerge = "qkv_merge_rope_backward";
 constexpr std::string_view kForward = "attention_forward";
@@ -143,9 +181,9 @@ std::vector<TensorMeta> check_split(const OpParams& params, std::span<const Tens
   const DType dtype = o.qkv.dtype;
   kernels::check_qkv_rope(describe(p, dtype, tokens, sequences), p.kv_heads);
   expect_heads(kSplit, "qkv", o.qkv, tokens, p.heads + 2 * p.kv_heads, p.head_dim, dtype);
-  return {{Shape{tokens, p.heads * p.head_dim}, dtype},
-          {Shape{tokens, p.kv_heads * p.head_dim}, dtype},
-          {Shape{tokens, p.kv_heads * p.head_dim}, dtype}};
+  return output_metas(p, QkvSplitOutputs<TensorMeta>{.q = {Shape{tokens, p.heads * p.head_dim}, dtype},
+                                                     .k = {Shape{tokens, p.kv_heads * p.head_dim}, dtype},
+                                                     .v = {Shape{tokens, p.kv_heads * p.head_dim}, dtype}});
 }
 
 std::vector<TensorMeta> check_merge(const OpParams& params, std::span<const TensorMeta> inputs) {
@@ -181,7 +219,8 @@ std::vector<TensorMeta> check_forward(const OpParams& params, std::span<const Te
   const auto& p = params.as<AttentionParams>();
   const auto o = bind_metas<AttentionForwardOperands>(kForward, p, inputs);
   const kernels::AttentionDesc d = check_qkv(kForward, p, o);
-  return {o.q, {Shape{d.heads, d.tokens}, DType::kFloat32}};
+  return output_metas(
+      p, AttentionForwardOutputs<TensorMeta>{.out = o.q, .lse = {Shape{d.heads, d.tokens}, DType::kFloat32}});
 }
 
 std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const TensorMeta> inputs) {
@@ -193,7 +232,9 @@ std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const T
            d.heads, ", ", d.tokens, "], got ", dtype_name(o.lse.dtype), " ", o.lse.shape);
   expect_heads(kBackward, "dout", o.dout, d.tokens, d.heads, d.head_dim, d.dtype);
   const auto scratch = static_cast<std::int64_t>((kernels::attention_backward_workspace_bytes(d) + 3) / 4);
-  return {o.q, o.k, o.v, {Shape{scratch > 0 ? scratch : 1}, DType::kFloat32}};
+  return output_metas(
+      p, AttentionBackwardOutputs<TensorMeta>{
+             .dq = o.q, .dk = o.k, .dv = o.v, .scratch = {Shape{scratch > 0 ? scratch : 1}, DType::kFloat32}});
 }
 
 std::int64_t sequences_of(const Operand& cu_seqlens) { return cu_seqlens.shape().dim(0) - 1; }
@@ -217,17 +258,18 @@ const OpDef& qkv_split_rope_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const auto& p = params.as<RopeParams>();
             const auto o = bind_args<QkvSplitOperands>(p, a);
+            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
             kernels::launch_qkv_split_rope(rope_desc_of(p, o.qkv, o.cu_seqlens), p.kv_heads, o.qkv.data,
-                                           o.cu_seqlens.as<const std::int32_t>(), a.outputs[0], a.outputs[1],
-                                           a.outputs[2], stream);
+                                           o.cu_seqlens.as<const std::int32_t>(), out.q.data, out.k.data, out.v.data,
+                                           stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<RopeParams>();
             const auto o = bind_args<QkvSplitOperands>(p, a);
+            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
             kernels::host::qkv_split_rope(rope_desc_of(p, o.qkv, o.cu_seqlens), p.kv_heads, o.qkv.data,
-                                          o.cu_seqlens.as<const std::int32_t>(), a.outputs[0], a.outputs[1],
-                                          a.outputs[2]);
+                                          o.cu_seqlens.as<const std::int32_t>(), out.q.data, out.k.data, out.v.data);
           },
   };
   return op;
@@ -267,17 +309,18 @@ const OpDef& attention_forward_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const auto& p = params.as<AttentionParams>();
             const auto o = bind_args<AttentionForwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
             kernels::launch_attention_forward(desc_of(p, o), o.q.data, o.k.data, o.v.data,
-                                              o.cu_seqlens.as<const std::int32_t>(), a.outputs[0],
-                                              static_cast<float*>(a.outputs[1]), stream);
+                                              o.cu_seqlens.as<const std::int32_t>(), out.out.data, out.lse.as<float>(),
+                                              stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<AttentionParams>();
             const auto o = bind_args<AttentionForwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
             kernels::host::attention_forward(desc_of(p, o), o.q.data, o.k.data, o.v.data,
-                                             o.cu_seqlens.as<const std::int32_t>(), a.outputs[0],
-                                             static_cast<float*>(a.outputs[1]));
+                                             o.cu_seqlens.as<const std::int32_t>(), out.out.data, out.lse.as<float>());
           },
   };
   return op;
@@ -292,17 +335,19 @@ const OpDef& attention_backward_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const auto& p = params.as<AttentionParams>();
             const auto o = bind_args<AttentionBackwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
             kernels::launch_attention_backward(
                 desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(), o.dout.data,
-                o.cu_seqlens.as<const std::int32_t>(), a.outputs[0], a.outputs[1], a.outputs[2], a.outputs[3], stream);
+                o.cu_seqlens.as<const std::int32_t>(), out.dq.data, out.dk.data, out.dv.data, out.scratch.data, stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<AttentionParams>();
             const auto o = bind_args<AttentionBackwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
             kernels::host::attention_backward(
                 desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(), o.dout.data,
-                o.cu_seqlens.as<const std::int32_t>(), a.outputs[0], a.outputs[1], a.outputs[2]);
+                o.cu_seqlens.as<const std::int32_t>(), out.dq.data, out.dk.data, out.dv.data);
           },
   };
   return op;
@@ -310,9 +355,10 @@ const OpDef& attention_backward_op() {
 SG_REGISTER_OP(attention_backward_op);
 
 QkvSplit qkv_split_rope(Context& ctx, const RopeParams& params, const Tensor& qkv, const Tensor& cu_seqlens) {
-  std::vector<Tensor> out =
-      ctx.call(qkv_split_rope_op(), params, flatten(kSplit, params, QkvSplitOperands<Tensor>{qkv, cu_seqlens}));
-  return {out[0], out[1], out[2]};
+  const auto out = bind_results<QkvSplitOutputs>(
+      params,
+      ctx.call(qkv_split_rope_op(), params, flatten(kSplit, params, QkvSplitOperands<Tensor>{qkv, cu_seqlens})));
+  return {.q = out.q, .k = out.k, .v = out.v};
 }
 
 Tensor qkv_merge_rope_backward(Context& ctx, const RopeParams& params, const Tensor& dq, const Tensor& dk,
@@ -325,18 +371,20 @@ Tensor qkv_merge_rope_backward(Context& ctx, const RopeParams& params, const Ten
 
 AttentionForward attention_forward(Context& ctx, const AttentionParams& params, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const Tensor& cu_seqlens) {
-  std::vector<Tensor> out = ctx.call(attention_forward_op(), params,
-                                     flatten(kForward, params, AttentionForwardOperands<Tensor>{q, k, v, cu_seqlens}));
-  return {out[0], out[1]};
+  const auto r = bind_results<AttentionForwardOutputs>(
+      params, ctx.call(attention_forward_op(), params,
+                       flatten(kForward, params, AttentionForwardOperands<Tensor>{q, k, v, cu_seqlens})));
+  return {.out = r.out, .lse = r.lse};
 }
 
 AttentionGrads attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   const Tensor& cu_seqlens) {
-  std::vector<Tensor> grads =
+  const auto grads = bind_results<AttentionBackwardOutputs>(
+      params,
       ctx.call(attention_backward_op(), params,
-               flatten(kBackward, params, AttentionBackwardOperands<Tensor>{q, k, v, out, lse, dout, cu_seqlens}));
-  return {grads[0], grads[1], grads[2]};
+               flatten(kBackward, params, AttentionBackwardOperands<Tensor>{q, k, v, out, lse, dout, cu_seqlens})));
+  return {.dq = grads.dq, .dk = grads.dk, .dv = grads.dv};
 }
 
 }  // namespace stepgraph::ops

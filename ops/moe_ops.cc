@@ -122,6 +122,48 @@ void visit_operands(const NoParams&, UnpermuteBackwardOperands<F>& o, V& v) {
   v({"gates"}, o.gates);
 }
 
+template <typename F>
+struct RouterOutputs {
+  F experts;  // int32 [T, k]
+  F gates;    // fp32 [T, k]
+};
+
+template <typename F, typename V>
+void visit_operands(const TopkParams&, RouterOutputs<F>& o, V& v) {
+  v({"experts"}, o.experts);
+  v({"gates"}, o.gates);
+}
+
+template <typename F>
+struct PlanOutputs {
+  F splits;     // int32 [E]
+  F offsets;    // int32 [E + 1]
+  F positions;  // int32 [T, k]
+  F sources;    // int32 [T * k]
+  F scratch;    // int32: the kernel's workspace
+};
+
+template <typename F, typename V>
+void visit_operands(const MoEPlanParams&, PlanOutputs<F>& o, V& v) {
+  v({"splits"}, o.splits);
+  v({"offsets"}, o.offsets);
+  v({"positions"}, o.positions);
+  v({"sources"}, o.sources);
+  v({"scratch"}, o.scratch);
+}
+
+template <typename F>
+struct UnpermuteBackwardOutputs {
+  F dy_perm;  // [T*k, H]
+  F dgates;   // fp32 [T, k]
+};
+
+template <typename F, typename V>
+void visit_operands(const NoParams&, UnpermuteBackwardOutputs<F>& o, V& v) {
+  v({"dy_perm"}, o.dy_perm);
+  v({"dgates"}, o.dgates);
+}
+
 constexpr std::string_view kRouter = "router_topk";
 constexpr std::string_view kRouterBackward = "router_topk_backward";
 constexpr std::string_view kPlan = "moe_plan";
@@ -153,7 +195,7 @@ std::vector<TensorMeta> check_router_topk(const OpParams& params, std::span<cons
   const kernels::RouterDesc desc = router_desc(p, o.logits);
   kernels::check_router(desc);
   const Shape out{desc.tokens, desc.topk};
-  return {TensorMeta{out, DType::kInt32}, TensorMeta{out, DType::kFloat32}};
+  return output_metas(p, RouterOutputs<TensorMeta>{.experts = {out, DType::kInt32}, .gates = {out, DType::kFloat32}});
 }
 
 std::vector<TensorMeta> check_router_backward(const OpParams& params, std::span<const TensorMeta> in) {
@@ -181,9 +223,11 @@ std::vector<TensorMeta> check_plan(const OpParams& params, std::span<const Tenso
   check_meta(kPlan, "the error word", o.error_word, kErrorWord);
   const kernels::PlanDesc desc = plan_desc(p, o.experts);
   const auto scratch = static_cast<std::int64_t>(kernels::moe_plan_workspace_bytes(desc) / 4);
-  return {TensorMeta{Shape{desc.experts}, DType::kInt32}, TensorMeta{Shape{desc.experts + 1}, DType::kInt32},
-          TensorMeta{o.experts.shape, DType::kInt32}, TensorMeta{Shape{desc.entries()}, DType::kInt32},
-          TensorMeta{Shape{scratch > 0 ? scratch : 1}, DType::kInt32}};
+  return output_metas(p, PlanOutputs<TensorMeta>{.splits = {Shape{desc.experts}, DType::kInt32},
+                                                 .offsets = {Shape{desc.experts + 1}, DType::kInt32},
+                                                 .positions = {o.experts.shape, DType::kInt32},
+                                                 .sources = {Shape{desc.entries()}, DType::kInt32},
+                                                 .scratch = {Shape{scratch > 0 ? scratch : 1}, DType::kInt32}});
 }
 
 std::vector<TensorMeta> check_split_offsets(const OpParams& params, std::span<const TensorMeta> in) {
@@ -237,11 +281,11 @@ std::vector<TensorMeta> check_unpermute_backward(const OpParams&, std::span<cons
   const kernels::PermuteDesc desc = check_rows(kUnpermuteBackward, o.y_perm, o.positions);
   check_meta(kUnpermuteBackward, "dy", o.dy, {Shape{desc.tokens, desc.hidden}, desc.dtype});
   check_meta(kUnpermuteBackward, "gates", o.gates, {o.positions.shape, DType::kFloat32});
-  return {o.y_perm, TensorMeta{o.positions.shape, DType::kFloat32}};
+  return output_metas(NoParams{}, UnpermuteBackwardOutputs<TensorMeta>{.dy_perm = o.y_perm,
+                                                                       .dgates = {o.positions.shape, DType::kFloat32}});
 }
 
 std::int32_t* int_ptr(void* p) { return static_cast<std::int32_t*>(p); }
-float* float_ptr(void* p) { return static_cast<float*>(p); }
 
 }  // namespace
 
@@ -253,15 +297,17 @@ const OpDef& router_topk_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
             const auto& p = params.as<TopkParams>();
             const auto o = bind_args<RouterOperands>(p, a);
-            kernels::launch_router_topk(router_desc(p, *o.logits.meta), o.logits.data, int_ptr(a.outputs[0]),
-                                        float_ptr(a.outputs[1]), s);
+            const auto out = bind_outputs<RouterOutputs>(p, a);
+            kernels::launch_router_topk(router_desc(p, *o.logits.meta), o.logits.data, out.experts.as<std::int32_t>(),
+                                        out.gates.as<float>(), s);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<TopkParams>();
             const auto o = bind_args<RouterOperands>(p, a);
-            kernels::host::router_topk(router_desc(p, *o.logits.meta), o.logits.data, int_ptr(a.outputs[0]),
-                                       float_ptr(a.outputs[1]));
+            const auto out = bind_outputs<RouterOutputs>(p, a);
+            kernels::host::router_topk(router_desc(p, *o.logits.meta), o.logits.data, out.experts.as<std::int32_t>(),
+                                       out.gates.as<float>());
           },
   };
   return op;
@@ -300,16 +346,20 @@ const OpDef& moe_plan_op() {
           [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
             const auto& p = params.as<MoEPlanParams>();
             const auto o = bind_args<PlanOperands>(p, a);
-            kernels::launch_moe_plan(plan_desc(p, *o.experts.meta), o.experts.as<std::int32_t>(), int_ptr(a.outputs[0]),
-                                     int_ptr(a.outputs[1]), int_ptr(a.outputs[2]), int_ptr(a.outputs[3]), a.outputs[4],
+            const auto out = bind_outputs<PlanOutputs>(p, a);
+            kernels::launch_moe_plan(plan_desc(p, *o.experts.meta), o.experts.as<std::int32_t>(),
+                                     out.splits.as<std::int32_t>(), out.offsets.as<std::int32_t>(),
+                                     out.positions.as<std::int32_t>(), out.sources.as<std::int32_t>(), out.scratch.data,
                                      o.error_word.as<std::int32_t>(), s);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<MoEPlanParams>();
             const auto o = bind_args<PlanOperands>(p, a);
-            kernels::host::moe_plan(plan_desc(p, *o.experts.meta), o.experts.as<std::int32_t>(), int_ptr(a.outputs[0]),
-                                    int_ptr(a.outputs[1]), int_ptr(a.outputs[2]), int_ptr(a.outputs[3]),
+            const auto out = bind_outputs<PlanOutputs>(p, a);
+            kernels::host::moe_plan(plan_desc(p, *o.experts.meta), o.experts.as<std::int32_t>(),
+                                    out.splits.as<std::int32_t>(), out.offsets.as<std::int32_t>(),
+                                    out.positions.as<std::int32_t>(), out.sources.as<std::int32_t>(),
                                     o.error_word.as<std::int32_t>());
           },
   };
@@ -395,16 +445,18 @@ const OpDef& moe_unpermute_backward_op() {
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
             const auto o = bind_args<UnpermuteBackwardOperands>(NoParams{}, a);
+            const auto out = bind_outputs<UnpermuteBackwardOutputs>(NoParams{}, a);
             kernels::launch_moe_unpermute_backward(rows_desc(o.y_perm, o.positions), o.dy.data, o.y_perm.data,
-                                                   o.positions.as<std::int32_t>(), o.gates.as<float>(), a.outputs[0],
-                                                   float_ptr(a.outputs[1]), s);
+                                                   o.positions.as<std::int32_t>(), o.gates.as<float>(),
+                                                   out.dy_perm.data, out.dgates.as<float>(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
             const auto o = bind_args<UnpermuteBackwardOperands>(NoParams{}, a);
+            const auto out = bind_outputs<UnpermuteBackwardOutputs>(NoParams{}, a);
             kernels::host::moe_unpermute_backward(rows_desc(o.y_perm, o.positions), o.dy.data, o.y_perm.data,
-                                                  o.positions.as<std::int32_t>(), o.gates.as<float>(), a.outputs[0],
-                                                  float_ptr(a.outputs[1]));
+                                                  o.positions.as<std::int32_t>(), o.gates.as<float>(), out.dy_perm.data,
+                                                  out.dgates.as<float>());
           },
   };
   return op;
@@ -412,11 +464,12 @@ const OpDef& moe_unpermute_backward_op() {
 SG_REGISTER_OP(moe_unpermute_backward_op);
 
 RouterResult router_topk(Context& ctx, const Tensor& logits, int topk) {
-  std::vector<Tensor> out =
-      ctx.call(router_topk_op(), TopkParams{topk}, flatten(kRouter, TopkParams{topk}, RouterOperands<Tensor>{logits}));
-  out[0].set_name("router.experts");
-  out[1].set_name("router.gates");
-  return {out[0], out[1]};
+  const TopkParams params{topk};
+  auto out = bind_results<RouterOutputs>(
+      params, ctx.call(router_topk_op(), params, flatten(kRouter, params, RouterOperands<Tensor>{logits})));
+  out.experts.set_name("router.experts");
+  out.gates.set_name("router.gates");
+  return {.experts = out.experts, .gates = out.gates};
 }
 
 Tensor router_topk_backward(Context& ctx, const Tensor& dgates, const Tensor& logits, const RouterResult& routed) {
@@ -431,13 +484,13 @@ Tensor router_topk_backward(Context& ctx, const Tensor& dgates, const Tensor& lo
 
 MoEPlan moe_plan(Context& ctx, const Tensor& experts, const Tensor& error_word, std::int64_t num_experts) {
   const MoEPlanParams params{num_experts};
-  std::vector<Tensor> out =
-      ctx.call(moe_plan_op(), params, flatten(kPlan, params, PlanOperands<Tensor>{experts, error_word}));
-  out[0].set_name("moe.splits");
-  out[1].set_name("moe.offsets");
-  out[2].set_name("moe.positions");
-  out[3].set_name("moe.sources");
-  return {out[0], out[1], out[2], out[3]};
+  auto out = bind_results<PlanOutputs>(
+      params, ctx.call(moe_plan_op(), params, flatten(kPlan, params, PlanOperands<Tensor>{experts, error_word})));
+  out.splits.set_name("moe.splits");
+  out.offsets.set_name("moe.offsets");
+  out.positions.set_name("moe.positions");
+  out.sources.set_name("moe.sources");
+  return {.splits = out.splits, .offsets = out.offsets, .positions = out.positions, .sources = out.sources};
 }
 
 Tensor split_offsets(Context& ctx, const Tensor& splits, const Tensor& error_word, std::int64_t tokens) {
@@ -462,10 +515,11 @@ Tensor moe_unpermute(Context& ctx, const Tensor& y_perm, const Tensor& positions
 
 UnpermuteGrads moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& y_perm, const Tensor& positions,
                                       const Tensor& gates) {
-  std::vector<Tensor> out = ctx.call(
-      moe_unpermute_backward_op(), NoParams{},
-      flatten(kUnpermuteBackward, NoParams{}, UnpermuteBackwardOperands<Tensor>{dy, y_perm, positions, gates}));
-  return {out[0], out[1]};
+  const auto out = bind_results<UnpermuteBackwardOutputs>(
+      NoParams{}, ctx.call(moe_unpermute_backward_op(), NoParams{},
+                           flatten(kUnpermuteBackward, NoParams{},
+                                   UnpermuteBackwardOperands<Tensor>{dy, y_perm, positions, gates})));
+  return {.dy_perm = out.dy_perm, .dgates = out.dgates};
 }
 
 }  // namespace stepgraph::ops

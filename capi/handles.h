@@ -56,8 +56,10 @@ struct OptimizerState {
 // communicator over them (null for a world of one). Shared by the world handle
 // and every train step made with it. See Note [Handles hold references].
 struct WorldState {
-  LaunchInfo launch;
+  std::shared_ptr<WorldState> parent;  // a split group's world, kept while the group lives
+  LaunchInfo launch;                   // a group's: rank and size within the group
   std::unique_ptr<Communicator> comm;
+  int splits = 0;  // groups split from this world so far: their names, the same on every rank
 };
 
 struct TrainStepState {

@@ -96,7 +96,8 @@ extern "C" {
  * sg_layernorm_mlp_create_fp8, sg_residual_stack_create_tensor_parallel,
  * sg_train_step_create_with_config, sg_adamw_create, sg_adamw_create_scheduled.
  * Added: sg_context_set_gemm_algorithms and sg_context_gemm_algorithms, and
- * sg_graph_profile and sg_graph_last_profile (the trainer's --profile). The
+ * sg_graph_profile and sg_graph_last_profile (the trainer's --profile), and
+ * sg_world_split (2-D worlds). The
  * functions whose arguments changed are exported as STEPGRAPH_C_10, so a
  * binary built against an older header fails to load instead of passing the
  * old structs. */
@@ -510,6 +511,14 @@ sg_result sg_layer_sync_parameters(sg_layer layer);
  * next collective with an error: keep the world until every rank's last step. */
 sg_result sg_world_init(sg_device device, double timeout_seconds, sg_world* out);
 sg_result sg_world_destroy(sg_world world);
+/* The ranks of `world` that pass the same `color` (>= 0), ordered by `key`
+ * and then by rank, as a world of their own (the trainer's --dp x --tp: the
+ * tensor-parallel groups are color rank / tp, the data-parallel ones rank %
+ * tp). Every rank of `world` must call it. Supported where the world's
+ * communicator can split (NCCL on cuda); the host's TCP worlds of several
+ * ranks cannot yet (SG_ERROR_UNSUPPORTED). A world of one splits into a world
+ * of one. The group keeps `world` alive. */
+sg_result sg_world_split(sg_world world, int color, int key, sg_world* out);
 /* This process's rank in [0, size), the number of ranks, and its index among
  * the ranks of its host (its GPU on cuda). */
 sg_result sg_world_rank(sg_world world, int* out);

@@ -1,5 +1,7 @@
 // The C API's worlds: this process's place among the ranks of a run, joined
 // from the launcher's environment as the trainer joins it (launch/join.h).
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -57,6 +59,27 @@ extern "C" sg_result sg_world_init(sg_device device, double timeout_seconds, sg_
       throw Error(error.code(), std::string(function) + ": " + error.message(), error.place());
     }
     *out = capi::issue_handle(std::make_shared<sg_world_s>(sg_world_s{std::move(state)}));
+  });
+}
+
+extern "C" sg_result sg_world_split(sg_world world, int color, int key, sg_world* out) {
+  return run_guarded(__func__, [&, function = __func__] {
+    const std::shared_ptr<capi::WorldState> parent = world_of(world, function);
+    require(out, function, "out");
+    *out = nullptr;
+    SG_CHECK(color >= 0, function, ": color must be >= 0 (the ranks passing the same color form a group), got ",
+             color);
+    auto group = std::make_shared<capi::WorldState>();
+    group->parent = parent;
+    group->launch = parent->launch;
+    if (parent->comm != nullptr) {
+      // The name is part of the ranks' exchange: the same on every rank (not the color).
+      group->comm = parent->comm->split(color, key, fmt::format("{}.group{}", parent->comm->name(), parent->splits++));
+      group->launch.rank = group->comm->rank();
+      group->launch.world_size = group->comm->world_size();
+      if (group->comm->world_size() == 1) group->comm.reset();  // a group of one is this process alone
+    }
+    *out = capi::issue_handle(std::make_shared<sg_world_s>(sg_world_s{std::move(group)}));
   });
 }
 

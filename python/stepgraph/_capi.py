@@ -155,6 +155,7 @@ _PROTOTYPES = {
     "sg_optimizer_lr": [H, P(c_float)],
     "sg_world_init": [c_int, c_double, P(H)],
     "sg_world_destroy": [H],
+    "sg_world_split": [H, c_int, c_int, P(H)],
     "sg_world_rank": [H, P(c_int)],
     "sg_world_size": [H, P(c_int)],
     "sg_world_local_rank": [H, P(c_int)],

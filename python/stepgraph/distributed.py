@@ -54,6 +54,22 @@ class World:
         self = object.__new__(cls)
         self._handle = _capi.new_handle()
         _capi.call("sg_world_init", _DEVICES[device], timeout, ctypes.byref(self._handle))
+        return self._read(device)
+
+    def split(self, color, key=None):
+        """The ranks of this world that pass the same `color` (>= 0), ordered by `key` (default: the rank),
+        as a World of their own; every rank must call it. The trainer's --dp x --tp is
+        `tp = world.split(world.rank // TP)` (the model's tensor_parallel) and `dp = world.split(world.rank % TP)`
+        (the TrainStep's world). NCCL worlds (cuda) split; the host's TCP worlds of several ranks cannot
+        yet (a StepGraphError)."""
+        color = _checks.check_int("color", color, *_checks.NON_NEGATIVE_INT32, "World.split")
+        key = self._rank if key is None else _checks.check_int("key", key, *_checks.INT32, "World.split")
+        group = object.__new__(World)
+        group._handle = _capi.new_handle()
+        _capi.call("sg_world_split", self.handle, color, key, ctypes.byref(group._handle))
+        return group._read(self._device)
+
+    def _read(self, device):
         self._device = device
         values = {}
         for name in ("rank", "size", "local_rank"):

@@ -107,7 +107,7 @@ TEST(CapiExportsTest, Version10ChangedFunctionsAreStepgraphC10AndVariantsAreGone
   void* library = open_library();
   ASSERT_NE(library, nullptr);
   for (const char* name : {"sg_context_set_gemm_algorithms", "sg_context_gemm_algorithms", "sg_graph_profile",
-                           "sg_graph_last_profile", "sg_linear_create", "sg_norm_create", "sg_layernorm_linear_create",
+                           "sg_graph_last_profile", "sg_world_split", "sg_linear_create", "sg_norm_create", "sg_layernorm_linear_create",
                            "sg_layernorm_mlp_create", "sg_residual_stack_create", "sg_train_step_create",
                            "sg_linear_config_default", "sg_norm_config_default", "sg_layernorm_linear_config_default",
                            "sg_layernorm_mlp_config_default", "sg_residual_stack_config_default"}) {

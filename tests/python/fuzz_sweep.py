@@ -246,6 +246,8 @@ _ENTRIES = [
     Entry("GraphedLayers.input", PIPELINE, "gl.input(microbatch={microbatch})", {"microbatch": arg("int", "0")}),
     Entry("GraphedLayers.grad_output", PIPELINE, "gl.grad_output(microbatch={microbatch})",
           {"microbatch": arg("int", "0")}),
+    Entry("World.split", "w = sg.init_distributed(DEVICE)", "w.split(color={color}, key={key})",
+          {"color": arg("int32", "0"), "key": arg("int32", "None", True)}),
     Entry("init_distributed", "", "sg.init_distributed(device={device}, timeout={timeout})",
           {"device": arg("choice", "DEVICE"), "timeout": arg("real", "30")}),
     Entry("bf16_bits_to_float32", "", "sg.bf16_bits_to_float32(bits={bits})",

@@ -191,3 +191,11 @@ def test_a_captured_gpt_step_profiles_like_the_trainers_profile_flag(ctx):
     text = graph.profile()  # a real step: the optimizer's counter moves
     assert optimizer.steps_taken == 2
     assert "matmul" in text or "gemm" in text, text
+
+
+def test_a_world_of_one_splits_into_a_world_of_one():
+    with sg.init_distributed("host") as world:  # no launcher variables: this process alone
+        group = world.split(0)
+        assert (group.rank, group.size, group.device) == (0, 1, "host")
+        with pytest.raises(sg.ArgumentError, match="color must be in"):
+            world.split(-1)

@@ -192,6 +192,32 @@ def test_data_parallel_python_ranks_reach_the_trainers_losses(tmp_path, name):
         expect_same_bits(np.load(tmp_path / f"rank{rank}.npy"), ref["losses"], f"{name} rank {rank}")
 
 
+def test_host_worlds_of_two_refuse_to_split_saying_so(tmp_path):
+    """--dp x --tp needs World.split, which NCCL worlds support; the host's TCP worlds of several
+    ranks refuse it on every rank with a clear error, never a hang."""
+    port = str(free_port())
+    ranks = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        ranks.append(subprocess.Popen([sys.executable, __file__, "split", str(tmp_path / f"rank{rank}.txt")],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [rank.communicate(timeout=RANK_TIMEOUT_S)[0] for rank in ranks]
+    for rank, process in enumerate(ranks):
+        assert process.returncode == 0, f"rank {rank}:\n{outputs[rank]}"
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert "unsupported" in message and "split" in message, message
+
+
+def split_worker(out_path):
+    with sg.init_distributed("host", timeout=60) as world:
+        try:
+            world.split(world.rank % 2)
+            Path(out_path).write_text("split")
+        except sg.StepGraphError as error:
+            Path(out_path).write_text(f"{error.code_name}: {error}")
+
+
 def worker(ref_path, flags_path, out_path):
     ref = json.loads(Path(ref_path).read_text())
     flags = json.loads(Path(flags_path).read_text())
@@ -201,3 +227,5 @@ def worker(ref_path, flags_path, out_path):
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "worker":
     worker(*sys.argv[2:])
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "split":
+    split_worker(sys.argv[2])

@@ -24,6 +24,9 @@
 // visited, with kRestOfInputs for a last list as long as the inputs left;
 // `v.optional_last(slot, field)` is a last operand present when the call
 // gives it (a defined tensor, one more input), whatever the params.
+// An op with several outputs names them the same way (all fields read):
+// output_metas() is its check's result, bind_outputs() the launcher's view,
+// bind_results() the call's tensors by name.
 #pragma once
 
 #include <cstddef>

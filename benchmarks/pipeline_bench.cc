@@ -30,9 +30,9 @@
 #include "engine/error.h"
 #include "graphs/captured_step.h"
 #include "layers/any_layer.h"
-#include "layers/graphed_layers.h"
-#include "layers/layer_pipeline.h"
-#include "layers/pipeline_schedule.h"
+#include "train/graphed_layers.h"
+#include "train/layer_pipeline.h"
+#include "train/pipeline_schedule.h"
 
 namespace stepgraph {
 namespace {

@@ -17,9 +17,9 @@
 #include "engine/error.h"
 #include "engine/half_precision.h"
 #include "graphs/planner.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/residual_stack.h"
-#include "layers/train_step.h"
+#include "train/train_step.h"
 
 namespace stepgraph::bench {
 namespace {

@@ -68,7 +68,7 @@
 #include "engine/tensor.h"
 #include "graphs/captured_step.h"
 #include "layers/comm_gemm_overlap.h"
-#include "layers/train_step.h"
+#include "train/train_step.h"
 
 namespace stepgraph::bench {
 
@@ -81,7 +81,7 @@ struct StepRunOptions {
   float lr = 1e-4f;
   float weight_decay = 0.01f;
   // Skip non-finite steps on the device (Note [Non-finite steps] in
-  // layers/adamw.h): the updates wait for the backward, inside an IF node.
+  // optim/adamw.h): the updates wait for the backward, inside an IF node.
   bool skip_nonfinite = false;
   // Dense blocks recompute GeLU in the backward (Note [Recomputed activation]).
   bool recompute_activation = false;

@@ -32,13 +32,13 @@
 #include "launch/launch_env.h"
 #include "graphs/captured_step.h"
 #include "graphs/graph_cache.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/any_layer.h"
-#include "layers/graphed_layers.h"
+#include "train/graphed_layers.h"
 #include "layers/language_model.h"
 #include "layers/parameter.h"
 #include "layers/residual_stack.h"
-#include "layers/train_step.h"
+#include "train/train_step.h"
 
 namespace stepgraph::capi {
 

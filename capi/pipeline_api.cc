@@ -1,10 +1,10 @@
-// The C API's per-layer graphs for pipeline schedules (layers/graphed_layers.h).
+// The C API's per-layer graphs for pipeline schedules (train/graphed_layers.h).
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "capi/handles.h"
-#include "layers/pipeline_schedule.h"
+#include "train/pipeline_schedule.h"
 
 using namespace stepgraph;  // NOLINT(google-build-using-namespace): the C entry points below
 using capi::require;

@@ -569,7 +569,7 @@ typedef struct sg_optimizer_config {
   int schedule;               /* bool: the rate follows lr_schedule (its base replaces adamw.lr) */
   sg_lr_schedule lr_schedule;
   int skip_nonfinite;         /* bool: a step whose loss or gradients are NaN or infinite changes
-                               * nothing (layers/adamw.h Note [Non-finite steps]); not with ZeRO-1 */
+                               * nothing (optim/adamw.h Note [Non-finite steps]); not with ZeRO-1 */
   int loss_scaling;           /* bool: dynamic loss scaling on the device (fp16 models) */
   float loss_scale_initial;   /* powers of two (kernels/step_guard.h LossScaling) */
   float loss_scale_growth_factor;

@@ -71,7 +71,7 @@ Fp8Copies quantize_for_gemm(Context& ctx, const Fp8Recipe& recipe, const Tensor&
 // bit. They are remade at construction and whenever the value changes
 // outside a step (sync_copy_from_master: checkpoint loads, the C API), so
 // nothing reads a stale copy. A step that must not change the weights (the
-// non-finite skip, Note [Non-finite steps] in layers/adamw.h) skips the
+// non-finite skip, Note [Non-finite steps] in optim/adamw.h) skips the
 // refresh with the update. Cost: two bytes a weight element of persistent
 // memory, against two FP8 copies made and freed in every step without it.
 // Tensor-wise scaling only.

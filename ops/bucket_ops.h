@@ -1,6 +1,6 @@
 // Buckets: many tensors of one dtype packed end to end into one flat tensor
 // and back, so that one collective moves them all (the gradient and weight
-// buckets of the sharded optimizer, layers/adamw.h). Byte copies: any dtype.
+// buckets of the sharded optimizer, optim/adamw.h). Byte copies: any dtype.
 //
 //   Tensor flat = ops::pack(ctx, grads, padded);   // [padded], zeros after the last tensor
 //   ops::unpack_(ctx, flat, values);               // values[i] = flat[offset_i, offset_i + numel_i)

@@ -21,20 +21,22 @@ fail() {
 
 # 1. Every floor, and what it must not reach.
 declare -A above=(
-  [engine]="//kernels/... + //launch/... + //ops/... + //graphs/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
-  [kernels]="//launch/... + //ops/... + //graphs/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
-  [launch]="//kernels/... + //ops/... + //graphs/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
-  [ops]="//graphs/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
-  [graphs]="//ops/... + //layers/... + //capi/... + //trainer/... + //benchmarks/..."
-  [layers]="//capi/... + //trainer/... + //benchmarks/..."
+  [engine]="//kernels/... + //launch/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
+  [kernels]="//launch/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
+  [launch]="//kernels/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
+  [ops]="//graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
+  [graphs]="//ops/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
+  [layers]="//optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
+  [optim]="//train/... + //capi/... + //trainer/... + //benchmarks/..."
+  [train]="//capi/... + //trainer/... + //benchmarks/..."
   [capi]="//trainer/... + //benchmarks/..."
 )
-for floor in engine kernels launch ops graphs layers capi; do
+for floor in engine kernels launch ops graphs layers optim train capi; do
   upward=$(./bazelw query --noshow_progress "deps(//$floor/...) intersect (${above[$floor]})" 2>/dev/null) ||
     fail "bazel query for //$floor failed"
   [ -z "$upward" ] || fail "//$floor depends on a higher floor: $upward"
 done
-echo "check_layering: no floor depends on a higher one (engine, kernels, launch, ops, graphs, layers, capi)"
+echo "check_layering: no floor depends on a higher one (engine, kernels, launch, ops, graphs, layers, optim, train, capi)"
 
 # 2. An upward dependency must not build.
 probe=engine/layering_probe

@@ -25,7 +25,8 @@ binary_targets=$(./bazelw query 'kind("cc_binary", //trainer/... + //benchmarks/
 multirank_targets=$(./bazelw query 'attr(tags, "gpu_multirank", kind("cc_test", //...))' 2>/dev/null)
 echo "gpu_bundle: building $(echo $test_targets | wc -w) test binaries and $(echo $binary_targets | wc -w) programs" >&2
 # shellcheck disable=SC2086
-./bazelw build --config=bundle $test_targets $binary_targets $multirank_targets //capi:libstepgraph_c.so
+./bazelw build --config=bundle $test_targets $binary_targets $multirank_targets //capi:libstepgraph_c.so \
+  //tests/python:trainer_reference
 
 rm -rf "$bundle"
 mkdir -p "$bundle/tests" "$bundle/bin" "$bundle/python" "$bundle/multirank"
@@ -48,6 +49,8 @@ cp -r python/stepgraph "$bundle/python/"
 install -m 0755 bazel-bin/capi/libstepgraph_c.so "$bundle/python/stepgraph/"
 mkdir -p "$bundle/python_tests" "$bundle/benchmarks"
 cp tests/python/*.py python/README.md "$bundle/python_tests/"
+# The trainer run by python_trainer_parity_test (Python against the trainer, bit for bit).
+install -m 0755 bazel-bin/tests/python/trainer_reference "$bundle/bin/trainer_reference"
 cp README.md "$bundle/python_tests/top_README.md"   # readme_test checks it shows the tested example
 cp benchmarks/*.py "$bundle/benchmarks/"
 find "$bundle" -name __pycache__ -prune -exec rm -rf {} +

@@ -91,6 +91,7 @@ fi
 if wants python; then
   : >"$results/pytest.log"
   (cd "$here/python_tests" && STEPGRAPH_README="$here/python_tests/README.md" \
+    STEPGRAPH_TRAINER_REFERENCE="$here/bin/trainer_reference" \
     python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$work/pytest.xml" .) >>"$results/pytest.log" 2>&1
   echo "=== pytest exit $?" >>"$results/pytest.log"
   # The fuzz test's table of cases and outcomes (a JUnit test-suite property).

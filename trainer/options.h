@@ -35,7 +35,7 @@
 #include "engine/fp8_recipe.h"
 #include "kernels/lr_schedule.h"
 #include "layers/comm_gemm_overlap.h"
-#include "layers/train_step.h"
+#include "train/train_step.h"
 #include "trainer/buckets.h"
 
 namespace stepgraph::trainer {
@@ -54,7 +54,7 @@ struct TrainerOptions {
   // FP8 GEMMs in the blocks; empty: none. --fp8-weight-cache is its cache_weights.
   std::optional<Fp8Recipe> fp8;
   // Skip a step whose loss or gradients are not finite, on the device (Note
-  // [Non-finite steps] in layers/adamw.h). Unset: on, but off with ZeRO-1
+  // [Non-finite steps] in optim/adamw.h). Unset: on, but off with ZeRO-1
   // (whose sharded update cannot run inside the conditional node).
   std::optional<bool> skip_nonfinite;
   // Dropout on the stack's input and every attention and MLP output (Note

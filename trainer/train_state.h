@@ -12,7 +12,7 @@
 #include <string>
 
 #include "engine/context.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/language_model.h"
 #include "trainer/checkpoint.h"
 

@@ -10,7 +10,7 @@
 
 #include "engine/context.h"
 #include "engine/error.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/parameter.h"
 #include "tests/support/expect_error.h"
 

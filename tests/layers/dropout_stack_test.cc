@@ -16,7 +16,7 @@
 #include "graphs/captured_step.h"
 #include "kernels/dropout.h"
 #include "layers/residual_stack.h"
-#include "layers/train_step.h"
+#include "train/train_step.h"
 #include "tests/layers/gradient_check.h"
 #include "tests/layers/train_rig.h"
 #include "tests/support/expect_error.h"

@@ -16,7 +16,7 @@
 #include "engine/context.h"
 #include "graphs/captured_step.h"
 #include "kernels/lr_schedule.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/parameter.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"

@@ -1,5 +1,5 @@
 // Skipping non-finite steps on the device (Note [Non-finite steps] in
-// layers/adamw.h): a step whose loss or one gradient is NaN or
+// optim/adamw.h): a step whose loss or one gradient is NaN or
 // infinite leaves the parameters, their copies, the moments, the step
 // counter, the scheduled rate and the weights' after-update hooks exactly
 // as they were, and the next good step goes on as if the bad one never ran.
@@ -20,10 +20,10 @@
 #include "engine/host_world.h"
 #include "graphs/captured_step.h"
 #include "kernels/lr_schedule.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/parameter.h"
 #include "layers/residual_stack.h"
-#include "layers/train_step.h"
+#include "train/train_step.h"
 #include "ops/elementwise_ops.h"
 #include "tests/layers/train_rig.h"
 #include "tests/support/expect_error.h"

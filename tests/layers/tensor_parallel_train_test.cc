@@ -22,9 +22,9 @@
 
 #include "engine/host_world.h"
 #include "graphs/captured_step.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/residual_stack.h"
-#include "layers/train_step.h"
+#include "train/train_step.h"
 #include "tests/support/global_batch.h"
 #include "tests/support/seed.h"
 

@@ -12,8 +12,8 @@
 
 #include "engine/context.h"
 #include "graphs/captured_step.h"
-#include "layers/adamw.h"
-#include "layers/train_step.h"
+#include "optim/adamw.h"
+#include "train/train_step.h"
 
 namespace stepgraph::testing {
 

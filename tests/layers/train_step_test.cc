@@ -3,7 +3,7 @@
 // identical states: the losses must be identical, bit for bit, step after
 // step. On the host everywhere; on CUDA where there is a GPU. (TrainStep over
 // a LanguageModel: language_model_test.)
-#include "layers/train_step.h"
+#include "train/train_step.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,9 @@ it, so a dependency from a lower floor to a higher one is a build error:
 
     trainer/ benchmarks/ tools/ python/   the programs
     capi/                                 the C API
-    layers/                               layers, models, optimizer, steps
+    train/                                training steps, pipeline schedules of layers
+    optim/                                the optimizer (AdamW, its ZeRO-1 shards)
+    layers/                               layers and models
     ops/        graphs/                   op definitions | trace, plan, capture (siblings:
                                           neither sees the other)
     kernels/    launch/                   CUDA kernels and host references | how the
@@ -26,8 +28,14 @@ _PROGRAMS = [
 # capi/ is used by the programs only.
 CAPI_USERS = _PROGRAMS
 
-# layers/ by capi/ and the programs.
-LAYERS_USERS = ["//capi:__subpackages__"] + _PROGRAMS
+# train/ (training steps, pipeline schedules) by capi/ and the programs.
+TRAIN_USERS = ["//capi:__subpackages__"] + _PROGRAMS
+
+# optim/ (the optimizer) by train/ and everything above it.
+OPTIM_USERS = ["//train:__subpackages__"] + TRAIN_USERS
+
+# layers/ by optim/ and everything above it.
+LAYERS_USERS = ["//optim:__subpackages__"] + OPTIM_USERS
 
 # ops/ and graphs/ (one floor, two rooms) by layers/ and everything above.
 OPS_USERS = ["//layers:__subpackages__"] + LAYERS_USERS

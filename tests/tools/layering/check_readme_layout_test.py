@@ -62,10 +62,10 @@ def test_a_missing_folder_is_named(tmp_path):
 
 def test_a_folder_left_out_of_the_table_is_named(tmp_path):
     root = copy_of_tree(tmp_path)
-    (root / "optim").mkdir()
-    (root / "optim" / "adamw.cc").touch()
+    (root / "scheduler").mkdir()
+    (root / "scheduler" / "plan.cc").touch()
     subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
-    expect_fails_naming(root, "`optim/` is in the tree but not in the README's layout section")
+    expect_fails_naming(root, "`scheduler/` is in the tree but not in the README's layout section")
 
 
 def test_a_sub_folder_that_is_gone_is_named(tmp_path):

@@ -1,4 +1,4 @@
-#include "layers/pipeline_schedule.h"
+#include "train/pipeline_schedule.h"
 
 #include <algorithm>
 #include <limits>

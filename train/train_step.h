@@ -19,7 +19,7 @@
 // soon as its gradients are final when the context has a weight-gradient
 // stream; after the backward, where nothing is NaN or infinite, when the
 // optimizer skips non-finite steps: Note [Non-finite steps] in
-// layers/adamw.h) and the error flags are shared.
+// optim/adamw.h) and the error flags are shared.
 //
 //   TrainStep step(ctx, model, optimizer, batch);
 //   auto graph = CapturedStep::capture(ctx, [&] { return step(ctx); });
@@ -34,7 +34,7 @@
 
 #include "engine/communicator.h"
 #include "engine/context.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "layers/language_model.h"
 #include "layers/residual_stack.h"
 

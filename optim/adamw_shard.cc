@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 #include "ops/bucket_ops.h"
 #include "ops/collective_ops.h"
 

@@ -1,6 +1,6 @@
 // LayerPipeline: a list of layers run as one pipeline stage over several
 // microbatches, each pass (a microbatch's forward or backward through every
-// layer) when the caller's schedule says (layers/pipeline_schedule.h):
+// layer) when the caller's schedule says (train/pipeline_schedule.h):
 //
 //   LayerPipeline stage(ctx, {&attention, &mlp}, /*microbatches=*/4);
 //   const PipelineSchedule schedule = PipelineSchedule::one_f_one_b(4, 1);
@@ -34,7 +34,7 @@
 #include "engine/context.h"
 #include "layers/any_layer.h"
 #include "layers/parameter.h"
-#include "layers/pipeline_schedule.h"
+#include "train/pipeline_schedule.h"
 
 namespace stepgraph {
 

@@ -1,4 +1,4 @@
-#include "layers/adamw.h"
+#include "optim/adamw.h"
 
 #include <cmath>
 

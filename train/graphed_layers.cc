@@ -1,4 +1,4 @@
-#include "layers/graphed_layers.h"
+#include "train/graphed_layers.h"
 
 #include "engine/error.h"
 #include "engine/logging.h"

@@ -1,4 +1,4 @@
-#include "layers/layer_pipeline.h"
+#include "train/layer_pipeline.h"
 
 #include "engine/error.h"
 #include "ops/elementwise_ops.h"

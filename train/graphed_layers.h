@@ -38,8 +38,8 @@
 #include "graphs/captured_step.h"
 #include "graphs/pool_report.h"
 #include "layers/any_layer.h"
-#include "layers/layer_pipeline.h"
-#include "layers/pipeline_schedule.h"
+#include "train/layer_pipeline.h"
+#include "train/pipeline_schedule.h"
 
 namespace stepgraph {
 

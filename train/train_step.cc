@@ -1,4 +1,4 @@
-#include "layers/train_step.h"
+#include "train/train_step.h"
 
 #include <functional>
 #include <unordered_set>
@@ -256,7 +256,7 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
     reported = ops::all_reduce(ctx, *data_parallel_, share, ReduceOp::kSum);
   }
   reported.set_name("loss");
-  // Note [Non-finite steps] (layers/adamw.h): this rank's loss is checked too.
+  // Note [Non-finite steps] (optim/adamw.h): this rank's loss is checked too.
   if (optimizer_.skips_nonfinite()) optimizer_.flag_nonfinite(ctx, loss.loss);
   // Note [Loss scaling] (kernels/step_guard.h): the backward starts from S times the loss gradient.
   if (optimizer_.scales_loss()) ops::scale_by_loss_scale_(ctx, loss.dlogits, optimizer_.loss_scale_state());

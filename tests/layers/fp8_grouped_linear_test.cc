@@ -29,6 +29,7 @@ namespace stepgraph {
 namespace {
 
 using testing::random_values;
+using testing::raw_bytes;
 using testing::read_floats;
 using testing::relative;
 using testing::write_floats;
@@ -134,12 +135,6 @@ TEST(Fp8GroupedLinearTest, RaggedExpertsStayWithinFp8ErrorOfBf16) {
   }
 }
 
-std::vector<std::uint8_t> raw_bytes(Context& ctx, const Tensor& t) {
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
-  ctx.copy_to_host(t, bytes.data(), bytes.size());
-  return bytes;
-}
-
 // One forward + backward captured once and replayed with new inputs and a new
 // split each time, equal to an eager twin (same seed) bit for bit: y, dx,
 // every gradient, and delayed scaling's state; the pool report clean.
@@ -159,11 +154,7 @@ void expect_graph_equals_eager(Device device, const Fp8Recipe& recipe, std::int6
   };
   auto captured = CapturedStep::capture(ctx, [&] { return step_of(layer); },
                                         {.pool_report_policy = PoolReportPolicy::kError});
-  auto grads = [&](GroupedLinear& l) {
-    std::vector<std::vector<std::uint8_t>> all;
-    for (Parameter* p : l.parameters()) all.push_back(raw_bytes(ctx, p->grad));
-    return all;
-  };
+  auto grads = [&](GroupedLinear& l) { return testing::grad_bytes(ctx, l); };
   testing::SeededRng rng;
   for (int replay = 0; replay < replays; ++replay) {
     write_floats(ctx, x, random_values(tokens * in, rng, 1.0f));

@@ -26,6 +26,7 @@ namespace stepgraph {
 namespace {
 
 using testing::random_values;
+using testing::raw_bytes;
 using testing::read_floats;
 using testing::relative;
 using testing::write_floats;
@@ -161,13 +162,6 @@ TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
   EXPECT_GT(relative(fp8.first, bf16.first), 1e-4) << "the FP8 path ran";
 }
 
-// A tensor's bytes, for bit-for-bit comparisons.
-std::vector<std::uint8_t> raw_bytes(Context& ctx, const Tensor& t) {
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
-  ctx.copy_to_host(t, bytes.data(), bytes.size());
-  return bytes;
-}
-
 std::vector<StateTensor> fp8_state(Linear& layer) { return layer.state(); }
 std::vector<StateTensor> fp8_state(LayerNormMLP& layer) { return state_of(layer.fp8_linears()); }
 
@@ -192,11 +186,7 @@ void expect_graph_equals_eager(Device device, const Config& config, std::int64_t
   auto captured = CapturedStep::capture(ctx, [&] { return step_of(layer); },
                                         {.pool_report_policy = PoolReportPolicy::kError});
   auto bytes_of = [&](const Tensor& t) { return raw_bytes(ctx, t); };
-  auto grads = [&](Layer& l) {
-    std::vector<std::vector<std::uint8_t>> all;
-    for (Parameter* p : l.parameters()) all.push_back(bytes_of(p->grad));
-    return all;
-  };
+  auto grads = [&](Layer& l) { return testing::grad_bytes(ctx, l); };
   testing::SeededRng rng;
   for (int replay = 0; replay < replays; ++replay) {
     write_floats(ctx, x, random_values(tokens * in, rng, 1.0f));

@@ -29,6 +29,7 @@ namespace stepgraph {
 namespace {
 
 using testing::bits;
+using testing::raw_bytes;
 using testing::TrainRig;
 
 constexpr std::int64_t kTokens = 64;
@@ -56,12 +57,6 @@ void load_batch(Context& ctx, const TrainStep& step, std::uint32_t seed, std::in
   for (auto& v : labels) v = label(rng);
   ctx.copy_from_host(step.inputs(), x.data(), x.size());
   ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
-}
-
-std::vector<std::uint8_t> raw_bytes(Context& ctx, const Tensor& t) {
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
-  ctx.copy_to_host(t, bytes.data(), bytes.size());
-  return bytes;
 }
 
 // `steps` training steps of the cached and the uncached model on the same

@@ -142,16 +142,8 @@ void expect_graph_equals_eager(Device device, DType dtype, int replays) {
     return std::vector<Tensor>{f.y, dx, f.saved.plan.splits};
   };
   auto captured = CapturedStep::capture(ctx, step, {.pool_report_policy = PoolReportPolicy::kError});
-  auto bytes_of = [&](const Tensor& t) {
-    std::vector<std::uint8_t> out(static_cast<std::size_t>(t.bytes()));
-    ctx.copy_to_host(t, out.data(), out.size());
-    return out;
-  };
-  auto grads = [&] {
-    std::vector<std::vector<std::uint8_t>> out;
-    for (Parameter* p : layer.parameters()) out.push_back(bytes_of(p->grad));
-    return out;
-  };
+  auto bytes_of = [&](const Tensor& t) { return testing::raw_bytes(ctx, t); };
+  auto grads = [&] { return testing::grad_bytes(ctx, layer); };
   testing::SeededRng rng;
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
   std::set<std::vector<std::int32_t>> distinct_splits;

@@ -128,16 +128,8 @@ void expect_graph_equals_eager(Device device, DType dtype, const MultiheadAttent
   testing::SeededRng rng;
   write_values(ctx, cu, random_packing(rng, static_cast<std::int32_t>(tokens), sequences));
   auto captured = CapturedStep::capture(ctx, step, {.pool_report_policy = PoolReportPolicy::kError});
-  auto bytes_of = [&](const Tensor& t) {
-    std::vector<std::uint8_t> out(static_cast<std::size_t>(t.bytes()));
-    ctx.copy_to_host(t, out.data(), out.size());
-    return out;
-  };
-  auto grads = [&] {
-    std::vector<std::vector<std::uint8_t>> out;
-    for (Parameter* p : layer.parameters()) out.push_back(bytes_of(p->grad));
-    return out;
-  };
+  auto bytes_of = [&](const Tensor& t) { return testing::raw_bytes(ctx, t); };
+  auto grads = [&] { return testing::grad_bytes(ctx, layer); };
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
   for (int replay = 0; replay < replays; ++replay) {
     std::vector<float> xs(tokens * config.hidden), dys(tokens * config.hidden);

@@ -34,6 +34,22 @@ void write_values(Context& ctx, const Tensor& t, const std::vector<T>& values) {
   ctx.copy_from_host(t, values.data(), values.size() * sizeof(T));
 }
 
+// A tensor's bytes, for bit-for-bit comparisons.
+inline std::vector<std::uint8_t> raw_bytes(Context& ctx, const Tensor& t) {
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
+  ctx.copy_to_host(t, bytes.data(), bytes.size());
+  return bytes;
+}
+
+// The bytes of each parameter's gradient of `layer` (any layer with
+// parameters()), in parameters() order.
+template <typename LayerT>
+std::vector<std::vector<std::uint8_t>> grad_bytes(Context& ctx, LayerT& layer) {
+  std::vector<std::vector<std::uint8_t>> out;
+  for (const auto* p : layer.parameters()) out.push_back(raw_bytes(ctx, p->grad));
+  return out;
+}
+
 // The bit patterns of fp32 values, for bit-for-bit comparisons that print usefully.
 inline std::vector<std::uint32_t> bits(const std::vector<float>& values) {
   std::vector<std::uint32_t> out(values.size());

@@ -55,6 +55,9 @@ inline constexpr std::int32_t kExpertOutOfRange = 4;
 // Most experts a layer may have (the plan keeps per-expert counters in
 // shared memory).
 inline constexpr std::int64_t kMaxExperts = 1024;
+// The experts a token is routed to: the router and the permutation handle one
+// or two (the trainer's --topk, the layers' topk).
+inline constexpr int kMaxTopk = 2;
 
 struct RouterDesc {
   DType logits_type = DType::kBFloat16;  // bf16, fp16 or fp32; d logits share it
@@ -63,7 +66,7 @@ struct RouterDesc {
   int topk = 2;
 };
 
-// topk in {1, 2}, 1 <= topk <= experts <= kMaxExperts, tokens in [1, 2^31).
+// topk in [1, kMaxTopk], 1 <= topk <= experts <= kMaxExperts, tokens in [1, 2^31).
 void check_router(const RouterDesc& desc);
 
 void launch_router_topk(const RouterDesc& desc, const void* logits, std::int32_t* experts, float* gates,

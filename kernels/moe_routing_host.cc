@@ -27,7 +27,7 @@ bool float_type(DType dtype) {
 void check_router(const RouterDesc& desc) {
   SG_CHECK(float_type(desc.logits_type), "router_topk: logits must be bf16, fp16 or fp32, got ",
            dtype_name(desc.logits_type));
-  SG_CHECK(desc.topk == 1 || desc.topk == 2, "router_topk: topk must be 1 or 2, got ", desc.topk);
+  SG_CHECK(desc.topk >= 1 && desc.topk <= kMaxTopk, "router_topk: topk must be in [1, ", kMaxTopk, "], got ", desc.topk);
   SG_CHECK(desc.experts >= desc.topk && desc.experts <= kMaxExperts,
            "router_topk: experts must be in [topk = ", desc.topk, ", ", kMaxExperts, "], got ", desc.experts);
   SG_CHECK(desc.tokens > 0 && desc.tokens * desc.topk <= kMaxRows,
@@ -35,7 +35,7 @@ void check_router(const RouterDesc& desc) {
 }
 
 void check_plan(const PlanDesc& desc) {
-  SG_CHECK(desc.topk == 1 || desc.topk == 2, "moe_plan: topk must be 1 or 2, got ", desc.topk);
+  SG_CHECK(desc.topk >= 1 && desc.topk <= kMaxTopk, "moe_plan: topk must be in [1, ", kMaxTopk, "], got ", desc.topk);
   SG_CHECK(desc.experts >= 1 && desc.experts <= kMaxExperts, "moe_plan: experts must be in [1, ", kMaxExperts,
            "], got ", desc.experts);
   SG_CHECK(desc.tokens > 0 && desc.entries() <= kMaxRows, "moe_plan: tokens * topk must be in [1, 2^31), got ",
@@ -44,7 +44,7 @@ void check_plan(const PlanDesc& desc) {
 
 void check_permute(const PermuteDesc& desc) {
   SG_CHECK(float_type(desc.dtype), "moe_permute: rows must be bf16, fp16 or fp32, got ", dtype_name(desc.dtype));
-  SG_CHECK(desc.topk == 1 || desc.topk == 2, "moe_permute: topk must be 1 or 2, got ", desc.topk);
+  SG_CHECK(desc.topk >= 1 && desc.topk <= kMaxTopk, "moe_permute: topk must be in [1, ", kMaxTopk, "], got ", desc.topk);
   SG_CHECK(desc.tokens > 0 && desc.entries() <= kMaxRows, "moe_permute: tokens * topk must be in [1, 2^31), got ",
            desc.tokens, " tokens");
   SG_CHECK(desc.hidden > 0 && desc.hidden <= kMaxRows, "moe_permute: hidden must be in [1, 2^31), got ", desc.hidden);

@@ -13,7 +13,8 @@ const MoEMLPConfig& checked(Context& ctx, const std::string& name, const MoEMLPC
                             const Communicator* tp) {
   SG_CHECK(config.hidden > 0 && config.ffn > 0, "MoEMLP '", name, "': hidden and ffn must be > 0, got ", config.hidden,
            " and ", config.ffn);
-  SG_CHECK(config.topk == 1 || config.topk == 2, "MoEMLP '", name, "': topk must be 1 or 2, got ", config.topk);
+  SG_CHECK(config.topk >= 1 && config.topk <= kernels::kMaxTopk, "MoEMLP '", name, "': topk must be in [1, ",
+           kernels::kMaxTopk, "], got ", config.topk);
   SG_CHECK(config.experts >= config.topk && config.experts <= kernels::kMaxExperts, "MoEMLP '", name,
            "': experts must be in [topk = ", config.topk, ", ", kernels::kMaxExperts, "], got ", config.experts);
   if (tp != nullptr) {

@@ -9,6 +9,7 @@
 #include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
 #include "kernels/dropout.h"
+#include "kernels/moe_routing.h"
 #include "ops/collective_ops.h"
 #include "ops/dropout_ops.h"
 #include "ops/stream_ops.h"
@@ -33,7 +34,8 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
            " logits (the loss reads 16-byte vectors); pad the vocabulary and never use the padded classes as labels");
   SG_CHECK(config.experts >= 0, "ResidualStack: experts must be >= 0 (0: no MoE blocks), got ", config.experts);
   if (config.experts > 0) {
-    SG_CHECK(config.topk == 1 || config.topk == 2, "ResidualStack: topk must be 1 or 2, got ", config.topk);
+    SG_CHECK(config.topk >= 1 && config.topk <= kernels::kMaxTopk, "ResidualStack: topk must be in [1, ",
+             kernels::kMaxTopk, "], got ", config.topk);
     SG_CHECK(config.topk <= config.experts, "ResidualStack: topk (", config.topk, ") must not exceed experts (",
              config.experts, "): each token goes to topk distinct experts");
     SG_CHECK(config.moe_every >= 1 && config.moe_every <= config.layers,

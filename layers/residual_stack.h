@@ -56,7 +56,7 @@ struct ResidualStackConfig {
   // Mixture of experts: with experts > 0, every moe_every-th block (blocks
   // moe_every-1, 2*moe_every-1, ...: with moe_every = 1 all of them) is an
   // MoE MLP routing each token to its top-k experts, each expert an fc1/fc2
-  // of `ffn`; the others stay dense LayerNormMLP blocks. topk must be 1 or 2
+  // of `ffn`; the others stay dense LayerNormMLP blocks. topk must be 1 to kernels::kMaxTopk (2)
   // and at most experts, and at least one block must be MoE (Error at build
   // time otherwise).
   std::int64_t experts = 0;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "kernels/moe_routing.h"
 #include "layers/comm_gemm_overlap.h"
 #include "trainer/flag_values.h"
 
@@ -144,7 +145,7 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   app.add_option("--experts", o.experts, "experts per MoE block (0: dense blocks only)")
       ->check(whole_number(0, kMaxSize));
   CLI::Option* topk_option = app.add_option("--topk", o.topk, "with --experts: the experts each token is routed to")
-                                  ->check(whole_number(1, kMaxSize));
+                                  ->check(whole_number(1, kernels::kMaxTopk));
   app.add_option("--batch", o.batch,
                  "sequences per step (each predicts its --seq-len next tokens); with --heads 0 examples per step")
       ->check(whole_number(1, kMaxSize));

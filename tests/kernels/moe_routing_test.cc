@@ -204,7 +204,7 @@ TEST(MoERoutingHostTest, RouterBackwardMatchesFiniteDifferencesTop2) { check_rou
 
 TEST(MoERoutingHostTest, BadArgumentsAreErrors) {
   using testing::expect_invalid_argument;
-  expect_invalid_argument([] { check_router({DType::kFloat32, 4, 4, 3}); }, "router_topk: topk must be 1 or 2, got 3");
+  expect_invalid_argument([] { check_router({DType::kFloat32, 4, 4, 3}); }, "router_topk: topk must be in [1, 2], got 3");
   expect_invalid_argument([] { check_router({DType::kFloat32, 4, 1, 2}); }, "experts must be in [topk = 2, ");
   expect_invalid_argument([] { check_router({DType::kInt32, 4, 4, 1}); }, "logits must be bf16, fp16 or fp32, got int32");
   expect_invalid_argument([] { check_router({DType::kFloat32, 4, kMaxExperts + 1, 1}); },

@@ -182,7 +182,7 @@ TEST(MoEMLPHostTest, GraphedStepEqualsEagerBf16) { expect_graph_equals_eager(Dev
 TEST(MoEMLPHostTest, BadConfigsAreErrorsAtBuildTime) {
   Context ctx(Device::kHost);
   EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "k3", {.hidden = 8, .ffn = 8, .experts = 4, .topk = 3}, 1),
-                        "MoEMLP 'k3': topk must be 1 or 2, got 3");
+                        "MoEMLP 'k3': topk must be in [1, 2], got 3");
   EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "k_over_e", {.hidden = 8, .ffn = 8, .experts = 1, .topk = 2}, 1),
                         "MoEMLP 'k_over_e': experts must be in [topk = 2, 1024], got 1");
   EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "none", {.hidden = 8, .ffn = 8, .experts = 0, .topk = 1}, 1),
@@ -201,7 +201,7 @@ TEST(MoERoutingOpsTest, BadInputsAreClearErrors) {
   const Tensor word = t("word", Shape{1}, DType::kInt32);
   EXPECT_ERROR_CONTAINS(ops::router_topk(ctx, t("int_logits", Shape{4, 4}, DType::kInt32), 1),
                         "router_topk: logits must be bf16, fp16 or fp32, got int32");
-  EXPECT_ERROR_CONTAINS(ops::router_topk(ctx, logits, 3), "router_topk: topk must be 1 or 2, got 3");
+  EXPECT_ERROR_CONTAINS(ops::router_topk(ctx, logits, 3), "router_topk: topk must be in [1, 2], got 3");
   EXPECT_ERROR_CONTAINS(ops::router_topk(ctx, t("vector", Shape{16}, DType::kFloat32), 1),
                         "op router_topk: logits must be a matrix, got [16]");
   EXPECT_ERROR_CONTAINS(ops::moe_plan(ctx, t("float_experts", Shape{4, 2}, DType::kFloat32), word, 4),
@@ -210,7 +210,7 @@ TEST(MoERoutingOpsTest, BadInputsAreClearErrors) {
       ops::moe_plan(ctx, t("experts", Shape{4, 2}, DType::kInt32), t("long_word", Shape{2}, DType::kInt32), 4),
       "op moe_plan: the error word must be [1] int32, got [2] int32");
   EXPECT_ERROR_CONTAINS(ops::moe_plan(ctx, t("experts3", Shape{4, 3}, DType::kInt32), word, 4),
-                        "moe_plan: topk must be 1 or 2, got 3");
+                        "moe_plan: topk must be in [1, 2], got 3");
   EXPECT_ERROR_CONTAINS(ops::split_offsets(ctx, t("float_splits", Shape{3}, DType::kFloat32), word, 8),
                         "op split_offsets: splits must be int32 [E]", "got [3] fp32");
   EXPECT_ERROR_CONTAINS(ops::moe_permute(ctx, t("x", Shape{4, 8}, DType::kFloat32), t("sources", Shape{12}, DType::kInt32)),

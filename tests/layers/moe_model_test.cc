@@ -114,7 +114,7 @@ TEST(MoEModelHostTest, BadExpertConfigsAreErrorsAtBuildTime) {
   };
   ResidualStackConfig c = moe_model(DType::kFloat32);
   c.topk = 3;
-  expect_error(c, "topk must be 1 or 2");
+  expect_error(c, "topk must be in [1, 2]");
   c = moe_model(DType::kFloat32);
   c.experts = 1;
   c.topk = 2;

@@ -428,7 +428,9 @@ TEST(TrainerOptionsTest, BadFlagsGiveClearErrors) {
                "--seq-len and --kv-heads are the sequence model's");
   expect_error([&] { resolved({"--resume"}); }, ErrorCode::kInvalidArgument, "--resume needs --checkpoint");
   expect_error([&] { resolved({"--save-every", "5"}); }, ErrorCode::kInvalidArgument, "--save-every needs");
-  expect_error([&] { resolved({"--experts", "2", "--topk", "3"}); }, ErrorCode::kInvalidArgument, "--topk");
+  // The router takes one or two experts a token (kernels::kMaxTopk): a third is refused at the flag, naming it,
+  // not later by the model.
+  expect_parse_error({"--experts", "4", "--topk", "3"}, "--topk");
   expect_error([&] { resolved({"--data", "x.txt", "--vocab", "8"}); }, ErrorCode::kInvalidArgument, "--vocab");
   expect_parse_error({"--lr-schedule", "step"}, "--lr-schedule: step not in {constant,cosine,linear}");
   expect_error([&] { resolved({"--lr-schedule", "cosine", "--steps", "10", "--warmup-steps", "10"}); },
@@ -567,7 +569,7 @@ TEST(TrainerOptionsTest, NumbersOutOfKindOrRangeAreRefusedNamingTheFlag) {
 // Options that the other flags make meaningless are refused, not ignored.
 TEST(TrainerOptionsTest, OptionsThatWouldBeIgnoredAreRefused) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--topk", "3"}, "--topk routes tokens to experts: it needs --experts"},
+      {{"--topk", "2"}, "--topk routes tokens to experts: it needs --experts"},
       {{"--loss-scale-interval", "5"}, "--loss-scale-interval sets fp16's loss scaling: it needs --dtype fp16"},
       {{"--overlap", "none"}, "--overlap sets how tensor-parallel GEMMs meet their collectives"},
       {{"--min-seq-len", "4"}, "--min-seq-len goes with --buckets"},
@@ -581,7 +583,7 @@ TEST(TrainerOptionsTest, OptionsThatWouldBeIgnoredAreRefused) {
     EXPECT_EQ(parsed.exit_code, 2) << args[0];
     EXPECT_NE(parsed.message.find(needle), std::string::npos) << parsed.message;
   }
-  EXPECT_TRUE(parse({"--experts", "4", "--topk", "3"}).options.has_value());
+  EXPECT_TRUE(parse({"--experts", "4", "--topk", "2"}).options.has_value());
   EXPECT_TRUE(parse({"--dtype", "fp16", "--loss-scale-interval", "5"}).options.has_value());
   EXPECT_TRUE(parse({"--tp", "2", "--overlap", "none"}).options.has_value());
   const ParsedCommandLine cached = parse({"--fp8", "delayed", "--fp8-weight-cache"});

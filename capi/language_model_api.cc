@@ -46,24 +46,11 @@ static_assert(std::size(kConfigSizes) - 1 == SG_LANGUAGE_MODEL_CONFIG_VERSION,
 
 sg_language_model_config default_config() {
   const LanguageModelConfig d{.model = {.heads = 4}, .context = 64};
-  sg_language_model_config c{};
-  c.size = sizeof(c);
-  c.magic = SG_LANGUAGE_MODEL_CONFIG_MAGIC;
-  c.version = SG_LANGUAGE_MODEL_CONFIG_VERSION;
-  c.vocab = d.model.vocab;
-  c.hidden = d.model.hidden;
-  c.ffn = d.model.ffn;
-  c.layers = d.model.layers;
+  auto c = with_header<sg_language_model_config>(SG_LANGUAGE_MODEL_CONFIG_MAGIC, SG_LANGUAGE_MODEL_CONFIG_VERSION);
+  set_stack_fields(c, d.model);
   c.heads = d.model.heads;
   c.kv_heads = d.model.kv_heads;
   c.context = d.context;
-  c.norm = d.model.norm == kernels::NormKind::kLayerNorm ? SG_NORM_LAYERNORM : SG_NORM_RMSNORM;
-  c.eps = d.model.eps;
-  c.dtype = from_dtype(d.model.dtype);
-  c.seed = d.model.seed;
-  c.experts = d.model.experts;
-  c.topk = d.model.topk;
-  c.moe_every = d.model.moe_every;
   c.rope_base = d.model.rope_base;
   c.dropout = d.model.dropout;
   c.recompute_activation = d.model.recompute_activation ? 1 : 0;

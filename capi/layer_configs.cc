@@ -31,26 +31,16 @@ static_assert(std::size(kLinearSizes) - 1 == SG_LINEAR_CONFIG_VERSION &&
                   std::size(kResidualStackSizes) - 1 == SG_RESIDUAL_STACK_CONFIG_VERSION,
               "a new config version needs its size here");
 
-sg_norm_kind from_norm_kind(kernels::NormKind kind) {
-  return kind == kernels::NormKind::kLayerNorm ? SG_NORM_LAYERNORM : SG_NORM_RMSNORM;
-}
-
-// A config of type C with its header filled.
-template <typename C>
-C with_header(std::uint32_t magic, std::uint32_t version) {
-  C c{};
-  c.size = sizeof(C);
-  c.magic = magic;
-  c.version = version;
-  return c;
-}
-
 // The recipe when `fp8` is 1, none when 0 (an error naming the field otherwise).
 std::optional<Fp8Recipe> fp8_of(int fp8, const sg_fp8_recipe& recipe, const char* function) {
   return to_flag(fp8, function, "config fp8") ? to_fp8_recipe(&recipe, function) : std::nullopt;
 }
 
 }  // namespace
+
+sg_norm_kind from_norm_kind(kernels::NormKind kind) {
+  return kind == kernels::NormKind::kLayerNorm ? SG_NORM_LAYERNORM : SG_NORM_RMSNORM;
+}
 
 sg_linear_config default_linear_config() {
   const LinearConfig d;
@@ -107,17 +97,7 @@ sg_layernorm_mlp_config default_layernorm_mlp_config() {
 sg_residual_stack_config default_residual_stack_config() {
   const ResidualStackConfig d;
   auto c = with_header<sg_residual_stack_config>(SG_RESIDUAL_STACK_CONFIG_MAGIC, SG_RESIDUAL_STACK_CONFIG_VERSION);
-  c.hidden = d.hidden;
-  c.ffn = d.ffn;
-  c.layers = d.layers;
-  c.vocab = d.vocab;
-  c.norm = from_norm_kind(d.norm);
-  c.eps = d.eps;
-  c.dtype = from_dtype(d.dtype);
-  c.seed = d.seed;
-  c.experts = d.experts;
-  c.topk = d.topk;
-  c.moe_every = d.moe_every;
+  set_stack_fields(c, d);
   return c;
 }
 

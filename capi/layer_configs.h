@@ -2,6 +2,8 @@
 // (capi/layer_configs.cc). Internal to capi.
 #pragma once
 
+#include <cstdint>
+
 #include "capi/handles.h"
 #include "capi/stepgraph.h"
 #include "capi/versioned_config.h"
@@ -22,6 +24,34 @@ LayerNormMLPConfig read_layernorm_mlp_config(const sg_layernorm_mlp_config& conf
 // The stack's config with this library's fields (its world and overlap are the caller's to resolve).
 sg_residual_stack_config read_residual_stack_config(const sg_residual_stack_config& config, const char* function);
 ResidualStackConfig to_residual_stack_config(const sg_residual_stack_config& config, const char* function);
+
+// A C config of type C with its header filled (every other field zero).
+template <typename C>
+C with_header(std::uint32_t magic, std::uint32_t version) {
+  C c{};
+  c.size = sizeof(C);
+  c.magic = magic;
+  c.version = version;
+  return c;
+}
+
+sg_norm_kind from_norm_kind(kernels::NormKind kind);
+
+// The fields a residual stack's and a language model's C configs share, from the engine's.
+template <typename C>  // sg_residual_stack_config or sg_language_model_config
+void set_stack_fields(C& c, const ResidualStackConfig& d) {
+  c.hidden = d.hidden;
+  c.ffn = d.ffn;
+  c.layers = d.layers;
+  c.vocab = d.vocab;
+  c.norm = from_norm_kind(d.norm);
+  c.eps = d.eps;
+  c.dtype = from_dtype(d.dtype);
+  c.seed = d.seed;
+  c.experts = d.experts;
+  c.topk = d.topk;
+  c.moe_every = d.moe_every;
+}
 
 // The fields a residual stack's and a language model's C configs share, as the engine's.
 template <typename C>  // sg_residual_stack_config or sg_language_model_config

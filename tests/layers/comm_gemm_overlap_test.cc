@@ -356,18 +356,23 @@ TEST(RowWindowGemmCudaTest, WindowsEqualTheRowsOfTheWholeGemm) {
   };
   const Tensor a = bf16_tensor("a", m, k, 1);
   const Tensor w = bf16_tensor("w", n, k, 2);
+  // `params` run window by window of `chunk` rows, from `source` into the same rows of `d` and `aux`.
+  auto gemm_by_windows = [&](const Tensor& d, const Tensor& source, const ops::GemmParams& params,
+                             const Tensor& bias_in, const Tensor& aux) {
+    for (std::int64_t first = 0; first < m; first += chunk) {
+      ops::GemmParams window = params;
+      window.rows = chunk;
+      window.a_row = first;
+      window.d_row = first;
+      ops::gemm_into_(ctx, d, source, w, window, bias_in, aux);
+    }
+  };
   const Tensor bias = ctx.persistent("bias", {Shape{n}, DType::kBFloat16});
   const ops::GemmParams fwd{.trans_b = true, .epilogue = kernels::GemmEpilogue::kGeluAuxBias};
   const ops::GemmResult whole = ops::gemm(ctx, a, w, fwd, bias);
   const Tensor act = ops::empty(ctx, {Shape{m, n}, DType::kBFloat16});
   const Tensor pre = ops::empty(ctx, {Shape{m, n}, DType::kBFloat16});
-  for (std::int64_t first = 0; first < m; first += chunk) {
-    ops::GemmParams window = fwd;
-    window.rows = chunk;
-    window.a_row = first;
-    window.d_row = first;
-    ops::gemm_into_(ctx, act, a, w, window, bias, pre);
-  }
+  gemm_by_windows(act, a, fwd, bias, pre);
   auto expect_near = [&](const Tensor& got, const Tensor& want, const char* what) {
     const std::vector<float> g = as_floats(ctx, got), e = as_floats(ctx, want);
     float scale = 0;
@@ -383,13 +388,7 @@ TEST(RowWindowGemmCudaTest, WindowsEqualTheRowsOfTheWholeGemm) {
   const ops::GemmParams bwd{.epilogue = kernels::GemmEpilogue::kDGeluBGrad};
   const ops::GemmResult dgelu = ops::gemm(ctx, dy, w, bwd, {}, pre_k);
   const Tensor d_pre = ops::empty(ctx, {Shape{m, k}, DType::kBFloat16});
-  for (std::int64_t first = 0; first < m; first += chunk) {
-    ops::GemmParams window = bwd;
-    window.rows = chunk;
-    window.a_row = first;
-    window.d_row = first;
-    ops::gemm_into_(ctx, d_pre, dy, w, window, {}, pre_k);
-  }
+  gemm_by_windows(d_pre, dy, bwd, {}, pre_k);
   expect_near(d_pre, dgelu.d, "GeLU's derivative by windows");
   // A fresh window of rows (pipelined's partial products).
   for (std::int64_t first = 0; first < m; first += chunk) {

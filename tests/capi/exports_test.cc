@@ -16,6 +16,15 @@ void* open_library() {
   return library;
 }
 
+// `name` is exported, in the version node STEPGRAPH_C_<version> and not in the one before it.
+void expect_added_in(void* library, const char* name, int version) {
+  const std::string node = "STEPGRAPH_C_" + std::to_string(version);
+  const std::string before = "STEPGRAPH_C_" + std::to_string(version - 1);
+  EXPECT_NE(dlsym(library, name), nullptr) << name;
+  EXPECT_NE(dlvsym(library, name, node.c_str()), nullptr) << name << " is not in " << node;
+  EXPECT_EQ(dlvsym(library, name, before.c_str()), nullptr) << name << " is in " << before;
+}
+
 TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   void* library = open_library();
   ASSERT_NE(library, nullptr);
@@ -37,9 +46,7 @@ TEST(CapiExportsTest, Version3AdditionsAreExportedAsStepgraphC3) {
   for (const char* name : {"sg_world_init", "sg_world_destroy", "sg_world_rank", "sg_world_size", "sg_world_local_rank",
                            "sg_world_describe", "sg_train_step_config_default",
                            "sg_context_set_communication_stream", "sg_context_communication_stream"}) {
-    EXPECT_NE(dlsym(library, name), nullptr) << name;
-    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_3"), nullptr) << name << " is not in STEPGRAPH_C_3";
-    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_2"), nullptr) << name << " is in STEPGRAPH_C_2";
+    expect_added_in(library, name, 3);
   }
 }
 
@@ -48,9 +55,7 @@ TEST(CapiExportsTest, Version5AdditionsAreExportedAsStepgraphC5) {
   void* library = open_library();
   ASSERT_NE(library, nullptr);
   for (const char* name : {"sg_fp8_recipe_default"}) {
-    EXPECT_NE(dlsym(library, name), nullptr) << name;
-    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_5"), nullptr) << name << " is not in STEPGRAPH_C_5";
-    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_4"), nullptr) << name << " is in STEPGRAPH_C_4";
+    expect_added_in(library, name, 5);
   }
 }
 
@@ -58,9 +63,7 @@ TEST(CapiExportsTest, Version6AdditionsAreExportedAsStepgraphC6) {
   void* library = open_library();
   ASSERT_NE(library, nullptr);
   for (const char* name : {"sg_optimizer_set_lr", "sg_optimizer_lr"}) {
-    EXPECT_NE(dlsym(library, name), nullptr) << name;
-    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_6"), nullptr) << name << " is not in STEPGRAPH_C_6";
-    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_5"), nullptr) << name << " is in STEPGRAPH_C_5";
+    expect_added_in(library, name, 6);
   }
 }
 
@@ -72,19 +75,14 @@ TEST(CapiExportsTest, Version7AdditionsAreExportedAsStepgraphC7) {
                            "sg_graphed_layers_gradient_count", "sg_graphed_layers_gradient",
                            "sg_graphed_layers_graph_count", "sg_graphed_layers_pool_bytes",
                            "sg_graphed_layers_next_graph"}) {
-    EXPECT_NE(dlsym(library, name), nullptr) << name;
-    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_7"), nullptr) << name << " is not in STEPGRAPH_C_7";
-    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_6"), nullptr) << name << " is in STEPGRAPH_C_6";
+    expect_added_in(library, name, 7);
   }
 }
 
 TEST(CapiExportsTest, Version8AdditionIsExportedAsStepgraphC8) {
   void* library = open_library();
   ASSERT_NE(library, nullptr);
-  const char* name = "sg_layer_check_errors";
-  EXPECT_NE(dlsym(library, name), nullptr) << name;
-  EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_8"), nullptr) << name << " is not in STEPGRAPH_C_8";
-  EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_7"), nullptr) << name << " is in STEPGRAPH_C_7";
+  expect_added_in(library, "sg_layer_check_errors", 8);
 }
 
 // API version 9's additions (language models, optimizer configs), in their own version node.
@@ -94,9 +92,7 @@ TEST(CapiExportsTest, Version9AdditionsAreExportedAsStepgraphC9) {
   for (const char* name : {"sg_language_model_config_default", "sg_language_model_create", "sg_optimizer_config_default",
                            "sg_optimizer_create", "sg_optimizer_loss_scale", "sg_optimizer_skipped_steps",
                            "sg_train_step_packing"}) {
-    EXPECT_NE(dlsym(library, name), nullptr) << name;
-    EXPECT_NE(dlvsym(library, name, "STEPGRAPH_C_9"), nullptr) << name << " is not in STEPGRAPH_C_9";
-    EXPECT_EQ(dlvsym(library, name, "STEPGRAPH_C_8"), nullptr) << name << " is in STEPGRAPH_C_8";
+    expect_added_in(library, name, 9);
   }
 }
 

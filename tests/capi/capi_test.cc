@@ -12,10 +12,9 @@
 #include <vector>
 
 #include "capi/stepgraph.h"
+#include "tests/capi/capi_test_support.h"
 
 namespace {
-
-#define ASSERT_SG_OK(call) ASSERT_EQ((call), SG_OK) << sg_last_error()
 
 std::string tensor_name(sg_tensor tensor) {
   char buffer[64];

@@ -16,10 +16,9 @@
 #include <vector>
 
 #include "capi/stepgraph.h"
+#include "tests/capi/capi_test_support.h"
 
 namespace {
-
-#define ASSERT_SG_OK(call) ASSERT_EQ((call), SG_OK) << sg_last_error()
 
 // The call fails with SG_ERROR_INVALID_ARGUMENT and a message holding every word.
 #define EXPECT_INVALID(call, ...)                                                            \
@@ -38,18 +37,6 @@ sg_linear_config fp32_linear_config(int64_t features) {
   config.in_features = config.out_features = features;
   config.dtype = SG_DTYPE_FLOAT32;
   return config;
-}
-
-// A one-block fp32 stack of hidden 8, ffn 16, vocab 16.
-sg_residual_stack_config small_fp32_stack_config() {
-  sg_residual_stack_config stack;
-  sg_residual_stack_config_default(&stack);
-  stack.hidden = 8;
-  stack.ffn = 16;
-  stack.layers = 1;
-  stack.vocab = 16;
-  stack.dtype = SG_DTYPE_FLOAT32;
-  return stack;
 }
 
 class CapiChecksTest : public ::testing::Test {

@@ -13,10 +13,9 @@
 #include <vector>
 
 #include "capi/stepgraph.h"
+#include "tests/capi/capi_test_support.h"
 
 namespace {
-
-#define ASSERT_SG_OK(call) ASSERT_EQ((call), SG_OK) << sg_last_error()
 
 void expect_error(sg_result result, const std::string& words) {
   EXPECT_NE(result, SG_OK);

@@ -28,10 +28,9 @@
 #include <vector>
 
 #include "capi/stepgraph.h"
+#include "tests/capi/capi_test_support.h"
 
 namespace {
-
-#define ASSERT_SG_OK(call) ASSERT_EQ((call), SG_OK) << sg_last_error()
 
 constexpr int64_t kGlobalTokens = 16;
 constexpr int64_t kHidden = 16;
@@ -261,13 +260,7 @@ TEST_F(WorldTest, TrainStepConfigIsVersioned) {
 
   sg_context ctx = nullptr;
   ASSERT_SG_OK(sg_context_create(SG_DEVICE_HOST, 0, &ctx));
-  sg_residual_stack_config model_config;
-  sg_residual_stack_config_default(&model_config);
-  model_config.hidden = 8;
-  model_config.ffn = 16;
-  model_config.layers = 1;
-  model_config.vocab = 16;
-  model_config.dtype = SG_DTYPE_FLOAT32;
+  const sg_residual_stack_config model_config = small_fp32_stack_config();
   sg_layer model = nullptr;
   ASSERT_SG_OK(sg_residual_stack_create(ctx, &model_config, &model));
   sg_optimizer_config options = SG_OPTIMIZER_CONFIG_INITIALIZER;

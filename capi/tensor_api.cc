@@ -77,6 +77,17 @@ std::shared_ptr<sg_tensor_s> tensor_of(sg_tensor tensor, const char* function) {
   return stepgraph::capi::handle_object(tensor, function, "tensor");
 }
 
+// The body of a tensor call that writes one value: the handle checked, then
+// `out` required, then `*out = read(tensor)`; an error names `function`.
+template <typename T, typename Read>
+sg_result read_tensor(const char* function, sg_tensor tensor, T* out, const Read& read) {
+  return run_guarded(function, [&] {
+    const auto t = tensor_of(tensor, function);
+    require(out, function, "out");
+    *out = read(*t);
+  });
+}
+
 }  // namespace
 
 extern "C" sg_result sg_cuda_device_count(int* count, char* reason, size_t capacity, size_t* length) {
@@ -236,11 +247,7 @@ extern "C" sg_result sg_tensor_destroy(sg_tensor tensor) {
 }
 
 extern "C" sg_result sg_tensor_rank(sg_tensor tensor, int* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto t = tensor_of(tensor, function);
-    require(out, function, "out");
-    *out = t->tensor.shape().rank();
-  });
+  return read_tensor(__func__, tensor, out, [](const sg_tensor_s& t) { return t.tensor.shape().rank(); });
 }
 
 extern "C" sg_result sg_tensor_dims(sg_tensor tensor, int64_t* dims, int capacity) {
@@ -254,19 +261,13 @@ extern "C" sg_result sg_tensor_dims(sg_tensor tensor, int64_t* dims, int capacit
 }
 
 extern "C" sg_result sg_tensor_dtype(sg_tensor tensor, sg_dtype* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto t = tensor_of(tensor, function);
-    require(out, function, "out");
-    *out = stepgraph::capi::from_dtype(t->tensor.dtype());
-  });
+  return read_tensor(__func__, tensor, out,
+                     [](const sg_tensor_s& t) { return stepgraph::capi::from_dtype(t.tensor.dtype()); });
 }
 
 extern "C" sg_result sg_tensor_device(sg_tensor tensor, sg_device* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto t = tensor_of(tensor, function);
-    require(out, function, "out");
-    *out = stepgraph::capi::to_c_device(t->ctx->device());
-  });
+  return read_tensor(__func__, tensor, out,
+                     [](const sg_tensor_s& t) { return stepgraph::capi::to_c_device(t.ctx->device()); });
 }
 
 // sg_storage mirrors StorageKind value for value.
@@ -274,35 +275,20 @@ static_assert(static_cast<int>(stepgraph::StorageKind::kPool) == SG_STORAGE_POOL
               static_cast<int>(stepgraph::StorageKind::kUnavailable) == SG_STORAGE_UNAVAILABLE);
 
 extern "C" sg_result sg_tensor_storage(sg_tensor tensor, sg_storage* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto t = tensor_of(tensor, function);
-    require(out, function, "out");
-    *out = static_cast<sg_storage>(t->tensor.storage());
-  });
+  return read_tensor(__func__, tensor, out,
+                     [](const sg_tensor_s& t) { return static_cast<sg_storage>(t.tensor.storage()); });
 }
 
 extern "C" sg_result sg_tensor_numel(sg_tensor tensor, int64_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto t = tensor_of(tensor, function);
-    require(out, function, "out");
-    *out = t->tensor.numel();
-  });
+  return read_tensor(__func__, tensor, out, [](const sg_tensor_s& t) { return t.tensor.numel(); });
 }
 
 extern "C" sg_result sg_tensor_bytes(sg_tensor tensor, int64_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto t = tensor_of(tensor, function);
-    require(out, function, "out");
-    *out = t->tensor.bytes();
-  });
+  return read_tensor(__func__, tensor, out, [](const sg_tensor_s& t) { return t.tensor.bytes(); });
 }
 
 extern "C" sg_result sg_tensor_data(sg_tensor tensor, void** out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto t = tensor_of(tensor, function);
-    require(out, function, "out");
-    *out = t->tensor.data();
-  });
+  return read_tensor(__func__, tensor, out, [](const sg_tensor_s& t) { return t.tensor.data(); });
 }
 
 extern "C" sg_result sg_tensor_name(sg_tensor tensor, char* buffer, size_t capacity, size_t* length) {

@@ -35,6 +35,17 @@ std::shared_ptr<CapturedStep> step_of(sg_graph graph, const char* function) {
   return capi::handle_object(graph, function, "graph")->step;
 }
 
+// The body of a graph call that writes one value: the handle checked, then
+// `out` required, then `*out = read(step)`; an error names `function`.
+template <typename T, typename Read>
+sg_result read_step(const char* function, sg_graph graph, T* out, const Read& read) {
+  return run_guarded(function, [&] {
+    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
+    require(out, function, "out");
+    *out = read(*owner);
+  });
+}
+
 std::shared_ptr<GraphCache> cache_of(sg_graph_cache cache, const char* function) {
   const std::shared_ptr<sg_graph_cache_s> owner = capi::handle_object(cache, function, "cache");
   return {owner, &owner->cache};  // aliases the handle's object
@@ -156,12 +167,7 @@ extern "C" sg_result sg_graph_replay_ordered(sg_graph graph, const sg_tensor* st
 }
 
 extern "C" sg_result sg_graph_output_count(sg_graph graph, size_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
-    const CapturedStep& step = *owner;
-    require(out, function, "out");
-    *out = step.outputs().size();
-  });
+  return read_step(__func__, graph, out, [](const CapturedStep& step) { return step.outputs().size(); });
 }
 
 extern "C" sg_result sg_graph_output(sg_graph graph, size_t index, sg_tensor* out) {
@@ -177,30 +183,15 @@ extern "C" sg_result sg_graph_output(sg_graph graph, size_t index, sg_tensor* ou
 }
 
 extern "C" sg_result sg_graph_replay_count(sg_graph graph, int64_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
-    const CapturedStep& step = *owner;
-    require(out, function, "out");
-    *out = step.replay_count();
-  });
+  return read_step(__func__, graph, out, [](const CapturedStep& step) { return step.replay_count(); });
 }
 
 extern "C" sg_result sg_graph_segment_count(sg_graph graph, size_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
-    const CapturedStep& step = *owner;
-    require(out, function, "out");
-    *out = step.segment_count();
-  });
+  return read_step(__func__, graph, out, [](const CapturedStep& step) { return step.segment_count(); });
 }
 
 extern "C" sg_result sg_graph_pool_bytes(sg_graph graph, int64_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<CapturedStep> owner = step_of(graph, function);
-    const CapturedStep& step = *owner;
-    require(out, function, "out");
-    *out = step.pool_bytes();
-  });
+  return read_step(__func__, graph, out, [](const CapturedStep& step) { return step.pool_bytes(); });
 }
 
 extern "C" sg_result sg_graph_pool_report_count(sg_graph graph, size_t* count, int64_t* bytes) {

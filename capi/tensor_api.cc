@@ -77,6 +77,17 @@ std::shared_ptr<sg_tensor_s> tensor_of(sg_tensor tensor, const char* function) {
   return stepgraph::capi::handle_object(tensor, function, "tensor");
 }
 
+// The body of a context call that writes one value: the handle checked, then
+// `out` required, then `*out = read(context)`; an error names `function`.
+template <typename T, typename Read>
+sg_result read_context(const char* function, sg_context ctx, T* out, const Read& read) {
+  return run_guarded(function, [&] {
+    const std::shared_ptr<Context> context = stepgraph::capi::context_of(ctx, function);
+    require(out, function, "out");
+    *out = read(*context);
+  });
+}
+
 // The body of a tensor call that writes one value: the handle checked, then
 // `out` required, then `*out = read(tensor)`; an error names `function`.
 template <typename T, typename Read>
@@ -113,27 +124,16 @@ extern "C" sg_result sg_context_destroy(sg_context ctx) {
 }
 
 extern "C" sg_result sg_context_device(sg_context ctx, sg_device* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
-    require(out, function, "out");
-    *out = stepgraph::capi::to_c_device(context->device());
-  });
+  return read_context(__func__, ctx, out,
+                      [](const Context& context) { return stepgraph::capi::to_c_device(context.device()); });
 }
 
 extern "C" sg_result sg_context_stream_count(sg_context ctx, int* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
-    require(out, function, "out");
-    *out = context->stream_count();
-  });
+  return read_context(__func__, ctx, out, [](const Context& context) { return context.stream_count(); });
 }
 
 extern "C" sg_result sg_context_cuda_stream(sg_context ctx, int index, void** out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
-    require(out, function, "out");
-    *out = context->cuda_stream(index);
-  });
+  return read_context(__func__, ctx, out, [&](const Context& context) { return context.cuda_stream(index); });
 }
 
 extern "C" sg_result sg_context_synchronize(sg_context ctx) {
@@ -182,11 +182,7 @@ extern "C" sg_result sg_context_set_communication_stream(sg_context ctx, int ind
 }
 
 extern "C" sg_result sg_context_communication_stream(sg_context ctx, int* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<stepgraph::Context> context = stepgraph::capi::context_of(ctx, function);
-    require(out, function, "out");
-    *out = context->communication_stream();
-  });
+  return read_context(__func__, ctx, out, [](const Context& context) { return context.communication_stream(); });
 }
 
 extern "C" sg_result sg_context_set_gemm_algorithms(sg_context ctx, const char* choice) {

@@ -87,6 +87,17 @@ sg_optimizer_config default_optimizer_config() {
   return c;
 }
 
+// The body of an optimizer call that writes one value: the handle checked,
+// then `out` required, then `*out = read(state)`; an error names `function`.
+template <typename T, typename Read>
+sg_result read_optimizer(const char* function, sg_optimizer optimizer, T* out, const Read& read) {
+  return run_guarded(function, [&] {
+    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
+    require(out, function, "out");
+    *out = read(*state);
+  });
+}
+
 }  // namespace
 
 extern "C" void sg_optimizer_config_default(sg_optimizer_config* config) {
@@ -142,18 +153,14 @@ extern "C" sg_result sg_optimizer_create(sg_context ctx, const sg_layer* layers,
 }
 
 extern "C" sg_result sg_optimizer_skipped_steps(sg_optimizer optimizer, int64_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
-    require(out, function, "out");
-    *out = state->adamw->skips_nonfinite() ? state->adamw->skipped_steps(*state->ctx) : 0;
+  return read_optimizer(__func__, optimizer, out, [](const capi::OptimizerState& state) {
+    return state.adamw->skips_nonfinite() ? state.adamw->skipped_steps(*state.ctx) : 0;
   });
 }
 
 extern "C" sg_result sg_optimizer_loss_scale(sg_optimizer optimizer, float* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
-    require(out, function, "out");
-    *out = state->adamw->scales_loss() ? state->adamw->loss_scale(*state->ctx) : 1.0f;
+  return read_optimizer(__func__, optimizer, out, [](const capi::OptimizerState& state) {
+    return state.adamw->scales_loss() ? state.adamw->loss_scale(*state.ctx) : 1.0f;
   });
 }
 
@@ -165,11 +172,8 @@ extern "C" sg_result sg_optimizer_set_lr(sg_optimizer optimizer, float lr) {
 }
 
 extern "C" sg_result sg_optimizer_lr(sg_optimizer optimizer, float* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
-    require(out, function, "out");
-    *out = state->adamw->lr(*state->ctx);
-  });
+  return read_optimizer(__func__, optimizer, out,
+                        [](const capi::OptimizerState& state) { return state.adamw->lr(*state.ctx); });
 }
 
 extern "C" sg_result sg_optimizer_destroy(sg_optimizer optimizer) {
@@ -184,11 +188,8 @@ extern "C" sg_result sg_optimizer_step(sg_optimizer optimizer) {
 }
 
 extern "C" sg_result sg_optimizer_steps_taken(sg_optimizer optimizer, int64_t* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const auto state = capi::handle_object(optimizer, function, "optimizer")->state;
-    require(out, function, "out");
-    *out = state->adamw->steps_taken(*state->ctx);
-  });
+  return read_optimizer(__func__, optimizer, out,
+                        [](const capi::OptimizerState& state) { return state.adamw->steps_taken(*state.ctx); });
 }
 
 namespace {

@@ -44,6 +44,17 @@ std::shared_ptr<capi::WorldState> world_of(sg_world world, const char* function)
   return capi::handle_object(world, function, "world")->state;
 }
 
+// The body of a world call that writes one value: the handle checked, then
+// `out` required, then `*out = read(state)`; an error names `function`.
+template <typename T, typename Read>
+sg_result read_world(const char* function, sg_world world, T* out, const Read& read) {
+  return run_guarded(function, [&] {
+    const std::shared_ptr<capi::WorldState> state = world_of(world, function);
+    require(out, function, "out");
+    *out = read(*state);
+  });
+}
+
 }  // namespace
 
 extern "C" sg_result sg_world_init(sg_device device, double timeout_seconds, sg_world* out) {
@@ -86,27 +97,15 @@ extern "C" sg_result sg_world_split(sg_world world, int color, int key, sg_world
 extern "C" sg_result sg_world_destroy(sg_world world) { return capi::destroy_handle(world, __func__, "world"); }
 
 extern "C" sg_result sg_world_rank(sg_world world, int* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<capi::WorldState> state = world_of(world, function);
-    require(out, function, "out");
-    *out = state->launch.rank;
-  });
+  return read_world(__func__, world, out, [](const capi::WorldState& state) { return state.launch.rank; });
 }
 
 extern "C" sg_result sg_world_size(sg_world world, int* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<capi::WorldState> state = world_of(world, function);
-    require(out, function, "out");
-    *out = state->launch.world_size;
-  });
+  return read_world(__func__, world, out, [](const capi::WorldState& state) { return state.launch.world_size; });
 }
 
 extern "C" sg_result sg_world_local_rank(sg_world world, int* out) {
-  return run_guarded(__func__, [&, function = __func__] {
-    const std::shared_ptr<capi::WorldState> state = world_of(world, function);
-    require(out, function, "out");
-    *out = state->launch.local_rank;
-  });
+  return read_world(__func__, world, out, [](const capi::WorldState& state) { return state.launch.local_rank; });
 }
 
 extern "C" sg_result sg_world_describe(sg_world world, char* buffer, size_t capacity, size_t* length) {

@@ -236,10 +236,8 @@ TEST(GroupedLinearCudaTest, CudaMatchesHostForwardAndEveryGradient) {
   Ints splits(kExperts, 0);  // random, with empty experts
   std::uniform_int_distribution<int> pick(0, kExperts - 1);
   for (std::int64_t t = 0; t < kTokens; ++t) ++splits[pick(rng) % 5 == 0 ? 7 : pick(rng) / 2];
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<float> x_values(kTokens * kIn), dy_values(kTokens * kOut);
-  for (float& v : x_values) v = uniform(rng);
-  for (float& v : dy_values) v = uniform(rng);
+  const std::vector<float> x_values = testing::uniform_values(kTokens * kIn, rng, -1.0f, 1.0f);
+  const std::vector<float> dy_values = testing::uniform_values(kTokens * kOut, rng, -1.0f, 1.0f);
 
   struct Result {
     std::vector<float> y, dx;

@@ -145,12 +145,10 @@ void expect_graph_equals_eager(Device device, DType dtype, int replays) {
   auto bytes_of = [&](const Tensor& t) { return testing::raw_bytes(ctx, t); };
   auto grads = [&] { return testing::grad_bytes(ctx, layer); };
   testing::SeededRng rng;
-  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
   std::set<std::vector<std::int32_t>> distinct_splits;
   for (int replay = 0; replay < replays; ++replay) {
-    std::vector<float> xs(kTokens * kHidden), dys(kTokens * kHidden);
-    for (float& v : xs) v = uniform(rng);
-    for (float& v : dys) v = uniform(rng);
+    const std::vector<float> xs = testing::uniform_values(kTokens * kHidden, rng, -2.0f, 2.0f);
+    const std::vector<float> dys = testing::uniform_values(kTokens * kHidden, rng, -2.0f, 2.0f);
     write_floats(ctx, x, xs);
     write_floats(ctx, dy, dys);
     const std::vector<Tensor> eager = step();
@@ -240,10 +238,8 @@ TEST(MoEMLPCudaTest, CudaMatchesHost) {
     SCOPED_TRACE("k=" + std::to_string(topk));
     constexpr std::int64_t kTokens = 200, kHidden = 64;
     testing::SeededRng rng;
-    std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
-    std::vector<float> xs(kTokens * kHidden), dys(kTokens * kHidden);
-    for (float& v : xs) v = uniform(rng);
-    for (float& v : dys) v = uniform(rng);
+    const std::vector<float> xs = testing::uniform_values(kTokens * kHidden, rng, -2.0f, 2.0f);
+    const std::vector<float> dys = testing::uniform_values(kTokens * kHidden, rng, -2.0f, 2.0f);
     struct Result {
       std::vector<float> y, dx;
       std::vector<std::int32_t> experts;

@@ -73,10 +73,8 @@ TEST(MultiheadAttentionHostTest, PackedSequencesEqualTheSequencesOneByOne) {
   MultiheadAttention layer(ctx, "attn", small_config(DType::kFloat32), 5);
   constexpr std::int64_t kHidden = 16;
   const std::vector<std::int32_t> cu{0, 5, 5, 12};
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<float> xs(12 * kHidden), dys(12 * kHidden);
-  for (float& v : xs) v = uniform(rng);
-  for (float& v : dys) v = uniform(rng);
+  const std::vector<float> xs = testing::uniform_values(12 * kHidden, rng, -1.0f, 1.0f);
+  const std::vector<float> dys = testing::uniform_values(12 * kHidden, rng, -1.0f, 1.0f);
   auto run = [&](std::int64_t first, std::int64_t tokens, const std::vector<std::int32_t>& pack) {
     const Tensor x = ctx.persistent("x", {Shape{tokens, kHidden}, DType::kFloat32});
     const Tensor dy = ctx.persistent("dy", {Shape{tokens, kHidden}, DType::kFloat32});
@@ -130,11 +128,9 @@ void expect_graph_equals_eager(Device device, DType dtype, const MultiheadAttent
   auto captured = CapturedStep::capture(ctx, step, {.pool_report_policy = PoolReportPolicy::kError});
   auto bytes_of = [&](const Tensor& t) { return testing::raw_bytes(ctx, t); };
   auto grads = [&] { return testing::grad_bytes(ctx, layer); };
-  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
   for (int replay = 0; replay < replays; ++replay) {
-    std::vector<float> xs(tokens * config.hidden), dys(tokens * config.hidden);
-    for (float& v : xs) v = uniform(rng);
-    for (float& v : dys) v = uniform(rng);
+    const std::vector<float> xs = testing::uniform_values(tokens * config.hidden, rng, -2.0f, 2.0f);
+    const std::vector<float> dys = testing::uniform_values(tokens * config.hidden, rng, -2.0f, 2.0f);
     write_floats(ctx, x, xs);
     write_floats(ctx, dy, dys);
     write_values(ctx, cu, random_packing(rng, static_cast<std::int32_t>(tokens), sequences));

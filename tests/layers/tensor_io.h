@@ -75,4 +75,12 @@ inline std::vector<float> random_values(std::int64_t count, std::mt19937& rng, f
   return out;
 }
 
+// `count` values uniform in [low, high).
+inline std::vector<float> uniform_values(std::int64_t count, std::mt19937& rng, float low, float high) {
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<float> out(static_cast<std::size_t>(count));
+  for (float& v : out) v = uniform(rng);
+  return out;
+}
+
 }  // namespace stepgraph::testing

@@ -41,6 +41,16 @@ std::pair<Tensor, Tensor> upload_inputs(Context& ctx, std::int64_t tokens, std::
   return {x, dy};
 }
 
+// Seeded inputs of an FP8 test: x [tokens, in] of standard deviation 1 and
+// dy [tokens, out] of 0.01. While it lives, a failure prints its seed.
+struct SeededInputs {
+  SeededInputs(std::int64_t tokens, std::int64_t in, std::int64_t out, const char* file = __builtin_FILE(),
+               int line = __builtin_LINE())
+      : rng(file, line), x(random_values(tokens * in, rng, 1.0f)), dy(random_values(tokens * out, rng, 0.01f)) {}
+  testing::SeededRng rng;
+  const std::vector<float> x, dy;
+};
+
 // A Linear step's results as floats: y, dx and the weight and bias gradients.
 struct Outputs {
   std::vector<float> y, dx, dw, db;
@@ -52,15 +62,12 @@ Outputs outputs_of(Context& ctx, Linear& layer, const Tensor& y, const Tensor& d
 }
 
 TEST(Fp8LinearTest, ForwardAndBackwardStayWithinFp8ErrorOfBf16) {
-  const testing::TestSeed seed;
-  std::mt19937 rng(seed.value());
   const std::int64_t tokens = 64, in = 96, out = 48;
-  const std::vector<float> x_values = random_values(tokens * in, rng, 1.0f);
-  const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
+  const SeededInputs inputs(tokens, in, out);
   auto run = [&](std::optional<Fp8Recipe> fp8) {
     Context ctx(Device::kHost);
     Linear layer(ctx, "fc", {.in_features = in, .out_features = out, .bias = true, .fp8 = fp8}, 7);
-    const auto [x, dy] = upload_inputs(ctx, tokens, in, out, x_values, dy_values);
+    const auto [x, dy] = upload_inputs(ctx, tokens, in, out, inputs.x, inputs.dy);
     const Linear::Forward f = layer.forward(ctx, {x});
     if (fp8) {
       EXPECT_EQ(f.saved.x_fp8_t.shape(), (Shape{in, tokens}));
@@ -140,16 +147,13 @@ TEST(Fp8LinearTest, BlockScalingStaysWithinFp8ErrorOfBf16) {
 // LayerNormLinear carries the recipe in its LinearConfig: the norm runs in
 // bf16, the projection in FP8.
 TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
-  const testing::TestSeed seed;
-  std::mt19937 rng(seed.value());
   const std::int64_t tokens = 32, hidden = 64, out = 32;
-  const std::vector<float> x_values = random_values(tokens * hidden, rng, 1.0f);
-  const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
+  const SeededInputs inputs(tokens, hidden, out);
   auto run = [&](std::optional<Fp8Recipe> fp8) {
     Context ctx(Device::kHost);
     LayerNormLinear layer(
         ctx, "lnl", {.linear = {.in_features = hidden, .out_features = out, .bias = false, .fp8 = fp8}}, 3);
-    const auto [x, dy] = upload_inputs(ctx, tokens, hidden, out, x_values, dy_values);
+    const auto [x, dy] = upload_inputs(ctx, tokens, hidden, out, inputs.x, inputs.dy);
     const LayerNormLinear::Forward f = layer.forward(ctx, {x});
     EXPECT_EQ(f.saved.linear.x_fp8_t.defined(), fp8.has_value());
     const Tensor dx = layer.backward(ctx, f.saved, {dy});
@@ -241,15 +245,12 @@ void expect_fp8_mlp_graph_equals_eager(Device device, const Fp8Recipe& recipe, i
 }
 
 TEST(Fp8LayerNormMLPTest, StaysWithinFp8ErrorOfBf16) {
-  const testing::TestSeed seed;
-  std::mt19937 rng(seed.value());
   const std::int64_t tokens = 128, hidden = 128, ffn = 256;
-  const std::vector<float> x_values = random_values(tokens * hidden, rng, 1.0f);
-  const std::vector<float> dy_values = random_values(tokens * hidden, rng, 0.01f);
+  const SeededInputs inputs(tokens, hidden, hidden);
   auto run = [&](std::optional<Fp8Recipe> fp8) {
     Context ctx(Device::kHost);
     LayerNormMLP layer(ctx, "mlp", {.hidden = hidden, .ffn = ffn, .fp8 = fp8}, 3);
-    const auto [x, dy] = upload_inputs(ctx, tokens, hidden, hidden, x_values, dy_values);
+    const auto [x, dy] = upload_inputs(ctx, tokens, hidden, hidden, inputs.x, inputs.dy);
     const LayerNormMLP::Forward f = layer.forward(ctx, {x});
     const Tensor dx = layer.backward(ctx, f.saved, {dy});
     std::vector<std::vector<float>> out{read_floats(ctx, f.y), read_floats(ctx, dx)};
@@ -343,18 +344,15 @@ TEST(Fp8LayerNormMLPTest, FusedOperandsEqualTheLinearsOwnQuantizeOnTheHost) {
 // LayerNormLinear's norm writing its Linear's FP8 input: the same bits as the
 // Linear's own quantize (one step; the MLP test above covers the scales' evolution).
 TEST(Fp8LinearTest, LayerNormLinearFusedNormEqualsTheLinearsOwnQuantize) {
-  const testing::TestSeed seed;
-  std::mt19937 rng(seed.value());
   const std::int64_t tokens = 32, hidden = 64, out = 48;
-  const std::vector<float> x_values = random_values(tokens * hidden, rng, 1.0f);
-  const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
+  const SeededInputs inputs(tokens, hidden, out);
   for (const Fp8Recipe& recipe : {Fp8Recipe::current(), Fp8Recipe::delayed(4)}) {
     SCOPED_TRACE(recipe.to_string());
     auto run = [&](bool fused) {
       Context ctx(Device::kHost);
       LayerNormLinear layer(
           ctx, "lnl", {.linear = {.in_features = hidden, .out_features = out, .fp8 = recipe}, .fp8_fused = fused}, 3);
-      const auto [x, dy] = upload_inputs(ctx, tokens, hidden, out, x_values, dy_values);
+      const auto [x, dy] = upload_inputs(ctx, tokens, hidden, out, inputs.x, inputs.dy);
       const LayerNormLinear::Forward f = layer.forward(ctx, {x});
       const Tensor dx = layer.backward(ctx, f.saved, {dy});
       std::vector<std::vector<float>> all{read_floats(ctx, f.y), read_floats(ctx, dx)};
@@ -377,15 +375,12 @@ TEST(Fp8LayerNormMLPTest, FusedOperandsEqualTheLinearsOwnQuantizeOnTheGpu) {
 // takes, so its y, dx and gradients equal current scaling's bit for bit; the
 // first step (scale 1, nothing seen yet) differs and stays within FP8's error.
 TEST(Fp8LinearTest, DelayedScalingScalesWithTheEarlierStepsAmaxes) {
-  const testing::TestSeed seed;
-  std::mt19937 rng(seed.value());
   const std::int64_t tokens = 32, in = 64, out = 48;
-  const std::vector<float> x_values = random_values(tokens * in, rng, 1.0f);
-  const std::vector<float> dy_values = random_values(tokens * out, rng, 0.01f);
+  const SeededInputs inputs(tokens, in, out);
   auto run = [&](const Fp8Recipe& recipe, int steps) {
     Context ctx(Device::kHost);
     Linear layer(ctx, "fc", {.in_features = in, .out_features = out, .bias = true, .fp8 = recipe}, 9);
-    const auto [x, dy] = upload_inputs(ctx, tokens, in, out, x_values, dy_values);
+    const auto [x, dy] = upload_inputs(ctx, tokens, in, out, inputs.x, inputs.dy);
     std::vector<Outputs> out_steps;
     for (int i = 0; i < steps; ++i) {
       const Linear::Forward f = layer.forward(ctx, {x});

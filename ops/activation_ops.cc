@@ -12,16 +12,6 @@ namespace stepgraph::ops {
 namespace {
 
 template <typename F>
-struct GeluOperands {
-  F x;
-};
-
-template <typename F, typename V>
-void visit_operands(const NoParams&, GeluOperands<F>& o, V& v) {
-  v({"x"}, o.x);
-}
-
-template <typename F>
 struct GeluBackwardOperands {
   F dy;
   F x;  // the forward's input
@@ -69,16 +59,16 @@ const OpDef& gelu_op() {
       .name = kGelu,
       .check =
           [](const OpParams&, std::span<const TensorMeta> in) {
-            return check_same(kGelu, bind_metas<GeluOperands>(kGelu, NoParams{}, in).x, nullptr, "");
+            return check_same(kGelu, bind_metas<ReadOperand>(kGelu, NoParams{}, in).x, nullptr, "");
           },
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            const Operand x = bind_args<GeluOperands>(NoParams{}, a).x;
+            const Operand x = bind_args<ReadOperand>(NoParams{}, a).x;
             kernels::launch_gelu_forward(x.dtype(), x.data, a.outputs[0], x.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            const Operand x = bind_args<GeluOperands>(NoParams{}, a).x;
+            const Operand x = bind_args<ReadOperand>(NoParams{}, a).x;
             kernels::host::gelu_forward(x.dtype(), x.data, a.outputs[0], x.numel());
           },
   };
@@ -133,7 +123,7 @@ const OpDef& residual_add_op() {
 SG_REGISTER_OP(residual_add_op);
 
 Tensor gelu(Context& ctx, const Tensor& x) {
-  return ctx.call(gelu_op(), NoParams{}, flatten(kGelu, NoParams{}, GeluOperands<Tensor>{x})).front();
+  return ctx.call(gelu_op(), NoParams{}, flatten(kGelu, NoParams{}, ReadOperand<Tensor>{x})).front();
 }
 
 Tensor gelu_backward(Context& ctx, const Tensor& dy, const Tensor& x) {

@@ -32,16 +32,8 @@ struct CollectiveParams {
 
 using P2P = CollectiveParams::PointToPoint;
 
-// The tensor a collective reads (all_reduce, reduce_scatter, all_gather, send, send_recv).
-template <typename F>
-struct SourceOperands {
-  F x;
-};
-
-template <typename F, typename V>
-void visit_operands(const CollectiveParams&, SourceOperands<F>& o, V& v) {
-  v({"x"}, o.x);
-}
+// A collective that reads its source (all_reduce, reduce_scatter, all_gather, send, send_recv)
+// takes ReadOperand (ops/operands.h).
 
 // The tensor an in-place collective reads and writes (all_reduce_, broadcast_).
 template <typename F>
@@ -81,12 +73,6 @@ void visit_operands(const CollectiveParams&, ManyOperands<F>& o, V& v) {
 }
 
 // recv reads nothing.
-template <typename F>
-struct NoOperands {};
-
-template <typename F, typename V>
-void visit_operands(const CollectiveParams&, NoOperands<F>&, V&) {}
-
 CollectiveParams params_for(Context& ctx, Communicator& comm, std::string_view what, ReduceOp op = ReduceOp::kSum,
                             int peer = -1, P2P p2p = P2P::kNone, TensorMeta meta = {}) {
   comm.check_device(ctx.device(), what);
@@ -111,7 +97,7 @@ CollectiveCall collective_call(const OpParams& params) {
 }
 
 // The one tensor a collective reads (or writes in place), after the count check.
-template <template <typename> class Operands = SourceOperands>
+template <template <typename> class Operands = ReadOperand>
 TensorMeta x_of(std::string_view op, const OpParams& params, std::span<const TensorMeta> inputs) {
   return bind_metas<Operands>(op, of(params), inputs).x;
 }
@@ -145,12 +131,12 @@ void visit_operands(const CollectiveParams&, Received<F>& o, V& v) {
   v({"out"}, o.out);
 }
 
-Operand source(const OpParams& p, const KernelArgs& a) { return bind_args<SourceOperands>(of(p), a).x; }
+Operand source(const OpParams& p, const KernelArgs& a) { return bind_args<ReadOperand>(of(p), a).x; }
 Operand received(const OpParams& p, const KernelArgs& a) { return bind_outputs<Received>(of(p), a).out; }
 
 // Runs the call on the communicator: `stream` is null on host.
 void all_reduce_run(const OpParams& p, const KernelArgs& a, CUstream_st* stream, bool in_place) {
-  const Operand x = in_place ? bind_args<InPlaceOperands>(of(p), a).x : bind_args<SourceOperands>(of(p), a).x;
+  const Operand x = in_place ? bind_args<InPlaceOperands>(of(p), a).x : bind_args<ReadOperand>(of(p), a).x;
   comm_of(p).all_reduce(x.data, in_place ? x.data : received(p, a).data, x.numel(), x.dtype(), of(p).op, stream);
 }
 
@@ -392,7 +378,7 @@ SG_REGISTER_OP(send_recv_op);
 
 Tensor all_reduce(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
   const CollectiveParams p = params_for(ctx, comm, "all_reduce", op);
-  return ctx.call(all_reduce_op(), p, flatten("all_reduce", p, SourceOperands<Tensor>{x}))[0];
+  return ctx.call(all_reduce_op(), p, flatten("all_reduce", p, ReadOperand<Tensor>{x}))[0];
 }
 
 void all_reduce_(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
@@ -407,7 +393,7 @@ void all_reduce_many_(Context& ctx, Communicator& comm, const std::vector<Tensor
 
 Tensor reduce_scatter(Context& ctx, Communicator& comm, const Tensor& x, ReduceOp op) {
   const CollectiveParams p = params_for(ctx, comm, "reduce_scatter", op);
-  return ctx.call(reduce_scatter_op(), p, flatten("reduce_scatter", p, SourceOperands<Tensor>{x}))[0];
+  return ctx.call(reduce_scatter_op(), p, flatten("reduce_scatter", p, ReadOperand<Tensor>{x}))[0];
 }
 
 void reduce_scatter_into_(Context& ctx, Communicator& comm, const Tensor& x, const Tensor& out, ReduceOp op) {
@@ -418,7 +404,7 @@ void reduce_scatter_into_(Context& ctx, Communicator& comm, const Tensor& x, con
 
 Tensor all_gather(Context& ctx, Communicator& comm, const Tensor& x) {
   const CollectiveParams p = params_for(ctx, comm, "all_gather");
-  return ctx.call(all_gather_op(), p, flatten("all_gather", p, SourceOperands<Tensor>{x}))[0];
+  return ctx.call(all_gather_op(), p, flatten("all_gather", p, ReadOperand<Tensor>{x}))[0];
 }
 
 void broadcast_(Context& ctx, Communicator& comm, const Tensor& x, int root) {
@@ -432,7 +418,7 @@ void send(Context& ctx, Communicator& comm, const Tensor& x, int peer) {
   SG_CHECK(peer >= 0 && peer < comm.world_size() && peer != comm.rank(), "send: peer must be another rank in [0, ",
            comm.world_size(), "), got ", peer, " on rank ", comm.rank());
   const CollectiveParams p = params_for(ctx, comm, "send", ReduceOp::kSum, peer, P2P::kSend);
-  ctx.call(send_op(), p, flatten("send", p, SourceOperands<Tensor>{x}));
+  ctx.call(send_op(), p, flatten("send", p, ReadOperand<Tensor>{x}));
 }
 
 Tensor recv(Context& ctx, Communicator& comm, const TensorMeta& meta, int peer) {
@@ -453,7 +439,7 @@ Tensor send_recv(Context& ctx, Communicator& comm, const Tensor& x, int to, int 
   }
   CollectiveParams params = params_for(ctx, comm, "send_recv", ReduceOp::kSum, to, P2P::kSendRecv);
   params.from = from;
-  return ctx.call(send_recv_op(), params, flatten("send_recv", params, SourceOperands<Tensor>{x}))[0];
+  return ctx.call(send_recv_op(), params, flatten("send_recv", params, ReadOperand<Tensor>{x}))[0];
 }
 
 }  // namespace stepgraph::ops

@@ -41,24 +41,8 @@ struct AxpyParams {
 
 // --- operands ---------------------------------------------------------------------
 
-template <typename F>
-struct NoOperands {};  // fill
-
 template <typename F, typename V>
-void visit_operands(const FillParams&, NoOperands<F>&, V&) {}
-
-template <typename F>
-struct UnaryOperands {
-  F x;
-};
-
-template <typename F, typename V>
-void visit_operands(const NoParams&, UnaryOperands<F>& o, V& v) {
-  v({"x"}, o.x);
-}
-
-template <typename F, typename V>
-void visit_operands(const CastParams&, UnaryOperands<F>& o, V& v) {
+void visit_operands(const CastParams&, ReadOperand<F>& o, V& v) {
   v({"x"}, o.x);
 }
 
@@ -135,7 +119,7 @@ std::vector<TensorMeta> check_fill(const OpParams& params, std::span<const Tenso
 }
 
 std::vector<TensorMeta> check_copy(const OpParams&, std::span<const TensorMeta> inputs) {
-  const auto o = bind_metas<UnaryOperands>("copy", NoParams{}, inputs);
+  const auto o = bind_metas<ReadOperand>("copy", NoParams{}, inputs);
   return check_fp32_alike("copy", {{"x", o.x}}, 1);
 }
 
@@ -157,13 +141,13 @@ std::vector<TensorMeta> check_axpy(const OpParams& params, std::span<const Tenso
 }
 
 std::vector<TensorMeta> check_sum(const OpParams&, std::span<const TensorMeta> inputs) {
-  const auto o = bind_metas<UnaryOperands>("sum", NoParams{}, inputs);
+  const auto o = bind_metas<ReadOperand>("sum", NoParams{}, inputs);
   check_fp32_alike("sum", {{"x", o.x}}, 0);
   return {TensorMeta{Shape{}, DType::kFloat32}};
 }
 
 std::vector<TensorMeta> check_column_sum(const OpParams&, std::span<const TensorMeta> inputs) {
-  const TensorMeta x = bind_metas<UnaryOperands>("column_sum", NoParams{}, inputs).x;
+  const TensorMeta x = bind_metas<ReadOperand>("column_sum", NoParams{}, inputs).x;
   SG_CHECK(x.shape.rank() == 2, "op column_sum: x must be 2-D [rows, cols], got ", x.shape);
   SG_CHECK(x.dtype == DType::kFloat32 || x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat16,
            "op column_sum: x must be fp32, bf16 or fp16, got ", dtype_name(x.dtype));
@@ -172,7 +156,7 @@ std::vector<TensorMeta> check_column_sum(const OpParams&, std::span<const Tensor
 
 std::vector<TensorMeta> check_cast(const OpParams& params, std::span<const TensorMeta> inputs) {
   const auto& p = params.as<CastParams>();
-  const TensorMeta x = bind_metas<UnaryOperands>("cast", p, inputs).x;
+  const TensorMeta x = bind_metas<ReadOperand>("cast", p, inputs).x;
   for (DType dtype : {x.dtype, p.to}) {
     SG_CHECK_CODE(dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16,
                   ErrorCode::kUnsupported, "op cast: dtype ", dtype_name(dtype),
@@ -187,7 +171,7 @@ float* out_f32(const KernelArgs& args) { return static_cast<float*>(args.outputs
 float* f32(const Operand& operand) { return operand.as<float>(); }
 
 // The unary ops' x (NoParams).
-Operand x_of(const KernelArgs& a) { return bind_args<UnaryOperands>(NoParams{}, a).x; }
+Operand x_of(const KernelArgs& a) { return bind_args<ReadOperand>(NoParams{}, a).x; }
 
 constexpr char kAxpy[] = "axpy";
 constexpr char kAxpyInplace[] = "axpy_";
@@ -359,13 +343,13 @@ const OpDef& cast_op() {
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
             const auto& p = params.as<CastParams>();
-            const Operand x = bind_args<UnaryOperands>(p, a).x;
+            const Operand x = bind_args<ReadOperand>(p, a).x;
             kernels::launch_cast(x.dtype(), p.to, x.data, a.outputs[0], x.numel(), s);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<CastParams>();
-            const Operand x = bind_args<UnaryOperands>(p, a).x;
+            const Operand x = bind_args<ReadOperand>(p, a).x;
             kernels::host::cast(x.dtype(), p.to, x.data, a.outputs[0], x.numel());
           },
   };
@@ -403,14 +387,14 @@ Tensor call(Context& ctx, const OpDef& op, const Params& params, Operands<Tensor
 }  // namespace
 
 Tensor cast(Context& ctx, const Tensor& x, DType dtype) {
-  return call(ctx, cast_op(), CastParams{dtype}, UnaryOperands<Tensor>{x});
+  return call(ctx, cast_op(), CastParams{dtype}, ReadOperand<Tensor>{x});
 }
 
 Tensor fill(Context& ctx, const TensorMeta& meta, float value) {
   return call(ctx, fill_op(), FillParams{meta, value}, NoOperands<Tensor>{});
 }
 
-Tensor copy(Context& ctx, const Tensor& x) { return call(ctx, copy_op(), NoParams{}, UnaryOperands<Tensor>{x}); }
+Tensor copy(Context& ctx, const Tensor& x) { return call(ctx, copy_op(), NoParams{}, ReadOperand<Tensor>{x}); }
 
 void copy_(Context& ctx, const Tensor& dst, const Tensor& src) {
   ctx.call(copy_inplace_op(), NoParams{},
@@ -434,10 +418,10 @@ Tensor mul(Context& ctx, const Tensor& a, const Tensor& b) {
   return call(ctx, mul_op(), NoParams{}, BinaryOperands<Tensor>{.a = a, .b = b});
 }
 
-Tensor sum(Context& ctx, const Tensor& x) { return call(ctx, sum_op(), NoParams{}, UnaryOperands<Tensor>{x}); }
+Tensor sum(Context& ctx, const Tensor& x) { return call(ctx, sum_op(), NoParams{}, ReadOperand<Tensor>{x}); }
 
 Tensor column_sum(Context& ctx, const Tensor& x) {
-  return call(ctx, column_sum_op(), NoParams{}, UnaryOperands<Tensor>{x});
+  return call(ctx, column_sum_op(), NoParams{}, ReadOperand<Tensor>{x});
 }
 
 float item(Context& ctx, const Tensor& x) {

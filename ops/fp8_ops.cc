@@ -301,16 +301,6 @@ namespace {
 // --- amax, scales, delayed scaling, flag counts ------------------------------------
 
 template <typename F>
-struct AmaxOperands {
-  F x;  // [rows, cols] (or [..., cols])
-};
-
-template <typename F, typename V>
-void visit_operands(const NoParams&, AmaxOperands<F>& o, V& v) {
-  v({"x"}, o.x);
-}
-
-template <typename F>
 struct ScaleFromAmaxOperands {
   F amax;  // fp32 [1]
 };
@@ -368,7 +358,7 @@ constexpr std::string_view kDelayed = "delayed_scaling_update_";
 constexpr std::string_view kCountFlags = "count_flags_";
 
 std::vector<TensorMeta> check_amax(const OpParams&, std::span<const TensorMeta> inputs) {
-  const auto o = bind_metas<AmaxOperands>(kAmax, NoParams{}, inputs);
+  const auto o = bind_metas<ReadOperand>(kAmax, NoParams{}, inputs);
   SG_CHECK(o.x.shape.rank() >= 2, "op amax: x must be [rows, cols] (or [..., cols]), got ", o.x.shape);
   kernels::check_quantize({o.x.dtype, Fp8Format::kE4M3, matrix_rows(o.x.shape), matrix_cols(o.x.shape), true, false});
   return {kScalar};
@@ -403,7 +393,7 @@ const OpDef& amax_op() {
       .check = check_amax,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* stream) {
-            const Operand x = bind_args<AmaxOperands>(NoParams{}, a).x;
+            const Operand x = bind_args<ReadOperand>(NoParams{}, a).x;
             const std::int64_t rows = matrix_rows(x.shape()), cols = matrix_cols(x.shape());
             auto* amax = static_cast<float*>(a.outputs[0]);
             if (!kernels::launch_quantize_vectorized(x.dtype(), rows, cols, x.data, {.amax = amax}, stream)) {
@@ -412,7 +402,7 @@ const OpDef& amax_op() {
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            const Operand x = bind_args<AmaxOperands>(NoParams{}, a).x;
+            const Operand x = bind_args<ReadOperand>(NoParams{}, a).x;
             *static_cast<float*>(a.outputs[0]) =
                 kernels::amax_host(x.dtype(), matrix_rows(x.shape()), matrix_cols(x.shape()), x.data);
           },
@@ -516,7 +506,7 @@ void count_flags_(Context& ctx, const Tensor& counter, const std::vector<Tensor>
 }
 
 Tensor amax(Context& ctx, const Tensor& x) {
-  return ctx.call(amax_op(), NoParams{}, flatten(kAmax, NoParams{}, AmaxOperands<Tensor>{x})).front();
+  return ctx.call(amax_op(), NoParams{}, flatten(kAmax, NoParams{}, ReadOperand<Tensor>{x})).front();
 }
 
 Scales scale_from_amax(Context& ctx, const Tensor& amax, const ScaleFromAmaxParams& params) {

@@ -83,6 +83,25 @@ struct Operand {
 inline const TensorMeta& meta_of(const TensorMeta& meta) { return meta; }
 inline const TensorMeta& meta_of(const Operand& operand) { return *operand.meta; }
 
+// The two operand shapes many ops share, whatever their params: no operand
+// (fill, empty, recv) and one tensor read, x (copy, cast, gelu, amax, the
+// collectives that read their source).
+template <typename F>
+struct NoOperands {};
+
+template <typename P, typename F, typename V>
+void visit_operands(const P&, NoOperands<F>&, V&) {}
+
+template <typename F>
+struct ReadOperand {
+  F x;
+};
+
+template <typename P, typename F, typename V>
+void visit_operands(const P&, ReadOperand<F>& o, V& v) {
+  v({"x"}, o.x);
+}
+
 namespace operands_detail {
 
 class Flattener {

@@ -24,12 +24,6 @@ struct RowParams {
 };
 
 template <typename F>
-struct NoOperands {};  // empty
-
-template <typename F, typename V>
-void visit_operands(const EmptyParams&, NoOperands<F>&, V&) {}
-
-template <typename F>
 struct CopyRowsOperands {
   F dst;  // written: rows [first_row, first_row + src rows)
   F src;

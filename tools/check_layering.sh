@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the floors of the tree (tools/build_defs/floors.bzl, README: Layout):
 #   1. no target of a floor depends on a target of a higher floor (or of its
-#      sibling: ops/ and graphs/ do not see each other), by bazel query;
+#      sibling: ops/ and graphs/, train/ and checkpoint/ do not see each
+#      other), by bazel query;
 #   2. `visibility` turns a new upward dependency into a build error: a probe
 #      package under engine/ that depends on //layers:linear must fail
 #      analysis with "is not visible" (the probe is removed afterwards);
@@ -21,22 +22,23 @@ fail() {
 
 # 1. Every floor, and what it must not reach.
 declare -A above=(
-  [engine]="//kernels/... + //launch/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
-  [kernels]="//launch/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
-  [launch]="//kernels/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
-  [ops]="//graphs/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
-  [graphs]="//ops/... + //layers/... + //optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
-  [layers]="//optim/... + //train/... + //capi/... + //trainer/... + //benchmarks/..."
-  [optim]="//train/... + //capi/... + //trainer/... + //benchmarks/..."
-  [train]="//capi/... + //trainer/... + //benchmarks/..."
+  [engine]="//kernels/... + //launch/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [kernels]="//launch/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [launch]="//kernels/... + //ops/... + //graphs/... + //layers/... + //optim/... + //train/... + //checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [ops]="//graphs/... + //layers/... + //optim/... + //train/... + //checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [graphs]="//ops/... + //layers/... + //optim/... + //train/... + //checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [layers]="//optim/... + //train/... + //checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [optim]="//train/... + //checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [train]="//checkpoint/... + //capi/... + //trainer/... + //benchmarks/..."
+  [checkpoint]="//train/... + //capi/... + //trainer/... + //benchmarks/..."
   [capi]="//trainer/... + //benchmarks/..."
 )
-for floor in engine kernels launch ops graphs layers optim train capi; do
+for floor in engine kernels launch ops graphs layers optim train checkpoint capi; do
   upward=$(./bazelw query --noshow_progress "deps(//$floor/...) intersect (${above[$floor]})" 2>/dev/null) ||
     fail "bazel query for //$floor failed"
   [ -z "$upward" ] || fail "//$floor depends on a higher floor: $upward"
 done
-echo "check_layering: no floor depends on a higher one (engine, kernels, launch, ops, graphs, layers, optim, train, capi)"
+echo "check_layering: no floor depends on a higher one (engine, kernels, launch, ops, graphs, layers, optim, train, checkpoint, capi)"
 
 # 2. An upward dependency must not build.
 probe=engine/layering_probe

@@ -13,7 +13,7 @@
 
 #include "engine/error.h"
 #include "layers/parameter.h"
-#include "trainer/strict_decimal.h"
+#include "checkpoint/strict_decimal.h"
 
 namespace stepgraph::trainer {
 namespace {

@@ -1,4 +1,4 @@
-// The trainer's state as a checkpoint (trainer/checkpoint.h) and back: every
+// The trainer's state as a checkpoint (checkpoint/checkpoint.h) and back: every
 // parameter's fp32 master, AdamW's m and v, the model's other persistent state
 // (FP8 delayed scaling's amax histories and scales), the device step counter, the data
 // source's position, and the run's configuration as metadata, so resuming
@@ -14,7 +14,7 @@
 #include "engine/context.h"
 #include "optim/adamw.h"
 #include "layers/language_model.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace stepgraph::trainer {
 
@@ -35,7 +35,7 @@ inline constexpr const char* kGemmAlgorithmsKey = "stepgraph.gemm_algorithms";
 // A sharded optimizer (ZeRO-1) is saved per rank: this rank's shards of the
 // masters and moments, the step counter, and every parameter's value (what
 // the layers read), so each rank's part restores that rank alone (the parts
-// commit together: trainer/checkpoint_set.h).
+// commit together: checkpoint/checkpoint_set.h).
 Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress);
 

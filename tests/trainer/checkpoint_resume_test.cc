@@ -15,7 +15,7 @@
 
 #include "engine/error.h"
 #include "tests/trainer/test_support.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
 

@@ -21,7 +21,7 @@
 #include "engine/host_world.h"
 #include "layers/residual_stack.h"
 #include "tests/support/expect_error.h"
-#include "trainer/checkpoint_set.h"
+#include "checkpoint/checkpoint_set.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
 #include "trainer/train_state.h"

@@ -5,7 +5,8 @@ it, so a dependency from a lower floor to a higher one is a build error:
 
     trainer/ benchmarks/ tools/ python/   the programs
     capi/                                 the C API
-    train/                                training steps, pipeline schedules of layers
+    train/      checkpoint/               training steps, pipeline schedules of layers |
+                                          a run's state on disk (siblings)
     optim/                                the optimizer (AdamW, its ZeRO-1 shards)
     layers/                               layers and models
     ops/        graphs/                   op definitions | trace, plan, capture (siblings:
@@ -31,8 +32,11 @@ CAPI_USERS = _PROGRAMS
 # train/ (training steps, pipeline schedules) by capi/ and the programs.
 TRAIN_USERS = ["//capi:__subpackages__"] + _PROGRAMS
 
-# optim/ (the optimizer) by train/ and everything above it.
-OPTIM_USERS = ["//train:__subpackages__"] + TRAIN_USERS
+# checkpoint/ (a run's state on disk) by the same: train/'s sibling, neither sees the other.
+CHECKPOINT_USERS = TRAIN_USERS
+
+# optim/ (the optimizer) by train/, checkpoint/ and everything above them.
+OPTIM_USERS = ["//train:__subpackages__", "//checkpoint:__subpackages__"] + TRAIN_USERS
 
 # layers/ by optim/ and everything above it.
 LAYERS_USERS = ["//optim:__subpackages__"] + OPTIM_USERS

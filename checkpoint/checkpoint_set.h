@@ -24,10 +24,10 @@
 #include <string_view>
 #include <vector>
 
-#include "trainer/atomic_file.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/checkpoint.h"
 
-namespace stepgraph::trainer {
+namespace stepgraph {
 
 // Every rank's string, in rank order, from every rank's call (an
 // all-gather; each rank calls it at the same point).
@@ -58,4 +58,4 @@ struct CheckpointSetPart {
 // manifest names (its checksum), each naming what differs.
 CheckpointSetPart read_checkpoint_set_part(const std::filesystem::path& manifest, int rank, int ranks);
 
-}  // namespace stepgraph::trainer
+}  // namespace stepgraph

@@ -1,4 +1,4 @@
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -17,9 +17,9 @@
 
 #include "engine/error.h"
 #include "engine/printable_text.h"
-#include "trainer/checkpoint_header.h"
+#include "checkpoint/checkpoint_header.h"
 
-namespace stepgraph::trainer {
+namespace stepgraph {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "the safetensors layout is little-endian");
@@ -90,9 +90,9 @@ std::string header_text(const Checkpoint& checkpoint) {
     SG_CHECK(!tensor.name.empty() && tensor.name != kMetadataKey, "checkpoint tensor name '", tensor.name,
              "' is not allowed");
     SG_CHECK(names.insert(tensor.name).second, "checkpoint has two tensors named '", tensor.name, "'");
-    SG_CHECK(tensor.shape.size() <= detail::kMaxDimensions, "checkpoint tensor '", tensor.name, "' has ",
-             tensor.shape.size(), " dimensions; at most ", detail::kMaxDimensions, " are written");
-    const std::optional<std::uint64_t> size = detail::byte_size(tensor.shape, tensor.dtype);
+    SG_CHECK(tensor.shape.size() <= checkpoint_detail::kMaxDimensions, "checkpoint tensor '", tensor.name, "' has ",
+             tensor.shape.size(), " dimensions; at most ", checkpoint_detail::kMaxDimensions, " are written");
+    const std::optional<std::uint64_t> size = checkpoint_detail::byte_size(tensor.shape, tensor.dtype);
     SG_CHECK(size.has_value(), "checkpoint tensor '", tensor.name, "' has a negative or huge dimension");
     SG_CHECK(tensor.bytes.size() == *size, "checkpoint tensor '", tensor.name, "' has ", tensor.bytes.size(),
              " bytes; its shape and dtype ", dtype_name(tensor.dtype), " need ", *size);
@@ -245,10 +245,10 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
   }
   std::copy(stored.begin(), stored.end(), text.begin() + static_cast<std::ptrdiff_t>(kHeaderStart.size()));
 
-  detail::ParsedHeader header;
+  checkpoint_detail::ParsedHeader header;
   try {
-    header = detail::parse_checkpoint_header(text);
-  } catch (const detail::HeaderError& error) {
+    header = checkpoint_detail::parse_checkpoint_header(text);
+  } catch (const checkpoint_detail::HeaderError& error) {
     corrupt(path, error.what);
   }
   Checkpoint checkpoint;
@@ -257,11 +257,11 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
   checkpoint.metadata = std::move(header.metadata);
 
   // File order; an empty tensor sorts before the one that starts where it does.
-  std::vector<detail::HeaderEntry>& entries = header.entries;
+  std::vector<checkpoint_detail::HeaderEntry>& entries = header.entries;
   std::stable_sort(entries.begin(), entries.end(),
                    [](const auto& a, const auto& b) { return std::pair(a.begin, a.end) < std::pair(b.begin, b.end); });
   std::uint64_t offset = 0;
-  for (const detail::HeaderEntry& entry : entries) {
+  for (const checkpoint_detail::HeaderEntry& entry : entries) {
     if (entry.begin != offset) {
       corrupt(path, fmt::format("tensor {} starts at {}, expected {} (gap or overlap)", printable(entry.name),
                                 entry.begin, offset));
@@ -277,7 +277,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
   // The bytes again, hashed again: a file changed since the check is refused.
   Fnv1a64 again = header_checksum;
   checkpoint.tensors.reserve(entries.size());
-  for (detail::HeaderEntry& entry : entries) {
+  for (checkpoint_detail::HeaderEntry& entry : entries) {
     CheckpointTensor& tensor = checkpoint.tensors.emplace_back();
     tensor.name = std::move(entry.name);
     tensor.dtype = entry.dtype;
@@ -313,4 +313,4 @@ const CheckpointTensor& find_tensor(const Checkpoint& checkpoint, std::string_vi
            "); was it written by a different model?");
 }
 
-}  // namespace stepgraph::trainer
+}  // namespace stepgraph

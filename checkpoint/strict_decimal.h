@@ -6,7 +6,7 @@
 #include <optional>
 #include <string_view>
 
-namespace stepgraph::trainer {
+namespace stepgraph {
 
 // The value of `text` where it is "0" or digits without a leading zero (no
 // sign, space, '+', or other character) and at most `max`; nullopt otherwise,
@@ -24,4 +24,4 @@ inline std::optional<std::uint64_t> parse_decimal(std::string_view text, std::ui
   return value;
 }
 
-}  // namespace stepgraph::trainer
+}  // namespace stepgraph

@@ -1,4 +1,4 @@
-#include "trainer/checkpoint_header.h"
+#include "checkpoint/checkpoint_header.h"
 
 #include <fmt/format.h>
 
@@ -7,9 +7,9 @@
 #include <set>
 #include <utility>
 
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
-namespace stepgraph::trainer::detail {
+namespace stepgraph::checkpoint_detail {
 namespace {
 
 using Json = nlohmann::json;
@@ -240,4 +240,4 @@ ParsedHeader parse_checkpoint_header(std::string_view text) {
   return handler.take();
 }
 
-}  // namespace stepgraph::trainer::detail
+}  // namespace stepgraph::checkpoint_detail

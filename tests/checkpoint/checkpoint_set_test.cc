@@ -1,7 +1,7 @@
 // Per-rank checkpoint files committed by a manifest (Note [Checkpoint
 // sets]): the files a save leaves, and a foreign, incomplete or edited set
 // as a clear error naming what differs.
-#include "trainer/checkpoint_set.h"
+#include "checkpoint/checkpoint_set.h"
 
 #include <gtest/gtest.h>
 

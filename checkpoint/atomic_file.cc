@@ -1,4 +1,4 @@
-#include "trainer/atomic_file.h"
+#include "checkpoint/atomic_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,7 +13,7 @@
 #include "engine/error.h"
 #include "engine/logging.h"
 
-namespace stepgraph::trainer {
+namespace stepgraph {
 namespace {
 
 std::filesystem::path directory_of(const std::filesystem::path& path) {
@@ -180,4 +180,4 @@ void check_writable_directory(const std::filesystem::path& path, std::string_vie
   ::unlink(probe.c_str());
 }
 
-}  // namespace stepgraph::trainer
+}  // namespace stepgraph

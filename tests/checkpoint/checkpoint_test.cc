@@ -1,4 +1,4 @@
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -9,9 +9,9 @@
 #include <string>
 
 #include "engine/error.h"
-#include "tests/trainer/checkpoint_files.h"
+#include "tests/checkpoint/checkpoint_files.h"
 #include "tests/trainer/test_support.h"
-#include "trainer/atomic_file.h"
+#include "checkpoint/atomic_file.h"
 
 namespace stepgraph::trainer {
 namespace {

@@ -1,6 +1,6 @@
 """Reads a checkpoint written by the C++ trainer code with plain Python
 (json + numpy), proving the safetensors layout and the checksum's definition
-(see Note [Checkpoint integrity] in trainer/checkpoint.h)."""
+(see Note [Checkpoint integrity] in checkpoint/checkpoint.h)."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 
-WRITER = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "tests/trainer/checkpoint_writer")
+WRITER = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "tests/checkpoint/checkpoint_writer")
 
 
 def fnv1a64(data, value=0xCBF29CE484222325):

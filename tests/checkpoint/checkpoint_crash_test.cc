@@ -17,9 +17,9 @@
 
 #include "engine/error.h"
 #include "tests/trainer/test_support.h"
-#include "trainer/atomic_file.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_set.h"
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_set.h"
 
 namespace stepgraph::trainer {
 namespace {

@@ -22,9 +22,9 @@
 // values raw: names are escaped and cut short.
 //
 // write_checkpoint writes through an AtomicFile (Note [Atomic file writes]
-// in trainer/atomic_file.h): a crash or a failed write leaves the old
+// in checkpoint/atomic_file.h): a crash or a failed write leaves the old
 // checkpoint whole. The trainer's per-rank files commit together through a
-// manifest (Note [Checkpoint sets] in trainer/checkpoint_set.h).
+// manifest (Note [Checkpoint sets] in checkpoint/checkpoint_set.h).
 #pragma once
 
 #include <cstddef>
@@ -37,9 +37,9 @@
 #include <vector>
 
 #include "engine/dtype.h"
-#include "trainer/atomic_file.h"
+#include "checkpoint/atomic_file.h"
 
-namespace stepgraph::trainer {
+namespace stepgraph {
 
 struct CheckpointTensor {
   std::string name;
@@ -85,4 +85,4 @@ DType parse_safetensors_dtype(std::string_view name);
 std::optional<DType> find_safetensors_dtype(std::string_view name);
 inline constexpr std::string_view kSafetensorsDTypeList = "F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64";
 
-}  // namespace stepgraph::trainer
+}  // namespace stepgraph

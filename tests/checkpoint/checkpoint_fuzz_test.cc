@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "tests/trainer/checkpoint_files.h"
+#include "tests/checkpoint/checkpoint_files.h"
 #include "tests/trainer/test_support.h"
-#include "trainer/checkpoint.h"
-#include "trainer/strict_decimal.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/strict_decimal.h"
 
 namespace stepgraph::trainer {
 namespace {

@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-namespace stepgraph::trainer {
+namespace stepgraph {
 
 // The points of a write, in order: a test kills the writer at each one and
 // checks that the target is still the old file (before kRenamed) or the new
@@ -81,4 +81,4 @@ class AtomicFile {
 // the option in the error, e.g. "--checkpoint".
 void check_writable_directory(const std::filesystem::path& path, std::string_view flag);
 
-}  // namespace stepgraph::trainer
+}  // namespace stepgraph

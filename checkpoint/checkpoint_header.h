@@ -1,5 +1,5 @@
 // The strict parser of a checkpoint's JSON header (Note [Checkpoint
-// integrity] in trainer/checkpoint.h), internal to the checkpoint library.
+// integrity] in checkpoint/checkpoint.h), internal to the checkpoint library.
 // A SAX handler: no JSON tree is built, nesting past the schema's 3 levels
 // stops the parse at once, and every value is checked where it is read.
 #pragma once
@@ -13,7 +13,7 @@
 
 #include "engine/dtype.h"
 
-namespace stepgraph::trainer::detail {
+namespace stepgraph::checkpoint_detail {
 
 struct HeaderEntry {
   std::string name;
@@ -46,4 +46,4 @@ ParsedHeader parse_checkpoint_header(std::string_view text);
 // dimension or a product past 2^62 bytes (the reader and the writer agree).
 std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, DType dtype);
 
-}  // namespace stepgraph::trainer::detail
+}  // namespace stepgraph::checkpoint_detail

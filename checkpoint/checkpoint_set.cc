@@ -1,4 +1,4 @@
-#include "trainer/checkpoint_set.h"
+#include "checkpoint/checkpoint_set.h"
 
 #include <fmt/format.h>
 
@@ -9,9 +9,9 @@
 
 #include "engine/error.h"
 #include "engine/logging.h"
-#include "trainer/strict_decimal.h"
+#include "checkpoint/strict_decimal.h"
 
-namespace stepgraph::trainer {
+namespace stepgraph {
 namespace {
 
 constexpr std::string_view kChecksumPrefix = "fnv1a64:";
@@ -159,4 +159,4 @@ CheckpointSetPart read_checkpoint_set_part(const std::filesystem::path& manifest
   return out;
 }
 
-}  // namespace stepgraph::trainer
+}  // namespace stepgraph

@@ -6,12 +6,12 @@
 #include <vector>
 
 #include "engine/error.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace {
 
 using stepgraph::DType;
-using stepgraph::trainer::CheckpointTensor;
+using stepgraph::CheckpointTensor;
 
 template <typename T>
 CheckpointTensor tensor(const char* name, DType dtype, std::vector<std::int64_t> shape, const std::vector<T>& values) {
@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     std::cerr << "usage: checkpoint_writer PATH\n";
     return 2;
   }
-  stepgraph::trainer::Checkpoint checkpoint;
+  stepgraph::Checkpoint checkpoint;
   checkpoint.metadata = {{"step", "42"}, {"model", "read-check"}};
   std::vector<float> weight(6);
   for (int i = 0; i < 6; ++i) weight[i] = 0.5f * static_cast<float>(i) - 1.0f;
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
       tensor("step", DType::kInt64, {}, std::vector<std::int64_t>{42}),
   };
   try {
-    stepgraph::trainer::write_checkpoint(argv[1], checkpoint);
+    stepgraph::write_checkpoint(argv[1], checkpoint);
   } catch (const stepgraph::Error& error) {
     std::cerr << "checkpoint_writer: " << error.message() << "\n";
     return 1;

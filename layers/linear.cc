@@ -41,6 +41,9 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
            tensor_parallel_mode_name(config.tensor_parallel),
            " but no communicator was given; pass the tensor-parallel group's Communicator (a world of one for a "
            "single rank)");
+  SG_CHECK(column() || config.out_blocks.empty(), label_,
+           ": out_blocks splits the rows of a column-parallel layer; set config.tensor_parallel to kColumn or leave "
+           "out_blocks empty");
   SG_CHECK(split || !config.sequence_parallel, label_,
            ": sequence_parallel needs a tensor-parallel layer; set config.tensor_parallel to kColumn or kRow");
   if (tp_ != nullptr) {
@@ -49,6 +52,17 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
     SG_CHECK(!column() || config.out_features % n == 0, label_, ": a column-parallel layer splits out_features ",
              config.out_features, " over the ", n, " ranks of ", tp_->describe(), "; make out_features a multiple of ",
              n);
+    if (column() && !config.out_blocks.empty()) {
+      std::int64_t sum = 0;
+      for (const std::int64_t b : config.out_blocks) {
+        SG_CHECK(b > 0 && b % n == 0, label_, ": config.out_blocks holds a block of ", b,
+                 " rows, which does not split over the ", n, " ranks of ", tp_->describe(),
+                 "; make every block a positive multiple of ", n);
+        sum += b;
+      }
+      SG_CHECK(sum == config.out_features, label_, ": config.out_blocks sum to ", sum, ", not out_features ",
+               config.out_features, "; give blocks that tile the rows of W");
+    }
     SG_CHECK(!row() || config.in_features % n == 0, label_, ": a row-parallel layer splits in_features ",
              config.in_features, " over the ", n, " ranks of ", tp_->describe(), "; make in_features a multiple of ",
              n);
@@ -94,8 +108,10 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   ParameterInit w_init = ParameterInit::uniform(scale, seed);
   ParameterInit b_init = ParameterInit::uniform(scale, seed + 1);
   if (column()) {
-    w_init = w_init.rows_from(config.out_features, config.in_features, rank * out);
-    b_init = b_init.rows_from(config.out_features, 1, rank * out);
+    const std::vector<std::int64_t> blocks =
+        config.out_blocks.empty() ? std::vector<std::int64_t>{config.out_features} : config.out_blocks;
+    w_init = w_init.row_blocks_from(blocks, config.in_features, ranks(), rank);
+    b_init = b_init.row_blocks_from(blocks, 1, ranks(), rank);
   } else if (row()) {
     w_init = w_init.columns_from(config.out_features, config.in_features, rank * in);
   }

@@ -33,7 +33,8 @@ namespace stepgraph {
 // draw from the same seed (ParameterInit::rows_from / columns_from), chosen
 // by LinearConfig::tensor_parallel:
 //
-//   kColumn: rows [r out/N, (r+1) out/N) of W and the same slice of b.
+//   kColumn: rows [r out/N, (r+1) out/N) of W and the same slice of b
+//     (with LinearConfig::out_blocks, that slice of each row block).
 //     forward   x [T, in] (replicated) -> y [T, out/N]
 //     backward  dy [T, out/N] -> dx = dy W_r, partial over out: all-reduced
 //               to [T, in]; W_r and b_r gradients local.
@@ -107,6 +108,12 @@ struct LinearConfig {
   bool wgrad = true;  // compute parameter gradients in backward
   // kColumn or kRow need a communicator at construction; kNone needs none.
   TensorParallelMode tensor_parallel = TensorParallelMode::kNone;
+  // kColumn only: out_features is these row blocks of W end to end (their
+  // sum), each split over the ranks on its own, so rank r holds rows
+  // [r b/N, (r+1) b/N) of every block b, in block order (a fused QKV
+  // weight's query, key and value heads: Note [Tensor-parallel attention] in
+  // layers/multihead_attention.h). Empty: one block, the contiguous slice.
+  std::vector<std::int64_t> out_blocks;
   bool sequence_parallel = false;  // token-sharded outside the layer; kColumn or kRow only
   // Tensor-parallel only: how the forward's and the data gradient's
   // collectives meet their GEMMs (Note [Communication-GEMM overlap]). With

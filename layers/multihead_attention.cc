@@ -6,8 +6,10 @@
 namespace stepgraph {
 namespace {
 
-// The config with its defaults resolved, checked before the projections are built.
-MultiheadAttentionConfig resolved(const std::string& label, MultiheadAttentionConfig c) {
+// The config with its defaults resolved, checked before the projections are
+// built; with `tp`, also how its heads split (Note [Tensor-parallel attention]).
+MultiheadAttentionConfig resolved(Context& ctx, const std::string& label, MultiheadAttentionConfig c,
+                                  Communicator* tp) {
   SG_CHECK(c.hidden > 0 && c.heads > 0, label, ": hidden and heads must be > 0, got ", c.hidden, " and ", c.heads);
   SG_CHECK(c.head_dim != 0 || c.hidden % c.heads == 0, label, ": hidden (", c.hidden,
            ") must be a multiple of heads (", c.heads, "), or give head_dim");
@@ -19,39 +21,68 @@ MultiheadAttentionConfig resolved(const std::string& label, MultiheadAttentionCo
                             .kv_heads = c.kv_heads, .head_dim = c.head_dim, .causal = c.causal});
   kernels::check_rope({.dtype = c.dtype, .tokens = 1, .sequences = 1, .heads = c.heads, .head_dim = c.head_dim,
                        .base = c.rope_base});
+  if (tp == nullptr) {
+    SG_CHECK(c.overlap == MLPOverlap{}, label,
+             ": config.overlap is for a tensor-parallel layer; pass its communicator or leave overlap at its default");
+    return c;
+  }
+  tp->check_device(ctx.device(), label);
+  const std::int64_t n = tp->world_size();
+  SG_CHECK_CODE(c.heads % n == 0, ErrorCode::kUnsupported, label, ": heads ", c.heads, " (kv_heads ", c.kv_heads,
+                ") do not split over the tensor-parallel size ", n, " of ", tp->describe(),
+                "; make heads a multiple of the TP size");
+  SG_CHECK_CODE(c.kv_heads % n == 0, ErrorCode::kUnsupported, label, ": heads ", c.heads, ", kv_heads ", c.kv_heads,
+                " at tensor-parallel size ", n, ": the kv heads do not split over the ranks",
+                n % c.kv_heads == 0 ? " (replicating them where the TP size exceeds kv_heads is not supported)" : "",
+                "; make kv_heads a multiple of the TP size (Note [Tensor-parallel attention])");
+  c.overlap.check(label);
   return c;
+}
+
+// The QKV projection (fc1 of the overlap) or the output projection.
+LinearConfig projection_config(const MultiheadAttentionConfig& c, bool qkv, bool split) {
+  const MLPOverlap overlap = split ? c.overlap : MLPOverlap{};
+  LinearConfig out{.in_features = qkv ? c.hidden : c.heads * c.head_dim,
+                   .out_features = qkv ? (c.heads + 2 * c.kv_heads) * c.head_dim : c.hidden,
+                   .dtype = c.dtype,
+                   .tensor_parallel = !split ? TensorParallelMode::kNone
+                                      : qkv  ? TensorParallelMode::kColumn
+                                             : TensorParallelMode::kRow,
+                   .sequence_parallel = split && c.sequence_parallel,
+                   .fprop_overlap = qkv ? overlap.fc1_fprop : overlap.fc2_fprop,
+                   .dgrad_overlap = qkv ? overlap.fc1_dgrad : overlap.fc2_dgrad,
+                   .fp8 = c.fp8};
+  // Split by heads: each rank's q, k and v heads (Note [Tensor-parallel attention]).
+  if (qkv && split) out.out_blocks = {c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim};
+  return out;
 }
 
 }  // namespace
 
 MultiheadAttention::MultiheadAttention(Context& ctx, const std::string& name, const MultiheadAttentionConfig& config,
-                                       std::uint32_t seed)
+                                       std::uint32_t seed, Communicator* tensor_parallel)
     : label_(layer_label("MultiheadAttention", name)),
-      config_(resolved(label_, config)),
+      config_(resolved(ctx, label_, config, tensor_parallel)),
+      tp_(tensor_parallel),
       qkv_(ctx, name + ".qkv",
-           LayerNormLinearConfig{
-               .norm = config_.norm,
-               .eps = config_.eps,
-               .linear = {.in_features = config_.hidden,
-                          .out_features = (config_.heads + 2 * config_.kv_heads) * config_.head_dim,
-                          .dtype = config_.dtype,
-                          .fp8 = config_.fp8}},
-           seed),
-      proj_(ctx, name + ".proj",
-            LinearConfig{.in_features = config_.heads * config_.head_dim,
-                         .out_features = config_.hidden,
-                         .dtype = config_.dtype,
-                         .fp8 = config_.fp8},
-            seed + 1) {}
+           LayerNormLinearConfig{.norm = config_.norm,
+                                 .eps = config_.eps,
+                                 .linear = projection_config(config_, true, tp_ != nullptr)},
+           seed, tp_),
+      proj_(ctx, name + ".proj", projection_config(config_, false, tp_ != nullptr), seed + 1, tp_) {}
 
 ops::AttentionParams MultiheadAttention::attention_params() const {
-  return {.heads = config_.heads, .kv_heads = config_.kv_heads, .head_dim = config_.head_dim,
+  return {.heads = local_heads(), .kv_heads = local_kv_heads(), .head_dim = config_.head_dim,
           .causal = config_.causal};
 }
 
 ops::RopeParams MultiheadAttention::rope_params() const {
-  return {.heads = config_.heads, .kv_heads = config_.kv_heads, .head_dim = config_.head_dim,
+  return {.heads = local_heads(), .kv_heads = local_kv_heads(), .head_dim = config_.head_dim,
           .base = config_.rope_base};
+}
+
+std::int64_t MultiheadAttention::all_tokens(std::int64_t local_tokens) const {
+  return tp_ != nullptr && config_.sequence_parallel ? local_tokens * ranks() : local_tokens;
 }
 
 std::vector<Linear*> MultiheadAttention::fp8_linears() {
@@ -68,6 +99,7 @@ std::vector<Parameter*> MultiheadAttention::parameters() {
 MultiheadAttention::Forward MultiheadAttention::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "x", args.x, {"tokens", config_.hidden}, config_.dtype);
   check_input(label_, "forward", "cu_seqlens", args.cu_seqlens, {"sequences + 1"}, DType::kInt32);
+  // Sequence-parallel: QKV all-gathers the normed shards, so q, k, v hold every token.
   const LayerNormLinear::Forward qkv = qkv_.forward(ctx, {args.x});
   const ops::QkvSplit split = ops::qkv_split_rope(ctx, rope_params(), qkv.y, args.cu_seqlens);
   const ops::AttentionForward attended =
@@ -85,8 +117,8 @@ MultiheadAttention::Forward MultiheadAttention::forward(Context& ctx, const FwdA
 
 Tensor MultiheadAttention::backward(Context& ctx, const Saved& saved, const BwdArgs& args) const {
   check_input(label_, "backward", "dy", args.dy, {"tokens", config_.hidden}, config_.dtype);
-  const std::int64_t tokens = args.dy.shape().dim(0);
-  check_input(label_, "backward", "saved.out", saved.out, {tokens, config_.heads * config_.head_dim}, config_.dtype,
+  const std::int64_t tokens = all_tokens(args.dy.shape().dim(0));
+  check_input(label_, "backward", "saved.out", saved.out, {tokens, local_heads() * config_.head_dim}, config_.dtype,
               "the forward's attention output");
   const Tensor d_out = proj_.backward(ctx, saved.proj, {args.dy});
   const ops::AttentionGrads grads = ops::attention_backward(ctx, attention_params(), saved.q, saved.k, saved.v,

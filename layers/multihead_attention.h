@@ -11,6 +11,46 @@
 // only, so a captured step replays with any packing of the same T and S that
 // the host writes into the (persistent, bound) cu_seqlens between replays.
 // kv_heads < heads is grouped-query attention (1: multi-query).
+//
+// Note [Tensor-parallel attention]
+// With a tensor-parallel communicator of N ranks (Megatron's tensor
+// parallelism) the heads are split over the ranks: rank r holds query heads
+// [r H/N, (r+1) H/N) and key/value heads [r Hkv/N, (r+1) Hkv/N).
+//   QKV       a column-parallel Linear (Note [Column- and row-parallel
+//             Linear] in layers/linear.h) whose fused [(H + 2 Hkv) D, hidden]
+//             weight is split by heads, not by contiguous rows: its three row
+//             blocks (q, k, v: LinearConfig::out_blocks) are each split over
+//             the ranks, so rank r holds the rows of its own q, k and v heads
+//             of the weight (and bias) one rank draws from the same seed, in
+//             the fused layout qkv_split_rope reads: [(H + 2 Hkv)/N D, hidden].
+//   attention rotary, the causal packed attention and its deterministic
+//             backward run unchanged on the H/N and Hkv/N local heads: query
+//             head h reads kv head h / (H / Hkv), and with Hkv % N == 0 every
+//             local query head's kv head is local too, at the same place.
+//   proj      a row-parallel Linear over the H/N D local features: each rank's
+//             product is a partial sum over the heads, added across the ranks
+//             (rank 0's GEMM adds the bias).
+// No collective runs between QKV and the projection. GQA and MQA: the kv
+// heads are split when kv_heads % N == 0 (MHA always, as heads % N == 0). When
+// N > kv_heads (N % kv_heads == 0, MQA at any N > 1) a rank would need a copy
+// of the kv head its query heads read, with the gradients of the copies summed
+// over the ranks that share them: not built, an Error naming heads, kv_heads
+// and the TP size, as is every other case (heads % N != 0 or neither divides).
+// With MultiheadAttentionConfig::sequence_parallel (what ResidualStack uses)
+// x and y are this rank's token shard [T/N, hidden]: the norm runs on the
+// shard, QKV all-gathers the normed tokens before its GEMM (and reduce-
+// scatters d_normed back in the backward), the projection reduce-scatters its
+// partial sums to token shards (and all-gathers dy first in the backward),
+// and the norm's gamma and beta gradients, of this rank's tokens only, are
+// all-reduced (LayerNormLinear). cu_seqlens describes the whole gathered T
+// tokens, which attention sees on every rank. Without it x and y are every
+// token, replicated, and the collectives are all-reduces. How each collective
+// meets its GEMM is the config's `overlap`, the MLP's four values (fc1: QKV,
+// fc2: the projection; Note [Communication-GEMM overlap]). FP8 projections
+// shard as every FP8 Linear does, with the amaxes of their slices
+// max-all-reduced (Note [FP8 Linear]); their overlaps must be none or bulk.
+// N ranks compute what one computes, up to the fp32 order of the
+// projection's partial sums and of QKV's data-gradient sums.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +60,8 @@
 
 #include "engine/context.h"
 #include "engine/fp8_recipe.h"
+#include "engine/communicator.h"
+#include "layers/comm_gemm_overlap.h"
 #include "layers/layernorm_linear.h"
 #include "layers/linear.h"
 #include "ops/attention_ops.h"
@@ -38,6 +80,11 @@ struct MultiheadAttentionConfig {
   float rope_base = 10000.0f;  // the rotary embedding's base (all of head_dim rotates)
   // FP8 QKV and output projections (Note [FP8 Linear]); attention itself stays 16-bit.
   std::optional<Fp8Recipe> fp8;
+  // Tensor-parallel only (Note [Tensor-parallel attention]): x and y are
+  // token shards, and how each collective meets its GEMM (fc1_*: QKV's,
+  // fc2_*: the projection's).
+  bool sequence_parallel = true;
+  MLPOverlap overlap;
 
   std::int64_t resolved_kv_heads() const { return kv_heads != 0 ? kv_heads : heads; }
   std::int64_t resolved_head_dim() const { return head_dim != 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
@@ -46,36 +93,43 @@ struct MultiheadAttentionConfig {
 class MultiheadAttention {
  public:
   struct FwdArgs {
-    Tensor x;           // [T, hidden]
-    Tensor cu_seqlens;  // int32 [S + 1]
+    Tensor x;           // [T, hidden] (sequence-parallel: this rank's [T/N, hidden])
+    Tensor cu_seqlens;  // int32 [S + 1], over all T tokens
   };
   struct Saved {
     LayerNormLinear::Saved qkv;
-    Tensor q, k, v;  // rotated q and k, v: [T, (H | Hkv) D]
-    Tensor out;      // attention's output [T, H D] (also the projection's saved input)
-    Tensor lse;      // fp32 [H, T]
+    // Every token's (gathered under sequence parallelism), this rank's heads.
+    Tensor q, k, v;  // rotated q and k, v: [T, (H | Hkv)/N D]
+    Tensor out;      // attention's output [T, H/N D] (also the projection's saved input)
+    Tensor lse;      // fp32 [H/N, T]
     Tensor cu_seqlens;
     Linear::Saved proj;
   };
   struct Forward {
-    Tensor y;  // [T, hidden]
+    Tensor y;  // x's shape
     Saved saved;
   };
   struct BwdArgs {
-    Tensor dy;  // [T, hidden]
-    // Optional, [T, hidden]: returned added to dx, fused into the norm's
+    Tensor dy;  // y's shape
+    // Optional, x's shape: returned added to dx, fused into the norm's
     // backward (the residual stream's gradient: Norm::BwdArgs).
     Tensor dx_residual;
   };
 
+  // `tensor_parallel`: the group the heads are split across (Note
+  // [Tensor-parallel attention]); null is the plain layer.
   MultiheadAttention(Context& ctx, const std::string& name, const MultiheadAttentionConfig& config,
-                     std::uint32_t seed);
+                     std::uint32_t seed, Communicator* tensor_parallel = nullptr);
 
   Forward forward(Context& ctx, const FwdArgs& args) const;
   // dx; writes every parameter gradient.
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   const MultiheadAttentionConfig& config() const { return config_; }
+  Communicator* tensor_parallel() const { return tp_; }
+  // This rank's query and key/value heads (all of them without a communicator).
+  std::int64_t local_heads() const { return config_.heads / ranks(); }
+  std::int64_t local_kv_heads() const { return config_.kv_heads / ranks(); }
   // The norm's, the QKV projection's, then the output projection's.
   std::vector<Parameter*> parameters();
   // FP8: the QKV and output projections (as LayerNormMLP::fp8_linears).
@@ -84,9 +138,13 @@ class MultiheadAttention {
  private:
   ops::AttentionParams attention_params() const;
   ops::RopeParams rope_params() const;
+  int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
+  // Under sequence parallelism the projections see every rank's tokens.
+  std::int64_t all_tokens(std::int64_t local_tokens) const;
 
   std::string label_;
   MultiheadAttentionConfig config_;
+  Communicator* tp_ = nullptr;
   LayerNormLinear qkv_;
   Linear proj_;
 };

@@ -2,6 +2,7 @@
 
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "engine/error.h"
 #include "ops/elementwise_ops.h"
@@ -88,6 +89,24 @@ ParameterInit ParameterInit::columns_from(std::int64_t rows, std::int64_t cols, 
   return out;
 }
 
+ParameterInit ParameterInit::row_blocks_from(std::vector<std::int64_t> blocks, std::int64_t cols, std::int64_t parts_,
+                                             std::int64_t part_) const {
+  SG_CHECK(parts_ > 0 && part_ >= 0 && part_ < parts_, "ParameterInit: part ", part_, " of ", parts_,
+           " parts is not a part; give 0 <= part < parts");
+  std::int64_t rows = 0;
+  for (const std::int64_t b : blocks) {
+    SG_CHECK(b > 0 && b % parts_ == 0, "ParameterInit: a row block of ", b, " rows does not split into ", parts_,
+             " equal parts; make every block a positive multiple of ", parts_);
+    rows += b;
+  }
+  ParameterInit out = rows_from(rows, cols, 0);
+  out.slice = Slice::kRowBlocks;
+  out.row_blocks = std::move(blocks);
+  out.parts = parts_;
+  out.part = part_;
+  return out;
+}
+
 std::vector<float> ParameterInit::values(std::int64_t numel) const {
   if (slice == Slice::kWhole) {
     return is_constant ? constant_init(numel, scale_or_value) : uniform_init(numel, scale_or_value, seed);
@@ -96,6 +115,19 @@ std::vector<float> ParameterInit::values(std::int64_t numel) const {
   ParameterInit whole = *this;
   whole.slice = Slice::kWhole;
   const std::vector<float> full = whole.values(full_rows * full_cols);
+  if (slice == Slice::kRowBlocks) {
+    SG_CHECK(numel == full_rows / parts * full_cols, "ParameterInit: ", numel, " values are not part ", part, " of ",
+             parts, " of every row block of [", full_rows, ", ", full_cols, "]");
+    std::vector<float> out;
+    out.reserve(static_cast<std::size_t>(numel));
+    std::int64_t block_start = 0;
+    for (const std::int64_t b : row_blocks) {
+      const std::int64_t first_row = block_start + part * (b / parts);
+      out.insert(out.end(), full.begin() + first_row * full_cols, full.begin() + (first_row + b / parts) * full_cols);
+      block_start += b;
+    }
+    return out;
+  }
   if (slice == Slice::kRows) {
     SG_CHECK(numel % full_cols == 0 && first + numel / full_cols <= full_rows, "ParameterInit: ", numel,
              " values are not whole rows of [", full_rows, ", ", full_cols, "] from row ", first);

@@ -94,16 +94,27 @@ struct ParameterInit {
   // rows (or columns) from `first` on, as many as the parameter holds.
   ParameterInit rows_from(std::int64_t rows, std::int64_t cols, std::int64_t first) const;
   ParameterInit columns_from(std::int64_t rows, std::int64_t cols, std::int64_t first) const;
+  // Part `part` of `parts` of every row block of the [sum of blocks, cols]
+  // matrix this init fills, whose rows are `blocks` end to end: block b's
+  // rows [part b/parts, (part + 1) b/parts), the blocks' parts in block
+  // order. The heads of a fused QKV weight split over tensor-parallel ranks
+  // (Note [Tensor-parallel attention] in layers/multihead_attention.h); one
+  // block is rows_from's slice. Every block must divide by `parts`.
+  ParameterInit row_blocks_from(std::vector<std::int64_t> blocks, std::int64_t cols, std::int64_t parts,
+                                std::int64_t part) const;
   std::vector<float> values(std::int64_t numel) const;
 
   bool is_constant = false;
   float scale_or_value = 0;
   std::uint32_t seed = 0;
-  enum class Slice : std::uint8_t { kWhole, kRows, kColumns };
+  enum class Slice : std::uint8_t { kWhole, kRows, kColumns, kRowBlocks };
   Slice slice = Slice::kWhole;
   std::int64_t full_rows = 0;
   std::int64_t full_cols = 0;
   std::int64_t first = 0;
+  std::vector<std::int64_t> row_blocks;  // kRowBlocks: the blocks' row counts
+  std::int64_t parts = 1;                // kRowBlocks: each block's parts, and which one this is
+  std::int64_t part = 0;
 };
 Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
                          const ParameterInit& init);

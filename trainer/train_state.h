@@ -1,20 +1,17 @@
-// The trainer's state as a checkpoint (checkpoint/checkpoint.h) and back: every
-// parameter's fp32 master, AdamW's m and v, the model's other persistent state
-// (FP8 delayed scaling's amax histories and scales), the device step counter, the data
-// source's position, and the run's configuration as metadata, so resuming
-// with another configuration is a clear error instead of a silently different
-// run. Resuming restores everything a step reads, so the steps after a resume
-// equal an uninterrupted run's bit for bit.
+// The trainer's state as a checkpoint and back: the model's and optimizer's
+// whole state (checkpoint/training_state.h), the data source's position, and
+// the run's configuration as metadata, so resuming with another
+// configuration is a clear error instead of a silently different run.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
 
-#include "engine/context.h"
-#include "optim/adamw.h"
-#include "layers/language_model.h"
 #include "checkpoint/checkpoint.h"
+#include "engine/context.h"
+#include "layers/language_model.h"
+#include "optim/adamw.h"
 
 namespace stepgraph::trainer {
 
@@ -25,6 +22,8 @@ struct Progress {
 
 using RunConfig = std::map<std::string, std::string>;  // "config.<name>" -> value
 
+// Where the data source stands after the checkpoint's steps, a decimal count.
+inline constexpr const char* kDataPositionKey = "stepgraph.data_position";
 // What the trainer records of its GEMM algorithms (Note [Deterministic
 // algorithm choice] in engine/algorithm_choice.h): the library and GPU they
 // were picked for, and a timed run's picks. load_state leaves them to the
@@ -32,20 +31,16 @@ using RunConfig = std::map<std::string, std::string>;  // "config.<name>" -> val
 inline constexpr const char* kGemmLibraryKey = "stepgraph.gemm_library";
 inline constexpr const char* kGemmAlgorithmsKey = "stepgraph.gemm_algorithms";
 
-// A sharded optimizer (ZeRO-1) is saved per rank: this rank's shards of the
-// masters and moments, the step counter, and every parameter's value (what
-// the layers read), so each rank's part restores that rank alone (the parts
-// commit together: checkpoint/checkpoint_set.h).
+// `config` and the data position as metadata over save_training_state.
 Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress);
 
 // Checks `checkpoint`'s configuration against `config` both ways
 // (Error(kInvalidArgument) listing every difference, a setting recorded in
 // the checkpoint but absent from this run included), loads every tensor into
-// the model and optimizer and returns the progress. Error(kIo) for a missing
-// tensor, one this model does not have, a wrong shape or dtype, a NaN or
-// infinite master, an unknown metadata entry, a step or data position that is
-// not a decimal count (or not equal), and counters outside [0, step].
+// the model and optimizer (load_training_state) and returns the progress.
+// Error(kIo) for an unknown metadata entry, a step or data position that is
+// not a decimal count (or not equal), and what load_training_state refuses.
 Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
                     const Checkpoint& checkpoint);
 

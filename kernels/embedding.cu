@@ -26,30 +26,36 @@ namespace {
 constexpr int kBackwardThreads = 256;
 constexpr int kTokenTile = 2048;
 
-// Bits is an unsigned integer of the element size.
+// Bits is an unsigned integer of the element size; its top bit is the sign.
 template <typename Bits>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     forward_kernel(const Bits* __restrict__ table, const std::int32_t* __restrict__ tokens, Bits* __restrict__ out,
-                   std::int32_t* error_flag, std::int64_t vocab, std::int64_t dim, std::int64_t positions) {
+                   std::int32_t* error_flag, std::int64_t vocab, std::int64_t dim, std::int64_t positions,
+                   std::int64_t vocab_offset, std::int64_t valid_ids) {
+  // Note [Vocabulary slice of an embedding] (embedding.h).
+  constexpr Bits kNegativeZero = static_cast<Bits>(Bits{1} << (8 * sizeof(Bits) - 1));
   grid_stride(positions * dim, [&](std::int64_t e) {
     const std::int64_t p = e / dim;
     const std::int64_t d = e - p * dim;
-    const std::int32_t token = tokens[p];
-    if (token < 0 || token >= vocab) {
-      out[e] = Bits{0};
-      if (d == 0) *error_flag = 1;
+    const std::int64_t token = tokens[p];
+    const std::int64_t row = token - vocab_offset;
+    if (row >= 0 && row < vocab) {
+      out[e] = table[row * dim + d];
       return;
     }
-    out[e] = table[token * dim + d];
+    const bool outside = token < 0 || token >= valid_ids;
+    out[e] = outside && vocab_offset == 0 ? Bits{0} : kNegativeZero;
+    if (outside && d == 0) *error_flag = 1;
   });
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kBackwardThreads)
     backward_kernel(const T* __restrict__ dout, const std::int32_t* __restrict__ tokens, float* __restrict__ dtable,
-                    std::int64_t vocab, std::int64_t dim, std::int64_t positions) {
+                    std::int64_t vocab, std::int64_t dim, std::int64_t positions, std::int64_t vocab_offset) {
   __shared__ std::int32_t tile[kTokenTile];
   const std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const std::int64_t id = v + vocab_offset;  // the global id of row v (a vocabulary slice's row)
   const std::int64_t d = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   const bool owns = v < vocab && d < dim;
   const int thread = threadIdx.y * blockDim.x + threadIdx.x;
@@ -62,7 +68,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
     __syncthreads();
     if (owns) {
       for (int i = 0; i < count; ++i) {
-        if (tile[i] == v) acc += to_float(dout[(start + i) * dim + d]);
+        if (tile[i] == id) acc += to_float(dout[(start + i) * dim + d]);
       }
     }
   }
@@ -86,11 +92,11 @@ void launch_embedding_forward(const EmbeddingDesc& desc, const void* table, cons
   if (dtype_size(desc.dtype) == 4) {
     forward_kernel<std::uint32_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
         static_cast<const std::uint32_t*>(table), tokens, static_cast<std::uint32_t*>(out), error_flag, desc.vocab,
-        desc.dim, desc.positions());
+        desc.dim, desc.positions(), desc.vocab_offset, desc.valid_ids());
   } else {
     forward_kernel<std::uint16_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
         static_cast<const std::uint16_t*>(table), tokens, static_cast<std::uint16_t*>(out), error_flag, desc.vocab,
-        desc.dim, desc.positions());
+        desc.dim, desc.positions(), desc.vocab_offset, desc.valid_ids());
   }
   SG_CUDA_CHECK(cudaGetLastError());
 }
@@ -112,7 +118,7 @@ void launch_embedding_backward(const EmbeddingDesc& desc, const void* dout, cons
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_blocks));
   auto launch = [&]<typename T>() {
     backward_kernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(dout), tokens, dtable, desc.vocab, desc.dim,
-                                                   desc.positions());
+                                                   desc.positions(), desc.vocab_offset);
   };
   switch (desc.dtype) {
     case DType::kFloat32: launch.template operator()<float>(); break;

@@ -12,6 +12,20 @@
 // and reads it after the step), so nothing is read back inside a step;
 // backward skips it.
 //
+// Note [Vocabulary slice of an embedding]
+// A vocabulary-parallel rank's table is a slice: rows [vocab_offset,
+// vocab_offset + vocab) of a table of full_vocab ids (EmbeddingDesc). Its
+// forward looks up the tokens of its slice and writes -0.0 for every other
+// token of the vocabulary: -0.0 is the additive identity (x + -0.0 == x for
+// every x, +0.0 and -0.0 included, where +0.0 is not), so the sum of the
+// ranks' outputs (a reduce-scatter, in any order) is the owning rank's row,
+// bit for bit. A token outside [0, full_vocab) belongs to no slice: every
+// slice sets the flag, and the slice at offset 0 writes +0.0 (the others
+// -0.0), so the sum is the +0.0 that one whole table writes. The backward
+// sums, for each of its rows, the positions naming that row's global id,
+// in position order: one whole table's sums for those rows, bit for bit.
+// The defaults (offset 0, full_vocab 0 = vocab) are the whole table.
+//
 // Note [Deterministic embedding backward]
 // Atomic fp32 adds are not bit-reproducible (their order varies run to run),
 // and eager and graphed steps must give identical losses. So no atomics: each
@@ -39,11 +53,19 @@ struct EmbeddingDesc {
   std::int64_t rows = 0;   // examples
   std::int64_t width = 0;  // tokens per example (the context window)
 
+  // A vocabulary slice (Note [Vocabulary slice of an embedding]): the
+  // table's rows are the ids [vocab_offset, vocab_offset + vocab) of a
+  // vocabulary of full_vocab ids (0: vocab, the whole table).
+  std::int64_t vocab_offset = 0;
+  std::int64_t full_vocab = 0;
+
   std::int64_t positions() const { return rows * width; }
+  std::int64_t valid_ids() const { return full_vocab > 0 ? full_vocab : vocab; }
 };
 
 // dtype bf16/fp16/fp32; vocab, dim, rows, width > 0 with every product below
-// 2^31. Throws Error(kInvalidArgument) otherwise.
+// 2^31; a slice inside [0, full_vocab) with full_vocab below 2^31. Throws
+// Error(kInvalidArgument) otherwise.
 void check_embedding(const EmbeddingDesc& desc);
 
 void launch_embedding_forward(const EmbeddingDesc& desc, const void* table, const std::int32_t* tokens, void* out,

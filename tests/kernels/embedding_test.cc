@@ -4,7 +4,9 @@
 // the argument checks. GPU: both kernels against the host reference bit for
 // bit per dtype and size class (dims that are not a multiple of a warp, dims
 // spanning several column blocks, more positions than one token tile, small
-// vocabularies with many repeats), into NaN-poisoned outputs.
+// vocabularies with many repeats, vocabulary slices), into NaN-poisoned
+// outputs. Vocabulary slices: N slices' lookups sum to the whole table's,
+// bit for bit, and their gradients are its rows.
 #include "kernels/embedding.h"
 
 #include <gtest/gtest.h>
@@ -111,6 +113,61 @@ TEST(EmbeddingTest, Bf16HostBackwardSumsEachTokensRowsInPositionOrder) {
   }
 }
 
+// Note [Vocabulary slice of an embedding]: N slices' outputs summed in fp32
+// (any order) are the whole table's bits, the signed zeros of the table
+// included; each slice's gradient is the whole gradient's rows, bit for bit.
+TEST(EmbeddingTest, Bf16HostSlicesSumToTheWholeTableAndTheirGradientsAreItsRows) {
+  testing::SeededRng rng;
+  constexpr std::int64_t kSlices = 3;
+  const EmbeddingDesc whole{.dtype = kBf16, .vocab = 12, .dim = 5, .rows = 30, .width = 2};
+  HostArray table = random_array(kBf16, whole.vocab * whole.dim, rng);
+  table.set(4 * whole.dim + 1, -0.0f);  // signed zeros survive the sum
+  table.set(7 * whole.dim + 2, 0.0f);
+  const HostArray dout = random_array(kBf16, whole.positions() * whole.dim, rng);
+  std::vector<std::int32_t> tokens = random_tokens(whole.positions(), whole.vocab, rng);
+  tokens[3] = 4;
+  tokens[8] = 7;
+  tokens[11] = static_cast<std::int32_t>(whole.vocab);  // outside every slice: zeros and the flag
+  tokens[17] = -2;
+  HostArray want(kBf16, whole.positions() * whole.dim);
+  std::int32_t want_flag = 0;
+  host::embedding_forward(whole, table.data(), tokens.data(), want.data(), &want_flag);
+  EXPECT_EQ(want_flag, 1);
+  std::vector<float> want_dtable(static_cast<std::size_t>(whole.vocab * whole.dim));
+  host::embedding_backward(whole, dout.data(), tokens.data(), want_dtable.data());
+
+  std::vector<HostArray> outs;
+  const std::int64_t rows = whole.vocab / kSlices;
+  for (std::int64_t s = 0; s < kSlices; ++s) {
+    EmbeddingDesc slice = whole;
+    slice.vocab = rows;
+    slice.vocab_offset = s * rows;
+    slice.full_vocab = whole.vocab;
+    HostArray slice_table(kBf16, rows * whole.dim);
+    std::memcpy(slice_table.data(), table.bytes.data() + s * rows * whole.dim * 2, slice_table.bytes.size());
+    outs.emplace_back(kBf16, whole.positions() * whole.dim);
+    std::int32_t flag = 0;
+    host::embedding_forward(slice, slice_table.data(), tokens.data(), outs.back().data(), &flag);
+    EXPECT_EQ(flag, 1) << "slice " << s << ": a token outside the vocabulary flags every slice";
+    std::vector<float> dtable(static_cast<std::size_t>(rows * whole.dim), NAN);
+    host::embedding_backward(slice, dout.data(), tokens.data(), dtable.data());
+    const std::vector<float> want_rows(want_dtable.begin() + s * rows * whole.dim,
+                                       want_dtable.begin() + (s + 1) * rows * whole.dim);
+    EXPECT_EQ(std::memcmp(dtable.data(), want_rows.data(), dtable.size() * sizeof(float)), 0)
+        << "slice " << s << "'s gradient is not the whole table's rows";
+  }
+  for (const bool reversed : {false, true}) {
+    HostArray sum(kBf16, want.numel);
+    for (std::int64_t i = 0; i < want.numel; ++i) {
+      float acc = outs[reversed ? kSlices - 1 : 0].get(i);
+      for (std::int64_t k = 1; k < kSlices; ++k) acc += outs[reversed ? kSlices - 1 - k : k].get(i);
+      sum.set(i, acc);
+    }
+    EXPECT_EQ(sum.bytes, want.bytes) << "the slices' sum" << (reversed ? " in reverse order" : "")
+                                     << " is not the whole table's lookup bit for bit";
+  }
+}
+
 TEST(EmbeddingTest, ChecksRejectBadDescriptions) {
   const EmbeddingDesc good{.dtype = kBf16, .vocab = 8, .dim = 4, .rows = 2, .width = 3};
   EXPECT_NO_THROW(check_embedding(good));
@@ -126,6 +183,16 @@ TEST(EmbeddingTest, ChecksRejectBadDescriptions) {
   bad = good;
   bad.rows = std::int64_t{1} << 30;
   expect_invalid_argument([&] { check_embedding(bad); }, "2^31");
+  bad = good;
+  bad.vocab_offset = 4;
+  bad.full_vocab = 10;  // ids [4, 12) are not inside [0, 10)
+  expect_invalid_argument([&] { check_embedding(bad); }, "must lie inside the vocabulary [0, 10)");
+  bad.full_vocab = 0;  // the whole table: no offset
+  expect_invalid_argument([&] { check_embedding(bad); }, "must lie inside the vocabulary [0, 8)");
+  bad = good;
+  bad.vocab_offset = 8;
+  bad.full_vocab = 16;
+  EXPECT_NO_THROW(check_embedding(bad));
   expect_invalid_argument([&] { launch_embedding_forward(good, nullptr, nullptr, nullptr, nullptr, nullptr); }, "null");
   expect_invalid_argument([&] { launch_embedding_backward(good, nullptr, nullptr, nullptr, nullptr); }, "null");
 }
@@ -136,14 +203,24 @@ TEST(EmbeddingTest, ChecksRejectBadDescriptions) {
 struct Case {
   DType dtype;
   std::int64_t vocab, dim, rows, width;
+  // A vocabulary slice: the table holds ids [vocab_offset, vocab_offset +
+  // vocab) of full_vocab (0: the whole table).
+  std::int64_t vocab_offset = 0, full_vocab = 0;
 };
 
 void expect_device_matches_host(const Case& c) {
   testing::SeededRng rng;
-  const EmbeddingDesc desc{.dtype = c.dtype, .vocab = c.vocab, .dim = c.dim, .rows = c.rows, .width = c.width};
+  const EmbeddingDesc desc{.dtype = c.dtype,
+                           .vocab = c.vocab,
+                           .dim = c.dim,
+                           .rows = c.rows,
+                           .width = c.width,
+                           .vocab_offset = c.vocab_offset,
+                           .full_vocab = c.full_vocab};
   const HostArray table = random_array(c.dtype, desc.vocab * desc.dim, rng);
   const HostArray dout = random_array(c.dtype, desc.positions() * desc.dim, rng);
-  std::vector<std::int32_t> tokens = random_tokens(desc.positions(), desc.vocab, rng);
+  // Every id of the vocabulary: a slice sees tokens of the other slices too.
+  std::vector<std::int32_t> tokens = random_tokens(desc.positions(), desc.valid_ids(), rng);
   HostArray token_array(DType::kInt32, desc.positions());
   std::memcpy(token_array.data(), tokens.data(), tokens.size() * sizeof(std::int32_t));
 
@@ -169,15 +246,22 @@ void expect_device_matches_host(const Case& c) {
   EXPECT_EQ(std::memcmp(got_dtable.data(), want_dtable.data(), want_dtable.size() * sizeof(float)), 0)
       << "backward differs from the host's fp32 sums in position order";
 
-  // Out of range: zeros and the flag on the device too.
-  tokens[0] = static_cast<std::int32_t>(desc.vocab);
+  // Out of range: zeros (+0.0 from the first slice, -0.0 from the others)
+  // and the flag on the device too.
+  tokens[0] = static_cast<std::int32_t>(desc.valid_ids());
   std::memcpy(token_array.data(), tokens.data(), tokens.size() * sizeof(std::int32_t));
   d_tokens.upload(token_array);
   launch_embedding_forward(desc, d_table.get(), d_tokens.as<std::int32_t>(), d_out.get(), d_flag.as<std::int32_t>(),
                            stream.get());
   const HostArray flagged = d_out.download(c.dtype, want_out.numel);
   EXPECT_EQ(d_flag.download(DType::kInt32, 1).get(0), 1.0f);
-  for (std::int64_t d = 0; d < desc.dim; ++d) EXPECT_EQ(flagged.get(d), 0.0f);
+  for (std::int64_t d = 0; d < desc.dim; ++d) {
+    EXPECT_EQ(flagged.get(d), 0.0f);
+    EXPECT_EQ(std::signbit(flagged.get(d)), desc.vocab_offset != 0) << "column " << d;
+  }
+  HostArray want_flagged(c.dtype, desc.positions() * desc.dim);
+  host::embedding_forward(desc, table.data(), tokens.data(), want_flagged.data(), &want_flag);
+  EXPECT_EQ(flagged.bytes, want_flagged.bytes) << "forward with an out-of-range token differs from the host";
 }
 
 TEST(EmbeddingCudaTest, Bf16SmallDimManyRepeatsMatchesHostBitwise) {
@@ -198,6 +282,16 @@ TEST(EmbeddingCudaTest, Fp32MorePositionsThanOneTileMatchesHostBitwise) {
 TEST(EmbeddingCudaTest, Bf16LargeVocabMatchesHostBitwise) {
   SG_SKIP_WITHOUT_GPU();
   expect_device_matches_host({kBf16, 4096, 128, 512, 8});
+}
+
+TEST(EmbeddingCudaTest, Bf16VocabularySliceMatchesHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  expect_device_matches_host({kBf16, 256, 96, 300, 1, /*vocab_offset=*/512, /*full_vocab=*/1024});
+}
+
+TEST(EmbeddingCudaTest, Fp32FirstVocabularySliceMatchesHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  expect_device_matches_host({kFp32, 100, 33, 2500, 1, /*vocab_offset=*/0, /*full_vocab=*/400});
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "kernels/gemm.h"
 #include "ops/attention_ops.h"
+#include "ops/embedding_ops.h"
 #include "ops/fp8_ops.h"
 #include "ops/gemm_ops.h"
 #include "ops/grouped_gemm_ops.h"
@@ -59,8 +60,8 @@ TEST(WrittenInputsTest, Fp8OpsWriteTheirDestinationsAndState) {
 
 TEST(WrittenInputsTest, ErrorWordsGradientsAndBucketsAreWritten) {
   EXPECT_EQ(written("cross_entropy", ops::CrossEntropyParams{}, 3), (Indices{2}));
-  EXPECT_EQ(written("embedding", NoParams{}, 3), (Indices{2}));
-  EXPECT_EQ(written("embedding_backward", NoParams{}, 3), (Indices{0}));
+  EXPECT_EQ(written("embedding", ops::EmbeddingParams{}, 3), (Indices{2}));
+  EXPECT_EQ(written("embedding_backward", ops::EmbeddingParams{}, 3), (Indices{0}));
   EXPECT_EQ(written("moe_plan", ops::MoEPlanParams{.experts = 4}, 2), (Indices{1}));
   EXPECT_EQ(written("split_offsets", ops::SplitOffsetsParams{.tokens = 8}, 2), (Indices{1}));
   EXPECT_EQ(written("grouped_linear_wgrad_", ops::GroupedGemmParams{}, 4), (Indices{0}));

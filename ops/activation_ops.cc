@@ -23,17 +23,6 @@ void visit_operands(const NoParams&, GeluBackwardOperands<F>& o, V& v) {
   v({"x"}, o.x);
 }
 
-template <typename F>
-struct ResidualAddOperands {
-  F a, b;
-};
-
-template <typename F, typename V>
-void visit_operands(const NoParams&, ResidualAddOperands<F>& o, V& v) {
-  v({"a"}, o.a);
-  v({"b"}, o.b);
-}
-
 constexpr std::string_view kGelu = "gelu";
 constexpr std::string_view kGeluBackward = "gelu_backward";
 constexpr std::string_view kResidualAdd = "residual_add";
@@ -104,17 +93,17 @@ const OpDef& residual_add_op() {
       .name = kResidualAdd,
       .check =
           [](const OpParams&, std::span<const TensorMeta> in) {
-            const auto o = bind_metas<ResidualAddOperands>(kResidualAdd, NoParams{}, in);
+            const auto o = bind_metas<BinaryOperands>(kResidualAdd, NoParams{}, in);
             return check_same(kResidualAdd, o.a, &o.b, "b");
           },
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            const auto o = bind_args<ResidualAddOperands>(NoParams{}, a);
+            const auto o = bind_args<BinaryOperands>(NoParams{}, a);
             kernels::launch_residual_add(o.a.dtype(), o.a.data, o.b.data, a.outputs[0], o.a.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            const auto o = bind_args<ResidualAddOperands>(NoParams{}, a);
+            const auto o = bind_args<BinaryOperands>(NoParams{}, a);
             kernels::host::residual_add(o.a.dtype(), o.a.data, o.b.data, a.outputs[0], o.a.numel());
           },
   };
@@ -136,7 +125,7 @@ Tensor gelu_backward(Context& ctx, const Tensor& dy, const Tensor& x) {
 Tensor residual_add(Context& ctx, const Tensor& a, const Tensor& b) {
   return ctx
       .call(residual_add_op(), NoParams{},
-            flatten(kResidualAdd, NoParams{}, ResidualAddOperands<Tensor>{.a = a, .b = b}))
+            flatten(kResidualAdd, NoParams{}, BinaryOperands<Tensor>{.a = a, .b = b}))
       .front();
 }
 

@@ -18,18 +18,6 @@ struct PackParams {
 };
 
 template <typename F>
-struct PackOperands {
-  std::vector<F> tensors;  // packed end to end, in order
-};
-
-template <typename F, typename V>
-void visit_operands(const PackParams&, PackOperands<F>& o, V& v) {
-  v.list("tensors", o.tensors, kRestOfInputs);
-  for (std::size_t i = 0; i < o.tensors.size(); ++i)
-    v({.name = "tensors", .index = static_cast<std::int64_t>(i)}, o.tensors[i]);
-}
-
-template <typename F>
 struct UnpackOperands {
   F packed;
   std::vector<F> targets;  // written, in order
@@ -74,7 +62,7 @@ void for_each_range(const std::vector<Operand>& tensors, std::size_t element, co
 }
 
 void pack_run(const KernelArgs& a, CUstream_st* stream) {
-  const auto o = bind_args<PackOperands>(PackParams{}, a);
+  const auto o = bind_args<ReadList>(PackParams{}, a);
   const std::size_t element = dtype_size(o.tensors.at(0).dtype());
   auto* flat = static_cast<std::byte*>(a.outputs[0]);
   const auto used = static_cast<std::size_t>(total_numel(o.tensors)) * element;
@@ -114,7 +102,7 @@ const OpDef& pack_op() {
       .check =
           [](const OpParams& params, std::span<const TensorMeta> in) {
             const auto& p = params.as<PackParams>();
-            const auto o = bind_metas<PackOperands>(kPack, p, in);
+            const auto o = bind_metas<ReadList>(kPack, p, in);
             check_one_dtype(kPack, o.tensors);
             SG_CHECK(p.padded_numel >= total_numel(o.tensors), "op pack: padded length ", p.padded_numel,
                      " is shorter than the ", total_numel(o.tensors), " elements of its tensors");
@@ -151,7 +139,7 @@ SG_REGISTER_OP(unpack_inplace_op);
 
 Tensor pack(Context& ctx, const std::vector<Tensor>& tensors, std::int64_t padded_numel) {
   const PackParams params{padded_numel};
-  return ctx.call(pack_op(), params, flatten(kPack, params, PackOperands<Tensor>{tensors}))[0];
+  return ctx.call(pack_op(), params, flatten(kPack, params, ReadList<Tensor>{tensors}))[0];
 }
 
 void unpack_(Context& ctx, const Tensor& packed, const std::vector<Tensor>& tensors) {

@@ -41,34 +41,6 @@ struct AxpyParams {
 
 // --- operands ---------------------------------------------------------------------
 
-template <typename F, typename V>
-void visit_operands(const CastParams&, ReadOperand<F>& o, V& v) {
-  v({"x"}, o.x);
-}
-
-template <typename F>
-struct BinaryOperands {
-  F a, b;
-};
-
-template <typename F, typename V>
-void visit_operands(const NoParams&, BinaryOperands<F>& o, V& v) {
-  v({"a"}, o.a);
-  v({"b"}, o.b);
-}
-
-template <typename F>
-struct CopyIntoOperands {
-  F dst;  // written
-  F src;
-};
-
-template <typename F, typename V>
-void visit_operands(const NoParams&, CopyIntoOperands<F>& o, V& v) {
-  v({.name = "dst", .use = Use::kWrite}, o.dst);
-  v({"src"}, o.src);
-}
-
 template <typename F>
 struct AxpyOperands {
   F y, x;  // y + alpha x
@@ -124,7 +96,7 @@ std::vector<TensorMeta> check_copy(const OpParams&, std::span<const TensorMeta> 
 }
 
 std::vector<TensorMeta> check_copy_into(const OpParams&, std::span<const TensorMeta> inputs) {
-  const auto o = bind_metas<CopyIntoOperands>("copy_", NoParams{}, inputs);
+  const auto o = bind_metas<CopyOperands>("copy_", NoParams{}, inputs);
   return check_fp32_alike("copy_", {{"dst", o.dst}, {"src", o.src}}, 0);
 }
 
@@ -220,15 +192,15 @@ const OpDef& copy_inplace_op() {
   static const OpDef op{
       .name = "copy_",
       .check = check_copy_into,
-      .mutated_inputs_for = written_inputs_of<CopyIntoOperands, NoParams>,
+      .mutated_inputs_for = written_inputs_of<CopyOperands, NoParams>,
       .launch_cuda =
           [](const OpParams&, const KernelArgs& a, CUstream_st* s) {
-            const auto o = bind_args<CopyIntoOperands>(NoParams{}, a);
+            const auto o = bind_args<CopyOperands>(NoParams{}, a);
             kernels::launch_copy_f32(f32(o.dst), f32(o.src), o.dst.numel(), s);
           },
       .run_host =
           [](const OpParams&, const KernelArgs& a) {
-            const auto o = bind_args<CopyIntoOperands>(NoParams{}, a);
+            const auto o = bind_args<CopyOperands>(NoParams{}, a);
             kernels::host::copy_f32(f32(o.dst), f32(o.src), o.dst.numel());
           },
   };
@@ -398,7 +370,7 @@ Tensor copy(Context& ctx, const Tensor& x) { return call(ctx, copy_op(), NoParam
 
 void copy_(Context& ctx, const Tensor& dst, const Tensor& src) {
   ctx.call(copy_inplace_op(), NoParams{},
-           flatten("copy_", NoParams{}, CopyIntoOperands<Tensor>{.dst = dst, .src = src}));
+           flatten("copy_", NoParams{}, CopyOperands<Tensor>{.dst = dst, .src = src}));
 }
 
 Tensor axpy(Context& ctx, const Tensor& y, const Tensor& x, float alpha) {

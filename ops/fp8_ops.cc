@@ -204,16 +204,6 @@ namespace {
 // --- quantize_blocks ----------------------------------------------------------------
 
 template <typename F>
-struct BlockInputs {
-  F x;  // [rows, cols]
-};
-
-template <typename F, typename V>
-void visit_operands(const BlockQuantizeParams&, BlockInputs<F>& o, V& v) {
-  v({"x"}, o.x);
-}
-
-template <typename F>
 struct BlockResults {
   F rowwise, rowwise_scale_inv;        // with params.rowwise
   F columnwise, columnwise_scale_inv;  // with params.columnwise
@@ -237,7 +227,7 @@ kernels::QuantizeDesc describe_blocks(const BlockQuantizeParams& p, const Tensor
 
 std::vector<TensorMeta> check_blocks(const OpParams& params, std::span<const TensorMeta> inputs) {
   const BlockQuantizeParams& p = params.as<BlockQuantizeParams>();
-  const auto o = bind_metas<BlockInputs>(kBlocks, p, inputs);
+  const auto o = bind_metas<ReadOperand>(kBlocks, p, inputs);
   SG_CHECK(o.x.shape.rank() == 2, "op quantize_blocks: x must be 2-D [rows, cols], got ", o.x.shape);
   const kernels::QuantizeDesc desc = describe_blocks(p, o.x);
   kernels::check_block_quantize(desc, p.shape);
@@ -266,7 +256,7 @@ const OpDef& quantize_blocks_op() {
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const BlockQuantizeParams& p = params.as<BlockQuantizeParams>();
-            const auto in = bind_args<BlockInputs>(p, a);
+            const auto in = bind_args<ReadOperand>(p, a);
             const auto out = bind_outputs<BlockResults>(p, a);
             kernels::launch_quantize_blocks(describe_blocks(p, *in.x.meta), p.shape, p.power_of_two, in.x.data,
                                             block_outputs(out), out.non_finite.as<int>(), stream);
@@ -274,7 +264,7 @@ const OpDef& quantize_blocks_op() {
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const BlockQuantizeParams& p = params.as<BlockQuantizeParams>();
-            const auto in = bind_args<BlockInputs>(p, a);
+            const auto in = bind_args<ReadOperand>(p, a);
             const auto out = bind_outputs<BlockResults>(p, a);
             const bool ok = kernels::quantize_blocks_host(describe_blocks(p, *in.x.meta), p.shape, p.power_of_two,
                                                           in.x.data, block_outputs(out));
@@ -287,7 +277,7 @@ SG_REGISTER_OP(quantize_blocks_op);
 
 BlockQuantized quantize_blocks(Context& ctx, const Tensor& x, const BlockQuantizeParams& params) {
   const std::vector<Tensor> out =
-      ctx.call(quantize_blocks_op(), params, flatten(kBlocks, params, BlockInputs<Tensor>{x}));
+      ctx.call(quantize_blocks_op(), params, flatten(kBlocks, params, ReadOperand<Tensor>{x}));
   const BlockResults<Tensor> r = bind_results<BlockResults>(params, out);
   return {.rowwise = r.rowwise,
           .rowwise_scale_inv = r.rowwise_scale_inv,

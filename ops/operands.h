@@ -83,9 +83,11 @@ struct Operand {
 inline const TensorMeta& meta_of(const TensorMeta& meta) { return meta; }
 inline const TensorMeta& meta_of(const Operand& operand) { return *operand.meta; }
 
-// The two operand shapes many ops share, whatever their params: no operand
-// (fill, empty, recv) and one tensor read, x (copy, cast, gelu, amax, the
-// collectives that read their source).
+// The operand shapes several ops share, whatever their params: no operand
+// (fill, empty, recv); one tensor read, x (copy, cast, gelu, amax, the
+// collectives that read their source, quantize_blocks); two read, a and b
+// (add, mul, residual_add); dst written from src (copy_, copy_rows_); and a
+// list read, tensors (pack, order_after).
 template <typename F>
 struct NoOperands {};
 
@@ -100,6 +102,41 @@ struct ReadOperand {
 template <typename P, typename F, typename V>
 void visit_operands(const P&, ReadOperand<F>& o, V& v) {
   v({"x"}, o.x);
+}
+
+template <typename F>
+struct BinaryOperands {
+  F a, b;
+};
+
+template <typename P, typename F, typename V>
+void visit_operands(const P&, BinaryOperands<F>& o, V& v) {
+  v({"a"}, o.a);
+  v({"b"}, o.b);
+}
+
+template <typename F>
+struct CopyOperands {
+  F dst;  // written
+  F src;
+};
+
+template <typename P, typename F, typename V>
+void visit_operands(const P&, CopyOperands<F>& o, V& v) {
+  v({.name = "dst", .use = Use::kWrite}, o.dst);
+  v({"src"}, o.src);
+}
+
+template <typename F>
+struct ReadList {
+  std::vector<F> tensors;  // every input, in order
+};
+
+template <typename P, typename F, typename V>
+void visit_operands(const P&, ReadList<F>& o, V& v) {
+  v.list("tensors", o.tensors, kRestOfInputs);
+  for (std::size_t i = 0; i < o.tensors.size(); ++i)
+    v({.name = "tensors", .index = static_cast<std::int64_t>(i)}, o.tensors[i]);
 }
 
 namespace operands_detail {

@@ -23,18 +23,6 @@ struct RowParams {
   std::string to_string() const { return "first_row=" + std::to_string(first_row); }
 };
 
-template <typename F>
-struct CopyRowsOperands {
-  F dst;  // written: rows [first_row, first_row + src rows)
-  F src;
-};
-
-template <typename F, typename V>
-void visit_operands(const RowParams&, CopyRowsOperands<F>& o, V& v) {
-  v({.name = "dst", .use = Use::kWrite}, o.dst);
-  v({"src"}, o.src);
-}
-
 constexpr std::string_view kEmpty = "empty";
 constexpr std::string_view kCopyRows = "copy_rows_";
 
@@ -47,7 +35,7 @@ std::vector<TensorMeta> check_empty(const OpParams& params, std::span<const Tens
 
 std::vector<TensorMeta> check_copy_rows(const OpParams& params, std::span<const TensorMeta> inputs) {
   const RowParams& p = params.as<RowParams>();
-  const auto o = bind_metas<CopyRowsOperands>(kCopyRows, p, inputs);
+  const auto o = bind_metas<CopyOperands>(kCopyRows, p, inputs);
   const TensorMeta& dst = o.dst;
   const TensorMeta& src = o.src;
   const std::int64_t first = p.first_row;
@@ -87,18 +75,18 @@ const OpDef& copy_rows_inplace_op() {
   static const OpDef op{
       .name = kCopyRows,
       .check = check_copy_rows,
-      .mutated_inputs_for = written_inputs_of<CopyRowsOperands, RowParams>,
+      .mutated_inputs_for = written_inputs_of<CopyOperands, RowParams>,
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
             const RowParams& p = params.as<RowParams>();
-            const auto o = bind_args<CopyRowsOperands>(p, a);
+            const auto o = bind_args<CopyOperands>(p, a);
             const auto bytes = static_cast<std::size_t>(o.src.meta->bytes());
             kernels::launch_copy_bytes(window(o.dst, p.first_row), o.src.data, bytes, stream);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const RowParams& p = params.as<RowParams>();
-            const auto o = bind_args<CopyRowsOperands>(p, a);
+            const auto o = bind_args<CopyOperands>(p, a);
             const auto bytes = static_cast<std::size_t>(o.src.meta->bytes());
             if (bytes > 0) std::memcpy(window(o.dst, p.first_row), o.src.data, bytes);
           },
@@ -115,7 +103,7 @@ Tensor empty(Context& ctx, const TensorMeta& meta) {
 void copy_rows_(Context& ctx, const Tensor& dst, const Tensor& src, std::int64_t first_row) {
   const RowParams params{first_row};
   ctx.call(copy_rows_inplace_op(), params,
-           flatten(kCopyRows, params, CopyRowsOperands<Tensor>{.dst = dst, .src = src}));
+           flatten(kCopyRows, params, CopyOperands<Tensor>{.dst = dst, .src = src}));
 }
 
 }  // namespace stepgraph::ops

@@ -9,18 +9,6 @@
 namespace stepgraph::ops {
 namespace {
 
-template <typename F>
-struct OrderAfterOperands {
-  std::vector<F> tensors;  // whose writes the stream waits for
-};
-
-template <typename F, typename V>
-void visit_operands(const NoParams&, OrderAfterOperands<F>& o, V& v) {
-  v.list("tensors", o.tensors, kRestOfInputs);
-  for (std::size_t i = 0; i < o.tensors.size(); ++i)
-    v({.name = "tensors", .index = static_cast<std::int64_t>(i)}, o.tensors[i]);
-}
-
 constexpr std::string_view kOrderAfter = "order_after";
 
 }  // namespace
@@ -30,7 +18,7 @@ const OpDef& order_after_op() {
       .name = kOrderAfter,
       .check =
           [](const OpParams&, std::span<const TensorMeta> inputs) {
-            SG_CHECK(!bind_metas<OrderAfterOperands>(kOrderAfter, NoParams{}, inputs).tensors.empty(),
+            SG_CHECK(!bind_metas<ReadList>(kOrderAfter, NoParams{}, inputs).tensors.empty(),
                      "op order_after: give the tensors whose writes the stream waits for");
             return std::vector<TensorMeta>{};
           },
@@ -45,7 +33,7 @@ SG_REGISTER_OP(order_after_op);
 void order_after(Context& ctx, std::span<const Tensor> tensors) {
   ctx.call(order_after_op(), NoParams{},
            flatten(kOrderAfter, NoParams{},
-                   OrderAfterOperands<Tensor>{std::vector<Tensor>(tensors.begin(), tensors.end())}));
+                   ReadList<Tensor>{std::vector<Tensor>(tensors.begin(), tensors.end())}));
 }
 
 }  // namespace stepgraph::ops

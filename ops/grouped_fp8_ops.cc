@@ -6,6 +6,7 @@
 
 #include "engine/error.h"
 #include "kernels/grouped_gemm.h"
+#include "ops/grouped_gemm_op_def.h"
 #include "ops/grouped_gemm_ops.h"
 #include "ops/op_registration.h"
 #include "ops/operands.h"
@@ -22,7 +23,7 @@ std::string describe(const TensorMeta& m) { return m.shape.to_string() + " " + s
 // --- operands -----------------------------------------------------------------
 
 template <typename F>
-struct ForwardOperands {
+struct Fp8ForwardOperands {
   F x, x_scale_inv;  // e4m3 [T, K], fp32 [1]
   F w, w_scale_inv;  // e4m3 [E * N, K] (w [E, N, K] as rows), fp32 [1]
   F offsets;         // int32 [E + 1]
@@ -30,7 +31,7 @@ struct ForwardOperands {
 };
 
 template <typename F, typename V>
-void visit_operands(const GroupedGemmParams& p, ForwardOperands<F>& o, V& v) {
+void visit_operands(const GroupedGemmParams& p, Fp8ForwardOperands<F>& o, V& v) {
   v({"x"}, o.x);
   v({"x_scale_inv"}, o.x_scale_inv);
   v({"w"}, o.w);
@@ -40,14 +41,14 @@ void visit_operands(const GroupedGemmParams& p, ForwardOperands<F>& o, V& v) {
 }
 
 template <typename F>
-struct DgradOperands {
+struct Fp8DgradOperands {
   F dy, dy_scale_inv;  // FP8 [T, N], fp32 [1]
   F w_t, w_scale_inv;  // e4m3 [K, E * N] (w's column-wise copy), fp32 [1]
   F offsets;
 };
 
 template <typename F, typename V>
-void visit_operands(const GroupedGemmParams&, DgradOperands<F>& o, V& v) {
+void visit_operands(const GroupedGemmParams&, Fp8DgradOperands<F>& o, V& v) {
   v({"dy"}, o.dy);
   v({"dy_scale_inv"}, o.dy_scale_inv);
   v({"w_t"}, o.w_t);
@@ -56,7 +57,7 @@ void visit_operands(const GroupedGemmParams&, DgradOperands<F>& o, V& v) {
 }
 
 template <typename F>
-struct WgradOperands {
+struct Fp8WgradOperands {
   F dw;                  // fp32 [E, N, K], written
   F dy_t, dy_scale_inv;  // FP8 [N, T] (dy's column-wise copy), fp32 [1]
   F x_t, x_scale_inv;    // e4m3 [K, T] (x's column-wise copy), fp32 [1]
@@ -64,7 +65,7 @@ struct WgradOperands {
 };
 
 template <typename F, typename V>
-void visit_operands(const GroupedGemmParams&, WgradOperands<F>& o, V& v) {
+void visit_operands(const GroupedGemmParams&, Fp8WgradOperands<F>& o, V& v) {
   v({.name = "dw", .use = Use::kWrite}, o.dw);
   v({"dy_t"}, o.dy_t);
   v({"dy_scale_inv"}, o.dy_scale_inv);
@@ -106,7 +107,7 @@ void expect_e4m3(std::string_view op, const TensorMeta& e4m3, const TensorMeta& 
 }
 
 template <typename F>
-GroupedGemmDesc describe_call(const GroupedGemmParams& p, const ForwardOperands<F>& o) {
+GroupedGemmDesc describe_call(const GroupedGemmParams& p, const Fp8ForwardOperands<F>& o) {
   constexpr std::string_view op = kForward;
   GroupedGemmDesc d = describe_common(op, GroupedGemmKind::kForward, p, meta_of(o.x_scale_inv), meta_of(o.w_scale_inv),
                                       meta_of(o.offsets));
@@ -132,7 +133,7 @@ GroupedGemmDesc describe_call(const GroupedGemmParams& p, const ForwardOperands<
 }
 
 template <typename F>
-GroupedGemmDesc describe_call(const GroupedGemmParams& p, const DgradOperands<F>& o) {
+GroupedGemmDesc describe_call(const GroupedGemmParams& p, const Fp8DgradOperands<F>& o) {
   constexpr std::string_view op = kDgrad;
   GroupedGemmDesc d = describe_common(op, GroupedGemmKind::kDgrad, p, meta_of(o.dy_scale_inv), meta_of(o.w_scale_inv),
                                       meta_of(o.offsets));
@@ -152,7 +153,7 @@ GroupedGemmDesc describe_call(const GroupedGemmParams& p, const DgradOperands<F>
 }
 
 template <typename F>
-GroupedGemmDesc describe_call(const GroupedGemmParams& p, const WgradOperands<F>& o) {
+GroupedGemmDesc describe_call(const GroupedGemmParams& p, const Fp8WgradOperands<F>& o) {
   constexpr std::string_view op = kWgrad;
   GroupedGemmDesc d = describe_common(op, GroupedGemmKind::kWgrad, p, meta_of(o.dy_scale_inv), meta_of(o.x_scale_inv),
                                       meta_of(o.offsets));
@@ -179,7 +180,7 @@ GroupedGemmDesc describe_call(const GroupedGemmParams& p, const WgradOperands<F>
 const float* scale_of(const Operand& scale_inv) { return scale_inv.as<const float>(); }
 const std::int32_t* offsets_of(const Operand& offsets) { return offsets.as<const std::int32_t>(); }
 
-kernels::GroupedGemmOperands pointers_of(const ForwardOperands<Operand>& o, const KernelArgs& a) {
+kernels::GroupedGemmOperands pointers_of(const Fp8ForwardOperands<Operand>& o, const KernelArgs& a) {
   return {.x = o.x.data,
           .w = o.w.data,
           .bias = o.bias.data,
@@ -189,7 +190,7 @@ kernels::GroupedGemmOperands pointers_of(const ForwardOperands<Operand>& o, cons
           .w_scale_inv = scale_of(o.w_scale_inv)};
 }
 
-kernels::GroupedGemmOperands pointers_of(const DgradOperands<Operand>& o, const KernelArgs& a) {
+kernels::GroupedGemmOperands pointers_of(const Fp8DgradOperands<Operand>& o, const KernelArgs& a) {
   return {.w = o.w_t.data,
           .dy = o.dy.data,
           .offsets = offsets_of(o.offsets),
@@ -198,7 +199,7 @@ kernels::GroupedGemmOperands pointers_of(const DgradOperands<Operand>& o, const 
           .dy_scale_inv = scale_of(o.dy_scale_inv)};
 }
 
-kernels::GroupedGemmOperands pointers_of(const WgradOperands<Operand>& o, const KernelArgs&) {
+kernels::GroupedGemmOperands pointers_of(const Fp8WgradOperands<Operand>& o, const KernelArgs&) {
   return {.x = o.x_t.data,
           .dy = o.dy_t.data,
           .offsets = offsets_of(o.offsets),
@@ -207,64 +208,22 @@ kernels::GroupedGemmOperands pointers_of(const WgradOperands<Operand>& o, const 
           .dy_scale_inv = scale_of(o.dy_scale_inv)};
 }
 
-template <template <typename> class Operands>
-std::vector<TensorMeta> check(std::string_view op, const OpParams& params, std::span<const TensorMeta> inputs) {
-  const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  const GroupedGemmDesc d = describe_call(p, bind_metas<Operands>(op, p, inputs));
-  if (d.kind == GroupedGemmKind::kForward) return {{Shape{d.tokens, d.n}, d.out_type}};
-  if (d.kind == GroupedGemmKind::kDgrad) return {{Shape{d.tokens, d.k}, d.out_type}};
-  return {};
-}
-
-template <template <typename> class Operands>
-void launch(const OpParams& params, const KernelArgs& args, CUstream_st* stream) {
-  const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  const auto o = bind_args<Operands>(p, args);
-  kernels::launch_grouped_gemm(describe_call(p, o), pointers_of(o, args), stream);
-}
-
-template <template <typename> class Operands>
-void run_host(const OpParams& params, const KernelArgs& args) {
-  const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  const auto o = bind_args<Operands>(p, args);
-  kernels::host::grouped_gemm(describe_call(p, o), pointers_of(o, args));
-}
-
 }  // namespace
 
 const OpDef& grouped_fp8_forward_op() {
-  static const OpDef op{
-      .name = kForward,
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> in) { return check<ForwardOperands>(kForward, params, in); },
-      .launch_cuda = launch<ForwardOperands>,
-      .run_host = run_host<ForwardOperands>,
-  };
+  static const OpDef op = grouped_gemm_op::define<GroupedGemmParams, Fp8ForwardOperands, kForward>();
   return op;
 }
 SG_REGISTER_OP(grouped_fp8_forward_op);
 
 const OpDef& grouped_fp8_dgrad_op() {
-  static const OpDef op{
-      .name = kDgrad,
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> in) { return check<DgradOperands>(kDgrad, params, in); },
-      .launch_cuda = launch<DgradOperands>,
-      .run_host = run_host<DgradOperands>,
-  };
+  static const OpDef op = grouped_gemm_op::define<GroupedGemmParams, Fp8DgradOperands, kDgrad>();
   return op;
 }
 SG_REGISTER_OP(grouped_fp8_dgrad_op);
 
 const OpDef& grouped_fp8_wgrad_op() {
-  static const OpDef op{
-      .name = kWgrad,
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> in) { return check<WgradOperands>(kWgrad, params, in); },
-      .mutated_inputs_for = written_inputs_of<WgradOperands, GroupedGemmParams>,
-      .launch_cuda = launch<WgradOperands>,
-      .run_host = run_host<WgradOperands>,
-  };
+  static const OpDef op = grouped_gemm_op::define<GroupedGemmParams, Fp8WgradOperands, kWgrad>();
   return op;
 }
 SG_REGISTER_OP(grouped_fp8_wgrad_op);
@@ -277,7 +236,7 @@ Tensor grouped_fp8_forward(Context& ctx, const Tensor& x, const Tensor& x_scale_
   return ctx
       .call(grouped_fp8_forward_op(), params,
             flatten(kForward, params,
-                    ForwardOperands<Tensor>{.x = x,
+                    Fp8ForwardOperands<Tensor>{.x = x,
                                             .x_scale_inv = x_scale_inv,
                                             .w = w,
                                             .w_scale_inv = w_scale_inv,
@@ -294,7 +253,7 @@ Tensor grouped_fp8_dgrad(Context& ctx, const Tensor& dy, const Tensor& dy_scale_
           grouped_fp8_dgrad_op(), params,
           flatten(
               kDgrad, params,
-              DgradOperands<Tensor>{
+              Fp8DgradOperands<Tensor>{
                   .dy = dy, .dy_scale_inv = dy_scale_inv, .w_t = w_t, .w_scale_inv = w_scale_inv, .offsets = offsets}))
       .front();
 }
@@ -306,7 +265,7 @@ void grouped_fp8_wgrad_(Context& ctx, const Tensor& dw, const Tensor& dy_t, cons
       .out_dtype = DType::kFloat32, .accumulate = accumulate, .split_accumulation = split_accumulation};
   ctx.call(grouped_fp8_wgrad_op(), params,
            flatten(kWgrad, params,
-                   WgradOperands<Tensor>{.dw = dw,
+                   Fp8WgradOperands<Tensor>{.dw = dw,
                                          .dy_t = dy_t,
                                          .dy_scale_inv = dy_scale_inv,
                                          .x_t = x_t,

@@ -6,6 +6,7 @@
 
 #include "engine/error.h"
 #include "kernels/grouped_gemm.h"
+#include "ops/grouped_gemm_op_def.h"
 #include "ops/op_registration.h"
 #include "ops/operands.h"
 
@@ -220,32 +221,6 @@ kernels::GroupedGemmOperands pointers_of(const WgradOperands<Operand>& o, const 
   return {.x = o.x.data, .dy = o.dy.data, .offsets = offsets_of(o.offsets), .out = o.dw.data};
 }
 
-template <template <typename> class Operands>
-std::vector<TensorMeta> check_gemm(std::string_view op, const OpParams& params, std::span<const TensorMeta> inputs) {
-  const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  const GroupedGemmDesc d = describe_call(p, bind_metas<Operands>(op, p, inputs));
-  switch (d.kind) {
-    case GroupedGemmKind::kForward: return {{Shape{d.tokens, d.n}, d.out_type}};
-    case GroupedGemmKind::kDgrad: return {{Shape{d.tokens, d.k}, d.out_type}};
-    case GroupedGemmKind::kWgrad: return {};
-  }
-  return {};
-}
-
-template <template <typename> class Operands>
-void launch_gemm(const OpParams& params, const KernelArgs& args, CUstream_st* stream) {
-  const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  const auto o = bind_args<Operands>(p, args);
-  kernels::launch_grouped_gemm(describe_call(p, o), pointers_of(o, args), stream);
-}
-
-template <template <typename> class Operands>
-void run_gemm_host(const OpParams& params, const KernelArgs& args) {
-  const GroupedGemmParams& p = params.as<GroupedGemmParams>();
-  const auto o = bind_args<Operands>(p, args);
-  kernels::host::grouped_gemm(describe_call(p, o), pointers_of(o, args));
-}
-
 template <typename F>
 kernels::GroupedBiasGradDesc describe_bias_grad(const GroupedGemmParams& p, const BiasGradOperands<F>& o) {
   constexpr std::string_view op = kBiasGrad;
@@ -271,38 +246,19 @@ kernels::GroupedBiasGradDesc describe_bias_grad(const GroupedGemmParams& p, cons
 }  // namespace
 
 const OpDef& grouped_linear_forward_op() {
-  static const OpDef op{
-      .name = kForward,
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> in) { return check_gemm<ForwardOperands>(kForward, params, in); },
-      .launch_cuda = launch_gemm<ForwardOperands>,
-      .run_host = run_gemm_host<ForwardOperands>,
-  };
+  static const OpDef op = grouped_gemm_op::define<GroupedGemmParams, ForwardOperands, kForward>();
   return op;
 }
 SG_REGISTER_OP(grouped_linear_forward_op);
 
 const OpDef& grouped_linear_dgrad_op() {
-  static const OpDef op{
-      .name = kDgrad,
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> in) { return check_gemm<DgradOperands>(kDgrad, params, in); },
-      .launch_cuda = launch_gemm<DgradOperands>,
-      .run_host = run_gemm_host<DgradOperands>,
-  };
+  static const OpDef op = grouped_gemm_op::define<GroupedGemmParams, DgradOperands, kDgrad>();
   return op;
 }
 SG_REGISTER_OP(grouped_linear_dgrad_op);
 
 const OpDef& grouped_linear_wgrad_op() {
-  static const OpDef op{
-      .name = kWgrad,
-      .check = [](const OpParams& params,
-                  std::span<const TensorMeta> in) { return check_gemm<WgradOperands>(kWgrad, params, in); },
-      .mutated_inputs_for = written_inputs_of<WgradOperands, GroupedGemmParams>,
-      .launch_cuda = launch_gemm<WgradOperands>,
-      .run_host = run_gemm_host<WgradOperands>,
-  };
+  static const OpDef op = grouped_gemm_op::define<GroupedGemmParams, WgradOperands, kWgrad>();
   return op;
 }
 SG_REGISTER_OP(grouped_linear_wgrad_op);

@@ -27,6 +27,14 @@
 // An op with several outputs names them the same way (all fields read):
 // output_metas() is its check's result, bind_outputs() the launcher's view,
 // bind_results() the call's tensors by name.
+//
+// An op file's operand structs live in its anonymous namespace, and their
+// names are unique across ops/: GCC (12) gives a template instantiated over
+// an anonymous namespace's class template (bind_args<WgradOperands>,
+// written_inputs_of<...>) weak linkage under a name that does not say which
+// file it came from, so two files' WgradOperands would share one
+// instantiation and the linker would keep either. tests/ops/registry_test
+// checks the names.
 #pragma once
 
 #include <cstddef>

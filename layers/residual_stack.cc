@@ -17,7 +17,6 @@
 namespace stepgraph {
 
 std::optional<std::string> ResidualStack::tensor_parallel_gap(const ResidualStackConfig& config) {
-  if (config.heads > 0) return detail::concat("attention (heads = ", config.heads, ")");
   if (config.dropout > 0.0f) return detail::concat("dropout (", config.dropout, ")");
   return std::nullopt;
 }
@@ -71,8 +70,10 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
                                    .eps = config.eps,
                                    .dtype = config.dtype,
                                    .rope_base = config.rope_base,
-                                   .fp8 = config.fp8},
-          seed + 8);
+                                   .fp8 = config.fp8,
+                                   .sequence_parallel = true,
+                                   .overlap = config.overlap},
+          seed + 8, tensor_parallel);
     }
     if (is_moe_block(i)) {
       const MoEMLPConfig moe{.hidden = config.hidden,

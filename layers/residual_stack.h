@@ -14,14 +14,18 @@
 // With a tensor-parallel communicator of N ranks (Megatron's tensor and
 // sequence parallelism) each rank holds 1/N of the tokens outside the
 // blocks: x, the residual stream and the final norm's output are
-// [tokens / N, hidden]. Each block shards its ffn (Note [Sequence-parallel
-// LayerNormMLP], Note [Tensor-parallel MoE]) and meets its collectives as
-// the config's `overlap` says; the head is vocabulary-parallel
+// [tokens / N, hidden]. Each block shards its attention heads (Note
+// [Tensor-parallel attention]: cu_seqlens is the packing of every rank's
+// tokens, rank r's shard being rows [r T/N, (r+1) T/N) of them) and its ffn
+// (Note [Sequence-parallel LayerNormMLP], Note [Tensor-parallel MoE]) and
+// meets its collectives as the config's `overlap` says; the head is vocabulary-parallel
 // (VocabParallelHead): it gathers the tokens, and the logits are every
 // token's over this rank's vocabulary slice, [tokens, vocab / N], whose loss
 // is loss()'s vocabulary-parallel cross-entropy over the labels of every
-// rank's tokens (gather_labels). The final norm saw only this rank's tokens,
-// so its gradients are all-reduced across the ranks in the backward.
+// rank's tokens (gather_labels). The norms saw only this rank's tokens, so
+// their gradients are all-reduced across the ranks in the backward (the
+// final norm's here, each block's in its attention and MLP), and each
+// parameter group holds this rank's shards and those all-reduced norms.
 #pragma once
 
 #include <cstddef>
@@ -66,11 +70,13 @@ struct ResidualStackConfig {
   // MultiheadAttention has `heads` query heads of hidden / heads features,
   // kv_heads key/value heads (0: heads; fewer: grouped-query attention) and
   // a rotary embedding of base rope_base; forward() then takes cu_seqlens.
-  // Not yet with tensor parallelism (an Error at construction).
+  // Tensor-parallel, heads and kv_heads must divide by the TP size (Note
+  // [Tensor-parallel attention] in layers/multihead_attention.h).
   std::int64_t heads = 0;
   std::int64_t kv_heads = 0;
   float rope_base = 10000.0f;
-  // Tensor-parallel only: how the dense blocks' collectives meet their GEMMs.
+  // Tensor-parallel only: how the dense blocks' collectives meet their GEMMs,
+  // and the attention's alike (fc1: QKV, fc2: the output projection).
   MLPOverlap overlap;
   // FP8 GEMMs in every block's projections and MLP: attention's
   // QKV and output projections, the dense MLP's fc1 and fc2, and an MoE
@@ -122,8 +128,8 @@ class ResidualStack {
   // and a tensor-parallel communicator is Error(kUnsupported).
   ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr);
 
-  // What of `config` a tensor-parallel stack cannot hold yet ("attention
-  // (heads = 4)", "dropout (0.1)"), or nothing. The constructor refuses it;
+  // What of `config` a tensor-parallel stack cannot hold yet ("dropout
+  // (0.1)"), or nothing. The constructor refuses it;
   // a program may ask first, to name its own flags.
   static std::optional<std::string> tensor_parallel_gap(const ResidualStackConfig& config);
 

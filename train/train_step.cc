@@ -50,10 +50,15 @@ class TrainStep::ModelSide {
 
  protected:
   // With attention: a persistent cu_seqlens [sequences + 1], filled with
-  // `sequences` sequences of tokens / sequences each.
-  void make_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences) {
+  // `sequences` sequences of tokens / sequences each. Tensor-parallel, the
+  // rank's tokens and sequences are 1/N of its group's, and the packing is
+  // the group's: N times as many (Note [Tensor-parallel attention]).
+  void make_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences, const ResidualStack& stack) {
     SG_CHECK(sequences > 0 && tokens % sequences == 0, "TrainStep: ", tokens,
              " tokens do not split into sequences of equal length (sequences = ", sequences, ")");
+    const std::int64_t ranks = stack.tensor_parallel() != nullptr ? stack.tensor_parallel()->world_size() : 1;
+    tokens *= ranks;
+    sequences *= ranks;
     std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1));
     for (std::int64_t s = 0; s <= sequences; ++s) cu[s] = static_cast<std::int32_t>(s * (tokens / sequences));
     set_packing(ctx, tokens, cu);
@@ -118,7 +123,7 @@ class LanguageModelSide final : public ModelSideOf<LanguageModel> {
       : ModelSideOf(model),
         tokens_(ctx.persistent("step.tokens", {token_shape(model.config(), batch), DType::kInt32})),
         token_error_(ctx.persistent("step.token_error", {Shape{1}, DType::kInt32})) {
-    if (model.config().sequence_model()) make_packing(ctx, tokens_.shape().dim(0), batch);
+    if (model.config().sequence_model()) make_packing(ctx, tokens_.shape().dim(0), batch, model.stack());
   }
   LanguageModelSide(Context& ctx, LanguageModel& model, TrainStep::PackedTokens packed)
       : ModelSideOf(model),
@@ -156,7 +161,7 @@ class ResidualStackSide final : public ModelSideOf<ResidualStack> {
   ResidualStackSide(Context& ctx, ResidualStack& model, std::int64_t tokens, std::int64_t sequences)
       : ModelSideOf(model),
         x_(ctx.persistent("step.x", {Shape{tokens, model.config().hidden}, model.config().dtype})) {
-    if (model.has_attention()) make_packing(ctx, tokens, sequences);
+    if (model.has_attention()) make_packing(ctx, tokens, sequences, model);
   }
 
   const Tensor& inputs() const override { return x_; }

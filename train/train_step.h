@@ -12,7 +12,9 @@
 //     in the model dtype, one label per token (the C API's and the
 //     benchmarks' step).
 // A model with attention also reads packing() (cu_seqlens int32
-// [sequences + 1]), filled with sequences of equal length; write another
+// [sequences + 1]), filled with sequences of equal length (tensor-parallel:
+// the packing of every rank's tokens of the group, rank r's rows
+// [r T/N, (r+1) T/N) of them); write another
 // packing of the same tokens into it between replays to train on sequences
 // of other lengths, without a new capture.
 // The loss, the backward with its optimizer groups (each group updates as

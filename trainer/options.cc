@@ -195,8 +195,9 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   app.add_option("--dp", o.dp, "data-parallel ranks (default: the world size); the global --batch is split among them")
       ->check(whole_number(1, kMaxRanks));
   app.add_option("--tp", o.tp,
-                 "tensor-parallel ranks: groups of this many consecutive ranks shard every block's ffn, the experts "
-                 "and the head's vocabulary, and each holds 1/tp of its group's tokens (sequence parallelism); the "
+                 "tensor-parallel ranks: groups of this many consecutive ranks shard every block's attention heads, "
+                 "ffn, the experts and the head's vocabulary, and each holds 1/tp of its group's tokens (sequence "
+                 "parallelism); the "
                  "world is tp x dp")
       ->check(whole_number(1, kMaxRanks));
   CLI::Option* overlap_option =
@@ -359,10 +360,14 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
     const std::string fp8 = fp8_flag(o.fp8);
     const std::int64_t tile = o.fp8->scaling == Fp8Scaling::kBlock ? 128 : 16;
     const std::int64_t kv_features = o.heads > 0 ? (o.kv_heads > 0 ? o.kv_heads : o.heads) * (o.hidden / o.heads) : 0;
-    SG_CHECK(o.hidden % tile == 0 && (o.hidden + 2 * kv_features) % tile == 0 && (o.ffn / o.tp) % tile == 0,
-             "--fp8 ", fp8, " needs --hidden, the attention's q/k/v width (--hidden + 2 x --kv-heads x head dim = ",
-             o.hidden + 2 * kv_features, ") and --ffn / --tp (", o.ffn / o.tp, ") to be multiples of ", tile,
-             ", got --hidden ", o.hidden, ", --ffn ", o.ffn);
+    // Tensor-parallel, each rank's slice of the attention's projections (heads / tp of them).
+    const std::int64_t heads_tp = o.heads > 0 ? o.tp : 1;
+    SG_CHECK(o.hidden % tile == 0 && (o.hidden / heads_tp) % tile == 0 &&
+                 ((o.hidden + 2 * kv_features) / heads_tp) % tile == 0 && (o.ffn / o.tp) % tile == 0,
+             "--fp8 ", fp8, " needs --hidden", heads_tp > 1 ? " and --hidden / --tp" : "",
+             ", the attention's q/k/v width (--hidden + 2 x --kv-heads x head dim = ", o.hidden + 2 * kv_features, ")",
+             heads_tp > 1 ? " / --tp" : "", " and --ffn / --tp (", o.ffn / o.tp, ") to be multiples of ", tile,
+             ", got --hidden ", o.hidden, ", --ffn ", o.ffn, ", --tp ", o.tp);
     SG_CHECK((o.batch * (o.heads > 0 ? o.context : 1)) % tile == 0, "--fp8 ", fp8, " needs each step's tokens (--batch",
              o.heads > 0 ? " x --seq-len" : "", " = ", o.batch * (o.heads > 0 ? o.context : 1), ") to be a multiple of ",
              tile);
@@ -397,6 +402,15 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(!o.profile || o.buckets.empty(), "--profile profiles the one captured step; --buckets captures one per "
            "bucket, which it does not profile yet: leave one of them out");
   SG_CHECK(o.ffn % o.tp == 0, "--ffn (", o.ffn, ") must divide by --tp (", o.tp, "): each rank holds ffn / tp of every block");
+  if (o.heads > 0 && o.tp > 1) {
+    // Note [Tensor-parallel attention] in layers/multihead_attention.h: heads split over the ranks.
+    const std::int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
+    SG_CHECK(o.heads % o.tp == 0, "--heads (", o.heads, ") must divide by --tp (", o.tp,
+             "): each rank holds heads / tp of every block's attention heads");
+    SG_CHECK(kv_heads % o.tp == 0, "--kv-heads (", kv_heads, ") must divide by --tp (", o.tp,
+             "): each rank holds kv_heads / tp of the key/value heads (copies of shared kv heads are not supported); "
+             "raise --kv-heads or lower --tp");
+  }
 
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");
   return o;

@@ -289,7 +289,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   // ResidualStack's rule, asked before the model is built to name the flags.
   if (const std::optional<std::string> gap = ResidualStack::tensor_parallel_gap(config.model); gap && o.tp > 1) {
     SG_THROW(ErrorCode::kInvalidArgument, "--tp ", o.tp, ": the model's ", *gap,
-             " is not tensor-parallel yet; pass --tp 1, or leave it out (--heads 0: the window model; --dropout 0)");
+             " is not tensor-parallel yet; pass --tp 1, or leave it out (--dropout 0)");
   }
   LanguageModel model(ctx, config, tp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));

@@ -169,6 +169,34 @@ TEST(Fp8LinearTest, LayerNormLinearRunsItsLinearInFp8) {
 std::vector<StateTensor> fp8_state(Linear& layer) { return layer.state(); }
 std::vector<StateTensor> fp8_state(LayerNormMLP& layer) { return state_of(layer.fp8_linears()); }
 
+// Replays `captured` (`graphed`'s forward + backward, step_of(graphed))
+// `replays` times with new x and dy, each time against `eager` run by
+// step_of on the same inputs: y, dx and every gradient equal bit for bit;
+// then so are the layers' FP8 scaling state (delayed scaling's histories,
+// scales and scale_invs, updated inside the graph).
+template <typename Layer, typename StepOf>
+void expect_replays_equal_eager(Context& ctx, const Tensor& x, const Tensor& dy, Layer& eager, Layer& graphed,
+                                CapturedStep& captured, const StepOf& step_of, int replays) {
+  auto bytes_of = [&](const Tensor& t) { return raw_bytes(ctx, t); };
+  testing::SeededRng rng;
+  for (int replay = 0; replay < replays; ++replay) {
+    write_floats(ctx, x, random_values(x.numel(), rng, 1.0f));
+    write_floats(ctx, dy, random_values(dy.numel(), rng, 0.01f));
+    const std::vector<Tensor> want = step_of(eager);
+    captured.replay();
+    ASSERT_EQ(bytes_of(captured.outputs()[0]), bytes_of(want[0])) << "y differs at replay " << replay;
+    ASSERT_EQ(bytes_of(captured.outputs()[1]), bytes_of(want[1])) << "dx differs at replay " << replay;
+    const std::vector<Parameter*> a = graphed.parameters(), b = eager.parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(bytes_of(a[i]->grad), bytes_of(b[i]->grad)) << a[i]->name << " at replay " << replay;
+    }
+  }
+  const std::vector<StateTensor> a = fp8_state(graphed), b = fp8_state(eager);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(bytes_of(a[i].tensor), bytes_of(b[i].tensor)) << a[i].name;
+}
+
 // One forward + backward captured once and replayed with new inputs, equal to
 // the eager step bit for bit (y, dx, every gradient), the pool report clean,
 // and the scaling state (delayed: `state_tensors` histories, scales and
@@ -189,25 +217,8 @@ void expect_graph_equals_eager(Device device, const Config& config, std::int64_t
   };
   auto captured = CapturedStep::capture(ctx, [&] { return step_of(layer); },
                                         {.pool_report_policy = PoolReportPolicy::kError});
-  auto bytes_of = [&](const Tensor& t) { return raw_bytes(ctx, t); };
-  auto grads = [&](Layer& l) { return testing::grad_bytes(ctx, l); };
-  testing::SeededRng rng;
-  for (int replay = 0; replay < replays; ++replay) {
-    write_floats(ctx, x, random_values(tokens * in, rng, 1.0f));
-    write_floats(ctx, dy, random_values(tokens * out, rng, 0.01f));
-    const std::vector<Tensor> eager = step_of(eager_layer);
-    captured->replay();
-    ASSERT_EQ(bytes_of(eager[0]), bytes_of(captured->outputs()[0])) << "y differs at replay " << replay;
-    ASSERT_EQ(bytes_of(eager[1]), bytes_of(captured->outputs()[1])) << "dx differs at replay " << replay;
-    ASSERT_EQ(grads(eager_layer), grads(layer)) << "gradients differ at replay " << replay;
-  }
-  // Delayed scaling's histories and scales, updated inside the graph, equal the eager twin's.
-  const std::vector<StateTensor> eager_state = fp8_state(eager_layer), graphed_state = fp8_state(layer);
-  ASSERT_EQ(eager_state.size(), graphed_state.size());
-  EXPECT_EQ(graphed_state.size(), state_tensors);
-  for (std::size_t i = 0; i < eager_state.size(); ++i) {
-    EXPECT_EQ(bytes_of(eager_state[i].tensor), bytes_of(graphed_state[i].tensor)) << graphed_state[i].name;
-  }
+  expect_replays_equal_eager(ctx, x, dy, eager_layer, layer, *captured, step_of, replays);
+  EXPECT_EQ(fp8_state(layer).size(), state_tensors);
 }
 
 void expect_fp8_graph_equals_eager(Device device, const Fp8Recipe& recipe, int replays) {
@@ -311,23 +322,7 @@ void expect_fused_equals_unfused(Device device, const Fp8Recipe& recipe, int ste
   // Current scaling runs each fused kernel twice (the amax pass first).
   const std::size_t passes = recipe.scaling == Fp8Scaling::kCurrent ? 2 : 1;
   EXPECT_EQ(fused_ops.size(), 3 * passes) << "norm_fp8, gelu_fp8 and dgelu_fp8 in the captured step";
-  auto bytes_of = [&](const Tensor& t) { return raw_bytes(ctx, t); };
-  testing::SeededRng rng;
-  for (int step = 0; step < steps; ++step) {
-    write_floats(ctx, x, random_values(tokens * hidden, rng, 1.0f));
-    write_floats(ctx, dy, random_values(tokens * hidden, rng, 0.01f));
-    const std::vector<Tensor> want = step_of(unfused);
-    captured->replay();
-    ASSERT_EQ(bytes_of(captured->outputs()[0]), bytes_of(want[0])) << "y differs at step " << step;
-    ASSERT_EQ(bytes_of(captured->outputs()[1]), bytes_of(want[1])) << "dx differs at step " << step;
-    const std::vector<Parameter*> a = fused.parameters(), b = unfused.parameters();
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      ASSERT_EQ(bytes_of(a[i]->grad), bytes_of(b[i]->grad)) << a[i]->name << " at step " << step;
-    }
-  }
-  const std::vector<StateTensor> a = fp8_state(fused), b = fp8_state(unfused);
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(bytes_of(a[i].tensor), bytes_of(b[i].tensor)) << a[i].name;
+  expect_replays_equal_eager(ctx, x, dy, unfused, fused, *captured, step_of, steps);
 }
 
 TEST(Fp8LayerNormMLPTest, FusedOperandsEqualTheLinearsOwnQuantizeOnTheHost) {

@@ -21,7 +21,7 @@ constexpr int kSlotShift = 32;
 constexpr std::uint64_t kSlotMask = 0xFFFFFF;  // 24 bits
 constexpr std::uint32_t kMaxGeneration = std::numeric_limits<std::uint32_t>::max();
 constexpr std::uint8_t kFirstKind = static_cast<std::uint8_t>(HandleKind::kContext);
-constexpr std::uint8_t kLastKind = static_cast<std::uint8_t>(HandleKind::kGraphedLayers);
+constexpr std::uint8_t kLastKind = static_cast<std::uint8_t>(HandleKind::kCheckpointMetadata);
 
 struct Decoded {
   std::uint8_t kind = 0;  // 0: the tag is not ours
@@ -132,7 +132,7 @@ std::string_view handle_kind_name(HandleKind kind) {
   static constexpr std::array<std::string_view, kLastKind + 1> kNames = {
       "?",         "context",    "stream scope", "tensor",      "layer", "saved",
       "optimizer", "train step", "graph",        "graph cache", "world",
-      "graphed layers"};
+      "graphed layers", "checkpoint metadata"};
   const auto index = static_cast<std::size_t>(kind);
   return index < kNames.size() ? kNames[index] : "?";
 }

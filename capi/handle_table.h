@@ -44,6 +44,7 @@ enum class HandleKind : std::uint8_t {
   kGraphCache = 9,
   kWorld = 10,
   kGraphedLayers = 11,
+  kCheckpointMetadata = 12,
 };
 
 // "context", "tensor", "graph", ... (for messages).
@@ -81,6 +82,7 @@ SG_HANDLE_KIND(sg_graph_s, kGraph);
 SG_HANDLE_KIND(sg_graph_cache_s, kGraphCache);
 SG_HANDLE_KIND(sg_world_s, kWorld);
 SG_HANDLE_KIND(sg_graphed_layers_s, kGraphedLayers);
+SG_HANDLE_KIND(sg_checkpoint_metadata_s, kCheckpointMetadata);
 #undef SG_HANDLE_KIND
 
 static_assert(sizeof(void*) == sizeof(std::uint64_t), "handles are 64-bit values in pointer-typed C handles");

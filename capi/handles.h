@@ -165,6 +165,10 @@ struct sg_graphed_layers_s {
   std::unique_ptr<stepgraph::GraphedLayers> graphed;
 };
 
+struct sg_checkpoint_metadata_s {
+  std::vector<std::pair<std::string, std::string>> entries;  // in key order
+};
+
 struct sg_graph_cache_s {
   explicit sg_graph_cache_s(std::int64_t max_pool_bytes) : cache(max_pool_bytes) {}
   stepgraph::GraphCache cache;

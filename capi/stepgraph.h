@@ -101,7 +101,11 @@ extern "C" {
  * functions whose arguments changed are exported as STEPGRAPH_C_10, so a
  * binary built against an older header fails to load instead of passing the
  * old structs. */
-#define SG_API_VERSION 10
+/* 11: additions only: checkpoints of a model's and its optimizer's whole
+ * training state (sg_checkpoint_config, sg_checkpoint_save,
+ * sg_checkpoint_load, sg_checkpoint_metadata_*: the trainer's --checkpoint,
+ * --save-every and --resume); exported as STEPGRAPH_C_11. */
+#define SG_API_VERSION 11
 
 /* Result codes: the values of stepgraph::ErrorCode (engine/error.h). */
 typedef enum sg_result {
@@ -161,6 +165,7 @@ typedef struct sg_graph_s* sg_graph;
 typedef struct sg_graph_cache_s* sg_graph_cache;
 typedef struct sg_world_s* sg_world;
 typedef struct sg_graphed_layers_s* sg_graphed_layers;
+typedef struct sg_checkpoint_metadata_s* sg_checkpoint_metadata;
 
 /* ---- Errors and versions ------------------------------------------------ */
 
@@ -772,6 +777,72 @@ sg_result sg_graphed_layers_graph_count(sg_graphed_layers graphed, size_t* out);
 sg_result sg_graphed_layers_pool_bytes(sg_graphed_layers graphed, int64_t* pool_bytes, int64_t* lower_bound_bytes);
 /* The name of the graph due next: "F0 layer 0 (linear)". */
 sg_result sg_graphed_layers_next_graph(sg_graphed_layers graphed, char* buffer, size_t capacity, size_t* length);
+
+/* ---- Checkpoints ------------------------------------------------------------ */
+
+/* The whole training state of a language model (sg_language_model_create) or
+ * a residual stack and of its optimizer, saved to one file and loaded back
+ * (checkpoint/training_state.h): every parameter's fp32 master, AdamW's
+ * moments, its step counter, the tally of skipped steps and the loss scale
+ * where it keeps them, and the model's other state (FP8 delayed scaling's
+ * amax histories and scales, the dropout generator). Steps after a load equal
+ * those of the run that saved, bit for bit. The file is the trainer's
+ * (--checkpoint): safetensors, with a checksum, written atomically (a crash
+ * leaves the previous file whole), read strictly (checkpoint/checkpoint.h).
+ *
+ * Metadata: string keys and values of the caller's (a script's data position,
+ * its settings), saved as given and handed back by sg_checkpoint_load with
+ * the library's own entry "stepgraph.step" (the steps the optimizer ran: its
+ * updates and the steps it skipped). Keys are non-empty; "stepgraph.step",
+ * "stepgraph.checksum" and "stepgraph.checkpoint_set" are the library's. The
+ * trainer's checkpoints carry its flags as "config.<flag>" and its data
+ * position as "stepgraph.data_position"; a checkpoint the trainer should
+ * resume carries those too (python/README.md: "Checkpoints").
+ *
+ * world: NULL, or a world of one: this process writes and reads the file at
+ * `path`. A world of several ranks (every rank calls): where every rank holds
+ * the same state, rank 0 writes the file and the others wait until it is
+ * written; where the ranks hold different parts (a ZeRO-1 optimizer, a
+ * tensor-parallel model), each rank writes its own part beside `path` and
+ * the set is committed by a manifest at `path` (Note [Checkpoint sets] in
+ * checkpoint/checkpoint_set.h), and each rank loads its own part. Pass the
+ * whole world: every rank that holds a part. */
+#define SG_CHECKPOINT_CONFIG_MAGIC 0x53474350u /* "SGCP" */
+#define SG_CHECKPOINT_CONFIG_VERSION 1
+typedef struct sg_checkpoint_config {
+  size_t size;      /* sizeof(sg_checkpoint_config) where the caller was compiled */
+  uint32_t magic;   /* SG_CHECKPOINT_CONFIG_MAGIC */
+  uint32_t version; /* SG_CHECKPOINT_CONFIG_VERSION where the caller was compiled */
+  /* Version 1. */
+  sg_world world;                     /* see above; NULL: this process alone */
+  const char* const* metadata_keys;   /* save: metadata_count keys (load: NULL) */
+  const char* const* metadata_values; /* save: their values (load: NULL) */
+  size_t metadata_count;
+} sg_checkpoint_config;
+#define SG_CHECKPOINT_CONFIG_INITIALIZER \
+  { sizeof(sg_checkpoint_config), SG_CHECKPOINT_CONFIG_MAGIC, SG_CHECKPOINT_CONFIG_VERSION, NULL, NULL, NULL, 0 }
+void sg_checkpoint_config_default(sg_checkpoint_config* config);
+/* Saves `model`'s and `optimizer`'s state after the steps run so far (not
+ * while a step is traced). The optimizer must be the one made over this
+ * model's parameters alone. */
+sg_result sg_checkpoint_save(sg_layer model, sg_optimizer optimizer, const char* path,
+                             const sg_checkpoint_config* config);
+/* Loads the state saved at `path` into `model` and `optimizer`, built as the
+ * saving run built them (same config; an error names the tensor whose shape
+ * or dtype differs, or that one of them lacks). A corrupt, truncated or
+ * foreign file is SG_ERROR_IO naming the file and what is wrong; nothing is
+ * loaded then. *metadata (may be NULL): a new handle to the checkpoint's
+ * metadata, destroy it with sg_checkpoint_metadata_destroy. A captured step
+ * of the model replays from the loaded state: no new capture is needed. */
+sg_result sg_checkpoint_load(sg_layer model, sg_optimizer optimizer, const char* path,
+                             const sg_checkpoint_config* config, sg_checkpoint_metadata* metadata);
+/* The entries in key order: their count, and entry `index`'s key and value
+ * (strings as everywhere: buffer, capacity, full length). */
+sg_result sg_checkpoint_metadata_count(sg_checkpoint_metadata metadata, size_t* out);
+sg_result sg_checkpoint_metadata_entry(sg_checkpoint_metadata metadata, size_t index, char* key,
+                                       size_t key_capacity, size_t* key_length, char* value, size_t value_capacity,
+                                       size_t* value_length);
+sg_result sg_checkpoint_metadata_destroy(sg_checkpoint_metadata metadata);
 
 #ifdef __cplusplus
 } /* extern "C" */

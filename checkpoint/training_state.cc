@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
@@ -53,14 +54,16 @@ void check_same_parameters(const ModelState& model, const AdamW& optimizer, cons
            "; pass the optimizer made over this model's parameters (and only them)");
 }
 
-// Loads tensors by name and remembers which it used, so that what is left
-// (another model's tensors) is refused.
+// Checks tensors by name and remembers which it used, so that what is left
+// (another model's tensors) is refused. Nothing is copied until commit(),
+// after every check: a refused checkpoint leaves the model and optimizer as
+// they were.
 class Loader {
  public:
   Loader(Context& ctx, const Checkpoint& checkpoint) : ctx_(ctx), checkpoint_(checkpoint) {}
 
   // `finite`: a value training reads (a master weight), refused when NaN or infinite.
-  const CheckpointTensor& load(const std::string& name, const Tensor& tensor, bool finite = false) {
+  void load(const std::string& name, const Tensor& tensor, bool finite = false) {
     const CheckpointTensor& saved = find_tensor(checkpoint_, name);
     used_.insert(name);
     SG_CHECK_CODE(saved.dtype == tensor.dtype() && Shape(saved.shape) == tensor.shape(), ErrorCode::kIo,
@@ -75,9 +78,11 @@ class Loader {
                     "' has a NaN or infinite value (element ", at.value_or(0),
                     "): the run that wrote it had diverged; resume from an earlier checkpoint");
     }
-    ctx_.copy_from_host(tensor, saved.bytes.data(), saved.bytes.size());
-    return saved;
+    copies_.push_back({tensor, &saved});
   }
+
+  // What to run once the copies are done (a dtype copy of a master, an FP8 weight cache).
+  void then(std::function<void()> action) { actions_.push_back(std::move(action)); }
 
   // An int64 [1] counter that must lie in [0, max].
   void load_count(const std::string& name, const Tensor& tensor, std::int64_t max, const char* what) {
@@ -108,10 +113,18 @@ class Loader {
              " (written by another model or configuration?)");
   }
 
+  // Every checked tensor into the model, then the actions.
+  void commit() {
+    for (const auto& [tensor, saved] : copies_) ctx_.copy_from_host(tensor, saved->bytes.data(), saved->bytes.size());
+    for (const std::function<void()>& action : actions_) action();
+  }
+
  private:
   Context& ctx_;
   const Checkpoint& checkpoint_;
   std::set<std::string> used_;
+  std::vector<std::pair<Tensor, const CheckpointTensor*>> copies_;
+  std::vector<std::function<void()>> actions_;
 };
 
 }  // namespace
@@ -175,9 +188,9 @@ std::int64_t load_training_state(Context& ctx, const ModelState& model, const Ad
   for (const StateTensor& t : model.state) loader.load(t.name, t.tensor);
   const std::vector<Parameter*>& parameters = model.parameters;
   if (optimizer.sharded()) {
-    for (const Parameter* p : parameters) {
+    for (Parameter* p : parameters) {
       loader.load(p->name, p->value, /*finite=*/true);
-      run_after_update(ctx, *p);  // what layers derive from the value (an FP8 weight cache)
+      loader.then([&ctx, p] { run_after_update(ctx, *p); });  // what layers derive from the value (an FP8 weight cache)
     }
     for (const AdamW::ShardState& shard : optimizer.shard_states()) {
       loader.load(shard.name + ".master", shard.master, /*finite=*/true);
@@ -189,7 +202,7 @@ std::int64_t load_training_state(Context& ctx, const ModelState& model, const Ad
   for (std::size_t i = 0; i < moments.size(); ++i) {
     const std::string& name = parameters[i]->name;
     loader.load(name + ".master", parameters[i]->master, /*finite=*/true);
-    sync_copy_from_master(ctx, *parameters[i]);
+    loader.then([&ctx, p = parameters[i]] { sync_copy_from_master(ctx, *p); });
     loader.load(name + ".adam_m", moments[i].m);
     loader.load(name + ".adam_v", moments[i].v);
   }
@@ -200,6 +213,7 @@ std::int64_t load_training_state(Context& ctx, const ModelState& model, const Ad
   }
   if (optimizer.scales_loss()) loader.load("adamw.loss_scale", optimizer.loss_scale_state(), /*finite=*/true);
   loader.refuse_unused();
+  loader.commit();
   return step;
 }
 

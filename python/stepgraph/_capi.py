@@ -6,7 +6,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_
 
 from stepgraph._library import StepGraphError, library_path
 
-API_VERSION = 10
+API_VERSION = 11
 
 
 _HEADER = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32)]
@@ -83,6 +83,13 @@ class LanguageModelConfig(ctypes.Structure):
                 ("rope_base", c_float), ("dropout", c_float), ("recompute_activation", c_int), ("fp8", c_int),
                 ("fp8_recipe", Fp8Recipe), ("fp8_weight_cache", c_int), ("tensor_parallel", c_void_p),
                 ("overlap", c_char_p)]
+
+
+class CheckpointConfig(ctypes.Structure):
+    """sg_checkpoint_config (version 1): fill it with sg_checkpoint_config_default."""
+    _fields_ = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32), ("world", c_void_p),
+                ("metadata_keys", POINTER(c_char_p)), ("metadata_values", POINTER(c_char_p)),
+                ("metadata_count", c_size_t)]
 
 
 class GraphCacheStats(ctypes.Structure):
@@ -200,6 +207,11 @@ _PROTOTYPES = {
     "sg_graphed_layers_graph_count": [H, P(c_size_t)],
     "sg_graphed_layers_pool_bytes": [H, P(c_int64), P(c_int64)],
     "sg_graphed_layers_next_graph": [H] + _STRING_OUT,
+    "sg_checkpoint_save": [H, H, c_char_p, P(CheckpointConfig)],
+    "sg_checkpoint_load": [H, H, c_char_p, P(CheckpointConfig), P(H)],
+    "sg_checkpoint_metadata_count": [H, P(c_size_t)],
+    "sg_checkpoint_metadata_entry": [H, c_size_t, c_char_p, c_size_t, P(c_size_t), c_char_p, c_size_t, P(c_size_t)],
+    "sg_checkpoint_metadata_destroy": [H],
 }
 
 _OTHER_RESTYPES = {
@@ -217,6 +229,7 @@ _OTHER_RESTYPES = {
     "sg_train_step_config_default": (None, [P(TrainStepConfig)]),
     "sg_optimizer_config_default": (None, [P(OptimizerConfig)]),
     "sg_language_model_config_default": (None, [P(LanguageModelConfig)]),
+    "sg_checkpoint_config_default": (None, [P(CheckpointConfig)]),
 }
 
 _lib = None

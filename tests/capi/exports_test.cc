@@ -31,7 +31,7 @@ TEST(CapiExportsTest, CApiIsExportedAndWorks) {
   using Version = int (*)();
   auto version = reinterpret_cast<Version>(dlsym(library, "sg_api_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 10);
+  EXPECT_EQ(version(), 11);
   for (const char* name : {"sg_context_create", "sg_tensor_wrap", "sg_layer_forward", "sg_train_step_capture",
                            "sg_graph_replay", "sg_graph_cache_get_stats", "sg_last_error"}) {
     EXPECT_NE(dlsym(library, name), nullptr) << name;
@@ -114,6 +114,16 @@ TEST(CapiExportsTest, Version10ChangedFunctionsAreStepgraphC10AndVariantsAreGone
                            "sg_residual_stack_create_tensor_parallel", "sg_train_step_create_with_config",
                            "sg_adamw_create", "sg_adamw_create_scheduled"}) {
     EXPECT_EQ(dlsym(library, name), nullptr) << name << " is still exported";
+  }
+}
+
+TEST(CapiExportsTest, Version11AdditionsAreExportedAsStepgraphC11) {
+  void* library = open_library();
+  ASSERT_NE(library, nullptr);
+  for (const char* name : {"sg_checkpoint_config_default", "sg_checkpoint_save", "sg_checkpoint_load",
+                           "sg_checkpoint_metadata_count", "sg_checkpoint_metadata_entry",
+                           "sg_checkpoint_metadata_destroy"}) {
+    expect_added_in(library, name, 11);
   }
 }
 

@@ -6,21 +6,10 @@ import numpy as np
 import pytest
 
 import stepgraph as sg
+from host_models import ctx, tiny_model  # noqa: F401 (ctx is a fixture)
 from stepgraph import _checks
 
 HUGE = 2**64 + 32  # ctypes would pass 32
-
-
-@pytest.fixture
-def ctx():
-    with sg.Context("host") as context:
-        yield context
-
-
-def small_model(ctx, **overrides):
-    args = dict(hidden=8, ffn=16, layers=1, vocab=16, dtype="float32")
-    args.update(overrides)
-    return sg.ResidualStack(ctx, **args)
 
 
 # --- integers -------------------------------------------------------------------------
@@ -38,32 +27,32 @@ def test_argument_error_is_a_stepgraph_error_and_a_value_error():
 def test_model_sizes_out_of_int64_are_refused_not_wrapped(ctx, field):
     with pytest.raises(sg.ArgumentError, match=rf"ResidualStack: {field} must be in \[1, 9223372036854775807\], "
                                                rf"got {HUGE}"):
-        small_model(ctx, **{field: HUGE})
+        tiny_model(ctx, **{field: HUGE})
     with pytest.raises(sg.ArgumentError, match=rf"{field} must be in \[1, .*got 0"):
-        small_model(ctx, **{field: 0})
-    assert small_model(ctx, **{field: 32}).config[field] == 32
+        tiny_model(ctx, **{field: 0})
+    assert tiny_model(ctx, **{field: 32}).config[field] == 32
 
 
 def test_model_counts_seed_and_experts_are_range_checked(ctx):
     with pytest.raises(sg.ArgumentError, match=r"layers must be in \[0, 9223372036854775807\], got -1"):
-        small_model(ctx, layers=-1)
+        tiny_model(ctx, layers=-1)
     with pytest.raises(sg.ArgumentError, match=r"seed must be in \[0, 4294967295\], got 4294967296"):
-        small_model(ctx, seed=2**32)
+        tiny_model(ctx, seed=2**32)
     with pytest.raises(sg.ArgumentError, match=r"experts must be in \[0, .*got -2"):
-        small_model(ctx, experts=-2)
+        tiny_model(ctx, experts=-2)
     with pytest.raises(sg.ArgumentError, match=r"topk must be in \[-9223372036854775808, 9223372036854775807\]"):
-        small_model(ctx, experts=2, topk=HUGE + 1)  # would wrap to 33
-    assert small_model(ctx, layers=0, seed=2**32 - 1).config["seed"] == 2**32 - 1
+        tiny_model(ctx, experts=2, topk=HUGE + 1)  # would wrap to 33
+    assert tiny_model(ctx, layers=0, seed=2**32 - 1).config["seed"] == 2**32 - 1
 
 
 def test_floats_and_bools_are_not_integers(ctx):
     with pytest.raises(TypeError, match=r"ResidualStack: hidden must be an integer .*got float 64.0 \(use 64\)"):
-        small_model(ctx, hidden=64.0)
+        tiny_model(ctx, hidden=64.0)
     with pytest.raises(TypeError, match="hidden must be an integer .*got the bool True"):
-        small_model(ctx, hidden=True)
+        tiny_model(ctx, hidden=True)
     with pytest.raises(TypeError, match="tokens must be an integer .*got str '4'"):
-        sg.TrainStep(small_model(ctx), sg.AdamW(ctx, small_model(ctx)), tokens="4")
-    assert small_model(ctx, hidden=np.int32(64)).config["hidden"] == 64
+        sg.TrainStep(tiny_model(ctx), sg.AdamW(ctx, tiny_model(ctx)), tokens="4")
+    assert tiny_model(ctx, hidden=np.int32(64)).config["hidden"] == 64
 
 
 def test_layer_sizes_seeds_and_flags(ctx):
@@ -114,7 +103,7 @@ def test_tensor_shapes(ctx):
 
 
 def test_train_step_tokens(ctx):
-    model = small_model(ctx)
+    model = tiny_model(ctx)
     with pytest.raises(sg.ArgumentError, match=rf"TrainStep: tokens must be in \[1, 9223372036854775807\], got {HUGE}"):
         sg.TrainStep(model, sg.AdamW(ctx, model), tokens=HUGE)
     with pytest.raises(TypeError, match="TrainStep: optimizer must be a stepgraph AdamW, got NoneType None"):
@@ -127,7 +116,7 @@ def test_train_step_tokens(ctx):
 
 @pytest.fixture
 def step(ctx):
-    model = small_model(ctx)
+    model = tiny_model(ctx)
     return sg.TrainStep(model, sg.AdamW(ctx, model), tokens=4)
 
 
@@ -246,13 +235,13 @@ def test_zero_size_tensor_to_torch():
     (dict(weight_decay=float("nan")), r"weight_decay must be finite and >= 0.0, got nan"),
 ])
 def test_bad_adamw_settings_are_refused_at_construction(ctx, settings, words):
-    model = small_model(ctx)
+    model = tiny_model(ctx)
     with pytest.raises(sg.ArgumentError, match=words):
         sg.AdamW(ctx, model, **settings)
 
 
 def test_adamw_types_and_edge_values(ctx):
-    model = small_model(ctx)
+    model = tiny_model(ctx)
     with pytest.raises(TypeError, match="AdamW: lr must be a real number >= 0.0, got str"):
         sg.AdamW(ctx, model, lr="0.1")
     with pytest.raises(TypeError, match=r"AdamW: betas must hold exactly 2 items, got 1: \(0.9,\)"):

@@ -9,24 +9,8 @@ import numpy as np
 import pytest
 
 import stepgraph as sg
+from host_models import TOKENS, batch, ctx, small_model  # noqa: F401 (ctx is a fixture)
 from references import assert_close, linear
-
-TOKENS = 32
-
-
-@pytest.fixture
-def ctx():
-    with sg.Context("host") as context:
-        yield context
-
-
-def small_model(ctx):
-    return sg.ResidualStack(ctx, hidden=32, ffn=64, layers=2, vocab=48, dtype="float32", seed=3)
-
-
-def batch(seed):
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((TOKENS, 32)).astype(np.float32), rng.integers(0, 48, TOKENS)
 
 
 def test_captured_train_step_replays_like_eager_steps(ctx):
@@ -78,7 +62,9 @@ def test_python_step_function_is_traced_then_replayed_with_bindings(ctx):
     assert len(calls) == 1, "replays do not call the step function"
 
 
-def test_pool_report_lists_a_kept_tensor_and_error_policy_refuses_it(ctx):
+def keeping_step(ctx):
+    """A step over a Linear that keeps its output 'h' in `kept` beyond the step without
+    returning it (returning a persistent tensor instead): (step, kept)."""
     layer = sg.Linear(ctx, 16, 8, dtype="float32", name="fc")
     x = ctx.tensor((4, 16), "float32", name="x")
     kept = []
@@ -86,9 +72,14 @@ def test_pool_report_lists_a_kept_tensor_and_error_policy_refuses_it(ctx):
     def step():
         h = layer(x)
         h.name = "h"
-        kept.append(h)  # held beyond the step without being returned
-        return layer.parameters()[0].master  # a persistent output
+        kept.append(h)
+        return layer.parameters()[0].master
 
+    return step, kept
+
+
+def test_pool_report_lists_a_kept_tensor_and_error_policy_refuses_it(ctx):
+    step, kept = keeping_step(ctx)
     graph = sg.capture(ctx, step, policy="warn")
     assert graph.pool_report_count == 1
     assert "1 tensor(s) in the graph pool not returned as outputs" in graph.pool_report
@@ -100,16 +91,7 @@ def test_pool_report_lists_a_kept_tensor_and_error_policy_refuses_it(ctx):
 
 
 def test_free_policy_makes_a_kept_tensor_unavailable(ctx):
-    layer = sg.Linear(ctx, 16, 8, dtype="float32", name="fc")
-    x = ctx.tensor((4, 16), "float32", name="x")
-    kept = []
-
-    def step():
-        h = layer(x)
-        h.name = "h"
-        kept.append(h)
-        return layer.parameters()[0].master
-
+    step, kept = keeping_step(ctx)
     graph = sg.capture(ctx, step, policy="free")
     assert graph.pool_report_count == 1
     assert kept[0].storage == "unavailable"

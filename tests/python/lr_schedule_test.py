@@ -8,23 +8,7 @@ import numpy as np
 import pytest
 
 import stepgraph as sg
-
-TOKENS = 32
-
-
-@pytest.fixture
-def ctx():
-    with sg.Context("host") as context:
-        yield context
-
-
-def small_model(ctx):
-    return sg.ResidualStack(ctx, hidden=32, ffn=64, layers=2, vocab=48, dtype="float32", seed=3)
-
-
-def batch(seed):
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((TOKENS, 32)).astype(np.float32), rng.integers(0, 48, TOKENS)
+from host_models import TOKENS, batch, ctx, small_model  # noqa: F401 (ctx is a fixture)
 
 
 def cosine_rate(schedule, t):

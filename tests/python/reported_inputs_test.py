@@ -10,18 +10,7 @@ import numpy as np
 import pytest
 
 import stepgraph as sg
-
-
-@pytest.fixture
-def ctx():
-    with sg.Context("host") as context:
-        yield context
-
-
-def small_model(ctx, **overrides):
-    args = dict(hidden=8, ffn=16, layers=1, vocab=16, dtype="float32")
-    args.update(overrides)
-    return sg.ResidualStack(ctx, **args)
+from host_models import ctx, tiny_model  # noqa: F401 (ctx is a fixture)
 
 
 # --- LrSchedule ----------------------------------------------------------------------------
@@ -62,7 +51,7 @@ def test_schedule_rates_and_kind(ctx):
 def test_schedule_changed_after_it_was_made_is_checked_by_adamw(ctx):
     schedule = sg.LrSchedule("cosine", warmup=2, total=10)
     schedule.warmup = 2.9
-    model = small_model(ctx)
+    model = tiny_model(ctx)
     with pytest.raises(TypeError, match="AdamW: schedule: warmup must be an integer"):
         sg.AdamW(ctx, model, schedule=schedule)
     schedule.warmup = 2
@@ -73,7 +62,7 @@ def test_schedule_changed_after_it_was_made_is_checked_by_adamw(ctx):
 
 
 @pytest.mark.parametrize("make", [
-    lambda ctx, eps: small_model(ctx, eps=eps),
+    lambda ctx, eps: tiny_model(ctx, eps=eps),
     lambda ctx, eps: sg.LayerNorm(ctx, 8, eps=eps, dtype="float32"),
     lambda ctx, eps: sg.RMSNorm(ctx, 8, eps=eps, dtype="float32"),
     lambda ctx, eps: sg.LayerNormLinear(ctx, 8, 8, eps=eps, dtype="float32"),
@@ -97,22 +86,22 @@ def test_eps_that_overflows_float32_or_is_not_a_number_is_refused(ctx, make):
 @pytest.mark.parametrize("value", [3, "world", object()])
 def test_tensor_parallel_must_be_a_world(ctx, value):
     with pytest.raises(TypeError, match="ResidualStack: tensor_parallel must be a stepgraph World"):
-        small_model(ctx, tensor_parallel=value)
+        tiny_model(ctx, tensor_parallel=value)
 
 
 def test_overlap_without_tensor_parallel_is_refused_not_ignored(ctx):
     with pytest.raises(sg.ArgumentError, match="ResidualStack: overlap='none' applies to a tensor-parallel stack only"):
-        small_model(ctx, overlap="none")
+        tiny_model(ctx, overlap="none")
 
 
 def test_tensor_parallel_world_of_one_and_a_bad_overlap(ctx):
     world = sg.init_distributed("host")
-    assert small_model(ctx, tensor_parallel=world).kind == "residual_stack"
+    assert tiny_model(ctx, tensor_parallel=world).kind == "residual_stack"
     with pytest.raises(TypeError, match="ResidualStack: overlap must be a str"):
-        small_model(ctx, tensor_parallel=world, overlap=2)
+        tiny_model(ctx, tensor_parallel=world, overlap=2)
     world.close()
     with pytest.raises(sg.StepGraphError, match="this World is closed"):
-        small_model(ctx, tensor_parallel=world)
+        tiny_model(ctx, tensor_parallel=world)
 
 
 # --- FP8 on_non_finite ----------------------------------------------------------------------

@@ -64,9 +64,13 @@ class TrainStep::ModelSide {
     set_packing(ctx, tokens, cu);
   }
   // A persistent cu_seqlens [sequences + 1] for packings of any lengths:
-  // first one sequence of all the tokens, then empty ones.
-  void make_open_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences) {
+  // first one sequence of all the tokens, then empty ones. Tensor-parallel,
+  // the tokens are the group's, N times the rank's; `sequences` already
+  // counts the group's.
+  void make_open_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences, const ResidualStack& stack) {
     SG_CHECK(sequences > 0, "TrainStep: a packing needs at least one sequence, got ", sequences);
+    tokens *= stack.tensor_parallel() != nullptr ? stack.tensor_parallel()->world_size() : 1;
+    SG_CHECK(tokens < (std::int64_t{1} << 31), "TrainStep: ", tokens, " tokens exceed cu_seqlens' int32");
     std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1), static_cast<std::int32_t>(tokens));
     cu[0] = 0;
     set_packing(ctx, tokens, cu);
@@ -131,7 +135,7 @@ class LanguageModelSide final : public ModelSideOf<LanguageModel> {
         token_error_(ctx.persistent("step.token_error", {Shape{1}, DType::kInt32})) {
     SG_CHECK(model.config().sequence_model(), "TrainStep: packed tokens need a sequence model (with attention); "
              "this LanguageModel is a window model");
-    make_open_packing(ctx, packed.tokens, packed.sequences);
+    make_open_packing(ctx, packed.tokens, packed.sequences, model.stack());
   }
 
   const Tensor& inputs() const override { return tokens_; }

@@ -76,6 +76,9 @@ class TrainStep {
   // bucket): tokens int32 [tokens, 1], one label per token, and
   // packing() [sequences + 1], which starts as one sequence of all the
   // tokens and empty ones after it; write each batch's packing into it.
+  // Tensor-parallel, `tokens` are this rank's rows and packing() packs the
+  // group's N * tokens (up to `sequences` sequences in all, which may span
+  // the ranks' rows).
   struct PackedTokens {
     std::int64_t tokens = 0;
     std::int64_t sequences = 0;

@@ -7,6 +7,14 @@
 //                 --ResidualStack of TransformerLayers (causal attention over
 //                   cu_seqlens' sequences, rotary positions)--> logits [T, vocab]
 //
+// Tensor-parallel over N ranks, rank r holds its rows [r T/N, (r+1) T/N)
+// of the tokens and of the residual stream, and 1/N of every weight:
+//
+//   tokens [T/N, 1] --vocabulary-parallel Embedding (Note
+//                     [Vocabulary-parallel embedding])--> [T/N, hidden]
+//                   --ResidualStack (Note [Tensor-parallel ResidualStack])-->
+//                     logits [T, vocab / N]
+//
 // The window model (heads = 0): one prediction per example from a fixed
 // window of previous tokens, by MLP blocks over a concatenated embedding:
 //

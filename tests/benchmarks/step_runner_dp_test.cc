@@ -16,18 +16,10 @@
 #include "engine/host_world.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/benchmarks/quick_run.h"
 
 namespace stepgraph::bench {
 namespace {
-
-StepRunOptions quick(Device device) {
-  StepRunOptions options;
-  options.device = device;
-  options.steps = 3;
-  options.warmup = 3;
-  options.loss_check_steps = 3;
-  return options;
-}
 
 TEST(StepRunnerDpTest, DpFlagMustMatchTheWorld) {
   EXPECT_NO_THROW(check_dp_flag(0, 1));

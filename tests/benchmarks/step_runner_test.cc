@@ -10,18 +10,10 @@
 #include "engine/error.h"
 #include "tests/support/gpu.h"
 #include "tests/support/expect_error.h"
+#include "tests/benchmarks/quick_run.h"
 
 namespace stepgraph::bench {
 namespace {
-
-StepRunOptions quick(Device device) {
-  StepRunOptions options;
-  options.device = device;
-  options.steps = 3;
-  options.warmup = 3;
-  options.loss_check_steps = 3;
-  return options;
-}
 
 void expect_ok_config(const nlohmann::json& c, int checked_steps) {
   ASSERT_EQ(c["status"], "ok") << c.dump(2);

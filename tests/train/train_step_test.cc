@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/context.h"
@@ -139,32 +141,54 @@ TEST(TrainStepCudaTest, FourBlockModelEagerEqualsGraphForTenSteps) {
 // pre-activation GeLU reads (losses within 1e-3 over the steps), eager
 // equals graph bit for bit, and the captured step's pool is smaller by at
 // least a block's activation.
-void expect_recompute_trains_alike(Device device, int steps, double tolerance) {
-  Context ctx(device);
-  const ResidualStackConfig saved_config = small_model();
-  ResidualStackConfig recompute_config = saved_config;
-  recompute_config.recompute_activation = true;
-  Trainer saved(ctx, saved_config);
-  Trainer eager(ctx, recompute_config);
-  Trainer graphed(ctx, recompute_config);
-  auto saving = CapturedStep::capture(ctx, [&] { return saved.step(ctx); });
-  auto recomputing =
-      CapturedStep::capture(ctx, [&] { return graphed.step(ctx); }, {.pool_report_policy = PoolReportPolicy::kError});
-  const std::int64_t activation_bytes = kTokens * saved_config.ffn * 2;
-  EXPECT_LE(recomputing->plan().lower_bound_bytes, saving->plan().lower_bound_bytes - activation_bytes)
-      << "saved " << saving->plan().lower_bound_bytes << ", recomputed " << recomputing->plan().lower_bound_bytes;
-  EXPECT_LE(recomputing->plan().ratio_to_lower_bound(), 1.10);
-  for (int s = 0; s < steps; ++s) {
-    const std::uint32_t seed = 400 + static_cast<std::uint32_t>(s);
-    for (Trainer* t : {&saved, &eager, &graphed}) load_batch(ctx, t->step, seed, saved_config.hidden, saved_config.vocab);
+// A model that saves its GeLU activations, captured, and the same model
+// recomputing them (recompute_activation), captured and as an eager twin;
+// the recomputing step's pool is smaller than the saving one's by at least
+// `activation_bytes` (one block's activation).
+struct SavedAndRecomputed {
+  SavedAndRecomputed(Context& ctx, const ResidualStackConfig& saved_config, std::int64_t activation_bytes)
+      : config(saved_config),
+        saved(ctx, saved_config),
+        eager(ctx, recomputing_config(saved_config)),
+        graphed(ctx, recomputing_config(saved_config)),
+        saving(CapturedStep::capture(ctx, [this, &ctx] { return saved.step(ctx); })),
+        recomputing(CapturedStep::capture(ctx, [this, &ctx] { return graphed.step(ctx); },
+                                          {.pool_report_policy = PoolReportPolicy::kError})) {
+    EXPECT_LE(recomputing->plan().lower_bound_bytes, saving->plan().lower_bound_bytes - activation_bytes)
+        << "saved " << saving->plan().lower_bound_bytes << ", recomputed " << recomputing->plan().lower_bound_bytes;
+  }
+
+  static ResidualStackConfig recomputing_config(ResidualStackConfig config) {
+    config.recompute_activation = true;
+    return config;
+  }
+
+  // Step s on the batch of `seed`, in all three: the recomputing model's
+  // eager step equals its graph (expect_same_step). Returns the recomputing
+  // loss and the saving one.
+  std::pair<float, float> step(Context& ctx, std::uint32_t seed, int s) {
+    for (Trainer* t : {&saved, &eager, &graphed}) load_batch(ctx, t->step, seed, config.hidden, config.vocab);
     const float loss = expect_same_step<ResidualStack>(ctx, eager, graphed, *recomputing, s);
     saving->replay();
-    const float saved_loss = ctx.to_vector<float>(saving->outputs()[0]).at(0);
+    return {loss, ctx.to_vector<float>(saving->outputs()[0]).at(0)};
+  }
+
+  ResidualStackConfig config;
+  Trainer saved, eager, graphed;
+  std::shared_ptr<CapturedStep> saving, recomputing;
+};
+
+void expect_recompute_trains_alike(Device device, int steps, double tolerance) {
+  Context ctx(device);
+  SavedAndRecomputed models(ctx, small_model(), kTokens * small_model().ffn * 2);
+  EXPECT_LE(models.recomputing->plan().ratio_to_lower_bound(), 1.10);
+  for (int s = 0; s < steps; ++s) {
+    const auto [loss, saved_loss] = models.step(ctx, 400 + static_cast<std::uint32_t>(s), s);
     EXPECT_NEAR(loss, saved_loss, tolerance * std::abs(saved_loss)) << "step " << s;
     if (s > 0) continue;
     // From equal weights only fc2's weight gradient reads the activation:
     // every other gradient is the same bits, fc2's within GeLU's rounding.
-    const std::vector<Parameter*> a = saved.model.parameters(), b = graphed.model.parameters();
+    const std::vector<Parameter*> a = models.saved.model.parameters(), b = models.graphed.model.parameters();
     for (std::size_t i = 0; i < a.size(); ++i) {
       const std::vector<float> x = ctx.to_vector<float>(a[i]->grad), y = ctx.to_vector<float>(b[i]->grad);
       if (a[i]->name.find("fc2.weight") == std::string::npos) {
@@ -262,27 +286,15 @@ void expect_moe_recompute_trains_as_saved(Device device, int steps) {
   ResidualStackConfig saved_config = small_model();
   saved_config.experts = 4;
   saved_config.moe_every = 1;
-  ResidualStackConfig recompute_config = saved_config;
-  recompute_config.recompute_activation = true;
   Context ctx(device);
-  Trainer saved(ctx, saved_config);
-  Trainer eager(ctx, recompute_config);
-  Trainer graphed(ctx, recompute_config);
-  auto saving = CapturedStep::capture(ctx, [&] { return saved.step(ctx); });
-  auto recomputing =
-      CapturedStep::capture(ctx, [&] { return graphed.step(ctx); }, {.pool_report_policy = PoolReportPolicy::kError});
-  const std::int64_t activation_bytes = kTokens * saved_config.topk * saved_config.ffn * 2;  // one block's
-  EXPECT_LE(recomputing->plan().lower_bound_bytes, saving->plan().lower_bound_bytes - activation_bytes)
-      << "saved " << saving->plan().lower_bound_bytes << ", recomputed " << recomputing->plan().lower_bound_bytes;
+  SavedAndRecomputed models(ctx, saved_config, kTokens * saved_config.topk * saved_config.ffn * 2);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
-    const std::uint32_t seed = 600 + static_cast<std::uint32_t>(s % 2);
-    for (Trainer* t : {&saved, &eager, &graphed}) load_batch(ctx, t->step, seed, saved_config.hidden, saved_config.vocab);
-    losses.push_back(expect_same_step<ResidualStack>(ctx, eager, graphed, *recomputing, s));
-    saving->replay();
-    EXPECT_EQ(bits(losses.back()), bits(ctx.to_vector<float>(saving->outputs()[0]).at(0))) << "step " << s;
+    const auto [loss, saved_loss] = models.step(ctx, 600 + static_cast<std::uint32_t>(s % 2), s);
+    losses.push_back(loss);
+    EXPECT_EQ(bits(loss), bits(saved_loss)) << "step " << s;
   }
-  expect_trained_alike<ResidualStack>(ctx, eager, graphed, losses, steps);
+  expect_trained_alike<ResidualStack>(ctx, models.eager, models.graphed, losses, steps);
 }
 
 TEST(TrainStepHostTest, MoERecomputedActivationTrainsAsSavedBitForBit) {

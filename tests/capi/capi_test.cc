@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
@@ -345,6 +346,15 @@ sg_tensor make_tensor(sg_context ctx, int64_t rows, int64_t cols) {
   return t;
 }
 
+// Destroys `handle` (SG_OK), then once more for each of `problems`: each
+// time an error naming `call` and saying the problem.
+template <typename Handle>
+void expect_second_destroy_fails(sg_result (*destroy)(Handle), Handle handle, const std::string& call,
+                                 std::initializer_list<const char*> problems) {
+  ASSERT_SG_OK(destroy(handle));
+  for (const char* problem : problems) expect_handle_error(destroy(handle), call, problem);
+}
+
 TEST(CapiHandlesTest, DoubleDestroyOfEachHandleTypeIsAnError) {
   sg_context ctx = make_context(SG_DEVICE_HOST);
   sg_tensor t = make_tensor(ctx, 3, 4);
@@ -368,36 +378,21 @@ TEST(CapiHandlesTest, DoubleDestroyOfEachHandleTypeIsAnError) {
   training->optimizer = nullptr;
   training->step = nullptr;
 
-  ASSERT_SG_OK(sg_stream_scope_exit(scope));
-  expect_handle_error(sg_stream_scope_exit(scope), "sg_stream_scope_exit", "stream scope handle");
-  expect_handle_error(sg_stream_scope_exit(scope), "sg_stream_scope_exit", "was already destroyed");
-  ASSERT_SG_OK(sg_saved_destroy(saved));
-  expect_handle_error(sg_saved_destroy(saved), "sg_saved_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_tensor_destroy(y));
-  expect_handle_error(sg_tensor_destroy(y), "sg_tensor_destroy", "tensor handle");
-  expect_handle_error(sg_tensor_destroy(y), "sg_tensor_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_graph_destroy(graph));
-  expect_handle_error(sg_graph_destroy(graph), "sg_graph_destroy", "graph handle");
-  expect_handle_error(sg_graph_destroy(graph), "sg_graph_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_train_step_destroy(step));
-  expect_handle_error(sg_train_step_destroy(step), "sg_train_step_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_optimizer_destroy(optimizer));
-  expect_handle_error(sg_optimizer_destroy(optimizer), "sg_optimizer_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_layer_destroy(model));
-  expect_handle_error(sg_layer_destroy(model), "sg_layer_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_layer_destroy(layer));
-  expect_handle_error(sg_layer_destroy(layer), "sg_layer_destroy", "layer handle");
-  ASSERT_SG_OK(sg_graph_cache_destroy(cache));
-  expect_handle_error(sg_graph_cache_destroy(cache), "sg_graph_cache_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_world_destroy(world));
-  expect_handle_error(sg_world_destroy(world), "sg_world_destroy", "world handle");
-  expect_handle_error(sg_world_destroy(world), "sg_world_destroy", "was already destroyed");
-  ASSERT_SG_OK(sg_context_destroy(ctx));
-  expect_handle_error(sg_context_destroy(ctx), "sg_context_destroy", "context handle");
-  expect_handle_error(sg_context_destroy(ctx), "sg_context_destroy", "was already destroyed");
+  expect_second_destroy_fails(sg_stream_scope_exit, scope, "sg_stream_scope_exit",
+                              {"stream scope handle", "was already destroyed"});
+  expect_second_destroy_fails(sg_saved_destroy, saved, "sg_saved_destroy", {"was already destroyed"});
+  expect_second_destroy_fails(sg_tensor_destroy, y, "sg_tensor_destroy", {"tensor handle", "was already destroyed"});
+  expect_second_destroy_fails(sg_graph_destroy, graph, "sg_graph_destroy", {"graph handle", "was already destroyed"});
+  expect_second_destroy_fails(sg_train_step_destroy, step, "sg_train_step_destroy", {"was already destroyed"});
+  expect_second_destroy_fails(sg_optimizer_destroy, optimizer, "sg_optimizer_destroy", {"was already destroyed"});
+  expect_second_destroy_fails(sg_layer_destroy, model, "sg_layer_destroy", {"was already destroyed"});
+  expect_second_destroy_fails(sg_layer_destroy, layer, "sg_layer_destroy", {"layer handle"});
+  expect_second_destroy_fails(sg_graph_cache_destroy, cache, "sg_graph_cache_destroy", {"was already destroyed"});
+  expect_second_destroy_fails(sg_world_destroy, world, "sg_world_destroy", {"world handle", "was already destroyed"});
+  expect_second_destroy_fails(sg_context_destroy, ctx, "sg_context_destroy",
+                              {"context handle", "was already destroyed"});
   delete training;  // its tensors outlive the context handle (they hold the context)
-  ASSERT_SG_OK(sg_tensor_destroy(t));
-  expect_handle_error(sg_tensor_destroy(t), "sg_tensor_destroy", "was already destroyed");
+  expect_second_destroy_fails(sg_tensor_destroy, t, "sg_tensor_destroy", {"was already destroyed"});
 }
 
 TEST(CapiHandlesTest, UseAfterDestroyIsAnErrorNamingTheCallAndTheHandle) {

@@ -11,13 +11,10 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/kill_worker.sh
 source "$here/kill_worker.sh"
-trainer=${1:?usage: killed_rank_check.sh TRAINER WORK_DIR [flags]}
-work=${2:?usage: killed_rank_check.sh TRAINER WORK_DIR [flags]}
-shift 2
+check_args killed_rank_check.sh "$@"
 timeout_s=10
-mkdir -p "$work"
 log="$work/killed_rank.log"
-"$trainer" --nproc-per-node 2 --steps 100000000 --log-every 500 --comm-timeout "$timeout_s" "$@" >"$log" 2>&1 &
+"$trainer" --nproc-per-node 2 --steps 100000000 --log-every 500 --comm-timeout "$timeout_s" "${extra_flags[@]}" >"$log" 2>&1 &
 launcher=$!
 kill_worker_once "$launcher" "$log" '^step '  # once training runs
 start=$SECONDS

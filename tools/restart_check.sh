@@ -10,12 +10,9 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/kill_worker.sh
 source "$here/kill_worker.sh"
-trainer=${1:?usage: restart_check.sh TRAINER WORK_DIR [flags]}
-work=${2:?usage: restart_check.sh TRAINER WORK_DIR [flags]}
-shift 2
-mkdir -p "$work"
+check_args restart_check.sh "$@"
 rm -f "$work"/whole.safetensors* "$work"/restarted.safetensors*
-flags=(--nproc-per-node 2 --steps 60 --save-every 5 --log-every 1 --comm-timeout 10 "$@")
+flags=(--nproc-per-node 2 --steps 60 --save-every 5 --log-every 1 --comm-timeout 10 "${extra_flags[@]}")
 "$trainer" "${flags[@]}" --checkpoint "$work/whole.safetensors" >"$work/whole.log" 2>&1 || {
   cat "$work/whole.log"
   echo "CHECK FAILED: the uninterrupted run failed"

@@ -148,7 +148,16 @@ void save(const char* function, const Target& t, const char* path, std::map<std:
 }
 
 Checkpoint read(const char* function, const Target& t, const char* path) {
-  if (!t.per_rank) return read_checkpoint(path);
+  if (!t.per_rank) {
+    Checkpoint checkpoint = read_checkpoint(path);
+    // A set's manifest where this rank holds the whole state: most likely a ZeRO-1 run whose
+    // optimizer is sharded only once its train step exists.
+    SG_CHECK_CODE(checkpoint.metadata.count(kCheckpointSetKey) == 0, ErrorCode::kIo, function, ": ", path,
+                  " is the manifest of per-rank parts (a ZeRO-1 optimizer's or a tensor-parallel model's), and this "
+                  "rank's optimizer and model are not sharded: make the train step first (with zero1: it shards the "
+                  "optimizer), or the model tensor parallel, then load with config->world");
+    return checkpoint;
+  }
   CheckpointSetPart part = read_checkpoint_set_part(path, t.rank, t.ranks);
   const std::int64_t step = checkpoint_step(part.checkpoint);
   SG_CHECK_CODE(step == part.step, ErrorCode::kIo, function, ": checkpoint part ", part.file, " is at step ", step,

@@ -11,10 +11,12 @@ files work with any Python 3.
         print(graph.outputs[0].item())
 
 Data parallel over the ranks a launcher started (torchrun, srun, mpirun): sg.init_distributed(),
-then sg.TrainStep(..., world=world). See python/README.md.
+then sg.TrainStep(..., world=world). Checkpoints: sg.save_checkpoint and sg.load_checkpoint. See
+python/README.md.
 """
 
 from stepgraph._library import ArgumentError, StepGraphError, library_path
+from stepgraph.checkpoint import load_checkpoint, save_checkpoint
 from stepgraph.context import Context, cuda_device_count
 from stepgraph.distributed import World, init_distributed
 from stepgraph.dtypes import DType, bf16_bits_to_float32, float32_to_bf16_bits
@@ -34,5 +36,5 @@ __all__ = [
     "LrSchedule", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
     "TrainStep", "World",
     "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits",
-    "init_distributed", "library_path", "make_graphed_layers", "one_f_one_b",
+    "init_distributed", "library_path", "load_checkpoint", "make_graphed_layers", "one_f_one_b", "save_checkpoint",
 ]

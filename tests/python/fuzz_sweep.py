@@ -81,6 +81,10 @@ KINDS = {
                  ("objects", "np.array([object(), object()])", ("TypeError", "ArgumentError"), []),
                  ("complex", "np.ones(2, complex)", ("TypeError", "ArgumentError"), [])],
     "label": [("int", "3", TYPE, ["str"]), ("object", "object()", TYPE, [])],
+    "metadata": [("str", "'step=3'", TYPE, ["dict"]), ("int_value", "{'step': 3}", TYPE, ["str"]),
+                 ("int_key", "{3: 'step'}", TYPE, ["str"]), ("empty_key", "{'': 'x'}", ARG, ["empty"]),
+                 ("nul_value", "{'a': 'b\\0'}", ARG, ["NUL"]),
+                 ("reserved_key", "{'stepgraph.step': '3'}", ARG, ["library writes itself"])],
     "loss_scaling": [("str", "'dynamic'", TYPE, ["LossScaling"]), ("int", "3", TYPE, ["LossScaling"]),
                      ("false", "False", TYPE, ["LossScaling"])],
 }
@@ -95,6 +99,8 @@ PIPELINE = ("layer = sg.Linear(ctx, 4, 4, dtype='float32'); "
             "gl = sg.make_graphed_layers([layer], [ctx.tensor((2, 4))], [1, -1])")
 MODEL = "model = small_model(ctx)"
 STEP = "model = small_model(ctx); step = sg.TrainStep(model, sg.AdamW(ctx, model), tokens=4)"
+CHECKPOINT = ("model = small_model(ctx); opt = sg.AdamW(ctx, model); import os, tempfile; "
+              "path = os.path.join(tempfile.mkdtemp(), 'c.safetensors'); sg.save_checkpoint(path, model, opt)")
 
 _ENTRIES = [
     Entry("Context", "", "sg.Context(device={device}, side_streams={side_streams}, "
@@ -237,6 +243,14 @@ _ENTRIES = [
                                          "order={order}, policy={policy})",
           {"layers": arg("layers", "[layer]"), "sample_inputs": arg("tensors", "[ctx.tensor((2, 4))]"),
            "order": arg("ints", "[1, -1]"), "policy": arg("choice", "'error'")}),
+    Entry("save_checkpoint", CHECKPOINT,
+          "sg.save_checkpoint(path={path}, model={model}, optimizer={optimizer}, metadata={metadata}, world={world})",
+          {"path": arg("name", "path"), "model": arg("model", "model"), "optimizer": arg("optimizer", "opt"),
+           "metadata": arg("metadata", "{'data.position': '3'}", True), "world": arg("world", "None", True)}),
+    Entry("load_checkpoint", CHECKPOINT,
+          "sg.load_checkpoint(path={path}, model={model}, optimizer={optimizer}, world={world})",
+          {"path": arg("name", "path"), "model": arg("model", "model"), "optimizer": arg("optimizer", "opt"),
+           "world": arg("world", "None", True)}),
     Entry("one_f_one_b", "", "sg.one_f_one_b(microbatches={microbatches}, warmup={warmup})",
           {"microbatches": arg("int", "4"), "warmup": arg("int", "1")}),
     Entry("GraphedLayers.forward", PIPELINE, "gl.forward(microbatch={microbatch}, x={x})",

@@ -70,7 +70,21 @@ Tensor LayerNormLinear::backward(Context& ctx, const Saved& saved, const BwdArgs
   check_input(label_, "backward", "dy", args.dy, {all_tokens, linear_.local_out_features()}, linear.dtype,
               "the forward's output");
   // Sequence-parallel: d_normed comes back reduce-scattered to this rank's tokens.
-  const Tensor d_normed = linear_.backward(ctx, saved.linear, {args.dy});
+  Tensor d_normed;
+  if (args.dy_weights.defined()) {
+    SG_CHECK(!linear.fp8, label_, " backward: dy_weights with an FP8 linear (its scaling state takes one dy a step); "
+             "pass no dy_weights");
+    check_input(label_, "backward", "dy_weights", args.dy_weights, exactly(args.dy.shape()), linear.dtype,
+                "dy with the copied rows' gradients summed");
+    Linear::Saved data = saved.linear;
+    data.wgrad = false;
+    Linear::Saved weights = saved.linear;
+    weights.dgrad = false;
+    d_normed = linear_.backward(ctx, data, {args.dy});
+    linear_.backward(ctx, weights, {args.dy_weights});
+  } else {
+    d_normed = linear_.backward(ctx, saved.linear, {args.dy});
+  }
   if (!d_normed.defined()) return args.dx_residual;  // no dx of its own: the residual's gradient alone
   const Tensor dx = norm_.backward(ctx, saved.norm, {d_normed, args.dx_residual});
   // gamma and beta saw only this rank's tokens.

@@ -53,6 +53,11 @@ class LayerNormLinear {
     // Optional, the input's shape: returned added to dx, fused into the
     // norm's backward (the residual stream's gradient: Norm::BwdArgs).
     Tensor dx_residual;
+    // Optional, dy's shape, 16-bit layers only: what the weight and bias
+    // gradients read instead of dy (the data gradient still reads dy): dy
+    // with the rows of copied weight rows summed over the ranks that hold
+    // them (LinearOutBlock::copies, Note [Tensor-parallel attention]).
+    Tensor dy_weights;
   };
 
   // `tensor_parallel`: the group a column-parallel linear is split across

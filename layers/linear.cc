@@ -49,18 +49,19 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   if (tp_ != nullptr) {
     tp_->check_device(ctx.device(), label_);
     const std::int64_t n = tp_->world_size();
-    SG_CHECK(!column() || config.out_features % n == 0, label_, ": a column-parallel layer splits out_features ",
+    SG_CHECK(!column() || !config.out_blocks.empty() || config.out_features % n == 0, label_, ": a column-parallel layer splits out_features ",
              config.out_features, " over the ", n, " ranks of ", tp_->describe(), "; make out_features a multiple of ",
              n);
     if (column() && !config.out_blocks.empty()) {
       std::int64_t sum = 0;
-      for (const std::int64_t b : config.out_blocks) {
-        SG_CHECK(b > 0 && b % n == 0, label_, ": config.out_blocks holds a block of ", b,
-                 " rows, which does not split over the ", n, " ranks of ", tp_->describe(),
-                 "; make every block a positive multiple of ", n);
-        sum += b;
+      for (const LinearOutBlock& b : config.out_blocks) {
+        SG_CHECK(b.copies >= 1 && n % b.copies == 0 && b.rows > 0 && b.rows % (n / b.copies) == 0, label_,
+                 ": config.out_blocks holds a block of ", b.rows, " rows with ", b.copies, " copies, which does not "
+                 "split over the ", n, " ranks of ", tp_->describe(), "; copies must divide ", n,
+                 " and the rows must be a positive multiple of ", n, " / copies");
+        sum += b.rows;
       }
-      SG_CHECK(sum == config.out_features, label_, ": config.out_blocks sum to ", sum, ", not out_features ",
+      SG_CHECK(sum == config.out_features, label_, ": config.out_blocks sum to ", sum, " rows, not out_features ",
                config.out_features, "; give blocks that tile the rows of W");
     }
     SG_CHECK(!row() || config.in_features % n == 0, label_, ": a row-parallel layer splits in_features ",
@@ -108,10 +109,13 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   ParameterInit w_init = ParameterInit::uniform(scale, seed);
   ParameterInit b_init = ParameterInit::uniform(scale, seed + 1);
   if (column()) {
-    const std::vector<std::int64_t> blocks =
-        config.out_blocks.empty() ? std::vector<std::int64_t>{config.out_features} : config.out_blocks;
-    w_init = w_init.row_blocks_from(blocks, config.in_features, ranks(), rank);
-    b_init = b_init.row_blocks_from(blocks, 1, ranks(), rank);
+    std::vector<ParameterInit::RowBlock> blocks;
+    for (const LinearOutBlock& b : config.out_blocks) {
+      blocks.push_back({.rows = b.rows, .parts = ranks() / b.copies, .part = rank / b.copies});
+    }
+    if (blocks.empty()) blocks.push_back({.rows = config.out_features, .parts = ranks(), .part = rank});
+    w_init = w_init.row_blocks_from(blocks, config.in_features);
+    b_init = b_init.row_blocks_from(blocks, 1);
   } else if (row()) {
     w_init = w_init.columns_from(config.out_features, config.in_features, rank * in);
   }
@@ -139,7 +143,13 @@ void Linear::check_overlap(std::string_view field, CommOverlap mode, CommOverlap
 }
 
 std::int64_t Linear::local_in_features() const { return config_.in_features / (row() ? ranks() : 1); }
-std::int64_t Linear::local_out_features() const { return config_.out_features / (column() ? ranks() : 1); }
+std::int64_t Linear::local_out_features() const {
+  if (!column()) return config_.out_features;
+  if (config_.out_blocks.empty()) return config_.out_features / ranks();
+  std::int64_t out = 0;
+  for (const LinearOutBlock& b : config_.out_blocks) out += b.rows / (ranks() / b.copies);
+  return out;
+}
 
 std::vector<StateTensor> Linear::state() const { return state_; }
 

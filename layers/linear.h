@@ -99,6 +99,17 @@ std::string_view tensor_parallel_mode_name(TensorParallelMode mode);  // "none",
 // the same two fields, with GeLU and its derivative as ops (its grouped
 // products have no epilogues).
 
+// A row block of a column-parallel Linear's weight (LinearConfig::out_blocks).
+struct LinearOutBlock {
+  std::int64_t rows = 0;
+  // How many consecutive ranks hold the same rows: 1 splits the block over
+  // the N ranks; c (dividing N) splits it into N / c parts, rank r holding
+  // part r / c. The copies' gradients are each rank's own: making them equal
+  // (summing them over the ranks that share them) is the owner's (Note
+  // [Tensor-parallel attention]).
+  std::int64_t copies = 1;
+};
+
 struct LinearConfig {
   std::int64_t in_features = 0;   // the whole layer's, also when tensor-parallel
   std::int64_t out_features = 0;  // the whole layer's, also when tensor-parallel
@@ -109,11 +120,11 @@ struct LinearConfig {
   // kColumn or kRow need a communicator at construction; kNone needs none.
   TensorParallelMode tensor_parallel = TensorParallelMode::kNone;
   // kColumn only: out_features is these row blocks of W end to end (their
-  // sum), each split over the ranks on its own, so rank r holds rows
-  // [r b/N, (r+1) b/N) of every block b, in block order (a fused QKV
+  // rows sum to it), each split over the ranks on its own, so rank r holds
+  // rows [r b/N, (r+1) b/N) of every block b, in block order (a fused QKV
   // weight's query, key and value heads: Note [Tensor-parallel attention] in
   // layers/multihead_attention.h). Empty: one block, the contiguous slice.
-  std::vector<std::int64_t> out_blocks;
+  std::vector<LinearOutBlock> out_blocks;
   bool sequence_parallel = false;  // token-sharded outside the layer; kColumn or kRow only
   // Tensor-parallel only: how the forward's and the data gradient's
   // collectives meet their GEMMs (Note [Communication-GEMM overlap]). With

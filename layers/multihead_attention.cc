@@ -1,7 +1,14 @@
 #include "layers/multihead_attention.h"
 
+#include <vector>
+
 #include "engine/error.h"
+#include "engine/half_precision.h"
 #include "layers/layer_checks.h"
+#include "ops/collective_ops.h"
+#include "ops/elementwise_ops.h"
+#include "ops/gemm_ops.h"
+#include "ops/row_ops.h"
 
 namespace stepgraph {
 namespace {
@@ -21,26 +28,33 @@ MultiheadAttentionConfig resolved(Context& ctx, const std::string& label, Multih
                             .kv_heads = c.kv_heads, .head_dim = c.head_dim, .causal = c.causal});
   kernels::check_rope({.dtype = c.dtype, .tokens = 1, .sequences = 1, .heads = c.heads, .head_dim = c.head_dim,
                        .base = c.rope_base});
-  if (tp == nullptr) {
-    SG_CHECK(c.overlap == MLPOverlap{}, label,
-             ": config.overlap is for a tensor-parallel layer; pass its communicator or leave overlap at its default");
-    return c;
-  }
+  if (tp == nullptr) return c;  // overlap is the collectives' (as LayerNormMLP's): none here
   tp->check_device(ctx.device(), label);
   const std::int64_t n = tp->world_size();
   SG_CHECK_CODE(c.heads % n == 0, ErrorCode::kUnsupported, label, ": heads ", c.heads, " (kv_heads ", c.kv_heads,
                 ") do not split over the tensor-parallel size ", n, " of ", tp->describe(),
                 "; make heads a multiple of the TP size");
-  SG_CHECK_CODE(c.kv_heads % n == 0, ErrorCode::kUnsupported, label, ": heads ", c.heads, ", kv_heads ", c.kv_heads,
-                " at tensor-parallel size ", n, ": the kv heads do not split over the ranks",
-                n % c.kv_heads == 0 ? " (replicating them where the TP size exceeds kv_heads is not supported)" : "",
-                "; make kv_heads a multiple of the TP size (Note [Tensor-parallel attention])");
+  SG_CHECK_CODE(c.kv_heads % n == 0 || n % c.kv_heads == 0, ErrorCode::kUnsupported, label, ": heads ", c.heads,
+                ", kv_heads ", c.kv_heads, " at tensor-parallel size ", n,
+                ": the kv heads neither split over the ranks nor divide them; make kv_heads a multiple or a divisor "
+                "of the TP size (Note [Tensor-parallel attention])");
+  SG_CHECK_CODE(c.kv_heads % n == 0 || !c.fp8, ErrorCode::kUnsupported, label, ": heads ", c.heads, ", kv_heads ",
+                c.kv_heads, " at tensor-parallel size ", n,
+                ": copies of kv heads (more ranks than kv heads) with FP8 projections are not supported; make "
+                "kv_heads a multiple of the TP size, or run the projections in 16 bits");
   c.overlap.check(label);
   return c;
 }
 
+// How many ranks hold a copy of each kv head: 1 where the kv heads split
+// over the ranks (Note [Tensor-parallel attention]).
+std::int64_t kv_copies_of(const MultiheadAttentionConfig& c, Communicator* tp) {
+  if (tp == nullptr || c.kv_heads % tp->world_size() == 0) return 1;
+  return tp->world_size() / c.kv_heads;
+}
+
 // The QKV projection (fc1 of the overlap) or the output projection.
-LinearConfig projection_config(const MultiheadAttentionConfig& c, bool qkv, bool split) {
+LinearConfig projection_config(const MultiheadAttentionConfig& c, bool qkv, bool split, std::int64_t kv_copies) {
   const MLPOverlap overlap = split ? c.overlap : MLPOverlap{};
   LinearConfig out{.in_features = qkv ? c.hidden : c.heads * c.head_dim,
                    .out_features = qkv ? (c.heads + 2 * c.kv_heads) * c.head_dim : c.hidden,
@@ -53,7 +67,10 @@ LinearConfig projection_config(const MultiheadAttentionConfig& c, bool qkv, bool
                    .dgrad_overlap = qkv ? overlap.fc1_dgrad : overlap.fc2_dgrad,
                    .fp8 = c.fp8};
   // Split by heads: each rank's q, k and v heads (Note [Tensor-parallel attention]).
-  if (qkv && split) out.out_blocks = {c.heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim};
+  if (qkv && split) {
+    const std::int64_t kv = c.kv_heads * c.head_dim;
+    out.out_blocks = {{.rows = c.heads * c.head_dim}, {.rows = kv, .copies = kv_copies}, {.rows = kv, .copies = kv_copies}};
+  }
   return out;
 }
 
@@ -64,12 +81,22 @@ MultiheadAttention::MultiheadAttention(Context& ctx, const std::string& name, co
     : label_(layer_label("MultiheadAttention", name)),
       config_(resolved(ctx, label_, config, tensor_parallel)),
       tp_(tensor_parallel),
+      kv_copies_(kv_copies_of(config_, tp_)),
       qkv_(ctx, name + ".qkv",
            LayerNormLinearConfig{.norm = config_.norm,
                                  .eps = config_.eps,
-                                 .linear = projection_config(config_, true, tp_ != nullptr)},
+                                 .linear = projection_config(config_, true, tp_ != nullptr, kv_copies_)},
            seed, tp_),
-      proj_(ctx, name + ".proj", projection_config(config_, false, tp_ != nullptr), seed + 1, tp_) {}
+      proj_(ctx, name + ".proj", projection_config(config_, false, tp_ != nullptr, kv_copies_), seed + 1, tp_) {
+  if (kv_copies_ > 1) {
+    // sum_over_copies' [D, D] identity, in the layer's dtype.
+    const std::int64_t d = config_.head_dim;
+    identity_ = ctx.persistent(name + ".kv_copies.identity", {Shape{d, d}, config_.dtype});
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(identity_.bytes()));
+    for (std::int64_t i = 0; i < d * d; ++i) store_from_float(config_.dtype, bytes.data(), i, i / d == i % d ? 1.0f : 0.0f);
+    ctx.copy_from_host(identity_, bytes.data(), bytes.size());
+  }
+}
 
 ops::AttentionParams MultiheadAttention::attention_params() const {
   return {.heads = local_heads(), .kv_heads = local_kv_heads(), .head_dim = config_.head_dim,
@@ -125,7 +152,32 @@ Tensor MultiheadAttention::backward(Context& ctx, const Saved& saved, const BwdA
                                                             saved.out, saved.lse, d_out, saved.cu_seqlens);
   const Tensor d_qkv = ops::qkv_merge_rope_backward(ctx, rope_params(), grads.dq, grads.dk, grads.dv,
                                                     saved.cu_seqlens);
-  return qkv_.backward(ctx, saved.qkv, {d_qkv, args.dx_residual});
+  if (kv_copies_ == 1) return qkv_.backward(ctx, saved.qkv, {d_qkv, args.dx_residual});
+  // Copies of a kv head: dx takes each rank's own part of dk and dv (the
+  // column-parallel sum adds them), the weight gradients the parts of every
+  // rank holding the copy, so the copies' gradients, and the copies after
+  // AdamW, stay equal (Note [Tensor-parallel attention]).
+  const Tensor d_qkv_weights =
+      ops::qkv_merge_rope_backward(ctx, rope_params(), grads.dq, sum_over_copies(ctx, grads.dk),
+                                   sum_over_copies(ctx, grads.dv), saved.cu_seqlens);
+  return qkv_.backward(ctx, saved.qkv, {.dy = d_qkv, .dx_residual = args.dx_residual, .dy_weights = d_qkv_weights});
+}
+
+Tensor MultiheadAttention::sum_over_copies(Context& ctx, const Tensor& part) const {
+  // [kv_heads T, D] blocks, one a kv head: each rank writes its part into its
+  // copy's block and zeros into the others, and the all-reduce (the same bits
+  // on every rank) sums each block over the ranks sharing that head; the
+  // block is read out by a GEMM with the identity (exact: one product a term).
+  const std::int64_t tokens = part.shape().dim(0);
+  const std::int64_t head = tp_->rank() / kv_copies_;
+  Tensor zeros = ops::fill(ctx, {part.shape(), DType::kFloat32}, 0.0f);
+  if (part.dtype() != DType::kFloat32) zeros = ops::cast(ctx, zeros, part.dtype());
+  const Tensor blocks = ops::empty(ctx, {Shape{config_.kv_heads * tokens, part.shape().dim(1)}, part.dtype()});
+  for (std::int64_t h = 0; h < config_.kv_heads; ++h) ops::copy_rows_(ctx, blocks, h == head ? part : zeros, h * tokens);
+  const Tensor sums = ops::all_reduce(ctx, *tp_, blocks, ReduceOp::kSum);
+  return ops::gemm(ctx, sums, identity_,
+                   {.trans_b = true, .out_dtype = part.dtype(), .rows = tokens, .a_row = head * tokens})
+      .d;
 }
 
 }  // namespace stepgraph

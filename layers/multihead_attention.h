@@ -30,12 +30,27 @@
 //   proj      a row-parallel Linear over the H/N D local features: each rank's
 //             product is a partial sum over the heads, added across the ranks
 //             (rank 0's GEMM adds the bias).
-// No collective runs between QKV and the projection. GQA and MQA: the kv
-// heads are split when kv_heads % N == 0 (MHA always, as heads % N == 0). When
-// N > kv_heads (N % kv_heads == 0, MQA at any N > 1) a rank would need a copy
-// of the kv head its query heads read, with the gradients of the copies summed
-// over the ranks that share them: not built, an Error naming heads, kv_heads
-// and the TP size, as is every other case (heads % N != 0 or neither divides).
+// No collective runs between QKV and the projection in the forward.
+// GQA and MQA, which is built:
+//   kv_heads % N == 0   the kv heads split as above (MHA always, as
+//                       heads % N == 0).
+//   N % kv_heads == 0   (more ranks than kv heads; MQA at any N) each rank
+//                       holds one kv head, a copy of the one its query heads
+//                       read (kv head r / c, c = N / kv_heads ranks sharing
+//                       it: LinearOutBlock::copies). Its dk and dv are each
+//                       rank's part, from its own query heads: the data
+//                       gradient takes them as they are (the column-parallel
+//                       sum adds the parts), and the weight and bias
+//                       gradients take them summed over the c ranks sharing
+//                       the copy (an all-reduce over the TP group of
+//                       [kv_heads T, D] blocks, a rank's part in its head's
+//                       block and zeros in the others), so
+//                       every copy gets the same gradient and stays equal
+//                       through AdamW. 16-bit projections only (an FP8 layer's
+//                       scaling state takes one dy a step): an Error with FP8.
+//   otherwise           (heads % N != 0, or kv_heads and N not dividing one
+//                       another) an Error naming heads, kv_heads and the TP
+//                       size.
 // With MultiheadAttentionConfig::sequence_parallel (what ResidualStack uses)
 // x and y are this rank's token shard [T/N, hidden]: the norm runs on the
 // shard, QKV all-gathers the normed tokens before its GEMM (and reduce-
@@ -129,7 +144,7 @@ class MultiheadAttention {
   Communicator* tensor_parallel() const { return tp_; }
   // This rank's query and key/value heads (all of them without a communicator).
   std::int64_t local_heads() const { return config_.heads / ranks(); }
-  std::int64_t local_kv_heads() const { return config_.kv_heads / ranks(); }
+  std::int64_t local_kv_heads() const { return config_.kv_heads * kv_copies_ / ranks(); }
   // The norm's, the QKV projection's, then the output projection's.
   std::vector<Parameter*> parameters();
   // FP8: the QKV and output projections (as LayerNormMLP::fp8_linears).
@@ -141,10 +156,15 @@ class MultiheadAttention {
   int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
   // Under sequence parallelism the projections see every rank's tokens.
   std::int64_t all_tokens(std::int64_t local_tokens) const;
+  // The sum of `part` (this rank's gradient of its kv head copy, [T, D]) over
+  // the ranks holding the same copy.
+  Tensor sum_over_copies(Context& ctx, const Tensor& part) const;
 
   std::string label_;
   MultiheadAttentionConfig config_;
   Communicator* tp_ = nullptr;
+  std::int64_t kv_copies_ = 1;  // ranks holding each kv head (Note [Tensor-parallel attention])
+  Tensor identity_;             // [D, D], with copies: see sum_over_copies
   LayerNormLinear qkv_;
   Linear proj_;
 };

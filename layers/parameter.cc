@@ -89,21 +89,18 @@ ParameterInit ParameterInit::columns_from(std::int64_t rows, std::int64_t cols, 
   return out;
 }
 
-ParameterInit ParameterInit::row_blocks_from(std::vector<std::int64_t> blocks, std::int64_t cols, std::int64_t parts_,
-                                             std::int64_t part_) const {
-  SG_CHECK(parts_ > 0 && part_ >= 0 && part_ < parts_, "ParameterInit: part ", part_, " of ", parts_,
-           " parts is not a part; give 0 <= part < parts");
+ParameterInit ParameterInit::row_blocks_from(std::vector<RowBlock> blocks, std::int64_t cols) const {
   std::int64_t rows = 0;
-  for (const std::int64_t b : blocks) {
-    SG_CHECK(b > 0 && b % parts_ == 0, "ParameterInit: a row block of ", b, " rows does not split into ", parts_,
-             " equal parts; make every block a positive multiple of ", parts_);
-    rows += b;
+  for (const RowBlock& b : blocks) {
+    SG_CHECK(b.parts > 0 && b.part >= 0 && b.part < b.parts, "ParameterInit: part ", b.part, " of ", b.parts,
+             " parts is not a part; give 0 <= part < parts");
+    SG_CHECK(b.rows > 0 && b.rows % b.parts == 0, "ParameterInit: a row block of ", b.rows,
+             " rows does not split into ", b.parts, " equal parts; make every block a positive multiple of its parts");
+    rows += b.rows;
   }
   ParameterInit out = rows_from(rows, cols, 0);
   out.slice = Slice::kRowBlocks;
   out.row_blocks = std::move(blocks);
-  out.parts = parts_;
-  out.part = part_;
   return out;
 }
 
@@ -116,16 +113,17 @@ std::vector<float> ParameterInit::values(std::int64_t numel) const {
   whole.slice = Slice::kWhole;
   const std::vector<float> full = whole.values(full_rows * full_cols);
   if (slice == Slice::kRowBlocks) {
-    SG_CHECK(numel == full_rows / parts * full_cols, "ParameterInit: ", numel, " values are not part ", part, " of ",
-             parts, " of every row block of [", full_rows, ", ", full_cols, "]");
     std::vector<float> out;
     out.reserve(static_cast<std::size_t>(numel));
     std::int64_t block_start = 0;
-    for (const std::int64_t b : row_blocks) {
-      const std::int64_t first_row = block_start + part * (b / parts);
-      out.insert(out.end(), full.begin() + first_row * full_cols, full.begin() + (first_row + b / parts) * full_cols);
-      block_start += b;
+    for (const RowBlock& b : row_blocks) {
+      const std::int64_t count = b.rows / b.parts;
+      const std::int64_t first_row = block_start + b.part * count;
+      out.insert(out.end(), full.begin() + first_row * full_cols, full.begin() + (first_row + count) * full_cols);
+      block_start += b.rows;
     }
+    SG_CHECK(static_cast<std::int64_t>(out.size()) == numel, "ParameterInit: ", numel,
+             " values are not the parts of the row blocks of [", full_rows, ", ", full_cols, "] (", out.size(), ")");
     return out;
   }
   if (slice == Slice::kRows) {

@@ -94,14 +94,19 @@ struct ParameterInit {
   // rows (or columns) from `first` on, as many as the parameter holds.
   ParameterInit rows_from(std::int64_t rows, std::int64_t cols, std::int64_t first) const;
   ParameterInit columns_from(std::int64_t rows, std::int64_t cols, std::int64_t first) const;
-  // Part `part` of `parts` of every row block of the [sum of blocks, cols]
-  // matrix this init fills, whose rows are `blocks` end to end: block b's
-  // rows [part b/parts, (part + 1) b/parts), the blocks' parts in block
-  // order. The heads of a fused QKV weight split over tensor-parallel ranks
-  // (Note [Tensor-parallel attention] in layers/multihead_attention.h); one
-  // block is rows_from's slice. Every block must divide by `parts`.
-  ParameterInit row_blocks_from(std::vector<std::int64_t> blocks, std::int64_t cols, std::int64_t parts,
-                                std::int64_t part) const;
+  // One row block of row_blocks_from: `rows` rows split into `parts` equal
+  // parts, of which the parameter holds part `part`.
+  struct RowBlock {
+    std::int64_t rows = 0;
+    std::int64_t parts = 1;
+    std::int64_t part = 0;
+  };
+  // A part of every row block of the [sum of rows, cols] matrix this init
+  // fills, whose rows are `blocks` end to end, in block order: block b's rows
+  // [part b/parts, (part + 1) b/parts). The heads of a fused QKV weight split
+  // over tensor-parallel ranks (Note [Tensor-parallel attention] in
+  // layers/multihead_attention.h); one block of N parts is rows_from's slice.
+  ParameterInit row_blocks_from(std::vector<RowBlock> blocks, std::int64_t cols) const;
   std::vector<float> values(std::int64_t numel) const;
 
   bool is_constant = false;
@@ -112,9 +117,7 @@ struct ParameterInit {
   std::int64_t full_rows = 0;
   std::int64_t full_cols = 0;
   std::int64_t first = 0;
-  std::vector<std::int64_t> row_blocks;  // kRowBlocks: the blocks' row counts
-  std::int64_t parts = 1;                // kRowBlocks: each block's parts, and which one this is
-  std::int64_t part = 0;
+  std::vector<RowBlock> row_blocks;  // kRowBlocks
 };
 Parameter make_parameter(Context& ctx, const std::string& name, const Shape& shape, DType dtype,
                          const ParameterInit& init);

@@ -407,9 +407,13 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
     const std::int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
     SG_CHECK(o.heads % o.tp == 0, "--heads (", o.heads, ") must divide by --tp (", o.tp,
              "): each rank holds heads / tp of every block's attention heads");
-    SG_CHECK(kv_heads % o.tp == 0, "--kv-heads (", kv_heads, ") must divide by --tp (", o.tp,
-             "): each rank holds kv_heads / tp of the key/value heads (copies of shared kv heads are not supported); "
-             "raise --kv-heads or lower --tp");
+    const bool copies = kv_heads % o.tp != 0;  // each rank holds a copy of the kv head its query heads read
+    SG_CHECK(!copies || o.tp % kv_heads == 0, "--kv-heads (", kv_heads, ") and --tp (", o.tp,
+             ") must divide one another: each rank holds kv_heads / tp of the key/value heads, or a copy of one "
+             "where --tp exceeds --kv-heads");
+    SG_CHECK(!copies || !o.fp8, "--fp8 ", fp8_flag(o.fp8), " with --tp (", o.tp, ") above --kv-heads (", kv_heads,
+             "): copies of kv heads run their projections in 16 bits only; raise --kv-heads to a multiple of --tp, "
+             "or pass --fp8 none");
   }
 
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");

@@ -4,8 +4,10 @@
 // sequence parallelism), every parameter gradient (the ranks' head slices of
 // QKV and columns of the projection gathered back into the whole matrices,
 // the replicated ones on every rank), for MHA and split GQA, with each
-// overlap mode; eager equals graph bit for bit on every rank. The tokens are
-// packed sequences of different lengths, one of a single token.
+// overlap mode, and with copies of kv heads where the ranks outnumber them
+// (MQA, GQA), whose gradients must be equal bit for bit on the ranks sharing
+// them; eager equals graph bit for bit on every rank. The tokens are packed
+// sequences of different lengths, one of a single token.
 //
 // Tolerance: the projection's partial products over each rank's heads are
 // added by a collective (and QKV's data gradients over the ranks' heads too),
@@ -18,6 +20,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -102,15 +106,35 @@ Result run(Context& ctx, const MultiheadAttention& layer, const std::vector<Para
   return r;
 }
 
-// Writes a rank's [(H + 2 Hkv)/N D, cols] QKV slice into the whole [(H + 2 Hkv) D, cols] matrix.
+// Ranks holding each kv head: 1 where the kv heads split over the ranks.
+std::int64_t kv_copies(const Case& c) { return c.kv_heads % c.ranks == 0 ? 1 : c.ranks / c.kv_heads; }
+
+// Rank `rank`'s rows of the whole [(H + 2 Hkv) D, cols] QKV matrix: its
+// query heads, then its key and value heads (a copy where ranks share them).
+std::vector<float> qkv_rows_of(const std::vector<float>& whole, const Case& c, int rank, std::int64_t cols) {
+  std::vector<float> out;
+  std::int64_t block_start = 0;
+  for (const auto& [block, copies] : {std::pair{c.heads * kHeadDim, std::int64_t{1}},
+                                      std::pair{c.kv_heads * kHeadDim, kv_copies(c)},
+                                      std::pair{c.kv_heads * kHeadDim, kv_copies(c)}}) {
+    const std::int64_t parts = c.ranks / copies;
+    const std::int64_t first = block_start + (rank / copies) * (block / parts);
+    out.insert(out.end(), whole.begin() + first * cols, whole.begin() + (first + block / parts) * cols);
+    block_start += block;
+  }
+  return out;
+}
+
+// Writes a rank's QKV slice back into the whole matrix (the inverse of qkv_rows_of).
 void place_qkv_rows(std::vector<float>& whole, const std::vector<float>& slice, const Case& c, int rank,
                     std::int64_t cols) {
-  const std::int64_t n = c.ranks;
   std::int64_t block_start = 0, local = 0;
-  for (const std::int64_t block : {c.heads * kHeadDim, c.kv_heads * kHeadDim, c.kv_heads * kHeadDim}) {
-    const std::int64_t part = block / n;
+  for (const auto& [block, copies] : {std::pair{c.heads * kHeadDim, std::int64_t{1}},
+                                      std::pair{c.kv_heads * kHeadDim, kv_copies(c)},
+                                      std::pair{c.kv_heads * kHeadDim, kv_copies(c)}}) {
+    const std::int64_t part = block / (c.ranks / copies);
     std::copy(slice.begin() + local * cols, slice.begin() + (local + part) * cols,
-              whole.begin() + (block_start + rank * part) * cols);
+              whole.begin() + (block_start + (rank / copies) * part) * cols);
     block_start += block;
     local += part;
   }
@@ -132,11 +156,11 @@ TEST_P(TensorParallelAttentionTest, RanksTogetherEqualOneRankAndGraphEqualsEager
   }
   const int n = c.ranks;
   const std::int64_t t = c.sequence_parallel ? kTokens / n : kTokens;
-  const std::int64_t qkv_rows = (c.heads + 2 * c.kv_heads) * kHeadDim;
   const std::int64_t proj_in = c.heads * kHeadDim;
   // The ranks' QKV and projection gradients, gathered back (disjoint slices: no lock).
   std::vector<float> qkv_weight(reference.grads[2].size()), qkv_bias(reference.grads[3].size());
   std::vector<float> proj_weight(reference.grads[4].size());
+  std::vector<std::vector<std::vector<float>>> rank_qkv_grads(static_cast<std::size_t>(c.ranks));
   HostWorld::run(n, [&](Communicator& comm) {
     const int r = comm.rank();
     const std::string who = "rank " + std::to_string(r) + " of " + std::to_string(n);
@@ -154,14 +178,16 @@ TEST_P(TensorParallelAttentionTest, RanksTogetherEqualOneRankAndGraphEqualsEager
     expect_close(got.grads[0], reference.grads[0], who + " norm gamma grad");
     expect_close(got.grads[1], reference.grads[1], who + " norm beta grad");
     expect_close(got.grads[5], reference.grads[5], who + " proj bias grad");
+    expect_close(got.grads[2], qkv_rows_of(reference.grads[2], c, r, kHidden), who + " qkv weight grad, its heads");
+    expect_close(got.grads[3], qkv_rows_of(reference.grads[3], c, r, 1), who + " qkv bias grad, its heads");
     place_qkv_rows(qkv_weight, got.grads[2], c, r, kHidden);
     place_qkv_rows(qkv_bias, got.grads[3], c, r, 1);
+    rank_qkv_grads[r] = {got.grads[2], got.grads[3]};
     const std::int64_t cols = proj_in / n;
     for (std::int64_t row = 0; row < kHidden; ++row) {
       std::copy(got.grads[4].begin() + row * cols, got.grads[4].begin() + (row + 1) * cols,
                 proj_weight.begin() + row * proj_in + r * cols);
     }
-    ASSERT_EQ(got.grads[2].size(), static_cast<std::size_t>(qkv_rows / n * kHidden)) << who;
 
     auto graph = CapturedStep::capture(ctx,
                                        [&] {
@@ -181,6 +207,23 @@ TEST_P(TensorParallelAttentionTest, RanksTogetherEqualOneRankAndGraphEqualsEager
   expect_close(qkv_weight, reference.grads[2], "qkv weight grad, the ranks' head rows gathered");
   expect_close(qkv_bias, reference.grads[3], "qkv bias grad, the ranks' head rows gathered");
   expect_close(proj_weight, reference.grads[4], "proj weight grad, the ranks' columns gathered");
+  // Ranks sharing a kv head hold the same gradients for its copies, bit for
+  // bit (and so the same copies after any optimizer step).
+  const std::int64_t copies = kv_copies(c);
+  for (int r = 0; r < c.ranks; ++r) {
+    const int first = static_cast<int>(r / copies * copies);
+    if (first == r) continue;
+    const std::int64_t q_rows = c.heads * kHeadDim / c.ranks;
+    for (std::size_t i = 0; i < 2; ++i) {
+      const std::int64_t cols = i == 0 ? kHidden : 1;
+      const std::vector<float>& mine = rank_qkv_grads[r][i];
+      const std::vector<float>& theirs = rank_qkv_grads[first][i];
+      EXPECT_EQ(testing::bits({mine.begin() + q_rows * cols, mine.end()}),
+                testing::bits({theirs.begin() + q_rows * cols, theirs.end()}))
+          << "rank " << r << " and rank " << first << ": the kv copies' " << (i == 0 ? "weight" : "bias")
+          << " gradients differ";
+    }
+  }
 }
 
 std::vector<Case> cases() {
@@ -188,7 +231,9 @@ std::vector<Case> cases() {
   const struct {
     int ranks;
     std::int64_t heads, kv_heads;
-  } shapes[] = {{2, 4, 4}, {2, 4, 2}, {4, 4, 4}, {4, 8, 4}};
+  } shapes[] = {{2, 4, 4}, {2, 4, 2}, {4, 4, 4}, {4, 8, 4},
+                // Copies of kv heads: MQA at 2 and 4 ranks, GQA of 2 kv heads at 4.
+                {2, 4, 1}, {4, 4, 2}, {4, 4, 1}, {4, 8, 2}};
   for (const auto& s : shapes) {
     for (const CommOverlap mode : {CommOverlap::kNone, CommOverlap::kBulk, CommOverlap::kRingExchange}) {
       out.push_back({s.ranks, s.heads, s.kv_heads, true, mode});
@@ -201,41 +246,44 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelAttentionTest, ::testing::ValuesIn(cases()), case_name);
 
 // The QKV weight a rank holds is its own heads' rows of the one-rank weight,
-// in the fused q, k, v layout: checked on the values themselves.
+// in the fused q, k, v layout (with copies of kv heads, the same rows on the
+// ranks that share them): checked on the values themselves.
 TEST(TensorParallelAttentionInitTest, EachRankHoldsItsHeadsRowsOfTheOneRankWeights) {
-  const Case c{2, 4, 2, true, CommOverlap::kBulk};
-  std::vector<float> whole_weight, whole_bias;
-  {
-    Context ctx(Device::kHost);
-    MultiheadAttention layer(ctx, "attn", config(c, false), kSeed);
-    whole_weight = ctx.to_vector<float>(layer.parameters()[2]->master);
-    whole_bias = ctx.to_vector<float>(layer.parameters()[3]->master);
+  for (const Case c : {Case{2, 4, 2, true, CommOverlap::kBulk}, Case{4, 4, 2, true, CommOverlap::kBulk}}) {
+    std::vector<float> whole_weight, whole_bias;
+    {
+      Context ctx(Device::kHost);
+      MultiheadAttention layer(ctx, "attn", config(c, false), kSeed);
+      whole_weight = ctx.to_vector<float>(layer.parameters()[2]->master);
+      whole_bias = ctx.to_vector<float>(layer.parameters()[3]->master);
+    }
+    HostWorld::run(c.ranks, [&](Communicator& comm) {
+      Context ctx(Device::kHost);
+      MultiheadAttention layer(ctx, "attn", config(c, true), kSeed, &comm);
+      const int r = comm.rank();
+      EXPECT_EQ(ctx.to_vector<float>(layer.parameters()[2]->master), qkv_rows_of(whole_weight, c, r, kHidden))
+          << "rank " << r << " of " << c.ranks;
+      EXPECT_EQ(ctx.to_vector<float>(layer.parameters()[3]->master), qkv_rows_of(whole_bias, c, r, 1))
+          << "rank " << r << " of " << c.ranks;
+    });
   }
-  std::vector<float> weight(whole_weight.size()), bias(whole_bias.size());
-  HostWorld::run(2, [&](Communicator& comm) {
-    Context ctx(Device::kHost);
-    MultiheadAttention layer(ctx, "attn", config(c, true), kSeed, &comm);
-    place_qkv_rows(weight, ctx.to_vector<float>(layer.parameters()[2]->master), c, comm.rank(), kHidden);
-    place_qkv_rows(bias, ctx.to_vector<float>(layer.parameters()[3]->master), c, comm.rank(), 1);
-  });
-  EXPECT_EQ(weight, whole_weight);
-  EXPECT_EQ(bias, whole_bias);
 }
 
 TEST(TensorParallelAttentionErrorsTest, HeadsThatDoNotSplitAreRefusedNamingHeadsKvHeadsAndTheTpSize) {
-  auto build = [](int ranks, std::int64_t heads, std::int64_t kv_heads) {
+  auto build = [](int ranks, std::int64_t heads, std::int64_t kv_heads, std::optional<Fp8Recipe> fp8 = {}) {
     HostWorld::run(ranks, [&](Communicator& comm) {
       Context ctx(Device::kHost);
-      MultiheadAttention layer(ctx, "attn", config({ranks, heads, kv_heads, true, CommOverlap::kBulk}, true), kSeed,
-                               &comm);
+      MultiheadAttentionConfig split = config({ranks, heads, kv_heads, true, CommOverlap::kBulk}, true);
+      split.fp8 = fp8;
+      MultiheadAttention layer(ctx, "attn", split, kSeed, &comm);
     });
   };
   // heads 6 over 4 ranks.
   EXPECT_ERROR_CONTAINS(build(4, 6, 6), "heads 6", "tensor-parallel size 4");
-  // kv_heads 2 over 4 ranks: the replicated case, not built.
-  EXPECT_ERROR_CONTAINS(build(4, 4, 2), "heads 4", "kv_heads 2", "tensor-parallel size 4", "replicating");
-  // MQA at TP 2.
-  EXPECT_ERROR_CONTAINS(build(2, 4, 1), "kv_heads 1", "tensor-parallel size 2");
+  // kv_heads 3 and 4 ranks: neither divides the other.
+  EXPECT_ERROR_CONTAINS(build(4, 12, 3), "heads 12", "kv_heads 3", "tensor-parallel size 4");
+  // Copies of kv heads with FP8 projections.
+  EXPECT_ERROR_CONTAINS(build(4, 4, 2, Fp8Recipe::current()), "kv_heads 2", "tensor-parallel size 4", "FP8");
 }
 
 TEST(TensorParallelAttentionErrorsTest, AChunkedOverlapWithoutSequenceParallelismIsRefused) {

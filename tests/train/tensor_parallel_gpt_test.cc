@@ -5,8 +5,11 @@
 // against one process on the whole batch over 4 AdamW steps: every step's
 // loss, and after them every parameter (the ranks' slices gathered back into
 // the whole matrices; the replicated ones on every rank). The batch is packed
-// sequences of 5, 1, 7 and 3 tokens. Graph equals eager bit for bit on every
-// rank, losses and parameters.
+// sequences of 5, 1, 7 and 3 tokens. The kv heads split over the ranks
+// where they divide by the TP size (2 at TP 2, 4 at TP 4), and are copied on
+// the ranks sharing each where the ranks outnumber them (2 at TP 4, 1 at
+// TP 2), the copies equal bit for bit after the steps. Graph equals eager bit for bit on every rank,
+// losses and parameters.
 //
 // Tolerance: the ranks add the same fp32 terms as one process in another
 // order (the projections' partial sums over heads and ffn, QKV's and fc1's
@@ -29,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/host_world.h"
@@ -90,20 +94,24 @@ testing::GlobalBatch global_batch(std::uint32_t seed, int step) {
 bool place_slice(const std::string& name, std::int64_t kv_heads, int n, int rank, std::int64_t rows,
                  std::int64_t cols, const std::vector<float>& local, std::vector<float>& gathered) {
   const auto size = static_cast<std::int64_t>(local.size());
-  if (size * n != rows * cols) return false;  // whole on every rank
   if (name.find(".qkv.linear.") != std::string::npos) {
-    // Head blocks: each rank's q, k and v heads (Note [Tensor-parallel attention]).
+    // Head blocks: each rank's q, k and v heads, the kv heads a copy on the
+    // ranks sharing one where they are fewer than the ranks (Note
+    // [Tensor-parallel attention]).
+    const std::int64_t copies = kv_heads % n == 0 ? 1 : n / kv_heads;
     const std::int64_t width = name.find(".bias") != std::string::npos ? 1 : cols;
     std::int64_t block_start = 0, at = 0;
-    for (const std::int64_t block : {kHeads * kHeadDim, kv_heads * kHeadDim, kv_heads * kHeadDim}) {
-      const std::int64_t part = block / n;
+    for (const auto& [block, c] : {std::pair{kHeads * kHeadDim, std::int64_t{1}},
+                                   std::pair{kv_heads * kHeadDim, copies}, std::pair{kv_heads * kHeadDim, copies}}) {
+      const std::int64_t part = block / (n / c);
       std::copy(local.begin() + at * width, local.begin() + (at + part) * width,
-                gathered.begin() + (block_start + rank * part) * width);
+                gathered.begin() + (block_start + (rank / c) * part) * width);
       block_start += block;
       at += part;
     }
     return true;
   }
+  if (size * n != rows * cols) return false;  // whole on every rank
   const bool by_columns = name.find(".proj.") != std::string::npos || name.find(".fc2.") != std::string::npos;
   if (!by_columns) {  // rows: fc1's ffn, the head's vocabulary
     std::copy(local.begin(), local.end(), gathered.begin() + rank * size);
@@ -156,6 +164,7 @@ TEST_P(TensorParallelGptTest, EqualsOneProcessOnTheWholeBatchOverFourAdamWStepsA
   std::vector<std::vector<float>> gathered = want_params;  // sliced ones overwritten by the ranks
   std::vector<bool> sliced(names.size(), false);
   std::mutex mutex;
+  std::map<std::pair<std::size_t, int>, std::vector<float>> rank_qkv;  // (parameter, rank): its QKV values
   const std::int64_t local = kTokens / c.tp;
   HostWorld::run(c.tp, [&](Communicator& tp) {
     const int r = tp.rank();
@@ -188,6 +197,7 @@ TEST_P(TensorParallelGptTest, EqualsOneProcessOnTheWholeBatchOverFourAdamWStepsA
       const std::int64_t rows = shapes[i].dim(0);
       const std::int64_t cols = shapes[i].rank() > 1 ? shapes[i].dim(1) : 1;
       std::lock_guard<std::mutex> lock(mutex);
+      if (names[i].find(".qkv.linear.") != std::string::npos) rank_qkv[{i, r}] = values;
       if (place_slice(names[i], c.kv_heads, c.tp, r, rows, cols, values, gathered[i])) {
         sliced[i] = true;
       } else {
@@ -198,13 +208,24 @@ TEST_P(TensorParallelGptTest, EqualsOneProcessOnTheWholeBatchOverFourAdamWStepsA
   for (std::size_t i = 0; i < names.size(); ++i) {
     if (sliced[i]) expect_within(gathered[i], want_params[i], 1e-5f, names[i] + " (the ranks' slices gathered)");
   }
+  // Ranks that share a kv head hold equal copies of it, bit for bit, after the steps.
+  const std::int64_t copies = c.kv_heads % c.tp == 0 ? 1 : c.tp / c.kv_heads;
+  for (const auto& [key, values] : rank_qkv) {
+    const int first = static_cast<int>(key.second / copies * copies);
+    const std::int64_t width = names[key.first].find(".bias") != std::string::npos ? 1 : kHidden;
+    const auto q_values = static_cast<std::ptrdiff_t>(kHeads * kHeadDim / c.tp * width);  // its query heads' rows
+    const std::vector<float>& theirs = rank_qkv.at({key.first, first});
+    EXPECT_TRUE(std::equal(values.begin() + q_values, values.end(), theirs.begin() + q_values))
+        << names[key.first] << ": rank " << key.second << "'s kv copies differ from rank " << first << "'s";
+  }
   // Every block's QKV weight and bias, projection weight, fc1 weight and bias and fc2 weight, and the head.
   EXPECT_EQ(std::count(sliced.begin(), sliced.end(), true), 2 * 6 + 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelGptTest,
                          ::testing::Values(Case{2, 2, "bulk"}, Case{2, 2, "overlap"}, Case{2, 2, "none"},
-                                           Case{4, 4, "overlap"}, Case{4, 4, "bulk"}),
+                                           Case{4, 2, "overlap"}, Case{4, 2, "bulk"}, Case{4, 4, "overlap"},
+                                           Case{2, 1, "overlap"}),
                          [](const auto& info) {
                            return "tp" + std::to_string(info.param.tp) + "_kv" +
                                   std::to_string(info.param.kv_heads) + "_" + info.param.overlap;

@@ -298,8 +298,9 @@ TEST_P(TensorParallelTrainerTest, TheGptMatchesOneProcessOnTheGlobalBatch) {
               ranks / 2, overlap, single.size(), worst);
 }
 
-// The attention's heads split over --tp: --heads and --kv-heads must divide
-// by it, each refusal naming the flags.
+// The attention's heads split over --tp: --heads must divide by it and
+// --kv-heads divide it or by it (copies of kv heads, 16-bit only), each
+// refusal naming the flags.
 TEST(TensorParallelTrainerFlagsTest, HeadsAndKvHeadsMustDivideByTp) {
   TrainerOptions o = gpt_flags(StepMode::kGraph);
   o.tp = 2;
@@ -313,7 +314,19 @@ TEST(TensorParallelTrainerFlagsTest, HeadsAndKvHeadsMustDivideByTp) {
   o.heads = 4;
   o.hidden = 32;
   o.kv_heads = 2;
-  EXPECT_ERROR_CONTAINS(resolve_defaults(o, Device::kHost), "--kv-heads (2) must divide by --tp (4)");
+  EXPECT_NO_THROW(resolve_defaults(o, Device::kHost));  // each kv head copied on 2 ranks
+  o.heads = 12;
+  o.hidden = 48;
+  o.kv_heads = 3;
+  EXPECT_ERROR_CONTAINS(resolve_defaults(o, Device::kHost), "--kv-heads (3) and --tp (4) must divide one another");
+  o.heads = 4;
+  o.hidden = 64;
+  o.kv_heads = 2;
+  o.fp8 = Fp8Recipe::current();
+  o.dtype.reset();  // bf16, as --fp8 needs
+  o.batch = 16;
+  o.seq_len = 16;
+  EXPECT_ERROR_CONTAINS(resolve_defaults(o, Device::kHost), "--fp8", "--tp (4) above --kv-heads (2)");
 }
 
 // What a tensor-parallel stack cannot run yet is ResidualStack's rule

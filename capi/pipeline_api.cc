@@ -1,5 +1,7 @@
 // The C API's per-layer graphs for pipeline schedules (train/graphed_layers.h).
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,15 +29,21 @@ Tensor optional_source(sg_tensor source, const char* function, const char* what)
   return source == nullptr ? Tensor{} : capi::handle_object(source, function, what)->tensor;
 }
 
-// sg_graphed_layers_forward and _backward: replay the pass, hand back its result.
-template <typename Replay>
-void replay_pass(sg_graphed_layers graphed, sg_tensor source, const char* what, void* const* source_streams,
-                 size_t stream_count, sg_tensor* out, const char* function, Replay&& replay) {
-  if (out != nullptr) *out = nullptr;
-  const std::shared_ptr<sg_graphed_layers_s> g = graphed_of(graphed, function);
-  const Tensor result = replay(*g->graphed, optional_source(source, function, what),
-                               streams_from_c(source_streams, stream_count, function));
-  if (out != nullptr) *out = capi::new_tensor_handle(g->ctx, result);
+// GraphedLayers::forward or ::backward.
+using Pass = const Tensor& (GraphedLayers::*)(std::int64_t, const Tensor&, std::span<CUstream_st* const>);
+
+// sg_graphed_layers_forward and _backward: replay the pass of `microbatch`,
+// hand back its result.
+sg_result replay_pass(Pass pass, const char* function, sg_graphed_layers graphed, int64_t microbatch,
+                      sg_tensor source, const char* what, void* const* source_streams, size_t stream_count,
+                      sg_tensor* out) {
+  return run_guarded(function, [&] {
+    if (out != nullptr) *out = nullptr;
+    const std::shared_ptr<sg_graphed_layers_s> g = graphed_of(graphed, function);
+    const Tensor result = ((*g->graphed).*pass)(microbatch, optional_source(source, function, what),
+                                                streams_from_c(source_streams, stream_count, function));
+    if (out != nullptr) *out = capi::new_tensor_handle(g->ctx, result);
+  });
 }
 
 // sg_graphed_layers_input and _grad_output: a new handle to a microbatch's static tensor.
@@ -89,22 +97,13 @@ extern "C" sg_result sg_graphed_layers_destroy(sg_graphed_layers graphed) {
 
 extern "C" sg_result sg_graphed_layers_forward(sg_graphed_layers graphed, int64_t microbatch, sg_tensor x,
                                                void* const* source_streams, size_t stream_count, sg_tensor* y) {
-  return run_guarded(__func__, [&, function = __func__] {
-    replay_pass(graphed, x, "x", source_streams, stream_count, y, function,
-                [&](GraphedLayers& g, const Tensor& source, const std::vector<CUstream_st*>& streams) {
-                  return g.forward(microbatch, source, streams);
-                });
-  });
+  return replay_pass(&GraphedLayers::forward, __func__, graphed, microbatch, x, "x", source_streams, stream_count, y);
 }
 
 extern "C" sg_result sg_graphed_layers_backward(sg_graphed_layers graphed, int64_t microbatch, sg_tensor dy,
                                                 void* const* source_streams, size_t stream_count, sg_tensor* dx) {
-  return run_guarded(__func__, [&, function = __func__] {
-    replay_pass(graphed, dy, "dy", source_streams, stream_count, dx, function,
-                [&](GraphedLayers& g, const Tensor& source, const std::vector<CUstream_st*>& streams) {
-                  return g.backward(microbatch, source, streams);
-                });
-  });
+  return replay_pass(&GraphedLayers::backward, __func__, graphed, microbatch, dy, "dy", source_streams, stream_count,
+                     dx);
 }
 
 extern "C" sg_result sg_graphed_layers_input(sg_graphed_layers graphed, int64_t microbatch, sg_tensor* out) {

@@ -2,7 +2,6 @@
 
 #include "engine/error.h"
 #include "layers/layer_checks.h"
-#include "ops/collective_ops.h"
 
 namespace stepgraph {
 namespace {
@@ -24,7 +23,7 @@ LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config, Co
       tp_(tensor_parallel),
       embedding_(ctx, "embedding",
                  EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
-                 config.model.seed + 104729, vocab_parallel()),
+                 config.model.seed + 104729, tensor_parallel),
       stack_(ctx, config.model, tensor_parallel) {}
 
 std::vector<Parameter*> LanguageModel::parameters() {
@@ -56,19 +55,14 @@ void LanguageModel::backward(Context& ctx, const Saved& saved, const Tensor& dlo
                              const ResidualStack::GradientsReady& ready) const {
   check_input("LanguageModel", "backward", "saved.embedding.tokens", saved.embedding.tokens, {rows_name(), token_width()},
               DType::kInt32, "the forward's tokens");
-  // The logits are every rank's rows; a vocabulary-parallel embedding saved
-  // every rank's tokens already.
-  const std::int64_t rows = saved.embedding.tokens.shape().dim(0) * (vocab_parallel() != nullptr ? 1 : ranks());
-  check_input("LanguageModel", "backward", "dlogits", dlogits, {rows, config_.model.vocab / ranks()},
-              config_.model.dtype, "the forward's logits");
+  // The logits are every rank's rows, as are the vocabulary-parallel embedding's saved tokens.
+  check_input("LanguageModel", "backward", "dlogits", dlogits,
+              {saved.embedding.tokens.shape().dim(0), config_.model.vocab / ranks()}, config_.model.dtype,
+              "the forward's logits");
   ResidualStack::GradientsReady shifted;
   if (ready) shifted = [&](std::size_t group) { ready(group + 1); };
   const Tensor dx = stack_.backward(ctx, saved.stack, dlogits, shifted);
   embedding_.backward(ctx, saved.embedding, {dx});
-  // A replicated table (the window model's): each rank's gradient is of its own rows.
-  if (tp_ != nullptr && vocab_parallel() == nullptr) {
-    ops::all_reduce_many_(ctx, *tp_, embedding_.gradients(), ReduceOp::kSum);
-  }
   if (ready) ready(0);
 }
 

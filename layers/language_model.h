@@ -15,6 +15,8 @@
 //                   --ResidualStack (Note [Tensor-parallel ResidualStack])-->
 //                     logits [T, vocab / N]
 //
+// and the window model alike, on its rows [batch / N, context] of examples.
+//
 // The window model (heads = 0): one prediction per example from a fixed
 // window of previous tokens, by MLP blocks over a concatenated embedding:
 //
@@ -64,10 +66,9 @@ class LanguageModel {
   };
 
   // `tensor_parallel`: the stack's (Note [Tensor-parallel ResidualStack]);
-  // each rank holds its 1/N of the rows. The sequence model's embedding is
+  // each rank holds its 1/N of the rows, and the embedding is
   // vocabulary-parallel over it (Note [Vocabulary-parallel embedding]; vocab
-  // must divide by N). The window model's table is replicated: each rank
-  // embeds its own rows, and the table's gradient is all-reduced.
+  // must divide by N), in either form.
   LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr);
 
   // Window model: tokens int32 [batch, context]. Sequence model: tokens
@@ -75,7 +76,7 @@ class LanguageModel {
   // (kernels/attention.h); tensor-parallel, tokens are this rank's rows
   // [r T/N, (r+1) T/N) and cu_seqlens the packing of all T. error_flag int32
   // [1], set for a token outside [0, vocab) (on every tensor-parallel rank,
-  // whichever rank's rows hold it, for the sequence model).
+  // whichever rank's rows hold it).
   Forward forward(Context& ctx, const Tensor& tokens, const Tensor& error_flag, const Tensor& cu_seqlens = {}) const;
   // Writes every parameter gradient.
   // `ready` as in ResidualStack::backward, over parameter_group_sizes()' groups.
@@ -102,8 +103,6 @@ class LanguageModel {
   std::int64_t token_width() const { return config_.sequence_model() ? 1 : config_.context; }
   const char* rows_name() const { return config_.sequence_model() ? "tokens" : "batch"; }
   int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
-  // The embedding's group: the tensor-parallel one for the sequence model.
-  Communicator* vocab_parallel() const { return config_.sequence_model() ? tp_ : nullptr; }
 
   LanguageModelConfig config_;
   Communicator* tp_ = nullptr;

@@ -3,9 +3,11 @@
 // tokens are its rows of the batch (a vocabulary-parallel embedding, Note
 // [Vocabulary-parallel embedding]), cu_seqlens the packing of the whole
 // batch, variable lengths with a sequence of one token and sequences that
-// span ranks. Each rank's loss, its logits columns and the gradients of its
-// embedding rows, its head rows and the replicated final norm match one
-// rank's; eager equals graph bit for bit on every rank.
+// span ranks; and the window model (heads = 0), each rank on its rows of
+// examples. Each rank holds its rows of the embedding table; its loss, its
+// logits columns and the gradients of its embedding rows, its head rows and
+// the replicated final norm match one rank's; eager equals graph bit for bit
+// on every rank.
 //
 // Tolerance: the embedding's own sums do not cross ranks, but what reaches
 // it does: the attention projection's and fc2's partial sums are
@@ -48,7 +50,14 @@ struct Case {
   int ranks;
   std::int64_t kv_heads;  // 2: grouped-query attention, kv heads split over 2 ranks
   const char* overlap;
+  std::int64_t heads = 4;  // 0: the window model, on kTokens examples of kWindow tokens
 };
+
+constexpr std::int64_t kWindow = 4;
+
+// Tokens per row, and the embedding's width.
+std::int64_t width(const Case& c) { return c.heads > 0 ? 1 : kWindow; }
+std::int64_t embedding_dim(const Case& c) { return kHidden / width(c); }
 
 LanguageModelConfig gpt(const Case& c) {
   return {.model = {.hidden = kHidden,
@@ -57,10 +66,10 @@ LanguageModelConfig gpt(const Case& c) {
                     .vocab = kVocab,
                     .dtype = DType::kFloat32,
                     .seed = 11,
-                    .heads = 4,
+                    .heads = c.heads,
                     .kv_heads = c.kv_heads,
                     .overlap = MLPOverlap::parse(c.overlap)},
-          .context = 8};
+          .context = c.heads > 0 ? 8 : kWindow};
 }
 
 Tensor ints(Context& ctx, const std::string& name, const std::vector<std::int32_t>& values, Shape shape) {
@@ -99,42 +108,47 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 class LanguageModelTensorParallelTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(LanguageModelTensorParallelTest, GptEveryRankMatchesOneRankAndItsGraphEqualsEager) {
+TEST_P(LanguageModelTensorParallelTest, EveryRankMatchesOneRankAndItsGraphEqualsEager) {
   const Case c = GetParam();
   const int n = c.ranks;
   const testing::TestSeed seed;
   std::mt19937 rng(seed.value());
   std::uniform_int_distribution<std::int32_t> id(0, kVocab - 1);
-  std::vector<std::int32_t> tokens(kTokens), labels(kTokens);
+  std::vector<std::int32_t> tokens(kTokens * width(c)), labels(kTokens);
   for (std::int32_t& t : tokens) t = id(rng);
   for (std::int32_t& l : labels) l = id(rng);
   const Shape cu_shape{static_cast<std::int64_t>(kPacking.size())};
+  // The packing of the GPT's sequences; the window model has none.
+  const auto packing = [&](Context& ctx) { return c.heads > 0 ? ints(ctx, "cu", kPacking, cu_shape) : Tensor{}; };
   Result want;
   {
     Context ctx(Device::kHost, 2);
     LanguageModel model(ctx, gpt(c));
-    want = run(ctx, model, ints(ctx, "tokens", tokens, Shape{kTokens, 1}), ints(ctx, "labels", labels, Shape{kTokens}),
-               ints(ctx, "cu", kPacking, cu_shape), ctx.persistent("flag", {Shape{1}, DType::kInt32}));
+    want = run(ctx, model, ints(ctx, "tokens", tokens, Shape{kTokens, width(c)}),
+               ints(ctx, "labels", labels, Shape{kTokens}), packing(ctx),
+               ctx.persistent("flag", {Shape{1}, DType::kInt32}));
   }
   const std::int64_t t = kTokens / n;
   const std::int64_t v = kVocab / n;
   HostWorld::run(n, [&](Communicator& comm) {
     const int r = comm.rank();
-    const std::string who = "rank " + std::to_string(r) + " of " + std::to_string(n) + " (kv_heads " +
+    const std::string who = "rank " + std::to_string(r) + " of " + std::to_string(n) + " (heads " +
+                            std::to_string(c.heads) + ", kv_heads " +
                             std::to_string(c.kv_heads) + ", " + c.overlap + "), " + testing::seed_note(seed.value());
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
     LanguageModel eager(ctx, gpt(c), &comm);
     LanguageModel graphed(ctx, gpt(c), &comm);
-    const Tensor my_tokens = ints(ctx, "tokens", rows(tokens, 1, r * t, t), Shape{t, 1});
+    const Tensor my_tokens = ints(ctx, "tokens", rows(tokens, width(c), r * t, t), Shape{t, width(c)});
     const Tensor my_labels = ints(ctx, "labels", rows(labels, 1, r * t, t), Shape{t});
-    const Tensor cu = ints(ctx, "cu", kPacking, cu_shape);
+    const Tensor cu = packing(ctx);
+    EXPECT_EQ(eager.parameters()[0]->value.shape(), (Shape{v, embedding_dim(c)})) << who << ": the table's rows";
     const Tensor flag = ctx.persistent("flag", {Shape{1}, DType::kInt32});
 
     const Result got = run(ctx, eager, my_tokens, my_labels, cu, flag);
     EXPECT_NEAR(got.loss, want.loss, 1e-6 * std::abs(want.loss)) << who << ": loss";
     expect_close(got.logits, columns(want.logits, kTokens, kVocab, r * v, v), who + ": logits columns");
-    expect_close(got.embedding, rows(want.embedding, kHidden, r * v, v), who + ": embedding gradient rows");
+    expect_close(got.embedding, rows(want.embedding, embedding_dim(c), r * v, v), who + ": embedding gradient rows");
     expect_close(got.head, rows(want.head, kHidden, r * v, v), who + ": head gradient rows");
     expect_close(got.norm, want.norm, who + ": final norm gradient (replicated)");
     EXPECT_EQ(ctx.to_vector<std::int32_t>(flag).at(0), 0) << who;
@@ -164,9 +178,10 @@ TEST_P(LanguageModelTensorParallelTest, GptEveryRankMatchesOneRankAndItsGraphEqu
 
 INSTANTIATE_TEST_SUITE_P(Worlds, LanguageModelTensorParallelTest,
                          ::testing::Values(Case{2, 2, "bulk"}, Case{2, 0, "overlap"}, Case{4, 0, "none"},
-                                           Case{4, 4, "overlap"}),
+                                           Case{4, 4, "overlap"}, Case{2, 0, "bulk", 0}, Case{4, 0, "overlap", 0}),
                          [](const auto& info) {
-                           return "tp" + std::to_string(info.param.ranks) + "_kv" +
+                           return "tp" + std::to_string(info.param.ranks) + "_heads" +
+                                  std::to_string(info.param.heads) + "_kv" +
                                   std::to_string(info.param.kv_heads) + "_" + info.param.overlap;
                          });
 

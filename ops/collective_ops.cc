@@ -222,6 +222,10 @@ void reduce_scatter_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) 
   const Operand x = source(p, a), out = received(p, a);
   comm_of(p).reduce_scatter(x.data, out.data, out.numel(), x.dtype(), of(p).op, s);
 }
+void reduce_scatter_into_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+  const auto o = bind_args<ScatterIntoOperands>(of(p), a);
+  comm_of(p).reduce_scatter(o.x.data, o.out.data, o.out.numel(), o.x.dtype(), of(p).op, s);
+}
 void all_gather_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
   const Operand x = source(p, a);
   comm_of(p).all_gather(x.data, received(p, a).data, x.numel(), x.dtype(), s);
@@ -279,16 +283,8 @@ const OpDef& reduce_scatter_into_op() {
             return std::vector<TensorMeta>{};
           },
       .mutated_inputs_for = written_inputs_of<ScatterIntoOperands, CollectiveParams>,
-      .launch_cuda =
-          [](const OpParams& p, const KernelArgs& a, CUstream_st* s) {
-            const auto o = bind_args<ScatterIntoOperands>(of(p), a);
-            comm_of(p).reduce_scatter(o.x.data, o.out.data, o.out.numel(), o.x.dtype(), of(p).op, s);
-          },
-      .run_host =
-          [](const OpParams& p, const KernelArgs& a) {
-            const auto o = bind_args<ScatterIntoOperands>(of(p), a);
-            comm_of(p).reduce_scatter(o.x.data, o.out.data, o.out.numel(), o.x.dtype(), of(p).op, nullptr);
-          },
+      .launch_cuda = reduce_scatter_into_run,
+      .run_host = [](const OpParams& p, const KernelArgs& a) { reduce_scatter_into_run(p, a, nullptr); },
       .collective = collective_call,
   };
   return op;

@@ -37,6 +37,7 @@
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/layers/one_rank_parity.h"
 #include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
@@ -226,32 +227,15 @@ TEST(TensorParallelMoECudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainLaye
   const TensorMeta meta{Shape{128, 256}, DType::kBFloat16};
   const Tensor x = ctx.persistent("x", meta);
   const Tensor dy = ctx.persistent("dy", meta);
-  auto capture = [&](MoEMLP& layer, std::vector<Communicator*> comms) {
-    return CapturedStep::capture(ctx,
-                                 [&] {
-                                   const MoEMLP::Forward f = layer.forward(ctx, {x});
-                                   return std::vector<Tensor>{f.y, layer.backward(ctx, f.saved, {dy})};
-                                 },
-                                 {.pool_report_policy = PoolReportPolicy::kError, .communicators = std::move(comms)});
-  };
-  auto with = capture(parallel, {comm.get()});
-  auto without = capture(plain, {});
+  testing::OneRankParity steps(ctx, *comm, parallel, plain, x, dy);
   const testing::TestSeed seed;
   for (int round = 0; round < 10; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     write_floats(ctx, x, normal_values(seed.value() + 2 * round, meta.numel()));
     write_floats(ctx, dy, normal_values(seed.value() + 2 * round + 1, meta.numel()));
-    with->replay();
-    without->replay();
-    for (std::size_t o = 0; o < 2; ++o) {
-      ASSERT_EQ(ctx.to_vector<std::uint16_t>(with->outputs()[o]), ctx.to_vector<std::uint16_t>(without->outputs()[o]))
-          << "output " << o;
-    }
-    const std::vector<Parameter*> a = parallel.parameters();
-    const std::vector<Parameter*> b = plain.parameters();
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      ASSERT_EQ(ctx.to_vector<float>(a[i]->grad), ctx.to_vector<float>(b[i]->grad)) << a[i]->name;
-    }
+    steps.replay();
+    steps.expect_equal();
+    if (::testing::Test::HasFatalFailure()) return;
   }
   parallel.check_errors(ctx);
   plain.check_errors(ctx);

@@ -23,6 +23,7 @@
 #include "graphs/captured_step.h"
 #include "layers/layernorm_mlp.h"
 #include "tests/support/gpu.h"
+#include "tests/layers/one_rank_parity.h"
 #include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
@@ -170,29 +171,9 @@ TEST(TensorParallelCudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainLayer) 
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = float_to_bf16(normal[i]);
   ctx.copy_from_host(x, values.data(), values.size() * 2);
   ctx.copy_from_host(dy, values.data(), values.size() * 2);
-  auto capture = [&](LayerNormMLP& layer, std::vector<Communicator*> comms) {
-    return CapturedStep::capture(ctx,
-                                 [&] {
-                                   const LayerNormMLP::Forward f = layer.forward(ctx, {x});
-                                   return std::vector<Tensor>{f.y, layer.backward(ctx, f.saved, {dy})};
-                                 },
-                                 {.pool_report_policy = PoolReportPolicy::kError, .communicators = std::move(comms)});
-  };
-  auto with = capture(parallel, {comm.get()});
-  auto without = capture(plain, {});
-  for (int i = 0; i < 100; ++i) {
-    with->replay();
-    without->replay();
-  }
-  for (std::size_t o = 0; o < 2; ++o) {
-    EXPECT_EQ(ctx.to_vector<std::uint16_t>(with->outputs()[o]), ctx.to_vector<std::uint16_t>(without->outputs()[o]))
-        << "output " << o;
-  }
-  const std::vector<Parameter*> a = parallel.parameters();
-  const std::vector<Parameter*> b = plain.parameters();
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(ctx.to_vector<float>(a[i]->grad), ctx.to_vector<float>(b[i]->grad)) << a[i]->name;
-  }
+  testing::OneRankParity steps(ctx, *comm, parallel, plain, x, dy);
+  for (int i = 0; i < 100; ++i) steps.replay();
+  steps.expect_equal();
   comm->check_health();
 }
 

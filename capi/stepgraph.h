@@ -797,7 +797,9 @@ sg_result sg_graphed_layers_next_graph(sg_graphed_layers graphed, char* buffer, 
  * "stepgraph.checksum" and "stepgraph.checkpoint_set" are the library's. The
  * trainer's checkpoints carry its flags as "config.<flag>" and its data
  * position as "stepgraph.data_position"; a checkpoint the trainer should
- * resume carries those too (python/README.md: "Checkpoints").
+ * resume carries those too (python/README.md: "Checkpoints"). Not saved: a
+ * rate written by sg_optimizer_set_lr (write it again after a load; a
+ * schedule needs nothing), and the caller's data.
  *
  * world: NULL, or a world of one: this process writes and reads the file at
  * `path`. A world of several ranks (every rank calls): where every rank holds

@@ -48,9 +48,10 @@ std::optional<std::size_t> first_non_finite(const CheckpointTensor& tensor) {
 // moments are saved under their parameter's name.
 void check_same_parameters(const ModelState& model, const AdamW& optimizer, const char* what) {
   const std::vector<Parameter*>& updated = optimizer.parameters();
-  SG_CHECK(updated == model.parameters, what, ": the optimizer updates ", updated.size(),
-           " parameter(s) and the model has ", model.parameters.size(),
-           (updated.size() == model.parameters.size() ? " others" : ""),
+  SG_CHECK(updated == model.parameters, what, ": the optimizer updates ",
+           updated.size() == model.parameters.size() ? "other parameters than the model's"
+                                                      : fmt::format("{} parameter(s) and the model has {}",
+                                                                    updated.size(), model.parameters.size()),
            "; pass the optimizer made over this model's parameters (and only them)");
 }
 

@@ -366,6 +366,43 @@ model = small_model(ctx)
 opt = sg.AdamW(ctx, model)
 _capi.call('sg_train_step_create', model._handle, opt._handle, byref(step_config()), None)
 """, words=["sg_train_step_create", "out is NULL"])
+case("capi", "checkpoint_config_null", """
+model = small_model(ctx); opt = sg.AdamW(ctx, model)
+_capi.call('sg_checkpoint_save', model._handle, opt._handle, b'c.safetensors', None)
+""", words=["sg_checkpoint_save", "config is NULL"])
+case("capi", "checkpoint_config_not_initialised", """
+model = small_model(ctx); opt = sg.AdamW(ctx, model)
+_capi.call('sg_checkpoint_load', model._handle, opt._handle, b'c.safetensors', byref(_capi.CheckpointConfig()), None)
+""", words=["sg_checkpoint_load", "config (sg_checkpoint_config) was not initialised"])
+case("capi", "checkpoint_tensor_as_world", """
+model = small_model(ctx); opt = sg.AdamW(ctx, model)
+cfg = _capi.CheckpointConfig(); _capi.lib().sg_checkpoint_config_default(byref(cfg))
+cfg.world = new_tensor(raw_ctx, 2).value
+_capi.call('sg_checkpoint_save', model._handle, opt._handle, b'c.safetensors', byref(cfg))
+""", words=["sg_checkpoint_save", "is a tensor handle, not a world handle"])
+case("capi", "checkpoint_metadata_count_without_keys", """
+model = small_model(ctx); opt = sg.AdamW(ctx, model)
+cfg = _capi.CheckpointConfig(); _capi.lib().sg_checkpoint_config_default(byref(cfg))
+cfg.metadata_count = 2
+_capi.call('sg_checkpoint_save', model._handle, opt._handle, b'c.safetensors', byref(cfg))
+""", words=["sg_checkpoint_save", "config->metadata_keys is NULL"])
+case("capi", "checkpoint_metadata_count_huge", """
+model = small_model(ctx); opt = sg.AdamW(ctx, model)
+cfg = _capi.CheckpointConfig(); _capi.lib().sg_checkpoint_config_default(byref(cfg))
+cfg.metadata_count = 2**40
+_capi.call('sg_checkpoint_save', model._handle, opt._handle, b'c.safetensors', byref(cfg))
+""", words=["sg_checkpoint_save", "metadata_count", "65536"])
+case("capi", "checkpoint_load_of_a_file_that_is_none", """
+import os, tempfile
+path = os.path.join(tempfile.mkdtemp(), 'noise.safetensors')
+with open(path, 'wb') as f: f.write(bytes(range(256)) * 4)
+model = small_model(ctx); opt = sg.AdamW(ctx, model)
+cfg = _capi.CheckpointConfig(); _capi.lib().sg_checkpoint_config_default(byref(cfg))
+_capi.call('sg_checkpoint_load', model._handle, opt._handle, path.encode(), byref(cfg), None)
+""", words=["noise.safetensors"])
+case("capi", "checkpoint_garbage_metadata_handle",
+     "_capi.call('sg_checkpoint_metadata_count', c.c_void_p(0xDEADBEEF), byref(c.c_size_t()))",
+     words=["sg_checkpoint_metadata_count", "not a handle this library issued"])
 case("capi", "tensor_parallel_null_world", "tp_stack(None)",
      words=["sg_residual_stack_create", "overlap", "tensor_parallel is NULL"])
 case("capi", "tensor_parallel_destroyed_world", """

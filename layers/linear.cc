@@ -49,7 +49,8 @@ Linear::Linear(Context& ctx, const std::string& name, const LinearConfig& config
   if (tp_ != nullptr) {
     tp_->check_device(ctx.device(), label_);
     const std::int64_t n = tp_->world_size();
-    SG_CHECK(!column() || !config.out_blocks.empty() || config.out_features % n == 0, label_, ": a column-parallel layer splits out_features ",
+    SG_CHECK(!column() || !config.out_blocks.empty() || config.out_features % n == 0, label_,
+             ": a column-parallel layer splits out_features ",
              config.out_features, " over the ", n, " ranks of ", tp_->describe(), "; make out_features a multiple of ",
              n);
     if (column() && !config.out_blocks.empty()) {

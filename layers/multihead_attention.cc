@@ -69,7 +69,9 @@ LinearConfig projection_config(const MultiheadAttentionConfig& c, bool qkv, bool
   // Split by heads: each rank's q, k and v heads (Note [Tensor-parallel attention]).
   if (qkv && split) {
     const std::int64_t kv = c.kv_heads * c.head_dim;
-    out.out_blocks = {{.rows = c.heads * c.head_dim}, {.rows = kv, .copies = kv_copies}, {.rows = kv, .copies = kv_copies}};
+    out.out_blocks = {{.rows = c.heads * c.head_dim},
+                      {.rows = kv, .copies = kv_copies},
+                      {.rows = kv, .copies = kv_copies}};
   }
   return out;
 }
@@ -93,7 +95,9 @@ MultiheadAttention::MultiheadAttention(Context& ctx, const std::string& name, co
     const std::int64_t d = config_.head_dim;
     identity_ = ctx.persistent(name + ".kv_copies.identity", {Shape{d, d}, config_.dtype});
     std::vector<std::uint8_t> bytes(static_cast<std::size_t>(identity_.bytes()));
-    for (std::int64_t i = 0; i < d * d; ++i) store_from_float(config_.dtype, bytes.data(), i, i / d == i % d ? 1.0f : 0.0f);
+    for (std::int64_t i = 0; i < d * d; ++i) {
+      store_from_float(config_.dtype, bytes.data(), i, i / d == i % d ? 1.0f : 0.0f);
+    }
     ctx.copy_from_host(identity_, bytes.data(), bytes.size());
   }
 }
@@ -173,7 +177,9 @@ Tensor MultiheadAttention::sum_over_copies(Context& ctx, const Tensor& part) con
   Tensor zeros = ops::fill(ctx, {part.shape(), DType::kFloat32}, 0.0f);
   if (part.dtype() != DType::kFloat32) zeros = ops::cast(ctx, zeros, part.dtype());
   const Tensor blocks = ops::empty(ctx, {Shape{config_.kv_heads * tokens, part.shape().dim(1)}, part.dtype()});
-  for (std::int64_t h = 0; h < config_.kv_heads; ++h) ops::copy_rows_(ctx, blocks, h == head ? part : zeros, h * tokens);
+  for (std::int64_t h = 0; h < config_.kv_heads; ++h) {
+    ops::copy_rows_(ctx, blocks, h == head ? part : zeros, h * tokens);
+  }
   const Tensor sums = ops::all_reduce(ctx, *tp_, blocks, ReduceOp::kSum);
   return ops::gemm(ctx, sums, identity_,
                    {.trans_b = true, .out_dtype = part.dtype(), .rows = tokens, .a_row = head * tokens})

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/fp8_recipe.h"
 #include "engine/half_precision.h"
 #include "engine/host_world.h"
 #include "engine/nccl_communicator.h"
@@ -265,6 +266,80 @@ TEST(TensorParallelAttentionInitTest, EachRankHoldsItsHeadsRowsOfTheOneRankWeigh
           << "rank " << r << " of " << c.ranks;
       EXPECT_EQ(ctx.to_vector<float>(layer.parameters()[3]->master), qkv_rows_of(whole_bias, c, r, 1))
           << "rank " << r << " of " << c.ranks;
+    });
+  }
+}
+
+// FP8 projections (Note [FP8 Linear]) at TP 2 and 4, sequence-parallel, on
+// bf16: a sliced tensor's amax (W's, the projection's input) is
+// max-all-reduced, so each rank quantizes its slice with one rank's scale and
+// every product over its own heads is one rank's, bit for bit: the QKV and
+// projection weight and bias gradients. What is summed across the ranks after
+// each partial was rounded to bf16 (y, dx, and through d_normed the norm's
+// gradients) is held to 2e-2 of the largest reference value, as in
+// fp8_tensor_parallel_test (N partials, each off by half a bf16 ulp).
+TEST(TensorParallelAttentionFp8Test, SlicesEqualOneRankBitForBitAndSumsWithinBf16) {
+  const testing::TestSeed seed;
+  constexpr std::int64_t kT = 64, kH = 64, kD = 16;
+  const std::vector<std::int32_t> pack{0, 20, 21, 50, 64};
+  for (const int n : {2, 4}) {
+    const MultiheadAttentionConfig fp8{.hidden = kH, .heads = 4, .kv_heads = 4 / (n == 2 ? 2 : 1), .head_dim = kD,
+                                       .dtype = DType::kBFloat16, .fp8 = Fp8Recipe::current()};
+    const Case c{n, fp8.heads, fp8.kv_heads, true, CommOverlap::kBulk};
+    const std::vector<float> x_all = normal_values(seed.value(), kT * kH);
+    const std::vector<float> dy_all = normal_values(seed.value() + 1, kT * kH);
+    auto run_layer = [&](Context& ctx, const MultiheadAttention& layer, const std::vector<Parameter*>& params,
+                         std::int64_t first, std::int64_t rows_) {
+      const Tensor x = ctx.persistent("x", {Shape{rows_, kH}, DType::kBFloat16});
+      const Tensor dy = ctx.persistent("dy", {Shape{rows_, kH}, DType::kBFloat16});
+      const Tensor cu = ctx.persistent("cu_seqlens", {Shape{5}, DType::kInt32});
+      testing::write_floats(ctx, x, rows(x_all, kH, first, rows_));
+      testing::write_floats(ctx, dy, rows(dy_all, kH, first, rows_));
+      testing::write_values(ctx, cu, pack);
+      const MultiheadAttention::Forward f = layer.forward(ctx, {x, cu});
+      const Tensor dx = layer.backward(ctx, f.saved, {dy});
+      Result r{testing::read_floats(ctx, f.y), testing::read_floats(ctx, dx), {}};
+      for (const Parameter* p : params) r.grads.push_back(ctx.to_vector<float>(p->grad));
+      return r;
+    };
+    Result reference;
+    {
+      Context ctx(Device::kHost);
+      MultiheadAttention layer(ctx, "attn", fp8, kSeed);
+      reference = run_layer(ctx, layer, layer.parameters(), 0, kT);
+    }
+    MultiheadAttentionConfig split = fp8;
+    split.overlap = MLPOverlap::uniform(CommOverlap::kBulk);
+    HostWorld::run(n, [&](Communicator& comm) {
+      const int r = comm.rank();
+      const std::string who = "rank " + std::to_string(r) + " of " + std::to_string(n);
+      Context ctx(Device::kHost, 2);
+      ctx.set_communication_stream(2);
+      MultiheadAttention layer(ctx, "attn", split, kSeed, &comm);
+      const std::int64_t t = kT / n;
+      const Result got = run_layer(ctx, layer, layer.parameters(), r * t, t);
+      expect_close(got.y, rows(reference.y, kH, r * t, t), who + " y", 2e-2f);
+      expect_close(got.dx, rows(reference.dx, kH, r * t, t), who + " dx", 2e-2f);
+      expect_close(got.grads[0], reference.grads[0], who + " norm gamma grad", 2e-2f);
+      expect_close(got.grads[1], reference.grads[1], who + " norm beta grad", 2e-2f);
+      // The dot products over this rank's own heads: one rank's bits.
+      auto qkv_rows = [&](const std::vector<float>& whole, std::int64_t cols) {
+        std::vector<float> out;
+        std::int64_t start = 0;
+        for (const std::int64_t block : {c.heads * kD, c.kv_heads * kD, c.kv_heads * kD}) {
+          const std::int64_t part = block / n;
+          out.insert(out.end(), whole.begin() + (start + r * part) * cols,
+                     whole.begin() + (start + (r + 1) * part) * cols);
+          start += block;
+        }
+        return out;
+      };
+      EXPECT_EQ(testing::bits(got.grads[2]), testing::bits(qkv_rows(reference.grads[2], kH))) << who << " qkv weight";
+      EXPECT_EQ(testing::bits(got.grads[3]), testing::bits(qkv_rows(reference.grads[3], 1))) << who << " qkv bias";
+      EXPECT_EQ(testing::bits(got.grads[4]),
+                testing::bits(columns(reference.grads[4], kH, c.heads * kD, r * c.heads * kD / n, c.heads * kD / n)))
+          << who << " proj weight";
+      EXPECT_EQ(testing::bits(got.grads[5]), testing::bits(reference.grads[5])) << who << " proj bias";
     });
   }
 }

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "engine/dtype.h"
+#include "kernels/host_device.h"
 
 struct CUstream_st;
 
@@ -83,6 +84,65 @@ void launch_attention_backward(const AttentionDesc& desc, const void* q, const v
                                const void* out, const float* lse, const void* dout, const std::int32_t* cu_seqlens,
                                void* dq, void* dk, void* dv, void* workspace, CUstream_st* stream);
 
+// --- Segment attention: queries and keys in separate layouts ------------------
+//
+// Note [Segment attention]
+// The queries q [Tq, H, D] are cut into G segments by q_offsets int32 [G + 1]
+// (a packing of the Tq query tokens, as cu_seqlens packs sequences; a segment
+// may be empty), and segment g reads the kv tokens [kv_ranges[g][0],
+// kv_ranges[g][1]) of k, v [Tk, Hkv, D] (kv_ranges int32 [G, 2]). Causal is
+// bottom-right aligned: query j (0-based) of a segment of q_len queries and
+// k_len keys sees the range's first k_len - q_len + j + 1 keys (clipped to
+// [0, k_len]); non-causal sees the whole range. A query that sees no key
+// (k_len < q_len, or an empty range) gets out 0 and lse -inf, and adds
+// nothing to any gradient. The keys a query sees are summed in token order,
+// as the self-attention kernels do: self-attention over cu_seqlens is the
+// case q_offsets = cu_seqlens, kv_ranges[s] = [cu[s], cu[s + 1]), and gives
+// the same bits on the host reference and on the plain CUDA kernels.
+// Context parallelism (kernels/context_parallel_plan.h) is the case where
+// each segment is a rank's piece of a sequence and its range the sequence's
+// tokens up to the piece's end, in the gathered K/V.
+//
+// Backward, from dout [Tq, H, D]: dq [Tq, H, D]; dk and dv [Tk, Hkv, D] over
+// every kv token, zero where no query reads it (a key read by several
+// segments sums them in segment order; no atomics).
+//
+// On the device q_offsets is read as Note [Safe cu_seqlens] reads cu_seqlens
+// (over Tq) and each range is clamped (begin into [0, Tk], end into [begin,
+// Tk]), so whatever the table holds nothing is read or written out of bounds,
+// and a captured launch takes any table of the same G. These segment kernels
+// are the plain ones (any dtype, head_dim <= 256).
+struct SegmentAttentionDesc {
+  AttentionDesc attention;     // tokens: the query tokens Tq; sequences: the segments G
+  std::int64_t kv_tokens = 0;  // Tk
+};
+
+// The number of keys query j (0-based) of a segment of q_len queries sees
+// among the segment's k_len keys (Note [Segment attention]).
+SG_HOST_DEVICE std::int64_t segment_visible_keys(bool causal, std::int64_t q_len, std::int64_t k_len, std::int64_t j) {
+  if (!causal) return k_len;
+  const std::int64_t n = k_len - q_len + j + 1;
+  return n < 0 ? 0 : (n > k_len ? k_len : n);
+}
+
+// check_attention, and kv_tokens > 0.
+void check_segment_attention(const SegmentAttentionDesc& desc);
+// check_segment_attention and the CUDA kernels' limits (head_dim <= 256,
+// Tq * H, Tk * Hkv and G < 2^31).
+void check_segment_attention_cuda(const SegmentAttentionDesc& desc);
+
+void launch_segment_attention_forward(const SegmentAttentionDesc& desc, const void* q, const void* k, const void* v,
+                                      const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* out,
+                                      float* lse, CUstream_st* stream);
+
+// Device scratch of the segment backward (fp32 delta [H, Tq]), 256-byte aligned by the caller.
+std::size_t segment_attention_backward_workspace_bytes(const SegmentAttentionDesc& desc);
+
+void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k,
+                                       const void* v, const void* out, const float* lse, const void* dout,
+                                       const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* dq,
+                                       void* dk, void* dv, void* workspace, CUstream_st* stream);
+
 namespace host {
 
 // An Error unless cu_seqlens (host memory, desc.sequences + 1 entries)
@@ -99,6 +159,19 @@ void attention_forward(const AttentionDesc& desc, const void* q, const void* k, 
 void attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v, const void* out,
                         const float* lse, const void* dout, const std::int32_t* cu_seqlens, void* dq, void* dk,
                         void* dv);
+
+// An Error unless q_offsets (desc.attention.sequences + 1 entries) packs the
+// desc.attention.tokens queries and every kv range lies in [0, kv_tokens)
+// with begin <= end.
+void check_segments(const SegmentAttentionDesc& desc, const std::int32_t* q_offsets, const std::int32_t* kv_ranges);
+
+// Note [Segment attention] on host memory, with the arithmetic of
+// attention_forward / attention_backward above.
+void segment_attention_forward(const SegmentAttentionDesc& desc, const void* q, const void* k, const void* v,
+                               const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* out, float* lse);
+void segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k, const void* v,
+                                const void* out, const float* lse, const void* dout, const std::int32_t* q_offsets,
+                                const std::int32_t* kv_ranges, void* dq, void* dk, void* dv);
 
 }  // namespace host
 }  // namespace stepgraph::kernels

@@ -14,35 +14,20 @@
 #include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "kernels/attention_paths.h"
+#include "kernels/attention_warp.cuh"
 #include "kernels/tile/attention_tile.cuh"
 #include "kernels/vector_io.cuh"
 
 namespace stepgraph::kernels::attention_detail {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
-constexpr int kMaxPerLane = 8;  // head_dim <= 256
+using namespace warp;  // NOLINT(google-build-using-namespace): the plain kernels' shared helpers
 
 struct SimpleParams {
   int tokens, sequences, heads, kv_heads, dim;
   bool causal;
   float scale;
 };
-
-__device__ __forceinline__ float warp_sum(float value) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
-
-// This warp's (token or key, head) of a [tokens x heads] problem, or false.
-__device__ __forceinline__ bool warp_item(int tokens, int heads, int* token, int* head) {
-  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (item >= static_cast<std::int64_t>(tokens) * heads) return false;
-  *token = static_cast<int>(item / heads);
-  *head = static_cast<int>(item % heads);
-  return true;
-}
 
 // A warp's query of the forward and dq kernels: token i of query head h (kv
 // head g), its sequence, and the row pitches of q (and out, dout, dq) and of k, v.
@@ -63,36 +48,6 @@ __device__ __forceinline__ bool locate_query(const SimpleParams& p, const std::i
   w->q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
   w->kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
   return true;
-}
-
-// x[e] = row[lane + 32 e] as fp32 (0 past dim).
-template <typename T>
-__device__ __forceinline__ void load_row(float (&x)[kMaxPerLane], const T* row, int dim, int lane) {
-#pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) {
-    const int d = lane + 32 * e;
-    x[e] = d < dim ? to_float(row[d]) : 0.0f;
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float row_dot(const float (&x)[kMaxPerLane], const T* row, int dim, int lane) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) {
-    const int d = lane + 32 * e;
-    if (d < dim) sum += x[e] * to_float(row[d]);
-  }
-  return warp_sum(sum);
-}
-
-template <typename T>
-__device__ __forceinline__ void store_row(T* row, const float (&x)[kMaxPerLane], float factor, int dim, int lane) {
-#pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) {
-    const int d = lane + 32 * e;
-    if (d < dim) row[d] = from_float<T>(x[e] * factor);
-  }
 }
 
 template <typename T>
@@ -228,21 +183,6 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dkdv_simple_ker
 SimpleParams params_of(const AttentionDesc& d) {
   return {static_cast<int>(d.tokens), static_cast<int>(d.sequences), static_cast<int>(d.heads),
           static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim), d.causal, d.softmax_scale()};
-}
-
-unsigned blocks_for_items(std::int64_t items) {
-  return static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
-}
-
-// Calls f(T{}) with T the element type of `dtype`.
-template <typename F>
-void with_element_type(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: f(float{}); return;
-    case DType::kBFloat16: f(__nv_bfloat16{}); return;
-    case DType::kFloat16: f(__half{}); return;
-    default: SG_CHECK(false, "attention: no kernels for dtype ", dtype_name(dtype));
-  }
 }
 
 }  // namespace

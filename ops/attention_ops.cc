@@ -164,10 +164,52 @@ void visit_operands(const AttentionParams&, AttentionBackwardOutputs<F>& o, V& v
   v({"scratch"}, o.scratch);
 }
 
+// Segment attention: the queries' segments and the kv ranges each reads.
+template <typename F>
+struct SegmentAttentionForwardOperands {
+  F q;          // [Tq, heads * head_dim]
+  F k, v;       // [Tk, kv_heads * head_dim]
+  F q_offsets;  // int32 [segments + 1]
+  F kv_ranges;  // int32 [segments, 2]
+};
+
+template <typename F, typename V>
+void visit_operands(const AttentionParams&, SegmentAttentionForwardOperands<F>& o, V& v) {
+  v({"q"}, o.q);
+  v({"k"}, o.k);
+  v({"v"}, o.v);
+  v({"q_offsets"}, o.q_offsets);
+  v({"kv_ranges"}, o.kv_ranges);
+}
+
+template <typename F>
+struct SegmentAttentionBackwardOperands {
+  F q, k, v;
+  F out;   // the forward's output [Tq, heads * head_dim]
+  F lse;   // fp32 [heads, Tq]
+  F dout;  // the output's gradient
+  F q_offsets;
+  F kv_ranges;
+};
+
+template <typename F, typename V>
+void visit_operands(const AttentionParams&, SegmentAttentionBackwardOperands<F>& o, V& v) {
+  v({"q"}, o.q);
+  v({"k"}, o.k);
+  v({"v"}, o.v);
+  v({"out"}, o.out);
+  v({"lse"}, o.lse);
+  v({"dout"}, o.dout);
+  v({"q_offsets"}, o.q_offsets);
+  v({"kv_ranges"}, o.kv_ranges);
+}
+
 constexpr std::string_view kSplit = "qkv_split_rope";
 constexpr std::string_view kMerge = "qkv_merge_rope_backward";
 constexpr std::string_view kForward = "attention_forward";
 constexpr std::string_view kBackward = "attention_backward";
+constexpr std::string_view kSegmentForward = "segment_attention_forward";
+constexpr std::string_view kSegmentBackward = "segment_attention_backward";
 
 // --- QKV split ----------------------------------------------------------------
 
@@ -235,6 +277,58 @@ std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const T
   return output_metas(
       p, AttentionBackwardOutputs<TensorMeta>{
              .dq = o.q, .dk = o.k, .dv = o.v, .scratch = {Shape{scratch > 0 ? scratch : 1}, DType::kFloat32}});
+}
+
+// --- segment attention ----------------------------------------------------------
+
+// q [Tq, H D], k, v [Tk, Hkv D] of one dtype, q_offsets int32 [G + 1], kv_ranges int32 [G, 2].
+template <typename Operands>
+kernels::SegmentAttentionDesc check_segment_operands(std::string_view op, const AttentionParams& p,
+                                                     const Operands& o) {
+  SG_CHECK(o.q_offsets.dtype == DType::kInt32 && o.q_offsets.shape.rank() == 1 && o.q_offsets.shape.dim(0) >= 2,
+           "op ", op, ": q_offsets must be int32 [segments + 1] with at least one segment, got ",
+           dtype_name(o.q_offsets.dtype), " ", o.q_offsets.shape);
+  const std::int64_t segments = o.q_offsets.shape.dim(0) - 1;
+  SG_CHECK(o.kv_ranges.dtype == DType::kInt32 && o.kv_ranges.shape == (Shape{segments, 2}), "op ", op,
+           ": kv_ranges must be int32 [", segments, " segments, 2] (each segment's first and end kv token), got ",
+           dtype_name(o.kv_ranges.dtype), " ", o.kv_ranges.shape);
+  SG_CHECK(o.q.shape.rank() == 2 && o.k.shape.rank() == 2, "op ", op,
+           ": q must be [query tokens, heads * head_dim] and k [kv tokens, kv_heads * head_dim], got ", o.q.shape,
+           " and ", o.k.shape);
+  const kernels::SegmentAttentionDesc desc{.attention = describe(p, o.q, segments), .kv_tokens = o.k.shape.dim(0)};
+  kernels::check_segment_attention(desc);
+  expect_heads(op, "q", o.q, desc.attention.tokens, p.heads, p.head_dim, desc.attention.dtype);
+  expect_heads(op, "k", o.k, desc.kv_tokens, p.kv_heads, p.head_dim, desc.attention.dtype);
+  expect_heads(op, "v", o.v, desc.kv_tokens, p.kv_heads, p.head_dim, desc.attention.dtype);
+  return desc;
+}
+
+std::vector<TensorMeta> check_segment_forward(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const auto& p = params.as<AttentionParams>();
+  const auto o = bind_metas<SegmentAttentionForwardOperands>(kSegmentForward, p, inputs);
+  const kernels::SegmentAttentionDesc d = check_segment_operands(kSegmentForward, p, o);
+  return output_metas(p, AttentionForwardOutputs<TensorMeta>{
+                             .out = o.q, .lse = {Shape{p.heads, d.attention.tokens}, DType::kFloat32}});
+}
+
+std::vector<TensorMeta> check_segment_backward(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const auto& p = params.as<AttentionParams>();
+  const auto o = bind_metas<SegmentAttentionBackwardOperands>(kSegmentBackward, p, inputs);
+  const kernels::SegmentAttentionDesc d = check_segment_operands(kSegmentBackward, p, o);
+  const std::int64_t tq = d.attention.tokens;
+  expect_heads(kSegmentBackward, "out", o.out, tq, p.heads, p.head_dim, d.attention.dtype);
+  SG_CHECK(o.lse == (TensorMeta{Shape{p.heads, tq}, DType::kFloat32}), "op ", kSegmentBackward,
+           ": lse must be fp32 [", p.heads, ", ", tq, "], got ", dtype_name(o.lse.dtype), " ", o.lse.shape);
+  expect_heads(kSegmentBackward, "dout", o.dout, tq, p.heads, p.head_dim, d.attention.dtype);
+  // The delta scratch [H, Tq] (what segment_attention_backward_workspace_bytes gives, without its CUDA checks).
+  const std::int64_t scratch = (p.heads * tq * 4 + 255) / 256 * 64;
+  return output_metas(p, AttentionBackwardOutputs<TensorMeta>{
+                             .dq = o.q, .dk = o.k, .dv = o.v, .scratch = {Shape{scratch}, DType::kFloat32}});
+}
+
+template <typename Operands>
+kernels::SegmentAttentionDesc segment_desc_of(const AttentionParams& p, const Operands& o) {
+  return {.attention = describe(p, *o.q.meta, o.q_offsets.shape().dim(0) - 1), .kv_tokens = o.k.shape().dim(0)};
 }
 
 std::int64_t sequences_of(const Operand& cu_seqlens) { return cu_seqlens.shape().dim(0) - 1; }
@@ -353,6 +447,85 @@ const OpDef& attention_backward_op() {
   return op;
 }
 SG_REGISTER_OP(attention_backward_op);
+
+const OpDef& segment_attention_forward_op() {
+  static const OpDef op{
+      .name = kSegmentForward,
+      .check = check_segment_forward,
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const auto& p = params.as<AttentionParams>();
+            const auto o = bind_args<SegmentAttentionForwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
+            kernels::launch_segment_attention_forward(segment_desc_of(p, o), o.q.data, o.k.data, o.v.data,
+                                                      o.q_offsets.as<const std::int32_t>(),
+                                                      o.kv_ranges.as<const std::int32_t>(), out.out.data,
+                                                      out.lse.as<float>(), stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<AttentionParams>();
+            const auto o = bind_args<SegmentAttentionForwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
+            kernels::host::segment_attention_forward(segment_desc_of(p, o), o.q.data, o.k.data, o.v.data,
+                                                     o.q_offsets.as<const std::int32_t>(),
+                                                     o.kv_ranges.as<const std::int32_t>(), out.out.data,
+                                                     out.lse.as<float>());
+          },
+  };
+  return op;
+}
+SG_REGISTER_OP(segment_attention_forward_op);
+
+const OpDef& segment_attention_backward_op() {
+  static const OpDef op{
+      .name = kSegmentBackward,
+      .check = check_segment_backward,
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const auto& p = params.as<AttentionParams>();
+            const auto o = bind_args<SegmentAttentionBackwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
+            kernels::launch_segment_attention_backward(
+                segment_desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(),
+                o.dout.data, o.q_offsets.as<const std::int32_t>(), o.kv_ranges.as<const std::int32_t>(), out.dq.data,
+                out.dk.data, out.dv.data, out.scratch.data, stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<AttentionParams>();
+            const auto o = bind_args<SegmentAttentionBackwardOperands>(p, a);
+            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
+            kernels::host::segment_attention_backward(
+                segment_desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(),
+                o.dout.data, o.q_offsets.as<const std::int32_t>(), o.kv_ranges.as<const std::int32_t>(), out.dq.data,
+                out.dk.data, out.dv.data);
+          },
+  };
+  return op;
+}
+SG_REGISTER_OP(segment_attention_backward_op);
+
+AttentionForward segment_attention_forward(Context& ctx, const AttentionParams& params, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& q_offsets,
+                                           const Tensor& kv_ranges) {
+  const auto r = bind_results<AttentionForwardOutputs>(
+      params, ctx.call(segment_attention_forward_op(), params,
+                       flatten(kSegmentForward, params,
+                               SegmentAttentionForwardOperands<Tensor>{q, k, v, q_offsets, kv_ranges})));
+  return {.out = r.out, .lse = r.lse};
+}
+
+AttentionGrads segment_attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                          const Tensor& dout, const Tensor& q_offsets, const Tensor& kv_ranges) {
+  const auto grads = bind_results<AttentionBackwardOutputs>(
+      params, ctx.call(segment_attention_backward_op(), params,
+                       flatten(kSegmentBackward, params,
+                               SegmentAttentionBackwardOperands<Tensor>{q, k, v, out, lse, dout, q_offsets,
+                                                                        kv_ranges})));
+  return {.dq = grads.dq, .dk = grads.dk, .dv = grads.dv};
+}
 
 QkvSplit qkv_split_rope(Context& ctx, const RopeParams& params, const Tensor& qkv, const Tensor& cu_seqlens) {
   const auto out = bind_results<QkvSplitOutputs>(

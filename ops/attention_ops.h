@@ -9,6 +9,15 @@
 //   AttentionGrads g = ops::attention_backward(ctx, params, s.q, s.k, s.v, a.out, a.lse, dout, cu_seqlens);
 //   Tensor dqkv = ops::qkv_merge_rope_backward(ctx, rope, g.dq, g.dk, g.dv, cu_seqlens);
 //
+// Segment attention (Note [Segment attention] in kernels/attention.h): the
+// queries' segments and the keys each reads, in separate layouts, e.g. a
+// context-parallel rank's queries over the gathered K/V:
+//
+//   AttentionForward a = ops::segment_attention_forward(ctx, params, q, k, v, q_offsets, kv_ranges);
+//   // q [Tq, H D], k, v [Tk, Hkv D], q_offsets int32 [G + 1], kv_ranges int32 [G, 2]
+//   AttentionGrads g = ops::segment_attention_backward(ctx, params, q, k, v, a.out, a.lse, dout,
+//                                                      q_offsets, kv_ranges);  // dk, dv [Tk, Hkv D]
+//
 // cu_seqlens is int32 [S + 1] (S >= 1): read on the device only, so a
 // captured step takes any packing of the same T and S that the host writes
 // into it between replays (it is a step input, bound like the tokens).
@@ -72,6 +81,13 @@ AttentionGrads attention_backward(Context& ctx, const AttentionParams& params, c
                                   const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   const Tensor& cu_seqlens);
 
+AttentionForward segment_attention_forward(Context& ctx, const AttentionParams& params, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& q_offsets,
+                                           const Tensor& kv_ranges);
+AttentionGrads segment_attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                          const Tensor& dout, const Tensor& q_offsets, const Tensor& kv_ranges);
+
 // qkv, cu_seqlens -> q, k, v
 const OpDef& qkv_split_rope_op();
 // dq, dk, dv, cu_seqlens -> dqkv
@@ -80,5 +96,9 @@ const OpDef& qkv_merge_rope_backward_op();
 const OpDef& attention_forward_op();
 // q, k, v, out, lse, dout, cu_seqlens -> dq, dk, dv, workspace (uint8 scratch)
 const OpDef& attention_backward_op();
+// q, k, v, q_offsets, kv_ranges -> out, lse
+const OpDef& segment_attention_forward_op();
+// q, k, v, out, lse, dout, q_offsets, kv_ranges -> dq, dk, dv, scratch
+const OpDef& segment_attention_backward_op();
 
 }  // namespace stepgraph::ops

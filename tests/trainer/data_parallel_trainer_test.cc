@@ -273,6 +273,9 @@ TrainerOptions gpt_flags(StepMode mode) {
   o.kv_heads = 2;
   o.seq_len = 8;
   o.batch = 8;  // the global batch of sequences
+  // A multiple of every TP size's padding (fp32 at --tp 4: 16 logits), so one
+  // process trains the same head as the ranks.
+  o.vocab = 16;
   o.log_every = 4;
   o.dtype = DType::kFloat32;
   o.seed = 5;
@@ -296,6 +299,33 @@ TEST_P(TensorParallelTrainerTest, TheGptMatchesOneProcessOnTheGlobalBatch) {
   EXPECT_LT(graph[0].back(), graph[0].front());
   std::printf("gpt tp 2 x dp %d (%s): largest relative loss difference to one process over %zu steps: %.3g\n",
               ranks / 2, overlap, single.size(), worst);
+}
+
+// More ranks than kv heads: --tp 4 with --kv-heads 2, each kv head copied on
+// two ranks (Note [Tensor-parallel attention]), against one process.
+TEST(TensorParallelTrainerGptTest, MoreRanksThanKvHeadsMatchesOneProcess) {
+  std::ostringstream log;
+  const std::vector<float> single = train(gpt_options(StepMode::kGraph), Device::kHost, log).losses;
+  TrainerOptions o = gpt_options(StepMode::kGraph);
+  o.tp = 4;
+  o.overlap = MLPOverlap::overlapped();
+  const std::vector<std::vector<float>> graph = train_ranks(o, 4);
+  o.mode = StepMode::kEager;
+  const std::vector<std::vector<float>> eager = train_ranks(o, 4);
+  const double worst = expect_ranks_match_one_process(graph, eager, single);
+  std::printf("gpt tp 4, kv_heads 2: largest relative loss difference to one process over %zu steps: %.3g\n",
+              single.size(), worst);
+}
+
+// The GPT's tensor-parallel ranks write their own files, and a resume continues exactly.
+TEST(TensorParallelTrainerGptTest, ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
+  TrainerOptions o = gpt_options(StepMode::kGraph);
+  o.tp = 2;
+  o.overlap = MLPOverlap::overlapped();
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "gpt_tp_resume.safetensors";
+  std::filesystem::remove(path);
+  expect_resume_equals_uninterrupted(o, path.string());
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(path, r, 2).step, o.steps);
 }
 
 // The attention's heads split over --tp: --heads must divide by it and

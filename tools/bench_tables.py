@@ -100,13 +100,19 @@ def summary(kind, names, ratios):
             f"{sum(x >= 1.0 for x in ratios)} of {len(ratios)} rows >= 1.0x, {sum(x >= 0.9 for x in ratios)} >= 0.9x")
 
 
-def grouped_forward(folder):
-    table, ratios = pair_rows(folder, "grouped_gemm.json", "grouped_gemm_peer.json", "forward")
+def grouped_kind(folder, ours_name, peer_name, kind, label, row_title):
+    """One kind's rows from a pair of files (ours, torch), balanced and skewed routing side by side."""
+    table, ratios = pair_rows(folder, ours_name, peer_name, kind)
     if table is None:
         return
-    table_head("\n<!-- " + summary("forward", "grouped_gemm.json against grouped_gemm_peer.json", ratios) + " -->", "| forward row | balanced: ours / torch TFLOP/s / ratio | skewed |", "|---|---:|---:|")
+    table_head("\n<!-- " + summary(label, f"{ours_name} against {peer_name}", ratios) + " -->",
+               f"| {row_title} | balanced: ours / torch TFLOP/s / ratio | skewed |", "|---|---:|---:|")
     for key, c in table.items():
         print(f"| {key} | {c.get('balanced', '-')} | {c.get('skewed', '-')} |")
+
+
+def grouped_forward(folder):
+    grouped_kind(folder, "grouped_gemm.json", "grouped_gemm_peer.json", "forward", "forward", "forward row")
 
 
 def grouped_backward(folder):
@@ -128,14 +134,8 @@ def grouped_backward(folder):
 
 def grouped_wgrad_bf16_dw(folder):
     """wgrad writing a bf16 dw on both sides (torch._grouped_mm writes nothing else)."""
-    ours_name, peer_name = "grouped_gemm_wgrad_bf16_dw.json", "grouped_gemm_wgrad_bf16_dw_peer.json"
-    table, ratios = pair_rows(folder, ours_name, peer_name, "wgrad")
-    if table is None:
-        return
-    table_head("\n<!-- " + summary("wgrad, bf16 dw", f"{ours_name} against {peer_name}", ratios) + " -->",
-               "| wgrad row, bf16 dw | balanced: ours / torch TFLOP/s / ratio | skewed |", "|---|---:|---:|")
-    for key, c in table.items():
-        print(f"| {key} | {c.get('balanced', '-')} | {c.get('skewed', '-')} |")
+    grouped_kind(folder, "grouped_gemm_wgrad_bf16_dw.json", "grouped_gemm_wgrad_bf16_dw_peer.json", "wgrad",
+                 "wgrad, bf16 dw", "wgrad row, bf16 dw")
 
 
 def moe_layer(folder):

@@ -30,7 +30,7 @@ namespace stepgraph {
 // Note [Column- and row-parallel Linear]
 // With a tensor-parallel communicator of N ranks (Megatron's tensor
 // parallelism), rank r holds a slice of the [out, in] weight one rank would
-// draw from the same seed (ParameterInit::rows_from / columns_from), chosen
+// draw from the same seed (ParameterInit::row_blocks_from / columns_from), chosen
 // by LinearConfig::tensor_parallel:
 //
 //   kColumn: rows [r out/N, (r+1) out/N) of W and the same slice of b
@@ -121,8 +121,9 @@ struct LinearConfig {
   TensorParallelMode tensor_parallel = TensorParallelMode::kNone;
   // kColumn only: out_features is these row blocks of W end to end (their
   // rows sum to it), each split over the ranks on its own, so rank r holds
-  // rows [r b/N, (r+1) b/N) of every block b, in block order (a fused QKV
-  // weight's query, key and value heads: Note [Tensor-parallel attention] in
+  // rows [r b/N, (r+1) b/N) of every block b (of a block with copies, its
+  // part r / copies: LinearOutBlock), in block order (a fused QKV weight's
+  // query, key and value heads: Note [Tensor-parallel attention] in
   // layers/multihead_attention.h). Empty: one block, the contiguous slice.
   std::vector<LinearOutBlock> out_blocks;
   bool sequence_parallel = false;  // token-sharded outside the layer; kColumn or kRow only

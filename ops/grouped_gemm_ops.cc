@@ -121,32 +121,42 @@ constexpr std::string_view kBiasGrad = "grouped_bias_grad_";
 
 // --- the kernel descriptions of calls, after the checks of their shapes -------
 
-template <typename F>
-GroupedGemmDesc describe_call(const GroupedGemmParams& p, const ForwardOperands<F>& o) {
-  constexpr std::string_view op = kForward;
-  const TensorMeta& x = meta_of(o.x);
-  const TensorMeta& w = meta_of(o.w);
-  const TensorMeta& offsets = meta_of(o.offsets);
-  expect_rank(op, "x", x, 2, "[T, K]");
+// The forward's and dgrad's checks: rows `a` [T, ·] times the weights w
+// [E, N, K], where a's columns are w's dimension `w_dim` (`dim_name`: K for
+// the forward's x, N for dgrad's dy); returns the desc of the product.
+GroupedGemmDesc describe_product(std::string_view op, GroupedGemmKind kind, const GroupedGemmParams& p,
+                                 std::string_view a_name, const TensorMeta& a, std::string_view a_dims,
+                                 const TensorMeta& w, int w_dim, std::string_view dim_name, const TensorMeta& offsets) {
+  expect_rank(op, a_name, a, 2, a_dims);
   expect_rank(op, "w", w, 3, "[E, N, K]");
   GroupedGemmDesc d;
-  d.kind = GroupedGemmKind::kForward;
+  d.kind = kind;
   d.experts = check_offsets(op, offsets);
-  const std::string context = "x " + describe(x) + ", w " + describe(w) + ", offsets " + describe(offsets);
-  expect_same(op, "K of x and of w", x.shape.dim(1), w.shape.dim(2), context);
+  const std::string context =
+      std::string(a_name) + " " + describe(a) + ", w " + describe(w) + ", offsets " + describe(offsets);
+  expect_same(op, std::string(dim_name) + " of " + std::string(a_name) + " and of w", a.shape.dim(1),
+              w.shape.dim(w_dim), context);
   expect_same(op, "expert counts of w and offsets", w.shape.dim(0), d.experts, context);
-  expect_dtype(op, "w", w, x.dtype);
+  expect_dtype(op, "w", w, a.dtype);
+  d.tokens = a.shape.dim(0);
+  d.n = w.shape.dim(1);
+  d.k = w.shape.dim(2);
+  d.in_type = a.dtype;
+  d.out_type = p.out_dtype;
+  return d;
+}
+
+template <typename F>
+GroupedGemmDesc describe_call(const GroupedGemmParams& p, const ForwardOperands<F>& o) {
+  const TensorMeta& w = meta_of(o.w);
+  GroupedGemmDesc d = describe_product(kForward, GroupedGemmKind::kForward, p, "x", meta_of(o.x), "[T, K]", w, 2,
+                                       "K", meta_of(o.offsets));
   if (p.bias) {
     const TensorMeta& bias = meta_of(o.bias);
-    SG_CHECK(bias.shape == (Shape{w.shape.dim(0), w.shape.dim(1)}) && bias.dtype == w.dtype, "op ", op,
+    SG_CHECK(bias.shape == (Shape{w.shape.dim(0), w.shape.dim(1)}) && bias.dtype == w.dtype, "op ", kForward,
              ": bias must be [E, N] = ", Shape{w.shape.dim(0), w.shape.dim(1)}, " ", dtype_name(w.dtype),
              " (w's dtype), got ", describe(bias));
   }
-  d.tokens = x.shape.dim(0);
-  d.n = w.shape.dim(1);
-  d.k = w.shape.dim(2);
-  d.in_type = x.dtype;
-  d.out_type = p.out_dtype;
   d.bias = p.bias;
   kernels::check_grouped_gemm(d);
   return d;
@@ -154,24 +164,8 @@ GroupedGemmDesc describe_call(const GroupedGemmParams& p, const ForwardOperands<
 
 template <typename F>
 GroupedGemmDesc describe_call(const GroupedGemmParams& p, const DgradOperands<F>& o) {
-  constexpr std::string_view op = kDgrad;
-  const TensorMeta& dy = meta_of(o.dy);
-  const TensorMeta& w = meta_of(o.w);
-  const TensorMeta& offsets = meta_of(o.offsets);
-  expect_rank(op, "dy", dy, 2, "[T, N]");
-  expect_rank(op, "w", w, 3, "[E, N, K]");
-  GroupedGemmDesc d;
-  d.kind = GroupedGemmKind::kDgrad;
-  d.experts = check_offsets(op, offsets);
-  const std::string context = "dy " + describe(dy) + ", w " + describe(w) + ", offsets " + describe(offsets);
-  expect_same(op, "N of dy and of w", dy.shape.dim(1), w.shape.dim(1), context);
-  expect_same(op, "expert counts of w and offsets", w.shape.dim(0), d.experts, context);
-  expect_dtype(op, "w", w, dy.dtype);
-  d.tokens = dy.shape.dim(0);
-  d.n = w.shape.dim(1);
-  d.k = w.shape.dim(2);
-  d.in_type = dy.dtype;
-  d.out_type = p.out_dtype;
+  const GroupedGemmDesc d = describe_product(kDgrad, GroupedGemmKind::kDgrad, p, "dy", meta_of(o.dy), "[T, N]",
+                                             meta_of(o.w), 1, "N", meta_of(o.offsets));
   kernels::check_grouped_gemm(d);
   return d;
 }

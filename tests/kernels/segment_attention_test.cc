@@ -1,0 +1,378 @@
+// Segment attention's plain CUDA kernels (Note [Segment attention] in
+// kernels/attention.h) and the context-parallel plan kernel
+// (kernels/context_parallel_plan.h) against their host references: fp32,
+// bf16 and fp16, head dims 40, 64 and 128, MHA/GQA/MQA, causal and full,
+// the tables of CP ranks over random packings and a table with shared,
+// unread and too-short kv ranges; self-attention written as segments equals
+// the plain self-attention kernels bit for bit in fp32 (the same
+// arithmetic); two launches give the same bits; a garbage segment table or
+// cu_seqlens on the device is read as a valid one and never faults;
+// argument checks (these run without a GPU too).
+//
+// Tolerances (max |got - want| / max |want| per tensor): both sides read the
+// same rounded inputs and add in fp32 in other orders (online softmax, warp
+// sums): ~1e-6 in fp32, we allow 1e-4 (attention_test's plain-path bound);
+// outputs stored in bf16/fp16 add half an ulp (2^-9, 2^-11) and dk/dv sum
+// several segments' terms: we allow 2e-2 and 4e-3, as attention_test does.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cuda_check.h"
+#include "engine/dtype.h"
+#include "engine/error.h"
+#include "engine/stream.h"
+#include "kernels/attention.h"
+#include "kernels/context_parallel_plan.h"
+#include "tests/kernels/kernel_test_support.h"
+#include "tests/support/gpu.h"
+#include "tests/support/seed.h"
+
+namespace stepgraph::kernels {
+namespace {
+
+using testing::DeviceArray;
+using testing::expect_invalid_argument;
+using testing::HostArray;
+using testing::random_array;
+using testing::SeededRng;
+
+HostArray ints(const std::vector<std::int32_t>& values) {
+  HostArray out(DType::kInt32, static_cast<std::int64_t>(values.size()));
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(std::int32_t));
+  return out;
+}
+
+std::vector<std::int32_t> int_values(const HostArray& a) {
+  std::vector<std::int32_t> out(static_cast<std::size_t>(a.numel));
+  std::memcpy(out.data(), a.data(), out.size() * sizeof(std::int32_t));
+  return out;
+}
+
+struct Table {
+  std::vector<std::int32_t> q_offsets, kv_ranges;
+};
+
+struct Inputs {
+  HostArray q, k, v, dout;
+};
+
+Inputs random_inputs(const SegmentAttentionDesc& d, std::mt19937& rng) {
+  const AttentionDesc& a = d.attention;
+  const std::int64_t nq = a.tokens * a.heads * a.head_dim, nkv = d.kv_tokens * a.kv_heads * a.head_dim;
+  return {random_array(a.dtype, nq, rng, -2.0f, 2.0f), random_array(a.dtype, nkv, rng, -2.0f, 2.0f),
+          random_array(a.dtype, nkv, rng), random_array(a.dtype, nq, rng)};
+}
+
+struct Results {
+  HostArray out, lse, dq, dk, dv;
+};
+
+// Forward then backward on the device; `table` goes to the device as it is.
+Results run_device(const SegmentAttentionDesc& d, const Inputs& in, const Table& table) {
+  const AttentionDesc& a = d.attention;
+  const std::int64_t nq = a.tokens * a.heads * a.head_dim, nkv = d.kv_tokens * a.kv_heads * a.head_dim;
+  const std::size_t es = dtype_size(a.dtype);
+  DeviceArray q(in.q), k(in.k), v(in.v), dout(in.dout), q_offsets(ints(table.q_offsets)),
+      kv_ranges(ints(table.kv_ranges));
+  DeviceArray out(nq * es), lse(a.heads * a.tokens * 4), dq(nq * es), dk(nkv * es), dv(nkv * es);
+  DeviceArray workspace(segment_attention_backward_workspace_bytes(d));
+  for (DeviceArray* x : {&out, &lse, &dq, &dk, &dv, &workspace}) x->poison();
+  Stream stream;
+  launch_segment_attention_forward(d, q.get(), k.get(), v.get(), q_offsets.as<std::int32_t>(),
+                                   kv_ranges.as<std::int32_t>(), out.get(), lse.as<float>(), stream.get());
+  launch_segment_attention_backward(d, q.get(), k.get(), v.get(), out.get(), lse.as<float>(), dout.get(),
+                                    q_offsets.as<std::int32_t>(), kv_ranges.as<std::int32_t>(), dq.get(), dk.get(),
+                                    dv.get(), workspace.get(), stream.get());
+  stream.synchronize();
+  return {out.download(a.dtype, nq), lse.download(DType::kFloat32, a.heads * a.tokens), dq.download(a.dtype, nq),
+          dk.download(a.dtype, nkv), dv.download(a.dtype, nkv)};
+}
+
+Results run_host(const SegmentAttentionDesc& d, const Inputs& in, const Table& table) {
+  const AttentionDesc& a = d.attention;
+  const std::int64_t nq = a.tokens * a.heads * a.head_dim, nkv = d.kv_tokens * a.kv_heads * a.head_dim;
+  Results r{HostArray(a.dtype, nq), HostArray(DType::kFloat32, a.heads * a.tokens), HostArray(a.dtype, nq),
+            HostArray(a.dtype, nkv), HostArray(a.dtype, nkv)};
+  host::segment_attention_forward(d, in.q.data(), in.k.data(), in.v.data(), table.q_offsets.data(),
+                                  table.kv_ranges.data(), r.out.data(), static_cast<float*>(r.lse.data()));
+  host::segment_attention_backward(d, in.q.data(), in.k.data(), in.v.data(), r.out.data(),
+                                   static_cast<const float*>(r.lse.data()), in.dout.data(), table.q_offsets.data(),
+                                   table.kv_ranges.data(), r.dq.data(), r.dk.data(), r.dv.data());
+  return r;
+}
+
+// max |got - want| / max |want|; -inf (a query with no key) must match exactly.
+double max_relative(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      continue;
+    }
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, static_cast<double>(std::fabs(got[i] - want[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+  }
+  return scale == 0.0 ? diff : diff / scale;
+}
+
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16: return 2e-2;
+    case DType::kFloat16: return 4e-3;
+    default: return 1e-4;
+  }
+}
+
+void expect_close(const Results& got, const Results& want, DType dtype) {
+  const double tol = tolerance(dtype);
+  EXPECT_LE(max_relative(got.out.to_floats(), want.out.to_floats()), tol) << "out";
+  EXPECT_LE(max_relative(got.lse.to_floats(), want.lse.to_floats()), tol) << "lse";
+  EXPECT_LE(max_relative(got.dq.to_floats(), want.dq.to_floats()), tol) << "dq";
+  EXPECT_LE(max_relative(got.dk.to_floats(), want.dk.to_floats()), tol) << "dk";
+  EXPECT_LE(max_relative(got.dv.to_floats(), want.dv.to_floats()), tol) << "dv";
+}
+
+std::vector<std::int32_t> random_offsets(std::mt19937& rng, std::int32_t tokens) {
+  std::vector<std::int32_t> cu{0};
+  while (cu.back() < tokens) {
+    const std::int32_t l = (rng() % 4 == 0) ? 1 : 1 + static_cast<std::int32_t>(rng() % 90);
+    cu.push_back(std::min(tokens, cu.back() + l));
+  }
+  return cu;
+}
+
+// Rank `rank`'s plan (host reference) over the packing `cu` of `tokens`.
+Table plan_table(const std::vector<std::int32_t>& cu, int ranks, int rank, bool causal) {
+  const ContextParallelPlanDesc d{.tokens = cu.back(),
+                                  .sequences = static_cast<std::int64_t>(cu.size()) - 1,
+                                  .ranks = ranks,
+                                  .rank = rank,
+                                  .causal = causal};
+  Table t{std::vector<std::int32_t>(static_cast<std::size_t>(d.segments() + 1)),
+          std::vector<std::int32_t>(static_cast<std::size_t>(2 * d.segments()))};
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(d.local_tokens()));
+  host::context_parallel_plan(d, cu.data(), t.q_offsets.data(), t.kv_ranges.data(), positions.data());
+  return t;
+}
+
+SegmentAttentionDesc desc_of(DType dtype, std::int64_t heads, std::int64_t kv_heads, std::int64_t dim, bool causal,
+                             const Table& t, std::int64_t kv_tokens) {
+  return {.attention = {.dtype = dtype,
+                        .tokens = t.q_offsets.back(),
+                        .sequences = static_cast<std::int64_t>(t.q_offsets.size()) - 1,
+                        .heads = heads,
+                        .kv_heads = kv_heads,
+                        .head_dim = dim,
+                        .causal = causal},
+          .kv_tokens = kv_tokens};
+}
+
+TEST(SegmentAttentionTest, plain_fp32_bf16_fp16_d40_d64_d128_mha_gqa_mqa_context_parallel_tables) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const struct {
+    DType dtype;
+    std::int64_t dim;
+  } rows[] = {{DType::kFloat32, 40}, {DType::kBFloat16, 64}, {DType::kFloat16, 128}, {DType::kBFloat16, 128}};
+  const std::pair<std::int64_t, std::int64_t> layouts[] = {{4, 4}, {8, 2}, {4, 1}};
+  for (const auto& row : rows) {
+    for (const auto& [heads, kv_heads] : layouts) {
+      for (const bool causal : {true, false}) {
+        const int ranks = 2 + static_cast<int>(rng() % 2) * 2;  // 2 or 4
+        const int rank = static_cast<int>(rng() % ranks);
+        const std::vector<std::int32_t> cu = random_offsets(rng, 384);
+        const Table t = plan_table(cu, ranks, rank, causal);
+        const SegmentAttentionDesc d = desc_of(row.dtype, heads, kv_heads, row.dim, causal, t, cu.back());
+        SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) + " H=" +
+                     std::to_string(heads) + "/" + std::to_string(kv_heads) + (causal ? " causal" : " full") +
+                     " cp" + std::to_string(ranks) + " rank " + std::to_string(rank));
+        const Inputs in = random_inputs(d, rng);
+        expect_close(run_device(d, in, t), run_host(d, in, t), row.dtype);
+      }
+    }
+  }
+}
+
+TEST(SegmentAttentionTest, shared_unread_short_and_empty_ranges_fp32_and_bf16) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  // Keys 0-4 read by segments 0 and 2, key 9 by none, segment 3's first two
+  // queries see no key when causal, segment 1 empty.
+  const Table t{{0, 2, 2, 5, 9}, {0, 5, 7, 7, 0, 9, 10, 12}};
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (const bool causal : {true, false}) {
+      const SegmentAttentionDesc d = desc_of(dtype, 4, 2, 40, causal, t, 12);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (causal ? " causal" : " full"));
+      const Inputs in = random_inputs(d, rng);
+      const Results got = run_device(d, in, t);
+      expect_close(got, run_host(d, in, t), dtype);
+      const std::vector<float> dk = got.dk.to_floats();
+      for (std::int64_t e = 9 * 2 * 40; e < 10 * 2 * 40; ++e) EXPECT_EQ(dk[e], 0.0f) << "key 9 is read by no query";
+    }
+  }
+}
+
+TEST(SegmentAttentionTest, self_attention_as_segments_equals_the_plain_kernels_bit_for_bit_fp32) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const std::vector<std::int32_t> cu = random_offsets(rng, 300);
+  Table t{cu, {}};
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s) {
+    t.kv_ranges.push_back(cu[s]);
+    t.kv_ranges.push_back(cu[s + 1]);
+  }
+  for (const bool causal : {true, false}) {
+    const SegmentAttentionDesc d = desc_of(DType::kFloat32, 4, 2, 40, causal, t, cu.back());
+    ASSERT_FALSE(attention_uses_tensor_cores(d.attention));
+    const Inputs in = random_inputs(d, rng);
+    const Results seg = run_device(d, in, t);
+    const AttentionDesc& a = d.attention;
+    const std::int64_t nq = a.tokens * a.heads * a.head_dim, nkv = a.tokens * a.kv_heads * a.head_dim;
+    DeviceArray q(in.q), k(in.k), v(in.v), dout(in.dout), cu_dev(ints(cu));
+    DeviceArray out(nq * 4), lse(a.heads * a.tokens * 4), dq(nq * 4), dk(nkv * 4), dv(nkv * 4);
+    DeviceArray workspace(attention_backward_workspace_bytes(a));
+    Stream stream;
+    launch_attention_forward(a, q.get(), k.get(), v.get(), cu_dev.as<std::int32_t>(), out.get(), lse.as<float>(),
+                             stream.get());
+    launch_attention_backward(a, q.get(), k.get(), v.get(), out.get(), lse.as<float>(), dout.get(),
+                              cu_dev.as<std::int32_t>(), dq.get(), dk.get(), dv.get(), workspace.get(), stream.get());
+    stream.synchronize();
+    const std::string mode = causal ? "causal" : "full";
+    EXPECT_EQ(seg.out.bytes, out.download(a.dtype, nq).bytes) << mode;
+    EXPECT_EQ(seg.lse.bytes, lse.download(DType::kFloat32, a.heads * a.tokens).bytes) << mode;
+    EXPECT_EQ(seg.dq.bytes, dq.download(a.dtype, nq).bytes) << mode;
+    EXPECT_EQ(seg.dk.bytes, dk.download(a.dtype, nkv).bytes) << mode;
+    EXPECT_EQ(seg.dv.bytes, dv.download(a.dtype, nkv).bytes) << mode;
+  }
+}
+
+TEST(SegmentAttentionTest, deterministic_bits) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const std::vector<std::int32_t> cu = random_offsets(rng, 512);
+  const Table t = plan_table(cu, 2, 1, true);
+  const SegmentAttentionDesc d = desc_of(DType::kBFloat16, 8, 2, 128, true, t, cu.back());
+  const Inputs in = random_inputs(d, rng);
+  const Results a = run_device(d, in, t);
+  const Results b = run_device(d, in, t);
+  EXPECT_EQ(a.out.bytes, b.out.bytes);
+  EXPECT_EQ(a.lse.bytes, b.lse.bytes);
+  EXPECT_EQ(a.dq.bytes, b.dq.bytes);
+  EXPECT_EQ(a.dk.bytes, b.dk.bytes);
+  EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+}
+
+// The table the kernels read from any contents (Note [Segment attention]).
+Table sanitized(const Table& raw, std::int32_t q_tokens, std::int32_t kv_tokens) {
+  Table t{std::vector<std::int32_t>(raw.q_offsets.size()), raw.kv_ranges};
+  const std::size_t last = raw.q_offsets.size() - 1;
+  for (std::size_t s = 1; s < last; ++s) {
+    t.q_offsets[s] = std::max(t.q_offsets[s - 1], std::clamp(raw.q_offsets[s], 0, q_tokens));
+  }
+  t.q_offsets[last] = q_tokens;
+  for (std::size_t s = 0; s < last; ++s) {
+    t.kv_ranges[2 * s] = std::clamp(raw.kv_ranges[2 * s], 0, kv_tokens);
+    t.kv_ranges[2 * s + 1] = std::clamp(raw.kv_ranges[2 * s + 1], t.kv_ranges[2 * s], kv_tokens);
+  }
+  return t;
+}
+
+TEST(SegmentAttentionTest, garbage_tables_read_as_valid_ones_never_fault) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const Table raw{{-7, 90, 30, 1000000, -1, 5}, {-5, 40, 2000000000, 3, 10, -10, 0, 99999, 7, 300}};
+  const Table t = sanitized(raw, 120, 200);
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const SegmentAttentionDesc d = desc_of(dtype, 4, 2, 64, true, t, 200);
+    const Inputs in = random_inputs(d, rng);
+    const Results got = run_device(d, in, raw);  // the garbage goes to the device
+    SG_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_close(got, run_host(d, in, t), dtype);
+  }
+}
+
+// The plan kernel equals the host plan on valid packings, and on garbage
+// gives a table the segment kernels accept as it is.
+TEST(ContextParallelPlanTest, device_plan_equals_host_plan_and_survives_garbage) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  for (int trial = 0; trial < 6; ++trial) {
+    const int ranks = 1 << (trial % 3);
+    std::vector<std::int32_t> cu = random_offsets(rng, 200 * 2 * ranks);
+    if (trial == 0) cu = {0, 200 * 2 * ranks};  // one sequence over every rank
+    for (int rank = 0; rank < ranks; ++rank) {
+      for (const bool causal : {true, false}) {
+        const ContextParallelPlanDesc d{.tokens = cu.back(),
+                                        .sequences = static_cast<std::int64_t>(cu.size()) - 1,
+                                        .ranks = ranks,
+                                        .rank = rank,
+                                        .causal = causal};
+        SCOPED_TRACE("cp" + std::to_string(ranks) + " rank " + std::to_string(rank) + " sequences " +
+                     std::to_string(d.sequences));
+        std::vector<std::int32_t> q_offsets(static_cast<std::size_t>(d.segments() + 1)),
+            kv_ranges(static_cast<std::size_t>(2 * d.segments())),
+            positions(static_cast<std::size_t>(d.local_tokens()));
+        host::context_parallel_plan(d, cu.data(), q_offsets.data(), kv_ranges.data(), positions.data());
+        DeviceArray cu_dev(ints(cu)), q_dev(q_offsets.size() * 4), kv_dev(kv_ranges.size() * 4),
+            pos_dev(positions.size() * 4);
+        for (DeviceArray* x : {&q_dev, &kv_dev, &pos_dev}) x->poison();
+        Stream stream;
+        launch_context_parallel_plan(d, cu_dev.as<std::int32_t>(), q_dev.as<std::int32_t>(),
+                                     kv_dev.as<std::int32_t>(), pos_dev.as<std::int32_t>(), stream.get());
+        stream.synchronize();
+        EXPECT_EQ(int_values(q_dev.download(DType::kInt32, d.segments() + 1)), q_offsets);
+        EXPECT_EQ(int_values(kv_dev.download(DType::kInt32, 2 * d.segments())), kv_ranges);
+        EXPECT_EQ(int_values(pos_dev.download(DType::kInt32, d.local_tokens())), positions);
+      }
+    }
+  }
+  const std::vector<std::int32_t> garbage{-7, 90, 30, 1000000, -1, 5, 2000000000, 12};
+  const ContextParallelPlanDesc d{.tokens = 96, .sequences = 7, .ranks = 4, .rank = 1};
+  DeviceArray cu_dev(ints(garbage)), q_dev(8 * 2 * 4 + 4), kv_dev(2 * 14 * 4), pos_dev(24 * 4);
+  Stream stream;
+  launch_context_parallel_plan(d, cu_dev.as<std::int32_t>(), q_dev.as<std::int32_t>(), kv_dev.as<std::int32_t>(),
+                               pos_dev.as<std::int32_t>(), stream.get());
+  stream.synchronize();
+  const Table t{int_values(q_dev.download(DType::kInt32, 15)), int_values(kv_dev.download(DType::kInt32, 28))};
+  const SegmentAttentionDesc sd = desc_of(DType::kFloat32, 2, 2, 8, true, t, 96);
+  host::check_segments(sd, t.q_offsets.data(), t.kv_ranges.data());  // a valid table
+  for (std::int32_t p : int_values(pos_dev.download(DType::kInt32, 24))) {
+    EXPECT_GE(p, 0);
+    EXPECT_LT(p, 96);
+  }
+}
+
+TEST(SegmentAttentionTest, checks_shapes_and_pointers_without_a_launch) {
+  SegmentAttentionDesc d{.attention = {.tokens = 16, .sequences = 2, .heads = 4, .kv_heads = 2, .head_dim = 64},
+                         .kv_tokens = 32};
+  check_segment_attention_cuda(d);
+  SegmentAttentionDesc wide = d;
+  wide.attention.head_dim = 320;
+  expect_invalid_argument([&] { check_segment_attention_cuda(wide); }, "head_dim <= 256");
+  SegmentAttentionDesc no_keys = d;
+  no_keys.kv_tokens = 0;
+  expect_invalid_argument([&] { check_segment_attention_cuda(no_keys); }, "kv_tokens must be > 0");
+  expect_invalid_argument(
+      [&] {
+        launch_segment_attention_forward(d, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+      },
+      "got a null one");
+  expect_invalid_argument(
+      [&] {
+        launch_context_parallel_plan({.tokens = 30, .sequences = 1, .ranks = 4, .rank = 0}, nullptr, nullptr, nullptr,
+                                     nullptr, nullptr);
+      },
+      "pad the batch to a multiple of 8");
+}
+
+}  // namespace
+}  // namespace stepgraph::kernels

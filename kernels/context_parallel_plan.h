@@ -67,8 +67,8 @@ void launch_context_parallel_plan(const ContextParallelPlanDesc& desc, const std
 namespace host {
 
 // The same on host memory; cu_seqlens must be a valid packing of T tokens (an Error otherwise).
-void context_parallel_plan(const ContextParallelPlanDesc& desc, const std::int32_t* cu_seqlens,
-                           std::int32_t* q_offsets, std::int32_t* kv_ranges, std::int32_t* positions);
+void context_parallel_plan(const ContextParallelPlanDesc& desc, const std::int32_t* cu_seqlens, std::int32_t* q_offsets,
+                           std::int32_t* kv_ranges, std::int32_t* positions);
 
 }  // namespace host
 }  // namespace stepgraph::kernels

@@ -12,8 +12,8 @@ namespace {
 void check_plan(std::string_view what, const Communicator& cp, const ops::AttentionParams& params,
                 const ops::ContextParallelPlan& plan, const Tensor& q) {
   const ops::ContextParallelParams& p = plan.params;
-  SG_CHECK(p.ranks == cp.world_size() && p.rank == cp.rank(), what, ": the plan is for rank ", p.rank, " of ",
-           p.ranks, " but runs on ", cp.describe(), "; make it with .ranks = cp.world_size(), .rank = cp.rank()");
+  SG_CHECK(p.ranks == cp.world_size() && p.rank == cp.rank(), what, ": the plan is for rank ", p.rank, " of ", p.ranks,
+           " but runs on ", cp.describe(), "; make it with .ranks = cp.world_size(), .rank = cp.rank()");
   SG_CHECK(p.causal == params.causal, what, ": the plan is for ", p.causal ? "causal" : "non-causal",
            " attention but params.causal is ", params.causal ? "true" : "false",
            "; make the plan with the attention's causal");
@@ -51,8 +51,8 @@ ops::AttentionGrads context_parallel_attention_backward(Context& ctx, Communicat
   check_plan("context-parallel attention backward", cp, params, plan, q);
   const Tensor k_all = gather_stream(ctx, cp, k);
   const Tensor v_all = gather_stream(ctx, cp, v);
-  const ops::AttentionGrads all = ops::segment_attention_backward(ctx, params, q, k_all, v_all, out, lse, dout,
-                                                                  plan.q_offsets, plan.kv_ranges);
+  const ops::AttentionGrads all =
+      ops::segment_attention_backward(ctx, params, q, k_all, v_all, out, lse, dout, plan.q_offsets, plan.kv_ranges);
   return {.dq = all.dq, .dk = reduce_to_owner(ctx, cp, all.dk), .dv = reduce_to_owner(ctx, cp, all.dv)};
 }
 

@@ -65,10 +65,9 @@ std::vector<TensorMeta> check_plan(const OpParams& params, std::span<const Tenso
            dtype_name(o.cu_seqlens.dtype), " ", o.cu_seqlens.shape);
   const kernels::ContextParallelPlanDesc d = plan_desc(p, o.cu_seqlens.shape.dim(0) - 1);
   kernels::check_context_parallel_plan(d);
-  return output_metas(p, ContextParallelPlanOutputs<TensorMeta>{
-                             .q_offsets = {Shape{d.segments() + 1}, DType::kInt32},
-                             .kv_ranges = {Shape{d.segments(), 2}, DType::kInt32},
-                             .positions = {Shape{d.local_tokens()}, DType::kInt32}});
+  return output_metas(p, ContextParallelPlanOutputs<TensorMeta>{.q_offsets = {Shape{d.segments() + 1}, DType::kInt32},
+                                                                .kv_ranges = {Shape{d.segments(), 2}, DType::kInt32},
+                                                                .positions = {Shape{d.local_tokens()}, DType::kInt32}});
 }
 
 kernels::ContextParallelPlanDesc plan_desc_of(const ContextParallelParams& p, const Operand& cu_seqlens) {
@@ -94,8 +93,7 @@ void reorder(const ZigzagParams& p, const KernelArgs& a, Copy&& copy) {
   for (std::int64_t block = 0; block < 2 * p.ranks; ++block) {
     const std::int64_t chunk = kernels::zigzag_stream_chunk(p.ranks, block);
     const bool to_stream = p.direction == ZigzagDirection::kToStream;
-    copy(dst + (to_stream ? chunk : block) * chunk_bytes, src + (to_stream ? block : chunk) * chunk_bytes,
-         chunk_bytes);
+    copy(dst + (to_stream ? chunk : block) * chunk_bytes, src + (to_stream ? block : chunk) * chunk_bytes, chunk_bytes);
   }
 }
 
@@ -150,8 +148,7 @@ const OpDef& zigzag_reorder_op() {
 }
 SG_REGISTER_OP(zigzag_reorder_op);
 
-ContextParallelPlan context_parallel_plan(Context& ctx, const ContextParallelParams& params,
-                                          const Tensor& cu_seqlens) {
+ContextParallelPlan context_parallel_plan(Context& ctx, const ContextParallelParams& params, const Tensor& cu_seqlens) {
   const auto r = bind_results<ContextParallelPlanOutputs>(
       params, ctx.call(context_parallel_plan_op(), params,
                        flatten(kPlan, params, ContextParallelPlanOperands<Tensor>{cu_seqlens})));

@@ -38,8 +38,7 @@ struct ContextParallelPlan {
   Tensor positions;  // int32 [T / N]: each local token's position within its sequence
 };
 
-ContextParallelPlan context_parallel_plan(Context& ctx, const ContextParallelParams& params,
-                                          const Tensor& cu_seqlens);
+ContextParallelPlan context_parallel_plan(Context& ctx, const ContextParallelParams& params, const Tensor& cu_seqlens);
 
 // x [T, ...] gathered rank-major (rank rho's rows: chunk rho, then chunk
 // 2N - 1 - rho) -> the same rows in stream order; and the inverse. T divides by 2N.

@@ -114,7 +114,8 @@ TEST(ContextParallelPlanHostTest, BadDescsAndPackingsAreClearErrors) {
   const std::vector<std::int32_t> cu{0, 5, 30};
   EXPECT_ERROR_CONTAINS(plan_of({.tokens = 30, .sequences = 2, .ranks = 4, .rank = 0}, cu), "30 tokens",
                         "2 x 4 = 8 equal chunks", "pad the batch to a multiple of 8");
-  EXPECT_ERROR_CONTAINS(plan_of({.tokens = 32, .sequences = 2, .ranks = 2, .rank = 2}, cu), "rank must be in [0, ranks)");
+  EXPECT_ERROR_CONTAINS(plan_of({.tokens = 32, .sequences = 2, .ranks = 2, .rank = 2}, cu),
+                        "rank must be in [0, ranks)");
   EXPECT_ERROR_CONTAINS(plan_of({.tokens = 32, .sequences = 2, .ranks = 2, .rank = 0}, cu), "cu_seqlens[2]",
                         "token count 32");
 }

@@ -73,8 +73,8 @@ Results run_segments(const Problem& p) {
   const AttentionDesc& a = p.desc.attention;
   Results r{std::vector<float>(p.q.size()), std::vector<float>(static_cast<std::size_t>(a.heads * a.tokens)),
             std::vector<float>(p.q.size()), std::vector<float>(p.k.size()), std::vector<float>(p.v.size())};
-  host::segment_attention_forward(p.desc, p.q.data(), p.k.data(), p.v.data(), p.q_offsets.data(),
-                                  p.kv_ranges.data(), r.out.data(), r.lse.data());
+  host::segment_attention_forward(p.desc, p.q.data(), p.k.data(), p.v.data(), p.q_offsets.data(), p.kv_ranges.data(),
+                                  r.out.data(), r.lse.data());
   host::segment_attention_backward(p.desc, p.q.data(), p.k.data(), p.v.data(), r.out.data(), r.lse.data(),
                                    p.dout.data(), p.q_offsets.data(), p.kv_ranges.data(), r.dq.data(), r.dk.data(),
                                    r.dv.data());
@@ -170,8 +170,8 @@ TEST(SegmentAttentionHostTest, SelfAttentionAsSegmentsGivesTheSelfAttentionBits)
                  std::vector<float>(p.k.size()), std::vector<float>(p.v.size())};
     host::attention_forward(self, p.q.data(), p.k.data(), p.v.data(), p.q_offsets.data(), want.out.data(),
                             want.lse.data());
-    host::attention_backward(self, p.q.data(), p.k.data(), p.v.data(), want.out.data(), want.lse.data(),
-                             p.dout.data(), p.q_offsets.data(), want.dq.data(), want.dk.data(), want.dv.data());
+    host::attention_backward(self, p.q.data(), p.k.data(), p.v.data(), want.out.data(), want.lse.data(), p.dout.data(),
+                             p.q_offsets.data(), want.dq.data(), want.dk.data(), want.dv.data());
     const std::string mode = causal ? "causal" : "full";
     EXPECT_EQ(seg.out, want.out) << mode;
     EXPECT_EQ(seg.lse, want.lse) << mode;
@@ -222,8 +222,8 @@ TEST(SegmentAttentionHostTest, BadTablesAreClearErrors) {
   Problem p = make_problem(rng, {2, 2}, {{0, 3}, {0, 4}}, 4, 2, 2, 8, true);
   std::vector<float> out(p.q.size()), lse(8);
   auto forward = [&] {
-    host::segment_attention_forward(p.desc, p.q.data(), p.k.data(), p.v.data(), p.q_offsets.data(),
-                                    p.kv_ranges.data(), out.data(), lse.data());
+    host::segment_attention_forward(p.desc, p.q.data(), p.k.data(), p.v.data(), p.q_offsets.data(), p.kv_ranges.data(),
+                                    out.data(), lse.data());
   };
   p.kv_ranges[3] = 5;
   EXPECT_ERROR_CONTAINS(forward(), "kv_ranges[1] = [0, 5)", "[0, 4)");

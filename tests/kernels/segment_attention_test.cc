@@ -192,8 +192,8 @@ TEST(SegmentAttentionTest, plain_fp32_bf16_fp16_d40_d64_d128_mha_gqa_mqa_context
         const std::vector<std::int32_t> cu = random_offsets(rng, 384);
         const Table t = plan_table(cu, ranks, rank, causal);
         const SegmentAttentionDesc d = desc_of(row.dtype, heads, kv_heads, row.dim, causal, t, cu.back());
-        SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) + " H=" +
-                     std::to_string(heads) + "/" + std::to_string(kv_heads) + (causal ? " causal" : " full") +
+        SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) +
+                     " H=" + std::to_string(heads) + "/" + std::to_string(kv_heads) + (causal ? " causal" : " full") +
                      " cp" + std::to_string(ranks) + " rank " + std::to_string(rank));
         const Inputs in = random_inputs(d, rng);
         expect_close(run_device(d, in, t), run_host(d, in, t), row.dtype);
@@ -326,8 +326,8 @@ TEST(ContextParallelPlanTest, device_plan_equals_host_plan_and_survives_garbage)
             pos_dev(positions.size() * 4);
         for (DeviceArray* x : {&q_dev, &kv_dev, &pos_dev}) x->poison();
         Stream stream;
-        launch_context_parallel_plan(d, cu_dev.as<std::int32_t>(), q_dev.as<std::int32_t>(),
-                                     kv_dev.as<std::int32_t>(), pos_dev.as<std::int32_t>(), stream.get());
+        launch_context_parallel_plan(d, cu_dev.as<std::int32_t>(), q_dev.as<std::int32_t>(), kv_dev.as<std::int32_t>(),
+                                     pos_dev.as<std::int32_t>(), stream.get());
         stream.synchronize();
         EXPECT_EQ(int_values(q_dev.download(DType::kInt32, d.segments() + 1)), q_offsets);
         EXPECT_EQ(int_values(kv_dev.download(DType::kInt32, 2 * d.segments())), kv_ranges);

@@ -21,6 +21,8 @@
 // others, several short ones (some inside one chunk), and a random one; the
 // seed prints on failure. On the GPU, one NCCL rank: captured and replayed
 // equals eager bit for bit, and the plain self-attention within 1e-5 (fp32).
+#include "layers/context_parallel_attention.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,7 +35,6 @@
 #include "engine/host_world.h"
 #include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
-#include "layers/context_parallel_attention.h"
 #include "tests/layers/shard_values.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
@@ -175,13 +176,12 @@ TEST_P(ContextParallelAttentionTest, EqualsOneRankOverTheWholeBatchAndItsGraphEq
     const Tensor q = float_tensor(ctx, "q", local_rows(batch.q, kHeads * kDim, n, r), kHeads * kDim, c.dtype);
     const Tensor k = float_tensor(ctx, "k", local_rows(batch.k, kKvHeads * kDim, n, r), kKvHeads * kDim, c.dtype);
     const Tensor v = float_tensor(ctx, "v", local_rows(batch.v, kKvHeads * kDim, n, r), kKvHeads * kDim, c.dtype);
-    const Tensor dout =
-        float_tensor(ctx, "dout", local_rows(batch.dout, kHeads * kDim, n, r), kHeads * kDim, c.dtype);
+    const Tensor dout = float_tensor(ctx, "dout", local_rows(batch.dout, kHeads * kDim, n, r), kHeads * kDim, c.dtype);
     const Tensor cu = int_tensor(ctx, "cu_seqlens", batch.cu);
     const ops::AttentionParams params = params_of(c);
     auto step = [&] {
-      const ops::ContextParallelPlan plan = ops::context_parallel_plan(
-          ctx, {.ranks = n, .rank = r, .tokens = kTokens, .causal = c.causal}, cu);
+      const ops::ContextParallelPlan plan =
+          ops::context_parallel_plan(ctx, {.ranks = n, .rank = r, .tokens = kTokens, .causal = c.causal}, cu);
       const ops::AttentionForward f = context_parallel_attention_forward(ctx, comm, params, plan, q, k, v);
       const ops::AttentionGrads g =
           context_parallel_attention_backward(ctx, comm, params, plan, q, k, v, f.out, f.lse, dout);
@@ -199,8 +199,8 @@ TEST_P(ContextParallelAttentionTest, EqualsOneRankOverTheWholeBatchAndItsGraphEq
 
     std::vector<std::vector<std::uint8_t>> eager_bytes;
     for (const Tensor& t : eager) eager_bytes.push_back(raw_bytes(ctx, t));
-    auto graph = CapturedStep::capture(ctx, step,
-                                       {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
+    auto graph =
+        CapturedStep::capture(ctx, step, {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
     for (int replay = 0; replay < 2; ++replay) {
       graph->replay();
       for (std::size_t i = 0; i < eager.size(); ++i) {
@@ -244,8 +244,8 @@ TEST(ContextParallelAttentionErrorsTest, BadPlansAndBatchesAreClearErrors) {
         ops::context_parallel_plan(ctx, {.ranks = 2, .rank = comm.rank(), .tokens = 16, .causal = false}, cu16);
     EXPECT_ERROR_CONTAINS(context_parallel_attention_forward(ctx, comm, params, full, q, q, q),
                           "the plan is for non-causal attention", "params.causal is true");
-    const ops::ContextParallelPlan plan =
-        ops::context_parallel_plan(ctx, {.ranks = 2, .rank = comm.rank(), .tokens = 32}, int_tensor(ctx, "cu32", {0, 10, 32}));
+    const ops::ContextParallelPlan plan = ops::context_parallel_plan(
+        ctx, {.ranks = 2, .rank = comm.rank(), .tokens = 32}, int_tensor(ctx, "cu32", {0, 10, 32}));
     EXPECT_ERROR_CONTAINS(context_parallel_attention_forward(ctx, comm, params, plan, q, q, q),
                           "q must hold this rank's 16 of the plan's 32 tokens");
   });
@@ -270,7 +270,8 @@ TEST(ContextParallelAttentionCudaTest, OneNcclRankCapturedEqualsEagerAndSelfAtte
   const Tensor cu = int_tensor(ctx, "cu_seqlens", batch.cu);
   const ops::AttentionParams params = params_of(c);
   auto step = [&] {
-    const ops::ContextParallelPlan plan = ops::context_parallel_plan(ctx, {.ranks = 1, .rank = 0, .tokens = kTokens}, cu);
+    const ops::ContextParallelPlan plan =
+        ops::context_parallel_plan(ctx, {.ranks = 1, .rank = 0, .tokens = kTokens}, cu);
     const ops::AttentionForward f = context_parallel_attention_forward(ctx, *comm, params, plan, q, k, v);
     const ops::AttentionGrads g =
         context_parallel_attention_backward(ctx, *comm, params, plan, q, k, v, f.out, f.lse, dout);
@@ -288,8 +289,8 @@ TEST(ContextParallelAttentionCudaTest, OneNcclRankCapturedEqualsEagerAndSelfAtte
   testing::expect_close(got.dq, want.dq, "dq");
   testing::expect_close(got.dk, want.dk, "dk");
   testing::expect_close(got.dv, want.dv, "dv");
-  auto graph = CapturedStep::capture(ctx, step,
-                                     {.pool_report_policy = PoolReportPolicy::kError, .communicators = {comm.get()}});
+  auto graph =
+      CapturedStep::capture(ctx, step, {.pool_report_policy = PoolReportPolicy::kError, .communicators = {comm.get()}});
   for (int replay = 0; replay < 2; ++replay) {
     graph->replay();
     for (std::size_t i = 0; i < eager.size(); ++i) {

@@ -3,6 +3,8 @@
 // reorder puts a rank-major gathered tensor in stream order and back, in
 // any dtype and row width, eager and replayed; the plan op gives the host
 // plan; bad shapes and params are clear errors naming the operand.
+#include "ops/context_parallel_ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,7 +15,6 @@
 #include "graphs/captured_step.h"
 #include "kernels/context_parallel_plan.h"
 #include "ops/attention_ops.h"
-#include "ops/context_parallel_ops.h"
 #include "tests/support/expect_error.h"
 
 namespace stepgraph {

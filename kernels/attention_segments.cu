@@ -14,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_paths.h"
 #include "kernels/attention_warp.cuh"
+#include "kernels/safe_offsets.cuh"
 
 namespace stepgraph::kernels {
 namespace {
@@ -35,29 +36,16 @@ struct Segment {
   int k_end = 0;
 };
 
-__device__ __forceinline__ int clamp_to(int value, int low, int high) {
-  return value < low ? low : (value > high ? high : value);
-}
-
 // Segments s0 .. s0 + 31, one a lane, read safely: q_offsets as Note [Safe
 // cu_seqlens] reads cu_seqlens (q'[s + 1] = max(q'[s], clamp(q[s + 1])),
 // q'[G] = Tq), the kv ranges clamped. `carry` is q'[s0] in and q'[s0 + 32]
 // out. Lanes past the last segment get an empty one. Called by all 32 lanes.
 __device__ __forceinline__ Segment load_segments(const SegmentParams& p, const std::int32_t* q_offsets,
                                                  const std::int32_t* kv_ranges, int s0, int* carry) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int s = s0 + lane;
-  int end = p.q_tokens;
-  if (s + 1 < p.segments) end = clamp_to(q_offsets[s + 1], 0, p.q_tokens);
-  if (end < *carry) end = *carry;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int other = __shfl_up_sync(0xffffffffu, end, offset);
-    if (lane >= offset && other > end) end = other;
-  }
-  int begin = __shfl_up_sync(0xffffffffu, end, 1);
-  if (lane == 0) begin = *carry;
-  *carry = __shfl_sync(0xffffffffu, end, 31);
+  const int s = s0 + (static_cast<int>(threadIdx.x) & 31);
+  int begin = 0;
+  int end = 0;
+  warp_safe_ranges(q_offsets, p.segments, p.q_tokens, s0, carry, &begin, &end);
   Segment seg;
   if (s < p.segments) {
     seg.q_begin = begin;

@@ -10,6 +10,7 @@
 #include "engine/error.h"
 #include "kernels/context_parallel_plan.h"
 #include "kernels/packed_sequences.cuh"
+#include "kernels/safe_offsets.cuh"
 
 namespace stepgraph::kernels {
 namespace {
@@ -22,27 +23,14 @@ struct PlanParams {
   bool causal;
 };
 
-__device__ __forceinline__ int clamp_to(int value, int low, int high) {
-  return value < low ? low : (value > high ? high : value);
-}
-
 // Table entries of sequences s0 .. s0 + 31 (lane s0 + lane), and the q_offsets
 // entries they end. `carry` is c'[s0] in, c'[s0 + 32] out.
 __device__ void write_segments(const PlanParams& p, const std::int32_t* cu_seqlens, int s0, int* carry,
                                std::int32_t* q_offsets, std::int32_t* kv_ranges) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int s = s0 + lane;
-  int end = p.tokens;
-  if (s + 1 < p.sequences) end = clamp_to(cu_seqlens[s + 1], 0, p.tokens);
-  if (end < *carry) end = *carry;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int other = __shfl_up_sync(0xffffffffu, end, offset);
-    if (lane >= offset && other > end) end = other;
-  }
-  int begin = __shfl_up_sync(0xffffffffu, end, 1);
-  if (lane == 0) begin = *carry;
-  *carry = __shfl_sync(0xffffffffu, end, 31);
+  const int s = s0 + (static_cast<int>(threadIdx.x) & 31);
+  int begin = 0;
+  int end = 0;
+  warp_safe_ranges(cu_seqlens, p.sequences, p.tokens, s0, carry, &begin, &end);
   if (s >= p.sequences) return;
   const std::int64_t S = p.sequences;
 #pragma unroll

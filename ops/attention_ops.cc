@@ -320,8 +320,7 @@ std::vector<TensorMeta> check_segment_backward(const OpParams& params, std::span
   SG_CHECK(o.lse == (TensorMeta{Shape{p.heads, tq}, DType::kFloat32}), "op ", kSegmentBackward,
            ": lse must be fp32 [", p.heads, ", ", tq, "], got ", dtype_name(o.lse.dtype), " ", o.lse.shape);
   expect_heads(kSegmentBackward, "dout", o.dout, tq, p.heads, p.head_dim, d.attention.dtype);
-  // The delta scratch [H, Tq] (what segment_attention_backward_workspace_bytes gives, without its CUDA checks).
-  const std::int64_t scratch = (p.heads * tq * 4 + 255) / 256 * 64;
+  const auto scratch = static_cast<std::int64_t>((kernels::segment_attention_backward_workspace_bytes(d) + 3) / 4);
   return output_metas(p, AttentionBackwardOutputs<TensorMeta>{
                              .dq = o.q, .dk = o.k, .dv = o.v, .scratch = {Shape{scratch}, DType::kFloat32}});
 }

@@ -1,9 +1,10 @@
 // The CUDA kernels of kernels/rope.h: one thread per rotated pair (or
 // passed-through feature) of one token and a few of its heads; the
 // token's position comes from cu_seqlens on the device
-// (packed_sequences.cuh). A thread takes a pair of up to kMaxHeadsPerThread
-// heads and computes the position and angle once for them, with the float
-// operations of one thread per head, so the bits are the same: one thread
+// (packed_sequences.cuh), or from a positions table where one is given. A
+// thread takes a pair of up to kMaxHeadsPerThread heads and computes the
+// position and angle once for them, with the float operations of one
+// thread per head, so the bits are the same: one thread
 // per pair of every head spent its time recomputing them (benchmarks/
 // README.md, "The rotary split and merge").
 //
@@ -50,8 +51,9 @@ constexpr int kMaxHeadsPerThread = 8;
 constexpr std::int64_t kTargetThreads = 132 * 1024;
 
 template <typename T>
-__global__ void rope_heads_kernel(RopeShape s, const std::int32_t* cu_seqlens, const T* packed_in, T* packed_out,
-                                  const T* q_in, const T* k_in, const T* v_in, T* q_out, T* k_out, T* v_out) {
+__global__ void rope_heads_kernel(RopeShape s, const std::int32_t* cu_seqlens, const std::int32_t* positions,
+                                  const T* packed_in, T* packed_out, const T* q_in, const T* k_in, const T* v_in,
+                                  T* q_out, T* k_out, T* v_out) {
   const int width = s.heads + 2 * s.kv_heads;
   const int chunks = (width + s.heads_per_thread - 1) / s.heads_per_thread;
   const std::int64_t n = static_cast<std::int64_t>(s.tokens) * chunks * s.per_head;
@@ -65,7 +67,8 @@ __global__ void rope_heads_kernel(RopeShape s, const std::int32_t* cu_seqlens, c
     float sn = 0.0f, c = 1.0f;
     const bool rotated = j < s.half;
     if (rotated) {
-      const int position = t - sequence_start_of(cu_seqlens, s.sequences, s.tokens, t);
+      const int position =
+          positions != nullptr ? positions[t] : t - sequence_start_of(cu_seqlens, s.sequences, s.tokens, t);
       const float theta = rope_theta(j, 2 * s.half, s.log2_base);
       sincosf(static_cast<float>(position) * theta, &sn, &c);
       sn *= s.sign;
@@ -118,30 +121,31 @@ RopeShape shape_of(const RopeDesc& d, std::int64_t kv_heads, float sign, bool to
 }
 
 template <typename T>
-void launch_typed(const RopeShape& s, const std::int32_t* cu_seqlens, const void* packed_in, void* packed_out,
-                  const void* q_in, const void* k_in, const void* v_in, void* q_out, void* k_out, void* v_out,
-                  CUstream_st* stream) {
+void launch_typed(const RopeShape& s, const std::int32_t* cu_seqlens, const std::int32_t* positions,
+                  const void* packed_in, void* packed_out, const void* q_in, const void* k_in, const void* v_in,
+                  void* q_out, void* k_out, void* v_out, CUstream_st* stream) {
   const int chunks = (s.heads + 2 * s.kv_heads + s.heads_per_thread - 1) / s.heads_per_thread;
   const std::int64_t n = static_cast<std::int64_t>(s.tokens) * chunks * s.per_head;
   rope_heads_kernel<T><<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(
-      s, cu_seqlens, static_cast<const T*>(packed_in), static_cast<T*>(packed_out), static_cast<const T*>(q_in),
-      static_cast<const T*>(k_in), static_cast<const T*>(v_in), static_cast<T*>(q_out), static_cast<T*>(k_out),
-      static_cast<T*>(v_out));
+      s, cu_seqlens, positions, static_cast<const T*>(packed_in), static_cast<T*>(packed_out),
+      static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), static_cast<T*>(q_out),
+      static_cast<T*>(k_out), static_cast<T*>(v_out));
   SG_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch(DType dtype, const RopeShape& s, const std::int32_t* cu_seqlens, const void* packed_in,
-            void* packed_out, const void* q_in, const void* k_in, const void* v_in, void* q_out, void* k_out,
-            void* v_out, CUstream_st* stream) {
+void launch(DType dtype, const RopeShape& s, const std::int32_t* cu_seqlens, const std::int32_t* positions,
+            const void* packed_in, void* packed_out, const void* q_in, const void* k_in, const void* v_in, void* q_out,
+            void* k_out, void* v_out, CUstream_st* stream) {
   switch (dtype) {
     case DType::kFloat32:
-      return launch_typed<float>(s, cu_seqlens, packed_in, packed_out, q_in, k_in, v_in, q_out, k_out, v_out, stream);
+      return launch_typed<float>(s, cu_seqlens, positions, packed_in, packed_out, q_in, k_in, v_in, q_out, k_out, v_out,
+                                 stream);
     case DType::kBFloat16:
-      return launch_typed<__nv_bfloat16>(s, cu_seqlens, packed_in, packed_out, q_in, k_in, v_in, q_out, k_out, v_out,
-                                         stream);
+      return launch_typed<__nv_bfloat16>(s, cu_seqlens, positions, packed_in, packed_out, q_in, k_in, v_in, q_out,
+                                         k_out, v_out, stream);
     case DType::kFloat16:
-      return launch_typed<__half>(s, cu_seqlens, packed_in, packed_out, q_in, k_in, v_in, q_out, k_out, v_out,
-                                  stream);
+      return launch_typed<__half>(s, cu_seqlens, positions, packed_in, packed_out, q_in, k_in, v_in, q_out, k_out,
+                                  v_out, stream);
     default:
       SG_THROW(ErrorCode::kInvalidArgument, "rope: unsupported dtype ", dtype_name(dtype));
   }
@@ -152,30 +156,44 @@ void launch(DType dtype, const RopeShape& s, const std::int32_t* cu_seqlens, con
 void launch_rope_forward(const RopeDesc& desc, const void* x, const std::int32_t* cu_seqlens, void* out,
                          CUstream_st* stream) {
   check_rope(desc);
-  launch(desc.dtype, shape_of(desc, 0, 1.0f, false), cu_seqlens, x, nullptr, nullptr, nullptr, nullptr, out,
+  launch(desc.dtype, shape_of(desc, 0, 1.0f, false), cu_seqlens, nullptr, x, nullptr, nullptr, nullptr, nullptr, out,
          nullptr, nullptr, stream);
 }
 
 void launch_rope_backward(const RopeDesc& desc, const void* dy, const std::int32_t* cu_seqlens, void* dx,
                           CUstream_st* stream) {
   check_rope(desc);
-  launch(desc.dtype, shape_of(desc, 0, -1.0f, false), cu_seqlens, dy, nullptr, nullptr, nullptr, nullptr, dx,
+  launch(desc.dtype, shape_of(desc, 0, -1.0f, false), cu_seqlens, nullptr, dy, nullptr, nullptr, nullptr, nullptr, dx,
          nullptr, nullptr, stream);
 }
 
 void launch_qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv,
                            const std::int32_t* cu_seqlens, void* q, void* k, void* v, CUstream_st* stream) {
   check_qkv_rope(desc, kv_heads);
-  launch(desc.dtype, shape_of(desc, kv_heads, 1.0f, false), cu_seqlens, qkv, nullptr, nullptr, nullptr, nullptr, q,
-         k, v, stream);
+  launch(desc.dtype, shape_of(desc, kv_heads, 1.0f, false), cu_seqlens, nullptr, qkv, nullptr, nullptr, nullptr,
+         nullptr, q, k, v, stream);
 }
 
 void launch_qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
                                     const void* dv, const std::int32_t* cu_seqlens, void* dqkv,
                                     CUstream_st* stream) {
   check_qkv_rope(desc, kv_heads);
-  launch(desc.dtype, shape_of(desc, kv_heads, -1.0f, true), cu_seqlens, nullptr, dqkv, dq, dk, dv, nullptr, nullptr,
-         nullptr, stream);
+  launch(desc.dtype, shape_of(desc, kv_heads, -1.0f, true), cu_seqlens, nullptr, nullptr, dqkv, dq, dk, dv, nullptr,
+         nullptr, nullptr, stream);
+}
+
+void launch_qkv_split_rope_at(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv,
+                              const std::int32_t* positions, void* q, void* k, void* v, CUstream_st* stream) {
+  check_qkv_rope(desc, kv_heads);
+  launch(desc.dtype, shape_of(desc, kv_heads, 1.0f, false), nullptr, positions, qkv, nullptr, nullptr, nullptr, nullptr,
+         q, k, v, stream);
+}
+
+void launch_qkv_merge_rope_backward_at(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
+                                       const void* dv, const std::int32_t* positions, void* dqkv, CUstream_st* stream) {
+  check_qkv_rope(desc, kv_heads);
+  launch(desc.dtype, shape_of(desc, kv_heads, -1.0f, true), nullptr, positions, nullptr, dqkv, dq, dk, dv, nullptr,
+         nullptr, nullptr, stream);
 }
 
 }  // namespace stepgraph::kernels

@@ -55,12 +55,27 @@ void launch_qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const vo
 void launch_qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
                                     const void* dv, const std::int32_t* cu_seqlens, void* dqkv, CUstream_st* stream);
 
+// The same with each token's position given (positions int32 [T], device
+// memory; e.g. a context-parallel rank's, kernels/context_parallel_plan.h)
+// instead of derived from cu_seqlens; desc.sequences is not read. With the
+// positions cu_seqlens gives, the bits are the cu_seqlens entry points'.
+void launch_qkv_split_rope_at(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv,
+                              const std::int32_t* positions, void* q, void* k, void* v, CUstream_st* stream);
+void launch_qkv_merge_rope_backward_at(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
+                                       const void* dv, const std::int32_t* positions, void* dqkv, CUstream_st* stream);
+
 namespace host {
 
 void qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv, const std::int32_t* cu_seqlens,
                     void* q, void* k, void* v);
 void qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
                              const void* dv, const std::int32_t* cu_seqlens, void* dqkv);
+
+// The positions variants (host memory; any int32 positions).
+void qkv_split_rope_at(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv, const std::int32_t* positions,
+                       void* q, void* k, void* v);
+void qkv_merge_rope_backward_at(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
+                                const void* dv, const std::int32_t* positions, void* dqkv);
 
 // out = rope(x); dx = the inverse rotation of dy. Host memory; cu_seqlens as
 // kernels::host::check_cu_seqlens requires (an Error otherwise).

@@ -106,10 +106,10 @@ void rope_backward(const RopeDesc& desc, const void* dy, const std::int32_t* cu_
   rotate(desc, dy, cu_seqlens, dx, -1.0f);
 }
 
-void qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv, const std::int32_t* cu_seqlens,
-                    void* q, void* k, void* v) {
-  check_qkv_rope(desc, kv_heads);
-  const std::vector<float> position = positions(desc, cu_seqlens);
+namespace {
+
+void split_at(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv, const std::vector<float>& position, void* q,
+              void* k, void* v) {
   for_each_qkv_head(desc, kv_heads, [&](int part, std::int64_t t, std::int64_t packed_at, std::int64_t at) {
     if (part == 2) {
       copy_head(desc, qkv, packed_at, v, at);
@@ -119,10 +119,8 @@ void qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv
   });
 }
 
-void qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
-                             const void* dv, const std::int32_t* cu_seqlens, void* dqkv) {
-  check_qkv_rope(desc, kv_heads);
-  const std::vector<float> position = positions(desc, cu_seqlens);
+void merge_at(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk, const void* dv,
+              const std::vector<float>& position, void* dqkv) {
   for_each_qkv_head(desc, kv_heads, [&](int part, std::int64_t t, std::int64_t packed_at, std::int64_t at) {
     if (part == 2) {
       copy_head(desc, dv, at, dqkv, packed_at);
@@ -130,6 +128,38 @@ void qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const 
       rotate_head(desc, part == 0 ? dq : dk, at, dqkv, packed_at, position[t], -1.0f);
     }
   });
+}
+
+std::vector<float> given_positions(const RopeDesc& desc, const std::int32_t* positions) {
+  std::vector<float> out(static_cast<std::size_t>(desc.tokens));
+  for (std::int64_t t = 0; t < desc.tokens; ++t) out[t] = static_cast<float>(positions[t]);
+  return out;
+}
+
+}  // namespace
+
+void qkv_split_rope(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv, const std::int32_t* cu_seqlens,
+                    void* q, void* k, void* v) {
+  check_qkv_rope(desc, kv_heads);
+  split_at(desc, kv_heads, qkv, positions(desc, cu_seqlens), q, k, v);
+}
+
+void qkv_merge_rope_backward(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
+                             const void* dv, const std::int32_t* cu_seqlens, void* dqkv) {
+  check_qkv_rope(desc, kv_heads);
+  merge_at(desc, kv_heads, dq, dk, dv, positions(desc, cu_seqlens), dqkv);
+}
+
+void qkv_split_rope_at(const RopeDesc& desc, std::int64_t kv_heads, const void* qkv, const std::int32_t* positions,
+                       void* q, void* k, void* v) {
+  check_qkv_rope(desc, kv_heads);
+  split_at(desc, kv_heads, qkv, given_positions(desc, positions), q, k, v);
+}
+
+void qkv_merge_rope_backward_at(const RopeDesc& desc, std::int64_t kv_heads, const void* dq, const void* dk,
+                                const void* dv, const std::int32_t* positions, void* dqkv) {
+  check_qkv_rope(desc, kv_heads);
+  merge_at(desc, kv_heads, dq, dk, dv, given_positions(desc, positions), dqkv);
 }
 
 }  // namespace host

@@ -92,6 +92,33 @@ void visit_operands(const RopeParams&, QkvMergeOperands<F>& o, V& v) {
   v({"cu_seqlens"}, o.cu_seqlens);
 }
 
+// The rotation at given positions (int32 [tokens]) instead of cu_seqlens'.
+template <typename F>
+struct QkvSplitAtOperands {
+  F qkv;
+  F positions;  // int32 [tokens]
+};
+
+template <typename F, typename V>
+void visit_operands(const RopeParams&, QkvSplitAtOperands<F>& o, V& v) {
+  v({"qkv"}, o.qkv);
+  v({"positions"}, o.positions);
+}
+
+template <typename F>
+struct QkvMergeAtOperands {
+  F dq, dk, dv;
+  F positions;
+};
+
+template <typename F, typename V>
+void visit_operands(const RopeParams&, QkvMergeAtOperands<F>& o, V& v) {
+  v({"dq"}, o.dq);
+  v({"dk"}, o.dk);
+  v({"dv"}, o.dv);
+  v({"positions"}, o.positions);
+}
+
 template <typename F>
 struct AttentionForwardOperands {
   F q, k, v;
@@ -206,6 +233,8 @@ void visit_operands(const AttentionParams&, SegmentAttentionBackwardOperands<F>&
 
 constexpr std::string_view kSplit = "qkv_split_rope";
 constexpr std::string_view kMerge = "qkv_merge_rope_backward";
+constexpr std::string_view kSplitAt = "qkv_split_rope_at";
+constexpr std::string_view kMergeAt = "qkv_merge_rope_backward_at";
 constexpr std::string_view kForward = "attention_forward";
 constexpr std::string_view kBackward = "attention_backward";
 constexpr std::string_view kSegmentForward = "segment_attention_forward";
@@ -239,6 +268,42 @@ std::vector<TensorMeta> check_merge(const OpParams& params, std::span<const Tens
   expect_heads(kMerge, "dq", o.dq, tokens, p.heads, p.head_dim, dtype);
   expect_heads(kMerge, "dk", o.dk, tokens, p.kv_heads, p.head_dim, dtype);
   expect_heads(kMerge, "dv", o.dv, tokens, p.kv_heads, p.head_dim, dtype);
+  return {{Shape{tokens, (p.heads + 2 * p.kv_heads) * p.head_dim}, dtype}};
+}
+
+// positions int32 [tokens].
+void check_positions(std::string_view op, const TensorMeta& positions, std::int64_t tokens) {
+  SG_CHECK(positions.dtype == DType::kInt32 && positions.shape == (Shape{tokens}), "op ", op,
+           ": positions must be int32 [", tokens, " tokens] (each token's rotary position), got ",
+           dtype_name(positions.dtype), " ", positions.shape);
+}
+
+std::vector<TensorMeta> check_split_at(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const auto& p = params.as<RopeParams>();
+  const auto o = bind_metas<QkvSplitAtOperands>(kSplitAt, p, inputs);
+  SG_CHECK(o.qkv.shape.rank() == 2, "op ", kSplitAt, ": qkv must be [tokens, (heads + 2 kv_heads) * head_dim], got ",
+           o.qkv.shape);
+  const std::int64_t tokens = o.qkv.shape.dim(0);
+  const DType dtype = o.qkv.dtype;
+  kernels::check_qkv_rope(describe(p, dtype, tokens, 1), p.kv_heads);
+  expect_heads(kSplitAt, "qkv", o.qkv, tokens, p.heads + 2 * p.kv_heads, p.head_dim, dtype);
+  check_positions(kSplitAt, o.positions, tokens);
+  return output_metas(p, QkvSplitOutputs<TensorMeta>{.q = {Shape{tokens, p.heads * p.head_dim}, dtype},
+                                                     .k = {Shape{tokens, p.kv_heads * p.head_dim}, dtype},
+                                                     .v = {Shape{tokens, p.kv_heads * p.head_dim}, dtype}});
+}
+
+std::vector<TensorMeta> check_merge_at(const OpParams& params, std::span<const TensorMeta> inputs) {
+  const auto& p = params.as<RopeParams>();
+  const auto o = bind_metas<QkvMergeAtOperands>(kMergeAt, p, inputs);
+  SG_CHECK(o.dq.shape.rank() == 2, "op ", kMergeAt, ": dq must be [tokens, heads * head_dim], got ", o.dq.shape);
+  const std::int64_t tokens = o.dq.shape.dim(0);
+  const DType dtype = o.dq.dtype;
+  kernels::check_qkv_rope(describe(p, dtype, tokens, 1), p.kv_heads);
+  expect_heads(kMergeAt, "dq", o.dq, tokens, p.heads, p.head_dim, dtype);
+  expect_heads(kMergeAt, "dk", o.dk, tokens, p.kv_heads, p.head_dim, dtype);
+  expect_heads(kMergeAt, "dv", o.dv, tokens, p.kv_heads, p.head_dim, dtype);
+  check_positions(kMergeAt, o.positions, tokens);
   return {{Shape{tokens, (p.heads + 2 * p.kv_heads) * p.head_dim}, dtype}};
 }
 
@@ -394,6 +459,58 @@ const OpDef& qkv_merge_rope_backward_op() {
 }
 SG_REGISTER_OP(qkv_merge_rope_backward_op);
 
+const OpDef& qkv_split_rope_at_op() {
+  static const OpDef op{
+      .name = kSplitAt,
+      .check = check_split_at,
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const auto& p = params.as<RopeParams>();
+            const auto o = bind_args<QkvSplitAtOperands>(p, a);
+            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
+            kernels::launch_qkv_split_rope_at(describe(p, o.qkv.dtype(), o.qkv.shape().dim(0), 1), p.kv_heads,
+                                              o.qkv.data, o.positions.as<const std::int32_t>(), out.q.data, out.k.data,
+                                              out.v.data, stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<RopeParams>();
+            const auto o = bind_args<QkvSplitAtOperands>(p, a);
+            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
+            kernels::host::qkv_split_rope_at(describe(p, o.qkv.dtype(), o.qkv.shape().dim(0), 1), p.kv_heads,
+                                             o.qkv.data, o.positions.as<const std::int32_t>(), out.q.data, out.k.data,
+                                             out.v.data);
+          },
+  };
+  return op;
+}
+SG_REGISTER_OP(qkv_split_rope_at_op);
+
+const OpDef& qkv_merge_rope_backward_at_op() {
+  static const OpDef op{
+      .name = kMergeAt,
+      .check = check_merge_at,
+      .launch_cuda =
+          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+            const auto& p = params.as<RopeParams>();
+            const auto o = bind_args<QkvMergeAtOperands>(p, a);
+            kernels::launch_qkv_merge_rope_backward_at(describe(p, o.dq.dtype(), o.dq.shape().dim(0), 1), p.kv_heads,
+                                                       o.dq.data, o.dk.data, o.dv.data,
+                                                       o.positions.as<const std::int32_t>(), a.outputs[0], stream);
+          },
+      .run_host =
+          [](const OpParams& params, const KernelArgs& a) {
+            const auto& p = params.as<RopeParams>();
+            const auto o = bind_args<QkvMergeAtOperands>(p, a);
+            kernels::host::qkv_merge_rope_backward_at(describe(p, o.dq.dtype(), o.dq.shape().dim(0), 1), p.kv_heads,
+                                                      o.dq.data, o.dk.data, o.dv.data,
+                                                      o.positions.as<const std::int32_t>(), a.outputs[0]);
+          },
+  };
+  return op;
+}
+SG_REGISTER_OP(qkv_merge_rope_backward_at_op);
+
 const OpDef& attention_forward_op() {
   static const OpDef op{
       .name = kForward,
@@ -538,6 +655,21 @@ Tensor qkv_merge_rope_backward(Context& ctx, const RopeParams& params, const Ten
   return ctx
       .call(qkv_merge_rope_backward_op(), params,
             flatten(kMerge, params, QkvMergeOperands<Tensor>{dq, dk, dv, cu_seqlens}))
+      .at(0);
+}
+
+QkvSplit qkv_split_rope_at(Context& ctx, const RopeParams& params, const Tensor& qkv, const Tensor& positions) {
+  const auto out = bind_results<QkvSplitOutputs>(
+      params,
+      ctx.call(qkv_split_rope_at_op(), params, flatten(kSplitAt, params, QkvSplitAtOperands<Tensor>{qkv, positions})));
+  return {.q = out.q, .k = out.k, .v = out.v};
+}
+
+Tensor qkv_merge_rope_backward_at(Context& ctx, const RopeParams& params, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv, const Tensor& positions) {
+  return ctx
+      .call(qkv_merge_rope_backward_at_op(), params,
+            flatten(kMergeAt, params, QkvMergeAtOperands<Tensor>{dq, dk, dv, positions}))
       .at(0);
 }
 

@@ -75,6 +75,12 @@ struct AttentionGrads {
 QkvSplit qkv_split_rope(Context& ctx, const RopeParams& params, const Tensor& qkv, const Tensor& cu_seqlens);
 Tensor qkv_merge_rope_backward(Context& ctx, const RopeParams& params, const Tensor& dq, const Tensor& dk,
                                const Tensor& dv, const Tensor& cu_seqlens);
+// The same at given rotary positions, int32 [T] (a context-parallel rank's
+// tokens: ContextParallelPlan::positions) instead of cu_seqlens'; other ops
+// (other keys), the same kernels.
+QkvSplit qkv_split_rope_at(Context& ctx, const RopeParams& params, const Tensor& qkv, const Tensor& positions);
+Tensor qkv_merge_rope_backward_at(Context& ctx, const RopeParams& params, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv, const Tensor& positions);
 AttentionForward attention_forward(Context& ctx, const AttentionParams& params, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const Tensor& cu_seqlens);
 AttentionGrads attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q, const Tensor& k,
@@ -92,6 +98,10 @@ AttentionGrads segment_attention_backward(Context& ctx, const AttentionParams& p
 const OpDef& qkv_split_rope_op();
 // dq, dk, dv, cu_seqlens -> dqkv
 const OpDef& qkv_merge_rope_backward_op();
+// qkv, positions -> q, k, v
+const OpDef& qkv_split_rope_at_op();
+// dq, dk, dv, positions -> dqkv
+const OpDef& qkv_merge_rope_backward_at_op();
 // q, k, v, cu_seqlens -> out, lse
 const OpDef& attention_forward_op();
 // q, k, v, out, lse, dout, cu_seqlens -> dq, dk, dv, workspace (uint8 scratch)

@@ -7,8 +7,11 @@ namespace stepgraph {
 namespace {
 
 // Checked before any member is built, so a bad config creates no parameter.
-const LanguageModelConfig& checked(const LanguageModelConfig& config) {
+const LanguageModelConfig& checked(const LanguageModelConfig& config, const Communicator* context_parallel) {
   SG_CHECK(config.context > 0, "LanguageModel: context must be > 0, got ", config.context);
+  SG_CHECK_CODE(context_parallel == nullptr || config.sequence_model(), ErrorCode::kUnsupported,
+                "LanguageModel: context parallelism splits a sequence model's sequences, but this is a window "
+                "model (heads = 0); give heads > 0, or leave context parallelism out");
   if (config.sequence_model()) return config;  // the embedding is hidden wide; the blocks check the rest
   SG_CHECK(config.model.hidden > 0 && config.model.hidden % config.context == 0, "LanguageModel: hidden (",
            config.model.hidden, ") must be a positive multiple of context (", config.context,
@@ -18,13 +21,15 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config) {
 
 }  // namespace
 
-LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel)
-    : config_(checked(config)),
+LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel,
+                             Communicator* context_parallel)
+    : config_(checked(config, context_parallel)),
       tp_(tensor_parallel),
-      embedding_(ctx, "embedding",
-                 EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
-                 config.model.seed + 104729, tensor_parallel),
-      stack_(ctx, config.model, tensor_parallel) {}
+      embedding_(
+          ctx, "embedding",
+          EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
+          config.model.seed + 104729, tensor_parallel),
+      stack_(ctx, config.model, tensor_parallel, context_parallel) {}
 
 std::vector<Parameter*> LanguageModel::parameters() {
   std::vector<Parameter*> out = embedding_.parameters();

@@ -69,7 +69,11 @@ class LanguageModel {
   // each rank holds its 1/N of the rows, and the embedding is
   // vocabulary-parallel over it (Note [Vocabulary-parallel embedding]; vocab
   // must divide by N), in either form.
-  LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr);
+  // `context_parallel`: the stack's (Note [Context-parallel ResidualStack]),
+  // a sequence model's only; each rank holds its zig-zag tokens and the
+  // embedding runs on them as it is.
+  LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr,
+                Communicator* context_parallel = nullptr);
 
   // Window model: tokens int32 [batch, context]. Sequence model: tokens
   // int32 [T, 1] and cu_seqlens int32 [sequences + 1], the packing

@@ -4,6 +4,7 @@
 
 #include "engine/error.h"
 #include "engine/half_precision.h"
+#include "layers/context_parallel_attention.h"
 #include "layers/layer_checks.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
@@ -79,10 +80,12 @@ LinearConfig projection_config(const MultiheadAttentionConfig& c, bool qkv, bool
 }  // namespace
 
 MultiheadAttention::MultiheadAttention(Context& ctx, const std::string& name, const MultiheadAttentionConfig& config,
-                                       std::uint32_t seed, Communicator* tensor_parallel)
+                                       std::uint32_t seed, Communicator* tensor_parallel,
+                                       Communicator* context_parallel)
     : label_(layer_label("MultiheadAttention", name)),
       config_(resolved(ctx, label_, config, tensor_parallel)),
       tp_(tensor_parallel),
+      cp_(context_parallel),
       kv_copies_(kv_copies_of(config_, tp_)),
       qkv_(ctx, name + ".qkv",
            LayerNormLinearConfig{.norm = config_.norm,
@@ -90,6 +93,7 @@ MultiheadAttention::MultiheadAttention(Context& ctx, const std::string& name, co
                                  .linear = projection_config(config_, true, tp_ != nullptr, kv_copies_)},
            seed, tp_),
       proj_(ctx, name + ".proj", projection_config(config_, false, tp_ != nullptr, kv_copies_), seed + 1, tp_) {
+  if (cp_ != nullptr) cp_->check_device(ctx.device(), label_ + " (context parallel)");
   if (kv_copies_ > 1) {
     // sum_over_copies' [D, D] identity, in the layer's dtype.
     const std::int64_t d = config_.head_dim;
@@ -130,11 +134,21 @@ std::vector<Parameter*> MultiheadAttention::parameters() {
 MultiheadAttention::Forward MultiheadAttention::forward(Context& ctx, const FwdArgs& args) const {
   check_input(label_, "forward", "x", args.x, {"tokens", config_.hidden}, config_.dtype);
   check_input(label_, "forward", "cu_seqlens", args.cu_seqlens, {"sequences + 1"}, DType::kInt32);
-  // Sequence-parallel: QKV all-gathers the normed shards, so q, k, v hold every token.
+  SG_CHECK(args.plan.has_value() == (cp_ != nullptr), label_, " forward: ",
+           cp_ != nullptr ? "the layer is context-parallel over " + cp_->describe() +
+                                " but args.plan is empty; make the rank's plan once per step with "
+                                "ops::context_parallel_plan from the global cu_seqlens and pass it"
+                          : std::string("args.plan is given but the layer has no context-parallel communicator; "
+                                        "build it with one, or leave args.plan empty"));
+  // Sequence-parallel: QKV all-gathers the normed shards, so q, k, v hold
+  // every token (of this context-parallel rank).
   const LayerNormLinear::Forward qkv = qkv_.forward(ctx, {args.x});
-  const ops::QkvSplit split = ops::qkv_split_rope(ctx, rope_params(), qkv.y, args.cu_seqlens);
+  const ops::QkvSplit split = cp_ != nullptr ? ops::qkv_split_rope_at(ctx, rope_params(), qkv.y, args.plan->positions)
+                                             : ops::qkv_split_rope(ctx, rope_params(), qkv.y, args.cu_seqlens);
   const ops::AttentionForward attended =
-      ops::attention_forward(ctx, attention_params(), split.q, split.k, split.v, args.cu_seqlens);
+      cp_ != nullptr
+          ? context_parallel_attention_forward(ctx, *cp_, attention_params(), *args.plan, split.q, split.k, split.v)
+          : ops::attention_forward(ctx, attention_params(), split.q, split.k, split.v, args.cu_seqlens);
   const Linear::Forward projected = proj_.forward(ctx, {attended.out});
   return {projected.y, Saved{.qkv = qkv.saved,
                              .q = split.q,
@@ -143,6 +157,7 @@ MultiheadAttention::Forward MultiheadAttention::forward(Context& ctx, const FwdA
                              .out = attended.out,
                              .lse = attended.lse,
                              .cu_seqlens = args.cu_seqlens,
+                             .plan = args.plan,
                              .proj = projected.saved}};
 }
 
@@ -151,20 +166,31 @@ Tensor MultiheadAttention::backward(Context& ctx, const Saved& saved, const BwdA
   const std::int64_t tokens = all_tokens(args.dy.shape().dim(0));
   check_input(label_, "backward", "saved.out", saved.out, {tokens, local_heads() * config_.head_dim}, config_.dtype,
               "the forward's attention output");
+  SG_CHECK(
+      saved.plan.has_value() == (cp_ != nullptr), label_, " backward: saved.plan ",
+      cp_ != nullptr ? "is empty but the layer is context-parallel" : "is set but the layer is not context-parallel",
+      "; pass the Saved of this layer's forward");
   const Tensor d_out = proj_.backward(ctx, saved.proj, {args.dy});
-  const ops::AttentionGrads grads = ops::attention_backward(ctx, attention_params(), saved.q, saved.k, saved.v,
-                                                            saved.out, saved.lse, d_out, saved.cu_seqlens);
-  const Tensor d_qkv = ops::qkv_merge_rope_backward(ctx, rope_params(), grads.dq, grads.dk, grads.dv,
-                                                    saved.cu_seqlens);
+  const ops::AttentionGrads grads =
+      cp_ != nullptr ? context_parallel_attention_backward(ctx, *cp_, attention_params(), *saved.plan, saved.q, saved.k,
+                                                           saved.v, saved.out, saved.lse, d_out)
+                     : ops::attention_backward(ctx, attention_params(), saved.q, saved.k, saved.v, saved.out, saved.lse,
+                                               d_out, saved.cu_seqlens);
+  const Tensor d_qkv = merge_rope(ctx, saved, grads.dq, grads.dk, grads.dv);
   if (kv_copies_ == 1) return qkv_.backward(ctx, saved.qkv, {d_qkv, args.dx_residual});
   // Copies of a kv head: dx takes each rank's own part of dk and dv (the
   // column-parallel sum adds them), the weight gradients the parts of every
   // rank holding the copy, so the copies' gradients, and the copies after
   // AdamW, stay equal (Note [Tensor-parallel attention]).
   const Tensor d_qkv_weights =
-      ops::qkv_merge_rope_backward(ctx, rope_params(), grads.dq, sum_over_copies(ctx, grads.dk),
-                                   sum_over_copies(ctx, grads.dv), saved.cu_seqlens);
+      merge_rope(ctx, saved, grads.dq, sum_over_copies(ctx, grads.dk), sum_over_copies(ctx, grads.dv));
   return qkv_.backward(ctx, saved.qkv, {.dy = d_qkv, .dx_residual = args.dx_residual, .dy_weights = d_qkv_weights});
+}
+
+Tensor MultiheadAttention::merge_rope(Context& ctx, const Saved& saved, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv) const {
+  if (saved.plan) return ops::qkv_merge_rope_backward_at(ctx, rope_params(), dq, dk, dv, saved.plan->positions);
+  return ops::qkv_merge_rope_backward(ctx, rope_params(), dq, dk, dv, saved.cu_seqlens);
 }
 
 Tensor MultiheadAttention::sum_over_copies(Context& ctx, const Tensor& part) const {

@@ -66,6 +66,23 @@
 // max-all-reduced (Note [FP8 Linear]); their overlaps must be none or bulk.
 // N ranks compute what one computes, up to the fp32 order of the
 // projection's partial sums and of QKV's data-gradient sums.
+//
+// Note [Context-parallel attention layer]
+// With a context-parallel communicator of M ranks each rank holds T/M of
+// the global batch's T tokens in the zig-zag layout (Note [Context-parallel
+// token layout] in kernels/context_parallel_plan.h): x and y are its rows
+// (under TP with sequence parallelism its TP rank's shard of them, the TP
+// collectives acting within the CP rank's T/M tokens). cu_seqlens is the
+// packing of all T, and FwdArgs::plan the rank's plan of it, made once per
+// step by the caller (ResidualStack) with ops::context_parallel_plan, not
+// once per layer. QKV and the projection are as without CP (every parameter
+// is replicated over the CP ranks, each seeing its own tokens); the rotary
+// embedding rotates each token at its position in its sequence (the plan's
+// positions, qkv_split_rope_at) and attention is context-parallel (Note
+// [Context-parallel attention by all-gather]): queries local, K/V gathered,
+// dK/dV reduce-scattered back. The parameter gradients are this rank's
+// tokens' only: the caller sums them over the CP ranks (as over data-
+// parallel ones: TrainStep's gradient group is data x context parallel).
 #pragma once
 
 #include <cstdint>
@@ -73,13 +90,14 @@
 #include <string>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/fp8_recipe.h"
-#include "engine/communicator.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/layernorm_linear.h"
 #include "layers/linear.h"
 #include "ops/attention_ops.h"
+#include "ops/context_parallel_ops.h"
 
 namespace stepgraph {
 
@@ -110,6 +128,9 @@ class MultiheadAttention {
   struct FwdArgs {
     Tensor x;           // [T, hidden] (sequence-parallel: this rank's [T/N, hidden])
     Tensor cu_seqlens;  // int32 [S + 1], over all T tokens
+    // Context-parallel only (and then required): this rank's plan of
+    // cu_seqlens (Note [Context-parallel attention layer]).
+    std::optional<ops::ContextParallelPlan> plan;
   };
   struct Saved {
     LayerNormLinear::Saved qkv;
@@ -118,6 +139,7 @@ class MultiheadAttention {
     Tensor out;      // attention's output [T, H/N D] (also the projection's saved input)
     Tensor lse;      // fp32 [H/N, T]
     Tensor cu_seqlens;
+    std::optional<ops::ContextParallelPlan> plan;  // context-parallel: the forward's
     Linear::Saved proj;
   };
   struct Forward {
@@ -132,9 +154,11 @@ class MultiheadAttention {
   };
 
   // `tensor_parallel`: the group the heads are split across (Note
-  // [Tensor-parallel attention]); null is the plain layer.
-  MultiheadAttention(Context& ctx, const std::string& name, const MultiheadAttentionConfig& config,
-                     std::uint32_t seed, Communicator* tensor_parallel = nullptr);
+  // [Tensor-parallel attention]); `context_parallel`: the group the tokens
+  // are split across (Note [Context-parallel attention layer]); null is
+  // the plain layer.
+  MultiheadAttention(Context& ctx, const std::string& name, const MultiheadAttentionConfig& config, std::uint32_t seed,
+                     Communicator* tensor_parallel = nullptr, Communicator* context_parallel = nullptr);
 
   Forward forward(Context& ctx, const FwdArgs& args) const;
   // dx; writes every parameter gradient.
@@ -142,6 +166,7 @@ class MultiheadAttention {
 
   const MultiheadAttentionConfig& config() const { return config_; }
   Communicator* tensor_parallel() const { return tp_; }
+  Communicator* context_parallel() const { return cp_; }
   // This rank's query and key/value heads (all of them without a communicator).
   std::int64_t local_heads() const { return config_.heads / ranks(); }
   std::int64_t local_kv_heads() const { return config_.kv_heads * kv_copies_ / ranks(); }
@@ -159,10 +184,13 @@ class MultiheadAttention {
   // The sum of `part` (this rank's gradient of its kv head copy, [T, D]) over
   // the ranks holding the same copy.
   Tensor sum_over_copies(Context& ctx, const Tensor& part) const;
+  // dqkv from dq, dk, dv: rotated back at cu_seqlens' positions, or the plan's.
+  Tensor merge_rope(Context& ctx, const Saved& saved, const Tensor& dq, const Tensor& dk, const Tensor& dv) const;
 
   std::string label_;
   MultiheadAttentionConfig config_;
   Communicator* tp_ = nullptr;
+  Communicator* cp_ = nullptr;
   std::int64_t kv_copies_ = 1;  // ranks holding each kv head (Note [Tensor-parallel attention])
   Tensor identity_;             // [D, D], with copies: see sum_over_copies
   LayerNormLinear qkv_;

@@ -21,8 +21,9 @@ std::optional<std::string> ResidualStack::tensor_parallel_gap(const ResidualStac
   return std::nullopt;
 }
 
-ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel)
-    : config_(config), tp_(tensor_parallel) {
+ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel,
+                             Communicator* context_parallel)
+    : config_(config), tp_(tensor_parallel), cp_(context_parallel) {
   SG_CHECK(config.layers >= 0 && config.vocab > 0, "ResidualStack: layers must be >= 0 and vocab > 0, got ",
            config.layers, " and ", config.vocab);
   // The loss reads the logits in 16-byte vectors (kernels/cross_entropy):
@@ -49,6 +50,17 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     SG_CHECK_CODE(!gap, ErrorCode::kUnsupported, "ResidualStack: ", gap.value_or(""),
                   " is not supported with tensor parallelism yet; use data parallelism, or leave it out");
   }
+  if (context_parallel != nullptr) {
+    context_parallel->check_device(ctx.device(), "ResidualStack (context parallel)");
+    SG_CHECK_CODE(config.heads > 0, ErrorCode::kUnsupported, "ResidualStack: context parallelism over ",
+                  context_parallel->describe(),
+                  " splits attention's sequences, but heads is 0 (no attention); "
+                  "give heads > 0, or use data parallelism");
+    SG_CHECK_CODE(config.experts == 0 && config.dropout == 0.0f, ErrorCode::kUnsupported, "ResidualStack: experts (",
+                  config.experts, ") and dropout (", config.dropout,
+                  ") are not supported with context parallelism yet; set both to 0, or leave context "
+                  "parallelism out");
+  }
   if (config.dropout > 0.0f) {
     rng_ = ctx.persistent("rng.state", {Shape{2}, DType::kInt64});
     // The seed spread over 64 bits (the golden-ratio multiplier; unsigned, so it wraps), as the key's bits.
@@ -61,19 +73,18 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     const std::uint32_t seed = config.seed + 16 * static_cast<std::uint32_t>(i);
     Block block;
     if (config.heads > 0) {
-      block.attention = std::make_unique<MultiheadAttention>(
-          ctx, name + ".attention",
-          MultiheadAttentionConfig{.hidden = config.hidden,
-                                   .heads = config.heads,
-                                   .kv_heads = config.kv_heads,
-                                   .norm = config.norm,
-                                   .eps = config.eps,
-                                   .dtype = config.dtype,
-                                   .rope_base = config.rope_base,
-                                   .fp8 = config.fp8,
-                                   .sequence_parallel = true,
-                                   .overlap = config.overlap},
-          seed + 8, tensor_parallel);
+      block.attention = std::make_unique<MultiheadAttention>(ctx, name + ".attention",
+                                                             MultiheadAttentionConfig{.hidden = config.hidden,
+                                                                                      .heads = config.heads,
+                                                                                      .kv_heads = config.kv_heads,
+                                                                                      .norm = config.norm,
+                                                                                      .eps = config.eps,
+                                                                                      .dtype = config.dtype,
+                                                                                      .rope_base = config.rope_base,
+                                                                                      .fp8 = config.fp8,
+                                                                                      .sequence_parallel = true,
+                                                                                      .overlap = config.overlap},
+                                                             seed + 8, tensor_parallel, context_parallel);
     }
     if (is_moe_block(i)) {
       const MoEMLPConfig moe{.hidden = config.hidden,
@@ -120,6 +131,10 @@ ops::CrossEntropyResult ResidualStack::loss(Context& ctx, const Tensor& logits, 
 
 Tensor ResidualStack::gather_labels(Context& ctx, const Tensor& labels) const {
   return tp_ != nullptr ? ops::all_gather(ctx, *tp_, labels) : labels;
+}
+
+std::int64_t ResidualStack::global_tokens(std::int64_t rows) const {
+  return rows * (tp_ != nullptr ? tp_->world_size() : 1) * (cp_ != nullptr ? cp_->world_size() : 1);
 }
 
 bool ResidualStack::is_moe_block(std::int64_t i) const {
@@ -177,6 +192,12 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, con
     SG_CHECK(!cu_seqlens.defined(), "ResidualStack forward: cu_seqlens given, but the blocks have no attention "
              "(heads = 0)");
   }
+  // Context-parallel: the rank's plan of the global packing, once for every block.
+  std::optional<ops::ContextParallelPlan> plan;
+  if (cp_ != nullptr) {
+    plan = ops::context_parallel_plan(
+        ctx, {.ranks = cp_->world_size(), .rank = cp_->rank(), .tokens = global_tokens(x.shape().dim(0))}, cu_seqlens);
+  }
   Forward out;
   Tensor h = dropout(ctx, x, 0);
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
@@ -184,7 +205,7 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, con
     const auto site = static_cast<std::int64_t>(1 + 2 * i);  // attention's; the MLP's is the next
     BlockSaved saved;
     if (block.attention) {
-      MultiheadAttention::Forward a = block.attention->forward(ctx, {h, cu_seqlens});
+      MultiheadAttention::Forward a = block.attention->forward(ctx, {h, cu_seqlens, plan});
       h = ops::residual_add(ctx, h, dropout(ctx, a.y, site));
       saved.attention = std::move(a.saved);
     }

@@ -26,6 +26,24 @@
 // their gradients are all-reduced across the ranks in the backward (the
 // final norm's here, each block's in its attention and MLP), and each
 // parameter group holds this rank's shards and those all-reduced norms.
+//
+// Note [Context-parallel ResidualStack]
+// With a context-parallel communicator of M ranks each rank holds T/M of
+// the global batch's T tokens, its two zig-zag chunks (Note
+// [Context-parallel token layout] in kernels/context_parallel_plan.h;
+// train/context_parallel_batch.h cuts a global batch so), and cu_seqlens is
+// the packing of all T. forward() makes the rank's plan of it once and every
+// block's attention runs context-parallel on it (Note [Context-parallel
+// attention layer]); everything else is per token and runs on the rank's
+// tokens as it is. Every parameter is replicated over the CP ranks and its
+// gradient here is of this rank's tokens only: like data-parallel ranks'
+// they must be summed over the CP ranks, and the loss (mean over this
+// rank's tokens) averaged, which TrainStep does over its gradient group
+// (data x context parallel). With TP as well (a TP group inside each CP
+// rank) x is the TP rank's shard of the CP rank's tokens, cu_seqlens still
+// all T, and the TP collectives and the vocabulary-parallel head act within
+// the CP rank. Attention is required (heads > 0); MoE blocks and dropout
+// are not supported with CP yet (an Error).
 #pragma once
 
 #include <cstddef>
@@ -126,7 +144,9 @@ class ResidualStack {
   // `tensor_parallel`: See Note [Tensor-parallel ResidualStack]; null (the
   // default) is the model on one rank. A config with a tensor_parallel_gap
   // and a tensor-parallel communicator is Error(kUnsupported).
-  ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr);
+  // `context_parallel`: Note [Context-parallel ResidualStack]; null: none.
+  ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr,
+                Communicator* context_parallel = nullptr);
 
   // What of `config` a tensor-parallel stack cannot hold yet ("dropout
   // (0.1)"), or nothing. The constructor refuses it;
@@ -148,6 +168,10 @@ class ResidualStack {
   // rank's, in rank order (an all-gather); the same tensor without TP.
   Tensor gather_labels(Context& ctx, const Tensor& labels) const;
   Communicator* tensor_parallel() const { return tp_; }
+  Communicator* context_parallel() const { return cp_; }
+  // The global batch's tokens from this rank's rows: rows x TP size (under
+  // sequence parallelism) x CP size.
+  std::int64_t global_tokens(std::int64_t rows) const;
   // Called during the backward with the index of a parameter group (see
   // parameter_group_sizes) as soon as that group's gradients are final.
   using GradientsReady = stepgraph::GradientsReady;
@@ -190,6 +214,7 @@ class ResidualStack {
 
   ResidualStackConfig config_;
   Communicator* tp_ = nullptr;
+  Communicator* cp_ = nullptr;
   std::vector<Block> blocks_;
   std::vector<Linear*> fp8_linears() const;  // every block's FP8 Linears, in block order
   std::vector<GroupedLinear*> fp8_experts() const;  // every MoE block's FP8 expert layers

@@ -56,7 +56,7 @@ class TrainStep::ModelSide {
   void make_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences, const ResidualStack& stack) {
     SG_CHECK(sequences > 0 && tokens % sequences == 0, "TrainStep: ", tokens,
              " tokens do not split into sequences of equal length (sequences = ", sequences, ")");
-    const std::int64_t ranks = stack.tensor_parallel() != nullptr ? stack.tensor_parallel()->world_size() : 1;
+    const std::int64_t ranks = stack.global_tokens(1);  // the TP x CP group's rows per rank's row
     tokens *= ranks;
     sequences *= ranks;
     std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1));
@@ -69,7 +69,7 @@ class TrainStep::ModelSide {
   // counts the group's.
   void make_open_packing(Context& ctx, std::int64_t tokens, std::int64_t sequences, const ResidualStack& stack) {
     SG_CHECK(sequences > 0, "TrainStep: a packing needs at least one sequence, got ", sequences);
-    tokens *= stack.tensor_parallel() != nullptr ? stack.tensor_parallel()->world_size() : 1;
+    tokens = stack.global_tokens(tokens);
     SG_CHECK(tokens < (std::int64_t{1} << 31), "TrainStep: ", tokens, " tokens exceed cu_seqlens' int32");
     std::vector<std::int32_t> cu(static_cast<std::size_t>(sequences + 1), static_cast<std::int32_t>(tokens));
     cu[0] = 0;
@@ -224,6 +224,18 @@ TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& opti
                      DataParallelMode mode)
     : model_(std::move(model)), optimizer_(optimizer), data_parallel_(data_parallel) {
   check_optimizer_covers(model_->parameters(), optimizer.parameters());
+  if (const Communicator* cp = model_->stack().context_parallel()) {
+    // Every parameter is replicated over the CP ranks, each of which saw its
+    // own tokens: their gradients sum over the CP ranks, as over data-parallel
+    // ones, in one reduction over the combined group (Note [Context-parallel
+    // ResidualStack]).
+    SG_CHECK(data_parallel != nullptr && data_parallel->world_size() % cp->world_size() == 0,
+             "TrainStep: the model is context-parallel over ", cp->describe(),
+             ", so data_parallel must be the group its gradients are summed over: every rank holding the same "
+             "parameter shard, data x context parallel (",
+             cp->world_size(), " x the data-parallel size), got ",
+             data_parallel != nullptr ? data_parallel->describe() : std::string("none"));
+  }
   if (data_parallel != nullptr) {
     data_parallel->check_device(ctx.device(), "TrainStep (data parallel)");
     model_->set_fp8_amax_group(data_parallel);  // every rank keeps the same FP8 scales
@@ -245,6 +257,7 @@ const Tensor& TrainStep::packing() const { return model_->packing(); }
 std::vector<Communicator*> TrainStep::communicators() const {
   std::vector<Communicator*> out;
   if (Communicator* tp = model_->stack().tensor_parallel()) out.push_back(tp);
+  if (Communicator* cp = model_->stack().context_parallel()) out.push_back(cp);
   if (data_parallel_ != nullptr) out.push_back(data_parallel_);
   return out;
 }

@@ -69,6 +69,15 @@ class TrainStep {
   // 1/N of the rows, and with data parallelism too (a 2-D world) every
   // parameter shard is all-reduced over `data_parallel`, the ranks holding
   // the same shard.
+  //
+  // Context parallelism comes with the model too (Note [Context-parallel
+  // ResidualStack]): each rank's inputs and labels are its zig-zag tokens
+  // of the CP group's (train/context_parallel_batch.h; under TP as well, its
+  // TP rank's rows of those), packing() packs the whole CP group's tokens,
+  // and `data_parallel` must be the data x context-parallel group (every
+  // rank holding the same parameter shard; the CP group alone without data
+  // parallelism): the gradients are summed and the loss averaged over it in
+  // one reduction, as Megatron reduces over DP x CP.
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   // A sequence model's step over `tokens` tokens packed as up to `sequences`
@@ -78,7 +87,7 @@ class TrainStep {
   // tokens and empty ones after it; write each batch's packing into it.
   // Tensor-parallel, `tokens` are this rank's rows and packing() packs the
   // group's N * tokens (up to `sequences` sequences in all, which may span
-  // the ranks' rows).
+  // the ranks' rows); context-parallel, the TP x CP group's.
   struct PackedTokens {
     std::int64_t tokens = 0;
     std::int64_t sequences = 0;
@@ -106,8 +115,8 @@ class TrainStep {
   // without): a persistent input like the tokens.
   const Tensor& packing() const;
   // The communicators a capture of this step must check
-  // (CaptureOptions::communicators): the model's tensor-parallel one and the
-  // data-parallel one, those that exist.
+  // (CaptureOptions::communicators): the model's tensor- and
+  // context-parallel ones and the data-parallel one, those that exist.
   std::vector<Communicator*> communicators() const;
 
   // Error if any token (LanguageModel) or label so far was outside

@@ -1,13 +1,16 @@
 // The GPT LanguageModel (vocabulary-parallel embedding, attention heads and
 // ffn split, vocabulary-parallel head) trained by TrainStep on packed
-// variable-length sequences over host thread worlds of TP=2, TP=4 and the
-// 2-D TP=2 x DP=2 (tensor groups of consecutive ranks, data groups across
-// them, as the trainer's --tp N --dp M split them), against one process on
-// the whole global batch over 4 AdamW steps. Each data-parallel group trains
-// on its half of the batch; inside a group each rank holds its rows of the
-// group's tokens and the packing of all of them, with a sequence of one
-// token and sequences that span the ranks' rows; the packings change from
-// step to step without a new capture. Every step's loss matches one
+// variable-length sequences over host thread worlds of TP=2, TP=4, CP=2,
+// CP=4 and the 2-D TP=2 x DP=2, TP=2 x CP=2 and CP=2 x DP=2 (tensor groups
+// of consecutive ranks, context groups across them, data groups across
+// both), against one process on the whole global batch over 4 AdamW steps.
+// Each data-parallel group trains on its half of the batch; inside it each
+// context-parallel rank holds its zig-zag chunks of the group's tokens
+// (Note [Context-parallel token layout]), each tensor-parallel rank its rows
+// of those, and every rank the packing of all the group's tokens, with
+// sequences of one token, sequences that span the ranks' rows and one that
+// spans every context-parallel rank; the packings change from step to step
+// without a new capture. Every step's loss matches one
 // process's; after the steps the embedding rows, the head rows and the
 // final norm do; eager equals graph bit for bit on every rank, the losses
 // and every parameter.
@@ -15,14 +18,21 @@
 // Tolerance: the ranks add the same fp32 terms as one process in another
 // order wherever a sum crosses ranks (the row-parallel projections' partial
 // sums, the column-parallel layers' data gradients, the split softmax sums,
-// the norms' all-reduced gradients, the data-parallel gradient sums), about
-// 1e-7 relative per step; the embedding's own lookup and gradient do not
-// (Note [Vocabulary-parallel embedding]). We allow 1e-5 relative on each
-// step's loss and 1e-5 absolute on the parameters after 4 steps of lr 1e-3:
-// AdamW moves a parameter by at most lr a step, and a 1e-7 relative change
-// of its gradient moves it by about 1e-10 unless the gradient itself is
-// within rounding of zero. A wrong slice, a missing reduction or a packing
-// of the rank's rows alone is off by 1e-3 or more.
+// the norms' all-reduced gradients, the data- and context-parallel gradient
+// sums, context-parallel attention's reduce-scattered dK and dV partials),
+// about 1e-7 relative per step; the embedding's own lookup and gradient do
+// not (Note [Vocabulary-parallel embedding]), nor do context-parallel
+// attention's out, lse and dq (one rank's bits: Note [Context-parallel
+// attention by all-gather]) or the rotary positions (exact integers). We
+// allow 1e-5 relative on each step's loss and 1e-5 absolute on the
+// parameters after 4 steps of lr 1e-3. AdamW's eps is 1e-5: with the
+// default 1e-8 an element whose gradient is within rounding of zero (an
+// embedding row's, seen by few tokens) is normalised to a step of up to lr
+// whose size and sign the rounding decides, 6e-5 apart in about one run in
+// 20; with eps 1e-5 a gradient difference d moves it by at most lr d / eps,
+// about 1e-7 for rounding-level d, and an ordinary gradient still moves it
+// by about lr. A wrong slice, a missing reduction, wrong rotary positions
+// or a packing of the rank's rows alone is off by 1e-3 or more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +48,7 @@
 #include "layers/language_model.h"
 #include "optim/adamw.h"
 #include "tests/support/seed.h"
+#include "train/context_parallel_batch.h"
 #include "train/train_step.h"
 
 namespace stepgraph {
@@ -55,6 +66,7 @@ struct Case {
   std::int64_t kv_heads;
   const char* overlap;
   DataParallelMode mode = DataParallelMode::kAllReduce;
+  int cp = 1;
 };
 
 LanguageModelConfig gpt(const Case& c) {
@@ -70,9 +82,10 @@ LanguageModelConfig gpt(const Case& c) {
           .context = 8};
 }
 
-// Sequence starts of a half batch (16 tokens): 1, 7, 5 and 3 tokens, or 9,
-// 1 and 6.
-const std::vector<std::vector<std::int32_t>> kHalfPackings = {{0, 1, 8, 13, 16}, {0, 9, 10, 16}};
+// Sequence starts of a half batch (16 tokens): 1, 7, 5 and 3 tokens; 9, 1
+// and 6; or 15 and 1 (the 15 span every context-parallel rank's chunks of
+// the half, and of the whole batch at CP 4).
+const std::vector<std::vector<std::int32_t>> kHalfPackings = {{0, 1, 8, 13, 16}, {0, 9, 10, 16}, {0, 15, 16}};
 
 // The packing of `tokens` tokens from sequence starts `starts` (ending at
 // tokens), as kSequences + 1 entries: the empty sequences after the last.
@@ -81,9 +94,11 @@ std::vector<std::int32_t> padded(std::vector<std::int32_t> starts, std::int64_t 
   return starts;
 }
 
-// Step s's packing of data-parallel group g's half: the two half packings
-// take turns, so the groups' differ and each changes every step.
-const std::vector<std::int32_t>& half_packing(int step, int group) { return kHalfPackings[(step + group) % 2]; }
+// Step s's packing of data-parallel group g's half: the half packings take
+// turns, so the groups' differ and each changes every step.
+const std::vector<std::int32_t>& half_packing(int step, int group) {
+  return kHalfPackings[(step + group) % kHalfPackings.size()];
+}
 
 // The whole batch's packing of step s: group 0's half, then group 1's.
 std::vector<std::int32_t> whole_packing(int step) {
@@ -119,16 +134,33 @@ void write_tokens_and_labels(Context& ctx, const TrainStep& step, const Batch& b
   ctx.copy_from_host(step.labels(), b.labels.data() + first, static_cast<std::size_t>(count) * 4);
 }
 
+// A rank's place in a TP x CP x DP world: tensor groups of consecutive
+// ranks, context groups across them, data groups across both.
+struct Place {
+  int tp_rank, cp_rank, dp_rank;
+};
+
+// The rank's tokens and labels: its data group's half (or all), its
+// context-parallel chunks of those, its tensor-parallel rows of those.
+Batch rank_rows(const Batch& b, const Case& c, const Place& at) {
+  const auto mine = [&](const std::vector<std::int32_t>& all) {
+    const std::int64_t group_tokens = kTokens / c.dp;
+    const std::span<const std::int32_t> group(all.data() + at.dp_rank * group_tokens, group_tokens);
+    const std::vector<std::int32_t> chunks = context_parallel_rows(group, 1, c.cp, at.cp_rank);
+    const std::int64_t local = group_tokens / (c.cp * c.tp);
+    return std::vector<std::int32_t>(chunks.begin() + at.tp_rank * local, chunks.begin() + (at.tp_rank + 1) * local);
+  };
+  return {mine(b.tokens), mine(b.labels)};
+}
+
 struct Rig {
-  Rig(Context& ctx, const Case& c, std::int64_t tokens, Communicator* tp, Communicator* dp)
-      : model(ctx, gpt(c), tp),
-        optimizer(ctx, model.parameters(), {.lr = 1e-3f}),
-        step(ctx, model, optimizer, TrainStep::PackedTokens{.tokens = tokens, .sequences = kSequences}, dp,
-             c.mode) {}
-  // This rank's rows [first, first + count) of the batch, and its group's packing.
-  void load(Context& ctx, const Batch& b, std::int64_t first, std::int64_t count,
-            const std::vector<std::int32_t>& packing) {
-    write_tokens_and_labels(ctx, step, b, first, count);
+  Rig(Context& ctx, const Case& c, std::int64_t tokens, Communicator* tp, Communicator* dp, Communicator* cp = nullptr)
+      : model(ctx, gpt(c), tp, cp),
+        optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-5f}),
+        step(ctx, model, optimizer, TrainStep::PackedTokens{.tokens = tokens, .sequences = kSequences}, dp, c.mode) {}
+  // This rank's rows (all of `mine`), and its group's packing.
+  void load(Context& ctx, const Batch& mine, const std::vector<std::int32_t>& packing) {
+    write_tokens_and_labels(ctx, step, mine, 0, static_cast<std::int64_t>(mine.tokens.size()));
     ctx.copy_from_host(step.packing(), packing.data(), packing.size() * 4);
   }
   // The embedding table, the final norm's gamma and beta and the head's
@@ -154,8 +186,8 @@ void expect_within(const std::vector<float>& got, const std::vector<float>& want
 }
 
 std::string case_name(const Case& c) {
-  return "tp" + std::to_string(c.tp) + "_dp" + std::to_string(c.dp) + "_kv" + std::to_string(c.kv_heads) + "_" +
-         c.overlap + "_" + std::string(data_parallel_mode_name(c.mode));
+  return "tp" + std::to_string(c.tp) + "_cp" + std::to_string(c.cp) + "_dp" + std::to_string(c.dp) + "_kv" +
+         std::to_string(c.kv_heads) + "_" + c.overlap + "_" + std::string(data_parallel_mode_name(c.mode));
 }
 
 class GptParallelTrainTest : public ::testing::TestWithParam<Case> {};
@@ -169,42 +201,51 @@ TEST_P(GptParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverFourAdamWStepsA
     Context ctx(Device::kHost, 2);
     Rig rig(ctx, c, kTokens, nullptr, nullptr);
     for (int s = 0; s < kSteps; ++s) {
-      rig.load(ctx, global_batch(seed.value(), s), 0, kTokens, whole_packing(s));
+      rig.load(ctx, global_batch(seed.value(), s), whole_packing(s));
       want_losses.push_back(ctx.to_vector<float>(rig.step(ctx)[0]).at(0));
     }
     rig.step.check_errors(ctx);
     want_outer = rig.outer(ctx);
   }
-  const std::int64_t local = kTokens / (c.tp * c.dp);
-  HostWorld::run(c.tp * c.dp, [&](Communicator& world) {
+  const std::int64_t local = kTokens / (c.tp * c.cp * c.dp);
+  HostWorld::run(c.tp * c.cp * c.dp, [&](Communicator& world) {
     const int w = world.rank();
-    // Tensor-parallel groups of consecutive ranks, data-parallel across them.
-    std::unique_ptr<Communicator> tp_group, dp_group;
-    Communicator* tp = &world;
-    Communicator* dp = nullptr;
-    if (c.dp > 1) {
+    const Place at{.tp_rank = w % c.tp, .cp_rank = (w / c.tp) % c.cp, .dp_rank = w / (c.tp * c.cp)};
+    // Tensor-parallel groups of consecutive ranks, context-parallel across
+    // them, data-parallel across both; the gradients are summed over data x
+    // context (the ranks of one tensor-parallel rank).
+    std::unique_ptr<Communicator> tp_group, cp_group, grad_group;
+    Communicator* tp = nullptr;
+    Communicator* cp = nullptr;
+    Communicator* grads = nullptr;
+    if (c.tp > 1) {
       tp_group = world.split(w / c.tp, w, "tp");
-      dp_group = world.split(w % c.tp, w, "dp");
       tp = tp_group.get();
-      dp = dp_group.get();
     }
-    const int group = dp != nullptr ? dp->rank() : 0;
+    if (c.cp > 1) {
+      cp_group = world.split(at.tp_rank + c.tp * at.dp_rank, w, "cp");
+      cp = cp_group.get();
+    }
+    if (c.cp * c.dp > 1) {
+      grad_group = world.split(at.tp_rank, w, "dp x cp");
+      grads = grad_group.get();
+    }
+    const int group = at.dp_rank;
     const std::string who = "world rank " + std::to_string(w) + " (" + case_name(c) + "), " +
                             testing::seed_note(seed.value());
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    Rig eager(ctx, c, local, tp, dp);
-    Rig graphed(ctx, c, local, tp, dp);
+    Rig eager(ctx, c, local, tp, grads, cp);
+    Rig graphed(ctx, c, local, tp, grads, cp);
     EXPECT_EQ(graphed.step.packing().shape(), (Shape{kSequences + 1})) << who;
     auto graph = CapturedStep::capture(
         ctx, [&] { return graphed.step(ctx); },
         {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});
-    const std::int64_t first = (group * c.tp + tp->rank()) * local;
     for (int s = 0; s < kSteps; ++s) {
-      const Batch b = global_batch(seed.value(), s);
+      const Batch mine = rank_rows(global_batch(seed.value(), s), c, at);
       const std::vector<std::int32_t> packing = group_packing(s, group, c.dp);
-      eager.load(ctx, b, first, local, packing);
-      graphed.load(ctx, b, first, local, packing);
+      eager.load(ctx, mine, packing);
+      graphed.load(ctx, mine, packing);
       const float eager_loss = ctx.to_vector<float>(eager.step(ctx)[0]).at(0);
       graph->replay();
       const float graph_loss = ctx.to_vector<float>(graph->outputs()[0]).at(0);
@@ -225,7 +266,8 @@ TEST_P(GptParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverFourAdamWStepsA
     const std::vector<std::vector<float>> got = graphed.outer(ctx);
     const std::int64_t v = kVocab / c.tp;
     const auto rows_of = [&](const std::vector<float>& whole) {
-      return std::vector<float>(whole.begin() + tp->rank() * v * kHidden, whole.begin() + (tp->rank() + 1) * v * kHidden);
+      return std::vector<float>(whole.begin() + at.tp_rank * v * kHidden,
+                                whole.begin() + (at.tp_rank + 1) * v * kHidden);
     };
     expect_within(got[0], rows_of(want_outer[0]), who + " embedding rows");
     expect_within(got[1], want_outer[1], who + " final norm gamma");
@@ -234,11 +276,18 @@ TEST_P(GptParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverFourAdamWStepsA
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, GptParallelTrainTest,
-                         ::testing::Values(Case{2, 1, 2, "bulk"}, Case{4, 1, 4, "overlap"}, Case{2, 2, 2, "none"},
-                                           Case{2, 2, 0, "overlap"},
-                                           Case{2, 2, 2, "bulk", DataParallelMode::kZero1}),
-                         [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Worlds, GptParallelTrainTest,
+    ::testing::Values(
+        Case{2, 1, 2, "bulk"}, Case{4, 1, 4, "overlap"}, Case{2, 2, 2, "none"}, Case{2, 2, 0, "overlap"},
+        Case{2, 2, 2, "bulk", DataParallelMode::kZero1},
+        Case{.tp = 1, .dp = 1, .kv_heads = 2, .overlap = "none", .cp = 2},
+        Case{.tp = 1, .dp = 1, .kv_heads = 0, .overlap = "none", .cp = 4},
+        Case{.tp = 2, .dp = 1, .kv_heads = 2, .overlap = "bulk", .cp = 2},
+        Case{.tp = 2, .dp = 1, .kv_heads = 1, .overlap = "overlap", .cp = 2},
+        Case{.tp = 1, .dp = 2, .kv_heads = 2, .overlap = "none", .cp = 2},
+        Case{.tp = 1, .dp = 2, .kv_heads = 0, .overlap = "none", .mode = DataParallelMode::kZero1, .cp = 2}),
+    [](const auto& info) { return case_name(info.param); });
 
 // Before any packing is written, a packed step's packing is one sequence of
 // all the tokens: under TP the group's, N times the rank's rows, so the

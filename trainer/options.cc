@@ -200,6 +200,11 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "parallelism); the "
                  "world is tp x dp")
       ->check(whole_number(1, kMaxRanks));
+  app.add_option("--cp", o.cp,
+                 "context-parallel ranks: groups of this many ranks (across the tp groups) split every sequence of "
+                 "the sequence model (--heads > 0): each holds two of 2 cp chunks of its group's tokens, attention "
+                 "gathers the keys and values, and the gradients are summed over dp x cp; the world is tp x cp x dp")
+      ->check(whole_number(1, kMaxRanks));
   CLI::Option* overlap_option =
       add_parsed(app, "--overlap", o.overlap, MLPOverlap::parse,
                  "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk (the default), overlap "
@@ -386,8 +391,8 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
            "conditional node that skips a step (NCCL #1986); use --dp-mode allreduce, or --no-skip-nonfinite");
   if (!o.buckets.empty()) {
     SG_CHECK(o.heads > 0, "--buckets trains sequences of varying length: it needs the sequence model (--heads > 0)");
-    SG_CHECK(o.tp == 1 && o.dp <= 1 && o.nproc_per_node <= 1,
-             "--buckets runs on one rank for now (no --tp, --dp or --nproc-per-node)");
+    SG_CHECK(o.tp == 1 && o.cp == 1 && o.dp <= 1 && o.nproc_per_node <= 1,
+             "--buckets runs on one rank for now (no --tp, --cp, --dp or --nproc-per-node)");
     if (o.min_seq_len == 0) o.min_seq_len = std::max<std::int64_t>(o.seq_len / 2, 1);
     SG_CHECK(o.min_seq_len >= 1 && o.min_seq_len <= o.seq_len, "--min-seq-len (", o.min_seq_len,
              ") must be in [1, --seq-len ", o.seq_len, "]");
@@ -414,6 +419,13 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
     SG_CHECK(!copies || !o.fp8, "--fp8 ", fp8_flag(o.fp8), " with --tp (", o.tp, ") above --kv-heads (", kv_heads,
              "): copies of kv heads run their projections in 16 bits only; raise --kv-heads to a multiple of --tp, "
              "or pass --fp8 none");
+  }
+
+  if (o.cp > 1) {
+    // Note [Context-parallel ResidualStack] in layers/residual_stack.h: what it splits and what it refuses.
+    SG_CHECK(o.heads > 0, "--cp ", o.cp, " splits the sequence model's sequences: it needs --heads > 0");
+    SG_CHECK(o.experts == 0 && o.dropout == 0, "--cp ", o.cp, " does not support --experts (", o.experts,
+             ") or --dropout (", o.dropout, ") yet; pass --experts 0 and --dropout 0, or --cp 1");
   }
 
   SG_CHECK(o.save_every == 0 || !o.checkpoint.empty(), "--save-every needs --checkpoint PATH: where to save");

@@ -103,6 +103,7 @@ struct TrainerOptions {
   std::int64_t max_restarts = 0;      // --nproc-per-node starts every rank again this often (Note [Elastic restarts])
   std::int64_t dp = 0;                // data-parallel ranks; 0: the world size / tp
   std::int64_t tp = 1;                // tensor-parallel ranks (consecutive ranks form a group)
+  std::int64_t cp = 1;                // context-parallel ranks (groups across the tp groups)
   MLPOverlap overlap;                 // tensor-parallel GEMM/collective overlap (layers/comm_gemm_overlap.h)
   DataParallelMode dp_mode = DataParallelMode::kAllReduce;
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank

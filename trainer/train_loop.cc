@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <numeric>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -23,6 +24,7 @@
 #include "optim/adamw.h"
 #include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
+#include "train/context_parallel_batch.h"
 #include "train/train_step.h"
 #include "checkpoint/atomic_file.h"
 #include "trainer/buckets.h"
@@ -129,6 +131,7 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
     config["config.lr-schedule"] = schedule->to_string();
   }
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
+  if (o.cp > 1) config["config.cp"] = std::to_string(o.cp);                    // likewise
   if (o.dtype == DType::kFloat16) config["config.loss-scale-interval"] = std::to_string(o.loss_scale_interval);
   // A timed run's picks are in its checkpoints, which a heuristic run must not take.
   if (o.gemm_algorithms != AlgorithmChoice::kHeuristic) {
@@ -230,16 +233,34 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                 "resolve_defaults first");
   const int ranks = world != nullptr ? world->world_size() : 1;
   const int rank = world != nullptr ? world->rank() : 0;
-  SG_CHECK(ranks % o.tp == 0, "--tp ", o.tp, " must divide the world of ", ranks,
-           " ranks (the world is tp x dp: start a multiple of --tp ranks)");
-  const int dp = ranks / static_cast<int>(o.tp);
-  SG_CHECK(o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp, " ranks, but this run has ",
-           ranks, " (the world is --dp x --tp ranks: start that many, or leave --dp out)");
+  const int tp = static_cast<int>(o.tp);
+  const int cp = static_cast<int>(o.cp);
+  if (cp == 1) {
+    SG_CHECK(ranks % o.tp == 0, "--tp ", o.tp, " must divide the world of ", ranks,
+             " ranks (the world is tp x dp: start a multiple of --tp ranks)");
+  } else {
+    SG_CHECK(ranks % (tp * cp) == 0, "--tp ", o.tp, " x --cp ", o.cp, " must divide the world of ", ranks,
+             " ranks (the world is tp x cp x dp: start a multiple of ", tp * cp, " ranks)");
+  }
+  const int dp = ranks / (tp * cp);
+  SG_CHECK(o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp * o.cp,
+           " ranks, but this run has ", ranks, " (the world is --dp x --tp", cp > 1 ? " x --cp" : "",
+           " ranks: start that many, or leave --dp out)");
   SG_CHECK(o.batch % ranks == 0, "--batch ", o.batch, " is the global batch and must split evenly over the ", ranks,
-           " ranks (", dp, " data-parallel x ", o.tp, " tensor-parallel: each holds its rows)");
+           " ranks (", dp, " data-parallel x ", o.tp, " tensor-parallel",
+           cp > 1 ? fmt::format(" x {} context-parallel", cp) : "", ": each holds its rows)");
   // Each rank's rows of the global batch: rank r holds rows [r b, (r + 1) b),
   // tensor-parallel groups of consecutive ranks (Note [Tensor-parallel ResidualStack]).
+  // Context-parallel, a TP x CP group holds its data-parallel share of the
+  // rows, each CP rank its zig-zag chunks of their tokens (Note
+  // [Context-parallel ResidualStack]), each TP rank its rows of those.
   const std::int64_t local_batch = o.batch / ranks;
+  const int tp_rank = rank % tp;
+  const int cp_rank = (rank / tp) % cp;
+  const int dp_rank = rank / (tp * cp);
+  SG_CHECK(cp == 1 || (o.batch / dp * o.context) % (2 * cp) == 0, "--cp ", cp, ": each context-parallel group's ",
+           o.batch / dp * o.context, " tokens (--batch ", o.batch, " / ", dp, " data-parallel x --seq-len ", o.context,
+           ") must cut into 2 x ", cp, " equal chunks; make them a multiple of ", 2 * cp);
   std::unique_ptr<DataSource> data = open_data(o);
   out << "data: " << data->describe() << "\n";
   TrainResult result;
@@ -261,20 +282,34 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const RunConfig run = run_config(o, *data, dp);
   if (world != nullptr) check_same_flags(*world, run);  // before any work: a mismatch would hang in NCCL
 
-  // The groups: the whole world for one kind of parallelism, a split for both.
+  // The groups: the whole world for one kind of parallelism, splits for
+  // several: tensor groups of consecutive ranks, context groups across them,
+  // and the gradients summed over data x context (the ranks of one TP rank).
   std::unique_ptr<Communicator> tp_group;
+  std::unique_ptr<Communicator> cp_group;
   std::unique_ptr<Communicator> dp_group;
   Communicator* tp_comm = nullptr;
+  Communicator* cp_comm = nullptr;
   Communicator* dp_comm = world;
-  if (o.tp > 1) {
-    if (dp > 1) {
-      tp_group = world->split(rank / static_cast<int>(o.tp), rank, "tp");
-      dp_group = world->split(rank % static_cast<int>(o.tp), rank, "dp");
+  if (tp > 1) {
+    tp_comm = world;
+    if (tp < ranks) {
+      tp_group = world->split(rank / tp, rank, "tp");
       tp_comm = tp_group.get();
+    }
+  }
+  if (cp > 1) {
+    cp_comm = world;
+    if (cp < ranks) {
+      cp_group = world->split(tp_rank + tp * dp_rank, rank, "cp");
+      cp_comm = cp_group.get();
+    }
+  }
+  if (tp > 1) {
+    dp_comm = nullptr;
+    if (dp * cp > 1) {
+      dp_group = world->split(tp_rank, rank, cp > 1 ? "dp x cp" : "dp");
       dp_comm = dp_group.get();
-    } else {
-      tp_comm = world;
-      dp_comm = nullptr;
     }
   }
 
@@ -291,7 +326,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     SG_THROW(ErrorCode::kInvalidArgument, "--tp ", o.tp, ": the model's ", *gap,
              " is not tensor-parallel yet; pass --tp 1, or leave it out (--dropout 0)");
   }
-  LanguageModel model(ctx, config, tp_comm);
+  LanguageModel model(ctx, config, tp_comm, cp_comm);
   AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
   const bool zero1 = o.dp_mode == DataParallelMode::kZero1;
   optimizer.set_skip_nonfinite(ctx, *o.skip_nonfinite);
@@ -349,7 +384,14 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                             zero1 ? "--dp-mode zero1 does not support the skip" : "--no-skip-nonfinite"));
   if (dp_comm != nullptr) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
-                       local_batch * o.tp, zero1 ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
+                       local_batch * o.tp * o.cp, zero1 ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
+  }
+  if (cp_comm != nullptr) {
+    out << fmt::format(
+        "context parallel: {} ranks ({}), each {} of its group's {} tokens a step (zig-zag chunks), "
+        "attention by all-gather of K/V; gradients summed over {} ranks ({})\n",
+        cp, cp_comm->describe(), local_batch * o.tp * o.context, local_batch * o.tp * cp * o.context, dp * cp,
+        dp_comm->describe());
   }
   if (tp_comm != nullptr) {
     out << fmt::format("tensor parallel: {} ranks ({}), {} examples each outside the blocks, ffn {} and vocab {} "
@@ -510,12 +552,29 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         padded_tokens += buckets[b] - packed.real_tokens;
         step_tokens = packed.real_tokens;
       } else {
-        // The sequence model's tokens [rows * width, 1] are the windows' bytes.
-        ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
-        if (sequences) {
+        if (cp > 1) {
+          // The group's tokens and next-token labels, then this rank's share.
+          const auto group_rows = static_cast<std::size_t>(o.batch / dp);
+          const std::size_t group_first = static_cast<std::size_t>(dp_rank) * group_rows;
+          const std::span<const std::int32_t> group_tokens(batch.windows.data() + group_first * width,
+                                                           group_rows * width);
+          next_token_labels(batch, group_first, group_rows, width, labels);
+          const std::size_t n = rows * width;
+          const auto mine = [&](std::span<const std::int32_t> all) {
+            std::vector<std::int32_t> chunks = context_parallel_rows(all, 1, cp, cp_rank);
+            return std::vector<std::int32_t>(chunks.begin() + tp_rank * n, chunks.begin() + (tp_rank + 1) * n);
+          };
+          const std::vector<std::int32_t> my_tokens = mine(group_tokens);
+          const std::vector<std::int32_t> my_labels = mine(labels);
+          ctx.copy_from_host(step.inputs(), my_tokens.data(), n * sizeof(std::int32_t));
+          ctx.copy_from_host(step.labels(), my_labels.data(), n * sizeof(std::int32_t));
+        } else if (sequences) {
+          // The sequence model's tokens [rows * width, 1] are the windows' bytes.
+          ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
           next_token_labels(batch, first, rows, width, labels);
           ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
         } else {
+          ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
           ctx.copy_from_host(step.labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
         }
         if (graph) {

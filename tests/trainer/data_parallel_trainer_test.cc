@@ -391,5 +391,85 @@ TEST(TensorParallelTrainerFlagsTest, TheStackRefusesWhatItsGapNames) {
                         "ResidualStack: dropout (0.25) is not supported with tensor parallelism yet");
 }
 
+// The GPT at --cp 2 on a world of 2, --tp 2 x --cp 2 and --cp 2 x --dp 2 on
+// worlds of 4: each context-parallel rank holds its zig-zag chunks of its
+// group's tokens (Note [Context-parallel ResidualStack]), against one
+// process on the same global batch, eager == graph on every rank.
+// Tolerance as above: the same fp32 terms in another order (the gradients
+// summed over dp x cp, attention's dK and dV partials reduce-scattered over
+// the CP ranks, under TP the projections' partial sums), 1e-5 relative on
+// the loss over 12 steps; a rank's tokens cut wrongly, a wrong rotary
+// position or a missing reduction is off by 1e-3 and more.
+struct ContextParallelCase {
+  int ranks;
+  int tp;
+  int cp;
+};
+
+class ContextParallelTrainerTest : public ::testing::TestWithParam<ContextParallelCase> {};
+
+TEST_P(ContextParallelTrainerTest, TheGptMatchesOneProcessOnTheGlobalBatch) {
+  const ContextParallelCase c = GetParam();
+  std::ostringstream log;
+  const std::vector<float> single = train(gpt_options(StepMode::kGraph), Device::kHost, log).losses;
+  TrainerOptions o = gpt_options(StepMode::kGraph);
+  o.tp = c.tp;
+  o.cp = c.cp;
+  const std::vector<std::vector<float>> graph = train_ranks(o, c.ranks);
+  o.mode = StepMode::kEager;
+  const std::vector<std::vector<float>> eager = train_ranks(o, c.ranks);
+  const double worst = expect_ranks_match_one_process(graph, eager, single);
+  EXPECT_LT(graph[0].back(), graph[0].front());
+  std::printf("gpt tp %d x cp %d x dp %d: largest relative loss difference to one process over %zu steps: %.3g\n", c.tp,
+              c.cp, c.ranks / (c.tp * c.cp), single.size(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ContextParallelTrainerTest,
+                         ::testing::Values(ContextParallelCase{2, 1, 2}, ContextParallelCase{4, 2, 2},
+                                           ContextParallelCase{4, 1, 2}),
+                         [](const auto& info) {
+                           return "ranks" + std::to_string(info.param.ranks) + "_tp" + std::to_string(info.param.tp) +
+                                  "_cp" + std::to_string(info.param.cp);
+                         });
+
+// Context-parallel ranks hold the same parameters: rank 0 writes the file,
+// and a resume continues exactly; the checkpoint records --cp.
+TEST(ContextParallelTrainerGptTest, ResumeEqualsAnUninterruptedRun) {
+  TrainerOptions o = gpt_options(StepMode::kGraph);
+  o.cp = 2;
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "gpt_cp_resume.safetensors";
+  std::filesystem::remove(path);
+  TrainerOptions rest = expect_resume_equals_uninterrupted(o, path.string());
+  rest.cp = 1;
+  rest.dp = 0;
+  EXPECT_ERROR_CONTAINS(train_ranks(rest, 2), "config.cp");
+}
+
+// --cp needs the sequence model, a world of tp x cp x dp ranks and a
+// group's tokens that cut into 2 cp chunks; MoE and dropout are refused.
+TEST(ContextParallelTrainerFlagsTest, CpNamesWhatItNeeds) {
+  TrainerOptions window = options(StepMode::kGraph);
+  window.cp = 2;
+  EXPECT_ERROR_CONTAINS(resolve_defaults(window, Device::kHost), "--cp 2 splits the sequence model's sequences",
+                        "--heads > 0");
+  TrainerOptions moe = gpt_flags(StepMode::kGraph);
+  moe.cp = 2;
+  moe.experts = 2;
+  EXPECT_ERROR_CONTAINS(resolve_defaults(moe, Device::kHost), "--cp 2 does not support --experts (2)");
+  const ParsedCommandLine parsed = parse_command_line(std::vector<std::string>{"--cp", "2", "--heads", "4"});
+  EXPECT_EQ(parsed.exit_code, 0) << parsed.message;
+  ASSERT_TRUE(parsed.options.has_value()) << parsed.message;
+  EXPECT_EQ(parsed.options->cp, 2);
+  TrainerOptions three = gpt_options(StepMode::kGraph);
+  three.cp = 3;
+  EXPECT_ERROR_CONTAINS(train_ranks(three, 2), "--tp 1 x --cp 3 must divide the world of 2 ranks");
+  TrainerOptions odd = gpt_options(StepMode::kGraph);
+  odd.cp = 2;
+  odd.seq_len = 3;
+  odd.context = 3;
+  odd.batch = 2;
+  EXPECT_ERROR_CONTAINS(train_ranks(odd, 2), "--cp 2", "6 tokens", "multiple of 4");
+}
+
 }  // namespace
 }  // namespace stepgraph::trainer

@@ -1,5 +1,6 @@
 // What a context-parallel model and step refuse, with errors naming what to
-// change (a window model, heads = 0, MoE, dropout, a step without the
+// change (attention without its plan or with one it cannot use, a window
+// model, heads = 0, MoE, dropout, a step without the
 // data x context gradient group, a global batch that does not cut into 2N
 // chunks), a packed step's first packing (one sequence of the whole
 // TP x CP group's tokens), and the zig-zag rows a rank takes of a batch.
@@ -11,6 +12,9 @@
 
 #include "engine/host_world.h"
 #include "layers/language_model.h"
+#include "layers/multihead_attention.h"
+#include "ops/context_parallel_ops.h"
+#include "ops/elementwise_ops.h"
 #include "optim/adamw.h"
 #include "tests/support/expect_error.h"
 #include "train/context_parallel_batch.h"
@@ -53,6 +57,28 @@ TEST(ContextParallelChecksTest, ModelsRefuseWhatTheyCannotSplit) {
     moe.experts = 2;
     moe.moe_every = 1;
     EXPECT_ERROR_CONTAINS(ResidualStack(ctx, moe, nullptr, &cp), "experts (2)", "context parallelism");
+  });
+}
+
+// The plan is made once per step by the caller and passed down: a
+// context-parallel layer without it, or a plain layer given one, is an error.
+TEST(ContextParallelChecksTest, AttentionNeedsItsPlanExactlyWhenContextParallel) {
+  HostWorld::run(2, [](Communicator& cp) {
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    const MultiheadAttentionConfig config{.hidden = 16, .heads = 2, .dtype = DType::kFloat32};
+    const MultiheadAttention split(ctx, "split", config, 1, nullptr, &cp);
+    const MultiheadAttention plain(ctx, "plain", config, 1);
+    const Tensor x = ops::fill(ctx, {Shape{4, 16}, DType::kFloat32}, 0.5f);
+    const std::vector<std::int32_t> packing = {0, 8};
+    const Tensor cu = ctx.persistent("cu_seqlens", {Shape{2}, DType::kInt32});
+    ctx.copy_from_host(cu, packing.data(), packing.size() * 4);
+    EXPECT_ERROR_CONTAINS(split.forward(ctx, {x, cu}), "args.plan is empty", "ops::context_parallel_plan");
+    const ops::ContextParallelPlan plan =
+        ops::context_parallel_plan(ctx, {.ranks = 2, .rank = cp.rank(), .tokens = 8}, cu);
+    EXPECT_ERROR_CONTAINS(plain.forward(ctx, {x, cu, plan}), "args.plan is given", "no context-parallel communicator");
+    // With its plan the layer runs, its output this rank's 4 tokens.
+    EXPECT_EQ(split.forward(ctx, {x, cu, plan}).y.shape(), (Shape{4, 16}));
   });
 }
 

@@ -23,7 +23,7 @@ end -> N TransformerLayers, each
 (mean, on fp32 logits) -> backward -> AdamW. Parameters are fp32 masters that
 the forward casts to bf16 (so gradients and AdamW are fp32, as in StepGraph,
 where the optimizer refreshes a bf16 copy instead). A config with heads 0
-(mlp_only: tp_step_peer.py's trunk) has MLP blocks alone.
+has MLP blocks alone.
 
 Four systems, each from fresh parameters on one fixed batch:
   pytorch_eager          fused AdamW, zero_grad(set_to_none=True) every step
@@ -149,18 +149,10 @@ CONFIGS = {
     "large": gpt(hidden=4096, heads=32, layers=4, seq_len=4096, sequences=2),
     "moe": gpt(hidden=2048, heads=16, layers=4, seq_len=4096, sequences=2, experts=8, topk=2, moe_every=1),
 }
-# What the tensor-parallel rows (step_bench --tp, tp_step_peer.py) say they run.
-TP_TRUNK = ("MLP-only (heads 0): attention is not tensor-parallel yet, so the tp rows run the config's blocks without "
-            "attention (h += MLP(h)), the same tokens")
 FLOPS_TEXT = ("6 * tokens * matmul parameters a token passes through (QKV, output projection, MLP or router + top-k "
               "experts, head) + the attention core: per layer and sequence of L, forward 2 * 2 * (L^2 / 2) * heads * "
               "head_dim (QK^T and PV, causal half), backward 2.5x forward (benchmarks/model_flops.h); nothing else "
               "counted")
-
-
-def mlp_only(c):
-    """The config's MLP-only trunk (heads 0, the same tokens): step_configs.cc's mlp_only()."""
-    return dict(c, heads=0)
 
 
 def head_dim(c):
@@ -247,9 +239,9 @@ def apply_step_counts(args, peer):
         raise SystemExit(f"{peer}: --steps and --warmup must be >= 1")
 
 
-def config_header(name, trunk=False):
-    """A config's shape and FLOPs, as step_bench's config_header_json; trunk: its MLP-only trunk (mlp_only)."""
-    c = mlp_only(CONFIGS[name]) if trunk else CONFIGS[name]
+def config_header(name):
+    """A config's shape and FLOPs, as step_bench's config_header_json."""
+    c = CONFIGS[name]
     moe = c["experts"] > 0
     return {
         "name": name,

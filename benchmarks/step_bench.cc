@@ -20,8 +20,9 @@
 // baseline) and data-parallel over all of them (dpN), eager and graphed:
 // per-GPU tokens/s, scaling efficiency and exposed communication (Note
 // [Data-parallel rows] in step_runner.h). --dp-mode allreduce|zero1. --tp N:
-// tensor parallelism, each config's MLP-only trunk (attention is not
-// tensor-parallel yet; Note [Tensor-parallel rows]). Rank 0
+// tensor and sequence parallelism of each config's GPT (attention and MLP
+// sharded by heads and ffn; Note [Tensor-parallel rows]); with --profile the
+// graphed rows report their profiled exposed communication. Rank 0
 // prints and writes the JSON. In one process --dp 1 runs the dp1 rows alone
 // (the baseline; no all-reduce exists at N = 1). Under a launcher of N > 1
 // ranks an error on any rank ends that rank (its communicator aborted) and
@@ -206,6 +207,12 @@ void print_parallel_line(const nlohmann::json& c) {
                     100.0 * s["mfu"].get<double>());
       line << buffer;
     }
+    if (s.contains("profile_exposed_comm_fraction")) {
+      std::snprintf(buffer, sizeof(buffer), " (profiled exposed comm %.3f ms = %.1f%%)",
+                    s["profile_exposed_comm_us"].get<double>() / 1000.0,
+                    100.0 * s["profile_exposed_comm_fraction"].get<double>());
+      line << buffer;
+    }
     if (s.contains("scaling_efficiency") && !s["scaling_efficiency"].is_null()) {
       std::snprintf(buffer, sizeof(buffer), " (efficiency %.3f, exposed comm %.3f ms = %.1f%%)",
                     s["scaling_efficiency"].get<double>(), s["exposed_comm_us"].get<double>() / 1000.0,
@@ -287,8 +294,12 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
         {"nccl_version", device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr},
         {"multicast_env", env},
         {"strong_scaling", "both rows train the config's `tokens` per step; the tpN row shards the model over N GPUs"},
-        {"trunk", "MLP-only: attention is not tensor-parallel yet, so both rows run each config with heads 0 "
-                  "(h += MLP(h) blocks, the same tokens); flops_per_step is that trunk's"},
+        {"sharding", "Megatron tensor + sequence parallel: each rank holds 1/N of every block's q, k and v heads, "
+                     "the output projection's and fc2's input columns, fc1's ffn rows, the experts and the "
+                     "vocabulary; tokens / N rows outside the blocks"},
+        {"exposed_comm",
+         "with --profile, graphed rows: profile_exposed_comm_us (the profiled step's communication no compute "
+         "overlapped) and profile_exposed_comm_fraction (of the profiled step), the rank with the largest share"},
         {"rows", "Note [Tensor-parallel rows] in benchmarks/step_runner.h"},
         {"note", n == 1 ? "world size 1: the tp1 rows alone; nothing is sharded" : ""},
     };
@@ -380,6 +391,13 @@ int run(const Options& options) {
     SG_CHECK(options.tp == launch.world_size, "--tp ", options.tp, " needs ", options.tp,
              " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.tp,
              " bin/step_bench --tp ", options.tp, "), but this run has ", launch.world_size);
+    for (const StepConfig& config : configs) {
+      // Checked before the world starts: at N > 1 ranks a config's error ends the run.
+      SG_CHECK(config.model.heads == 0 || config.sequences % options.tp == 0, "--tp ", options.tp, ": config ",
+               config.name, " has ", config.sequences, " sequence(s) of ", config.seq_len,
+               " tokens, which do not split over the ranks (each rank's rows are whole sequences); leave ",
+               config.name, " out of --configs (medium and large have 2)");
+    }
     run_options.overlap = options.overlap;
   } else {
     check_dp_flag(options.dp, launch.world_size);

@@ -55,13 +55,6 @@ const std::vector<StepConfig>& benchmark_configs() {
   return configs;
 }
 
-StepConfig mlp_only(const StepConfig& config) {
-  StepConfig out = config;
-  out.model.heads = 0;
-  out.model.kv_heads = 0;
-  return out;
-}
-
 StepConfig step_config(std::string_view name) {
   if (name == "tiny") return make_tiny();
   for (const StepConfig& c : benchmark_configs()) {

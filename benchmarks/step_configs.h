@@ -17,8 +17,6 @@
 //
 // Every benchmark config uses vocab kBenchVocab (8192), bf16, causal
 // attention with rotary embeddings (base 10000), kv_heads = heads.
-// mlp_only() is a config's MLP-only trunk (heads 0): what the
-// tensor-parallel rows run, since attention is not tensor-parallel yet.
 #pragma once
 
 #include <cstdint>
@@ -41,11 +39,6 @@ struct StepConfig {
 
   bool has_attention() const { return model.heads > 0; }
 };
-
-// The same config with model.heads = 0 (every block an MLP alone), the same
-// tokens: the trunk step_bench --tp runs (ResidualStack refuses attention
-// with a tensor-parallel communicator).
-StepConfig mlp_only(const StepConfig& config);
 
 // The four benchmark configs, in report order (tiny is not among them).
 const std::vector<StepConfig>& benchmark_configs();

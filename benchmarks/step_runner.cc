@@ -157,9 +157,14 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   optimizer.set_skip_nonfinite(ctx, options.skip_nonfinite);
   const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
   SG_CHECK(config.tokens % tp == 0, "config ", config.name, ": tokens ", config.tokens, " must divide by --tp ", tp);
-  // With attention, TrainStep's packing is `sequences` sequences of seq_len (tp is 1 then: ResidualStack refuses
-  // attention with a tensor-parallel communicator).
-  TrainStep step(ctx, model, optimizer, config.tokens / tp, options.data_parallel, options.dp_mode, config.sequences);
+  // With attention, TrainStep packs `sequences` sequences of seq_len over the tensor-parallel group's tokens, each
+  // rank's rows holding sequences / tp of them whole.
+  SG_CHECK(config.model.heads == 0 || config.sequences % tp == 0, "config ", config.name, ": its ", config.sequences,
+           " sequences of ", config.seq_len, " tokens do not split over --tp ", tp,
+           " ranks (each rank's rows are whole sequences); give --tp a divisor of ", config.sequences,
+           " or leave the config out of --configs");
+  TrainStep step(ctx, model, optimizer, config.tokens / tp, options.data_parallel, options.dp_mode,
+                 config.sequences / (config.model.heads > 0 ? tp : 1));
   if (options.step_scoped_gradients) optimizer.use_step_scoped_gradients(ctx);
   load_batch(ctx, step, config, options.data_seed);
 
@@ -207,7 +212,12 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   ctx.synchronize();
   r.pipelined_step_us = microseconds_since(start) / options.steps;
 
-  if (options.profile && captured) r.profile = captured->profile().to_string();
+  if (options.profile && captured) {
+    const StepProfile profile = captured->profile();
+    r.profile = profile.to_string();
+    r.profile_exposed_comm_us = profile.exposed_communication_us;
+    r.profile_total_us = profile.total_us;
+  }
   if (options.cuda_profiler_range && captured) {
     cuda_profiler_start();
     loss = run_one();
@@ -372,7 +382,9 @@ nlohmann::json mode_result_to_json(const ModeResult& r) {
       {"capture",
        {r.capture.trace_ms, r.capture.plan_ms, r.capture.prepare_ms, r.capture.capture_ms, r.capture.instantiate_ms}},
       {"capture_wall_ms", r.capture_wall_ms},
-      {"profile", r.profile}};
+      {"profile", r.profile},
+      {"profile_exposed_comm_us", r.profile_exposed_comm_us},
+      {"profile_total_us", r.profile_total_us}};
 }
 
 ModeResult mode_result_from_json(const nlohmann::json& j) {
@@ -394,6 +406,8 @@ ModeResult mode_result_from_json(const nlohmann::json& j) {
   r.capture = {capture[0], capture[1], capture[2], capture[3], capture[4]};
   r.capture_wall_ms = j.at("capture_wall_ms");
   r.profile = j.value("profile", std::string());
+  r.profile_exposed_comm_us = j.value("profile_exposed_comm_us", 0.0);
+  r.profile_total_us = j.value("profile_total_us", 0.0);
   return r;
 }
 
@@ -414,6 +428,11 @@ RankedResult combine_ranks(const std::vector<ModeResult>& ranks) {
       c.device_used_delta_bytes = std::max(*c.device_used_delta_bytes, *m.device_used_delta_bytes);
     }
     out.rank_median_us.push_back(summarize(m.samples_us).median_us);
+    if (m.profile_total_us > 0 && (c.profile_total_us <= 0 || m.profile_exposed_comm_us * c.profile_total_us >
+                                                                   c.profile_exposed_comm_us * m.profile_total_us)) {
+      c.profile_exposed_comm_us = m.profile_exposed_comm_us;  // the rank with the largest exposed share
+      c.profile_total_us = m.profile_total_us;
+    }
     out.rank_first_loss.push_back(m.first_losses.empty() ? NAN : m.first_losses.front());
   }
   c.step_us = summarize(c.samples_us);
@@ -421,6 +440,15 @@ RankedResult combine_ranks(const std::vector<ModeResult>& ranks) {
 }
 
 namespace {
+
+// A parallel row's profile (--profile, graphed rows): its text and the
+// exposed communication's share of the profiled step.
+void add_profile_fields(nlohmann::json& out, const ModeResult& r) {
+  if (r.profile.empty()) return;
+  out["profile"] = r.profile;
+  out["profile_exposed_comm_us"] = r.profile_exposed_comm_us;
+  out["profile_exposed_comm_fraction"] = r.profile_total_us > 0 ? r.profile_exposed_comm_us / r.profile_total_us : 0.0;
+}
 
 std::string dp_system_name(StepMode mode, int world_size) {
   return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_dp", world_size);
@@ -456,7 +484,7 @@ nlohmann::json dp_system_json(const StepConfig& config, StepMode mode, int world
     }
   }
   if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
-  if (!r.combined.profile.empty()) out["profile"] = r.combined.profile;
+  add_profile_fields(out, r.combined);
   return out;
 }
 
@@ -574,10 +602,6 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
 
 namespace {
 
-constexpr const char* kTensorParallelTrunk =
-    "MLP-only (heads 0): attention is not tensor-parallel yet, so the tp rows run the config's blocks without "
-    "attention (h += MLP(h)), the same tokens";
-
 std::string tp_system_name(StepMode mode, int world_size) {
   return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_tp", world_size);
 }
@@ -602,17 +626,14 @@ nlohmann::json tp_system_json(const StepConfig& config, StepMode mode, int world
     out["strong_scaling_efficiency"] = nullptr;
   }
   if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
-  if (!r.combined.profile.empty()) out["profile"] = r.combined.profile;
+  add_profile_fields(out, r.combined);
   return out;
 }
 
 }  // namespace
 
-nlohmann::json run_tp_config(const StepConfig& gpt_config, const StepRunOptions& options, Communicator* world) {
+nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world) {
   const int n = world != nullptr ? world->world_size() : 1;
-  // Attention is not tensor-parallel yet: every tp row (tp1 too, so both rows train one model) runs the config's
-  // MLP-only trunk (Note [Tensor-parallel rows]).
-  const StepConfig config = mlp_only(gpt_config);
   auto body = [&] {
     StepRunOptions alone = options;
     alone.dp_layout = true;
@@ -629,8 +650,8 @@ nlohmann::json run_tp_config(const StepConfig& gpt_config, const StepRunOptions&
     out["status"] = "ok";
     out["reason"] = nullptr;
     out["world_size"] = n;
+    out["tp"] = n;
     out["overlap"] = options.overlap.to_string();
-    out["trunk"] = kTensorParallelTrunk;
     nlohmann::json systems = nlohmann::json::array();
     systems.push_back(tp_system_json(config, StepMode::kEager, 1, base_eager, base_eager, nullptr));
     systems.push_back(tp_system_json(config, StepMode::kGraph, 1, base_graph, base_eager, nullptr));

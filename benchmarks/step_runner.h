@@ -152,6 +152,11 @@ struct ModeResult {
   CaptureTimings capture;
   double capture_wall_ms = 0;  // the whole CapturedStep::capture call
   std::string profile;         // StepRunOptions::profile: StepProfile::to_string() (rank 0's when combined)
+  // The profiled step's communication no compute overlapped and its length
+  // (StepProfile::exposed_communication_us, total_us; combined: the rank
+  // with the largest exposed share); 0 when not profiled.
+  double profile_exposed_comm_us = 0;
+  double profile_total_us = 0;
 };
 
 // Error (kInvalidArgument) naming the flag when `options` are out of range.
@@ -228,20 +233,26 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
 //                         (all `tokens`) alone on its GPU, all at the same time;
 //   stepgraph_<mode>_tpN  the same global step tensor- and sequence-parallel
 //                         over the N ranks (ResidualStack over the world:
-//                         each rank holds 1/N of every ffn, of the experts and
-//                         of the vocabulary, and tokens / N rows outside the
-//                         blocks), its collectives meeting their GEMMs as
-//                         --overlap says.
-// Attention is not tensor-parallel yet (ResidualStack refuses heads > 0 with
-// a tensor-parallel communicator): both rows run the config's MLP-only trunk
-// (mlp_only(): heads 0, the same tokens; the config's JSON says so in
-// "trunk", and its heads and FLOPs are the trunk's). tp_step_peer.py models
-// the same MLP-only step.
+//                         each rank holds 1/N of every block's heads (its
+//                         q, k and v heads and the output projection's
+//                         columns, Note [Tensor-parallel attention]), of
+//                         every ffn, of the experts and of the vocabulary,
+//                         and tokens / N rows outside the blocks), its
+//                         collectives meeting their GEMMs as --overlap says.
+// Both rows run the config itself (the GPT: attention and MLP blocks); the
+// tpN row's packing is the config's `sequences` of seq_len over the group's
+// tokens, so sequences must divide by N (each rank's rows are whole
+// sequences). The config's JSON says heads, kv_heads and tp.
 // Strong scaling: both rows train the same `tokens` per step; per row
 // tokens_per_s = tokens / median step time, speedup_vs_tp1 = median(tp1) /
 // median(tpN), strong_scaling_efficiency = speedup / N; tflops and mfu are
 // per GPU (the step's FLOPs / N for the tpN row). Timing as for the
 // data-parallel rows (barrier before each sample, the slowest rank).
+// Exposed communication: a tpN row has no step time without its collectives
+// to subtract (tp1 does N times the work), so with --profile a graphed row
+// reports its profiled step's profile_exposed_comm_us (communication no
+// compute overlapped) and profile_exposed_comm_fraction (of the profiled
+// step), the rank with the largest share; data-parallel rows report them too.
 
 // Runs the config's tp1 rows and, at N > 1 ranks, its tpN rows on every rank
 // of `world` and returns the config's JSON (the same on every rank). As

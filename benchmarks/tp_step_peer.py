@@ -1,74 +1,72 @@
 #!/usr/bin/env python3
-"""tp_step_peer.py: the PyTorch peer of step_bench --tp N, the whole training
-step (forward, cross-entropy, backward, AdamW) tensor- and sequence-parallel
-over the N ranks of a launch, one process per GPU:
+"""tp_step_peer.py: the PyTorch peer of step_bench --tp N, the whole GPT
+training step (forward, cross-entropy, backward, AdamW) tensor- and
+sequence-parallel over the N ranks of a launch, one process per GPU:
 
     torchrun --nproc-per-node 2 benchmarks/tp_step_peer.py --configs medium,large --out tp_step_peer.json
 
-The model and configs are pytorch_peer.py's (step_configs.cc; the dense
-ones: small, medium, large; moe has no peer here, its experts' sharding is
-not written in PyTorch), each config's MLP-only trunk (pytorch_peer.mlp_only:
-heads 0, the same tokens; attention is not tensor-parallel in StepGraph yet,
-so step_bench --tp runs the same trunk and both say so in "trunk"), sharded
-as StepGraph's (Note [Tensor-parallel
-ResidualStack] in layers/residual_stack.h, Megatron's tensor and sequence
-parallelism): rank r holds tokens / N rows of the residual stream, rows
-[r T/N, (r+1) T/N) of one global batch (pytorch_peer's, seed 2), and
-  every block   LayerNorm on the shard; all-gather + fc1 on its ffn / N rows
-                (column-parallel) + bias; GeLU(tanh); fc2 on its ffn / N
-                columns + reduce-scatter (row-parallel), fc2's bias added to
-                the shard (its gradient: the gathered dy's column sums, as in
-                StepGraph, so no all-reduce); the residual add on the shard
-  final norm    LayerNorm on the shard
-  head          vocabulary-parallel: all-gather the normed tokens, logits
-                [T, vocab / N] of its vocabulary rows (no bias)
-  loss          vocabulary-parallel cross-entropy (Megatron's): a max
-                all-reduce of each token's largest logit and one sum
-                all-reduce of each token's [label logit, sum of exps]; the
-                mean over all T tokens (the same on every rank); the labels
-                of every rank all-gathered in the step (StepGraph's
-                gather_labels)
-  backward      autograd through the collectives' own autograd Functions
-                (the fused ops have none): an all-gather's backward is the
-                reduce-scatter and the reverse; the LayerNorms' gamma and
-                beta gradients (of the shard's tokens) summed over the ranks
-                with one all-reduce of them all after the backward (Megatron's
-                finalize_model_grads)
-  optimizer     fp32 master parameters cast to bf16 in the forward (as
-                pytorch_peer), torch.optim.AdamW(fused=True) over the rank's
-                shards and the replicated norms
-Each rank's shards are slices of the parameters one GPU draws
-(pytorch_peer.make_params, seed 1), so the first loss equals the 1-GPU
-step's on the same batch up to rounding (tp_loss_check).
+The model, configs, parameters and batch are pytorch_peer.py's
+(step_configs.cc's GPT configs with attention; the dense ones whose
+sequences split over the ranks: medium and large at N = 2; moe has no peer
+here, small's one sequence does not split, as step_bench --tp says). The
+model is written as nn.Modules (GPT below: per block LayerNorm -> q, k, v
+Linear -> rotary -> causal SDPA per sequence -> output Linear, + residual;
+LayerNorm -> Linear -> GeLU(tanh) -> Linear, + residual; final LayerNorm;
+head Linear without bias; fp32 masters cast to bf16 in the forward as in
+pytorch_peer) holding pytorch_peer.make_params' values (the q, k and v
+weights are the rows of its fused qkv_w), then sharded with PyTorch's own
+tensor parallelism, the Megatron-style plan torchtitan uses:
+  parallelize_module over a 1-D device mesh of the N ranks:
+    each block's norms        SequenceParallel(sequence_dim=0): rank r holds
+                              rows [r T/N, (r+1) T/N) of the residual stream
+    attention, MLP inputs     PrepareModuleInput: Shard(0) -> Replicate (the
+                              all-gather)
+    attention q, k, v         ColwiseParallel: heads / N heads per rank
+    attention output, fc2     RowwiseParallel(output_layouts=Shard(0)): the
+                              reduce-scatter back to the rank's rows
+    fc1                       ColwiseParallel: ffn / N rows per rank
+    final norm                SequenceParallel(sequence_dim=0)
+    head                      ColwiseParallel(input Shard(0), output
+                              Shard(-1)): vocabulary-parallel logits
+  loss          F.cross_entropy under loss_parallel() (vocabulary-parallel),
+                every token's labels on every rank
+  backward      DTensor's autograd (the replicated norms' gradients are
+                reduced by DTensor)
+  optimizer     torch.optim.AdamW(fused=True) over the DTensor parameters
+Same shapes, dtype (bf16 compute, fp32 masters), tokens, batch, learning
+rate and weight decay as pytorch_peer and step_bench; the first loss equals
+the 1-GPU step's up to rounding (tp_loss_check).
 
 Rows per config (step_bench's schema; Note [Tensor-parallel rows] in
 benchmarks/step_runner.h):
   pytorch_eager_tp1, pytorch_cuda_graph_tp1   the baseline: pytorch_peer's
                   eager and whole-step CUDA graph systems, every rank training
                   the whole config (all tokens) alone, all ranks at once
-  pytorch_tp_sequential         the TP step with all_gather_into_tensor /
-                  reduce_scatter_tensor beside the GEMMs (no overlap), eager
-  pytorch_async_tp              the TP step with PyTorch's async TP over
-                  symmetric memory, as tp_peer.py uses it:
-                  torch.ops.symm_mem.fused_all_gather_matmul for every
-                  all-gather + GEMM (fc1, the head, fc2's data gradient),
-                  fused_matmul_reduce_scatter for every GEMM + reduce-scatter
-                  (fc2, fc1's and the head's data gradients), eager
-  pytorch_async_tp_cuda_graph   pytorch_async_tp's whole step captured with
-                  torch.cuda.graph (pytorch_peer's recipe: 3 eager steps on a
-                  side stream, capture_error_mode "thread_local", capturable
-                  AdamW); a capture PyTorch refuses is no row: its error is
-                  the config's "unavailable" entry
+  pytorch_tp_eager              the plan above, eager (DTensor dispatch)
+  pytorch_tp_compile            each block under torch.compile (Inductor),
+                  the head and loss eager
+  pytorch_async_tp_compile      as pytorch_tp_compile with async TP:
+                  torch._inductor.config._micro_pipeline_tp (Inductor fuses
+                  each all-gather + GEMM and GEMM + reduce-scatter into
+                  symmetric-memory pipelined ops) with symmetric memory
+                  enabled for the group
+  pytorch_async_tp_compile_graph   pytorch_async_tp_compile's whole step
+                  captured with torch.cuda.graph (pytorch_peer's recipe: 3
+                  steps on a side stream, capture_error_mode "thread_local",
+                  capturable AdamW); a capture PyTorch refuses is no row: its
+                  error is the config's "unavailable" entry
+A row that cannot be built says why in its "reason" (status "failed"); the
+async rows fail with the reason when symmetric memory cannot be enabled.
 The TP rows at N > 1 only; their baseline_system, speedup_vs_tp1 and
-strong_scaling_efficiency against the tp1 row of the same kind (eager rows:
-pytorch_eager_tp1; the graph row: pytorch_cuda_graph_tp1); tflops and mfu
-per GPU. Timing as step_bench's (Note [How a step is timed]: host wall
-clock around one step plus torch.cuda.synchronize(); the ranks meet with
-dist.barrier before each sample; a sample is the largest over the ranks;
-median, min, max over --steps samples after --warmup steps; pipelined: the
-largest over the ranks of --steps steps and one synchronize, / steps).
-Rank 0 writes the JSON after every config. NVLink multicast stays off:
-NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
+strong_scaling_efficiency against the tp1 row of the same kind (eager and
+compiled rows: pytorch_eager_tp1; the graph row: pytorch_cuda_graph_tp1);
+tflops and mfu per GPU. Timing as step_bench's (Note [How a step is timed]:
+host wall clock around one step plus torch.cuda.synchronize(); the ranks
+meet with dist.barrier before each sample; a sample is the largest over the
+ranks; median, min, max over --steps samples after --warmup steps;
+pipelined: the largest over the ranks of --steps steps and one synchronize,
+/ steps). Rank 0 writes the JSON after every config. NVLink multicast stays
+off: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 NVSHMEM_DISABLE_NVLS=1 are set (comm_peer, on import) before torch is
 imported. The config table and row arithmetic need no torch (tests).
 """
@@ -87,24 +85,32 @@ torch, dist, F = peer.torch, peer.dist, peer.F
 
 CONFIGS = ("small", "medium", "large")  # pytorch_peer's dense configs; moe: no TP peer
 EAGER_BASE, GRAPH_BASE = "pytorch_eager_tp1", "pytorch_cuda_graph_tp1"
-SEQUENTIAL, ASYNC, ASYNC_GRAPH = "pytorch_tp_sequential", "pytorch_async_tp", "pytorch_async_tp_cuda_graph"
-# row: (pytorch_peer system of a tp1 row | None, async TP, whole-step graph, baseline row)
+TP_EAGER, TP_COMPILE = "pytorch_tp_eager", "pytorch_tp_compile"
+ASYNC, ASYNC_GRAPH = "pytorch_async_tp_compile", "pytorch_async_tp_compile_graph"
+TP_ROWS = (TP_EAGER, TP_COMPILE, ASYNC, ASYNC_GRAPH)
+# row: (pytorch_peer system of a tp1 row | None, compiled blocks, async TP, whole-step graph, baseline row)
 ROWS = {
-    EAGER_BASE: ("eager", False, False, None),
-    GRAPH_BASE: ("cuda_graph", False, True, None),
-    SEQUENTIAL: (None, False, False, EAGER_BASE),
-    ASYNC: (None, True, False, EAGER_BASE),
-    ASYNC_GRAPH: (None, True, True, GRAPH_BASE),
+    EAGER_BASE: ("eager", False, False, False, None),
+    GRAPH_BASE: ("cuda_graph", False, False, True, None),
+    TP_EAGER: (None, False, False, False, EAGER_BASE),
+    TP_COMPILE: (None, True, False, False, EAGER_BASE),
+    ASYNC: (None, True, True, False, EAGER_BASE),
+    ASYNC_GRAPH: (None, True, True, True, GRAPH_BASE),
 }
 TP_LOSS_TOLERANCE = 5e-3  # relative: a TP row's first loss against pytorch_eager_tp1's (bf16 partial sums)
+SHARDING = ("parallelize_module, torchtitan's Megatron-style plan: SequenceParallel(sequence_dim=0) norms, "
+            "ColwiseParallel q, k, v and fc1, RowwiseParallel(output_layouts=Shard(0)) output projection and fc2, "
+            "PrepareModuleInput Shard(0) -> Replicate before attention and MLP, ColwiseParallel head to Shard(-1) "
+            "logits, loss_parallel cross-entropy")
 
 
 def check_config(name, world):
     """None when `name` can be sharded over `world` ranks, else why not."""
     if name not in CONFIGS:
         return f"config '{name}' has no tensor-parallel PyTorch peer (dense configs only: {', '.join(CONFIGS)})"
-    c = peer.mlp_only(peer.CONFIGS[name])
-    for what, size in (("tokens", c["tokens"]), ("ffn", c["ffn"]), ("vocab", peer.VOCAB)):
+    c = peer.CONFIGS[name]
+    for what, size in (("sequences", c["sequences"]), ("heads", c["heads"]), ("ffn", c["ffn"]),
+                       ("vocab", peer.VOCAB)):
         if size % world:
             return f"config '{name}': {what} {size} does not divide by {world} ranks"
     return None
@@ -135,7 +141,7 @@ def loss_checks(rows):
     """(loss_check, tp_loss_check) from the rows that ran: the TP rows' first losses against each other (as
     step_bench compares its eager and graph rows), and each TP row's first loss against pytorch_eager_tp1's (the
     same global batch and parameters on one GPU)."""
-    tp_rows = [n for n in (SEQUENTIAL, ASYNC, ASYNC_GRAPH) if n in rows]
+    tp_rows = [n for n in TP_ROWS if n in rows]
     firsts = {n: rows[n]["first_losses"] for n in rows}
     check = {"steps": min((len(v) for v in firsts.values()), default=0), "compared": tp_rows, **firsts}
     if len(tp_rows) >= 2:
@@ -169,145 +175,161 @@ def describe(name, r):
 # --- the tensor-parallel step (torch needed from here on) -----------------
 
 if torch is not None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, loss_parallel, parallelize_module)
 
-    class AllGatherMatmul(torch.autograd.Function):
-        """Column-parallel: the ranks' row shards all-gathered, times this rank's weight rows (weight [out, in]):
-        gathered @ weight.T. Backward: d_shard = (d_out @ weight) reduce-scattered; d_weight = d_out.T @ gathered."""
+    class BfLinear(torch.nn.Linear):
+        """nn.Linear (so the TP styles take it) over fp32 masters, computing in bf16 as pytorch_peer.bf."""
 
-        @staticmethod
-        def forward(ctx, shard_, weight, comm):
-            gathered, out = comm.all_gather_mm(shard_, weight.t())
-            ctx.save_for_backward(gathered, weight)
-            ctx.comm = comm
-            return out
+        def forward(self, x):
+            return F.linear(x, peer.bf(self.weight), None if self.bias is None else peer.bf(self.bias))
 
-        @staticmethod
-        def backward(ctx, d_out):
-            gathered, weight = ctx.saved_tensors
-            d_out = d_out.contiguous()
-            d_shard = ctx.comm.mm_reduce_scatter(d_out, weight)
-            return d_shard, d_out.t() @ gathered, None
+    class BfLayerNorm(torch.nn.LayerNorm):
+        def forward(self, x):
+            return F.layer_norm(x, self.normalized_shape, peer.bf(self.weight), peer.bf(self.bias), self.eps)
 
-    class MatmulReduceScatter(torch.autograd.Function):
-        """Row-parallel: a [T, in / N] @ weight.T (weight [out, in / N]) summed over the ranks, this rank's rows,
-        + bias. Backward: dy all-gathered, d_a = dy_all @ weight, d_weight = dy_all.T @ a, d_bias = dy_all's
-        column sums (every token's: the whole gradient on every rank)."""
+    class Attention(torch.nn.Module):
+        """pytorch_peer.attention with q, k and v as three Linears (ColwiseParallel shards each by heads): the
+        rank's heads are its q's columns / head_dim, whatever N is."""
 
-        @staticmethod
-        def forward(ctx, a, weight, bias, comm):
-            out = comm.mm_reduce_scatter(a, weight.t()) + bias
-            ctx.save_for_backward(a, weight)
-            ctx.comm = comm
-            return out
+        def __init__(self, c, rope):
+            super().__init__()
+            h = c["hidden"]
+            self.c, self.rope = c, rope  # rope: plain tensors, not parameters or buffers (nothing to shard)
+            self.q, self.k, self.v, self.o = (BfLinear(h, h, device="cuda") for _ in range(4))
 
-        @staticmethod
-        def backward(ctx, dy):
-            a, weight = ctx.saved_tensors
-            dy_all, d_a = ctx.comm.all_gather_mm(dy.contiguous(), weight)
-            return d_a, dy_all.t() @ a, dy_all.sum(0), None
+        def forward(self, n):
+            c = self.c
+            s, length, d = c["sequences"], c["seq_len"], peer.head_dim(c)
+            q, k, v = (proj(n).view(s, length, -1, d).transpose(1, 2) for proj in (self.q, self.k, self.v))
+            out = F.scaled_dot_product_attention(peer.rotate(q, self.rope), peer.rotate(k, self.rope), v,
+                                                 is_causal=True)
+            return self.o(out.transpose(1, 2).reshape(s * length, -1))
 
-    class VocabParallelCrossEntropy(torch.autograd.Function):
-        """Mean softmax cross-entropy of logits [T, vocab / N] (this rank's vocabulary rows from vocab_start) over
-        every token's labels [T] (Megatron's VocabParallelCrossEntropy), in fp32."""
+    class Mlp(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.fc1 = BfLinear(c["hidden"], c["ffn"], device="cuda")
+            self.fc2 = BfLinear(c["ffn"], c["hidden"], device="cuda")
 
-        @staticmethod
-        def forward(ctx, logits, labels, vocab_start, group):
-            x = logits.float()
-            top = x.max(dim=1).values
-            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-            x = x - top.unsqueeze(1)
-            local = labels - vocab_start
-            here = (local >= 0) & (local < x.shape[1])
-            index = local.clamp(0, x.shape[1] - 1).unsqueeze(1)
-            picked = torch.where(here, x.gather(1, index).squeeze(1), torch.zeros((), device=x.device))
-            x.exp_()
-            stats = torch.stack([picked, x.sum(dim=1)])
-            dist.all_reduce(stats, group=group)
-            loss = (stats[1].log() - stats[0]).mean()
-            x.div_(stats[1].unsqueeze(1))  # softmax
-            ctx.save_for_backward(x, index, here)
-            ctx.logits_dtype = logits.dtype
-            return loss
+        def forward(self, n):
+            return self.fc2(F.gelu(self.fc1(n), approximate="tanh"))
 
-        @staticmethod
-        def backward(ctx, grad):
-            softmax, index, here = ctx.saved_tensors
-            d = softmax  # in place, as Megatron's
-            d.scatter_add_(1, index, -here.to(d.dtype).unsqueeze(1))
-            d.mul_(grad / d.shape[0])
-            return d.to(ctx.logits_dtype), None, None, None
+    class Block(torch.nn.Module):
+        def __init__(self, c, rope):
+            super().__init__()
+            self.attn_norm = BfLayerNorm(c["hidden"], eps=peer.EPS, device="cuda")
+            self.attn = Attention(c, rope)
+            self.mlp_norm = BfLayerNorm(c["hidden"], eps=peer.EPS, device="cuda")
+            self.mlp = Mlp(c)
+
+        def forward(self, h):
+            h = h + self.attn(self.attn_norm(h))
+            return h + self.mlp(self.mlp_norm(h))
+
+    class GPT(torch.nn.Module):
+        def __init__(self, c, rope):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block(c, rope) for _ in range(c["layers"]))
+            self.norm = BfLayerNorm(c["hidden"], eps=peer.EPS, device="cuda")
+            self.head = BfLinear(c["hidden"], peer.VOCAB, bias=False, device="cuda")
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+        @torch.no_grad()
+        def load(self, blocks, top):
+            """pytorch_peer.make_params' values (the whole model, as one GPU draws it)."""
+            h = self.norm.weight.shape[0]
+            for mine, p in zip(self.blocks, blocks):
+                mine.attn_norm.weight.copy_(p["attn_ln_w"])
+                mine.attn_norm.bias.copy_(p["attn_ln_b"])
+                for i, proj in enumerate((mine.attn.q, mine.attn.k, mine.attn.v)):  # qkv_w: q's rows, k's, v's
+                    proj.weight.copy_(p["qkv_w"][i * h:(i + 1) * h])
+                    proj.bias.copy_(p["qkv_b"][i * h:(i + 1) * h])
+                mine.attn.o.weight.copy_(p["proj_w"])
+                mine.attn.o.bias.copy_(p["proj_b"])
+                mine.mlp_norm.weight.copy_(p["ln_w"])
+                mine.mlp_norm.bias.copy_(p["ln_b"])
+                mine.mlp.fc1.weight.copy_(p["w1"])
+                mine.mlp.fc1.bias.copy_(p["b1"])
+                mine.mlp.fc2.weight.copy_(p["w2"])
+                mine.mlp.fc2.bias.copy_(p["b2"])
+            self.norm.weight.copy_(top["ln_w"])
+            self.norm.bias.copy_(top["ln_b"])
+            self.head.weight.copy_(top["head"])
+
+    def parallelize(model, mesh):
+        """torchtitan's plan (the module docstring), along the token dimension 0 of our [T, hidden] rows."""
+        rows, gather = Shard(0), PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),))
+        for block in model.blocks:
+            parallelize_module(block, mesh, {
+                "attn_norm": SequenceParallel(sequence_dim=0),
+                "attn": gather,
+                "attn.q": ColwiseParallel(),
+                "attn.k": ColwiseParallel(),
+                "attn.v": ColwiseParallel(),
+                "attn.o": RowwiseParallel(output_layouts=rows),
+                "mlp_norm": SequenceParallel(sequence_dim=0),
+                "mlp": gather,
+                "mlp.fc1": ColwiseParallel(),
+                "mlp.fc2": RowwiseParallel(output_layouts=rows),
+            })
+        parallelize_module(model, mesh, {
+            "norm": SequenceParallel(sequence_dim=0),
+            "head": ColwiseParallel(input_layouts=rows, output_layouts=Shard(-1), use_local_output=False),
+        })
 
     class TPSetup:
-        """One rank's shards of pytorch_peer's model (its parameters sliced), its rows of the global batch and
-        AdamW over its parameters; train_step() as pytorch_peer.Setup's."""
+        """One rank's GPT under the plan, its rows of pytorch_peer.Setup's batch (every token's labels: the
+        vocabulary-parallel loss reads them all) and fused AdamW over its DTensor parameters; train_step() as
+        pytorch_peer.Setup's."""
 
-        def __init__(self, c, group, comm, capturable, data_seed=2):
-            rank, n = group.rank, group.world
-            self.c, self.comm, self.pg = c, comm, comm.group
-            f0, f1 = shard(c["ffn"], rank, n)
-            v0, v1 = shard(peer.VOCAB, rank, n)
-            t0, t1 = shard(c["tokens"], rank, n)
-
-            def leaf(t):
-                return t.detach().clone(memory_format=torch.contiguous_format).requires_grad_(True)
-
-            blocks, top, everything = peer.make_params(c, seed=1)  # the whole model, as one GPU draws it
-            self.blocks = [
-                {"ln_w": leaf(p["ln_w"]), "ln_b": leaf(p["ln_b"]), "w1": leaf(p["w1"][f0:f1]),
-                 "b1": leaf(p["b1"][f0:f1]), "w2": leaf(p["w2"][:, f0:f1]), "b2": leaf(p["b2"])}
-                for p in blocks
-            ]
-            self.top = {"ln_w": leaf(top["ln_w"]), "ln_b": leaf(top["ln_b"]), "head": leaf(top["head"][v0:v1])}
+        def __init__(self, c, group, mesh, compiled, capturable, data_seed=2):
+            t0, t1 = shard(c["tokens"], group.rank, group.world)
+            self.rope = peer.rope_tables(c)
+            self.model = GPT(c, self.rope)
+            blocks, top, everything = peer.make_params(c, seed=1)
+            self.model.load(blocks, top)
             del blocks, top, everything
-            self.params = [t for p in self.blocks for t in p.values()] + list(self.top.values())
-            # Replicated on every rank, gradients from this rank's tokens only: summed over the ranks.
-            self.norms = [p[k] for p in self.blocks + [self.top] for k in ("ln_w", "ln_b")]
-            self.vocab_start = v0
+            parallelize(self.model, mesh)
+            if compiled:
+                for block in self.model.blocks:
+                    block.compile()  # per block, as torchtitan: the collectives inside, Inductor sees them
             g = torch.Generator(device="cuda")
-            g.manual_seed(data_seed)  # pytorch_peer.Setup's batch, this rank's rows
+            g.manual_seed(data_seed)
             x = peer.uniform((c["tokens"], c["hidden"]), 1.0, g).to(torch.bfloat16)
-            labels = torch.randint(0, peer.VOCAB, (c["tokens"],), generator=g, device="cuda")
-            self.x, self.labels = x[t0:t1].clone(), labels[t0:t1].clone()
-            del x, labels
+            self.labels = torch.randint(0, peer.VOCAB, (c["tokens"],), generator=g, device="cuda")
+            self.x = x[t0:t1].clone()
+            del x
             torch.cuda.empty_cache()
-            self.optimizer = torch.optim.AdamW(self.params, lr=peer.LR, weight_decay=peer.WEIGHT_DECAY, fused=True,
-                                               capturable=capturable)
-
-        def forward_loss(self):
-            c, bf = self.c, peer.bf
-            labels = torch.empty((self.labels.shape[0] * self.pg.size(),), dtype=self.labels.dtype,
-                                 device=self.labels.device)
-            dist.all_gather_into_tensor(labels, self.labels, group=self.pg)
-            h = self.x
-            for p in self.blocks:
-                n = F.layer_norm(h, (c["hidden"],), bf(p["ln_w"]), bf(p["ln_b"]), peer.EPS)
-                a = F.gelu(AllGatherMatmul.apply(n, bf(p["w1"]), self.comm) + bf(p["b1"]), approximate="tanh")
-                h = h + MatmulReduceScatter.apply(a, bf(p["w2"]), bf(p["b2"]), self.comm)
-            n = F.layer_norm(h, (c["hidden"],), bf(self.top["ln_w"]), bf(self.top["ln_b"]), peer.EPS)
-            logits = AllGatherMatmul.apply(n, bf(self.top["head"]), self.comm)
-            return VocabParallelCrossEntropy.apply(logits, labels, self.vocab_start, self.pg)
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=peer.LR, weight_decay=peer.WEIGHT_DECAY,
+                                               fused=True, capturable=capturable)
 
         def train_step(self):
             """One step; returns the loss tensor (no host read): the global mean, the same on every rank."""
-            loss = self.forward_loss()
-            loss.backward()
-            grads = [p.grad for p in self.norms]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.pg)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+            with loss_parallel():
+                loss = F.cross_entropy(self.model(self.x).float(), self.labels)
+                loss.backward()
             self.optimizer.step()
-            return loss
+            return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
-def build_tp_system(row, c, group):
+def set_async_tp(on):
+    """Inductor's async TP pass (read when a graph is compiled)."""
+    torch._inductor.config._micro_pipeline_tp = on
+
+
+def build_tp_system(row, c, group, mesh):
     """pytorch_peer.build_system's tuple for a TP row (ROWS)."""
-    _, async_tp, graph, _ = ROWS[row]
+    _, compiled, async_tp, graph, _ = ROWS[row]
     start = time.perf_counter()
-    comm = tp_peer.TPComm(dist.group.WORLD, async_tp)
-    s = TPSetup(c, group, comm, capturable=graph)
+    set_async_tp(async_tp)
+    s = TPSetup(c, group, mesh, compiled, capturable=graph)
     if graph:
         return peer.warm_up_and_capture(s, start, capture_error_mode="thread_local")
 
@@ -315,23 +337,29 @@ def build_tp_system(row, c, group):
         s.optimizer.zero_grad(set_to_none=True)
         return s.train_step()
 
-    return run_one, {}, [], s
+    extra = {}
+    if compiled:  # the compilation before the timed warm-up, so that compile time is not a step's
+        compile_start = time.perf_counter()
+        losses = [run_one().item() for _ in range(2)]
+        extra["compile_ms"] = 1000 * (time.perf_counter() - compile_start)
+        return run_one, extra, losses, s
+    return run_one, extra, [], s
 
 
-def run_tp_config(name, rows, steps, warmup, deadline, group, async_error):
-    """One config's rows on every rank; the config's JSON (the same on every rank)."""
-    c = peer.mlp_only(peer.CONFIGS[name])  # the MLP-only trunk, as step_bench --tp
+def run_tp_config(name, rows, steps, warmup, deadline, group, async_error, mesh=None):
+    """One config's rows on every rank; the config's JSON (the same on every rank). mesh: the ranks' 1-D device
+    mesh (the TP rows')."""
+    c = peer.CONFIGS[name]
     n = group.world
-    out = peer.config_header(name, trunk=True)
-    out.update(status="ok", reason=None, world_size=n, tensor_parallel_rows=True, trunk=peer.TP_TRUNK, unavailable={},
-               systems=[])
+    out = peer.config_header(name)
+    out.update(status="ok", reason=None, world_size=n, tp=n, tensor_parallel_rows=True, unavailable={}, systems=[])
     why = check_config(name, n)
     if why is not None:
         out.update(status="not_run", reason=why)
         return out
     made = {}  # the rows that ran, by name
     for row_name in rows:
-        system, async_tp, graph, baseline_name = ROWS[row_name]
+        system, compiled, async_tp, graph, baseline_name = ROWS[row_name]
         row = None
         if system is None and n == 1:
             continue  # the TP rows need N > 1 ranks
@@ -343,8 +371,11 @@ def run_tp_config(name, rows, steps, warmup, deadline, group, async_error):
             if system is not None:
                 build = lambda: peer.build_system(system, c, data_seed=2)  # noqa: E731
             else:
-                build = lambda: build_tp_system(row_name, c, group)  # noqa: E731
+                build = lambda: build_tp_system(row_name, c, group, mesh)  # noqa: E731
             result, why = peer.run_everywhere(build, c, steps, warmup, group, world_one=n == 1)
+            if compiled and torch is not None:  # the next row compiles afresh (and with its own async TP setting)
+                set_async_tp(False)
+                peer.reset_compiled_state()
             if result is None and graph and system is None:
                 out["unavailable"][row_name] = f"capture failed: {why}"  # no row for a capture failure
             elif result is None:
@@ -369,7 +400,7 @@ def run_tp_config(name, rows, steps, warmup, deadline, group, async_error):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default="small,medium,large", help=f"of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default="medium,large", help=f"of {', '.join(CONFIGS)}")
     parser.add_argument("--systems", help=f"rows, of {', '.join(ROWS)} (default all)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after the capture)")
@@ -400,9 +431,10 @@ def main(argv=None):
     try:
         world, leader = group.world, group.rank == 0
         async_error = None
-        if any(ROWS[r][1] for r in rows) and world > 1:
+        mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("tp",)) if world > 1 else None
+        if any(ROWS[r][2] for r in rows) and world > 1:
             try:
-                tp_peer.enable_async_tp(dist.group.WORLD)
+                tp_peer.enable_async_tp(mesh.get_group())
             except Exception as error:  # every async row fails with it
                 async_error = f"{type(error).__name__}: {error}"[:2000]
         note = "world size 1: the tp1 rows alone; nothing is sharded" if world == 1 else ""
@@ -415,14 +447,12 @@ def main(argv=None):
                 "launcher": launcher,
                 "nccl_version": peer.comm_nccl_version(),
                 "multicast_env": peer.MULTICAST_ENV,
-                "sequential": "all_gather_into_tensor / reduce_scatter_tensor, then / before the GEMM (no overlap)",
-                "async_tp": "torch.ops.symm_mem.fused_all_gather_matmul and fused_matmul_reduce_scatter",
-                "sharding": "Megatron tensor + sequence parallel as StepGraph's ResidualStack: tokens / N outside "
-                "the blocks, ffn / N inside, vocabulary-parallel head and cross-entropy, the norms' gradients "
-                "all-reduced",
+                "sharding": SHARDING,
+                "compile": "each block under torch.compile (Inductor); the head and the loss eager",
+                "async_tp": "torch._inductor.config._micro_pipeline_tp with symmetric memory enabled for the group "
+                "(Inductor's fused all-gather + GEMM and GEMM + reduce-scatter)",
                 "strong_scaling": "every row trains the config's `tokens` per step; the TP rows shard the model over "
                 "N GPUs",
-                "trunk": peer.TP_TRUNK,
                 "baseline": f"{EAGER_BASE}, {GRAPH_BASE}: pytorch_peer's eager and cuda_graph systems, every rank "
                 "training the whole config alone on its GPU, all ranks at the same time",
                 "timing": peer.DP_TIMING,
@@ -441,7 +471,7 @@ def main(argv=None):
                 print(f"tp_step_peer: async TP unavailable: {async_error}", file=sys.stderr, flush=True)
         deadline = time.perf_counter() + args.budget_s
         for name in configs:
-            c = run_tp_config(name, rows, args.steps, args.warmup, deadline, group, async_error)
+            c = run_tp_config(name, rows, args.steps, args.warmup, deadline, group, async_error, mesh)
             result["configs"].append(c)
             if leader:
                 peer.save_progress(result, args.out)

@@ -116,14 +116,21 @@ def test_zero1_and_world_of_one(tmp_path):
 
 
 def test_two_host_processes_write_the_tensor_parallel_rows(tmp_path):
-    """step_bench --tp 2: the tiny config sharded over two host processes against each training it alone."""
-    codes, logs = run_world(tmp_path, 2, HOST_FLAGS + ["--tp", "2", "--overlap", "overlap"])
+    """step_bench --tp 2: the tiny GPT (attention and MLP) sharded over two host processes against each training it
+    alone; --profile gives the graphed rows their exposed communication."""
+    codes, logs = run_world(tmp_path, 2, HOST_FLAGS + ["--tp", "2", "--overlap", "overlap", "--profile"])
     assert codes == [0, 0], logs
     data = json.loads((tmp_path / "rank0.json").read_text())
     tp = data["tensor_parallel"]
     assert tp["world_size"] == 2 and tp["launcher"] == "torchrun" and "ring_exchange" in tp["overlap"]
+    assert "heads" in tp["sharding"] and "trunk" not in tp
     (c,) = data["configs"]
     assert c["status"] == "ok" and c["loss_check"]["identical"]
+    assert (c["heads"], c["kv_heads"], c["tp"]) == (2, 2, 2) and c["attention_core_flops_per_step"] > 0
+    graphed = {s["system"]: s for s in c["systems"] if "graph" in s["system"]}
+    assert graphed["stepgraph_graph_tp1"]["profile_exposed_comm_us"] == 0  # alone: no collective
+    share = graphed["stepgraph_graph_tp2"]["profile_exposed_comm_fraction"]
+    assert 0 < share < 1 and "profiled exposed comm" in logs[0]
     rows = {s["system"]: s for s in c["systems"]}
     assert list(rows) == ["stepgraph_eager_tp1", "stepgraph_graph_tp1", "stepgraph_eager_tp2", "stepgraph_graph_tp2"]
     for name in ("stepgraph_eager_tp2", "stepgraph_graph_tp2"):
@@ -133,6 +140,17 @@ def test_two_host_processes_write_the_tensor_parallel_rows(tmp_path):
         assert s["strong_scaling_efficiency"] == pytest.approx(s["speedup_vs_tp1"] / 2)
         assert s["persistent_bytes"] < base["persistent_bytes"], "each rank holds half the model"
     assert "speedup" in logs[0] and "speedup" not in logs[1]  # rank 0 prints
+
+
+def test_step_bench_tp_refuses_a_config_whose_sequences_do_not_split():
+    """small has one sequence: its TP ranks cannot each hold whole sequences; said before any rank starts (or
+    looks for a GPU)."""
+    env = clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+    done = subprocess.run([BINARY, "--device", "cuda", "--configs", "medium,small", "--tp", "2"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "--tp 2: config small has 1 sequence(s) of 256 tokens" in done.stderr
+    assert "leave small out of --configs" in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -217,7 +235,8 @@ def test_peer_rows_have_step_bench_fields(two_ranks):
 def test_report_puts_both_side_by_side(two_ranks):
     data, _ = two_ranks
     ours = json.loads(json.dumps(data))
-    ours["configs"][0].update({k: pytorch_peer.config_header("small")[k] for k in report.SHAPE_KEYS})
+    header = pytorch_peer.config_header("small")
+    ours["configs"][0].update({k: header[k] for k in report.SHAPE_KEYS if k in header})  # tp: TP files only
     ours["configs"][0]["name"] = "small"
     theirs = {"benchmark": "training_step", "source": "pytorch", "device": "test", "configs": [peer_config()]}
     configs, warnings = report.merge(ours, theirs)

@@ -19,9 +19,11 @@ TEST(ModelFlopsTest, DenseConfigsCountBlocksAndHead) {
             8LL * (4 * 2048 * 2048 + 2 * 2048 * 8192) + 2048 * 8192);
   EXPECT_EQ(matmul_params_per_token(step_config("large").model),
             4LL * (4 * 4096 * 4096 + 2 * 4096 * 16384) + 4096 * 8192);
-  // The MLP-only trunk (the tp rows): as before attention.
-  EXPECT_EQ(matmul_params_per_token(mlp_only(step_config("large")).model), 4LL * 2 * 4096 * 16384 + 4096 * 8192);
-  EXPECT_DOUBLE_EQ(step_flops(mlp_only(step_config("large")).model, 8192, 2), 6.0 * 8192 * 570425344.0);
+  // Without attention (heads 0): the MLPs and the head alone, no attention core.
+  ResidualStackConfig mlp_blocks = step_config("large").model;
+  mlp_blocks.heads = 0;
+  EXPECT_EQ(matmul_params_per_token(mlp_blocks), 4LL * 2 * 4096 * 16384 + 4096 * 8192);
+  EXPECT_DOUBLE_EQ(step_flops(mlp_blocks, 8192, 2), 6.0 * 8192 * 570425344.0);
 }
 
 TEST(ModelFlopsTest, AttentionCoreIsCausalFlashAttentionConvention) {
@@ -36,7 +38,9 @@ TEST(ModelFlopsTest, AttentionCoreIsCausalFlashAttentionConvention) {
   EXPECT_DOUBLE_EQ(step_flops(large, 8192, 2), 6.0 * 8192 * params + 4 * 2 * 3.5 * forward);
   // small: 1 sequence of 256, 8 heads of 64, 8 layers.
   EXPECT_DOUBLE_EQ(attention_core_flops(step_config("small").model, 256, 1), 8 * 7.0 * 256 * 256 * 8 * 64);
-  EXPECT_DOUBLE_EQ(attention_core_flops(mlp_only(step_config("small")).model, 256, 1), 0.0);
+  ResidualStackConfig no_attention = step_config("small").model;
+  no_attention.heads = 0;
+  EXPECT_DOUBLE_EQ(attention_core_flops(no_attention, 256, 1), 0.0);
   // Grouped-query attention: fewer K/V heads shrink the QKV projection, not the core.
   ResidualStackConfig gqa = large;
   gqa.kv_heads = 8;

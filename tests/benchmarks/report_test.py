@@ -246,11 +246,10 @@ def test_peer_configs_match_step_bench():
         assert header["flops_per_step"] == 6.0 * c["tokens"] * params + core[name]
         assert header["attention_core_flops_per_step"] == core[name]
         assert (header["heads"], header["kv_heads"], header["head_dim"]) == (c["heads"], c["heads"], c["hidden"] // c["heads"])
-        # The MLP-only trunk of the tp rows: no attention, the same tokens.
-        trunk = pytorch_peer.config_header(name, trunk=True)
-        assert trunk["heads"] == 0 and trunk["kv_heads"] is None and trunk["tokens"] == c["tokens"]
-        assert trunk["attention_core_flops_per_step"] == 0
-        assert trunk["flops_per_step"] == 6.0 * c["tokens"] * (params - c["layers"] * 4 * c["hidden"] ** 2)
+        # Without attention (heads 0): the MLPs and the head alone, no attention core.
+        mlp_blocks = dict(c, heads=0)
+        assert pytorch_peer.attention_core_flops(mlp_blocks) == 0
+        assert pytorch_peer.step_flops(mlp_blocks) == 6.0 * c["tokens"] * (params - c["layers"] * 4 * c["hidden"] ** 2)
     assert pytorch_peer.VOCAB == 8192
     assert pytorch_peer.SYSTEMS == ("eager", "cuda_graph", "compile", "compile_graph")
 

@@ -48,20 +48,23 @@ TEST(StepConfigsTest, BenchmarkConfigsHaveTheIssueShapes) {
   EXPECT_EQ(configs[3].model.moe_every, 1);
 }
 
-TEST(StepConfigsTest, TinyHasAttentionAndMlpOnlyDropsIt) {
+TEST(StepConfigsTest, TinyHasAttention) {
   const StepConfig tiny = step_config("tiny");
   EXPECT_EQ(tiny.model.hidden, 64);
   EXPECT_EQ(tiny.model.heads, 2);
   EXPECT_EQ(tiny.sequences, 2);
   EXPECT_EQ(tiny.seq_len, 32);
   EXPECT_EQ(tiny.tokens, 64);
-  const StepConfig trunk = mlp_only(step_config("large"));
-  EXPECT_FALSE(trunk.has_attention());
-  EXPECT_EQ(trunk.model.heads, 0);
-  EXPECT_EQ(trunk.name, "large");
-  EXPECT_EQ(trunk.tokens, 8192);
-  EXPECT_EQ(trunk.model.hidden, 4096);
-  EXPECT_EQ(trunk.model.ffn, 16384);
+}
+
+// step_bench --tp 2 runs the GPT configs whose sequences split over two ranks (Note [Tensor-parallel rows]).
+TEST(StepConfigsTest, MediumAndLargeSplitOverTwoTensorParallelRanks) {
+  for (const char* name : {"medium", "large", "tiny"}) {
+    const StepConfig c = step_config(name);
+    EXPECT_TRUE(c.has_attention()) << name;
+    EXPECT_EQ(c.sequences % 2, 0) << name;
+    EXPECT_EQ(c.model.heads % 2, 0) << name;
+  }
 }
 
 TEST(StepConfigsTest, ParsesAListInTheOrderGiven) {

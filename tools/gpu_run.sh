@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,determinism,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_sanitize]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,determinism,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_tp_bench,multigpu_sanitize]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -13,21 +13,32 @@
 #   programs.log                 the trainer runs, the demo, the attention kernels against SDPA
 #   determinism.log              every trainer configuration twice per mode and resumed, 1,000 steps, bit
 #                                for bit, on a text file (tools/determinism_checks.sh); with 2 GPUs also
-#                                DP=2, ZeRO-1 and TP=2
+#                                DP=2, ZeRO-1, TP=2 on the window model (--heads 0) and TP=2 on the default
+#                                GPT (about 1 minute each world)
 #   benchmarks.log               every benchmark's output; *.json their results
 #   comm.log                     comm_bench and comm_peer.py (collectives on this host's GPUs)
 #   step_table.log               --stages step_table: the training-step table alone, in under 10 minutes
 #                                (the step goals in one job): step_bench --profile, step_bench
 #                                --step-scoped-gradients, PyTorch's eager and compiled systems (--quick),
 #                                step_report.md and step_report_step_scoped.md
-#   multigpu.log                 --stages multigpu (2 GPUs): the multi-rank NCCL tests, the trainer's
-#                                checks at TP=2 and DP=2, restarts after a killed rank (DP=2, ZeRO-1), 10,000 TP=2 steps, DP=2 losses against one
-#                                GPU, a killed rank
+#   multigpu.log                 --stages multigpu (2 GPUs, about 5 minutes): the multi-rank NCCL tests,
+#                                the trainer's checks (entropy floor, eager == graph, exact resume) on the
+#                                default GPT at TP=2 (4 layers, hidden 512, 8 heads: about 20 s), on the
+#                                window model at TP=2 (--heads 0) and at DP=2, 10,000 TP=2 steps of a short
+#                                GPT (2 layers, hidden 128, 4 heads, 512 tokens a step: about 15 s) for
+#                                the no-hang check, DP=2 losses against one GPU, a killed rank, restarts
+#                                after a killed rank (DP=2, ZeRO-1)
 #   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests
-#   multigpu_bench.log           --stages multigpu_bench (2 GPUs): tp_mlp_bench + tp_peer.py,
-#                                comm_bench + comm_peer.py, step_bench --dp 2 + pytorch_peer.py --ddp,
-#                                step_bench --tp 2 (bulk and overlap) + tp_step_peer.py and their
-#                                report.py tables (step_report_tp2_*.md), each JSON beside it
+#   multigpu_bench.log           --stages multigpu_bench (2 GPUs, over 10 minutes: run its parts in
+#                                separate device calls where a call is limited): tp_mlp_bench +
+#                                tp_peer.py, comm_bench + comm_peer.py, step_bench --dp 2 +
+#                                pytorch_peer.py --ddp, and multigpu_tp_bench's runs, each JSON beside it
+#   multigpu_tp_bench.log        --stages multigpu_tp_bench (2 GPUs, about 8 minutes; also part of
+#                                multigpu_bench): the GPT medium and large at TP=2, step_bench --tp 2
+#                                --profile (bulk and overlap, about 1.5 minutes each) + tp_step_peer.py
+#                                (parallelize_module, compiled, async TP, captured whole: at most 5 minutes,
+#                                --budget-s) and their report.py tables (step_report_tp2_*.md: step time
+#                                against the fastest PyTorch TP row, exposed communication)
 #   profile.log                  --stages profile: step_bench --profile (each config's ops by summed
 #                                time), ncu over one graphed step of small, large, moe; ncu_<config>.md their tables
 #   sanitizer.log                with --sanitize: memcheck and racecheck
@@ -125,10 +136,9 @@ if wants determinism; then
   : >"$results/determinism.log"
   echo "corpus: $(wc -c <"$work/corpus.txt") bytes of the bundle's sources" >>"$results/determinism.log"
   step determinism.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/determinism" "$work/corpus.txt" --steps 1000
-  # And at 2 ranks where the machine has 2 GPUs (DP=2, ZeRO-1, TP=2 on the window model: attention is not
-  # tensor-parallel yet).
+  # And at 2 ranks where the machine has 2 GPUs (DP=2, ZeRO-1, TP=2 on the window model and on the GPT).
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-    for world in "--dp 2" "--dp 2 --dp-mode zero1" "--tp 2 --heads 0"; do
+    for world in "--dp 2" "--dp 2 --dp-mode zero1" "--tp 2 --heads 0" "--tp 2"; do
       # shellcheck disable=SC2086
       step determinism.log "$here/determinism_checks.sh" "$here/bin/trainer" "$work/determinism_${world// /_}" \
         "$work/corpus.txt" --steps 1000 --only default -- --nproc-per-node 2 $world
@@ -198,9 +208,14 @@ if wants multigpu; then
     for binary in "$here"/multirank/*; do
       step multigpu.log "${binary_run[@]}" "$binary"
     done
+    # The trainer's checks on the default GPT (attention and MLP tensor- and sequence-parallel), on the window
+    # model (MLP blocks alone) and data parallel.
+    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/gpt_tp2" --nproc-per-node 2 --tp 2 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --heads 0 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/dp2" --nproc-per-node 2 --dp 2
-    step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --heads 0 --overlap overlap --steps 10000 --log-every 1000
+    # No hang: 10,000 TP=2 steps of a short GPT (its collectives every step, attention's included).
+    step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --overlap overlap --layers 2 --hidden 128 --heads 4 \
+      --ffn 256 --seq-len 64 --batch 8 --steps 10000 --log-every 1000
     # DP=2 against one GPU on the same global batch (fp32; the log prints 4 decimals).
     "$here/bin/trainer" --dtype fp32 --steps 50 --log-every 1 >"$work/dp1_fp32.log" 2>&1
     "$here/bin/trainer" --nproc-per-node 2 --dp 2 --dtype fp32 --steps 50 --log-every 1 >"$work/dp2_fp32.log" 2>&1
@@ -236,6 +251,22 @@ if wants multigpu_sanitize; then
     grep -E "ERROR SUMMARY" "$results/multigpu_sanitize.log" | sort | uniq -c >>"$results/summary.txt"
   fi
 fi
+# The GPT medium and large at TP=2: our step (each overlap mode, profiled for the exposed communication) and
+# PyTorch's (parallelize_module: eager, compiled, async TP, captured whole), then each mode's TP table against it.
+tp_step_bench() {
+  local log=$1 overlap
+  for overlap in bulk overlap; do
+    step "$log" "${binary_run[@]}" "$here/bin/step_bench" --tp 2 --overlap "$overlap" --configs medium,large --profile \
+      --out "$results/step_bench_tp2_$overlap.json"
+  done
+  # --budget-s: no row starts after 5 minutes; the timeout in case a symmetric-memory wait never returns.
+  step "$log" timeout 480 "${python_run[@]}" "$here/benchmarks/tp_step_peer.py" --configs medium,large --budget-s 300 \
+    --out "$results/tp_step_peer.json"
+  for overlap in bulk overlap; do
+    step "$log" python3 "$here/benchmarks/report.py" "$results/step_bench_tp2_$overlap.json" \
+      "$results/tp_step_peer.json" --markdown "$results/step_report_tp2_$overlap.md"
+  done
+}
 if wants multigpu_bench; then
   : >"$results/multigpu_bench.log"
   if two_gpus multigpu_bench.log; then
@@ -244,21 +275,14 @@ if wants multigpu_bench; then
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/comm_bench" --max-bytes 256M --out "$results/comm_bench_2gpu.json"
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer_2gpu.json"
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --dp 2 --configs medium,large --out "$results/step_bench_dp2.json"
-    for overlap in bulk overlap; do
-      step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --tp 2 --overlap "$overlap" --configs medium,large \
-        --out "$results/step_bench_tp2_$overlap.json"
-    done
-    # The whole TP step in PyTorch (sequential collectives, async TP, async TP captured whole); a timeout in case a
-    # symmetric-memory wait never returns. Then each overlap mode's TP table against it.
-    step multigpu_bench.log timeout 1200 "${python_run[@]}" "$here/benchmarks/tp_step_peer.py" --configs medium,large \
-      --out "$results/tp_step_peer.json"
-    for overlap in bulk overlap; do
-      step multigpu_bench.log python3 "$here/benchmarks/report.py" "$results/step_bench_tp2_$overlap.json" \
-        "$results/tp_step_peer.json" --markdown "$results/step_report_tp2_$overlap.md"
-    done
+    wants multigpu_tp_bench || tp_step_bench multigpu_bench.log
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \
       --out "$results/pytorch_peer_dp2.json"
   fi
+fi
+if wants multigpu_tp_bench; then
+  : >"$results/multigpu_tp_bench.log"
+  two_gpus multigpu_tp_bench.log && tp_step_bench multigpu_tp_bench.log
 fi
 
 # 7. Optional: compute-sanitizer memcheck and racecheck over the test binaries.

@@ -169,10 +169,12 @@ def test_budget_and_missing_async_tp(monkeypatch):
     assert out["systems"][0]["status"] == "not_run" and out["status"] == "failed"
     for row in ("pytorch_async_tp_compile", "pytorch_async_tp_compile_graph"):
         out = tp_step_peer.run_tp_config("medium", [row], 3, 1, math.inf, FakeGroup(), "ImportError: x")
-        assert out["systems"][0] == {"system": row, "status": "failed", "reason": "async TP unavailable: ImportError: x"}
+        why = "async TP unavailable: ImportError: x"
+        assert out["systems"][0] == {"system": row, "status": "failed", "reason": why}
     three = FakeGroup()
     three.world = 3
-    assert tp_step_peer.run_tp_config("medium", ["pytorch_tp_eager"], 3, 1, math.inf, three, None)["status"] == "not_run"
+    out = tp_step_peer.run_tp_config("medium", ["pytorch_tp_eager"], 3, 1, math.inf, three, None)
+    assert out["status"] == "not_run"
 
 
 @pytest.fixture(scope="module")

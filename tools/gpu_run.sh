@@ -28,7 +28,8 @@
 #                                GPT (2 layers, hidden 128, 4 heads, 512 tokens a step: about 15 s) for
 #                                the no-hang check, DP=2 losses against one GPU, a killed rank, restarts
 #                                after a killed rank (DP=2, ZeRO-1)
-#   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests
+#   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests and on the
+#                                GPT's two TP ranks for 6 steps, graphed and eager
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs, over 10 minutes: run its parts in
 #                                separate device calls where a call is limited): tp_mlp_bench +
 #                                tp_peer.py, comm_bench + comm_peer.py, step_bench --dp 2 +
@@ -247,6 +248,11 @@ if wants multigpu_sanitize; then
     for binary in "$here"/multirank/*; do
       step multigpu_sanitize.log "${binary_run[@]}" compute-sanitizer --tool memcheck --report-api-errors no \
         --error-exitcode 99 "$binary"
+    done
+    # The GPT's TP ranks (attention's collectives, split kv heads) for a few steps, graphed and eager.
+    for mode in graph eager; do
+      step multigpu_sanitize.log "${binary_run[@]}" compute-sanitizer --tool memcheck --report-api-errors no \
+        --error-exitcode 99 "$here/bin/trainer" --tp 2 --kv-heads 2 --steps 6 --log-every 1 --mode "$mode"
     done
     grep -E "ERROR SUMMARY" "$results/multigpu_sanitize.log" | sort | uniq -c >>"$results/summary.txt"
   fi

@@ -73,12 +73,23 @@ std::vector<std::uint32_t> bits(const std::vector<float>& values) {
   return out;
 }
 
-// Every rank reports rank 0's global loss, each rank's eager losses equal its
-// graphed ones bit for bit, and rank 0's are within 1e-5 relative of one
-// process's (the tolerance each caller justifies); returns the largest
-// relative difference.
-double expect_ranks_match_one_process(const std::vector<std::vector<float>>& graph,
-                                      const std::vector<std::vector<float>>& eager, const std::vector<float>& single) {
+// What a world's run against one process found.
+struct WorldRun {
+  std::vector<float> rank0;  // rank 0's graphed losses
+  double worst;              // the largest relative loss difference to one process
+};
+
+// Trains `one` in one process, then the graphed options `world` and their
+// eager twin on a thread world of `ranks`: every rank reports rank 0's global
+// loss, each rank's eager losses equal its graphed ones bit for bit, and
+// rank 0's are within 1e-5 relative of one process's (the tolerance each
+// caller justifies).
+WorldRun expect_world_matches_one_process(const TrainerOptions& one, TrainerOptions world, int ranks) {
+  std::ostringstream log;
+  const std::vector<float> single = train(one, Device::kHost, log).losses;
+  const std::vector<std::vector<float>> graph = train_ranks(world, ranks);
+  world.mode = StepMode::kEager;
+  const std::vector<std::vector<float>> eager = train_ranks(world, ranks);
   for (std::size_t r = 0; r < graph.size(); ++r) {
     EXPECT_EQ(bits(graph[r]), bits(graph[0])) << "rank " << r << " reports another global loss than rank 0";
     EXPECT_EQ(bits(eager[r]), bits(graph[r])) << "rank " << r << ": eager and graph differ";
@@ -89,7 +100,7 @@ double expect_ranks_match_one_process(const std::vector<std::vector<float>>& gra
     worst = std::max(worst, std::abs(static_cast<double>(graph[0][s]) - single[s]) / std::abs(single[s]));
   }
   EXPECT_LE(worst, 1e-5);
-  return worst;
+  return {graph[0], worst};
 }
 
 class DataParallelTrainerTest : public ::testing::TestWithParam<int> {};
@@ -101,14 +112,10 @@ class DataParallelTrainerTest : public ::testing::TestWithParam<int> {};
 // more (the rank's own slice alone trains on other data).
 TEST_P(DataParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
   const int ranks = GetParam();
-  std::ostringstream log;
-  const std::vector<float> single = train(options(StepMode::kGraph), Device::kHost, log).losses;
-  const std::vector<std::vector<float>> graph = train_ranks(options(StepMode::kGraph), ranks);
-  const std::vector<std::vector<float>> eager = train_ranks(options(StepMode::kEager), ranks);
-  const double worst = expect_ranks_match_one_process(graph, eager, single);
-  EXPECT_LT(graph[0].back(), graph[0].front());
-  std::printf("%d ranks: largest relative loss difference to one process over %zu steps: %.3g\n", ranks, single.size(),
-              worst);
+  const WorldRun run = expect_world_matches_one_process(options(StepMode::kGraph), options(StepMode::kGraph), ranks);
+  EXPECT_LT(run.rank0.back(), run.rank0.front());
+  std::printf("%d ranks: largest relative loss difference to one process over %zu steps: %.3g\n", ranks,
+              run.rank0.size(), run.worst);
 }
 
 // --dp-mode zero1 trains exactly like allreduce on the host (its reduce-scatter
@@ -209,17 +216,12 @@ class TensorParallelTrainerTest : public ::testing::TestWithParam<TensorParallel
 
 TEST_P(TensorParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
   const auto [ranks, overlap] = GetParam();
-  std::ostringstream log;
-  const std::vector<float> single = train(options(StepMode::kGraph), Device::kHost, log).losses;
   TrainerOptions o = options(StepMode::kGraph);
   o.tp = 2;
   o.overlap = MLPOverlap::parse(overlap);
-  const std::vector<std::vector<float>> graph = train_ranks(o, ranks);
-  o.mode = StepMode::kEager;
-  const std::vector<std::vector<float>> eager = train_ranks(o, ranks);
-  const double worst = expect_ranks_match_one_process(graph, eager, single);
+  const WorldRun run = expect_world_matches_one_process(options(StepMode::kGraph), o, ranks);
   std::printf("tp 2 x dp %d (%s): largest relative loss difference to one process over %zu steps: %.3g\n",
-              ranks / 2, overlap, single.size(), worst);
+              ranks / 2, overlap, run.rank0.size(), run.worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelTrainerTest,
@@ -287,34 +289,24 @@ TrainerOptions gpt_options(StepMode mode) { return resolve_defaults(gpt_flags(mo
 
 TEST_P(TensorParallelTrainerTest, TheGptMatchesOneProcessOnTheGlobalBatch) {
   const auto [ranks, overlap] = GetParam();
-  std::ostringstream log;
-  const std::vector<float> single = train(gpt_options(StepMode::kGraph), Device::kHost, log).losses;
   TrainerOptions o = gpt_options(StepMode::kGraph);
   o.tp = 2;
   o.overlap = MLPOverlap::parse(overlap);
-  const std::vector<std::vector<float>> graph = train_ranks(o, ranks);
-  o.mode = StepMode::kEager;
-  const std::vector<std::vector<float>> eager = train_ranks(o, ranks);
-  const double worst = expect_ranks_match_one_process(graph, eager, single);
-  EXPECT_LT(graph[0].back(), graph[0].front());
+  const WorldRun run = expect_world_matches_one_process(gpt_options(StepMode::kGraph), o, ranks);
+  EXPECT_LT(run.rank0.back(), run.rank0.front());
   std::printf("gpt tp 2 x dp %d (%s): largest relative loss difference to one process over %zu steps: %.3g\n",
-              ranks / 2, overlap, single.size(), worst);
+              ranks / 2, overlap, run.rank0.size(), run.worst);
 }
 
 // More ranks than kv heads: --tp 4 with --kv-heads 2, each kv head copied on
 // two ranks (Note [Tensor-parallel attention]), against one process.
 TEST(TensorParallelTrainerGptTest, MoreRanksThanKvHeadsMatchesOneProcess) {
-  std::ostringstream log;
-  const std::vector<float> single = train(gpt_options(StepMode::kGraph), Device::kHost, log).losses;
   TrainerOptions o = gpt_options(StepMode::kGraph);
   o.tp = 4;
   o.overlap = MLPOverlap::overlapped();
-  const std::vector<std::vector<float>> graph = train_ranks(o, 4);
-  o.mode = StepMode::kEager;
-  const std::vector<std::vector<float>> eager = train_ranks(o, 4);
-  const double worst = expect_ranks_match_one_process(graph, eager, single);
+  const WorldRun run = expect_world_matches_one_process(gpt_options(StepMode::kGraph), o, 4);
   std::printf("gpt tp 4, kv_heads 2: largest relative loss difference to one process over %zu steps: %.3g\n",
-              single.size(), worst);
+              run.rank0.size(), run.worst);
 }
 
 // The GPT's tensor-parallel ranks write their own files, and a resume continues exactly.
@@ -410,18 +402,13 @@ class ContextParallelTrainerTest : public ::testing::TestWithParam<ContextParall
 
 TEST_P(ContextParallelTrainerTest, TheGptMatchesOneProcessOnTheGlobalBatch) {
   const ContextParallelCase c = GetParam();
-  std::ostringstream log;
-  const std::vector<float> single = train(gpt_options(StepMode::kGraph), Device::kHost, log).losses;
   TrainerOptions o = gpt_options(StepMode::kGraph);
   o.tp = c.tp;
   o.cp = c.cp;
-  const std::vector<std::vector<float>> graph = train_ranks(o, c.ranks);
-  o.mode = StepMode::kEager;
-  const std::vector<std::vector<float>> eager = train_ranks(o, c.ranks);
-  const double worst = expect_ranks_match_one_process(graph, eager, single);
-  EXPECT_LT(graph[0].back(), graph[0].front());
+  const WorldRun run = expect_world_matches_one_process(gpt_options(StepMode::kGraph), o, c.ranks);
+  EXPECT_LT(run.rank0.back(), run.rank0.front());
   std::printf("gpt tp %d x cp %d x dp %d: largest relative loss difference to one process over %zu steps: %.3g\n", c.tp,
-              c.cp, c.ranks / (c.tp * c.cp), single.size(), worst);
+              c.cp, c.ranks / (c.tp * c.cp), run.rank0.size(), run.worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ContextParallelTrainerTest,

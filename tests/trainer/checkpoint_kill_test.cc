@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/host_world.h"
+#include "tests/trainer/small_model.h"
 #include "tests/trainer/test_support.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
@@ -34,17 +35,9 @@ constexpr int kKills = 15;
 
 // Saving every step to `checkpoint` (none where empty).
 TrainerOptions options(bool zero1, const std::string& checkpoint) {
-  TrainerOptions o;
-  o.steps = kSteps;
-  o.layers = 2;
-  o.hidden = 32;
-  o.ffn = 64;
-  o.heads = 0;  // the window model (two ranks need no attention)
-  o.batch = 16;
-  o.context = 2;
-  o.log_every = 1000;
-  o.dtype = DType::kFloat32;
-  o.seed = 3;
+  // The window model: two ranks need no attention.
+  TrainerOptions o = testing::small_model_flags(
+      testing::SmallModel::kWindow, {.steps = kSteps, .log_every = 1000, .dtype = DType::kFloat32, .seed = 3});
   o.checkpoint = checkpoint;
   o.save_every = checkpoint.empty() ? 0 : 1;
   if (zero1) {

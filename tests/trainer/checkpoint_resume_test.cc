@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "tests/trainer/small_model.h"
 #include "tests/trainer/test_support.h"
 #include "checkpoint/checkpoint.h"
 #include "trainer/options.h"
@@ -26,18 +27,10 @@ using testing::expect_error;
 using testing::fresh_path;
 
 TrainerOptions small_options() {
-  TrainerOptions o;
-  o.steps = 3;
-  o.layers = 2;
-  o.hidden = 32;
-  o.ffn = 64;
-  o.heads = 2;
-  o.batch = 4;
-  o.seq_len = 8;
-  o.log_every = 1;
-  o.dtype = DType::kBFloat16;
-  o.seed = 11;
-  return resolve_defaults(o, Device::kHost);
+  return resolve_defaults(
+      testing::small_model_flags(testing::SmallModel::kSequence,
+                                 {.steps = 3, .log_every = 1, .dtype = DType::kBFloat16, .seed = 11}),
+      Device::kHost);
 }
 
 // Trains `o` for 3 steps into a fresh checkpoint and returns its path.

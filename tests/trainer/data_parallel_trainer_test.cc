@@ -21,6 +21,7 @@
 #include "engine/host_world.h"
 #include "layers/residual_stack.h"
 #include "tests/support/expect_error.h"
+#include "tests/trainer/small_model.h"
 #include "checkpoint/checkpoint_set.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
@@ -29,20 +30,19 @@
 namespace stepgraph::trainer {
 namespace {
 
-// fp32 on the host: the reduction-order tolerance below is fp32's.
-TrainerOptions options(StepMode mode) {
-  TrainerOptions o;
-  o.steps = 12;
-  o.layers = 2;
-  o.hidden = 32;
-  o.ffn = 64;
-  o.batch = 32;  // the global batch
-  o.heads = 0;    // the window model (gpt_options below: the sequence model)
-  o.context = 2;
-  o.log_every = 4;
-  o.dtype = DType::kFloat32;
-  o.seed = 5;
+// Unresolved: the flags of 12 steps of `model` in fp32 on the host (the
+// reduction-order tolerance below is fp32's).
+TrainerOptions run_flags(testing::SmallModel model, StepMode mode) {
+  TrainerOptions o =
+      testing::small_model_flags(model, {.steps = 12, .log_every = 4, .dtype = DType::kFloat32, .seed = 5});
   o.mode = mode;
+  return o;
+}
+
+// The window model (gpt_options below: the sequence model).
+TrainerOptions options(StepMode mode) {
+  TrainerOptions o = run_flags(testing::SmallModel::kWindow, mode);
+  o.batch = 32;  // the global batch
   return resolve_defaults(o, Device::kHost);
 }
 
@@ -266,22 +266,13 @@ TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {
 // vocabulary's), 1e-5 relative on the loss over 12 steps.
 // Unresolved: the flags as given.
 TrainerOptions gpt_flags(StepMode mode) {
-  TrainerOptions o;
-  o.steps = 12;
-  o.layers = 2;
-  o.hidden = 32;
-  o.ffn = 64;
+  TrainerOptions o = run_flags(testing::SmallModel::kSequence, mode);
   o.heads = 4;
   o.kv_heads = 2;
-  o.seq_len = 8;
   o.batch = 8;  // the global batch of sequences
   // A multiple of every TP size's padding (fp32 at --tp 4: 16 logits), so one
   // process trains the same head as the ranks.
   o.vocab = 16;
-  o.log_every = 4;
-  o.dtype = DType::kFloat32;
-  o.seed = 5;
-  o.mode = mode;
   return o;
 }
 

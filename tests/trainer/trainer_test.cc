@@ -15,6 +15,7 @@
 
 #include "engine/error.h"
 #include "tests/support/gpu.h"
+#include "tests/trainer/small_model.h"
 #include "trainer/options.h"
 #include "trainer/token_file.h"
 #include "trainer/train_loop.h"
@@ -26,24 +27,10 @@ namespace {
 // sequence model (2 heads, 4 sequences of 8 tokens), or with `window` the
 // window model (16 examples of 2 tokens).
 TrainerOptions small_options(Device device, bool window = false) {
-  TrainerOptions o;
-  o.steps = 20;
-  o.layers = 2;
-  o.hidden = 32;
-  o.ffn = 64;
-  if (window) {
-    o.heads = 0;
-    o.batch = 16;
-    o.context = 2;
-  } else {
-    o.heads = 2;
-    o.batch = 4;
-    o.seq_len = 8;
-  }
-  o.log_every = 5;
-  o.dtype = DType::kBFloat16;
-  o.seed = 11;
-  return resolve_defaults(o, device);
+  return resolve_defaults(
+      testing::small_model_flags(window ? testing::SmallModel::kWindow : testing::SmallModel::kSequence,
+                                 {.steps = 20, .log_every = 5, .dtype = DType::kBFloat16, .seed = 11}),
+      device);
 }
 
 std::uint32_t bits(float value) {

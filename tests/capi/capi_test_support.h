@@ -1,8 +1,13 @@
 // What the C API's tests share: the OK assertion that prints the last error,
-// and the small residual stack several of them train.
+// the small residual stack several of them train, and a train step's inputs
+// written and one step run.
 #pragma once
 
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "capi/stepgraph.h"
 
@@ -18,4 +23,21 @@ inline sg_residual_stack_config small_fp32_stack_config() {
   stack.vocab = 16;
   stack.dtype = SG_DTYPE_FLOAT32;
   return stack;
+}
+
+// Copies `tokens` and `labels` into a train step's inputs x and y.
+inline void copy_step_inputs(sg_tensor x, sg_tensor y, const std::vector<int32_t>& tokens,
+                             const std::vector<int32_t>& labels) {
+  EXPECT_EQ(sg_tensor_copy_from_host(x, tokens.data(), tokens.size() * sizeof(int32_t)), SG_OK) << sg_last_error();
+  EXPECT_EQ(sg_tensor_copy_from_host(y, labels.data(), labels.size() * sizeof(int32_t)), SG_OK) << sg_last_error();
+}
+
+// Runs one step; its loss (NaN, beside the failure, where the step fails).
+inline float run_step_loss(sg_train_step step) {
+  sg_tensor loss = nullptr;
+  EXPECT_EQ(sg_train_step_run(step, &loss), SG_OK) << sg_last_error();
+  float value = NAN;
+  EXPECT_EQ(sg_tensor_copy_to_host(loss, &value, sizeof(value)), SG_OK);
+  EXPECT_EQ(sg_tensor_destroy(loss), SG_OK);
+  return value;
 }

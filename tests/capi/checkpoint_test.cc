@@ -64,6 +64,21 @@ sg_optimizer_config optimizer_options() {
 
 constexpr int64_t kTokens = 16;  // two sequences of 8
 
+// Step s's batch: token ids and their next tokens.
+struct Batch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> labels;
+};
+
+Batch batch_of_step(int s) {
+  Batch batch{std::vector<int32_t>(kTokens), std::vector<int32_t>(kTokens)};
+  for (int64_t i = 0; i < kTokens; ++i) {
+    batch.tokens[i] = static_cast<int32_t>((i * 5 + s * 3) % 16);
+    batch.labels[i] = static_cast<int32_t>((i * 5 + s * 3 + 1) % 16);
+  }
+  return batch;
+}
+
 // One run: a context, a model, its optimizer and a train step.
 struct TrainingRun {
   explicit TrainingRun(const sg_language_model_config& model) {
@@ -91,20 +106,9 @@ struct TrainingRun {
     EXPECT_EQ(sg_train_step_inputs(step, &x, &y), SG_OK);
     std::vector<float> losses;
     for (int s = first; s < first + count; ++s) {
-      std::vector<int32_t> tokens(kTokens);
-      std::vector<int32_t> labels(kTokens);
-      for (int64_t i = 0; i < kTokens; ++i) {
-        tokens[i] = static_cast<int32_t>((i * 5 + s * 3) % 16);
-        labels[i] = static_cast<int32_t>((i * 5 + s * 3 + 1) % 16);
-      }
-      EXPECT_EQ(sg_tensor_copy_from_host(x, tokens.data(), tokens.size() * 4), SG_OK);
-      EXPECT_EQ(sg_tensor_copy_from_host(y, labels.data(), labels.size() * 4), SG_OK);
-      sg_tensor loss = nullptr;
-      EXPECT_EQ(sg_train_step_run(step, &loss), SG_OK) << sg_last_error();
-      float value = NAN;
-      EXPECT_EQ(sg_tensor_copy_to_host(loss, &value, sizeof(value)), SG_OK);
-      EXPECT_EQ(sg_tensor_destroy(loss), SG_OK);
-      losses.push_back(value);
+      const Batch batch = batch_of_step(s);
+      copy_step_inputs(x, y, batch.tokens, batch.labels);
+      losses.push_back(run_step_loss(step));
     }
     EXPECT_EQ(sg_tensor_destroy(x), SG_OK);
     EXPECT_EQ(sg_tensor_destroy(y), SG_OK);
@@ -226,14 +230,9 @@ TEST(CheckpointTest, ACapturedStepReplaysFromTheLoadedState) {
   sg_tensor x = nullptr;
   sg_tensor y = nullptr;
   ASSERT_SG_OK(sg_train_step_inputs(other.step, &x, &y));
-  std::vector<int32_t> tokens(kTokens);
-  std::vector<int32_t> labels(kTokens);
-  for (int64_t i = 0; i < kTokens; ++i) {
-    tokens[i] = static_cast<int32_t>((i * 5 + 2 * 3) % 16);
-    labels[i] = static_cast<int32_t>((i * 5 + 2 * 3 + 1) % 16);
-  }
-  ASSERT_SG_OK(sg_tensor_copy_from_host(x, tokens.data(), tokens.size() * 4));
-  ASSERT_SG_OK(sg_tensor_copy_from_host(y, labels.data(), labels.size() * 4));
+  const Batch batch = batch_of_step(2);
+  copy_step_inputs(x, y, batch.tokens, batch.labels);
+  ASSERT_FALSE(HasFailure()) << "step 2's batch was not written";
   ASSERT_SG_OK(sg_graph_replay(graph, nullptr, nullptr, 0));
   sg_tensor loss = nullptr;
   ASSERT_SG_OK(sg_graph_output(graph, 0, &loss));

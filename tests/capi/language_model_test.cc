@@ -71,17 +71,9 @@ class LanguageModelTest : public ::testing::Test {
     sg_tensor x = nullptr;
     sg_tensor y = nullptr;
     EXPECT_EQ(sg_train_step_inputs(step_, &x, &y), SG_OK);
-    EXPECT_EQ(sg_tensor_copy_from_host(x, tokens.data(), tokens.size() * 4), SG_OK) << sg_last_error();
-    EXPECT_EQ(sg_tensor_copy_from_host(y, labels.data(), labels.size() * 4), SG_OK) << sg_last_error();
+    copy_step_inputs(x, y, tokens, labels);
     std::vector<float> losses;
-    for (int s = 0; s < steps; ++s) {
-      sg_tensor loss = nullptr;
-      EXPECT_EQ(sg_train_step_run(step_, &loss), SG_OK) << sg_last_error();
-      float value = NAN;
-      EXPECT_EQ(sg_tensor_copy_to_host(loss, &value, sizeof(value)), SG_OK);
-      EXPECT_EQ(sg_tensor_destroy(loss), SG_OK);
-      losses.push_back(value);
-    }
+    for (int s = 0; s < steps; ++s) losses.push_back(run_step_loss(step_));
     EXPECT_EQ(sg_train_step_check_errors(step_), SG_OK) << sg_last_error();
     EXPECT_EQ(sg_tensor_destroy(x), SG_OK);
     EXPECT_EQ(sg_tensor_destroy(y), SG_OK);

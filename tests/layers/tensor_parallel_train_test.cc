@@ -14,8 +14,6 @@
 // reduction or a mis-scaled loss is off by orders of magnitude.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -25,6 +23,7 @@
 #include "optim/adamw.h"
 #include "layers/residual_stack.h"
 #include "train/train_step.h"
+#include "tests/layers/world_steps.h"
 #include "tests/support/global_batch.h"
 #include "tests/support/seed.h"
 
@@ -117,28 +116,17 @@ TEST_P(TensorParallelTrainTest, EqualsOneProcessOnTheWholeBatchAndGraphEqualsEag
     ctx.set_communication_stream(2);
     Rig eager(ctx, local, tp, dp, overlap);
     Rig graphed(ctx, local, tp, dp, overlap);
-    auto graph = CapturedStep::capture(
-        ctx, [&] { return graphed.step(ctx); },
-        {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});
     EXPECT_EQ(graphed.step.communicators().size(), c.dp > 1 ? 2u : 1u) << who;
     const int dp_rank = dp != nullptr ? dp->rank() : 0;
     const std::int64_t first = (dp_rank * c.tp + tp->rank()) * local;
-    for (int s = 0; s < kSteps; ++s) {
+    ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(ctx, eager, graphed, want_losses, who, [&](int s) {
       const Batch b = global_batch(seed.value(), s);
       eager.load(ctx, b, first, local);
       graphed.load(ctx, b, first, local);
-      const float eager_loss = ctx.to_vector<float>(eager.step(ctx)[0]).at(0);
-      graph->replay();
-      const float graph_loss = ctx.to_vector<float>(graph->outputs()[0]).at(0);
-      ASSERT_EQ(std::memcmp(&eager_loss, &graph_loss, 4), 0) << who << " step " << s << ": graph != eager";
-      EXPECT_NEAR(graph_loss, want_losses[s], 1e-5 * std::abs(want_losses[s])) << who << " step " << s;
-    }
+    }));
     const std::vector<float> norm = graphed.final_norm(ctx);
     EXPECT_EQ(norm, eager.final_norm(ctx)) << who << ": graph and eager parameters differ";
-    ASSERT_EQ(norm.size(), want_norm.size());
-    float worst = 0;
-    for (std::size_t i = 0; i < norm.size(); ++i) worst = std::max(worst, std::abs(norm[i] - want_norm[i]));
-    EXPECT_LE(worst, 1e-5f) << who << ": the final norm against one process";
+    ASSERT_NO_FATAL_FAILURE(testing::expect_within(norm, want_norm, 1e-5f, who + ": the final norm"));
     for (std::size_t i = 0; i < graphed.model.parameters().size(); ++i) {
       const Parameter* pe = eager.model.parameters()[i];
       const Parameter* pg = graphed.model.parameters()[i];

@@ -37,7 +37,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -47,6 +46,7 @@
 #include "graphs/captured_step.h"
 #include "layers/language_model.h"
 #include "optim/adamw.h"
+#include "tests/layers/world_steps.h"
 #include "tests/support/seed.h"
 #include "train/context_parallel_batch.h"
 #include "train/train_step.h"
@@ -178,13 +178,6 @@ struct Rig {
   TrainStep step;
 };
 
-void expect_within(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  float worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-  EXPECT_LE(worst, 1e-5f) << what << ": largest difference to one process " << worst;
-}
-
 std::string case_name(const Case& c) {
   return "tp" + std::to_string(c.tp) + "_cp" + std::to_string(c.cp) + "_dp" + std::to_string(c.dp) + "_kv" +
          std::to_string(c.kv_heads) + "_" + c.overlap + "_" + std::string(data_parallel_mode_name(c.mode));
@@ -238,20 +231,12 @@ TEST_P(GptParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverFourAdamWStepsA
     Rig eager(ctx, c, local, tp, grads, cp);
     Rig graphed(ctx, c, local, tp, grads, cp);
     EXPECT_EQ(graphed.step.packing().shape(), (Shape{kSequences + 1})) << who;
-    auto graph = CapturedStep::capture(
-        ctx, [&] { return graphed.step(ctx); },
-        {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});
-    for (int s = 0; s < kSteps; ++s) {
+    ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(ctx, eager, graphed, want_losses, who, [&](int s) {
       const Batch mine = rank_rows(global_batch(seed.value(), s), c, at);
       const std::vector<std::int32_t> packing = group_packing(s, group, c.dp);
       eager.load(ctx, mine, packing);
       graphed.load(ctx, mine, packing);
-      const float eager_loss = ctx.to_vector<float>(eager.step(ctx)[0]).at(0);
-      graph->replay();
-      const float graph_loss = ctx.to_vector<float>(graph->outputs()[0]).at(0);
-      ASSERT_EQ(std::memcmp(&eager_loss, &graph_loss, 4), 0) << who << " step " << s << ": graph != eager";
-      EXPECT_NEAR(graph_loss, want_losses[s], 1e-5 * std::abs(want_losses[s])) << who << " step " << s;
-    }
+    }));
     eager.step.check_errors(ctx);
     graphed.step.check_errors(ctx);
     const std::vector<Parameter*> pe = eager.model.parameters();
@@ -269,10 +254,10 @@ TEST_P(GptParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverFourAdamWStepsA
       return std::vector<float>(whole.begin() + at.tp_rank * v * kHidden,
                                 whole.begin() + (at.tp_rank + 1) * v * kHidden);
     };
-    expect_within(got[0], rows_of(want_outer[0]), who + " embedding rows");
-    expect_within(got[1], want_outer[1], who + " final norm gamma");
-    expect_within(got[2], want_outer[2], who + " final norm beta");
-    expect_within(got[3], rows_of(want_outer[3]), who + " head rows");
+    testing::expect_within(got[0], rows_of(want_outer[0]), 1e-5f, who + " embedding rows");
+    testing::expect_within(got[1], want_outer[1], 1e-5f, who + " final norm gamma");
+    testing::expect_within(got[2], want_outer[2], 1e-5f, who + " final norm beta");
+    testing::expect_within(got[3], rows_of(want_outer[3]), 1e-5f, who + " head rows");
   });
 }
 

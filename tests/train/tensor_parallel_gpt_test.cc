@@ -27,8 +27,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -39,6 +37,7 @@
 #include "graphs/captured_step.h"
 #include "layers/residual_stack.h"
 #include "optim/adamw.h"
+#include "tests/layers/world_steps.h"
 #include "tests/support/global_batch.h"
 #include "tests/support/seed.h"
 #include "train/train_step.h"
@@ -124,14 +123,6 @@ bool place_slice(const std::string& name, std::int64_t kv_heads, int n, int rank
   return true;
 }
 
-void expect_within(const std::vector<float>& got, const std::vector<float>& want, float tolerance,
-                   const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  float worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
-  EXPECT_LE(worst, tolerance) << what << ": largest difference to one process " << worst;
-}
-
 struct Case {
   int tp;
   std::int64_t kv_heads;
@@ -174,19 +165,11 @@ TEST_P(TensorParallelGptTest, EqualsOneProcessOnTheWholeBatchOverFourAdamWStepsA
     ctx.set_communication_stream(2);
     Rig eager(ctx, local, c.kv_heads, &tp, overlap);
     Rig graphed(ctx, local, c.kv_heads, &tp, overlap);
-    auto graph = CapturedStep::capture(
-        ctx, [&] { return graphed.step(ctx); },
-        {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});
-    for (int s = 0; s < kSteps; ++s) {
+    ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(ctx, eager, graphed, want_losses, who, [&](int s) {
       const testing::GlobalBatch b = global_batch(seed.value(), s);
       eager.load(ctx, b, r * local, local);
       graphed.load(ctx, b, r * local, local);
-      const float eager_loss = ctx.to_vector<float>(eager.step(ctx)[0]).at(0);
-      graph->replay();
-      const float graph_loss = ctx.to_vector<float>(graph->outputs()[0]).at(0);
-      ASSERT_EQ(std::memcmp(&eager_loss, &graph_loss, 4), 0) << who << " step " << s << ": graph != eager";
-      EXPECT_NEAR(graph_loss, want_losses[s], 1e-5 * std::abs(want_losses[s])) << who << " step " << s;
-    }
+    }));
     const std::vector<Parameter*> pe = eager.model.parameters();
     const std::vector<Parameter*> pg = graphed.model.parameters();
     ASSERT_EQ(pg.size(), names.size()) << who;
@@ -201,12 +184,12 @@ TEST_P(TensorParallelGptTest, EqualsOneProcessOnTheWholeBatchOverFourAdamWStepsA
       if (place_slice(names[i], c.kv_heads, c.tp, r, rows, cols, values, gathered[i])) {
         sliced[i] = true;
       } else {
-        expect_within(values, want_params[i], 1e-5f, who + " " + names[i] + " (replicated)");
+        testing::expect_within(values, want_params[i], 1e-5f, who + " " + names[i] + " (replicated)");
       }
     }
   });
   for (std::size_t i = 0; i < names.size(); ++i) {
-    if (sliced[i]) expect_within(gathered[i], want_params[i], 1e-5f, names[i] + " (the ranks' slices gathered)");
+    if (sliced[i]) testing::expect_within(gathered[i], want_params[i], 1e-5f, names[i] + " (the ranks' slices gathered)");
   }
   // Ranks that share a kv head hold equal copies of it, bit for bit, after the steps.
   const std::int64_t copies = c.kv_heads % c.tp == 0 ? 1 : c.tp / c.kv_heads;

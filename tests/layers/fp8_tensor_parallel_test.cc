@@ -39,6 +39,7 @@
 #include "graphs/captured_step.h"
 #include "layers/layernorm_mlp.h"
 #include "layers/linear.h"
+#include "tests/layers/one_rank_parity.h"
 #include "tests/layers/shard_values.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
@@ -299,22 +300,16 @@ TEST(Fp8TensorParallelCudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainLaye
     const LayerNormMLPConfig config{.hidden = kHidden, .ffn = kFfn, .fp8 = recipe};
     Mlp split(ctx, config, comm.get());
     Mlp plain(ctx, config, nullptr);
-    auto capture = [&](Subject& mlp, std::vector<Communicator*> comms) {
-      return CapturedStep::capture(ctx,
-                                   [&] {
-                                     const auto [y, dx] = mlp.step(ctx, x, dy);
-                                     return std::vector<Tensor>{y, dx};
-                                   },
-                                   {.pool_report_policy = PoolReportPolicy::kError, .communicators = std::move(comms)});
+    auto step = [&](Subject& mlp) {
+      return [&] {
+        const auto [y, dx] = mlp.step(ctx, x, dy);
+        return std::vector<Tensor>{y, dx};
+      };
     };
-    auto with = capture(split, {comm.get()});
-    auto without = capture(plain, {});
-    for (int i = 0; i < 100; ++i) {
-      with->replay();
-      without->replay();
-    }
-    const Result a = read(ctx, split, {with->outputs()[0], with->outputs()[1]});
-    const Result b = read(ctx, plain, {without->outputs()[0], without->outputs()[1]});
+    const testing::ParityGraphs graphs(ctx, *comm, step(split), step(plain));
+    graphs.replay(100);
+    const Result a = read(ctx, split, {graphs.with->outputs()[0], graphs.with->outputs()[1]});
+    const Result b = read(ctx, plain, {graphs.without->outputs()[0], graphs.without->outputs()[1]});
     EXPECT_EQ(a.y, b.y);
     EXPECT_EQ(a.dx, b.dx);
     EXPECT_EQ(a.grads, b.grads);

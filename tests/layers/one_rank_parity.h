@@ -1,9 +1,8 @@
 // On one NCCL rank a tensor-parallel layer's all-gathers, reduce-scatters and
 // all-reduces are identities: the layer built with the communicator and the
-// plain layer, each captured (forward of x, backward of dy) and replayed on
-// the same inputs, give the same 16-bit outputs and fp32 gradients, bit for
-// bit. Layer is a 16-bit layer with forward(ctx, {x}) -> {y, saved},
-// backward(ctx, saved, {dy}) -> dx and parameters().
+// plain layer, each captured and replayed on the same inputs, give the same
+// outputs and gradients, bit for bit. ParityGraphs holds the two captures of
+// any such step; OneRankParity the whole check for a 16-bit layer.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,26 +17,43 @@
 
 namespace stepgraph::testing {
 
+// The parallel step captured with its collectives on a communicator, and the
+// plain step captured without one; the pool report an error in both.
+struct ParityGraphs {
+  ParityGraphs(Context& ctx, Communicator& comm, const CapturedStep::StepFunction& parallel,
+               const CapturedStep::StepFunction& plain)
+      : with(CapturedStep::capture(ctx, parallel,
+                                   {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}})),
+        without(CapturedStep::capture(ctx, plain, {.pool_report_policy = PoolReportPolicy::kError})) {}
+
+  // Replays both `times` times, in turn.
+  void replay(int times = 1) const {
+    for (int i = 0; i < times; ++i) {
+      with->replay();
+      without->replay();
+    }
+  }
+
+  std::shared_ptr<CapturedStep> with, without;
+};
+
+// Layer is a 16-bit layer with forward(ctx, {x}) -> {y, saved},
+// backward(ctx, saved, {dy}) -> dx and parameters(); each graph is the
+// forward of x and the backward of dy.
 template <typename Layer>
 class OneRankParity {
  public:
   OneRankParity(Context& ctx, Communicator& comm, Layer& parallel, Layer& plain, const Tensor& x, const Tensor& dy)
-      : ctx_(ctx),
-        parallel_(parallel),
-        plain_(plain),
-        with_(capture(parallel, x, dy, {&comm})),
-        without_(capture(plain, x, dy, {})) {}
+      : ctx_(ctx), parallel_(parallel), plain_(plain), graphs_(ctx, comm, step(parallel, x, dy), step(plain, x, dy)) {}
 
   // Replays both steps once.
-  void replay() {
-    with_->replay();
-    without_->replay();
-  }
+  void replay() { graphs_.replay(); }
 
   // y, dx and every gradient of the two layers are equal (fatal where not).
   void expect_equal() const {
     for (std::size_t o = 0; o < 2; ++o) {
-      ASSERT_EQ(ctx_.to_vector<std::uint16_t>(with_->outputs()[o]), ctx_.to_vector<std::uint16_t>(without_->outputs()[o]))
+      ASSERT_EQ(ctx_.to_vector<std::uint16_t>(graphs_.with->outputs()[o]),
+                ctx_.to_vector<std::uint16_t>(graphs_.without->outputs()[o]))
           << "output " << o;
     }
     const auto a = parallel_.parameters();
@@ -49,21 +65,17 @@ class OneRankParity {
   }
 
  private:
-  std::shared_ptr<CapturedStep> capture(Layer& layer, const Tensor& x, const Tensor& dy,
-                                        std::vector<Communicator*> comms) {
-    return CapturedStep::capture(
-        ctx_,
-        [this, &layer, x, dy] {
-          const typename Layer::Forward f = layer.forward(ctx_, {x});
-          return std::vector<Tensor>{f.y, layer.backward(ctx_, f.saved, {dy})};
-        },
-        {.pool_report_policy = PoolReportPolicy::kError, .communicators = std::move(comms)});
+  CapturedStep::StepFunction step(Layer& layer, const Tensor& x, const Tensor& dy) {
+    return [this, &layer, x, dy] {
+      const typename Layer::Forward f = layer.forward(ctx_, {x});
+      return std::vector<Tensor>{f.y, layer.backward(ctx_, f.saved, {dy})};
+    };
   }
 
   Context& ctx_;
   Layer& parallel_;
   Layer& plain_;
-  std::shared_ptr<CapturedStep> with_, without_;
+  ParityGraphs graphs_;
 };
 
 }  // namespace stepgraph::testing

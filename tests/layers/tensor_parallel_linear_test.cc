@@ -37,6 +37,7 @@
 #include "graphs/captured_step.h"
 #include "layers/layernorm_linear.h"
 #include "layers/linear.h"
+#include "tests/layers/one_rank_parity.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
 #include "tests/layers/shard_values.h"
@@ -404,23 +405,18 @@ TEST(TensorParallelLinearCudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainL
   Pair pair_plain(ctx, DType::kBFloat16, kHidden, kFfn, /*sp=*/true, nullptr);
   NormThenLinear qkv_tp(ctx, DType::kBFloat16, kHidden, kFfn, /*sp=*/true, comm.get());
   NormThenLinear qkv_plain(ctx, DType::kBFloat16, kHidden, kFfn, /*sp=*/true, nullptr);
-  auto capture = [&](Subject& pair, Subject& qkv, std::vector<Communicator*> comms) {
-    return CapturedStep::capture(ctx,
-                                 [&] {
-                                   const auto [y1, dx1] = pair.step(ctx, x, dy_pair);
-                                   const auto [y2, dx2] = qkv.step(ctx, x, dy_qkv);
-                                   return std::vector<Tensor>{y1, dx1, y2, dx2};
-                                 },
-                                 {.pool_report_policy = PoolReportPolicy::kError, .communicators = std::move(comms)});
+  auto step = [&](Subject& pair, Subject& qkv) {
+    return [&] {
+      const auto [y1, dx1] = pair.step(ctx, x, dy_pair);
+      const auto [y2, dx2] = qkv.step(ctx, x, dy_qkv);
+      return std::vector<Tensor>{y1, dx1, y2, dx2};
+    };
   };
-  auto with = capture(pair_tp, qkv_tp, {comm.get()});
-  auto without = capture(pair_plain, qkv_plain, {});
-  for (int i = 0; i < 100; ++i) {
-    with->replay();
-    without->replay();
-  }
+  const testing::ParityGraphs graphs(ctx, *comm, step(pair_tp, qkv_tp), step(pair_plain, qkv_plain));
+  graphs.replay(100);
   for (std::size_t o = 0; o < 4; ++o) {
-    EXPECT_EQ(ctx.to_vector<std::uint16_t>(with->outputs()[o]), ctx.to_vector<std::uint16_t>(without->outputs()[o]))
+    EXPECT_EQ(ctx.to_vector<std::uint16_t>(graphs.with->outputs()[o]),
+              ctx.to_vector<std::uint16_t>(graphs.without->outputs()[o]))
         << "output " << o;
   }
   for (auto [a, b] : {std::pair<Subject*, Subject*>{&pair_tp, &pair_plain}, {&qkv_tp, &qkv_plain}}) {

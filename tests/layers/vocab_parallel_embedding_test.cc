@@ -20,6 +20,7 @@
 #include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "layers/embedding.h"
+#include "tests/layers/one_rank_parity.h"
 #include "tests/layers/shard_values.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
@@ -250,14 +251,9 @@ TEST(VocabParallelEmbeddingCudaTest, OneNcclRankCapturedAndReplayedEqualsThePlai
       return std::vector<Tensor>{f.y};
     };
   };
-  auto with = CapturedStep::capture(ctx, step(parallel),
-                                    {.pool_report_policy = PoolReportPolicy::kError, .communicators = {comm.get()}});
-  auto without = CapturedStep::capture(ctx, step(plain), {.pool_report_policy = PoolReportPolicy::kError});
-  for (int i = 0; i < 3; ++i) {
-    with->replay();
-    without->replay();
-  }
-  EXPECT_EQ(raw_bytes(ctx, with->outputs()[0]), raw_bytes(ctx, without->outputs()[0]));
+  const testing::ParityGraphs graphs(ctx, *comm, step(parallel), step(plain));
+  graphs.replay(3);
+  EXPECT_EQ(raw_bytes(ctx, graphs.with->outputs()[0]), raw_bytes(ctx, graphs.without->outputs()[0]));
   EXPECT_EQ(raw_bytes(ctx, parallel.table().grad), raw_bytes(ctx, plain.table().grad));
   EXPECT_EQ(ctx.to_vector<std::int32_t>(flag).at(0), 0);
   comm->check_health();

@@ -37,6 +37,7 @@
 #include "layers/linear.h"
 #include "ops/loss_ops.h"
 #include "ops/parallel_loss_ops.h"
+#include "tests/layers/one_rank_parity.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
 #include "tests/layers/shard_values.h"
@@ -306,30 +307,25 @@ TEST(VocabParallelHeadCudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainHead
   ctx.copy_from_host(labels, label_values.data(), label_values.size() * sizeof(std::int32_t));
   const Tensor flag = ctx.persistent("flag", {Shape{1}, DType::kInt32});
 
-  auto with = CapturedStep::capture(ctx,
-                                    [&] {
-                                      const VocabParallelHead::Forward f = parallel.forward(ctx, {x});
-                                      const ops::CrossEntropyResult ce = parallel.loss(ctx, f.logits, labels, flag);
-                                      return std::vector<Tensor>{ce.loss, ce.dlogits,
-                                                                 parallel.backward(ctx, f.saved, {ce.dlogits})};
-                                    },
-                                    {.pool_report_policy = PoolReportPolicy::kError, .communicators = {comm.get()}});
-  auto without = CapturedStep::capture(ctx,
-                                       [&] {
-                                         const Linear::Forward f = plain.forward(ctx, {x});
-                                         const ops::CrossEntropyResult ce = ops::cross_entropy(ctx, f.y, labels, flag);
-                                         return std::vector<Tensor>{ce.loss, ce.dlogits,
-                                                                    plain.backward(ctx, f.saved, {ce.dlogits})};
-                                       },
-                                       {.pool_report_policy = PoolReportPolicy::kError});
-  for (int i = 0; i < 10; ++i) {
-    with->replay();
-    without->replay();
-  }
-  EXPECT_EQ(ctx.to_vector<std::uint32_t>(with->outputs()[0]), ctx.to_vector<std::uint32_t>(without->outputs()[0]))
+  const testing::ParityGraphs graphs(
+      ctx, *comm,
+      [&] {
+        const VocabParallelHead::Forward f = parallel.forward(ctx, {x});
+        const ops::CrossEntropyResult ce = parallel.loss(ctx, f.logits, labels, flag);
+        return std::vector<Tensor>{ce.loss, ce.dlogits, parallel.backward(ctx, f.saved, {ce.dlogits})};
+      },
+      [&] {
+        const Linear::Forward f = plain.forward(ctx, {x});
+        const ops::CrossEntropyResult ce = ops::cross_entropy(ctx, f.y, labels, flag);
+        return std::vector<Tensor>{ce.loss, ce.dlogits, plain.backward(ctx, f.saved, {ce.dlogits})};
+      });
+  graphs.replay(10);
+  EXPECT_EQ(ctx.to_vector<std::uint32_t>(graphs.with->outputs()[0]),
+            ctx.to_vector<std::uint32_t>(graphs.without->outputs()[0]))
       << "loss";
   for (std::size_t o : {1, 2}) {
-    EXPECT_EQ(ctx.to_vector<std::uint16_t>(with->outputs()[o]), ctx.to_vector<std::uint16_t>(without->outputs()[o]))
+    EXPECT_EQ(ctx.to_vector<std::uint16_t>(graphs.with->outputs()[o]),
+              ctx.to_vector<std::uint16_t>(graphs.without->outputs()[o]))
         << "output " << o;
   }
   EXPECT_EQ(ctx.to_vector<float>(parallel.weight().grad), ctx.to_vector<float>(plain.weight().grad));

@@ -49,30 +49,12 @@
 namespace stepgraph {
 namespace {
 
+using testing::by_columns;
+using testing::by_rows;
 using testing::read_floats;
+using testing::Slice;
+using testing::whole;
 using testing::write_floats;
-
-// How one rank's [rows, cols] tensor relates to one rank's whole one, and
-// whether it must equal it bit for bit or only within the tolerance of a
-// sum across ranks.
-struct Slice {
-  enum Kind { kWhole, kRows, kColumns } kind;
-  std::int64_t rows;
-  std::int64_t cols;
-  bool summed = false;
-
-  std::int64_t local_rows(int n) const { return kind == kRows ? rows / n : rows; }
-  std::int64_t local_cols(int n) const { return kind == kColumns ? cols / n : cols; }
-  std::vector<float> of(const std::vector<float>& whole, int r, int n) const {
-    if (kind == kRows) return testing::rows(whole, cols, r * rows / n, rows / n);
-    if (kind == kColumns) return testing::columns(whole, rows, cols, r * cols / n, cols / n);
-    return whole;
-  }
-  Slice sum() const { return {kind, rows, cols, true}; }
-};
-Slice whole(std::int64_t rows, std::int64_t cols) { return {Slice::kWhole, rows, cols}; }
-Slice by_rows(std::int64_t rows, std::int64_t cols) { return {Slice::kRows, rows, cols}; }
-Slice by_columns(std::int64_t rows, std::int64_t cols) { return {Slice::kColumns, rows, cols}; }
 
 // One forward and backward: y and dx, with the gradients and FP8 state written.
 class Subject {

@@ -1,7 +1,7 @@
 // Values for the tensor-parallel tests: normal draws, a rank's rows or
-// columns of a one-rank matrix, and the closeness check they share (the
-// split sums of N ranks differ from one rank's only in the order of fp32
-// additions; each test file says why its tolerance holds).
+// columns of a one-rank matrix (and a Slice saying which), and the closeness
+// check they share (the split sums of N ranks differ from one rank's only in
+// the order of fp32 additions; each test file says why its tolerance holds).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -49,5 +49,28 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
   for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
   EXPECT_LE(worst, relative * std::max(scale, floor)) << what << ": largest difference " << worst << " of " << scale;
 }
+
+// How one rank's [rows, cols] tensor relates to one rank's whole one, and
+// whether it must equal it bit for bit or only within the tolerance of a
+// sum across ranks.
+struct Slice {
+  enum Kind { kWhole, kRows, kColumns } kind;
+  std::int64_t rows;
+  std::int64_t cols;
+  bool summed = false;
+
+  std::int64_t local_rows(int n) const { return kind == kRows ? rows / n : rows; }
+  std::int64_t local_cols(int n) const { return kind == kColumns ? cols / n : cols; }
+  // Rank r's part of `whole` in a world of n.
+  std::vector<float> of(const std::vector<float>& whole, int r, int n) const {
+    if (kind == kRows) return testing::rows(whole, cols, r * rows / n, rows / n);
+    if (kind == kColumns) return testing::columns(whole, rows, cols, r * cols / n, cols / n);
+    return whole;
+  }
+  Slice sum() const { return {kind, rows, cols, true}; }
+};
+inline Slice whole(std::int64_t rows, std::int64_t cols) { return {Slice::kWhole, rows, cols}; }
+inline Slice by_rows(std::int64_t rows, std::int64_t cols) { return {Slice::kRows, rows, cols}; }
+inline Slice by_columns(std::int64_t rows, std::int64_t cols) { return {Slice::kColumns, rows, cols}; }
 
 }  // namespace stepgraph::testing

@@ -46,38 +46,16 @@
 namespace stepgraph {
 namespace {
 
+using testing::by_columns;
+using testing::by_rows;
 using testing::normal_values;
+using testing::Slice;
+using testing::whole;
 
 constexpr std::int64_t kTokens = 16;
 constexpr std::int64_t kIn = 8;
 constexpr std::int64_t kOut = 16;  // also the pair's ffn
 constexpr std::uint32_t kSeed = 33;
-
-// How one rank's tensor relates to the whole [rows, cols] one of one rank.
-struct Sharding {
-  enum Kind { kWhole, kRows, kColumns } kind;
-  std::int64_t rows;
-  std::int64_t cols;
-
-  std::int64_t local_rows(int n) const { return kind == kRows ? rows / n : rows; }
-  std::int64_t local_cols(int n) const { return kind == kColumns ? cols / n : cols; }
-  std::vector<float> of(const std::vector<float>& whole, int r, int n) const {
-    if (kind == kWhole) return whole;
-    if (kind == kRows) {
-      const std::int64_t count = rows / n;
-      return {whole.begin() + r * count * cols, whole.begin() + (r + 1) * count * cols};
-    }
-    const std::int64_t count = cols / n;
-    std::vector<float> out;
-    for (std::int64_t i = 0; i < rows; ++i) {
-      out.insert(out.end(), whole.begin() + i * cols + r * count, whole.begin() + i * cols + (r + 1) * count);
-    }
-    return out;
-  }
-};
-Sharding whole(std::int64_t rows, std::int64_t cols) { return {Sharding::kWhole, rows, cols}; }
-Sharding by_rows(std::int64_t rows, std::int64_t cols) { return {Sharding::kRows, rows, cols}; }
-Sharding by_columns(std::int64_t rows, std::int64_t cols) { return {Sharding::kColumns, rows, cols}; }
 
 // The layers under test, plain (no communicator) or tensor-parallel: one
 // forward and backward gives y and dx and writes every gradient.
@@ -161,15 +139,15 @@ class NormThenLinear : public Subject {
 struct Case {
   std::string name;
   std::function<std::unique_ptr<Subject>(Context&, Communicator*)> make;
-  Sharding x, y;                // dx is sharded like x, dy like y
-  std::vector<Sharding> grads;  // in parameters() order
+  Slice x, y;                   // dx is sliced like x, dy like y
+  std::vector<Slice> grads;     // in parameters() order
   int row_bias = -1;            // the row-parallel bias's index in parameters(), if any
 };
 
 std::vector<Case> cases() {
   using M = TensorParallelMode;
-  const Sharding w_rows = by_rows(kOut, kIn), b_rows = by_rows(kOut, 1);
-  const Sharding w_cols = by_columns(kOut, kIn), b_whole = whole(kOut, 1);
+  const Slice w_rows = by_rows(kOut, kIn), b_rows = by_rows(kOut, 1);
+  const Slice w_cols = by_columns(kOut, kIn), b_whole = whole(kOut, 1);
   auto linear = [](M mode, bool sp) {
     return [mode, sp](Context& ctx, Communicator* comm) -> std::unique_ptr<Subject> {
       return std::make_unique<OneLinear>(ctx, linear_config(kIn, kOut, mode, sp, comm), comm);
@@ -185,8 +163,8 @@ std::vector<Case> cases() {
       return std::make_unique<NormThenLinear>(ctx, DType::kFloat32, kIn, kOut, sp, comm);
     };
   };
-  const std::vector<Sharding> pair_grads{w_rows, b_rows, by_columns(kIn, kOut), whole(kIn, 1)};
-  const std::vector<Sharding> norm_linear_grads{whole(kIn, 1), whole(kIn, 1), w_rows, b_rows};
+  const std::vector<Slice> pair_grads{w_rows, b_rows, by_columns(kIn, kOut), whole(kIn, 1)};
+  const std::vector<Slice> norm_linear_grads{whole(kIn, 1), whole(kIn, 1), w_rows, b_rows};
   return {
       {"column", linear(M::kColumn, false), whole(kTokens, kIn), by_columns(kTokens, kOut), {w_rows, b_rows}},
       {"column_sp", linear(M::kColumn, true), by_rows(kTokens, kIn), by_columns(kTokens, kOut), {w_rows, b_rows}},

@@ -134,12 +134,15 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DataParallelTrainerTest, ::testing::Values(2, 4
                          [](const auto& info) { return "ranks" + std::to_string(info.param); });
 
 // Trains `o` on 2 ranks uninterrupted, then to step 5 with a checkpoint at
-// `path` and on from it to the end: every rank's resumed losses must equal
-// the uninterrupted run's. Returns the options of the resumed run.
-TrainerOptions expect_resume_equals_uninterrupted(const TrainerOptions& o, const std::string& path) {
+// `file_name` in a fresh temporary path and on from it to the end: every
+// rank's resumed losses must equal the uninterrupted run's. Returns the
+// options of the resumed run (its checkpoint the path).
+TrainerOptions expect_resume_equals_uninterrupted(const TrainerOptions& o, const std::string& file_name) {
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / file_name;
+  std::filesystem::remove(path);
   const std::vector<std::vector<float>> whole = train_ranks(o, 2);
   TrainerOptions first = o;
-  first.checkpoint = path;
+  first.checkpoint = path.string();
   first.steps = 5;
   train_ranks(first, 2);
   TrainerOptions rest = first;
@@ -152,10 +155,14 @@ TrainerOptions expect_resume_equals_uninterrupted(const TrainerOptions& o, const
   return rest;
 }
 
+// The resumed run `rest` of 2 ranks wrote a manifest at its checkpoint that
+// names one part per rank, at its last step (Note [Checkpoint sets]).
+void expect_one_part_per_rank(const TrainerOptions& rest) {
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(rest.checkpoint, r, 2).step, rest.steps);
+}
+
 TEST(DataParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRunOnTwoRanks) {
-  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "dp_resume.safetensors";
-  std::filesystem::remove(path);
-  const TrainerOptions rest = expect_resume_equals_uninterrupted(options(StepMode::kGraph), path.string());
+  const TrainerOptions rest = expect_resume_equals_uninterrupted(options(StepMode::kGraph), "dp_resume.safetensors");
   // The checkpoint of 2 ranks is refused at another world size, naming it.
   std::ostringstream log;
   EXPECT_ERROR_CONTAINS(train(rest, Device::kHost, log), "config.dp");
@@ -166,14 +173,11 @@ TEST(DataParallelTrainerResumeTest, Zero1ResumeFromPerRankFilesEqualsAnUninterru
   TrainerOptions o = options(StepMode::kGraph);
   o.dp_mode = DataParallelMode::kZero1;
   o.skip_nonfinite = false;
-  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "zero1_resume.safetensors";
-  std::filesystem::remove(path);
-  expect_resume_equals_uninterrupted(o, path.string());
-  // The manifest at PATH names one part per rank (Note [Checkpoint sets]).
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(path, r, 2).step, o.steps);
+  const TrainerOptions rest = expect_resume_equals_uninterrupted(o, "zero1_resume.safetensors");
+  expect_one_part_per_rank(rest);
   // A manifest whose parts are gone (replaced by a later set) is refused.
   TrainerOptions at7 = o;
-  at7.checkpoint = path.string() + ".mixed";
+  at7.checkpoint = rest.checkpoint + ".mixed";
   at7.steps = 7;
   train_ranks(at7, 2);
   std::filesystem::copy_file(at7.checkpoint, at7.checkpoint + ".step7", std::filesystem::copy_options::overwrite_existing);
@@ -237,10 +241,7 @@ TEST(TensorParallelTrainerResumeTest, ResumeFromPerRankFilesEqualsAnUninterrupte
   TrainerOptions o = options(StepMode::kGraph);
   o.tp = 2;
   o.overlap = MLPOverlap::overlapped();
-  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "tp_resume.safetensors";
-  std::filesystem::remove(path);
-  expect_resume_equals_uninterrupted(o, path.string());
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(path, r, 2).step, o.steps);
+  expect_one_part_per_rank(expect_resume_equals_uninterrupted(o, "tp_resume.safetensors"));
 }
 
 TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {
@@ -305,10 +306,7 @@ TEST(TensorParallelTrainerGptTest, ResumeFromPerRankFilesEqualsAnUninterruptedRu
   TrainerOptions o = gpt_options(StepMode::kGraph);
   o.tp = 2;
   o.overlap = MLPOverlap::overlapped();
-  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "gpt_tp_resume.safetensors";
-  std::filesystem::remove(path);
-  expect_resume_equals_uninterrupted(o, path.string());
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(path, r, 2).step, o.steps);
+  expect_one_part_per_rank(expect_resume_equals_uninterrupted(o, "gpt_tp_resume.safetensors"));
 }
 
 // The attention's heads split over --tp: --heads must divide by it and
@@ -415,9 +413,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ContextParallelTrainerTest,
 TEST(ContextParallelTrainerGptTest, ResumeEqualsAnUninterruptedRun) {
   TrainerOptions o = gpt_options(StepMode::kGraph);
   o.cp = 2;
-  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / "gpt_cp_resume.safetensors";
-  std::filesystem::remove(path);
-  TrainerOptions rest = expect_resume_equals_uninterrupted(o, path.string());
+  TrainerOptions rest = expect_resume_equals_uninterrupted(o, "gpt_cp_resume.safetensors");
   rest.cp = 1;
   rest.dp = 0;
   EXPECT_ERROR_CONTAINS(train_ranks(rest, 2), "config.cp");

@@ -216,14 +216,20 @@ struct TensorParallelCase {
   const char* overlap;
 };
 
-class TensorParallelTrainerTest : public ::testing::TestWithParam<TensorParallelCase> {};
+class TensorParallelTrainerTest : public ::testing::TestWithParam<TensorParallelCase> {
+ protected:
+  // `one` at --tp 2 with the case's --overlap on its world, against one process.
+  static WorldRun expect_tp2_matches_one_process(const TrainerOptions& one) {
+    TrainerOptions o = one;
+    o.tp = 2;
+    o.overlap = MLPOverlap::parse(GetParam().overlap);
+    return expect_world_matches_one_process(one, o, GetParam().ranks);
+  }
+};
 
 TEST_P(TensorParallelTrainerTest, EveryRankMatchesOneProcessOnTheGlobalBatch) {
   const auto [ranks, overlap] = GetParam();
-  TrainerOptions o = options(StepMode::kGraph);
-  o.tp = 2;
-  o.overlap = MLPOverlap::parse(overlap);
-  const WorldRun run = expect_world_matches_one_process(options(StepMode::kGraph), o, ranks);
+  const WorldRun run = expect_tp2_matches_one_process(options(StepMode::kGraph));
   std::printf("tp 2 x dp %d (%s): largest relative loss difference to one process over %zu steps: %.3g\n",
               ranks / 2, overlap, run.rank0.size(), run.worst);
 }
@@ -281,10 +287,7 @@ TrainerOptions gpt_options(StepMode mode) { return resolve_defaults(gpt_flags(mo
 
 TEST_P(TensorParallelTrainerTest, TheGptMatchesOneProcessOnTheGlobalBatch) {
   const auto [ranks, overlap] = GetParam();
-  TrainerOptions o = gpt_options(StepMode::kGraph);
-  o.tp = 2;
-  o.overlap = MLPOverlap::parse(overlap);
-  const WorldRun run = expect_world_matches_one_process(gpt_options(StepMode::kGraph), o, ranks);
+  const WorldRun run = expect_tp2_matches_one_process(gpt_options(StepMode::kGraph));
   EXPECT_LT(run.rank0.back(), run.rank0.front());
   std::printf("gpt tp 2 x dp %d (%s): largest relative loss difference to one process over %zu steps: %.3g\n",
               ranks / 2, overlap, run.rank0.size(), run.worst);

@@ -108,12 +108,9 @@ class LayerNormMLP {
     Tensor y;  // [tokens, hidden]
     Saved saved;
   };
-  struct BwdArgs {
-    Tensor dy;
-    // Optional, the input's shape: returned added to dx, fused into the
-    // norm's backward (the residual stream's gradient: Norm::BwdArgs).
-    Tensor dx_residual;
-  };
+  // dy, and optionally the residual stream's gradient (the input's shape),
+  // returned added to dx: the norm's own arguments, its backward fuses the add.
+  using BwdArgs = Norm::BwdArgs;
 
   // `tensor_parallel`: a communicator of N ranks shards the layer (Note
   // [Sequence-parallel LayerNormMLP]); null (or one rank with no

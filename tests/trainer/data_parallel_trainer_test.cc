@@ -241,13 +241,16 @@ INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelTrainerTest,
                            return "ranks" + std::to_string(info.param.ranks) + "_" + info.param.overlap;
                          });
 
-// Each tensor-parallel rank holds its own shards: it writes its own file, and
-// a resume continues exactly.
-TEST(TensorParallelTrainerResumeTest, ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
-  TrainerOptions o = options(StepMode::kGraph);
+// `o` at --tp 2 (overlapped) on 2 ranks: each tensor-parallel rank holds its
+// own shards, so it writes its own file, and a resume continues exactly.
+void expect_tp2_resume_from_per_rank_files(TrainerOptions o, const std::string& file_name) {
   o.tp = 2;
   o.overlap = MLPOverlap::overlapped();
-  expect_one_part_per_rank(expect_resume_equals_uninterrupted(o, "tp_resume.safetensors"));
+  expect_one_part_per_rank(expect_resume_equals_uninterrupted(o, file_name));
+}
+
+TEST(TensorParallelTrainerResumeTest, ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
+  expect_tp2_resume_from_per_rank_files(options(StepMode::kGraph), "tp_resume.safetensors");
 }
 
 TEST(TensorParallelTrainerFlagsTest, TpMustDivideTheWorldAndTheFfn) {
@@ -306,10 +309,7 @@ TEST(TensorParallelTrainerGptTest, MoreRanksThanKvHeadsMatchesOneProcess) {
 
 // The GPT's tensor-parallel ranks write their own files, and a resume continues exactly.
 TEST(TensorParallelTrainerGptTest, ResumeFromPerRankFilesEqualsAnUninterruptedRun) {
-  TrainerOptions o = gpt_options(StepMode::kGraph);
-  o.tp = 2;
-  o.overlap = MLPOverlap::overlapped();
-  expect_one_part_per_rank(expect_resume_equals_uninterrupted(o, "gpt_tp_resume.safetensors"));
+  expect_tp2_resume_from_per_rank_files(gpt_options(StepMode::kGraph), "gpt_tp_resume.safetensors");
 }
 
 // The attention's heads split over --tp: --heads must divide by it and

@@ -78,89 +78,70 @@ __device__ __forceinline__ bool find_segment(const SegmentParams& p, const std::
 
 // The keys query i of `seg` sees: [seg.k_begin, return value).
 __device__ __forceinline__ int last_key(const SegmentParams& p, const Segment& seg, int i) {
-  return seg.k_begin + static_cast<int>(segment_visible_keys(p.causal, seg.q_end - seg.q_begin,
-                                                             seg.k_end - seg.k_begin, i - seg.q_begin));
+  return seg.k_begin + static_cast<int>(segment_visible_keys(p.causal, seg.q_end - seg.q_begin, seg.k_end - seg.k_begin,
+                                                             i - seg.q_begin));
+}
+
+// A warp's query of the forward and dq kernels: token i of query head h (kv
+// head g), its segment, and where its rows lie.
+struct SegmentQuery {
+  int i = 0;
+  int h = 0;
+  int g = 0;
+  Segment seg;
+  RowLayout rows{};
+};
+
+// This warp's query, or false where it has none. Every lane gets the same answer.
+__device__ __forceinline__ bool locate_query(const SegmentParams& p, const std::int32_t* q_offsets,
+                                             const std::int32_t* kv_ranges, SegmentQuery* w) {
+  if (!warp_item(p.q_tokens, p.heads, &w->i, &w->h)) return false;
+  if (!find_segment(p, q_offsets, kv_ranges, w->i, &w->seg)) return false;
+  w->g = w->h / (p.heads / p.kv_heads);
+  w->rows = {p.dim, static_cast<std::int64_t>(p.heads) * p.dim, static_cast<std::int64_t>(p.kv_heads) * p.dim,
+             p.q_tokens, p.scale};
+  return true;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_forward_kernel(
-    SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges, T* __restrict__ out,
-    float* __restrict__ lse) {
-  int i = 0;
-  int h = 0;
-  if (!warp_item(p.q_tokens, p.heads, &i, &h)) return;
-  Segment seg;
-  if (!find_segment(p, q_offsets, kv_ranges, i, &seg)) return;
-  const int g = h / (p.heads / p.kv_heads);
-  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
-  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    segment_forward_kernel(SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                           const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges,
+                           T* __restrict__ out, float* __restrict__ lse) {
+  SegmentQuery w;
+  if (!locate_query(p, q_offsets, kv_ranges, &w)) return;
+  const auto& [i, h, g, seg, r] = w;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   float qr[kMaxPerLane];
   float acc[kMaxPerLane];
-  load_row(qr, q + i * q_ld + h * p.dim, p.dim, lane);
-#pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) acc[e] = 0.0f;
-  float max = -INFINITY;
-  float sum = 0.0f;
+  load_row(qr, q + i * r.q_ld + h * p.dim, p.dim, lane);
   const int last = last_key(p, seg, i);
-  for (int j = seg.k_begin; j < last; ++j) {
-    const T* k_row = k + j * kv_ld + g * p.dim;
-    const T* v_row = v + j * kv_ld + g * p.dim;
-    const float s = p.scale * row_dot(qr, k_row, p.dim, lane);
-    const float new_max = fmaxf(max, s);
-    const float alpha = expf(max - new_max);  // 0 on the first key
-    const float w = expf(s - new_max);
-    sum = sum * alpha + w;
-#pragma unroll
-    for (int e = 0; e < kMaxPerLane; ++e) {
-      const int d = lane + 32 * e;
-      acc[e] = acc[e] * alpha + (d < p.dim ? w * to_float(v_row[d]) : 0.0f);
-    }
-    max = new_max;
-  }
+  const auto [max, sum] = forward_over_keys(acc, qr, k, v, g, seg.k_begin, last, r, lane);
   const bool any = last > seg.k_begin;  // a query that sees no key: out 0, lse -inf
-  store_row(out + i * q_ld + h * p.dim, acc, any ? 1.0f / sum : 0.0f, p.dim, lane);
+  store_row(out + i * r.q_ld + h * p.dim, acc, any ? 1.0f / sum : 0.0f, p.dim, lane);
   if (lane == 0) lse[static_cast<std::int64_t>(h) * p.q_tokens + i] = any ? max + logf(sum) : -INFINITY;
 }
 
 // dq_i = scale sum_j P_ij (dP_ij - delta_i) k_j over the keys query i sees.
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dq_kernel(
-    SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
-    const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges, T* __restrict__ dq) {
-  int i = 0;
-  int h = 0;
-  if (!warp_item(p.q_tokens, p.heads, &i, &h)) return;
-  Segment seg;
-  if (!find_segment(p, q_offsets, kv_ranges, i, &seg)) return;
-  const int g = h / (p.heads / p.kv_heads);
-  const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
-  const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    segment_dq_kernel(SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                      const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+                      const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges,
+                      T* __restrict__ dq) {
+  SegmentQuery w;
+  if (!locate_query(p, q_offsets, kv_ranges, &w)) return;
+  const auto& [i, h, g, seg, r] = w;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   float qr[kMaxPerLane];
   float dor[kMaxPerLane];
   float acc[kMaxPerLane];
-  load_row(qr, q + i * q_ld + h * p.dim, p.dim, lane);
-  load_row(dor, dout + i * q_ld + h * p.dim, p.dim, lane);
-#pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) acc[e] = 0.0f;
+  load_row(qr, q + i * r.q_ld + h * p.dim, p.dim, lane);
+  load_row(dor, dout + i * r.q_ld + h * p.dim, p.dim, lane);
   const float row_lse = lse[static_cast<std::int64_t>(h) * p.q_tokens + i];
   const float row_delta = delta[static_cast<std::int64_t>(h) * p.q_tokens + i];
-  const int last = last_key(p, seg, i);
-  for (int j = seg.k_begin; j < last; ++j) {
-    const T* k_row = k + j * kv_ld + g * p.dim;
-    const float prob = expf(p.scale * row_dot(qr, k_row, p.dim, lane) - row_lse);
-    const float dp = row_dot(dor, v + j * kv_ld + g * p.dim, p.dim, lane);
-    const float ds = prob * (dp - row_delta);
-#pragma unroll
-    for (int e = 0; e < kMaxPerLane; ++e) {
-      const int d = lane + 32 * e;
-      if (d < p.dim) acc[e] += ds * to_float(k_row[d]);
-    }
-  }
-  store_row(dq + i * q_ld + h * p.dim, acc, p.scale, p.dim, lane);
+  dq_over_keys(acc, qr, dor, row_lse, row_delta, k, v, g, seg.k_begin, last_key(p, seg, i), r, lane);
+  store_row(dq + i * r.q_ld + h * p.dim, acc, p.scale, p.dim, lane);
 }
 
 // dv_j = sum_i P_ij dout_i and dk_j = scale sum_i dS_ij q_i over every
@@ -168,11 +149,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dq_kernel(
 // head g and the queries that see j; one warp per (kv token, kv head). Rows
 // no query reads are written as zeros.
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dkdv_kernel(
-    SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
-    const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges, T* __restrict__ dk,
-    T* __restrict__ dv) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    segment_dkdv_kernel(SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                        const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+                        const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges,
+                        T* __restrict__ dk, T* __restrict__ dv) {
   int j = 0;
   int g = 0;
   if (!warp_item(p.kv_tokens, p.kv_heads, &j, &g)) return;
@@ -180,6 +161,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dkdv_kernel(
   const int group = p.heads / p.kv_heads;
   const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * p.dim;
   const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * p.dim;
+  const RowLayout r{p.dim, q_ld, kv_ld, p.q_tokens, p.scale};
   float kr[kMaxPerLane];
   float vr[kMaxPerLane];
   float dk_acc[kMaxPerLane];
@@ -199,24 +181,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dkdv_kernel(
       // k_end - (q_end - i) when causal (bottom-right), all of them otherwise.
       int first = seg.q_begin;
       if (p.causal && seg.q_end - (seg.k_end - j) > first) first = seg.q_end - (seg.k_end - j);
-      for (int h = g * group; h < (g + 1) * group; ++h) {
-        for (int i = first; i < seg.q_end; ++i) {
-          const T* q_row = q + i * q_ld + h * p.dim;
-          const T* do_row = dout + i * q_ld + h * p.dim;
-          const std::int64_t stat = static_cast<std::int64_t>(h) * p.q_tokens + i;
-          const float prob = expf(p.scale * row_dot(kr, q_row, p.dim, lane) - lse[stat]);
-          const float dp = row_dot(vr, do_row, p.dim, lane);
-          const float ds = prob * (dp - delta[stat]);
-#pragma unroll
-          for (int e = 0; e < kMaxPerLane; ++e) {
-            const int d = lane + 32 * e;
-            if (d < p.dim) {
-              dv_acc[e] += prob * to_float(do_row[d]);
-              dk_acc[e] += ds * to_float(q_row[d]);
-            }
-          }
-        }
-      }
+      dkdv_over_queries(dk_acc, dv_acc, kr, vr, q, dout, lse, delta, g, group, first, seg.q_end, r, lane);
     }
   }
   store_row(dk + j * kv_ld + g * p.dim, dk_acc, p.scale, p.dim, lane);
@@ -225,9 +190,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dkdv_kernel(
 
 SegmentParams params_of(const SegmentAttentionDesc& d) {
   const AttentionDesc& a = d.attention;
-  return {static_cast<int>(a.tokens),   static_cast<int>(d.kv_tokens), static_cast<int>(a.sequences),
-          static_cast<int>(a.heads),    static_cast<int>(a.kv_heads),  static_cast<int>(a.head_dim),
-          a.causal,                     a.softmax_scale()};
+  return {static_cast<int>(a.tokens),
+          static_cast<int>(d.kv_tokens),
+          static_cast<int>(a.sequences),
+          static_cast<int>(a.heads),
+          static_cast<int>(a.kv_heads),
+          static_cast<int>(a.head_dim),
+          a.causal,
+          a.softmax_scale()};
 }
 
 std::size_t aligned256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -268,10 +238,10 @@ std::size_t segment_attention_backward_workspace_bytes(const SegmentAttentionDes
   return aligned256(static_cast<std::size_t>(desc.attention.heads * desc.attention.tokens) * sizeof(float));
 }
 
-void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k,
-                                       const void* v, const void* out, const float* lse, const void* dout,
-                                       const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* dq,
-                                       void* dk, void* dv, void* workspace, CUstream_st* stream) {
+void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k, const void* v,
+                                       const void* out, const float* lse, const void* dout,
+                                       const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* dq, void* dk,
+                                       void* dv, void* workspace, CUstream_st* stream) {
   check_segment_attention_cuda(desc);
   SG_CHECK(q != nullptr && k != nullptr && v != nullptr && out != nullptr && lse != nullptr && dout != nullptr &&
                q_offsets != nullptr && kv_ranges != nullptr && dq != nullptr && dk != nullptr && dv != nullptr,

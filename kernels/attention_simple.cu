@@ -50,10 +50,17 @@ __device__ __forceinline__ bool locate_query(const SimpleParams& p, const std::i
   return true;
 }
 
+// The keys query i sees: [seq.begin, return value).
+__device__ __forceinline__ int last_key(const SimpleParams& p, const tile::SequenceTile& seq, int i) {
+  const int causal_last = i + 1;
+  return p.causal ? causal_last : seq.end;
+}
+
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_forward_simple_kernel(
-    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ out, float* __restrict__ lse) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    attention_forward_simple_kernel(SimpleParams p, const T* __restrict__ q, const T* __restrict__ k,
+                                    const T* __restrict__ v, const std::int32_t* __restrict__ cu_seqlens,
+                                    T* __restrict__ out, float* __restrict__ lse) {
   WarpQuery w;
   if (!locate_query(p, cu_seqlens, &w)) return;
   const auto [i, h, g, seq, q_ld, kv_ld] = w;
@@ -61,33 +68,16 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_forward_simple_
   float qr[kMaxPerLane];
   float acc[kMaxPerLane];
   load_row(qr, q + i * q_ld + h * p.dim, p.dim, lane);
-#pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) acc[e] = 0.0f;
-  float max = -INFINITY;
-  float sum = 0.0f;
-  const int last = p.causal ? i + 1 : seq.end;
-  for (int j = seq.begin; j < last; ++j) {
-    const T* k_row = k + j * kv_ld + g * p.dim;
-    const T* v_row = v + j * kv_ld + g * p.dim;
-    const float s = p.scale * row_dot(qr, k_row, p.dim, lane);
-    const float new_max = fmaxf(max, s);
-    const float alpha = expf(max - new_max);  // 0 on the first key
-    const float w = expf(s - new_max);
-    sum = sum * alpha + w;
-#pragma unroll
-    for (int e = 0; e < kMaxPerLane; ++e) {
-      const int d = lane + 32 * e;
-      acc[e] = acc[e] * alpha + (d < p.dim ? w * to_float(v_row[d]) : 0.0f);
-    }
-    max = new_max;
-  }
+  const RowLayout r{p.dim, q_ld, kv_ld, p.tokens, p.scale};
+  const auto [max, sum] = forward_over_keys(acc, qr, k, v, g, seq.begin, last_key(p, seq, i), r, lane);
   store_row(out + i * q_ld + h * p.dim, acc, 1.0f / sum, p.dim, lane);
   if (lane == 0) lse[static_cast<std::int64_t>(h) * p.tokens + i] = max + logf(sum);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_delta_kernel(
-    SimpleParams p, const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    attention_delta_kernel(SimpleParams p, const T* __restrict__ out, const T* __restrict__ dout,
+                           float* __restrict__ delta) {
   int i = 0;
   int h = 0;
   if (!warp_item(p.tokens, p.heads, &i, &h)) return;
@@ -101,10 +91,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_delta_kernel(
 
 // dq_i = scale sum_j P_ij (dP_ij - delta_i) k_j, one warp per (query, head).
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dq_simple_kernel(
-    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
-    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ dq) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    attention_dq_simple_kernel(SimpleParams p, const T* __restrict__ q, const T* __restrict__ k,
+                               const T* __restrict__ v, const float* __restrict__ lse, const T* __restrict__ dout,
+                               const float* __restrict__ delta, const std::int32_t* __restrict__ cu_seqlens,
+                               T* __restrict__ dq) {
   WarpQuery w;
   if (!locate_query(p, cu_seqlens, &w)) return;
   const auto [i, h, g, seq, q_ld, kv_ld] = w;
@@ -114,32 +105,21 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dq_simple_kerne
   float acc[kMaxPerLane];
   load_row(qr, q + i * q_ld + h * p.dim, p.dim, lane);
   load_row(dor, dout + i * q_ld + h * p.dim, p.dim, lane);
-#pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e) acc[e] = 0.0f;
   const float row_lse = lse[static_cast<std::int64_t>(h) * p.tokens + i];
   const float row_delta = delta[static_cast<std::int64_t>(h) * p.tokens + i];
-  const int last = p.causal ? i + 1 : seq.end;
-  for (int j = seq.begin; j < last; ++j) {
-    const T* k_row = k + j * kv_ld + g * p.dim;
-    const float prob = expf(p.scale * row_dot(qr, k_row, p.dim, lane) - row_lse);
-    const float dp = row_dot(dor, v + j * kv_ld + g * p.dim, p.dim, lane);
-    const float ds = prob * (dp - row_delta);
-#pragma unroll
-    for (int e = 0; e < kMaxPerLane; ++e) {
-      const int d = lane + 32 * e;
-      if (d < p.dim) acc[e] += ds * to_float(k_row[d]);
-    }
-  }
+  const RowLayout r{p.dim, q_ld, kv_ld, p.tokens, p.scale};
+  dq_over_keys(acc, qr, dor, row_lse, row_delta, k, v, g, seq.begin, last_key(p, seq, i), r, lane);
   store_row(dq + i * q_ld + h * p.dim, acc, p.scale, p.dim, lane);
 }
 
 // dv_j = sum_i P_ij dout_i and dk_j = scale sum_i dS_ij q_i over the query
 // heads of kv head g and the queries that see key j; one warp per (key, kv head).
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dkdv_simple_kernel(
-    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
-    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ dk, T* __restrict__ dv) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    attention_dkdv_simple_kernel(SimpleParams p, const T* __restrict__ q, const T* __restrict__ k,
+                                 const T* __restrict__ v, const float* __restrict__ lse, const T* __restrict__ dout,
+                                 const float* __restrict__ delta, const std::int32_t* __restrict__ cu_seqlens,
+                                 T* __restrict__ dk, T* __restrict__ dv) {
   int j = 0;
   int g = 0;
   if (!warp_item(p.tokens, p.kv_heads, &j, &g)) return;
@@ -157,32 +137,20 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dkdv_simple_ker
   load_row(vr, v + j * kv_ld + g * p.dim, p.dim, lane);
 #pragma unroll
   for (int e = 0; e < kMaxPerLane; ++e) dk_acc[e] = dv_acc[e] = 0.0f;
-  const int first = p.causal ? j : seq.begin;
-  for (int h = g * group; h < (g + 1) * group; ++h) {
-    for (int i = first; i < seq.end; ++i) {
-      const T* q_row = q + i * q_ld + h * p.dim;
-      const T* do_row = dout + i * q_ld + h * p.dim;
-      const std::int64_t stat = static_cast<std::int64_t>(h) * p.tokens + i;
-      const float prob = expf(p.scale * row_dot(kr, q_row, p.dim, lane) - lse[stat]);
-      const float dp = row_dot(vr, do_row, p.dim, lane);
-      const float ds = prob * (dp - delta[stat]);
-#pragma unroll
-      for (int e = 0; e < kMaxPerLane; ++e) {
-        const int d = lane + 32 * e;
-        if (d < p.dim) {
-          dv_acc[e] += prob * to_float(do_row[d]);
-          dk_acc[e] += ds * to_float(q_row[d]);
-        }
-      }
-    }
-  }
+  const RowLayout r{p.dim, q_ld, kv_ld, p.tokens, p.scale};
+  dkdv_over_queries(dk_acc, dv_acc, kr, vr, q, dout, lse, delta, g, group, p.causal ? j : seq.begin, seq.end, r, lane);
   store_row(dk + j * kv_ld + g * p.dim, dk_acc, p.scale, p.dim, lane);
   store_row(dv + j * kv_ld + g * p.dim, dv_acc, 1.0f, p.dim, lane);
 }
 
 SimpleParams params_of(const AttentionDesc& d) {
-  return {static_cast<int>(d.tokens), static_cast<int>(d.sequences), static_cast<int>(d.heads),
-          static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim), d.causal, d.softmax_scale()};
+  return {static_cast<int>(d.tokens),
+          static_cast<int>(d.sequences),
+          static_cast<int>(d.heads),
+          static_cast<int>(d.kv_heads),
+          static_cast<int>(d.head_dim),
+          d.causal,
+          d.softmax_scale()};
 }
 
 }  // namespace
@@ -216,10 +184,9 @@ void backward_simple(const AttentionDesc& desc, const AttentionPointers& p, CUst
         sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
         static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dq));
     SG_CUDA_CHECK(cudaGetLastError());
-    attention_dkdv_simple_kernel<T>
-        <<<blocks_for_items(desc.tokens * desc.kv_heads), 32 * kWarpsPerBlock, 0, stream>>>(
-            sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
-            static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
+    attention_dkdv_simple_kernel<T><<<blocks_for_items(desc.tokens * desc.kv_heads), 32 * kWarpsPerBlock, 0, stream>>>(
+        sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
+        static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
     SG_CUDA_CHECK(cudaGetLastError());
   });
 }

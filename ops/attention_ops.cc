@@ -1,6 +1,7 @@
 #include "ops/attention_ops.h"
 
 #include <cstdio>
+#include <tuple>
 #include <vector>
 
 #include "engine/error.h"
@@ -66,6 +67,35 @@ kernels::RopeDesc describe(const RopeParams& p, DType dtype, std::int64_t tokens
 
 // --- operands ---------------------------------------------------------------
 
+// The operands the ops' structs share, in the order each op takes them.
+template <typename O, typename V>
+void visit_qkv(O& o, V& v) {
+  v({"q"}, o.q);
+  v({"k"}, o.k);
+  v({"v"}, o.v);
+}
+
+template <typename O, typename V>
+void visit_grads(O& o, V& v) {
+  v({"dq"}, o.dq);
+  v({"dk"}, o.dk);
+  v({"dv"}, o.dv);
+}
+
+// What a backward op reads of its forward after q, k, v: out, lse and dout.
+template <typename O, typename V>
+void visit_forward_results(O& o, V& v) {
+  v({"out"}, o.out);
+  v({"lse"}, o.lse);
+  v({"dout"}, o.dout);
+}
+
+template <typename O, typename V>
+void visit_segments(O& o, V& v) {
+  v({"q_offsets"}, o.q_offsets);
+  v({"kv_ranges"}, o.kv_ranges);
+}
+
 template <typename F>
 struct QkvSplitOperands {
   F qkv;         // [tokens, (heads + 2 kv_heads) * head_dim]
@@ -86,9 +116,7 @@ struct QkvMergeOperands {
 
 template <typename F, typename V>
 void visit_operands(const RopeParams&, QkvMergeOperands<F>& o, V& v) {
-  v({"dq"}, o.dq);
-  v({"dk"}, o.dk);
-  v({"dv"}, o.dv);
+  visit_grads(o, v);
   v({"cu_seqlens"}, o.cu_seqlens);
 }
 
@@ -113,9 +141,7 @@ struct QkvMergeAtOperands {
 
 template <typename F, typename V>
 void visit_operands(const RopeParams&, QkvMergeAtOperands<F>& o, V& v) {
-  v({"dq"}, o.dq);
-  v({"dk"}, o.dk);
-  v({"dv"}, o.dv);
+  visit_grads(o, v);
   v({"positions"}, o.positions);
 }
 
@@ -127,9 +153,7 @@ struct AttentionForwardOperands {
 
 template <typename F, typename V>
 void visit_operands(const AttentionParams&, AttentionForwardOperands<F>& o, V& v) {
-  v({"q"}, o.q);
-  v({"k"}, o.k);
-  v({"v"}, o.v);
+  visit_qkv(o, v);
   v({"cu_seqlens"}, o.cu_seqlens);
 }
 
@@ -144,12 +168,8 @@ struct AttentionBackwardOperands {
 
 template <typename F, typename V>
 void visit_operands(const AttentionParams&, AttentionBackwardOperands<F>& o, V& v) {
-  v({"q"}, o.q);
-  v({"k"}, o.k);
-  v({"v"}, o.v);
-  v({"out"}, o.out);
-  v({"lse"}, o.lse);
-  v({"dout"}, o.dout);
+  visit_qkv(o, v);
+  visit_forward_results(o, v);
   v({"cu_seqlens"}, o.cu_seqlens);
 }
 
@@ -160,9 +180,7 @@ struct QkvSplitOutputs {
 
 template <typename F, typename V>
 void visit_operands(const RopeParams&, QkvSplitOutputs<F>& o, V& v) {
-  v({"q"}, o.q);
-  v({"k"}, o.k);
-  v({"v"}, o.v);
+  visit_qkv(o, v);
 }
 
 template <typename F>
@@ -185,9 +203,7 @@ struct AttentionBackwardOutputs {
 
 template <typename F, typename V>
 void visit_operands(const AttentionParams&, AttentionBackwardOutputs<F>& o, V& v) {
-  v({"dq"}, o.dq);
-  v({"dk"}, o.dk);
-  v({"dv"}, o.dv);
+  visit_grads(o, v);
   v({"scratch"}, o.scratch);
 }
 
@@ -202,11 +218,8 @@ struct SegmentAttentionForwardOperands {
 
 template <typename F, typename V>
 void visit_operands(const AttentionParams&, SegmentAttentionForwardOperands<F>& o, V& v) {
-  v({"q"}, o.q);
-  v({"k"}, o.k);
-  v({"v"}, o.v);
-  v({"q_offsets"}, o.q_offsets);
-  v({"kv_ranges"}, o.kv_ranges);
+  visit_qkv(o, v);
+  visit_segments(o, v);
 }
 
 template <typename F>
@@ -221,14 +234,9 @@ struct SegmentAttentionBackwardOperands {
 
 template <typename F, typename V>
 void visit_operands(const AttentionParams&, SegmentAttentionBackwardOperands<F>& o, V& v) {
-  v({"q"}, o.q);
-  v({"k"}, o.k);
-  v({"v"}, o.v);
-  v({"out"}, o.out);
-  v({"lse"}, o.lse);
-  v({"dout"}, o.dout);
-  v({"q_offsets"}, o.q_offsets);
-  v({"kv_ranges"}, o.kv_ranges);
+  visit_qkv(o, v);
+  visit_forward_results(o, v);
+  visit_segments(o, v);
 }
 
 constexpr std::string_view kSplit = "qkv_split_rope";
@@ -348,10 +356,9 @@ std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const T
 
 // q [Tq, H D], k, v [Tk, Hkv D] of one dtype, q_offsets int32 [G + 1], kv_ranges int32 [G, 2].
 template <typename Operands>
-kernels::SegmentAttentionDesc check_segment_operands(std::string_view op, const AttentionParams& p,
-                                                     const Operands& o) {
-  SG_CHECK(o.q_offsets.dtype == DType::kInt32 && o.q_offsets.shape.rank() == 1 && o.q_offsets.shape.dim(0) >= 2,
-           "op ", op, ": q_offsets must be int32 [segments + 1] with at least one segment, got ",
+kernels::SegmentAttentionDesc check_segment_operands(std::string_view op, const AttentionParams& p, const Operands& o) {
+  SG_CHECK(o.q_offsets.dtype == DType::kInt32 && o.q_offsets.shape.rank() == 1 && o.q_offsets.shape.dim(0) >= 2, "op ",
+           op, ": q_offsets must be int32 [segments + 1] with at least one segment, got ",
            dtype_name(o.q_offsets.dtype), " ", o.q_offsets.shape);
   const std::int64_t segments = o.q_offsets.shape.dim(0) - 1;
   SG_CHECK(o.kv_ranges.dtype == DType::kInt32 && o.kv_ranges.shape == (Shape{segments, 2}), "op ", op,
@@ -372,8 +379,8 @@ std::vector<TensorMeta> check_segment_forward(const OpParams& params, std::span<
   const auto& p = params.as<AttentionParams>();
   const auto o = bind_metas<SegmentAttentionForwardOperands>(kSegmentForward, p, inputs);
   const kernels::SegmentAttentionDesc d = check_segment_operands(kSegmentForward, p, o);
-  return output_metas(p, AttentionForwardOutputs<TensorMeta>{
-                             .out = o.q, .lse = {Shape{p.heads, d.attention.tokens}, DType::kFloat32}});
+  return output_metas(
+      p, AttentionForwardOutputs<TensorMeta>{.out = o.q, .lse = {Shape{p.heads, d.attention.tokens}, DType::kFloat32}});
 }
 
 std::vector<TensorMeta> check_segment_backward(const OpParams& params, std::span<const TensorMeta> inputs) {
@@ -382,8 +389,8 @@ std::vector<TensorMeta> check_segment_backward(const OpParams& params, std::span
   const kernels::SegmentAttentionDesc d = check_segment_operands(kSegmentBackward, p, o);
   const std::int64_t tq = d.attention.tokens;
   expect_heads(kSegmentBackward, "out", o.out, tq, p.heads, p.head_dim, d.attention.dtype);
-  SG_CHECK(o.lse == (TensorMeta{Shape{p.heads, tq}, DType::kFloat32}), "op ", kSegmentBackward,
-           ": lse must be fp32 [", p.heads, ", ", tq, "], got ", dtype_name(o.lse.dtype), " ", o.lse.shape);
+  SG_CHECK(o.lse == (TensorMeta{Shape{p.heads, tq}, DType::kFloat32}), "op ", kSegmentBackward, ": lse must be fp32 [",
+           p.heads, ", ", tq, "], got ", dtype_name(o.lse.dtype), " ", o.lse.shape);
   expect_heads(kSegmentBackward, "dout", o.dout, tq, p.heads, p.head_dim, d.attention.dtype);
   const auto scratch = static_cast<std::int64_t>((kernels::segment_attention_backward_workspace_bytes(d) + 3) / 4);
   return output_metas(p, AttentionBackwardOutputs<TensorMeta>{
@@ -406,29 +413,110 @@ kernels::RopeDesc rope_desc_of(const RopeParams& p, const Operand& first, const 
   return describe(p, first.dtype(), first.shape().dim(0), sequences_of(cu_seqlens));
 }
 
+// --- kernel calls ---------------------------------------------------------------
+
+// An op's CUDA launcher and host reference take the same arguments but the
+// stream: each call_* binds its op's operands and outputs and calls `kernel`,
+// kernels::launch_* with the stream or kernels::host::* without one;
+// launch_with and run_host_with make the OpDef's functions of them.
+
+constexpr auto call_split = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<RopeParams>();
+  const auto o = bind_args<QkvSplitOperands>(p, a);
+  const auto out = bind_outputs<QkvSplitOutputs>(p, a);
+  kernel(rope_desc_of(p, o.qkv, o.cu_seqlens), p.kv_heads, o.qkv.data, o.cu_seqlens.as<const std::int32_t>(),
+         out.q.data, out.k.data, out.v.data, stream...);
+};
+
+constexpr auto call_merge = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<RopeParams>();
+  const auto o = bind_args<QkvMergeOperands>(p, a);
+  kernel(rope_desc_of(p, o.dq, o.cu_seqlens), p.kv_heads, o.dq.data, o.dk.data, o.dv.data,
+         o.cu_seqlens.as<const std::int32_t>(), a.outputs[0], stream...);
+};
+
+constexpr auto call_split_at = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<RopeParams>();
+  const auto o = bind_args<QkvSplitAtOperands>(p, a);
+  const auto out = bind_outputs<QkvSplitOutputs>(p, a);
+  kernel(describe(p, o.qkv.dtype(), o.qkv.shape().dim(0), 1), p.kv_heads, o.qkv.data,
+         o.positions.as<const std::int32_t>(), out.q.data, out.k.data, out.v.data, stream...);
+};
+
+constexpr auto call_merge_at = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<RopeParams>();
+  const auto o = bind_args<QkvMergeAtOperands>(p, a);
+  kernel(describe(p, o.dq.dtype(), o.dq.shape().dim(0), 1), p.kv_heads, o.dq.data, o.dk.data, o.dv.data,
+         o.positions.as<const std::int32_t>(), a.outputs[0], stream...);
+};
+
+constexpr auto call_forward = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<AttentionParams>();
+  const auto o = bind_args<AttentionForwardOperands>(p, a);
+  const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
+  kernel(desc_of(p, o), o.q.data, o.k.data, o.v.data, o.cu_seqlens.as<const std::int32_t>(), out.out.data,
+         out.lse.as<float>(), stream...);
+};
+
+// Calls `args` with `kernel`: the host reference (no stream) takes them as they
+// are, the launcher also the workspace (the scratch output) and the stream.
+template <typename Kernel, typename Args, typename... Stream>
+void call_with_workspace(Kernel kernel, const Args& args, void* workspace, Stream... stream) {
+  if constexpr (sizeof...(Stream) == 0) {
+    std::apply(kernel, args);
+  } else {
+    std::apply([&](const auto&... arg) { kernel(arg..., workspace, stream...); }, args);
+  }
+}
+
+constexpr auto call_backward = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<AttentionParams>();
+  const auto o = bind_args<AttentionBackwardOperands>(p, a);
+  const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
+  call_with_workspace(
+      kernel,
+      std::tuple(desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(), o.dout.data,
+                 o.cu_seqlens.as<const std::int32_t>(), out.dq.data, out.dk.data, out.dv.data),
+      out.scratch.data, stream...);
+};
+
+constexpr auto call_segment_forward = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<AttentionParams>();
+  const auto o = bind_args<SegmentAttentionForwardOperands>(p, a);
+  const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
+  kernel(segment_desc_of(p, o), o.q.data, o.k.data, o.v.data, o.q_offsets.as<const std::int32_t>(),
+         o.kv_ranges.as<const std::int32_t>(), out.out.data, out.lse.as<float>(), stream...);
+};
+
+constexpr auto call_segment_backward = [](const OpParams& params, const KernelArgs& a, auto kernel, auto... stream) {
+  const auto& p = params.as<AttentionParams>();
+  const auto o = bind_args<SegmentAttentionBackwardOperands>(p, a);
+  const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
+  call_with_workspace(kernel,
+                      std::tuple(segment_desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data,
+                                 o.lse.as<const float>(), o.dout.data, o.q_offsets.as<const std::int32_t>(),
+                                 o.kv_ranges.as<const std::int32_t>(), out.dq.data, out.dk.data, out.dv.data),
+                      out.scratch.data, stream...);
+};
+
+template <const auto& kCall, auto kLaunch>
+void launch_with(const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
+  kCall(params, a, kLaunch, stream);
+}
+
+template <const auto& kCall, auto kHost>
+void run_host_with(const OpParams& params, const KernelArgs& a) {
+  kCall(params, a, kHost);
+}
+
 }  // namespace
 
 const OpDef& qkv_split_rope_op() {
   static const OpDef op{
       .name = kSplit,
       .check = check_split,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvSplitOperands>(p, a);
-            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
-            kernels::launch_qkv_split_rope(rope_desc_of(p, o.qkv, o.cu_seqlens), p.kv_heads, o.qkv.data,
-                                           o.cu_seqlens.as<const std::int32_t>(), out.q.data, out.k.data, out.v.data,
-                                           stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvSplitOperands>(p, a);
-            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
-            kernels::host::qkv_split_rope(rope_desc_of(p, o.qkv, o.cu_seqlens), p.kv_heads, o.qkv.data,
-                                          o.cu_seqlens.as<const std::int32_t>(), out.q.data, out.k.data, out.v.data);
-          },
+      .launch_cuda = launch_with<call_split, kernels::launch_qkv_split_rope>,
+      .run_host = run_host_with<call_split, kernels::host::qkv_split_rope>,
   };
   return op;
 }
@@ -438,22 +526,8 @@ const OpDef& qkv_merge_rope_backward_op() {
   static const OpDef op{
       .name = kMerge,
       .check = check_merge,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvMergeOperands>(p, a);
-            kernels::launch_qkv_merge_rope_backward(rope_desc_of(p, o.dq, o.cu_seqlens), p.kv_heads, o.dq.data,
-                                                    o.dk.data, o.dv.data, o.cu_seqlens.as<const std::int32_t>(),
-                                                    a.outputs[0], stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvMergeOperands>(p, a);
-            kernels::host::qkv_merge_rope_backward(rope_desc_of(p, o.dq, o.cu_seqlens), p.kv_heads, o.dq.data,
-                                                   o.dk.data, o.dv.data, o.cu_seqlens.as<const std::int32_t>(),
-                                                   a.outputs[0]);
-          },
+      .launch_cuda = launch_with<call_merge, kernels::launch_qkv_merge_rope_backward>,
+      .run_host = run_host_with<call_merge, kernels::host::qkv_merge_rope_backward>,
   };
   return op;
 }
@@ -463,24 +537,8 @@ const OpDef& qkv_split_rope_at_op() {
   static const OpDef op{
       .name = kSplitAt,
       .check = check_split_at,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvSplitAtOperands>(p, a);
-            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
-            kernels::launch_qkv_split_rope_at(describe(p, o.qkv.dtype(), o.qkv.shape().dim(0), 1), p.kv_heads,
-                                              o.qkv.data, o.positions.as<const std::int32_t>(), out.q.data, out.k.data,
-                                              out.v.data, stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvSplitAtOperands>(p, a);
-            const auto out = bind_outputs<QkvSplitOutputs>(p, a);
-            kernels::host::qkv_split_rope_at(describe(p, o.qkv.dtype(), o.qkv.shape().dim(0), 1), p.kv_heads,
-                                             o.qkv.data, o.positions.as<const std::int32_t>(), out.q.data, out.k.data,
-                                             out.v.data);
-          },
+      .launch_cuda = launch_with<call_split_at, kernels::launch_qkv_split_rope_at>,
+      .run_host = run_host_with<call_split_at, kernels::host::qkv_split_rope_at>,
   };
   return op;
 }
@@ -490,22 +548,8 @@ const OpDef& qkv_merge_rope_backward_at_op() {
   static const OpDef op{
       .name = kMergeAt,
       .check = check_merge_at,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvMergeAtOperands>(p, a);
-            kernels::launch_qkv_merge_rope_backward_at(describe(p, o.dq.dtype(), o.dq.shape().dim(0), 1), p.kv_heads,
-                                                       o.dq.data, o.dk.data, o.dv.data,
-                                                       o.positions.as<const std::int32_t>(), a.outputs[0], stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<RopeParams>();
-            const auto o = bind_args<QkvMergeAtOperands>(p, a);
-            kernels::host::qkv_merge_rope_backward_at(describe(p, o.dq.dtype(), o.dq.shape().dim(0), 1), p.kv_heads,
-                                                      o.dq.data, o.dk.data, o.dv.data,
-                                                      o.positions.as<const std::int32_t>(), a.outputs[0]);
-          },
+      .launch_cuda = launch_with<call_merge_at, kernels::launch_qkv_merge_rope_backward_at>,
+      .run_host = run_host_with<call_merge_at, kernels::host::qkv_merge_rope_backward_at>,
   };
   return op;
 }
@@ -515,23 +559,8 @@ const OpDef& attention_forward_op() {
   static const OpDef op{
       .name = kForward,
       .check = check_forward,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<AttentionForwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
-            kernels::launch_attention_forward(desc_of(p, o), o.q.data, o.k.data, o.v.data,
-                                              o.cu_seqlens.as<const std::int32_t>(), out.out.data, out.lse.as<float>(),
-                                              stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<AttentionForwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
-            kernels::host::attention_forward(desc_of(p, o), o.q.data, o.k.data, o.v.data,
-                                             o.cu_seqlens.as<const std::int32_t>(), out.out.data, out.lse.as<float>());
-          },
+      .launch_cuda = launch_with<call_forward, kernels::launch_attention_forward>,
+      .run_host = run_host_with<call_forward, kernels::host::attention_forward>,
   };
   return op;
 }
@@ -541,24 +570,8 @@ const OpDef& attention_backward_op() {
   static const OpDef op{
       .name = kBackward,
       .check = check_backward,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<AttentionBackwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
-            kernels::launch_attention_backward(
-                desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(), o.dout.data,
-                o.cu_seqlens.as<const std::int32_t>(), out.dq.data, out.dk.data, out.dv.data, out.scratch.data, stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<AttentionBackwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
-            kernels::host::attention_backward(
-                desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(), o.dout.data,
-                o.cu_seqlens.as<const std::int32_t>(), out.dq.data, out.dk.data, out.dv.data);
-          },
+      .launch_cuda = launch_with<call_backward, kernels::launch_attention_backward>,
+      .run_host = run_host_with<call_backward, kernels::host::attention_backward>,
   };
   return op;
 }
@@ -568,26 +581,8 @@ const OpDef& segment_attention_forward_op() {
   static const OpDef op{
       .name = kSegmentForward,
       .check = check_segment_forward,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<SegmentAttentionForwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
-            kernels::launch_segment_attention_forward(segment_desc_of(p, o), o.q.data, o.k.data, o.v.data,
-                                                      o.q_offsets.as<const std::int32_t>(),
-                                                      o.kv_ranges.as<const std::int32_t>(), out.out.data,
-                                                      out.lse.as<float>(), stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<SegmentAttentionForwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionForwardOutputs>(p, a);
-            kernels::host::segment_attention_forward(segment_desc_of(p, o), o.q.data, o.k.data, o.v.data,
-                                                     o.q_offsets.as<const std::int32_t>(),
-                                                     o.kv_ranges.as<const std::int32_t>(), out.out.data,
-                                                     out.lse.as<float>());
-          },
+      .launch_cuda = launch_with<call_segment_forward, kernels::launch_segment_attention_forward>,
+      .run_host = run_host_with<call_segment_forward, kernels::host::segment_attention_forward>,
   };
   return op;
 }
@@ -597,26 +592,8 @@ const OpDef& segment_attention_backward_op() {
   static const OpDef op{
       .name = kSegmentBackward,
       .check = check_segment_backward,
-      .launch_cuda =
-          [](const OpParams& params, const KernelArgs& a, CUstream_st* stream) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<SegmentAttentionBackwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
-            kernels::launch_segment_attention_backward(
-                segment_desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(),
-                o.dout.data, o.q_offsets.as<const std::int32_t>(), o.kv_ranges.as<const std::int32_t>(), out.dq.data,
-                out.dk.data, out.dv.data, out.scratch.data, stream);
-          },
-      .run_host =
-          [](const OpParams& params, const KernelArgs& a) {
-            const auto& p = params.as<AttentionParams>();
-            const auto o = bind_args<SegmentAttentionBackwardOperands>(p, a);
-            const auto out = bind_outputs<AttentionBackwardOutputs>(p, a);
-            kernels::host::segment_attention_backward(
-                segment_desc_of(p, o), o.q.data, o.k.data, o.v.data, o.out.data, o.lse.as<const float>(),
-                o.dout.data, o.q_offsets.as<const std::int32_t>(), o.kv_ranges.as<const std::int32_t>(), out.dq.data,
-                out.dk.data, out.dv.data);
-          },
+      .launch_cuda = launch_with<call_segment_backward, kernels::launch_segment_attention_backward>,
+      .run_host = run_host_with<call_segment_backward, kernels::host::segment_attention_backward>,
   };
   return op;
 }
@@ -632,14 +609,14 @@ AttentionForward segment_attention_forward(Context& ctx, const AttentionParams& 
   return {.out = r.out, .lse = r.lse};
 }
 
-AttentionGrads segment_attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q,
-                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                          const Tensor& dout, const Tensor& q_offsets, const Tensor& kv_ranges) {
+AttentionGrads segment_attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                          const Tensor& q_offsets, const Tensor& kv_ranges) {
   const auto grads = bind_results<AttentionBackwardOutputs>(
-      params, ctx.call(segment_attention_backward_op(), params,
-                       flatten(kSegmentBackward, params,
-                               SegmentAttentionBackwardOperands<Tensor>{q, k, v, out, lse, dout, q_offsets,
-                                                                        kv_ranges})));
+      params,
+      ctx.call(segment_attention_backward_op(), params,
+               flatten(kSegmentBackward, params,
+                       SegmentAttentionBackwardOperands<Tensor>{q, k, v, out, lse, dout, q_offsets, kv_ranges})));
   return {.dq = grads.dq, .dk = grads.dk, .dv = grads.dv};
 }
 

@@ -78,8 +78,8 @@ __device__ __forceinline__ bool find_segment(const SegmentParams& p, const std::
 
 // The keys query i of `seg` sees: [seg.k_begin, return value).
 __device__ __forceinline__ int last_key(const SegmentParams& p, const Segment& seg, int i) {
-  return seg.k_begin + static_cast<int>(segment_visible_keys(p.causal, seg.q_end - seg.q_begin, seg.k_end - seg.k_begin,
-                                                             i - seg.q_begin));
+  return seg.k_begin + static_cast<int>(segment_visible_keys(p.causal, seg.q_end - seg.q_begin,
+                                                             seg.k_end - seg.k_begin, i - seg.q_begin));
 }
 
 // A warp's query of the forward and dq kernels: token i of query head h (kv
@@ -104,10 +104,10 @@ __device__ __forceinline__ bool locate_query(const SegmentParams& p, const std::
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    segment_forward_kernel(SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                           const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges,
-                           T* __restrict__ out, float* __restrict__ lse) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_forward_kernel(
+    SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges, T* __restrict__ out,
+    float* __restrict__ lse) {
   SegmentQuery w;
   if (!locate_query(p, q_offsets, kv_ranges, &w)) return;
   const auto& [i, h, g, seg, r] = w;
@@ -124,11 +124,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 // dq_i = scale sum_j P_ij (dP_ij - delta_i) k_j over the keys query i sees.
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    segment_dq_kernel(SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                      const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
-                      const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges,
-                      T* __restrict__ dq) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dq_kernel(
+    SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+    const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges, T* __restrict__ dq) {
   SegmentQuery w;
   if (!locate_query(p, q_offsets, kv_ranges, &w)) return;
   const auto& [i, h, g, seg, r] = w;
@@ -149,11 +148,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 // head g and the queries that see j; one warp per (kv token, kv head). Rows
 // no query reads are written as zeros.
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    segment_dkdv_kernel(SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                        const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
-                        const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges,
-                        T* __restrict__ dk, T* __restrict__ dv) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) segment_dkdv_kernel(
+    SegmentParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+    const std::int32_t* __restrict__ q_offsets, const std::int32_t* __restrict__ kv_ranges, T* __restrict__ dk,
+    T* __restrict__ dv) {
   int j = 0;
   int g = 0;
   if (!warp_item(p.kv_tokens, p.kv_heads, &j, &g)) return;
@@ -190,14 +189,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 SegmentParams params_of(const SegmentAttentionDesc& d) {
   const AttentionDesc& a = d.attention;
-  return {static_cast<int>(a.tokens),
-          static_cast<int>(d.kv_tokens),
-          static_cast<int>(a.sequences),
-          static_cast<int>(a.heads),
-          static_cast<int>(a.kv_heads),
-          static_cast<int>(a.head_dim),
-          a.causal,
-          a.softmax_scale()};
+  return {static_cast<int>(a.tokens),   static_cast<int>(d.kv_tokens), static_cast<int>(a.sequences),
+          static_cast<int>(a.heads),    static_cast<int>(a.kv_heads),  static_cast<int>(a.head_dim),
+          a.causal,                     a.softmax_scale()};
 }
 
 std::size_t aligned256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -238,10 +232,10 @@ std::size_t segment_attention_backward_workspace_bytes(const SegmentAttentionDes
   return aligned256(static_cast<std::size_t>(desc.attention.heads * desc.attention.tokens) * sizeof(float));
 }
 
-void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k, const void* v,
-                                       const void* out, const float* lse, const void* dout,
-                                       const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* dq, void* dk,
-                                       void* dv, void* workspace, CUstream_st* stream) {
+void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k,
+                                       const void* v, const void* out, const float* lse, const void* dout,
+                                       const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* dq,
+                                       void* dk, void* dv, void* workspace, CUstream_st* stream) {
   check_segment_attention_cuda(desc);
   SG_CHECK(q != nullptr && k != nullptr && v != nullptr && out != nullptr && lse != nullptr && dout != nullptr &&
                q_offsets != nullptr && kv_ranges != nullptr && dq != nullptr && dk != nullptr && dv != nullptr,

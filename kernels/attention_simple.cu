@@ -57,10 +57,9 @@ __device__ __forceinline__ int last_key(const SimpleParams& p, const tile::Seque
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    attention_forward_simple_kernel(SimpleParams p, const T* __restrict__ q, const T* __restrict__ k,
-                                    const T* __restrict__ v, const std::int32_t* __restrict__ cu_seqlens,
-                                    T* __restrict__ out, float* __restrict__ lse) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_forward_simple_kernel(
+    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ out, float* __restrict__ lse) {
   WarpQuery w;
   if (!locate_query(p, cu_seqlens, &w)) return;
   const auto [i, h, g, seq, q_ld, kv_ld] = w;
@@ -75,9 +74,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    attention_delta_kernel(SimpleParams p, const T* __restrict__ out, const T* __restrict__ dout,
-                           float* __restrict__ delta) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_delta_kernel(
+    SimpleParams p, const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta) {
   int i = 0;
   int h = 0;
   if (!warp_item(p.tokens, p.heads, &i, &h)) return;
@@ -91,11 +89,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
 // dq_i = scale sum_j P_ij (dP_ij - delta_i) k_j, one warp per (query, head).
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    attention_dq_simple_kernel(SimpleParams p, const T* __restrict__ q, const T* __restrict__ k,
-                               const T* __restrict__ v, const float* __restrict__ lse, const T* __restrict__ dout,
-                               const float* __restrict__ delta, const std::int32_t* __restrict__ cu_seqlens,
-                               T* __restrict__ dq) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dq_simple_kernel(
+    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ dq) {
   WarpQuery w;
   if (!locate_query(p, cu_seqlens, &w)) return;
   const auto [i, h, g, seq, q_ld, kv_ld] = w;
@@ -115,11 +112,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 // dv_j = sum_i P_ij dout_i and dk_j = scale sum_i dS_ij q_i over the query
 // heads of kv head g and the queries that see key j; one warp per (key, kv head).
 template <typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    attention_dkdv_simple_kernel(SimpleParams p, const T* __restrict__ q, const T* __restrict__ k,
-                                 const T* __restrict__ v, const float* __restrict__ lse, const T* __restrict__ dout,
-                                 const float* __restrict__ delta, const std::int32_t* __restrict__ cu_seqlens,
-                                 T* __restrict__ dk, T* __restrict__ dv) {
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) attention_dkdv_simple_kernel(
+    SimpleParams p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const float* __restrict__ lse, const T* __restrict__ dout, const float* __restrict__ delta,
+    const std::int32_t* __restrict__ cu_seqlens, T* __restrict__ dk, T* __restrict__ dv) {
   int j = 0;
   int g = 0;
   if (!warp_item(p.tokens, p.kv_heads, &j, &g)) return;
@@ -144,13 +140,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 SimpleParams params_of(const AttentionDesc& d) {
-  return {static_cast<int>(d.tokens),
-          static_cast<int>(d.sequences),
-          static_cast<int>(d.heads),
-          static_cast<int>(d.kv_heads),
-          static_cast<int>(d.head_dim),
-          d.causal,
-          d.softmax_scale()};
+  return {static_cast<int>(d.tokens), static_cast<int>(d.sequences), static_cast<int>(d.heads),
+          static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim), d.causal, d.softmax_scale()};
 }
 
 }  // namespace
@@ -184,9 +175,10 @@ void backward_simple(const AttentionDesc& desc, const AttentionPointers& p, CUst
         sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
         static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dq));
     SG_CUDA_CHECK(cudaGetLastError());
-    attention_dkdv_simple_kernel<T><<<blocks_for_items(desc.tokens * desc.kv_heads), 32 * kWarpsPerBlock, 0, stream>>>(
-        sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
-        static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
+    attention_dkdv_simple_kernel<T>
+        <<<blocks_for_items(desc.tokens * desc.kv_heads), 32 * kWarpsPerBlock, 0, stream>>>(
+            sp, static_cast<const T*>(p.q), static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.lse,
+            static_cast<const T*>(p.dout), p.delta, p.cu_seqlens, static_cast<T*>(p.dk), static_cast<T*>(p.dv));
     SG_CUDA_CHECK(cudaGetLastError());
   });
 }

@@ -356,9 +356,10 @@ std::vector<TensorMeta> check_backward(const OpParams& params, std::span<const T
 
 // q [Tq, H D], k, v [Tk, Hkv D] of one dtype, q_offsets int32 [G + 1], kv_ranges int32 [G, 2].
 template <typename Operands>
-kernels::SegmentAttentionDesc check_segment_operands(std::string_view op, const AttentionParams& p, const Operands& o) {
-  SG_CHECK(o.q_offsets.dtype == DType::kInt32 && o.q_offsets.shape.rank() == 1 && o.q_offsets.shape.dim(0) >= 2, "op ",
-           op, ": q_offsets must be int32 [segments + 1] with at least one segment, got ",
+kernels::SegmentAttentionDesc check_segment_operands(std::string_view op, const AttentionParams& p,
+                                                     const Operands& o) {
+  SG_CHECK(o.q_offsets.dtype == DType::kInt32 && o.q_offsets.shape.rank() == 1 && o.q_offsets.shape.dim(0) >= 2,
+           "op ", op, ": q_offsets must be int32 [segments + 1] with at least one segment, got ",
            dtype_name(o.q_offsets.dtype), " ", o.q_offsets.shape);
   const std::int64_t segments = o.q_offsets.shape.dim(0) - 1;
   SG_CHECK(o.kv_ranges.dtype == DType::kInt32 && o.kv_ranges.shape == (Shape{segments, 2}), "op ", op,
@@ -379,8 +380,8 @@ std::vector<TensorMeta> check_segment_forward(const OpParams& params, std::span<
   const auto& p = params.as<AttentionParams>();
   const auto o = bind_metas<SegmentAttentionForwardOperands>(kSegmentForward, p, inputs);
   const kernels::SegmentAttentionDesc d = check_segment_operands(kSegmentForward, p, o);
-  return output_metas(
-      p, AttentionForwardOutputs<TensorMeta>{.out = o.q, .lse = {Shape{p.heads, d.attention.tokens}, DType::kFloat32}});
+  return output_metas(p, AttentionForwardOutputs<TensorMeta>{
+                             .out = o.q, .lse = {Shape{p.heads, d.attention.tokens}, DType::kFloat32}});
 }
 
 std::vector<TensorMeta> check_segment_backward(const OpParams& params, std::span<const TensorMeta> inputs) {
@@ -389,8 +390,8 @@ std::vector<TensorMeta> check_segment_backward(const OpParams& params, std::span
   const kernels::SegmentAttentionDesc d = check_segment_operands(kSegmentBackward, p, o);
   const std::int64_t tq = d.attention.tokens;
   expect_heads(kSegmentBackward, "out", o.out, tq, p.heads, p.head_dim, d.attention.dtype);
-  SG_CHECK(o.lse == (TensorMeta{Shape{p.heads, tq}, DType::kFloat32}), "op ", kSegmentBackward, ": lse must be fp32 [",
-           p.heads, ", ", tq, "], got ", dtype_name(o.lse.dtype), " ", o.lse.shape);
+  SG_CHECK(o.lse == (TensorMeta{Shape{p.heads, tq}, DType::kFloat32}), "op ", kSegmentBackward,
+           ": lse must be fp32 [", p.heads, ", ", tq, "], got ", dtype_name(o.lse.dtype), " ", o.lse.shape);
   expect_heads(kSegmentBackward, "dout", o.dout, tq, p.heads, p.head_dim, d.attention.dtype);
   const auto scratch = static_cast<std::int64_t>((kernels::segment_attention_backward_workspace_bytes(d) + 3) / 4);
   return output_metas(p, AttentionBackwardOutputs<TensorMeta>{
@@ -609,14 +610,14 @@ AttentionForward segment_attention_forward(Context& ctx, const AttentionParams& 
   return {.out = r.out, .lse = r.lse};
 }
 
-AttentionGrads segment_attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q, const Tensor& k,
-                                          const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                          const Tensor& q_offsets, const Tensor& kv_ranges) {
+AttentionGrads segment_attention_backward(Context& ctx, const AttentionParams& params, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                          const Tensor& dout, const Tensor& q_offsets, const Tensor& kv_ranges) {
   const auto grads = bind_results<AttentionBackwardOutputs>(
-      params,
-      ctx.call(segment_attention_backward_op(), params,
-               flatten(kSegmentBackward, params,
-                       SegmentAttentionBackwardOperands<Tensor>{q, k, v, out, lse, dout, q_offsets, kv_ranges})));
+      params, ctx.call(segment_attention_backward_op(), params,
+                       flatten(kSegmentBackward, params,
+                               SegmentAttentionBackwardOperands<Tensor>{q, k, v, out, lse, dout, q_offsets,
+                                                                        kv_ranges})));
   return {.dq = grads.dq, .dk = grads.dk, .dv = grads.dv};
 }
 

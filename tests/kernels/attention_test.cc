@@ -17,6 +17,8 @@
 // wrong kv head is off by 0.1 and more). fp32 runs the plain kernels in fp32
 // with other summation orders than the reference (online softmax, warp
 // sums): ~1e-6; we allow 1e-4.
+#include "kernels/attention.h"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -32,7 +34,6 @@
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/stream.h"
-#include "kernels/attention.h"
 #include "tests/kernels/kernel_test_support.h"
 #include "tests/support/gpu.h"
 #include "tests/support/seed.h"
@@ -43,6 +44,7 @@ namespace {
 using testing::DeviceArray;
 using testing::expect_invalid_argument;
 using testing::HostArray;
+using testing::max_relative;
 using testing::random_array;
 using testing::SeededRng;
 
@@ -95,17 +97,6 @@ std::vector<std::int32_t> random_lengths(std::mt19937& rng, int tokens) {
   lengths.push_back(1);
   std::shuffle(lengths.begin(), lengths.end(), rng);
   return lengths;
-}
-
-double max_relative(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0.0;
-  double scale = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    diff = std::max(diff, static_cast<double>(std::fabs(got[i] - want[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
-  }
-  return scale == 0.0 ? diff : diff / scale;
 }
 
 double tolerance(DType dtype) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -200,6 +201,31 @@ inline HostArray floats(const std::vector<float>& values) {
   HostArray out(DType::kFloat32, static_cast<std::int64_t>(values.size()));
   std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
   return out;
+}
+
+// An int32 HostArray holding `values` (cu_seqlens, positions, segment tables).
+inline HostArray int32s(const std::vector<std::int32_t>& values) {
+  HostArray out(DType::kInt32, static_cast<std::int64_t>(values.size()));
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(std::int32_t));
+  return out;
+}
+
+// max |got - want| / max |want| (the absolute difference where want is all 0);
+// infinite where got is not finite. An infinite want (the -inf lse of a query
+// that sees no key) must be matched exactly.
+inline double max_relative(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0;
+  double scale = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      continue;
+    }
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, static_cast<double>(std::fabs(got[i] - want[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+  }
+  return scale == 0.0 ? diff : diff / scale;
 }
 
 // GeLU (tanh approximation) and its derivative in double precision: the

@@ -18,12 +18,7 @@ namespace {
 
 using testing::DeviceArray;
 using testing::HostArray;
-
-HostArray int32s(const std::vector<std::int32_t>& values) {
-  HostArray out(DType::kInt32, static_cast<std::int64_t>(values.size()));
-  for (std::size_t i = 0; i < values.size(); ++i) out.set(static_cast<std::int64_t>(i), static_cast<float>(values[i]));
-  return out;
-}
+using testing::int32s;
 
 // Each token's position within its sequence of the packing cu.
 std::vector<std::int32_t> positions_of(const std::vector<std::int32_t>& cu) {

@@ -19,12 +19,7 @@ namespace {
 
 using testing::DeviceArray;
 using testing::HostArray;
-
-HostArray int32s(const std::vector<std::int32_t>& values) {
-  HostArray out(DType::kInt32, static_cast<std::int64_t>(values.size()));
-  for (std::size_t i = 0; i < values.size(); ++i) out.set(static_cast<std::int64_t>(i), static_cast<float>(values[i]));
-  return out;
-}
+using testing::int32s;
 
 // Angles reach ~ (tokens - 1) rad; fp32 sin/cos of the device and the host
 // differ in the last bits, so results agree to the dtype's rounding.

@@ -41,14 +41,10 @@ namespace {
 using testing::DeviceArray;
 using testing::expect_invalid_argument;
 using testing::HostArray;
+using testing::int32s;
+using testing::max_relative;
 using testing::random_array;
 using testing::SeededRng;
-
-HostArray ints(const std::vector<std::int32_t>& values) {
-  HostArray out(DType::kInt32, static_cast<std::int64_t>(values.size()));
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(std::int32_t));
-  return out;
-}
 
 std::vector<std::int32_t> int_values(const HostArray& a) {
   std::vector<std::int32_t> out(static_cast<std::size_t>(a.numel));
@@ -80,8 +76,8 @@ Results run_device(const SegmentAttentionDesc& d, const Inputs& in, const Table&
   const AttentionDesc& a = d.attention;
   const std::int64_t nq = a.tokens * a.heads * a.head_dim, nkv = d.kv_tokens * a.kv_heads * a.head_dim;
   const std::size_t es = dtype_size(a.dtype);
-  DeviceArray q(in.q), k(in.k), v(in.v), dout(in.dout), q_offsets(ints(table.q_offsets)),
-      kv_ranges(ints(table.kv_ranges));
+  DeviceArray q(in.q), k(in.k), v(in.v), dout(in.dout), q_offsets(int32s(table.q_offsets)),
+      kv_ranges(int32s(table.kv_ranges));
   DeviceArray out(nq * es), lse(a.heads * a.tokens * 4), dq(nq * es), dk(nkv * es), dv(nkv * es);
   DeviceArray workspace(segment_attention_backward_workspace_bytes(d));
   for (DeviceArray* x : {&out, &lse, &dq, &dk, &dv, &workspace}) x->poison();
@@ -107,21 +103,6 @@ Results run_host(const SegmentAttentionDesc& d, const Inputs& in, const Table& t
                                    static_cast<const float*>(r.lse.data()), in.dout.data(), table.q_offsets.data(),
                                    table.kv_ranges.data(), r.dq.data(), r.dk.data(), r.dv.data());
   return r;
-}
-
-// max |got - want| / max |want|; -inf (a query with no key) must match exactly.
-double max_relative(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (std::isinf(want[i])) {
-      if (got[i] != want[i]) return INFINITY;
-      continue;
-    }
-    if (!std::isfinite(got[i])) return INFINITY;
-    diff = std::max(diff, static_cast<double>(std::fabs(got[i] - want[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
-  }
-  return scale == 0.0 ? diff : diff / scale;
 }
 
 double tolerance(DType dtype) {
@@ -237,7 +218,7 @@ TEST(SegmentAttentionTest, self_attention_as_segments_equals_the_plain_kernels_b
     const Results seg = run_device(d, in, t);
     const AttentionDesc& a = d.attention;
     const std::int64_t nq = a.tokens * a.heads * a.head_dim, nkv = a.tokens * a.kv_heads * a.head_dim;
-    DeviceArray q(in.q), k(in.k), v(in.v), dout(in.dout), cu_dev(ints(cu));
+    DeviceArray q(in.q), k(in.k), v(in.v), dout(in.dout), cu_dev(int32s(cu));
     DeviceArray out(nq * 4), lse(a.heads * a.tokens * 4), dq(nq * 4), dk(nkv * 4), dv(nkv * 4);
     DeviceArray workspace(attention_backward_workspace_bytes(a));
     Stream stream;
@@ -322,7 +303,7 @@ TEST(ContextParallelPlanTest, device_plan_equals_host_plan_and_survives_garbage)
             kv_ranges(static_cast<std::size_t>(2 * d.segments())),
             positions(static_cast<std::size_t>(d.local_tokens()));
         host::context_parallel_plan(d, cu.data(), q_offsets.data(), kv_ranges.data(), positions.data());
-        DeviceArray cu_dev(ints(cu)), q_dev(q_offsets.size() * 4), kv_dev(kv_ranges.size() * 4),
+        DeviceArray cu_dev(int32s(cu)), q_dev(q_offsets.size() * 4), kv_dev(kv_ranges.size() * 4),
             pos_dev(positions.size() * 4);
         for (DeviceArray* x : {&q_dev, &kv_dev, &pos_dev}) x->poison();
         Stream stream;
@@ -337,7 +318,7 @@ TEST(ContextParallelPlanTest, device_plan_equals_host_plan_and_survives_garbage)
   }
   const std::vector<std::int32_t> garbage{-7, 90, 30, 1000000, -1, 5, 2000000000, 12};
   const ContextParallelPlanDesc d{.tokens = 96, .sequences = 7, .ranks = 4, .rank = 1};
-  DeviceArray cu_dev(ints(garbage)), q_dev(8 * 2 * 4 + 4), kv_dev(2 * 14 * 4), pos_dev(24 * 4);
+  DeviceArray cu_dev(int32s(garbage)), q_dev(8 * 2 * 4 + 4), kv_dev(2 * 14 * 4), pos_dev(24 * 4);
   Stream stream;
   launch_context_parallel_plan(d, cu_dev.as<std::int32_t>(), q_dev.as<std::int32_t>(), kv_dev.as<std::int32_t>(),
                                pos_dev.as<std::int32_t>(), stream.get());

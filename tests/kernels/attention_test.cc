@@ -41,6 +41,7 @@
 namespace stepgraph::kernels {
 namespace {
 
+using testing::attention_tolerance;
 using testing::DeviceArray;
 using testing::expect_invalid_argument;
 using testing::HostArray;
@@ -99,14 +100,6 @@ std::vector<std::int32_t> random_lengths(std::mt19937& rng, int tokens) {
   return lengths;
 }
 
-double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kBFloat16: return 2e-2;
-    case DType::kFloat16: return 4e-3;
-    default: return 1e-4;
-  }
-}
-
 struct Inputs {
   HostArray q, k, v, dout;
 };
@@ -159,7 +152,7 @@ Results run_host(const AttentionDesc& d, const Inputs& in, const std::vector<std
 }
 
 void expect_close(const Results& got, const Results& want, DType dtype) {
-  const double tol = tolerance(dtype);
+  const double tol = attention_tolerance(dtype);
   EXPECT_LE(max_relative(got.out.to_floats(), want.out.to_floats()), tol) << "out";
   // lse is fp32 on both sides; its error is the scores' (inputs rounded the same way).
   EXPECT_LE(max_relative(got.lse.to_floats(), want.lse.to_floats()), tol) << "lse";

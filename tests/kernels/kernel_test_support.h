@@ -210,6 +210,17 @@ inline HostArray int32s(const std::vector<std::int32_t>& values) {
   return out;
 }
 
+// The relative error attention's GPU kernels may have against the fp32 host
+// reference (max_relative): the 16-bit inputs and outputs round at each
+// product, fp32 only sums in another order.
+inline double attention_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16: return 2e-2;
+    case DType::kFloat16: return 4e-3;
+    default: return 1e-4;
+  }
+}
+
 // max |got - want| / max |want| (the absolute difference where want is all 0);
 // infinite where got is not finite. An infinite want (the -inf lse of a query
 // that sees no key) must be matched exactly.

@@ -38,6 +38,7 @@
 namespace stepgraph::kernels {
 namespace {
 
+using testing::attention_tolerance;
 using testing::DeviceArray;
 using testing::expect_invalid_argument;
 using testing::HostArray;
@@ -105,16 +106,8 @@ Results run_host(const SegmentAttentionDesc& d, const Inputs& in, const Table& t
   return r;
 }
 
-double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kBFloat16: return 2e-2;
-    case DType::kFloat16: return 4e-3;
-    default: return 1e-4;
-  }
-}
-
 void expect_close(const Results& got, const Results& want, DType dtype) {
-  const double tol = tolerance(dtype);
+  const double tol = attention_tolerance(dtype);
   EXPECT_LE(max_relative(got.out.to_floats(), want.out.to_floats()), tol) << "out";
   EXPECT_LE(max_relative(got.lse.to_floats(), want.lse.to_floats()), tol) << "lse";
   EXPECT_LE(max_relative(got.dq.to_floats(), want.dq.to_floats()), tol) << "dq";

@@ -6,6 +6,7 @@
 //   step_bench --device host --configs tiny --steps 3 --warmup 2   # host smoke run
 //   torchrun --no-python --nproc-per-node 8 bin/step_bench --dp 8 --out step_bench_dp8.json
 //   step_bench --dp 1 --out step_bench_dp1.json                     # one process: the baseline rows only
+//   torchrun --no-python --nproc-per-node 2 bin/step_bench --cp 2 --configs long --out step_bench_cp2.json
 //
 // Per config and mode: step time (median, min, max; see Note [How a step is
 // timed] in step_runner.h), tokens/s, model TFLOP/s and MFU (model_flops.h),
@@ -22,7 +23,11 @@
 // [Data-parallel rows] in step_runner.h). --dp-mode allreduce|zero1. --tp N:
 // tensor and sequence parallelism of each config's GPT (attention and MLP
 // sharded by heads and ffn; Note [Tensor-parallel rows]); with --profile the
-// graphed rows report their profiled exposed communication. Rank 0
+// graphed rows report their profiled exposed communication. --cp N: context
+// parallelism of each config's GPT, its sequences N times as long over the
+// N ranks against one GPU training the config's own (the same tokens per
+// GPU; Note [Context-parallel rows]): efficiency = cp1 step / cpN step;
+// not with --tp or --dp yet. Rank 0
 // prints and writes the JSON. In one process --dp 1 runs the dp1 rows alone
 // (the baseline; no all-reduce exists at N = 1). Under a launcher of N > 1
 // ranks an error on any rank ends that rank (its communicator aborted) and
@@ -70,6 +75,7 @@ struct Options {
   int warmup = 10;
   int dp = 0;  // 0: the single-GPU benchmark; N: data-parallel rows over N ranks
   int tp = 0;  // N: tensor-parallel rows over N ranks (Note [Tensor-parallel rows])
+  int cp = 0;  // N: context-parallel rows over N ranks (Note [Context-parallel rows])
   MLPOverlap overlap;  // bulk
   bool profile = false;  // one profiled step per graphed row
   bool cuda_profiler_range = false;  // one graphed replay between cudaProfilerStart and Stop
@@ -207,6 +213,15 @@ void print_parallel_line(const nlohmann::json& c) {
                     100.0 * s["mfu"].get<double>());
       line << buffer;
     }
+    if (s.contains("cp")) {
+      std::snprintf(buffer, sizeof(buffer), " (seq_len %lld", static_cast<long long>(s["seq_len"].get<std::int64_t>()));
+      line << buffer;
+      if (!s["efficiency"].is_null()) {
+        std::snprintf(buffer, sizeof(buffer), ", efficiency %.3f", s["efficiency"].get<double>());
+        line << buffer;
+      }
+      line << ")";
+    }
     if (s.contains("profile_exposed_comm_fraction")) {
       std::snprintf(buffer, sizeof(buffer), " (profiled exposed comm %.3f ms = %.1f%%)",
                     s["profile_exposed_comm_us"].get<double>() / 1000.0,
@@ -242,9 +257,11 @@ void print_parallel_line(const nlohmann::json& c) {
 
 // Whether the parallel rows' first losses disagree: the data-parallel loss
 // with the ranks' own (a wrong gradient or loss reduction), the
-// tensor-parallel eager with its graph.
+// tensor- or context-parallel eager with its graph.
 bool parallel_losses_disagree(const nlohmann::json& c) {
-  if (c.contains("tensor_parallel_rows") && c.contains("loss_check")) return !c["loss_check"]["identical"].get<bool>();
+  if ((c.contains("tensor_parallel_rows") || c.contains("context_parallel_rows")) && c.contains("loss_check")) {
+    return !c["loss_check"]["identical"].get<bool>();
+  }
   if (!c.contains("dp_loss_check")) return false;
   return !c["dp_loss_check"]["eager"]["agrees"].get<bool>() || !c["dp_loss_check"]["graph"]["agrees"].get<bool>();
 }
@@ -264,16 +281,19 @@ std::unique_ptr<Communicator> join_world(const LaunchInfo& launch, Device device
   return stepgraph::join_world(device, run_tag, timeout, launch).comm;
 }
 
-// --dp N or --tp N over the launch's ranks.
+// --dp N, --tp N or --cp N over the launch's ranks.
 int run_parallel(const Options& options, Device device, const std::vector<StepConfig>& configs,
                  const StepRunOptions& run_options, const LaunchInfo& launch, const nlohmann::json& env) {
   const bool tensor = options.tp > 0;
+  const bool context = options.cp > 0;
   const DataParallelMode mode = options.dp_mode;
   SG_CHECK(options.timeout_s > 0, "--timeout-s must be positive, got ", options.timeout_s);
   const auto timeout = std::chrono::milliseconds(std::int64_t{1000} * options.timeout_s);
   std::ostringstream tag;  // what every rank must agree on
   if (tensor) {
     tag << "step_bench --tp " << options.tp << " --overlap " << options.overlap.to_string();
+  } else if (context) {
+    tag << "step_bench --cp " << options.cp;
   } else {
     tag << "step_bench --dp " << options.dp << " --dp-mode " << data_parallel_mode_name(mode);
   }
@@ -303,6 +323,24 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
         {"rows", "Note [Tensor-parallel rows] in benchmarks/step_runner.h"},
         {"note", n == 1 ? "world size 1: the tp1 rows alone; nothing is sharded" : ""},
     };
+  } else if (context) {
+    result["context_parallel"] = {
+        {"world_size", n},
+        {"local_world_size", launch.local_world_size},
+        {"launcher", launch.launcher},
+        {"communicator", world != nullptr ? world->describe() : "none (world size 1)"},
+        {"nccl_version", device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr},
+        {"multicast_env", env},
+        {"weak_scaling",
+         "the cp1 rows train the config's sequences of seq_len L on each GPU alone; the cpN rows sequences of N x L "
+         "over the N GPUs, each holding its zig-zag chunks: the same tokens per GPU, N times the attention work per "
+         "token"},
+        {"formulas",
+         {{"efficiency", "median step time(cp1) / median step time(cpN), same mode"},
+          {"tokens_per_s", "per GPU: the row's tokens / N / median step time"}}},
+        {"rows", "Note [Context-parallel rows] in benchmarks/step_runner.h"},
+        {"note", n == 1 ? "world size 1: the cp1 rows alone; nothing is context-parallel" : ""},
+    };
   } else {
   result["data_parallel"] = {
       {"world_size", n},
@@ -328,7 +366,7 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
       {"note", n == 1 ? "world size 1: the dp1 rows alone, the baseline of a run at N > 1; nothing scales here" : ""},
   };
   }
-  const nlohmann::json& parallel = result[tensor ? "tensor_parallel" : "data_parallel"];
+  const nlohmann::json& parallel = result[tensor ? "tensor_parallel" : context ? "context_parallel" : "data_parallel"];
   if (leader) {
     std::printf("device: %s; %s; %s\n", result["device"].get<std::string>().c_str(), describe(launch).c_str(),
                 parallel["communicator"].get<std::string>().c_str());
@@ -338,9 +376,11 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
   bool failed = false;
   try {
     for (const StepConfig& config : configs) {
-      nlohmann::json c = tensor ? run_tp_config(config, run_options, world.get())
-                                : run_dp_config(config, run_options, world.get(), mode);
+      nlohmann::json c = tensor    ? run_tp_config(config, run_options, world.get())
+                         : context ? run_cp_config(config, run_options, world.get())
+                                   : run_dp_config(config, run_options, world.get(), mode);
       if (tensor) c["tensor_parallel_rows"] = true;
+      if (context) c["context_parallel_rows"] = true;
       failed = failed || c["status"] == "failed" || parallel_losses_disagree(c);
       if (leader) {
         print_parallel_line(c);
@@ -387,7 +427,26 @@ int run(const Options& options) {
   const LaunchInfo launch = launch_info_from_env();
   SG_CHECK(options.tp >= 0, "--tp must be the number of ranks (>= 1), got ", options.tp);
   SG_CHECK(options.tp == 0 || options.dp == 0, "--tp and --dp together are not benchmarked yet: give one of them");
-  if (options.tp > 0) {
+  SG_CHECK(options.cp >= 0, "--cp must be the number of ranks (>= 1), got ", options.cp);
+  SG_CHECK(options.cp == 0 || (options.tp == 0 && options.dp == 0),
+           "--cp together with --tp or --dp is not benchmarked yet: give --cp alone");
+  if (options.cp > 0) {
+    SG_CHECK(options.cp == launch.world_size, "--cp ", options.cp, " needs ", options.cp,
+             " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.cp,
+             " bin/step_bench --cp ", options.cp, " --configs long), but this run has ", launch.world_size);
+    SG_CHECK(options.dropout == 0.0f, "--dropout is not supported with --cp yet (the context-parallel stack "
+             "refuses it); leave --dropout out");
+    for (const StepConfig& config : configs) {
+      // Checked before the world starts: at N > 1 ranks a config's error ends the run.
+      SG_CHECK(config.model.heads > 0 && config.model.experts == 0, "--cp ", options.cp, ": config ", config.name,
+               " is not a dense GPT (context parallelism needs attention and no MoE blocks yet); leave it out of "
+               "--configs (long, medium, large and tiny run)");
+      const StepConfig wide = context_parallel_config(config, options.cp);
+      SG_CHECK(wide.tokens % (2 * options.cp) == 0, "--cp ", options.cp, ": config ", config.name, "'s ",
+               wide.tokens, " tokens at --cp ", options.cp, " do not cut into 2 x ", options.cp,
+               " equal chunks; give a --cp whose double divides them");
+    }
+  } else if (options.tp > 0) {
     SG_CHECK(options.tp == launch.world_size, "--tp ", options.tp, " needs ", options.tp,
              " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.tp,
              " bin/step_bench --tp ", options.tp, "), but this run has ", launch.world_size);
@@ -428,7 +487,8 @@ int main(int argc, char** argv) {
   std::string fp8 = "none";
   std::string gemm_algorithms = "heuristic";
   bool fp8_weight_cache = false;
-  app.add_option("--configs", options.configs, "comma-separated: small, medium, large, moe (tiny: host smoke)")
+  app.add_option("--configs", options.configs,
+                 "comma-separated: small, medium, large, moe, long (--cp's; tiny: host smoke)")
       ->capture_default_str();
   app.add_option("--steps", options.steps, "timed steps per mode (>= 50 for the report)")->capture_default_str();
   app.add_option("--warmup", options.warmup, "untimed steps first; the first 5 compare eager and graph losses")
@@ -442,6 +502,9 @@ int main(int argc, char** argv) {
   app.add_option("--tp", options.tp,
                  "tensor parallel over the launch's N ranks: the same global step sharded over N GPUs against one GPU "
                  "training it alone");
+  app.add_option("--cp", options.cp,
+                 "context parallel over the launch's N ranks: each config's sequences N times as long over N GPUs "
+                 "against one GPU training the config's (the same tokens per GPU); efficiency = cp1 / cpN step time");
   app.add_option("--overlap", overlap, "with --tp: none, bulk, overlap, or four modes (trainer/README.md)")
       ->capture_default_str();
   app.add_flag("--profile", options.profile,

@@ -37,10 +37,21 @@ StepConfig make_tiny() {
   return config;
 }
 
+// step_bench --cp's config: medium's shape with one sequence of 16k tokens
+// (the cp1 baseline; --cp 2 trains one of 32k over two GPUs, 16k each).
+// Memory per GPU at 16k tokens: about 420M parameters x 18 bytes (fp32
+// master, gradient and two moments, bf16 copy) = 7.6 GB persistent; the
+// activations each block keeps, about 16 x hidden bf16 values a token
+// (norms, q/k/v, attention output, fc1 and GeLU outputs at 4 x hidden,
+// residuals) = 64 KiB a token, x 16k tokens x 8 layers = 8 GiB, plus 1 GiB
+// of logits and their gradient: under 20 GiB of an 80 GiB GPU, which leaves
+// room for the graph pool's slack and the CP ranks' gathered keys and values.
+StepConfig make_long() { return make("long", 2048, 16, 8, 16384, 1); }
+
 std::string known_names() {
   std::string out;
   for (const StepConfig& c : benchmark_configs()) out += c.name + ", ";
-  return out + "tiny";
+  return out + "long, tiny";
 }
 
 }  // namespace
@@ -57,6 +68,7 @@ const std::vector<StepConfig>& benchmark_configs() {
 
 StepConfig step_config(std::string_view name) {
   if (name == "tiny") return make_tiny();
+  if (name == "long") return make_long();
   for (const StepConfig& c : benchmark_configs()) {
     if (c.name == name) return c;
   }

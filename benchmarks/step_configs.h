@@ -12,6 +12,9 @@
 //   moe                    hidden 2048, 16 heads of 128, 8 experts of ffn
 //                          8192, top-2, every block MoE, 4 layers,
 //                          2 sequences of 4096 (8192 tokens)
+//   long    step_bench --cp: medium's shape (hidden 2048, 16 heads of 128,
+//           ffn 8192, 8 layers), 1 sequence of 16384 (--cp N: N x 16384
+//           over N GPUs)
 //   tiny    host smoke test only: hidden 64, 2 heads of 32, ffn 256,
 //           2 layers, 2 sequences of 32 (64 tokens), vocab 512
 //
@@ -43,7 +46,7 @@ struct StepConfig {
 // The four benchmark configs, in report order (tiny is not among them).
 const std::vector<StepConfig>& benchmark_configs();
 
-// A config by name (the four, or "tiny"); Error(kInvalidArgument) naming the
+// A config by name (the four, "long" or "tiny"); Error(kInvalidArgument) naming the
 // known ones otherwise.
 StepConfig step_config(std::string_view name);
 

@@ -19,6 +19,7 @@
 #include "graphs/planner.h"
 #include "optim/adamw.h"
 #include "layers/residual_stack.h"
+#include "train/context_parallel_batch.h"
 #include "train/train_step.h"
 
 namespace stepgraph::bench {
@@ -30,9 +31,11 @@ double microseconds_since(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }
 
-// The fixed batch every step of both modes trains on.
-void load_batch(Context& ctx, const TrainStep& step, const StepConfig& config, std::uint32_t seed) {
-  const std::int64_t tokens = step.labels().shape().dim(0);  // this rank's rows
+// The fixed batch every step of both modes trains on: the global batch's
+// rows from `seed`; context-parallel, this rank's zig-zag chunks of them.
+void load_batch(Context& ctx, const TrainStep& step, const StepConfig& config, std::uint32_t seed, int cp,
+                int cp_rank) {
+  const std::int64_t tokens = step.labels().shape().dim(0) * cp;  // the global batch's rows
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<std::uint16_t> x(static_cast<std::size_t>(tokens * config.model.hidden));
@@ -40,8 +43,27 @@ void load_batch(Context& ctx, const TrainStep& step, const StepConfig& config, s
   std::uniform_int_distribution<std::int32_t> label(0, static_cast<std::int32_t>(config.model.vocab - 1));
   std::vector<std::int32_t> labels(static_cast<std::size_t>(tokens));
   for (auto& v : labels) v = label(rng);
+  if (cp > 1) {
+    x = context_parallel_rows<std::uint16_t>(x, config.model.hidden, cp, cp_rank);
+    labels = context_parallel_rows<std::int32_t>(labels, 1, cp, cp_rank);
+  }
   ctx.copy_from_host(step.inputs(), x.data(), x.size() * sizeof(std::uint16_t));
   ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
+}
+
+// Context-parallel: the CP group's packing, the config's `sequences` of
+// seq_len, then empty sequences up to the packing's length (TrainStep sized
+// it for whole sequences per rank, which one long sequence over the ranks
+// is not).
+void load_cp_packing(Context& ctx, const TrainStep& step, const StepConfig& config) {
+  const std::int64_t entries = step.packing().shape().dim(0);
+  SG_CHECK_CODE(entries >= config.sequences + 1, ErrorCode::kInternal, "config ", config.name, ": a packing of ",
+                entries - 1, " sequences cannot hold its ", config.sequences);
+  std::vector<std::int32_t> cu(static_cast<std::size_t>(entries));
+  for (std::int64_t s = 0; s < entries; ++s) {
+    cu[s] = static_cast<std::int32_t>(std::min(s, config.sequences) * config.seq_len);
+  }
+  ctx.copy_from_host(step.packing(), cu.data(), cu.size() * sizeof(std::int32_t));
 }
 
 float read_loss(Context& ctx, const Tensor& loss) { return ctx.to_vector<float>(loss).at(0); }
@@ -133,8 +155,9 @@ void check_run_options(const StepRunOptions& options) {
   SG_CHECK(options.warmup >= 1, "--warmup must be >= 1 (the first steps check the losses), got ", options.warmup);
   SG_CHECK(options.loss_check_steps >= 1, "loss_check_steps must be >= 1, got ", options.loss_check_steps);
   SG_CHECK(!options.step_scoped_gradients ||
-               (options.data_parallel == nullptr && options.tensor_parallel == nullptr && !options.skip_nonfinite),
-           "--step-scoped-gradients works without --dp, --tp and --skip-nonfinite (their steps read persistent "
+               (options.data_parallel == nullptr && options.tensor_parallel == nullptr &&
+                options.context_parallel == nullptr && !options.skip_nonfinite),
+           "--step-scoped-gradients works without --dp, --tp, --cp and --skip-nonfinite (their steps read persistent "
            "gradients)");
 }
 
@@ -152,10 +175,11 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   model_config.overlap = options.overlap;
   model_config.recompute_activation = options.recompute_activation;
   model_config.dropout = options.dropout;
-  ResidualStack model(ctx, model_config, options.tensor_parallel);
+  ResidualStack model(ctx, model_config, options.tensor_parallel, options.context_parallel);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
   optimizer.set_skip_nonfinite(ctx, options.skip_nonfinite);
   const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
+  const int cp = options.context_parallel != nullptr ? options.context_parallel->world_size() : 1;
   SG_CHECK(config.tokens % tp == 0, "config ", config.name, ": tokens ", config.tokens, " must divide by --tp ", tp);
   // With attention, TrainStep packs `sequences` sequences of seq_len over the tensor-parallel group's tokens, each
   // rank's rows holding sequences / tp of them whole.
@@ -163,10 +187,19 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
            " sequences of ", config.seq_len, " tokens do not split over --tp ", tp,
            " ranks (each rank's rows are whole sequences); give --tp a divisor of ", config.sequences,
            " or leave the config out of --configs");
-  TrainStep step(ctx, model, optimizer, config.tokens / tp, options.data_parallel, options.dp_mode,
-                 config.sequences / (config.model.heads > 0 ? tp : 1));
+  SG_CHECK(cp == 1 || (tp == 1 && options.data_parallel == nullptr), "config ", config.name,
+           ": --cp together with --tp or --dp is not benchmarked yet");
+  SG_CHECK(config.tokens % (2 * cp) == 0, "config ", config.name, ": its ", config.tokens,
+           " tokens do not cut into 2 x ", cp, " context-parallel chunks (Note [Context-parallel token layout]); "
+           "give --cp a value whose double divides them");
+  // Context-parallel, the CP group is the step's gradient group (DP x CP with DP = 1), and each rank's rows are
+  // tokens / cp; the packing, the group's, is written below (a sequence may span the ranks).
+  TrainStep step(ctx, model, optimizer, config.tokens / tp / cp,
+                 cp > 1 ? options.context_parallel : options.data_parallel, options.dp_mode,
+                 cp > 1 ? (config.sequences + cp - 1) / cp : config.sequences / (config.model.heads > 0 ? tp : 1));
   if (options.step_scoped_gradients) optimizer.use_step_scoped_gradients(ctx);
-  load_batch(ctx, step, config, options.data_seed);
+  load_batch(ctx, step, config, options.data_seed, cp, cp > 1 ? options.context_parallel->rank() : 0);
+  if (cp > 1) load_cp_packing(ctx, step, config);
 
   std::shared_ptr<CapturedStep> captured;
   std::function<Tensor()> run_one = [&] { return step(ctx).at(0); };
@@ -665,6 +698,100 @@ nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& opt
                            {"max_abs_diff", max_diff}};
       systems.push_back(tp_system_json(config, StepMode::kEager, n, eager, eager, &base_eager));
       systems.push_back(tp_system_json(config, StepMode::kGraph, n, graph, eager, &base_graph));
+    }
+    out["systems"] = std::move(systems);
+    return out;
+  };
+  if (n > 1) return body();
+  try {
+    return body();
+  } catch (const std::exception& error) {
+    return failed_config_json(config, error);
+  }
+}
+
+// ---------------------------------------------------------------- context parallelism
+
+namespace {
+
+std::string cp_system_name(StepMode mode, int world_size) {
+  return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_cp", world_size);
+}
+
+// One row (Note [Context-parallel rows]): system_json's fields of the row's
+// own config, per GPU, and against a baseline the efficiency.
+nlohmann::json cp_system_json(const StepConfig& row_config, StepMode mode, int world_size, const RankedResult& r,
+                              const RankedResult& eager, const RankedResult* baseline) {
+  nlohmann::json out = system_json(cp_system_name(mode, world_size), row_config, r.combined, eager.combined);
+  out["world_size"] = world_size;
+  out["cp"] = world_size;
+  out["seq_len"] = row_config.seq_len;
+  out["sequences"] = row_config.sequences;
+  out["tokens"] = row_config.tokens;
+  out["rank_median_us"] = r.rank_median_us;
+  out["tokens_per_s"] = out["tokens_per_s"].get<double>() / world_size;  // per GPU
+  out["tflops"] = out["tflops"].get<double>() / world_size;
+  out["mfu"] = out["mfu"].get<double>() / world_size;
+  if (baseline != nullptr) {
+    out["baseline_system"] = cp_system_name(mode, 1);
+    out["efficiency"] = baseline->combined.step_us.median_us / r.combined.step_us.median_us;
+  } else {
+    out["baseline_system"] = nullptr;
+    out["efficiency"] = nullptr;
+  }
+  if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
+  add_profile_fields(out, r.combined);
+  return out;
+}
+
+}  // namespace
+
+StepConfig context_parallel_config(const StepConfig& config, int cp) {
+  SG_CHECK(cp >= 1, "--cp must be the number of ranks (>= 1), got ", cp);
+  StepConfig wide = config;
+  wide.seq_len *= cp;
+  wide.tokens *= cp;
+  return wide;
+}
+
+nlohmann::json run_cp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world) {
+  const int n = world != nullptr ? world->world_size() : 1;
+  auto body = [&] {
+    StepRunOptions alone = options;
+    alone.dp_layout = true;
+    alone.data_parallel = nullptr;
+    alone.tensor_parallel = nullptr;
+    alone.context_parallel = nullptr;
+    alone.timed_with = n > 1 ? world : nullptr;
+    StepRunOptions together = alone;
+    together.context_parallel = n > 1 ? world : nullptr;
+    const StepConfig wide = context_parallel_config(config, n);
+    prime(config, alone);
+    if (n > 1) prime(wide, together);  // also connects the ranks before the timed modes
+    meet(alone.timed_with, "primed " + config.name);
+    const RankedResult base_eager = run_everywhere(config, StepMode::kEager, alone, world, config.name + " cp1 eager");
+    const RankedResult base_graph = run_everywhere(config, StepMode::kGraph, alone, world, config.name + " cp1 graph");
+    nlohmann::json out = config_header_json(config);
+    out["status"] = "ok";
+    out["reason"] = nullptr;
+    out["world_size"] = n;
+    out["cp"] = n;
+    out["cp_seq_len"] = wide.seq_len;
+    nlohmann::json systems = nlohmann::json::array();
+    systems.push_back(cp_system_json(config, StepMode::kEager, 1, base_eager, base_eager, nullptr));
+    systems.push_back(cp_system_json(config, StepMode::kGraph, 1, base_graph, base_eager, nullptr));
+    if (n > 1) {
+      const RankedResult eager = run_everywhere(wide, StepMode::kEager, together, world, config.name + " cpN eager");
+      const RankedResult graph = run_everywhere(wide, StepMode::kGraph, together, world, config.name + " cpN graph");
+      const auto [identical, max_diff] = compare_losses(eager.combined.first_losses, graph.combined.first_losses);
+      out["loss_check"] = {{"steps", eager.combined.first_losses.size()},
+                           {"compared", {cp_system_name(StepMode::kEager, n), cp_system_name(StepMode::kGraph, n)}},
+                           {"identical", identical},
+                           {"max_abs_diff", max_diff}};
+      out["loss_check"][cp_system_name(StepMode::kEager, n)] = eager.combined.first_losses;
+      out["loss_check"][cp_system_name(StepMode::kGraph, n)] = graph.combined.first_losses;
+      systems.push_back(cp_system_json(wide, StepMode::kEager, n, eager, eager, &base_eager));
+      systems.push_back(cp_system_json(wide, StepMode::kGraph, n, graph, eager, &base_graph));
     }
     out["systems"] = std::move(systems);
     return out;

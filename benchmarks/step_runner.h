@@ -113,6 +113,11 @@ struct StepRunOptions {
   // the config's; `overlap` is how its collectives meet their GEMMs.
   Communicator* tensor_parallel = nullptr;
   MLPOverlap overlap;
+  // Context parallelism (Note [Context-parallel rows]): the model's
+  // attention runs over `context_parallel` (null: none), each rank holding
+  // its zig-zag chunks of the config's tokens, and the CP group is the
+  // step's gradient group (data_parallel must be null).
+  Communicator* context_parallel = nullptr;
   // Graph mode: after the timed steps, one profiled step (CapturedStep::profile;
   // every rank, since it holds the collectives); its text in ModeResult::profile.
   bool profile = false;
@@ -258,5 +263,33 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
 // of `world` and returns the config's JSON (the same on every rank). As
 // run_dp_config: at N > 1 an exception propagates.
 nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world);
+
+// ---- Context parallelism (step_bench --cp) ----
+//
+// Note [Context-parallel rows]
+// step_bench --cp N runs each config on the N ranks of a launch, every mode:
+//   stepgraph_<mode>_cp1  the baseline: every rank trains the config (its
+//                         `sequences` of seq_len L) alone on its GPU, all
+//                         at the same time;
+//   stepgraph_<mode>_cpN  the config's sequences N times as long (N x L)
+//                         over the N ranks (Note [Context-parallel
+//                         ResidualStack]): each rank holds its zig-zag
+//                         chunks, the same tokens per GPU as the baseline,
+//                         and the CP group sums the gradients.
+// Weak scaling in sequence length: efficiency = median(cp1) / median(cpN),
+// same mode. It is not a pure communication overhead: a sequence N times
+// as long has N times the causal attention work per token, so each GPU's
+// attention core does N times the baseline's (the GEMMs the same). Each
+// row's JSON says its cp, seq_len, sequences and tokens; tokens_per_s,
+// tflops and mfu are per GPU. Timing as for the data-parallel rows; with
+// --profile the graphed rows report their exposed communication.
+
+// The config whose sequences are `cp` times as long (the cpN rows' config).
+StepConfig context_parallel_config(const StepConfig& config, int cp);
+
+// Runs the config's cp1 rows and, at N > 1 ranks, its cpN rows on every rank
+// of `world` and returns the config's JSON (the same on every rank). As
+// run_dp_config: at N > 1 an exception propagates.
+nlohmann::json run_cp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world);
 
 }  // namespace stepgraph::bench

@@ -57,6 +57,20 @@ TEST(StepConfigsTest, TinyHasAttention) {
   EXPECT_EQ(tiny.tokens, 64);
 }
 
+// step_bench --cp 2's config: medium's shape, one sequence of 16k, cut into 2 x 2 context-parallel chunks at 32k.
+TEST(StepConfigsTest, LongIsMediumsShapeWithOneSequenceOf16k) {
+  const StepConfig c = step_config("long");
+  const StepConfig medium = step_config("medium");
+  EXPECT_EQ(c.model.hidden, medium.model.hidden);
+  EXPECT_EQ(c.model.heads, medium.model.heads);
+  EXPECT_EQ(c.model.ffn, medium.model.ffn);
+  EXPECT_EQ(c.model.layers, medium.model.layers);
+  EXPECT_EQ(c.sequences, 1);
+  EXPECT_EQ(c.seq_len, 16384);
+  EXPECT_EQ(c.tokens, 16384);
+  EXPECT_EQ(parse_config_list("long").at(0).name, "long");
+}
+
 // step_bench --tp 2 runs the GPT configs whose sequences split over two ranks (Note [Tensor-parallel rows]).
 TEST(StepConfigsTest, MediumAndLargeSplitOverTwoTensorParallelRanks) {
   for (const char* name : {"medium", "large", "tiny"}) {
@@ -99,7 +113,7 @@ TEST(StepConfigsTest, BadListsAreClearErrors) {
     step_config("huge");
     ADD_FAILURE() << "no error for step config 'huge'";
   } catch (const Error& error) {
-    EXPECT_NE(error.message().find("known: small, medium, large, moe, tiny"), std::string::npos) << error.message();
+    EXPECT_NE(error.message().find("known: small, medium, large, moe, long, tiny"), std::string::npos) << error.message();
   }
 }
 

@@ -434,6 +434,8 @@ int run(const Options& options) {
     SG_CHECK(options.cp == launch.world_size, "--cp ", options.cp, " needs ", options.cp,
              " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.cp,
              " bin/step_bench --cp ", options.cp, " --configs long), but this run has ", launch.world_size);
+    SG_CHECK(!options.step_scoped_gradients, "--step-scoped-gradients is not supported with --cp (its step reads "
+             "persistent gradients to sum them over the ranks); leave it out");
     SG_CHECK(options.dropout == 0.0f, "--dropout is not supported with --cp yet (the context-parallel stack "
              "refuses it); leave --dropout out");
     for (const StepConfig& config : configs) {

@@ -15,6 +15,7 @@ import dp_test  # noqa: E402  (step_bench over host processes)
 
 BINARY = dp_test.BINARY
 HOST_FLAGS = dp_test.HOST_FLAGS
+RANK_1_OF_2 = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
 
 
 def test_two_host_processes_write_the_context_parallel_rows(tmp_path):
@@ -59,8 +60,8 @@ def test_world_of_one_runs_the_baseline_rows():
         (["--cp", "2", "--tp", "2"], {}, "--cp together with --tp or --dp is not benchmarked yet"),
         (["--cp", "2", "--dp", "2"], {}, "--cp together with --tp or --dp is not benchmarked yet"),
         (["--cp", "-1"], {}, "--cp must be the number of ranks"),
-        (["--cp", "2", "--dropout", "0.1"], {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
-                                            "LOCAL_WORLD_SIZE": "2"}, "--dropout is not supported with --cp"),
+        (["--cp", "2", "--step-scoped-gradients"], RANK_1_OF_2, "--step-scoped-gradients is not supported with --cp"),
+        (["--cp", "2", "--dropout", "0.1"], RANK_1_OF_2, "--dropout is not supported with --cp"),
     ],
 )
 def test_step_bench_refuses_cp_flags_it_cannot_run(flags, env, message):
@@ -71,7 +72,7 @@ def test_step_bench_refuses_cp_flags_it_cannot_run(flags, env, message):
 
 
 def test_step_bench_cp_refuses_an_moe_config_before_any_rank_starts():
-    env = dp_test.clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+    env = dp_test.clean_env(**RANK_1_OF_2)
     done = subprocess.run([BINARY, "--device", "cuda", "--configs", "long,moe", "--cp", "2"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0

@@ -595,6 +595,38 @@ RankedResult run_everywhere(const StepConfig& config, StepMode mode, const StepR
   return combine_ranks(all);
 }
 
+// One process: a config that fails becomes its failed row and the others
+// still run. Several ranks: the error propagates and ends the launch (the
+// other ranks are in the same collectives).
+nlohmann::json run_or_failed_row(const StepConfig& config, int world_size,
+                                 const std::function<nlohmann::json()>& body) {
+  if (world_size > 1) return body();
+  try {
+    return body();
+  } catch (const std::exception& error) {
+    return failed_config_json(config, error);
+  }
+}
+
+// The check that a parallel row's eager and graphed first losses are equal.
+nlohmann::json parallel_loss_check(const RankedResult& eager, const RankedResult& graph, const std::string& eager_name,
+                                   const std::string& graph_name) {
+  const auto [identical, max_diff] = compare_losses(eager.combined.first_losses, graph.combined.first_losses);
+  return {{"steps", eager.combined.first_losses.size()},
+          {"compared", {eager_name, graph_name}},
+          {"identical", identical},
+          {"max_abs_diff", max_diff}};
+}
+
+// A row over `world_size` ranks: its rank medians, and the throughput
+// fields per GPU.
+void add_rank_fields(nlohmann::json& out, int world_size, const RankedResult& r) {
+  out["world_size"] = world_size;
+  out["rank_median_us"] = r.rank_median_us;
+  out["tflops"] = out["tflops"].get<double>() / world_size;
+  out["mfu"] = out["mfu"].get<double>() / world_size;
+}
+
 }  // namespace
 
 nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world,
@@ -623,12 +655,7 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
     }
     return dp_config_json(config, results);
   };
-  if (n > 1) return body();
-  try {
-    return body();
-  } catch (const std::exception& error) {
-    return failed_config_json(config, error);
-  }
+  return run_or_failed_row(config, n, body);
 }
 
 // ---------------------------------------------------------------- tensor parallelism
@@ -644,10 +671,7 @@ std::string tp_system_name(StepMode mode, int world_size) {
 nlohmann::json tp_system_json(const StepConfig& config, StepMode mode, int world_size, const RankedResult& r,
                               const RankedResult& eager, const RankedResult* baseline) {
   nlohmann::json out = system_json(tp_system_name(mode, world_size), config, r.combined, eager.combined);
-  out["world_size"] = world_size;
-  out["rank_median_us"] = r.rank_median_us;
-  out["tflops"] = out["tflops"].get<double>() / world_size;  // per GPU
-  out["mfu"] = out["mfu"].get<double>() / world_size;
+  add_rank_fields(out, world_size, r);
   if (baseline != nullptr) {
     const double speedup = baseline->combined.step_us.median_us / r.combined.step_us.median_us;
     out["baseline_system"] = tp_system_name(mode, 1);
@@ -691,23 +715,15 @@ nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& opt
     if (n > 1) {
       const RankedResult eager = run_everywhere(config, StepMode::kEager, together, world, config.name + " tpN eager");
       const RankedResult graph = run_everywhere(config, StepMode::kGraph, together, world, config.name + " tpN graph");
-      const auto [identical, max_diff] = compare_losses(eager.combined.first_losses, graph.combined.first_losses);
-      out["loss_check"] = {{"steps", eager.combined.first_losses.size()},
-                           {"compared", {tp_system_name(StepMode::kEager, n), tp_system_name(StepMode::kGraph, n)}},
-                           {"identical", identical},
-                           {"max_abs_diff", max_diff}};
+      out["loss_check"] =
+          parallel_loss_check(eager, graph, tp_system_name(StepMode::kEager, n), tp_system_name(StepMode::kGraph, n));
       systems.push_back(tp_system_json(config, StepMode::kEager, n, eager, eager, &base_eager));
       systems.push_back(tp_system_json(config, StepMode::kGraph, n, graph, eager, &base_graph));
     }
     out["systems"] = std::move(systems);
     return out;
   };
-  if (n > 1) return body();
-  try {
-    return body();
-  } catch (const std::exception& error) {
-    return failed_config_json(config, error);
-  }
+  return run_or_failed_row(config, n, body);
 }
 
 // ---------------------------------------------------------------- context parallelism
@@ -723,15 +739,12 @@ std::string cp_system_name(StepMode mode, int world_size) {
 nlohmann::json cp_system_json(const StepConfig& row_config, StepMode mode, int world_size, const RankedResult& r,
                               const RankedResult& eager, const RankedResult* baseline) {
   nlohmann::json out = system_json(cp_system_name(mode, world_size), row_config, r.combined, eager.combined);
-  out["world_size"] = world_size;
+  add_rank_fields(out, world_size, r);
   out["cp"] = world_size;
   out["seq_len"] = row_config.seq_len;
   out["sequences"] = row_config.sequences;
   out["tokens"] = row_config.tokens;
-  out["rank_median_us"] = r.rank_median_us;
   out["tokens_per_s"] = out["tokens_per_s"].get<double>() / world_size;  // per GPU
-  out["tflops"] = out["tflops"].get<double>() / world_size;
-  out["mfu"] = out["mfu"].get<double>() / world_size;
   if (baseline != nullptr) {
     out["baseline_system"] = cp_system_name(mode, 1);
     out["efficiency"] = baseline->combined.step_us.median_us / r.combined.step_us.median_us;
@@ -783,11 +796,8 @@ nlohmann::json run_cp_config(const StepConfig& config, const StepRunOptions& opt
     if (n > 1) {
       const RankedResult eager = run_everywhere(wide, StepMode::kEager, together, world, config.name + " cpN eager");
       const RankedResult graph = run_everywhere(wide, StepMode::kGraph, together, world, config.name + " cpN graph");
-      const auto [identical, max_diff] = compare_losses(eager.combined.first_losses, graph.combined.first_losses);
-      out["loss_check"] = {{"steps", eager.combined.first_losses.size()},
-                           {"compared", {cp_system_name(StepMode::kEager, n), cp_system_name(StepMode::kGraph, n)}},
-                           {"identical", identical},
-                           {"max_abs_diff", max_diff}};
+      out["loss_check"] =
+          parallel_loss_check(eager, graph, cp_system_name(StepMode::kEager, n), cp_system_name(StepMode::kGraph, n));
       out["loss_check"][cp_system_name(StepMode::kEager, n)] = eager.combined.first_losses;
       out["loss_check"][cp_system_name(StepMode::kGraph, n)] = graph.combined.first_losses;
       systems.push_back(cp_system_json(wide, StepMode::kEager, n, eager, eager, &base_eager));
@@ -796,12 +806,7 @@ nlohmann::json run_cp_config(const StepConfig& config, const StepRunOptions& opt
     out["systems"] = std::move(systems);
     return out;
   };
-  if (n > 1) return body();
-  try {
-    return body();
-  } catch (const std::exception& error) {
-    return failed_config_json(config, error);
-  }
+  return run_or_failed_row(config, n, body);
 }
 
 }  // namespace stepgraph::bench

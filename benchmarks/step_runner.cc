@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "benchmarks/model_flops.h"
 #include "engine/context.h"
@@ -483,9 +484,12 @@ void add_profile_fields(nlohmann::json& out, const ModeResult& r) {
   out["profile_exposed_comm_fraction"] = r.profile_total_us > 0 ? r.profile_exposed_comm_us / r.profile_total_us : 0.0;
 }
 
-std::string dp_system_name(StepMode mode, int world_size) {
-  return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_dp", world_size);
+// A parallel row's name: stepgraph_<eager|graph>_<kind><world size>.
+std::string parallel_system_name(StepMode mode, std::string_view kind, int world_size) {
+  return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_", kind, world_size);
 }
+
+std::string dp_system_name(StepMode mode, int world_size) { return parallel_system_name(mode, "dp", world_size); }
 
 // One row: the common fields of system_json per GPU, the rank spread, and
 // with a baseline the scaling against it (Note [Data-parallel rows]).
@@ -662,9 +666,7 @@ nlohmann::json run_dp_config(const StepConfig& config, const StepRunOptions& opt
 
 namespace {
 
-std::string tp_system_name(StepMode mode, int world_size) {
-  return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_tp", world_size);
-}
+std::string tp_system_name(StepMode mode, int world_size) { return parallel_system_name(mode, "tp", world_size); }
 
 // One row (Note [Tensor-parallel rows]): system_json's fields per GPU and,
 // against a baseline, the strong scaling.
@@ -730,9 +732,7 @@ nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& opt
 
 namespace {
 
-std::string cp_system_name(StepMode mode, int world_size) {
-  return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_cp", world_size);
-}
+std::string cp_system_name(StepMode mode, int world_size) { return parallel_system_name(mode, "cp", world_size); }
 
 // One row (Note [Context-parallel rows]): system_json's fields of the row's
 // own config, per GPU, and against a baseline the efficiency.

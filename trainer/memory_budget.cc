@@ -38,7 +38,11 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
   // A parameter element: its value (b bytes), its gradient (b at least) and
   // AdamW's fp32 master and two moments; an fp32 value is its own master.
   const double per_parameter = b == 4 ? 16 : 2 * b + 12;
+  // Tensor-parallel ranks hold 1/tp of every weight (the embedding table
+  // and the head are vocabulary-parallel); context-parallel ranks 1/cp of
+  // every sequence's tokens.
   const double tp = static_cast<double>(std::max<std::int64_t>(o.tp, 1));
+  const double cp = static_cast<double>(std::max<std::int64_t>(o.cp, 1));
   const double hidden = static_cast<double>(o.hidden);
   const double ffn = static_cast<double>(o.ffn);
   const double layers = static_cast<double>(o.layers);
@@ -47,10 +51,10 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
   const double v = static_cast<double>((vocab + 7) / 8 * 8);
   const double embedding_dim = sequences ? hidden : hidden / static_cast<double>(o.context);
   const double rows = static_cast<double>(o.batch) / static_cast<double>(std::max<std::int64_t>(dp, 1));
-  const double tokens = rows * (sequences ? static_cast<double>(o.context) : 1.0);
+  const double tokens = rows * (sequences ? static_cast<double>(o.context) : 1.0) / cp;
 
   MemoryNeed need;
-  need.vocab_bytes = (v * embedding_dim + hidden * v / tp) * per_parameter + tokens * (v / tp) * b;
+  need.vocab_bytes = (v * embedding_dim + hidden * v) / tp * per_parameter + tokens * (v / tp) * b;
 
   // Every second block is an MoE block when there are experts (ResidualStack's moe_every).
   const double moe_blocks = o.experts > 0 ? static_cast<double>(o.layers / 2) : 0;
@@ -59,7 +63,8 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
   if (sequences) {
     const double head_dim = hidden / static_cast<double>(o.heads);
     const double kv = static_cast<double>(o.kv_heads > 0 ? o.kv_heads : o.heads) * head_dim;
-    block_parameters += layers * (2 * hidden * hidden + 2 * hidden * kv);  // q and the projection; k and v
+    // q and the projection; k and v (split by heads: at least 1/tp of them)
+    block_parameters += layers * (2 * hidden * hidden + 2 * hidden * kv) / tp;
   }
   const double activations = tokens * hidden * layers * b;
   const double batches =
@@ -99,7 +104,8 @@ void check_memory(const MemoryNeed& need, const TrainerOptions& o, std::int64_t 
 
 void check_run_memory(const TrainerOptions& o, Device device, int world_size, int local_rank) {
   const std::int64_t vocab = o.data.empty() ? o.vocab : inspect_data_file(o.data).vocab;
-  const std::int64_t dp = o.dp > 0 ? o.dp : std::max<std::int64_t>(world_size / std::max<std::int64_t>(o.tp, 1), 1);
+  const std::int64_t model_ranks = std::max<std::int64_t>(o.tp, 1) * std::max<std::int64_t>(o.cp, 1);
+  const std::int64_t dp = o.dp > 0 ? o.dp : std::max<std::int64_t>(world_size / model_ranks, 1);
   check_memory(estimate_memory(o, vocab, dp), o, vocab, machine_memory(device, local_rank));
 }
 

@@ -226,6 +226,29 @@ TEST(TokenFileTest, AVocabularyLargerThanMemoryIsRefusedNamingTheFile) {
                {"these flags", "--hidden", "--layers"});
 }
 
+// Each tensor-parallel rank holds its share of the weights (the embedding
+// table and the head are vocabulary-parallel, attention is split by heads)
+// and each context-parallel rank its share of the tokens: the estimate of a
+// rank shrinks accordingly, so a model split over ranks is not refused for
+// the memory one rank would need.
+TEST(TokenFileTest, TensorAndContextParallelRanksNeedTheirShare) {
+  TrainerOptions flags;
+  flags.heads = 8;
+  const TrainerOptions one = resolve_defaults(flags, Device::kHost);
+  TrainerOptions tp2 = one;
+  tp2.tp = 2;
+  TrainerOptions cp2 = one;
+  cp2.cp = 2;
+  const MemoryNeed whole = estimate_memory(one, 50'000, 1);
+  const MemoryNeed split = estimate_memory(tp2, 50'000, 1);
+  // The embedding and head halve; the logits are [tokens, vocab / tp] already.
+  EXPECT_NEAR(split.vocab_bytes, whole.vocab_bytes / 2, 1e-9 * whole.vocab_bytes);
+  EXPECT_LT(split.other_bytes, whole.other_bytes);
+  const MemoryNeed context = estimate_memory(cp2, 50'000, 1);
+  EXPECT_LT(context.vocab_bytes, whole.vocab_bytes);  // half the logits
+  EXPECT_LT(context.other_bytes, whole.other_bytes);  // half the activations
+}
+
 std::int64_t resident_kib() {
   std::ifstream status("/proc/self/status");
   std::string line;

@@ -13,6 +13,11 @@ compiled, async TP compiled, async TP compiled and captured whole), and its
 exposed communication <= 10% of the step (step_bench --profile's
 profile_exposed_comm_fraction).
 
+Context-parallel files (step_bench --cp N) make the CP table: the cp1 rows
+train sequences of L tokens on each GPU, the cpN rows sequences of N L
+tokens over N GPUs; the goal is the graphed cpN row's efficiency (the cp1
+graphed step time over the cpN one, the same tokens per GPU) >= 0.9.
+
 Prints the table, the first losses of every system (a sanity check that the
 systems train the same model), each config's MFU (our graphed step and the
 best PyTorch system), and one line per goal: PASS, FAIL or NOT MEASURED with
@@ -44,6 +49,9 @@ TP_SYSTEM_ORDER = ["stepgraph_eager_tp1", "stepgraph_graph_tp1", "pytorch_eager_
                    "stepgraph_eager_tp{n}", "stepgraph_graph_tp{n}"] + TORCH_TP_SYSTEMS
 TP_TIME_GOAL = 0.9  # our graphed TP=N step against the fastest PyTorch TP row
 TP_EXPOSED_COMM_GOAL = 0.10  # of our graphed TP=N step
+# Context-parallel configs (step_bench --cp N): rows in this order.
+CP_SYSTEM_ORDER = ["stepgraph_eager_cp1", "stepgraph_graph_cp1", "stepgraph_eager_cp{n}", "stepgraph_graph_cp{n}"]
+CP_EFFICIENCY_GOAL = 0.9  # our graphed CP=N row: the cp1 step time over its own
 SHAPE_KEYS = ["hidden", "ffn", "layers", "vocab", "tokens", "heads", "kv_heads", "sequences", "seq_len", "experts",
               "topk", "moe_every", "tp", "flops_per_step"]
 
@@ -81,6 +89,8 @@ def merge(stepgraph, pytorch=None):
                 entry["notes"].append(f"{data['source']}: {system}: {why}")
             if c.get("tensor_parallel_rows"):
                 entry["tp_world"] = c.get("world_size")
+            if c.get("context_parallel_rows"):
+                entry["cp_world"] = c.get("world_size")
             for s in c.get("systems", []):
                 entry["systems"][s["system"]] = s
     return list(merged.values()), warnings
@@ -105,15 +115,26 @@ def tp_world(config):
     return config.get("tp_world")
 
 
+def cp_world(config):
+    """N of a context-parallel config (step_bench --cp N), else None."""
+    return config.get("cp_world")
+
+
 def our_eager(config):
-    """The row the speedup column divides by: our eager step (at TP=N in a tensor-parallel config)."""
-    n = tp_world(config)
-    return OUR_EAGER if n is None else f"{OUR_EAGER}_tp{n}"
+    """The row the speedup column divides by: our eager step (at TP=N or CP=N in a parallel config)."""
+    if tp_world(config) is not None:
+        return f"{OUR_EAGER}_tp{tp_world(config)}"
+    if cp_world(config) is not None:
+        return f"{OUR_EAGER}_cp{cp_world(config)}"
+    return OUR_EAGER
 
 
 def system_order(config):
-    n = tp_world(config)
-    return SYSTEM_ORDER if n is None else [s.format(n=n) for s in TP_SYSTEM_ORDER]
+    if tp_world(config) is not None:
+        return [s.format(n=tp_world(config)) for s in TP_SYSTEM_ORDER]
+    if cp_world(config) is not None:
+        return [s.format(n=cp_world(config)) for s in CP_SYSTEM_ORDER]
+    return SYSTEM_ORDER
 
 
 def table_rows(configs):
@@ -198,7 +219,7 @@ def mfu_lines(configs):
     """Per config: our graphed step's MFU and the best PyTorch system's (model FLOPs / 989 TFLOP/s)."""
     lines = []
     for c in configs:
-        if tp_world(c) is not None:
+        if tp_world(c) is not None or cp_world(c) is not None:
             continue
         systems = c["systems"]
         graph = systems.get(OUR_GRAPH)
@@ -216,6 +237,8 @@ def goals(configs):
     """The step goals: a list of (verdict, config, goal, detail); tp_goals where the configs are tensor-parallel."""
     if any(tp_world(c) is not None for c in configs):
         return tp_goals(configs)
+    if any(cp_world(c) is not None for c in configs):
+        return cp_goals(configs)
     by_name = {c["name"]: c["systems"] for c in configs}
     out = []
 
@@ -318,6 +341,24 @@ def tp_goals(configs):
         else:
             out.append(("NOT MEASURED", c["name"], goal, f"{ours_name} has no profile: run step_bench --tp {n} "
                         "with --profile"))
+    return out
+
+
+def cp_goals(configs):
+    """Context-parallel configs: the efficiency of our graphed CP=N row against CP=1 at the same tokens per GPU."""
+    out = []
+    for c in configs:
+        n = cp_world(c)
+        if n is None or n < 2:
+            continue
+        name = f"{OUR_GRAPH}_cp{n}"
+        ours = c["systems"].get(name)
+        goal = f"graphed CP={n} efficiency >= {CP_EFFICIENCY_GOAL} (CP=1 at 1/{n} of the sequence length)"
+        if ok(ours) and ours.get("efficiency") is not None:
+            value = ours["efficiency"]
+            out.append(("PASS" if value >= CP_EFFICIENCY_GOAL else "FAIL", c["name"], goal, f"{value:.3f}"))
+        else:
+            out.append(("NOT MEASURED", c["name"], goal, f"{name} missing or failed"))
     return out
 
 

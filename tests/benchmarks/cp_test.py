@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dp_test  # noqa: E402  (step_bench over host processes)
+import report  # noqa: E402
 
 BINARY = dp_test.BINARY
 HOST_FLAGS = dp_test.HOST_FLAGS
@@ -44,6 +45,15 @@ def test_two_host_processes_write_the_context_parallel_rows(tmp_path):
     assert rows["stepgraph_graph_cp1"]["profile_exposed_comm_us"] == 0  # alone: no collective
     assert 0 < rows["stepgraph_graph_cp2"]["profile_exposed_comm_fraction"] < 1
     assert "efficiency" in logs[0] and "efficiency" not in logs[1]  # rank 0 prints
+
+    # report.py makes the CP table in CP_SYSTEM_ORDER and judges the graphed cp2 row's efficiency.
+    configs, warnings = report.merge(data)
+    assert not warnings and report.cp_world(configs[0]) == 2
+    assert [row[1] for row in report.table_rows(configs)] == list(rows)
+    ((verdict, name, goal, detail),) = report.goals(configs)
+    assert name == "tiny" and "graphed CP=2 efficiency >= 0.9" in goal
+    efficiency = rows["stepgraph_graph_cp2"]["efficiency"]
+    assert verdict == ("PASS" if efficiency >= 0.9 else "FAIL") and detail == f"{efficiency:.3f}"
 
 
 def test_world_of_one_runs_the_baseline_rows():

@@ -283,6 +283,8 @@ if wants multigpu_bench; then
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer_2gpu.json"
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --dp 2 --configs medium,large --out "$results/step_bench_dp2.json"
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --cp 2 --configs long --profile --out "$results/step_bench_cp2.json"
+    step multigpu_bench.log python3 "$here/benchmarks/report.py" "$results/step_bench_cp2.json" \
+      --markdown "$results/step_report_cp2.md"
     wants multigpu_tp_bench || tp_step_bench multigpu_bench.log
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \
       --out "$results/pytorch_peer_dp2.json"

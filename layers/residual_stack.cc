@@ -17,7 +17,11 @@
 namespace stepgraph {
 
 std::optional<std::string> ResidualStack::tensor_parallel_gap(const ResidualStackConfig& config) {
-  if (config.dropout > 0.0f) return detail::concat("dropout (", config.dropout, ")");
+  // A rank's dropout draws start at its first row's (Note [Dropout in a
+  // captured step]): whole 4-element draws only.
+  if (config.dropout > 0.0f && config.hidden % 4 != 0) {
+    return detail::concat("dropout (", config.dropout, ") with hidden ", config.hidden, " (not a multiple of 4)");
+  }
   return std::nullopt;
 }
 
@@ -298,13 +302,17 @@ Tensor ResidualStack::backward(Context& ctx, const Saved& saved, const Tensor& d
   }
   dh = dropout(ctx, dh, 0);
   // The next step's numbers (Note [Dropout in a captured step]).
-  if (rng_.defined()) ops::rng_advance_(ctx, rng_, dropout_sites() * kernels::dropout_draws(dh.numel()));
+  if (rng_.defined()) ops::rng_advance_(ctx, rng_, dropout_sites() * kernels::dropout_draws(dh.numel() * tp_ranks()));
   return dh;
 }
 
 Tensor ResidualStack::dropout(Context& ctx, const Tensor& x, std::int64_t site) const {
   if (config_.dropout == 0.0f) return x;
-  return ops::dropout(ctx, x, rng_, {.p = config_.dropout, .offset = site * kernels::dropout_draws(x.numel())});
+  // Tensor-parallel, x is rows [r T/N, (r+1) T/N) of one rank's [T, hidden]:
+  // its draws start where those rows' do, so the ranks drop one rank's elements.
+  const std::int64_t rank = tp_ != nullptr ? tp_->rank() : 0;
+  const std::int64_t offset = site * kernels::dropout_draws(x.numel() * tp_ranks()) + rank * x.numel() / 4;
+  return ops::dropout(ctx, x, rng_, {.p = config_.dropout, .offset = offset});
 }
 
 void ResidualStack::check_errors(Context& ctx) const {

@@ -122,8 +122,12 @@ struct ResidualStackConfig {
 // the backward applies the same masks to the gradients by calling dropout
 // with the same offsets (nothing is saved), then advances the counter by
 // the step's draws. Eager and graph read the same state: the same bits. The
-// state is a StateTensor, so checkpoints resume the numbers exactly. Not
-// with tensor parallelism yet (an Error).
+// state is a StateTensor, so checkpoints resume the numbers exactly. With
+// tensor parallelism a rank's [T/N, hidden] rows are rows [r T/N, (r+1) T/N)
+// of one rank's tensor, and its call starts at those rows' draws (offset
+// site * D + r T/N hidden / 4, D of the whole T): the ranks drop exactly the
+// elements one rank drops (hidden a multiple of 4). Not with context
+// parallelism yet (an Error).
 
 class ResidualStack {
  public:
@@ -149,7 +153,7 @@ class ResidualStack {
                 Communicator* context_parallel = nullptr);
 
   // What of `config` a tensor-parallel stack cannot hold yet ("dropout
-  // (0.1)"), or nothing. The constructor refuses it;
+  // (0.1) with hidden 30 (not a multiple of 4)"), or nothing. The constructor refuses it;
   // a program may ask first, to name its own flags.
   static std::optional<std::string> tensor_parallel_gap(const ResidualStackConfig& config);
 
@@ -226,6 +230,7 @@ class ResidualStack {
   // Dropout site `site` of a step over `tokens` rows (Note [Dropout in a captured step]).
   Tensor dropout(Context& ctx, const Tensor& x, std::int64_t site) const;
   std::int64_t dropout_sites() const { return 1 + 2 * static_cast<std::int64_t>(blocks_.size()); }
+  std::int64_t tp_ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
   std::unique_ptr<Norm> final_norm_;
   std::unique_ptr<VocabParallelHead> head_;
 };

@@ -2,6 +2,7 @@
 // and the layer handle it lives behind. A train step takes it like a
 // residual stack (capi/train_api.cc).
 #include <any>
+#include <cstddef>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -20,8 +21,9 @@ namespace {
 // tokens with their packing and error flag, which a TrainStep owns.
 class LanguageModelLayer final : public AnyLayer {
  public:
-  LanguageModelLayer(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel)
-      : model_(ctx, config, tensor_parallel) {}
+  LanguageModelLayer(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel,
+                     Communicator* context_parallel)
+      : model_(ctx, config, tensor_parallel, context_parallel) {}
 
   std::string_view kind() const override { return "language_model"; }
   std::pair<Tensor, std::any> forward(Context&, const Tensor&) override { refuse("forward"); }
@@ -40,7 +42,8 @@ class LanguageModelLayer final : public AnyLayer {
 };
 
 // The size of each version of sg_language_model_config (index: version).
-constexpr std::size_t kConfigSizes[] = {0, sizeof(sg_language_model_config)};
+constexpr std::size_t kConfigSizes[] = {0, offsetof(sg_language_model_config, context_parallel),
+                                        sizeof(sg_language_model_config)};
 static_assert(std::size(kConfigSizes) - 1 == SG_LANGUAGE_MODEL_CONFIG_VERSION,
               "a new config version needs its size here");
 
@@ -58,6 +61,7 @@ sg_language_model_config default_config() {
   c.fp8_recipe = from_fp8_recipe(Fp8Recipe::current());
   c.fp8_weight_cache = 0;
   c.tensor_parallel = nullptr;
+  c.context_parallel = nullptr;
   c.overlap = nullptr;
   return c;
 }
@@ -119,8 +123,16 @@ extern "C" sg_result sg_language_model_create(sg_context ctx, const sg_language_
              "\") sets how tensor-parallel collectives meet their GEMMs, and tensor_parallel is NULL; pass a world "
              "or leave overlap NULL");
     Communicator* tensor_parallel = world != nullptr ? world->comm.get() : nullptr;  // null: a world of one
-    auto layer = std::make_shared<capi::LanguageModelLayer>(*context, capi::to_config(c, function), tensor_parallel);
-    layer->keeps = world;
+    std::shared_ptr<capi::WorldState> context_world;
+    if (c.context_parallel != nullptr) {
+      context_world = capi::handle_object(c.context_parallel, function, "config->context_parallel")->state;
+    }
+    Communicator* context_parallel = context_world != nullptr ? context_world->comm.get() : nullptr;
+    auto layer = std::make_shared<capi::LanguageModelLayer>(*context, capi::to_config(c, function), tensor_parallel,
+                                                            context_parallel);
+    // The layer keeps both worlds' communicators alive.
+    layer->keeps = std::make_shared<std::pair<std::shared_ptr<capi::WorldState>, std::shared_ptr<capi::WorldState>>>(
+        world, context_world);
     *out = capi::issue_handle(std::make_shared<sg_layer_s>(sg_layer_s{context, std::move(layer)}));
   });
 }

@@ -421,7 +421,7 @@ sg_result sg_residual_stack_create(sg_context ctx, const sg_residual_stack_confi
  * train step). Bad values and combinations are errors at creation, naming the
  * field. */
 #define SG_LANGUAGE_MODEL_CONFIG_MAGIC 0x53474c4du /* "SGLM" */
-#define SG_LANGUAGE_MODEL_CONFIG_VERSION 1
+#define SG_LANGUAGE_MODEL_CONFIG_VERSION 2
 typedef struct sg_language_model_config {
   size_t size;      /* sizeof(sg_language_model_config) where the caller was compiled */
   uint32_t magic;   /* SG_LANGUAGE_MODEL_CONFIG_MAGIC */
@@ -450,6 +450,10 @@ typedef struct sg_language_model_config {
   sg_world tensor_parallel; /* NULL (the default) or a world: the model sharded over its ranks */
   const char* overlap;      /* tensor-parallel collectives and GEMMs: NULL (bulk), "none", "bulk",
                              * "overlap" or four modes (trainer/README.md) */
+  /* Version 2: */
+  sg_world context_parallel; /* NULL (the default) or a world: the GPT's sequences split over its ranks
+                              * (the trainer's --cp; its train step's world must be this world, or
+                              * data x context parallel) */
 } sg_language_model_config;
 /* The engine's defaults (a small bf16 GPT: see the function's values). */
 void sg_language_model_config_default(sg_language_model_config* config);

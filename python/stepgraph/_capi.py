@@ -75,14 +75,14 @@ class OptimizerConfig(ctypes.Structure):
 
 
 class LanguageModelConfig(ctypes.Structure):
-    """sg_language_model_config (version 1): fill it with sg_language_model_config_default."""
+    """sg_language_model_config (version 2): fill it with sg_language_model_config_default."""
     _fields_ = [("size", c_size_t), ("magic", c_uint32), ("version", c_uint32), ("vocab", c_int64),
                 ("hidden", c_int64), ("ffn", c_int64), ("layers", c_int64), ("heads", c_int64),
                 ("kv_heads", c_int64), ("context", c_int64), ("norm", c_int), ("eps", c_float), ("dtype", c_int),
                 ("seed", c_uint32), ("experts", c_int64), ("topk", c_int64), ("moe_every", c_int64),
                 ("rope_base", c_float), ("dropout", c_float), ("recompute_activation", c_int), ("fp8", c_int),
                 ("fp8_recipe", Fp8Recipe), ("fp8_weight_cache", c_int), ("tensor_parallel", c_void_p),
-                ("overlap", c_char_p)]
+                ("overlap", c_char_p), ("context_parallel", c_void_p)]
 
 
 class CheckpointConfig(ctypes.Structure):

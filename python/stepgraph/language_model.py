@@ -45,15 +45,17 @@ class LanguageModel(Layer):
     on the device: eager and captured draw alike). fp8=sg.Fp8Recipe(...) runs the blocks' GEMMs
     in FP8; fp8_weight_cache=True quantizes each weight once per update. recompute_activation
     keeps fc1's pre-activation only. tensor_parallel=world shards the blocks and the head over
-    the world's ranks (overlap: "none", "bulk" (default), "overlap" or four modes); attention and
-    dropout are not supported that way yet (a StepGraphError). Unset arguments take the engine's
+    the world's ranks (overlap: "none", "bulk" (default), "overlap" or four modes).
+    context_parallel=world splits the GPT's sequences over the world's ranks (the trainer's --cp:
+    each rank holds its zig-zag chunks of the batch's tokens; its TrainStep's world is this world,
+    or the data x context parallel one). Unset arguments take the engine's
     defaults. Its input is token ids with their packing, which a TrainStep holds: it has no
     forward of its own (a StepGraphError); train it with a TrainStep."""
 
     def __init__(self, ctx, vocab=None, hidden=None, layers=None, heads=None, kv_heads=None, ffn=None,
                  seq_len=None, context=None, norm="layernorm", eps=None, dtype="bfloat16", seed=None, experts=None,
                  topk=None, moe_every=None, rope_base=None, dropout=0.0, recompute_activation=False, fp8=None,
-                 fp8_weight_cache=False, tensor_parallel=None, overlap=None):
+                 fp8_weight_cache=False, tensor_parallel=None, overlap=None, context_parallel=None):
         owner = "LanguageModel"
         _context(owner, ctx)
         config = _defaults()
@@ -109,10 +111,16 @@ class LanguageModel(Layer):
                                    "a stepgraph World (from init_distributed) or None", owner)
             config.tensor_parallel = tensor_parallel.handle.value
         config.overlap = overlap
+        if context_parallel is not None:
+            _checks.check_instance("context_parallel", context_parallel, World,
+                                   "a stepgraph World (from init_distributed) or None", owner)
+            config.context_parallel = context_parallel.handle.value
+        self.context_parallel = context_parallel
         self.fp8 = fp8
         self.tensor_parallel = tensor_parallel
         self.config = {name: getattr(config, name) for name, _ in _capi.LanguageModelConfig._fields_
-                       if name not in ("size", "magic", "version", "fp8_recipe", "tensor_parallel", "overlap")}
+                       if name not in ("size", "magic", "version", "fp8_recipe", "tensor_parallel", "overlap",
+                                       "context_parallel")}
         self.config["seq_len" if config.heads > 0 else "context"] = self.config.pop("context")
         self.ctx = ctx
         self._handle = _capi.new_handle()

@@ -203,7 +203,7 @@ _ENTRIES = [
                                "moe_every={moe_every}, rope_base={rope_base}, dropout={dropout}, "
                                "recompute_activation={recompute_activation}, fp8={fp8}, "
                                "fp8_weight_cache={fp8_weight_cache}, tensor_parallel={tensor_parallel}, "
-                               "overlap={overlap})",
+                               "overlap={overlap}, context_parallel={context_parallel})",
           {"ctx": arg("context", "ctx"), "vocab": arg("int", "16", True), "hidden": arg("int", "16", True),
            "layers": arg("int", "1", True), "heads": arg("int", "2", True), "kv_heads": arg("int", "1", True),
            "ffn": arg("int", "32", True), "seq_len": arg("int", "4", True), "context": arg("int", "None", True),
@@ -212,7 +212,8 @@ _ENTRIES = [
            "moe_every": arg("int", "1", True), "rope_base": arg("float32", "500.0", True),
            "dropout": arg("float32", "0.1"), "recompute_activation": arg("flag", "False"),
            "fp8": arg("recipe", "None", True), "fp8_weight_cache": arg("flag", "False"),
-           "tensor_parallel": arg("world", "None", True), "overlap": arg("name", "None", True)}),
+           "tensor_parallel": arg("world", "None", True), "overlap": arg("name", "None", True),
+           "context_parallel": arg("world", "None", True)}),
     Entry("AdamW.set_lr", MODEL + "; opt = sg.AdamW(ctx, model)", "opt.set_lr(lr={lr})", {"lr": arg("float32", "0.1")}),
     Entry("TrainStep", MODEL + "; opt = sg.AdamW(ctx, model)",
           "sg.TrainStep(model={model}, optimizer={optimizer}, tokens={tokens}, world={world}, "

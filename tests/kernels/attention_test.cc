@@ -41,11 +41,9 @@
 namespace stepgraph::kernels {
 namespace {
 
-using testing::attention_tolerance;
 using testing::DeviceArray;
 using testing::expect_invalid_argument;
 using testing::HostArray;
-using testing::max_relative;
 using testing::random_array;
 using testing::SeededRng;
 
@@ -100,9 +98,7 @@ std::vector<std::int32_t> random_lengths(std::mt19937& rng, int tokens) {
   return lengths;
 }
 
-struct Inputs {
-  HostArray q, k, v, dout;
-};
+using Inputs = testing::AttentionInputs;
 
 Inputs random_inputs(const AttentionDesc& d, std::mt19937& rng) {
   const std::int64_t nq = d.tokens * d.heads * d.head_dim;
@@ -112,9 +108,7 @@ Inputs random_inputs(const AttentionDesc& d, std::mt19937& rng) {
           random_array(d.dtype, nkv, rng), random_array(d.dtype, nq, rng)};
 }
 
-struct Results {
-  HostArray out, lse, dq, dk, dv;
-};
+using Results = testing::AttentionResults;
 
 // Forward then backward on the device (the backward from the device's out and lse).
 Results run_device(const AttentionDesc& d, const Inputs& in, const std::vector<std::int32_t>& cu) {
@@ -151,22 +145,12 @@ Results run_host(const AttentionDesc& d, const Inputs& in, const std::vector<std
   return r;
 }
 
-void expect_close(const Results& got, const Results& want, DType dtype) {
-  const double tol = attention_tolerance(dtype);
-  EXPECT_LE(max_relative(got.out.to_floats(), want.out.to_floats()), tol) << "out";
-  // lse is fp32 on both sides; its error is the scores' (inputs rounded the same way).
-  EXPECT_LE(max_relative(got.lse.to_floats(), want.lse.to_floats()), tol) << "lse";
-  EXPECT_LE(max_relative(got.dq.to_floats(), want.dq.to_floats()), tol) << "dq";
-  EXPECT_LE(max_relative(got.dk.to_floats(), want.dk.to_floats()), tol) << "dk";
-  EXPECT_LE(max_relative(got.dv.to_floats(), want.dv.to_floats()), tol) << "dv";
-}
-
 void check_case(const Case& c, std::mt19937& rng) {
   SCOPED_TRACE(describe(c));
   const AttentionDesc d = desc_of(c);
   const std::vector<std::int32_t> cu = offsets_of(c.lengths);
   const Inputs in = random_inputs(d, rng);
-  expect_close(run_device(d, in, cu), run_host(d, in, cu), c.dtype);
+  testing::expect_attention_close(run_device(d, in, cu), run_host(d, in, cu), c.dtype);
 }
 
 struct HeadLayout {
@@ -286,7 +270,7 @@ TEST(AttentionTest, garbage_cu_seqlens_read_as_a_valid_packing_never_fault) {
       const Inputs in = random_inputs(d, rng);
       const Results got = run_device(d, in, raw);  // the garbage goes to the device
       SG_CUDA_CHECK(cudaDeviceSynchronize());
-      expect_close(got, run_host(d, in, cu), dtype);
+      testing::expect_attention_close(got, run_host(d, in, cu), dtype);
     }
   }
 }

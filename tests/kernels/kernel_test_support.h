@@ -239,6 +239,25 @@ inline double max_relative(const std::vector<float>& got, const std::vector<floa
   return scale == 0.0 ? diff : diff / scale;
 }
 
+// An attention test's inputs and what its forward and backward return.
+struct AttentionInputs {
+  HostArray q, k, v, dout;
+};
+struct AttentionResults {
+  HostArray out, lse, dq, dk, dv;
+};
+
+// Every result within attention_tolerance(dtype) of `want` (max_relative).
+inline void expect_attention_close(const AttentionResults& got, const AttentionResults& want, DType dtype) {
+  const double tol = attention_tolerance(dtype);
+  EXPECT_LE(max_relative(got.out.to_floats(), want.out.to_floats()), tol) << "out";
+  // lse is fp32 on both sides; its error is the scores' (inputs rounded the same way).
+  EXPECT_LE(max_relative(got.lse.to_floats(), want.lse.to_floats()), tol) << "lse";
+  EXPECT_LE(max_relative(got.dq.to_floats(), want.dq.to_floats()), tol) << "dq";
+  EXPECT_LE(max_relative(got.dk.to_floats(), want.dk.to_floats()), tol) << "dk";
+  EXPECT_LE(max_relative(got.dv.to_floats(), want.dv.to_floats()), tol) << "dv";
+}
+
 // GeLU (tanh approximation) and its derivative in double precision: the
 // references the kernels' fp32 versions are held to.
 inline double gelu_double(double x) {

@@ -38,12 +38,10 @@
 namespace stepgraph::kernels {
 namespace {
 
-using testing::attention_tolerance;
 using testing::DeviceArray;
 using testing::expect_invalid_argument;
 using testing::HostArray;
 using testing::int32s;
-using testing::max_relative;
 using testing::random_array;
 using testing::SeededRng;
 
@@ -57,9 +55,7 @@ struct Table {
   std::vector<std::int32_t> q_offsets, kv_ranges;
 };
 
-struct Inputs {
-  HostArray q, k, v, dout;
-};
+using Inputs = testing::AttentionInputs;
 
 Inputs random_inputs(const SegmentAttentionDesc& d, std::mt19937& rng) {
   const AttentionDesc& a = d.attention;
@@ -68,9 +64,7 @@ Inputs random_inputs(const SegmentAttentionDesc& d, std::mt19937& rng) {
           random_array(a.dtype, nkv, rng), random_array(a.dtype, nq, rng)};
 }
 
-struct Results {
-  HostArray out, lse, dq, dk, dv;
-};
+using Results = testing::AttentionResults;
 
 // Forward then backward on the device; `table` goes to the device as it is.
 Results run_device(const SegmentAttentionDesc& d, const Inputs& in, const Table& table) {
@@ -104,15 +98,6 @@ Results run_host(const SegmentAttentionDesc& d, const Inputs& in, const Table& t
                                    static_cast<const float*>(r.lse.data()), in.dout.data(), table.q_offsets.data(),
                                    table.kv_ranges.data(), r.dq.data(), r.dk.data(), r.dv.data());
   return r;
-}
-
-void expect_close(const Results& got, const Results& want, DType dtype) {
-  const double tol = attention_tolerance(dtype);
-  EXPECT_LE(max_relative(got.out.to_floats(), want.out.to_floats()), tol) << "out";
-  EXPECT_LE(max_relative(got.lse.to_floats(), want.lse.to_floats()), tol) << "lse";
-  EXPECT_LE(max_relative(got.dq.to_floats(), want.dq.to_floats()), tol) << "dq";
-  EXPECT_LE(max_relative(got.dk.to_floats(), want.dk.to_floats()), tol) << "dk";
-  EXPECT_LE(max_relative(got.dv.to_floats(), want.dv.to_floats()), tol) << "dv";
 }
 
 std::vector<std::int32_t> random_offsets(std::mt19937& rng, std::int32_t tokens) {
@@ -170,7 +155,7 @@ TEST(SegmentAttentionTest, plain_fp32_bf16_fp16_d40_d64_d128_mha_gqa_mqa_context
                      " H=" + std::to_string(heads) + "/" + std::to_string(kv_heads) + (causal ? " causal" : " full") +
                      " cp" + std::to_string(ranks) + " rank " + std::to_string(rank));
         const Inputs in = random_inputs(d, rng);
-        expect_close(run_device(d, in, t), run_host(d, in, t), row.dtype);
+        testing::expect_attention_close(run_device(d, in, t), run_host(d, in, t), row.dtype);
       }
     }
   }
@@ -188,7 +173,7 @@ TEST(SegmentAttentionTest, shared_unread_short_and_empty_ranges_fp32_and_bf16) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + (causal ? " causal" : " full"));
       const Inputs in = random_inputs(d, rng);
       const Results got = run_device(d, in, t);
-      expect_close(got, run_host(d, in, t), dtype);
+      testing::expect_attention_close(got, run_host(d, in, t), dtype);
       const std::vector<float> dk = got.dk.to_floats();
       for (std::int64_t e = 9 * 2 * 40; e < 10 * 2 * 40; ++e) EXPECT_EQ(dk[e], 0.0f) << "key 9 is read by no query";
     }
@@ -270,7 +255,7 @@ TEST(SegmentAttentionTest, garbage_tables_read_as_valid_ones_never_fault) {
     const Inputs in = random_inputs(d, rng);
     const Results got = run_device(d, in, raw);  // the garbage goes to the device
     SG_CUDA_CHECK(cudaDeviceSynchronize());
-    expect_close(got, run_host(d, in, t), dtype);
+    testing::expect_attention_close(got, run_host(d, in, t), dtype);
   }
 }
 

@@ -18,6 +18,7 @@ python/README.md.
 from stepgraph._library import ArgumentError, StepGraphError, library_path
 from stepgraph.checkpoint import load_checkpoint, save_checkpoint
 from stepgraph.context import Context, cuda_device_count
+from stepgraph.context_parallel import context_parallel_rows
 from stepgraph.distributed import World, init_distributed
 from stepgraph.dtypes import DType, bf16_bits_to_float32, float32_to_bf16_bits
 from stepgraph.fp8 import Fp8Recipe
@@ -35,6 +36,6 @@ __all__ = [
     "IGNORE_INDEX", "LanguageModel", "LayerNorm", "LayerNormLinear", "LayerNormMLP", "Linear", "LossScaling",
     "LrSchedule", "Norm", "Parameter", "RMSNorm", "ResidualStack", "Saved", "StepGraphError", "Tensor",
     "TrainStep", "World",
-    "__version__", "bf16_bits_to_float32", "capture", "cuda_device_count", "float32_to_bf16_bits",
+    "__version__", "bf16_bits_to_float32", "capture", "context_parallel_rows", "cuda_device_count", "float32_to_bf16_bits",
     "init_distributed", "library_path", "load_checkpoint", "make_graphed_layers", "one_f_one_b", "save_checkpoint",
 ]

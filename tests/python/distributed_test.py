@@ -191,6 +191,17 @@ def test_no_launcher_variables_make_a_world_of_one(no_launcher):
     world.close()  # a second close is harmless
 
 
+def test_context_parallel_rows_of_a_world_of_one_and_their_errors(no_launcher):
+    # Over one rank the share is the whole batch (chunks 0 and 1); the worlds of two are
+    # python_trainer_parity_test's context_parallel_2, against the C++ cut.
+    with sg.init_distributed("host") as world:
+        assert sg.context_parallel_rows(np.arange(6).reshape(2, 3), world).tolist() == [0, 1, 2, 3, 4, 5]
+        with pytest.raises(sg.ArgumentError, match="the batch's 5 tokens must divide into 2 x 1"):
+            sg.context_parallel_rows(np.arange(5), world)
+    with pytest.raises(TypeError, match="world must be a stepgraph World"):
+        sg.context_parallel_rows([0, 1], "all")
+
+
 def test_auto_device_is_host_without_a_gpu(no_launcher):
     with sg.init_distributed() as world:
         assert world.device == ("cuda" if sg.cuda_device_count()[0] > 0 else "host")

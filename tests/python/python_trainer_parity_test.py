@@ -1,7 +1,7 @@
 """Python reaches the C++ trainer's losses bit for bit: for one configuration per group of trainer
 options (the GPT's shape, the window model, MoE with grouped-query attention, FP8 with its weight
 cache, dropout, an LR schedule, fp16 loss scaling, shape buckets, step-scoped gradients, eager
-mode, bf16, checkpoints, and over 2 ranks data parallelism, ZeRO-1 and tensor parallelism), trainer_reference runs the trainer's own train()
+mode, bf16, checkpoints, and over 2 ranks data parallelism, ZeRO-1, tensor and context parallelism), trainer_reference runs the trainer's own train()
 on the host and writes its losses and the inputs of each of its steps; this file builds the same
 model, optimizer and step from Python with the flags' Python spellings (TRAINER_FLAGS_IN_PYTHON
 below, the same table as python/README.md), loads the same inputs and compares the loss bits.
@@ -46,10 +46,6 @@ DATA_PARALLEL = {
                           "layers": "2", "batch": "16"},
     "context_parallel_2": {"cp": "2", "batch": "8"},
 }
-# Cases whose Python ranks reach the trainer's losses within this many float32 ulps, not yet bit for bit:
-# context parallelism's first five losses are equal and its sixth 1 ulp apart (the trainer's thread world
-# against Python's processes; which sum differs is not found yet).
-NOT_YET_BIT_FOR_BIT = {"context_parallel_2": 1}
 RANK_TIMEOUT_S = 300
 
 
@@ -158,6 +154,10 @@ def train(model, optimizer, flags, steps, world=None, first_step_made=None):
     losses = []
     for per_rank in steps:
         inputs = per_rank[rank]
+        if "group_tokens" in inputs and int(flags.get("tp", "1")) == 1:
+            # Context-parallel: Python's helper cuts the trainer's share from the group's batch.
+            for mine, group in (("tokens", "group_tokens"), ("labels", "group_labels")):
+                assert sg.context_parallel_rows(inputs[group], world).tolist() == inputs[mine], mine
         step, graph = step_for(inputs)
         tokens = np.array(inputs["tokens"], np.int32)
         if heads == 0:
@@ -193,13 +193,6 @@ def python_losses_through_a_checkpoint(flags, ref, path, world=None):
         rest = train(model, optimizer, flags, ref["steps"][half:], world,
                      first_step_made=lambda: sg.load_checkpoint(path, model, optimizer, world=world))
     return np.array(first + rest, np.float32)
-
-
-def expect_within_ulps(got, want, ulps, name):
-    want = np.array(want, np.float32)
-    apart = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
-    assert got.shape == want.shape and apart.max() <= ulps, (
-        f"{name}: Python's losses {got.tolist()} are more than {ulps} ulp from the trainer's {want.tolist()}")
 
 
 def expect_same_bits(got, want, name):
@@ -324,10 +317,7 @@ def test_data_parallel_python_ranks_reach_the_trainers_losses(tmp_path, name):
     for rank, process in enumerate(ranks):
         assert process.returncode == 0, f"rank {rank}:\n{outputs[rank]}"
         got = np.load(tmp_path / f"rank{rank}.npy")
-        if name in NOT_YET_BIT_FOR_BIT:
-            expect_within_ulps(got, ref["losses"], NOT_YET_BIT_FOR_BIT[name], f"{name} rank {rank}")
-        else:
-            expect_same_bits(got, ref["losses"], f"{name} rank {rank}")
+        expect_same_bits(got, ref["losses"], f"{name} rank {rank}")
     if through_checkpoint and flags.get("dp-mode") == "zero1":  # a manifest at the path, each rank's part beside it
         parts = sorted(p.name.split(".")[3] for p in tmp_path.glob("python.safetensors.step3.rank*"))
         assert (tmp_path / "python.safetensors").is_file() and parts == ["rank0-of-2", "rank1-of-2"], parts

@@ -25,6 +25,7 @@
 #include "engine/device.h"
 #include "engine/error.h"
 #include "engine/host_world.h"
+#include "train/context_parallel_batch.h"
 #include "trainer/buckets.h"
 #include "trainer/data_source.h"
 #include "trainer/markov_source.h"
@@ -36,6 +37,24 @@ namespace stepgraph::trainer {
 namespace {
 
 std::string json_list(const std::vector<std::int32_t>& values) { return fmt::format("[{}]", fmt::join(values, ",")); }
+
+// Rows [first, first + rows) of the batch's windows, `width` tokens each.
+std::vector<std::int32_t> window_tokens(const Batch& batch, std::size_t first, std::size_t rows, std::size_t width) {
+  return std::vector<std::int32_t>(batch.windows.begin() + static_cast<std::ptrdiff_t>(first * width),
+                                   batch.windows.begin() + static_cast<std::ptrdiff_t>((first + rows) * width));
+}
+
+// Each token's next one; the last of a window is the batch's label of its row
+// (`tokens` are window_tokens from row `first`).
+std::vector<std::int32_t> next_token_labels(const Batch& batch, const std::vector<std::int32_t>& tokens,
+                                            std::size_t first, std::size_t width) {
+  std::vector<std::int32_t> labels(tokens.size());
+  for (std::size_t r = 0; r < tokens.size() / width; ++r) {
+    for (std::size_t i = 0; i + 1 < width; ++i) labels[r * width + i] = tokens[r * width + i + 1];
+    labels[r * width + width - 1] = batch.labels[first + r];
+  }
+  return labels;
+}
 
 // The inputs train_loop.cc copies into rank `rank`'s step at step `s` (1-based).
 std::string step_inputs(const TrainerOptions& o, const Batch& batch, std::int64_t s, int rank, int ranks) {
@@ -58,15 +77,34 @@ std::string step_inputs(const TrainerOptions& o, const Batch& batch, std::int64_
                        json_list(packed.tokens), json_list(packed.labels), json_list(packed.cu_seqlens), bucket,
                        sequences);
   }
-  const std::vector<std::int32_t> tokens(batch.windows.begin() + static_cast<std::ptrdiff_t>(first * width),
-                                         batch.windows.begin() + static_cast<std::ptrdiff_t>((first + rows) * width));
+  if (o.cp > 1) {
+    // Context-parallel: the rank's zig-zag chunks of its TP x CP group's tokens
+    // and next-token labels, and the TP rank's rows of those, as train_loop.cc
+    // copies them.
+    const auto tp = static_cast<int>(o.tp);
+    const auto cp = static_cast<int>(o.cp);
+    const int dp = ranks / (tp * cp);
+    const int tp_rank = rank % tp;
+    const int cp_rank = (rank / tp) % cp;
+    const int dp_rank = rank / (tp * cp);
+    const auto group_rows = static_cast<std::size_t>(o.batch / dp);
+    const std::vector<std::int32_t> group_tokens = window_tokens(batch, dp_rank * group_rows, group_rows, width);
+    const std::vector<std::int32_t> group_labels = next_token_labels(batch, group_tokens, dp_rank * group_rows, width);
+    const std::size_t n = rows * width;
+    const auto mine = [&](const std::vector<std::int32_t>& all) {
+      const std::vector<std::int32_t> chunks = context_parallel_rows<std::int32_t>(all, 1, cp, cp_rank);
+      return std::vector<std::int32_t>(chunks.begin() + static_cast<std::ptrdiff_t>(tp_rank * n),
+                                       chunks.begin() + static_cast<std::ptrdiff_t>((tp_rank + 1) * n));
+    };
+    // The group's whole batch too, from which Python's sg.context_parallel_rows must cut the same share.
+    return fmt::format(R"({{"tokens":{},"labels":{},"group_tokens":{},"group_labels":{}}})",
+                       json_list(mine(group_tokens)), json_list(mine(group_labels)), json_list(group_tokens),
+                       json_list(group_labels));
+  }
+  const std::vector<std::int32_t> tokens = window_tokens(batch, first, rows, width);
   std::vector<std::int32_t> labels;
-  if (o.heads > 0) {  // each token's next one; the last of a window is the batch's label
-    labels.resize(rows * width);
-    for (std::size_t r = 0; r < rows; ++r) {
-      for (std::size_t i = 0; i + 1 < width; ++i) labels[r * width + i] = tokens[r * width + i + 1];
-      labels[r * width + width - 1] = batch.labels[first + r];
-    }
+  if (o.heads > 0) {
+    labels = next_token_labels(batch, tokens, first, width);
   } else {
     labels.assign(batch.labels.begin() + static_cast<std::ptrdiff_t>(first),
                   batch.labels.begin() + static_cast<std::ptrdiff_t>(first + rows));

@@ -5,6 +5,7 @@ PNG plot, and the step goals.
     python3 benchmarks/report.py step_bench.json pytorch_peer.json \\
         --markdown step_report.md --png step_report.png
     python3 benchmarks/report.py step_bench_tp2_bulk.json tp_step_peer.json --markdown step_report_tp2_bulk.md
+    python3 benchmarks/report.py step_bench_cp2.json cp_step_peer.json --markdown step_report_cp2.md
 
 Tensor-parallel files (step_bench --tp N and tp_step_peer.py) make the TP
 table: the speedup column is against our eager TP=N row, and the goals are
@@ -13,10 +14,14 @@ compiled, async TP compiled, async TP compiled and captured whole), and its
 exposed communication <= 10% of the step (step_bench --profile's
 profile_exposed_comm_fraction).
 
-Context-parallel files (step_bench --cp N) make the CP table: the cp1 rows
-train sequences of L tokens on each GPU, the cpN rows sequences of N L
-tokens over N GPUs; the goal is the graphed cpN row's efficiency (the cp1
-graphed step time over the cpN one, the same tokens per GPU) >= 0.9.
+Context-parallel files (step_bench --cp N and cp_step_peer.py) make the CP
+table: the cp1 rows train sequences of L tokens on each GPU, the cpN rows
+sequences of N L tokens over N GPUs; its column "ours / PyTorch" is, on each
+PyTorch row where both ran, our row's median step time over the PyTorch
+row's, our row being the one of the same job (CP_OURS: eager against our
+eager, compiled or captured against our graphed step). The goal is ours: the
+graphed cpN row's efficiency (the cp1 graphed step time over the cpN one,
+the same tokens per GPU) >= 0.9.
 
 Prints the table, the first losses of every system (a sanity check that the
 systems train the same model), each config's MFU (our graphed step and the
@@ -49,8 +54,19 @@ TP_SYSTEM_ORDER = ["stepgraph_eager_tp1", "stepgraph_graph_tp1", "pytorch_eager_
                    "stepgraph_eager_tp{n}", "stepgraph_graph_tp{n}"] + TORCH_TP_SYSTEMS
 TP_TIME_GOAL = 0.9  # our graphed TP=N step against the fastest PyTorch TP row
 TP_EXPOSED_COMM_GOAL = 0.10  # of our graphed TP=N step
-# Context-parallel configs (step_bench --cp N): rows in this order.
-CP_SYSTEM_ORDER = ["stepgraph_eager_cp1", "stepgraph_graph_cp1", "stepgraph_eager_cp{n}", "stepgraph_graph_cp{n}"]
+# Context-parallel configs (step_bench --cp N, cp_step_peer.py): rows in this order.
+TORCH_CP_SYSTEMS = ["pytorch_cp_eager", "pytorch_cp_compile", "pytorch_cp_cuda_graph", "pytorch_cp_compile_graph"]
+CP_SYSTEM_ORDER = ["stepgraph_eager_cp1", "stepgraph_graph_cp1", "pytorch_eager_cp1", "pytorch_cuda_graph_cp1",
+                   "stepgraph_eager_cp{n}", "stepgraph_graph_cp{n}"] + TORCH_CP_SYSTEMS
+# The CP table's "ours / PyTorch" column: each PyTorch row against our row of the same job.
+CP_OURS = {
+    "pytorch_eager_cp1": "stepgraph_eager_cp1",
+    "pytorch_cuda_graph_cp1": "stepgraph_graph_cp1",
+    "pytorch_cp_eager": "stepgraph_eager_cp{n}",
+    "pytorch_cp_compile": "stepgraph_graph_cp{n}",
+    "pytorch_cp_cuda_graph": "stepgraph_graph_cp{n}",
+    "pytorch_cp_compile_graph": "stepgraph_graph_cp{n}",
+}
 CP_EFFICIENCY_GOAL = 0.9  # our graphed CP=N row: the cp1 step time over its own
 SHAPE_KEYS = ["hidden", "ffn", "layers", "vocab", "tokens", "heads", "kv_heads", "sequences", "seq_len", "experts",
               "topk", "moe_every", "tp", "flops_per_step"]
@@ -137,21 +153,34 @@ def system_order(config):
     return SYSTEM_ORDER
 
 
+def ours_over_pytorch(config, name):
+    """The CP table's "ours / PyTorch" cell of row `name`: our row of the same job's median step time over its,
+    where both ran; else "-"."""
+    ours_name = CP_OURS.get(name, "").format(n=cp_world(config))
+    ours, theirs = config["systems"].get(ours_name), config["systems"].get(name)
+    if not (ok(ours) and ok(theirs)):
+        return "-"
+    return f"{median_us(ours) / median_us(theirs):.2f}x ({ours_name})"
+
+
 def table_rows(configs):
-    """One row per (config, system) in a fixed system order, as lists of cells."""
+    """One row per (config, system) in a fixed system order, as lists of cells; a CP config's rows end with the
+    "ours / PyTorch" cell."""
     rows = []
     for c in configs:
         systems = c["systems"]
         base = systems.get(our_eager(c))
         order = system_order(c)
         names = [s for s in order if s in systems] + sorted(set(systems) - set(order))
+        ratio = (lambda name: [ours_over_pytorch(c, name)]) if cp_world(c) is not None else (lambda name: [])
         for note in c["notes"]:  # a whole file's config not run or failed
             source, _, text = note.partition(": ")
-            rows.append([c["name"], source, text[:160]] + ["-"] * 7)
+            rows.append([c["name"], source, text[:160]] + ["-"] * 7 + ratio(None))
         for name in names:
             s = systems[name]
             if not ok(s):
-                rows.append([c["name"], name, f"{s.get('status')}: {str(s.get('reason'))[:120]}"] + ["-"] * 7)
+                rows.append([c["name"], name, f"{s.get('status')}: {str(s.get('reason'))[:120]}"] + ["-"] * 7
+                            + ratio(None))
                 continue
             t = s["step_us"]
             speedup = f"{median_us(base) / median_us(s):.2f}x" if ok(base) else "-"
@@ -169,6 +198,7 @@ def table_rows(configs):
                     pool,
                     f"{s['pipelined_step_us'] / 1000:.3f}" if "pipelined_step_us" in s else "-",
                 ]
+                + ratio(name)
             )
     return rows
 
@@ -187,9 +217,13 @@ HEADER = [
 ]
 
 
+CP_HEADER = "ours / PyTorch"  # the CP table's last column (ours_over_pytorch)
+
+
 def markdown_table(configs):
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(configs)]
+    header = HEADER + ([CP_HEADER] if any(cp_world(c) is not None for c in configs) else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row + ["-"] * (len(header) - len(row))) + " |" for row in table_rows(configs)]
     return "\n".join(lines) + "\n"
 
 

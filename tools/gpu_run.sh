@@ -33,8 +33,9 @@
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs, over 10 minutes: run its parts in
 #                                separate device calls where a call is limited): tp_mlp_bench +
 #                                tp_peer.py, comm_bench + comm_peer.py, step_bench --dp 2 +
-#                                pytorch_peer.py --ddp, step_bench --cp 2 (long: 32k over 2 GPUs
-#                                against 16k on one), and multigpu_tp_bench's runs, each JSON beside it
+#                                pytorch_peer.py --ddp, step_bench --cp 2 + cp_step_peer.py (long: 32k
+#                                over 2 GPUs against 16k on one; step_report_cp2.md), and
+#                                multigpu_tp_bench's runs, each JSON beside it
 #   multigpu_tp_bench.log        --stages multigpu_tp_bench (2 GPUs, about 8 minutes; also part of
 #                                multigpu_bench): the GPT medium and large at TP=2, step_bench --tp 2
 #                                --profile (bulk and overlap, about 1.5 minutes each) + tp_step_peer.py
@@ -283,7 +284,13 @@ if wants multigpu_bench; then
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/comm_peer.py" --max-bytes 256M --out "$results/comm_peer_2gpu.json"
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --dp 2 --configs medium,large --out "$results/step_bench_dp2.json"
     step multigpu_bench.log "${binary_run[@]}" "$here/bin/step_bench" --cp 2 --configs long --profile --out "$results/step_bench_cp2.json"
-    step multigpu_bench.log python3 "$here/benchmarks/report.py" "$results/step_bench_cp2.json" \
+    # PyTorch's context parallelism on the same rows; --budget-s: no row starts after 7 minutes, the timeout in
+    # case a ring collective never returns. report.py reads its file where it wrote one.
+    step multigpu_bench.log timeout 720 "${python_run[@]}" "$here/benchmarks/cp_step_peer.py" --configs long \
+      --budget-s 420 --out "$results/cp_step_peer.json"
+    cp_peer=()
+    [ -s "$results/cp_step_peer.json" ] && cp_peer=("$results/cp_step_peer.json")
+    step multigpu_bench.log python3 "$here/benchmarks/report.py" "$results/step_bench_cp2.json" "${cp_peer[@]}" \
       --markdown "$results/step_report_cp2.md"
     wants multigpu_tp_bench || tp_step_bench multigpu_bench.log
     step multigpu_bench.log "${python_run[@]}" "$here/benchmarks/pytorch_peer.py" --ddp --configs medium,large \

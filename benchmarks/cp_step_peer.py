@@ -82,6 +82,7 @@ import pytorch_peer as peer  # noqa: E402  (first: comm_peer sets the multicast 
 import tp_step_peer  # noqa: E402  (the GPT as nn.Modules)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import enum  # noqa: E402
 import time  # noqa: E402
 
@@ -349,12 +350,21 @@ def run_cp_row(row, c, steps, warmup, group, device, mesh):
     """A CP row on every rank: (combined, None) or (None, why), as pytorch_peer.run_everywhere. The wide config's
     batch is cut by context_parallel, whose context holds the build, warm-up and timed steps."""
     wide = wide_config(c, group.world)
-    batch = CPBatch(wide)
-    buffers = batch.buffers()
-    # run_everywhere turns a build's exception into (None, why) and a timing failure ends the process, so nothing
-    # leaves this context by an exception that a later row survives (context_parallel restores SDPA only on a
-    # normal exit).
-    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=CPBatch.SEQ_DIMS, no_restore_buffers=set(buffers)):
+    with contextlib.ExitStack() as stack:
+        error = None
+        try:
+            batch = CPBatch(wide)
+            buffers = batch.buffers()
+            stack.enter_context(context_parallel(mesh, buffers=buffers, buffer_seq_dims=CPBatch.SEQ_DIMS,
+                                                 no_restore_buffers=set(buffers)))
+        except Exception as e:  # PyTorch refusing the buffers: the row's reason, on every rank alike
+            error = f"context_parallel: {type(e).__name__}: {e}"[:2000]
+        errors = group.gather(error)
+        if any(errors):
+            return None, "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+        # run_everywhere turns a build's exception into (None, why) and a timing failure ends the process, so
+        # nothing leaves this context by an exception that a later row survives (context_parallel restores SDPA
+        # only on a normal exit).
         return peer.run_everywhere(lambda: build_cp_system(row, c, batch, group, device), wide, steps, warmup, group,
                                    loss_of=group.global_mean)
 

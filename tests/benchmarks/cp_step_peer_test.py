@@ -3,6 +3,7 @@ assembles a config's rows (the ranks' timings and losses made up), the rows' fie
 (the tiny GPT over two host processes), and report.py's CP table over both files: the PyTorch rows in their
 place, the "ours / PyTorch" column, the efficiency goal still ours."""
 
+import contextlib
 import copy
 import json
 import math
@@ -251,6 +252,73 @@ def test_a_cp_row_without_its_baseline_has_no_efficiency(monkeypatch):
     out = cp_step_peer.run_cp_config("long", ["pytorch_cp_eager"], 3, 1, math.inf, FakeGroup())
     (row,) = out["systems"]
     assert row["efficiency"] is None and row["reason"] == "no efficiency: pytorch_eager_cp1 did not run"
+
+
+class FakeBatch:
+    """CPBatch without torch: its buffers are names."""
+
+    SEQ_DIMS = cp_step_peer.CPBatch.SEQ_DIMS
+
+    def __init__(self, wide):
+        assert wide["seq_len"] == 32768
+
+    def buffers(self):
+        return ["x", "labels", "cos", "sin"]
+
+
+class TwoRanks(FakeGroup):
+    def __init__(self, rank_1_error=None):
+        super().__init__(2)
+        self.rank_1_error = rank_1_error
+
+    def gather(self, value):
+        return [value, self.rank_1_error]
+
+
+def fake_context_parallel(events, refuse=False):
+    @contextlib.contextmanager
+    def context_parallel(mesh, buffers, buffer_seq_dims, no_restore_buffers):
+        assert buffer_seq_dims == [1, 1, 0, 0] and no_restore_buffers == set(buffers)  # nothing restored
+        if refuse:
+            raise ValueError("`seq_dims` must have the same number of elements as `buffers`.")
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    return context_parallel
+
+
+def test_a_cp_row_runs_inside_context_parallel(monkeypatch):
+    events = []
+
+    def run_everywhere(build, c, steps, warmup, group, loss_of=None, world_one=False):
+        assert events == ["enter"] and c["seq_len"] == 32768 and loss_of == group.global_mean
+        events.append("run")
+        return made_up("pytorch_cp_eager")
+
+    group = TwoRanks()
+    group.global_mean = lambda loss: loss
+    monkeypatch.setattr(cp_step_peer, "CPBatch", FakeBatch)
+    monkeypatch.setattr(cp_step_peer, "context_parallel", fake_context_parallel(events), raising=False)
+    monkeypatch.setattr(cp_step_peer.peer, "run_everywhere", run_everywhere)
+    result, why = cp_step_peer.run_cp_row("pytorch_cp_eager", cp_step_peer.CONFIGS["long"], 3, 1, group, None, "mesh")
+    assert why is None and result["first_losses"] == [9.0210, 9.0160]
+    assert events == ["enter", "run", "exit"]  # SDPA patched only around the row
+
+
+@pytest.mark.parametrize("refuse, rank_1_error, why", [
+    (True, None, "rank 0: context_parallel: ValueError: `seq_dims` must have the same number of elements"),
+    (False, "context_parallel: RuntimeError: y", "rank 1: context_parallel: RuntimeError: y"),
+])
+def test_a_refused_context_is_the_rows_reason_on_every_rank(monkeypatch, refuse, rank_1_error, why):
+    events = []
+    monkeypatch.setattr(cp_step_peer, "CPBatch", FakeBatch)
+    monkeypatch.setattr(cp_step_peer, "context_parallel", fake_context_parallel(events, refuse), raising=False)
+    monkeypatch.setattr(cp_step_peer.peer, "run_everywhere", lambda *a, **k: pytest.fail("no rank may build"))
+    result, got = cp_step_peer.run_cp_row("pytorch_cp_eager", cp_step_peer.CONFIGS["long"], 3, 1,
+                                          TwoRanks(rank_1_error), None, "mesh")
+    assert result is None and got.startswith(why)
+    assert events == ([] if refuse else ["enter", "exit"])  # a context entered is left
 
 
 @pytest.fixture(scope="module")

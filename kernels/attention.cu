@@ -37,36 +37,15 @@ void launch_attention_forward(const AttentionDesc& desc, const void* q, const vo
   const attention_detail::AttentionPointers p{
       .q = q, .k = k, .v = v, .cu_seqlens = cu_seqlens, .out_mut = out, .lse_mut = lse};
   if (attention_uses_tensor_cores(desc) && is_aligned16(q) && is_aligned16(k) && is_aligned16(v) && is_aligned16(out)) {
-    attention_detail::forward_wgmma(desc, p, stream);
+    attention_detail::forward_wgmma(desc, desc.tokens, p, stream);
   } else {
     attention_detail::forward_simple(desc, p, stream);
   }
 }
 
-namespace {
-
-std::size_t aligned256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// The backward's scratch: delta [H, T] fp32; for the tensor-core path also the
-// dQ semaphores [H, T] int32 and the fp32 dQ sums [T, H, D].
-struct BackwardWorkspace {
-  std::size_t delta = 0, semaphores = 0, dq_accum = 0;
-  explicit BackwardWorkspace(const AttentionDesc& desc) {
-    const auto rows = static_cast<std::size_t>(desc.heads * desc.tokens);
-    delta = aligned256(rows * sizeof(float));
-    if (attention_uses_tensor_cores(desc)) {
-      semaphores = aligned256(rows * sizeof(int));
-      dq_accum = aligned256(rows * static_cast<std::size_t>(desc.head_dim) * sizeof(float));
-    }
-  }
-  std::size_t bytes() const { return delta + semaphores + dq_accum; }
-};
-
-}  // namespace
-
 std::size_t attention_backward_workspace_bytes(const AttentionDesc& desc) {
   check_attention_cuda(desc);
-  return BackwardWorkspace(desc).bytes();
+  return attention_detail::BackwardWorkspace(desc).bytes();
 }
 
 void launch_attention_backward(const AttentionDesc& desc, const void* q, const void* k, const void* v,
@@ -80,9 +59,7 @@ void launch_attention_backward(const AttentionDesc& desc, const void* q, const v
   SG_CHECK(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 256 == 0,
            "attention backward: workspace must be a 256-byte aligned device buffer of "
            "attention_backward_workspace_bytes(desc) bytes");
-  const BackwardWorkspace layout(desc);
-  auto* scratch = static_cast<unsigned char*>(workspace);
-  const attention_detail::AttentionPointers p{
+  attention_detail::AttentionPointers p{
       .q = q,
       .k = k,
       .v = v,
@@ -93,14 +70,12 @@ void launch_attention_backward(const AttentionDesc& desc, const void* q, const v
       .dq = dq,
       .dk = dk,
       .dv = dv,
-      .delta = reinterpret_cast<float*>(scratch),
-      .dq_accum = reinterpret_cast<float*>(scratch + layout.delta + layout.semaphores),
-      .dq_semaphores = reinterpret_cast<int*>(scratch + layout.delta),
   };
+  attention_detail::BackwardWorkspace(desc).place(workspace, &p);
   attention_detail::backward_delta(desc, p, stream);
   if (attention_uses_tensor_cores(desc) && is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
       is_aligned16(dout) && is_aligned16(dq) && is_aligned16(dk) && is_aligned16(dv)) {
-    attention_detail::backward_wgmma(desc, p, stream);
+    attention_detail::backward_wgmma(desc, desc.tokens, p, stream);
   } else {
     attention_detail::backward_simple(desc, p, stream);
   }

@@ -110,8 +110,14 @@ void launch_attention_backward(const AttentionDesc& desc, const void* q, const v
 // On the device q_offsets is read as Note [Safe cu_seqlens] reads cu_seqlens
 // (over Tq) and each range is clamped (begin into [0, Tk], end into [begin,
 // Tk]), so whatever the table holds nothing is read or written out of bounds,
-// and a captured launch takes any table of the same G. These segment kernels
-// are the plain ones (any dtype, head_dim <= 256).
+// and a captured launch takes any table of the same G.
+// Kernels: where attention_uses_tensor_cores would take the same desc (and
+// the pointers are 16-byte aligned), the tensor-core forward and backward of
+// self-attention, given the table (attention_forward.cu, attention_backward.cu:
+// the same mainloops; a forward block per (segment's query tile, head) reads
+// the segment's range; a backward block per (tile of 128 kv tokens, kv head)
+// walks the segments whose ranges meet its keys, in segment order). Otherwise
+// the plain kernels (attention_segments.cu: any dtype, head_dim <= 256).
 struct SegmentAttentionDesc {
   AttentionDesc attention;     // tokens: the query tokens Tq; sequences: the segments G
   std::int64_t kv_tokens = 0;  // Tk
@@ -127,6 +133,11 @@ SG_HOST_DEVICE std::int64_t segment_visible_keys(bool causal, std::int64_t q_len
 
 // check_attention, and kv_tokens > 0.
 void check_segment_attention(const SegmentAttentionDesc& desc);
+
+// Whether the segment launchers take the tensor-core kernels for this shape:
+// exactly when attention_uses_tensor_cores(desc.attention) (and, at launch,
+// every tensor's pointer is 16-byte aligned).
+bool segment_attention_uses_tensor_cores(const SegmentAttentionDesc& desc);
 // check_segment_attention and the CUDA kernels' limits (head_dim <= 256,
 // Tq * H, Tk * Hkv and G < 2^31).
 void check_segment_attention_cuda(const SegmentAttentionDesc& desc);
@@ -135,7 +146,9 @@ void launch_segment_attention_forward(const SegmentAttentionDesc& desc, const vo
                                       const std::int32_t* q_offsets, const std::int32_t* kv_ranges, void* out,
                                       float* lse, CUstream_st* stream);
 
-// Device scratch of the segment backward (fp32 delta [H, Tq]), 256-byte aligned by the caller.
+// Device scratch of the segment backward (fp32 delta [H, Tq]; on the
+// tensor-core path also fp32 dQ sums [Tq, H, D] and int32 semaphores [H, Tq],
+// as attention_backward_workspace_bytes), 256-byte aligned by the caller.
 std::size_t segment_attention_backward_workspace_bytes(const SegmentAttentionDesc& desc);
 
 void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k,

@@ -28,6 +28,29 @@
 // waits on blocks with lower linear indices, started before it: no deadlock
 // whatever the grid's size.
 // A last kernel writes dq = scale * dq_accum in q's dtype.
+// Segment attention (Note [Segment attention] in kernels/attention.h) runs
+// the same kernel given the table. Segments' ranges may overlap (a
+// context-parallel rank's two pieces of one sequence both read its first
+// keys), so a block owns a tile of kBN keys of the Tk kv tokens (not of a
+// segment) and walks the segments whose ranges meet its keys, in segment
+// order, with their query tiles (kBM rows from the segment's first query)
+// that see any of its keys (bottom-right causal: row r sees keys up to
+// r + shift, shift = k_end - the segment's query end); keys outside the
+// segment's range are masked, and rows that see no key get lse = +inf (P =
+// 0). dK and dV sum in registers over all of a block's steps (segment order)
+// and are stored once: keys no segment reads get zeros. Each query row lies
+// in one segment, so dQ keeps the scheme above with semaphores per (query
+// head, segment's tile): the key tiles that read a tile are consecutive
+// (from the one holding k_begin to the one holding the last key its last row
+// sees), and a tile's order is (the highest of them) - (this block's). The
+// highest adds first and each block waits only on key tiles above its own;
+// a block's dependence chain goes strictly up the key tiles of its kv head,
+// to blocks of lower linear index, started before it (or finished): no
+// cycle, no deadlock, whatever the table. Two instantiations keep the table
+// walk out of self-attention's code. The table walk lives in the producer
+// warpgroup (the loads, the lse/delta warp and the dQ writer each walk it,
+// 32 segments at a time); the consumers read each step's query tile and key
+// range from its stage and stop at the producer's end mark.
 // TMA boxes ignore sequence boundaries (rows past a sequence's end are the
 // next sequence's, or zero past T): a query row there gets lse = +inf (so
 // P = 0) and delta = 0, so its dQ row is zero and the reduce that covers it
@@ -59,12 +82,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct BackwardParams {
   const float* lse;
   const float* delta;
-  const std::int32_t* cu_seqlens;
-  float* dq_accum;         // [T, H, D]
-  int* dq_semaphores;      // [H, T], zero at launch
+  const std::int32_t* cu_seqlens;  // segment attention: q_offsets
+  const std::int32_t* kv_ranges;   // segment attention: [G, 2]; null: self-attention
+  float* dq_accum;                 // [T, H, D]
+  int* dq_semaphores;              // [H, T], zero at launch
   void* dk;
   void* dv;
   int tokens, sequences, heads, kv_heads;
+  int kv_tokens;  // the rows of k and v (self-attention: tokens)
   bool causal;
   float scale;
   float scale_log2;
@@ -88,7 +113,8 @@ struct BackwardConfig {
       2 * kKeyBytes + 2 * kStages * kQueryBytes + kDsBytes + kDqBuffers * kDqBytes;
   static constexpr int kVectorBytes = kStages * 2 * kBM * 4;  // lse and delta per stage
   static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDqBuffers;
-  static constexpr int kSmemBytes = 1024 + kPipelineBytes + kVectorBytes + kBarriers * 8;
+  static constexpr int kStepBytes = kStages * 4 * 4;  // a Step's q0, k_begin, k_end, shift per stage
+  static constexpr int kSmemBytes = 1024 + kPipelineBytes + kVectorBytes + kBarriers * 8 + kStepBytes;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static_assert(tile::register_split_fits(kProducerRegisters, kConsumerRegisters));
@@ -122,7 +148,82 @@ struct BackwardSmem {
   __device__ std::uint64_t* empty() const { return full() + C::kStages; }
   __device__ std::uint64_t* dq_full() const { return empty() + C::kStages; }
   __device__ std::uint64_t* dq_empty() const { return dq_full() + C::kDqBuffers; }
+  __device__ int* step(int stage) const { return reinterpret_cast<int*>(dq_empty() + C::kDqBuffers) + 4 * stage; }
 };
+
+// The keys a block owns: [n0, n0 + kBN), numbered in tiles of kBN from
+// `base`, stored up to `end`. Self-attention: a tile of a sequence's keys
+// (base: the sequence's start, end: its end). Segment attention: a tile of
+// the kv tokens (base 0, end Tk), read by any segment whose range meets it.
+struct BlockKeys {
+  int n0 = 0;
+  int base = 0;
+  int end = 0;
+};
+
+// Calls steps(q_begin, q_end, k_begin, k_end) for each segment, in order,
+// that reads any of the keys [blk.n0, blk.n0 + kBN): a nonempty segment whose
+// range meets them (bottom-right causal: its last query sees its whole
+// range). The table is read as the plain kernels read it (safe q_offsets,
+// clamped ranges), 32 segments at a time. Called by all 32 lanes of a warp.
+template <int kBN, typename Steps>
+__device__ __forceinline__ void walk_segments(const BackwardParams& p, const BlockKeys& blk, Steps&& steps) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  int carry = 0;
+  for (int s0 = 0; s0 < p.sequences; s0 += 32) {
+    int q_begin = 0;
+    int q_end = 0;
+    warp_safe_ranges(p.cu_seqlens, p.sequences, p.tokens, s0, &carry, &q_begin, &q_end);
+    tile::KeyRange keys;
+    if (s0 + lane < p.sequences) keys = tile::segment_keys(p.kv_ranges, p.kv_tokens, s0 + lane, q_end);
+    unsigned readers =
+        __ballot_sync(0xffffffffu, q_begin < q_end && max(keys.begin, blk.n0) < min(keys.end, blk.n0 + kBN));
+    while (readers != 0) {
+      const int src = __ffs(readers) - 1;
+      readers &= readers - 1;
+      steps(__shfl_sync(0xffffffffu, q_begin, src), __shfl_sync(0xffffffffu, q_end, src),
+            __shfl_sync(0xffffffffu, keys.begin, src), __shfl_sync(0xffffffffu, keys.end, src));
+    }
+  }
+}
+
+// One step of a block: query tile [q0, q0 + kBM) of head h, in a segment of
+// queries ending at q_end that reads keys [k_begin, k_end) (causal: row r sees
+// keys <= r + shift), and the tile's place in dQ's order of adds.
+struct Step {
+  int h, q0, q_end, k_begin, k_end, shift, order;
+};
+
+// The steps of a block in order: per segment whose keys meet the block's
+// (in segment order; self-attention: the block's sequence), per query head of
+// kv head g's group, the segment's query tiles (of kBM rows from its first
+// query) that see any of the block's keys. A tile's order is (the highest key
+// tile that reads it) - (this block's key tile): the readers of a tile are
+// consecutive key tiles, and the highest adds first (Note [Attention backward
+// in one pass, deterministic]). Called by all 32 lanes of a warp (segment
+// tables are read 32 segments at a time); every lane visits the same steps.
+template <bool kSegments, int kBN, int kBM, typename Visit>
+__device__ __forceinline__ void for_each_step(const BackwardParams& p, const tile::SequenceTile& seq,
+                                              const BlockKeys& blk, int g, Visit&& visit) {
+  const int group = p.heads / p.kv_heads;
+  const int key_tile = (blk.n0 - blk.base) / kBN;
+  auto segment_steps = [&](int q_begin, int q_end, int k_begin, int k_end) {
+    const int shift = k_end - q_end;
+    const int first_row = p.causal ? max(q_begin, max(blk.n0, k_begin) - shift) : q_begin;
+    const int first_tile = q_begin + (first_row - q_begin) / kBM * kBM;
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      for (int q0 = first_tile; q0 < q_end; q0 += kBM) {
+        const int last_key = p.causal ? min(k_end, min(q0 + kBM, q_end) + shift) - 1 : k_end - 1;
+        visit(Step{h, q0, q_end, k_begin, k_end, shift, (last_key - blk.base) / kBN - key_tile});
+      }
+    }
+  };
+  if constexpr (kSegments) {
+    walk_segments<kBN>(p, blk, segment_steps);
+  } else {
+    segment_steps(seq.begin, seq.end, seq.begin, seq.end);
+  }
+}
 
 // TMA of rows [row, row + rows) and columns [col, col + D) of `map` into a
 // tile of D / 64 column blocks.
@@ -245,7 +346,9 @@ __device__ __forceinline__ void fence_shared_for_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-template <typename T, int D>
+// kSegments: segment attention (p.kv_ranges set), else self-attention; two
+// instantiations so that self-attention's code carries nothing of the table walk.
+template <typename T, int D, bool kSegments>
 __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
     attention_backward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v,
@@ -275,78 +378,98 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
     tile::fence_barrier_init();
   }
 
-  tile::SequenceTile seq;
-  // Ends with a barrier, which also publishes the initialised mbarriers.
-  // Reverse tile order: a sequence's later key blocks start first (dQ's order needs it).
+  // Reverse tile order: a sequence's later key tiles start first (dQ's order needs it).
   const int target = static_cast<int>(gridDim.x - 1 - blockIdx.x);
-  if (!tile::block_locate_tile(p.cu_seqlens, p.sequences, p.tokens, kBN, target, &seq)) return;
+  tile::SequenceTile seq;
+  BlockKeys blk;
+  if constexpr (!kSegments) {
+    // Ends with a barrier, which also publishes the initialised mbarriers.
+    if (!tile::block_locate_tile(p.cu_seqlens, p.sequences, p.tokens, kBN, target, &seq)) return;
+    blk = {seq.first, seq.begin, seq.end};
+  } else {
+    __syncthreads();  // publishes the initialised mbarriers
+    blk = {target * kBN, 0, p.kv_tokens};
+  }
   const int g = static_cast<int>(blockIdx.y);
-  const int group = p.heads / p.kv_heads;
-  const int n0 = seq.first;
-  const int key_block = (n0 - seq.begin) / kBN;
-  const int last_key_block = (seq.end - seq.begin - 1) / kBN;
-  // Steps: the query heads of the group, then the query tiles that see these keys.
-  const int first_row = seq.begin + (p.causal ? (n0 - seq.begin) : 0);
+  const int n0 = blk.n0;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warpgroup = warp / 4;
 
   if (warpgroup == 0) {
     tile::setmaxnreg_dec<C::kProducerRegisters>();
-    if (threadIdx.x == 0) {
-      tile::mbarrier_arrive_expect_tx(sm.kv_full(), 2 * C::kKeyBytes);
-      load_rows<D>(sm.k(), &map_k, sm.kv_full(), g * D, n0, kBN);
-      load_rows<D>(sm.v(), &map_v, sm.kv_full(), g * D, n0, kBN);
+    // Warps 0, 1 and 2 each walk the block's steps; the consumers read each
+    // step from its stage (written by the producer) and stop at q0 = -1.
+    if (warp == 0) {
+      // The loads: K and V once, then Q and dO of each step (lane 0).
+      if (lane == 0) {
+        tile::mbarrier_arrive_expect_tx(sm.kv_full(), 2 * C::kKeyBytes);
+        load_rows<D>(sm.k(), &map_k, sm.kv_full(), g * D, n0, kBN);
+        load_rows<D>(sm.v(), &map_v, sm.kv_full(), g * D, n0, kBN);
+      }
       int t = 0;
-      for (int h = g * group; h < (g + 1) * group; ++h) {
-        for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
+      for_each_step<kSegments, kBN, kBM>(p, seq, blk, g, [&](const Step& step) {
+        if (lane == 0) {
           const int stage = t % C::kStages;
           tile::ring_wait_empty<C::kStages>(sm.empty(), t);
+          int* info = sm.step(stage);
+          info[0] = step.q0;
+          info[1] = step.k_begin;
+          info[2] = step.k_end;
+          info[3] = step.shift;
           tile::mbarrier_arrive_expect_tx(&sm.full()[stage], 2 * C::kQueryBytes);
-          load_rows<D>(sm.q(stage), &map_q, &sm.full()[stage], h * D, q0, kBM);
-          load_rows<D>(sm.dout(stage), &map_do, &sm.full()[stage], h * D, q0, kBM);
+          load_rows<D>(sm.q(stage), &map_q, &sm.full()[stage], step.h * D, step.q0, kBM);
+          load_rows<D>(sm.dout(stage), &map_do, &sm.full()[stage], step.h * D, step.q0, kBM);
         }
+        ++t;
+      });
+      if (lane == 0) {
+        tile::ring_wait_empty<C::kStages>(sm.empty(), t);
+        sm.step(t % C::kStages)[0] = -1;
+        tile::mbarrier_arrive(&sm.full()[t % C::kStages]);
       }
     } else if (warp == 1) {
-      // lse (base 2) and delta of the step's queries; +inf and 0 past the sequence.
+      // lse (base 2) and delta of the step's queries; +inf and 0 past the
+      // segment and where a query sees no key (lse -inf): P = 0 there.
       int t = 0;
-      for (int h = g * group; h < (g + 1) * group; ++h) {
-        const float* lse = p.lse + static_cast<std::int64_t>(h) * p.tokens;
-        const float* delta = p.delta + static_cast<std::int64_t>(h) * p.tokens;
-        for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
-          const int stage = t % C::kStages;
-          tile::ring_wait_empty<C::kStages>(sm.empty(), t);
-          float* vectors = sm.vectors(stage);
-          for (int i = lane; i < kBM; i += 32) {
-            const int row = q0 + i;
-            vectors[i] = row < seq.end ? lse[row] * kLog2e : INFINITY;
-            vectors[kBM + i] = row < seq.end ? delta[row] : 0.0f;
-          }
-          tile::mbarrier_arrive(&sm.full()[stage]);
+      for_each_step<kSegments, kBN, kBM>(p, seq, blk, g, [&](const Step& step) {
+        const int stage = t % C::kStages;
+        tile::ring_wait_empty<C::kStages>(sm.empty(), t);
+        const float* lse = p.lse + static_cast<std::int64_t>(step.h) * p.tokens;
+        const float* delta = p.delta + static_cast<std::int64_t>(step.h) * p.tokens;
+        float* vectors = sm.vectors(stage);
+        for (int i = lane; i < kBM; i += 32) {
+          const int row = step.q0 + i;
+          const float row_lse = row < step.q_end ? lse[row] : -INFINITY;
+          vectors[i] = row_lse != -INFINITY ? row_lse * kLog2e : INFINITY;
+          vectors[kBM + i] = row < step.q_end ? delta[row] : 0.0f;
         }
-      }
-    } else if (threadIdx.x == 64) {
-      // The dQ writer: adds each dQ tile the consumers hand over to dq_accum
-      // in its turn (Note [Attention backward in one pass, deterministic]),
-      // by TMA reduce; a tile's turn is passed on once its add has completed,
-      // while the next tile's add is already in flight.
+        tile::mbarrier_arrive(&sm.full()[stage]);
+        ++t;
+      });
+      tile::ring_wait_empty<C::kStages>(sm.empty(), t);
+      tile::mbarrier_arrive(&sm.full()[t % C::kStages]);
+    } else if (warp == 2) {
+      // The dQ writer (lane 0): adds each dQ tile the consumers hand over to
+      // dq_accum in its turn (Note [Attention backward in one pass,
+      // deterministic]), by TMA reduce; a tile's turn is passed on once its
+      // add has completed, while the next tile's add is already in flight.
       int* pending = nullptr;  // the semaphore of the tile in flight, and its next value
       int pending_value = 0;
       int t = 0;
-      for (int h = g * group; h < (g + 1) * group; ++h) {
-        for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
+      for_each_step<kSegments, kBN, kBM>(p, seq, blk, g, [&](const Step& step) {
+        if (lane == 0) {
           const int buffer = t % C::kDqBuffers;
           tile::ring_wait_full<C::kDqBuffers>(sm.dq_full(), t);
-          const int order = (p.causal ? (q0 - seq.begin) / kBN : last_key_block) - key_block;
-          int* semaphore = p.dq_semaphores + static_cast<std::int64_t>(h) * p.tokens + q0;
-          if (order > 0) {
-            while (load_acquire(semaphore) < order) {
+          int* semaphore = p.dq_semaphores + static_cast<std::int64_t>(step.h) * p.tokens + step.q0;
+          if (step.order > 0) {
+            while (load_acquire(semaphore) < step.order) {
             }
           }
           fence_global_for_async();
 #pragma unroll
           for (int box = 0; box < D / 32; ++box) {
-            tma_reduce_add_2d(&map_dq, sm.dq(buffer) + box * C::kDqBoxBytes, h * D + box * 32, q0);
+            tma_reduce_add_2d(&map_dq, sm.dq(buffer) + box * C::kDqBoxBytes, step.h * D + box * 32, step.q0);
           }
           bulk_commit();
           if (pending != nullptr) {
@@ -356,10 +479,11 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
             pass_turn(pending, pending_value);
           }
           pending = semaphore;
-          pending_value = order + 1;
+          pending_value = step.order + 1;
         }
-      }
-      if (pending != nullptr) {
+        ++t;
+      });
+      if (lane == 0 && pending != nullptr) {
         bulk_wait<0>();
         pass_turn(pending, pending_value);
       }
@@ -383,116 +507,121 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
   zero(dv);
 
   tile::mbarrier_wait(sm.kv_full(), 0);
-  int t = 0;
-  for (int h = g * group; h < (g + 1) * group; ++h) {
-    for (int q0 = first_row; q0 < seq.end; q0 += kBM, ++t) {
-      const int stage = t % C::kStages;
-      // Per step, so that no value is carried into the next step's products
-      // (the wgmma operands read-write their accumulators).
-      float s[kBM / 2];
-      float dp[kBM / 2];
-      float dq[kBM / 2];
-      std::uint32_t pa[kBM / 16][4];
-      std::uint32_t dsa[kBM / 16][4];
-      tile::ring_wait_full<C::kStages>(sm.full(), t);
-      tile::fence_accumulators(s);
-      tile::fence_accumulators(dp);
-      tile::wgmma_fence();
-      gemm_over_d<SGemm, D>(s, opaque(k_desc), C::kKeyBlock, tile::wgmma_descriptor(sm.q(stage)), C::kQueryBlock);
-      gemm_over_d<SGemm, D>(dp, opaque(v_desc), C::kKeyBlock, tile::wgmma_descriptor(sm.dout(stage)), C::kQueryBlock);
-      tile::wgmma_commit();
-      tile::wgmma_wait<0>();
-      tile::fence_accumulators(s);
-      tile::fence_accumulators(dp);
+  for (int t = 0;; ++t) {
+    const int stage = t % C::kStages;
+    tile::ring_wait_full<C::kStages>(sm.full(), t);
+    const int* info = sm.step(stage);
+    const int q0 = info[0];
+    if (q0 < 0) break;  // the producer's end of steps
+    const int k_begin = info[1];
+    const int k_end = info[2];
+    const int shift = info[3];
+    // Per step, so that no value is carried into the next step's products
+    // (the wgmma operands read-write their accumulators).
+    float s[kBM / 2];
+    float dp[kBM / 2];
+    float dq[kBM / 2];
+    std::uint32_t pa[kBM / 16][4];
+    std::uint32_t dsa[kBM / 16][4];
+    tile::fence_accumulators(s);
+    tile::fence_accumulators(dp);
+    tile::wgmma_fence();
+    gemm_over_d<SGemm, D>(s, opaque(k_desc), C::kKeyBlock, tile::wgmma_descriptor(sm.q(stage)), C::kQueryBlock);
+    gemm_over_d<SGemm, D>(dp, opaque(v_desc), C::kKeyBlock, tile::wgmma_descriptor(sm.dout(stage)), C::kQueryBlock);
+    tile::wgmma_commit();
+    tile::wgmma_wait<0>();
+    tile::fence_accumulators(s);
+    tile::fence_accumulators(dp);
 
-      // P^T and dS^T (in place). Causal: query q sees key j when q >= j.
-      const float* lse2 = reinterpret_cast<const float*>(opaque(reinterpret_cast<std::uintptr_t>(sm.vectors(stage))));
-      const float* delta = lse2 + kBM;
-      // Keys past the sequence's end (the next sequence's) are masked too: dQ sums over all 128.
-      const bool mask = (p.causal && q0 < n0 + warp_row + 15) || n0 + warp_row + 15 >= seq.end;
+    // P^T and dS^T (in place). Causal: query q sees key j when q + shift >= j.
+    const float* lse2 = reinterpret_cast<const float*>(opaque(reinterpret_cast<std::uintptr_t>(sm.vectors(stage))));
+    const float* delta = lse2 + kBM;
+    // Keys outside the segment's range (past a sequence's end: the next sequence's) are masked
+    // too: dQ sums over all 128.
+    const int warp_key = n0 + warp_row;  // this warp's keys: warp_key .. warp_key + 15
+    const bool mask = (p.causal && q0 + shift < warp_key + 15) || warp_key + 15 >= k_end || warp_key < k_begin;
 #pragma unroll
       for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = j * 8 + 2 * (lane & 3) + (e & 1);
-          float prob = tile::fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -lse2[col]));
-          const int key = key_lo + (e >> 1) * 8;
-          if (mask && ((p.causal && q0 + col < key) || key >= seq.end)) prob = 0.0f;
-          s[4 * j + e] = prob;
-          dp[4 * j + e] = prob * (dp[4 * j + e] - delta[col]);
-        }
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        tile::accumulators_to_a<T>(pa[kk], s, kk);
-        tile::accumulators_to_a<T>(dsa[kk], dp, kk);
+      for (int e = 0; e < 4; ++e) {
+        const int col = j * 8 + 2 * (lane & 3) + (e & 1);
+        float prob = tile::fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -lse2[col]));
+        const int key = key_lo + (e >> 1) * 8;
+        if (mask && ((p.causal && q0 + col + shift < key) || key >= k_end || key < k_begin)) prob = 0.0f;
+        s[4 * j + e] = prob;
+        dp[4 * j + e] = prob * (dp[4 * j + e] - delta[col]);
       }
-      // dS^T rows of this thread into the [128 keys][64 queries] tile, 128-byte rows swizzled
-      // (Note [wgmma operand tiles]), once both warpgroups' dQ products of the last step are done.
-      consumers_sync();
-      {
-        // Row warp_row + lane / 4 (+ 8): its swizzle key is lane / 4.
-        const std::uint32_t line = opaque32(tile::smem_address(sm.ds()) + (warp_row + lane / 4) * 128 + (lane & 3) * 4);
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int j = 0; j < kBM / 8; ++j) {
-            store_shared(line + r * 8 * 128 + ((j ^ (lane / 4)) << 4), dsa[j / 2][(j % 2) * 2 + r]);
-          }
-      }
-      fence_shared_for_async();
-      consumers_sync();
-
-      // dV += P^T dO, dK += dS^T Q (the queries as k), dQ_tile = dS K.
-      tile::fence_accumulators(dv);
-      tile::fence_accumulators(dk);
-      tile::wgmma_fence();
-      gemm_rows<DGemm, kBM>(dv, pa, sm.dout(stage));
-      gemm_rows<DGemm, kBM>(dk, dsa, sm.q(stage));
-      if (computes_dq) {
-        const std::uint64_t ds_desc = opaque(tile::wgmma_descriptor_mn_major(sm.ds(), kBM * 128));
-        const std::uint64_t kc_desc = opaque(tile::wgmma_descriptor_mn_major(k_columns, kBN * 128));
-        // k16 steps: 16 rows of 128 bytes, 128 descriptor units.
-        SGemm::template ss_overwrite<true, true>(dq, ds_desc, kc_desc);
-#pragma unroll
-        for (int kk = 1; kk < kBN / 16; ++kk) {
-          SGemm::template ss<true, true>(dq, ds_desc + kk * 128, kc_desc + kk * 128, 1);
-        }
-      }
-      tile::wgmma_commit();
-      tile::wgmma_wait<0>();
-      tile::fence_accumulators(dv);
-      tile::fence_accumulators(dk);
-      tile::fence_accumulators(dq);
-      tile::fence_registers(pa);
-      tile::fence_registers(dsa);
-      tile::mbarrier_arrive(&sm.empty()[stage]);
-
-      // Hand dQ_tile to the writer warp.
-      const int buffer = t % C::kDqBuffers;
-      tile::ring_wait_empty<C::kDqBuffers>(sm.dq_empty(), t);
-      if (computes_dq) {
-        // Columns consumer * 64 + 8 j + 2 (lane % 4): box col / 32, 16-byte chunk (col % 32) / 4.
-        const int row = (warp % 4) * 16 + lane / 4;  // and row + 8: the same swizzle key
-        const std::uint32_t line =
-            opaque32(tile::smem_address(sm.dq(buffer)) + 2 * consumer * C::kDqBoxBytes + row * 128 + (lane & 1) * 8);
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int j = 0; j < kBM / 8; ++j) {
-            const int box = j / 4;
-            const int chunk = (2 * j + (lane & 3) / 2) % 8;
-            store_shared_f32x2(line + box * C::kDqBoxBytes + r * 8 * 128 + ((chunk ^ (row & 7)) << 4),
-                               dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-          }
-      }
-      fence_shared_for_async();
-      tile::mbarrier_arrive(&sm.dq_full()[buffer]);
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      tile::accumulators_to_a<T>(pa[kk], s, kk);
+      tile::accumulators_to_a<T>(dsa[kk], dp, kk);
     }
+    // dS^T rows of this thread into the [128 keys][64 queries] tile, 128-byte rows swizzled
+    // (Note [wgmma operand tiles]), once both warpgroups' dQ products of the last step are done.
+    consumers_sync();
+    {
+      // Row warp_row + lane / 4 (+ 8): its swizzle key is lane / 4.
+      const std::uint32_t line = opaque32(tile::smem_address(sm.ds()) + (warp_row + lane / 4) * 128 + (lane & 3) * 4);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < kBM / 8; ++j) {
+          store_shared(line + r * 8 * 128 + ((j ^ (lane / 4)) << 4), dsa[j / 2][(j % 2) * 2 + r]);
+        }
+    }
+    fence_shared_for_async();
+    consumers_sync();
+
+    // dV += P^T dO, dK += dS^T Q (the queries as k), dQ_tile = dS K.
+    tile::fence_accumulators(dv);
+    tile::fence_accumulators(dk);
+    tile::wgmma_fence();
+    gemm_rows<DGemm, kBM>(dv, pa, sm.dout(stage));
+    gemm_rows<DGemm, kBM>(dk, dsa, sm.q(stage));
+    if (computes_dq) {
+      const std::uint64_t ds_desc = opaque(tile::wgmma_descriptor_mn_major(sm.ds(), kBM * 128));
+      const std::uint64_t kc_desc = opaque(tile::wgmma_descriptor_mn_major(k_columns, kBN * 128));
+      // k16 steps: 16 rows of 128 bytes, 128 descriptor units.
+      SGemm::template ss_overwrite<true, true>(dq, ds_desc, kc_desc);
+#pragma unroll
+      for (int kk = 1; kk < kBN / 16; ++kk) {
+        SGemm::template ss<true, true>(dq, ds_desc + kk * 128, kc_desc + kk * 128, 1);
+      }
+    }
+    tile::wgmma_commit();
+    tile::wgmma_wait<0>();
+    tile::fence_accumulators(dv);
+    tile::fence_accumulators(dk);
+    tile::fence_accumulators(dq);
+    tile::fence_registers(pa);
+    tile::fence_registers(dsa);
+    tile::mbarrier_arrive(&sm.empty()[stage]);
+
+    // Hand dQ_tile to the writer warp.
+    const int buffer = t % C::kDqBuffers;
+    tile::ring_wait_empty<C::kDqBuffers>(sm.dq_empty(), t);
+    if (computes_dq) {
+      // Columns consumer * 64 + 8 j + 2 (lane % 4): box col / 32, 16-byte chunk (col % 32) / 4.
+      const int row = (warp % 4) * 16 + lane / 4;  // and row + 8: the same swizzle key
+      const std::uint32_t line =
+          opaque32(tile::smem_address(sm.dq(buffer)) + 2 * consumer * C::kDqBoxBytes + row * 128 + (lane & 1) * 8);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < kBM / 8; ++j) {
+          const int box = j / 4;
+          const int chunk = (2 * j + (lane & 3) / 2) % 8;
+          store_shared_f32x2(line + box * C::kDqBoxBytes + r * 8 * 128 + ((chunk ^ (row & 7)) << 4), dq[4 * j + 2 * r],
+                             dq[4 * j + 2 * r + 1]);
+        }
+    }
+    fence_shared_for_async();
+    tile::mbarrier_arrive(&sm.dq_full()[buffer]);
   }
 
   const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * D;
-  store_rows<T, D>(static_cast<T*>(p.dk) + g * D, kv_ld, dk, p.scale, key_lo, seq.end, lane);
-  store_rows<T, D>(static_cast<T*>(p.dv) + g * D, kv_ld, dv, 1.0f, key_lo, seq.end, lane);
+  store_rows<T, D>(static_cast<T*>(p.dk) + g * D, kv_ld, dk, p.scale, key_lo, blk.end, lane);
+  store_rows<T, D>(static_cast<T*>(p.dv) + g * D, kv_ld, dv, 1.0f, key_lo, blk.end, lane);
 }
 
 // dq = scale * dq_accum, 4 elements a thread.
@@ -511,19 +640,24 @@ __global__ void attention_dq_store_kernel(const float4* __restrict__ accum, T* _
 }
 
 template <typename T, int D>
-void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const BackwardParams& params,
-            CUstream_st* stream) {
+void launch(const AttentionDesc& desc, std::int64_t kv_tokens, const AttentionPointers& ptr,
+            const BackwardParams& params, CUstream_st* stream) {
   using C = BackwardConfig<D>;
-  const tile::QkvMaps maps = tile::qkv_maps<C, D>(desc, ptr.q, ptr.k, ptr.v);
+  const tile::QkvMaps maps = tile::qkv_maps<C, D>(desc, kv_tokens, ptr.q, ptr.k, ptr.v);
   const CUtensorMap map_do = tile::token_major_map<D>(desc.dtype, ptr.dout, desc.heads, desc.tokens, C::kBM);
   // fp32 sums: 32 columns make the 128-byte swizzle atom.
   const CUtensorMap map_dq =
       swizzled_tensor_map<2>(DType::kFloat32, params.dq_accum, {desc.heads * D, desc.tokens}, {32, C::kBM});
   SG_CUDA_CHECK(cudaMemsetAsync(params.dq_semaphores, 0, sizeof(int) * desc.heads * desc.tokens, stream));
   SG_CUDA_CHECK(cudaMemsetAsync(params.dq_accum, 0, sizeof(float) * desc.heads * desc.tokens * D, stream));
-  // A block per tile of kBN keys and per KV head.
-  tile::launch_over_tiles<C>(attention_backward_wgmma_kernel<T, D>, desc, C::kBN, desc.kv_heads, stream, maps.q, maps.k,
-                             maps.v, map_do, map_dq, params);
+  // A block per tile of kBN keys and per KV head: tiles of each sequence
+  // (self-attention) or of the kv tokens (segment attention).
+  const std::int64_t key_tiles = params.kv_ranges == nullptr
+                                     ? tile::attention_tile_bound(desc.tokens, desc.sequences, C::kBN)
+                                     : (kv_tokens + C::kBN - 1) / C::kBN;
+  const auto kernel = params.kv_ranges == nullptr ? attention_backward_wgmma_kernel<T, D, false>
+                                                  : attention_backward_wgmma_kernel<T, D, true>;
+  tile::launch_blocks<C>(kernel, key_tiles, desc.kv_heads, stream, maps.q, maps.k, maps.v, map_do, map_dq, params);
   const std::int64_t count4 = desc.tokens * desc.heads * D / 4;
   const int blocks = static_cast<int>(std::min<std::int64_t>((count4 + 255) / 256, 4 * 1024));
   attention_dq_store_kernel<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<const float4*>(params.dq_accum),
@@ -533,11 +667,13 @@ void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const Backw
 
 }  // namespace
 
-void backward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream) {
+void backward_wgmma(const AttentionDesc& desc, std::int64_t kv_tokens, const AttentionPointers& p,
+                    CUstream_st* stream) {
   const float scale = desc.softmax_scale();
   const BackwardParams params{p.lse,
                               p.delta,
                               p.cu_seqlens,
+                              p.kv_ranges,
                               p.dq_accum,
                               p.dq_semaphores,
                               p.dk,
@@ -546,11 +682,12 @@ void backward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstr
                               static_cast<int>(desc.sequences),
                               static_cast<int>(desc.heads),
                               static_cast<int>(desc.kv_heads),
+                              static_cast<int>(kv_tokens),
                               desc.causal,
                               scale,
                               scale * kLog2e};
   tile::dispatch_tensor_core_shape(desc.dtype, desc.head_dim, "backward",
-                                   [&]<typename T, int D>() { launch<T, D>(desc, p, params, stream); });
+                                   [&]<typename T, int D>() { launch<T, D>(desc, kv_tokens, p, params, stream); });
 }
 
 }  // namespace stepgraph::kernels::attention_detail

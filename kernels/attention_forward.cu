@@ -22,6 +22,15 @@
 // next sequence's (or zero past T). Those keys are masked, those query rows
 // are never stored. Blocks run in reverse tile order so that a causal
 // sequence's long tiles (its last rows see the most keys) start first.
+// Segment attention (Note [Segment attention] in kernels/attention.h) is the
+// same kernel given the table: the tiles are the segments' (q_offsets read as
+// cu_seqlens), and a block's keys are its segment's range [k_begin, k_end)
+// of the Tk rows of K and V, loaded from k_begin in steps of kBN. Causal is
+// bottom-right aligned: row r sees keys up to r + shift, shift = k_end - the
+// segment's query end (0 for self-attention), so the key loop stops at the
+// last key the tile's last row sees, and the masks apply where a tile
+// crosses that diagonal or k_end. A tile whose rows see no key loads
+// nothing and stores out 0 and lse -inf, as does a row that sees none.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -43,10 +52,12 @@ namespace stepgraph::kernels::attention_detail {
 namespace {
 
 struct ForwardParams {
-  const std::int32_t* cu_seqlens;
+  const std::int32_t* cu_seqlens;  // segment attention: q_offsets
+  const std::int32_t* kv_ranges;   // segment attention: [G, 2]; null: self-attention
   void* out;
   float* lse;
   int tokens, sequences, heads, kv_heads;
+  int kv_tokens;  // the rows of k and v (self-attention: tokens)
   bool causal;
   float scale_log2;  // scale * log2(e)
 };
@@ -111,22 +122,24 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
   const int h = static_cast<int>(blockIdx.y);
   const int g = h / (p.heads / p.kv_heads);
   const int m0 = seq.first;
-  const int kv_end = p.causal ? min(seq.end, m0 + kBM) : seq.end;
-  const int kv_tiles = (kv_end - seq.begin + kBN - 1) / kBN;
+  const tile::KeyRange keys = tile::sequence_keys(p.kv_ranges, p.kv_tokens, seq);
+  // Up to the last key the tile's last row sees; none when no row sees a key.
+  const int kv_end = p.causal ? min(keys.end, min(seq.end, m0 + kBM) + keys.shift) : keys.end;
+  const int kv_tiles = kv_end > keys.begin ? (kv_end - keys.begin + kBN - 1) / kBN : 0;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warpgroup = warp / 4;
 
   if (warpgroup == 0) {
     tile::setmaxnreg_dec<C::kProducerRegisters>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && kv_tiles > 0) {
       tile::mbarrier_arrive_expect_tx(q_full, C::kQBytes);
       for (int c = 0; c < C::kColumnBlocks; ++c) {
         tile::tma_load_2d(sq + c * kBM * 128, &map_q, q_full, h * D + c * 64, m0);
       }
       for (int n = 0; n < kv_tiles; ++n) {
         const int stage = n % C::kStages;
-        const int row = seq.begin + n * kBN;
+        const int row = keys.begin + n * kBN;
         tile::ring_wait_empty<C::kStages>(k_empty, n);
         tile::mbarrier_arrive_expect_tx(&k_full[stage], C::kKVBytes);
         for (int c = 0; c < C::kColumnBlocks; ++c) {
@@ -189,15 +202,15 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
   // Masks and the online softmax of tile n in s (exponentials in place);
   // returns the factors the earlier O must be rescaled by.
   auto softmax = [&](int n, float (&alpha)[2]) {
-    const int n0 = seq.begin + n * kBN;
-    if (n0 + kBN > seq.end || (p.causal && n0 + kBN - 1 > m0 + warp_row)) {
+    const int n0 = keys.begin + n * kBN;
+    if (n0 + kBN > keys.end || (p.causal && n0 + kBN - 1 > m0 + warp_row + keys.shift)) {
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = n0 + j * 8 + 2 * (lane & 3) + (e & 1);
           const int row = row_lo + (e >> 1) * 8;
-          if (col >= seq.end || (p.causal && col > row)) s[4 * j + e] = -INFINITY;
+          if (col >= keys.end || (p.causal && col > row + keys.shift)) s[4 * j + e] = -INFINITY;
         }
     }
 #pragma unroll
@@ -238,33 +251,36 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
     for (int kk = 0; kk < kBN / 16; ++kk) tile::accumulators_to_a<T>(pa[kk], s, kk);
   };
 
-  tile::mbarrier_wait(q_full, 0);
-  float alpha[2];
-  issue_s(0);
-  tile::wgmma_wait<0>();
-  tile::fence_accumulators(s);
-  release(k_empty, 0);
-  softmax(0, alpha);  // O is still zero: nothing to rescale
-  s_to_p();
-  for (int n = 1; n < kv_tiles; ++n) {
-    issue_s(n);
-    issue_pv(n - 1);
-    tile::wgmma_wait<1>();  // S_n has landed; P_{n-1} V_{n-1} may be in flight
+  // A tile whose rows see no key (segment attention) loads nothing and stores out 0, lse -inf.
+  if (kv_tiles > 0) {
+    tile::mbarrier_wait(q_full, 0);
+    float alpha[2];
+    issue_s(0);
+    tile::wgmma_wait<0>();
     tile::fence_accumulators(s);
-    release(k_empty, n);
-    softmax(n, alpha);
+    release(k_empty, 0);
+    softmax(0, alpha);  // O is still zero: nothing to rescale
+    s_to_p();
+    for (int n = 1; n < kv_tiles; ++n) {
+      issue_s(n);
+      issue_pv(n - 1);
+      tile::wgmma_wait<1>();  // S_n has landed; P_{n-1} V_{n-1} may be in flight
+      tile::fence_accumulators(s);
+      release(k_empty, n);
+      softmax(n, alpha);
+      tile::wgmma_wait<0>();
+      tile::fence_accumulators(o);
+      tile::fence_registers(pa);  // the product read pa until here
+      release(v_empty, n - 1);
+      rescale_o(alpha);
+      s_to_p();
+    }
+    issue_pv(kv_tiles - 1);
     tile::wgmma_wait<0>();
     tile::fence_accumulators(o);
-    tile::fence_registers(pa);  // the product read pa until here
-    release(v_empty, n - 1);
-    rescale_o(alpha);
-    s_to_p();
+    tile::fence_registers(pa);
+    release(v_empty, kv_tiles - 1);
   }
-  issue_pv(kv_tiles - 1);
-  tile::wgmma_wait<0>();
-  tile::fence_accumulators(o);
-  tile::fence_registers(pa);
-  release(v_empty, kv_tiles - 1);
 
   T* out = static_cast<T*>(p.out);
   const std::int64_t q_ld = static_cast<std::int64_t>(p.heads) * D;
@@ -289,10 +305,10 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
 }
 
 template <typename T, int D>
-void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const ForwardParams& params,
-            CUstream_st* stream) {
+void launch(const AttentionDesc& desc, std::int64_t kv_tokens, const AttentionPointers& ptr,
+            const ForwardParams& params, CUstream_st* stream) {
   using C = ForwardConfig<D>;
-  const tile::QkvMaps maps = tile::qkv_maps<C, D>(desc, ptr.q, ptr.k, ptr.v);
+  const tile::QkvMaps maps = tile::qkv_maps<C, D>(desc, kv_tokens, ptr.q, ptr.k, ptr.v);
   // A block per tile of kBM query rows and per query head.
   tile::launch_over_tiles<C>(attention_forward_wgmma_kernel<T, D>, desc, C::kBM, desc.heads, stream, maps.q, maps.k,
                              maps.v, params);
@@ -300,18 +316,20 @@ void launch(const AttentionDesc& desc, const AttentionPointers& ptr, const Forwa
 
 }  // namespace
 
-void forward_wgmma(const AttentionDesc& desc, const AttentionPointers& p, CUstream_st* stream) {
+void forward_wgmma(const AttentionDesc& desc, std::int64_t kv_tokens, const AttentionPointers& p, CUstream_st* stream) {
   const ForwardParams params{p.cu_seqlens,
+                             p.kv_ranges,
                              p.out_mut,
                              p.lse_mut,
                              static_cast<int>(desc.tokens),
                              static_cast<int>(desc.sequences),
                              static_cast<int>(desc.heads),
                              static_cast<int>(desc.kv_heads),
+                             static_cast<int>(kv_tokens),
                              desc.causal,
                              desc.softmax_scale() * 1.4426950408889634f};
   tile::dispatch_tensor_core_shape(desc.dtype, desc.head_dim, "forward",
-                                   [&]<typename T, int D>() { launch<T, D>(desc, p, params, stream); });
+                                   [&]<typename T, int D>() { launch<T, D>(desc, kv_tokens, p, params, stream); });
 }
 
 }  // namespace stepgraph::kernels::attention_detail

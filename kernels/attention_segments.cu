@@ -1,8 +1,11 @@
-// Segment attention on the plain kernels (Note [Segment attention] in
-// kernels/attention.h): one warp per (query, head) for the forward and dq,
-// one warp per (kv token, kv head) for dk and dv, with the arithmetic of the
-// self-attention plain kernels (attention_simple.cu) over each query's keys.
-// The segment table is read on the device only, made safe as it is read.
+// Segment attention (Note [Segment attention] in kernels/attention.h): the
+// launchers, which take the tensor-core kernels (attention_forward.cu,
+// attention_backward.cu, given the segment table) where self-attention would
+// take them, and the plain kernels here otherwise: one warp per (query, head)
+// for the forward and dq, one warp per (kv token, kv head) for dk and dv,
+// with the arithmetic of the self-attention plain kernels (attention_simple.cu)
+// over each query's keys. The segment table is read on the device only, made
+// safe as it is read.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -15,6 +18,7 @@
 #include "kernels/attention_paths.h"
 #include "kernels/attention_warp.cuh"
 #include "kernels/safe_offsets.cuh"
+#include "kernels/vector_io.cuh"
 
 namespace stepgraph::kernels {
 namespace {
@@ -194,9 +198,11 @@ SegmentParams params_of(const SegmentAttentionDesc& d) {
           a.causal,                     a.softmax_scale()};
 }
 
-std::size_t aligned256(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 }  // namespace
+
+bool segment_attention_uses_tensor_cores(const SegmentAttentionDesc& desc) {
+  return attention_uses_tensor_cores(desc.attention);
+}
 
 void check_segment_attention_cuda(const SegmentAttentionDesc& desc) {
   check_segment_attention(desc);
@@ -216,6 +222,13 @@ void launch_segment_attention_forward(const SegmentAttentionDesc& desc, const vo
                out != nullptr && lse != nullptr,
            "segment attention forward: q, k, v, q_offsets, kv_ranges, out and lse must be device pointers, got a "
            "null one");
+  if (segment_attention_uses_tensor_cores(desc) && is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
+      is_aligned16(out)) {
+    const attention_detail::AttentionPointers p{
+        .q = q, .k = k, .v = v, .cu_seqlens = q_offsets, .kv_ranges = kv_ranges, .out_mut = out, .lse_mut = lse};
+    attention_detail::forward_wgmma(desc.attention, desc.kv_tokens, p, stream);
+    return;
+  }
   const SegmentParams sp = params_of(desc);
   with_element_type(desc.attention.dtype, [&](auto zero) {
     using T = decltype(zero);
@@ -229,7 +242,7 @@ void launch_segment_attention_forward(const SegmentAttentionDesc& desc, const vo
 
 std::size_t segment_attention_backward_workspace_bytes(const SegmentAttentionDesc& desc) {
   check_segment_attention_cuda(desc);
-  return aligned256(static_cast<std::size_t>(desc.attention.heads * desc.attention.tokens) * sizeof(float));
+  return attention_detail::BackwardWorkspace(desc.attention).bytes();
 }
 
 void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const void* q, const void* k,
@@ -244,13 +257,26 @@ void launch_segment_attention_backward(const SegmentAttentionDesc& desc, const v
   SG_CHECK(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 256 == 0,
            "segment attention backward: workspace must be a 256-byte aligned device buffer of "
            "segment_attention_backward_workspace_bytes(desc) bytes");
-  auto* delta = static_cast<float*>(workspace);
+  attention_detail::AttentionPointers pointers{.q = q,
+                                               .k = k,
+                                               .v = v,
+                                               .out = out,
+                                               .lse = lse,
+                                               .dout = dout,
+                                               .cu_seqlens = q_offsets,
+                                               .kv_ranges = kv_ranges,
+                                               .dq = dq,
+                                               .dk = dk,
+                                               .dv = dv};
+  attention_detail::BackwardWorkspace(desc.attention).place(workspace, &pointers);
   // delta over the query tokens: the self-attention delta kernel, its desc's tokens being Tq.
-  attention_detail::AttentionPointers pointers;
-  pointers.out = out;
-  pointers.dout = dout;
-  pointers.delta = delta;
   attention_detail::backward_delta(desc.attention, pointers, stream);
+  if (segment_attention_uses_tensor_cores(desc) && is_aligned16(q) && is_aligned16(k) && is_aligned16(v) &&
+      is_aligned16(dout) && is_aligned16(dq) && is_aligned16(dk) && is_aligned16(dv)) {
+    attention_detail::backward_wgmma(desc.attention, desc.kv_tokens, pointers, stream);
+    return;
+  }
+  const float* delta = pointers.delta;
   const SegmentParams sp = params_of(desc);
   with_element_type(desc.attention.dtype, [&](auto zero) {
     using T = decltype(zero);

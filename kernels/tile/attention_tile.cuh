@@ -21,14 +21,16 @@
 
 #include "engine/dtype.h"
 #include "engine/error.h"
+#include "kernels/safe_offsets.cuh"
 
 namespace stepgraph::kernels::tile {
 
-// Rows [first, first + rows_per_tile) of sequence [begin, end), clipped to end.
+// Rows [first, first + rows_per_tile) of sequence `index`, [begin, end), clipped to end.
 struct SequenceTile {
   int begin = 0;
   int end = 0;
   int first = 0;
+  int index = 0;
 };
 
 // Upper bound on the number of tiles of `rows_per_tile` rows over any packing
@@ -78,6 +80,7 @@ __device__ __forceinline__ bool warp_locate_tile(const std::int32_t* cu_seqlens,
       out->begin = __shfl_sync(0xffffffffu, begin, owner);
       out->end = __shfl_sync(0xffffffffu, end, owner);
       out->first = out->begin + (target - __shfl_sync(0xffffffffu, exclusive, owner)) * rows_per_tile;
+      out->index = s0 + owner;
       return true;
     }
     carry_bound = __shfl_sync(0xffffffffu, end, 31);
@@ -103,6 +106,33 @@ __device__ __forceinline__ bool block_locate_tile(const std::int32_t* cu_seqlens
   __syncthreads();
   *out = shared_tile;
   return shared_found != 0;
+}
+
+// The keys a block's queries read (Note [Segment attention] in
+// kernels/attention.h): [begin, end), and the shift of the causal diagonal,
+// bottom-right aligned: query row r (a token index) sees keys k <= r + shift.
+// Self-attention (kv_ranges null): the sequence's own tokens, shift 0.
+// Segment attention: the segment's range in kv_ranges [G, 2], clamped into
+// [0, kv_tokens) as the plain kernels clamp it; shift = end - the segment's
+// query end, so its last query sees the whole range.
+struct KeyRange {
+  int begin = 0;
+  int end = 0;
+  int shift = 0;
+};
+
+// Segment `segment` (queries ending at q_end) of a non-null kv_ranges.
+__device__ __forceinline__ KeyRange segment_keys(const std::int32_t* kv_ranges, int kv_tokens, int segment, int q_end) {
+  const int begin = clamp_to(kv_ranges[2 * static_cast<std::int64_t>(segment)], 0, kv_tokens);
+  const int end = clamp_to(kv_ranges[2 * static_cast<std::int64_t>(segment) + 1], begin, kv_tokens);
+  return {begin, end, end - q_end};
+}
+
+// The keys of the queries of `seq` (kv_ranges null: the sequence itself).
+__device__ __forceinline__ KeyRange sequence_keys(const std::int32_t* kv_ranges, int kv_tokens,
+                                                  const SequenceTile& seq) {
+  if (kv_ranges == nullptr) return {seq.begin, seq.end, 0};
+  return segment_keys(kv_ranges, kv_tokens, seq.index, seq.end);
 }
 
 // --- 16-bit element types ----------------------------------------------------

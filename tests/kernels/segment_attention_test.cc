@@ -1,19 +1,23 @@
-// Segment attention's plain CUDA kernels (Note [Segment attention] in
+// Segment attention's CUDA kernels (Note [Segment attention] in
 // kernels/attention.h) and the context-parallel plan kernel
-// (kernels/context_parallel_plan.h) against their host references: fp32,
-// bf16 and fp16, head dims 40, 64 and 128, MHA/GQA/MQA, causal and full,
-// the tables of CP ranks over random packings and a table with shared,
-// unread and too-short kv ranges; self-attention written as segments equals
-// the plain self-attention kernels bit for bit in fp32 (the same
-// arithmetic); two launches give the same bits; a garbage segment table or
+// (kernels/context_parallel_plan.h) against their host references. The
+// plain kernels (fp32, head dim 40) and the tensor-core ones (bf16 and fp16
+// at head dims 64 and 128): MHA/GQA/MQA, causal and full, the tables of CP
+// ranks (N = 2 and 4, first and last rank) over random packings with a
+// sequence over every rank's chunks and a one-token sequence, and tables
+// with shared, unread, empty and too-short kv ranges; self-attention written
+// as segments equals the self-attention kernels (bit for bit on the plain
+// kernels in fp32; on the tensor cores the forward bit for bit, the
+// gradients within tolerance: dQ's partial sums cut the keys in other
+// tiles); two launches give the same bits; a garbage segment table or
 // cu_seqlens on the device is read as a valid one and never faults;
-// argument checks (these run without a GPU too).
+// argument checks and the choice of path (these run without a GPU too).
 //
-// Tolerances (max |got - want| / max |want| per tensor): both sides read the
-// same rounded inputs and add in fp32 in other orders (online softmax, warp
-// sums): ~1e-6 in fp32, we allow 1e-4 (attention_test's plain-path bound);
-// outputs stored in bf16/fp16 add half an ulp (2^-9, 2^-11) and dk/dv sum
-// several segments' terms: we allow 2e-2 and 4e-3, as attention_test does.
+// Tolerances (max |got - want| / max |want| per tensor), attention_test's:
+// the plain kernels add in fp32 in other orders than the reference (online
+// softmax, warp sums): ~1e-6 in fp32, we allow 1e-4; the tensor-core
+// kernels round P and dS to 16 bits before their products and outputs are
+// stored in bf16/fp16: we allow 2e-2 and 4e-3.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -135,7 +139,7 @@ SegmentAttentionDesc desc_of(DType dtype, std::int64_t heads, std::int64_t kv_he
           .kv_tokens = kv_tokens};
 }
 
-TEST(SegmentAttentionTest, plain_fp32_bf16_fp16_d40_d64_d128_mha_gqa_mqa_context_parallel_tables) {
+TEST(SegmentAttentionTest, fp32_bf16_fp16_d40_d64_d128_mha_gqa_mqa_context_parallel_tables) {
   SG_SKIP_WITHOUT_GPU();
   SeededRng rng;
   const struct {
@@ -214,20 +218,167 @@ TEST(SegmentAttentionTest, self_attention_as_segments_equals_the_plain_kernels_b
   }
 }
 
-TEST(SegmentAttentionTest, deterministic_bits) {
+// A packing of 2 N c tokens for context parallelism: a one-token sequence and
+// short random ones (up to 90 tokens) from the start, then one sequence from
+// inside the first chunk to inside the last (over every rank's chunks), then
+// random ones up to 150 tokens.
+std::vector<std::int32_t> spanning_packing(std::mt19937& rng, int ranks, std::int32_t chunk) {
+  const std::int32_t tokens = 2 * ranks * chunk;
+  const std::int32_t start = chunk - 1 - static_cast<std::int32_t>(rng() % (chunk / 2));
+  const std::int32_t end = tokens - chunk + 1 + static_cast<std::int32_t>(rng() % (chunk / 2));
+  std::vector<std::int32_t> cu{0, 1};
+  while (cu.back() < start) cu.push_back(std::min(start, cu.back() + 1 + static_cast<std::int32_t>(rng() % 90)));
+  cu.push_back(end);
+  while (cu.back() < tokens) cu.push_back(std::min(tokens, cu.back() + 1 + static_cast<std::int32_t>(rng() % 150)));
+  return cu;
+}
+
+// The tensor-core path over context-parallel plans: chunks of 168 (N = 2)
+// and 136 (N = 4) tokens, more than a tile of 128 and not multiples of 64;
+// the first rank's pieces are short and read few keys, the last rank's are
+// whole chunks reading up to the sequence's first chunk's keys.
+TEST(SegmentAttentionTest, tensor_cores_bf16_fp16_d64_d128_mha_gqa_context_parallel_n2_n4_first_last_rank) {
   SG_SKIP_WITHOUT_GPU();
   SeededRng rng;
-  const std::vector<std::int32_t> cu = random_offsets(rng, 512);
-  const Table t = plan_table(cu, 2, 1, true);
-  const SegmentAttentionDesc d = desc_of(DType::kBFloat16, 8, 2, 128, true, t, cu.back());
-  const Inputs in = random_inputs(d, rng);
-  const Results a = run_device(d, in, t);
-  const Results b = run_device(d, in, t);
-  EXPECT_EQ(a.out.bytes, b.out.bytes);
-  EXPECT_EQ(a.lse.bytes, b.lse.bytes);
-  EXPECT_EQ(a.dq.bytes, b.dq.bytes);
-  EXPECT_EQ(a.dk.bytes, b.dk.bytes);
-  EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+  const struct {
+    DType dtype;
+    std::int64_t dim, heads, kv_heads;
+  } rows[] = {{DType::kBFloat16, 64, 4, 4},
+              {DType::kBFloat16, 128, 8, 2},
+              {DType::kFloat16, 64, 8, 2},
+              {DType::kFloat16, 128, 4, 4}};
+  for (const auto& row : rows) {
+    for (const bool causal : {true, false}) {
+      for (const int ranks : {2, 4}) {
+        for (const int rank : {0, ranks - 1}) {
+          const std::vector<std::int32_t> cu = spanning_packing(rng, ranks, ranks == 2 ? 168 : 136);
+          const Table t = plan_table(cu, ranks, rank, causal);
+          const SegmentAttentionDesc d = desc_of(row.dtype, row.heads, row.kv_heads, row.dim, causal, t, cu.back());
+          ASSERT_TRUE(segment_attention_uses_tensor_cores(d));
+          SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) +
+                       " H=" + std::to_string(row.heads) + "/" + std::to_string(row.kv_heads) +
+                       (causal ? " causal" : " full") + " cp" + std::to_string(ranks) + " rank " +
+                       std::to_string(rank) + " sequences " + std::to_string(cu.size() - 1));
+          const Inputs in = random_inputs(d, rng);
+          testing::expect_attention_close(run_device(d, in, t), run_host(d, in, t), row.dtype);
+        }
+      }
+    }
+  }
+}
+
+// Hand-made ranges on the tensor cores: keys 130-139 read by segments 0, 2
+// and 4, keys 310-319 by none; segment 1 has no queries (its range is
+// skipped), segment 2 more queries than keys (its first 30 see none when
+// causal), segment 3 an empty range (a tile that sees no key), segment 5 200
+// queries over 10 keys (its first query tile of 128 sees none when causal).
+TEST(SegmentAttentionTest, tensor_cores_overlapping_empty_and_unseen_ranges_bf16_fp16_d64_d128) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const Table t{{0, 100, 100, 250, 260, 400, 600}, {0, 150, 5, 7, 20, 140, 200, 200, 130, 300, 300, 310}};
+  const struct {
+    DType dtype;
+    std::int64_t dim, heads, kv_heads;
+  } rows[] = {{DType::kBFloat16, 128, 4, 2}, {DType::kFloat16, 64, 2, 2}};
+  for (const auto& row : rows) {
+    for (const bool causal : {true, false}) {
+      const SegmentAttentionDesc d = desc_of(row.dtype, row.heads, row.kv_heads, row.dim, causal, t, 320);
+      SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) +
+                   (causal ? " causal" : " full"));
+      const Inputs in = random_inputs(d, rng);
+      const Results got = run_device(d, in, t);
+      testing::expect_attention_close(got, run_host(d, in, t), row.dtype);
+      const std::vector<float> dk = got.dk.to_floats(), dv = got.dv.to_floats();
+      const std::int64_t row_elems = row.kv_heads * row.dim;
+      for (std::int64_t e = 310 * row_elems; e < 320 * row_elems; ++e) {
+        ASSERT_EQ(dk[e], 0.0f) << "keys 310-319 are read by no query";
+        ASSERT_EQ(dv[e], 0.0f) << "keys 310-319 are read by no query";
+      }
+      const std::vector<float> lse = got.lse.to_floats();
+      for (std::int64_t h = 0; h < row.heads; ++h) {
+        EXPECT_EQ(lse[h * 600 + 255], -INFINITY) << "segment 3's range is empty";
+        if (causal) {
+          EXPECT_EQ(lse[h * 600 + 400], -INFINITY) << "segment 5's first query sees no key";
+        }
+      }
+    }
+  }
+}
+
+// Self-attention written as segments on the tensor cores: the same forward
+// kernel over the same tiles (bit for bit); the backward's dQ sums the keys
+// in tiles of the kv tokens, not of each sequence (within tolerance).
+TEST(SegmentAttentionTest, self_attention_as_segments_on_tensor_cores_bf16_d128_fp16_d64) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const std::vector<std::int32_t> cu = random_offsets(rng, 700);
+  Table t{cu, {}};
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s) {
+    t.kv_ranges.push_back(cu[s]);
+    t.kv_ranges.push_back(cu[s + 1]);
+  }
+  const struct {
+    DType dtype;
+    std::int64_t dim, heads, kv_heads;
+  } rows[] = {{DType::kBFloat16, 128, 8, 2}, {DType::kFloat16, 64, 4, 4}};
+  for (const auto& row : rows) {
+    for (const bool causal : {true, false}) {
+      const SegmentAttentionDesc d = desc_of(row.dtype, row.heads, row.kv_heads, row.dim, causal, t, cu.back());
+      ASSERT_TRUE(attention_uses_tensor_cores(d.attention));
+      SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) +
+                   (causal ? " causal" : " full"));
+      const Inputs in = random_inputs(d, rng);
+      const Results seg = run_device(d, in, t);
+      const AttentionDesc& a = d.attention;
+      const std::int64_t nq = a.tokens * a.heads * a.head_dim, nkv = a.tokens * a.kv_heads * a.head_dim;
+      const std::size_t es = dtype_size(a.dtype);
+      DeviceArray q(in.q), k(in.k), v(in.v), dout(in.dout), cu_dev(int32s(cu));
+      DeviceArray out(nq * es), lse(a.heads * a.tokens * 4), dq(nq * es), dk(nkv * es), dv(nkv * es);
+      DeviceArray workspace(attention_backward_workspace_bytes(a));
+      Stream stream;
+      launch_attention_forward(a, q.get(), k.get(), v.get(), cu_dev.as<std::int32_t>(), out.get(), lse.as<float>(),
+                               stream.get());
+      launch_attention_backward(a, q.get(), k.get(), v.get(), out.get(), lse.as<float>(), dout.get(),
+                                cu_dev.as<std::int32_t>(), dq.get(), dk.get(), dv.get(), workspace.get(), stream.get());
+      stream.synchronize();
+      const Results self{out.download(a.dtype, nq), lse.download(DType::kFloat32, a.heads * a.tokens),
+                         dq.download(a.dtype, nq), dk.download(a.dtype, nkv), dv.download(a.dtype, nkv)};
+      EXPECT_EQ(seg.out.bytes, self.out.bytes);
+      EXPECT_EQ(seg.lse.bytes, self.lse.bytes);
+      testing::expect_attention_close(seg, self, row.dtype);
+    }
+  }
+}
+
+// Two launches give the same bits, on the tensor cores (dQ's fixed order of
+// adds, dK/dV summed in registers in segment order) and the plain kernels.
+TEST(SegmentAttentionTest, deterministic_bits_tensor_cores_and_plain) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const struct {
+    DType dtype;
+    std::int64_t dim, heads, kv_heads;
+    int ranks, rank;
+    bool causal;
+  } rows[] = {{DType::kBFloat16, 128, 8, 2, 2, 1, true},
+              {DType::kFloat16, 64, 4, 1, 4, 0, true},
+              {DType::kBFloat16, 64, 4, 2, 4, 3, false},
+              {DType::kFloat32, 40, 4, 2, 2, 0, true}};
+  for (const auto& row : rows) {
+    const std::vector<std::int32_t> cu = spanning_packing(rng, row.ranks, 136);
+    const Table t = plan_table(cu, row.ranks, row.rank, row.causal);
+    const SegmentAttentionDesc d = desc_of(row.dtype, row.heads, row.kv_heads, row.dim, row.causal, t, cu.back());
+    SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) + " cp" +
+                 std::to_string(row.ranks) + " rank " + std::to_string(row.rank));
+    const Inputs in = random_inputs(d, rng);
+    const Results a = run_device(d, in, t);
+    const Results b = run_device(d, in, t);
+    EXPECT_EQ(a.out.bytes, b.out.bytes);
+    EXPECT_EQ(a.lse.bytes, b.lse.bytes);
+    EXPECT_EQ(a.dq.bytes, b.dq.bytes);
+    EXPECT_EQ(a.dk.bytes, b.dk.bytes);
+    EXPECT_EQ(a.dv.bytes, b.dv.bytes);
+  }
 }
 
 // The table the kernels read from any contents (Note [Segment attention]).
@@ -250,12 +401,21 @@ TEST(SegmentAttentionTest, garbage_tables_read_as_valid_ones_never_fault) {
   SeededRng rng;
   const Table raw{{-7, 90, 30, 1000000, -1, 5}, {-5, 40, 2000000000, 3, 10, -10, 0, 99999, 7, 300}};
   const Table t = sanitized(raw, 120, 200);
-  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-    const SegmentAttentionDesc d = desc_of(dtype, 4, 2, 64, true, t, 200);
-    const Inputs in = random_inputs(d, rng);
-    const Results got = run_device(d, in, raw);  // the garbage goes to the device
-    SG_CUDA_CHECK(cudaDeviceSynchronize());
-    testing::expect_attention_close(got, run_host(d, in, t), dtype);
+  // fp32: the plain kernels; bf16 and fp16: the tensor cores.
+  const struct {
+    DType dtype;
+    std::int64_t dim;
+  } rows[] = {{DType::kFloat32, 64}, {DType::kBFloat16, 64}, {DType::kFloat16, 128}};
+  for (const auto& row : rows) {
+    for (const bool causal : {true, false}) {
+      const SegmentAttentionDesc d = desc_of(row.dtype, 4, 2, row.dim, causal, t, 200);
+      SCOPED_TRACE(std::string(dtype_name(row.dtype)) + (causal ? " causal" : " full"));
+      EXPECT_EQ(segment_attention_uses_tensor_cores(d), row.dtype != DType::kFloat32);
+      const Inputs in = random_inputs(d, rng);
+      const Results got = run_device(d, in, raw);  // the garbage goes to the device
+      SG_CUDA_CHECK(cudaDeviceSynchronize());
+      testing::expect_attention_close(got, run_host(d, in, t), row.dtype);
+    }
   }
 }
 
@@ -314,6 +474,22 @@ TEST(SegmentAttentionTest, checks_shapes_and_pointers_without_a_launch) {
   SegmentAttentionDesc d{.attention = {.tokens = 16, .sequences = 2, .heads = 4, .kv_heads = 2, .head_dim = 64},
                          .kv_tokens = 32};
   check_segment_attention_cuda(d);
+  // The tensor cores take what self-attention's would; their backward also
+  // needs the dQ sums and semaphores over the query tokens.
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    for (const std::int64_t dim : {40, 64, 128, 256}) {
+      SegmentAttentionDesc x = d;
+      x.attention.dtype = dtype;
+      x.attention.head_dim = dim;
+      EXPECT_EQ(segment_attention_uses_tensor_cores(x), attention_uses_tensor_cores(x.attention));
+      EXPECT_EQ(segment_attention_backward_workspace_bytes(x), attention_backward_workspace_bytes(x.attention));
+    }
+  }
+  SegmentAttentionDesc bf16 = d;
+  bf16.attention.dtype = DType::kBFloat16;
+  EXPECT_TRUE(segment_attention_uses_tensor_cores(bf16));
+  // delta, a semaphore and D dQ sums per (head, query), 4 bytes each.
+  EXPECT_EQ(segment_attention_backward_workspace_bytes(bf16), std::size_t{4} * 4 * 16 * (1 + 1 + 64));
   SegmentAttentionDesc wide = d;
   wide.attention.head_dim = 320;
   expect_invalid_argument([&] { check_segment_attention_cuda(wide); }, "head_dim <= 256");

@@ -213,7 +213,12 @@ __device__ __forceinline__ void for_each_step(const BackwardParams& p, const til
     const int first_tile = q_begin + (first_row - q_begin) / kBM * kBM;
     for (int h = g * group; h < (g + 1) * group; ++h) {
       for (int q0 = first_tile; q0 < q_end; q0 += kBM) {
-        const int last_key = p.causal ? min(k_end, min(q0 + kBM, q_end) + shift) - 1 : k_end - 1;
+        int last_key = k_end - 1;
+        if constexpr (kSegments) {
+          if (p.causal) last_key = min(k_end, min(q0 + kBM, q_end) + shift) - 1;
+        } else {
+          if (p.causal) last_key = q0;  // in the key tile of the tile's last row (q0 - base is a multiple of kBM)
+        }
         visit(Step{h, q0, q_end, k_begin, k_end, shift, (last_key - blk.base) / kBN - key_tile});
       }
     }
@@ -513,9 +518,10 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
     const int* info = sm.step(stage);
     const int q0 = info[0];
     if (q0 < 0) break;  // the producer's end of steps
-    const int k_begin = info[1];
+    // Self-attention: the keys start at the sequence's start, at or before n0, and shift is 0.
+    const int k_begin = kSegments ? info[1] : 0;
     const int k_end = info[2];
-    const int shift = info[3];
+    const int shift = kSegments ? info[3] : 0;
     // Per step, so that no value is carried into the next step's products
     // (the wgmma operands read-write their accumulators).
     float s[kBM / 2];
@@ -539,15 +545,18 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
     // Keys outside the segment's range (past a sequence's end: the next sequence's) are masked
     // too: dQ sums over all 128.
     const int warp_key = n0 + warp_row;  // this warp's keys: warp_key .. warp_key + 15
-    const bool mask = (p.causal && q0 + shift < warp_key + 15) || warp_key + 15 >= k_end || warp_key < k_begin;
+    const bool mask =
+        (p.causal && q0 + shift < warp_key + 15) || warp_key + 15 >= k_end || (kSegments && warp_key < k_begin);
 #pragma unroll
-      for (int j = 0; j < kBM / 8; ++j)
+    for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = j * 8 + 2 * (lane & 3) + (e & 1);
         float prob = tile::fast_exp2(fmaf(s[4 * j + e], p.scale_log2, -lse2[col]));
         const int key = key_lo + (e >> 1) * 8;
-        if (mask && ((p.causal && q0 + col + shift < key) || key >= k_end || key < k_begin)) prob = 0.0f;
+        if (mask && ((p.causal && q0 + col + shift < key) || key >= k_end || (kSegments && key < k_begin))) {
+          prob = 0.0f;
+        }
         s[4 * j + e] = prob;
         dp[4 * j + e] = prob * (dp[4 * j + e] - delta[col]);
       }
@@ -606,7 +615,7 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
       const std::uint32_t line =
           opaque32(tile::smem_address(sm.dq(buffer)) + 2 * consumer * C::kDqBoxBytes + row * 128 + (lane & 1) * 8);
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
           const int box = j / 4;

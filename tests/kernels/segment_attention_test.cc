@@ -9,9 +9,11 @@
 // as segments equals the self-attention kernels (bit for bit on the plain
 // kernels in fp32; on the tensor cores the forward bit for bit, the
 // gradients within tolerance: dQ's partial sums cut the keys in other
-// tiles); two launches give the same bits; a garbage segment table or
-// cu_seqlens on the device is read as a valid one and never faults;
-// argument checks and the choice of path (these run without a GPU too).
+// tiles), and a context-parallel rank's forward on the tensor cores equals
+// one rank's bit for bit; two launches give the same bits; a garbage
+// segment table or cu_seqlens on the device is read as a valid one and never
+// faults; argument checks and the choice of path (these run without a GPU
+// too).
 //
 // Tolerances (max |got - want| / max |want| per tensor), attention_test's:
 // the plain kernels add in fp32 in other orders than the reference (online
@@ -346,6 +348,88 @@ TEST(SegmentAttentionTest, self_attention_as_segments_on_tensor_cores_bf16_d128_
       EXPECT_EQ(seg.out.bytes, self.out.bytes);
       EXPECT_EQ(seg.lse.bytes, self.lse.bytes);
       testing::expect_attention_close(seg, self, row.dtype);
+    }
+  }
+}
+
+// A context-parallel rank's forward on the tensor cores gives one rank's
+// bits (Note [Context-parallel attention by all-gather] in
+// layers/context_parallel_attention.h): its pieces' key ranges start at their
+// sequences' starts, so a query reads the same key tiles, in the same order,
+// as in the self-attention kernel over the whole batch; the tiles past its
+// last key (its query tile ends elsewhere) are masked whole and leave its
+// sums as they are (rescale by 2^0, add zeros).
+TEST(SegmentAttentionTest, tensor_cores_context_parallel_forward_equals_one_rank_bit_for_bit) {
+  SG_SKIP_WITHOUT_GPU();
+  SeededRng rng;
+  const struct {
+    DType dtype;
+    std::int64_t dim, heads, kv_heads;
+  } rows[] = {{DType::kBFloat16, 128, 8, 2}, {DType::kFloat16, 64, 4, 4}};
+  for (const auto& row : rows) {
+    for (const bool causal : {true, false}) {
+      for (const int ranks : {2, 4}) {
+        const std::int32_t chunk = ranks == 2 ? 168 : 136;
+        const std::vector<std::int32_t> cu = spanning_packing(rng, ranks, chunk);
+        const std::int64_t tokens = cu.back();
+        const AttentionDesc whole{.dtype = row.dtype,
+                                  .tokens = tokens,
+                                  .sequences = static_cast<std::int64_t>(cu.size()) - 1,
+                                  .heads = row.heads,
+                                  .kv_heads = row.kv_heads,
+                                  .head_dim = row.dim,
+                                  .causal = causal};
+        const std::size_t es = dtype_size(row.dtype);
+        const std::size_t q_row = static_cast<std::size_t>(row.heads * row.dim) * es;
+        const HostArray q = random_array(row.dtype, tokens * row.heads * row.dim, rng, -2.0f, 2.0f);
+        const HostArray k = random_array(row.dtype, tokens * row.kv_heads * row.dim, rng, -2.0f, 2.0f);
+        const HostArray v = random_array(row.dtype, tokens * row.kv_heads * row.dim, rng);
+        DeviceArray q_dev(q), k_dev(k), v_dev(v), cu_dev(int32s(cu));
+        DeviceArray out(tokens * q_row), lse(whole.heads * tokens * 4);
+        Stream stream;
+        launch_attention_forward(whole, q_dev.get(), k_dev.get(), v_dev.get(), cu_dev.as<std::int32_t>(), out.get(),
+                                 lse.as<float>(), stream.get());
+        stream.synchronize();
+        const HostArray want_out = out.download(row.dtype, tokens * row.heads * row.dim);
+        const std::vector<float> want_lse = lse.download(DType::kFloat32, whole.heads * tokens).to_floats();
+        for (int rank = 0; rank < ranks; ++rank) {
+          SCOPED_TRACE(std::string(dtype_name(row.dtype)) + " D=" + std::to_string(row.dim) +
+                       (causal ? " causal" : " full") + " cp" + std::to_string(ranks) + " rank " +
+                       std::to_string(rank));
+          const Table t = plan_table(cu, ranks, rank, causal);
+          const SegmentAttentionDesc d = desc_of(row.dtype, row.heads, row.kv_heads, row.dim, causal, t, tokens);
+          // The rank's queries: chunks rank and 2 N - 1 - rank of the stream (Note [Context-parallel token layout]).
+          const std::int64_t local = d.attention.tokens;
+          auto stream_row = [&](std::int64_t i) {
+            return i < chunk ? rank * chunk + i : (2 * ranks - 1 - rank) * chunk + (i - chunk);
+          };
+          HostArray q_local(row.dtype, local * row.heads * row.dim);
+          for (std::int64_t i = 0; i < local; ++i) {
+            std::memcpy(q_local.bytes.data() + i * q_row, q.bytes.data() + stream_row(i) * q_row, q_row);
+          }
+          DeviceArray ql_dev(q_local), q_offsets(int32s(t.q_offsets)), kv_ranges(int32s(t.kv_ranges));
+          DeviceArray seg_out(local * q_row), seg_lse(row.heads * local * 4);
+          launch_segment_attention_forward(d, ql_dev.get(), k_dev.get(), v_dev.get(), q_offsets.as<std::int32_t>(),
+                                           kv_ranges.as<std::int32_t>(), seg_out.get(), seg_lse.as<float>(),
+                                           stream.get());
+          stream.synchronize();
+          const HostArray got_out = seg_out.download(row.dtype, local * row.heads * row.dim);
+          const std::vector<float> got_lse = seg_lse.download(DType::kFloat32, row.heads * local).to_floats();
+          std::int64_t out_rows = 0;
+          std::int64_t lse_values = 0;
+          for (std::int64_t i = 0; i < local; ++i) {
+            out_rows += std::memcmp(got_out.bytes.data() + i * q_row, want_out.bytes.data() + stream_row(i) * q_row,
+                                    q_row) != 0;
+            for (std::int64_t h = 0; h < row.heads; ++h) {
+              const float a = got_lse[h * local + i];
+              const float b = want_lse[h * tokens + stream_row(i)];
+              lse_values += std::memcmp(&a, &b, sizeof(float)) != 0;
+            }
+          }
+          EXPECT_EQ(out_rows, 0) << "query rows whose out differs from one rank's";
+          EXPECT_EQ(lse_values, 0) << "lse values that differ from one rank's";
+        }
+      }
     }
   }
 }

@@ -58,9 +58,10 @@ The CP rows at N > 1 only. A row PyTorch cannot build, compile or capture is
 a row with status "failed" and the reason ("capture failed: ..." where the
 capture was refused); such a failure of a compiled or captured CP row is a
 result and leaves the exit status 0; any other row not ok makes it 1. Each CP
-row's efficiency = the median step of its baseline_system (eager and
-compiled rows: pytorch_eager_cp1; captured rows: pytorch_cuda_graph_cp1) /
-its own; tokens_per_s, tflops and mfu per GPU (the row's FLOPs: the N L
+row's efficiency = its per-GPU TFLOP/s over its baseline_system's (eager and
+compiled rows: pytorch_eager_cp1; captured rows: pytorch_cuda_graph_cp1),
+and step_time_ratio = the baseline's median step / its own, as step_bench's
+(Note [Context-parallel rows] in benchmarks/step_runner.h); tokens_per_s, tflops and mfu per GPU (the row's FLOPs: the N L
 sequence's, / N). Loss checks: loss_check, the CP rows' first losses
 against each other; cp_loss_check, each CP row's first loss against one GPU's
 (pytorch_peer.forward_loss over the whole N L sequence on one GPU, no_grad,
@@ -160,10 +161,10 @@ def cp_row(name, c, world, combined, baseline=None, baseline_name=None):
     for key in ("tflops", "mfu", "tokens_per_s"):
         row[key] /= world
     row.update(cp=world, seq_len=c["seq_len"], sequences=c["sequences"], tokens=c["tokens"], baseline_system=None,
-               efficiency=None)
-    if baseline is not None:
-        row.update(baseline_system=baseline_name,
-                   efficiency=baseline["step_us"]["median_us"] / row["step_us"]["median_us"])
+               efficiency=None, step_time_ratio=None)
+    if baseline is not None:  # Note [Context-parallel rows] in benchmarks/step_runner.h
+        row.update(baseline_system=baseline_name, efficiency=row["tflops"] / baseline["tflops"],
+                   step_time_ratio=baseline["step_us"]["median_us"] / row["step_us"]["median_us"])
     return row
 
 
@@ -194,7 +195,8 @@ def describe(name, r):
     line = (f"{name:5s} {r['system']:26s} {s['median_us'] / 1000:.3f} ms [{s['min_us'] / 1000:.3f}-"
             f"{s['max_us'] / 1000:.3f}] {r['tokens_per_s']:.0f} tok/s/GPU (seq_len {r['seq_len']}")
     if r["efficiency"] is not None:
-        line += f", efficiency {r['efficiency']:.3f} vs {r['baseline_system']}"
+        line += (f", efficiency {r['efficiency']:.3f} (step time ratio {r['step_time_ratio']:.3f}) vs "
+                 f"{r['baseline_system']}")
     return line + f"), per-GPU MFU {100 * r['mfu']:.1f}%, peak {r['peak_bytes'] / 2**20:.0f} MiB"
 
 

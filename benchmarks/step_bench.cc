@@ -26,7 +26,8 @@
 // graphed rows report their profiled exposed communication. --cp N: context
 // parallelism of each config's GPT, its sequences N times as long over the
 // N ranks against one GPU training the config's own (the same tokens per
-// GPU; Note [Context-parallel rows]): efficiency = cp1 step / cpN step;
+// GPU; Note [Context-parallel rows]): efficiency = per-GPU TFLOP/s of cpN
+// over cp1's, and the step time ratio beside it;
 // not with --tp or --dp yet. Rank 0
 // prints and writes the JSON. In one process --dp 1 runs the dp1 rows alone
 // (the baseline; no all-reduce exists at N = 1). Under a launcher of N > 1
@@ -217,7 +218,8 @@ void print_parallel_line(const nlohmann::json& c) {
       std::snprintf(buffer, sizeof(buffer), " (seq_len %lld", static_cast<long long>(s["seq_len"].get<std::int64_t>()));
       line << buffer;
       if (!s["efficiency"].is_null()) {
-        std::snprintf(buffer, sizeof(buffer), ", efficiency %.3f", s["efficiency"].get<double>());
+        std::snprintf(buffer, sizeof(buffer), ", efficiency %.3f, step time ratio %.3f", s["efficiency"].get<double>(),
+                      s["step_time_ratio"].get<double>());
         line << buffer;
       }
       line << ")";
@@ -336,7 +338,9 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
          "over the N GPUs, each holding its zig-zag chunks: the same tokens per GPU, N times the attention work per "
          "token"},
         {"formulas",
-         {{"efficiency", "median step time(cp1) / median step time(cpN), same mode"},
+         {{"efficiency", "per-GPU model TFLOP/s(cpN) / per-GPU model TFLOP/s(cp1), same mode (the attention core "
+                         "counted at each row's sequence length)"},
+          {"step_time_ratio", "median step time(cp1) / median step time(cpN), same mode"},
           {"tokens_per_s", "per GPU: the row's tokens / N / median step time"}}},
         {"rows", "Note [Context-parallel rows] in benchmarks/step_runner.h"},
         {"note", n == 1 ? "world size 1: the cp1 rows alone; nothing is context-parallel" : ""},

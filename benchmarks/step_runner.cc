@@ -735,9 +735,10 @@ namespace {
 std::string cp_system_name(StepMode mode, int world_size) { return parallel_system_name(mode, "cp", world_size); }
 
 // One row (Note [Context-parallel rows]): system_json's fields of the row's
-// own config, per GPU, and against a baseline the efficiency.
+// own config, per GPU, and against a baseline row the efficiency (per-GPU
+// TFLOP/s over the baseline's) and the step time ratio.
 nlohmann::json cp_system_json(const StepConfig& row_config, StepMode mode, int world_size, const RankedResult& r,
-                              const RankedResult& eager, const RankedResult* baseline) {
+                              const RankedResult& eager, const nlohmann::json* baseline) {
   nlohmann::json out = system_json(cp_system_name(mode, world_size), row_config, r.combined, eager.combined);
   add_rank_fields(out, world_size, r);
   out["cp"] = world_size;
@@ -746,11 +747,13 @@ nlohmann::json cp_system_json(const StepConfig& row_config, StepMode mode, int w
   out["tokens"] = row_config.tokens;
   out["tokens_per_s"] = out["tokens_per_s"].get<double>() / world_size;  // per GPU
   if (baseline != nullptr) {
-    out["baseline_system"] = cp_system_name(mode, 1);
-    out["efficiency"] = baseline->combined.step_us.median_us / r.combined.step_us.median_us;
+    out["baseline_system"] = (*baseline)["system"];
+    out["efficiency"] = out["tflops"].get<double>() / (*baseline)["tflops"].get<double>();
+    out["step_time_ratio"] = (*baseline)["step_us"]["median_us"].get<double>() / r.combined.step_us.median_us;
   } else {
     out["baseline_system"] = nullptr;
     out["efficiency"] = nullptr;
+    out["step_time_ratio"] = nullptr;
   }
   if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
   add_profile_fields(out, r.combined);
@@ -800,8 +803,10 @@ nlohmann::json run_cp_config(const StepConfig& config, const StepRunOptions& opt
           parallel_loss_check(eager, graph, cp_system_name(StepMode::kEager, n), cp_system_name(StepMode::kGraph, n));
       out["loss_check"][cp_system_name(StepMode::kEager, n)] = eager.combined.first_losses;
       out["loss_check"][cp_system_name(StepMode::kGraph, n)] = graph.combined.first_losses;
-      systems.push_back(cp_system_json(wide, StepMode::kEager, n, eager, eager, &base_eager));
-      systems.push_back(cp_system_json(wide, StepMode::kGraph, n, graph, eager, &base_graph));
+      const nlohmann::json eager_baseline = systems[0];
+      const nlohmann::json graph_baseline = systems[1];
+      systems.push_back(cp_system_json(wide, StepMode::kEager, n, eager, eager, &eager_baseline));
+      systems.push_back(cp_system_json(wide, StepMode::kGraph, n, graph, eager, &graph_baseline));
     }
     out["systems"] = std::move(systems);
     return out;

@@ -276,10 +276,17 @@ nlohmann::json run_tp_config(const StepConfig& config, const StepRunOptions& opt
 //                         ResidualStack]): each rank holds its zig-zag
 //                         chunks, the same tokens per GPU as the baseline,
 //                         and the CP group sums the gradients.
-// Weak scaling in sequence length: efficiency = median(cp1) / median(cpN),
-// same mode. It is not a pure communication overhead: a sequence N times
-// as long has N times the causal attention work per token, so each GPU's
-// attention core does N times the baseline's (the GEMMs the same). Each
+// Weak scaling in sequence length, same mode:
+//   efficiency      = per-GPU model TFLOP/s(cpN) / per-GPU TFLOP/s(cp1)
+//   step_time_ratio = median(cp1) / median(cpN)
+// The step time ratio is not an efficiency: a sequence N times as long has
+// N times the causal attention work per token, so each GPU's attention core
+// does N times the baseline's (the GEMMs the same), and the ratio's ceiling
+// is work(cp1) / work(cpN) per GPU (0.70 for `long` at N = 2, with
+// benchmarks/model_flops.h's counting) even with free communication. The
+// efficiency divides each row's step by its own work (model_flops.h: the
+// attention core at the row's sequence length), so 1.0 means CP runs the
+// longer sequence's work as fast as one GPU runs the shorter one's. Each
 // row's JSON says its cp, seq_len, sequences and tokens; tokens_per_s,
 // tflops and mfu are per GPU. Timing as for the data-parallel rows; with
 // --profile the graphed rows report their exposed communication.

@@ -173,18 +173,22 @@ def test_rows_efficiency_and_loss_checks(peer_run):
     base, graph_base = rows["pytorch_eager_cp1"], rows["pytorch_cuda_graph_cp1"]
     for s in (base, graph_base):
         assert (s["cp"], s["world_size"], s["seq_len"], s["tokens"]) == (1, 1, 16384, 16384)
-        assert s["baseline_system"] is None and s["efficiency"] is None
+        assert s["baseline_system"] is None and s["efficiency"] is None and s["step_time_ratio"] is None
     assert base["step_us"]["median_us"] == 1050  # per sample the slowest rank: 1050, 1100, 1000
     eager, compiled, fused = rows["pytorch_cp_eager"], rows["pytorch_cp_compile"], rows["pytorch_cp_compile_graph"]
     for s in (eager, compiled, fused):
         assert (s["cp"], s["world_size"], s["seq_len"], s["tokens"], s["sequences"]) == (2, 2, 32768, 32768, 1)
         assert len(s["rank_median_us"]) == 2
     assert eager["step_us"] == {"median_us": 1300, "min_us": 1300, "max_us": 1310}
-    assert eager["baseline_system"] == "pytorch_eager_cp1" and eager["efficiency"] == pytest.approx(1050 / 1300)
+    # Efficiency: per-GPU TFLOP/s over the baseline's (the 32k sequence's attention counted); the time ratio beside.
+    assert eager["baseline_system"] == "pytorch_eager_cp1" and eager["step_time_ratio"] == pytest.approx(1050 / 1300)
+    assert eager["efficiency"] == pytest.approx(eager["tflops"] / base["tflops"])
     assert compiled["baseline_system"] == "pytorch_eager_cp1"
-    assert compiled["efficiency"] == pytest.approx(1050 / compiled["step_us"]["median_us"])
+    assert compiled["step_time_ratio"] == pytest.approx(1050 / compiled["step_us"]["median_us"])
     assert fused["baseline_system"] == "pytorch_cuda_graph_cp1"
-    assert fused["efficiency"] == pytest.approx(920 / 1100)  # per sample the slowest: 900, 920, 950
+    assert fused["step_time_ratio"] == pytest.approx(920 / 1100)  # per sample the slowest: 900, 920, 950
+    assert fused["efficiency"] == pytest.approx(fused["tflops"] / graph_base["tflops"])
+    assert fused["efficiency"] > fused["step_time_ratio"]
     # Per GPU: the wide config's tokens and FLOPs over the 2 GPUs; the baseline's its own on one.
     wide = cp_step_peer.wide_config(cp_step_peer.CONFIGS["long"], 2)
     assert fused["tokens_per_s"] == pytest.approx(32768 / 1100e-6 / 2)
@@ -199,7 +203,8 @@ def test_rows_efficiency_and_loss_checks(peer_run):
     d = c["cp_loss_check"]["pytorch_cp_compile"]
     assert d["agrees"] and d["one_gpu_first_loss"] == ONE_GPU_LOSS and d["abs_diff"] == pytest.approx(0.0005)
     assert "pytorch_cp_compile: first loss 9.02100 vs one GPU's 9.02050 (|diff| 5.00e-04): agrees" in printed
-    assert "efficiency 0.836 vs pytorch_cuda_graph_cp1" in printed
+    assert (f"efficiency {fused['efficiency']:.3f} (step time ratio 0.836) vs pytorch_cuda_graph_cp1"
+            in printed)
     # The refused capture is a result, not a failure of the run; an eager row's failure is.
     result = {"configs": [c]}
     assert cp_step_peer.failures(result) == []
@@ -389,7 +394,9 @@ def test_report_makes_the_cp_table_with_pytorch_rows(step_bench_cp2, peer_config
     ((verdict, name, goal, detail),) = report.goals(configs)
     efficiency = systems["stepgraph_graph_cp2"]["efficiency"]
     assert name == "long" and goal.startswith("graphed CP=2 efficiency >= 0.9")
-    assert verdict == ("PASS" if efficiency >= 0.9 else "FAIL") and detail == f"{efficiency:.3f}"
+    ratio = systems["stepgraph_graph_cp2"]["step_time_ratio"]
+    assert verdict == ("PASS" if efficiency >= 0.9 else "FAIL")
+    assert detail == f"{efficiency:.3f} (step time ratio {ratio:.3f})"
     a, b, md = tmp_path / "ours.json", tmp_path / "theirs.json", tmp_path / "cp.md"
     a.write_text(json.dumps(step_bench_cp2))
     b.write_text(json.dumps(theirs))

@@ -36,11 +36,15 @@ def test_two_host_processes_write_the_context_parallel_rows(tmp_path):
     assert list(rows) == ["stepgraph_eager_cp1", "stepgraph_graph_cp1", "stepgraph_eager_cp2", "stepgraph_graph_cp2"]
     for name in ("stepgraph_eager_cp1", "stepgraph_graph_cp1"):
         assert rows[name]["cp"] == 1 and rows[name]["seq_len"] == 32 and rows[name]["efficiency"] is None
+        assert rows[name]["step_time_ratio"] is None
     for name in ("stepgraph_eager_cp2", "stepgraph_graph_cp2"):
         s, base = rows[name], rows[name.replace("_cp2", "_cp1")]
         assert s["cp"] == 2 and s["seq_len"] == 64 and s["tokens"] == 2 * base["tokens"]
         assert s["baseline_system"] == base["system"]
-        assert s["efficiency"] == pytest.approx(base["step_us"]["median_us"] / s["step_us"]["median_us"])
+        # Per-GPU TFLOP/s over the baseline's (the attention at each row's length), and the step time ratio.
+        assert s["efficiency"] == pytest.approx(s["tflops"] / base["tflops"])
+        assert s["step_time_ratio"] == pytest.approx(base["step_us"]["median_us"] / s["step_us"]["median_us"])
+        assert s["efficiency"] > s["step_time_ratio"]  # the longer sequence does more work per token
         assert len(s["rank_median_us"]) == 2
     assert rows["stepgraph_graph_cp1"]["profile_exposed_comm_us"] == 0  # alone: no collective
     assert 0 < rows["stepgraph_graph_cp2"]["profile_exposed_comm_fraction"] < 1
@@ -53,7 +57,9 @@ def test_two_host_processes_write_the_context_parallel_rows(tmp_path):
     ((verdict, name, goal, detail),) = report.goals(configs)
     assert name == "tiny" and "graphed CP=2 efficiency >= 0.9" in goal
     efficiency = rows["stepgraph_graph_cp2"]["efficiency"]
-    assert verdict == ("PASS" if efficiency >= 0.9 else "FAIL") and detail == f"{efficiency:.3f}"
+    ratio = rows["stepgraph_graph_cp2"]["step_time_ratio"]
+    assert verdict == ("PASS" if efficiency >= 0.9 else "FAIL")
+    assert detail == f"{efficiency:.3f} (step time ratio {ratio:.3f})"
 
 
 def test_world_of_one_runs_the_baseline_rows():

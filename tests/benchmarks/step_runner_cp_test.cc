@@ -60,11 +60,15 @@ TEST(StepRunnerCpHostTest, TinyOnTwoRanks) {
     EXPECT_NEAR(s["tokens_per_s"].get<double>() * s["step_us"]["median_us"].get<double>() * 1e-6, 64.0, 1e-6);
     if (i < 2) {
       EXPECT_TRUE(s["efficiency"].is_null());
+      EXPECT_TRUE(s["step_time_ratio"].is_null());
     } else {
+      // Note [Context-parallel rows]: per-GPU TFLOP/s over the baseline's, and the step time ratio.
       const nlohmann::json& base = c["systems"][i - 2];
       EXPECT_EQ(s["baseline_system"], base["system"]);
-      EXPECT_DOUBLE_EQ(s["efficiency"].get<double>(),
+      EXPECT_DOUBLE_EQ(s["efficiency"].get<double>(), s["tflops"].get<double>() / base["tflops"].get<double>());
+      EXPECT_DOUBLE_EQ(s["step_time_ratio"].get<double>(),
                        base["step_us"]["median_us"].get<double>() / s["step_us"]["median_us"].get<double>());
+      EXPECT_GT(s["efficiency"].get<double>(), s["step_time_ratio"].get<double>());
     }
   }
   EXPECT_TRUE(c["loss_check"]["identical"].get<bool>()) << c["loss_check"].dump();

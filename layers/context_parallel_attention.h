@@ -13,7 +13,9 @@
 // Backward: K and V are gathered again (only the local q, k, v, out and lse
 // are saved: a long context's gathered K/V would be N times the local
 // tensors, kept per layer until its backward), the segment backward gives dq
-// (local, one rank's bits) and partial dk, dv of all T tokens, and a
+// (local; one rank's bits on the host and the plain kernels, within rounding
+// on the tensor cores, whose segment backward tiles the keys by 128 tokens
+// of T rather than of each sequence) and partial dk, dv of all T tokens, and a
 // reduce-scatter (after zigzag_from_stream) adds every rank's partials into
 // their owners' rows: dk and dv sum across ranks, in the dtype of q.
 // Everything is ops (collectives on the communication stream, buffers in the

@@ -251,10 +251,14 @@ if wants multigpu_sanitize; then
       step multigpu_sanitize.log "${binary_run[@]}" compute-sanitizer --tool memcheck --report-api-errors no \
         --error-exitcode 99 "$binary"
     done
-    # The GPT's TP ranks (attention's collectives, split kv heads) for a few steps, graphed and eager.
-    for mode in graph eager; do
-      step multigpu_sanitize.log "${binary_run[@]}" compute-sanitizer --tool memcheck --report-api-errors no \
-        --error-exitcode 99 "$here/bin/trainer" --tp 2 --kv-heads 2 --steps 6 --log-every 1 --mode "$mode"
+    # The GPT's TP ranks (attention's collectives, split kv heads) and CP ranks (gathered K/V, segment
+    # attention on the tensor cores) for a few steps, graphed and eager.
+    for world in "--tp 2" "--cp 2"; do
+      for mode in graph eager; do
+        # shellcheck disable=SC2086  # $world is two words on purpose
+        step multigpu_sanitize.log "${binary_run[@]}" compute-sanitizer --tool memcheck --report-api-errors no \
+          --error-exitcode 99 "$here/bin/trainer" $world --kv-heads 2 --steps 6 --log-every 1 --mode "$mode"
+      done
     done
     grep -E "ERROR SUMMARY" "$results/multigpu_sanitize.log" | sort | uniq -c >>"$results/summary.txt"
   fi

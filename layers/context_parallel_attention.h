@@ -27,7 +27,14 @@
 //   ops::AttentionGrads g = context_parallel_attention_backward(ctx, cp, params, plan, q, k, v, f.out, f.lse, dout);
 //
 // The ring of KV blocks that overlaps the exchange with the attention is the
-// other algorithm (DESIGN.md); which is faster must be measured on GPUs.
+// other algorithm (DESIGN.md). Measured bound (the GPT `long` at CP=2, 32k,
+// two H200s, benchmarks/results/step_bench_cp2_long_2xh200.log): the
+// graphed step's all-gathers and reduce-scatters take 16.6 ms on the
+// communication stream and all its exposed communication, the gradient
+// all-reduce's included, is 13.3 ms of 277.9 (5%), while the attention
+// kernels take 180 ms; a ring could win at most those 5% and would split
+// each rank's attention into 2N - 1 launches of smaller blocks merged by
+// log-sum-exp. All-gather stays until the attention itself is faster.
 #pragma once
 
 #include "engine/communicator.h"

@@ -403,8 +403,9 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
 
   if (warpgroup == 0) {
     tile::setmaxnreg_dec<C::kProducerRegisters>();
-    // Warps 0, 1 and 2 each walk the block's steps; the consumers read each
-    // step from its stage (written by the producer) and stop at q0 = -1.
+    // Warps 0, 1 and 2 each walk the block's steps; with segments the
+    // consumers read each step from its stage (written by the producer) and
+    // stop at q0 = -1, in self-attention they walk the steps themselves.
     if (warp == 0) {
       // The loads: K and V once, then Q and dO of each step (lane 0).
       if (lane == 0) {
@@ -417,18 +418,20 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
         if (lane == 0) {
           const int stage = t % C::kStages;
           tile::ring_wait_empty<C::kStages>(sm.empty(), t);
-          int* info = sm.step(stage);
-          info[0] = step.q0;
-          info[1] = step.k_begin;
-          info[2] = step.k_end;
-          info[3] = step.shift;
+          if constexpr (kSegments) {
+            int* info = sm.step(stage);
+            info[0] = step.q0;
+            info[1] = step.k_begin;
+            info[2] = step.k_end;
+            info[3] = step.shift;
+          }
           tile::mbarrier_arrive_expect_tx(&sm.full()[stage], 2 * C::kQueryBytes);
           load_rows<D>(sm.q(stage), &map_q, &sm.full()[stage], step.h * D, step.q0, kBM);
           load_rows<D>(sm.dout(stage), &map_do, &sm.full()[stage], step.h * D, step.q0, kBM);
         }
         ++t;
       });
-      if (lane == 0) {
+      if (kSegments && lane == 0) {
         tile::ring_wait_empty<C::kStages>(sm.empty(), t);
         sm.step(t % C::kStages)[0] = -1;
         tile::mbarrier_arrive(&sm.full()[t % C::kStages]);
@@ -452,8 +455,10 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
         tile::mbarrier_arrive(&sm.full()[stage]);
         ++t;
       });
-      tile::ring_wait_empty<C::kStages>(sm.empty(), t);
-      tile::mbarrier_arrive(&sm.full()[t % C::kStages]);
+      if constexpr (kSegments) {  // the end mark's round
+        tile::ring_wait_empty<C::kStages>(sm.empty(), t);
+        tile::mbarrier_arrive(&sm.full()[t % C::kStages]);
+      }
     } else if (warp == 2) {
       // The dQ writer (lane 0): adds each dQ tile the consumers hand over to
       // dq_accum in its turn (Note [Attention backward in one pass,
@@ -512,16 +517,9 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
   zero(dv);
 
   tile::mbarrier_wait(sm.kv_full(), 0);
-  for (int t = 0;; ++t) {
+  // Step t (its stage full): queries from q0, keys [k_begin, k_end) with the diagonal's shift.
+  auto consume = [&](int t, int q0, int k_begin, int k_end, int shift) {
     const int stage = t % C::kStages;
-    tile::ring_wait_full<C::kStages>(sm.full(), t);
-    const int* info = sm.step(stage);
-    const int q0 = info[0];
-    if (q0 < 0) break;  // the producer's end of steps
-    // Self-attention: the keys start at the sequence's start, at or before n0, and shift is 0.
-    const int k_begin = kSegments ? info[1] : 0;
-    const int k_end = info[2];
-    const int shift = kSegments ? info[3] : 0;
     // Per step, so that no value is carried into the next step's products
     // (the wgmma operands read-write their accumulators).
     float s[kBM / 2];
@@ -626,6 +624,23 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kThreads, 1)
     }
     fence_shared_for_async();
     tile::mbarrier_arrive(&sm.dq_full()[buffer]);
+  };
+  if constexpr (kSegments) {
+    // The producer writes each step into its stage and ends with q0 = -1.
+    for (int t = 0;; ++t) {
+      tile::ring_wait_full<C::kStages>(sm.full(), t);
+      const int* info = sm.step(t % C::kStages);
+      if (info[0] < 0) break;
+      consume(t, info[0], info[1], info[2], info[3]);
+    }
+  } else {
+    // Self-attention walks its steps itself: keys from the sequence's start (at or before n0), shift 0.
+    int t = 0;
+    for_each_step<false, kBN, kBM>(p, seq, blk, g, [&](const Step& step) {
+      tile::ring_wait_full<C::kStages>(sm.full(), t);
+      consume(t, step.q0, 0, step.k_end, 0);
+      ++t;
+    });
   }
 
   const std::int64_t kv_ld = static_cast<std::int64_t>(p.kv_heads) * D;

@@ -80,7 +80,10 @@ struct ForwardConfig {
   static constexpr int kReaderWarps = 8;  // a stage is released by every consumer warp
 };
 
-template <typename T, int D>
+// kSegments: segment attention (p.kv_ranges set), else self-attention; two
+// instantiations, so that self-attention's code is the plain sequence case:
+// keys its own sequence, shift 0, at least one key tile.
+template <typename T, int D, bool kSegments>
 __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
     attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                    const __grid_constant__ CUtensorMap map_v, ForwardParams p) {
@@ -122,9 +125,11 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
   const int h = static_cast<int>(blockIdx.y);
   const int g = h / (p.heads / p.kv_heads);
   const int m0 = seq.first;
-  const tile::KeyRange keys = tile::sequence_keys(p.kv_ranges, p.kv_tokens, seq);
-  // Up to the last key the tile's last row sees; none when no row sees a key.
-  const int kv_end = p.causal ? min(keys.end, min(seq.end, m0 + kBM) + keys.shift) : keys.end;
+  const tile::KeyRange keys = kSegments ? tile::segment_keys(p.kv_ranges, p.kv_tokens, seq.index, seq.end)
+                                         : tile::KeyRange{seq.begin, seq.end, 0};
+  const int shift = kSegments ? keys.shift : 0;  // self-attention: 0 at compile time
+  // Up to the last key the tile's last row sees; none when no row sees a key (segments only).
+  const int kv_end = p.causal ? min(keys.end, min(seq.end, m0 + kBM) + shift) : keys.end;
   const int kv_tiles = kv_end > keys.begin ? (kv_end - keys.begin + kBN - 1) / kBN : 0;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -132,7 +137,7 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
 
   if (warpgroup == 0) {
     tile::setmaxnreg_dec<C::kProducerRegisters>();
-    if (threadIdx.x == 0 && kv_tiles > 0) {
+    if (threadIdx.x == 0 && (!kSegments || kv_tiles > 0)) {
       tile::mbarrier_arrive_expect_tx(q_full, C::kQBytes);
       for (int c = 0; c < C::kColumnBlocks; ++c) {
         tile::tma_load_2d(sq + c * kBM * 128, &map_q, q_full, h * D + c * 64, m0);
@@ -203,14 +208,14 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
   // returns the factors the earlier O must be rescaled by.
   auto softmax = [&](int n, float (&alpha)[2]) {
     const int n0 = keys.begin + n * kBN;
-    if (n0 + kBN > keys.end || (p.causal && n0 + kBN - 1 > m0 + warp_row + keys.shift)) {
+    if (n0 + kBN > keys.end || (p.causal && n0 + kBN - 1 > m0 + warp_row + shift)) {
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = n0 + j * 8 + 2 * (lane & 3) + (e & 1);
           const int row = row_lo + (e >> 1) * 8;
-          if (col >= keys.end || (p.causal && col > row + keys.shift)) s[4 * j + e] = -INFINITY;
+          if (col >= keys.end || (p.causal && col > row + shift)) s[4 * j + e] = -INFINITY;
         }
     }
 #pragma unroll
@@ -252,7 +257,7 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
   };
 
   // A tile whose rows see no key (segment attention) loads nothing and stores out 0, lse -inf.
-  if (kv_tiles > 0) {
+  if (!kSegments || kv_tiles > 0) {
     tile::mbarrier_wait(q_full, 0);
     float alpha[2];
     issue_s(0);
@@ -310,8 +315,13 @@ void launch(const AttentionDesc& desc, std::int64_t kv_tokens, const AttentionPo
   using C = ForwardConfig<D>;
   const tile::QkvMaps maps = tile::qkv_maps<C, D>(desc, kv_tokens, ptr.q, ptr.k, ptr.v);
   // A block per tile of kBM query rows and per query head.
-  tile::launch_over_tiles<C>(attention_forward_wgmma_kernel<T, D>, desc, C::kBM, desc.heads, stream, maps.q, maps.k,
-                             maps.v, params);
+  if (params.kv_ranges != nullptr) {
+    tile::launch_over_tiles<C>(attention_forward_wgmma_kernel<T, D, true>, desc, C::kBM, desc.heads, stream, maps.q,
+                               maps.k, maps.v, params);
+  } else {
+    tile::launch_over_tiles<C>(attention_forward_wgmma_kernel<T, D, false>, desc, C::kBM, desc.heads, stream, maps.q,
+                               maps.k, maps.v, params);
+  }
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kThreads, 1)
   const int shift = kSegments ? keys.shift : 0;  // self-attention: 0 at compile time
   // Up to the last key the tile's last row sees; none when no row sees a key (segments only).
   const int kv_end = p.causal ? min(keys.end, min(seq.end, m0 + kBM) + shift) : keys.end;
-  const int kv_tiles = kv_end > keys.begin ? (kv_end - keys.begin + kBN - 1) / kBN : 0;
+  const int kv_tiles = !kSegments || kv_end > keys.begin ? (kv_end - keys.begin + kBN - 1) / kBN : 0;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warpgroup = warp / 4;

@@ -63,6 +63,7 @@ StagePipeline::LayerRange StagePipeline::stage_layers(std::size_t layer_count, i
 StagePipeline::StagePipeline(Context& ctx, Communicator& comm, const std::vector<AnyLayer*>& layers,
                              std::int64_t microbatches, TensorMeta activation, const StagePipelineOptions& options)
     : comm_(comm),
+      data_parallel_(options.data_parallel),
       stage_(comm.rank()),
       stages_(comm.world_size()),
       range_(stage_layers(layers.size(), comm.rank(), comm.world_size())),
@@ -85,6 +86,35 @@ StagePipeline::StagePipeline(Context& ctx, Communicator& comm, const std::vector
     schedules.push_back(std::move(schedule));
   }
   check_stage_schedules(schedules);
+  if (data_parallel_ != nullptr) {
+    data_parallel_->check_device(ctx.device(), "StagePipeline (data parallel)");
+    // Every replica's rank here must run the same stage of the same model.
+    const std::string stage_line = "stage " + std::to_string(stage_) + " of " + std::to_string(stages_) + ", " + first;
+    const std::vector<std::string> replicas = data_parallel_->exchange(stage_line, "pipeline stages of the replicas");
+    for (std::size_t d = 0; d < replicas.size(); ++d) {
+      SG_CHECK_CODE(replicas[d] == replicas[0], ErrorCode::kInvalidState, "StagePipeline: the data-parallel group '",
+                    data_parallel_->name(), "' of ", replicas.size(), " ranks holds ", replicas[0],
+                    " on its rank 0 but ", replicas[d], " on its rank ", d,
+                    "; options.data_parallel must group the same stage of every replica (split the world by stage)");
+    }
+  }
+}
+
+void StagePipeline::reduce_over_replicas(Context& ctx) {
+  // One all_reduce_many_ per dtype, in the order each dtype first appears.
+  const std::vector<Tensor>& sums = pipeline_.gradient_sums();
+  std::vector<bool> done(sums.size(), false);
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<Tensor> bucket;
+    for (std::size_t j = i; j < sums.size(); ++j) {
+      if (done[j] || sums[j].dtype() != sums[i].dtype()) continue;
+      bucket.push_back(sums[j]);
+      done[j] = true;
+    }
+    ctx.begin_segment("gradient sums all-reduce (" + std::string(dtype_name(sums[i].dtype())) + ")");
+    ops::all_reduce_many_(ctx, *data_parallel_, bucket, ReduceOp::kSum);
+  }
 }
 
 void StagePipeline::check_next(const PipelinePass& pass) {
@@ -169,14 +199,15 @@ Tensor StagePipeline::backward(Context& ctx, std::int64_t m, const Tensor& dy) {
     grad = take_input(ctx, pass);
   }
   Tensor dx = pipeline_.backward(ctx, m, grad);
-  if (is_first()) {
-    finish_pass(ctx, pass, Tensor{});
-    return dx;
+  if (!is_first()) {
+    SG_CHECK(dx.defined(), "StagePipeline backward: stage ", stage_,
+             "'s first layer computes no input gradient, but stage ", stage_ - 1,
+             " needs one; only the model's first layer may skip dgrad");
   }
-  SG_CHECK(dx.defined(), "StagePipeline backward: stage ", stage_, "'s first layer computes no input gradient, but stage ",
-           stage_ - 1, " needs one; only the model's first layer may skip dgrad");
-  finish_pass(ctx, pass, dx);
-  return Tensor{};
+  finish_pass(ctx, pass, is_first() ? Tensor{} : dx);
+  // See Note [Pipeline stages across ranks]: the replicas' sums meet after the last pass.
+  if (next_ == 0 && data_parallel_ != nullptr) reduce_over_replicas(ctx);
+  return is_first() ? dx : Tensor{};
 }
 
 }  // namespace stepgraph

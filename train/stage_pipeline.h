@@ -50,6 +50,21 @@
 // groups with check_stage_schedules: every rank gets the same Error, before
 // any transfer, eager or traced. forward and backward then refuse a pass that
 // is not the schedule's next one.
+//
+// Data parallelism (PP x DP): with options.data_parallel, the group of this
+// stage's ranks across the replicas (each replica a pipeline communicator
+// of its own, training its share of the global batch's microbatches), the
+// iteration's last backward ends with the gradient sums all-reduced (summed,
+// in place, one all_reduce_many_ per dtype: an op, traced and captured like
+// the transfers) over that group. As in TrainStep, the sum is the gradient
+// of the global loss because each replica's output gradients are of its
+// share of it: the caller's loss divides by the replicas (TrainStep's
+// loss_scale 1 / world size); the pipeline scales nothing. The all-reduce
+// follows the stage's last transfer group and its group holds one stage
+// only, so it waits on no transfer: every replica's stage s reaches it once
+// its own pipeline's transfers are done. The constructor exchanges every
+// replica's stage, stages and schedule line over the group, so a group that
+// mixes stages is the same Error on each of its ranks.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +86,9 @@ struct StagePipelineOptions {
   // This stage's order of passes; nullopt: one_f_one_b(M, P - 1 - s). Every
   // rank's order is checked against the others' (Note [Pipeline stages across ranks]).
   std::optional<PipelineSchedule> schedule;
+  // The same stage in every data-parallel replica; null: one replica. See
+  // Note [Pipeline stages across ranks]. Must outlive the pipeline.
+  Communicator* data_parallel = nullptr;
 };
 
 class StagePipeline {
@@ -106,7 +124,8 @@ class StagePipeline {
   // The pass the schedule runs next ("F0" at the start of an iteration).
   std::string next_pass() const { return schedule_.passes()[next_].to_string(); }
   // This stage's parameters, in layer order, and their gradients summed over
-  // the microbatches (LayerPipeline::gradient_sums).
+  // the microbatches (LayerPipeline::gradient_sums) and, after the
+  // iteration's last backward, over options.data_parallel.
   const std::vector<Parameter*>& parameters() const { return pipeline_.parameters(); }
   const std::vector<Tensor>& gradient_sums() const { return pipeline_.gradient_sums(); }
 
@@ -118,8 +137,11 @@ class StagePipeline {
   // After pass `next_`: sends `out` (undefined: nothing to send) together
   // with receiving the next pass's input, then advances.
   void finish_pass(Context& ctx, const PipelinePass& pass, const Tensor& out);
+  // Sums the gradient sums over data_parallel_ (after the iteration's last pass).
+  void reduce_over_replicas(Context& ctx);
 
   Communicator& comm_;
+  Communicator* data_parallel_ = nullptr;
   int stage_ = 0;
   int stages_ = 1;
   LayerRange range_;

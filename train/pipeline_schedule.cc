@@ -76,3 +76,105 @@ std::string PipelineSchedule::to_string() const {
 }
 
 }  // namespace stepgraph
+
+namespace stepgraph {
+
+std::string ChunkPass::to_string() const { return "c" + std::to_string(chunk) + pass.to_string(); }
+
+InterleavedSchedule::InterleavedSchedule(std::vector<ChunkPass> passes, int chunks)
+    : passes_(std::move(passes)), chunks_(chunks) {
+  SG_CHECK(chunks_ >= 1, "interleaved schedule: chunks must be >= 1, got ", chunks_);
+  SG_CHECK(passes_.size() % static_cast<std::size_t>(2 * chunks_) == 0, "interleaved schedule: ", passes_.size(),
+           " passes cannot run a forward and a backward of every microbatch on each of ", chunks_, " chunks");
+  for (std::size_t i = 0; i < passes_.size(); ++i) {
+    SG_CHECK(passes_[i].chunk >= 0 && passes_[i].chunk < chunks_, "interleaved schedule: pass ", i, " (",
+             passes_[i].to_string(), ") names chunk ", passes_[i].chunk, ", outside [0, ", chunks_, ")");
+  }
+  microbatches_ = static_cast<std::int64_t>(passes_.size()) / (2 * chunks_);
+  for (int c = 0; c < chunks_; ++c) {
+    const PipelineSchedule one = chunk_schedule(c);  // checks the chunk's passes
+    SG_CHECK(one.microbatches() == microbatches_, "interleaved schedule: chunk ", c, " runs ", one.microbatches(),
+             " microbatch(es) but the schedule has ", microbatches_, " per chunk; give every chunk the same number");
+  }
+}
+
+PipelineSchedule InterleavedSchedule::chunk_schedule(int chunk) const {
+  std::vector<PipelinePass> mine;
+  for (const ChunkPass& p : passes_) {
+    if (p.chunk == chunk) mine.push_back(p.pass);
+  }
+  SG_CHECK(!mine.empty(), "interleaved schedule: chunk ", chunk, " runs no pass (", to_string(), ")");
+  return PipelineSchedule(std::move(mine));
+}
+
+InterleavedSchedule InterleavedSchedule::interleaved_one_f_one_b(std::int64_t microbatches, int stages, int stage,
+                                                                 int chunks) {
+  SG_CHECK(stages >= 1 && stage >= 0 && stage < stages, "interleaved_one_f_one_b: stage ", stage, " is outside [0, ",
+           stages, ")");
+  SG_CHECK(chunks >= 1, "interleaved_one_f_one_b: chunks must be >= 1, got ", chunks);
+  SG_CHECK(microbatches > 0 && microbatches % stages == 0, "interleaved_one_f_one_b: microbatches (", microbatches,
+           ") must be a positive multiple of the stages (", stages,
+           "): forwards run in groups of one microbatch per stage");
+  const std::int64_t p = stages;
+  const std::int64_t v = chunks;
+  const std::int64_t total = microbatches * v;
+  // Megatron: with as many microbatches as stages, every forward first (the
+  // 1F1B warmup would otherwise wait on a backward no stage can start yet).
+  const std::int64_t warmup =
+      microbatches == p ? total : std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+  // The k-th forward (backward) of this rank: its chunk and microbatch.
+  auto nth = [&](std::int64_t k, PipelinePass::Kind kind) {
+    const std::int64_t in_group = k % (p * v);
+    std::int64_t chunk = in_group / p;
+    if (kind == PipelinePass::Kind::kBackward) chunk = v - 1 - chunk;
+    return ChunkPass{static_cast<int>(chunk), {kind, (k / (p * v)) * p + in_group % p}};
+  };
+  std::vector<ChunkPass> passes;
+  for (std::int64_t k = 0; k < warmup; ++k) passes.push_back(nth(k, PipelinePass::Kind::kForward));
+  for (std::int64_t i = 0; i < total - warmup; ++i) {
+    passes.push_back(nth(warmup + i, PipelinePass::Kind::kForward));
+    passes.push_back(nth(i, PipelinePass::Kind::kBackward));
+  }
+  for (std::int64_t i = total - warmup; i < total; ++i) passes.push_back(nth(i, PipelinePass::Kind::kBackward));
+  return InterleavedSchedule(std::move(passes), chunks);
+}
+
+InterleavedSchedule InterleavedSchedule::from_chunk_signed(const std::vector<std::int64_t>& order, int chunks) {
+  SG_CHECK(chunks >= 1, "from_chunk_signed: chunks must be >= 1, got ", chunks);
+  std::vector<std::int64_t> forwards(static_cast<std::size_t>(chunks), 0), backwards(forwards);
+  std::vector<ChunkPass> passes;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const std::int64_t c = order[i] > 0 ? order[i] : -order[i];
+    SG_CHECK(order[i] != 0 && order[i] != std::numeric_limits<std::int64_t>::min() && c <= chunks,
+             "interleaved pipeline order: entry ", i, " is ", order[i], "; +c runs chunk c's next forward and -c its",
+             " next backward, c in [1, ", chunks, "]");
+    const auto chunk = static_cast<std::size_t>(c - 1);
+    const bool forward = order[i] > 0;
+    std::int64_t& count = forward ? forwards[chunk] : backwards[chunk];
+    passes.push_back({static_cast<int>(chunk),
+                      {forward ? PipelinePass::Kind::kForward : PipelinePass::Kind::kBackward, count++}});
+  }
+  return InterleavedSchedule(std::move(passes), chunks);
+}
+
+std::vector<std::int64_t> InterleavedSchedule::to_chunk_signed() const {
+  std::vector<std::int64_t> forwards(static_cast<std::size_t>(chunks_), 0), backwards(forwards);
+  std::vector<std::int64_t> order;
+  for (const ChunkPass& p : passes_) {
+    const bool forward = p.pass.kind == PipelinePass::Kind::kForward;
+    std::int64_t& count = forward ? forwards[static_cast<std::size_t>(p.chunk)]
+                                  : backwards[static_cast<std::size_t>(p.chunk)];
+    SG_CHECK(p.pass.microbatch == count++, "to_chunk_signed: ", p.to_string(), " runs out of microbatch order (",
+             to_string(), "); the signed form of chunks can only say microbatch order");
+    order.push_back(forward ? p.chunk + 1 : -(p.chunk + 1));
+  }
+  return order;
+}
+
+std::string InterleavedSchedule::to_string() const {
+  std::string out;
+  for (const ChunkPass& pass : passes_) out += (out.empty() ? "" : " ") + pass.to_string();
+  return out;
+}
+
+}  // namespace stepgraph

@@ -1,19 +1,281 @@
 // Interleaved (virtual) pipeline stages: V chunks a rank, Megatron's
 // interleaved 1F1B order and TransformerEngine's signed form for it, the
 // transfer groups between chunks, and the check that refuses orders that
-// deadlock or send another tensor, on every rank.
+// deadlock or send another tensor, on every rank. On host thread worlds
+// (P = 2, V = 2 over 8 LayerNormMLP layers, M = 4; P = 4, V = 2 over 8 and 16
+// layers, M = 8) the model's outputs, input gradients and gradient sums equal
+// one rank running every layer bit for bit, eager and captured, two iterations.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/context.h"
+#include "engine/host_world.h"
+#include "graphs/captured_step.h"
+#include "layers/any_layer.h"
+#include "layers/layernorm_mlp.h"
+#include "train/interleaved_stage_pipeline.h"
+#include "train/layer_pipeline.h"
 #include "train/pipeline_schedule.h"
 #include "train/stage_schedule_check.h"
+#include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/seed.h"
 
 namespace stepgraph {
 namespace {
+
+using testing::bits;
+using testing::read_floats;
+using testing::write_floats;
+
+constexpr std::int64_t kHidden = 32;
+constexpr std::int64_t kTokens = 8;
+constexpr int kIterations = 2;
+const TensorMeta kActivation{Shape{kTokens, kHidden}, DType::kFloat32};
+
+// The whole model, the same weights in every context (layer i's seed is i + 1).
+struct Stack {
+  Stack(Context& ctx, std::size_t layers) {
+    for (std::size_t i = 0; i < layers; ++i) {
+      owned.push_back(std::make_unique<AnyLayerOf<LayerNormMLP>>(
+          ctx, "mlp." + std::to_string(i),
+          LayerNormMLPConfig{.hidden = kHidden, .ffn = 2 * kHidden, .dtype = DType::kFloat32},
+          static_cast<std::uint32_t>(i + 1)));
+    }
+  }
+  std::vector<AnyLayer*> layers() const {
+    std::vector<AnyLayer*> out;
+    for (const auto& layer : owned) out.push_back(layer.get());
+    return out;
+  }
+  std::vector<std::unique_ptr<AnyLayerOf<LayerNormMLP>>> owned;
+};
+
+struct Results {
+  std::vector<std::vector<float>> outputs, grad_inputs;
+  std::map<std::string, std::vector<float>> gradient_sums;
+};
+
+struct Batches {
+  std::vector<std::vector<std::vector<float>>> x, dy;  // per iteration, per microbatch
+};
+
+Batches draw(std::mt19937& rng, std::int64_t microbatches) {
+  Batches b;
+  for (int it = 0; it < kIterations; ++it) {
+    b.x.emplace_back();
+    b.dy.emplace_back();
+    for (std::int64_t m = 0; m < microbatches; ++m) {
+      b.x.back().push_back(testing::random_values(kActivation.numel(), rng, 1.0f));
+      b.dy.back().push_back(testing::random_values(kActivation.numel(), rng, 0.1f));
+    }
+  }
+  return b;
+}
+
+// One rank, every layer. Which order matches: a layer's gradient sum is the
+// copy of its first backward's gradient plus the others' in the order its
+// backwards run (Note [Gradients summed over microbatches]). Megatron's
+// interleaved order runs the forwards and backwards of chunks in groups of P
+// microbatches, yet within any one chunk (so for any one layer) its
+// backwards run in microbatch order 0, 1, ..., M - 1
+// (EveryChunkRunsItsBackwardsInMicrobatchOrder). So one rank's order must
+// run every layer's backwards in microbatch order too: 1F1B with no warmup
+// (F0 B0 F1 B1 ...) does; the order of forwards does not matter (a forward
+// adds nothing across microbatches). An order such as B1 before B0 would add
+// the same numbers in another order and differ in the last bits.
+std::vector<Results> reference(std::size_t layer_count, std::int64_t microbatches, const Batches& b) {
+  Context ctx(Device::kHost);
+  Stack stack(ctx, layer_count);
+  LayerPipeline pipeline(ctx, stack.layers(), microbatches);
+  const PipelineSchedule schedule = PipelineSchedule::one_f_one_b(microbatches, 0);
+  std::vector<Results> out(kIterations);
+  for (int it = 0; it < kIterations; ++it) {
+    Results& r = out[it];
+    r.outputs.resize(microbatches);
+    r.grad_inputs.resize(microbatches);
+    for (const PipelinePass& pass : schedule.passes()) {
+      const auto m = static_cast<std::size_t>(pass.microbatch);
+      Tensor in = ctx.persistent("in", kActivation);
+      if (pass.kind == PipelinePass::Kind::kForward) {
+        write_floats(ctx, in, b.x[it][m]);
+        r.outputs[m] = read_floats(ctx, pipeline.forward(ctx, pass.microbatch, in));
+      } else {
+        write_floats(ctx, in, b.dy[it][m]);
+        r.grad_inputs[m] = read_floats(ctx, pipeline.backward(ctx, pass.microbatch, in));
+      }
+    }
+    for (std::size_t p = 0; p < pipeline.parameters().size(); ++p) {
+      r.gradient_sums[pipeline.parameters()[p]->name] = read_floats(ctx, pipeline.gradient_sums()[p]);
+    }
+  }
+  return out;
+}
+
+enum class Mode { kEager, kGraphed };
+const char* mode_name(Mode mode) { return mode == Mode::kEager ? "eager" : "graphed"; }
+
+// Every rank's chunks over the iterations, merged into one Results per iteration.
+std::vector<Results> pipelined(int stages, int chunks, std::size_t layer_count, std::int64_t microbatches,
+                               const Batches& b, Mode mode) {
+  std::vector<Results> out(kIterations);
+  for (Results& r : out) {
+    r.outputs.resize(microbatches);
+    r.grad_inputs.resize(microbatches);
+  }
+  std::mutex mutex;
+  HostWorld::run(stages, [&](Communicator& comm) {
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    Stack stack(ctx, layer_count);
+    InterleavedStagePipeline stage(ctx, comm, stack.layers(), chunks, microbatches, kActivation);
+    EXPECT_EQ(stage.schedule().to_string(),
+              InterleavedSchedule::interleaved_one_f_one_b(microbatches, stages, comm.rank(), chunks).to_string());
+    std::vector<Tensor> x, dy, y(microbatches), dx(microbatches);
+    for (std::int64_t m = 0; m < microbatches; ++m) {
+      x.push_back(ctx.persistent("x." + std::to_string(m), kActivation));
+      dy.push_back(ctx.persistent("dy." + std::to_string(m), kActivation));
+    }
+    auto iteration = [&] {
+      std::vector<Tensor> results;
+      for (const ChunkPass& p : stage.schedule().passes()) {
+        const auto m = static_cast<std::size_t>(p.pass.microbatch);
+        if (p.pass.kind == PipelinePass::Kind::kForward) {
+          y[m] = stage.forward(ctx, p.chunk, p.pass.microbatch, stage.takes_model_input(p.chunk) ? x[m] : Tensor{});
+          if (y[m].defined()) results.push_back(y[m]);
+        } else {
+          dx[m] = stage.backward(ctx, p.chunk, p.pass.microbatch,
+                                 stage.takes_model_gradient(p.chunk) ? dy[m] : Tensor{});
+          if (dx[m].defined()) results.push_back(dx[m]);
+        }
+      }
+      return results;
+    };
+    std::shared_ptr<CapturedStep> step;
+    if (mode == Mode::kGraphed) {
+      CaptureOptions options;
+      options.pool_report_policy = PoolReportPolicy::kError;
+      options.communicators = {&comm};
+      step = CapturedStep::capture(ctx, iteration, options);
+      const std::size_t layer_graphs = stage.schedule().passes().size() * (layer_count / (stages * chunks));
+      EXPECT_GT(step->segment_count(), layer_graphs);  // the transfer groups are graphs of their own
+    }
+    bool holds_first = false, holds_last = false;
+    for (int c = 0; c < chunks; ++c) {
+      holds_first = holds_first || stage.takes_model_input(c);
+      holds_last = holds_last || stage.takes_model_gradient(c);
+    }
+    for (int it = 0; it < kIterations; ++it) {
+      for (std::int64_t m = 0; m < microbatches; ++m) {
+        write_floats(ctx, x[m], b.x[it][m]);
+        write_floats(ctx, dy[m], b.dy[it][m]);
+      }
+      if (step) {
+        step->replay();
+        std::size_t k = 0;  // the step's outputs, in the order the iteration returned them
+        for (const ChunkPass& p : stage.schedule().passes()) {
+          const auto m = static_cast<std::size_t>(p.pass.microbatch);
+          const bool forward = p.pass.kind == PipelinePass::Kind::kForward;
+          if (forward && stage.takes_model_gradient(p.chunk)) y[m] = step->outputs().at(k++);
+          if (!forward && stage.takes_model_input(p.chunk)) dx[m] = step->outputs().at(k++);
+        }
+      } else {
+        (void)iteration();
+      }
+      std::lock_guard lock(mutex);
+      Results& r = out[it];
+      for (std::size_t m = 0; m < static_cast<std::size_t>(microbatches); ++m) {
+        if (holds_last) r.outputs[m] = read_floats(ctx, y[m]);
+        if (holds_first) r.grad_inputs[m] = read_floats(ctx, dx[m]);
+      }
+      const std::vector<Tensor> sums = stage.gradient_sums();
+      for (std::size_t p = 0; p < stage.parameters().size(); ++p) {
+        r.gradient_sums[stage.parameters()[p]->name] = read_floats(ctx, sums[p]);
+      }
+    }
+  });
+  return out;
+}
+
+void expect_interleaved_equals_one_rank(int stages, int chunks, std::size_t layer_count, std::int64_t microbatches) {
+  testing::SeededRng rng;
+  const Batches b = draw(rng, microbatches);
+  const std::vector<Results> want = reference(layer_count, microbatches, b);
+  for (const Mode mode : {Mode::kEager, Mode::kGraphed}) {
+    SCOPED_TRACE(std::string(mode_name(mode)) + ", " + std::to_string(stages) + " stages x " +
+                 std::to_string(chunks) + " chunks of " + std::to_string(layer_count) + " layers");
+    const std::vector<Results> got = pipelined(stages, chunks, layer_count, microbatches, b, mode);
+    for (int it = 0; it < kIterations; ++it) {
+      SCOPED_TRACE("iteration " + std::to_string(it));
+      for (std::size_t m = 0; m < static_cast<std::size_t>(microbatches); ++m) {
+        EXPECT_EQ(bits(got[it].outputs[m]), bits(want[it].outputs[m])) << "output of microbatch " << m;
+        EXPECT_EQ(bits(got[it].grad_inputs[m]), bits(want[it].grad_inputs[m])) << "input gradient of microbatch " << m;
+      }
+      ASSERT_EQ(got[it].gradient_sums.size(), want[it].gradient_sums.size());
+      for (const auto& [name, sum] : want[it].gradient_sums) {
+        ASSERT_EQ(got[it].gradient_sums.count(name), 1u) << name << " is on no stage";
+        EXPECT_EQ(bits(got[it].gradient_sums.at(name)), bits(sum)) << name << "'s gradient sum";
+      }
+    }
+  }
+}
+
+TEST(InterleavedStagePipelineTest, TwoStagesTwoChunksOfEightLayersEqualOneRankBitwise) {
+  expect_interleaved_equals_one_rank(2, 2, 8, 4);
+}
+
+TEST(InterleavedStagePipelineTest, FourStagesTwoChunksOfEightLayersEqualOneRankBitwise) {
+  expect_interleaved_equals_one_rank(4, 2, 8, 8);
+}
+
+TEST(InterleavedStagePipelineTest, FourStagesTwoChunksOfSixteenLayersEqualOneRankBitwise) {
+  expect_interleaved_equals_one_rank(4, 2, 16, 8);
+}
+
+// Stage 1 runs every forward first: the same Error on both ranks, at
+// construction, far below the world's timeout.
+TEST(InterleavedStagePipelineTest, MismatchedInterleavedOrderIsAnErrorOnEveryRankInBoundedTime) {
+  std::mutex mutex;
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  HostWorld::run(
+      2,
+      [&](Communicator& comm) {
+        Context ctx(Device::kHost);
+        Stack stack(ctx, 8);
+        InterleavedStagePipelineOptions options;
+        if (comm.rank() == 1) {
+          options.schedule =
+              InterleavedSchedule::from_chunk_signed({1, 1, 2, 2, 1, 1, 2, 2, -2, -2, -1, -1, -2, -2, -1, -1}, 2);
+        }
+        try {
+          InterleavedStagePipeline stage(ctx, comm, stack.layers(), 2, 4, kActivation, options);
+        } catch (const Error& error) {
+          std::lock_guard lock(mutex);
+          errors[comm.rank()] = error.message();
+        }
+      },
+      std::chrono::seconds(60));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("pipeline stage schedules"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+  EXPECT_EQ(errors[0], errors[1]);
+}
+
+TEST(InterleavedStagePipelineTest, LayersThatDoNotSplitIntoChunksAreRefused) {
+  EXPECT_ERROR_CONTAINS(InterleavedStagePipeline::chunk_layers(6, 0, 4), "6 layer(s)", "4 chunks");
+  const InterleavedStagePipeline::LayerRange range = InterleavedStagePipeline::chunk_layers(16, 5, 8);
+  EXPECT_EQ(range.first, 10u);
+  EXPECT_EQ(range.last, 12u);
+}
 
 std::vector<InterleavedSchedule> interleaved(std::int64_t microbatches, int stages, int chunks) {
   std::vector<InterleavedSchedule> out;

@@ -50,6 +50,9 @@
 // groups with check_stage_schedules: every rank gets the same Error, before
 // any transfer, eager or traced. forward and backward then refuse a pass that
 // is not the schedule's next one.
+// Interleaved stages (V chunks a rank) need other transfer groups: see
+// InterleavedStagePipeline (interleaved_stage_pipeline.h) and Note
+// [Interleaved transfer groups].
 //
 // Data parallelism (PP x DP): with options.data_parallel, the group of this
 // stage's ranks across the replicas (each replica a pipeline communicator

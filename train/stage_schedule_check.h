@@ -71,9 +71,10 @@ void check_interleaved_stage_schedules(const std::vector<InterleavedSchedule>& s
 // Note [Interleaved transfer groups]
 // With V > 1 chunks a rank, the one-chunk grouping (after pass i, send its
 // output and receive pass i + 1's input) deadlocks Megatron's interleaved
-// 1F1B under the rendezvous (P = 2, V = 2, M = 4: stage 0 waits to send a
-// gradient that stage 1 will receive only after it received a forward that
-// stage 0 has not computed yet). So the groups follow Megatron's
+// 1F1B under the rendezvous (P = 2, V = 2, M = 4: stage 0 waits to send
+// stage 1 a gradient alone, while stage 1 waits to send stage 0 a gradient
+// together with receiving a forward that stage 0 issues only later). So the
+// groups follow Megatron's
 // (send_forward_backward_recv_forward_backward): the passes are cut into
 // units, a warmup forward alone, then in the steady state a forward and the
 // backward right after it together, then the cooldown backwards alone; no

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/context.h"
@@ -383,6 +384,13 @@ TEST(InterleavedStageCheckTest, MismatchedInterleavedOrdersAreRefused) {
   stages = interleaved(8, 4, 2);
   stages[0] = InterleavedSchedule::interleaved_one_f_one_b(8, 4, 3, 2);
   EXPECT_ERROR_CONTAINS(check_interleaved_stage_schedules(stages), "deadlock", "stage 0");
+  // Stage 1's chunk 0 takes microbatch 1's forward before 0's: stage 0 sends F0 where it receives F1.
+  std::vector<ChunkPass> swapped = InterleavedSchedule::interleaved_one_f_one_b(4, 2, 1, 2).passes();
+  std::swap(swapped[0], swapped[1]);
+  stages = interleaved(4, 2, 2);
+  stages[1] = InterleavedSchedule(swapped, 2);
+  EXPECT_ERROR_CONTAINS(check_interleaved_stage_schedules(stages), "do not match",
+                        "stage 0 sends F0 (chunk 0|1) to stage 1", "receives F1 (chunk 0|1)");
   // Different chunks or microbatches.
   EXPECT_ERROR_CONTAINS(check_interleaved_stage_schedules({InterleavedSchedule::interleaved_one_f_one_b(4, 2, 0, 2),
                                                            InterleavedSchedule::interleaved_one_f_one_b(4, 2, 1, 1)}),

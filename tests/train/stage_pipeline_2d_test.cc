@@ -50,6 +50,7 @@
 #include "layers/layernorm_mlp.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/seed.h"
+#include "tests/train/pipeline_test_model.h"
 #include "train/layer_pipeline.h"
 #include "train/pipeline_schedule.h"
 #include "train/stage_pipeline.h"
@@ -71,40 +72,18 @@ constexpr std::size_t kParametersPerLayer = 6;  // norm gamma, beta, fc1 weight,
 
 TensorMeta activation(std::int64_t rows) { return {Shape{rows, kHidden}, DType::kFloat32}; }
 
-// The whole model, the same weights in every context (layer i's seed is i + 1);
-// with `tensor_parallel`, each rank's slices of them.
-struct Stack {
-  Stack(Context& ctx, Communicator* tensor_parallel = nullptr) {
-    for (std::size_t i = 0; i < kLayers; ++i) {
-      owned.push_back(std::make_unique<AnyLayerOf<LayerNormMLP>>(
-          ctx, "mlp." + std::to_string(i), LayerNormMLPConfig{.hidden = kHidden, .ffn = kFfn, .dtype = DType::kFloat32},
-          static_cast<std::uint32_t>(i + 1), tensor_parallel));
-    }
-  }
-  std::vector<AnyLayer*> layers() const {
-    std::vector<AnyLayer*> out;
-    for (const auto& layer : owned) out.push_back(layer.get());
-    return out;
-  }
-  std::vector<std::unique_ptr<AnyLayerOf<LayerNormMLP>>> owned;
-};
+using pipeline_testing::Batches;
+using pipeline_testing::Mode;
+
+// The whole model, the same weights in every context; with `tensor_parallel`,
+// each rank's slices of them.
+pipeline_testing::MlpStack make_stack(Context& ctx, Communicator* tensor_parallel = nullptr) {
+  return pipeline_testing::MlpStack(ctx, kLayers, kHidden, kFfn, tensor_parallel);
+}
 
 // Per iteration, per global microbatch: x and the loss's gradient dy, [kTokens, kHidden].
-struct Batches {
-  std::vector<std::vector<std::vector<float>>> x, dy;
-};
-
 Batches draw(std::mt19937& rng, std::int64_t microbatches) {
-  Batches b;
-  for (int it = 0; it < kIterations; ++it) {
-    b.x.emplace_back();
-    b.dy.emplace_back();
-    for (std::int64_t m = 0; m < microbatches; ++m) {
-      b.x.back().push_back(testing::random_values(kTokens * kHidden, rng, 1.0f));
-      b.dy.back().push_back(testing::random_values(kTokens * kHidden, rng, 0.1f));
-    }
-  }
-  return b;
+  return pipeline_testing::draw_batches(rng, kIterations, microbatches, kTokens * kHidden);
 }
 
 // Rows [first, first + count) of a row-major matrix of `cols` columns.
@@ -173,7 +152,6 @@ std::vector<Results> run_layers(Context& ctx, const std::vector<AnyLayer*>& laye
   return out;
 }
 
-enum class Mode { kEager, kGraphed };
 
 // `stage`'s iterations on this rank, eager or captured once and replayed
 // (`communicators`: every group the iteration's ops use).
@@ -278,7 +256,7 @@ std::vector<std::vector<Results>> pipeline_times_data_parallel(const Batches& b,
     const std::unique_ptr<Communicator> dp = world.split(s, replica, "dp");
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    Stack stack(ctx);
+    pipeline_testing::MlpStack stack = make_stack(ctx);
     StagePipeline stage(ctx, *pp, stack.layers(), kReplicaMicrobatches, activation(kTokens),
                         {.data_parallel = dp.get()});
     EXPECT_EQ(stage.stage(), s);
@@ -297,7 +275,7 @@ std::vector<std::vector<Results>> pipeline_times_data_parallel(const Batches& b,
 // One rank, every layer, global microbatches [first, first + count).
 std::vector<Results> one_rank(const Batches& b, std::int64_t first, std::int64_t count) {
   Context ctx(Device::kHost);
-  Stack stack(ctx);
+  pipeline_testing::MlpStack stack = make_stack(ctx);
   return run_layers(ctx, stack.layers(), count, activation(kTokens),
                     [&](int it, std::size_t m, const Tensor& x, const Tensor& dy) {
                       write_floats(ctx, x, b.x[it][first + m]);
@@ -375,7 +353,7 @@ TEST(StagePipeline2DTest, ADataParallelGroupOfDifferentStagesIsRefusedOnEveryRan
         // Wrong: the ranks of one replica (stages 0 and 1) as a data-parallel group.
         const std::unique_ptr<Communicator> dp = world.split(w / kStages, w % kStages, "dp");
         Context ctx(Device::kHost);
-        Stack stack(ctx);
+        pipeline_testing::MlpStack stack = make_stack(ctx);
         try {
           StagePipeline stage(ctx, *pp, stack.layers(), kReplicaMicrobatches, activation(kTokens),
                               {.data_parallel = dp.get()});
@@ -415,7 +393,7 @@ std::vector<std::vector<Results>> tensor_parallel_only(const Batches& b) {
   HostWorld::run(kTensorRanks, [&](Communicator& tp) {
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    Stack stack(ctx, &tp);
+    pipeline_testing::MlpStack stack = make_stack(ctx, &tp);
     std::vector<Results> got =
         run_layers(ctx, stack.layers(), kMicrobatches, activation(kShardRows), shard_loader(ctx, b, tp.rank()));
     std::lock_guard lock(mutex);
@@ -435,7 +413,7 @@ std::vector<std::vector<Results>> pipeline_times_tensor_parallel(const Batches& 
     const std::unique_ptr<Communicator> pp = world.split(t, s, "pp");
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    Stack stack(ctx, tp.get());
+    pipeline_testing::MlpStack stack = make_stack(ctx, tp.get());
     StagePipeline stage(ctx, *pp, stack.layers(), kMicrobatches, activation(kShardRows));
     EXPECT_EQ(stage.stage(), s);
     std::vector<Results> got = run_stage(ctx, stage, {pp.get(), tp.get()}, kMicrobatches, activation(kShardRows), mode,

@@ -28,6 +28,7 @@
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/seed.h"
+#include "tests/train/pipeline_test_model.h"
 
 namespace stepgraph {
 namespace {
@@ -41,87 +42,11 @@ constexpr std::int64_t kTokens = 8;
 constexpr int kIterations = 2;
 const TensorMeta kActivation{Shape{kTokens, kHidden}, DType::kFloat32};
 
-// The whole model, the same weights in every context (layer i's seed is i + 1).
-struct Stack {
-  Stack(Context& ctx, std::size_t layers) {
-    for (std::size_t i = 0; i < layers; ++i) {
-      owned.push_back(std::make_unique<AnyLayerOf<LayerNormMLP>>(
-          ctx, "mlp." + std::to_string(i),
-          LayerNormMLPConfig{.hidden = kHidden, .ffn = 2 * kHidden, .dtype = DType::kFloat32},
-          static_cast<std::uint32_t>(i + 1)));
-    }
-  }
-  std::vector<AnyLayer*> layers() const {
-    std::vector<AnyLayer*> out;
-    for (const auto& layer : owned) out.push_back(layer.get());
-    return out;
-  }
-  std::vector<std::unique_ptr<AnyLayerOf<LayerNormMLP>>> owned;
-};
-
-struct Results {
-  std::vector<std::vector<float>> outputs, grad_inputs;
-  std::map<std::string, std::vector<float>> gradient_sums;
-};
-
-struct Batches {
-  std::vector<std::vector<std::vector<float>>> x, dy;  // per iteration, per microbatch
-};
-
-Batches draw(std::mt19937& rng, std::int64_t microbatches) {
-  Batches b;
-  for (int it = 0; it < kIterations; ++it) {
-    b.x.emplace_back();
-    b.dy.emplace_back();
-    for (std::int64_t m = 0; m < microbatches; ++m) {
-      b.x.back().push_back(testing::random_values(kActivation.numel(), rng, 1.0f));
-      b.dy.back().push_back(testing::random_values(kActivation.numel(), rng, 0.1f));
-    }
-  }
-  return b;
-}
-
-// One rank, every layer. Which order matches: a layer's gradient sum is the
-// copy of its first backward's gradient plus the others' in the order its
-// backwards run (Note [Gradients summed over microbatches]). Megatron's
-// interleaved order runs the forwards and backwards of chunks in groups of P
-// microbatches, yet within any one chunk (so for any one layer) its
-// backwards run in microbatch order 0, 1, ..., M - 1
-// (EveryChunkRunsItsBackwardsInMicrobatchOrder). So one rank's order must
-// run every layer's backwards in microbatch order too: 1F1B with no warmup
-// (F0 B0 F1 B1 ...) does; the order of forwards does not matter (a forward
-// adds nothing across microbatches). An order such as B1 before B0 would add
-// the same numbers in another order and differ in the last bits.
-std::vector<Results> reference(std::size_t layer_count, std::int64_t microbatches, const Batches& b) {
-  Context ctx(Device::kHost);
-  Stack stack(ctx, layer_count);
-  LayerPipeline pipeline(ctx, stack.layers(), microbatches);
-  const PipelineSchedule schedule = PipelineSchedule::one_f_one_b(microbatches, 0);
-  std::vector<Results> out(kIterations);
-  for (int it = 0; it < kIterations; ++it) {
-    Results& r = out[it];
-    r.outputs.resize(microbatches);
-    r.grad_inputs.resize(microbatches);
-    for (const PipelinePass& pass : schedule.passes()) {
-      const auto m = static_cast<std::size_t>(pass.microbatch);
-      Tensor in = ctx.persistent("in", kActivation);
-      if (pass.kind == PipelinePass::Kind::kForward) {
-        write_floats(ctx, in, b.x[it][m]);
-        r.outputs[m] = read_floats(ctx, pipeline.forward(ctx, pass.microbatch, in));
-      } else {
-        write_floats(ctx, in, b.dy[it][m]);
-        r.grad_inputs[m] = read_floats(ctx, pipeline.backward(ctx, pass.microbatch, in));
-      }
-    }
-    for (std::size_t p = 0; p < pipeline.parameters().size(); ++p) {
-      r.gradient_sums[pipeline.parameters()[p]->name] = read_floats(ctx, pipeline.gradient_sums()[p]);
-    }
-  }
-  return out;
-}
-
-enum class Mode { kEager, kGraphed };
-const char* mode_name(Mode mode) { return mode == Mode::kEager ? "eager" : "graphed"; }
+using pipeline_testing::Batches;
+using pipeline_testing::Mode;
+using pipeline_testing::mode_name;
+using pipeline_testing::Results;
+using Stack = pipeline_testing::MlpStack;
 
 // Every rank's chunks over the iterations, merged into one Results per iteration.
 std::vector<Results> pipelined(int stages, int chunks, std::size_t layer_count, std::int64_t microbatches,
@@ -207,8 +132,8 @@ std::vector<Results> pipelined(int stages, int chunks, std::size_t layer_count, 
 
 void expect_interleaved_equals_one_rank(int stages, int chunks, std::size_t layer_count, std::int64_t microbatches) {
   testing::SeededRng rng;
-  const Batches b = draw(rng, microbatches);
-  const std::vector<Results> want = reference(layer_count, microbatches, b);
+  const Batches b = pipeline_testing::draw_batches(rng, kIterations, microbatches, kActivation.numel());
+  const std::vector<Results> want = pipeline_testing::one_rank_reference(layer_count, microbatches, kActivation, b);
   for (const Mode mode : {Mode::kEager, Mode::kGraphed}) {
     SCOPED_TRACE(std::string(mode_name(mode)) + ", " + std::to_string(stages) + " stages x " +
                  std::to_string(chunks) + " chunks of " + std::to_string(layer_count) + " layers");

@@ -41,6 +41,7 @@
 #include "train/pipeline_schedule.h"
 #include "train/stage_pipeline.h"
 #include "train/stage_schedule_check.h"
+#include "tests/train/pipeline_test_model.h"
 
 namespace stepgraph {
 namespace {
@@ -54,23 +55,6 @@ const TensorMeta kActivation{Shape{kRows, kHidden}, DType::kFloat32};
 
 enum class Schedule { kOneFOneB, kAllForwardAllBackward };
 const char* schedule_name(Schedule schedule) { return schedule == Schedule::kOneFOneB ? "1F1B" : "AFAB"; }
-
-struct Stack {
-  explicit Stack(Context& ctx) {
-    for (std::size_t i = 0; i < kLayers; ++i) {
-      owned.push_back(std::make_unique<AnyLayerOf<LayerNormMLP>>(
-          ctx, "mlp." + std::to_string(i),
-          LayerNormMLPConfig{.hidden = kHidden, .ffn = kFfn, .dtype = DType::kFloat32},
-          static_cast<std::uint32_t>(i + 1)));
-    }
-  }
-  std::vector<AnyLayer*> layers() const {
-    std::vector<AnyLayer*> out;
-    for (const auto& layer : owned) out.push_back(layer.get());
-    return out;
-  }
-  std::vector<std::unique_ptr<AnyLayerOf<LayerNormMLP>>> owned;
-};
 
 std::int64_t aligned(std::int64_t bytes) {
   return (bytes + StepPlan::kAlignment - 1) / StepPlan::kAlignment * StepPlan::kAlignment;
@@ -135,7 +119,7 @@ std::vector<Measured> measure(int stages, Schedule schedule) {
   HostWorld::run(stages, [&](Communicator& comm) {
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    Stack stack(ctx);
+    pipeline_testing::MlpStack stack(ctx, kLayers, kHidden, kFfn);
     StagePipelineOptions options;
     if (schedule == Schedule::kAllForwardAllBackward) {
       options.schedule = PipelineSchedule::all_forward_all_backward(kMicrobatches);

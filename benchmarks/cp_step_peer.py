@@ -82,7 +82,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_peer as peer  # noqa: E402  (first: comm_peer sets the multicast variables before torch loads)
 import tp_step_peer  # noqa: E402  (the GPT as nn.Modules)
 
-import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import enum  # noqa: E402
 import time  # noqa: E402
@@ -430,33 +429,14 @@ def run_cp_config(name, rows, steps, warmup, deadline, group, device=None, mesh=
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default="long", help=f"of {', '.join(CONFIGS)}")
-    parser.add_argument("--systems", help=f"rows, of {', '.join(ROWS)} (default all)")
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per row")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after the capture)")
-    parser.add_argument("--quick", action="store_true", help="--steps 20 --warmup 5")
-    parser.add_argument("--budget-s", type=float, default=600, help="start no row after this many seconds")
-    parser.add_argument("--timeout-s", type=int, default=300, help="torch.distributed's timeout")
-    parser.add_argument("--out", help="rank 0 writes the results as JSON here")
-    args = parser.parse_args(argv)
-    peer.apply_step_counts(args, "cp_step_peer")
-    if args.timeout_s <= 0:
-        raise SystemExit(f"cp_step_peer: --timeout-s must be positive, got {args.timeout_s}")
+    args = tp_step_peer.parse_run_flags(argv, "cp_step_peer", __doc__.split("\n")[0], "long", CONFIGS, ROWS)
     for name in args.configs.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"cp_step_peer: {check_config(name, 1)}")
     configs = peer.parse_list(args.configs, list(CONFIGS), "config")
     rows = peer.parse_list(args.systems or ",".join(ROWS), list(ROWS), "system")
     rows = [r for r in ROWS if r in rows]  # baselines before the rows measured against them
-    try:
-        peer.launch_info()  # bad launcher variables before torch is needed
-    except ValueError as error:
-        raise SystemExit(f"cp_step_peer: {error}")
-    if torch is None:
-        raise SystemExit("cp_step_peer: PyTorch is not installed here (run it on the GPU machines)")
-    if not torch.cuda.is_available():
-        raise SystemExit("cp_step_peer: no CUDA device (torch.cuda.is_available() is False)")
+    tp_step_peer.check_launch("cp_step_peer")
     group, local_rank, local_world, launcher, device, store_dir = peer.start_process_group(args.timeout_s,
                                                                                          "cp_step_peer")
     try:

@@ -398,10 +398,12 @@ def run_tp_config(name, rows, steps, warmup, deadline, group, async_error, mesh=
     return out
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default="medium,large", help=f"of {', '.join(CONFIGS)}")
-    parser.add_argument("--systems", help=f"rows, of {', '.join(ROWS)} (default all)")
+def parse_run_flags(argv, tool, description, default_configs, configs, rows):
+    """The flags of a parallel step peer (this script and cp_step_peer.py), parsed: configs, rows, step counts
+    (pytorch_peer.apply_step_counts), the row budget, torch.distributed's timeout (positive) and the output."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--configs", default=default_configs, help=f"of {', '.join(configs)}")
+    parser.add_argument("--systems", help=f"rows, of {', '.join(rows)} (default all)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after the capture)")
     parser.add_argument("--quick", action="store_true", help="--steps 20 --warmup 5")
@@ -409,23 +411,33 @@ def main(argv=None):
     parser.add_argument("--timeout-s", type=int, default=300, help="torch.distributed's timeout")
     parser.add_argument("--out", help="rank 0 writes the results as JSON here")
     args = parser.parse_args(argv)
-    peer.apply_step_counts(args, "tp_step_peer")
+    peer.apply_step_counts(args, tool)
     if args.timeout_s <= 0:
-        raise SystemExit(f"tp_step_peer: --timeout-s must be positive, got {args.timeout_s}")
+        raise SystemExit(f"{tool}: --timeout-s must be positive, got {args.timeout_s}")
+    return args
+
+
+def check_launch(tool):
+    """SystemExit naming `tool` for bad launcher variables (before torch is needed), no PyTorch or no CUDA device."""
+    try:
+        peer.launch_info()
+    except ValueError as error:
+        raise SystemExit(f"{tool}: {error}")
+    if peer.torch is None:
+        raise SystemExit(f"{tool}: PyTorch is not installed here (run it on the GPU machines)")
+    if not peer.torch.cuda.is_available():
+        raise SystemExit(f"{tool}: no CUDA device (torch.cuda.is_available() is False)")
+
+
+def main(argv=None):
+    args = parse_run_flags(argv, "tp_step_peer", __doc__.split("\n")[0], "medium,large", CONFIGS, ROWS)
     configs = peer.parse_list(args.configs, list(peer.CONFIGS), "config")
     for name in configs:
         if name not in CONFIGS:
             raise SystemExit(f"tp_step_peer: {check_config(name, 1)}")
     rows = peer.parse_list(args.systems or ",".join(ROWS), list(ROWS), "system")
     rows = [r for r in ROWS if r in rows]  # baselines before the rows measured against them
-    try:
-        peer.launch_info()  # bad launcher variables before torch is needed
-    except ValueError as error:
-        raise SystemExit(f"tp_step_peer: {error}")
-    if torch is None:
-        raise SystemExit("tp_step_peer: PyTorch is not installed here (run it on the GPU machines)")
-    if not torch.cuda.is_available():
-        raise SystemExit("tp_step_peer: no CUDA device (torch.cuda.is_available() is False)")
+    check_launch("tp_step_peer")
     group, local_rank, local_world, launcher, device, store_dir = peer.start_process_group(args.timeout_s,
                                                                                          "tp_step_peer")
     try:

@@ -61,6 +61,17 @@ struct Table {
   std::vector<std::int32_t> q_offsets, kv_ranges;
 };
 
+// Self-attention over the packing `cu` written as segments: each sequence
+// its own queries and its own keys.
+Table self_attention_table(const std::vector<std::int32_t>& cu) {
+  Table t{cu, {}};
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s) {
+    t.kv_ranges.push_back(cu[s]);
+    t.kv_ranges.push_back(cu[s + 1]);
+  }
+  return t;
+}
+
 using Inputs = testing::AttentionInputs;
 
 Inputs random_inputs(const SegmentAttentionDesc& d, std::mt19937& rng) {
@@ -190,11 +201,7 @@ TEST(SegmentAttentionTest, self_attention_as_segments_equals_the_plain_kernels_b
   SG_SKIP_WITHOUT_GPU();
   SeededRng rng;
   const std::vector<std::int32_t> cu = random_offsets(rng, 300);
-  Table t{cu, {}};
-  for (std::size_t s = 0; s + 1 < cu.size(); ++s) {
-    t.kv_ranges.push_back(cu[s]);
-    t.kv_ranges.push_back(cu[s + 1]);
-  }
+  const Table t = self_attention_table(cu);
   for (const bool causal : {true, false}) {
     const SegmentAttentionDesc d = desc_of(DType::kFloat32, 4, 2, 40, causal, t, cu.back());
     ASSERT_FALSE(attention_uses_tensor_cores(d.attention));
@@ -314,11 +321,7 @@ TEST(SegmentAttentionTest, self_attention_as_segments_on_tensor_cores_bf16_d128_
   SG_SKIP_WITHOUT_GPU();
   SeededRng rng;
   const std::vector<std::int32_t> cu = random_offsets(rng, 700);
-  Table t{cu, {}};
-  for (std::size_t s = 0; s + 1 < cu.size(); ++s) {
-    t.kv_ranges.push_back(cu[s]);
-    t.kv_ranges.push_back(cu[s + 1]);
-  }
+  const Table t = self_attention_table(cu);
   const struct {
     DType dtype;
     std::int64_t dim, heads, kv_heads;

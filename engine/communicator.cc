@@ -58,6 +58,20 @@ std::string Communicator::describe() const {
                         ")");
 }
 
+void Communicator::set_peer_transport(PeerTransport transport, std::string reason) {
+  peer_transport_ = transport;
+  peer_transport_reason_ = std::move(reason);
+}
+
+std::shared_ptr<PeerWindow> Communicator::share_window(std::byte*, std::int64_t, const std::vector<PeerReceive>&) {
+  SG_THROW(ErrorCode::kUnsupported, describe(), " cannot share a pool with its peers (", peer_transport_reason_, ")");
+}
+
+void Communicator::window_send_recv(const PeerWindow&, std::int64_t, const void*, int, void*, int, std::int64_t,
+                                    CUstream_st*) {
+  SG_THROW(ErrorCode::kUnsupported, describe(), " has no peer windows (", peer_transport_reason_, ")");
+}
+
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) {
   SG_CHECK(color >= 0, describe(), " split '", name, "': color must be >= 0, got ", color);
   const std::vector<std::string> all = exchange(detail::concat(color, " ", key), detail::concat("split '", name, "'"));

@@ -25,6 +25,7 @@
 
 #include "engine/device_kind.h"
 #include "engine/dtype.h"
+#include "engine/peer_window.h"
 
 struct CUstream_st;
 
@@ -85,6 +86,31 @@ class Communicator {
   virtual void send_recv(const void* send, int to, void* recv, int from, std::int64_t count, DType dtype,
                          CUstream_st* stream) = 0;
 
+  // Peer windows (Note [The pool as symmetric memory], engine/peer_window.h).
+  // How captured send_recv calls move bytes: chosen at construction, the
+  // same on every rank, and logged.
+  PeerTransport peer_transport() const { return peer_transport_; }
+  // Why peer_transport() is what it is ("every rank maps every other's GPU",
+  // "NCCL_P2P_DISABLE=1", ...), for the setup line programs print.
+  const std::string& peer_transport_reason() const { return peer_transport_reason_; }
+  // Shares this rank's pool [base, base + bytes) with every rank, with the
+  // receives this rank makes through it, and maps every other rank's.
+  // Collective: every rank calls it, host side, not under capture, only
+  // where peer_transport() is kPeerCopy (kUnsupported otherwise).
+  virtual std::shared_ptr<PeerWindow> share_window(std::byte* base, std::int64_t bytes,
+                                                   const std::vector<PeerReceive>& receives);
+  // A send_recv of a captured step through `window`, in signal slot `slot`:
+  // copies `bytes` from `send` into `to`'s receive buffer of the slot and
+  // completes when `from` has filled `recv` (the Note's protocol). On cuda
+  // enqueued on `stream` (recorded under capture); on host it runs now.
+  virtual void window_send_recv(const PeerWindow& window, std::int64_t slot, const void* send, int to, void* recv,
+                                int from, std::int64_t bytes, CUstream_st* stream);
+  // The next signal slot, in trace order (ops::send_recv while tracing).
+  std::int64_t take_signal_slot() { return next_signal_slot_++; }
+  // window_send_recv calls so far on this rank (host: run; cuda: issued or
+  // recorded): tests see which path a step took.
+  std::int64_t window_transfers() const { return window_transfers_; }
+
   // Host-side exchange of small byte strings (checks before any device work,
   // e.g. the capture uniformity check): every rank passes its bytes and gets
   // every rank's, in rank order. Blocking; not while a stream is captured.
@@ -120,6 +146,10 @@ class Communicator {
   // the colors are known. The default raises kUnsupported.
   virtual std::unique_ptr<Communicator> make_group(const Group& group, std::string name);
 
+  // Implementations choose once, at construction.
+  void set_peer_transport(PeerTransport transport, std::string reason);
+  void count_window_transfer() { ++window_transfers_; }
+
   // Checks shared by every implementation: counts, dtype, ranks.
   void check_count(std::string_view call, std::int64_t count) const;
   void check_peer(std::string_view call, int peer, std::string_view role) const;
@@ -130,6 +160,10 @@ class Communicator {
   int world_size_;
   std::uint64_t id_;
   int splits_ = 0;
+  PeerTransport peer_transport_ = PeerTransport::kNccl;
+  std::string peer_transport_reason_ = "peer copies not supported by this communicator";
+  std::int64_t next_signal_slot_ = 0;
+  std::int64_t window_transfers_ = 0;
 };
 
 // The live communicator with this id, or an Error saying it was destroyed.

@@ -1,5 +1,6 @@
 #include "engine/host_world.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -45,11 +46,20 @@ struct Call {
 }  // namespace
 
 struct HostWorld::Shared {
-  Shared(int size, std::chrono::milliseconds timeout)
-      : size(size), timeout(timeout), posted(static_cast<std::size_t>(size)), waiting(static_cast<std::size_t>(size)) {}
+  Shared(int size, std::chrono::milliseconds timeout, bool peer_copies)
+      : size(size),
+        timeout(timeout),
+        peer_copies(peer_copies),
+        posted(static_cast<std::size_t>(size)),
+        waiting(static_cast<std::size_t>(size)) {
+    for (int r = 0; r < size; ++r) signals.push_back(std::make_unique<std::atomic<std::uint32_t>[]>(2 * kPeerSignalSlots));
+  }
 
   const int size;
   const std::chrono::milliseconds timeout;
+  const bool peer_copies;
+  // Per rank: ready[kPeerSignalSlots] then data[...] (Note [The pool as symmetric memory]).
+  std::vector<std::unique_ptr<std::atomic<std::uint32_t>[]>> signals;
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<Call> posted;   // per rank, valid between the two barriers of a call
@@ -104,7 +114,13 @@ namespace {
 class HostCommunicator final : public Communicator {
  public:
   HostCommunicator(std::shared_ptr<HostWorld::Shared> shared, int rank, std::string name)
-      : Communicator(std::move(name), rank, shared->size), shared_(std::move(shared)) {}
+      : Communicator(std::move(name), rank, shared->size), shared_(std::move(shared)) {
+    if (shared_->peer_copies) {
+      set_peer_transport(PeerTransport::kPeerCopy, "threads of one process share their memory");
+    } else {
+      set_peer_transport(PeerTransport::kNccl, "peer copies turned off for this host world");
+    }
+  }
 
   Device device() const override { return Device::kHost; }
 
@@ -205,6 +221,45 @@ class HostCommunicator final : public Communicator {
     recv(recv_data, count, dtype, from, nullptr);
   }
 
+  // Note [The pool as symmetric memory]: the ranks share the process, so a
+  // peer's pool is its address.
+  std::shared_ptr<PeerWindow> share_window(std::byte* base, std::int64_t bytes,
+                                           const std::vector<PeerReceive>& receives) override {
+    SG_CHECK_CODE(peer_transport() == PeerTransport::kPeerCopy, ErrorCode::kUnsupported, describe(),
+                  " cannot share a pool with its peers (", peer_transport_reason(), ")");
+    std::string mine(sizeof(base), '\0');
+    std::memcpy(mine.data(), &base, sizeof(base));
+    mine += encode_peer_receives(receives);
+    const std::vector<std::string> all = exchange(mine, "peer window");
+    std::vector<PeerWindow::Peer> peers(static_cast<std::size_t>(world_size()));
+    for (int r = 0; r < world_size(); ++r) {
+      const std::string& theirs = all[static_cast<std::size_t>(r)];
+      PeerWindow::Peer& peer = peers[static_cast<std::size_t>(r)];
+      peer.receives = decode_peer_receives(std::string_view(theirs).substr(sizeof(base)),
+                                           detail::concat(describe(), " peer window of rank ", r));
+      if (r != rank()) std::memcpy(&peer.base, theirs.data(), sizeof(base));
+    }
+    return PeerWindow::make(id(), rank(), base, bytes, std::move(peers), nullptr);
+  }
+
+  void window_send_recv(const PeerWindow& window, std::int64_t slot, const void* send, int to, void* recv, int from,
+                        std::int64_t bytes, CUstream_st*) override {
+    check_peer("send_recv", to, "peer");
+    check_peer("send_recv", from, "peer");
+    SG_CHECK_CODE(window.receives_at(slot, recv), ErrorCode::kInternal, describe(), " send_recv in slot ", slot,
+                  ": the receive buffer is not this window's");
+    void* destination = window.receive_address(to, slot, bytes);
+    const std::size_t flag = static_cast<std::size_t>(slot % kPeerSignalSlots);
+    const std::string call = next_call_name(detail::concat("send_recv (peer copy, slot ", slot, ")"));
+    std::atomic<std::uint32_t>* mine = shared_->signals[static_cast<std::size_t>(rank())].get();
+    shared_->signals[static_cast<std::size_t>(from)][flag].store(1, std::memory_order_release);
+    await(mine[flag], call, to);
+    if (bytes > 0) std::memcpy(destination, send, static_cast<std::size_t>(bytes));
+    shared_->signals[static_cast<std::size_t>(to)][kPeerSignalSlots + flag].store(1, std::memory_order_release);
+    await(mine[kPeerSignalSlots + flag], call, from);
+    count_window_transfer();
+  }
+
   std::vector<std::string> exchange(std::string_view local, std::string_view what) override {
     std::unique_lock lock(shared_->mutex);
     const std::string call = next_call_name(detail::concat("exchange '", what, "'"));
@@ -240,7 +295,7 @@ class HostCommunicator final : public Communicator {
                                              group.color);
     if (group.rank == 0) {
       std::lock_guard lock(split_board_mutex());
-      split_board()[token] = std::make_shared<HostWorld::Shared>(group.size, shared_->timeout);
+      split_board()[token] = std::make_shared<HostWorld::Shared>(group.size, shared_->timeout, shared_->peer_copies);
     }
     exchange("", detail::concat("split '", name, "' posted"));
     std::shared_ptr<HostWorld::Shared> world;
@@ -275,6 +330,25 @@ class HostCommunicator final : public Communicator {
 
   std::string next_call_name(std::string_view kind) { return detail::concat(kind, " #", ++calls_); }
 
+  // Waits until `flag` is 1 (posted by rank `peer`), then resets it; an
+  // aborted world or the world's timeout ends the wait with an Error.
+  void await(std::atomic<std::uint32_t>& flag, const std::string& call, int peer) {
+    const auto deadline = std::chrono::steady_clock::now() + shared_->timeout;
+    for (std::int64_t spins = 1; flag.load(std::memory_order_acquire) != 1; ++spins) {
+      if (spins % 256 == 0) {
+        std::lock_guard lock(shared_->mutex);
+        if (!shared_->abort_reason.empty()) shared_->raise_aborted(rank(), call);
+        if (std::chrono::steady_clock::now() > deadline) {
+          shared_->abort_locked(detail::concat("rank ", rank(), " waited ", shared_->timeout.count(), " ms at ", call,
+                                               " for rank ", peer, ", which never posted its flag"));
+          shared_->raise_aborted(rank(), call);
+        }
+      }
+      std::this_thread::yield();
+    }
+    flag.store(0, std::memory_order_relaxed);
+  }
+
   // Note [Host collectives]: post, meet, compute from every rank's buffer,
   // meet again, then write.
   template <typename Compute>
@@ -308,10 +382,10 @@ class HostCommunicator final : public Communicator {
 
 }  // namespace
 
-HostWorld::HostWorld(int size, std::chrono::milliseconds timeout) {
+HostWorld::HostWorld(int size, std::chrono::milliseconds timeout, bool peer_copies) {
   SG_CHECK(size >= 1, "HostWorld: size must be >= 1, got ", size);
   SG_CHECK(timeout.count() > 0, "HostWorld: the timeout must be positive, got ", timeout.count(), " ms");
-  shared_ = std::make_shared<Shared>(size, timeout);
+  shared_ = std::make_shared<Shared>(size, timeout, peer_copies);
 }
 
 HostWorld::~HostWorld() = default;
@@ -323,8 +397,9 @@ std::unique_ptr<Communicator> HostWorld::communicator(int rank, std::string name
   return std::make_unique<HostCommunicator>(shared_, rank, std::move(name));
 }
 
-void HostWorld::run(int size, const std::function<void(Communicator& comm)>& body, std::chrono::milliseconds timeout) {
-  HostWorld world(size, timeout);
+void HostWorld::run(int size, const std::function<void(Communicator& comm)>& body, std::chrono::milliseconds timeout,
+                    bool peer_copies) {
+  HostWorld world(size, timeout, peer_copies);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < size; ++r) comms.push_back(world.communicator(r));
   Shared& shared = *world.shared_;

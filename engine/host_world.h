@@ -35,7 +35,10 @@ class HostWorld {
  public:
   static constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::minutes(5)};
 
-  explicit HostWorld(int size, std::chrono::milliseconds timeout = kDefaultTimeout);
+  // peer_copies: captured send_recv by copies into the peers' pools
+  // (Note [The pool as symmetric memory]); false keeps the mailbox, as NCCL
+  // stays where peers are out of reach.
+  explicit HostWorld(int size, std::chrono::milliseconds timeout = kDefaultTimeout, bool peer_copies = true);
   ~HostWorld();
   HostWorld(const HostWorld&) = delete;
   HostWorld& operator=(const HostWorld&) = delete;
@@ -48,7 +51,7 @@ class HostWorld {
   // A rank that throws aborts the world (the others' pending calls end with
   // an Error); run() then throws the first rank's error, with its rank.
   static void run(int size, const std::function<void(Communicator& comm)>& body,
-                  std::chrono::milliseconds timeout = kDefaultTimeout);
+                  std::chrono::milliseconds timeout = kDefaultTimeout, bool peer_copies = true);
 
   struct Shared;  // the meeting state (host_world.cc)
 

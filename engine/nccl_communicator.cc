@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/cuda_check.h"
+#include "engine/cuda_peer_memory.h"
 #include "engine/error.h"
 #include "engine/logging.h"
 #include "engine/nccl_check.h"
@@ -39,7 +40,10 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclM
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclUniqueId& id, int rank, int world_size, const NcclCommunicatorOptions& options)
-      : Communicator(options.name, rank, world_size), device_(options.device), timeout_(options.timeout) {
+      : Communicator(options.name, rank, world_size),
+        device_(options.device),
+        timeout_(options.timeout),
+        peer_copies_(options.peer_copies) {
     keep_nvls_off();
     SG_CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId nccl_id;
@@ -52,9 +56,11 @@ class NcclCommunicator final : public Communicator {
     if (started != ncclSuccess && started != ncclInProgress) SG_NCCL_CHECK(started);
     wait_for_nccl("ncclCommInitRankConfig");
     SG_CUDA_CHECK(cudaStreamCreateWithFlags(&exchange_stream_, cudaStreamNonBlocking));
+    choose_peer_transport();
   }
 
   ~NcclCommunicator() override {
+    release_signals();
     if (exchange_stream_ != nullptr && cudaStreamDestroy(exchange_stream_) != cudaSuccess) {
       logger().error("{}: cudaStreamDestroy failed", describe());
     }
@@ -161,6 +167,85 @@ class NcclCommunicator final : public Communicator {
     issue("ncclGroupEnd (send_recv)", ended);
   }
 
+  // Note [The pool as symmetric memory]: the pool by CUDA IPC; the first
+  // window also maps every rank's flags, which stay mapped while the
+  // communicator lives.
+  std::shared_ptr<PeerWindow> share_window(std::byte* base, std::int64_t bytes,
+                                           const std::vector<PeerReceive>& receives) override {
+    SG_CHECK_CODE(peer_transport() == PeerTransport::kPeerCopy, ErrorCode::kUnsupported, describe(),
+                  " cannot share a pool with its peers (", peer_transport_reason(), ")");
+    SG_CUDA_CHECK(cudaSetDevice(device_));
+    if (signals_ == nullptr) {
+      SG_CUDA_CHECK(cudaMalloc(&signals_, 2 * kPeerSignalSlots * sizeof(std::uint32_t)));
+      SG_CUDA_CHECK(cudaMemset(signals_, 0, 2 * kPeerSignalSlots * sizeof(std::uint32_t)));
+    }
+    const cuda_peer::IpcHandle pool = base != nullptr ? cuda_peer::export_memory(base) : cuda_peer::IpcHandle{};
+    const cuda_peer::IpcHandle flags = cuda_peer::export_memory(signals_);
+    std::string mine(pool.bytes.data(), pool.bytes.size());
+    mine.append(flags.bytes.data(), flags.bytes.size());
+    mine += encode_peer_receives(receives);
+    const std::vector<std::string> all = exchange(mine, "peer window");
+    const std::size_t handles = pool.bytes.size() + flags.bytes.size();
+    std::vector<PeerWindow::Peer> peers(static_cast<std::size_t>(world_size()));
+    std::vector<void*> mapped;
+    try {
+      for (int r = 0; r < world_size(); ++r) {
+        const std::string& theirs = all[static_cast<std::size_t>(r)];
+        SG_CHECK(theirs.size() >= handles, describe(), " peer window: rank ", r, " sent ", theirs.size(),
+                 " bytes, not its handles");
+        PeerWindow::Peer& peer = peers[static_cast<std::size_t>(r)];
+        peer.receives = decode_peer_receives(std::string_view(theirs).substr(handles),
+                                             detail::concat(describe(), " peer window of rank ", r));
+        if (r == rank()) continue;
+        cuda_peer::IpcHandle handle;
+        std::memcpy(handle.bytes.data(), theirs.data(), handle.bytes.size());
+        if (!peer.receives.empty()) {
+          mapped.push_back(cuda_peer::import_memory(handle));
+          peer.base = static_cast<std::byte*>(mapped.back());
+        }
+        if (peer_signals_.empty()) peer_signals_.resize(static_cast<std::size_t>(world_size()), nullptr);
+        if (peer_signals_[static_cast<std::size_t>(r)] == nullptr) {
+          std::memcpy(handle.bytes.data(), theirs.data() + pool.bytes.size(), handle.bytes.size());
+          peer_signals_[static_cast<std::size_t>(r)] = static_cast<std::uint32_t*>(cuda_peer::import_memory(handle));
+        }
+      }
+    } catch (...) {
+      for (void* m : mapped) cuda_peer::close_memory(m);
+      throw;
+    }
+    return PeerWindow::make(id(), rank(), base, bytes, std::move(peers), [mapped, device = device_] {
+      int previous = 0;
+      (void)cudaGetDevice(&previous);
+      (void)cudaSetDevice(device);
+      for (void* m : mapped) cuda_peer::close_memory(m);
+      (void)cudaSetDevice(previous);
+    });
+  }
+
+  void window_send_recv(const PeerWindow& window, std::int64_t slot, const void* send, int to, void* recv, int from,
+                        std::int64_t bytes, CUstream_st* stream) override {
+    check_peer("send_recv", to, "peer");
+    check_peer("send_recv", from, "peer");
+    SG_CHECK_CODE(!aborted_.load(), ErrorCode::kNccl, describe(), " send_recv: the communicator was aborted");
+    SG_CHECK_CODE(signals_ != nullptr && window.receives_at(slot, recv), ErrorCode::kInternal, describe(),
+                  " send_recv in slot ", slot, ": the receive buffer is not this window's");
+    void* destination = window.receive_address(to, slot, bytes);
+    const std::int64_t flag = slot % kPeerSignalSlots;
+    std::uint32_t* ready = signals_ + flag;  // set by `to`: its receive buffer is free
+    std::uint32_t* data = signals_ + kPeerSignalSlots + flag;  // set by `from`: my receive buffer is full
+    cuda_peer::post_flag(stream, peer_signals_[static_cast<std::size_t>(from)] + flag, 1);
+    cuda_peer::wait_flag(stream, ready, 1);
+    cuda_peer::post_flag(stream, ready, 0);
+    if (bytes > 0) {
+      SG_CUDA_CHECK(cudaMemcpyAsync(destination, send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                    stream));
+    }
+    cuda_peer::post_flag(stream, peer_signals_[static_cast<std::size_t>(to)] + kPeerSignalSlots + flag, 1);
+    cuda_peer::wait_flag(stream, data, 1);
+    cuda_peer::post_flag(stream, data, 0);
+    count_window_transfer();
+  }
+
   // Two all-gathers on a private stream: every rank's length, then the bytes
   // padded to the longest.
   std::vector<std::string> exchange(std::string_view local, std::string_view what) override {
@@ -216,11 +301,65 @@ class NcclCommunicator final : public Communicator {
     SG_CHECK(leaders.size() == id.bytes.size(), describe(), " split '", name, "': the group's leader (rank ",
              group.leader, ") sent no NCCL id");
     std::memcpy(id.bytes.data(), leaders.data(), id.bytes.size());
-    return std::make_unique<NcclCommunicator>(
-        id, group.rank, group.size, NcclCommunicatorOptions{.name = std::move(name), .device = device_, .timeout = timeout_});
+    return std::make_unique<NcclCommunicator>(id, group.rank, group.size,
+                                              NcclCommunicatorOptions{.name = std::move(name),
+                                                                      .device = device_,
+                                                                      .timeout = timeout_,
+                                                                      .peer_copies = peer_copies_});
   }
 
  private:
+  // Peer copies where every rank can map every other's GPU: one host, each
+  // peer's GPU visible here with peer access, NCCL's P2P not switched off
+  // (NCCL_P2P_DISABLE=1 says the peers are to be treated as unreachable,
+  // as in the two-node rehearsal). Every rank decides, then all agree.
+  void choose_peer_transport() {
+    if (world_size() == 1) {
+      set_peer_transport(PeerTransport::kNccl, "a world of one rank sends nothing");
+      return;
+    }
+    std::string reason;
+    const char* p2p = std::getenv("NCCL_P2P_DISABLE");
+    if (!peer_copies_) {
+      reason = "peer copies turned off for this communicator";
+    } else if (p2p != nullptr && std::string_view(p2p) == "1") {
+      reason = "NCCL_P2P_DISABLE=1";
+    }
+    const std::string host = cuda_peer::host_name();
+    const std::vector<std::string> places =
+        exchange(detail::concat(host, "\n", cuda_peer::pci_bus_id(device_)), "peer reachability");
+    for (int r = 0; r < world_size() && reason.empty(); ++r) {
+      if (r == rank()) continue;
+      const std::string& place = places[static_cast<std::size_t>(r)];
+      const std::size_t newline = place.find('\n');
+      if (place.substr(0, newline) != host) {
+        reason = detail::concat("rank ", r, " runs on another host (", place.substr(0, newline), ")");
+      } else if (!cuda_peer::can_access(device_, place.substr(newline + 1))) {
+        reason = detail::concat("rank ", r, "'s GPU (", place.substr(newline + 1),
+                                ") is not reachable by peer access from this process");
+      }
+    }
+    const std::vector<std::string> verdicts = exchange(reason, "peer transport");
+    for (int r = 0; r < world_size(); ++r) {
+      if (!verdicts[static_cast<std::size_t>(r)].empty()) {
+        set_peer_transport(PeerTransport::kNccl, detail::concat("rank ", r, ": ", verdicts[static_cast<std::size_t>(r)]));
+        logger().info("{}: captured send_recv by NCCL ({})", describe(), peer_transport_reason());
+        return;
+      }
+    }
+    set_peer_transport(PeerTransport::kPeerCopy, "every rank maps every other's GPU (CUDA IPC, copy engines)");
+    logger().info("{}: captured send_recv by peer copies ({})", describe(), peer_transport_reason());
+  }
+
+  void release_signals() noexcept {
+    if (signals_ == nullptr && peer_signals_.empty()) return;
+    (void)cudaSetDevice(device_);
+    for (std::uint32_t* peer : peer_signals_) cuda_peer::close_memory(peer);
+    peer_signals_.clear();
+    if (signals_ != nullptr) (void)cudaFree(signals_);
+    signals_ = nullptr;
+  }
+
   void check_reducible(std::string_view call, DType dtype) const {
     SG_CHECK(!is_fp8(dtype), describe(), " ", call, ": fp8 values cannot be reduced; reduce in bf16 or fp32, got ",
              dtype_name(dtype));
@@ -276,6 +415,11 @@ class NcclCommunicator final : public Communicator {
 
   int device_;
   std::chrono::milliseconds timeout_;
+  bool peer_copies_;
+  // This rank's flags (ready[kPeerSignalSlots] then data[...]) and every
+  // rank's as mapped here (null for this rank): Note [The pool as symmetric memory].
+  std::uint32_t* signals_ = nullptr;
+  std::vector<std::uint32_t*> peer_signals_;
   ncclComm_t comm_ = nullptr;  // set once by the constructor
   std::atomic<bool> aborted_{false};
   cudaStream_t exchange_stream_ = nullptr;

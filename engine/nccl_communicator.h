@@ -32,6 +32,10 @@ struct NcclCommunicatorOptions {
   std::string name = "world";
   int device = 0;  // the CUDA device this rank drives
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Captured send_recv by copies into the peers' mapped pools where every
+  // rank can map every other's GPU (Note [The pool as symmetric memory]);
+  // false keeps NCCL. Groups made by split() inherit it.
+  bool peer_copies = true;
 };
 
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int world_size,

@@ -92,6 +92,10 @@ struct CollectiveCall {
   // numbers: "group=dp size=2 op=sum" (the op name, shapes and dtypes are
   // compared besides).
   std::string signature;
+  // A send_recv traced for a peer window: its signal slot, whose receive
+  // buffer (the op's output) the captured step announces to its peers
+  // (Note [The pool as symmetric memory]); -1 otherwise.
+  std::int64_t window_slot = -1;
 };
 
 struct OpDef {

@@ -33,9 +33,11 @@ std::shared_ptr<CapturedStep> CapturedStep::capture(Context& ctx, const StepFunc
                                                     const CaptureOptions& options) {
   std::shared_ptr<CapturedStep> self(new CapturedStep(ctx, options));
   TraceResult traced = self->trace(step);
-  check_uniform_collectives(traced.program, options.communicators);  // before anything is recorded
+  const std::vector<std::uint64_t> groups =
+      check_uniform_collectives(traced.program, options.communicators);  // before anything is recorded
   self->report_ = apply_pool_report_policy(traced, options.pool_report_policy);
   self->plan_and_bind(std::move(traced));
+  self->share_peer_windows(groups);
   self->record_and_instantiate();
   logger().info("captured a step: {} instructions, {} segment(s), pool {} bytes (lower bound {}), {} event(s)",
                 self->program_.instructions().size(), self->segment_count(), self->plan_.pool_bytes,
@@ -109,6 +111,31 @@ void CapturedStep::plan_and_bind(TraceResult traced) {
   program_ = std::move(traced.program);
 }
 
+// Note [The pool as symmetric memory] (engine/peer_window.h): every group
+// with peer copies gets this step's pool and receive table, in the order the
+// uniformity check met the groups (so every rank shares alike, also a rank
+// that receives nothing in a group).
+void CapturedStep::share_peer_windows(const std::vector<std::uint64_t>& groups) {
+  for (const std::uint64_t id : groups) {
+    Communicator& comm = find_communicator(id);
+    if (comm.peer_transport() != PeerTransport::kPeerCopy) continue;
+    std::vector<PeerReceive> receives;
+    for (const Instruction& instruction : program_.instructions()) {
+      if (instruction.op->collective == nullptr) continue;
+      const CollectiveCall call = instruction.op->collective(instruction.params);
+      if (call.communicator != id || call.window_slot < 0) continue;
+      SG_CHECK_CODE(instruction.outputs.size() == 1, ErrorCode::kInternal, "op ", instruction.op->name,
+                    " receives through a peer window but makes ", instruction.outputs.size(), " outputs");
+      const ValueId received = instruction.outputs[0];
+      const ValueInfo& value = program_.value(received);
+      if (value.kind == ValueKind::kPersistent || value.bytes() == 0) continue;  // stays on NCCL
+      receives.push_back({call.window_slot, plan_.offsets[received], value.bytes()});
+    }
+    peer_windows_.push_back(
+        comm.share_window(static_cast<std::byte*>(pool_->base()), pool_->bytes(), receives));
+  }
+}
+
 // Prepares every segment, records them, then instantiates them: no work
 // runs before the first replay. See Note [Capturing by stream capture].
 void CapturedStep::record_and_instantiate() {
@@ -131,9 +158,10 @@ void CapturedStep::record_and_instantiate() {
 }
 
 CapturedStep::~CapturedStep() {
-  // Executables go first; the pool memory goes with its last owner, which
-  // may be an output tensor.
+  // Executables go first, then the peers' mappings; the pool memory goes
+  // with its last owner, which may be an output tensor.
   executables_.clear();
+  peer_windows_.clear();
 }
 
 void CapturedStep::check_state(GraphState expected, std::string_view action) const {

@@ -178,6 +178,7 @@ class CapturedStep final : public CachedGraph {
   // The stages of capture(), in order.
   TraceResult trace(const StepFunction& step);
   void plan_and_bind(TraceResult traced);
+  void share_peer_windows(const std::vector<std::uint64_t>& groups);
   void record_and_instantiate();
   void check_state(GraphState expected, std::string_view action) const;
   void bind_inputs(std::span<const InputBinding> bindings, std::span<CUstream_st* const> source_streams);
@@ -200,6 +201,7 @@ class CapturedStep final : public CachedGraph {
   std::vector<Tensor> outputs_;
   std::vector<BoundSchedule> segments_;                   // what each segment's recording points into
   std::vector<std::unique_ptr<Executable>> executables_;  // per segment
+  std::vector<std::shared_ptr<PeerWindow>> peer_windows_;  // Note [The pool as symmetric memory]
   std::int64_t replays_ = 0;
 };
 

@@ -143,7 +143,8 @@ void compare(const Communicator& comm, const std::vector<std::vector<Entry>>& ra
 
 }  // namespace
 
-void check_uniform_collectives(const Program& program, const std::vector<Communicator*>& communicators) {
+std::vector<std::uint64_t> check_uniform_collectives(const Program& program,
+                                                     const std::vector<Communicator*>& communicators) {
   std::vector<std::uint64_t> ids;
   for (const Communicator* comm : communicators) {
     SG_CHECK(comm != nullptr, "check_uniform_collectives: a null communicator");
@@ -154,6 +155,7 @@ void check_uniform_collectives(const Program& program, const std::vector<Communi
     const std::uint64_t id = instruction.op->collective(instruction.params).communicator;
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   }
+  std::vector<std::uint64_t> checked;
   for (std::uint64_t id : ids) {
     Communicator& comm = find_communicator(id);
     if (comm.world_size() == 1) continue;
@@ -161,7 +163,9 @@ void check_uniform_collectives(const Program& program, const std::vector<Communi
     std::vector<std::vector<Entry>> ranks;
     for (const std::string& text : all) ranks.push_back(decode(text));
     compare(comm, ranks);
+    checked.push_back(id);
   }
+  return checked;
 }
 
 }  // namespace stepgraph

@@ -22,6 +22,9 @@ namespace stepgraph {
 // one is checked, also where this rank's program makes no call on it (so a
 // rank that skipped its collectives is named, not waited for). Communicators
 // the program uses beyond them are checked after them, in order of first use.
-void check_uniform_collectives(const Program& program, const std::vector<Communicator*>& communicators);
+// Returns the ids of the groups of more than one rank it checked, in that
+// order: every rank of a group checked them alike.
+std::vector<std::uint64_t> check_uniform_collectives(const Program& program,
+                                                     const std::vector<Communicator*>& communicators);
 
 }  // namespace stepgraph

@@ -128,7 +128,7 @@ Tensor all_gather_gemm(Context& ctx, Communicator& comm, const Tensor& x, CommOv
   for (int step = 0; step < n; ++step) {
     const std::int64_t first_row = ((r - step + n) % n) * t;  // rank r - step's shard
     Tensor next;
-    if (step + 1 < n) next = ops::send_recv(ctx, comm, shard, (r + 1) % n, (r - 1 + n) % n);
+    if (step + 1 < n) next = ops::ring_shift(ctx, comm, shard);
     gemm(shard, first_row);
     {
       WeightGradScope side(ctx);  // off the GEMMs' stream; a byte copy
@@ -158,7 +158,7 @@ Tensor gemm_reduce_scatter(Context& ctx, Communicator& comm, std::int64_t all_ro
     const int block = ((r - step - 1) % n + n) % n;
     sum = partial(block * t, t);
     if (step > 0) sum = ops::residual_add(ctx, sum, arrived);
-    if (step + 1 < n) arrived = ops::send_recv(ctx, comm, sum, (r + 1) % n, (r - 1 + n) % n);
+    if (step + 1 < n) arrived = ops::ring_shift(ctx, comm, sum);
   }
   return sum;  // block r, every rank's part
 }

@@ -21,12 +21,16 @@ struct CollectiveParams {
   int from = -1;  // send_recv: the sender
   enum class PointToPoint : std::uint8_t { kNone, kSend, kRecv, kSendRecv };
   PointToPoint p2p = PointToPoint::kNone;
+  // send_recv traced on a communicator with peer copies: its signal slot
+  // (Note [The pool as symmetric memory]); -1: NCCL (eager, or no peer copies).
+  std::int64_t slot = -1;
   TensorMeta meta;  // recv: the received tensor
   bool operator==(const CollectiveParams&) const = default;
   std::string to_string() const {
     std::string text = detail::concat("comm=", group, "#", communicator, " rank=", rank, "/", world_size);
     text += detail::concat(" op=", reduce_op_name(op)) + (peer >= 0 ? detail::concat(" peer=", peer) : "");
-    return text + (from >= 0 ? detail::concat(" from=", from) : "");
+    text += from >= 0 ? detail::concat(" from=", from) : "";
+    return text + (slot >= 0 ? detail::concat(" slot=", slot) : "");
   }
 };
 
@@ -76,7 +80,7 @@ void visit_operands(const CollectiveParams&, ManyOperands<F>& o, V& v) {
 CollectiveParams params_for(Context& ctx, Communicator& comm, std::string_view what, ReduceOp op = ReduceOp::kSum,
                             int peer = -1, P2P p2p = P2P::kNone, TensorMeta meta = {}) {
   comm.check_device(ctx.device(), what);
-  return {comm.id(), comm.name(), comm.rank(), comm.world_size(), op, peer, -1, p2p, meta};
+  return {comm.id(), comm.name(), comm.rank(), comm.world_size(), op, peer, -1, p2p, -1, meta};
 }
 
 const CollectiveParams& of(const OpParams& params) { return params.as<CollectiveParams>(); }
@@ -89,7 +93,9 @@ CollectiveCall collective_call(const OpParams& params) {
   switch (p.p2p) {
     case P2P::kSend: return {p.communicator, p.peer, -1, signature};
     case P2P::kRecv: return {p.communicator, -1, p.peer, signature};
-    case P2P::kSendRecv: return {p.communicator, p.peer, p.from, signature};
+    case P2P::kSendRecv:
+      if (p.slot >= 0) signature += detail::concat(" slot=", p.slot);  // both ranks must agree on the slot
+      return {p.communicator, p.peer, p.from, signature, p.slot};
     case P2P::kNone: break;
   }
   if (p.peer >= 0) signature += detail::concat(" root=", p.peer);
@@ -242,7 +248,18 @@ void recv_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
   const Operand out = received(p, a);
   comm_of(p).recv(out.data, out.numel(), out.dtype(), of(p).peer, s);
 }
+// Through the pool's peer window where the captured step shared one (Note
+// [The pool as symmetric memory]); NCCL (or the host mailbox) otherwise.
 void send_recv_run(const OpParams& p, const KernelArgs& a, CUstream_st* s) {
+  if (of(p).slot >= 0) {
+    const Operand x = source(p, a);
+    const Operand out = received(p, a);
+    if (const auto window = find_peer_window(of(p).communicator, of(p).slot, out.data)) {
+      comm_of(p).window_send_recv(*window, of(p).slot, x.data, of(p).peer, out.data, of(p).from,
+                                  x.numel() * static_cast<std::int64_t>(dtype_size(x.dtype())), s);
+      return;
+    }
+  }
   const Operand x = source(p, a);
   comm_of(p).send_recv(x.data, of(p).peer, received(p, a).data, of(p).from, x.numel(), x.dtype(), s);
 }
@@ -436,6 +453,18 @@ Tensor send_recv(Context& ctx, Communicator& comm, const Tensor& x, int to, int 
   CollectiveParams params = params_for(ctx, comm, "send_recv", ReduceOp::kSum, to, P2P::kSendRecv);
   params.from = from;
   return ctx.call(send_recv_op(), params, flatten("send_recv", params, ReadOperand<Tensor>{x}))[0];
+}
+
+Tensor ring_shift(Context& ctx, Communicator& comm, const Tensor& x) {
+  const int n = comm.world_size();
+  SG_CHECK(n > 1, "ring_shift: a ring needs at least two ranks, ", comm.describe(), " has one");
+  const int r = comm.rank();
+  CollectiveParams params = params_for(ctx, comm, "ring_shift", ReduceOp::kSum, (r + 1) % n, P2P::kSendRecv);
+  params.from = (r - 1 + n) % n;
+  // Eager calls move bytes through NCCL; a traced one takes a signal slot so
+  // that its captured step can move them by peer copies.
+  if (ctx.tracing() && comm.peer_transport() == PeerTransport::kPeerCopy) params.slot = comm.take_signal_slot();
+  return ctx.call(send_recv_op(), params, flatten("ring_shift", params, ReadOperand<Tensor>{x}))[0];
 }
 
 }  // namespace stepgraph::ops

@@ -42,6 +42,12 @@ Tensor recv(Context& ctx, Communicator& comm, const TensorMeta& meta, int peer);
 // the step of a ring (every rank calls it with its neighbours) that a
 // send followed by a recv would deadlock on NCCL.
 Tensor send_recv(Context& ctx, Communicator& comm, const Tensor& x, int to, int from);
+// One step of a ring that every rank of `comm` takes together: sends x to
+// rank r + 1 and returns what rank r - 1 sent. A send_recv whose captured
+// form moves the bytes by peer copies where the communicator has them (Note
+// [The pool as symmetric memory]): every rank makes the same calls, so they
+// share signal slots in trace order.
+Tensor ring_shift(Context& ctx, Communicator& comm, const Tensor& x);
 
 const OpDef& all_reduce_op();
 const OpDef& all_reduce_inplace_op();

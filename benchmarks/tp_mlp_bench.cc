@@ -12,7 +12,11 @@
 //   none      the TP layer, each collective on the compute stream, then its GEMM
 //   bulk      each collective whole on the communication stream
 //   overlap   ring_exchange for the two all-gathers, pipelined for the two
-//             reduce-scatters
+//             reduce-scatters; where the ranks map each other's GPUs its ring
+//             steps are peer copies into the neighbour's pool (copy engines,
+//             no SMs: Note [The pool as symmetric memory]), and the row
+//             overlap_nccl runs the same rings through NCCL's kernels on a
+//             second communicator without peer copies
 // (other --modes: any MLPOverlap text, e.g. ring_exchange,bulk,bulk,pipelined).
 // T is the step config's tokens per step, each rank holding T / N outside
 // the MLP. Timing: rounds of one sample per row, interleaved (so drift hits
@@ -62,8 +66,24 @@ struct Options {
   int repeats = 15;
   int timeout_s = 300;
   bool profile = false;
+  bool nccl_rings = true;
   std::string out;
 };
+
+bool has_rings(const MLPOverlap& o) {
+  return o.fc1_fprop == CommOverlap::kRingExchange || o.fc2_fprop == CommOverlap::kPipelined ||
+         o.fc2_dgrad == CommOverlap::kRingExchange || o.fc1_dgrad == CommOverlap::kPipelined;
+}
+
+// The summed time of the step's GEMMs in a profile (every op whose name
+// holds "gemm"): beside communication they may run slower.
+double gemm_us(const StepProfile& profile) {
+  double total = 0;
+  for (const ProfiledOpTotal& op : profile.by_op()) {
+    if (op.op.find("gemm") != std::string::npos) total += op.total_us;
+  }
+  return total;
+}
 
 // One row: a layer, its inputs and its captured forward + backward.
 struct Row {
@@ -73,6 +93,7 @@ struct Row {
   Tensor x, dy;
   std::shared_ptr<CapturedStep> graph;
   std::vector<double> samples_us;
+  std::string transport;  // how its ring steps move bytes ("" for no_comm)
 };
 
 Tensor random_bf16(Context& ctx, const std::string& name, std::int64_t rows, std::int64_t cols, std::mt19937& rng) {
@@ -132,8 +153,13 @@ int run(const Options& options) {
   Context ctx(Device::kCuda, 2);
   ctx.set_communication_stream(2);
   std::mt19937 rng(1234 + static_cast<unsigned>(comm->rank()));
+  // The same ranks without peer copies: the rings through NCCL, for
+  // comparison. Declared before the rows: a communicator must outlive the
+  // graphs that captured its calls (NCCL's finalize waits for them).
+  std::unique_ptr<Communicator> nccl;
   std::vector<Row> rows;
   auto capture = [&](Row& row, std::vector<Communicator*> comms) {
+    if (leader) std::cerr << "tp_mlp_bench: capturing " << row.name << std::endl;
     row.graph = CapturedStep::capture(ctx,
                                       [&] {
                                         const LayerNormMLP::Forward f = row.layer->forward(ctx, {row.x});
@@ -152,17 +178,24 @@ int run(const Options& options) {
   }
   const Tensor x = random_bf16(ctx, "x", tokens / n, hidden, rng);
   const Tensor dy = random_bf16(ctx, "dy", tokens / n, hidden, rng);
-  for (const std::string& mode : options.modes) {
-    const MLPOverlap overlap = MLPOverlap::parse(mode);
-    Row row{.name = mode, .overlap = overlap.to_string()};
+  if (options.nccl_rings && comm->peer_transport() == PeerTransport::kPeerCopy) {
+    nccl = make_nccl_communicator_like(*comm, {.name = "tp_nccl", .device = launch.local_rank, .peer_copies = false});
+  }
+  auto add_mode = [&](const std::string& name, const MLPOverlap& overlap, Communicator& group) {
+    Row row{.name = name, .overlap = overlap.to_string()};
     row.layer = std::make_unique<LayerNormMLP>(
         ctx, "mlp",
-        LayerNormMLPConfig{.hidden = hidden, .ffn = ffn, .dtype = DType::kBFloat16, .overlap = overlap}, 7,
-        comm.get());
+        LayerNormMLPConfig{.hidden = hidden, .ffn = ffn, .dtype = DType::kBFloat16, .overlap = overlap}, 7, &group);
     row.x = x;
     row.dy = dy;
-    capture(row, {comm.get()});
+    row.transport = std::string(peer_transport_name(group.peer_transport()));
+    capture(row, {&group});
     rows.push_back(std::move(row));
+  };
+  for (const std::string& mode : options.modes) {
+    const MLPOverlap overlap = MLPOverlap::parse(mode);
+    add_mode(mode, overlap, *comm);
+    if (nccl != nullptr && has_rings(overlap)) add_mode(mode + "_nccl", overlap, *nccl);
   }
 
   if (leader) {
@@ -172,6 +205,8 @@ int run(const Options& options) {
               << " per rank), " << tokens << " tokens (" << tokens / n << " per rank), bf16; " << options.replays
               << " replays per sample, " << options.repeats << " samples per row, interleaved\n";
     if (n == 1) std::cout << "  NOTE: one rank: every collective is a local copy and the chunked modes run whole\n";
+    std::cout << "  ring steps: " << peer_transport_name(comm->peer_transport()) << " ("
+              << comm->peer_transport_reason() << ")" << (nccl != nullptr ? "; rows *_nccl by NCCL" : "") << "\n";
   }
 
   // Outputs of each mode against none's: the same math, maybe other GEMM algorithms per chunk.
@@ -193,6 +228,7 @@ int run(const Options& options) {
     agreement[row.name] = diffs;
   }
 
+  if (leader) std::cerr << "tp_mlp_bench: timing " << rows.size() << " rows" << std::endl;
   cudaEvent_t start = nullptr, stop = nullptr;
   SG_CUDA_CHECK(cudaEventCreate(&start));
   SG_CUDA_CHECK(cudaEventCreate(&stop));
@@ -222,30 +258,41 @@ int run(const Options& options) {
     medians.push_back(median);
     if (row.name == "no_comm") no_comm_us = median;
     if (row.name == "none") none_us = median;
-    json entry = {{"name", row.name}, {"overlap", row.overlap}, {"median_us", median}, {"min_us", low},
-                  {"max_us", high}};
+    json entry = {{"name", row.name}, {"overlap", row.overlap}, {"transport", row.transport},
+                  {"median_us", median}, {"min_us", low}, {"max_us", high}};
     if (options.profile) {
+      if (leader) std::cerr << "tp_mlp_bench: profiling " << row.name << std::endl;
       const StepProfile p = row.graph->profile();  // every rank: the profiled run holds collectives
       entry["profile"] = {{"total_us", p.total_us},
                           {"stream_busy_us", p.stream_busy_us},
                           {"communication_us", p.communication_us},
-                          {"exposed_communication_us", p.exposed_communication_us}};
+                          {"exposed_communication_us", p.exposed_communication_us},
+                          {"gemm_us", slowest(*comm, gemm_us(p), row.name + " gemm")}};
     }
     results.push_back(entry);
   }
   comm->check_health();
   if (!leader) return EXIT_SUCCESS;
+  double no_comm_gemm_us = 0;
+  for (const json& entry : results) {
+    if (entry["name"] == "no_comm" && entry.contains("profile")) no_comm_gemm_us = entry["profile"]["gemm_us"];
+  }
   for (json& entry : results) {
     const double median = entry["median_us"].get<double>();
     entry["ratio_to_no_comm"] = median / no_comm_us;
+    if (entry.contains("profile") && no_comm_gemm_us > 0) {
+      entry["profile"]["gemm_slowdown_vs_no_comm"] = entry["profile"]["gemm_us"].get<double>() / no_comm_gemm_us;
+    }
     if (none_us > 0 && entry["name"] != "no_comm") entry["speedup_vs_none"] = none_us / median;
-    std::printf("  %-10s %9.1f us [%.1f-%.1f]  %.3fx no_comm", entry["name"].get<std::string>().c_str(), median,
+    std::printf("  %-13s %9.1f us [%.1f-%.1f]  %.3fx no_comm", entry["name"].get<std::string>().c_str(), median,
                 entry["min_us"].get<double>(), entry["max_us"].get<double>(), median / no_comm_us);
     if (entry.contains("speedup_vs_none")) std::printf("  %.3fx faster than none", entry["speedup_vs_none"].get<double>());
     if (entry.contains("profile")) {
       const json& p = entry["profile"];
-      std::printf("  (profile: communication %.1f us, exposed %.1f us)", p["communication_us"].get<double>(),
-                  p["exposed_communication_us"].get<double>());
+      std::printf("  (profile: communication %.1f us, exposed %.1f us; GEMMs %.1f us", p["communication_us"].get<double>(),
+                  p["exposed_communication_us"].get<double>(), p["gemm_us"].get<double>());
+      if (p.contains("gemm_slowdown_vs_no_comm")) std::printf(", %.3fx no_comm's", p["gemm_slowdown_vs_no_comm"].get<double>());
+      std::printf(")");
     }
     std::printf("\n");
   }
@@ -258,6 +305,9 @@ int run(const Options& options) {
       {"world_size", n},
       {"launcher", launch.launcher},
       {"config", config.name},
+      {"ring_transport", {{"world", peer_transport_name(comm->peer_transport())},
+                          {"reason", comm->peer_transport_reason()},
+                          {"nccl_rows", nccl != nullptr}}},
       {"hidden", hidden},
       {"ffn", ffn},
       {"tokens", tokens},
@@ -291,6 +341,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", options.timeout_s, "a rank that does not answer within this is an error")
       ->capture_default_str();
   app.add_flag("--profile", options.profile, "print each row's step profile (one more run per row)");
+  app.add_flag("!--no-nccl-rings", options.nccl_rings,
+               "skip the *_nccl rows (rings through NCCL beside the peer-copy rings)");
   app.add_option("--out", options.out, "write the results as JSON here (rank 0)");
   CLI11_PARSE(app, argc, argv);
   return stepgraph::bench::run_main("tp_mlp_bench", [&] { return stepgraph::run(options); });

@@ -9,6 +9,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "engine/peer_flag_kernel.h"
 
 namespace stepgraph::cuda_peer {
 namespace {
@@ -26,32 +27,13 @@ Function driver_function(const char* name) {
   return reinterpret_cast<Function>(function);
 }
 
-struct MemoryOperations {
-  PFN_cuStreamWriteValue32_v11070 write = driver_function<PFN_cuStreamWriteValue32_v11070>("cuStreamWriteValue32");
-  PFN_cuStreamWaitValue32_v11070 wait = driver_function<PFN_cuStreamWaitValue32_v11070>("cuStreamWaitValue32");
-};
-
-const MemoryOperations& memory_operations() {
-  static const MemoryOperations operations;
-  return operations;
+PFN_cuStreamWriteValue32_v11070 write_value() {
+  static const auto write = driver_function<PFN_cuStreamWriteValue32_v11070>("cuStreamWriteValue32");
+  return write;
 }
 
 void check_driver(CUresult result, const char* call) {
   SG_CHECK_CODE(result == CUDA_SUCCESS, ErrorCode::kCuda, call, " failed (CUresult ", static_cast<int>(result), ")");
-}
-
-// Whether waits can flush remote writes (a platform feature; where present
-// the wait asks for it, so the bytes a peer copied before its flag are
-// visible to the work after the wait).
-unsigned int wait_flags() {
-  static const unsigned int flags = [] {
-    int device = 0;
-    SG_CUDA_CHECK(cudaGetDevice(&device));
-    int flush = 0;
-    if (cudaDeviceGetAttribute(&flush, cudaDevAttrCanFlushRemoteWrites, device) != cudaSuccess) flush = 0;
-    return CU_STREAM_WAIT_VALUE_EQ | (flush != 0 ? CU_STREAM_WAIT_VALUE_FLUSH : 0u);
-  }();
-  return flags;
 }
 
 }  // namespace
@@ -100,15 +82,13 @@ bool can_access(int device, const std::string& peer_bus_id) {
   return can != 0;
 }
 
-void post_flag(CUstream_st* stream, std::uint32_t* flag, std::uint32_t value) {
-  check_driver(memory_operations().write(stream, reinterpret_cast<CUdeviceptr>(flag), value,
-                                         CU_STREAM_WRITE_VALUE_DEFAULT),
+void post_flag(CUstream_st* stream, std::uint32_t* flag) {
+  check_driver(write_value()(stream, reinterpret_cast<CUdeviceptr>(flag), 1, CU_STREAM_WRITE_VALUE_DEFAULT),
                "cuStreamWriteValue32");
 }
 
-void wait_flag(CUstream_st* stream, std::uint32_t* flag, std::uint32_t value) {
-  check_driver(memory_operations().wait(stream, reinterpret_cast<CUdeviceptr>(flag), value, wait_flags()),
-               "cuStreamWaitValue32");
+void await_flag(CUstream_st* stream, std::uint32_t* flag, std::uint64_t timeout_ns) {
+  launch_await_flag(flag, timeout_ns, stream);
 }
 
 }  // namespace stepgraph::cuda_peer

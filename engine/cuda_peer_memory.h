@@ -30,11 +30,14 @@ std::string pci_bus_id(int device);
 // `peer_bus_id` directly (visible to this process, peer access possible).
 bool can_access(int device, const std::string& peer_bus_id);
 
-// Stream-ordered flag operations on 32-bit words of device memory (local or
-// a peer's mapped memory). post: a fence, then *flag = value (the stream's
-// earlier writes, peer copies included, land before the flag). wait: the
-// stream stalls until *flag == value. Both are recorded under capture.
-void post_flag(CUstream_st* stream, std::uint32_t* flag, std::uint32_t value);
-void wait_flag(CUstream_st* stream, std::uint32_t* flag, std::uint32_t value);
+// Stream-ordered flag operations on 32-bit words of device memory, both
+// recorded under capture. post: a stream memory operation (no kernel, no
+// SM) on a flag in a peer's mapped memory: a fence, then *flag = 1, so the
+// stream's earlier writes, peer copies included, land before the flag.
+// await: a one-thread kernel on a flag in this GPU's memory, until it is 1,
+// then 0 again (engine/peer_flag_kernel.h says why a kernel); a wait longer
+// than `timeout_ns` fails the launch.
+void post_flag(CUstream_st* stream, std::uint32_t* flag);
+void await_flag(CUstream_st* stream, std::uint32_t* flag, std::uint64_t timeout_ns);
 
 }  // namespace stepgraph::cuda_peer

@@ -15,7 +15,10 @@
 // rank order (so every rank gets the same bits, whatever the thread timing),
 // waits until every rank has read, and only then writes its result, since a
 // receive buffer may be another rank's send buffer of the same call (in
-// place). Send copies into a mailbox and returns; recv takes from it.
+// place). Send copies into a mailbox and returns; recv takes from it. A
+// captured step's ring steps copy into the receiver's pool instead, with
+// atomic flags (Note [The pool as symmetric memory]), unless the world is
+// made without peer copies.
 //
 // Faults: a wait longer than the world's timeout, or a rank that ends with
 // an exception (run() catches it), aborts the world: every rank's pending and

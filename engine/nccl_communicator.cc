@@ -233,16 +233,15 @@ class NcclCommunicator final : public Communicator {
     const std::int64_t flag = slot % kPeerSignalSlots;
     std::uint32_t* ready = signals_ + flag;  // set by `to`: its receive buffer is free
     std::uint32_t* data = signals_ + kPeerSignalSlots + flag;  // set by `from`: my receive buffer is full
-    cuda_peer::post_flag(stream, peer_signals_[static_cast<std::size_t>(from)] + flag, 1);
-    cuda_peer::wait_flag(stream, ready, 1);
-    cuda_peer::post_flag(stream, ready, 0);
+    const auto timeout_ns = static_cast<std::uint64_t>(timeout_.count()) * 1000000u;
+    cuda_peer::post_flag(stream, peer_signals_[static_cast<std::size_t>(from)] + flag);
+    cuda_peer::await_flag(stream, ready, timeout_ns);
     if (bytes > 0) {
       SG_CUDA_CHECK(cudaMemcpyAsync(destination, send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice,
                                     stream));
     }
-    cuda_peer::post_flag(stream, peer_signals_[static_cast<std::size_t>(to)] + kPeerSignalSlots + flag, 1);
-    cuda_peer::wait_flag(stream, data, 1);
-    cuda_peer::post_flag(stream, data, 0);
+    cuda_peer::post_flag(stream, peer_signals_[static_cast<std::size_t>(to)] + kPeerSignalSlots + flag);
+    cuda_peer::await_flag(stream, data, timeout_ns);
     count_window_transfer();
   }
 
@@ -439,6 +438,19 @@ NcclUniqueId make_nccl_unique_id() {
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int world_size,
                                                      const NcclCommunicatorOptions& options) {
   return std::make_unique<NcclCommunicator>(id, rank, world_size, options);
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator_like(Communicator& group, const NcclCommunicatorOptions& options) {
+  NcclUniqueId id;
+  std::string mine;
+  if (group.rank() == 0) {
+    id = make_nccl_unique_id();
+    mine.assign(id.bytes.data(), id.bytes.size());
+  }
+  const std::string first = group.exchange(mine, detail::concat("communicator '", options.name, "' id")).at(0);
+  SG_CHECK(first.size() == id.bytes.size(), group.describe(), ": rank 0 sent no NCCL id for '", options.name, "'");
+  std::memcpy(id.bytes.data(), first.data(), id.bytes.size());
+  return make_nccl_communicator(id, group.rank(), group.world_size(), options);
 }
 
 std::string nccl_version() {

@@ -41,6 +41,12 @@ struct NcclCommunicatorOptions {
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclUniqueId& id, int rank, int world_size,
                                                      const NcclCommunicatorOptions& options = {});
 
+// A new NCCL communicator of the same ranks as `group` (any communicator of
+// CUDA ranks), made with `options` (its name, device and peer_copies):
+// collective over `group`, whose rank 0 makes the NCCL id. Benchmarks and
+// tests compare transports on one set of ranks with it.
+std::unique_ptr<Communicator> make_nccl_communicator_like(Communicator& group, const NcclCommunicatorOptions& options);
+
 // NCCL's version as "2.28.3" (the library loaded at run time).
 std::string nccl_version();
 

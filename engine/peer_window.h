@@ -22,10 +22,12 @@
 //              a copy engine: no SMs)
 //       post   t's data[s] = 1      (after a fence: the bytes land first)
 //       wait   my data[s] == 1, then my data[s] = 0
-//     On cuda the posts and waits are stream memory operations
-//     (cuStreamWriteValue32 / cuStreamWaitValue32, batch memory-op nodes in
-//     the graph) on flags in memory every rank maps; on host, atomics. Each
-//     flag has one writer and one waiter, and each wait resets its flag
+//     On cuda a post is a stream memory operation (cuStreamWriteValue32: a
+//     fence, then the write; a batch memory-op node in the graph, no SM) on
+//     a flag in the peer's mapped memory, and a wait is a one-thread kernel
+//     spinning on a flag in this GPU's memory (a stream wait would stall its
+//     whole hardware queue: engine/peer_flag_kernel.h); on host, atomics.
+//     Each flag has one writer and one waiter, and each wait resets its flag
 //     before the rank's next post in that slot, so the same graph replays
 //     forever with the same values.
 //   - Slots are numbered per communicator in trace order (every rank traces

@@ -50,12 +50,13 @@ namespace stepgraph {
 // The buffers the ranks exchange (the shards in flight, the partial sums,
 // the gathered tensors) are values of the step's one static pool, at
 // addresses fixed when the step is planned and recorded into the graph once:
-// no buffer is allocated per step and there is no second pool. Point-to-point
-// NCCL moves them (see docs/communication_performance.md, "Tensor parallelism", for why
-// send/recv rather than copies into peer memory, with numbers). NCCL stages
-// them through its own channel buffers: zero-copy registration of the pool
-// (ncclCommRegister, or NCCL's graph registration) needs the pool allocated
-// by ncclMemAlloc, which the CUDA backend does not do yet.
+// no buffer is allocated per step and there is no second pool. Each ring
+// step is ops::ring_shift. In a captured step whose ranks map each other's
+// GPUs it is a peer copy straight into the neighbour's pool value, on a copy
+// engine, with flags in mapped memory (Note [The pool as symmetric memory]
+// in engine/peer_window.h): no NCCL kernel takes SMs from the chunk GEMMs.
+// Elsewhere (eager, another host, NCCL_P2P_DISABLE=1) NCCL's send/recv moves
+// the same bytes; docs/communication_performance.md has the numbers of both.
 enum class CommOverlap : std::uint8_t { kNone, kBulk, kRingExchange, kPipelined };
 std::string_view comm_overlap_name(CommOverlap mode);  // "none", "bulk", "ring_exchange", "pipelined"
 // The mode of a name; an Error listing the names otherwise.

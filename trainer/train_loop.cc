@@ -395,9 +395,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   }
   if (tp_comm != nullptr) {
     out << fmt::format("tensor parallel: {} ranks ({}), {} examples each outside the blocks, ffn {} and vocab {} "
-                       "per rank; overlap {}\n",
+                       "per rank; overlap {}; captured ring steps by {} ({})\n",
                        o.tp, tp_comm->describe(), local_batch, o.ffn / o.tp, config.model.vocab / o.tp,
-                       config.model.overlap.to_string());
+                       config.model.overlap.to_string(), peer_transport_name(tp_comm->peer_transport()),
+                       tp_comm->peer_transport_reason());
   }
 
   // A sharded optimizer or model writes one file per rank (its shards);

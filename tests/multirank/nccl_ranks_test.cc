@@ -34,10 +34,12 @@
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
+#include "engine/half_precision.h"
 #include "launch/join.h"
 #include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "optim/adamw.h"
+#include "layers/layernorm_mlp.h"
 #include "layers/residual_stack.h"
 #include "train/train_step.h"
 #include "ops/collective_ops.h"
@@ -235,6 +237,96 @@ TEST(NcclRanksTest, TensorParallelInEveryOverlapModeEqualsOneGpuOnTheGlobalBatch
     expect_parallel_equals_one_gpu(model_config(true, MLPOverlap::parse(mode)), &comm, nullptr,
                                    DataParallelMode::kAllReduce, std::string("tp, dense + MoE blocks, ") + mode);
   }
+}
+
+// --- peer windows -------------------------------------------------------------
+
+// One sequence-parallel LayerNormMLP's forward and backward (bf16, the
+// overlapped modes' ring steps) captured three ways on the same rows: rings
+// by peer copies into the neighbour's pool (the world, where every rank maps
+// every other's GPU), rings by NCCL (a second communicator without peer
+// copies), and every collective `none`. At two ranks every way gives the
+// same bits (a + b == b + a), eagerly too; then the peer-copy graph replays
+// 10,000 times and still gives them (its flags return to zero every replay).
+TEST(NcclRanksTest, PeerCopyRingsEqualNcclRingsAndNoneAndReplayTenThousandTimes) {
+  SG_SKIP_WITHOUT_GPU();
+  Communicator& comm = world();
+  if (comm.world_size() < 2) GTEST_SKIP() << "needs 2 ranks: run under torchrun --nproc-per-node 2 (world size 1 now)";
+  if (comm.world_size() != 2) GTEST_SKIP() << "bit-for-bit pipelined sums need exactly 2 ranks, world size "
+                                           << comm.world_size();
+  std::printf("[ peer     ] %s: %s (%s)\n", comm.describe().c_str(),
+              std::string(peer_transport_name(comm.peer_transport())).c_str(), comm.peer_transport_reason().c_str());
+  if (comm.peer_transport() != PeerTransport::kPeerCopy) {
+    GTEST_SKIP() << "the ranks cannot map each other's GPUs here: " << comm.peer_transport_reason();
+  }
+  int device = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  const std::unique_ptr<Communicator> nccl =
+      make_nccl_communicator_like(comm, {.name = "tp_nccl", .device = device, .peer_copies = false});
+  ASSERT_EQ(nccl->peer_transport(), PeerTransport::kNccl);
+
+  constexpr std::int64_t kRows = 256, kWidth = 256, kFfnWidth = 1024;
+  const testing::TestSeed drawn;
+  const auto seed = static_cast<std::uint32_t>(
+      std::stoul(comm.exchange(std::to_string(drawn.value()), "the test's seed").at(0)));
+  const std::string who = "rank " + std::to_string(comm.rank()) + ", seed " + std::to_string(seed) + " (rank 0's)";
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  std::mt19937 rng(seed + static_cast<std::uint32_t>(comm.rank()));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random_input = [&](const char* name) {
+    std::vector<std::uint16_t> values(kRows * kWidth);
+    for (std::uint16_t& v : values) v = float_to_bf16(normal(rng));
+    const Tensor b = ctx.persistent(name, {Shape{kRows, kWidth}, DType::kBFloat16});
+    ctx.copy_from_host(b, values.data(), values.size() * sizeof(std::uint16_t));
+    return b;
+  };
+  const Tensor x = random_input("x");
+  const Tensor dy = random_input("dy");
+  auto layer = [&](const char* overlap, Communicator& group) {
+    return std::make_unique<LayerNormMLP>(ctx, "mlp",
+                                          LayerNormMLPConfig{.hidden = kWidth, .ffn = kFfnWidth,
+                                                             .dtype = DType::kBFloat16,
+                                                             .overlap = MLPOverlap::parse(overlap)},
+                                          11, &group);
+  };
+  auto outputs_of = [&](const std::vector<Tensor>& out) {
+    return std::vector<std::vector<std::uint16_t>>{ctx.to_vector<std::uint16_t>(out[0]),
+                                                   ctx.to_vector<std::uint16_t>(out[1])};
+  };
+  auto capture = [&](LayerNormMLP& mlp, Communicator& group) {
+    return CapturedStep::capture(ctx,
+                                 [&] {
+                                   const LayerNormMLP::Forward f = mlp.forward(ctx, {x});
+                                   return std::vector<Tensor>{f.y, mlp.backward(ctx, f.saved, {dy})};
+                                 },
+                                 {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&group}});
+  };
+  const auto none = layer("none", comm);
+  const LayerNormMLP::Forward f = none->forward(ctx, {x});
+  const std::vector<Tensor> eager_out{f.y, none->backward(ctx, f.saved, {dy})};
+  const std::vector<std::vector<std::uint16_t>> want = outputs_of(eager_out);
+
+  const auto by_peers = layer("overlap", comm);
+  const auto by_nccl = layer("overlap", *nccl);
+  const std::int64_t before = comm.window_transfers();
+  auto peer_graph = capture(*by_peers, comm);
+  auto nccl_graph = capture(*by_nccl, *nccl);
+  EXPECT_EQ(comm.window_transfers() - before, 4) << who << ": the four ring steps recorded as peer copies";
+  EXPECT_EQ(nccl->window_transfers(), 0) << who;
+  nccl_graph->replay();
+  peer_graph->replay();
+  EXPECT_EQ(outputs_of(nccl_graph->outputs()), want) << who << ": NCCL rings != none";
+  EXPECT_EQ(outputs_of(peer_graph->outputs()), want) << who << ": peer-copy rings != none";
+
+  const auto start = std::chrono::steady_clock::now();
+  for (int replay = 0; replay < 10000; ++replay) peer_graph->replay();
+  ctx.synchronize();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ peer     ] %s: 10,000 replays in %.2f s\n", who.c_str(), seconds);
+  EXPECT_EQ(outputs_of(peer_graph->outputs()), want) << who << ": after 10,000 replays";
+  comm.check_health();
+  nccl->check_health();
 }
 
 // --- faults -----------------------------------------------------------------

@@ -23,7 +23,7 @@
 // every row alike); a sample is `--replays` graph replays between device
 // events after a host barrier of all ranks; per row the median over samples
 // of the slowest rank. Goals (docs/communication_performance.md, "Tensor parallelism"):
-// overlap <= 1.10x no_comm and >= 1.15x faster than none, at N = 2.
+// the best mode <= 1.03x no_comm, its GEMMs <= 1.03x no_comm's, at N = 2.
 // --profile prints each row's step profile (stream busy time, exposed
 // communication) from one more profiled run.
 #include <CLI/CLI.hpp>
@@ -318,7 +318,7 @@ int run(const Options& options) {
       {"timing",
        "rows interleaved in rounds; a sample = replays of the captured fwd+bwd between events after a barrier; "
        "per row the slowest rank's median/min/max over samples"},
-      {"goals", {{"overlap_ratio_to_no_comm_max", 1.10}, {"overlap_speedup_vs_none_min", 1.15}}},
+      {"goals", {{"best_ratio_to_no_comm_max", 1.03}, {"gemm_slowdown_vs_no_comm_max", 1.03}}},
       {"agreement_with_none", agreement},
       {"rows", results},
   };

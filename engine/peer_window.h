@@ -36,7 +36,8 @@
 //     shared pool); the bytes moved are the same, so eager == graph.
 // Where peers are not reachable (another host, NCCL_P2P_DISABLE=1, a GPU not
 // visible to this process), the communicator says so at setup and send_recv
-// stays on NCCL in graphs too (peer_transport()).
+// stays on NCCL in graphs too (peer_transport()). The numbers and what the
+// design had to get right: docs/peer_copy_rings.md.
 #pragma once
 
 #include <cstdint>

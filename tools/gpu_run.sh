@@ -247,9 +247,10 @@ fi
 if wants multigpu_sanitize; then
   : >"$results/multigpu_sanitize.log"
   if two_gpus multigpu_sanitize.log; then
+    # 20 replays of the peer-copy test, not 10,000: the sanitizer instruments every kernel of every replay.
     for binary in "$here"/multirank/*; do
-      step multigpu_sanitize.log "${binary_run[@]}" compute-sanitizer --tool memcheck --report-api-errors no \
-        --error-exitcode 99 "$binary"
+      step multigpu_sanitize.log env STEPGRAPH_PEER_REPLAYS=20 "${binary_run[@]}" compute-sanitizer --tool memcheck \
+        --report-api-errors no --error-exitcode 99 "$binary"
     done
     # The GPT's TP ranks (attention's collectives, split kv heads) and CP ranks (gathered K/V, segment
     # attention on the tensor cores) for a few steps, graphed and eager.

@@ -5,8 +5,9 @@
 // whose routing changes before every one of 100 replays equals eager; the
 // corner routings (one rank's experts take everything, an empty expert, a
 // rank that keeps its rows, a rank with no rows, counts out of range); the
-// errors. A GPU test runs one rank on CUDA against the host reference, and
-// the kernels at 2 and 4 ranks against theirs.
+// errors. GPU tests run one rank on CUDA (eager, and captured for 100
+// replays) against the host reference, and the kernels at 2 and 4 ranks
+// against theirs.
 #include "ops/moe_exchange_ops.h"
 
 #include <gtest/gtest.h>
@@ -359,6 +360,29 @@ TEST(EpExchangeCudaTest, OneRankEqualsTheHostReference) {
     });
     for (std::size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(bytes_of(cuda, got[k]) == want[k]) << "output " << k;
     expect_exchange(cuda, got, all, 0, dtype);
+  }
+}
+
+// The exchange captured in a CUDA graph on one rank: 100 replays, the routing
+// changed before each, every replay equal to the host reference.
+TEST(EpExchangeCudaTest, CapturedOneRankEqualsTheHostReferenceWhileRoutingChanges) {
+  SG_SKIP_WITHOUT_GPU();
+  const testing::TestSeed seed;
+  const DType dtype = DType::kBFloat16;
+  auto comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
+  Context cuda(Device::kCuda, 1);
+  cuda.set_communication_stream(1);
+  const Inputs in = make_inputs_on(cuda, "", dtype);
+  auto step = CapturedStep::capture(cuda, [&] { return exchange_step(cuda, *comm, in); },
+                                    {.pool_report_policy = PoolReportPolicy::kError, .communicators = {comm.get()}});
+  const Routing routings[] = {Routing::kRandom, Routing::kEmptyExpert, Routing::kCountsOutOfRange};
+  for (int i = 0; i < 100; ++i) {
+    const Routing routing = routings[i % 3];
+    const std::vector<RankInput> all = make_inputs(seed.value() + static_cast<std::uint32_t>(i), 1, routing, dtype);
+    load(cuda, in, all[0]);
+    step->replay();
+    expect_exchange(cuda, step->outputs(), all, 0, dtype);
+    if (::testing::Test::HasFailure()) FAIL() << "replay " << i << " (" << routing_name(routing) << ")";
   }
 }
 

@@ -105,7 +105,9 @@ class StagePipeline {
   static LayerRange stage_layers(std::size_t layer_count, int stage, int stages);
 
   // `layers`: the whole model's, in order (this rank uses its share; they
-  // must outlive the pipeline, as must `comm`). Every rank of `comm` must
+  // must outlive the pipeline, as must `comm`). The entries of other ranks'
+  // shares are never read and may be null: a rank may build only its own
+  // stage's layers (train/language_model_stages.h). Every rank of `comm` must
   // construct its stage together (they exchange their schedules).
   StagePipeline(Context& ctx, Communicator& comm, const std::vector<AnyLayer*>& layers, std::int64_t microbatches,
                 TensorMeta activation, const StagePipelineOptions& options = {});

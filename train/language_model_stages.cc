@@ -1,0 +1,160 @@
+#include "train/language_model_stages.h"
+
+#include <string>
+#include <utility>
+
+#include "engine/error.h"
+#include "ops/collective_ops.h"
+#include "ops/elementwise_ops.h"
+#include "ops/loss_ops.h"
+
+namespace stepgraph {
+
+namespace {
+
+// What the stages cannot hold yet, refused before any layer is built.
+const LanguageModelConfig& checked(const LanguageModelConfig& config, const Communicator& pipeline, std::int64_t batch,
+                                   std::int64_t microbatches) {
+  const ResidualStackConfig& model = config.model;
+  SG_CHECK(batch > 0 && microbatches > 0, "LanguageModelStages: batch and microbatches must be > 0, got ", batch,
+           " and ", microbatches);
+  SG_CHECK(config.context > 0, "LanguageModelStages: context must be > 0, got ", config.context);
+  SG_CHECK(config.sequence_model() || (model.hidden > 0 && model.hidden % config.context == 0),
+           "LanguageModelStages: a window model's hidden (", model.hidden, ") must be a positive multiple of context (",
+           config.context, ")");
+  const int stages = pipeline.world_size();
+  SG_CHECK(model.layers >= stages && model.layers % stages == 0, "LanguageModelStages: config.model.layers (",
+           model.layers, ") must be a positive multiple of the pipeline stages (", stages, ", the ranks of ",
+           pipeline.describe(), "): every stage runs the same number of blocks");
+  // The loss reads the logits in 16-byte vectors, as ResidualStack checks.
+  const auto logits_width = static_cast<std::int64_t>(16 / dtype_size(model.dtype));
+  SG_CHECK(model.vocab > 0 && model.vocab % logits_width == 0, "LanguageModelStages: config.model.vocab (",
+           model.vocab, ") must be a positive multiple of ", logits_width, " for ", dtype_name(model.dtype),
+           " logits (the loss reads 16-byte vectors); pad the vocabulary");
+  SG_CHECK_CODE(model.experts == 0 && !model.fp8 && model.dropout == 0.0f, ErrorCode::kUnsupported,
+                "LanguageModelStages: experts (", model.experts, "), fp8 (", model.fp8 ? "on" : "off",
+                ") and dropout (", model.dropout,
+                ") are not supported in pipeline stages yet; set experts = 0, no fp8 and dropout = 0");
+  return config;
+}
+
+}  // namespace
+
+LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, const LanguageModelConfig& config,
+                                         std::int64_t batch, std::int64_t microbatches,
+                                         const StagePipelineOptions& options)
+    : pipeline_(pipeline),
+      data_parallel_(options.data_parallel),
+      config_(checked(config, pipeline, batch, microbatches)),
+      microbatches_(microbatches) {
+  pipeline.check_device(ctx.device(), "LanguageModelStages");
+  const ResidualStackConfig& model = config_.model;
+  const int stage = pipeline.rank();
+  const int stages = pipeline.world_size();
+  const bool first = stage == 0;
+  const bool last = stage + 1 == stages;
+  const std::int64_t rows = config_.sequence_model() ? batch * config_.context : batch;
+  const Shape token_shape = config_.sequence_model() ? Shape{rows, 1} : Shape{batch, config_.context};
+
+  if (config_.sequence_model()) {
+    SG_CHECK(rows < (std::int64_t{1} << 31), "LanguageModelStages: ", rows, " tokens exceed cu_seqlens' int32");
+    std::vector<std::int32_t> cu(static_cast<std::size_t>(batch + 1));
+    for (std::int64_t s = 0; s <= batch; ++s) cu[s] = static_cast<std::int32_t>(s * config_.context);
+    packing_ = ctx.persistent("stages.cu_seqlens", {Shape{batch + 1}, DType::kInt32});
+    ctx.copy_from_host(packing_, cu.data(), cu.size() * sizeof(std::int32_t));
+  }
+  for (std::int64_t m = 0; m < microbatches; ++m) {
+    if (first) tokens_.push_back(ctx.persistent("stages.tokens." + std::to_string(m), {token_shape, DType::kInt32}));
+    if (last) labels_.push_back(ctx.persistent("stages.labels." + std::to_string(m), {Shape{rows}, DType::kInt32}));
+  }
+  if (first) token_error_ = ctx.persistent("stages.token_error", {Shape{1}, DType::kInt32});
+  if (last) label_error_ = ctx.persistent("stages.label_error", {Shape{1}, DType::kInt32});
+
+  // See Note [The GPT in pipeline stages]: one entry per block, only this stage's built.
+  const auto layer_count = static_cast<std::size_t>(model.layers);
+  const StagePipeline::LayerRange range = StagePipeline::stage_layers(layer_count, stage, stages);
+  std::vector<AnyLayer*> layers(layer_count, nullptr);
+  for (std::size_t i = range.first; i < range.last; ++i) {
+    std::vector<std::unique_ptr<AnyLayer>> pieces;
+    if (i == 0) pieces.push_back(std::make_unique<TokenEmbeddingLayer>(ctx, config_, token_error_));
+    pieces.push_back(std::make_unique<ResidualBlockLayer>(ctx, model, static_cast<std::int64_t>(i), packing_));
+    if (i + 1 == layer_count) {
+      auto head = std::make_unique<NormHeadLayer>(ctx, model);
+      head_ = head.get();
+      pieces.push_back(std::move(head));
+    }
+    owned_.push_back(pieces.size() == 1 ? std::move(pieces.front()) : std::make_unique<LayerChain>(std::move(pieces)));
+    layers[i] = owned_.back().get();
+  }
+  stage_ = std::make_unique<StagePipeline>(ctx, pipeline, layers, microbatches,
+                                           TensorMeta{Shape{rows, model.hidden}, model.dtype}, options);
+}
+
+const Tensor& LanguageModelStages::tokens(std::int64_t m) const {
+  SG_CHECK(stage_->is_first(), "LanguageModelStages: the tokens are stage 0's inputs; this rank runs stage ",
+           stage_->stage(), " of ", stage_->stages());
+  SG_CHECK(m >= 0 && m < microbatches_, "LanguageModelStages: microbatch ", m, " is outside [0, ", microbatches_, ")");
+  return tokens_[static_cast<std::size_t>(m)];
+}
+
+const Tensor& LanguageModelStages::labels(std::int64_t m) const {
+  SG_CHECK(stage_->is_last(), "LanguageModelStages: the labels are the last stage's (", stage_->stages() - 1,
+           ") inputs; this rank runs stage ", stage_->stage());
+  SG_CHECK(m >= 0 && m < microbatches_, "LanguageModelStages: microbatch ", m, " is outside [0, ", microbatches_, ")");
+  return labels_[static_cast<std::size_t>(m)];
+}
+
+std::vector<Communicator*> LanguageModelStages::communicators() const {
+  std::vector<Communicator*> out{&pipeline_};
+  if (data_parallel_ != nullptr) out.push_back(data_parallel_);
+  return out;
+}
+
+std::vector<Tensor> LanguageModelStages::operator()(Context& ctx) {
+  const int replicas = data_parallel_ != nullptr ? data_parallel_->world_size() : 1;
+  // See Note [The GPT in pipeline stages]: the sum over microbatches and replicas is the global mean.
+  const float scale = 1.0f / static_cast<float>(microbatches_ * replicas);
+  std::vector<Tensor> dlogits(static_cast<std::size_t>(microbatches_));
+  std::vector<Tensor> losses;
+  Tensor loss_sum;
+  for (const PipelinePass& pass : stage_->schedule().passes()) {
+    const auto m = static_cast<std::size_t>(pass.microbatch);
+    if (pass.kind == PipelinePass::Kind::kForward) {
+      const Tensor logits = stage_->forward(ctx, pass.microbatch, stage_->is_first() ? tokens_[m] : Tensor{});
+      if (!stage_->is_last()) continue;
+      ctx.begin_segment(pass.to_string() + " loss");
+      ops::CrossEntropyResult ce = head_->loss(ctx, logits, labels_[m], label_error_, {.loss_scale = scale});
+      dlogits[m] = std::move(ce.dlogits);
+      loss_sum = ops::axpy(ctx, loss_sum.defined() ? loss_sum : ops::fill(ctx, ce.loss.meta(), 0.0f), ce.loss, scale);
+      losses.push_back(std::move(ce.loss));
+    } else {
+      (void)stage_->backward(ctx, pass.microbatch, stage_->is_last() ? std::exchange(dlogits[m], Tensor{}) : Tensor{});
+    }
+  }
+  std::vector<Tensor> out{logged_loss(ctx, std::move(loss_sum))};
+  out.insert(out.end(), losses.begin(), losses.end());
+  return out;
+}
+
+// See Note [The GPT in pipeline stages]: after every rank's last pass and transfer group.
+Tensor LanguageModelStages::logged_loss(Context& ctx, Tensor loss_sum) {
+  ctx.begin_segment("loss to every stage");
+  Tensor loss = stage_->is_last() ? std::move(loss_sum) : ops::fill(ctx, {Shape{}, DType::kFloat32}, 0.0f);
+  if (stage_->is_last() && data_parallel_ != nullptr) loss = ops::all_reduce(ctx, *data_parallel_, loss, ReduceOp::kSum);
+  ops::broadcast_(ctx, pipeline_, loss, stage_->stages() - 1);
+  loss.set_name("loss");
+  return loss;
+}
+
+void LanguageModelStages::check_errors(Context& ctx) const {
+  if (stage_->is_first()) {
+    SG_CHECK(ctx.to_vector<std::int32_t>(token_error_).at(0) == 0, "an input token was outside [0, ",
+             config_.model.vocab, "): its embedding does not exist; check the data's vocabulary against the model");
+  }
+  if (stage_->is_last()) {
+    SG_CHECK(ctx.to_vector<std::int32_t>(label_error_).at(0) == 0, "a training label was outside [0, ",
+             config_.model.vocab, "): the cross-entropy of those tokens is undefined; check the data");
+  }
+}
+
+}  // namespace stepgraph

@@ -14,7 +14,7 @@ namespace {
 
 // What the stages cannot hold yet, refused before any layer is built.
 const LanguageModelConfig& checked(const LanguageModelConfig& config, const Communicator& pipeline, std::int64_t batch,
-                                   std::int64_t microbatches) {
+                                   std::int64_t microbatches, const LanguageModelStagesOptions& options) {
   const ResidualStackConfig& model = config.model;
   SG_CHECK(batch > 0 && microbatches > 0, "LanguageModelStages: batch and microbatches must be > 0, got ", batch,
            " and ", microbatches);
@@ -23,9 +23,15 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
            "LanguageModelStages: a window model's hidden (", model.hidden, ") must be a positive multiple of context (",
            config.context, ")");
   const int stages = pipeline.world_size();
-  SG_CHECK(model.layers >= stages && model.layers % stages == 0, "LanguageModelStages: config.model.layers (",
-           model.layers, ") must be a positive multiple of the pipeline stages (", stages, ", the ranks of ",
-           pipeline.describe(), "): every stage runs the same number of blocks");
+  const int chunks = options.virtual_stages;
+  SG_CHECK(chunks >= 1, "LanguageModelStages: options.virtual_stages must be >= 1, got ", chunks);
+  SG_CHECK(model.layers >= stages * chunks && model.layers % (stages * chunks) == 0,
+           "LanguageModelStages: config.model.layers (", model.layers,
+           ") must be a positive multiple of the pipeline stages (", stages, ", the ranks of ", pipeline.describe(),
+           ") times options.virtual_stages (", chunks, "): every chunk runs the same number of blocks");
+  SG_CHECK_CODE(chunks == 1 || options.stage.data_parallel == nullptr, ErrorCode::kUnsupported,
+                "LanguageModelStages: data parallelism (options.stage.data_parallel) with virtual stages (",
+                chunks, ") is not supported yet; set options.virtual_stages = 1, or leave data parallelism out");
   // The loss reads the logits in 16-byte vectors, as ResidualStack checks.
   const auto logits_width = static_cast<std::int64_t>(16 / dtype_size(model.dtype));
   SG_CHECK(model.vocab > 0 && model.vocab % logits_width == 0, "LanguageModelStages: config.model.vocab (",
@@ -42,10 +48,10 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
 
 LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, const LanguageModelConfig& config,
                                          std::int64_t batch, std::int64_t microbatches,
-                                         const StagePipelineOptions& options)
+                                         const LanguageModelStagesOptions& options)
     : pipeline_(pipeline),
-      data_parallel_(options.data_parallel),
-      config_(checked(config, pipeline, batch, microbatches)),
+      data_parallel_(options.stage.data_parallel),
+      config_(checked(config, pipeline, batch, microbatches, options)),
       microbatches_(microbatches) {
   pipeline.check_device(ctx.device(), "LanguageModelStages");
   const ResidualStackConfig& model = config_.model;
@@ -72,34 +78,72 @@ LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, c
 
   // See Note [The GPT in pipeline stages]: one entry per block, only this stage's built.
   const auto layer_count = static_cast<std::size_t>(model.layers);
-  const StagePipeline::LayerRange range = StagePipeline::stage_layers(layer_count, stage, stages);
+  const int chunks = options.virtual_stages;
   std::vector<AnyLayer*> layers(layer_count, nullptr);
-  for (std::size_t i = range.first; i < range.last; ++i) {
-    std::vector<std::unique_ptr<AnyLayer>> pieces;
-    if (i == 0) pieces.push_back(std::make_unique<TokenEmbeddingLayer>(ctx, config_, token_error_));
-    pieces.push_back(std::make_unique<ResidualBlockLayer>(ctx, model, static_cast<std::int64_t>(i), packing_));
-    if (i + 1 == layer_count) {
-      auto head = std::make_unique<NormHeadLayer>(ctx, model);
-      head_ = head.get();
-      pieces.push_back(std::move(head));
+  for (int c = 0; c < chunks; ++c) {
+    const InterleavedStagePipeline::LayerRange range =
+        InterleavedStagePipeline::chunk_layers(layer_count, c * stages + stage, stages * chunks);
+    for (std::size_t i = range.first; i < range.last; ++i) {
+      std::vector<std::unique_ptr<AnyLayer>> pieces;
+      if (i == 0) pieces.push_back(std::make_unique<TokenEmbeddingLayer>(ctx, config_, token_error_));
+      pieces.push_back(std::make_unique<ResidualBlockLayer>(ctx, model, static_cast<std::int64_t>(i), packing_));
+      if (i + 1 == layer_count) {
+        auto head = std::make_unique<NormHeadLayer>(ctx, model);
+        head_ = head.get();
+        pieces.push_back(std::move(head));
+      }
+      owned_.push_back(pieces.size() == 1 ? std::move(pieces.front())
+                                          : std::make_unique<LayerChain>(std::move(pieces)));
+      layers[i] = owned_.back().get();
     }
-    owned_.push_back(pieces.size() == 1 ? std::move(pieces.front()) : std::make_unique<LayerChain>(std::move(pieces)));
-    layers[i] = owned_.back().get();
   }
-  stage_ = std::make_unique<StagePipeline>(ctx, pipeline, layers, microbatches,
-                                           TensorMeta{Shape{rows, model.hidden}, model.dtype}, options);
+  const TensorMeta activation{Shape{rows, model.hidden}, model.dtype};
+  if (chunks == 1) {
+    stage_ = std::make_unique<StagePipeline>(ctx, pipeline, layers, microbatches, activation, options.stage);
+    for (const PipelinePass& pass : stage_->schedule().passes()) passes_.push_back({0, pass});
+  } else {
+    interleaved_ = std::make_unique<InterleavedStagePipeline>(
+        ctx, pipeline, layers, chunks, microbatches, activation,
+        InterleavedStagePipelineOptions{.pipeline = options.stage.pipeline, .schedule = options.interleaved_schedule});
+    passes_ = interleaved_->schedule().passes();
+  }
+}
+
+bool LanguageModelStages::holds_embedding(int chunk) const {
+  return interleaved_ ? interleaved_->takes_model_input(chunk) : is_first();
+}
+
+bool LanguageModelStages::holds_head(int chunk) const {
+  return interleaved_ ? interleaved_->takes_model_gradient(chunk) : is_last();
+}
+
+Tensor LanguageModelStages::forward(Context& ctx, int chunk, std::int64_t m, const Tensor& tokens) {
+  return interleaved_ ? interleaved_->forward(ctx, chunk, m, tokens) : stage_->forward(ctx, m, tokens);
+}
+
+void LanguageModelStages::backward(Context& ctx, int chunk, std::int64_t m, const Tensor& dlogits) {
+  if (interleaved_) (void)interleaved_->backward(ctx, chunk, m, dlogits);
+  else (void)stage_->backward(ctx, m, dlogits);
+}
+
+const std::vector<Parameter*>& LanguageModelStages::parameters() const {
+  return interleaved_ ? interleaved_->parameters() : stage_->parameters();
+}
+
+std::vector<Tensor> LanguageModelStages::gradient_sums() const {
+  return interleaved_ ? interleaved_->gradient_sums() : stage_->gradient_sums();
 }
 
 const Tensor& LanguageModelStages::tokens(std::int64_t m) const {
-  SG_CHECK(stage_->is_first(), "LanguageModelStages: the tokens are stage 0's inputs; this rank runs stage ",
-           stage_->stage(), " of ", stage_->stages());
+  SG_CHECK(is_first(), "LanguageModelStages: the tokens are stage 0's inputs; this rank runs stage ", stage(), " of ",
+           stages());
   SG_CHECK(m >= 0 && m < microbatches_, "LanguageModelStages: microbatch ", m, " is outside [0, ", microbatches_, ")");
   return tokens_[static_cast<std::size_t>(m)];
 }
 
 const Tensor& LanguageModelStages::labels(std::int64_t m) const {
-  SG_CHECK(stage_->is_last(), "LanguageModelStages: the labels are the last stage's (", stage_->stages() - 1,
-           ") inputs; this rank runs stage ", stage_->stage());
+  SG_CHECK(is_last(), "LanguageModelStages: the labels are the last stage's (", stages() - 1,
+           ") inputs; this rank runs stage ", stage());
   SG_CHECK(m >= 0 && m < microbatches_, "LanguageModelStages: microbatch ", m, " is outside [0, ", microbatches_, ")");
   return labels_[static_cast<std::size_t>(m)];
 }
@@ -117,18 +161,21 @@ std::vector<Tensor> LanguageModelStages::operator()(Context& ctx) {
   std::vector<Tensor> dlogits(static_cast<std::size_t>(microbatches_));
   std::vector<Tensor> losses;
   Tensor loss_sum;
-  for (const PipelinePass& pass : stage_->schedule().passes()) {
+  for (const ChunkPass& step : passes_) {
+    const PipelinePass& pass = step.pass;
     const auto m = static_cast<std::size_t>(pass.microbatch);
     if (pass.kind == PipelinePass::Kind::kForward) {
-      const Tensor logits = stage_->forward(ctx, pass.microbatch, stage_->is_first() ? tokens_[m] : Tensor{});
-      if (!stage_->is_last()) continue;
-      ctx.begin_segment(pass.to_string() + " loss");
+      const Tensor logits =
+          forward(ctx, step.chunk, pass.microbatch, holds_embedding(step.chunk) ? tokens_[m] : Tensor{});
+      if (!holds_head(step.chunk)) continue;
+      ctx.begin_segment(step.to_string() + " loss");
       ops::CrossEntropyResult ce = head_->loss(ctx, logits, labels_[m], label_error_, {.loss_scale = scale});
       dlogits[m] = std::move(ce.dlogits);
       loss_sum = ops::axpy(ctx, loss_sum.defined() ? loss_sum : ops::fill(ctx, ce.loss.meta(), 0.0f), ce.loss, scale);
       losses.push_back(std::move(ce.loss));
     } else {
-      (void)stage_->backward(ctx, pass.microbatch, stage_->is_last() ? std::exchange(dlogits[m], Tensor{}) : Tensor{});
+      backward(ctx, step.chunk, pass.microbatch,
+               holds_head(step.chunk) ? std::exchange(dlogits[m], Tensor{}) : Tensor{});
     }
   }
   std::vector<Tensor> out{logged_loss(ctx, std::move(loss_sum))};
@@ -139,19 +186,19 @@ std::vector<Tensor> LanguageModelStages::operator()(Context& ctx) {
 // See Note [The GPT in pipeline stages]: after every rank's last pass and transfer group.
 Tensor LanguageModelStages::logged_loss(Context& ctx, Tensor loss_sum) {
   ctx.begin_segment("loss to every stage");
-  Tensor loss = stage_->is_last() ? std::move(loss_sum) : ops::fill(ctx, {Shape{}, DType::kFloat32}, 0.0f);
-  if (stage_->is_last() && data_parallel_ != nullptr) loss = ops::all_reduce(ctx, *data_parallel_, loss, ReduceOp::kSum);
-  ops::broadcast_(ctx, pipeline_, loss, stage_->stages() - 1);
+  Tensor loss = is_last() ? std::move(loss_sum) : ops::fill(ctx, {Shape{}, DType::kFloat32}, 0.0f);
+  if (is_last() && data_parallel_ != nullptr) loss = ops::all_reduce(ctx, *data_parallel_, loss, ReduceOp::kSum);
+  ops::broadcast_(ctx, pipeline_, loss, stages() - 1);
   loss.set_name("loss");
   return loss;
 }
 
 void LanguageModelStages::check_errors(Context& ctx) const {
-  if (stage_->is_first()) {
+  if (is_first()) {
     SG_CHECK(ctx.to_vector<std::int32_t>(token_error_).at(0) == 0, "an input token was outside [0, ",
              config_.model.vocab, "): its embedding does not exist; check the data's vocabulary against the model");
   }
-  if (stage_->is_last()) {
+  if (is_last()) {
     SG_CHECK(ctx.to_vector<std::int32_t>(label_error_).at(0) == 0, "a training label was outside [0, ",
              config_.model.vocab, "): the cross-entropy of those tokens is undefined; check the data");
   }

@@ -9,15 +9,19 @@
 //   stages.gradient_sums();                 // this stage's parameters' gradients, summed
 //
 // The same call runs eager or traced: CapturedStep::capture(ctx, [&] {
-// return stages(ctx); }, {.communicators = stages.communicators()}).
+// return stages(ctx); }, {.communicators = stages.communicators()}). With
+// options.virtual_stages = V > 1 each rank holds V chunks of the model
+// (Megatron's interleaved layout and 1F1B: InterleavedStagePipeline).
 //
 // Note [The GPT in pipeline stages]
 // The split. The model is L entries, one per block; the first carries the
 // token embedding before block 0 and the last the final norm and the head
 // after block L - 1 (LayerChain, gpt_stage_layers.h), so StagePipeline's
 // even split of the entries (stage_layers) gives every stage L / P blocks,
-// the embedding riding with stage 0's and the head with stage P - 1's. Each
-// rank builds only its own stage's layers (the others' entries are null),
+// the embedding riding with stage 0's and the head with stage P - 1's
+// (interleaved: L / (P V) blocks a chunk, the embedding in model chunk 0 on
+// stage 0, the head in model chunk P V - 1 on stage P - 1). Each rank
+// builds only its own stage's layers (the others' entries are null),
 // with the names and seeds LanguageModel gives them. Stage 0's input is the
 // tokens of the microbatch (int32; the embedding computes no input gradient,
 // which StagePipeline allows its first layer); every transfer between stages
@@ -40,8 +44,9 @@
 // Where the broadcast goes. Every rank issues it after its iteration's last
 // pass and last transfer group (and after the replicas' gradient all-reduce
 // of StagePipeline). The stages' transfer groups complete on their own
-// (check_stage_schedules proves it at construction: no group waits on
-// anything after it), so every rank reaches the broadcast, which then waits
+// (check_stage_schedules, or check_interleaved_stage_schedules, proves it at
+// construction: no group waits on anything after it), so every rank
+// reaches the broadcast, which then waits
 // only on ranks that have reached it: no deadlock. Issued any earlier, say
 // after the last stage's last forward, it would wait on stage 0 while stage 0
 // waits in a receive of a backward that the last stage sends only after the
@@ -52,14 +57,16 @@
 // gradient is computed by the same ops on the same operands as one rank
 // running LanguageModel on microbatch m, and summed over the microbatches in
 // the order 0, 1, ..., M - 1 on every stage (Note [Gradients summed over
-// microbatches]), as one rank running the microbatches in order does; the
-// logged loss adds in the same order as well. One rank and P stages agree
+// microbatches]; interleaved 1F1B runs each chunk's backwards in that order
+// too), as one rank running the microbatches in order does; the logged loss
+// adds in the same order as well. One rank and P stages agree
 // bit for bit (language_model_stages_test.cc). Across data-parallel
 // replicas the sums are the replicas' sums added by the all-reduce.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -68,20 +75,35 @@
 #include "layers/language_model.h"
 #include "layers/parameter.h"
 #include "train/gpt_stage_layers.h"
+#include "train/interleaved_stage_pipeline.h"
+#include "train/pipeline_schedule.h"
 #include "train/stage_pipeline.h"
 
 namespace stepgraph {
+
+struct LanguageModelStagesOptions {
+  // Chunks of the model each rank holds: 1 runs StagePipeline (1F1B), V > 1
+  // InterleavedStagePipeline (interleaved 1F1B); config.model.layers must
+  // divide by stages x V.
+  int virtual_stages = 1;
+  // V = 1: this stage's order (nullopt: 1F1B) and the data-parallel group
+  // (StagePipelineOptions; see Note [Pipeline stages across ranks]).
+  StagePipelineOptions stage;
+  // V > 1: this stage's order (nullopt: Megatron's interleaved 1F1B).
+  std::optional<InterleavedSchedule> interleaved_schedule;
+};
 
 class LanguageModelStages {
  public:
   // This rank's stage (its rank of `pipeline`) of the model `config`
   // describes, over `microbatches` microbatches of `batch` rows' worth each:
   // a sequence model's `batch` sequences of config.context tokens, a window
-  // model's `batch` examples. config.model.layers must divide by the stages.
-  // Every rank of `pipeline` (and of options.data_parallel) constructs its
-  // stage together. `pipeline` must outlive this.
+  // model's `batch` examples. config.model.layers must divide by the stages
+  // (times options.virtual_stages). Every rank of `pipeline` (and of
+  // options.stage.data_parallel) constructs its stage together; both must
+  // outlive this.
   LanguageModelStages(Context& ctx, Communicator& pipeline, const LanguageModelConfig& config, std::int64_t batch,
-                      std::int64_t microbatches, const StagePipelineOptions& options = {});
+                      std::int64_t microbatches, const LanguageModelStagesOptions& options = {});
   LanguageModelStages(const LanguageModelStages&) = delete;
   LanguageModelStages& operator=(const LanguageModelStages&) = delete;
 
@@ -104,11 +126,17 @@ class LanguageModelStages {
 
   // The communicators a capture must check: the pipeline's, and the data-parallel one if any.
   std::vector<Communicator*> communicators() const;
-  const StagePipeline& stage() const { return *stage_; }
-  // This stage's parameters, and their gradients summed over the
-  // microbatches (and the replicas) after an iteration.
-  const std::vector<Parameter*>& parameters() const { return stage_->parameters(); }
-  const std::vector<Tensor>& gradient_sums() const { return stage_->gradient_sums(); }
+  int stage() const { return pipeline_.rank(); }
+  int stages() const { return pipeline_.world_size(); }
+  int virtual_stages() const { return interleaved_ ? interleaved_->chunks() : 1; }
+  bool is_first() const { return stage() == 0; }             // holds the embedding
+  bool is_last() const { return stage() + 1 == stages(); }  // holds the head and the loss
+  // This stage's passes in order (chunk 0 only where V = 1).
+  const std::vector<ChunkPass>& passes() const { return passes_; }
+  // This stage's parameters (chunk by chunk, in layer order), and their
+  // gradients summed over the microbatches (and the replicas) after an iteration.
+  const std::vector<Parameter*>& parameters() const;
+  std::vector<Tensor> gradient_sums() const;
 
   // Error if a token (stage 0) or a label (last stage) so far was outside
   // [0, vocab). Reads device flags: after an iteration, never inside one.
@@ -117,6 +145,11 @@ class LanguageModelStages {
  private:
   // The loss all-reduced over the replicas' last stages and broadcast from this pipeline's.
   Tensor logged_loss(Context& ctx, Tensor loss_sum);
+  // Whether this stage's chunk holds the embedding (takes the tokens) or the head (gives the logits).
+  bool holds_embedding(int chunk) const;
+  bool holds_head(int chunk) const;
+  Tensor forward(Context& ctx, int chunk, std::int64_t m, const Tensor& tokens);
+  void backward(Context& ctx, int chunk, std::int64_t m, const Tensor& dlogits);
 
   Communicator& pipeline_;
   Communicator* data_parallel_ = nullptr;
@@ -129,7 +162,10 @@ class LanguageModelStages {
   std::vector<Tensor> labels_;  // the last stage, per microbatch
   std::vector<std::unique_ptr<AnyLayer>> owned_;  // this stage's entries of the model
   NormHeadLayer* head_ = nullptr;                 // the last stage's
+  // Exactly one is set: V = 1 or V > 1.
   std::unique_ptr<StagePipeline> stage_;
+  std::unique_ptr<InterleavedStagePipeline> interleaved_;
+  std::vector<ChunkPass> passes_;
 };
 
 }  // namespace stepgraph

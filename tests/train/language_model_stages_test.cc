@@ -5,8 +5,8 @@
 // LanguageModel on the same microbatches in order, over two iterations of 4
 // microbatches of new tokens and labels:
 //
-// PP = 1, 2 and 4 (attention blocks) and PP = 2 of the window model (MLP
-// blocks): each microbatch's loss, the logged loss on every rank, and every
+// PP = 1, 2 and 4 (attention blocks), PP = 2 of the window model (MLP
+// blocks), and interleaved PP = 2 and 4 of V = 2 chunks: each microbatch's loss, the logged loss on every rank, and every
 // parameter's gradient summed over the microbatches equal one rank's bit for
 // bit (pipelining changes no sum's order: Note [The GPT in pipeline
 // stages]), eager and captured (one CapturedStep over the whole iteration).
@@ -16,8 +16,9 @@
 // each replica's microbatches, the two replicas' added in fp32 (the
 // all-reduce of two ranks is one addition): bit for bit again.
 //
-// And what the stages refuse: blocks that do not split evenly, MoE, inputs
-// asked of the wrong stage.
+// And what the stages refuse: blocks that do not split evenly, MoE, data
+// parallelism with chunks, inputs asked of the wrong stage; a bad token is
+// the first stage's error.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -184,7 +185,7 @@ std::vector<Results> one_rank(const Model& model, const Data& data, int replicas
 // Every rank's stage over the iterations, merged: the logged loss of each
 // world rank, the microbatch losses of the last stages, every replica's
 // gradient sums of every stage.
-std::vector<Results> pipelined(const Model& model, const Data& data, int stages, int replicas, Mode mode) {
+std::vector<Results> pipelined(const Model& model, const Data& data, int stages, int replicas, int chunks, Mode mode) {
   const int world_size = stages * replicas;
   std::vector<Results> out(kIterations);
   for (Results& r : out) {
@@ -198,18 +199,19 @@ std::vector<Results> pipelined(const Model& model, const Data& data, int stages,
     const int s = world.rank() % stages;
     std::unique_ptr<Communicator> pp, dp;
     Communicator* pipeline = &world;
-    StagePipelineOptions options;
+    LanguageModelStagesOptions options{.virtual_stages = chunks};
     if (replicas > 1) {
       pp = world.split(replica, s, "pp");
       dp = world.split(s, replica, "dp");
       pipeline = pp.get();
-      options.data_parallel = dp.get();
+      options.stage.data_parallel = dp.get();
     }
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
     LanguageModelStages gpt_stages(ctx, *pipeline, model.config, model.batch, kMicrobatches, options);
-    const StagePipeline& stage = gpt_stages.stage();
+    const LanguageModelStages& stage = gpt_stages;
     EXPECT_EQ(stage.stage(), s);
+    EXPECT_EQ(stage.virtual_stages(), chunks);
     std::shared_ptr<CapturedStep> step;
     if (mode == Mode::kGraphed) {
       CaptureOptions capture;
@@ -246,15 +248,14 @@ std::vector<Results> pipelined(const Model& model, const Data& data, int stages,
   return out;
 }
 
-void expect_stages_equal_one_rank(const Model& model, int stages, int replicas = 1,
-                                  std::vector<Mode> modes = {Mode::kEager, Mode::kGraphed}) {
+void expect_stages_equal_one_rank(const Model& model, int stages, int replicas = 1, int chunks = 1) {
   testing::SeededRng rng;
   const Data data = draw(rng, model, kMicrobatches * replicas);
   const std::vector<Results> want = one_rank(model, data, replicas);
-  for (const Mode mode : modes) {
-    SCOPED_TRACE(std::string(mode_name(mode)) + ", " + std::to_string(stages) + " stage(s) x " +
-                 std::to_string(replicas) + " replica(s)");
-    const std::vector<Results> got = pipelined(model, data, stages, replicas, mode);
+  for (const Mode mode : {Mode::kEager, Mode::kGraphed}) {
+    SCOPED_TRACE(std::string(mode_name(mode)) + ", " + std::to_string(stages) + " stage(s) of " +
+                 std::to_string(chunks) + " chunk(s) x " + std::to_string(replicas) + " replica(s)");
+    const std::vector<Results> got = pipelined(model, data, stages, replicas, chunks, mode);
     for (int it = 0; it < kIterations; ++it) {
       SCOPED_TRACE("iteration " + std::to_string(it));
       EXPECT_EQ(bits(got[it].microbatch_losses), bits(want[it].microbatch_losses)) << "the microbatches' losses";
@@ -291,6 +292,16 @@ TEST(LanguageModelStagesTest, TwoStagesTimesTwoReplicasEqualOneRankOnTheGlobalBa
   expect_stages_equal_one_rank(gpt(), 2, 2);
 }
 
+// Interleaved: stage 0 holds model chunks 0 (the embedding and block 0) and
+// 2, stage 1 chunks 1 and 3 (the last block and the head).
+TEST(LanguageModelStagesTest, TwoStagesOfTwoChunksEqualOneRankBitwise) {
+  expect_stages_equal_one_rank(gpt(), 2, 1, 2);
+}
+
+TEST(LanguageModelStagesTest, FourStagesOfTwoChunksEqualOneRankBitwise) {
+  expect_stages_equal_one_rank(gpt(8), 4, 1, 2);
+}
+
 // Stage 0 holds the embedding and its share of the blocks, the last stage
 // its blocks and the head, and every parameter is on exactly one stage.
 TEST(LanguageModelStagesTest, EmbeddingAndHeadRideWithTheFirstAndLastStagesBlocks) {
@@ -301,7 +312,6 @@ TEST(LanguageModelStagesTest, EmbeddingAndHeadRideWithTheFirstAndLastStagesBlock
     LanguageModelStages stages(ctx, comm, gpt(8).config, 2, kMicrobatches);
     std::lock_guard lock(mutex);
     for (const Parameter* p : stages.parameters()) names[comm.rank()].push_back(p->name);
-    EXPECT_EQ(stages.stage().layer_range().last - stages.stage().layer_range().first, 2u);
   });
   auto has = [](const std::vector<std::string>& list, const std::string& prefix) {
     for (const std::string& name : list) {
@@ -309,7 +319,8 @@ TEST(LanguageModelStagesTest, EmbeddingAndHeadRideWithTheFirstAndLastStagesBlock
     }
     return false;
   };
-  EXPECT_TRUE(has(names[0], "embedding") && has(names[0], "block0") && has(names[0], "block1"));
+  EXPECT_TRUE(has(names[0], "embedding") && has(names[0], "block0") && has(names[0], "block1") &&
+              !has(names[0], "block2"));
   EXPECT_TRUE(has(names[1], "block2") && has(names[1], "block3") && !has(names[1], "embedding"));
   EXPECT_TRUE(has(names[3], "block7") && has(names[3], "final_norm") && has(names[3], "head"));
   EXPECT_FALSE(has(names[1], "head") || has(names[2], "head") || has(names[0], "head"));
@@ -338,14 +349,49 @@ TEST(LanguageModelStagesTest, BlocksThatDoNotSplitEvenlyAreRefusedOnEveryRank) {
   }
 }
 
-TEST(LanguageModelStagesTest, MixtureOfExpertsIsRefused) {
+TEST(LanguageModelStagesTest, MixtureOfExpertsAndDataParallelChunksAreRefused) {
   Model model = gpt();
   model.config.model.experts = 4;
   HostWorld::run(1, [&](Communicator& comm) {
     Context ctx(Device::kHost);
     EXPECT_ERROR_CONTAINS(LanguageModelStages(ctx, comm, model.config, 2, kMicrobatches), "experts (4)",
                           "not supported in pipeline stages");
+    LanguageModelStagesOptions options{.virtual_stages = 2};
+    options.stage.data_parallel = &comm;
+    EXPECT_ERROR_CONTAINS(LanguageModelStages(ctx, comm, gpt().config, 2, kMicrobatches, options),
+                          "options.stage.data_parallel", "virtual stages (2)", "not supported yet");
   });
+}
+
+// A token outside the vocabulary is stage 0's error, read after the
+// iteration; the other stages have no tokens to check. (A label outside it
+// is the last stage's: the host's cross-entropy raises it at once, the
+// device's sets the flag check_errors reads.)
+TEST(LanguageModelStagesTest, BadTokensAreAnErrorOfTheFirstStage) {
+  std::mutex mutex;
+  std::vector<std::string> errors(2);
+  HostWorld::run(2, [&](Communicator& comm) {
+    Context ctx(Device::kHost);
+    const Model model = gpt();
+    LanguageModelStages stages(ctx, comm, model.config, model.batch, kMicrobatches);
+    for (std::int64_t m = 0; m < kMicrobatches; ++m) {
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(model.rows()), 1);
+      if (stages.is_last()) write_values(ctx, stages.labels(m), ids);
+      if (m == 2) ids[3] = static_cast<std::int32_t>(kVocab);
+      if (stages.is_first()) write_values(ctx, stages.tokens(m), ids);
+    }
+    (void)stages(ctx);
+    std::string message = "no error";
+    try {
+      stages.check_errors(ctx);
+    } catch (const Error& error) {
+      message = error.message();
+    }
+    std::lock_guard lock(mutex);
+    errors[comm.rank()] = message;
+  });
+  EXPECT_NE(errors[0].find("an input token was outside [0, 32)"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "no error");
 }
 
 TEST(LanguageModelStagesTest, InputsOfAnotherStageAreRefused) {

@@ -2,6 +2,7 @@
 
 #include "engine/error.h"
 #include "ops/activation_ops.h"
+#include "ops/collective_ops.h"
 
 namespace stepgraph {
 
@@ -25,10 +26,11 @@ const S& saved_as(const std::any& saved, std::string_view kind) {
 
 }  // namespace
 
-TokenEmbeddingLayer::TokenEmbeddingLayer(Context& ctx, const LanguageModelConfig& config, Tensor error_flag)
+TokenEmbeddingLayer::TokenEmbeddingLayer(Context& ctx, const LanguageModelConfig& config, Tensor error_flag,
+                                         Communicator* tensor_parallel)
     : embedding_(ctx, "embedding",
                  EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
-                 config.model.seed + 104729),
+                 config.model.seed + 104729, tensor_parallel),
       error_flag_(std::move(error_flag)) {}
 
 std::pair<Tensor, std::any> TokenEmbeddingLayer::forward(Context& ctx, const Tensor& tokens) {
@@ -42,7 +44,7 @@ Tensor TokenEmbeddingLayer::backward(Context& ctx, const std::any& saved, const 
 }
 
 ResidualBlockLayer::ResidualBlockLayer(Context& ctx, const ResidualStackConfig& config, std::int64_t index,
-                                       Tensor cu_seqlens)
+                                       Tensor cu_seqlens, Communicator* tensor_parallel)
     : mlp_(ctx, "block" + std::to_string(index),
            LayerNormMLPConfig{.hidden = config.hidden,
                               .ffn = config.ffn,
@@ -51,7 +53,7 @@ ResidualBlockLayer::ResidualBlockLayer(Context& ctx, const ResidualStackConfig& 
                               .dtype = config.dtype,
                               .overlap = config.overlap,
                               .recompute_activation = config.recompute_activation},
-           block_seed(config, index)),
+           block_seed(config, index), tensor_parallel),
       cu_seqlens_(std::move(cu_seqlens)) {
   SG_CHECK(cu_seqlens_.defined() == (config.heads > 0), "ResidualBlockLayer: block ", index,
            config.heads > 0 ? " has attention and needs cu_seqlens, the packing of its tokens"
@@ -68,7 +70,7 @@ ResidualBlockLayer::ResidualBlockLayer(Context& ctx, const ResidualStackConfig& 
                                                                                .rope_base = config.rope_base,
                                                                                .sequence_parallel = true,
                                                                                .overlap = config.overlap},
-                                                      block_seed(config, index) + 8);
+                                                      block_seed(config, index) + 8, tensor_parallel);
   }
 }
 
@@ -104,11 +106,12 @@ std::vector<Parameter*> ResidualBlockLayer::parameters() {
   return out;
 }
 
-NormHeadLayer::NormHeadLayer(Context& ctx, const ResidualStackConfig& config)
+NormHeadLayer::NormHeadLayer(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel)
     : norm_(ctx, "final_norm",
             NormConfig{.kind = config.norm, .hidden = config.hidden, .eps = config.eps, .dtype = config.dtype}),
       head_(ctx, "head", VocabParallelHeadConfig{.hidden = config.hidden, .vocab = config.vocab, .dtype = config.dtype},
-            config.seed + 7919) {}
+            config.seed + 7919, tensor_parallel),
+      tp_(tensor_parallel) {}
 
 std::pair<Tensor, std::any> NormHeadLayer::forward(Context& ctx, const Tensor& x) {
   Norm::Forward normed = norm_.forward(ctx, {x});
@@ -119,7 +122,10 @@ std::pair<Tensor, std::any> NormHeadLayer::forward(Context& ctx, const Tensor& x
 Tensor NormHeadLayer::backward(Context& ctx, const std::any& saved, const Tensor& dlogits) {
   const Saved& state = saved_as<Saved>(saved, kind());
   const Tensor d_normed = head_.backward(ctx, state.head, {dlogits});
-  return norm_.backward(ctx, state.norm, {d_normed});
+  const Tensor dx = norm_.backward(ctx, state.norm, {d_normed});
+  // Its gamma and beta saw only this rank's rows (as in ResidualStack::backward).
+  if (tp_ != nullptr) ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);
+  return dx;
 }
 
 std::vector<Parameter*> NormHeadLayer::parameters() {

@@ -10,8 +10,11 @@
 // the same piece (layers/residual_stack.cc), so a model assembled from them
 // holds LanguageModel's parameters, and runs the same ops in the same order:
 // language_model_stages.h splits the GPT into pipeline stages this way.
-// Only the plain model: no tensor or context parallelism, FP8, dropout or
-// MoE blocks (see LanguageModelStages).
+// Each takes the model's tensor-parallel communicator (null: none) as
+// LanguageModel does (Note [Tensor-parallel ResidualStack]): x and y are
+// then this rank's rows, the embedding and the head vocabulary-parallel.
+// Not the rest: no context parallelism, FP8, dropout or MoE blocks (see
+// LanguageModelStages).
 #pragma once
 
 #include <any>
@@ -23,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/communicator.h"
 #include "engine/context.h"
 #include "layers/any_layer.h"
 #include "layers/embedding.h"
@@ -44,7 +48,8 @@ namespace stepgraph {
 class TokenEmbeddingLayer final : public AnyLayer {
  public:
   // `error_flag`: int32 [1], set for a token outside [0, vocab) (persistent, the caller checks it).
-  TokenEmbeddingLayer(Context& ctx, const LanguageModelConfig& config, Tensor error_flag);
+  TokenEmbeddingLayer(Context& ctx, const LanguageModelConfig& config, Tensor error_flag,
+                      Communicator* tensor_parallel = nullptr);
 
   std::string_view kind() const override { return "embedding"; }
   std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& tokens) override;
@@ -67,8 +72,10 @@ class ResidualBlockLayer final : public AnyLayer {
     LayerNormMLP::Saved mlp;
   };
   // `cu_seqlens`: with attention, the packing of every forward's tokens (a
-  // persistent int32 [sequences + 1] the caller fills); undefined without.
-  ResidualBlockLayer(Context& ctx, const ResidualStackConfig& config, std::int64_t index, Tensor cu_seqlens);
+  // persistent int32 [sequences + 1] the caller fills; tensor-parallel, of
+  // every rank's rows); undefined without.
+  ResidualBlockLayer(Context& ctx, const ResidualStackConfig& config, std::int64_t index, Tensor cu_seqlens,
+                     Communicator* tensor_parallel = nullptr);
 
   std::string_view kind() const override { return "residual_block"; }
   std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& x) override;
@@ -83,13 +90,16 @@ class ResidualBlockLayer final : public AnyLayer {
 
 // ResidualStack's final norm ("final_norm") and head ("head"): x [rows,
 // hidden] -> logits [rows, vocab]; loss() is the stack's loss of the logits.
+// Tensor-parallel, the logits are every rank's rows over this rank's
+// vocabulary slice, the labels loss() takes every rank's (an all-gather of
+// each rank's), and the norm's gradients are all-reduced in the backward.
 class NormHeadLayer final : public AnyLayer {
  public:
   struct Saved {
     Norm::Saved norm;
     VocabParallelHead::Saved head;
   };
-  NormHeadLayer(Context& ctx, const ResidualStackConfig& config);
+  NormHeadLayer(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr);
 
   std::string_view kind() const override { return "norm_head"; }
   std::pair<Tensor, std::any> forward(Context& ctx, const Tensor& x) override;
@@ -105,6 +115,7 @@ class NormHeadLayer final : public AnyLayer {
  private:
   Norm norm_;
   VocabParallelHead head_;
+  Communicator* tp_ = nullptr;
 };
 
 // Layers run one after another as one layer (the embedding with the first

@@ -29,6 +29,12 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
            "LanguageModelStages: config.model.layers (", model.layers,
            ") must be a positive multiple of the pipeline stages (", stages, ", the ranks of ", pipeline.describe(),
            ") times options.virtual_stages (", chunks, "): every chunk runs the same number of blocks");
+  const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
+  const std::int64_t rows = config.sequence_model() ? batch * config.context : batch;
+  SG_CHECK(rows % tp == 0, "LanguageModelStages: the ", rows, " rows of a microbatch (",
+           config.sequence_model() ? "batch x context tokens" : "batch examples",
+           ") do not split evenly over the ", tp, " tensor-parallel ranks of options.tensor_parallel; give a batch "
+           "whose rows divide by them");
   SG_CHECK_CODE(chunks == 1 || options.stage.data_parallel == nullptr, ErrorCode::kUnsupported,
                 "LanguageModelStages: data parallelism (options.stage.data_parallel) with virtual stages (",
                 chunks, ") is not supported yet; set options.virtual_stages = 1, or leave data parallelism out");
@@ -51,19 +57,24 @@ LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, c
                                          const LanguageModelStagesOptions& options)
     : pipeline_(pipeline),
       data_parallel_(options.stage.data_parallel),
+      tensor_parallel_(options.tensor_parallel),
       config_(checked(config, pipeline, batch, microbatches, options)),
       microbatches_(microbatches) {
   pipeline.check_device(ctx.device(), "LanguageModelStages");
+  if (tensor_parallel_ != nullptr) tensor_parallel_->check_device(ctx.device(), "LanguageModelStages (tensor parallel)");
+  const std::int64_t tp = tensor_parallel_ != nullptr ? tensor_parallel_->world_size() : 1;
   const ResidualStackConfig& model = config_.model;
   const int stage = pipeline.rank();
   const int stages = pipeline.world_size();
   const bool first = stage == 0;
   const bool last = stage + 1 == stages;
-  const std::int64_t rows = config_.sequence_model() ? batch * config_.context : batch;
-  const Shape token_shape = config_.sequence_model() ? Shape{rows, 1} : Shape{batch, config_.context};
+  // This rank's rows of a microbatch: all of them, or its 1/N tensor-parallel.
+  const std::int64_t all_rows = config_.sequence_model() ? batch * config_.context : batch;
+  const std::int64_t rows = all_rows / tp;
+  const Shape token_shape = config_.sequence_model() ? Shape{rows, 1} : Shape{rows, config_.context};
 
   if (config_.sequence_model()) {
-    SG_CHECK(rows < (std::int64_t{1} << 31), "LanguageModelStages: ", rows, " tokens exceed cu_seqlens' int32");
+    SG_CHECK(all_rows < (std::int64_t{1} << 31), "LanguageModelStages: ", all_rows, " tokens exceed cu_seqlens' int32");
     std::vector<std::int32_t> cu(static_cast<std::size_t>(batch + 1));
     for (std::int64_t s = 0; s <= batch; ++s) cu[s] = static_cast<std::int32_t>(s * config_.context);
     packing_ = ctx.persistent("stages.cu_seqlens", {Shape{batch + 1}, DType::kInt32});
@@ -85,10 +96,13 @@ LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, c
         InterleavedStagePipeline::chunk_layers(layer_count, c * stages + stage, stages * chunks);
     for (std::size_t i = range.first; i < range.last; ++i) {
       std::vector<std::unique_ptr<AnyLayer>> pieces;
-      if (i == 0) pieces.push_back(std::make_unique<TokenEmbeddingLayer>(ctx, config_, token_error_));
-      pieces.push_back(std::make_unique<ResidualBlockLayer>(ctx, model, static_cast<std::int64_t>(i), packing_));
+      if (i == 0) {
+        pieces.push_back(std::make_unique<TokenEmbeddingLayer>(ctx, config_, token_error_, tensor_parallel_));
+      }
+      pieces.push_back(std::make_unique<ResidualBlockLayer>(ctx, model, static_cast<std::int64_t>(i), packing_,
+                                                            tensor_parallel_));
       if (i + 1 == layer_count) {
-        auto head = std::make_unique<NormHeadLayer>(ctx, model);
+        auto head = std::make_unique<NormHeadLayer>(ctx, model, tensor_parallel_);
         head_ = head.get();
         pieces.push_back(std::move(head));
       }
@@ -151,6 +165,7 @@ const Tensor& LanguageModelStages::labels(std::int64_t m) const {
 std::vector<Communicator*> LanguageModelStages::communicators() const {
   std::vector<Communicator*> out{&pipeline_};
   if (data_parallel_ != nullptr) out.push_back(data_parallel_);
+  if (tensor_parallel_ != nullptr) out.push_back(tensor_parallel_);
   return out;
 }
 
@@ -169,7 +184,10 @@ std::vector<Tensor> LanguageModelStages::operator()(Context& ctx) {
           forward(ctx, step.chunk, pass.microbatch, holds_embedding(step.chunk) ? tokens_[m] : Tensor{});
       if (!holds_head(step.chunk)) continue;
       ctx.begin_segment(step.to_string() + " loss");
-      ops::CrossEntropyResult ce = head_->loss(ctx, logits, labels_[m], label_error_, {.loss_scale = scale});
+      // Tensor-parallel, the logits are every rank's rows: so are the labels (ResidualStack::gather_labels).
+      const Tensor labels =
+          tensor_parallel_ != nullptr ? ops::all_gather(ctx, *tensor_parallel_, labels_[m]) : labels_[m];
+      ops::CrossEntropyResult ce = head_->loss(ctx, logits, labels, label_error_, {.loss_scale = scale});
       dlogits[m] = std::move(ce.dlogits);
       loss_sum = ops::axpy(ctx, loss_sum.defined() ? loss_sum : ops::fill(ctx, ce.loss.meta(), 0.0f), ce.loss, scale);
       losses.push_back(std::move(ce.loss));

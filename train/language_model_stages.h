@@ -53,15 +53,27 @@
 // broadcast. The data-parallel loss all-reduce groups only last stages,
 // each past its own pipeline's transfers, for the same reason.
 //
+// Tensor parallelism (options.tensor_parallel, PP x TP). Each TP rank of a
+// stage holds its slices of the stage's layers, built as LanguageModel's over
+// the same group (Note [Tensor-parallel ResidualStack]); the ranks of one
+// TP index across the stages form a pipeline communicator of their own, and
+// each sends its rows of the residual stream, [rows / N, hidden]. Every TP
+// collective stays inside a stage and every TP rank of a stage runs the same
+// passes, so the collectives meet as in one TP world. The last stage's loss
+// is vocabulary-parallel over all the group's rows (each rank's labels
+// all-gathered, as ResidualStack::gather_labels), the same value on every TP
+// rank, and each pipeline broadcasts its own.
+//
 // Order of sums. Pipelining changes no sum's order: each parameter's
 // gradient is computed by the same ops on the same operands as one rank
 // running LanguageModel on microbatch m, and summed over the microbatches in
 // the order 0, 1, ..., M - 1 on every stage (Note [Gradients summed over
 // microbatches]; interleaved 1F1B runs each chunk's backwards in that order
 // too), as one rank running the microbatches in order does; the logged loss
-// adds in the same order as well. One rank and P stages agree
-// bit for bit (language_model_stages_test.cc). Across data-parallel
-// replicas the sums are the replicas' sums added by the all-reduce.
+// adds in the same order as well. One rank and P stages agree bit for bit,
+// and so do a TP world of N and P stages of N TP ranks each
+// (language_model_stages_test.cc). Across data-parallel replicas the sums
+// are the replicas' sums added by the all-reduce.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +103,12 @@ struct LanguageModelStagesOptions {
   StagePipelineOptions stage;
   // V > 1: this stage's order (nullopt: Megatron's interleaved 1F1B).
   std::optional<InterleavedSchedule> interleaved_schedule;
+  // The stage's tensor-parallel group (null: none), as LanguageModel's
+  // (Note [Tensor-parallel ResidualStack]): each of its ranks holds 1/N of
+  // every microbatch's rows (its tokens, its labels, the activations it
+  // sends) and 1/N of every weight; the packing is of all the rows. Every
+  // TP rank of a stage is a stage of its own pipeline communicator.
+  Communicator* tensor_parallel = nullptr;
 };
 
 class LanguageModelStages {
@@ -114,9 +132,11 @@ class LanguageModelStages {
   std::vector<Tensor> operator()(Context& ctx);
 
   // Microbatch m's tokens, int32 [batch * context, 1] (sequence model) or
-  // [batch, context] (window model): stage 0's persistent inputs.
+  // [batch, context] (window model), tensor-parallel this rank's 1/N of the
+  // rows (rows [r R/N, (r+1) R/N)): stage 0's persistent inputs.
   const Tensor& tokens(std::int64_t m) const;
-  // Microbatch m's labels, int32 [rows]: the last stage's persistent inputs.
+  // Microbatch m's labels, int32 [rows] (tensor-parallel, this rank's
+  // rows'): the last stage's persistent inputs.
   const Tensor& labels(std::int64_t m) const;
   // A sequence model's packing, cu_seqlens int32 [batch + 1] (every
   // microbatch's; every stage holds one): `batch` sequences of context
@@ -124,7 +144,8 @@ class LanguageModelStages {
   // on other lengths. Undefined for a window model.
   const Tensor& packing() const { return packing_; }
 
-  // The communicators a capture must check: the pipeline's, and the data-parallel one if any.
+  // The communicators a capture must check: the pipeline's, and the data-
+  // and tensor-parallel ones if any.
   std::vector<Communicator*> communicators() const;
   int stage() const { return pipeline_.rank(); }
   int stages() const { return pipeline_.world_size(); }
@@ -153,6 +174,7 @@ class LanguageModelStages {
 
   Communicator& pipeline_;
   Communicator* data_parallel_ = nullptr;
+  Communicator* tensor_parallel_ = nullptr;
   LanguageModelConfig config_;
   std::int64_t microbatches_ = 0;
   Tensor packing_;

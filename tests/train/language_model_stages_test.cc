@@ -6,10 +6,15 @@
 // microbatches of new tokens and labels:
 //
 // PP = 1, 2 and 4 (attention blocks), PP = 2 of the window model (MLP
-// blocks), and interleaved PP = 2 and 4 of V = 2 chunks: each microbatch's loss, the logged loss on every rank, and every
-// parameter's gradient summed over the microbatches equal one rank's bit for
-// bit (pipelining changes no sum's order: Note [The GPT in pipeline
-// stages]), eager and captured (one CapturedStep over the whole iteration).
+// blocks), and interleaved PP = 2 and 4 of V = 2 chunks: each microbatch's
+// loss, the logged loss on every rank, and every parameter's gradient
+// summed over the microbatches equal one rank's bit for bit (pipelining
+// changes no sum's order: Note [The GPT in pipeline stages]), eager and
+// captured (one CapturedStep over the whole iteration).
+//
+// PP = 2 x TP = 2 (the GPT and the window model): each stage's TP ranks
+// hold their slices and rows; bit for bit against a TP world of 2 running
+// the whole LanguageModel without a pipeline, per TP rank.
 //
 // PP = 2 x DP = 2: each replica trains its half of the global batch's 8
 // microbatches; the gradient sums and the logged loss are one rank's sums of
@@ -109,27 +114,54 @@ Data draw(std::mt19937& rng, const Model& model, std::int64_t microbatches) {
   return d;
 }
 
-// What an iteration gives: the logged loss (per world rank), each global
-// microbatch's loss, and per parameter name its gradient summed over the
-// microbatches (and replicas), per replica.
+// How the world is laid out: world rank w is tensor-parallel rank w % T of
+// stage (w / T) % S of replica w / (T S).
+struct Layout {
+  int stages = 1;
+  int replicas = 1;
+  int chunks = 1;  // per stage
+  int tensor_ranks = 1;
+
+  int world_size() const { return stages * replicas * tensor_ranks; }
+  std::string to_string() const {
+    return std::to_string(stages) + " stage(s) of " + std::to_string(chunks) + " chunk(s) x " +
+           std::to_string(replicas) + " replica(s) x " + std::to_string(tensor_ranks) + " tensor-parallel rank(s)";
+  }
+};
+
+// What an iteration gives one tensor-parallel rank (all of them, without
+// TP): the logged loss per world rank, each global microbatch's loss, and
+// per parameter name its gradient summed over the microbatches (and the
+// replicas), per replica.
 struct Results {
-  std::vector<float> logged;
+  std::map<int, float> logged;
   std::vector<float> microbatch_losses;
   std::vector<std::map<std::string, std::vector<float>>> sums;
 };
 
 float scalar(Context& ctx, const Tensor& t) { return read_floats(ctx, t).at(0); }
 
-// One rank, the whole LanguageModel, every replica's microbatches in order:
-// forward, the loss (scale 1 / (M D)), backward, each gradient added to its
-// sum. The replicas' sums and losses are added after, in fp32.
-std::vector<Results> one_rank(const Model& model, const Data& data, int replicas) {
-  Context ctx(Device::kHost);
-  LanguageModel lm(ctx, model.config);
+// Tensor-parallel rank t's rows of a microbatch's `rows` rows of ids (all of them where n is 1).
+std::vector<std::int32_t> shard(const std::vector<std::int32_t>& ids, std::int64_t rows, int t, int n) {
+  const auto width = static_cast<std::int64_t>(ids.size()) / rows;
+  const std::int64_t first = t * (rows / n) * width;
+  return {ids.begin() + first, ids.begin() + first + (rows / n) * width};
+}
+
+// No pipeline: the whole LanguageModel (`tp`: this rank's slices of it, its
+// rows) over every replica's microbatches in order: forward, the loss
+// (scale 1 / (M D)), backward, each gradient added to its sum. The
+// replicas' sums and losses are added after, in fp32.
+std::vector<Results> whole_model(Context& ctx, const Model& model, const Data& data, int replicas,
+                                 Communicator* tp = nullptr) {
   const LanguageModelConfig& c = model.config;
-  const Tensor tokens = ctx.persistent(
-      "tokens", {c.sequence_model() ? Shape{model.rows(), 1} : Shape{model.batch, c.context}, DType::kInt32});
-  const Tensor labels = ctx.persistent("labels", {Shape{model.rows()}, DType::kInt32});
+  LanguageModel lm(ctx, c, tp);
+  const int t = tp != nullptr ? tp->rank() : 0;
+  const int n = tp != nullptr ? tp->world_size() : 1;
+  const std::int64_t rows = model.rows() / n;
+  const Tensor tokens =
+      ctx.persistent("tokens", {c.sequence_model() ? Shape{rows, 1} : Shape{rows, c.context}, DType::kInt32});
+  const Tensor labels = ctx.persistent("labels", {Shape{rows}, DType::kInt32});
   const Tensor token_error = ctx.persistent("token_error", {Shape{1}, DType::kInt32});
   const Tensor label_error = ctx.persistent("label_error", {Shape{1}, DType::kInt32});
   Tensor packing;
@@ -154,11 +186,11 @@ std::vector<Results> one_rank(const Model& model, const Data& data, int replicas
       Tensor loss = ops::fill(ctx, {Shape{}, DType::kFloat32}, 0.0f);
       for (std::int64_t m = 0; m < kMicrobatches; ++m) {
         const auto g = static_cast<std::size_t>(d * kMicrobatches + m);
-        write_values(ctx, tokens, data.tokens[it][g]);
-        write_values(ctx, labels, data.labels[it][g]);
+        write_values(ctx, tokens, shard(data.tokens[it][g], model.rows(), t, n));
+        write_values(ctx, labels, shard(data.labels[it][g], model.rows(), t, n));
         const LanguageModel::Forward f = lm.forward(ctx, tokens, token_error, packing);
-        const ops::CrossEntropyResult ce =
-            lm.stack().loss(ctx, f.logits, labels, label_error, {.loss_scale = scale});
+        const ops::CrossEntropyResult ce = lm.stack().loss(ctx, f.logits, lm.stack().gather_labels(ctx, labels),
+                                                           label_error, {.loss_scale = scale});
         lm.backward(ctx, f.saved, ce.dlogits);
         loss = ops::axpy(ctx, loss, ce.loss, scale);
         r.microbatch_losses[g] = scalar(ctx, ce.loss);
@@ -176,101 +208,125 @@ std::vector<Results> one_rank(const Model& model, const Data& data, int replicas
         else for (std::size_t i = 0; i < sum.size(); ++i) total[i] += sum[i];
       }
     }
-    r.logged.assign(1, total_loss);
+    r.logged[0] = total_loss;
     r.sums.assign(1, total_sums);
   }
   return out;
 }
 
-// Every rank's stage over the iterations, merged: the logged loss of each
-// world rank, the microbatch losses of the last stages, every replica's
-// gradient sums of every stage.
-std::vector<Results> pipelined(const Model& model, const Data& data, int stages, int replicas, int chunks, Mode mode) {
-  const int world_size = stages * replicas;
-  std::vector<Results> out(kIterations);
-  for (Results& r : out) {
-    r.logged.resize(static_cast<std::size_t>(world_size));
-    r.microbatch_losses.resize(static_cast<std::size_t>(kMicrobatches * replicas));
-    r.sums.resize(static_cast<std::size_t>(replicas));
+// The reference of a layout, per tensor-parallel rank: one rank, or a TP
+// world without a pipeline.
+std::vector<std::vector<Results>> reference(const Model& model, const Data& data, const Layout& layout) {
+  std::vector<std::vector<Results>> out(static_cast<std::size_t>(layout.tensor_ranks));
+  if (layout.tensor_ranks == 1) {
+    Context ctx(Device::kHost);
+    out[0] = whole_model(ctx, model, data, layout.replicas);
+    return out;
   }
   std::mutex mutex;
-  HostWorld::run(world_size, [&](Communicator& world) {
-    const int replica = world.rank() / stages;
-    const int s = world.rank() % stages;
-    std::unique_ptr<Communicator> pp, dp;
-    Communicator* pipeline = &world;
-    LanguageModelStagesOptions options{.virtual_stages = chunks};
-    if (replicas > 1) {
-      pp = world.split(replica, s, "pp");
-      dp = world.split(s, replica, "dp");
-      pipeline = pp.get();
-      options.stage.data_parallel = dp.get();
-    }
+  HostWorld::run(layout.tensor_ranks, [&](Communicator& tp) {
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    LanguageModelStages gpt_stages(ctx, *pipeline, model.config, model.batch, kMicrobatches, options);
-    const LanguageModelStages& stage = gpt_stages;
-    EXPECT_EQ(stage.stage(), s);
-    EXPECT_EQ(stage.virtual_stages(), chunks);
+    std::vector<Results> mine = whole_model(ctx, model, data, layout.replicas, &tp);
+    std::lock_guard lock(mutex);
+    out[static_cast<std::size_t>(tp.rank())] = std::move(mine);
+  });
+  return out;
+}
+
+// Every rank's stage over the iterations, per tensor-parallel rank: the
+// logged loss of each world rank, the microbatch losses of the last stages,
+// every replica's gradient sums of every stage.
+std::vector<std::vector<Results>> pipelined(const Model& model, const Data& data, const Layout& layout, Mode mode) {
+  std::vector<std::vector<Results>> out(static_cast<std::size_t>(layout.tensor_ranks),
+                                        std::vector<Results>(kIterations));
+  for (std::vector<Results>& rank : out) {
+    for (Results& r : rank) {
+      r.microbatch_losses.resize(static_cast<std::size_t>(kMicrobatches * layout.replicas));
+      r.sums.resize(static_cast<std::size_t>(layout.replicas));
+    }
+  }
+  std::mutex mutex;
+  HostWorld::run(layout.world_size(), [&](Communicator& world) {
+    const int T = layout.tensor_ranks, S = layout.stages;
+    const int w = world.rank();
+    const int t = w % T, s = (w / T) % S, replica = w / (T * S);
+    const std::unique_ptr<Communicator> pp = world.split(replica * T + t, s, "pp");
+    const std::unique_ptr<Communicator> dp = world.split(s * T + t, replica, "dp");
+    const std::unique_ptr<Communicator> tp = world.split(replica * S + s, t, "tp");
+    LanguageModelStagesOptions options{.virtual_stages = layout.chunks};
+    if (layout.replicas > 1) options.stage.data_parallel = dp.get();
+    if (T > 1) options.tensor_parallel = tp.get();
+    Context ctx(Device::kHost, 2);
+    ctx.set_communication_stream(2);
+    LanguageModelStages stages(ctx, *pp, model.config, model.batch, kMicrobatches, options);
+    EXPECT_EQ(stages.stage(), s);
+    EXPECT_EQ(stages.virtual_stages(), layout.chunks);
     std::shared_ptr<CapturedStep> step;
     if (mode == Mode::kGraphed) {
       CaptureOptions capture;
       capture.pool_report_policy = PoolReportPolicy::kError;
-      capture.communicators = gpt_stages.communicators();
-      step = CapturedStep::capture(ctx, [&] { return gpt_stages(ctx); }, capture);
+      capture.communicators = stages.communicators();
+      step = CapturedStep::capture(ctx, [&] { return stages(ctx); }, capture);
     }
     for (int it = 0; it < kIterations; ++it) {
       for (std::int64_t m = 0; m < kMicrobatches; ++m) {
         const auto g = static_cast<std::size_t>(replica * kMicrobatches + m);
-        if (stage.is_first()) write_values(ctx, gpt_stages.tokens(m), data.tokens[it][g]);
-        if (stage.is_last()) write_values(ctx, gpt_stages.labels(m), data.labels[it][g]);
+        if (stages.is_first()) write_values(ctx, stages.tokens(m), shard(data.tokens[it][g], model.rows(), t, T));
+        if (stages.is_last()) write_values(ctx, stages.labels(m), shard(data.labels[it][g], model.rows(), t, T));
       }
       std::vector<Tensor> outputs;
       if (step) {
         step->replay();
         outputs = step->outputs();
       } else {
-        outputs = gpt_stages(ctx);
+        outputs = stages(ctx);
       }
-      gpt_stages.check_errors(ctx);
+      stages.check_errors(ctx);
       std::lock_guard lock(mutex);
-      Results& r = out[it];
-      EXPECT_EQ(outputs.size(), stage.is_last() ? 1u + kMicrobatches : 1u) << "rank " << world.rank();
-      r.logged[static_cast<std::size_t>(world.rank())] = scalar(ctx, outputs.at(0));
-      for (std::int64_t m = 0; stage.is_last() && m < kMicrobatches; ++m) {
+      Results& r = out[static_cast<std::size_t>(t)][it];
+      EXPECT_EQ(outputs.size(), stages.is_last() ? 1u + kMicrobatches : 1u) << "rank " << w;
+      r.logged[w] = scalar(ctx, outputs.at(0));
+      for (std::int64_t m = 0; stages.is_last() && m < kMicrobatches; ++m) {
         r.microbatch_losses[static_cast<std::size_t>(replica * kMicrobatches + m)] = scalar(ctx, outputs.at(1 + m));
       }
-      for (std::size_t p = 0; p < gpt_stages.parameters().size(); ++p) {
-        r.sums[replica][gpt_stages.parameters()[p]->name] = read_floats(ctx, gpt_stages.gradient_sums()[p]);
+      const std::vector<Tensor> sums = stages.gradient_sums();
+      for (std::size_t p = 0; p < stages.parameters().size(); ++p) {
+        r.sums[replica][stages.parameters()[p]->name] = read_floats(ctx, sums[p]);
       }
     }
   });
   return out;
 }
 
-void expect_stages_equal_one_rank(const Model& model, int stages, int replicas = 1, int chunks = 1) {
+// The layout equals its reference bit for bit, eager and graphed: one rank,
+// or without tensor parallelism a TP world of the same ranks.
+void expect_stages_equal_reference(const Model& model, const Layout& layout) {
   testing::SeededRng rng;
-  const Data data = draw(rng, model, kMicrobatches * replicas);
-  const std::vector<Results> want = one_rank(model, data, replicas);
+  const Data data = draw(rng, model, kMicrobatches * layout.replicas);
+  const std::vector<std::vector<Results>> want = reference(model, data, layout);
   for (const Mode mode : {Mode::kEager, Mode::kGraphed}) {
-    SCOPED_TRACE(std::string(mode_name(mode)) + ", " + std::to_string(stages) + " stage(s) of " +
-                 std::to_string(chunks) + " chunk(s) x " + std::to_string(replicas) + " replica(s)");
-    const std::vector<Results> got = pipelined(model, data, stages, replicas, chunks, mode);
-    for (int it = 0; it < kIterations; ++it) {
-      SCOPED_TRACE("iteration " + std::to_string(it));
-      EXPECT_EQ(bits(got[it].microbatch_losses), bits(want[it].microbatch_losses)) << "the microbatches' losses";
-      for (std::size_t rank = 0; rank < got[it].logged.size(); ++rank) {
-        EXPECT_EQ(bits({got[it].logged[rank]}), bits(want[it].logged)) << "the logged loss on world rank " << rank
-                                                                        << ": " << got[it].logged[rank] << " against "
-                                                                        << want[it].logged[0];
-      }
-      const std::map<std::string, std::vector<float>>& sums = want[it].sums[0];
-      for (int d = 0; d < replicas; ++d) {
-        SCOPED_TRACE("replica " + std::to_string(d));
-        ASSERT_EQ(got[it].sums[d].size(), sums.size()) << "parameters over the stages against LanguageModel's";
-        for (const auto& [name, sum] : sums) {
-          ASSERT_EQ(got[it].sums[d].count(name), 1u) << name << " is on no stage";
-          EXPECT_EQ(bits(got[it].sums[d].at(name)), bits(sum)) << name << "'s gradient sum";
+    SCOPED_TRACE(std::string(mode_name(mode)) + ", " + layout.to_string());
+    const std::vector<std::vector<Results>> got = pipelined(model, data, layout, mode);
+    for (int t = 0; t < layout.tensor_ranks; ++t) {
+      SCOPED_TRACE("tensor-parallel rank " + std::to_string(t));
+      for (int it = 0; it < kIterations; ++it) {
+        SCOPED_TRACE("iteration " + std::to_string(it));
+        const Results& g = got[t][it];
+        const Results& w = want[t][it];
+        EXPECT_EQ(bits(g.microbatch_losses), bits(w.microbatch_losses)) << "the microbatches' losses";
+        EXPECT_EQ(g.logged.size(), static_cast<std::size_t>(layout.stages * layout.replicas));
+        for (const auto& [rank, loss] : g.logged) {
+          EXPECT_EQ(bits({loss}), bits({w.logged.at(0)}))
+              << "the logged loss on world rank " << rank << ": " << loss << " against " << w.logged.at(0);
+        }
+        for (int d = 0; d < layout.replicas; ++d) {
+          SCOPED_TRACE("replica " + std::to_string(d));
+          ASSERT_EQ(g.sums[d].size(), w.sums[0].size()) << "parameters over the stages against LanguageModel's";
+          for (const auto& [name, sum] : w.sums[0]) {
+            ASSERT_EQ(g.sums[d].count(name), 1u) << name << " is on no stage";
+            EXPECT_EQ(bits(g.sums[d].at(name)), bits(sum)) << name << "'s gradient sum";
+          }
         }
       }
     }
@@ -278,28 +334,43 @@ void expect_stages_equal_one_rank(const Model& model, int stages, int replicas =
 }
 
 // One stage: the embedding, every block and the head on one rank, no transfers.
-TEST(LanguageModelStagesTest, OneStageEqualsOneRankBitwise) { expect_stages_equal_one_rank(gpt(), 1); }
+TEST(LanguageModelStagesTest, OneStageEqualsOneRankBitwise) { expect_stages_equal_reference(gpt(), {}); }
 
-TEST(LanguageModelStagesTest, TwoStagesOfTheGptEqualOneRankBitwise) { expect_stages_equal_one_rank(gpt(), 2); }
+TEST(LanguageModelStagesTest, TwoStagesOfTheGptEqualOneRankBitwise) {
+  expect_stages_equal_reference(gpt(), {.stages = 2});
+}
 
-TEST(LanguageModelStagesTest, FourStagesOfTheGptEqualOneRankBitwise) { expect_stages_equal_one_rank(gpt(), 4); }
+TEST(LanguageModelStagesTest, FourStagesOfTheGptEqualOneRankBitwise) {
+  expect_stages_equal_reference(gpt(), {.stages = 4});
+}
 
 TEST(LanguageModelStagesTest, TwoStagesOfTheWindowModelEqualOneRankBitwise) {
-  expect_stages_equal_one_rank(window_model(), 2);
+  expect_stages_equal_reference(window_model(), {.stages = 2});
 }
 
 TEST(LanguageModelStagesTest, TwoStagesTimesTwoReplicasEqualOneRankOnTheGlobalBatch) {
-  expect_stages_equal_one_rank(gpt(), 2, 2);
+  expect_stages_equal_reference(gpt(), {.stages = 2, .replicas = 2});
 }
 
 // Interleaved: stage 0 holds model chunks 0 (the embedding and block 0) and
 // 2, stage 1 chunks 1 and 3 (the last block and the head).
 TEST(LanguageModelStagesTest, TwoStagesOfTwoChunksEqualOneRankBitwise) {
-  expect_stages_equal_one_rank(gpt(), 2, 1, 2);
+  expect_stages_equal_reference(gpt(), {.stages = 2, .chunks = 2});
 }
 
 TEST(LanguageModelStagesTest, FourStagesOfTwoChunksEqualOneRankBitwise) {
-  expect_stages_equal_one_rank(gpt(8), 4, 1, 2);
+  expect_stages_equal_reference(gpt(8), {.stages = 4, .chunks = 2});
+}
+
+// Each TP rank of a stage sends its half of the rows; the embedding and the
+// head are vocabulary-parallel, the loss too. Bit for bit against a TP world
+// of 2 without a pipeline (the TP ranks' sums cross ranks the same way in both).
+TEST(LanguageModelStagesTest, TwoStagesTimesTwoTensorParallelRanksEqualATensorParallelWorld) {
+  expect_stages_equal_reference(gpt(), {.stages = 2, .tensor_ranks = 2});
+}
+
+TEST(LanguageModelStagesTest, TwoStagesOfTheWindowModelTimesTwoTensorParallelRanksEqualATensorParallelWorld) {
+  expect_stages_equal_reference(window_model(), {.stages = 2, .tensor_ranks = 2});
 }
 
 // Stage 0 holds the embedding and its share of the blocks, the last stage

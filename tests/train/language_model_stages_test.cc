@@ -19,7 +19,8 @@
 // PP = 2 x DP = 2: each replica trains its half of the global batch's 8
 // microbatches; the gradient sums and the logged loss are one rank's sums of
 // each replica's microbatches, the two replicas' added in fp32 (the
-// all-reduce of two ranks is one addition): bit for bit again.
+// all-reduce of two ranks is one addition): bit for bit again. And PP = 2 x
+// TP = 2 x DP = 2 alike against a TP world.
 //
 // And what the stages refuse: blocks that do not split evenly, MoE, data
 // parallelism with chunks, inputs asked of the wrong stage; a bad token is
@@ -367,6 +368,12 @@ TEST(LanguageModelStagesTest, FourStagesOfTwoChunksEqualOneRankBitwise) {
 // of 2 without a pipeline (the TP ranks' sums cross ranks the same way in both).
 TEST(LanguageModelStagesTest, TwoStagesTimesTwoTensorParallelRanksEqualATensorParallelWorld) {
   expect_stages_equal_reference(gpt(), {.stages = 2, .tensor_ranks = 2});
+}
+
+// 3-D: each replica's pipeline of TP groups on its half of the microbatches,
+// against a TP world on each half, the halves' sums added in fp32.
+TEST(LanguageModelStagesTest, TwoStagesTimesTwoTensorParallelRanksTimesTwoReplicasEqualATensorParallelWorld) {
+  expect_stages_equal_reference(gpt(), {.stages = 2, .replicas = 2, .tensor_ranks = 2});
 }
 
 TEST(LanguageModelStagesTest, TwoStagesOfTheWindowModelTimesTwoTensorParallelRanksEqualATensorParallelWorld) {

@@ -38,11 +38,16 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
   SG_CHECK_CODE(chunks == 1 || options.stage.data_parallel == nullptr, ErrorCode::kUnsupported,
                 "LanguageModelStages: data parallelism (options.stage.data_parallel) with virtual stages (",
                 chunks, ") is not supported yet; set options.virtual_stages = 1, or leave data parallelism out");
-  // The loss reads the logits in 16-byte vectors, as ResidualStack checks.
+  // The loss reads each rank's slice of the logits in 16-byte vectors, as
+  // ResidualStack and VocabParallelHead check. Checked here, on every rank:
+  // only the first and last stages build the embedding and the head, and an
+  // Error on those alone would leave the others waiting in the constructor's
+  // schedule exchange.
   const auto logits_width = static_cast<std::int64_t>(16 / dtype_size(model.dtype));
-  SG_CHECK(model.vocab > 0 && model.vocab % logits_width == 0, "LanguageModelStages: config.model.vocab (",
-           model.vocab, ") must be a positive multiple of ", logits_width, " for ", dtype_name(model.dtype),
-           " logits (the loss reads 16-byte vectors); pad the vocabulary");
+  SG_CHECK(model.vocab > 0 && model.vocab % (tp * logits_width) == 0, "LanguageModelStages: config.model.vocab (",
+           model.vocab, ") must be a positive multiple of ", tp * logits_width, " (", tp,
+           " tensor-parallel rank(s) x ", logits_width, " ", dtype_name(model.dtype),
+           " logits: the loss reads 16-byte vectors of each rank's vocabulary slice); pad the vocabulary");
   SG_CHECK_CODE(model.experts == 0 && !model.fp8 && model.dropout == 0.0f, ErrorCode::kUnsupported,
                 "LanguageModelStages: experts (", model.experts, "), fp8 (", model.fp8 ? "on" : "off",
                 ") and dropout (", model.dropout,

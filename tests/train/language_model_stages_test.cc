@@ -427,6 +427,30 @@ TEST(LanguageModelStagesTest, BlocksThatDoNotSplitEvenlyAreRefusedOnEveryRank) {
   }
 }
 
+// Only the last stage builds the head: a vocabulary its TP ranks cannot
+// slice must be the same Error on every rank, not a wait in the others'
+// schedule exchange.
+TEST(LanguageModelStagesTest, AVocabularyTheTensorParallelHeadCannotSliceIsRefusedOnEveryRank) {
+  Model model = gpt();
+  model.config.model.vocab = 36;  // 18 a rank: not a multiple of 4 fp32 logits
+  std::mutex mutex;
+  std::vector<std::string> errors(4);
+  HostWorld::run(4, [&](Communicator& world) {
+    const std::unique_ptr<Communicator> tp = world.split(world.rank() / 2, world.rank() % 2, "tp");
+    const std::unique_ptr<Communicator> pp = world.split(world.rank() % 2, world.rank() / 2, "pp");
+    Context ctx(Device::kHost);
+    std::string message = "no error";
+    try {
+      LanguageModelStages stages(ctx, *pp, model.config, model.batch, kMicrobatches, {.tensor_parallel = tp.get()});
+    } catch (const Error& error) {
+      message = error.message();
+    }
+    std::lock_guard lock(mutex);
+    errors[world.rank()] = message;
+  });
+  for (const std::string& e : errors) EXPECT_NE(e.find("config.model.vocab (36)"), std::string::npos) << e;
+}
+
 TEST(LanguageModelStagesTest, MixtureOfExpertsAndDataParallelChunksAreRefused) {
   Model model = gpt();
   model.config.model.experts = 4;

@@ -28,9 +28,10 @@ const S& saved_as(const std::any& saved, std::string_view kind) {
 
 TokenEmbeddingLayer::TokenEmbeddingLayer(Context& ctx, const LanguageModelConfig& config, Tensor error_flag,
                                          Communicator* tensor_parallel)
-    : embedding_(ctx, "embedding",
-                 EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
-                 config.model.seed + 104729, tensor_parallel),
+    : embedding_(
+          ctx, "embedding",
+          EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
+          config.model.seed + 104729, tensor_parallel),
       error_flag_(std::move(error_flag)) {}
 
 std::pair<Tensor, std::any> TokenEmbeddingLayer::forward(Context& ctx, const Tensor& tokens) {
@@ -92,7 +93,8 @@ Tensor ResidualBlockLayer::backward(Context& ctx, const std::any& saved, const T
   // Each backward returns its dx with the residual stream's gradient added in its norm's pass.
   Tensor dh = mlp_.backward(ctx, state.mlp, {dy, dy});
   if (attention_) {
-    SG_CHECK(state.attention.has_value(), "backward of a residual_block layer: the block has attention but its "
+    SG_CHECK(state.attention.has_value(),
+             "backward of a residual_block layer: the block has attention but its "
              "saved state has none");
     dh = attention_->backward(ctx, *state.attention, {dh, dh});
   }
@@ -156,8 +158,8 @@ std::pair<Tensor, std::any> LayerChain::forward(Context& ctx, const Tensor& x) {
 
 Tensor LayerChain::backward(Context& ctx, const std::any& saved, const Tensor& dy) {
   const auto& states = saved_as<std::vector<std::any>>(saved, kind());
-  SG_CHECK(states.size() == layers_.size(), "backward of a ", kind(), " chain: the saved state holds ",
-           states.size(), " layer(s), the chain ", layers_.size());
+  SG_CHECK(states.size() == layers_.size(), "backward of a ", kind(), " chain: the saved state holds ", states.size(),
+           " layer(s), the chain ", layers_.size());
   Tensor grad = dy;
   for (std::size_t i = layers_.size(); i-- > 0;) {
     grad = layers_[i]->backward(ctx, states[i], grad);

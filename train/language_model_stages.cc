@@ -32,12 +32,12 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
   const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
   const std::int64_t rows = config.sequence_model() ? batch * config.context : batch;
   SG_CHECK(rows % tp == 0, "LanguageModelStages: the ", rows, " rows of a microbatch (",
-           config.sequence_model() ? "batch x context tokens" : "batch examples",
-           ") do not split evenly over the ", tp, " tensor-parallel ranks of options.tensor_parallel; give a batch "
+           config.sequence_model() ? "batch x context tokens" : "batch examples", ") do not split evenly over the ", tp,
+           " tensor-parallel ranks of options.tensor_parallel; give a batch "
            "whose rows divide by them");
   SG_CHECK_CODE(chunks == 1 || options.stage.data_parallel == nullptr, ErrorCode::kUnsupported,
-                "LanguageModelStages: data parallelism (options.stage.data_parallel) with virtual stages (",
-                chunks, ") is not supported yet; set options.virtual_stages = 1, or leave data parallelism out");
+                "LanguageModelStages: data parallelism (options.stage.data_parallel) with virtual stages (", chunks,
+                ") is not supported yet; set options.virtual_stages = 1, or leave data parallelism out");
   // The loss reads each rank's slice of the logits in 16-byte vectors, as
   // ResidualStack and VocabParallelHead check. Checked here, on every rank:
   // only the first and last stages build the embedding and the head, and an
@@ -45,8 +45,8 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
   // schedule exchange.
   const auto logits_width = static_cast<std::int64_t>(16 / dtype_size(model.dtype));
   SG_CHECK(model.vocab > 0 && model.vocab % (tp * logits_width) == 0, "LanguageModelStages: config.model.vocab (",
-           model.vocab, ") must be a positive multiple of ", tp * logits_width, " (", tp,
-           " tensor-parallel rank(s) x ", logits_width, " ", dtype_name(model.dtype),
+           model.vocab, ") must be a positive multiple of ", tp * logits_width, " (", tp, " tensor-parallel rank(s) x ",
+           logits_width, " ", dtype_name(model.dtype),
            " logits: the loss reads 16-byte vectors of each rank's vocabulary slice); pad the vocabulary");
   SG_CHECK_CODE(model.experts == 0 && !model.fp8 && model.dropout == 0.0f, ErrorCode::kUnsupported,
                 "LanguageModelStages: experts (", model.experts, "), fp8 (", model.fp8 ? "on" : "off",
@@ -66,7 +66,8 @@ LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, c
       config_(checked(config, pipeline, batch, microbatches, options)),
       microbatches_(microbatches) {
   pipeline.check_device(ctx.device(), "LanguageModelStages");
-  if (tensor_parallel_ != nullptr) tensor_parallel_->check_device(ctx.device(), "LanguageModelStages (tensor parallel)");
+  if (tensor_parallel_ != nullptr)
+    tensor_parallel_->check_device(ctx.device(), "LanguageModelStages (tensor parallel)");
   const std::int64_t tp = tensor_parallel_ != nullptr ? tensor_parallel_->world_size() : 1;
   const ResidualStackConfig& model = config_.model;
   const int stage = pipeline.rank();
@@ -104,8 +105,8 @@ LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, c
       if (i == 0) {
         pieces.push_back(std::make_unique<TokenEmbeddingLayer>(ctx, config_, token_error_, tensor_parallel_));
       }
-      pieces.push_back(std::make_unique<ResidualBlockLayer>(ctx, model, static_cast<std::int64_t>(i), packing_,
-                                                            tensor_parallel_));
+      pieces.push_back(
+          std::make_unique<ResidualBlockLayer>(ctx, model, static_cast<std::int64_t>(i), packing_, tensor_parallel_));
       if (i + 1 == layer_count) {
         auto head = std::make_unique<NormHeadLayer>(ctx, model, tensor_parallel_);
         head_ = head.get();
@@ -141,8 +142,10 @@ Tensor LanguageModelStages::forward(Context& ctx, int chunk, std::int64_t m, con
 }
 
 void LanguageModelStages::backward(Context& ctx, int chunk, std::int64_t m, const Tensor& dlogits) {
-  if (interleaved_) (void)interleaved_->backward(ctx, chunk, m, dlogits);
-  else (void)stage_->backward(ctx, m, dlogits);
+  if (interleaved_)
+    (void)interleaved_->backward(ctx, chunk, m, dlogits);
+  else
+    (void)stage_->backward(ctx, m, dlogits);
 }
 
 const std::vector<Parameter*>& LanguageModelStages::parameters() const {

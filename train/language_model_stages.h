@@ -1,7 +1,7 @@
 // LanguageModelStages: one rank's pipeline stage of the GPT (LanguageModel:
 // embedding, ResidualStack's blocks, final norm and head), trained by a
-// StagePipeline over the ranks of a communicator, the loss computed on the
-// last stage and given to every rank:
+// StagePipeline (or an InterleavedStagePipeline) over the ranks of a
+// communicator, the loss computed on the last stage and given to every rank:
 //
 //   LanguageModelStages stages(ctx, pipeline_comm, config, /*batch=*/2, /*microbatches=*/4);
 //   // write each microbatch's tokens (stage 0) and labels (last stage), then:
@@ -46,8 +46,8 @@
 // of StagePipeline). The stages' transfer groups complete on their own
 // (check_stage_schedules, or check_interleaved_stage_schedules, proves it at
 // construction: no group waits on anything after it), so every rank
-// reaches the broadcast, which then waits
-// only on ranks that have reached it: no deadlock. Issued any earlier, say
+// reaches the broadcast, which then waits only on ranks that have reached
+// it: no deadlock. Issued any earlier, say
 // after the last stage's last forward, it would wait on stage 0 while stage 0
 // waits in a receive of a backward that the last stage sends only after the
 // broadcast. The data-parallel loss all-reduce groups only last stages,
@@ -138,10 +138,11 @@ class LanguageModelStages {
   // Microbatch m's labels, int32 [rows] (tensor-parallel, this rank's
   // rows'): the last stage's persistent inputs.
   const Tensor& labels(std::int64_t m) const;
-  // A sequence model's packing, cu_seqlens int32 [batch + 1] (every
-  // microbatch's; every stage holds one): `batch` sequences of context
-  // tokens; write another packing of the rows between iterations to train
-  // on other lengths. Undefined for a window model.
+  // A sequence model's packing, cu_seqlens int32 [batch + 1], of every
+  // microbatch's rows (all TP ranks' together): `batch` sequences of context
+  // tokens. Every rank holds its own copy for its blocks' attention; to
+  // train on other lengths write the same packing into every rank's between
+  // iterations. Undefined for a window model.
   const Tensor& packing() const { return packing_; }
 
   // The communicators a capture must check: the pipeline's, and the data-
@@ -150,7 +151,7 @@ class LanguageModelStages {
   int stage() const { return pipeline_.rank(); }
   int stages() const { return pipeline_.world_size(); }
   int virtual_stages() const { return interleaved_ ? interleaved_->chunks() : 1; }
-  bool is_first() const { return stage() == 0; }             // holds the embedding
+  bool is_first() const { return stage() == 0; }            // holds the embedding
   bool is_last() const { return stage() + 1 == stages(); }  // holds the head and the loss
   // This stage's passes in order (chunk 0 only where V = 1).
   const std::vector<ChunkPass>& passes() const { return passes_; }
@@ -178,10 +179,10 @@ class LanguageModelStages {
   LanguageModelConfig config_;
   std::int64_t microbatches_ = 0;
   Tensor packing_;
-  Tensor token_error_;  // stage 0
-  Tensor label_error_;  // the last stage
-  std::vector<Tensor> tokens_;  // stage 0, per microbatch
-  std::vector<Tensor> labels_;  // the last stage, per microbatch
+  Tensor token_error_;                            // stage 0
+  Tensor label_error_;                            // the last stage
+  std::vector<Tensor> tokens_;                    // stage 0, per microbatch
+  std::vector<Tensor> labels_;                    // the last stage, per microbatch
   std::vector<std::unique_ptr<AnyLayer>> owned_;  // this stage's entries of the model
   NormHeadLayer* head_ = nullptr;                 // the last stage's
   // Exactly one is set: V = 1 or V > 1.

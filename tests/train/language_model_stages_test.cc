@@ -25,6 +25,8 @@
 // And what the stages refuse: blocks that do not split evenly, MoE, data
 // parallelism with chunks, inputs asked of the wrong stage; a bad token is
 // the first stage's error.
+#include "train/language_model_stages.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -44,7 +46,6 @@
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/seed.h"
-#include "train/language_model_stages.h"
 
 namespace stepgraph {
 namespace {
@@ -85,7 +86,11 @@ Model gpt(std::int64_t layers = kLayers) {
 }
 
 Model window_model() {
-  return {.config = {.model = {.hidden = kHidden, .ffn = 64, .layers = kLayers, .vocab = kVocab, .dtype = DType::kFloat32,
+  return {.config = {.model = {.hidden = kHidden,
+                               .ffn = 64,
+                               .layers = kLayers,
+                               .vocab = kVocab,
+                               .dtype = DType::kFloat32,
                                .seed = 29},
                      .context = 4},
           .batch = 4};
@@ -190,14 +195,16 @@ std::vector<Results> whole_model(Context& ctx, const Model& model, const Data& d
         write_values(ctx, tokens, shard(data.tokens[it][g], model.rows(), t, n));
         write_values(ctx, labels, shard(data.labels[it][g], model.rows(), t, n));
         const LanguageModel::Forward f = lm.forward(ctx, tokens, token_error, packing);
-        const ops::CrossEntropyResult ce = lm.stack().loss(ctx, f.logits, lm.stack().gather_labels(ctx, labels),
-                                                           label_error, {.loss_scale = scale});
+        const ops::CrossEntropyResult ce =
+            lm.stack().loss(ctx, f.logits, lm.stack().gather_labels(ctx, labels), label_error, {.loss_scale = scale});
         lm.backward(ctx, f.saved, ce.dlogits);
         loss = ops::axpy(ctx, loss, ce.loss, scale);
         r.microbatch_losses[g] = scalar(ctx, ce.loss);
         for (std::size_t p = 0; p < params.size(); ++p) {
-          if (m == 0) ops::copy_(ctx, sums[p], params[p]->grad);
-          else ops::axpy_(ctx, sums[p], params[p]->grad, 1.0f);
+          if (m == 0)
+            ops::copy_(ctx, sums[p], params[p]->grad);
+          else
+            ops::axpy_(ctx, sums[p], params[p]->grad, 1.0f);
         }
       }
       // The all-reduce of two ranks: one fp32 addition.
@@ -205,8 +212,10 @@ std::vector<Results> whole_model(Context& ctx, const Model& model, const Data& d
       for (std::size_t p = 0; p < params.size(); ++p) {
         const std::vector<float> sum = read_floats(ctx, sums[p]);
         std::vector<float>& total = total_sums[params[p]->name];
-        if (d == 0) total = sum;
-        else for (std::size_t i = 0; i < sum.size(); ++i) total[i] += sum[i];
+        if (d == 0)
+          total = sum;
+        else
+          for (std::size_t i = 0; i < sum.size(); ++i) total[i] += sum[i];
       }
     }
     r.logged[0] = total_loss;
@@ -268,7 +277,8 @@ std::vector<std::vector<Results>> pipelined(const Model& model, const Data& data
       CaptureOptions capture;
       capture.pool_report_policy = PoolReportPolicy::kError;
       capture.communicators = stages.communicators();
-      step = CapturedStep::capture(ctx, [&] { return stages(ctx); }, capture);
+      step = CapturedStep::capture(
+          ctx, [&] { return stages(ctx); }, capture);
     }
     for (int it = 0; it < kIterations; ++it) {
       for (std::int64_t m = 0; m < kMicrobatches; ++m) {

@@ -35,9 +35,6 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
            config.sequence_model() ? "batch x context tokens" : "batch examples", ") do not split evenly over the ", tp,
            " tensor-parallel ranks of options.tensor_parallel; give a batch "
            "whose rows divide by them");
-  SG_CHECK_CODE(chunks == 1 || options.stage.data_parallel == nullptr, ErrorCode::kUnsupported,
-                "LanguageModelStages: data parallelism (options.stage.data_parallel) with virtual stages (", chunks,
-                ") is not supported yet; set options.virtual_stages = 1, or leave data parallelism out");
   // The loss reads each rank's slice of the logits in 16-byte vectors, as
   // ResidualStack and VocabParallelHead check. Checked here, on every rank:
   // only the first and last stages build the embedding and the head, and an
@@ -126,6 +123,24 @@ LanguageModelStages::LanguageModelStages(Context& ctx, Communicator& pipeline, c
         ctx, pipeline, layers, chunks, microbatches, activation,
         InterleavedStagePipelineOptions{.pipeline = options.stage.pipeline, .schedule = options.interleaved_schedule});
     passes_ = interleaved_->schedule().passes();
+    if (data_parallel_ != nullptr) check_replicas(ctx, microbatches);
+  }
+}
+
+// StagePipeline checks its own replicas; the interleaved one has none, so
+// the same check here: every rank of the group runs the same stage and chunks.
+void LanguageModelStages::check_replicas(Context& ctx, std::int64_t microbatches) const {
+  data_parallel_->check_device(ctx.device(), "LanguageModelStages (data parallel)");
+  const std::string line = "stage " + std::to_string(stage()) + " of " + std::to_string(stages()) + " (" +
+                           std::to_string(virtual_stages()) + " chunks, " + std::to_string(config_.model.layers) +
+                           " blocks, " + std::to_string(microbatches) + " microbatches)";
+  const std::vector<std::string> replicas = data_parallel_->exchange(line, "pipeline stages of the replicas");
+  for (std::size_t d = 0; d < replicas.size(); ++d) {
+    SG_CHECK_CODE(replicas[d] == replicas[0], ErrorCode::kInvalidState,
+                  "LanguageModelStages: the data-parallel group '", data_parallel_->name(), "' of ", replicas.size(),
+                  " ranks holds ", replicas[0], " on its rank 0 but ", replicas[d], " on its rank ", d,
+                  "; options.stage.data_parallel must group the same stage of every replica (split the world by "
+                  "stage)");
   }
 }
 
@@ -203,6 +218,11 @@ std::vector<Tensor> LanguageModelStages::operator()(Context& ctx) {
       backward(ctx, step.chunk, pass.microbatch,
                holds_head(step.chunk) ? std::exchange(dlogits[m], Tensor{}) : Tensor{});
     }
+  }
+  if (interleaved_ && data_parallel_ != nullptr) {
+    // As StagePipeline does after its last pass (Note [Pipeline stages across ranks]).
+    ctx.begin_segment("gradient sums all-reduce");
+    ops::all_reduce_many_(ctx, *data_parallel_, interleaved_->gradient_sums(), ReduceOp::kSum);
   }
   std::vector<Tensor> out{logged_loss(ctx, std::move(loss_sum))};
   out.insert(out.end(), losses.begin(), losses.end());

@@ -42,8 +42,9 @@
 // op: traced and captured like the transfers).
 //
 // Where the broadcast goes. Every rank issues it after its iteration's last
-// pass and last transfer group (and after the replicas' gradient all-reduce
-// of StagePipeline). The stages' transfer groups complete on their own
+// pass and last transfer group (and after the replicas' gradient all-reduce,
+// StagePipeline's, or this class's for interleaved stages, which do it at
+// the same point). The stages' transfer groups complete on their own
 // (check_stage_schedules, or check_interleaved_stage_schedules, proves it at
 // construction: no group waits on anything after it), so every rank
 // reaches the broadcast, which then waits only on ranks that have reached
@@ -98,8 +99,9 @@ struct LanguageModelStagesOptions {
   // InterleavedStagePipeline (interleaved 1F1B); config.model.layers must
   // divide by stages x V.
   int virtual_stages = 1;
-  // V = 1: this stage's order (nullopt: 1F1B) and the data-parallel group
-  // (StagePipelineOptions; see Note [Pipeline stages across ranks]).
+  // The data-parallel group (stage.data_parallel: this stage across the
+  // replicas; see Note [Pipeline stages across ranks]), any V; and where
+  // V = 1, this stage's order (nullopt: 1F1B).
   StagePipelineOptions stage;
   // V > 1: this stage's order (nullopt: Megatron's interleaved 1F1B).
   std::optional<InterleavedSchedule> interleaved_schedule;
@@ -167,6 +169,8 @@ class LanguageModelStages {
  private:
   // The loss all-reduced over the replicas' last stages and broadcast from this pipeline's.
   Tensor logged_loss(Context& ctx, Tensor loss_sum);
+  // Interleaved: every rank of options.stage.data_parallel runs the same stage (the same Error on each otherwise).
+  void check_replicas(Context& ctx, std::int64_t microbatches) const;
   // Whether this stage's chunk holds the embedding (takes the tokens) or the head (gives the logits).
   bool holds_embedding(int chunk) const;
   bool holds_head(int chunk) const;

@@ -20,11 +20,12 @@
 // microbatches; the gradient sums and the logged loss are one rank's sums of
 // each replica's microbatches, the two replicas' added in fp32 (the
 // all-reduce of two ranks is one addition): bit for bit again. And PP = 2 x
-// TP = 2 x DP = 2 alike against a TP world.
+// TP = 2 x DP = 2 alike against a TP world, and PP = 2 of V = 2 chunks x
+// DP = 2 (the interleaved stages' sums all-reduced after the last pass).
 //
-// And what the stages refuse: blocks that do not split evenly, MoE, data
-// parallelism with chunks, inputs asked of the wrong stage; a bad token is
-// the first stage's error.
+// And what the stages refuse: blocks that do not split evenly, a vocabulary
+// the TP head cannot slice, MoE, a data-parallel group that mixes stages,
+// inputs asked of the wrong stage; a bad token is the first stage's error.
 #include "train/language_model_stages.h"
 
 #include <gtest/gtest.h>
@@ -369,6 +370,10 @@ TEST(LanguageModelStagesTest, TwoStagesOfTwoChunksEqualOneRankBitwise) {
   expect_stages_equal_reference(gpt(), {.stages = 2, .chunks = 2});
 }
 
+TEST(LanguageModelStagesTest, TwoStagesOfTwoChunksTimesTwoReplicasEqualOneRankOnTheGlobalBatch) {
+  expect_stages_equal_reference(gpt(), {.stages = 2, .replicas = 2, .chunks = 2});
+}
+
 TEST(LanguageModelStagesTest, FourStagesOfTwoChunksEqualOneRankBitwise) {
   expect_stages_equal_reference(gpt(8), {.stages = 4, .chunks = 2});
 }
@@ -461,18 +466,39 @@ TEST(LanguageModelStagesTest, AVocabularyTheTensorParallelHeadCannotSliceIsRefus
   for (const std::string& e : errors) EXPECT_NE(e.find("config.model.vocab (36)"), std::string::npos) << e;
 }
 
-TEST(LanguageModelStagesTest, MixtureOfExpertsAndDataParallelChunksAreRefused) {
+TEST(LanguageModelStagesTest, MixtureOfExpertsIsRefused) {
   Model model = gpt();
   model.config.model.experts = 4;
   HostWorld::run(1, [&](Communicator& comm) {
     Context ctx(Device::kHost);
     EXPECT_ERROR_CONTAINS(LanguageModelStages(ctx, comm, model.config, 2, kMicrobatches), "experts (4)",
                           "not supported in pipeline stages");
-    LanguageModelStagesOptions options{.virtual_stages = 2};
-    options.stage.data_parallel = &comm;
-    EXPECT_ERROR_CONTAINS(LanguageModelStages(ctx, comm, gpt().config, 2, kMicrobatches, options),
-                          "options.stage.data_parallel", "virtual stages (2)", "not supported yet");
   });
+}
+
+// Interleaved stages check their data-parallel group themselves: here each
+// "replica" group holds both stages of one pipeline.
+TEST(LanguageModelStagesTest, ADataParallelGroupOfInterleavedStagesThatMixesStagesIsRefusedOnEveryRank) {
+  std::mutex mutex;
+  std::vector<std::string> errors(4);
+  HostWorld::run(4, [&](Communicator& world) {
+    const std::unique_ptr<Communicator> pp = world.split(world.rank() / 2, world.rank() % 2, "pp");
+    const std::unique_ptr<Communicator> wrong = world.split(world.rank() / 2, world.rank() % 2, "dp");
+    Context ctx(Device::kHost);
+    LanguageModelStagesOptions options{.virtual_stages = 2};
+    options.stage.data_parallel = wrong.get();
+    std::string message = "no error";
+    try {
+      LanguageModelStages stages(ctx, *pp, gpt().config, 2, kMicrobatches, options);
+    } catch (const Error& error) {
+      message = error.message();
+    }
+    std::lock_guard lock(mutex);
+    errors[world.rank()] = message;
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("must group the same stage of every replica"), std::string::npos) << e;
+  }
 }
 
 // A token outside the vocabulary is stage 0's error, read after the

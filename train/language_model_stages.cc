@@ -25,6 +25,9 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
   const int stages = pipeline.world_size();
   const int chunks = options.virtual_stages;
   SG_CHECK(chunks >= 1, "LanguageModelStages: options.virtual_stages must be >= 1, got ", chunks);
+  SG_CHECK(chunks == 1 || stages >= 2, "LanguageModelStages: options.virtual_stages (", chunks,
+           ") needs at least 2 pipeline stages (interleaved chunks pass their activations from rank to rank), but ",
+           pipeline.describe(), " has 1 rank; set options.virtual_stages = 1");
   SG_CHECK(model.layers >= stages * chunks && model.layers % (stages * chunks) == 0,
            "LanguageModelStages: config.model.layers (", model.layers,
            ") must be a positive multiple of the pipeline stages (", stages, ", the ranks of ", pipeline.describe(),

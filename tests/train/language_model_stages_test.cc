@@ -466,13 +466,16 @@ TEST(LanguageModelStagesTest, AVocabularyTheTensorParallelHeadCannotSliceIsRefus
   for (const std::string& e : errors) EXPECT_NE(e.find("config.model.vocab (36)"), std::string::npos) << e;
 }
 
-TEST(LanguageModelStagesTest, MixtureOfExpertsIsRefused) {
+TEST(LanguageModelStagesTest, MixtureOfExpertsAndChunksOnOneStageAreRefused) {
   Model model = gpt();
   model.config.model.experts = 4;
   HostWorld::run(1, [&](Communicator& comm) {
     Context ctx(Device::kHost);
     EXPECT_ERROR_CONTAINS(LanguageModelStages(ctx, comm, model.config, 2, kMicrobatches), "experts (4)",
                           "not supported in pipeline stages");
+    // Interleaved chunks pass activations from rank to rank: one rank has no peer.
+    EXPECT_ERROR_CONTAINS(LanguageModelStages(ctx, comm, gpt().config, 2, kMicrobatches, {.virtual_stages = 2}),
+                          "options.virtual_stages (2)", "at least 2 pipeline stages");
   });
 }
 

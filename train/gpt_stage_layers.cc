@@ -56,6 +56,11 @@ ResidualBlockLayer::ResidualBlockLayer(Context& ctx, const ResidualStackConfig& 
                               .recompute_activation = config.recompute_activation},
            block_seed(config, index), tensor_parallel),
       cu_seqlens_(std::move(cu_seqlens)) {
+  // What ResidualStack's block would do differently: refused, not ignored.
+  SG_CHECK_CODE(config.experts == 0 && !config.fp8 && config.dropout == 0.0f, ErrorCode::kUnsupported,
+                "ResidualBlockLayer: experts (", config.experts, "), fp8 (", config.fp8 ? "on" : "off",
+                ") and dropout (", config.dropout,
+                ") are not supported in a block on its own yet; set experts = 0, no fp8 and dropout = 0");
   SG_CHECK(cu_seqlens_.defined() == (config.heads > 0), "ResidualBlockLayer: block ", index,
            config.heads > 0 ? " has attention and needs cu_seqlens, the packing of its tokens"
                             : " has no attention (heads = 0); pass no cu_seqlens");

@@ -479,6 +479,18 @@ TEST(LanguageModelStagesTest, MixtureOfExpertsAndChunksOnOneStageAreRefused) {
   });
 }
 
+// A block alone refuses what it would silently leave out of ResidualStack's.
+TEST(LanguageModelStagesTest, ABlockOnItsOwnRefusesDropoutAndAPackingWithoutAttention) {
+  Context ctx(Device::kHost);
+  ResidualStackConfig config = gpt().config.model;
+  config.dropout = 0.1f;
+  EXPECT_ERROR_CONTAINS(ResidualBlockLayer(ctx, config, 0, Tensor{}), "dropout (0.1)", "not supported");
+  config.dropout = 0.0f;
+  config.heads = 0;
+  EXPECT_ERROR_CONTAINS(ResidualBlockLayer(ctx, config, 0, ctx.persistent("cu", {Shape{3}, DType::kInt32})),
+                        "no attention (heads = 0)", "pass no cu_seqlens");
+}
+
 // Interleaved stages check their data-parallel group themselves: here each
 // "replica" group holds both stages of one pipeline.
 TEST(LanguageModelStagesTest, ADataParallelGroupOfInterleavedStagesThatMixesStagesIsRefusedOnEveryRank) {

@@ -13,8 +13,8 @@
 // Each takes the model's tensor-parallel communicator (null: none) as
 // LanguageModel does (Note [Tensor-parallel ResidualStack]): x and y are
 // then this rank's rows, the embedding and the head vocabulary-parallel.
-// Not the rest: no context parallelism, FP8, dropout or MoE blocks (see
-// LanguageModelStages).
+// Not the rest: no context parallelism, FP8, dropout or MoE blocks
+// (ResidualBlockLayer refuses them).
 #pragma once
 
 #include <any>

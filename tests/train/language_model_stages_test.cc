@@ -20,8 +20,9 @@
 // microbatches; the gradient sums and the logged loss are one rank's sums of
 // each replica's microbatches, the two replicas' added in fp32 (the
 // all-reduce of two ranks is one addition): bit for bit again. And PP = 2 x
-// TP = 2 x DP = 2 alike against a TP world, and PP = 2 of V = 2 chunks x
-// DP = 2 (the interleaved stages' sums all-reduced after the last pass).
+// TP = 2 x DP = 2 alike against a TP world, PP = 2 of V = 2 chunks x TP = 2,
+// and PP = 2 of V = 2 chunks x DP = 2 (the interleaved stages' sums
+// all-reduced after the last pass).
 //
 // And what the stages refuse: blocks that do not split evenly, a vocabulary
 // the TP head cannot slice, MoE, a data-parallel group that mixes stages,
@@ -389,6 +390,10 @@ TEST(LanguageModelStagesTest, TwoStagesTimesTwoTensorParallelRanksEqualATensorPa
 // against a TP world on each half, the halves' sums added in fp32.
 TEST(LanguageModelStagesTest, TwoStagesTimesTwoTensorParallelRanksTimesTwoReplicasEqualATensorParallelWorld) {
   expect_stages_equal_reference(gpt(), {.stages = 2, .replicas = 2, .tensor_ranks = 2});
+}
+
+TEST(LanguageModelStagesTest, TwoStagesOfTwoChunksTimesTwoTensorParallelRanksEqualATensorParallelWorld) {
+  expect_stages_equal_reference(gpt(), {.stages = 2, .chunks = 2, .tensor_ranks = 2});
 }
 
 TEST(LanguageModelStagesTest, TwoStagesOfTheWindowModelTimesTwoTensorParallelRanksEqualATensorParallelWorld) {

@@ -7,6 +7,7 @@
 //   moe_plan           experts [T, k] -> splits int32 [E], offsets int32 [E+1],
 //                      positions int32 [T*k], sources int32 [T*k]
 //   split_offsets      splits int32 [E] -> offsets int32 [E+1], validated
+//                      (summing to the rows, or at most to them: SplitSum)
 //   moe_permute        x [T, H] -> x_perm [T*k, H]    x_perm[r] = x[sources[r]]
 //   moe_unpermute      y_perm [T*k, H] -> y [T, H]    y[t] = sum_j gate[t,j] y_perm[positions[t*k+j]]
 //                      (no gates: weight 1, which is also permute's backward)
@@ -31,7 +32,8 @@
 // ranks each entry inside its chunk with warp votes. No atomics on positions.
 //
 // Note [Routing error word]
-// Bad split sizes (negative, or not adding up to the token count) and expert
+// Bad split sizes (negative, or not adding up to the token count, or with
+// SplitSum::kAtMostRows adding up to more) and expert
 // indices outside [0, E) never stop a launch: the kernels clamp so every
 // later kernel stays in bounds, and OR a bit into an int32 error word on the
 // device (kSplitNegative, kSplitSumMismatch, kExpertOutOfRange). The word is
@@ -90,10 +92,21 @@ void launch_moe_plan(const PlanDesc& desc, const std::int32_t* experts, std::int
                      std::int32_t* positions, std::int32_t* sources, void* workspace, std::int32_t* error_word,
                      cudaStream_t stream);
 
+// What the splits of `tokens` rows must add up to. kAtMostRows: the splits
+// cover the leading rows and the rows past their sum belong to no group
+// (padding: the grouped GEMMs write them as zeros and leave them out of every
+// gradient sum), as in an expert-parallel receive buffer sized by its bound
+// (Note [Expert-parallel MoE] in layers/moe_mlp.h).
+enum class SplitSum : std::uint8_t {
+  kEqualsRows,  // sum(splits) == tokens
+  kAtMostRows,  // sum(splits) <= tokens
+};
+
 // offsets[0] = 0, offsets[e+1] = offsets[e] + splits[e], with negative splits
-// taken as 0 and every offset clamped to `tokens` (see Note [Routing error word]).
+// taken as 0 and every offset clamped to `tokens`; a negative split, or a sum
+// that breaks `sum`, sets the error word (see Note [Routing error word]).
 void launch_split_offsets(std::int64_t experts, std::int64_t tokens, const std::int32_t* splits, std::int32_t* offsets,
-                          std::int32_t* error_word, cudaStream_t stream);
+                          std::int32_t* error_word, cudaStream_t stream, SplitSum sum = SplitSum::kEqualsRows);
 
 struct PermuteDesc {
   DType dtype = DType::kBFloat16;  // of x, y, dy: bf16, fp16 or fp32
@@ -121,7 +134,7 @@ void router_backward(const RouterDesc& desc, const float* dgates, const void* lo
 void moe_plan(const PlanDesc& desc, const std::int32_t* experts, std::int32_t* splits, std::int32_t* offsets,
               std::int32_t* positions, std::int32_t* sources, std::int32_t* error_word);
 void split_offsets(std::int64_t experts, std::int64_t tokens, const std::int32_t* splits, std::int32_t* offsets,
-                   std::int32_t* error_word);
+                   std::int32_t* error_word, SplitSum sum = SplitSum::kEqualsRows);
 void moe_permute(const PermuteDesc& desc, const void* x, const std::int32_t* sources, void* x_perm);
 void moe_unpermute(const PermuteDesc& desc, const void* y_perm, const std::int32_t* positions, const float* gates,
                    void* y);

@@ -138,7 +138,7 @@ void moe_plan(const PlanDesc& desc, const std::int32_t* experts, std::int32_t* s
 }
 
 void split_offsets(std::int64_t experts, std::int64_t tokens, const std::int32_t* splits, std::int32_t* offsets,
-                   std::int32_t* error_word) {
+                   std::int32_t* error_word, SplitSum split_sum) {
   SG_CHECK(experts >= 1 && experts <= kMaxExperts, "split_offsets: experts must be in [1, ", kMaxExperts, "], got ",
            experts);
   SG_CHECK(tokens >= 0 && tokens <= kMaxRows, "split_offsets: tokens must be in [0, 2^31), got ", tokens);
@@ -150,7 +150,7 @@ void split_offsets(std::int64_t experts, std::int64_t tokens, const std::int32_t
     sum += splits[e];
     offsets[e + 1] = static_cast<std::int32_t>(std::min<std::int64_t>(offsets[e] + std::max(splits[e], 0), tokens));
   }
-  if (sum != tokens) error |= kSplitSumMismatch;
+  if (split_sum == SplitSum::kEqualsRows ? sum != tokens : sum > tokens) error |= kSplitSumMismatch;
   *error_word |= error;
 }
 

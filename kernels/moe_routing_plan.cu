@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kPlanWarps * 32)
 }
 
 __global__ void __launch_bounds__(kScanThreads)
-    split_offsets_kernel(const std::int32_t* __restrict__ splits, int experts, std::int64_t tokens,
+    split_offsets_kernel(const std::int32_t* __restrict__ splits, int experts, std::int64_t tokens, bool at_most,
                          std::int32_t* __restrict__ offsets, std::int32_t* __restrict__ error_word) {
   __shared__ std::int64_t scratch[kScanThreads];
   const int e = threadIdx.x;
@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(kScanThreads)
   block_exclusive_scan(split, scratch, raw_total);
   if (e == 0) {
     offsets[0] = 0;
-    const std::int32_t error = (negative ? kSplitNegative : 0) | (raw_total != tokens ? kSplitSumMismatch : 0);
+    const bool bad_sum = at_most ? raw_total > tokens : raw_total != tokens;
+    const std::int32_t error = (negative ? kSplitNegative : 0) | (bad_sum ? kSplitSumMismatch : 0);
     if (error != 0) *error_word |= error;  // the only writer in this launch
   }
 }
@@ -189,13 +190,14 @@ void launch_moe_plan(const PlanDesc& desc, const std::int32_t* experts, std::int
 }
 
 void launch_split_offsets(std::int64_t experts, std::int64_t tokens, const std::int32_t* splits, std::int32_t* offsets,
-                          std::int32_t* error_word, cudaStream_t stream) {
+                          std::int32_t* error_word, cudaStream_t stream, SplitSum sum) {
   SG_CHECK(experts >= 1 && experts <= kMaxExperts, "split_offsets: experts must be in [1, ", kMaxExperts, "], got ",
            experts);
   SG_CHECK(tokens >= 0 && tokens < (std::int64_t{1} << 31), "split_offsets: tokens must be in [0, 2^31), got ", tokens);
   SG_CHECK(splits != nullptr && offsets != nullptr && error_word != nullptr,
            "split_offsets: splits, offsets and error_word must not be null");
-  split_offsets_kernel<<<1, kScanThreads, 0, stream>>>(splits, static_cast<int>(experts), tokens, offsets, error_word);
+  split_offsets_kernel<<<1, kScanThreads, 0, stream>>>(splits, static_cast<int>(experts), tokens,
+                                                       sum == SplitSum::kAtMostRows, offsets, error_word);
   SG_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -24,6 +24,20 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
   SG_CHECK_CODE(config.dtype == DType::kBFloat16 || config.dtype == DType::kFloat32, ErrorCode::kUnsupported,
                 "GroupedLinear '", name, "': dtype ", dtype_name(config.dtype),
                 " is not supported (the grouped GEMM takes bf16 or fp32)");
+  SG_CHECK(config.first_expert >= 0 && config.held_experts >= 0 &&
+               config.first_expert + config.held_experts <= config.experts &&
+               (config.held_experts > 0 || config.first_expert == 0),
+           "GroupedLinear '", name, "': first_expert ", config.first_expert, " and held_experts ",
+           config.held_experts, " must pick experts inside [0, experts = ", config.experts,
+           ") (held_experts 0 holds them all, from first_expert 0)");
+  const bool some_experts = config.held_experts > 0 && config.held_experts < config.experts;
+  SG_CHECK_CODE(!some_experts || tensor_parallel == nullptr, ErrorCode::kUnsupported, "GroupedLinear '", name,
+                "': tensor-parallel slices of some of the experts (held_experts ", config.held_experts, " of ",
+                config.experts, ") are not built; hold every expert with a tensor-parallel communicator, or pass "
+                "none for whole experts");
+  SG_CHECK_CODE(!config.fp8 || config.split_sum == kernels::SplitSum::kEqualsRows, ErrorCode::kUnsupported,
+                "GroupedLinear '", name, "': FP8 with split_sum = kAtMostRows is not built (the padding rows would "
+                "enter the tensor-wise amaxes); use SplitSum::kEqualsRows or a 16-bit layer");
   if (tensor_parallel != nullptr) {
     SG_CHECK(config.parallel != GroupedParallel::kNone, "GroupedLinear '", name,
              "': a tensor-parallel communicator needs config.parallel = GroupedParallel::kColumn or kRow (which "
@@ -46,7 +60,7 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
              "-parallel); pick a size that is a multiple of the tensor-parallel world size");
   }
   const std::int64_t e = config.experts, in = config.in_features, out = config.out_features;
-  const std::int64_t lin = local_in(), lout = local_out();
+  const std::int64_t lin = local_in(), lout = local_out(), held = local_experts();
   const float scale = 1.0f / std::sqrt(static_cast<float>(in));
   // This rank's slices of the weights one rank draws from `seed`: as a
   // [experts, out * in] matrix, kColumn's slice is the columns from
@@ -58,10 +72,14 @@ GroupedLinear::GroupedLinear(Context& ctx, const std::string& name, const Groupe
     bias_init = bias_init.columns_from(e, out, rank_ * lout);
   } else if (ranks_ > 1 && config.parallel == GroupedParallel::kRow) {
     weight_init = weight_init.columns_from(e * out, in, rank_ * lin);
+  } else if (held < e) {
+    // Whole experts: rows [first, first + held) of W as [experts, out * in].
+    weight_init = weight_init.rows_from(e, out * in, config.first_expert);
+    bias_init = bias_init.rows_from(e, out, config.first_expert);
   }
-  weight_ = make_parameter(ctx, name + ".weight", Shape{e, lout, lin}, config.dtype, weight_init);
+  weight_ = make_parameter(ctx, name + ".weight", Shape{held, lout, lin}, config.dtype, weight_init);
   if (config.bias) {
-    bias_ = make_parameter(ctx, name + ".bias", Shape{e, lout}, config.dtype, bias_init);
+    bias_ = make_parameter(ctx, name + ".bias", Shape{held, lout}, config.dtype, bias_init);
   }
   error_word_ = ctx.persistent(name + ".split_error", {Shape{1}, DType::kInt32});
   if (config.fp8) {
@@ -107,6 +125,10 @@ std::int64_t GroupedLinear::local_in() const {
   return config_.parallel == GroupedParallel::kRow ? config_.in_features / ranks_ : config_.in_features;
 }
 
+std::int64_t GroupedLinear::local_experts() const {
+  return config_.held_experts > 0 ? config_.held_experts : config_.experts;
+}
+
 std::int64_t GroupedLinear::local_out() const {
   return config_.parallel == GroupedParallel::kColumn ? config_.out_features / ranks_ : config_.out_features;
 }
@@ -120,9 +142,10 @@ std::vector<Parameter*> GroupedLinear::parameters() {
 GroupedLinear::Forward GroupedLinear::forward(Context& ctx, const FwdArgs& args) const {
   const std::string& label = label_;
   check_input(label, "forward", "input", args.x, {"tokens", local_in()}, config_.dtype);
-  check_input(label, "forward", "splits", args.splits, {config_.experts}, DType::kInt32, "one size per expert");
+  check_input(label, "forward", "splits", args.splits, {local_experts()}, DType::kInt32,
+              local_experts() < config_.experts ? "one size per expert this layer holds" : "one size per expert");
   const TensorMeta& x = args.x.meta();
-  const Tensor offsets = ops::split_offsets(ctx, args.splits, error_word_, x.shape.dim(0));
+  const Tensor offsets = ops::split_offsets(ctx, args.splits, error_word_, x.shape.dim(0), config_.split_sum);
   offsets.set_name(name_ + ".offsets");
   // A row-parallel bias goes into the ranks' sum once: rank 0 adds it.
   const bool adds_bias = config_.bias && (config_.parallel != GroupedParallel::kRow || rank_ == 0);
@@ -192,7 +215,7 @@ Tensor GroupedLinear::backward_16bit(Context& ctx, const Saved& saved, const Bwd
   const bool remakes_x = config_.input_activation == LinearActivation::kGelu && !saved.x.defined();
   const Tensor x = remakes_x ? ops::gelu(ctx, args.input_pre) : saved.x;
   check_input(label, "backward", "saved.x", x, {"tokens", local_in()}, config_.dtype, "the forward's input");
-  check_input(label, "backward", "saved.offsets", saved.offsets, {config_.experts + 1}, DType::kInt32,
+  check_input(label, "backward", "saved.offsets", saved.offsets, {local_experts() + 1}, DType::kInt32,
               "the forward's split offsets");
   check_input(label, "backward", "dy", args.dy, {x.shape().dim(0), local_out()}, config_.dtype,
               "the forward's output");
@@ -211,7 +234,7 @@ Tensor GroupedLinear::backward_fp8(Context& ctx, const Saved& saved, const Tenso
   check_input(label_, "backward", "saved.x_fp8_t", saved.x_fp8_t, {local_in(), "tokens"},
               fp8_dtype(recipe.forward_format()), "the forward's input, transposed, in FP8");
   const std::int64_t tokens = saved.x_fp8_t.shape().dim(1);
-  check_input(label_, "backward", "saved.offsets", saved.offsets, {config_.experts + 1}, DType::kInt32,
+  check_input(label_, "backward", "saved.offsets", saved.offsets, {local_experts() + 1}, DType::kInt32,
               "the forward's split offsets");
   check_input(label_, "backward", "dy", dy_value, {tokens, local_out()}, config_.dtype, "the forward's output");
   const bool column = config_.parallel == GroupedParallel::kColumn;
@@ -263,7 +286,8 @@ void check_routing_error_word(Context& ctx, const Tensor& word, const std::strin
     problems += text;
   };
   add(kernels::kSplitNegative, "a split size was negative");
-  add(kernels::kSplitSumMismatch, "the split sizes did not add up to the token count");
+  add(kernels::kSplitSumMismatch,
+      "the split sizes did not add up to the token count (or, where fewer rows are allowed, exceeded it)");
   add(kernels::kExpertOutOfRange, "an expert index was outside [0, experts)");
   SG_THROW(ErrorCode::kInvalidArgument, what, ": bad routing in a step since the last check: ", problems,
            " (error word ", bits,

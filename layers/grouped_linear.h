@@ -20,6 +20,14 @@
 // a kRow output is a partial sum the caller reduces, a kColumn input is the
 // caller's gathered tokens. The config keeps the whole layer's sizes; each
 // rank's slices are the slices of the weights one rank draws from the seed.
+//
+// Expert parallelism (See Note [Expert-parallel MoE] in layers/moe_mlp.h):
+// config.held_experts whole experts from config.first_expert on, each
+// initialised as the layer of all config.experts draws it, with one split per
+// held expert; config.split_sum = kAtMostRows lets the splits cover fewer rows
+// than x has (a receive buffer sized by its bound): the rows past their sum
+// are in no group, so y and dx are zero there and no weight or bias gradient
+// reads them, whatever they hold.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +39,7 @@
 #include "engine/communicator.h"
 #include "engine/context.h"
 #include "engine/fp8_recipe.h"
+#include "kernels/moe_routing.h"
 #include "layers/activation.h"
 #include "layers/fp8_operand.h"
 #include "layers/parameter.h"
@@ -82,13 +91,21 @@ struct GroupedLinearConfig {
   // before the backward's products.
   LinearActivation activation = LinearActivation::kNone;
   LinearActivation input_activation = LinearActivation::kNone;
+  // Expert parallelism: this layer holds experts [first_expert, first_expert
+  // + held_experts) of the `experts`, whole; 0 holds them all.
+  std::int64_t first_expert = 0;
+  std::int64_t held_experts = 0;
+  // What the splits add up to: x's rows, or at most them (rows past the sum
+  // are padding, left out of every product). A plain value: it enters the
+  // split_offsets op's params, so graph keys see it.
+  kernels::SplitSum split_sum = kernels::SplitSum::kEqualsRows;
 };
 
 class GroupedLinear {
  public:
   struct FwdArgs {
     Tensor x;       // [T, in_features], the config's dtype, grouped by expert
-    Tensor splits;  // int32 [experts] on the device: rows per expert, summing to T
+    Tensor splits;  // int32 [local_experts()] on the device: rows per expert, summing to T (at most T: split_sum)
   };
   struct Saved {
     Tensor x;        // the caller's input (a reference); FP8: undefined
@@ -127,7 +144,7 @@ class GroupedLinear {
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;
 
   // Error if a split seen since the last check was negative or the splits did
-  // not add up to the tokens. Reads the device word once and clears it: call
+  // not add up to the tokens (exceeded them, with kAtMostRows). Reads the device word once and clears it: call
   // it after a step, never inside one.
   void check_splits(Context& ctx) const;
 
@@ -136,6 +153,8 @@ class GroupedLinear {
   // This rank's features: the config's, divided by the ranks on the sharded side.
   std::int64_t local_in() const;
   std::int64_t local_out() const;
+  // The experts this layer holds: held_experts, or all of them.
+  std::int64_t local_experts() const;
   std::vector<Parameter*> parameters();
   // FP8 delayed scaling's histories and scales of x, W and dy; empty otherwise.
   std::vector<StateTensor> state() const { return state_; }

@@ -73,6 +73,45 @@ namespace stepgraph {
 // the same global tokens, up to the order of fp32 additions (fc2's partial
 // sums, fc1's data gradients, d gates). ffn must divide by N; the token shards
 // must be equal (the collectives check it).
+// Note [Expert-parallel MoE]
+// With an expert-parallel communicator of P ranks (E % P == 0), rank r holds
+// the L = E / P whole experts [r L, (r + 1) L): their fc1 and fc2 weights and
+// biases are the rows of the one-rank layer's [E, ...] parameters drawn from
+// the same seed, so expert e is the same expert whichever rank holds it. Each
+// rank has its own tokens; the norm and the router are replicated (the same
+// seed everywhere) and see only this rank's tokens:
+//   forward   x [T, H] -> norm -> router -> top-k, gates, plan over all E
+//             -> permute: x_perm [R, H], R = T k, grouped by global expert
+//             -> ep_counts (every rank's splits) -> ep_dispatch: rows [P R, H]
+//                grouped by local expert, within one by source rank, and the
+//                local splits [L] (Note [Expert-parallel exchange] in
+//                ops/moe_exchange_ops.h)
+//             -> fc1 -> GeLU -> fc2 over the L local experts
+//             -> ep_combine: y_perm [R, H] back in x_perm's order
+//             -> unpermute with the gates -> y [T, H]
+//   backward  the mirror: dy_perm -> ep_dispatch (ep_combine_backward) -> fc2,
+//             GeLU, fc1 backward -> ep_combine (ep_dispatch_backward) ->
+//             d x_perm, then the router and the norm on this rank's tokens.
+// The receive buffer holds P R rows, the bound no routing exceeds (every
+// token of every rank choosing this rank's experts), so nothing is dropped and
+// no shape depends on the routing; the local splits add up to at most P R.
+// fc1 and fc2 run with SplitSum::kAtMostRows: the rows past the sum belong to
+// no expert, the grouped products write zeros there and leave them out of the
+// weight and bias gradients, and GeLU of those zeros is zero (its gradient
+// there too), so the padding reaches nothing. A sum above P R or a negative
+// split still sets the experts' error word.
+// Expert e's rows arrive by source rank in rank order, each rank's in its
+// token order: the order in which one rank sees them on the ranks' tokens
+// concatenated in rank order. So y, dx and every local expert's weight and
+// bias gradients equal the one-rank layer's on that global batch bit for bit.
+// The norm's and router's gradients are this rank's tokens' share: sum them
+// over the group as data-parallel gradients (expert_parameters() lists the
+// others, which are whole per rank and never summed across the group); the sum
+// equals the one-rank gradient up to the order of fp32 additions.
+// Refused: EP with tensor-parallel experts (a rank would hold slices of some
+// experts: not built), and FP8 experts under EP (each rank's tensor-wise
+// scales would cover only its experts and rows, so the products would not be
+// the one-rank layer's).
 struct MoEMLPConfig {
   std::int64_t hidden = 0;
   std::int64_t ffn = 0;  // per expert
@@ -107,10 +146,13 @@ class MoEMLP {
     Tensor logits;             // [tokens, experts]
     ops::RouterResult routed;  // experts, gates [tokens, k]
     ops::MoEPlan plan;
-    GroupedLinear::Saved fc1;  // its input: the permuted normed rows
+    Tensor ep_counts;          // expert-parallel: int32 [P, E], every rank's splits; else undefined
+    GroupedLinear::Saved fc1;  // its input: the permuted normed rows (expert-parallel: the dispatched rows)
     Tensor pre;                // fc1's output, before GeLU
     GroupedLinear::Saved fc2;  // its input: GeLU(pre) (undefined with recompute_activation)
-    Tensor expert_out;         // fc2's output [tokens * k, hidden], expert order (a partial sum when sharded)
+    // The expert outputs [tokens * k, hidden] in expert order (a partial sum
+    // when sharded; expert-parallel: combined back from the experts' ranks).
+    Tensor expert_out;
   };
   struct Forward {
     Tensor y;  // [tokens, hidden]
@@ -123,8 +165,11 @@ class MoEMLP {
   // `tensor_parallel`: a communicator of N ranks shards every expert's ffn
   // and the tokens (Note [Tensor-parallel MoE]); null is the plain layer.
   // ffn must divide by N.
+  // `expert_parallel`: a communicator of P ranks over which the experts are
+  // spread, E / P whole experts a rank (Note [Expert-parallel MoE]); null
+  // holds all of them. Not with `tensor_parallel`.
   MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config, std::uint32_t seed,
-         Communicator* tensor_parallel = nullptr);
+         Communicator* tensor_parallel = nullptr, Communicator* expert_parallel = nullptr);
 
   Forward forward(Context& ctx, const FwdArgs& args) const;
   Tensor backward(Context& ctx, const Saved& saved, const BwdArgs& args) const;  // dx; writes every grad
@@ -135,7 +180,11 @@ class MoEMLP {
 
   const MoEMLPConfig& config() const { return config_; }
   Communicator* tensor_parallel() const { return tp_; }
+  Communicator* expert_parallel() const { return ep_; }
   std::vector<Parameter*> parameters();
+  // fc1's and fc2's weights and biases: under expert parallelism this rank's
+  // experts, whose gradients are whole (never summed over the group).
+  std::vector<Parameter*> expert_parameters();
   // fc1 and fc2 with an FP8 recipe; empty without one.
   std::vector<GroupedLinear*> fp8_experts();
 
@@ -145,10 +194,11 @@ class MoEMLP {
   std::string name_;
   MoEMLPConfig config_;
   Communicator* tp_ = nullptr;
+  Communicator* ep_ = nullptr;
   Norm norm_;
   Linear router_;
-  GroupedLinear fc1_;  // column-parallel when sharded
-  GroupedLinear fc2_;  // row-parallel when sharded
+  GroupedLinear fc1_;  // column-parallel when sharded; this rank's experts under EP
+  GroupedLinear fc2_;  // row-parallel when sharded; this rank's experts under EP
   Tensor routing_error_;  // int32 [1], the plan's error word
 };
 

@@ -12,7 +12,9 @@ namespace stepgraph::ops {
 
 std::string TopkParams::to_string() const { return "k=" + std::to_string(topk); }
 std::string MoEPlanParams::to_string() const { return "experts=" + std::to_string(experts); }
-std::string SplitOffsetsParams::to_string() const { return "tokens=" + std::to_string(tokens); }
+std::string SplitOffsetsParams::to_string() const {
+  return "tokens=" + std::to_string(tokens) + (sum == kernels::SplitSum::kAtMostRows ? " sum<=tokens" : "");
+}
 
 namespace {
 
@@ -377,14 +379,14 @@ const OpDef& split_offsets_op() {
             const auto& p = params.as<SplitOffsetsParams>();
             const auto o = bind_args<SplitOffsetsOperands>(p, a);
             kernels::launch_split_offsets(o.splits.numel(), p.tokens, o.splits.as<std::int32_t>(),
-                                          int_ptr(a.outputs[0]), o.error_word.as<std::int32_t>(), s);
+                                          int_ptr(a.outputs[0]), o.error_word.as<std::int32_t>(), s, p.sum);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<SplitOffsetsParams>();
             const auto o = bind_args<SplitOffsetsOperands>(p, a);
             kernels::host::split_offsets(o.splits.numel(), p.tokens, o.splits.as<std::int32_t>(), int_ptr(a.outputs[0]),
-                                         o.error_word.as<std::int32_t>());
+                                         o.error_word.as<std::int32_t>(), p.sum);
           },
   };
   return op;
@@ -493,8 +495,9 @@ MoEPlan moe_plan(Context& ctx, const Tensor& experts, const Tensor& error_word, 
   return {.splits = out.splits, .offsets = out.offsets, .positions = out.positions, .sources = out.sources};
 }
 
-Tensor split_offsets(Context& ctx, const Tensor& splits, const Tensor& error_word, std::int64_t tokens) {
-  const SplitOffsetsParams params{tokens};
+Tensor split_offsets(Context& ctx, const Tensor& splits, const Tensor& error_word, std::int64_t tokens,
+                     kernels::SplitSum sum) {
+  const SplitOffsetsParams params{tokens, sum};
   return ctx
       .call(split_offsets_op(), params,
             flatten(kSplitOffsets, params, SplitOffsetsOperands<Tensor>{splits, error_word}))

@@ -17,6 +17,7 @@
 
 #include "engine/context.h"
 #include "engine/op.h"
+#include "kernels/moe_routing.h"
 
 namespace stepgraph::ops {
 
@@ -34,6 +35,8 @@ struct MoEPlanParams {
 
 struct SplitOffsetsParams {
   std::int64_t tokens = 0;
+  // kAtMostRows: rows past the splits' sum are padding (kernels::SplitSum).
+  kernels::SplitSum sum = kernels::SplitSum::kEqualsRows;
   bool operator==(const SplitOffsetsParams&) const = default;
   std::string to_string() const;
 };
@@ -62,8 +65,10 @@ Tensor router_topk_backward(Context& ctx, const Tensor& dgates, const Tensor& lo
 // experts int32 [T, k] -> the stable permutation (See Note [Stable permutation]).
 MoEPlan moe_plan(Context& ctx, const Tensor& experts, const Tensor& error_word, std::int64_t num_experts);
 
-// splits int32 [E] -> offsets int32 [E+1], validated against `tokens` on the device.
-Tensor split_offsets(Context& ctx, const Tensor& splits, const Tensor& error_word, std::int64_t tokens);
+// splits int32 [E] -> offsets int32 [E+1], validated against `tokens` on the
+// device: the sum must equal it, or with kAtMostRows not exceed it.
+Tensor split_offsets(Context& ctx, const Tensor& splits, const Tensor& error_word, std::int64_t tokens,
+                     kernels::SplitSum sum = kernels::SplitSum::kEqualsRows);
 
 // x [T, H] -> x_perm [T*k, H] with x_perm[r] = x[sources[r]] (k = sources / T).
 Tensor moe_permute(Context& ctx, const Tensor& x, const Tensor& sources);

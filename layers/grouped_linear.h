@@ -26,8 +26,9 @@
 // initialised as the layer of all config.experts draws it, with one split per
 // held expert; config.split_sum = kAtMostRows lets the splits cover fewer rows
 // than x has (a receive buffer sized by its bound): the rows past their sum
-// are in no group, so y and dx are zero there and no weight or bias gradient
-// reads them, whatever they hold.
+// are in no group, so y (and pre) and the products' dx are zero there and no
+// weight or bias gradient reads them, whatever x and dy hold there (with
+// input_activation, dx there is GeLU's derivative at input_pre times zero).
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,9 @@
 //   - the norm's and router's gradients summed over the ranks equal the plain
 //     layer's within a tolerance (below);
 //   - the captured step equals the eager one bit for bit over 20 replays, new
-//     inputs copied in before each.
+//     inputs copied in before each;
+// each with and without recompute_activation. On the GPU (skipped without
+// one): one NCCL rank, captured, equal to the plain bf16 layer bit for bit.
 // And GroupedLinear's splits that cover fewer rows than x has (the padding
 // rows reach nothing), split_offsets' error word in both modes, and the
 // errors.
@@ -30,16 +32,19 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/error.h"
 #include "engine/host_world.h"
+#include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "kernels/moe_routing.h"
 #include "layers/grouped_linear.h"
 #include "layers/moe_mlp.h"
 #include "ops/moe_ops.h"
+#include "tests/layers/one_rank_parity.h"
 #include "tests/layers/shard_values.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
@@ -63,8 +68,13 @@ constexpr std::int64_t kTokens = 12;  // a rank's
 constexpr std::uint32_t kLayerSeed = 23;
 constexpr int kReplays = 20;
 
-MoEMLPConfig config() {
-  return {.hidden = kHidden, .ffn = kFfn, .experts = kExperts, .topk = kTopk, .dtype = DType::kFloat32};
+MoEMLPConfig config(bool recompute_activation = false) {
+  return {.hidden = kHidden,
+          .ffn = kFfn,
+          .experts = kExperts,
+          .topk = kTopk,
+          .dtype = DType::kFloat32,
+          .recompute_activation = recompute_activation};
 }
 
 // The order of MoEMLP::parameters(): norm gamma, beta, router weight, fc1
@@ -140,10 +150,10 @@ struct Inputs {
   std::vector<float> x, dy;  // [P * kTokens, kHidden]: every rank's tokens, in rank order
 };
 
-class ExpertParallelMoETest : public ::testing::TestWithParam<std::tuple<int, Routing>> {};
+class ExpertParallelMoETest : public ::testing::TestWithParam<std::tuple<int, Routing, bool>> {};
 
 TEST_P(ExpertParallelMoETest, EveryRankMatchesOneLayerOnTheGlobalBatchAndItsGraphEqualsEager) {
-  const auto [ranks, routing] = GetParam();
+  const auto [ranks, routing, recompute] = GetParam();
   const testing::TestSeed seed;
   const std::int64_t global = ranks * kTokens;
   const std::int64_t L = kExperts / ranks;
@@ -154,7 +164,7 @@ TEST_P(ExpertParallelMoETest, EveryRankMatchesOneLayerOnTheGlobalBatchAndItsGrap
   std::vector<std::vector<float>> reference_weights;  // initial values, parameters()' order
   {
     Context ctx(Device::kHost);
-    MoEMLP layer(ctx, "moe", config(), kLayerSeed);
+    MoEMLP layer(ctx, "moe", config(recompute), kLayerSeed);
     steer(ctx, layer, routing, ranks);
     for (const Parameter* p : layer.parameters()) reference_weights.push_back(read_floats(ctx, p->value));
     const Tensor x = ctx.persistent("x", {Shape{global, kHidden}, DType::kFloat32});
@@ -189,8 +199,8 @@ TEST_P(ExpertParallelMoETest, EveryRankMatchesOneLayerOnTheGlobalBatchAndItsGrap
     SCOPED_TRACE(testing::seed_note(seed.value()) + ", rank " + std::to_string(r) + " of " + std::to_string(ranks));
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    MoEMLP eager(ctx, "moe", config(), kLayerSeed, nullptr, &comm);
-    MoEMLP graphed(ctx, "moe", config(), kLayerSeed, nullptr, &comm);
+    MoEMLP eager(ctx, "moe", config(recompute), kLayerSeed, nullptr, &comm);
+    MoEMLP graphed(ctx, "moe", config(recompute), kLayerSeed, nullptr, &comm);
     steer(ctx, eager, routing, ranks);
     steer(ctx, graphed, routing, ranks);
     // This rank's experts are the plain layer's experts [r L, (r + 1) L); the
@@ -254,10 +264,12 @@ TEST_P(ExpertParallelMoETest, EveryRankMatchesOneLayerOnTheGlobalBatchAndItsGrap
 INSTANTIATE_TEST_SUITE_P(Worlds, ExpertParallelMoETest,
                          ::testing::Combine(::testing::Values(2, 4),
                                             ::testing::Values(Routing::kRandom, Routing::kOneRanksExperts,
-                                                              Routing::kEmptyExperts)),
+                                                              Routing::kEmptyExperts),
+                                            ::testing::Values(false, true)),
                          [](const auto& info) {
                            return "ep" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  routing_name(std::get<1>(info.param));
+                                  routing_name(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_recompute_activation" : "");
                          });
 
 TEST(ExpertParallelMoEErrorsTest, ExpertsMustDivideByTheRanks) {
@@ -289,6 +301,37 @@ TEST(ExpertParallelMoEErrorsTest, Fp8ExpertsAreRefused) {
                                          MoEMLP layer(ctx, "moe", fp8, kLayerSeed, nullptr, &comm);
                                        }),
                         "MoEMLP 'moe': FP8 experts under expert parallelism are not built", "config.fp8");
+}
+
+// On the GPU, one rank through real NCCL: the exchange moves nothing between
+// ranks but runs its CUDA kernels (plan, pack, unpack) and the experts run
+// with split_sum = kAtMostRows; captured and replayed with new inputs (so the
+// routing changes), the bf16 layer equals the plain layer bit for bit, outputs
+// and gradients.
+TEST(ExpertParallelMoECudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainLayer) {
+  SG_SKIP_WITHOUT_GPU();
+  const std::unique_ptr<Communicator> comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  const MoEMLPConfig bf16{.hidden = 256, .ffn = 512, .experts = 8, .topk = 2, .dtype = DType::kBFloat16};
+  MoEMLP parallel(ctx, "moe", bf16, kLayerSeed, nullptr, comm.get());
+  MoEMLP plain(ctx, "moe", bf16, kLayerSeed);
+  const TensorMeta meta{Shape{128, 256}, DType::kBFloat16};
+  const Tensor x = ctx.persistent("x", meta);
+  const Tensor dy = ctx.persistent("dy", meta);
+  testing::OneRankParity steps(ctx, *comm, parallel, plain, x, dy);
+  const testing::TestSeed seed;
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    write_floats(ctx, x, normal_values(seed.value() + 2 * round, meta.numel()));
+    write_floats(ctx, dy, normal_values(seed.value() + 2 * round + 1, meta.numel()));
+    steps.replay();
+    steps.expect_equal();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  parallel.check_errors(ctx);
+  plain.check_errors(ctx);
+  comm->check_health();
 }
 
 // --- GroupedLinear and split_offsets with fewer rows in the splits -----------

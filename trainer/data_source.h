@@ -7,6 +7,8 @@
 // depends on how many steps ran before.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,6 +20,19 @@ struct Batch {
   std::vector<std::int32_t> windows;  // [batch, context], row-major
   std::vector<std::int32_t> labels;   // [batch]: the token after each window
 };
+
+// The sequence model's labels of `rows` windows from row `first`: each
+// token's next one. Token i of a window is labelled by token i + 1, the last
+// by the window's label.
+inline void next_token_labels(const Batch& batch, std::size_t first, std::size_t rows, std::size_t length,
+                              std::vector<std::int32_t>& out) {
+  out.resize(rows * length);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::int32_t* window = batch.windows.data() + (first + r) * length;
+    std::copy(window + 1, window + length, out.begin() + static_cast<std::ptrdiff_t>(r * length));
+    out[r * length + length - 1] = batch.labels[first + r];
+  }
+}
 
 class DataSource {
  public:

@@ -81,6 +81,34 @@ std::string fp8_flag(const std::optional<Fp8Recipe>& fp8) {
   return fp8 ? std::string(fp8_scaling_name(fp8->scaling)) : std::string("none");
 }
 
+// --pp's combinations: what LanguageModelStages and PipelineTrainStep
+// refuse, asked here to name the flags; the microbatches' default.
+void check_pipeline_options(TrainerOptions& o) {
+  const std::string pp = "--pp " + std::to_string(o.pp);
+  SG_CHECK(o.experts == 0 && !o.fp8 && o.dropout == 0, pp, " does not support --experts (", o.experts, "), --fp8 (",
+           fp8_flag(o.fp8), ") or --dropout (", o.dropout,
+           ") yet: the pipeline stages leave them out; pass --experts 0, --fp8 none and --dropout 0, or leave --pp out");
+  SG_CHECK(o.cp == 1, pp, " with --cp ", o.cp, ": context parallelism in pipeline stages is not supported yet; leave "
+           "one of them out");
+  SG_CHECK(o.buckets.empty(), pp, " with --buckets: the pipeline runs one shape; leave one of them out");
+  SG_CHECK(o.dtype != DType::kFloat16, pp, " with --dtype fp16: the pipeline step has no loss scaling yet; pass "
+           "--dtype bf16 or fp32");
+  SG_CHECK(o.dp_mode != DataParallelMode::kZero1, pp, " with --dp-mode zero1: the pipeline step does not shard its "
+           "optimizer yet; use --dp-mode allreduce");
+  SG_CHECK(!o.skip_nonfinite.value_or(false), pp, " with --skip-nonfinite: the pipeline step cannot skip a "
+           "non-finite step yet; leave --skip-nonfinite out (with --pp the default is off)");
+  SG_CHECK(o.layers >= o.pp * o.virtual_stages && o.layers % (o.pp * o.virtual_stages) == 0, "--layers (", o.layers,
+           ") must be a positive multiple of --pp (", o.pp, ") x --virtual-stages (", o.virtual_stages,
+           "): every chunk of every stage runs the same number of blocks");
+  if (o.microbatches == 0) o.microbatches = 2 * o.pp;
+  SG_CHECK(o.virtual_stages == 1 || o.microbatches % o.pp == 0, "--microbatches (", o.microbatches,
+           ") must be a multiple of --pp (", o.pp, ") with --virtual-stages ", o.virtual_stages,
+           ": interleaved 1F1B runs the microbatches in groups of one per stage");
+  // Each replica's rows must cut into the microbatches: checked in train(), which knows --dp.
+  SG_CHECK(o.batch % o.microbatches == 0, "--batch (", o.batch, ") must divide by --microbatches (", o.microbatches,
+           "): each microbatch holds the same number of ", o.heads > 0 ? "sequences" : "examples");
+}
+
 }  // namespace
 
 std::string_view step_mode_name(StepMode mode) { return mode == StepMode::kEager ? "eager" : "graph"; }
@@ -205,6 +233,21 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                  "the sequence model (--heads > 0): each holds two of 2 cp chunks of its group's tokens, attention "
                  "gathers the keys and values, and the gradients are summed over dp x cp; the world is tp x cp x dp")
       ->check(whole_number(1, kMaxRanks));
+  app.add_option("--pp", o.pp,
+                 "pipeline stages: groups of this many ranks (across the tp groups) each hold 1/pp of the blocks, "
+                 "the embedding on the first stage and the head on the last, activations and gradients sent between "
+                 "them; the world is tp x pp x dp (tp innermost)")
+      ->check(whole_number(1, kMaxRanks));
+  CLI::Option* virtual_stages_option =
+      app.add_option("--virtual-stages", o.virtual_stages,
+                     "with --pp: model chunks each rank holds (interleaved 1F1B above 1); --layers must divide by "
+                     "--pp x --virtual-stages")
+          ->check(whole_number(1, kMaxLayers));
+  CLI::Option* microbatches_option =
+      app.add_option("--microbatches", o.microbatches,
+                     "with --pp: microbatches each data-parallel replica's share of --batch is cut into (default "
+                     "2 x --pp; interleaved, a multiple of --pp)")
+          ->check(whole_number(1, kMaxSize));
   CLI::Option* overlap_option =
       add_parsed(app, "--overlap", o.overlap, MLPOverlap::parse,
                  "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk (the default), overlap "
@@ -257,6 +300,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
     ignored = "--loss-scale-interval sets fp16's loss scaling: it needs --dtype fp16";
   } else if (overlap_option->count() > 0 && o.tp == 1) {
     ignored = "--overlap sets how tensor-parallel GEMMs meet their collectives: it needs --tp N (N > 1)";
+  } else if (virtual_stages_option->count() > 0 && o.pp == 1) {
+    ignored = "--virtual-stages sets the model chunks of each pipeline rank: it needs --pp N (N > 1)";
+  } else if (microbatches_option->count() > 0 && o.pp == 1) {
+    ignored = "--microbatches cuts each replica's batch for the pipeline schedule: it needs --pp N (N > 1)";
   } else if (min_seq_len_option->count() > 0 && o.buckets.empty()) {
     ignored = "--min-seq-len goes with --buckets";
   } else if (cache_option->count() > 0 && !o.fp8) {
@@ -399,10 +446,12 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   } else {
     SG_CHECK(o.min_seq_len == 0, "--min-seq-len goes with --buckets");
   }
+  if (o.pp > 1) check_pipeline_options(o);
   SG_CHECK(o.dtype != DType::kFloat16 || o.skip_nonfinite.value_or(!zero1),
            "--dtype fp16 scales the loss and skips the steps whose scaled gradients overflow: it needs the skip "
            "(leave out --no-skip-nonfinite, and use --dp-mode allreduce)");
-  if (!o.skip_nonfinite) o.skip_nonfinite = !zero1;
+  // The pipeline's step has no skip (PipelineTrainStep): off by default with --pp, as with ZeRO-1.
+  if (!o.skip_nonfinite) o.skip_nonfinite = !zero1 && o.pp == 1;
   SG_CHECK(!o.profile || o.mode == StepMode::kGraph, "--profile profiles the captured step: use it with --mode graph");
   SG_CHECK(!o.profile || o.buckets.empty(), "--profile profiles the one captured step; --buckets captures one per "
            "bucket, which it does not profile yet: leave one of them out");

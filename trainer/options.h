@@ -104,6 +104,12 @@ struct TrainerOptions {
   std::int64_t dp = 0;                // data-parallel ranks; 0: the world size / tp
   std::int64_t tp = 1;                // tensor-parallel ranks (consecutive ranks form a group)
   std::int64_t cp = 1;                // context-parallel ranks (groups across the tp groups)
+  // Pipeline stages (Note [Pipeline ranks in the trainer] in trainer/pipeline_ranks.h): groups of pp
+  // ranks across the tp groups each hold 1/pp of the blocks; virtual_stages chunks a rank (interleaved
+  // 1F1B above 1); each replica's batch runs as `microbatches` microbatches (0: 2 x pp until resolve_defaults).
+  std::int64_t pp = 1;
+  std::int64_t virtual_stages = 1;
+  std::int64_t microbatches = 0;
   MLPOverlap overlap;                 // tensor-parallel GEMM/collective overlap (layers/comm_gemm_overlap.h)
   DataParallelMode dp_mode = DataParallelMode::kAllReduce;
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank

@@ -25,6 +25,8 @@
 #include "layers/comm_gemm_overlap.h"
 #include "layers/language_model.h"
 #include "train/context_parallel_batch.h"
+#include "train/language_model_stages.h"
+#include "train/pipeline_train_step.h"
 #include "train/train_step.h"
 #include "checkpoint/atomic_file.h"
 #include "trainer/buckets.h"
@@ -33,6 +35,7 @@
 #include "trainer/data_source.h"
 #include "trainer/distributed.h"
 #include "trainer/markov_source.h"
+#include "trainer/pipeline_ranks.h"
 #include "trainer/token_file.h"
 #include "trainer/train_state.h"
 #include "trainer/watchdog.h"
@@ -132,6 +135,11 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
   }
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
   if (o.cp > 1) config["config.cp"] = std::to_string(o.cp);                    // likewise
+  if (o.pp > 1) {                                                               // likewise
+    config["config.pp"] = std::to_string(o.pp);
+    config["config.virtual-stages"] = std::to_string(o.virtual_stages);
+    config["config.microbatches"] = std::to_string(o.microbatches);
+  }
   if (o.dtype == DType::kFloat16) config["config.loss-scale-interval"] = std::to_string(o.loss_scale_interval);
   // A timed run's picks are in its checkpoints, which a heuristic run must not take.
   if (o.gemm_algorithms != AlgorithmChoice::kHeuristic) {
@@ -142,19 +150,6 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
     config["config.min-seq-len"] = std::to_string(o.min_seq_len);
   }
   return config;
-}
-
-// The sequence model's labels: each token's next one. A batch holds windows
-// of `length` tokens and the token after each window, so token i of a
-// sequence is labelled by token i + 1, the last by the batch's label.
-void next_token_labels(const Batch& batch, std::size_t first, std::size_t rows, std::size_t length,
-                       std::vector<std::int32_t>& out) {
-  out.resize(rows * length);
-  for (std::size_t r = 0; r < rows; ++r) {
-    const std::int32_t* window = batch.windows.data() + (first + r) * length;
-    std::copy(window + 1, window + length, out.begin() + static_cast<std::ptrdiff_t>(r * length));
-    out[r * length + length - 1] = batch.labels[first + r];
-  }
 }
 
 // The best mean loss of the sequence model on the Markov source: token i + 1
@@ -235,18 +230,23 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const int rank = world != nullptr ? world->rank() : 0;
   const int tp = static_cast<int>(o.tp);
   const int cp = static_cast<int>(o.cp);
-  if (cp == 1) {
+  const int pp = static_cast<int>(o.pp);
+  // Note [Pipeline ranks in the trainer]: the world is tp x pp x dp; pipeline_ranks checks it.
+  std::optional<PipelineRanks> pipe;
+  if (pp > 1) {
+    pipe = pipeline_ranks(o, rank, ranks);
+  } else if (cp == 1) {
     SG_CHECK(ranks % o.tp == 0, "--tp ", o.tp, " must divide the world of ", ranks,
              " ranks (the world is tp x dp: start a multiple of --tp ranks)");
   } else {
     SG_CHECK(ranks % (tp * cp) == 0, "--tp ", o.tp, " x --cp ", o.cp, " must divide the world of ", ranks,
              " ranks (the world is tp x cp x dp: start a multiple of ", tp * cp, " ranks)");
   }
-  const int dp = ranks / (tp * cp);
-  SG_CHECK(o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp * o.cp,
+  const int dp = ranks / (tp * cp * pp);
+  SG_CHECK(pp > 1 || o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp * o.cp,
            " ranks, but this run has ", ranks, " (the world is --dp x --tp", cp > 1 ? " x --cp" : "",
            " ranks: start that many, or leave --dp out)");
-  SG_CHECK(o.batch % ranks == 0, "--batch ", o.batch, " is the global batch and must split evenly over the ", ranks,
+  SG_CHECK(pp > 1 || o.batch % ranks == 0, "--batch ", o.batch, " is the global batch and must split evenly over the ", ranks,
            " ranks (", dp, " data-parallel x ", o.tp, " tensor-parallel",
            cp > 1 ? fmt::format(" x {} context-parallel", cp) : "", ": each holds its rows)");
   // Each rank's rows of the global batch: rank r holds rows [r b, (r + 1) b),
@@ -257,7 +257,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const std::int64_t local_batch = o.batch / ranks;
   const int tp_rank = rank % tp;
   const int cp_rank = (rank / tp) % cp;
-  const int dp_rank = rank / (tp * cp);
+  const int dp_rank = rank / (tp * cp * pp);
   SG_CHECK(cp == 1 || (o.batch / dp * o.context) % (2 * cp) == 0, "--cp ", cp, ": each context-parallel group's ",
            o.batch / dp * o.context, " tokens (--batch ", o.batch, " / ", dp, " data-parallel x --seq-len ", o.context,
            ") must cut into 2 x ", cp, " equal chunks; make them a multiple of ", 2 * cp);
@@ -305,12 +305,18 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       cp_comm = cp_group.get();
     }
   }
-  if (tp > 1) {
+  if (tp > 1 && pp == 1) {
     dp_comm = nullptr;
     if (dp * cp > 1) {
       dp_group = world->split(tp_rank, rank, cp > 1 ? "dp x cp" : "dp");
       dp_comm = dp_group.get();
     }
+  }
+  // The pipeline's: its stages, and each stage's replicas (Note [Pipeline ranks in the trainer]).
+  std::unique_ptr<PipelineGroups> pipeline_groups;
+  if (pipe) {
+    pipeline_groups = std::make_unique<PipelineGroups>(*world, *pipe);
+    dp_comm = pipeline_groups->data_parallel();
   }
 
   // With several ranks the gradient all-reduces run on a stream of their own
@@ -326,14 +332,38 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     SG_THROW(ErrorCode::kInvalidArgument, "--tp ", o.tp, ": the model's ", *gap,
              " is not tensor-parallel yet; pass --tp 1, or leave it out (--dropout 0)");
   }
-  LanguageModel model(ctx, config, tp_comm, cp_comm);
-  AdamW optimizer(ctx, model.parameters(), {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
+  // One of the two: the whole model (over its TP and CP groups), or this rank's pipeline stage.
+  std::unique_ptr<LanguageModel> whole_model;
+  std::unique_ptr<LanguageModelStages> stages;
+  if (pipe) {
+    LanguageModelStagesOptions stage_options{.virtual_stages = static_cast<int>(o.virtual_stages),
+                                             .tensor_parallel = tp_comm};
+    stage_options.stage.data_parallel = dp_comm;
+    stages = std::make_unique<LanguageModelStages>(ctx, pipeline_groups->pipeline(), config, pipe->microbatch_rows,
+                                                   pipe->microbatches, stage_options);
+  } else {
+    whole_model = std::make_unique<LanguageModel>(ctx, config, tp_comm, cp_comm);
+  }
+  // What a checkpoint holds of the model: the stages hold no state besides their parameters
+  // (no FP8 scaling or dropout generator: --pp refuses both).
+  const ModelState model_state = stages ? ModelState{stages->parameters(), {}}
+                                        : ModelState{whole_model->parameters(), whole_model->state()};
+  AdamW optimizer(ctx, model_state.parameters, {.lr = static_cast<float>(o.lr)}, lr_schedule_of(o));
   const bool zero1 = o.dp_mode == DataParallelMode::kZero1;
   optimizer.set_skip_nonfinite(ctx, *o.skip_nonfinite);
   // fp16: dynamic loss scaling on the device (Note [Loss scaling] in kernels/step_guard.h).
   const kernels::LossScaling loss_scaling{.growth_interval = static_cast<int>(o.loss_scale_interval)};
   if (config.model.dtype == DType::kFloat16) optimizer.set_loss_scaling(ctx, loss_scaling);
-  TrainStep step(ctx, model, optimizer, local_batch, dp_comm, o.dp_mode);
+  std::unique_ptr<TrainStep> train_step;
+  std::unique_ptr<PipelineTrainStep> pipeline_step;
+  if (stages)
+    pipeline_step = std::make_unique<PipelineTrainStep>(*stages, optimizer);
+  else
+    train_step = std::make_unique<TrainStep>(ctx, *whole_model, optimizer, local_batch, dp_comm, o.dp_mode);
+  // One step, eager or traced, and the communicators its capture checks.
+  const auto step = [&] { return pipeline_step ? (*pipeline_step)(ctx) : (*train_step)(ctx); };
+  const std::vector<Communicator*> step_communicators =
+      stages ? stages->communicators() : train_step->communicators();
   const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
                                                       config.model.moe_every, o.experts, o.topk)
                                         : std::string();
@@ -381,8 +411,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
               ? std::string("non-finite steps: skipped on the device (a step whose loss or gradients are NaN or "
                             "infinite changes nothing)\n")
               : fmt::format("non-finite steps: not checked ({})\n",
-                            zero1 ? "--dp-mode zero1 does not support the skip" : "--no-skip-nonfinite"));
-  if (dp_comm != nullptr) {
+                            zero1  ? "--dp-mode zero1 does not support the skip"
+                            : pipe ? "--pp does not support the skip yet; off by default with --pp"
+                                   : "--no-skip-nonfinite"));
+  if (stages) out << pipeline_setup_line(*stages, *pipe, o.layers, sequences, dp_comm);
+  if (dp_comm != nullptr && !pipe) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
                        local_batch * o.tp * o.cp, zero1 ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
   }
@@ -396,14 +429,16 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (tp_comm != nullptr) {
     out << fmt::format("tensor parallel: {} ranks ({}), {} examples each outside the blocks, ffn {} and vocab {} "
                        "per rank; overlap {}; captured ring steps by {} ({})\n",
-                       o.tp, tp_comm->describe(), local_batch, o.ffn / o.tp, config.model.vocab / o.tp,
+                       o.tp, tp_comm->describe(), pipe ? o.batch / (dp * tp) : local_batch,
+                       o.ffn / o.tp, config.model.vocab / o.tp,
                        config.model.overlap.to_string(), peer_transport_name(tp_comm->peer_transport()),
                        tp_comm->peer_transport_reason());
   }
 
-  // A sharded optimizer or model writes one file per rank (its shards);
-  // otherwise every rank holds the same state and rank 0 alone writes it.
-  const bool per_rank_files = optimizer.sharded() || o.tp > 1;
+  // A sharded optimizer or model, or a pipeline stage, writes one file per
+  // rank (its shards, its stage's parameters); otherwise every rank holds the
+  // same state and rank 0 alone writes it.
+  const bool per_rank_files = optimizer.sharded() || o.tp > 1 || pipe.has_value();
   // Per-rank files commit together through a manifest at --checkpoint (Note [Checkpoint sets]).
   const std::string& checkpoint_path = o.checkpoint;
   if (!checkpoint_path.empty() && (rank == 0 || per_rank_files)) {
@@ -416,14 +451,14 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     if (per_rank_files) {
       CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
       canonical_saved_flags(part.checkpoint);
-      progress = load_state(ctx, model, optimizer, run, part.checkpoint);
+      progress = load_state(ctx, model_state, optimizer, run, part.checkpoint);
       SG_CHECK_CODE(progress.step == part.step, ErrorCode::kIo, "checkpoint part ", part.file, " is at step ",
                     progress.step, " but its manifest ", checkpoint_path, " is at step ", part.step);
       saved = std::move(part.checkpoint);
     } else {
       saved = read_checkpoint(checkpoint_path);
       canonical_saved_flags(saved);
-      progress = load_state(ctx, model, optimizer, run, saved);
+      progress = load_state(ctx, model_state, optimizer, run, saved);
     }
     resume_gemm_algorithms(saved, o.gemm_algorithms, gemm_library, out);
     SG_CHECK(progress.step < o.steps, "the checkpoint ", checkpoint_path, " is at step ", progress.step,
@@ -434,7 +469,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   }
   auto save = [&](std::int64_t steps_done, std::uint64_t data_position) {
     if (rank != 0 && !per_rank_files) return;
-    Checkpoint state = save_state(ctx, model, optimizer, run, {steps_done, data_position});
+    Checkpoint state = save_state(ctx, model_state, optimizer, run, {steps_done, data_position});
     record_gemm_algorithms(state, o.gemm_algorithms, gemm_library);
     if (!per_rank_files) {
       write_checkpoint(checkpoint_path, state);
@@ -469,7 +504,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     for (std::int64_t size : buckets) {
       const TrainStep::PackedTokens packing{.tokens = size,
                                             .sequences = padded_sequences(local_batch, size, o.seq_len)};
-      bucket_steps.push_back(std::make_unique<TrainStep>(ctx, model, optimizer, packing));
+      bucket_steps.push_back(std::make_unique<TrainStep>(ctx, *whole_model, optimizer, packing));
     }
     bucket_uses.assign(buckets.size(), 0);
     out << fmt::format("buckets: {} tokens; {} sequences a step of {} to {} tokens each\n",
@@ -490,7 +525,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (o.mode == StepMode::kGraph && buckets.empty()) {
     if (watchdog) watchdog->start("the capture of the step (the ranks compare their collectives)");
     const auto start = Clock::now();
-    graph = CapturedStep::capture(ctx, [&] { return step(ctx); }, {.communicators = step.communicators()});
+    graph = CapturedStep::capture(ctx, step, {.communicators = step_communicators});
     const CaptureTimings& t = graph->timings();
     out << fmt::format(
         "captured the step in {:.1f} ms (trace {:.1f}, plan {:.1f}, prepare {:.1f}, capture {:.1f}, instantiate "
@@ -530,7 +565,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       const auto rows = static_cast<std::size_t>(local_batch);
       const auto width = static_cast<std::size_t>(o.context);
       Tensor loss_tensor;
-      const TrainStep* ran = &step;
+      const TrainStep* ran = train_step.get();
       if (!buckets.empty()) {  // Note [Shape buckets]
         const std::vector<std::int64_t> lengths =
             sequence_lengths(static_cast<std::uint64_t>(o.seed), s, local_batch, o.min_seq_len, o.seq_len);
@@ -553,7 +588,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         padded_tokens += buckets[b] - packed.real_tokens;
         step_tokens = packed.real_tokens;
       } else {
-        if (cp > 1) {
+        if (stages) {
+          load_microbatches(ctx, *stages, batch, *pipe, sequences, o.context);
+        } else if (cp > 1) {
           // The group's tokens and next-token labels, then this rank's share.
           const auto group_rows = static_cast<std::size_t>(o.batch / dp);
           const std::size_t group_first = static_cast<std::size_t>(dp_rank) * group_rows;
@@ -567,22 +604,22 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
           };
           const std::vector<std::int32_t> my_tokens = mine(group_tokens);
           const std::vector<std::int32_t> my_labels = mine(labels);
-          ctx.copy_from_host(step.inputs(), my_tokens.data(), n * sizeof(std::int32_t));
-          ctx.copy_from_host(step.labels(), my_labels.data(), n * sizeof(std::int32_t));
+          ctx.copy_from_host(train_step->inputs(), my_tokens.data(), n * sizeof(std::int32_t));
+          ctx.copy_from_host(train_step->labels(), my_labels.data(), n * sizeof(std::int32_t));
         } else if (sequences) {
           // The sequence model's tokens [rows * width, 1] are the windows' bytes.
-          ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
+          ctx.copy_from_host(train_step->inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
           next_token_labels(batch, first, rows, width, labels);
-          ctx.copy_from_host(step.labels(), labels.data(), labels.size() * sizeof(std::int32_t));
+          ctx.copy_from_host(train_step->labels(), labels.data(), labels.size() * sizeof(std::int32_t));
         } else {
-          ctx.copy_from_host(step.inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
-          ctx.copy_from_host(step.labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
+          ctx.copy_from_host(train_step->inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
+          ctx.copy_from_host(train_step->labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
         }
         if (graph) {
           graph->replay();
           loss_tensor = graph->outputs()[0];
         } else {
-          loss_tensor = step(ctx)[0];
+          loss_tensor = step()[0];
         }
       }
       std::uint64_t next_position = position;
@@ -591,7 +628,10 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         next_position = data->position();
       }
       const float loss = ctx.to_vector<float>(loss_tensor).at(0);
-      ran->check_errors(ctx);
+      if (stages)
+        stages->check_errors(ctx);
+      else
+        ran->check_errors(ctx);
       if (watchdog) watchdog->finish();
       const double seconds = seconds_since(start);
       total_seconds += seconds;
@@ -658,7 +698,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (optimizer.scales_loss()) out << fmt::format("loss scale at the end: {:g}\n", optimizer.loss_scale(ctx));
   if (config.model.fp8) {
     out << fmt::format("fp8: {} quantizations met a non-finite amax (their scales kept)\n",
-                       model.non_finite_amaxes(ctx));
+                       whole_model->non_finite_amaxes(ctx));
   }
   if (result.entropy_rate) {
     out << fmt::format("final loss (mean of the last {} steps) {:.4f}, {:+.4f} nats from the entropy rate {:.4f}; ",

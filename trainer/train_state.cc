@@ -17,8 +17,6 @@ namespace {
 constexpr std::string_view kConfigPrefix = "config.";
 constexpr std::uint64_t kMaxCount = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
 
-ModelState model_state(LanguageModel& model) { return {model.parameters(), model.state()}; }
-
 std::uint64_t parse_count(const Checkpoint& checkpoint, const char* key) {
   const auto it = checkpoint.metadata.find(key);
   SG_CHECK_CODE(it != checkpoint.metadata.end(), ErrorCode::kIo, "the checkpoint has no '", key,
@@ -54,7 +52,7 @@ void check_metadata(const Checkpoint& checkpoint, const RunConfig& config) {
       differ(key + ": checkpoint " + saved + ", this run " + value);
   }
   SG_CHECK_CODE(checkpoint.metadata.count(kCheckpointSetKey) == 0, ErrorCode::kIo,
-                "the checkpoint is the manifest of per-rank files (written by a run with --dp-mode zero1 or --tp > 1); "
+                "the checkpoint is the manifest of per-rank files (written by a run with --dp-mode zero1, --tp > 1 or --pp > 1); "
                 "resume with the flags that wrote it");
   for (const auto& [key, value] : checkpoint.metadata) {
     if (key == kCheckpointStepKey || key == kDataPositionKey || key == kGemmLibraryKey || key == kGemmAlgorithmsKey ||
@@ -78,14 +76,14 @@ void check_metadata(const Checkpoint& checkpoint, const RunConfig& config) {
 
 }  // namespace
 
-Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
+Checkpoint save_state(Context& ctx, const ModelState& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress) {
   RunConfig metadata = config;
   metadata[kDataPositionKey] = std::to_string(progress.data_position);
-  return save_training_state(ctx, model_state(model), optimizer, std::move(metadata), progress.step);
+  return save_training_state(ctx, model, optimizer, std::move(metadata), progress.step);
 }
 
-Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
+Progress load_state(Context& ctx, const ModelState& model, const AdamW& optimizer, const RunConfig& config,
                     const Checkpoint& checkpoint) {
   check_metadata(checkpoint, config);
   Progress progress;
@@ -96,7 +94,7 @@ Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, 
   SG_CHECK_CODE(progress.data_position == static_cast<std::uint64_t>(progress.step), ErrorCode::kIo,
                 "the checkpoint's '", kDataPositionKey, "' is ", progress.data_position, " but its '",
                 kCheckpointStepKey, "' is ", progress.step, "; the trainer draws one batch a step, so they must be equal");
-  load_training_state(ctx, model_state(model), optimizer, checkpoint);
+  load_training_state(ctx, model, optimizer, checkpoint);
   return progress;
 }
 

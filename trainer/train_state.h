@@ -10,7 +10,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "engine/context.h"
-#include "layers/language_model.h"
+#include "checkpoint/training_state.h"
 #include "optim/adamw.h"
 
 namespace stepgraph::trainer {
@@ -32,7 +32,9 @@ inline constexpr const char* kGemmLibraryKey = "stepgraph.gemm_library";
 inline constexpr const char* kGemmAlgorithmsKey = "stepgraph.gemm_algorithms";
 
 // `config` and the data position as metadata over save_training_state.
-Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
+// `model`: a LanguageModel's parameters and state, or a pipeline stage's
+// parameters (each stage saves its own).
+Checkpoint save_state(Context& ctx, const ModelState& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress);
 
 // Checks `checkpoint`'s configuration against `config` both ways
@@ -41,7 +43,7 @@ Checkpoint save_state(Context& ctx, LanguageModel& model, const AdamW& optimizer
 // the model and optimizer (load_training_state) and returns the progress.
 // Error(kIo) for an unknown metadata entry, a step or data position that is
 // not a decimal count (or not equal), and what load_training_state refuses.
-Progress load_state(Context& ctx, LanguageModel& model, const AdamW& optimizer, const RunConfig& config,
+Progress load_state(Context& ctx, const ModelState& model, const AdamW& optimizer, const RunConfig& config,
                     const Checkpoint& checkpoint);
 
 }  // namespace stepgraph::trainer

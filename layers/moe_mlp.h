@@ -73,6 +73,7 @@ namespace stepgraph {
 // the same global tokens, up to the order of fp32 additions (fc2's partial
 // sums, fc1's data gradients, d gates). ffn must divide by N; the token shards
 // must be equal (the collectives check it).
+
 // Note [Expert-parallel MoE]
 // With an expert-parallel communicator of P ranks (E % P == 0), rank r holds
 // the L = E / P whole experts [r L, (r + 1) L): their fc1 and fc2 weights and
@@ -95,6 +96,9 @@ namespace stepgraph {
 // The receive buffer holds P R rows, the bound no routing exceeds (every
 // token of every rank choosing this rank's experts), so nothing is dropped and
 // no shape depends on the routing; the local splits add up to at most P R.
+// The experts' saved activations (fc1's input and output, fc2's input) are
+// those P R rows: P times the rows of the layer without EP, the price of the
+// bound until a smaller configured capacity exists.
 // fc1 and fc2 run with SplitSum::kAtMostRows: the rows past the sum belong to
 // no expert, the grouped products write zeros there and leave them out of the
 // weight and bias gradients, and GeLU of those zeros is zero (its gradient
@@ -103,7 +107,9 @@ namespace stepgraph {
 // Expert e's rows arrive by source rank in rank order, each rank's in its
 // token order: the order in which one rank sees them on the ranks' tokens
 // concatenated in rank order. So y, dx and every local expert's weight and
-// bias gradients equal the one-rank layer's on that global batch bit for bit.
+// bias gradients equal the one-rank layer's on that global batch bit for bit
+// (tested on host thread worlds; the bf16 CUDA products start a group's tiles
+// at its first row, so they keep that order too).
 // The norm's and router's gradients are this rank's tokens' share: sum them
 // over the group as data-parallel gradients (expert_parameters() lists the
 // others, which are whole per rank and never summed across the group); the sum
@@ -136,7 +142,10 @@ class MoEMLP {
  public:
   // With N tensor-parallel ranks, x, y, dy and dx are this rank's token
   // shard [tokens / N, hidden] and everything in Saved past the norm covers
-  // all the tokens (See Note [Tensor-parallel MoE]).
+  // all the tokens (See Note [Tensor-parallel MoE]). With P expert-parallel
+  // ranks everything is this rank's tokens except fc1, pre and fc2, which
+  // hold the P tokens * k rows dispatched to its experts (See Note
+  // [Expert-parallel MoE]).
   struct FwdArgs {
     Tensor x;  // [tokens, hidden]
   };

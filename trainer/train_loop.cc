@@ -449,6 +449,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     Progress progress;
     Checkpoint saved;
     if (per_rank_files) {
+      if (Checkpoint single = read_checkpoint(checkpoint_path); single.metadata.count(kCheckpointSetKey) == 0) {
+        // One file: a run without --tp, --pp or ZeRO-1 wrote it; name the flags that differ.
+        canonical_saved_flags(single);
+        check_run_config(single, run);
+      }
       CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
       canonical_saved_flags(part.checkpoint);
       progress = load_state(ctx, model_state, optimizer, run, part.checkpoint);
@@ -457,6 +462,12 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       saved = std::move(part.checkpoint);
     } else {
       saved = read_checkpoint(checkpoint_path);
+      if (saved.metadata.count(kCheckpointSetKey) != 0) {
+        // A set of parts (--tp, --pp, ZeRO-1): the flags that made it differ from this run's; name them.
+        CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
+        canonical_saved_flags(part.checkpoint);
+        check_run_config(part.checkpoint, run);
+      }
       canonical_saved_flags(saved);
       progress = load_state(ctx, model_state, optimizer, run, saved);
     }

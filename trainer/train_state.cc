@@ -76,6 +76,8 @@ void check_metadata(const Checkpoint& checkpoint, const RunConfig& config) {
 
 }  // namespace
 
+void check_run_config(const Checkpoint& checkpoint, const RunConfig& config) { check_metadata(checkpoint, config); }
+
 Checkpoint save_state(Context& ctx, const ModelState& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress) {
   RunConfig metadata = config;

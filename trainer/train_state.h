@@ -37,6 +37,10 @@ inline constexpr const char* kGemmAlgorithmsKey = "stepgraph.gemm_algorithms";
 Checkpoint save_state(Context& ctx, const ModelState& model, const AdamW& optimizer, const RunConfig& config,
                       const Progress& progress);
 
+// Error(kInvalidArgument) listing every difference between `checkpoint`'s
+// configuration and `config`, both ways (load_state's first check).
+void check_run_config(const Checkpoint& checkpoint, const RunConfig& config);
+
 // Checks `checkpoint`'s configuration against `config` both ways
 // (Error(kInvalidArgument) listing every difference, a setting recorded in
 // the checkpoint but absent from this run included), loads every tensor into

@@ -463,10 +463,17 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     } else {
       saved = read_checkpoint(checkpoint_path);
       if (saved.metadata.count(kCheckpointSetKey) != 0) {
-        // A set of parts (--tp, --pp, ZeRO-1): the flags that made it differ from this run's; name them.
-        CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
-        canonical_saved_flags(part.checkpoint);
-        check_run_config(part.checkpoint, run);
+        // A set of parts (--tp, --pp, ZeRO-1): the flags that made it differ from this run's; name them
+        // where this rank's part can be read (else load_state says what the file is).
+        std::optional<CheckpointSetPart> part;
+        try {
+          part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
+        } catch (const Error&) {
+        }
+        if (part) {
+          canonical_saved_flags(part->checkpoint);
+          check_run_config(part->checkpoint, run);
+        }
       }
       canonical_saved_flags(saved);
       progress = load_state(ctx, model_state, optimizer, run, saved);

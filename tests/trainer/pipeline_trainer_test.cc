@@ -177,6 +177,22 @@ TEST(PipelineTrainerWorldsTest, TwoStagesTimesTwoTensorParallelRanksEqualOneRank
   std::printf("pp 2 x tp 2: largest relative loss difference to one rank over %d steps: %.3g\n", kSteps, worst);
 }
 
+// Interleaved chunks in the 2-D worlds: 2 stages of 2 chunks x 2 replicas
+// (the window model) and x 2 tensor-parallel ranks (the GPT), 4 blocks,
+// against one rank. Tolerance as above.
+TEST(PipelineTrainerWorldsTest, InterleavedChunksTimesTwoReplicasOrTwoTensorParallelRanksEqualOneRank) {
+  TrainerOptions window = flags(SmallModel::kWindow);
+  window.layers = 4;
+  const WorldLosses replicas = expect_every_rank_and_mode_agree(pipelined(window, 2, 2, 2), 4);
+  EXPECT_LE(worst_relative(replicas.losses[0], one_rank(window)), 1e-5);
+  TrainerOptions gpt = flags(SmallModel::kSequence);
+  gpt.layers = 4;
+  TrainerOptions tensor = gpt;
+  tensor.tp = 2;
+  const WorldLosses sharded = expect_every_rank_and_mode_agree(pipelined(tensor, 2, 2, 2), 4);
+  EXPECT_LE(worst_relative(sharded.losses[0], one_rank(gpt)), 1e-5);
+}
+
 // Trains `o` on `ranks` uninterrupted, then to step 4 with a checkpoint and
 // on from it: every rank's resumed losses equal the uninterrupted run's.
 // Returns the resumed run's options.

@@ -18,21 +18,23 @@ PipelineRanks pipeline_ranks(const TrainerOptions& o, int rank, int ranks) {
            " ranks (the world is tp x pp x dp: start a multiple of ", p.tp * p.pp, " ranks)");
   p.dp = ranks / (p.tp * p.pp);
   SG_CHECK(o.dp == 0 || o.dp == p.dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp * o.pp,
-           " ranks, but this run has ", ranks, " (the world is --dp x --tp x --pp ranks: start that many, or leave "
-           "--dp out)");
+           " ranks, but this run has ", ranks,
+           " (the world is --dp x --tp x --pp ranks: start that many, or leave --dp out)");
   // See Note [Pipeline ranks in the trainer].
   p.tp_rank = rank % p.tp;
   p.stage = (rank / p.tp) % p.pp;
   p.dp_rank = rank / (p.tp * p.pp);
   p.microbatches = o.microbatches;
-  SG_CHECK(o.batch % (p.dp * o.microbatches) == 0, "--batch ", o.batch, " is the global batch: it must split evenly "
-           "over the ", p.dp, " data-parallel replicas and then into --microbatches ", o.microbatches,
-           " (a multiple of ", p.dp * o.microbatches, ")");
+  SG_CHECK(o.batch % (p.dp * o.microbatches) == 0, "--batch ", o.batch,
+           " is the global batch: it must split evenly over the ", p.dp,
+           " data-parallel replicas and then into --microbatches ", o.microbatches, " (a multiple of ",
+           p.dp * o.microbatches, ")");
   p.microbatch_rows = o.batch / (p.dp * o.microbatches);
   const std::int64_t tokens = p.microbatch_rows * (o.heads > 0 ? o.context : 1);
-  SG_CHECK(tokens % p.tp == 0, "--pp ", o.pp, " with --tp ", o.tp, ": a microbatch's ", tokens,
-           o.heads > 0 ? " tokens (--batch / dp / --microbatches x --seq-len)" : " examples (--batch / dp / --microbatches)",
-           " must split evenly over the ", o.tp, " tensor-parallel ranks; change --batch or --microbatches");
+  SG_CHECK(
+      tokens % p.tp == 0, "--pp ", o.pp, " with --tp ", o.tp, ": a microbatch's ", tokens,
+      o.heads > 0 ? " tokens (--batch / dp / --microbatches x --seq-len)" : " examples (--batch / dp / --microbatches)",
+      " must split evenly over the ", o.tp, " tensor-parallel ranks; change --batch or --microbatches");
   return p;
 }
 
@@ -60,9 +62,9 @@ void load_microbatches(Context& ctx, const LanguageModelStages& stages, const Ba
   const std::size_t offset = mine * static_cast<std::size_t>(p.tp_rank);
   std::vector<std::int32_t> labels;
   for (std::int64_t m = 0; m < p.microbatches; ++m) {
-    const std::size_t first = (static_cast<std::size_t>(p.dp_rank) * static_cast<std::size_t>(p.microbatches) +
-                               static_cast<std::size_t>(m)) *
-                              rows;
+    const std::size_t first =
+        (static_cast<std::size_t>(p.dp_rank) * static_cast<std::size_t>(p.microbatches) + static_cast<std::size_t>(m)) *
+        rows;
     if (stages.is_first()) {
       // Sequence model: a token a row; window model: a row of `width` tokens an example.
       const std::size_t at = sequences ? first * w + offset : (first + offset) * w;

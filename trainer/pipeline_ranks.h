@@ -34,7 +34,7 @@
 namespace stepgraph::trainer {
 
 struct PipelineRanks {
-  int tp = 1, pp = 1, dp = 1;             // the group sizes
+  int tp = 1, pp = 1, dp = 1;               // the group sizes
   int tp_rank = 0, stage = 0, dp_rank = 0;  // this rank's place
   std::int64_t microbatches = 1;
   std::int64_t microbatch_rows = 0;  // sequences (or examples) of a microbatch, all its TP ranks'

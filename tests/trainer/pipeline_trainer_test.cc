@@ -31,8 +31,8 @@ constexpr int kSteps = 10;
 
 // Unresolved: `model`'s flags for kSteps steps in fp32 (global batch 16 examples or 8 sequences).
 TrainerOptions flags(SmallModel model) {
-  TrainerOptions o = testing::small_model_flags(model, {.steps = kSteps, .log_every = 5, .dtype = DType::kFloat32,
-                                                        .seed = 7});
+  TrainerOptions o =
+      testing::small_model_flags(model, {.steps = kSteps, .log_every = 5, .dtype = DType::kFloat32, .seed = 7});
   o.batch = model == SmallModel::kWindow ? 16 : 8;
   return o;
 }
@@ -146,8 +146,7 @@ TEST(PipelineTrainerScheduleTest, InterleavedChunksAndFourStagesEqualTwoStagesBi
   o.layers = 4;
   const WorldLosses two = expect_every_rank_and_mode_agree(pipelined(o, 2, 4), 2);
   const WorldLosses interleaved = expect_every_rank_and_mode_agree(pipelined(o, 2, 4, 2), 2);
-  EXPECT_NE(interleaved.log.find("2 chunks a rank, 4 microbatches of 2 sequences, interleaved 1F1B"),
-            std::string::npos)
+  EXPECT_NE(interleaved.log.find("2 chunks a rank, 4 microbatches of 2 sequences, interleaved 1F1B"), std::string::npos)
       << interleaved.log;
   EXPECT_NE(interleaved.log.find("holds blocks [0, 1) and [2, 3), the embedding"), std::string::npos)
       << interleaved.log;
@@ -320,8 +319,8 @@ TEST(PipelineTrainerFlagsTest, TheWorldAndTheBatchMustFitTheLayout) {
   o.dp = 2;
   EXPECT_ERROR_CONTAINS(train_ranks(pipelined(o, 2), 2), "--dp 2 needs a world of 4 ranks");
   // 16 examples over 2 replicas and 16 microbatches.
-  EXPECT_ERROR_CONTAINS(train_ranks(pipelined(flags(SmallModel::kWindow), 2, 16), 4),
-                        "--batch 16 is the global batch", "--microbatches 16 (a multiple of 32)");
+  EXPECT_ERROR_CONTAINS(train_ranks(pipelined(flags(SmallModel::kWindow), 2, 16), 4), "--batch 16 is the global batch",
+                        "--microbatches 16 (a multiple of 32)");
   // A microbatch of one sequence of 3 tokens does not split over 2 tensor-parallel ranks.
   TrainerOptions odd = flags(SmallModel::kSequence);
   odd.seq_len = 3;

@@ -54,7 +54,15 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
   const double tokens = rows * (sequences ? static_cast<double>(o.context) : 1.0) / cp;
 
   MemoryNeed need;
-  need.vocab_bytes = (v * embedding_dim + hidden * v) / tp * per_parameter + tokens * (v / tp) * b;
+  // Pipeline stages (--pp): the embedding is the first stage's, the head and
+  // its logits (a microbatch's) the last one's; the rank that holds more of
+  // them needs at least that.
+  const double pp = static_cast<double>(std::max<std::int64_t>(o.pp, 1));
+  const double microbatch_tokens = o.pp > 1 ? tokens / static_cast<double>(std::max<std::int64_t>(o.microbatches, 1))
+                                            : tokens;
+  const double embedding = v * embedding_dim / tp * per_parameter;
+  const double head = hidden * v / tp * per_parameter + microbatch_tokens * (v / tp) * b;
+  need.vocab_bytes = o.pp > 1 ? std::max(embedding, head) : embedding + head;
 
   // Every second block is an MoE block when there are experts (ResidualStack's moe_every).
   const double moe_blocks = o.experts > 0 ? static_cast<double>(o.layers / 2) : 0;
@@ -66,7 +74,9 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
     // q and the projection; k and v (split by heads: at least 1/tp of them)
     block_parameters += layers * (2 * hidden * hidden + 2 * hidden * kv) / tp;
   }
-  const double activations = tokens * hidden * layers * b;
+  // A stage holds 1/pp of the blocks and at least one microbatch's activations of them.
+  block_parameters /= pp;
+  const double activations = microbatch_tokens * hidden * layers / pp * b;
   const double batches =
       2 * static_cast<double>(o.batch) * (static_cast<double>(o.context) + 1) * 4;  // this and the next
   need.other_bytes = block_parameters * per_parameter + activations + batches;
@@ -104,7 +114,8 @@ void check_memory(const MemoryNeed& need, const TrainerOptions& o, std::int64_t 
 
 void check_run_memory(const TrainerOptions& o, Device device, int world_size, int local_rank) {
   const std::int64_t vocab = o.data.empty() ? o.vocab : inspect_data_file(o.data).vocab;
-  const std::int64_t model_ranks = std::max<std::int64_t>(o.tp, 1) * std::max<std::int64_t>(o.cp, 1);
+  const std::int64_t model_ranks =
+      std::max<std::int64_t>(o.tp, 1) * std::max<std::int64_t>(o.cp, 1) * std::max<std::int64_t>(o.pp, 1);
   const std::int64_t dp = o.dp > 0 ? o.dp : std::max<std::int64_t>(world_size / model_ranks, 1);
   check_memory(estimate_memory(o, vocab, dp), o, vocab, machine_memory(device, local_rank));
 }

@@ -29,6 +29,8 @@ struct MemoryNeed {
 
 // `options` resolved (resolve_defaults); `vocab` the data's; `dp` the
 // data-parallel ranks the global --batch is split among (each rank's share).
+// With --pp, the most a stage holds: 1/pp of the blocks, the embedding or
+// the head, one microbatch's activations.
 MemoryNeed estimate_memory(const TrainerOptions& options, std::int64_t vocab, std::int64_t dp);
 
 struct MemoryLimit {

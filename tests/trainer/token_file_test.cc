@@ -249,6 +249,24 @@ TEST(TokenFileTest, TensorAndContextParallelRanksNeedTheirShare) {
   EXPECT_LT(context.other_bytes, whole.other_bytes);  // half the activations
 }
 
+// A pipeline stage holds 1/pp of the blocks and the embedding or the head
+// (not both), and at least one microbatch's activations: a model split into
+// stages is not refused for the memory one rank would need for all of it.
+TEST(TokenFileTest, PipelineStagesNeedTheirShare) {
+  TrainerOptions flags;
+  flags.heads = 8;
+  flags.layers = 4;
+  const TrainerOptions one = resolve_defaults(flags, Device::kHost);
+  TrainerOptions pp2 = flags;
+  pp2.pp = 2;
+  pp2 = resolve_defaults(pp2, Device::kHost);
+  const MemoryNeed whole = estimate_memory(one, 50'000, 1);
+  const MemoryNeed stage = estimate_memory(pp2, 50'000, 1);
+  EXPECT_LT(stage.vocab_bytes, whole.vocab_bytes);
+  EXPECT_GT(stage.vocab_bytes, whole.vocab_bytes / 4);  // the larger of the embedding and the head
+  EXPECT_LT(stage.other_bytes, whole.other_bytes / 2 + 2 * pp2.batch * (pp2.context + 1) * 4);
+}
+
 std::int64_t resident_kib() {
   std::ifstream status("/proc/self/status");
   std::string line;

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
@@ -60,8 +62,13 @@ void close_memory(void* mapped) noexcept {
 
 std::string host_name() {
   char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
-  return name;
+  if (gethostname(name, sizeof(name) - 1) != 0) std::strcpy(name, "unknown-host");
+  // Containers on different machines may share a host name; the kernel's
+  // boot id tells the machines apart (NCCL's host hash does the same).
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  std::getline(boot, boot_id);
+  return boot_id.empty() ? std::string(name) : std::string(name) + " (boot " + boot_id + ")";
 }
 
 std::string pci_bus_id(int device) {

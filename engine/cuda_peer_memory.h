@@ -23,7 +23,8 @@ IpcHandle export_memory(void* base);
 void* import_memory(const IpcHandle& handle);
 void close_memory(void* mapped) noexcept;
 
-// Where this process runs, and the GPU `device` as a PCI bus id.
+// Where this process runs (the host name and the kernel's boot id), and the
+// GPU `device` as a PCI bus id.
 std::string host_name();
 std::string pci_bus_id(int device);
 // Whether `device` can read and write the memory of the GPU with PCI bus id

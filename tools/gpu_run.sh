@@ -24,7 +24,8 @@
 #   multigpu.log                 --stages multigpu (2 GPUs, about 5 minutes): the multi-rank NCCL tests,
 #                                the trainer's checks (entropy floor, eager == graph, exact resume) on the
 #                                default GPT at TP=2 (4 layers, hidden 512, 8 heads: about 20 s), on the
-#                                window model at TP=2 (--heads 0) and at DP=2, 10,000 TP=2 steps of a short
+#                                window model at TP=2 (--heads 0), at DP=2 and in two pipeline stages
+#                                (--pp 2, with and without --virtual-stages 2), 10,000 TP=2 steps of a short
 #                                GPT (2 layers, hidden 128, 4 heads, 512 tokens a step: about 15 s) for
 #                                the no-hang check, DP=2 losses against one GPU, a killed rank, restarts
 #                                after a killed rank (DP=2, ZeRO-1)
@@ -216,6 +217,10 @@ if wants multigpu; then
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/gpt_tp2" --nproc-per-node 2 --tp 2 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/tp2" --nproc-per-node 2 --tp 2 --heads 0 --overlap overlap
     step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/dp2" --nproc-per-node 2 --dp 2
+    # The GPT in two pipeline stages (1F1B, then interleaved chunks).
+    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/pp2" --nproc-per-node 2 --pp 2
+    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/pp2v2" --nproc-per-node 2 --pp 2 \
+      --virtual-stages 2 --layers 4
     # No hang: 10,000 TP=2 steps of a short GPT (its collectives every step, attention's included).
     step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --tp 2 --overlap overlap --layers 2 --hidden 128 --heads 4 \
       --ffn 256 --seq-len 64 --batch 8 --steps 10000 --log-every 1000

@@ -22,14 +22,14 @@ const LanguageModelConfig& checked(const LanguageModelConfig& config, const Comm
 }  // namespace
 
 LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel,
-                             Communicator* context_parallel)
+                             Communicator* context_parallel, Communicator* expert_parallel)
     : config_(checked(config, context_parallel)),
       tp_(tensor_parallel),
       embedding_(
           ctx, "embedding",
           EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
           config.model.seed + 104729, tensor_parallel),
-      stack_(ctx, config.model, tensor_parallel, context_parallel) {}
+      stack_(ctx, config.model, tensor_parallel, context_parallel, expert_parallel) {}
 
 std::vector<Parameter*> LanguageModel::parameters() {
   std::vector<Parameter*> out = embedding_.parameters();

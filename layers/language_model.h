@@ -72,8 +72,10 @@ class LanguageModel {
   // `context_parallel`: the stack's (Note [Context-parallel ResidualStack]),
   // a sequence model's only; each rank holds its zig-zag tokens and the
   // embedding runs on them as it is.
+  // `expert_parallel`: the stack's (Note [Expert-parallel ResidualStack]);
+  // the embedding is replicated, like every non-expert parameter.
   LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr,
-                Communicator* context_parallel = nullptr);
+                Communicator* context_parallel = nullptr, Communicator* expert_parallel = nullptr);
 
   // Window model: tokens int32 [batch, context]. Sequence model: tokens
   // int32 [T, 1] and cu_seqlens int32 [sequences + 1], the packing
@@ -95,6 +97,8 @@ class LanguageModel {
   const ResidualStack& stack() const { return stack_; }
   // The embedding table first, then ResidualStack's parameters in its order.
   std::vector<Parameter*> parameters();
+  // The stack's expert-parallel expert parameters (empty without EP).
+  std::vector<Parameter*> expert_parameters() { return stack_.expert_parameters(); }
   std::vector<StateTensor> state() const { return stack_.state(); }  // FP8 scaling state, for checkpoints
   std::int64_t non_finite_amaxes(Context& ctx) const { return stack_.non_finite_amaxes(ctx); }
   void set_fp8_amax_group(Communicator* group) { stack_.set_fp8_amax_group(group); }

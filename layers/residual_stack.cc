@@ -26,8 +26,8 @@ std::optional<std::string> ResidualStack::tensor_parallel_gap(const ResidualStac
 }
 
 ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel,
-                             Communicator* context_parallel)
-    : config_(config), tp_(tensor_parallel), cp_(context_parallel) {
+                             Communicator* context_parallel, Communicator* expert_parallel)
+    : config_(config), tp_(tensor_parallel), cp_(context_parallel), ep_(expert_parallel) {
   SG_CHECK(config.layers >= 0 && config.vocab > 0, "ResidualStack: layers must be >= 0 and vocab > 0, got ",
            config.layers, " and ", config.vocab);
   // The loss reads the logits in 16-byte vectors (kernels/cross_entropy):
@@ -65,6 +65,14 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
                   ") are not supported with context parallelism yet; set both to 0, or leave context "
                   "parallelism out");
   }
+  if (expert_parallel != nullptr) {
+    SG_CHECK_CODE(tensor_parallel == nullptr, ErrorCode::kUnsupported,
+                  "ResidualStack: expert parallelism over ", expert_parallel->describe(),
+                  " together with tensor parallelism over ", tensor_parallel != nullptr ? tensor_parallel->describe() : "",
+                  " is not supported yet; pass tensor_parallel or expert_parallel, not both");
+    SG_CHECK(config.experts > 0, "ResidualStack: expert_parallel (", expert_parallel->describe(),
+             ") spreads the MoE blocks' experts, but experts is 0; set experts > 0, or pass no expert_parallel");
+  }
   if (config.dropout > 0.0f) {
     rng_ = ctx.persistent("rng.state", {Shape{2}, DType::kInt64});
     // The seed spread over 64 bits (the golden-ratio multiplier; unsigned, so it wraps), as the key's bits.
@@ -100,7 +108,7 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
                              .dtype = config.dtype,
                              .fp8 = config.fp8,
                              .recompute_activation = config.recompute_activation};
-      block.moe = std::make_unique<MoEMLP>(ctx, name, moe, seed, tensor_parallel);
+      block.moe = std::make_unique<MoEMLP>(ctx, name, moe, seed, tensor_parallel, expert_parallel);
     } else {
       const LayerNormMLPConfig mlp{.hidden = config.hidden,
                                    .ffn = config.ffn,
@@ -155,6 +163,17 @@ std::vector<Parameter*> ResidualStack::parameters() {
   }
   for (Parameter* p : final_norm_->parameters()) out.push_back(p);
   for (Parameter* p : head_->parameters()) out.push_back(p);
+  return out;
+}
+
+std::vector<Parameter*> ResidualStack::expert_parameters() {
+  std::vector<Parameter*> out;
+  if (ep_ == nullptr) return out;
+  for (Block& block : blocks_) {
+    if (block.moe) {
+      for (Parameter* p : block.moe->expert_parameters()) out.push_back(p);
+    }
+  }
   return out;
 }
 

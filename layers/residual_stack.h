@@ -44,6 +44,17 @@
 // all T, and the TP collectives and the vocabulary-parallel head act within
 // the CP rank. Attention is required (heads > 0); MoE blocks and dropout
 // are not supported with CP yet (an Error).
+//
+// Note [Expert-parallel ResidualStack]
+// With an expert-parallel communicator of P ranks every MoE block spreads its
+// experts over the ranks (Note [Expert-parallel MoE] in layers/moe_mlp.h) and
+// everything else is replicated: each rank runs the whole stack on its own
+// tokens, as a data-parallel rank does. So the replicated parameters'
+// gradients must be summed over the P ranks (and the loss averaged), while
+// the experts' gradients already hold every rank's tokens and are whole on
+// their rank: expert_parameters() lists them, and TrainStep leaves them out
+// of its data-parallel reduction (its data-parallel group must be this one).
+// Not with tensor or context parallelism yet (an Error).
 #pragma once
 
 #include <cstddef>
@@ -149,8 +160,10 @@ class ResidualStack {
   // default) is the model on one rank. A config with a tensor_parallel_gap
   // and a tensor-parallel communicator is Error(kUnsupported).
   // `context_parallel`: Note [Context-parallel ResidualStack]; null: none.
+  // `expert_parallel`: Note [Expert-parallel ResidualStack]; null: every
+  // rank holds every expert. It needs experts > 0 dividing by its size.
   ResidualStack(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel = nullptr,
-                Communicator* context_parallel = nullptr);
+                Communicator* context_parallel = nullptr, Communicator* expert_parallel = nullptr);
 
   // What of `config` a tensor-parallel stack cannot hold yet ("dropout
   // (0.1) with hidden 30 (not a multiple of 4)"), or nothing. The constructor refuses it;
@@ -173,6 +186,11 @@ class ResidualStack {
   Tensor gather_labels(Context& ctx, const Tensor& labels) const;
   Communicator* tensor_parallel() const { return tp_; }
   Communicator* context_parallel() const { return cp_; }
+  Communicator* expert_parallel() const { return ep_; }
+  // Under expert parallelism, every MoE block's expert weights and biases
+  // (this rank's experts, whose gradients are never summed over the group);
+  // empty without it (Note [Expert-parallel ResidualStack]).
+  std::vector<Parameter*> expert_parameters();
   // The global batch's tokens from this rank's rows: rows x TP size (under
   // sequence parallelism) x CP size.
   std::int64_t global_tokens(std::int64_t rows) const;
@@ -219,6 +237,7 @@ class ResidualStack {
   ResidualStackConfig config_;
   Communicator* tp_ = nullptr;
   Communicator* cp_ = nullptr;
+  Communicator* ep_ = nullptr;
   std::vector<Block> blocks_;
   std::vector<Linear*> fp8_linears() const;  // every block's FP8 Linears, in block order
   std::vector<GroupedLinear*> fp8_experts() const;  // every MoE block's FP8 expert layers

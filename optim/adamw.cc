@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <unordered_set>
 
 #include "engine/error.h"
 #include "kernels/adamw.h"
@@ -207,9 +208,30 @@ namespace {
 // identities, but they run (and are captured) as at any size.
 bool reduces(const Communicator* comm) { return comm != nullptr; }
 
+// The gradients of parameters [first, first + grads.size()) that are not
+// rank-local, in order.
+std::vector<Tensor> without_rank_local(const std::vector<Tensor>& grads, const std::vector<Parameter*>& parameters,
+                                       std::size_t first, const std::unordered_set<const Parameter*>& rank_local) {
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (rank_local.count(parameters[first + i]) == 0) out.push_back(grads[i]);
+  }
+  return out;
+}
+
+// Rank-local gradients are summed by nobody: a sharded update would
+// reduce-scatter them with the rest.
+void check_rank_local(const AdamW& optimizer, std::span<Parameter* const> rank_local, const char* who) {
+  SG_CHECK_CODE(rank_local.empty() || !optimizer.sharded(), ErrorCode::kUnsupported, who,
+                ": rank_local parameters (", rank_local.size(),
+                ", e.g. expert-parallel experts) with a sharded (ZeRO-1) optimizer, which reduce-scatters every "
+                "gradient; use the all-reduce data-parallel mode");
+}
+
 }  // namespace
 
-AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel)
+AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel,
+                                std::span<Parameter* const> rank_local)
     : ctx_(ctx),
       optimizer_(optimizer),
       data_parallel_(data_parallel),
@@ -219,6 +241,13 @@ AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicat
   SG_CHECK_CODE(!(optimizer.step_scoped_gradients() && reduces(data_parallel)), ErrorCode::kUnsupported,
                 "AdamW::GroupedStep: step-scoped gradients are not summed across data-parallel ranks yet; keep "
                 "them persistent");
+  check_rank_local(optimizer, rank_local, "AdamW::GroupedStep");
+  if (!rank_local.empty() && reduces(data_parallel)) {
+    const std::unordered_set<const Parameter*> local(rank_local.begin(), rank_local.end());
+    for (const Update& group : optimizer.groups_) {
+      reduced_.push_back(without_rank_local(group.grads, optimizer.parameters_, group.first, local));
+    }
+  }
 }
 
 void AdamW::GroupedStep::operator()(std::size_t group) {
@@ -227,7 +256,8 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
   done_[group] = true;
   --remaining_;
   if (reduces(data_parallel_) && !optimizer_.sharded()) {
-    ops::all_reduce_many_(ctx_, *data_parallel_, optimizer_.group_gradients(group), ReduceOp::kSum);
+    const std::vector<Tensor>& grads = reduced_.empty() ? optimizer_.group_gradients(group) : reduced_[group];
+    if (!grads.empty()) ops::all_reduce_many_(ctx_, *data_parallel_, grads, ReduceOp::kSum);
   }
   WeightGradScope weight_grads(ctx_);
   if (optimizer_.skips_nonfinite()) {  // the updates wait for every check (Note [Non-finite steps])
@@ -337,7 +367,8 @@ std::vector<AdamW::Moments> AdamW::moments() const {
 }
 
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
-                         Communicator* data_parallel, Communicator* tensor_parallel) {
+                         Communicator* data_parallel, Communicator* tensor_parallel,
+                         std::span<Parameter* const> rank_local) {
   SG_CHECK_CODE(!optimizer.step_scoped_gradients() || (data_parallel == nullptr && tensor_parallel == nullptr),
                 ErrorCode::kUnsupported,
                 "step-scoped gradients (Note [Step-scoped gradients]) are not yet reduced across data- or "
@@ -346,9 +377,17 @@ void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWit
   // its traced gradients' handles) is not this step's.
   optimizer.release_step_gradients();
   if (optimizer.group_count() == 0) {
+    check_rank_local(optimizer, rank_local, "backward_and_update");
     backward({});
     if (reduces(data_parallel) && !optimizer.sharded()) {
-      ops::all_reduce_many_(ctx, *data_parallel, optimizer.all_gradients(), ReduceOp::kSum);
+      if (rank_local.empty()) {
+        ops::all_reduce_many_(ctx, *data_parallel, optimizer.all_gradients(), ReduceOp::kSum);
+      } else {
+        const std::vector<Tensor> grads =
+            without_rank_local(optimizer.all_gradients(), optimizer.parameters(), 0,
+                               std::unordered_set<const Parameter*>(rank_local.begin(), rank_local.end()));
+        if (!grads.empty()) ops::all_reduce_many_(ctx, *data_parallel, grads, ReduceOp::kSum);
+      }
     }
     if (optimizer.skips_nonfinite()) {
       optimizer.flag_nonfinite_group(ctx, -1);
@@ -356,7 +395,7 @@ void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWit
       optimizer.step(ctx);
     }
   } else {
-    AdamW::GroupedStep update(ctx, optimizer, data_parallel);
+    AdamW::GroupedStep update(ctx, optimizer, data_parallel, rank_local);
     backward(std::ref(update));
     update.finish();
   }

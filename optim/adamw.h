@@ -94,10 +94,14 @@ class AdamW {
   // With a data-parallel communicator, each group's gradients are first
   // summed across the ranks (one all-reduce bucket per
   // group, on the communication stream), so the reduction of one group
-  // overlaps the backward of the groups before it.
+  // overlaps the backward of the groups before it. `rank_local` parameters
+  // are left out of that sum: their gradients are this rank's own and
+  // already whole (expert-parallel experts, Note [Expert-parallel
+  // ResidualStack] in layers/residual_stack.h). Not with ZeRO-1.
   class GroupedStep {
    public:
-    GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel = nullptr);
+    GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel = nullptr,
+                std::span<Parameter* const> rank_local = {});
     void operator()(std::size_t group);
     void finish() const;
 
@@ -105,6 +109,9 @@ class AdamW {
     Context& ctx_;
     const AdamW& optimizer_;
     Communicator* data_parallel_;
+    // Per group, the gradients summed over data_parallel when some
+    // parameters are rank-local; empty: every group's gradients.
+    std::vector<std::vector<Tensor>> reduced_;
     std::vector<bool> done_;
     std::size_t remaining_;
   };
@@ -250,8 +257,11 @@ class AdamW {
 // An optimizer that skips non-finite steps checks each group's gradients
 // as the backward reports it and updates after the backward, where nothing
 // was flagged (Note [Non-finite steps]); its flag is max-all-reduced over
-// `data_parallel` and `tensor_parallel`, those given.
+// `data_parallel` and `tensor_parallel`, those given. `rank_local`
+// parameters' gradients are never summed over `data_parallel`
+// (AdamW::GroupedStep).
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
-                         Communicator* data_parallel = nullptr, Communicator* tensor_parallel = nullptr);
+                         Communicator* data_parallel = nullptr, Communicator* tensor_parallel = nullptr,
+                         std::span<Parameter* const> rank_local = {});
 
 }  // namespace stepgraph

@@ -37,6 +37,8 @@ class TrainStep::ModelSide {
   virtual Forward forward(Context& ctx) const = 0;
   virtual std::vector<std::size_t> parameter_group_sizes() = 0;
   virtual std::vector<Parameter*> parameters() = 0;
+  // Under expert parallelism, the experts' parameters (empty without).
+  virtual std::vector<Parameter*> expert_parameters() = 0;
   virtual std::int64_t vocab() const = 0;
   // The model's stack: its loss and its tensor-parallel group, if any.
   virtual const ResidualStack& stack() const = 0;
@@ -108,6 +110,7 @@ class ModelSideOf : public TrainStep::ModelSide {
   }
   std::vector<std::size_t> parameter_group_sizes() final { return model_.parameter_group_sizes(); }
   std::vector<Parameter*> parameters() final { return model_.parameters(); }
+  std::vector<Parameter*> expert_parameters() final { return model_.expert_parameters(); }
   void check_model_errors(Context& ctx) const final { model_.check_errors(ctx); }
   void set_fp8_amax_group(Communicator* group) final { model_.set_fp8_amax_group(group); }
 
@@ -236,6 +239,20 @@ TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& opti
              cp->world_size(), " x the data-parallel size), got ",
              data_parallel != nullptr ? data_parallel->describe() : std::string("none"));
   }
+  if (const Communicator* ep = model_->stack().expert_parallel()) {
+    // Each EP rank trains its own tokens: the replicated parameters'
+    // gradients sum over the EP ranks, the experts' stay (Note
+    // [Expert-parallel ResidualStack]).
+    SG_CHECK(data_parallel == ep, "TrainStep: the model is expert-parallel over ", ep->describe(),
+             ", so data_parallel must be that communicator (every other parameter's gradient is summed over it), "
+             "got ",
+             data_parallel != nullptr ? data_parallel->describe() : std::string("none"),
+             "; expert x data parallelism is not supported yet");
+    SG_CHECK_CODE(mode != DataParallelMode::kZero1, ErrorCode::kUnsupported,
+                  "TrainStep: an expert-parallel model's experts are not summed over the ranks, but ZeRO-1 "
+                  "reduce-scatters every gradient; use DataParallelMode::kAllReduce");
+    rank_local_ = model_->expert_parameters();
+  }
   if (data_parallel != nullptr) {
     data_parallel->check_device(ctx.device(), "TrainStep (data parallel)");
     model_->set_fp8_amax_group(data_parallel);  // every rank keeps the same FP8 scales
@@ -258,6 +275,8 @@ std::vector<Communicator*> TrainStep::communicators() const {
   std::vector<Communicator*> out;
   if (Communicator* tp = model_->stack().tensor_parallel()) out.push_back(tp);
   if (Communicator* cp = model_->stack().context_parallel()) out.push_back(cp);
+  Communicator* ep = model_->stack().expert_parallel();
+  if (ep != nullptr && ep != data_parallel_) out.push_back(ep);
   if (data_parallel_ != nullptr) out.push_back(data_parallel_);
   return out;
 }
@@ -284,7 +303,7 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
   if (optimizer_.scales_loss()) ops::scale_by_loss_scale_(ctx, loss.dlogits, optimizer_.loss_scale_state());
   backward_and_update(
       ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); }, data_parallel_,
-      stack.tensor_parallel());
+      stack.tensor_parallel(), rank_local_);
   return {reported};
 }
 

@@ -78,6 +78,14 @@ class TrainStep {
   // rank holding the same parameter shard; the CP group alone without data
   // parallelism): the gradients are summed and the loss averaged over it in
   // one reduction, as Megatron reduces over DP x CP.
+  //
+  // Expert parallelism comes with the model too (Note [Expert-parallel
+  // ResidualStack]): each rank trains its own `batch` rows like a
+  // data-parallel rank, and `data_parallel` must be the model's
+  // expert-parallel communicator: every gradient but the experts' is summed
+  // over it and the loss averaged; the experts' gradients (the model's
+  // expert_parameters()) are whole on their rank and left out. Not with
+  // ZeRO-1 yet.
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
   // A sequence model's step over `tokens` tokens packed as up to `sequences`
@@ -115,8 +123,8 @@ class TrainStep {
   // without): a persistent input like the tokens.
   const Tensor& packing() const;
   // The communicators a capture of this step must check
-  // (CaptureOptions::communicators): the model's tensor- and
-  // context-parallel ones and the data-parallel one, those that exist.
+  // (CaptureOptions::communicators): the model's tensor-, context- and
+  // expert-parallel ones and the data-parallel one, those that exist, each once.
   std::vector<Communicator*> communicators() const;
 
   // Error if any token (LanguageModel) or label so far was outside
@@ -135,6 +143,8 @@ class TrainStep {
   std::unique_ptr<ModelSide> model_;
   AdamW& optimizer_;
   Communicator* data_parallel_;
+  // The model's expert-parallel experts: left out of the data-parallel sum.
+  std::vector<Parameter*> rank_local_;
   Tensor labels_;
   Tensor label_error_;
 };

@@ -7,7 +7,8 @@
 // parameter: the replicated ones on every rank, and each rank's experts
 // against the one process's same experts. Graph equals eager bit for bit on
 // every rank, losses and parameters. With the optimizer's groups (updates
-// overlapping the backward) and without (one update after it). And what an
+// overlapping the backward) and without (one update after it). The GPT
+// LanguageModel (embedding, attention) alike at EP 2. And what an
 // expert-parallel model or step refuses.
 //
 // Tolerance: the forward of every token is the one process's on the same
@@ -32,11 +33,13 @@
 #include <memory>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "engine/error.h"
 #include "engine/host_world.h"
 #include "graphs/captured_step.h"
+#include "layers/language_model.h"
 #include "layers/residual_stack.h"
 #include "optim/adamw.h"
 #include "tests/layers/world_steps.h"
@@ -169,6 +172,92 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ExpertParallelTrainTest,
                            return "ep" + std::to_string(info.param.ep) + "_moe_every" +
                                   std::to_string(info.param.moe_every) + (info.param.grouped ? "_grouped" : "_one_update");
                          });
+
+// The GPT LanguageModel (embedding, attention, MoE blocks) at EP 2: each
+// rank's own sequences, against one process on all of them. The same
+// tolerance as above (the embedding's and attention's gradients are
+// replicated: summed in another order; measured over 3 runs: at most 1.2e-7).
+constexpr std::int64_t kContext = 6;
+constexpr std::int64_t kSequences = 4;  // the global batch's
+
+LanguageModelConfig gpt_config() {
+  ResidualStackConfig model = config(1);
+  model.heads = 2;
+  return {.model = model, .context = kContext};
+}
+
+struct GptRig {
+  GptRig(Context& ctx, std::int64_t sequences, Communicator* ep)
+      : model(ctx, gpt_config(), nullptr, nullptr, ep),
+        optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-2f}),
+        step(ctx, model, optimizer, sequences, ep) {}
+  void load(Context& ctx, const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels,
+            std::int64_t first, std::int64_t count) {
+    ctx.copy_from_host(step.inputs(), tokens.data() + first, static_cast<std::size_t>(count) * 4);
+    ctx.copy_from_host(step.labels(), labels.data() + first, static_cast<std::size_t>(count) * 4);
+  }
+  LanguageModel model;
+  AdamW optimizer;
+  TrainStep step;
+};
+
+TEST(ExpertParallelGptTrain, EqualsOneProcessOnEveryRanksSequencesAndGraphEqualsEager) {
+  const testing::TestSeed seed;
+  constexpr int kRanks = 2;
+  constexpr std::int64_t kAll = kSequences * kContext;
+  auto batch = [&](int s) {
+    // Tokens and labels of the whole batch, uniform in [0, vocab).
+    const testing::GlobalBatch b = testing::global_batch(seed.value(), s, kAll, 1, kVocab);
+    std::vector<std::int32_t> tokens(b.labels.rbegin(), b.labels.rend());
+    return std::pair{tokens, b.labels};
+  };
+  std::vector<float> want_losses;
+  std::vector<std::vector<float>> want_params;
+  {
+    const std::unique_ptr<Context> ctx = make_context(true);
+    GptRig rig(*ctx, kSequences, nullptr);
+    for (int s = 0; s < kSteps; ++s) {
+      const auto [tokens, labels] = batch(s);
+      rig.load(*ctx, tokens, labels, 0, kAll);
+      want_losses.push_back(ctx->to_vector<float>(rig.step(*ctx)[0]).at(0));
+    }
+    for (const Parameter* p : rig.model.parameters()) want_params.push_back(ctx->to_vector<float>(p->master));
+  }
+  constexpr std::int64_t kLocal = kAll / kRanks;
+  HostWorld::run(kRanks, [&](Communicator& ep) {
+    const int r = ep.rank();
+    const std::string who = "rank " + std::to_string(r) + " of ep " + std::to_string(kRanks) + " (GPT)";
+    const std::unique_ptr<Context> ctx = make_context(true);
+    GptRig eager(*ctx, kSequences / kRanks, &ep);
+    GptRig graphed(*ctx, kSequences / kRanks, &ep);
+    ASSERT_NO_FATAL_FAILURE(
+        testing::expect_steps_match_one_process(*ctx, eager, graphed, want_losses, who, [&](int s) {
+          const auto [tokens, labels] = batch(s);
+          eager.load(*ctx, tokens, labels, r * kLocal, kLocal);
+          graphed.load(*ctx, tokens, labels, r * kLocal, kLocal);
+        }));
+    const std::vector<Parameter*> expert_list = eager.model.expert_parameters();
+    const std::unordered_set<const Parameter*> experts(expert_list.begin(), expert_list.end());
+    EXPECT_EQ(experts.size(), 8u) << who;
+    const std::vector<Parameter*> pe = eager.model.parameters();
+    const std::vector<Parameter*> pg = graphed.model.parameters();
+    ASSERT_EQ(pg.size(), want_params.size()) << who;
+    for (std::size_t i = 0; i < pg.size(); ++i) {
+      const std::vector<float> values = ctx->to_vector<float>(pg[i]->master);
+      EXPECT_EQ(values, ctx->to_vector<float>(pe[i]->master)) << who << " " << pg[i]->name << ": graph != eager";
+      if (experts.count(pe[i]) == 0) {
+        testing::expect_within(values, want_params[i], 1e-5f, who + " " + pg[i]->name + " (replicated)");
+        continue;
+      }
+      const std::size_t n = values.size();
+      ASSERT_EQ(n * kRanks, want_params[i].size()) << who << " " << pg[i]->name;
+      const std::vector<float> mine(want_params[i].begin() + static_cast<std::ptrdiff_t>(r * n),
+                                    want_params[i].begin() + static_cast<std::ptrdiff_t>((r + 1) * n));
+      testing::expect_within(values, mine, 1e-5f, who + " " + pg[i]->name + " (this rank's experts)");
+    }
+    eager.step.check_errors(*ctx);
+  });
+}
 
 TEST(ExpertParallelTrainErrors, ExpertTimesTensorParallelIsRefusedNamingBoth) {
   HostWorld::run(2, [](Communicator& comm) {

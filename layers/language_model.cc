@@ -28,7 +28,7 @@ LanguageModel::LanguageModel(Context& ctx, const LanguageModelConfig& config, Co
       embedding_(
           ctx, "embedding",
           EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
-          config.model.seed + 104729, tensor_parallel),
+          embedding_seed(config), tensor_parallel),
       stack_(ctx, config.model, tensor_parallel, context_parallel, expert_parallel) {}
 
 std::vector<Parameter*> LanguageModel::parameters() {

@@ -72,6 +72,10 @@ class LanguageModel {
   // `context_parallel`: the stack's (Note [Context-parallel ResidualStack]),
   // a sequence model's only; each rank holds its zig-zag tokens and the
   // embedding runs on them as it is.
+  // The embedding's seed, for code that builds it alone (the GPT's pipeline
+  // stages): the same table as this model's.
+  static std::uint32_t embedding_seed(const LanguageModelConfig& config) { return config.model.seed + 104729; }
+
   // `expert_parallel`: the stack's (Note [Expert-parallel ResidualStack]);
   // the embedding is replicated, like every non-expert parameter.
   LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr,

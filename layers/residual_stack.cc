@@ -82,20 +82,10 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
   }
   for (std::int64_t i = 0; i < config.layers; ++i) {
     const std::string name = "block" + std::to_string(i);
-    const std::uint32_t seed = config.seed + 16 * static_cast<std::uint32_t>(i);
+    const std::uint32_t seed = block_seed(config, i);
     Block block;
     if (config.heads > 0) {
-      block.attention = std::make_unique<MultiheadAttention>(ctx, name + ".attention",
-                                                             MultiheadAttentionConfig{.hidden = config.hidden,
-                                                                                      .heads = config.heads,
-                                                                                      .kv_heads = config.kv_heads,
-                                                                                      .norm = config.norm,
-                                                                                      .eps = config.eps,
-                                                                                      .dtype = config.dtype,
-                                                                                      .rope_base = config.rope_base,
-                                                                                      .fp8 = config.fp8,
-                                                                                      .sequence_parallel = true,
-                                                                                      .overlap = config.overlap},
+      block.attention = std::make_unique<MultiheadAttention>(ctx, name + ".attention", attention_config(config),
                                                              seed + 8, tensor_parallel, context_parallel);
     }
     if (is_moe_block(i)) {
@@ -110,15 +100,7 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
                              .recompute_activation = config.recompute_activation};
       block.moe = std::make_unique<MoEMLP>(ctx, name, moe, seed, tensor_parallel, expert_parallel);
     } else {
-      const LayerNormMLPConfig mlp{.hidden = config.hidden,
-                                   .ffn = config.ffn,
-                                   .norm = config.norm,
-                                   .eps = config.eps,
-                                   .dtype = config.dtype,
-                                   .overlap = config.overlap,
-                                   .fp8 = config.fp8,
-                                   .recompute_activation = config.recompute_activation};
-      block.dense = std::make_unique<LayerNormMLP>(ctx, name, mlp, seed, tensor_parallel);
+      block.dense = std::make_unique<LayerNormMLP>(ctx, name, dense_mlp_config(config), seed, tensor_parallel);
     }
     blocks_.push_back(std::move(block));
   }
@@ -127,13 +109,42 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     for (Linear* linear : fp8_linears()) linear->share_non_finite_counter(fp8_non_finite_);
     for (GroupedLinear* experts : fp8_experts()) experts->share_non_finite_counter(fp8_non_finite_);
   }
-  final_norm_ =
-      std::make_unique<Norm>(ctx, "final_norm",
-                             NormConfig{.kind = config.norm, .hidden = config.hidden, .eps = config.eps,
-                                        .dtype = config.dtype});
+  final_norm_ = std::make_unique<Norm>(ctx, "final_norm", final_norm_config(config));
   head_ = std::make_unique<VocabParallelHead>(
       ctx, "head", VocabParallelHeadConfig{.hidden = config.hidden, .vocab = config.vocab, .dtype = config.dtype},
-      config.seed + 7919, tensor_parallel);
+      head_seed(config), tensor_parallel);
+}
+
+std::uint32_t ResidualStack::block_seed(const ResidualStackConfig& config, std::int64_t block) {
+  return config.seed + 16 * static_cast<std::uint32_t>(block);
+}
+
+MultiheadAttentionConfig ResidualStack::attention_config(const ResidualStackConfig& config) {
+  return {.hidden = config.hidden,
+          .heads = config.heads,
+          .kv_heads = config.kv_heads,
+          .norm = config.norm,
+          .eps = config.eps,
+          .dtype = config.dtype,
+          .rope_base = config.rope_base,
+          .fp8 = config.fp8,
+          .sequence_parallel = true,
+          .overlap = config.overlap};
+}
+
+LayerNormMLPConfig ResidualStack::dense_mlp_config(const ResidualStackConfig& config) {
+  return {.hidden = config.hidden,
+          .ffn = config.ffn,
+          .norm = config.norm,
+          .eps = config.eps,
+          .dtype = config.dtype,
+          .overlap = config.overlap,
+          .fp8 = config.fp8,
+          .recompute_activation = config.recompute_activation};
+}
+
+NormConfig ResidualStack::final_norm_config(const ResidualStackConfig& config) {
+  return {.kind = config.norm, .hidden = config.hidden, .eps = config.eps, .dtype = config.dtype};
 }
 
 ops::CrossEntropyResult ResidualStack::loss(Context& ctx, const Tensor& logits, const Tensor& labels,

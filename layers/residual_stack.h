@@ -159,6 +159,15 @@ class ResidualStack {
   // `tensor_parallel`: See Note [Tensor-parallel ResidualStack]; null (the
   // default) is the model on one rank. A config with a tensor_parallel_gap
   // and a tensor-parallel communicator is Error(kUnsupported).
+  // How the stack builds its pieces, for code that builds them alone
+  // (the GPT's pipeline stages, train/gpt_stage_layers.h): a piece built
+  // from these holds the same parameters as the stack's.
+  static std::uint32_t block_seed(const ResidualStackConfig& config, std::int64_t block);
+  static std::uint32_t head_seed(const ResidualStackConfig& config) { return config.seed + 7919; }
+  static MultiheadAttentionConfig attention_config(const ResidualStackConfig& config);  // seed: block_seed + 8
+  static LayerNormMLPConfig dense_mlp_config(const ResidualStackConfig& config);         // seed: block_seed
+  static NormConfig final_norm_config(const ResidualStackConfig& config);
+
   // `context_parallel`: Note [Context-parallel ResidualStack]; null: none.
   // `expert_parallel`: Note [Expert-parallel ResidualStack]; null: every
   // rank holds every expert. It needs experts > 0 dividing by its size.

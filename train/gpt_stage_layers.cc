@@ -8,14 +8,11 @@ namespace stepgraph {
 
 namespace {
 
-// The seeds and names below are ResidualStack's and LanguageModel's
-// (layers/residual_stack.cc, layers/language_model.cc): a model assembled
-// from these layers holds the same parameters. The pipeline test of the GPT
-// stages compares every gradient with LanguageModel's by name, bit for bit,
-// so a drift here fails it.
-std::uint32_t block_seed(const ResidualStackConfig& config, std::int64_t index) {
-  return config.seed + 16 * static_cast<std::uint32_t>(index);
-}
+// The names below are ResidualStack's and LanguageModel's; the seeds and
+// configs come from them (ResidualStack::block_seed, attention_config, ...),
+// so a model assembled from these layers holds the same parameters. The
+// pipeline test of the GPT stages compares every gradient with
+// LanguageModel's by name, bit for bit.
 
 template <typename S>
 const S& saved_as(const std::any& saved, std::string_view kind) {
@@ -31,7 +28,7 @@ TokenEmbeddingLayer::TokenEmbeddingLayer(Context& ctx, const LanguageModelConfig
     : embedding_(
           ctx, "embedding",
           EmbeddingConfig{.vocab = config.model.vocab, .dim = config.embedding_dim(), .dtype = config.model.dtype},
-          config.model.seed + 104729, tensor_parallel),
+          LanguageModel::embedding_seed(config), tensor_parallel),
       error_flag_(std::move(error_flag)) {}
 
 std::pair<Tensor, std::any> TokenEmbeddingLayer::forward(Context& ctx, const Tensor& tokens) {
@@ -46,15 +43,8 @@ Tensor TokenEmbeddingLayer::backward(Context& ctx, const std::any& saved, const 
 
 ResidualBlockLayer::ResidualBlockLayer(Context& ctx, const ResidualStackConfig& config, std::int64_t index,
                                        Tensor cu_seqlens, Communicator* tensor_parallel)
-    : mlp_(ctx, "block" + std::to_string(index),
-           LayerNormMLPConfig{.hidden = config.hidden,
-                              .ffn = config.ffn,
-                              .norm = config.norm,
-                              .eps = config.eps,
-                              .dtype = config.dtype,
-                              .overlap = config.overlap,
-                              .recompute_activation = config.recompute_activation},
-           block_seed(config, index), tensor_parallel),
+    : mlp_(ctx, "block" + std::to_string(index), ResidualStack::dense_mlp_config(config),
+           ResidualStack::block_seed(config, index), tensor_parallel),
       cu_seqlens_(std::move(cu_seqlens)) {
   // What ResidualStack's block would do differently: refused, not ignored.
   SG_CHECK_CODE(config.experts == 0 && !config.fp8 && config.dropout == 0.0f, ErrorCode::kUnsupported,
@@ -67,16 +57,8 @@ ResidualBlockLayer::ResidualBlockLayer(Context& ctx, const ResidualStackConfig& 
   if (config.heads > 0) {
     // Built after the MLP here, before it in ResidualStack: each draws from its own seed, so the order changes nothing.
     attention_ = std::make_unique<MultiheadAttention>(ctx, "block" + std::to_string(index) + ".attention",
-                                                      MultiheadAttentionConfig{.hidden = config.hidden,
-                                                                               .heads = config.heads,
-                                                                               .kv_heads = config.kv_heads,
-                                                                               .norm = config.norm,
-                                                                               .eps = config.eps,
-                                                                               .dtype = config.dtype,
-                                                                               .rope_base = config.rope_base,
-                                                                               .sequence_parallel = true,
-                                                                               .overlap = config.overlap},
-                                                      block_seed(config, index) + 8, tensor_parallel);
+                                                      ResidualStack::attention_config(config),
+                                                      ResidualStack::block_seed(config, index) + 8, tensor_parallel);
   }
 }
 
@@ -114,10 +96,9 @@ std::vector<Parameter*> ResidualBlockLayer::parameters() {
 }
 
 NormHeadLayer::NormHeadLayer(Context& ctx, const ResidualStackConfig& config, Communicator* tensor_parallel)
-    : norm_(ctx, "final_norm",
-            NormConfig{.kind = config.norm, .hidden = config.hidden, .eps = config.eps, .dtype = config.dtype}),
+    : norm_(ctx, "final_norm", ResidualStack::final_norm_config(config)),
       head_(ctx, "head", VocabParallelHeadConfig{.hidden = config.hidden, .vocab = config.vocab, .dtype = config.dtype},
-            config.seed + 7919, tensor_parallel),
+            ResidualStack::head_seed(config), tensor_parallel),
       tp_(tensor_parallel) {}
 
 std::pair<Tensor, std::any> NormHeadLayer::forward(Context& ctx, const Tensor& x) {

@@ -30,14 +30,13 @@
 
 #include "engine/error.h"
 #include "engine/host_world.h"
-#include "engine/nccl_communicator.h"
 #include "graphs/captured_step.h"
 #include "layers/grouped_linear.h"
 #include "layers/moe_mlp.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
-#include "tests/layers/one_rank_parity.h"
+#include "tests/layers/moe_one_rank_parity.h"
 #include "tests/layers/shard_values.h"
 #include "tests/support/seed.h"
 
@@ -218,28 +217,10 @@ TEST(TensorParallelMoEErrorsTest, ShardedGroupedLinearConfigWithoutCommunicatorI
 // plain layer bit for bit, outputs and gradients.
 TEST(TensorParallelMoECudaTest, OneNcclRankCapturedAndReplayedEqualsThePlainLayer) {
   SG_SKIP_WITHOUT_GPU();
-  const std::unique_ptr<Communicator> comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
-  Context ctx(Device::kCuda, 2);
-  ctx.set_communication_stream(2);
-  const MoEMLPConfig bf16{.hidden = 256, .ffn = 512, .experts = 8, .topk = 2, .dtype = DType::kBFloat16};
-  MoEMLP parallel(ctx, "moe", bf16, kLayerSeed, comm.get());
-  MoEMLP plain(ctx, "moe", bf16, kLayerSeed);
-  const TensorMeta meta{Shape{128, 256}, DType::kBFloat16};
-  const Tensor x = ctx.persistent("x", meta);
-  const Tensor dy = ctx.persistent("dy", meta);
-  testing::OneRankParity steps(ctx, *comm, parallel, plain, x, dy);
-  const testing::TestSeed seed;
-  for (int round = 0; round < 10; ++round) {
-    SCOPED_TRACE("round " + std::to_string(round));
-    write_floats(ctx, x, normal_values(seed.value() + 2 * round, meta.numel()));
-    write_floats(ctx, dy, normal_values(seed.value() + 2 * round + 1, meta.numel()));
-    steps.replay();
-    steps.expect_equal();
-    if (::testing::Test::HasFatalFailure()) return;
-  }
-  parallel.check_errors(ctx);
-  plain.check_errors(ctx);
-  comm->check_health();
+  testing::expect_moe_equals_plain_at_one_nccl_rank(
+      kLayerSeed, [](Context& ctx, const MoEMLPConfig& config, std::uint32_t seed, Communicator& comm) {
+        return std::make_unique<MoEMLP>(ctx, "moe", config, seed, &comm);
+      });
 }
 
 }  // namespace

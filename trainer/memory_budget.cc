@@ -67,7 +67,9 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
   // Every second block is an MoE block when there are experts (ResidualStack's moe_every).
   const double moe_blocks = o.experts > 0 ? static_cast<double>(o.layers / 2) : 0;
   const double mlp = 2 * hidden * ffn / tp;
-  double block_parameters = (layers - moe_blocks) * mlp + moe_blocks * static_cast<double>(o.experts) * mlp;
+  // Expert-parallel ranks hold experts / ep whole experts of every MoE block.
+  const double ep = static_cast<double>(std::max<std::int64_t>(o.ep, 1));
+  double block_parameters = (layers - moe_blocks) * mlp + moe_blocks * static_cast<double>(o.experts) / ep * mlp;
   if (sequences) {
     const double head_dim = hidden / static_cast<double>(o.heads);
     const double kv = static_cast<double>(o.kv_heads > 0 ? o.kv_heads : o.heads) * head_dim;
@@ -76,7 +78,10 @@ MemoryNeed estimate_memory(const TrainerOptions& o, std::int64_t vocab, std::int
   }
   // A stage holds 1/pp of the blocks and at least one microbatch's activations of them.
   block_parameters /= pp;
-  const double activations = microbatch_tokens * hidden * layers / pp * b;
+  double activations = microbatch_tokens * hidden * layers / pp * b;
+  // Expert-parallel, an MoE block's experts receive and keep ep x (tokens x topk) rows, the bound no
+  // routing exceeds (Note [Expert-parallel MoE] in layers/moe_mlp.h).
+  if (o.ep > 1) activations += moe_blocks * ep * tokens * static_cast<double>(o.topk) * hidden * b;
   const double batches =
       2 * static_cast<double>(o.batch) * (static_cast<double>(o.context) + 1) * 4;  // this and the next
   need.other_bytes = block_parameters * per_parameter + activations + batches;
@@ -116,6 +121,7 @@ void check_run_memory(const TrainerOptions& o, Device device, int world_size, in
   const std::int64_t vocab = o.data.empty() ? o.vocab : inspect_data_file(o.data).vocab;
   const std::int64_t model_ranks =
       std::max<std::int64_t>(o.tp, 1) * std::max<std::int64_t>(o.cp, 1) * std::max<std::int64_t>(o.pp, 1);
+  // --ep's ranks split the batch as replicas do (Note [Expert parallelism in the trainer]).
   const std::int64_t dp = o.dp > 0 ? o.dp : std::max<std::int64_t>(world_size / model_ranks, 1);
   check_memory(estimate_memory(o, vocab, dp), o, vocab, machine_memory(device, local_rank));
 }

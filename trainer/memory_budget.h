@@ -30,7 +30,9 @@ struct MemoryNeed {
 // `options` resolved (resolve_defaults); `vocab` the data's; `dp` the
 // data-parallel ranks the global --batch is split among (each rank's share).
 // With --pp, the most a stage holds: 1/pp of the blocks, the embedding or
-// the head, one microbatch's activations.
+// the head, one microbatch's activations. With --ep, a rank's experts / ep
+// experts of every MoE block and the rows its experts receive (ep x its
+// tokens x --topk a block).
 MemoryNeed estimate_memory(const TrainerOptions& options, std::int64_t vocab, std::int64_t dp);
 
 struct MemoryLimit {

@@ -109,6 +109,37 @@ void check_pipeline_options(TrainerOptions& o) {
            "): each microbatch holds the same number of ", o.heads > 0 ? "sequences" : "examples");
 }
 
+// --ep's combinations (Note [Expert parallelism in the trainer] in
+// trainer/expert_ranks.h): what ResidualStack, MoEMLP and TrainStep refuse
+// under expert parallelism, asked here to name the flags.
+void check_expert_parallel_options(const TrainerOptions& o) {
+  const std::string ep = "--ep " + std::to_string(o.ep);
+  std::vector<std::string> beside;
+  if (o.tp > 1) beside.push_back("--tp " + std::to_string(o.tp));
+  if (o.cp > 1) beside.push_back("--cp " + std::to_string(o.cp));
+  if (o.pp > 1) beside.push_back("--pp " + std::to_string(o.pp));
+  if (o.dp > 1) beside.push_back("--dp " + std::to_string(o.dp));
+  if (o.dp_mode == DataParallelMode::kZero1) beside.push_back("--dp-mode zero1");
+  if (!beside.empty()) {
+    std::string given = beside.front();
+    for (std::size_t i = 1; i < beside.size(); ++i) given += (i + 1 == beside.size() ? " and " : ", ") + beside[i];
+    SG_THROW(ErrorCode::kInvalidArgument, ep, " with ", given,
+             ": expert parallelism runs alone for now (the world is --ep ranks, each training its own rows; no "
+             "tensor, context, pipeline or data parallelism beside it, and no ZeRO-1, which would sum the experts' "
+             "rank-local gradients); leave ", beside.size() == 1 ? "it" : "them", " out, or leave out --ep");
+  }
+  SG_CHECK(o.experts > 0, ep, " spreads the MoE blocks' experts over ", o.ep,
+           " ranks: it needs --experts N (a multiple of ", o.ep, ")");
+  SG_CHECK(o.experts % o.ep == 0, "--experts (", o.experts, ") must divide by --ep (", o.ep,
+           "): each rank holds --experts / --ep whole experts of every MoE block");
+  SG_CHECK(!o.fp8, ep, " with --fp8 ", fp8_flag(o.fp8),
+           ": FP8 experts under expert parallelism are not built (each rank's tensor-wise scales would cover only "
+           "its own experts and tokens); pass --fp8 none, or leave out --ep");
+  SG_CHECK(o.buckets.empty(), ep, " with --buckets: shape buckets run on one rank for now; leave one of them out");
+  SG_CHECK(o.batch % o.ep == 0, "--batch (", o.batch, ") must divide by --ep (", o.ep, "): each expert-parallel rank "
+           "trains its own --batch / --ep ", o.heads > 0 ? "sequences" : "examples", " of the global batch");
+}
+
 }  // namespace
 
 std::string_view step_mode_name(StepMode mode) { return mode == StepMode::kEager ? "eager" : "graph"; }
@@ -248,6 +279,12 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
                      "with --pp: microbatches each data-parallel replica's share of --batch is cut into (default "
                      "2 x --pp; interleaved, a multiple of --pp)")
           ->check(whole_number(1, kMaxSize));
+  app.add_option("--ep", o.ep,
+                 "expert-parallel ranks (0 or 1: none): the world's ranks spread every MoE block's --experts (each "
+                 "holds --experts / ep of them), each trains its own 1/ep of the global --batch, and the tokens go "
+                 "to their experts' rank and back inside the step; the world is ep ranks (not with --tp, --cp, --pp "
+                 "or --dp yet)")
+      ->check(whole_number(0, kMaxRanks));
   CLI::Option* overlap_option =
       add_parsed(app, "--overlap", o.overlap, MLPOverlap::parse,
                  "with --tp: how each all-gather / reduce-scatter meets its GEMM: none, bulk (the default), overlap "
@@ -436,6 +473,9 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
   SG_CHECK(!(o.skip_nonfinite.value_or(false) && zero1),
            "--skip-nonfinite with --dp-mode zero1: the sharded update's collectives cannot run inside the "
            "conditional node that skips a step (NCCL #1986); use --dp-mode allreduce, or --no-skip-nonfinite");
+  if (o.ep == 0) o.ep = 1;  // none, as 1
+  // Before the checks of --buckets and --pp, which would not name --ep.
+  if (o.ep > 1) check_expert_parallel_options(o);
   if (!o.buckets.empty()) {
     SG_CHECK(o.heads > 0, "--buckets trains sequences of varying length: it needs the sequence model (--heads > 0)");
     SG_CHECK(o.tp == 1 && o.cp == 1 && o.dp <= 1 && o.nproc_per_node <= 1,

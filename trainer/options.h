@@ -110,6 +110,9 @@ struct TrainerOptions {
   std::int64_t pp = 1;
   std::int64_t virtual_stages = 1;
   std::int64_t microbatches = 0;
+  // Expert-parallel ranks (Note [Expert parallelism in the trainer] in trainer/expert_ranks.h): the world's
+  // ranks spread every MoE block's experts and each trains its own rows; 1 (or 0 on the command line): none.
+  std::int64_t ep = 1;
   MLPOverlap overlap;                 // tensor-parallel GEMM/collective overlap (layers/comm_gemm_overlap.h)
   DataParallelMode dp_mode = DataParallelMode::kAllReduce;
   double comm_timeout_s = 300;        // a collective or step longer than this ends every rank

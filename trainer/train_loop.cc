@@ -30,10 +30,11 @@
 #include "train/train_step.h"
 #include "checkpoint/atomic_file.h"
 #include "trainer/buckets.h"
+#include "trainer/checkpoint_layout.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/checkpoint_set.h"
 #include "trainer/data_source.h"
 #include "trainer/distributed.h"
+#include "trainer/expert_ranks.h"
 #include "trainer/markov_source.h"
 #include "trainer/pipeline_ranks.h"
 #include "trainer/token_file.h"
@@ -135,6 +136,7 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
   }
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
   if (o.cp > 1) config["config.cp"] = std::to_string(o.cp);                    // likewise
+  if (o.ep > 1) config["config.ep"] = std::to_string(o.ep);                    // likewise
   if (o.pp > 1) {                                                               // likewise
     config["config.pp"] = std::to_string(o.pp);
     config["config.virtual-stages"] = std::to_string(o.virtual_stages);
@@ -232,9 +234,13 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const int cp = static_cast<int>(o.cp);
   const int pp = static_cast<int>(o.pp);
   // Note [Pipeline ranks in the trainer]: the world is tp x pp x dp; pipeline_ranks checks it.
+  // Note [Expert parallelism in the trainer]: the world is ep ranks; expert_ranks checks it.
   std::optional<PipelineRanks> pipe;
+  std::optional<ExpertRanks> experts;
   if (pp > 1) {
     pipe = pipeline_ranks(o, rank, ranks);
+  } else if (o.ep > 1) {
+    experts = expert_ranks(o, rank, ranks);
   } else if (cp == 1) {
     SG_CHECK(ranks % o.tp == 0, "--tp ", o.tp, " must divide the world of ", ranks,
              " ranks (the world is tp x dp: start a multiple of --tp ranks)");
@@ -242,8 +248,9 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     SG_CHECK(ranks % (tp * cp) == 0, "--tp ", o.tp, " x --cp ", o.cp, " must divide the world of ", ranks,
              " ranks (the world is tp x cp x dp: start a multiple of ", tp * cp, " ranks)");
   }
-  const int dp = ranks / (tp * cp * pp);
-  SG_CHECK(pp > 1 || o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp * o.cp,
+  // Expert-parallel ranks train their own rows as replicas do, but are no replicas (their experts differ).
+  const int dp = ranks / (tp * cp * pp * static_cast<int>(o.ep));
+  SG_CHECK(pp > 1 || experts || o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp * o.cp,
            " ranks, but this run has ", ranks, " (the world is --dp x --tp", cp > 1 ? " x --cp" : "",
            " ranks: start that many, or leave --dp out)");
   SG_CHECK(pp > 1 || o.batch % ranks == 0, "--batch ", o.batch, " is the global batch and must split evenly over the ", ranks,
@@ -291,6 +298,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   Communicator* tp_comm = nullptr;
   Communicator* cp_comm = nullptr;
   Communicator* dp_comm = world;
+  // Expert-parallel: the world, which is also TrainStep's data-parallel group (Note [Expert-parallel ResidualStack]).
+  Communicator* ep_comm = experts ? world : nullptr;
   if (tp > 1) {
     tp_comm = world;
     if (tp < ranks) {
@@ -342,7 +351,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     stages = std::make_unique<LanguageModelStages>(ctx, pipeline_groups->pipeline(), config, pipe->microbatch_rows,
                                                    pipe->microbatches, stage_options);
   } else {
-    whole_model = std::make_unique<LanguageModel>(ctx, config, tp_comm, cp_comm);
+    whole_model = std::make_unique<LanguageModel>(ctx, config, tp_comm, cp_comm, ep_comm);
   }
   // What a checkpoint holds of the model: the stages hold no state besides their parameters
   // (no FP8 scaling or dropout generator: --pp refuses both).
@@ -415,7 +424,12 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                             : pipe ? "--pp does not support the skip yet; off by default with --pp"
                                    : "--no-skip-nonfinite"));
   if (stages) out << pipeline_setup_line(*stages, *pipe, o.layers, sequences, dp_comm);
-  if (dp_comm != nullptr && !pipe) {
+  if (experts) {
+    std::int64_t moe_blocks = 0;
+    for (std::int64_t i = 0; i < o.layers; ++i) moe_blocks += whole_model->stack().is_moe_block(i) ? 1 : 0;
+    out << expert_setup_line(*experts, *ep_comm, moe_blocks, local_batch * (sequences ? o.seq_len : 1), o.topk,
+                             sequences);
+  } else if (dp_comm != nullptr && !pipe) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
                        local_batch * o.tp * o.cp, zero1 ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
   }
@@ -435,49 +449,22 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                        tp_comm->peer_transport_reason());
   }
 
-  // A sharded optimizer or model, or a pipeline stage, writes one file per
-  // rank (its shards, its stage's parameters); otherwise every rank holds the
-  // same state and rank 0 alone writes it.
-  const bool per_rank_files = optimizer.sharded() || o.tp > 1 || pipe.has_value();
-  // Per-rank files commit together through a manifest at --checkpoint (Note [Checkpoint sets]).
+  // Note [Checkpoint parts in the trainer]: one file, or a part per rank committed by a manifest.
+  const CheckpointLayout layout = checkpoint_layout(o, optimizer.sharded());
+  const bool per_rank_files = layout.per_rank;
   const std::string& checkpoint_path = o.checkpoint;
   if (!checkpoint_path.empty() && (rank == 0 || per_rank_files)) {
     check_writable_directory(checkpoint_path, "--checkpoint");  // a rank that writes: before training, not after
   }
   std::int64_t done = 0;
   if (o.resume) {
-    Progress progress;
-    Checkpoint saved;
-    if (per_rank_files) {
-      if (Checkpoint single = read_checkpoint(checkpoint_path); single.metadata.count(kCheckpointSetKey) == 0) {
-        // One file: a run without --tp, --pp or ZeRO-1 wrote it; name the flags that differ.
-        canonical_saved_flags(single);
-        check_run_config(single, run);
-      }
-      CheckpointSetPart part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
-      canonical_saved_flags(part.checkpoint);
-      progress = load_state(ctx, model_state, optimizer, run, part.checkpoint);
-      SG_CHECK_CODE(progress.step == part.step, ErrorCode::kIo, "checkpoint part ", part.file, " is at step ",
-                    progress.step, " but its manifest ", checkpoint_path, " is at step ", part.step);
-      saved = std::move(part.checkpoint);
-    } else {
-      saved = read_checkpoint(checkpoint_path);
-      if (saved.metadata.count(kCheckpointSetKey) != 0) {
-        // A set of parts (--tp, --pp, ZeRO-1): the flags that made it differ from this run's; name them
-        // where this rank's part can be read (else load_state says what the file is).
-        std::optional<CheckpointSetPart> part;
-        try {
-          part = read_checkpoint_set_part(checkpoint_path, rank, ranks);
-        } catch (const Error&) {
-        }
-        if (part) {
-          canonical_saved_flags(part->checkpoint);
-          check_run_config(part->checkpoint, run);
-        }
-      }
-      canonical_saved_flags(saved);
-      progress = load_state(ctx, model_state, optimizer, run, saved);
-    }
+    const ResumeSource source =
+        read_resume_checkpoint(checkpoint_path, rank, ranks, layout, run, canonical_saved_flags);
+    const Checkpoint& saved = source.checkpoint;
+    const Progress progress = load_state(ctx, model_state, optimizer, run, saved);
+    SG_CHECK_CODE(!source.manifest_step || progress.step == *source.manifest_step, ErrorCode::kIo,
+                  "checkpoint part ", source.file, " is at step ", progress.step, " but its manifest ",
+                  checkpoint_path, " is at step ", source.manifest_step.value_or(0));
     resume_gemm_algorithms(saved, o.gemm_algorithms, gemm_library, out);
     SG_CHECK(progress.step < o.steps, "the checkpoint ", checkpoint_path, " is at step ", progress.step,
              ", not before --steps ", o.steps, ": nothing to resume");
@@ -489,13 +476,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     if (rank != 0 && !per_rank_files) return;
     Checkpoint state = save_state(ctx, model_state, optimizer, run, {steps_done, data_position});
     record_gemm_algorithms(state, o.gemm_algorithms, gemm_library);
-    if (!per_rank_files) {
-      write_checkpoint(checkpoint_path, state);
-      return;
-    }
-    write_checkpoint_set(checkpoint_path, steps_done, rank, ranks, state, [&](const std::string& checksum) {
-      return world != nullptr ? world->exchange(checksum, "checkpoint checksums") : std::vector<std::string>{checksum};
-    });
+    write_rank_checkpoint(checkpoint_path, layout, steps_done, rank, ranks, state, world);
   };
 
   // On cuda a dead peer leaves this rank waiting inside the device (the
@@ -506,9 +487,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (ranks > 1 && device == Device::kCuda) {
     watchdog = std::make_unique<Watchdog>(
         *world, std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000)),
-        zero1 ? "the loss all-reduce, and per parameter group a gradient reduce-scatter and a weight "
-                               "all-gather"
-                             : "the loss all-reduce and one gradient all-reduce per parameter group");
+        zero1     ? "the loss all-reduce, and per parameter group a gradient reduce-scatter and a weight "
+                    "all-gather"
+        : experts ? "the loss all-reduce, one gradient all-reduce per parameter group, and every MoE block's "
+                    "exchanges of tokens with the other ranks' experts"
+                  : "the loss all-reduce and one gradient all-reduce per parameter group");
   }
   // Note [Shape buckets]: one step per bucket, each over up to local_batch
   // sequences and the padding's (padded_sequences), captured into one shared pool.
@@ -701,7 +684,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (!o.checkpoint.empty()) {
     save(o.steps, position);
     out << "checkpoint: "
-        << o.checkpoint << (per_rank_files ? " (the manifest of one file per rank)" : "")
+        << o.checkpoint << (per_rank_files ? " (the manifest of one file per rank: " + layout.why + ")" : "")
         << " at step " << o.steps << "\n";
   }
 

@@ -52,7 +52,7 @@ void check_metadata(const Checkpoint& checkpoint, const RunConfig& config) {
       differ(key + ": checkpoint " + saved + ", this run " + value);
   }
   SG_CHECK_CODE(checkpoint.metadata.count(kCheckpointSetKey) == 0, ErrorCode::kIo,
-                "the checkpoint is the manifest of per-rank files (written by a run with --dp-mode zero1, --tp > 1 or --pp > 1); "
+                "the checkpoint is the manifest of per-rank files (written by a run with --dp-mode zero1, --tp > 1, --pp > 1 or --ep > 1); "
                 "resume with the flags that wrote it");
   for (const auto& [key, value] : checkpoint.metadata) {
     if (key == kCheckpointStepKey || key == kDataPositionKey || key == kGemmLibraryKey || key == kGemmAlgorithmsKey ||

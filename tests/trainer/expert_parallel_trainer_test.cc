@@ -1,0 +1,340 @@
+// The trainer's expert parallelism (--ep) on host thread worlds, through the
+// same train() the trainer's ranks run: eager against graph and every rank
+// against rank 0 bit for bit, --ep 2 and --ep 4 against one rank without
+// --ep on the same global batch, resume against an uninterrupted run, the
+// checkpoint's flags named on a resume with others, the flags --ep refuses,
+// and the memory estimate's share of the experts.
+//
+// Tolerance against one rank: each expert's outputs and weight gradients are
+// the one-rank layer's on the global batch bit for bit (Note [Expert-parallel
+// MoE] in layers/moe_mlp.h: the exchange keeps the rows' order); the
+// replicated parameters' gradients (embedding, attention, norms, router,
+// dense block, head) are each rank's partial sum all-reduced, the same fp32
+// terms added in another order, and the loss a mean of the ranks' means. So
+// the first step's loss is equal bit for bit and each later step differs by
+// the rounding that moved the weights, about 1e-7 relative (measured and
+// printed below); 1e-5 relative over 10 steps leaves room for AdamW to
+// amplify a last-bit difference. A missing or doubled reduction (the experts'
+// gradients summed over the ranks, or one rank's tokens only) moves every
+// weight by a whole lr step and the loss by 1e-3 or more within 10 steps.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_set.h"
+#include "engine/error.h"
+#include "engine/host_world.h"
+#include "tests/support/expect_error.h"
+#include "tests/trainer/small_model.h"
+#include "trainer/memory_budget.h"
+#include "trainer/options.h"
+#include "trainer/train_loop.h"
+
+namespace stepgraph::trainer {
+namespace {
+
+using testing::SmallModel;
+
+constexpr int kSteps = 10;
+constexpr std::int64_t kExperts = 8;
+
+// Unresolved: `model`'s flags with kExperts experts for kSteps steps in fp32
+// (global batch 16 examples or 8 sequences; 4 blocks, 2 of them MoE).
+TrainerOptions flags(SmallModel model) {
+  TrainerOptions o =
+      testing::small_model_flags(model, {.steps = kSteps, .log_every = 5, .dtype = DType::kFloat32, .seed = 7});
+  o.batch = model == SmallModel::kWindow ? 16 : 8;
+  o.layers = 4;
+  o.experts = kExperts;
+  return o;
+}
+
+TrainerOptions with_ep(TrainerOptions o, std::int64_t ep) {
+  o.ep = ep;
+  return resolve_defaults(o, Device::kHost);
+}
+
+std::vector<float> one_rank(const TrainerOptions& o) {
+  std::ostringstream log;
+  return train(resolve_defaults(o, Device::kHost), Device::kHost, log).losses;
+}
+
+struct WorldLosses {
+  std::vector<std::vector<float>> losses;  // per rank
+  std::string log;                         // rank 0's
+};
+
+WorldLosses train_ranks(const TrainerOptions& o, int ranks) {
+  WorldLosses out;
+  out.losses.resize(static_cast<std::size_t>(ranks));
+  std::mutex mutex;
+  HostWorld::run(ranks, [&](Communicator& comm) {
+    std::ostringstream log;
+    std::vector<float> losses = train(o, Device::kHost, log, &comm).losses;
+    std::lock_guard lock(mutex);
+    out.losses[static_cast<std::size_t>(comm.rank())] = std::move(losses);
+    if (comm.rank() == 0) out.log = log.str();
+  });
+  return out;
+}
+
+std::vector<std::uint32_t> bits(const std::vector<float>& values) {
+  std::vector<std::uint32_t> out(values.size());
+  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
+  return out;
+}
+
+double worst_relative(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (std::size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
+    worst = std::max(worst, std::abs(static_cast<double>(got[s]) - want[s]) / std::abs(static_cast<double>(want[s])));
+  }
+  return worst;
+}
+
+// Trains `o` graphed and eager on `ranks`: every rank reports rank 0's loss,
+// eager equals graph bit for bit on every rank; returns the graphed run.
+WorldLosses expect_every_rank_and_mode_agree(TrainerOptions o, int ranks) {
+  o.mode = StepMode::kGraph;
+  const WorldLosses graph = train_ranks(o, ranks);
+  o.mode = StepMode::kEager;
+  const WorldLosses eager = train_ranks(o, ranks);
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(bits(graph.losses[r]), bits(graph.losses[0])) << "rank " << r << " reports another loss than rank 0";
+    EXPECT_EQ(bits(eager.losses[r]), bits(graph.losses[r])) << "rank " << r << ": eager and graph differ";
+  }
+  EXPECT_EQ(graph.losses[0].size(), static_cast<std::size_t>(kSteps));
+  return graph;
+}
+
+struct Case {
+  SmallModel model;
+  int ep;
+};
+
+class ExpertParallelTrainerTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExpertParallelTrainerTest, EqualsOneRankOnTheGlobalBatchAndGraphEqualsEager) {
+  const Case c = GetParam();
+  const WorldLosses run = expect_every_rank_and_mode_agree(with_ep(flags(c.model), c.ep), c.ep);
+  const std::vector<float> want = one_rank(flags(c.model));
+  const double worst = worst_relative(run.losses[0], want);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_LT(run.losses[0].back(), run.losses[0].front());
+  std::printf("ep %d (%s): largest relative loss difference to one rank over %d steps: %.3g\n", c.ep,
+              c.model == SmallModel::kWindow ? "window" : "gpt", kSteps, worst);
+  const std::string placed = c.ep == 2 ? "experts [0, 4) on rank 0, [4, 8) on rank 1 in each of the 2 MoE blocks"
+                                       : "experts [0, 2) on rank 0, [2, 4) on rank 1, [4, 6) on rank 2, [6, 8) on "
+                                         "rank 3 in each of the 2 MoE blocks";
+  EXPECT_NE(run.log.find("expert parallel: " + std::to_string(c.ep) + " ranks"), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find(placed), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("padded all-to-all of the bound"), std::string::npos) << run.log;
+  EXPECT_NE(run.log.find("the only transport built"), std::string::npos) << run.log;
+  EXPECT_EQ(run.log.find("data parallel:"), std::string::npos) << "the EP ranks are no replicas:\n" << run.log;
+  // The non-finite skip works under EP (its flag is max-reduced over the EP ranks): on by default.
+  EXPECT_NE(run.log.find("non-finite steps: skipped on the device"), std::string::npos) << run.log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ExpertParallelTrainerTest,
+                         ::testing::Values(Case{SmallModel::kSequence, 2}, Case{SmallModel::kSequence, 4},
+                                           Case{SmallModel::kWindow, 2}),
+                         [](const auto& info) {
+                           return std::string(info.param.model == SmallModel::kWindow ? "window" : "gpt") + "_ep" +
+                                  std::to_string(info.param.ep);
+                         });
+
+// Trains `o` on `ranks` uninterrupted, then to step 4 with a checkpoint and
+// on from it: every rank's resumed losses equal the uninterrupted run's bit
+// for bit. Returns the resumed run's options.
+TrainerOptions expect_resume_equals_uninterrupted(const TrainerOptions& o, int ranks, const std::string& name) {
+  const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove(path);
+  const WorldLosses whole = train_ranks(o, ranks);
+  TrainerOptions first = o;
+  first.checkpoint = path.string();
+  first.steps = 4;
+  const WorldLosses saved = train_ranks(first, ranks);
+  EXPECT_NE(saved.log.find("(the manifest of one file per rank: --ep " + std::to_string(o.ep) + ")"), std::string::npos)
+      << saved.log;
+  TrainerOptions rest = first;
+  rest.steps = o.steps;
+  rest.resume = true;
+  const WorldLosses resumed = train_ranks(rest, ranks);
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(bits(resumed.losses[r]), bits(std::vector<float>(whole.losses[r].begin() + 4, whole.losses[r].end())))
+        << "rank " << r;
+  }
+  EXPECT_NE(resumed.log.find("resumed from"), std::string::npos) << resumed.log;
+  return rest;
+}
+
+// Each rank saves its own experts and their AdamW state with the replicated
+// parameters (a part per rank, the manifest commits them): a resume
+// continues exactly, eager and graph, at --ep 2 and 4.
+TEST(ExpertParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRun) {
+  const TrainerOptions rest =
+      expect_resume_equals_uninterrupted(with_ep(flags(SmallModel::kSequence), 2), 2, "ep2_resume.safetensors");
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_checkpoint_set_part(rest.checkpoint, r, 2).step, rest.steps);
+  TrainerOptions eager = flags(SmallModel::kSequence);
+  eager.mode = StepMode::kEager;
+  expect_resume_equals_uninterrupted(with_ep(eager, 4), 4, "ep4_eager_resume.safetensors");
+}
+
+// Resuming with another --ep, another --experts, without --ep, or with --ep
+// from a run without it names the checkpoint's values.
+TEST(ExpertParallelTrainerResumeTest, AnotherExpertLayoutIsRefusedNamingTheCheckpointsValues) {
+  const std::filesystem::path dir(::testing::TempDir());
+  TrainerOptions four = with_ep(flags(SmallModel::kSequence), 4);
+  four.checkpoint = (dir / "ep4_refuse.safetensors").string();
+  four.steps = 4;
+  std::filesystem::remove(four.checkpoint);
+  train_ranks(four, 4);
+
+  // A set of 4 parts resumed by 2 ranks: rank 0's part names the flags.
+  TrainerOptions two = flags(SmallModel::kSequence);
+  two.checkpoint = four.checkpoint;
+  two.resume = true;
+  EXPECT_ERROR_CONTAINS(train_ranks(with_ep(two, 2), 2), "config.ep: checkpoint 4, this run 2");
+  // The same ranks with other experts.
+  TrainerOptions fewer = flags(SmallModel::kSequence);
+  fewer.experts = 4;
+  fewer.checkpoint = four.checkpoint;
+  fewer.resume = true;
+  EXPECT_ERROR_CONTAINS(train_ranks(with_ep(fewer, 4), 4), "config.experts: checkpoint 8, this run 4");
+  // Without --ep the 4 ranks are data-parallel replicas, which read one file: the set's flags are named.
+  TrainerOptions replicas = flags(SmallModel::kSequence);
+  replicas.checkpoint = four.checkpoint;
+  replicas.resume = true;
+  EXPECT_ERROR_CONTAINS(train_ranks(resolve_defaults(replicas, Device::kHost), 4),
+                        "config.ep: checkpoint 4, this run (not set: pass --ep");
+  // And one rank without --ep (its one file) resumed at --ep 2.
+  TrainerOptions single = flags(SmallModel::kSequence);
+  single.checkpoint = (dir / "ep_single.safetensors").string();
+  single.steps = 4;
+  std::filesystem::remove(single.checkpoint);
+  train_ranks(resolve_defaults(single, Device::kHost), 2);
+  TrainerOptions spread = flags(SmallModel::kSequence);
+  spread.checkpoint = single.checkpoint;
+  spread.resume = true;
+  EXPECT_ERROR_CONTAINS(train_ranks(with_ep(spread, 2), 2), "config.ep: checkpoint (not recorded), this run 2");
+}
+
+// What --ep refuses, each naming the flags.
+TEST(ExpertParallelTrainerFlagsTest, WhatExpertParallelismDoesNotSupportIsRefusedNamingTheFlags) {
+  const auto refused = [](void (*edit)(TrainerOptions&), std::initializer_list<std::string> words) {
+    TrainerOptions o = flags(SmallModel::kSequence);
+    o.ep = 2;
+    edit(o);
+    try {
+      resolve_defaults(o, Device::kHost);
+      ADD_FAILURE() << "no error for " << *words.begin();
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument) << error.message();
+      for (const std::string& word : words) EXPECT_NE(error.message().find(word), std::string::npos) << error.message();
+    }
+  };
+  refused([](TrainerOptions& o) { o.tp = 2; }, {"--ep 2 with --tp 2:", "runs alone for now", "leave it out"});
+  refused([](TrainerOptions& o) { o.cp = 2; }, {"--ep 2 with --cp 2:"});
+  refused([](TrainerOptions& o) { o.pp = 2; }, {"--ep 2 with --pp 2:"});
+  refused([](TrainerOptions& o) { o.dp = 2; }, {"--ep 2 with --dp 2:"});
+  refused([](TrainerOptions& o) { o.dp_mode = DataParallelMode::kZero1; }, {"--ep 2 with --dp-mode zero1:"});
+  refused(
+      [](TrainerOptions& o) {
+        o.tp = 2;
+        o.dp = 2;
+        o.dp_mode = DataParallelMode::kZero1;
+      },
+      {"--ep 2 with --tp 2, --dp 2 and --dp-mode zero1:", "leave them out"});
+  refused([](TrainerOptions& o) { o.experts = 0; }, {"--ep 2 spreads the MoE blocks' experts", "--experts N"});
+  refused(
+      [](TrainerOptions& o) {
+        o.ep = 4;
+        o.experts = 6;
+      },
+      {"--experts (6) must divide by --ep (4)"});
+  refused(
+      [](TrainerOptions& o) {
+        o.fp8 = Fp8Recipe::current();
+        o.dtype.reset();
+        o.hidden = 32;
+        o.ffn = 64;
+        o.batch = 16;
+      },
+      {"--ep 2 with --fp8 current", "--fp8 none"});
+  refused(
+      [](TrainerOptions& o) {
+        o.buckets = BucketSpec::parse("pow2");
+        o.seq_len = 16;
+      },
+      {"--ep 2 with --buckets"});
+  refused([](TrainerOptions& o) { o.batch = 3; }, {"--batch (3) must divide by --ep (2)", "sequences"});
+  // --ep 0 and 1 are none; --dp 1 is the world of --ep 2 alone.
+  TrainerOptions none = flags(SmallModel::kSequence);
+  none.ep = 0;
+  EXPECT_EQ(resolve_defaults(none, Device::kHost).ep, 1);
+  TrainerOptions one_replica = flags(SmallModel::kSequence);
+  one_replica.ep = 2;
+  one_replica.dp = 1;
+  EXPECT_EQ(resolve_defaults(one_replica, Device::kHost).ep, 2);
+  // The default skip stays on: TrainStep skips a non-finite step on every EP rank alike.
+  EXPECT_EQ(resolve_defaults(one_replica, Device::kHost).skip_nonfinite, true);
+}
+
+TEST(ExpertParallelTrainerFlagsTest, TheFlagParsesAndTheWorldMustBeEpRanks) {
+  const ParsedCommandLine parsed = parse_command_line(std::vector<std::string>{"--ep", "2", "--experts", "8"});
+  ASSERT_TRUE(parsed.options.has_value()) << parsed.message;
+  EXPECT_EQ(parsed.options->ep, 2);
+  for (const char* bad : {"-1", "65537", "2.5"}) {
+    const ParsedCommandLine refused = parse_command_line(std::vector<std::string>{"--ep", bad});
+    EXPECT_EQ(refused.exit_code, 2) << bad;
+    EXPECT_NE(refused.message.find("--ep"), std::string::npos) << refused.message;
+  }
+  const TrainerOptions o = with_ep(flags(SmallModel::kSequence), 2);
+  EXPECT_ERROR_CONTAINS(train_ranks(o, 4), "--ep 2 needs a world of 2 ranks", "this run has 4");
+  std::ostringstream log;
+  EXPECT_ERROR_CONTAINS(train(o, Device::kHost, log), "--ep 2 needs a world of 2 ranks", "this run has 1");
+}
+
+// A rank holds experts / ep of every MoE block: a model whose experts one
+// rank cannot hold fits at --ep 8, and the rows its experts receive (the
+// exchange's bound) are counted.
+TEST(ExpertParallelTrainerMemoryTest, ARankHoldsItsShareOfTheExperts) {
+  constexpr double kLayers = 8, kHidden = 2048, kFfn = 8192, kExpertsHere = 64, kTokens = 8 * 128;
+  TrainerOptions o;
+  o.layers = 8;
+  o.hidden = 2048;
+  o.ffn = 8192;
+  o.heads = 16;
+  o.seq_len = 128;
+  o.batch = 8;
+  o.experts = 64;
+  o.dtype = DType::kBFloat16;
+  const TrainerOptions alone = resolve_defaults(o, Device::kCuda);
+  o.ep = 8;
+  const TrainerOptions spread = resolve_defaults(o, Device::kCuda);
+  const MemoryNeed one = estimate_memory(alone, 8, 1);
+  const MemoryNeed eight = estimate_memory(spread, 8, 8);
+  // Every second block's 64 experts of 2 x hidden x ffn elements, 16 bytes each with AdamW: 128 GiB on one rank.
+  const double experts_bytes = kLayers / 2 * kExpertsHere * 2 * kHidden * kFfn * 16;
+  EXPECT_GE(one.other_bytes, experts_bytes);
+  // At --ep 8 a rank holds 1/8 of them; what it receives is far less than the 7/8 it does not hold.
+  EXPECT_LT(eight.other_bytes, one.other_bytes - experts_bytes * 7 / 8 + experts_bytes / 64);
+  // Each MoE block's experts receive 8 ranks x (128 tokens x top-2) rows of 2048 bf16 features, at least.
+  const double received = kLayers / 2 * 8 * (kTokens / 8) * 2 * kHidden * 2;
+  EXPECT_GE(eight.other_bytes, experts_bytes / 8 + received);
+  const MemoryLimit limit{.bytes = 80.0 * 1024 * 1024 * 1024, .what = "the memory of GPU 0 (80.0 GiB)"};
+  EXPECT_NO_THROW(check_memory(eight, spread, 8, limit));
+  EXPECT_ERROR_CONTAINS(check_memory(one, alone, 8, limit), "--experts");
+}
+
+}  // namespace
+}  // namespace stepgraph::trainer

@@ -28,7 +28,9 @@
 #                                (--pp 2, with and without --virtual-stages 2), 10,000 TP=2 steps of a short
 #                                GPT (2 layers, hidden 128, 4 heads, 512 tokens a step: about 15 s) for
 #                                the no-hang check, DP=2 losses against one GPU, a killed rank, restarts
-#                                after a killed rank (DP=2, ZeRO-1)
+#                                after a killed rank (DP=2, ZeRO-1); expert parallelism at EP=2 (--experts 8:
+#                                the trainer's checks, the losses against one GPU, 10,000 steps of a short
+#                                MoE GPT for the no-hang check)
 #   multigpu_sanitize.log        --stages multigpu_sanitize: memcheck on the multi-rank tests and on the
 #                                GPT's two TP ranks for 6 steps, graphed and eager
 #   multigpu_bench.log           --stages multigpu_bench (2 GPUs, over 10 minutes: run its parts in
@@ -232,6 +234,16 @@ if wants multigpu; then
     # Elastic restarts: a killed rank restarted, the run equal to an uninterrupted one (DP=2 and ZeRO-1's parts).
     step multigpu.log "$here/restart_check.sh" "$here/bin/trainer" "$work/restart_dp2" --dp 2
     step multigpu.log "$here/restart_check.sh" "$here/bin/trainer" "$work/restart_zero1" --dp 2 --dp-mode zero1
+    # Expert parallelism: the default GPT's 2 MoE blocks with 8 experts, 4 on each rank, their tokens exchanged
+    # inside the captured step; its losses against one GPU on the same global batch (fp32); no hang over
+    # 10,000 steps of a short MoE GPT (2 layers, hidden 128, 4 heads, 512 tokens a step).
+    step multigpu.log "$here/trainer_checks.sh" "$here/bin/trainer" "$work/ep2" --nproc-per-node 2 --ep 2 --experts 8
+    "$here/bin/trainer" --experts 8 --dtype fp32 --steps 50 --log-every 1 >"$work/ep1_fp32.log" 2>&1
+    "$here/bin/trainer" --nproc-per-node 2 --ep 2 --experts 8 --dtype fp32 --steps 50 --log-every 1 \
+      >"$work/ep2_fp32.log" 2>&1
+    step multigpu.log python3 "$here/compare_losses.py" "$work/ep1_fp32.log" "$work/ep2_fp32.log" --rtol 2e-4
+    step multigpu.log "$here/bin/trainer" --nproc-per-node 2 --ep 2 --experts 8 --layers 2 --hidden 128 --heads 4 \
+      --ffn 256 --seq-len 64 --batch 8 --steps 10000 --log-every 1000
   fi
 fi
 # Where a step's time goes: every op of one replay by stream, then Nsight Compute over every kernel of one

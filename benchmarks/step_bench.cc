@@ -7,6 +7,7 @@
 //   torchrun --no-python --nproc-per-node 8 bin/step_bench --dp 8 --out step_bench_dp8.json
 //   step_bench --dp 1 --out step_bench_dp1.json                     # one process: the baseline rows only
 //   torchrun --no-python --nproc-per-node 2 bin/step_bench --cp 2 --configs long --out step_bench_cp2.json
+//   torchrun --no-python --nproc-per-node 2 bin/step_bench --pp 2 --configs medium,large --out step_bench_pp2.json
 //
 // Per config and mode: step time (median, min, max; see Note [How a step is
 // timed] in step_runner.h), tokens/s, model TFLOP/s and MFU (model_flops.h),
@@ -28,7 +29,12 @@
 // N ranks against one GPU training the config's own (the same tokens per
 // GPU; Note [Context-parallel rows]): efficiency = per-GPU TFLOP/s of cpN
 // over cp1's, and the step time ratio beside it;
-// not with --tp or --dp yet. Rank 0
+// not with --tp or --dp yet. --pp P [--virtual-stages V] [--microbatches M]:
+// each config's GPT in P pipeline stages (1F1B, interleaved at V > 1) over M
+// microbatches of one sequence, against each GPU training the whole model on
+// them alone: graph/eager speedup and the measured bubble against the
+// schedule's (Note [Pipeline-parallel rows] in pipeline_step_runner.h); --pp
+// alone, not with --dp, --tp or --cp yet. Rank 0
 // prints and writes the JSON. In one process --dp 1 runs the dp1 rows alone
 // (the baseline; no all-reduce exists at N = 1). Under a launcher of N > 1
 // ranks an error on any rank ends that rank (its communicator aborted) and
@@ -53,6 +59,7 @@
 
 #include "benchmarks/bench_support.h"
 #include "benchmarks/model_flops.h"
+#include "benchmarks/pipeline_step_runner.h"
 #include "benchmarks/step_configs.h"
 #include "benchmarks/step_runner.h"
 #include "engine/algorithm_choice.h"
@@ -77,6 +84,9 @@ struct Options {
   int dp = 0;  // 0: the single-GPU benchmark; N: data-parallel rows over N ranks
   int tp = 0;  // N: tensor-parallel rows over N ranks (Note [Tensor-parallel rows])
   int cp = 0;  // N: context-parallel rows over N ranks (Note [Context-parallel rows])
+  int pp = 0;  // P: pipeline-parallel rows over P ranks (Note [Pipeline-parallel rows])
+  std::optional<int> virtual_stages;         // with --pp (not given: 1)
+  std::optional<std::int64_t> microbatches;  // with --pp (not given: 8)
   MLPOverlap overlap;  // bulk
   bool profile = false;  // one profiled step per graphed row
   bool cuda_profiler_range = false;  // one graphed replay between cudaProfilerStart and Stop
@@ -90,6 +100,14 @@ struct Options {
   float dropout = 0.0f;               // ResidualStackConfig::dropout
   std::string out;
 };
+
+// --virtual-stages and --microbatches, or their defaults (check_pipeline_config checks them).
+PipelineRunOptions pipeline_run_options(const Options& options) {
+  PipelineRunOptions out;
+  out.virtual_stages = options.virtual_stages.value_or(out.virtual_stages);
+  out.microbatches = options.microbatches.value_or(out.microbatches);
+  return out;
+}
 
 std::string describe_device(Device device, int index = 0) {
   if (device == Device::kHost) return "host (reference kernels)";
@@ -288,6 +306,8 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
                  const StepRunOptions& run_options, const LaunchInfo& launch, const nlohmann::json& env) {
   const bool tensor = options.tp > 0;
   const bool context = options.cp > 0;
+  const bool pipeline = options.pp > 0;
+  const PipelineRunOptions pipeline_options = pipeline_run_options(options);
   const DataParallelMode mode = options.dp_mode;
   SG_CHECK(options.timeout_s > 0, "--timeout-s must be positive, got ", options.timeout_s);
   const auto timeout = std::chrono::milliseconds(std::int64_t{1000} * options.timeout_s);
@@ -296,6 +316,9 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
     tag << "step_bench --tp " << options.tp << " --overlap " << options.overlap.to_string();
   } else if (context) {
     tag << "step_bench --cp " << options.cp;
+  } else if (pipeline) {
+    tag << "step_bench --pp " << options.pp << " --virtual-stages " << pipeline_options.virtual_stages
+        << " --microbatches " << pipeline_options.microbatches;
   } else {
     tag << "step_bench --dp " << options.dp << " --dp-mode " << data_parallel_mode_name(mode);
   }
@@ -345,6 +368,13 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
         {"rows", "Note [Context-parallel rows] in benchmarks/step_runner.h"},
         {"note", n == 1 ? "world size 1: the cp1 rows alone; nothing is context-parallel" : ""},
     };
+  } else if (pipeline) {
+    nlohmann::json header = pipeline_parallel_header(n, pipeline_options, world.get());
+    header["local_world_size"] = launch.local_world_size;
+    header["launcher"] = launch.launcher;
+    header["nccl_version"] = device == Device::kCuda ? nlohmann::json(nccl_version()) : nullptr;
+    header["multicast_env"] = env;
+    result["pipeline_parallel"] = std::move(header);
   } else {
   result["data_parallel"] = {
       {"world_size", n},
@@ -370,7 +400,10 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
       {"note", n == 1 ? "world size 1: the dp1 rows alone, the baseline of a run at N > 1; nothing scales here" : ""},
   };
   }
-  const nlohmann::json& parallel = result[tensor ? "tensor_parallel" : context ? "context_parallel" : "data_parallel"];
+  const nlohmann::json& parallel = result[tensor    ? "tensor_parallel"
+                                          : context ? "context_parallel"
+                                          : pipeline ? "pipeline_parallel"
+                                                     : "data_parallel"];
   if (leader) {
     std::printf("device: %s; %s; %s\n", result["device"].get<std::string>().c_str(), describe(launch).c_str(),
                 parallel["communicator"].get<std::string>().c_str());
@@ -380,14 +413,21 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
   bool failed = false;
   try {
     for (const StepConfig& config : configs) {
-      nlohmann::json c = tensor    ? run_tp_config(config, run_options, world.get())
-                         : context ? run_cp_config(config, run_options, world.get())
-                                   : run_dp_config(config, run_options, world.get(), mode);
+      nlohmann::json c = tensor     ? run_tp_config(config, run_options, world.get())
+                         : context  ? run_cp_config(config, run_options, world.get())
+                         : pipeline ? run_pipeline_config(config, run_options, world.get(), pipeline_options)
+                                    : run_dp_config(config, run_options, world.get(), mode);
       if (tensor) c["tensor_parallel_rows"] = true;
       if (context) c["context_parallel_rows"] = true;
-      failed = failed || c["status"] == "failed" || parallel_losses_disagree(c);
+      failed = failed || c["status"] == "failed" ||
+               (pipeline ? pipeline_losses_disagree(c) : parallel_losses_disagree(c));
       if (leader) {
-        print_parallel_line(c);
+        if (pipeline) {
+          std::printf("%s\n", pipeline_config_line(c).c_str());
+          std::fflush(stdout);
+        } else {
+          print_parallel_line(c);
+        }
         result["configs"].push_back(std::move(c));
         write_json(options.out, result);  // after every config: a later failure keeps the earlier results
       }
@@ -434,7 +474,27 @@ int run(const Options& options) {
   SG_CHECK(options.cp >= 0, "--cp must be the number of ranks (>= 1), got ", options.cp);
   SG_CHECK(options.cp == 0 || (options.tp == 0 && options.dp == 0),
            "--cp together with --tp or --dp is not benchmarked yet: give --cp alone");
-  if (options.cp > 0) {
+  SG_CHECK(options.pp >= 0, "--pp must be the number of ranks (>= 1), got ", options.pp);
+  SG_CHECK(options.pp == 0 || (options.tp == 0 && options.dp == 0 && options.cp == 0),
+           "--pp together with --dp, --tp or --cp is not benchmarked yet: give --pp alone");
+  SG_CHECK(options.pp > 0 || (!options.virtual_stages && !options.microbatches),
+           "--virtual-stages and --microbatches are the pipeline's: they need --pp P (e.g. --pp 2 --virtual-stages 2 "
+           "--microbatches 8)");
+  if (options.pp > 0) {
+    SG_CHECK(options.pp == launch.world_size, "--pp ", options.pp, " needs ", options.pp,
+             " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.pp,
+             " bin/step_bench --pp ", options.pp, " --configs medium,large), but this run has ", launch.world_size,
+             launch.world_size == 1 ? " (no launcher variables: one process); --pp 1 runs the pp1 baseline alone"
+                                    : "");
+    SG_CHECK(!options.fp8 && options.dropout == 0.0f && !options.skip_nonfinite && !options.step_scoped_gradients,
+             "--pp: --fp8, --dropout, --skip-nonfinite and --step-scoped-gradients are not supported with pipeline "
+             "stages yet; leave them out");
+    const PipelineRunOptions pipeline = pipeline_run_options(options);
+    for (const StepConfig& config : configs) {
+      // Checked before the world starts: at P > 1 ranks a config's error ends the run.
+      check_pipeline_config(config, options.pp, pipeline);
+    }
+  } else if (options.cp > 0) {
     SG_CHECK(options.cp == launch.world_size, "--cp ", options.cp, " needs ", options.cp,
              " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.cp,
              " bin/step_bench --cp ", options.cp, " --configs long), but this run has ", launch.world_size);
@@ -511,6 +571,19 @@ int main(int argc, char** argv) {
   app.add_option("--cp", options.cp,
                  "context parallel over the launch's N ranks: each config's sequences N times as long over N GPUs "
                  "against one GPU training the config's (the same tokens per GPU); efficiency = cp1 / cpN step time");
+  app.add_option("--pp", options.pp,
+                 "pipeline parallel over the launch's P ranks: each config's GPT in P stages against each GPU "
+                 "training it alone on the same microbatches; graph/eager speedup and the bubble");
+  int virtual_stages = 1;
+  std::int64_t microbatches = 8;
+  CLI::Option* virtual_stages_flag =
+      app.add_option("--virtual-stages", virtual_stages,
+                     "with --pp: model chunks a rank (V > 1: interleaved 1F1B; a config's layers must divide by P x V)")
+          ->capture_default_str();
+  CLI::Option* microbatches_flag =
+      app.add_option("--microbatches", microbatches,
+                     "with --pp: microbatches a step (M), one sequence of the config's seq_len each")
+          ->capture_default_str();
   app.add_option("--overlap", overlap, "with --tp: none, bulk, overlap, or four modes (trainer/README.md)")
       ->capture_default_str();
   app.add_flag("--profile", options.profile,
@@ -550,6 +623,8 @@ int main(int argc, char** argv) {
   try {
     namespace sg = stepgraph;
     options.device = device == "cuda" ? sg::Device::kCuda : sg::Device::kHost;
+    if (virtual_stages_flag->count() > 0) options.virtual_stages = virtual_stages;
+    if (microbatches_flag->count() > 0) options.microbatches = microbatches;
     options.dp_mode = dp_mode == "zero1" ? sg::DataParallelMode::kZero1 : sg::DataParallelMode::kAllReduce;
     options.gemm_algorithms = *sg::parse_algorithm_choice(gemm_algorithms);
     if (fp8 != "none") {

@@ -69,6 +69,8 @@ void load_cp_packing(Context& ctx, const TrainStep& step, const StepConfig& conf
 
 float read_loss(Context& ctx, const Tensor& loss) { return ctx.to_vector<float>(loss).at(0); }
 
+}  // namespace
+
 // Device bytes in use now (cudaMemGetInfo on the current device, the one a
 // Context uses: step_bench selects the rank's GPU before anything else).
 std::int64_t device_used_bytes() {
@@ -121,6 +123,8 @@ nlohmann::json system_json(const std::string& name, const StepConfig& config, co
   };
   return out;
 }
+
+namespace {
 
 // ModeResult::persistent_breakdown of a model and its optimizer, `total` the
 // context's persistent bytes, so a report can say what each GiB is.
@@ -301,8 +305,6 @@ nlohmann::json config_header_json(const StepConfig& config) {
   return out;
 }
 
-namespace {
-
 // The graph mode's own fields: pool against its lower bound, capture times.
 void add_graph_fields(nlohmann::json& out, const ModeResult& graph) {
   out["pool_bytes"] = graph.pool_bytes;
@@ -331,6 +333,8 @@ std::pair<bool, double> compare_losses(const std::vector<float>& a, const std::v
   }
   return {identical, max_diff};
 }
+
+namespace {
 
 // Before measuring (see StepRunOptions::prime): one eager step of the first
 // blocks up to the first MoE block, which have every shape of the config
@@ -473,8 +477,6 @@ RankedResult combine_ranks(const std::vector<ModeResult>& ranks) {
   return out;
 }
 
-namespace {
-
 // A parallel row's profile (--profile, graphed rows): its text and the
 // exposed communication's share of the profiled step.
 void add_profile_fields(nlohmann::json& out, const ModeResult& r) {
@@ -488,6 +490,8 @@ void add_profile_fields(nlohmann::json& out, const ModeResult& r) {
 std::string parallel_system_name(StepMode mode, std::string_view kind, int world_size) {
   return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_", kind, world_size);
 }
+
+namespace {
 
 std::string dp_system_name(StepMode mode, int world_size) { return parallel_system_name(mode, "dp", world_size); }
 
@@ -599,6 +603,8 @@ RankedResult run_everywhere(const StepConfig& config, StepMode mode, const StepR
   return combine_ranks(all);
 }
 
+}  // namespace
+
 // One process: a config that fails becomes its failed row and the others
 // still run. Several ranks: the error propagates and ends the launch (the
 // other ranks are in the same collectives).
@@ -621,6 +627,8 @@ nlohmann::json parallel_loss_check(const RankedResult& eager, const RankedResult
           {"identical", identical},
           {"max_abs_diff", max_diff}};
 }
+
+namespace {
 
 // A row over `world_size` ranks: its rank medians, and the throughput
 // fields per GPU.

@@ -54,11 +54,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "benchmarks/bench_support.h"
@@ -298,5 +300,35 @@ StepConfig context_parallel_config(const StepConfig& config, int cp);
 // of `world` and returns the config's JSON (the same on every rank). As
 // run_dp_config: at N > 1 an exception propagates.
 nlohmann::json run_cp_config(const StepConfig& config, const StepRunOptions& options, Communicator* world);
+
+// ---- Pieces the parallel runners share (also pipeline_step_runner.h) ----
+
+// Every rank's bytes, in rank order (just `mine` in a world of one, `world`
+// null). The exchange carries `what`: ranks at different exchanges get an
+// Error naming both.
+std::vector<std::string> gather(Communicator* world, const std::string& mine, std::string_view what);
+// The ranks meet (nothing in a world of one).
+void meet(Communicator* world, std::string_view what);
+// Device bytes in use now on the current device (cudaMemGetInfo).
+std::int64_t device_used_bytes();
+// A row's common fields: step time, tokens/s, TFLOP/s and MFU of `config`'s
+// step, speedup over `eager`, memory, final loss.
+nlohmann::json system_json(const std::string& name, const StepConfig& config, const ModeResult& r,
+                           const ModeResult& eager);
+// A graphed row's pool against its lower bound and its capture times.
+void add_graph_fields(nlohmann::json& out, const ModeResult& graph);
+// A row's --profile fields, where it was profiled.
+void add_profile_fields(nlohmann::json& out, const ModeResult& r);
+// Whether two runs' first losses are the same bits, and their largest difference.
+std::pair<bool, double> compare_losses(const std::vector<float>& a, const std::vector<float>& b);
+// stepgraph_<eager|graph>_<kind><world size>.
+std::string parallel_system_name(StepMode mode, std::string_view kind, int world_size);
+// {steps, compared, identical, max_abs_diff} of two rows' first losses.
+nlohmann::json parallel_loss_check(const RankedResult& eager, const RankedResult& graph, const std::string& eager_name,
+                                   const std::string& graph_name);
+// body() in a world of one catches an exception into the config's not_run
+// or failed JSON; at `world_size` > 1 the exception propagates.
+nlohmann::json run_or_failed_row(const StepConfig& config, int world_size,
+                                 const std::function<nlohmann::json()>& body);
 
 }  // namespace stepgraph::bench

@@ -189,6 +189,17 @@ TEST(ExpertParallelTrainerResumeTest, ResumeEqualsAnUninterruptedRun) {
   expect_resume_equals_uninterrupted(with_ep(eager, 4), 4, "ep4_eager_resume.safetensors");
 }
 
+// Dropout under EP: every rank's generator is the one rank's (the same seed),
+// each drawing its own rows' masks; eager equals graph, and the generator's
+// state is in every rank's part, so a resume continues exactly.
+TEST(ExpertParallelTrainerResumeTest, DropoutRunsEagerAsGraphAndResumesExactly) {
+  TrainerOptions o = flags(SmallModel::kSequence);
+  o.dropout = 0.1;
+  const TrainerOptions resolved = with_ep(o, 2);
+  expect_every_rank_and_mode_agree(resolved, 2);
+  expect_resume_equals_uninterrupted(resolved, 2, "ep2_dropout_resume.safetensors");
+}
+
 // Resuming with another --ep, another --experts, without --ep, or with --ep
 // from a run without it names the checkpoint's values.
 TEST(ExpertParallelTrainerResumeTest, AnotherExpertLayoutIsRefusedNamingTheCheckpointsValues) {

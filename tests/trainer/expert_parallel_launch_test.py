@@ -2,12 +2,18 @@
 (--nproc-per-node 2), as a user starts them: eager and graph print the same
 losses as one process on the global batch, only rank 0 prints, a refused
 combination ends every rank naming the flags, and a run stopped at a
-checkpoint and resumed prints the uninterrupted run's losses, one part per rank.
+checkpoint and resumed prints the uninterrupted run's losses, one part per rank;
+ranks started under a launcher with other experts stop naming the flag, and a
+killed rank ends the other (inside an MoE block's exchange or the gradients'
+all-reduce) naming it.
 Bit-for-bit checks on thread worlds: expert_parallel_trainer_test.cc."""
 
 import os
 import re
+import signal
+import socket
 import subprocess
+import time
 
 TRAINER = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "trainer/trainer")
 FLAGS = {"--device": "host", "--dtype": "fp32", "--layers": "4", "--hidden": "32", "--ffn": "64", "--heads": "2",
@@ -61,3 +67,47 @@ def test_a_resumed_run_prints_the_uninterrupted_losses(tmp_path):
     assert step_lines(resumed) == step_lines(whole)[4:], resumed + whole
     parts = sorted(p.name for p in tmp_path.glob("ep.safetensors.step8.rank*"))
     assert [p.split(".")[3] for p in parts] == ["rank0-of-2", "rank1-of-2"], parts
+
+
+def rank_env(rank, world, port):
+    return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(per_rank_args):
+    port = free_port()
+    return [subprocess.Popen([TRAINER] + args, env=rank_env(r, len(per_rank_args), port), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for r, args in enumerate(per_rank_args)]
+
+
+def test_ranks_started_with_other_experts_stop_naming_the_flag():
+    procs = start_ranks([flags(ep=2, experts=8), flags(ep=2, experts=4)])
+    outputs = [p.communicate(timeout=60) for p in procs]
+    for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 2, f"rank {rank}: {out}{err}"
+        assert "different flags: --experts is 8 on rank 0 but 4 on rank 1" in err, err
+
+
+def test_a_killed_rank_ends_the_other_with_an_error_naming_it():
+    procs = start_ranks([flags(ep=2, steps=100000, comm_timeout=20)] * 2)
+    # Wait until training runs (rank 0 prints step lines), then kill rank 1.
+    deadline = time.monotonic() + 60
+    seen = ""
+    while "step 3 loss" not in seen and time.monotonic() < deadline:
+        seen += procs[0].stdout.readline()
+    assert "step 3 loss" in seen, seen
+    procs[1].send_signal(signal.SIGKILL)
+    start = time.monotonic()
+    out, err = procs[0].communicate(timeout=60)
+    elapsed = time.monotonic() - start
+    assert procs[0].returncode not in (0, None)
+    assert "rank 1" in err, err
+    assert re.search(r"step \d+", err), err  # the step it was in
+    assert elapsed < 20, f"rank 0 took {elapsed:.1f} s to notice"
+    procs[1].communicate()

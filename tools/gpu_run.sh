@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,determinism,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_tp_bench,multigpu_sanitize]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,determinism,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_tp_bench,multigpu_pp_bench,multigpu_sanitize]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -45,6 +45,13 @@
 #                                (parallelize_module, compiled, async TP, captured whole: at most 5 minutes,
 #                                --budget-s) and their report.py tables (step_report_tp2_*.md: step time
 #                                against the fastest PyTorch TP row, exposed communication)
+#   multigpu_pp_bench.log        --stages multigpu_pp_bench (2 GPUs, about 10 minutes): the GPT medium and
+#                                large in two pipeline stages, step_bench --pp 2 --microbatches 8 (1F1B;
+#                                step_bench_pp2.json) and large at --virtual-stages 2 (interleaved 1F1B;
+#                                step_bench_pp2_v2.json): eager and graphed against each GPU training the
+#                                whole model alone, the measured bubble against the schedule's; then
+#                                pp_step_peer.py, torch.distributed.pipelining on the same rows
+#                                (pp_step_peer.json, pp_step_peer_v2.json; at most 5 minutes each, --budget-s)
 #   profile.log                  --stages profile: step_bench --profile (each config's ops by summed
 #                                time), ncu over one graphed step of small, large, moe; ncu_<config>.md their tables
 #   sanitizer.log                with --sanitize: memcheck and racecheck
@@ -322,6 +329,22 @@ fi
 if wants multigpu_tp_bench; then
   : >"$results/multigpu_tp_bench.log"
   two_gpus multigpu_tp_bench.log && tp_step_bench multigpu_tp_bench.log
+fi
+# The GPT medium and large in two pipeline stages: our step (1F1B; interleaved on large, whose 4 layers make
+# 2 chunks of one block a rank) and PyTorch's pipelining peer on the same microbatches.
+if wants multigpu_pp_bench; then
+  : >"$results/multigpu_pp_bench.log"
+  if two_gpus multigpu_pp_bench.log; then
+    step multigpu_pp_bench.log "${binary_run[@]}" "$here/bin/step_bench" --pp 2 --configs medium,large \
+      --microbatches 8 --out "$results/step_bench_pp2.json"
+    step multigpu_pp_bench.log "${binary_run[@]}" "$here/bin/step_bench" --pp 2 --virtual-stages 2 --configs large \
+      --microbatches 8 --out "$results/step_bench_pp2_v2.json"
+    # --budget-s: no row starts after 5 minutes; the timeout in case a send or recv never returns.
+    step multigpu_pp_bench.log timeout 480 "${python_run[@]}" "$here/benchmarks/pp_step_peer.py" \
+      --configs medium,large --microbatches 8 --budget-s 300 --out "$results/pp_step_peer.json"
+    step multigpu_pp_bench.log timeout 480 "${python_run[@]}" "$here/benchmarks/pp_step_peer.py" \
+      --virtual-stages 2 --configs large --microbatches 8 --budget-s 300 --out "$results/pp_step_peer_v2.json"
+  fi
 fi
 
 # 7. Optional: compute-sanitizer memcheck and racecheck over the test binaries.

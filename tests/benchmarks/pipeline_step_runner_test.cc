@@ -157,7 +157,7 @@ TEST(PipelineStepRunnerTest, RefusesConfigsTheStagesCannotSplit) {
 
 // The derived fields from made-up timings: the bubble and the graph speedup.
 TEST(PipelineStepRunnerTest, BubbleAndSpeedupFromResults) {
-  const auto row = [](double median_us, float loss) {
+  const auto row = [](double median_us, float loss, float rank1_loss = 0) {
     ModeResult r;
     r.samples_us = {median_us, median_us, median_us};
     r.step_us = summarize(r.samples_us);
@@ -167,6 +167,7 @@ TEST(PipelineStepRunnerTest, BubbleAndSpeedupFromResults) {
     r.pool_lower_bound_bytes = 100;
     PipelineRowResult out;
     out.ranks = {r, r};
+    if (rank1_loss != 0) out.ranks[1].first_losses = {rank1_loss};
     out.combined = combine_ranks(out.ranks);
     return out;
   };
@@ -188,6 +189,17 @@ TEST(PipelineStepRunnerTest, BubbleAndSpeedupFromResults) {
   EXPECT_FALSE(pipeline_losses_disagree(c));
   results.pipeline_graph = row(600, 5.5f);  // eager and graph differ at pp2
   EXPECT_TRUE(pipeline_losses_disagree(pipeline_config_json(step_config("large"), results)));
+  results.pipeline_graph = row(600, 5.0f, 5.25f);  // the broadcast loss differs between the stages
+  nlohmann::json split = pipeline_config_json(step_config("large"), results);
+  EXPECT_FALSE(split["loss_check"]["ranks_agree"].get<bool>());
+  EXPECT_TRUE(pipeline_losses_disagree(split));
+  results.pipeline_graph = row(600, 5.0f);
+  results.alone_graph = row(800, 5.0f, 5.25f);  // ranks alone may differ: only the pipeline broadcasts
+  EXPECT_FALSE(pipeline_losses_disagree(pipeline_config_json(step_config("large"), results)));
+  results.alone_graph = row(800, 6.0f);  // the pipeline's first loss is not one rank's
+  split = pipeline_config_json(step_config("large"), results);
+  EXPECT_FALSE(split["pp_loss_check"]["graph"]["agrees"].get<bool>());
+  EXPECT_TRUE(pipeline_losses_disagree(split));
 }
 
 }  // namespace

@@ -62,7 +62,8 @@ Rows per config (step_bench's schema, the pipeline fields below):
                            leave the other rows' communicator behind). What
                            happened is the config's "graph_capture": captured
                            (the row is timed like the others) or refused
-                           (the row is "failed" with PyTorch's error text)
+                           (the row is "failed" with PyTorch's error text);
+                           graph_speedup_vs_eager against the eager row
 The pipeline rows need P > 1 (at world size 1 only the pp1 rows run). A row
 that cannot be built is "failed" with its reason; a refused compile or
 capture of a pipeline row is a result and leaves the exit status 0. Rows
@@ -76,8 +77,9 @@ the largest over the ranks of --steps steps and one synchronize, / steps),
 tokens_per_s of the global batch (and tokens_per_s_per_gpu), tflops and mfu
 per GPU (/ P for the pipeline rows), peak_bytes (the largest over the
 ranks) and rank_peak_bytes (torch.cuda.max_memory_allocated of each rank
-over the row's run), first_losses, pp, virtual_stages, microbatches,
-schedule, theoretical_bubble_fraction = (P - 1) / (V M + P - 1),
+over the row's run; rank_device_used_delta_bytes: cudaMemGetInfo's used
+bytes after it minus before it), first_losses, pp, virtual_stages,
+microbatches, schedule, theoretical_bubble_fraction = (P - 1) / (V M + P - 1),
 measured_bubble_fraction = 1 - T_pp1 / (P T_pp) against baseline_system
 (the eager and graph rows: pytorch_pp1; the compiled row:
 pytorch_pp1_compile), bubble_ratio = measured / theoretical, speedup_vs_pp1
@@ -197,20 +199,25 @@ def config_header(name, microbatches):
     c = batch_config(peer.CONFIGS[name], microbatches)
     out = peer.config_header(name)
     out.update(tokens=c["tokens"], sequences=c["sequences"], attention_core_flops_per_step=peer.attention_core_flops(c),
-               flops_per_step=peer.step_flops(c), microbatches=microbatches, microbatch_tokens=c["seq_len"])
+               flops_per_step=peer.step_flops(c), microbatches=microbatches, microbatch_sequences=1,
+               microbatch_tokens=c["seq_len"],
+               global_batch=f"{microbatches} microbatches of one sequence of {c['seq_len']} tokens each: {c['tokens']} "
+               "tokens a step (the config's own `sequences` are not used)")
     return out
 
 
-def pp_row(name, c, world, combined, rank_peaks, pipeline, baseline=None, baseline_name=None):
+def pp_row(name, c, world, combined, rank_memory, pipeline, baseline=None, baseline_name=None):
     """A row from the combined ranks (pytorch_peer.combine_ranks): pytorch_peer's row of the global batch `c`,
-    tflops and mfu per GPU, each rank's peak, the pipeline's shape (`pipeline`: pp, virtual_stages, microbatches,
-    schedule) and bubble, and against a baseline the measured bubble and speedup; the names are step_bench --pp's
-    (Note [Pipeline-parallel rows] in benchmarks/pipeline_step_runner.h)."""
+    tflops and mfu per GPU, each rank's memory (`rank_memory`: row_memory's of every rank), the pipeline's shape
+    (`pipeline`: pp, virtual_stages, microbatches, schedule) and bubble, and against a baseline the measured bubble
+    and speedup; the names are step_bench --pp's (Note [Pipeline-parallel rows] in
+    benchmarks/pipeline_step_runner.h)."""
     row = peer.system_json(name, c, combined)
     row["world_size"] = world
     row["rank_median_us"] = combined["rank_median_us"]
     row["rank_first_loss"] = combined["rank_first_loss"]
-    row["rank_peak_bytes"] = list(rank_peaks)
+    row["rank_peak_bytes"] = [m["peak_bytes"] for m in rank_memory]
+    row["rank_device_used_delta_bytes"] = [m["device_used_delta_bytes"] for m in rank_memory]
     row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / world  # tokens_per_s stays the pipeline's
     row["tflops"] /= world
     row["mfu"] /= world
@@ -300,9 +307,16 @@ class CaptureFailed(Exception):
     """torch.cuda.graph refused the pipelined step."""
 
 
-def current_peak():
-    """This rank's torch.cuda.max_memory_allocated (reset by pytorch_peer.fresh_memory before each row)."""
-    return torch.cuda.max_memory_allocated()
+def memory_mark():
+    """Before a row: pytorch_peer.fresh_memory (frees what earlier rows left, resets the peak), the device bytes in
+    use. run_everywhere does the same again right after, with nothing allocated in between."""
+    return peer.fresh_memory()
+
+
+def row_memory(mark):
+    """After a row: this rank's torch.cuda.max_memory_allocated over it and cudaMemGetInfo used bytes now minus
+    `mark` (the row's memory is still cached: nothing was emptied since its timed steps)."""
+    return {"peak_bytes": torch.cuda.max_memory_allocated(), "device_used_delta_bytes": peer.device_used_bytes() - mark}
 
 
 def block_forward(c, p, h, rope):
@@ -590,6 +604,7 @@ def run_pp_config(name, rows, steps, warmup, deadline, group, virtual, microbatc
         out.update(status="not_run", reason=why)
         return out
     out["stages"] = stage_split(c["layers"], n, virtual)
+    out["blocks_per_chunk"] = c["layers"] // (n * virtual)
     draw, made = None, {}
     for row_name in rows:
         pipelined, compiled, graph, baseline_name = ROWS[row_name]
@@ -615,8 +630,9 @@ def run_pp_config(name, rows, steps, warmup, deadline, group, virtual, microbatc
                 build = lambda: build_pipeline(row_name, draw, group, pipeline_group, device, virtual)  # noqa: E731
             else:
                 build = lambda: build_one_gpu(row_name, draw, device)  # noqa: E731
+            mark = memory_mark()
             result, why = peer.run_everywhere(build, cb, steps, warmup, group, world_one=n == 1)
-            peaks = group.gather(current_peak())  # the row's, still: nothing allocated since its timed steps
+            memory = group.gather(row_memory(mark))  # the row's, still: nothing allocated since its timed steps
             if compiled and torch is not None:
                 peer.reset_compiled_state()  # the next row compiles afresh
             if graph:
@@ -630,11 +646,15 @@ def run_pp_config(name, rows, steps, warmup, deadline, group, virtual, microbatc
                                     schedule=schedule_name(virtual))
                 else:
                     pipeline = dict(pp=1, virtual_stages=1, microbatches=microbatches, schedule=None)
-                row = pp_row(row_name, cb, n if pipelined else 1, result, peaks, pipeline, base,
+                row = pp_row(row_name, cb, n if pipelined else 1, result, memory, pipeline, base,
                              baseline_name if base else None)
                 made[row_name] = row
                 if baseline_name and base is None:
                     row["reason"] = f"no bubble measured: {baseline_name} did not run"
+                if graph:  # as step_bench's graphed rows: against the eager row of the same pipeline
+                    eager = made.get(PP_EAGER)
+                    row["graph_speedup_vs_eager"] = (eager["step_us"]["median_us"] / row["step_us"]["median_us"]
+                                                     if eager else None)
         out["systems"].append(row)
         if group.rank == 0:
             print(describe(name, row), file=sys.stderr, flush=True)
@@ -697,8 +717,9 @@ def result_json(args, device, world, local_world, launcher):
             "model chunk (explicit input and output shapes), loss_fn the microbatch's mean cross-entropy, "
             "scale_grads (gradients / M); the step's loss broadcast from the last stage",
             "layout": LAYOUT,
-            "batch": "M microbatches of one sequence of seq_len tokens each (tokens and labels seed 2; embedding "
-            "table seed 3, uniform +-1; parameters pytorch_peer.make_params seed 1)",
+            "global_batch": "M microbatches of one sequence of the config's seq_len tokens each (M x seq_len tokens "
+            "a step, the same on every rank; stage 0 reads the tokens, the last stage the labels; tokens and labels "
+            "seed 2, embedding table seed 3 uniform +-1, parameters pytorch_peer.make_params seed 1)",
             "compile": "each block under torch.compile (Inductor), compiled outside the pipeline first; the "
             "embedding, head and loss eager",
             "capture": f"{PP_GRAPH}: torch.cuda.graph over the whole step (schedule.step, AdamW(capturable=True), the "

@@ -12,7 +12,9 @@ import pytest
 
 HERE = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", ""))
 sys.path.insert(0, os.path.join(HERE, "benchmarks"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import dp_test  # noqa: E402  (step_bench over host processes)
 import pp_step_peer  # noqa: E402
 import pytorch_peer  # noqa: E402
 
@@ -32,7 +34,8 @@ def test_header_is_the_global_batch_of_microbatches_of_one_sequence():
     header, one_gpu = pp_step_peer.config_header("medium", 8), pytorch_peer.config_header("medium")
     assert set(one_gpu) <= set(header)
     assert (header["tokens"], header["sequences"], header["seq_len"]) == (8 * 2048, 8, 2048)
-    assert (header["microbatches"], header["microbatch_tokens"]) == (8, 2048)
+    assert (header["microbatches"], header["microbatch_sequences"], header["microbatch_tokens"]) == (8, 1, 2048)
+    assert header["global_batch"].startswith("8 microbatches of one sequence of 2048 tokens each: 16384 tokens")
     batch = pp_step_peer.batch_config(pytorch_peer.CONFIGS["medium"], 8)
     assert header["flops_per_step"] == pytorch_peer.step_flops(batch)
     # Eight sequences of 2048 against pytorch_peer's two: four times the GEMMs and the attention core.
@@ -211,7 +214,9 @@ def run_config(monkeypatch, rows=None, refused=(), world=2, virtual=1, name="med
 
     monkeypatch.setattr(pp_step_peer.peer, "run_everywhere", run_everywhere)
     monkeypatch.setattr(pp_step_peer, "draw_model", draw_model)
-    monkeypatch.setattr(pp_step_peer, "current_peak", lambda: 1234)
+    monkeypatch.setattr(pp_step_peer, "memory_mark", lambda: 100)
+    monkeypatch.setattr(pp_step_peer, "row_memory",
+                        lambda mark: {"peak_bytes": 1234, "device_used_delta_bytes": 5000 - mark})
     out = pp_step_peer.run_pp_config(name, list(rows or pp_step_peer.ROWS), 3, 1, deadline, FakeGroup(world), virtual,
                                      8)
     json.dumps(out)  # what rank 0 writes
@@ -223,7 +228,7 @@ def test_rows_bubbles_and_loss_checks(monkeypatch):
     assert built == list(pp_step_peer.ROWS)
     assert c["status"] == "ok" and (c["world_size"], c["pp"], c["virtual_stages"]) == (2, 2, 1)
     assert c["schedule"] == "Schedule1F1B" and c["theoretical_bubble_fraction"] == pytest.approx(1 / 9)
-    assert c["stages"] == pp_step_peer.stage_split(8, 2, 1)
+    assert c["stages"] == pp_step_peer.stage_split(8, 2, 1) and c["blocks_per_chunk"] == 4
     rows = {s["system"]: s for s in c["systems"]}
     assert list(rows) == list(pp_step_peer.ROWS)
     base, eager, compiled = rows["pytorch_pp1"], rows["pytorch_pp_1f1b_eager"], rows["pytorch_pp_1f1b_compile"]
@@ -242,6 +247,7 @@ def test_rows_bubbles_and_loss_checks(monkeypatch):
     assert compiled["baseline_system"] == "pytorch_pp1_compile"
     assert compiled["measured_bubble_fraction"] == pytest.approx(1 - 1820 / 2000)
     assert eager["rank_peak_bytes"] == [1234, 1234] and eager["peak_bytes"] == 1000
+    assert eager["rank_device_used_delta_bytes"] == [4900, 4900]
     assert eager["rank_median_us"] == [1200, 1200] and eager["rank_first_loss"] == [9.0100, 9.0100]
     flops = pytorch_peer.step_flops(pp_step_peer.batch_config(pytorch_peer.CONFIGS["medium"], 8))
     assert c["flops_per_step"] == flops
@@ -250,7 +256,9 @@ def test_rows_bubbles_and_loss_checks(monkeypatch):
     assert eager["tokens_per_s"] == pytest.approx(8 * 2048 / 1210e-6)  # the global batch
     assert eager["tokens_per_s_per_gpu"] == pytest.approx(eager["tokens_per_s"] / 2)
     assert c["graph_capture"]["captured"] is True and c["graph_capture"]["error"] is None
-    assert rows["pytorch_pp_1f1b_graph"]["baseline_system"] == "pytorch_pp1"
+    graph = rows["pytorch_pp_1f1b_graph"]
+    assert graph["baseline_system"] == "pytorch_pp1" and graph["graph_speedup_vs_eager"] == pytest.approx(1210 / 1100)
+    assert "graph_speedup_vs_eager" not in eager
     assert c["one_gpu_first_loss"] == ONE_GPU_LOSS
     check = c["pp_loss_check"]
     assert set(check) == set(pp_step_peer.ROWS) and all(d["agrees"] for d in check.values())
@@ -345,3 +353,47 @@ def test_a_first_loss_off_one_gpu_disagrees():
     assert rows["pytorch_pp_1f1b_eager"]["loss_rel_diff"] == pytest.approx(0.1 / 9.0)
     _, none = pp_step_peer.loss_checks(rows, None)
     assert none == {}
+
+
+@pytest.fixture(scope="module")
+def step_bench_pp2(tmp_path_factory):
+    """step_bench --pp 2 --microbatches 4 over two host processes (the tiny GPT): its JSON."""
+    tmp = tmp_path_factory.mktemp("pp2")
+    codes, logs = dp_test.run_world(tmp, 2, dp_test.HOST_FLAGS + ["--pp", "2", "--microbatches", "4"])
+    assert codes == [0, 0], logs
+    return json.loads((tmp / "rank0.json").read_text())
+
+
+# Our rows and the peer's with the same job; the fields only StepGraph's rows have (its pools, persistent bytes and
+# capture, per rank).
+PAIRS = (("stepgraph_eager_pp1", "pytorch_pp1"), ("stepgraph_eager_pp2", "pytorch_pp_1f1b_eager"),
+         ("stepgraph_graph_pp2", "pytorch_pp_1f1b_graph"))
+STEPGRAPH_PP_ONLY = {"rank_persistent_bytes", "rank_pool_bytes", "rank_pool_lower_bound_bytes", "rank_pool_ratio",
+                     "rank_capture_plus_instantiate_ms", "rank_capture_wall_ms"}
+
+
+def test_peer_rows_have_step_bench_pp_fields(step_bench_pp2, monkeypatch):
+    ours = step_bench_pp2["configs"][0]
+    peer_config, _ = run_config(monkeypatch)
+    theirs = {s["system"]: set(s) for s in peer_config["systems"]}
+    mine = {s["system"]: set(s) for s in ours["systems"]}
+    for stepgraph, pytorch in PAIRS:
+        missing = mine[stepgraph] - dp_test.STEPGRAPH_ONLY - STEPGRAPH_PP_ONLY - theirs[pytorch]
+        assert not missing, f"{pytorch} lacks {sorted(missing)} of {stepgraph}"
+    assert set(ours) <= set(peer_config), sorted(set(ours) - set(peer_config))
+    assert ours["theoretical_bubble_fraction"] == pytest.approx(pp_step_peer.theoretical_bubble(2, 1, 4))
+    assert ours["blocks_per_chunk"] == 1  # tiny's 2 layers over 2 stages
+
+
+def test_header_has_step_bench_pp_fields(step_bench_pp2, monkeypatch):
+    monkeypatch.setattr(pp_step_peer.peer, "result_header", lambda *a: {"benchmark": "training_step"})
+    monkeypatch.setattr(pp_step_peer.peer, "comm_nccl_version", lambda: "test")
+    args = pp_step_peer.parse_flags(["--virtual-stages", "2", "--microbatches", "4"])
+    result = pp_step_peer.result_json(args, 0, 2, 2, "torchrun")
+    mine, ours = result["pipeline_parallel"], step_bench_pp2["pipeline_parallel"]
+    # Ours names its NCCL or host communicators and its goal; the peer, PyTorch's process groups and NCCL version.
+    assert set(ours) - {"communicator", "baseline_communicator", "goal"} <= set(mine), sorted(set(ours) - set(mine))
+    assert (mine["world_size"], mine["pp"], mine["virtual_stages"], mine["microbatches"]) == (2, 2, 2, 4)
+    assert "ScheduleInterleaved1F1B" in mine["schedule"] and mine["note"] == ""
+    assert set(ours["formulas"]) - {"graph_speedup_vs_eager"} <= set(mine["formulas"]) | {"tokens_per_s", "tflops"}
+    assert result["configs"] == []

@@ -574,8 +574,8 @@ int main(int argc, char** argv) {
   app.add_option("--pp", options.pp,
                  "pipeline parallel over the launch's P ranks: each config's GPT in P stages against each GPU "
                  "training it alone on the same microbatches; graph/eager speedup and the bubble");
-  int virtual_stages = 1;
-  std::int64_t microbatches = 8;
+  int virtual_stages = stepgraph::bench::PipelineRunOptions{}.virtual_stages;
+  std::int64_t microbatches = stepgraph::bench::PipelineRunOptions{}.microbatches;
   CLI::Option* virtual_stages_flag =
       app.add_option("--virtual-stages", virtual_stages,
                      "with --pp: model chunks a rank (V > 1: interleaved 1F1B; a config's layers must divide by P x V)")

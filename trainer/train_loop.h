@@ -44,7 +44,10 @@ inline constexpr double kFloorMargin = 0.05;
 // --batch examples and trains on its 1/N slice; the gradients are summed
 // across the ranks inside the step and the loss is the global mean, so every
 // rank holds the same model. Rank 0 writes the checkpoints (the state is the
-// same on every rank); the ranks compare their flags first.
+// same on every rank), or where ranks hold different state (--tp, --pp,
+// --ep, ZeRO-1) each rank its part (trainer/checkpoint_layout.h); the ranks
+// compare their flags first. --tp, --cp, --pp and --ep split the world
+// otherwise (trainer/README.md, Several GPUs).
 TrainResult train(const TrainerOptions& options, Device device, std::ostream& out, Communicator* world = nullptr);
 
 }  // namespace stepgraph::trainer

@@ -626,6 +626,8 @@ def run_pp_config(name, rows, steps, warmup, deadline, group, virtual, microbatc
                 break
             out["one_gpu_first_loss"] = draw.reference_loss
         if row is None:
+            if group.rank == 0:  # before the row: a compile or a capture can take minutes
+                print(f"{name:7s} {row_name} ...", file=sys.stderr, flush=True)
             if pipelined:
                 build = lambda: build_pipeline(row_name, draw, group, pipeline_group, device, virtual)  # noqa: E731
             else:
@@ -637,6 +639,8 @@ def run_pp_config(name, rows, steps, warmup, deadline, group, virtual, microbatc
                 peer.reset_compiled_state()  # the next row compiles afresh
             if graph:
                 out["graph_capture"] = capture_summary(row_name, result, why)
+                if group.rank == 0:
+                    print(f"{name:7s} {row_name}: {out['graph_capture']['what']}", file=sys.stderr, flush=True)
             if result is None:
                 row = {"system": row_name, "status": "failed", "reason": why}
             else:

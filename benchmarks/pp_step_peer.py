@@ -736,7 +736,10 @@ def result_json(args, device, world, local_world, launcher):
                          "(pipelined_: of pipelined_step_us)",
                          "bubble_ratio": "measured / theoretical",
                          "speedup_vs_pp1": "T_pp1 / T_pp",
-                         "tokens_per_s_per_gpu": "the row's tokens_per_s / its world_size",
+                         "graph_speedup_vs_eager": f"median({PP_EAGER}) / median({PP_GRAPH})",
+                         "tokens_per_s": "the row's tokens (M x seq_len) / median step time; tokens_per_s_per_gpu: "
+                         "/ its world_size",
+                         "tflops": "per GPU: the step's model FLOPs / the row's world_size / median step time",
                          "loss_rel_diff": "|first loss - one GPU's| / one GPU's"},
             "one_gpu_loss": ONE_GPU,
             "timing": peer.DP_TIMING,

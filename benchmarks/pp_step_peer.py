@@ -59,7 +59,8 @@ Rows per config (step_bench's schema, the pipeline fields below):
                            to None, the capture on that stream with
                            capture_error_mode "thread_local", over a process
                            group of its own (so a refused capture cannot
-                           leave the other rows' communicator behind). What
+                           leave the other rows' communicator behind), and
+                           one replay whose loss must be finite. What
                            happened is the config's "graph_capture": captured
                            (the row is timed like the others) or refused
                            (the row is "failed" with PyTorch's error text);
@@ -106,6 +107,7 @@ import tp_step_peer  # noqa: E402  (the launch checks)
 
 import argparse  # noqa: E402
 import inspect  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 
 torch, dist, F = peer.torch, peer.dist, peer.F
@@ -298,6 +300,9 @@ def capture_summary(row_name, result, why):
     if "CaptureFailed" in why:
         return {"row": row_name, "captured": False, "error": why,
                 "what": "torch.cuda.graph refused the pipelined step (the error is PyTorch's, rank by rank)"}
+    if "ReplayFailed" in why:
+        return {"row": row_name, "captured": True, "error": why,
+                "what": "torch.cuda.graph captured the pipelined step, but its replay gave no finite loss"}
     return {"row": row_name, "captured": None, "error": why, "what": "the row failed before the capture"}
 
 
@@ -305,6 +310,10 @@ def capture_summary(row_name, result, why):
 
 class CaptureFailed(Exception):
     """torch.cuda.graph refused the pipelined step."""
+
+
+class ReplayFailed(Exception):
+    """The captured pipelined step's replay gave no finite loss."""
 
 
 def memory_mark():
@@ -583,8 +592,14 @@ def build_pipeline(row, draw, group, pipeline_group, device, virtual):
         run_one, extra, graph_ = peer.capture_whole_step(s, start, stream=side, capture_error_mode="thread_local")
     except Exception as error:
         raise CaptureFailed(f"capture failed: {type(error).__name__}: {error}") from error
+    # One replay here, where a failure is the row's (the loss is broadcast: every rank sees the same value), not
+    # in the timed steps, where a non-finite loss ends the process.
+    replayed = run_one().item()
+    if not math.isfinite(replayed):
+        raise ReplayFailed(f"the pipelined step was captured, but its first replay's loss is {replayed} (step "
+                           f"{peer.GRAPH_WARMUP + 1}; the eager warm-up steps' losses: {losses})")
     extra["warmup_ms"] = warmup_ms
-    return run_one, extra, losses, (s, graph_, pipeline_group)
+    return run_one, extra, losses + [replayed], (s, graph_, pipeline_group)
 
 
 def run_pp_config(name, rows, steps, warmup, deadline, group, virtual, microbatches, pipeline_group=None,

@@ -281,9 +281,12 @@ def test_a_refused_capture_is_a_failed_row_and_a_result(monkeypatch):
     assert "pytorch_pp_1f1b_graph" not in c["pp_loss_check"]
 
 
-def test_a_failure_before_the_capture_is_not_called_a_refusal():
+def test_a_failure_before_or_after_the_capture_is_not_called_a_refusal():
     summary = pp_step_peer.capture_summary("pytorch_pp_1f1b_graph", None, "rank 1: RuntimeError: out of memory")
     assert summary["captured"] is None and "before the capture" in summary["what"]
+    replay = "rank 0: ReplayFailed: the pipelined step was captured, but its first replay's loss is nan"
+    summary = pp_step_peer.capture_summary("pytorch_pp_1f1b_graph", None, replay)
+    assert summary["captured"] is True and summary["error"] == replay and "no finite loss" in summary["what"]
 
 
 def test_a_failed_baseline_counts_and_leaves_no_bubble(monkeypatch):

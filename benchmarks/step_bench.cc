@@ -91,6 +91,8 @@ struct Options {
   bool profile = false;  // one profiled step per graphed row
   bool cuda_profiler_range = false;  // one graphed replay between cudaProfilerStart and Stop
   DataParallelMode dp_mode = DataParallelMode::kAllReduce;
+  // Where each summed group's update runs (Note [Where summed updates run] in optim/adamw.h).
+  AdamW::SummedUpdateStream dp_update_stream = AdamW::SummedUpdateStream::kCommunication;
   int timeout_s = 300;
   std::optional<Fp8Recipe> fp8;   // FP8 GEMMs in every config's blocks (--fp8-weight-cache: its cache_weights)
   bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
@@ -320,7 +322,8 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
     tag << "step_bench --pp " << options.pp << " --virtual-stages " << pipeline_options.virtual_stages
         << " --microbatches " << pipeline_options.microbatches;
   } else {
-    tag << "step_bench --dp " << options.dp << " --dp-mode " << data_parallel_mode_name(mode);
+    tag << "step_bench --dp " << options.dp << " --dp-mode " << data_parallel_mode_name(mode)
+        << " --dp-update-stream " << summed_update_stream_name(options.dp_update_stream);
   }
   tag << " --configs " << options.configs << " --steps " << options.steps << " --warmup " << options.warmup
       << " --device " << device_name(device);
@@ -381,6 +384,7 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
       {"local_world_size", launch.local_world_size},
       {"launcher", launch.launcher},
       {"dp_mode", n > 1 ? nlohmann::json(std::string(data_parallel_mode_name(mode))) : nullptr},
+      {"dp_update_stream", summed_update_stream_name(options.dp_update_stream)},
       {"communicator", world != nullptr ? world->describe() : "none (world size 1)"},
       {"nccl_version", device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr},
       {"multicast_env", env},
@@ -467,6 +471,7 @@ int run(const Options& options) {
   run_options.step_scoped_gradients = options.step_scoped_gradients;
   run_options.gemm_algorithms = options.gemm_algorithms;
   run_options.dropout = options.dropout;
+  run_options.summed_update_stream = options.dp_update_stream;
   check_run_options(run_options);
   const LaunchInfo launch = launch_info_from_env();
   SG_CHECK(options.tp >= 0, "--tp must be the number of ranks (>= 1), got ", options.tp);
@@ -595,6 +600,12 @@ int main(int argc, char** argv) {
   app.add_option("--dp-mode", dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
       ->check(CLI::IsMember({"allreduce", "zero1"}))
       ->capture_default_str();
+  std::string dp_update_stream = "comm";
+  app.add_option("--dp-update-stream", dp_update_stream,
+                 "with --dp allreduce: where each group's update runs after its all-reduce, comm (the communication "
+                 "stream) or wgrad (the weight-gradient stream); Note [Where summed updates run] in optim/adamw.h")
+      ->check(CLI::IsMember({"comm", "wgrad"}))
+      ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")
       ->capture_default_str();
   app.add_option("--fp8", fp8,
@@ -626,6 +637,8 @@ int main(int argc, char** argv) {
     if (virtual_stages_flag->count() > 0) options.virtual_stages = virtual_stages;
     if (microbatches_flag->count() > 0) options.microbatches = microbatches;
     options.dp_mode = dp_mode == "zero1" ? sg::DataParallelMode::kZero1 : sg::DataParallelMode::kAllReduce;
+    options.dp_update_stream = dp_update_stream == "wgrad" ? sg::AdamW::SummedUpdateStream::kWeightGradient
+                                                           : sg::AdamW::SummedUpdateStream::kCommunication;
     options.gemm_algorithms = *sg::parse_algorithm_choice(gemm_algorithms);
     if (fp8 != "none") {
       options.fp8 = sg::Fp8Recipe::of(sg::parse_fp8_scaling(fp8));

@@ -183,6 +183,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   ResidualStack model(ctx, model_config, options.tensor_parallel, options.context_parallel);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
   optimizer.set_skip_nonfinite(ctx, options.skip_nonfinite);
+  optimizer.set_summed_update_stream(options.summed_update_stream);
   const int tp = options.tensor_parallel != nullptr ? options.tensor_parallel->world_size() : 1;
   const int cp = options.context_parallel != nullptr ? options.context_parallel->world_size() : 1;
   SG_CHECK(config.tokens % tp == 0, "config ", config.name, ": tokens ", config.tokens, " must divide by --tp ", tp);

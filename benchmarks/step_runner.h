@@ -104,6 +104,8 @@ struct StepRunOptions {
   // gradients and loss over `data_parallel` (null: this rank trains alone).
   Communicator* data_parallel = nullptr;
   DataParallelMode dp_mode = DataParallelMode::kAllReduce;
+  // Where each summed group's update runs (Note [Where summed updates run] in optim/adamw.h).
+  AdamW::SummedUpdateStream summed_update_stream = AdamW::SummedUpdateStream::kCommunication;
   // The ranks timed together: they meet before each timed sample and before
   // the pipelined steps (null: this rank is timed alone).
   Communicator* timed_with = nullptr;

@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include <cmath>
+#include <optional>
 #include <unordered_set>
 
 #include "engine/error.h"
@@ -230,6 +231,10 @@ void check_rank_local(const AdamW& optimizer, std::span<Parameter* const> rank_l
 
 }  // namespace
 
+std::string_view summed_update_stream_name(AdamW::SummedUpdateStream stream) {
+  return stream == AdamW::SummedUpdateStream::kWeightGradient ? "wgrad" : "comm";
+}
+
 AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel,
                                 std::span<Parameter* const> rank_local)
     : ctx_(ctx),
@@ -255,11 +260,24 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
            done_.size() > group ? " was already updated this step" : " does not exist");
   done_[group] = true;
   --remaining_;
-  if (reduces(data_parallel_) && !optimizer_.sharded()) {
+  const bool summed = reduces(data_parallel_) && !optimizer_.sharded();
+  if (summed) {
     const std::vector<Tensor>& grads = reduced_.empty() ? optimizer_.group_gradients(group) : reduced_[group];
     if (!grads.empty()) ops::all_reduce_many_(ctx_, *data_parallel_, grads, ReduceOp::kSum);
   }
-  WeightGradScope weight_grads(ctx_);
+  // Note [Where summed updates run]. Every group takes the same stream, so
+  // the updates stay in order on one stream (the last advances the shared
+  // step counter).
+  const int comm_stream = ctx_.communication_stream();
+  const bool on_comm = summed && optimizer_.summed_update_stream() == SummedUpdateStream::kCommunication &&
+                       comm_stream > 0 && comm_stream != WeightGradScope::kStream;
+  std::optional<StreamScope> after_reduce;
+  std::optional<WeightGradScope> weight_grads;
+  if (on_comm) {
+    after_reduce.emplace(ctx_, comm_stream);
+  } else {
+    weight_grads.emplace(ctx_);
+  }
   if (optimizer_.skips_nonfinite()) {  // the updates wait for every check (Note [Non-finite steps])
     optimizer_.flag_nonfinite_group(ctx_, static_cast<std::ptrdiff_t>(group));
     return;

@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/communicator.h"
@@ -97,7 +98,8 @@ class AdamW {
   // overlaps the backward of the groups before it. `rank_local` parameters
   // are left out of that sum: their gradients are this rank's own and
   // already whole (expert-parallel experts, Note [Expert-parallel
-  // ResidualStack] in layers/residual_stack.h). Not with ZeRO-1.
+  // ResidualStack] in layers/residual_stack.h). Not with ZeRO-1. Where a
+  // summed group's update runs: Note [Where summed updates run].
   class GroupedStep {
    public:
     GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel = nullptr,
@@ -115,6 +117,25 @@ class AdamW {
     std::vector<bool> done_;
     std::size_t remaining_;
   };
+
+  // Note [Where summed updates run]
+  // A group whose gradients are summed over data-parallel ranks updates
+  // after its all-reduce. On the weight-gradient stream (kWeightGradient)
+  // the update waits there for the all-reduce, and every weight-gradient
+  // GEMM issued after it, the next groups', waits behind it: the
+  // reductions and the weight gradients run one after the other instead of
+  // side by side, and the main stream, which joins the weight-gradient
+  // stream one group behind (Note [Joining the weight-gradient stream]),
+  // waits on reductions too. On the communication stream (kCommunication,
+  // the default) the update follows its all-reduce there and the weight
+  // gradients go on: only the next all-reduce waits behind it. The
+  // arithmetic is the same, so results are bitwise unchanged; groups that
+  // nothing sums (no data parallelism, ZeRO-1's own path) update on the
+  // weight-gradient stream either way. Measured in
+  // docs/communication_performance.md (step_bench --dp-update-stream).
+  enum class SummedUpdateStream : std::uint8_t { kWeightGradient, kCommunication };
+  void set_summed_update_stream(SummedUpdateStream stream) { summed_update_stream_ = stream; }
+  SummedUpdateStream summed_update_stream() const { return summed_update_stream_; }
 
   // Note [Non-finite steps]
   // With skip_nonfinite set, a step whose loss or any gradient is NaN or
@@ -190,6 +211,7 @@ class AdamW {
   const Tensor& step_counter() const { return step_; }
 
  private:
+  SummedUpdateStream summed_update_stream_ = SummedUpdateStream::kCommunication;
   // One parameter's tensors; copy is undefined when the master is the value.
   using UpdateTensors = ops::AdamWParamOperands<Tensor>;
   // One launch: its parameters' table and tensors.
@@ -248,6 +270,9 @@ class AdamW {
   Tensor loss_scale_;  // fp32 [3], with loss scaling
   bool step_scoped_ = false;
 };
+
+// "wgrad" | "comm": the step_bench flag's spelling of AdamW::SummedUpdateStream.
+std::string_view summed_update_stream_name(AdamW::SummedUpdateStream stream);
 
 // Runs `backward` and the optimizer's step: each group's update as soon as
 // the backward reports it (AdamW::GroupedStep) when the optimizer has

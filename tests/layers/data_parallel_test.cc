@@ -227,6 +227,57 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Zero1Test,
                                   std::string(dtype_name(info.param.dtype));
                          });
 
+// Note [Where summed updates run] (optim/adamw.h): each group's update after
+// its all-reduce runs on the communication stream (the default) or on the
+// weight-gradient stream; the captured program puts every AdamW launch where
+// asked, and both placements train the same bits, eager and graphed.
+TEST(DataParallelUpdateStreamTest, SummedUpdatesOnEitherStreamTrainTheSameBits) {
+  const testing::TestSeed seed;
+  constexpr int kRanks = 2;
+  constexpr int kSideStreams = 2;  // stream 1 weight gradients, stream 2 collectives
+  using Where = AdamW::SummedUpdateStream;
+  std::vector<std::vector<std::uint8_t>> values[2];
+  for (const Where where : {Where::kCommunication, Where::kWeightGradient}) {
+    const int expected_stream = where == Where::kCommunication ? kSideStreams : 1;
+    auto& per_rank = values[where == Where::kCommunication ? 0 : 1];
+    per_rank.assign(kRanks, {});
+    HostWorld::run(kRanks, [&](Communicator& comm) {
+      Context ctx(Device::kHost, kSideStreams);
+      ctx.set_communication_stream(kSideStreams);
+      Rig eager(ctx, kLocalTokens, &comm);
+      Rig graphed(ctx, kLocalTokens, &comm);
+      eager.optimizer.set_summed_update_stream(where);
+      graphed.optimizer.set_summed_update_stream(where);
+      auto graph = CapturedStep::capture(
+          ctx, [&] { return graphed.step(ctx); },
+          {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});
+      int updates = 0;
+      for (const Instruction& instruction : graph->program().instructions()) {
+        if (instruction.op->name != "adamw") continue;
+        ++updates;
+        EXPECT_EQ(instruction.stream, expected_stream)
+            << "rank " << comm.rank() << ": an AdamW update on stream " << instruction.stream << ", asked for "
+            << summed_update_stream_name(where);
+      }
+      EXPECT_GT(updates, 1) << "rank " << comm.rank() << ": the step should update group by group";
+      const std::int64_t first = comm.rank() * kLocalTokens;
+      for (int s = 0; s < kSteps; ++s) {
+        const Batch b = global_batch(seed.value(), s, kLocalTokens * kRanks);
+        eager.load(ctx, b, first, kLocalTokens);
+        graphed.load(ctx, b, first, kLocalTokens);
+        eager.step(ctx);
+        graph->replay();
+      }
+      const std::vector<std::uint8_t> graph_values = graphed.values(ctx);
+      ASSERT_EQ(graph_values, eager.values(ctx)) << "rank " << comm.rank() << ": graph and eager differ";
+      per_rank[static_cast<std::size_t>(comm.rank())] = graph_values;
+    });
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(values[0][r], values[1][r]) << "rank " << r << ": the two placements trained different values";
+  }
+}
+
 // FP8 with delayed scaling over data-parallel ranks: each rank quantizes its
 // own rows, but TrainStep has the step's amaxes of x and dy max-all-reduced
 // over the ranks before they enter the histories (Linear::set_amax_group), so

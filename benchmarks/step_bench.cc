@@ -8,6 +8,7 @@
 //   step_bench --dp 1 --out step_bench_dp1.json                     # one process: the baseline rows only
 //   torchrun --no-python --nproc-per-node 2 bin/step_bench --cp 2 --configs long --out step_bench_cp2.json
 //   torchrun --no-python --nproc-per-node 2 bin/step_bench --pp 2 --configs medium,large --out step_bench_pp2.json
+//   torchrun --no-python --nproc-per-node 2 bin/step_bench --ep 2 --configs moe --out step_bench_ep2.json
 //
 // Per config and mode: step time (median, min, max; see Note [How a step is
 // timed] in step_runner.h), tokens/s, model TFLOP/s and MFU (model_flops.h),
@@ -34,7 +35,13 @@
 // microbatches of one sequence, against each GPU training the whole model on
 // them alone: graph/eager speedup and the measured bubble against the
 // schedule's (Note [Pipeline-parallel rows] in pipeline_step_runner.h); --pp
-// alone, not with --dp, --tp or --cp yet. Rank 0
+// alone, not with --dp, --tp or --cp yet. --ep N: each config's MoE experts
+// spread over the N ranks (E / N a rank, the routed rows exchanged), every
+// rank training the config's tokens, against every rank training the whole
+// config alone (weak scaling; Note [Expert-parallel rows] in
+// expert_parallel_step_runner.h): efficiency = ep1 / epN step time, the
+// exchange's transport named; configs with experts only (moe; host:
+// moe_tiny), --ep alone. Rank 0
 // prints and writes the JSON. In one process --dp 1 runs the dp1 rows alone
 // (the baseline; no all-reduce exists at N = 1). Under a launcher of N > 1
 // ranks an error on any rank ends that rank (its communicator aborted) and
@@ -58,6 +65,7 @@
 #include <string>
 
 #include "benchmarks/bench_support.h"
+#include "benchmarks/expert_parallel_step_runner.h"
 #include "benchmarks/model_flops.h"
 #include "benchmarks/pipeline_step_runner.h"
 #include "benchmarks/step_configs.h"
@@ -85,6 +93,7 @@ struct Options {
   int tp = 0;  // N: tensor-parallel rows over N ranks (Note [Tensor-parallel rows])
   int cp = 0;  // N: context-parallel rows over N ranks (Note [Context-parallel rows])
   int pp = 0;  // P: pipeline-parallel rows over P ranks (Note [Pipeline-parallel rows])
+  int ep = 0;  // N: expert-parallel rows over N ranks (Note [Expert-parallel rows])
   std::optional<int> virtual_stages;         // with --pp (not given: 1)
   std::optional<std::int64_t> microbatches;  // with --pp (not given: 8)
   MLPOverlap overlap;  // bulk
@@ -303,12 +312,13 @@ std::unique_ptr<Communicator> join_world(const LaunchInfo& launch, Device device
   return stepgraph::join_world(device, run_tag, timeout, launch).comm;
 }
 
-// --dp N, --tp N or --cp N over the launch's ranks.
+// --dp N, --tp N, --cp N, --pp P or --ep N over the launch's ranks.
 int run_parallel(const Options& options, Device device, const std::vector<StepConfig>& configs,
                  const StepRunOptions& run_options, const LaunchInfo& launch, const nlohmann::json& env) {
   const bool tensor = options.tp > 0;
   const bool context = options.cp > 0;
   const bool pipeline = options.pp > 0;
+  const bool expert = options.ep > 0;
   const PipelineRunOptions pipeline_options = pipeline_run_options(options);
   const DataParallelMode mode = options.dp_mode;
   SG_CHECK(options.timeout_s > 0, "--timeout-s must be positive, got ", options.timeout_s);
@@ -318,6 +328,8 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
     tag << "step_bench --tp " << options.tp << " --overlap " << options.overlap.to_string();
   } else if (context) {
     tag << "step_bench --cp " << options.cp;
+  } else if (expert) {
+    tag << "step_bench --ep " << options.ep;
   } else if (pipeline) {
     tag << "step_bench --pp " << options.pp << " --virtual-stages " << pipeline_options.virtual_stages
         << " --microbatches " << pipeline_options.microbatches;
@@ -371,6 +383,13 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
         {"rows", "Note [Context-parallel rows] in benchmarks/step_runner.h"},
         {"note", n == 1 ? "world size 1: the cp1 rows alone; nothing is context-parallel" : ""},
     };
+  } else if (expert) {
+    nlohmann::json header = expert_parallel_header(n, world.get());
+    header["local_world_size"] = launch.local_world_size;
+    header["launcher"] = launch.launcher;
+    header["nccl_version"] = device == Device::kCuda && n > 1 ? nlohmann::json(nccl_version()) : nullptr;
+    header["multicast_env"] = env;
+    result["expert_parallel"] = std::move(header);
   } else if (pipeline) {
     nlohmann::json header = pipeline_parallel_header(n, pipeline_options, world.get());
     header["local_world_size"] = launch.local_world_size;
@@ -407,6 +426,7 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
   const nlohmann::json& parallel = result[tensor    ? "tensor_parallel"
                                           : context ? "context_parallel"
                                           : pipeline ? "pipeline_parallel"
+                                          : expert   ? "expert_parallel"
                                                      : "data_parallel"];
   if (leader) {
     std::printf("device: %s; %s; %s\n", result["device"].get<std::string>().c_str(), describe(launch).c_str(),
@@ -420,14 +440,15 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
       nlohmann::json c = tensor     ? run_tp_config(config, run_options, world.get())
                          : context  ? run_cp_config(config, run_options, world.get())
                          : pipeline ? run_pipeline_config(config, run_options, world.get(), pipeline_options)
+                         : expert   ? run_ep_config(config, run_options, world.get())
                                     : run_dp_config(config, run_options, world.get(), mode);
       if (tensor) c["tensor_parallel_rows"] = true;
       if (context) c["context_parallel_rows"] = true;
       failed = failed || c["status"] == "failed" ||
-               (pipeline ? pipeline_losses_disagree(c) : parallel_losses_disagree(c));
+               (pipeline ? pipeline_losses_disagree(c) : expert ? ep_losses_disagree(c) : parallel_losses_disagree(c));
       if (leader) {
-        if (pipeline) {
-          std::printf("%s\n", pipeline_config_line(c).c_str());
+        if (pipeline || expert) {
+          std::printf("%s\n", (pipeline ? pipeline_config_line(c) : ep_config_line(c)).c_str());
           std::fflush(stdout);
         } else {
           print_parallel_line(c);
@@ -457,8 +478,9 @@ int run(const Options& options) {
     for (StepConfig& config : configs) config.model.fp8 = options.fp8;
   }
   for (const StepConfig& config : configs) {
-    SG_CHECK(device == Device::kCuda || config.name == "tiny", "--device host runs only the smoke config 'tiny' ",
-             "(the host reference kernels would take hours on '", config.name, "'); pass --configs tiny");
+    SG_CHECK(device == Device::kCuda || config.name == "tiny" || config.name == "moe_tiny",
+             "--device host runs only the smoke config 'tiny' (or 'moe_tiny', its MoE form) (the host reference "
+             "kernels would take hours on '", config.name, "'); pass --configs tiny");
   }
   StepRunOptions run_options;
   run_options.device = device;
@@ -482,10 +504,26 @@ int run(const Options& options) {
   SG_CHECK(options.pp >= 0, "--pp must be the number of ranks (>= 1), got ", options.pp);
   SG_CHECK(options.pp == 0 || (options.tp == 0 && options.dp == 0 && options.cp == 0),
            "--pp together with --dp, --tp or --cp is not benchmarked yet: give --pp alone");
+  SG_CHECK(options.ep >= 0, "--ep must be the number of ranks (>= 1), got ", options.ep);
+  SG_CHECK(options.ep == 0 || (options.tp == 0 && options.dp == 0 && options.cp == 0 && options.pp == 0),
+           "--ep together with --dp, --tp, --cp or --pp is not benchmarked yet: give --ep alone");
   SG_CHECK(options.pp > 0 || (!options.virtual_stages && !options.microbatches),
            "--virtual-stages and --microbatches are the pipeline's: they need --pp P (e.g. --pp 2 --virtual-stages 2 "
            "--microbatches 8)");
-  if (options.pp > 0) {
+  if (options.ep > 0) {
+    SG_CHECK(options.ep == launch.world_size, "--ep ", options.ep, " needs ", options.ep,
+             " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.ep,
+             " bin/step_bench --ep ", options.ep, " --configs moe), but this run has ", launch.world_size,
+             launch.world_size == 1 ? " (no launcher variables: one process); --ep 1 runs the ep1 baseline alone" : "");
+    SG_CHECK(!options.fp8, "--ep: --fp8 is not supported with expert-parallel experts (each rank's scales would "
+             "cover only its own experts); leave --fp8 out");
+    SG_CHECK(!options.step_scoped_gradients, "--step-scoped-gradients is not supported with --ep (its step reads "
+             "persistent gradients to sum them over the ranks); leave it out");
+    for (const StepConfig& config : configs) {
+      // Checked before the world starts: at N > 1 ranks a config's error ends the run.
+      check_expert_parallel_config(config, options.ep);
+    }
+  } else if (options.pp > 0) {
     SG_CHECK(options.pp == launch.world_size, "--pp ", options.pp, " needs ", options.pp,
              " ranks, one process per GPU (e.g. torchrun --no-python --nproc-per-node ", options.pp,
              " bin/step_bench --pp ", options.pp, " --configs medium,large), but this run has ", launch.world_size,
@@ -559,12 +597,12 @@ int main(int argc, char** argv) {
   std::string gemm_algorithms = "heuristic";
   bool fp8_weight_cache = false;
   app.add_option("--configs", options.configs,
-                 "comma-separated: small, medium, large, moe, long (--cp's; tiny: host smoke)")
+                 "comma-separated: small, medium, large, moe, long (--cp's; tiny, moe_tiny: host smoke)")
       ->capture_default_str();
   app.add_option("--steps", options.steps, "timed steps per mode (>= 50 for the report)")->capture_default_str();
   app.add_option("--warmup", options.warmup, "untimed steps first; the first 5 compare eager and graph losses")
       ->capture_default_str();
-  app.add_option("--device", device, "cuda, or host (only with --configs tiny)")
+  app.add_option("--device", device, "cuda, or host (only with --configs tiny or moe_tiny)")
       ->check(CLI::IsMember({"cuda", "host"}))
       ->capture_default_str();
   app.add_option("--dp", options.dp,
@@ -579,6 +617,10 @@ int main(int argc, char** argv) {
   app.add_option("--pp", options.pp,
                  "pipeline parallel over the launch's P ranks: each config's GPT in P stages against each GPU "
                  "training it alone on the same microbatches; graph/eager speedup and the bubble");
+  app.add_option("--ep", options.ep,
+                 "expert parallel over the launch's N ranks: each config's MoE experts spread over N GPUs (each "
+                 "training the config's tokens) against each GPU training the whole config alone; efficiency = ep1 / "
+                 "epN step time (configs with experts: moe; host: moe_tiny)");
   int virtual_stages = stepgraph::bench::PipelineRunOptions{}.virtual_stages;
   std::int64_t microbatches = stepgraph::bench::PipelineRunOptions{}.microbatches;
   CLI::Option* virtual_stages_flag =

@@ -37,6 +37,17 @@ StepConfig make_tiny() {
   return config;
 }
 
+// The host smoke config with experts (step_bench --ep on --device host):
+// tiny with every block an MoE block of 4 experts of ffn 256, top-2.
+StepConfig make_moe_tiny() {
+  StepConfig config = make_tiny();
+  config.name = "moe_tiny";
+  config.model.experts = 4;
+  config.model.topk = 2;
+  config.model.moe_every = 1;
+  return config;
+}
+
 // step_bench --cp's config: medium's shape with one sequence of 16k tokens
 // (the cp1 baseline; --cp 2 trains one of 32k over two GPUs, 16k each).
 // Memory per GPU at 16k tokens: about 420M parameters x 18 bytes (fp32
@@ -51,7 +62,7 @@ StepConfig make_long() { return make("long", 2048, 16, 8, 16384, 1); }
 std::string known_names() {
   std::string out;
   for (const StepConfig& c : benchmark_configs()) out += c.name + ", ";
-  return out + "long, tiny";
+  return out + "long, tiny, moe_tiny";
 }
 
 }  // namespace
@@ -68,6 +79,7 @@ const std::vector<StepConfig>& benchmark_configs() {
 
 StepConfig step_config(std::string_view name) {
   if (name == "tiny") return make_tiny();
+  if (name == "moe_tiny") return make_moe_tiny();
   if (name == "long") return make_long();
   for (const StepConfig& c : benchmark_configs()) {
     if (c.name == name) return c;

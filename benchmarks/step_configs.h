@@ -17,6 +17,8 @@
 //           over N GPUs)
 //   tiny    host smoke test only: hidden 64, 2 heads of 32, ffn 256,
 //           2 layers, 2 sequences of 32 (64 tokens), vocab 512
+//   moe_tiny host smoke test of step_bench --ep: tiny with every block MoE,
+//           4 experts of ffn 256, top-2
 //
 // Every benchmark config uses vocab kBenchVocab (8192), bf16, causal
 // attention with rotary embeddings (base 10000), kv_heads = heads.
@@ -46,7 +48,7 @@ struct StepConfig {
 // The four benchmark configs, in report order (tiny is not among them).
 const std::vector<StepConfig>& benchmark_configs();
 
-// A config by name (the four, "long" or "tiny"); Error(kInvalidArgument) naming the
+// A config by name (the four, "long", "tiny" or "moe_tiny"); Error(kInvalidArgument) naming the
 // known ones otherwise.
 StepConfig step_config(std::string_view name);
 

@@ -161,9 +161,9 @@ void check_run_options(const StepRunOptions& options) {
   SG_CHECK(options.loss_check_steps >= 1, "loss_check_steps must be >= 1, got ", options.loss_check_steps);
   SG_CHECK(!options.step_scoped_gradients ||
                (options.data_parallel == nullptr && options.tensor_parallel == nullptr &&
-                options.context_parallel == nullptr && !options.skip_nonfinite),
-           "--step-scoped-gradients works without --dp, --tp, --cp and --skip-nonfinite (their steps read persistent "
-           "gradients)");
+                options.context_parallel == nullptr && options.expert_parallel == nullptr && !options.skip_nonfinite),
+           "--step-scoped-gradients works without --dp, --tp, --cp, --ep and --skip-nonfinite (their steps read "
+           "persistent gradients)");
 }
 
 ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOptions& options) {
@@ -180,7 +180,7 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   model_config.overlap = options.overlap;
   model_config.recompute_activation = options.recompute_activation;
   model_config.dropout = options.dropout;
-  ResidualStack model(ctx, model_config, options.tensor_parallel, options.context_parallel);
+  ResidualStack model(ctx, model_config, options.tensor_parallel, options.context_parallel, options.expert_parallel);
   AdamW optimizer(ctx, model.parameters(), {.lr = options.lr, .weight_decay = options.weight_decay});
   optimizer.set_skip_nonfinite(ctx, options.skip_nonfinite);
   optimizer.set_summed_update_stream(options.summed_update_stream);
@@ -195,13 +195,18 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
            " or leave the config out of --configs");
   SG_CHECK(cp == 1 || (tp == 1 && options.data_parallel == nullptr), "config ", config.name,
            ": --cp together with --tp or --dp is not benchmarked yet");
+  SG_CHECK(options.expert_parallel == nullptr || (tp == 1 && cp == 1 && options.data_parallel == nullptr), "config ",
+           config.name, ": --ep together with --tp, --cp or --dp is not benchmarked yet");
   SG_CHECK(config.tokens % (2 * cp) == 0, "config ", config.name, ": its ", config.tokens,
            " tokens do not cut into 2 x ", cp, " context-parallel chunks (Note [Context-parallel token layout]); "
            "give --cp a value whose double divides them");
   // Context-parallel, the CP group is the step's gradient group (DP x CP with DP = 1), and each rank's rows are
   // tokens / cp; the packing, the group's, is written below (a sequence may span the ranks).
-  TrainStep step(ctx, model, optimizer, config.tokens / tp / cp,
-                 cp > 1 ? options.context_parallel : options.data_parallel, options.dp_mode,
+  // Expert-parallel, the EP group is the step's gradient group (Note [Expert-parallel ResidualStack]).
+  Communicator* gradient_group = cp > 1                                ? options.context_parallel
+                                 : options.expert_parallel != nullptr ? options.expert_parallel
+                                                                      : options.data_parallel;
+  TrainStep step(ctx, model, optimizer, config.tokens / tp / cp, gradient_group, options.dp_mode,
                  cp > 1 ? (config.sequences + cp - 1) / cp : config.sequences / (config.model.heads > 0 ? tp : 1));
   if (options.step_scoped_gradients) optimizer.use_step_scoped_gradients(ctx);
   load_batch(ctx, step, config, options.data_seed, cp, cp > 1 ? options.context_parallel->rank() : 0);

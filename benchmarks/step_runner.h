@@ -122,6 +122,11 @@ struct StepRunOptions {
   // its zig-zag chunks of the config's tokens, and the CP group is the
   // step's gradient group (data_parallel must be null).
   Communicator* context_parallel = nullptr;
+  // Expert parallelism (Note [Expert-parallel rows] in
+  // expert_parallel_step_runner.h): every MoE block's experts are spread over
+  // `expert_parallel` (null: none), each rank trains the config's tokens, and
+  // the EP group is the step's gradient group (data_parallel must be null).
+  Communicator* expert_parallel = nullptr;
   // Graph mode: after the timed steps, one profiled step (CapturedStep::profile;
   // every rank, since it holds the collectives); its text in ModeResult::profile.
   bool profile = false;

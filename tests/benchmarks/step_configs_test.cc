@@ -57,6 +57,24 @@ TEST(StepConfigsTest, TinyHasAttention) {
   EXPECT_EQ(tiny.tokens, 64);
 }
 
+// step_bench --ep 2's host config: tiny's GPT with every block MoE, its experts splitting over two ranks.
+TEST(StepConfigsTest, MoeTinyIsTinyWithExpertsThatSplitOverTwoRanks) {
+  const StepConfig c = step_config("moe_tiny");
+  const StepConfig tiny = step_config("tiny");
+  EXPECT_EQ(c.name, "moe_tiny");
+  EXPECT_EQ(c.model.hidden, tiny.model.hidden);
+  EXPECT_EQ(c.model.heads, tiny.model.heads);
+  EXPECT_EQ(c.model.layers, tiny.model.layers);
+  EXPECT_EQ(c.model.vocab, tiny.model.vocab);
+  EXPECT_EQ(c.tokens, tiny.tokens);
+  EXPECT_EQ(c.model.experts, 4);
+  EXPECT_EQ(c.model.experts % 2, 0);
+  EXPECT_EQ(c.model.topk, 2);
+  EXPECT_EQ(c.model.moe_every, 1);
+  EXPECT_EQ(tiny.model.experts, 0);  // tiny stays dense
+  EXPECT_EQ(parse_config_list("tiny,moe_tiny").at(1).name, "moe_tiny");
+}
+
 // step_bench --cp 2's config: medium's shape, one sequence of 16k, cut into 2 x 2 context-parallel chunks at 32k.
 TEST(StepConfigsTest, LongIsMediumsShapeWithOneSequenceOf16k) {
   const StepConfig c = step_config("long");
@@ -113,7 +131,7 @@ TEST(StepConfigsTest, BadListsAreClearErrors) {
     step_config("huge");
     ADD_FAILURE() << "no error for step config 'huge'";
   } catch (const Error& error) {
-    EXPECT_NE(error.message().find("known: small, medium, large, moe, long, tiny"), std::string::npos) << error.message();
+    EXPECT_NE(error.message().find("known: small, medium, large, moe, long, tiny, moe_tiny"), std::string::npos) << error.message();
   }
 }
 

@@ -76,8 +76,9 @@ class LanguageModel {
   // stages): the same table as this model's.
   static std::uint32_t embedding_seed(const LanguageModelConfig& config) { return config.model.seed + 104729; }
 
-  // `expert_parallel`: the stack's (Note [Expert-parallel ResidualStack]);
-  // the embedding is replicated, like every non-expert parameter.
+  // `expert_parallel`: the stack's (Note [Expert-parallel ResidualStack]:
+  // this rank's EP group, also under expert x data parallelism); the
+  // embedding is replicated, like every non-expert parameter.
   LanguageModel(Context& ctx, const LanguageModelConfig& config, Communicator* tensor_parallel = nullptr,
                 Communicator* context_parallel = nullptr, Communicator* expert_parallel = nullptr);
 

@@ -53,7 +53,16 @@
 // gradients must be summed over the P ranks (and the loss averaged), while
 // the experts' gradients already hold every rank's tokens and are whole on
 // their rank: expert_parameters() lists them, and TrainStep leaves them out
-// of its data-parallel reduction (its data-parallel group must be this one).
+// of its data-parallel reduction (its data-parallel group is then this one).
+// Expert x data parallelism (Megatron's layout): DP replicas of this EP
+// group, EP x DP ranks with EP innermost (world rank w is EP rank w % EP of
+// replica w / EP; train/expert_data_parallel_groups.h makes the groups).
+// Each rank still trains its own tokens, so the replicated gradients are
+// summed over the whole world, and an expert's gradient, whole over its EP
+// group's tokens, is summed over the DP ranks that hold the same expert
+// (the expert-data-parallel group: the same EP rank in every replica).
+// TrainStep does both (GradientGroups: data_parallel the world,
+// expert_data_parallel that group); this stack only takes its EP group.
 // Not with tensor or context parallelism yet (an Error).
 #pragma once
 

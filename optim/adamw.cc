@@ -209,15 +209,20 @@ namespace {
 // identities, but they run (and are captured) as at any size.
 bool reduces(const Communicator* comm) { return comm != nullptr; }
 
-// The gradients of parameters [first, first + grads.size()) that are not
-// rank-local, in order.
-std::vector<Tensor> without_rank_local(const std::vector<Tensor>& grads, const std::vector<Parameter*>& parameters,
-                                       std::size_t first, const std::unordered_set<const Parameter*>& rank_local) {
+// The gradients of parameters [first, first + grads.size()) that are (or,
+// with `local` false, are not) rank-local, in order.
+std::vector<Tensor> rank_local_split(const std::vector<Tensor>& grads, const std::vector<Parameter*>& parameters,
+                                     std::size_t first, const std::unordered_set<const Parameter*>& rank_local,
+                                     bool local) {
   std::vector<Tensor> out;
   for (std::size_t i = 0; i < grads.size(); ++i) {
-    if (rank_local.count(parameters[first + i]) == 0) out.push_back(grads[i]);
+    if ((rank_local.count(parameters[first + i]) > 0) == local) out.push_back(grads[i]);
   }
   return out;
+}
+std::vector<Tensor> without_rank_local(const std::vector<Tensor>& grads, const std::vector<Parameter*>& parameters,
+                                       std::size_t first, const std::unordered_set<const Parameter*>& rank_local) {
+  return rank_local_split(grads, parameters, first, rank_local, false);
 }
 
 // Rank-local gradients are summed by nobody: a sharded update would
@@ -236,21 +241,28 @@ std::string_view summed_update_stream_name(AdamW::SummedUpdateStream stream) {
 }
 
 AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel,
-                                std::span<Parameter* const> rank_local)
+                                std::span<Parameter* const> rank_local, Communicator* rank_local_group)
     : ctx_(ctx),
       optimizer_(optimizer),
       data_parallel_(data_parallel),
+      rank_local_group_(rank_local.empty() ? nullptr : rank_local_group),
       done_(optimizer.group_count(), false),
       remaining_(optimizer.group_count()) {
   SG_CHECK(remaining_ > 0, "AdamW::GroupedStep: the optimizer has no groups; call set_groups first");
-  SG_CHECK_CODE(!(optimizer.step_scoped_gradients() && reduces(data_parallel)), ErrorCode::kUnsupported,
+  SG_CHECK_CODE(!(optimizer.step_scoped_gradients() && (reduces(data_parallel) || reduces(rank_local_group_))),
+                ErrorCode::kUnsupported,
                 "AdamW::GroupedStep: step-scoped gradients are not summed across data-parallel ranks yet; keep "
                 "them persistent");
   check_rank_local(optimizer, rank_local, "AdamW::GroupedStep");
+  const std::unordered_set<const Parameter*> local(rank_local.begin(), rank_local.end());
   if (!rank_local.empty() && reduces(data_parallel)) {
-    const std::unordered_set<const Parameter*> local(rank_local.begin(), rank_local.end());
     for (const Update& group : optimizer.groups_) {
       reduced_.push_back(without_rank_local(group.grads, optimizer.parameters_, group.first, local));
+    }
+  }
+  if (reduces(rank_local_group_)) {
+    for (const Update& group : optimizer.groups_) {
+      rank_local_reduced_.push_back(rank_local_split(group.grads, optimizer.parameters_, group.first, local, true));
     }
   }
 }
@@ -260,10 +272,13 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
            done_.size() > group ? " was already updated this step" : " does not exist");
   done_[group] = true;
   --remaining_;
-  const bool summed = reduces(data_parallel_) && !optimizer_.sharded();
-  if (summed) {
+  const bool summed = (reduces(data_parallel_) || reduces(rank_local_group_)) && !optimizer_.sharded();
+  if (summed && reduces(data_parallel_)) {
     const std::vector<Tensor>& grads = reduced_.empty() ? optimizer_.group_gradients(group) : reduced_[group];
     if (!grads.empty()) ops::all_reduce_many_(ctx_, *data_parallel_, grads, ReduceOp::kSum);
+  }
+  if (summed && reduces(rank_local_group_) && !rank_local_reduced_[group].empty()) {
+    ops::all_reduce_many_(ctx_, *rank_local_group_, rank_local_reduced_[group], ReduceOp::kSum);
   }
   // Note [Where summed updates run]. Every group takes the same stream, so
   // the updates stay in order on one stream (the last advances the shared
@@ -386,8 +401,9 @@ std::vector<AdamW::Moments> AdamW::moments() const {
 
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
                          Communicator* data_parallel, Communicator* tensor_parallel,
-                         std::span<Parameter* const> rank_local) {
-  SG_CHECK_CODE(!optimizer.step_scoped_gradients() || (data_parallel == nullptr && tensor_parallel == nullptr),
+                         std::span<Parameter* const> rank_local, Communicator* rank_local_group) {
+  SG_CHECK_CODE(!optimizer.step_scoped_gradients() ||
+                    (data_parallel == nullptr && tensor_parallel == nullptr && rank_local_group == nullptr),
                 ErrorCode::kUnsupported,
                 "step-scoped gradients (Note [Step-scoped gradients]) are not yet reduced across data- or "
                 "tensor-parallel ranks; keep the gradients persistent for a parallel step");
@@ -407,13 +423,19 @@ void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWit
         if (!grads.empty()) ops::all_reduce_many_(ctx, *data_parallel, grads, ReduceOp::kSum);
       }
     }
+    if (reduces(rank_local_group) && !rank_local.empty()) {
+      const std::vector<Tensor> grads =
+          rank_local_split(optimizer.all_gradients(), optimizer.parameters(), 0,
+                           std::unordered_set<const Parameter*>(rank_local.begin(), rank_local.end()), true);
+      if (!grads.empty()) ops::all_reduce_many_(ctx, *rank_local_group, grads, ReduceOp::kSum);
+    }
     if (optimizer.skips_nonfinite()) {
       optimizer.flag_nonfinite_group(ctx, -1);
     } else {
       optimizer.step(ctx);
     }
   } else {
-    AdamW::GroupedStep update(ctx, optimizer, data_parallel, rank_local);
+    AdamW::GroupedStep update(ctx, optimizer, data_parallel, rank_local, rank_local_group);
     backward(std::ref(update));
     update.finish();
   }

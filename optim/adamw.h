@@ -96,14 +96,16 @@ class AdamW {
   // summed across the ranks (one all-reduce bucket per
   // group, on the communication stream), so the reduction of one group
   // overlaps the backward of the groups before it. `rank_local` parameters
-  // are left out of that sum: their gradients are this rank's own and
-  // already whole (expert-parallel experts, Note [Expert-parallel
-  // ResidualStack] in layers/residual_stack.h). Not with ZeRO-1. Where a
+  // are left out of that sum (expert-parallel experts, Note [Expert-parallel
+  // ResidualStack] in layers/residual_stack.h): with `rank_local_group`
+  // their gradients are summed over that group instead, in the same place
+  // (expert x data parallelism: the ranks holding the same experts); without
+  // it they are this rank's own and already whole. Not with ZeRO-1. Where a
   // summed group's update runs: Note [Where summed updates run].
   class GroupedStep {
    public:
     GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel = nullptr,
-                std::span<Parameter* const> rank_local = {});
+                std::span<Parameter* const> rank_local = {}, Communicator* rank_local_group = nullptr);
     void operator()(std::size_t group);
     void finish() const;
 
@@ -111,9 +113,12 @@ class AdamW {
     Context& ctx_;
     const AdamW& optimizer_;
     Communicator* data_parallel_;
+    Communicator* rank_local_group_;
     // Per group, the gradients summed over data_parallel when some
     // parameters are rank-local; empty: every group's gradients.
     std::vector<std::vector<Tensor>> reduced_;
+    // Per group, its rank-local gradients (summed over rank_local_group).
+    std::vector<std::vector<Tensor>> rank_local_reduced_;
     std::vector<bool> done_;
     std::size_t remaining_;
   };
@@ -283,10 +288,10 @@ std::string_view summed_update_stream_name(AdamW::SummedUpdateStream stream);
 // as the backward reports it and updates after the backward, where nothing
 // was flagged (Note [Non-finite steps]); its flag is max-all-reduced over
 // `data_parallel` and `tensor_parallel`, those given. `rank_local`
-// parameters' gradients are never summed over `data_parallel`
-// (AdamW::GroupedStep).
+// parameters' gradients are never summed over `data_parallel`, but over
+// `rank_local_group` where one is given (AdamW::GroupedStep).
 void backward_and_update(Context& ctx, const AdamW& optimizer, const BackwardWithReady& backward,
                          Communicator* data_parallel = nullptr, Communicator* tensor_parallel = nullptr,
-                         std::span<Parameter* const> rank_local = {});
+                         std::span<Parameter* const> rank_local = {}, Communicator* rank_local_group = nullptr);
 
 }  // namespace stepgraph

@@ -9,6 +9,7 @@
 #include "ops/elementwise_ops.h"
 #include "ops/loss_ops.h"
 #include "ops/step_guard_ops.h"
+#include "train/expert_data_parallel_groups.h"
 
 namespace stepgraph {
 
@@ -187,21 +188,34 @@ class ResidualStackSide final : public ModelSideOf<ResidualStack> {
 
 TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
                      Communicator* data_parallel, DataParallelMode mode)
+    : TrainStep(ctx, model, optimizer, batch, GradientGroups{.data_parallel = data_parallel, .mode = mode}) {}
+
+TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
+                     const GradientGroups& groups)
     : TrainStep(ctx, std::make_unique<LanguageModelSide>(ctx, model, checked_rows(batch, "batch")), optimizer,
-                data_parallel, mode) {}
+                groups) {}
 
 TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, PackedTokens packed,
                      Communicator* data_parallel, DataParallelMode mode)
+    : TrainStep(ctx, model, optimizer, packed, GradientGroups{.data_parallel = data_parallel, .mode = mode}) {}
+
+TrainStep::TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, PackedTokens packed,
+                     const GradientGroups& groups)
     : TrainStep(ctx,
                 std::make_unique<LanguageModelSide>(
                     ctx, model,
                     PackedTokens{.tokens = checked_rows(packed.tokens, "tokens"), .sequences = packed.sequences}),
-                optimizer, data_parallel, mode) {}
+                optimizer, groups) {}
 
 TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
                      Communicator* data_parallel, DataParallelMode mode, std::int64_t sequences)
+    : TrainStep(ctx, model, optimizer, tokens, GradientGroups{.data_parallel = data_parallel, .mode = mode},
+                sequences) {}
+
+TrainStep::TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
+                     const GradientGroups& groups, std::int64_t sequences)
     : TrainStep(ctx, std::make_unique<ResidualStackSide>(ctx, model, checked_rows(tokens, "tokens"), sequences),
-                optimizer, data_parallel, mode) {}
+                optimizer, groups) {}
 
 namespace {
 
@@ -223,9 +237,10 @@ void check_optimizer_covers(const std::vector<Parameter*>& model, const std::vec
 
 }  // namespace
 
-TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, Communicator* data_parallel,
-                     DataParallelMode mode)
-    : model_(std::move(model)), optimizer_(optimizer), data_parallel_(data_parallel) {
+TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, const GradientGroups& groups)
+    : model_(std::move(model)), optimizer_(optimizer), data_parallel_(groups.data_parallel) {
+  Communicator* const data_parallel = groups.data_parallel;
+  const DataParallelMode mode = groups.mode;
   check_optimizer_covers(model_->parameters(), optimizer.parameters());
   if (const Communicator* cp = model_->stack().context_parallel()) {
     // Every parameter is replicated over the CP ranks, each of which saw its
@@ -239,19 +254,35 @@ TrainStep::TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& opti
              cp->world_size(), " x the data-parallel size), got ",
              data_parallel != nullptr ? data_parallel->describe() : std::string("none"));
   }
-  if (const Communicator* ep = model_->stack().expert_parallel()) {
+  Communicator* const edp = groups.expert_data_parallel;
+  if (Communicator* ep = model_->stack().expert_parallel()) {
     // Each EP rank trains its own tokens: the replicated parameters'
-    // gradients sum over the EP ranks, the experts' stay (Note
-    // [Expert-parallel ResidualStack]).
-    SG_CHECK(data_parallel == ep, "TrainStep: the model is expert-parallel over ", ep->describe(),
-             ", so data_parallel must be that communicator (every other parameter's gradient is summed over it), "
-             "got ",
-             data_parallel != nullptr ? data_parallel->describe() : std::string("none"),
-             "; expert x data parallelism is not supported yet");
+    // gradients sum over every rank, the experts' over the ranks holding
+    // the same experts, or nowhere (Note [Expert-parallel ResidualStack]).
+    if (edp == nullptr) {
+      SG_CHECK(data_parallel == ep, "TrainStep: the model is expert-parallel over ", ep->describe(),
+               ", so data_parallel must be that communicator (every other parameter's gradient is summed over it), "
+               "got ",
+               data_parallel != nullptr ? data_parallel->describe() : std::string("none"),
+               "; for expert x data parallelism pass the whole world as data_parallel and the ranks holding this "
+               "rank's experts as GradientGroups::expert_data_parallel");
+    } else {
+      SG_CHECK(data_parallel != nullptr, "TrainStep: expert_data_parallel (", edp->describe(),
+               ") sums the experts' gradients over the replicas, but data_parallel is none; pass the whole expert "
+               "x data-parallel world as data_parallel");
+      edp->check_device(ctx.device(), "TrainStep (expert data parallel)");
+      check_expert_data_parallel_layout(*data_parallel, *ep, *edp, "TrainStep");
+      expert_data_parallel_ = edp;
+    }
     SG_CHECK_CODE(mode != DataParallelMode::kZero1, ErrorCode::kUnsupported,
                   "TrainStep: an expert-parallel model's experts are not summed over the ranks, but ZeRO-1 "
                   "reduce-scatters every gradient; use DataParallelMode::kAllReduce");
     rank_local_ = model_->expert_parameters();
+  } else {
+    SG_CHECK(edp == nullptr, "TrainStep: expert_data_parallel (", edp != nullptr ? edp->describe() : std::string(),
+             ") sums expert-parallel experts' gradients, but the model is not expert-parallel; pass no "
+             "expert_data_parallel (data_parallel sums every gradient), or build the model over an "
+             "expert-parallel communicator");
   }
   if (data_parallel != nullptr) {
     data_parallel->check_device(ctx.device(), "TrainStep (data parallel)");
@@ -278,6 +309,7 @@ std::vector<Communicator*> TrainStep::communicators() const {
   Communicator* ep = model_->stack().expert_parallel();
   if (ep != nullptr && ep != data_parallel_) out.push_back(ep);
   if (data_parallel_ != nullptr) out.push_back(data_parallel_);
+  if (expert_data_parallel_ != nullptr) out.push_back(expert_data_parallel_);
   return out;
 }
 
@@ -303,7 +335,7 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
   if (optimizer_.scales_loss()) ops::scale_by_loss_scale_(ctx, loss.dlogits, optimizer_.loss_scale_state());
   backward_and_update(
       ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); }, data_parallel_,
-      stack.tensor_parallel(), rank_local_);
+      stack.tensor_parallel(), rank_local_, expert_data_parallel_);
   return {reported};
 }
 

@@ -49,6 +49,21 @@ enum class DataParallelMode : std::uint8_t {
 };
 std::string_view data_parallel_mode_name(DataParallelMode mode);  // "allreduce" | "zero1"
 
+// The groups a TrainStep sums its gradients over (see TrainStep's comment):
+//   TrainStep step(ctx, model, optimizer, batch,
+//                  {.data_parallel = &world, .expert_data_parallel = &edp});
+struct GradientGroups {
+  // Every gradient but rank-local experts' is summed over it and the loss
+  // averaged over its ranks; null: one rank alone.
+  Communicator* data_parallel = nullptr;
+  DataParallelMode mode = DataParallelMode::kAllReduce;
+  // Expert x data parallelism only (Note [Expert-parallel ResidualStack]):
+  // the ranks that hold the same experts as this one, over which the
+  // experts' gradients are summed; null: the experts are whole on their rank
+  // (data_parallel is then the expert-parallel group itself).
+  Communicator* expert_data_parallel = nullptr;
+};
+
 class TrainStep {
  public:
   // Creates the step's persistent inputs: the tokens (see above: `batch`
@@ -81,13 +96,27 @@ class TrainStep {
   //
   // Expert parallelism comes with the model too (Note [Expert-parallel
   // ResidualStack]): each rank trains its own `batch` rows like a
-  // data-parallel rank, and `data_parallel` must be the model's
+  // data-parallel rank. Either `data_parallel` is the model's
   // expert-parallel communicator: every gradient but the experts' is summed
   // over it and the loss averaged; the experts' gradients (the model's
-  // expert_parameters()) are whole on their rank and left out. Not with
+  // expert_parameters()) are whole on their rank and left out. Or, expert x
+  // data parallelism (GradientGroups): a world of EP x DP ranks, expert
+  // parallelism innermost (world rank w is rank w % EP of the EP group of
+  // replica w / EP, as the trainer lays out TP), where
+  //   - data_parallel is the whole world: the replicated gradients are
+  //     summed over all EP x DP ranks and the loss averaged over them;
+  //   - the model's expert-parallel communicator is this rank's EP group;
+  //   - expert_data_parallel is the DP ranks holding the same experts (the
+  //     same EP rank in every replica), over which the experts' gradients
+  //     are summed, on the communication stream like the other groups'
+  //     sums (with the optimizer's groups, overlapping the backward).
+  // The constructor checks that layout on every rank (a host exchange over
+  // the three groups) and refuses, on every rank alike, sizes that do not
+  // multiply up and groups that mix replicas, naming the argument. Not with
   // ZeRO-1 yet.
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
+  TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, std::int64_t batch, const GradientGroups& groups);
   // A sequence model's step over `tokens` tokens packed as up to `sequences`
   // sequences of any lengths (so a batch can be padded into a fixed shape
   // bucket): tokens int32 [tokens, 1], one label per token, and
@@ -102,11 +131,14 @@ class TrainStep {
   };
   TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, PackedTokens packed,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce);
+  TrainStep(Context& ctx, LanguageModel& model, AdamW& optimizer, PackedTokens packed, const GradientGroups& groups);
   // Creates the step's persistent inputs: activations x [tokens, hidden] in
   // the model dtype, labels int32 [tokens], and the label error flag; with
   // attention, packing() of `sequences` sequences of tokens / sequences.
   TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens,
             Communicator* data_parallel = nullptr, DataParallelMode mode = DataParallelMode::kAllReduce,
+            std::int64_t sequences = 1);
+  TrainStep(Context& ctx, ResidualStack& model, AdamW& optimizer, std::int64_t tokens, const GradientGroups& groups,
             std::int64_t sequences = 1);
   ~TrainStep();
   TrainStep(const TrainStep&) = delete;
@@ -124,7 +156,8 @@ class TrainStep {
   const Tensor& packing() const;
   // The communicators a capture of this step must check
   // (CaptureOptions::communicators): the model's tensor-, context- and
-  // expert-parallel ones and the data-parallel one, those that exist, each once.
+  // expert-parallel ones, the data-parallel and expert-data-parallel ones,
+  // those that exist, each once.
   std::vector<Communicator*> communicators() const;
 
   // Error if any token (LanguageModel) or label so far was outside
@@ -137,14 +170,15 @@ class TrainStep {
   class ModelSide;
 
  private:
-  TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, Communicator* data_parallel,
-            DataParallelMode mode);
+  TrainStep(Context& ctx, std::unique_ptr<ModelSide> model, AdamW& optimizer, const GradientGroups& groups);
 
   std::unique_ptr<ModelSide> model_;
   AdamW& optimizer_;
   Communicator* data_parallel_;
-  // The model's expert-parallel experts: left out of the data-parallel sum.
+  // The model's expert-parallel experts: left out of the data-parallel sum,
+  // summed over expert_data_parallel_ where there is one.
   std::vector<Parameter*> rank_local_;
+  Communicator* expert_data_parallel_ = nullptr;
   Tensor labels_;
   Tensor label_error_;
 };

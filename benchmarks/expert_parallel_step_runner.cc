@@ -35,12 +35,13 @@ RankedResult run_row(const StepConfig& config, StepMode mode, const StepRunOptio
   return out;
 }
 
-// Before measuring (cuda only, as StepRunOptions::prime): one untimed eager
-// step of the config's first MoE block alone and, over several ranks, expert
-// parallel: kernel modules load, cuBLASLt times its algorithms and NCCL
-// connects the ranks before any mode's memory delta or capture is measured.
+// Before measuring (StepRunOptions::prime): one untimed eager step of the
+// config's first MoE block alone and, over several ranks, expert parallel:
+// on a GPU kernel modules load, cuBLASLt times its algorithms and NCCL
+// connects the ranks before any mode's memory delta or capture is measured
+// (on the host it is one short step more, asked of no device in particular).
 void prime(const StepConfig& config, const StepRunOptions& alone, const StepRunOptions& together) {
-  if (!alone.prime || alone.device != Device::kCuda) return;
+  if (!alone.prime) return;
   StepConfig first = config;
   first.model.layers = std::min(config.model.layers, std::max<std::int64_t>(config.model.moe_every, 1));
   for (const StepRunOptions* options : {&alone, &together}) {

@@ -72,6 +72,14 @@ void Communicator::window_send_recv(const PeerWindow&, std::int64_t, const void*
   SG_THROW(ErrorCode::kUnsupported, describe(), " has no peer windows (", peer_transport_reason_, ")");
 }
 
+void Communicator::window_post(const PeerWindow&, std::int64_t, PeerFlag, int, CUstream_st*) {
+  SG_THROW(ErrorCode::kUnsupported, describe(), " has no peer windows (", peer_transport_reason_, ")");
+}
+
+void Communicator::window_await(const PeerWindow&, std::int64_t, PeerFlag, int, CUstream_st*) {
+  SG_THROW(ErrorCode::kUnsupported, describe(), " has no peer windows (", peer_transport_reason_, ")");
+}
+
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) {
   SG_CHECK(color >= 0, describe(), " split '", name, "': color must be >= 0, got ", color);
   const std::vector<std::string> all = exchange(detail::concat(color, " ", key), detail::concat("split '", name, "'"));

@@ -105,9 +105,24 @@ class Communicator {
   // enqueued on `stream` (recorded under capture); on host it runs now.
   virtual void window_send_recv(const PeerWindow& window, std::int64_t slot, const void* send, int to, void* recv,
                                 int from, std::int64_t bytes, CUstream_st* stream);
-  // The next signal slot, in trace order (ops::send_recv while tracing).
+  // The flags alone, for an exchange whose bytes a kernel writes through
+  // `window` itself (ops/moe_exchange_ops.h): window_post sets `flag` of
+  // slot `slot` on rank `to`, after this stream's earlier writes;
+  // window_await waits until this rank's is set (by `from`), then clears it,
+  // failing after the communicator's timeout. On cuda enqueued on `stream`
+  // (recorded under capture); on host they run now.
+  virtual void window_post(const PeerWindow& window, std::int64_t slot, PeerFlag flag, int to, CUstream_st* stream);
+  virtual void window_await(const PeerWindow& window, std::int64_t slot, PeerFlag flag, int from, CUstream_st* stream);
+  // The next signal slot, in trace order (ops::send_recv while tracing);
+  // take_signal_slots(n) takes n in a row and returns the first.
   std::int64_t take_signal_slot() { return next_signal_slot_++; }
-  // window_send_recv calls so far on this rank (host: run; cuda: issued or
+  std::int64_t take_signal_slots(std::int64_t n) {
+    const std::int64_t first = next_signal_slot_;
+    next_signal_slot_ += n;
+    return first;
+  }
+  // Receives through a window so far on this rank (window_send_recv calls
+  // and window_await calls on data flags; host: run; cuda: issued or
   // recorded): tests see which path a step took.
   std::int64_t window_transfers() const { return window_transfers_; }
 

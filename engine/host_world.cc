@@ -260,6 +260,25 @@ class HostCommunicator final : public Communicator {
     count_window_transfer();
   }
 
+  void window_post(const PeerWindow& window, std::int64_t slot, PeerFlag flag, int to, CUstream_st*) override {
+    check_peer("window_post", to, "peer");
+    SG_CHECK_CODE(window.communicator() == id(), ErrorCode::kInternal, describe(),
+                  ": a flag posted through another communicator's window");
+    shared_->signals[static_cast<std::size_t>(to)][static_cast<std::size_t>(peer_flag_index(slot, flag))].store(
+        1, std::memory_order_release);
+  }
+
+  void window_await(const PeerWindow& window, std::int64_t slot, PeerFlag flag, int from, CUstream_st*) override {
+    check_peer("window_await", from, "peer");
+    SG_CHECK_CODE(window.communicator() == id(), ErrorCode::kInternal, describe(),
+                  ": a flag awaited through another communicator's window");
+    const std::string call = next_call_name(
+        detail::concat("peer exchange (", flag == PeerFlag::kData ? "data" : "ready", " flag, slot ", slot, ")"));
+    std::atomic<std::uint32_t>* mine = shared_->signals[static_cast<std::size_t>(rank())].get();
+    await(mine[static_cast<std::size_t>(peer_flag_index(slot, flag))], call, from);
+    if (flag == PeerFlag::kData) count_window_transfer();
+  }
+
   std::vector<std::string> exchange(std::string_view local, std::string_view what) override {
     std::unique_lock lock(shared_->mutex);
     const std::string call = next_call_name(detail::concat("exchange '", what, "'"));

@@ -245,6 +245,26 @@ class NcclCommunicator final : public Communicator {
     count_window_transfer();
   }
 
+  void window_post(const PeerWindow& window, std::int64_t slot, PeerFlag flag, int to, CUstream_st* stream) override {
+    check_peer("window_post", to, "peer");
+    SG_CHECK_CODE(!aborted_.load(), ErrorCode::kNccl, describe(), " window_post: the communicator was aborted");
+    SG_CHECK_CODE(window.communicator() == id() && !peer_signals_.empty() &&
+                      peer_signals_[static_cast<std::size_t>(to)] != nullptr,
+                  ErrorCode::kInternal, describe(), " window_post to rank ", to, ": its flags are not mapped");
+    cuda_peer::post_flag(stream, peer_signals_[static_cast<std::size_t>(to)] + peer_flag_index(slot, flag));
+  }
+
+  void window_await(const PeerWindow& window, std::int64_t slot, PeerFlag flag, int from,
+                    CUstream_st* stream) override {
+    check_peer("window_await", from, "peer");
+    SG_CHECK_CODE(!aborted_.load(), ErrorCode::kNccl, describe(), " window_await: the communicator was aborted");
+    SG_CHECK_CODE(window.communicator() == id() && signals_ != nullptr, ErrorCode::kInternal, describe(),
+                  " window_await: no window shared this communicator's flags");
+    const auto timeout_ns = static_cast<std::uint64_t>(timeout_.count()) * 1000000u;
+    cuda_peer::await_flag(stream, signals_ + peer_flag_index(slot, flag), timeout_ns);
+    if (flag == PeerFlag::kData) count_window_transfer();
+  }
+
   // Two all-gathers on a private stream: every rank's length, then the bytes
   // padded to the longest.
   std::vector<std::string> exchange(std::string_view local, std::string_view what) override {

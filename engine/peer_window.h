@@ -32,6 +32,10 @@
 //     forever with the same values.
 //   - Slots are numbered per communicator in trace order (every rank traces
 //     the same calls, and the capture uniformity check compares the numbers).
+//     An expert-parallel exchange takes P slots in a row, announces its
+//     receive buffer in the first, and posts and awaits the flags around its
+//     own copy kernel (Note [Expert-parallel exchange] in
+//     ops/moe_exchange_ops.h).
 //     Eager calls take no slot and stay on NCCL (their buffers are not in a
 //     shared pool); the bytes moved are the same, so eager == graph.
 // Where peers are not reachable (another host, NCCL_P2P_DISABLE=1, a GPU not
@@ -49,13 +53,21 @@
 
 namespace stepgraph {
 
-// How a communicator's captured send_recv calls move bytes; chosen once, at
-// setup, the same on every rank.
+// How a communicator's captured send_recv calls (and expert-parallel
+// exchanges, ops/moe_exchange_ops.h) move bytes; chosen once, at setup, the
+// same on every rank.
 enum class PeerTransport : std::uint8_t {
   kNccl,      // NCCL point-to-point kernels
   kPeerCopy,  // copies into the receiver's mapped pool (Note [The pool as symmetric memory])
 };
 std::string_view peer_transport_name(PeerTransport transport);  // "nccl", "peer_copy"
+
+// The two flags of a signal slot on every rank: kReady, posted by a receiver
+// to its sender (my receive buffer is free); kData, posted by a sender to its
+// receiver (your bytes have landed). A send_recv uses both of its slot; an
+// exchange whose rows a kernel writes (ops/moe_exchange_ops.h) posts and
+// awaits them itself, one slot per peer (Communicator::window_post).
+enum class PeerFlag : std::uint8_t { kReady, kData };
 
 // One send_recv a rank receives through its window.
 struct PeerReceive {
@@ -66,6 +78,11 @@ struct PeerReceive {
 
 // Flags per communicator: a slot s uses flags s % kPeerSignalSlots.
 inline constexpr std::int64_t kPeerSignalSlots = 4096;
+// The flag's index in a rank's table of 2 * kPeerSignalSlots flags (ready
+// flags first, then data flags).
+inline std::int64_t peer_flag_index(std::int64_t slot, PeerFlag flag) {
+  return (flag == PeerFlag::kData ? kPeerSignalSlots : 0) + slot % kPeerSignalSlots;
+}
 
 class PeerWindow {
  public:

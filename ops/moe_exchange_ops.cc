@@ -8,6 +8,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/moe_exchange.h"
 #include "ops/collective_ops.h"
+#include "ops/moe_exchange_peer.h"
 #include "ops/op_registration.h"
 #include "ops/operands.h"
 
@@ -293,8 +294,10 @@ namespace {
 // counts must be int32 [P, E] before anything is traced, so the error names
 // the caller's argument.
 void check_call(std::string_view what, Communicator& comm, const Tensor& rows, const char* rows_name,
-                const Tensor& counts) {
+                const Tensor& counts, const EpPeerOptions& options) {
   SG_CHECK(rows.defined() && counts.defined(), what, ": ", rows_name, " and counts must be defined tensors");
+  SG_CHECK(options.blocks >= 1 && options.blocks <= kernels::kMaxEpPeerCopyBlocks, what,
+           ": EpPeerOptions::blocks must be in [1, ", kernels::kMaxEpPeerCopyBlocks, "], got ", options.blocks);
   SG_CHECK(rows.shape().rank() == 2, what, ": ", rows_name, " must be a matrix [rows, H], got ", rows.shape());
   check_counts(what, counts.meta(), comm.world_size());
 }
@@ -330,11 +333,16 @@ std::vector<Tensor> exchange(Context& ctx, Communicator& comm, const std::vector
   return received;
 }
 
-// Plan, pack, exchange, unpack: `rows` rows of R per rank.
+// Plan, pack, exchange, unpack: `rows` rows of R per rank; or, traced on a
+// communicator with peer copies, routes and the peer copy (the plan only
+// for the dispatch's splits).
 Tensor move(Context& ctx, Communicator& comm, kernels::EpDirection direction, const Tensor& rows, const Tensor& counts,
-            std::int64_t R, Tensor* splits) {
+            std::int64_t R, Tensor* splits, const EpPeerOptions& options) {
+  const bool by_peer_copies = ep_exchange_by_peer_copies(ctx, comm) && R > 0;
+  if (by_peer_copies && splits == nullptr) return ep_peer_move(ctx, comm, direction, rows, counts, R, options);
   const Plan plan = make_plan(ctx, comm, counts, R);
   if (splits != nullptr) *splits = plan.splits;
+  if (by_peer_copies) return ep_peer_move(ctx, comm, direction, rows, counts, R, options);
   const EpCopyParams p = copy_params(comm, direction, R, counts);
   const std::vector<Tensor> packed =
       ctx.call(ep_pack_op(), p, flatten(kPack, p, EpPackOperands<Tensor>{rows, plan.plan}));
@@ -352,30 +360,39 @@ Tensor ep_counts(Context& ctx, Communicator& comm, const Tensor& splits) {
   return all_gather(ctx, comm, row).set_name("ep.counts");
 }
 
-EpDispatch ep_dispatch(Context& ctx, Communicator& comm, const Tensor& x_perm, const Tensor& counts) {
-  check_call("ep_dispatch", comm, x_perm, "x_perm", counts);
+bool ep_exchange_by_peer_copies(const Context& ctx, const Communicator& comm) {
+  return ctx.tracing() && comm.peer_transport() == PeerTransport::kPeerCopy && comm.world_size() > 1;
+}
+
+EpDispatch ep_dispatch(Context& ctx, Communicator& comm, const Tensor& x_perm, const Tensor& counts,
+                       const EpPeerOptions& options) {
+  check_call("ep_dispatch", comm, x_perm, "x_perm", counts, options);
   EpDispatch out;
-  out.rows = move(ctx, comm, kernels::EpDirection::kDispatch, x_perm, counts, x_perm.shape().dim(0), &out.splits);
+  out.rows =
+      move(ctx, comm, kernels::EpDirection::kDispatch, x_perm, counts, x_perm.shape().dim(0), &out.splits, options);
   out.rows.set_name("ep.rows");
   out.splits.set_name("ep.splits");
   return out;
 }
 
-Tensor ep_combine(Context& ctx, Communicator& comm, const Tensor& y_rows, const Tensor& counts) {
-  check_call("ep_combine", comm, y_rows, "y_rows", counts);
+Tensor ep_combine(Context& ctx, Communicator& comm, const Tensor& y_rows, const Tensor& counts,
+                  const EpPeerOptions& options) {
+  check_call("ep_combine", comm, y_rows, "y_rows", counts, options);
   const int n = comm.world_size();
   SG_CHECK(y_rows.shape().dim(0) % n == 0, "ep_combine: y_rows ", y_rows.shape(), " must have P * R rows (P = ", n,
            "), as ep_dispatch's rows have");
-  return move(ctx, comm, kernels::EpDirection::kCombine, y_rows, counts, y_rows.shape().dim(0) / n, nullptr)
+  return move(ctx, comm, kernels::EpDirection::kCombine, y_rows, counts, y_rows.shape().dim(0) / n, nullptr, options)
       .set_name("ep.y_perm");
 }
 
-Tensor ep_dispatch_backward(Context& ctx, Communicator& comm, const Tensor& d_rows, const Tensor& counts) {
-  return ep_combine(ctx, comm, d_rows, counts);
+Tensor ep_dispatch_backward(Context& ctx, Communicator& comm, const Tensor& d_rows, const Tensor& counts,
+                            const EpPeerOptions& options) {
+  return ep_combine(ctx, comm, d_rows, counts, options);
 }
 
-Tensor ep_combine_backward(Context& ctx, Communicator& comm, const Tensor& d_y_perm, const Tensor& counts) {
-  return ep_dispatch(ctx, comm, d_y_perm, counts).rows;
+Tensor ep_combine_backward(Context& ctx, Communicator& comm, const Tensor& d_y_perm, const Tensor& counts,
+                           const EpPeerOptions& options) {
+  return ep_dispatch(ctx, comm, d_y_perm, counts, options).rows;
 }
 
 }  // namespace stepgraph::ops

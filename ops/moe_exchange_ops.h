@@ -4,6 +4,7 @@
 //
 //   Tensor counts = ops::ep_counts(ctx, comm, plan.splits);            // int32 [P, E]
 //   ops::EpDispatch in = ops::ep_dispatch(ctx, comm, x_perm, counts);  // rows [P*R, H], splits [E/P]
+//   (rows past the splits' sum: zero by NCCL, unspecified by peer copies)
 //   ...grouped GEMMs over in.rows with in.splits (this rank's experts)...
 //   Tensor y_perm = ops::ep_combine(ctx, comm, y_rows, counts);        // [R, H], x_perm's order
 //
@@ -25,11 +26,51 @@
 //   3. ep_combine is the reverse: the expert rows [P R, H] in dispatch's
 //      layout go back to their source ranks and land at the rows they came
 //      from in x_perm's order, so ep_combine(ep_dispatch(x)) == x bit for bit.
-// The padded exchange of the bound R is the fallback that needs no peer
-// access: it moves P R rows per rank whatever the routing. Nothing reads a
-// count on the host, and no routing can overflow a buffer: the plan clamps
-// bad counts the same way on every rank. Both directions are pure data
-// movement, so each is the other's backward.
+// That padded exchange of the bound R is the fallback that needs no peer
+// access: it moves P R rows per rank whatever the routing. Traced on a
+// communicator whose transport is peer copies (peer_transport(), chosen and
+// logged when it is made; ep_exchange_by_peer_copies), dispatch and combine
+// move exactly the counted rows instead, straight into the receivers' pool
+// values through the captured step's peer window (Note [The pool as
+// symmetric memory] in engine/peer_window.h):
+//   - ep_routes computes, on the device from counts, where every run of this
+//     rank's rows lands in each receiver's buffer, in the layout above (Note
+//     [Expert-parallel routes] in kernels/moe_exchange_peer.h).
+//   - ep_peer_copy, a collective whose one output is this rank's receive
+//     buffer (announced in the window in its first signal slot), takes P
+//     slots, s + p pairing with rank p. In stream order on the communication
+//     stream: post every peer's ready flag of slot s + r (my buffer is free:
+//     every reader of the bytes it reuses is done), await mine from every
+//     peer, copy (a kernel of EpPeerOptions::blocks blocks, a few so it runs
+//     beside the GEMMs, writes each run into its receiver's buffer through
+//     the peer mapping, its own rows locally), post every peer's data flag of
+//     slot s + r (after the copy's writes), await all P - 1 data flags: then
+//     the buffer is whole and the grouped GEMMs may read it. Each flag has
+//     one writer and one waiter, and each waiter clears its flag before the
+//     writer can post it again, so the graph replays forever.
+//   - Nothing overflows: the routes come from the clamped sums, so a sender
+//     writes at most R rows of a dispatch, all below the receiver's bound P R,
+//     and a combine returns to each rank at most the c_q[E] <= R rows it sent.
+//   - Rows past the received sum are not written: the dispatched buffer keeps
+//     whatever the pool held there. Its readers need nothing else: the grouped
+//     linears run with SplitSum::kAtMostRows, whose products write zeros past
+//     the splits' sum and leave those rows out of every gradient (Note
+//     [Expert-parallel MoE] in layers/moe_mlp.h), and ep_combine reads only
+//     the counted rows. Zeroing them would cost a write of up to (P - 1) R
+//     rows per exchange, more than the routed rows themselves when routing is
+//     balanced. A combine does zero its y_perm rows that no expert returns
+//     (past c_r[E]: only where counts were clamped), so y_perm is the
+//     padded path's bit for bit.
+//   - The counts stay an NCCL all-gather: P E int32 values, one small
+//     collective; by peer writes it would need the same two rounds of flags
+//     as a copy, for no fewer synchronisations.
+// Eager calls keep the padded exchange (their buffers are no pool values),
+// and so does a communicator without peer copies (another host,
+// NCCL_P2P_DISABLE=1; HostWorld(..., peer_copies = false) on host). Both
+// transports give the same splits, the same y_perm and the same rows up to
+// the sum, bit for bit. Nothing reads a count on the host, and no routing can
+// overflow a buffer: the plan clamps bad counts the same way on every rank.
+// Both directions are pure data movement, so each is the other's backward.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +81,7 @@
 #include "engine/op.h"
 #include "engine/tensor.h"
 #include "kernels/moe_exchange.h"
+#include "kernels/moe_exchange_peer.h"
 
 namespace stepgraph::ops {
 
@@ -61,6 +103,40 @@ struct EpCopyParams {
   std::string to_string() const;
 };
 
+// How a captured exchange by peer copies runs (the NCCL path ignores it).
+struct EpPeerOptions {
+  // Thread blocks of the copy kernel, 1 to kernels::kMaxEpPeerCopyBlocks: a
+  // few, so the copy runs beside the experts' GEMMs.
+  int blocks = 8;
+};
+
+// The route table of the peer transport (Note [Expert-parallel routes]).
+struct EpRoutesParams {
+  kernels::EpDirection direction = kernels::EpDirection::kDispatch;
+  int rank = 0;
+  int ranks = 1;
+  std::int64_t rows = 0;  // R
+  bool operator==(const EpRoutesParams&) const = default;
+  std::string to_string() const;
+};
+
+// The peer copy of one exchange: a collective on `communicator` whose output
+// (this rank's receive buffer) its peers write through the captured step's
+// peer window, with the flags of signal slots [slot, slot + ranks).
+struct EpPeerParams {
+  std::uint64_t communicator = 0;
+  std::string group;  // the communicator's name, for dumps and errors
+  kernels::EpDirection direction = kernels::EpDirection::kDispatch;
+  int rank = 0;
+  int ranks = 1;
+  std::int64_t rows = 0;     // R
+  std::int64_t experts = 0;  // E
+  std::int64_t slot = 0;
+  int blocks = EpPeerOptions{}.blocks;
+  bool operator==(const EpPeerParams&) const = default;
+  std::string to_string() const;
+};
+
 struct EpDispatch {
   Tensor rows;    // [P*R, H]: by local expert, then by source rank
   Tensor splits;  // int32 [E/P]: rows per local expert
@@ -69,16 +145,27 @@ struct EpDispatch {
 // splits int32 [E] -> counts int32 [P, E]: every rank's splits, in rank order.
 Tensor ep_counts(Context& ctx, Communicator& comm, const Tensor& splits);
 // x_perm [R, H] grouped by global expert; counts from ep_counts.
-EpDispatch ep_dispatch(Context& ctx, Communicator& comm, const Tensor& x_perm, const Tensor& counts);
+EpDispatch ep_dispatch(Context& ctx, Communicator& comm, const Tensor& x_perm, const Tensor& counts,
+                       const EpPeerOptions& options = {});
 // y_rows [P*R, H] in ep_dispatch's layout -> y_perm [R, H] in x_perm's order.
-Tensor ep_combine(Context& ctx, Communicator& comm, const Tensor& y_rows, const Tensor& counts);
+Tensor ep_combine(Context& ctx, Communicator& comm, const Tensor& y_rows, const Tensor& counts,
+                  const EpPeerOptions& options = {});
 // The backwards, by reuse: d x_perm = ep_combine(d rows), d y_rows = ep_dispatch(d y_perm).rows.
-Tensor ep_dispatch_backward(Context& ctx, Communicator& comm, const Tensor& d_rows, const Tensor& counts);
-Tensor ep_combine_backward(Context& ctx, Communicator& comm, const Tensor& d_y_perm, const Tensor& counts);
+Tensor ep_dispatch_backward(Context& ctx, Communicator& comm, const Tensor& d_rows, const Tensor& counts,
+                            const EpPeerOptions& options = {});
+Tensor ep_combine_backward(Context& ctx, Communicator& comm, const Tensor& d_y_perm, const Tensor& counts,
+                           const EpPeerOptions& options = {});
+
+// Whether ep_dispatch / ep_combine traced now on `comm` take the peer
+// transport (a traced call on a communicator with peer copies and more than
+// one rank); otherwise the padded NCCL exchange.
+bool ep_exchange_by_peer_copies(const Context& ctx, const Communicator& comm);
 
 const OpDef& ep_splits_row_op();
 const OpDef& ep_plan_op();
 const OpDef& ep_pack_op();
 const OpDef& ep_unpack_op();
+const OpDef& ep_routes_op();
+const OpDef& ep_peer_copy_op();
 
 }  // namespace stepgraph::ops

@@ -45,6 +45,7 @@
 #include "engine/error.h"
 #include "engine/host_world.h"
 #include "graphs/captured_step.h"
+#include "graphs/program.h"
 #include "layers/language_model.h"
 #include "layers/residual_stack.h"
 #include "optim/adamw.h"
@@ -311,6 +312,56 @@ TEST(ExpertDataParallelGptTrain, EqualsOneProcessOnEveryRanksSequenceAndGraphEqu
       testing::expect_within(values, reference, 1e-5f, who + " " + pg[i]->name);
     }
     eager.step.check_errors(*ctx);
+  });
+}
+
+// Where the sums run, in the captured step at EP 2 x DP 2 with the
+// optimizer's groups: the experts' gradients (and nothing else) are summed
+// over expert_data_parallel, the others (and no expert's) over the world,
+// every sum on the communication stream, and an MoE block's expert sum is
+// issued as soon as the backward finishes that block: block 1's before
+// block 0's expert products' backward, overlapping it.
+TEST(ExpertDataParallelTrainSums, ExpertsOverTheirGroupAndTheRestOverTheWorldOnTheCommunicationStreamDuringTheBackward) {
+  constexpr int kCommStream = 2;
+  HostWorld::run(4, [&](Communicator& world) {
+    const std::string who = "rank " + std::to_string(world.rank());
+    const ExpertDataParallelGroups groups = split_expert_data_parallel(world, 2);
+    const std::unique_ptr<Context> ctx = make_context(true);
+    ASSERT_EQ(ctx->communication_stream(), kCommStream);
+    Rig rig(*ctx, kTokens / 4, 1, groups.expert_parallel.get(),
+            {.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()});
+    auto graph = CapturedStep::capture(
+        *ctx, [&] { return rig.step(*ctx); },
+        {.pool_report_policy = PoolReportPolicy::kError, .communicators = rig.step.communicators()});
+    std::int64_t expert_elements = 0;
+    std::int64_t all_elements = 0;
+    for (const Parameter* p : rig.model.expert_parameters()) expert_elements += p->value.numel();
+    for (const Parameter* p : rig.model.parameters()) all_elements += p->value.numel();
+    const Program& program = graph->program();
+    std::int64_t over_edp = 0;
+    std::int64_t over_world = 0;
+    std::vector<std::size_t> edp_sums;  // instruction indices
+    std::size_t last_expert_dgrad = 0;
+    for (std::size_t i = 0; i < program.instructions().size(); ++i) {
+      const Instruction& instruction = program.instructions()[i];
+      if (instruction.op->name == "grouped_linear_dgrad") last_expert_dgrad = i;
+      if (instruction.op->collective == nullptr || instruction.op->name != "all_reduce_many_") continue;
+      EXPECT_EQ(instruction.stream, kCommStream) << who << ": a gradient sum off the communication stream";
+      std::int64_t elements = 0;
+      for (const ValueId id : instruction.inputs) elements += program.value(id).meta.numel();
+      const std::uint64_t comm = instruction.op->collective(instruction.params).communicator;
+      if (comm == groups.expert_data_parallel->id()) {
+        over_edp += elements;
+        edp_sums.push_back(i);
+      } else {
+        EXPECT_EQ(comm, world.id()) << who << ": a gradient sum over neither the world nor expert_data_parallel";
+        over_world += elements;
+      }
+    }
+    EXPECT_EQ(over_edp, expert_elements) << who << ": the experts' gradients, and only they, over expert_data_parallel";
+    EXPECT_EQ(over_world, all_elements - expert_elements) << who << ": every other gradient over the world";
+    ASSERT_EQ(edp_sums.size(), 2u) << who << ": one expert sum per MoE block";
+    EXPECT_LT(edp_sums[0], last_expert_dgrad) << who << ": block 1's experts are summed while block 0's backward runs";
   });
 }
 

@@ -45,6 +45,7 @@
 #include "train/train_step.h"
 #include "ops/collective_ops.h"
 #include "ops/elementwise_ops.h"
+#include "ops/moe_exchange_ops.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
 #include "tests/support/global_batch.h"
@@ -330,6 +331,87 @@ TEST(NcclRanksTest, PeerCopyRingsEqualNcclRingsAndNoneAndReplayTenThousandTimes)
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[ peer     ] %s: %d replays in %.2f s\n", who.c_str(), replays, seconds);
   EXPECT_EQ(outputs_of(peer_graph->outputs()), want) << who << ": after " << replays << " replays";
+  comm.check_health();
+  nccl->check_health();
+}
+
+// --- expert-parallel exchange by peer copies ---------------------------------
+
+// A captured EP=2 dispatch and combine by peer copies (the world) equals the
+// same step captured on a communicator without peer copies (the padded NCCL
+// exchange): the splits, the dispatched rows up to their sum and the
+// combined rows, bit for bit, over 1,000 replays whose routing changes every
+// time (every fourth sends every row to expert 0, on rank 0).
+TEST(NcclRanksTest, PeerCopyExpertExchangeEqualsThePaddedExchangeOverAThousandReplays) {
+  SG_SKIP_WITHOUT_GPU();
+  Communicator& comm = world();
+  if (comm.world_size() != 2) {
+    GTEST_SKIP() << "needs exactly 2 ranks: run under torchrun --nproc-per-node 2 (world size " << comm.world_size()
+                 << " now)";
+  }
+  if (comm.peer_transport() != PeerTransport::kPeerCopy) {
+    GTEST_SKIP() << "the ranks cannot map each other's GPUs here: " << comm.peer_transport_reason();
+  }
+  int device = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  const std::unique_ptr<Communicator> nccl =
+      make_nccl_communicator_like(comm, {.name = "ep_nccl", .device = device, .peer_copies = false});
+  constexpr std::int64_t kExperts = 8, kRows = 64, kHidden = 128;
+  const testing::TestSeed drawn;
+  const auto seed =
+      static_cast<std::uint32_t>(std::stoul(comm.exchange(std::to_string(drawn.value()), "the test's seed").at(0)));
+  const std::string who = "rank " + std::to_string(comm.rank()) + ", seed " + std::to_string(seed) + " (rank 0's)";
+  Context ctx(Device::kCuda, 2);
+  ctx.set_communication_stream(2);
+  const Tensor x = ctx.persistent("ep.x_perm", {Shape{kRows, kHidden}, DType::kBFloat16});
+  const Tensor splits = ctx.persistent("ep.splits", {Shape{kExperts}, DType::kInt32});
+  auto capture = [&](Communicator& group) {
+    return CapturedStep::capture(
+        ctx,
+        [&] {
+          const Tensor counts = ops::ep_counts(ctx, group, splits);
+          const ops::EpDispatch d = ops::ep_dispatch(ctx, group, x, counts);
+          return std::vector<Tensor>{d.rows, d.splits, ops::ep_combine(ctx, group, d.rows, counts)};
+        },
+        {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&group}});
+  };
+  const std::int64_t before = comm.window_transfers();
+  auto by_peers = capture(comm);
+  auto by_nccl = capture(*nccl);
+  EXPECT_EQ(comm.window_transfers() - before, 2) << who << ": dispatch and combine recorded as peer copies";
+  EXPECT_EQ(nccl->window_transfers(), 0) << who;
+  std::mt19937 rng(seed * 31u + static_cast<std::uint32_t>(comm.rank()));
+  int mismatches = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int replay = 0; replay < 1000; ++replay) {
+    std::vector<std::int32_t> counts(kExperts, 0);
+    const bool to_expert_zero = replay % 4 == 3 && comm.rank() == 0;
+    for (std::int64_t row = 0; row < kRows; ++row) ++counts[to_expert_zero ? 0 : rng() % kExperts];
+    std::vector<std::uint16_t> rows(kRows * kHidden);
+    for (std::uint16_t& v : rows) v = static_cast<std::uint16_t>(rng());  // any bits: the exchange only copies
+    ctx.copy_from_host(splits, counts.data(), counts.size() * sizeof(std::int32_t));
+    ctx.copy_from_host(x, rows.data(), rows.size() * sizeof(std::uint16_t));
+    by_nccl->replay();
+    by_peers->replay();
+    const std::vector<std::int32_t> want_splits = ctx.to_vector<std::int32_t>(by_nccl->outputs()[1]);
+    std::int64_t received = 0;
+    for (const std::int32_t s : want_splits) received += s;
+    std::vector<std::uint16_t> want_rows = ctx.to_vector<std::uint16_t>(by_nccl->outputs()[0]);
+    std::vector<std::uint16_t> got_rows = ctx.to_vector<std::uint16_t>(by_peers->outputs()[0]);
+    want_rows.resize(static_cast<std::size_t>(received * kHidden));
+    got_rows.resize(want_rows.size());
+    const bool same =
+        ctx.to_vector<std::int32_t>(by_peers->outputs()[1]) == want_splits && got_rows == want_rows &&
+        ctx.to_vector<std::uint16_t>(by_peers->outputs()[2]) == ctx.to_vector<std::uint16_t>(by_nccl->outputs()[2]) &&
+        ctx.to_vector<std::uint16_t>(by_peers->outputs()[2]) == rows;
+    // Every rank replays all 1,000 (its peer waits on its flags): count, then report.
+    if (!same && mismatches++ == 0)
+      ADD_FAILURE() << who << ": replay " << replay << " differs from the padded exchange";
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ peer     ] %s: 1000 expert-parallel replays (both graphs, with checks) in %.2f s\n", who.c_str(),
+              seconds);
+  EXPECT_EQ(mismatches, 0) << who;
   comm.check_health();
   nccl->check_health();
 }

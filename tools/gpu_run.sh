@@ -2,7 +2,7 @@
 # run.sh of the GPU bundle (installed by tools/gpu_bundle.sh): runs on a GPU
 # machine and prints one summary line last.
 #
-#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,determinism,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_tp_bench,multigpu_pp_bench,multigpu_sanitize]
+#   run.sh OUT_DIR [--sanitize] [--stages tests,python,programs,determinism,benchmarks,comm,step_table,profile,multigpu,multigpu_bench,multigpu_tp_bench,multigpu_pp_bench,multigpu_ep_bench,multigpu_sanitize]
 #
 # Every log and JSON is written into OUT_DIR/results/ as it is made; at the
 # end that folder is packed into OUT_DIR/results.tar.gz and removed (the device
@@ -52,6 +52,14 @@
 #                                whole model alone, the measured bubble against the schedule's; then
 #                                pp_step_peer.py, torch.distributed.pipelining on the same rows
 #                                (pp_step_peer.json, pp_step_peer_v2.json; at most 5 minutes each, --budget-s)
+#   multigpu_ep_bench.log        --stages multigpu_ep_bench (2 GPUs, about 8 minutes): the moe config at EP=2,
+#                                step_bench --ep 2 --profile (experts spread over the GPUs, eager and graphed,
+#                                against each GPU training the whole config alone: efficiency, exposed
+#                                communication; step_bench_ep2.json), ep_exchange_bench (the captured and eager
+#                                exchange of the moe config's rows against NCCL's all-to-all with host counts,
+#                                uniform and skewed routing, the transport that ran; ep_exchange_bench.json), and
+#                                ep_step_peer.py, PyTorch's expert-parallel MoE step (all_to_all_single with host
+#                                split sizes; ep_step_peer.json; at most 5 minutes, --budget-s)
 #   profile.log                  --stages profile: step_bench --profile (each config's ops by summed
 #                                time), ncu over one graphed step of small, large, moe; ncu_<config>.md their tables
 #   sanitizer.log                with --sanitize: memcheck and racecheck
@@ -344,6 +352,20 @@ if wants multigpu_pp_bench; then
       --configs medium,large --microbatches 8 --budget-s 300 --out "$results/pp_step_peer.json"
     step multigpu_pp_bench.log timeout 480 "${python_run[@]}" "$here/benchmarks/pp_step_peer.py" \
       --virtual-stages 2 --configs large --microbatches 8 --budget-s 300 --out "$results/pp_step_peer_v2.json"
+  fi
+fi
+# The moe config at EP=2: our step against each GPU alone, the exchange against NCCL's all-to-all on the same
+# rows, and PyTorch's expert-parallel step.
+if wants multigpu_ep_bench; then
+  : >"$results/multigpu_ep_bench.log"
+  if two_gpus multigpu_ep_bench.log; then
+    step multigpu_ep_bench.log "${binary_run[@]}" "$here/bin/step_bench" --ep 2 --configs moe --profile \
+      --out "$results/step_bench_ep2.json"
+    step multigpu_ep_bench.log "${binary_run[@]}" "$here/bin/ep_exchange_bench" --config moe \
+      --out "$results/ep_exchange_bench.json"
+    # --budget-s: no row starts after 5 minutes; the timeout in case an all-to-all never returns.
+    step multigpu_ep_bench.log timeout 480 "${python_run[@]}" "$here/benchmarks/ep_step_peer.py" --configs moe \
+      --budget-s 300 --out "$results/ep_step_peer.json"
   fi
 fi
 

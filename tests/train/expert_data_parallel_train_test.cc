@@ -5,7 +5,10 @@
 // rows of the global batch, data_parallel the whole world, the model's
 // expert-parallel group its replica's EP ranks and expert_data_parallel the
 // ranks holding its experts: EP 2 x DP 2, and through the same API EP 4 x
-// DP 1 and EP 1 x DP 4 (every rank all experts: plain data parallelism),
+// DP 1 and EP 1 x DP 4 (every rank all experts: plain data parallelism);
+// random routing, and routers steered so that every token goes to one EP
+// rank's experts (the others' receive nothing) or experts 1 and E - 1
+// receive nothing (their gradients checked to be zero, the others' not);
 // against one process (no EP) on the whole batch over 3 AdamW steps: every
 // step's loss, then every parameter (the replicated ones on every rank, each
 // rank's experts against one process's same experts). On every rank graph
@@ -37,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -143,12 +147,78 @@ void expect_replicas_agree(const WorldParams& world, const std::vector<bool>& is
   }
 }
 
+enum class Routing {
+  kRandom,
+  kOneRanksExperts,  // every token to the last EP rank's experts: the others' receive nothing
+  kEmptyExperts,     // experts 1 and E - 1 receive nothing
+};
+
+// Steers every MoE block's router through its norm's beta and its weight
+// (replicated: the same values on every rank and in one process): beta[0] =
+// 10 and W[e, 0] = push[e] / 10 move expert e's logit by about push[e] for
+// every token, far more than the 3 steps' updates move them back.
+void steer(Context& ctx, ResidualStack& model, Routing routing, int ep) {
+  if (routing == Routing::kRandom) return;
+  std::vector<float> push(kExperts, 0.0f);
+  const std::int64_t local = kExperts / ep;
+  for (std::int64_t e = 0; e < kExperts; ++e) {
+    if (routing == Routing::kOneRanksExperts) push[e] = e >= (ep - 1) * local ? 30.0f : 0.0f;
+    if (routing == Routing::kEmptyExperts) push[e] = e == 1 || e == kExperts - 1 ? -30.0f : 0.0f;
+  }
+  const std::vector<Parameter*> params = model.parameters();
+  int steered = 0;
+  for (Parameter* router : params) {
+    const std::string suffix = ".router.weight";
+    if (router->name.size() < suffix.size() || router->name.compare(router->name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string block = router->name.substr(0, router->name.size() - suffix.size());
+    for (Parameter* beta : params) {
+      if (beta->name != block + ".norm.beta") continue;
+      std::vector<float> b = ctx.to_vector<float>(beta->master);
+      b[0] = 10.0f;
+      ctx.copy_from_host(beta->master, b.data(), b.size() * sizeof(float));
+    }
+    std::vector<float> w = ctx.to_vector<float>(router->master);  // [E, H]
+    for (std::int64_t e = 0; e < kExperts; ++e) w[static_cast<std::size_t>(e * kHidden)] = push[e] / 10.0f;
+    ctx.copy_from_host(router->master, w.data(), w.size() * sizeof(float));
+    ++steered;
+  }
+  ASSERT_EQ(steered, model.config().layers) << "every block is an MoE block in the steered cases";
+}
+
+// The steered routing really happened: the experts that received nothing
+// have zero gradients in the last step (summed over their replicas), every
+// other EP rank's experts some. `grads`: this rank's expert parameters' gradients.
+void expect_routing(Routing routing, int ep_rank, int ep, const std::vector<std::vector<float>>& grads,
+                    const std::string& who) {
+  if (routing == Routing::kRandom) return;
+  const std::int64_t local = kExperts / ep;
+  for (const std::vector<float>& g : grads) {
+    const std::size_t per_expert = g.size() / static_cast<std::size_t>(local);
+    for (std::int64_t l = 0; l < local; ++l) {
+      const std::int64_t expert = ep_rank * local + l;
+      const bool empty = routing == Routing::kOneRanksExperts ? ep_rank != ep - 1
+                                                              : expert == 1 || expert == kExperts - 1;
+      bool zero = true;
+      for (std::size_t i = 0; i < per_expert; ++i) zero = zero && g[static_cast<std::size_t>(l) * per_expert + i] == 0.0f;
+      EXPECT_EQ(zero, empty) << who << ": expert " << expert << (empty ? " should receive nothing" : " received nothing");
+    }
+  }
+}
+
 struct Case {
   int ep;
   int dp;
   std::int64_t moe_every;
   bool grouped;
+  Routing routing = Routing::kRandom;
 };
+
+void PrintTo(const Case& c, std::ostream* out) {
+  *out << "ep " << c.ep << " x dp " << c.dp << ", moe_every " << c.moe_every << (c.grouped ? ", grouped" : "")
+       << ", routing " << static_cast<int>(c.routing);
+}
 
 class ExpertDataParallelTrainTest : public ::testing::TestWithParam<Case> {};
 
@@ -159,6 +229,7 @@ TEST_P(ExpertDataParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverThreeAda
   {
     const std::unique_ptr<Context> ctx = make_context(c.grouped);
     Rig rig(*ctx, kTokens, c.moe_every, nullptr, {});
+    steer(*ctx, rig.model, c.routing, c.ep);
     for (int s = 0; s < kSteps; ++s) {
       rig.load(*ctx, global_batch(seed.value(), s), 0, kTokens);
       want.losses.push_back(ctx->to_vector<float>(rig.step(*ctx)[0]).at(0));
@@ -186,6 +257,8 @@ TEST_P(ExpertDataParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverThreeAda
     const std::unique_ptr<Context> ctx = make_context(c.grouped);
     Rig eager(*ctx, local, c.moe_every, groups.expert_parallel.get(), sums);
     Rig graphed(*ctx, local, c.moe_every, groups.expert_parallel.get(), sums);
+    steer(*ctx, eager.model, c.routing, c.ep);
+    steer(*ctx, graphed.model, c.routing, c.ep);
     ASSERT_EQ(eager.optimizer.group_count() > 0, c.grouped) << who;
     const std::vector<Communicator*> comms = graphed.step.communicators();
     EXPECT_EQ(comms.size(), 3u) << who << ": the EP group, the world and the expert-data-parallel group";
@@ -219,6 +292,9 @@ TEST_P(ExpertDataParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverThreeAda
       testing::expect_within(values, experts_of(want.params[i], w % c.ep, c.ep), 1e-5f,
                              who + " " + want.names[i] + " (this rank's experts)");
     }
+    std::vector<std::vector<float>> expert_grads;
+    for (const Parameter* p : expert_list) expert_grads.push_back(ctx->to_vector<float>(p->grad));
+    expect_routing(c.routing, w % c.ep, c.ep, expert_grads, who);
     world_params.put(w, std::move(mine));
     eager.step.check_errors(*ctx);
     graphed.step.check_errors(*ctx);
@@ -228,11 +304,18 @@ TEST_P(ExpertDataParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverThreeAda
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ExpertDataParallelTrainTest,
                          ::testing::Values(Case{2, 2, 1, true}, Case{2, 2, 2, true}, Case{2, 2, 1, false},
-                                           Case{4, 1, 1, true}, Case{1, 4, 1, true}, Case{1, 4, 2, false}),
+                                           Case{4, 1, 1, true}, Case{1, 4, 1, true}, Case{1, 4, 2, false},
+                                           Case{2, 2, 1, true, Routing::kOneRanksExperts},
+                                           Case{2, 2, 1, false, Routing::kEmptyExperts},
+                                           Case{4, 1, 1, true, Routing::kEmptyExperts}),
                          [](const auto& info) {
+                           const Routing routing = info.param.routing;
                            return "ep" + std::to_string(info.param.ep) + "_dp" + std::to_string(info.param.dp) +
                                   "_moe_every" + std::to_string(info.param.moe_every) +
-                                  (info.param.grouped ? "_grouped" : "_one_update");
+                                  (info.param.grouped ? "_grouped" : "_one_update") +
+                                  (routing == Routing::kOneRanksExperts ? "_one_ranks_experts"
+                                   : routing == Routing::kEmptyExperts  ? "_empty_experts"
+                                                                        : "");
                          });
 
 // The GPT LanguageModel (embedding, attention, MoE blocks) at EP 2 x DP 2:

@@ -102,7 +102,8 @@ class TrainStep {
   // expert_parameters()) are whole on their rank and left out. Or, expert x
   // data parallelism (GradientGroups): a world of EP x DP ranks, expert
   // parallelism innermost (world rank w is rank w % EP of the EP group of
-  // replica w / EP, as the trainer lays out TP), where
+  // replica w / EP, as the trainer lays out TP; split_expert_data_parallel
+  // in train/expert_data_parallel_groups.h makes the groups), where
   //   - data_parallel is the whole world: the replicated gradients are
   //     summed over all EP x DP ranks and the loss averaged over them;
   //   - the model's expert-parallel communicator is this rank's EP group;

@@ -334,7 +334,7 @@ def run_ep_config(name, rows, steps, warmup, deadline, group, local_rank=0):
     n = group.world
     out = peer.config_header(name)
     out.update(status="ok", reason=None, world_size=n, ep=n, experts_per_rank=c["experts"] // n,
-               global_tokens=n * c["tokens"], systems=[])
+               global_tokens=n * c["tokens"], expert_parallel_rows=True, systems=[])
     why = check_config(name, n)
     if why is not None:
         out.update(status="not_run", reason=why)

@@ -6,6 +6,7 @@ PNG plot, and the step goals.
         --markdown step_report.md --png step_report.png
     python3 benchmarks/report.py step_bench_tp2_bulk.json tp_step_peer.json --markdown step_report_tp2_bulk.md
     python3 benchmarks/report.py step_bench_cp2.json cp_step_peer.json --markdown step_report_cp2.md
+    python3 benchmarks/report.py step_bench_ep2.json ep_step_peer.json --markdown step_report_ep2.md
 
 Tensor-parallel files (step_bench --tp N and tp_step_peer.py) make the TP
 table: the speedup column is against our eager TP=N row, and the goals are
@@ -24,6 +25,15 @@ graphed cpN row's efficiency (its per-GPU model TFLOP/s over the graphed
 cp1 row's, the same tokens per GPU; Note [Context-parallel rows] in
 benchmarks/step_runner.h says why not the step time ratio, printed beside
 it) >= 0.9.
+
+Expert-parallel files (step_bench --ep N and ep_step_peer.py) make the EP
+table: the ep1 rows train the whole config alone on each GPU, the epN rows
+its experts spread over N GPUs, each GPU the config's tokens in both. The
+goals: our graphed epN row's scaling efficiency (T_ep1 / T_epN, graphed;
+Note [Expert-parallel rows] in benchmarks/expert_parallel_step_runner.h)
+>= 0.9, and the fastest PyTorch epN row (ep_step_peer.py's eager or
+compiled; PyTorch's expert-parallel step reads its split sizes on the host
+and is not captured) >= 1.3x our graphed epN step time.
 
 Prints the table, the first losses of every system (a sanity check that the
 systems train the same model), each config's MFU (our graphed step and the
@@ -70,6 +80,12 @@ CP_OURS = {
     "pytorch_cp_compile_graph": "stepgraph_graph_cp{n}",
 }
 CP_EFFICIENCY_GOAL = 0.9  # our graphed CP=N row: its per-GPU TFLOP/s over the graphed cp1 row's
+# Expert-parallel configs (step_bench --ep N, ep_step_peer.py): rows in this order.
+TORCH_EP_SYSTEMS = ["pytorch_eager_ep{n}", "pytorch_compile_ep{n}"]  # the candidates for "fastest PyTorch EP row"
+EP_SYSTEM_ORDER = ["stepgraph_eager_ep1", "stepgraph_graph_ep1", "pytorch_eager_ep1", "pytorch_compile_ep1",
+                   "stepgraph_eager_ep{n}", "stepgraph_graph_ep{n}"] + TORCH_EP_SYSTEMS
+EP_EFFICIENCY_GOAL = 0.9  # our graphed EP=N row: T_ep1 / T_epN, the same tokens per GPU
+EP_SPEEDUP_GOAL = 1.3  # the fastest PyTorch EP=N row's step time over our graphed EP=N step's
 SHAPE_KEYS = ["hidden", "ffn", "layers", "vocab", "tokens", "heads", "kv_heads", "sequences", "seq_len", "experts",
               "topk", "moe_every", "tp", "flops_per_step"]
 
@@ -109,6 +125,8 @@ def merge(stepgraph, pytorch=None):
                 entry["tp_world"] = c.get("world_size")
             if c.get("context_parallel_rows"):
                 entry["cp_world"] = c.get("world_size")
+            if c.get("expert_parallel_rows"):
+                entry["ep_world"] = c.get("world_size")
             for s in c.get("systems", []):
                 entry["systems"][s["system"]] = s
     return list(merged.values()), warnings
@@ -138,12 +156,19 @@ def cp_world(config):
     return config.get("cp_world")
 
 
+def ep_world(config):
+    """N of an expert-parallel config (step_bench --ep N, ep_step_peer.py), else None."""
+    return config.get("ep_world")
+
+
 def our_eager(config):
-    """The row the speedup column divides by: our eager step (at TP=N or CP=N in a parallel config)."""
+    """The row the speedup column divides by: our eager step (at TP=N, CP=N or EP=N in a parallel config)."""
     if tp_world(config) is not None:
         return f"{OUR_EAGER}_tp{tp_world(config)}"
     if cp_world(config) is not None:
         return f"{OUR_EAGER}_cp{cp_world(config)}"
+    if ep_world(config) is not None:
+        return f"{OUR_EAGER}_ep{ep_world(config)}"
     return OUR_EAGER
 
 
@@ -152,6 +177,8 @@ def system_order(config):
         return [s.format(n=tp_world(config)) for s in TP_SYSTEM_ORDER]
     if cp_world(config) is not None:
         return [s.format(n=cp_world(config)) for s in CP_SYSTEM_ORDER]
+    if ep_world(config) is not None:
+        return [s.format(n=ep_world(config)) for s in EP_SYSTEM_ORDER]
     return SYSTEM_ORDER
 
 
@@ -255,7 +282,7 @@ def mfu_lines(configs):
     """Per config: our graphed step's MFU and the best PyTorch system's (model FLOPs / 989 TFLOP/s)."""
     lines = []
     for c in configs:
-        if tp_world(c) is not None or cp_world(c) is not None:
+        if tp_world(c) is not None or cp_world(c) is not None or ep_world(c) is not None:
             continue
         systems = c["systems"]
         graph = systems.get(OUR_GRAPH)
@@ -275,6 +302,8 @@ def goals(configs):
         return tp_goals(configs)
     if any(cp_world(c) is not None for c in configs):
         return cp_goals(configs)
+    if any(ep_world(c) is not None for c in configs):
+        return ep_goals(configs)
     by_name = {c["name"]: c["systems"] for c in configs}
     out = []
 
@@ -398,6 +427,39 @@ def cp_goals(configs):
             out.append(("PASS" if value >= CP_EFFICIENCY_GOAL else "FAIL", c["name"], goal, detail))
         else:
             out.append(("NOT MEASURED", c["name"], goal, f"{name} missing or failed"))
+    return out
+
+
+def ep_goals(configs):
+    """Expert-parallel configs: our graphed EP=N row's efficiency against EP=1 at the same tokens per GPU, and its
+    step time against the fastest PyTorch EP=N row's."""
+    out = []
+    for c in configs:
+        n = ep_world(c)
+        if n is None or n < 2:
+            continue
+        name = f"{OUR_GRAPH}_ep{n}"
+        ours = c["systems"].get(name)
+        goal = (f"graphed EP={n} efficiency >= {EP_EFFICIENCY_GOAL} (EP=1: the whole config alone, the same tokens "
+                "per GPU)")
+        if ok(ours) and ours.get("scaling_efficiency") is not None:
+            value = ours["scaling_efficiency"]
+            out.append(("PASS" if value >= EP_EFFICIENCY_GOAL else "FAIL", c["name"], goal,
+                        f"{value:.3f} (exposed communication {ours['exposed_comm_us'] / 1000:.3f} ms)"))
+        else:
+            out.append(("NOT MEASURED", c["name"], goal, f"{name} missing, failed or without its ep1 row"))
+        goal = f"graphed EP={n} step >= {EP_SPEEDUP_GOAL}x faster than the fastest PyTorch EP={n} row"
+        torch_names = [s.format(n=n) for s in TORCH_EP_SYSTEMS]
+        theirs = [(median_us(c["systems"][t]), t) for t in torch_names if ok(c["systems"].get(t))]
+        if ok(ours) and theirs:
+            best_us, best = min(theirs)
+            value = best_us / median_us(ours)
+            out.append(("PASS" if value >= EP_SPEEDUP_GOAL else "FAIL", c["name"], goal,
+                        f"{value:.2f}x {best} ({median_us(ours) / 1000:.3f} ms vs {best_us / 1000:.3f} ms)"))
+        else:
+            missing = [] if ok(ours) else [name]
+            missing += [] if theirs else [f"every PyTorch EP row ({', '.join(torch_names)})"]
+            out.append(("NOT MEASURED", c["name"], goal, f"{', '.join(missing)} missing or failed"))
     return out
 
 

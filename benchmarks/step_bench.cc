@@ -444,6 +444,7 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
                                     : run_dp_config(config, run_options, world.get(), mode);
       if (tensor) c["tensor_parallel_rows"] = true;
       if (context) c["context_parallel_rows"] = true;
+      if (expert) c["expert_parallel_rows"] = true;
       failed = failed || c["status"] == "failed" ||
                (pipeline ? pipeline_losses_disagree(c) : expert ? ep_losses_disagree(c) : parallel_losses_disagree(c));
       if (leader) {

@@ -1,8 +1,10 @@
 """ep_step_peer.py without a GPU or torch: its config table, the experts each rank keeps, the split sizes it reads
 from the host counts, its flag checks, and how it assembles a config's rows (the ranks' timings and losses made up):
 the efficiency against the ep1 rows, the first loss against the ranks' mean alone, a failed baseline, the budget and
-a world of one; and its rows' and header's fields against step_bench --ep 2's (two host processes, moe_tiny)."""
+a world of one; its rows' and header's fields against step_bench --ep 2's (two host processes, moe_tiny), and
+report.py's EP table and goals over both files."""
 
+import copy
 import json
 import math
 import os
@@ -17,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dp_test  # noqa: E402  (step_bench over host processes)
 import ep_step_peer  # noqa: E402
 import pytorch_peer  # noqa: E402
+import report  # noqa: E402
 
 
 def test_configs_are_the_configs_with_experts():
@@ -245,3 +248,55 @@ def test_header_has_step_bench_ep_fields(step_bench_ep2, monkeypatch):
     assert set(ours["formulas"]) <= set(peer["formulas"])
     assert peer["world_size"] == 2 and peer["note"] == "" and ".tolist()" in peer["exchange"]
     assert result["configs"] == []
+
+
+def moe_named(step_bench_ep2):
+    """step_bench --ep 2's JSON with its moe_tiny config renamed moe, with moe's shape (what report.py compares)."""
+    data = copy.deepcopy(step_bench_ep2)
+    c = data["configs"][0]
+    assert c["expert_parallel_rows"] and c["ep"] == 2
+    header = pytorch_peer.config_header("moe")
+    c.update({k: header[k] for k in report.SHAPE_KEYS if k in header})
+    c["name"] = "moe"
+    return data
+
+
+def test_report_makes_the_ep_table_and_goals(step_bench_ep2, monkeypatch, tmp_path):
+    peer, _ = run_config(monkeypatch)
+    assert peer["expert_parallel_rows"]
+    theirs = {"benchmark": "training_step", "source": "pytorch", "device": "test", "torch_version": "test",
+              "configs": [peer]}
+    ours = moe_named(step_bench_ep2)
+    configs, warnings = report.merge(copy.deepcopy(ours), theirs)
+    assert warnings == [] and report.ep_world(configs[0]) == 2
+    rows = report.table_rows(configs)
+    assert [r[1] for r in rows] == ["stepgraph_eager_ep1", "stepgraph_graph_ep1", "pytorch_eager_ep1",
+                                    "pytorch_compile_ep1", "stepgraph_eager_ep2", "stepgraph_graph_ep2",
+                                    "pytorch_eager_ep2", "pytorch_compile_ep2"]
+    systems = configs[0]["systems"]
+    graph = systems["stepgraph_graph_ep2"]
+    by_name = {r[1]: r for r in rows}
+    # The speedup column divides by our eager EP=2 row.
+    eager_us = systems["stepgraph_eager_ep2"]["step_us"]["median_us"]
+    assert by_name["pytorch_eager_ep2"][4] == f"{eager_us / 1250:.2f}x"
+    (v1, n1, g1, d1), (v2, n2, g2, d2) = report.goals(configs)
+    assert n1 == n2 == "moe" and g1.startswith("graphed EP=2 efficiency >= 0.9")
+    assert v1 == ("PASS" if graph["scaling_efficiency"] >= 0.9 else "FAIL")
+    assert d1.startswith(f"{graph['scaling_efficiency']:.3f} (exposed communication")
+    # Against the fastest PyTorch EP row: the compiled one's made-up 1000 us.
+    value = 1000 / graph["step_us"]["median_us"]
+    assert g2 == "graphed EP=2 step >= 1.3x faster than the fastest PyTorch EP=2 row"
+    assert v2 == ("PASS" if value >= 1.3 else "FAIL") and d2.startswith(f"{value:.2f}x pytorch_compile_ep2")
+    a, b, md = tmp_path / "ours.json", tmp_path / "theirs.json", tmp_path / "ep.md"
+    a.write_text(json.dumps(ours))
+    b.write_text(json.dumps(theirs))
+    assert report.main([str(a), str(b), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "| moe | pytorch_eager_ep2 | 1.250 [1.250-1.300] |" in text and "graphed EP=2 step >= 1.3x" in text
+
+
+def test_report_ep_goals_without_the_peer(step_bench_ep2):
+    configs, _ = report.merge(moe_named(step_bench_ep2))
+    (_, _, _, _), (verdict, _, goal, detail) = report.goals(configs)
+    assert verdict == "NOT MEASURED" and "every PyTorch EP row" in detail
+    assert report.mfu_lines(configs) == []  # no single-GPU MFU line for a parallel table

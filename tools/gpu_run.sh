@@ -59,7 +59,8 @@
 #                                exchange of the moe config's rows against NCCL's all-to-all with host counts,
 #                                uniform and skewed routing, the transport that ran; ep_exchange_bench.json), and
 #                                ep_step_peer.py, PyTorch's expert-parallel MoE step (all_to_all_single with host
-#                                split sizes; ep_step_peer.json; at most 5 minutes, --budget-s)
+#                                split sizes; ep_step_peer.json; at most 5 minutes, --budget-s), and their
+#                                report.py table and goals (step_report_ep2.md)
 #   profile.log                  --stages profile: step_bench --profile (each config's ops by summed
 #                                time), ncu over one graphed step of small, large, moe; ncu_<config>.md their tables
 #   sanitizer.log                with --sanitize: memcheck and racecheck
@@ -366,6 +367,10 @@ if wants multigpu_ep_bench; then
     # --budget-s: no row starts after 5 minutes; the timeout in case an all-to-all never returns.
     step multigpu_ep_bench.log timeout 480 "${python_run[@]}" "$here/benchmarks/ep_step_peer.py" --configs moe \
       --budget-s 300 --out "$results/ep_step_peer.json"
+    ep_peer=()
+    [ -s "$results/ep_step_peer.json" ] && ep_peer=("$results/ep_step_peer.json")
+    step multigpu_ep_bench.log python3 "$here/benchmarks/report.py" "$results/step_bench_ep2.json" "${ep_peer[@]}" \
+      --markdown "$results/step_report_ep2.md"
   fi
 fi
 

@@ -1,30 +1,37 @@
-// The expert-parallel exchange's bandwidth: ep_counts + ep_dispatch +
-// ep_combine (ops/moe_exchange_ops.h) on a step config's MoE shapes (tokens
-// per rank x topk rows of hidden, the config's dtype), captured in a graph
-// and eager, against NCCL's all-to-all with host counts moving the same
-// rows (benchmarks/nccl_all_to_all.h), under uniform and skewed routing.
+// The expert-parallel exchange's bandwidth: ep_dispatch + ep_combine
+// (ops/moe_exchange_ops.h) on a step config's MoE shapes (tokens per rank x
+// topk rows of hidden, the config's dtype), captured in a graph and eager,
+// against NCCL's all-to-all with host counts moving the same rows
+// (benchmarks/nccl_all_to_all.h), under uniform and skewed routing.
 //
 //   torchrun --no-python --nproc-per-node 2 bin/ep_exchange_bench --out ep_exchange_bench.json
 //   ep_exchange_bench --device host --config moe_tiny --reference none ...   # two host processes: a smoke run
 //
 // Rows, per routing (Note [Exchange bandwidth] in ep_exchange_plan.h):
-//   stepgraph_graph   one replay of a captured step holding ep_counts,
-//                     ep_dispatch and ep_combine: the transport the
-//                     communicator gives a captured exchange (read from the
-//                     captured program's ops and the communicator: the padded
-//                     exchange of the bound by send_recv, on NCCL or peer
-//                     copies, or routed rows by peer copies), recorded in
-//                     the row;
-//   stepgraph_eager   the same three ops launched from the host (the padded
-//                     exchange over NCCL: eager calls take no peer window);
-//   nccl_all_to_all   two NCCL all-to-alls (dispatch, then combine back)
-//                     with the row counts on the host, given before timing:
-//                     the bandwidth reference. It leaves out what a real
-//                     step must add to use it (exchanging the counts and
-//                     copying them to the host, a synchronization).
+//   stepgraph_graph              one replay of a captured step holding
+//                                ep_dispatch and ep_combine over the counts
+//                                (every rank's splits, int32 [P, E]) in a
+//                                persistent tensor: the transport the
+//                                communicator gives a captured exchange (read
+//                                from the captured program's ops and the
+//                                communicator: the padded exchange of the
+//                                bound by send_recv, on NCCL or peer copies,
+//                                or routed rows by peer copies), recorded in
+//                                the row. The goal's row;
+//   stepgraph_graph_with_counts  the same with ep_counts captured too (the
+//                                all-gather of the splits a step makes);
+//   stepgraph_eager              dispatch and combine launched from the host
+//                                (the padded exchange over NCCL: eager calls
+//                                take no peer window);
+//   nccl_all_to_all              two NCCL all-to-alls (dispatch, then combine
+//                                back) with the row counts on the host, given
+//                                before timing: the bandwidth reference. It
+//                                leaves out what a real step must add to use
+//                                it (exchanging the counts and copying them
+//                                to the host, a synchronization).
 // Timing: before each sample the ranks meet; each times --iters exchanges
 // back to back and one synchronize, divided by --iters; a sample is the
-// slowest rank's; the three systems alternate sample by sample. Before
+// slowest rank's; the systems alternate sample by sample. Before
 // timing every system is checked: combine(dispatch(x)) must be x, bit for
 // bit (a failure marks the row and the run exits 1).
 //
@@ -113,6 +120,8 @@ struct System {
   std::string transport;
   std::function<void()> exchange;  // one exchange, enqueued
   std::function<void()> synchronize;
+  std::function<bool()> round_trip_is_x;  // after an exchange: combine(dispatch(x)) == x
+  std::int64_t bytes_moved_per_rank = 0;   // on the links, dispatch and combine
   std::vector<double> samples_us;
 };
 
@@ -179,19 +188,22 @@ int run(const Options& options) {
   ctx.set_communication_stream(1);
   const Tensor x = ctx.persistent("x_perm", {Shape{rows, hidden}, dtype});
   const Tensor splits = ctx.persistent("splits", {Shape{experts}, DType::kInt32});
+  const Tensor counts = ctx.persistent("counts", {Shape{n, experts}, DType::kInt32});  // what ep_counts makes
   std::vector<std::uint8_t> x_host(static_cast<std::size_t>(rows * row_bytes));
   std::mt19937 rng(1234u + static_cast<std::uint32_t>(world.rank()));
   // Bytes of finite bf16 / fp32 values: 0x3C in every high byte keeps them so.
   for (std::size_t i = 0; i < x_host.size(); ++i) x_host[i] = i % 2 == 1 ? 0x3C : static_cast<std::uint8_t>(rng());
   ctx.copy_from_host(x, x_host.data(), x_host.size());
-  const auto exchange_step = [&]() -> std::vector<Tensor> {
-    const Tensor counts = ops::ep_counts(ctx, world, splits);
-    const ops::EpDispatch d = ops::ep_dispatch(ctx, world, x, counts);
-    return {ops::ep_combine(ctx, world, d.rows, counts)};
+  const auto dispatch_and_combine = [&](const Tensor& with_counts) -> std::vector<Tensor> {
+    const ops::EpDispatch d = ops::ep_dispatch(ctx, world, x, with_counts);
+    return {ops::ep_combine(ctx, world, d.rows, with_counts)};
   };
   const std::int64_t windows_before = world.window_transfers();
-  std::shared_ptr<CapturedStep> captured = CapturedStep::capture(
-      ctx, exchange_step, {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&world}});
+  const CaptureOptions capture_options{.pool_report_policy = PoolReportPolicy::kError, .communicators = {&world}};
+  std::shared_ptr<CapturedStep> captured =
+      CapturedStep::capture(ctx, [&] { return dispatch_and_combine(counts); }, capture_options);
+  std::shared_ptr<CapturedStep> captured_with_counts = CapturedStep::capture(
+      ctx, [&] { return dispatch_and_combine(ops::ep_counts(ctx, world, splits)); }, capture_options);
   std::map<std::string, int> captured_ops;
   const std::string transport = graph_transport(captured->program(), world, captured_ops);
   const auto round_trip_is_x = [&](const Tensor& y) {
@@ -264,10 +276,20 @@ int run(const Options& options) {
     at = 0;
     for (const std::int64_t c : recv_rows) recv_offsets.push_back(std::exchange(at, at + c));
 
+    std::vector<std::int32_t> counts32;  // every rank routes alike: P copies of the splits
+    for (int p = 0; p < n; ++p) counts32.insert(counts32.end(), splits32.begin(), splits32.end());
+    ctx.copy_from_host(counts, counts32.data(), counts32.size() * sizeof(std::int32_t));
+
+    // The bytes each system puts on the links a rank: the padded exchange the bound, the others the routed rows.
+    const std::int64_t graph_bytes = transport == "peer_copy" ? bytes.cross_rank_bytes_max : bytes.padded_bytes;
+    const auto sync = [&] { ctx.synchronize(); };
     std::vector<System> systems;
-    systems.push_back({"stepgraph_graph", transport, [&] { captured->replay(); }, [&] { ctx.synchronize(); }, {}});
-    systems.push_back({"stepgraph_eager", "padded_nccl", [&] { (void)exchange_step(); }, [&] { ctx.synchronize(); },
-                       {}});
+    systems.push_back({"stepgraph_graph", transport, [&] { captured->replay(); }, sync,
+                       [&] { return round_trip_is_x(captured->outputs().at(0)); }, graph_bytes, {}});
+    systems.push_back({"stepgraph_graph_with_counts", transport, [&] { captured_with_counts->replay(); }, sync,
+                       [&] { return round_trip_is_x(captured_with_counts->outputs().at(0)); }, graph_bytes, {}});
+    systems.push_back({"stepgraph_eager", "padded_nccl", [&] { (void)dispatch_and_combine(counts); }, sync,
+                       [&] { return round_trip_is_x(dispatch_and_combine(counts).at(0)); }, bytes.padded_bytes, {}});
     if (nccl) {
       systems.push_back({"nccl_all_to_all", "nccl (grouped send/recv, host counts)",
                          [&] {
@@ -277,6 +299,13 @@ int run(const Options& options) {
                                      send_offsets, row_bytes, nccl_stream);
                          },
                          [&] { SG_CUDA_CHECK(cudaStreamSynchronize(nccl_stream)); },
+                         [&] {
+                           std::vector<std::uint8_t> back(x_host.size());
+                           SG_CUDA_CHECK(cudaMemcpy(back.data(), nccl_back->get(), back.size(),
+                                                    cudaMemcpyDeviceToHost));
+                           return back == x_host;
+                         },
+                         bytes.cross_rank_bytes_max,
                          {}});
     }
     // Each system once, then its round trip against x.
@@ -284,13 +313,7 @@ int run(const Options& options) {
     for (System& s : systems) {
       s.exchange();
       s.synchronize();
-    }
-    verified.push_back(round_trip_is_x(captured->outputs().at(0)));
-    verified.push_back(round_trip_is_x(exchange_step().at(0)));
-    if (nccl) {
-      std::vector<std::uint8_t> back(x_host.size());
-      SG_CUDA_CHECK(cudaMemcpy(back.data(), nccl_back->get(), back.size(), cudaMemcpyDeviceToHost));
-      verified.push_back(back == x_host);
+      verified.push_back(s.round_trip_is_x());
     }
     for (int i = 0; i < options.warmup; ++i) {
       for (System& s : systems) {
@@ -312,23 +335,22 @@ int run(const Options& options) {
                           {"systems", nlohmann::json::array()}};
     for (std::size_t i = 0; i < systems.size(); ++i) {
       row["systems"].push_back(system_row(systems[i], world, bytes, verified[i]));
+      row["systems"].back()["bytes_moved_per_rank"] = systems[i].bytes_moved_per_rank;
       // Every rank's check: one rank's wrong bytes fail the row.
       const std::vector<std::string> checks = world.exchange(verified[i] ? "1" : "0", "check of " + systems[i].name);
       for (const std::string& c : checks) failed = failed || c != "1";
       row["systems"].back()["verified"] = std::all_of(checks.begin(), checks.end(), [](auto& c) { return c == "1"; });
     }
-    // The bytes each system puts on the links a rank, dispatch and combine.
-    row["systems"][0]["bytes_moved_per_rank"] =
-        transport == "peer_copy" ? bytes.cross_rank_bytes_max : bytes.padded_bytes;
-    row["systems"][1]["bytes_moved_per_rank"] = bytes.padded_bytes;
-    const double ours = row["systems"][0]["exchange_us"]["median_us"].get<double>();
-    row["systems"][0]["graph_speedup_vs_eager"] =
-        row["systems"][1]["exchange_us"]["median_us"].get<double>() / ours;
+    std::map<std::string, nlohmann::json*> by_name;
+    for (nlohmann::json& system : row["systems"]) by_name[system["system"].get<std::string>()] = &system;
+    const auto median = [&](const std::string& name) {
+      return (*by_name.at(name))["exchange_us"]["median_us"].get<double>();
+    };
+    (*by_name.at("stepgraph_graph"))["graph_speedup_vs_eager"] = median("stepgraph_eager") / median("stepgraph_graph");
     if (nccl) {
-      row["systems"][2]["bytes_moved_per_rank"] = bytes.cross_rank_bytes_max;
-      const double reference = row["systems"][2]["exchange_us"]["median_us"].get<double>();
-      row["systems"][0]["ratio_vs_nccl"] = reference / ours;
-      row["systems"][1]["ratio_vs_nccl"] = reference / row["systems"][1]["exchange_us"]["median_us"].get<double>();
+      for (const char* ours : {"stepgraph_graph", "stepgraph_graph_with_counts", "stepgraph_eager"}) {
+        (*by_name.at(ours))["ratio_vs_nccl"] = median("nccl_all_to_all") / median(ours);
+      }
     }
     if (leader) {
       std::printf("%-8s", routing.c_str());
@@ -357,7 +379,7 @@ int run(const Options& options) {
 }  // namespace stepgraph::bench
 
 int main(int argc, char** argv) {
-  CLI::App app{"The expert-parallel exchange (counts, dispatch, combine), captured and eager, against NCCL's "
+  CLI::App app{"The expert-parallel exchange (dispatch, combine), captured and eager, against NCCL's "
                "all-to-all on the same rows"};
   stepgraph::bench::Options options;
   std::string device = "cuda";

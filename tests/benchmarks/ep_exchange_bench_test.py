@@ -42,9 +42,10 @@ def test_two_host_processes_time_the_exchange(tmp_path):
     assert data["config"] == {"name": "moe_tiny", "hidden": 64, "tokens_per_rank": 64, "topk": 2, "experts": 4,
                               "dtype": "bf16"}
     assert data["rows_per_rank"] == 128 and data["row_bytes"] == 128
-    # The captured program's ops say which exchange ran; its transport is recorded as the communicator gave it.
+    # The captured program's ops say which exchange ran (dispatch and combine over given counts: no all-gather);
+    # its transport is recorded as the communicator gave it.
     ops = data["captured_ops"]
-    assert ops["all_gather"] == 1 and (ops.get("send_recv", 0) == 2 or "peer_copy" in data["graph_transport"])
+    assert "all_gather" not in ops and (ops.get("send_recv", 0) == 2 or "peer_copy" in data["graph_transport"])
     assert data["graph_transport"] in ("padded_nccl", "padded_peer_copy", "peer_copy")
     assert data["communicator_peer_transport"] in ("nccl", "peer_copy") and data["communicator_peer_transport_reason"]
     assert data["multicast_env"]["NCCL_NVLS_ENABLE"] == "0"
@@ -60,11 +61,15 @@ def test_two_host_processes_time_the_exchange(tmp_path):
     for row in rows.values():
         assert row["routed_bytes"] == 2 * 128 * 128 and row["padded_bytes"] == 2 * 128 * 128
         systems = {s["system"]: s for s in row["systems"]}
-        assert list(systems) == ["stepgraph_graph", "stepgraph_eager"], "no NCCL row with --reference none"
-        graph, eager = systems["stepgraph_graph"], systems["stepgraph_eager"]
-        assert graph["verified"] and eager["verified"], "combine(dispatch(x)) is x on every rank"
-        assert graph["transport"] == data["graph_transport"] and eager["transport"] == "padded_nccl"
-        for s in (graph, eager):
+        assert list(systems) == ["stepgraph_graph", "stepgraph_graph_with_counts", "stepgraph_eager"], \
+            "no NCCL row with --reference none"
+        graph, counted, eager = (systems[n] for n in systems)
+        assert graph["verified"] and counted["verified"] and eager["verified"], "combine(dispatch(x)) is x everywhere"
+        assert graph["transport"] == counted["transport"] == data["graph_transport"]
+        assert eager["transport"] == "padded_nccl" and eager["bytes_moved_per_rank"] == row["padded_bytes"]
+        if data["graph_transport"] != "peer_copy":
+            assert graph["bytes_moved_per_rank"] == row["padded_bytes"]
+        for s in (graph, counted, eager):
             t = s["exchange_us"]["median_us"]
             assert s["algbw_gbps"] == pytest.approx(row["routed_bytes"] / (t * 1e-6) / 1e9)
             assert s["cross_rank_gbps"] == pytest.approx(row["cross_rank_bytes_max"] / (t * 1e-6) / 1e9)

@@ -253,6 +253,12 @@ std::string ep_config_line(const nlohmann::json& c) {
                     100.0 * s["exposed_comm_fraction"].get<double>());
       line += buffer;
     }
+    if (s.contains("profile_exposed_comm_fraction")) {
+      std::snprintf(buffer, sizeof(buffer), " (profiled exposed comm %.3f ms = %.1f%%)",
+                    s["profile_exposed_comm_us"].get<double>() / 1000.0,
+                    100.0 * s["profile_exposed_comm_fraction"].get<double>());
+      line += buffer;
+    }
   }
   const nlohmann::json& check = c["loss_check"];
   line += detail::concat("  first ", check["steps"].get<int>(), " losses ", check["compared"][0].get<std::string>(),

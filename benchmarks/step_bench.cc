@@ -451,6 +451,7 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
         if (pipeline || expert) {
           std::printf("%s\n", (pipeline ? pipeline_config_line(c) : ep_config_line(c)).c_str());
           std::fflush(stdout);
+          if (expert) print_profile_summaries(c);  // --profile: each graphed row's largest ops
         } else {
           print_parallel_line(c);
         }

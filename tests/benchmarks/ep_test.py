@@ -67,6 +67,17 @@ def test_two_host_processes_write_the_expert_parallel_rows(tmp_path):
     assert "step_bench --ep: moe_tiny ep2 graph" in logs[0]  # progress lines
 
 
+def test_profile_gives_the_graphed_rows_their_exposed_communication(tmp_path):
+    codes, logs = dp_test.run_world(tmp_path, 2, EP_FLAGS + ["--ep", "2", "--profile"])
+    assert codes == [0, 0], logs
+    (c,) = json.loads((tmp_path / "rank0.json").read_text())["configs"]
+    rows = {s["system"]: s for s in c["systems"]}
+    assert rows["stepgraph_graph_ep1"]["profile_exposed_comm_us"] == 0  # alone: no collective
+    assert 0 < rows["stepgraph_graph_ep2"]["profile_exposed_comm_fraction"] < 1
+    assert "profile" not in rows["stepgraph_eager_ep2"]
+    assert "profiled exposed comm" in logs[0] and "by op" in logs[0]  # the line, then the largest ops
+
+
 def test_world_of_one_runs_the_baseline_rows(tmp_path):
     out = tmp_path / "ep1.json"
     done = subprocess.run([BINARY, *EP_FLAGS, "--ep", "1", "--out", str(out)], env=dp_test.clean_env(),

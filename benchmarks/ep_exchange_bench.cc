@@ -191,7 +191,7 @@ int run(const Options& options) {
   const Tensor counts = ctx.persistent("counts", {Shape{n, experts}, DType::kInt32});  // what ep_counts makes
   std::vector<std::uint8_t> x_host(static_cast<std::size_t>(rows * row_bytes));
   std::mt19937 rng(1234u + static_cast<std::uint32_t>(world.rank()));
-  // Bytes of finite bf16 / fp32 values: 0x3C in every high byte keeps them so.
+  // Random rows (every second byte 0x3C: finite bf16 values); the exchange moves bytes, checked bit for bit.
   for (std::size_t i = 0; i < x_host.size(); ++i) x_host[i] = i % 2 == 1 ? 0x3C : static_cast<std::uint8_t>(rng());
   ctx.copy_from_host(x, x_host.data(), x_host.size());
   const auto dispatch_and_combine = [&](const Tensor& with_counts) -> std::vector<Tensor> {

@@ -328,8 +328,9 @@ def build_row(c, group, parallel, compiled, local_rank):
     return s.train_step, extra, losses, s
 
 
-def run_ep_config(name, rows, steps, warmup, deadline, group, local_rank=0):
-    """One config's rows on every rank; the config's JSON (the same on every rank)."""
+def run_ep_config(name, rows, steps, warmup, deadline, group, local_rank=0, progress=None):
+    """One config's rows on every rank; the config's JSON (the same on every rank). progress(config so far), when
+    given, after every row: a later row that hangs leaves the earlier ones written."""
     c = peer.CONFIGS[name]
     n = group.world
     out = peer.config_header(name)
@@ -367,6 +368,8 @@ def run_ep_config(name, rows, steps, warmup, deadline, group, local_rank=0):
         out["systems"].append(row)
         if group.rank == 0:
             print(describe(name, row), file=sys.stderr, flush=True)
+        if progress is not None:
+            progress(out)
     compared = [row_name(k, n) for k, (parallel, _) in KINDS.items() if parallel == (n > 1)]
     firsts = {k: v["first_losses"] for k, v in made.items()}
     check = {"steps": min((len(v) for v in firsts.values()), default=0), "compared": compared, **firsts}
@@ -457,7 +460,12 @@ def main(argv=None):
                 print(f"NOTE: {result['expert_parallel']['note']}", file=sys.stderr, flush=True)
         deadline = time.perf_counter() + args.budget_s
         for name in args.configs:
-            result["configs"].append(run_ep_config(name, rows, args.steps, args.warmup, deadline, group, local_rank))
+            def progress(partial):
+                if leader:
+                    peer.save_progress(dict(result, configs=result["configs"] + [partial]), args.out)
+
+            result["configs"].append(run_ep_config(name, rows, args.steps, args.warmup, deadline, group, local_rank,
+                                                   progress))
             if leader:
                 peer.save_progress(result, args.out)
         wrong = [f"{c['name']}/{mode} ({d['ep_first_loss']:.5f} vs {d['baseline_mean_first_loss']:.5f})"

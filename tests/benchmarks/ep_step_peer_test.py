@@ -175,6 +175,15 @@ def test_rows_efficiency_and_loss_checks(monkeypatch):
     assert "efficiency 0.800" in ep_step_peer.describe("moe", eager)
 
 
+def test_progress_after_every_row(monkeypatch):
+    seen = []
+    monkeypatch.setattr(ep_step_peer.peer, "run_everywhere", lambda *a, **k: (None, "rank 0: RuntimeError: x"))
+    ep_step_peer.run_ep_config("moe", ep_step_peer.rows_of(2), 3, 1, math.inf, FakeGroup(2),
+                               progress=lambda c: seen.append([s["system"] for s in c["systems"]]))
+    rows = ep_step_peer.rows_of(2)
+    assert seen == [rows[:i + 1] for i in range(len(rows))]
+
+
 def test_a_first_loss_off_the_ranks_mean_disagrees():
     base = {"rank_first_loss": [9.0, 9.2]}
     assert not ep_step_peer.ep_loss_check(base, {"first_losses": [9.2]})["agrees"]

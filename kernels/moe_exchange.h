@@ -8,6 +8,8 @@
 //                combine: the expert rows [P*R, H])
 //   ep_unpack    P slots [R, H], one per peer -> rows (dispatch: [P*R, H] by
 //                local expert; combine: y_perm [R, H] in x_perm order)
+// (The peer transport's route table and copy, which move the counted rows
+// only: kernels/moe_exchange_peer.h.)
 //
 // Note [Expert-parallel plan]
 // Counts are device values a bad router could make negative or too large, so

@@ -43,6 +43,8 @@ ALLOWED = {
                              "(a host rank's collectives time out by themselves)",
     "benchmarks/step_bench.cc": "parses --device, describes the device and joins the benchmark's world per device",
     "benchmarks/step_runner.cc": "measures GPU memory and primes NCCL on cuda only",
+    "benchmarks/pipeline_step_runner.cc": "measures GPU memory and primes on cuda only, and makes the pp1 rows' "
+                                          "one-rank pipeline per device (NCCL of one rank, or a thread world of one)",
     # Tests run a case on each device and skip cuda where there is no GPU.
     "tests/": "tests pick the device of each case and skip the cuda ones without a GPU",
 }

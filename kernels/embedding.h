@@ -28,14 +28,29 @@
 //
 // Note [Deterministic embedding backward]
 // Atomic fp32 adds are not bit-reproducible (their order varies run to run),
-// and eager and graphed steps must give identical losses. So no atomics: each
-// (row v, column d) of dtable belongs to one thread, which walks all token
-// positions in increasing order and adds the matching dout values in fp32,
-// starting from 0. The host reference adds in the same order in fp32, so
-// device and host agree bit for bit. The cost is O(vocab * positions)
-// comparisons (shared-memory broadcasts): fine for the vocabularies of
-// hundreds to a few thousand tokens the trainer uses; a segmented sort by
-// token is the scalable form if large vocabularies need it.
+// and eager and graphed steps must give identical losses. So no atomics and
+// one fixed order: dtable[v, d] is 0 plus dout[p, d] for each position p
+// naming v's global id, in increasing p, each add one fp32 rounding. The
+// host reference adds position by position into a zeroed table: per element
+// the same terms in the same order, so device and host agree bit for bit.
+//
+// The device's scheme: one block per (row v, chunk of 2048 columns). The
+// block walks the tokens in tiles of 1024; each warp ballots its tokens
+// against v's id, the (slot, warp) match counts are scanned, and the tile's
+// matching positions land in shared memory in increasing order; each thread
+// then adds those positions' dout for its 8 columns (16-byte loads where dim
+// is a multiple of 8) into fp32 registers, and the block writes its chunk
+// once (zeros where nothing matched). Tiles in order and matches in order
+// within a tile keep every column's adds in position order, whatever the
+// tile or chunk size: the device's sums are the host's.
+// Cost: vocab x positions token comparisons per column chunk (ballots over
+// tokens the L1/L2 keeps; a tile without a match is its loads and one
+// barrier), each element of a named dout row read once, and dtable written
+// once -- at vocab 8192, dim 2048, 2048 positions, the 64 MiB of dtable
+// writes dominate. The alternative, a stable sort of positions by token then
+// one segment sum per row, reads the tokens once instead of once per row,
+// but needs a workspace the op does not have; with dtable's writes the floor
+// and the tokens cached, the per-row scan costs little more.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -5,8 +5,12 @@
 // bit per dtype and size class (dims that are not a multiple of a warp, dims
 // spanning several column blocks, more positions than one token tile, small
 // vocabularies with many repeats, vocabulary slices), into NaN-poisoned
-// outputs. Vocabulary slices: N slices' lookups sum to the whole table's,
-// bit for bit, and their gradients are its rows.
+// outputs. The backward's tiles, column chunks and access paths: one row
+// named across many token tiles in every dtype, a ragged dim across a column
+// chunk boundary, several vectorized chunks, misaligned pointers, slices with
+// out-of-range tokens, a slice no token names, and a 32000 x 2048 table.
+// Vocabulary slices: N slices' lookups sum to the whole table's, bit for bit,
+// and their gradients are its rows.
 #include "kernels/embedding.h"
 
 #include <gtest/gtest.h>
@@ -14,9 +18,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
+#include "engine/cuda_check.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/stream.h"
@@ -292,6 +298,136 @@ TEST(EmbeddingCudaTest, Bf16VocabularySliceMatchesHostBitwise) {
 TEST(EmbeddingCudaTest, Fp32FirstVocabularySliceMatchesHostBitwise) {
   SG_SKIP_WITHOUT_GPU();
   expect_device_matches_host({kFp32, 100, 33, 2500, 1, /*vocab_offset=*/0, /*full_vocab=*/400});
+}
+
+// ---------------------------------------------------------------------------
+// GPU: the backward's tiles, column chunks and access paths, against the host
+// bit for bit (Note [Deterministic embedding backward]). Its tiles hold 1024
+// tokens; its blocks 2048 columns, 8 a thread (16-byte accesses where dim is
+// a multiple of 8 and dout and dtable are 16-byte aligned).
+
+// `count` tokens: about half name `row`, so its sums run across every tile;
+// the rest are any id of [0, valid_ids) plus every 97th outside it (skipped).
+std::vector<std::int32_t> tokens_naming_one_row_often(std::int64_t count, std::int64_t valid_ids, std::int32_t row,
+                                                      std::mt19937& rng) {
+  std::vector<std::int32_t> tokens = random_tokens(count, valid_ids, rng);
+  const std::int32_t outside[] = {-1, static_cast<std::int32_t>(valid_ids), std::numeric_limits<std::int32_t>::max(),
+                                  std::numeric_limits<std::int32_t>::min()};
+  for (std::size_t p = 0; p < tokens.size(); ++p) {
+    if (p % 97 == 13) {
+      tokens[p] = outside[p % 4];
+    } else if (rng() % 2 == 0) {
+      tokens[p] = row;
+    }
+  }
+  return tokens;
+}
+
+// The backward alone into a NaN-poisoned dtable, against the host bit for
+// bit. `misaligned`: dout and dtable start one element past a 16-byte
+// boundary, which forces the scalar path whatever dim is.
+void expect_backward_matches_host(const EmbeddingDesc& desc, const std::vector<std::int32_t>& tokens,
+                                  bool misaligned = false) {
+  testing::SeededRng rng;
+  ASSERT_EQ(static_cast<std::int64_t>(tokens.size()), desc.positions());
+  const HostArray dout = random_array(desc.dtype, desc.positions() * desc.dim, rng);
+  std::vector<float> want(static_cast<std::size_t>(desc.vocab * desc.dim));
+  host::embedding_backward(desc, dout.data(), tokens.data(), want.data());
+
+  const std::size_t dout_shift = misaligned ? dtype_size(desc.dtype) : 0;
+  const std::size_t dtable_shift = misaligned ? sizeof(float) : 0;
+  const std::size_t dtable_bytes = want.size() * sizeof(float);
+  DeviceArray d_dout(dout.bytes.size() + dout_shift), d_dtable(dtable_bytes + dtable_shift);
+  DeviceArray d_tokens(tokens.size() * sizeof(std::int32_t));
+  auto* dout_at = static_cast<std::uint8_t*>(d_dout.get()) + dout_shift;
+  auto* dtable_at = reinterpret_cast<float*>(static_cast<std::uint8_t*>(d_dtable.get()) + dtable_shift);
+  SG_CUDA_CHECK(cudaMemcpy(dout_at, dout.data(), dout.bytes.size(), cudaMemcpyHostToDevice));
+  SG_CUDA_CHECK(cudaMemcpy(d_tokens.get(), tokens.data(), d_tokens.bytes(), cudaMemcpyHostToDevice));
+  d_dtable.poison();
+  Stream stream;
+  launch_embedding_backward(desc, dout_at, d_tokens.as<std::int32_t>(), dtable_at, stream.get());
+  stream.synchronize();
+  std::vector<float> got(want.size());
+  SG_CUDA_CHECK(cudaMemcpy(got.data(), dtable_at, dtable_bytes, cudaMemcpyDeviceToHost));
+  for (std::int64_t v = 0; v < desc.vocab; ++v) {
+    const std::size_t row = static_cast<std::size_t>(v * desc.dim);
+    const std::size_t row_bytes = static_cast<std::size_t>(desc.dim) * sizeof(float);
+    if (std::memcmp(got.data() + row, want.data() + row, row_bytes) == 0) continue;
+    for (std::int64_t d = 0; d < desc.dim; ++d) {
+      ASSERT_EQ(std::memcmp(&got[row + d], &want[row + d], sizeof(float)), 0)
+          << "row " << v << " column " << d << ": device " << got[row + d] << ", host " << want[row + d]
+          << " (the host's fp32 sum in position order)";
+    }
+  }
+}
+
+TEST(EmbeddingCudaTest, EveryDtypeOneRowNamedAcrossManyTilesMatchesHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  for (const DType dtype : {kBf16, kFp16, kFp32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    testing::SeededRng rng;
+    // 5003 positions: four full tiles and a ragged fifth; dim 2048: one whole
+    // vectorized chunk.
+    const EmbeddingDesc desc{.dtype = dtype, .vocab = 64, .dim = 2048, .rows = 5003, .width = 1};
+    expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 3, rng));
+  }
+}
+
+TEST(EmbeddingCudaTest, Fp16RaggedDimAcrossAColumnChunkBoundaryMatchesHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  // dim 2053: not a multiple of the vector width (the scalar path), and a
+  // second chunk of 5 columns.
+  const EmbeddingDesc desc{.dtype = kFp16, .vocab = 20, .dim = 2053, .rows = 500, .width = 3};
+  expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 19, rng));
+}
+
+TEST(EmbeddingCudaTest, Fp32VectorizedThreeColumnChunksMatchesHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  // dim 4104 = 2 * 2048 + 8: the last chunk is one thread's vector.
+  const EmbeddingDesc desc{.dtype = kFp32, .vocab = 30, .dim = 4104, .rows = 11, .width = 100};
+  expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 0, rng));
+}
+
+TEST(EmbeddingCudaTest, Bf16MisalignedDoutAndDtableMatchHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  const EmbeddingDesc desc{.dtype = kBf16, .vocab = 50, .dim = 256, .rows = 40, .width = 64};
+  expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 7, rng),
+                               /*misaligned=*/true);
+}
+
+TEST(EmbeddingCudaTest, Fp16VocabularySliceWithOutOfRangeTokensMatchesHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  // Ids [600, 900) of 1200: tokens of the other slices and outside [0, 1200)
+  // are skipped; row 0 of the slice (id 600) is named across every tile.
+  const EmbeddingDesc desc{
+      .dtype = kFp16, .vocab = 300, .dim = 96, .rows = 1000, .width = 3, .vocab_offset = 600, .full_vocab = 1200};
+  expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.valid_ids(), 600, rng));
+}
+
+TEST(EmbeddingCudaTest, Bf16NoTokenInTheSliceGivesAZeroTable) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  const EmbeddingDesc desc{
+      .dtype = kBf16, .vocab = 16, .dim = 64, .rows = 3, .width = 700, .vocab_offset = 16, .full_vocab = 32};
+  std::vector<std::int32_t> tokens = random_tokens(desc.positions(), desc.vocab_offset, rng);  // ids below 16
+  tokens[5] = -7;
+  tokens[9] = 32;
+  expect_backward_matches_host(desc, tokens);
+}
+
+// A GPT's shape (vocab 32000, dim 2048) over one microbatch of 2048 tokens:
+// the 262 MB table is written once, and the many unnamed rows are +0.0.
+TEST(EmbeddingCudaTest, Bf16Vocab32000Dim2048Positions2048MatchesHostBitwise) {
+  SG_SKIP_WITHOUT_GPU();
+  testing::SeededRng rng;
+  const EmbeddingDesc desc{.dtype = kBf16, .vocab = 32000, .dim = 2048, .rows = 1, .width = 2048};
+  std::vector<std::int32_t> tokens = random_tokens(desc.positions(), desc.vocab, rng);
+  for (std::size_t p = 0; p < tokens.size(); p += 5) tokens[p] = 1;  // a frequent token, as a text's "the"
+  expect_backward_matches_host(desc, tokens);
 }
 
 }  // namespace

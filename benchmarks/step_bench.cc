@@ -101,7 +101,7 @@ struct Options {
   bool cuda_profiler_range = false;  // one graphed replay between cudaProfilerStart and Stop
   DataParallelMode dp_mode = DataParallelMode::kAllReduce;
   // Where each summed group's update runs (Note [Where summed updates run] in optim/adamw.h).
-  AdamW::SummedUpdateStream dp_update_stream = AdamW::SummedUpdateStream::kCommunication;
+  AdamW::SummedUpdateStream dp_update_stream = AdamW::SummedUpdateStream::kCommunicationWhenCaptured;
   int timeout_s = 300;
   std::optional<Fp8Recipe> fp8;   // FP8 GEMMs in every config's blocks (--fp8-weight-cache: its cache_weights)
   bool skip_nonfinite = false;    // AdamW::set_skip_nonfinite
@@ -644,11 +644,12 @@ int main(int argc, char** argv) {
   app.add_option("--dp-mode", dp_mode, "with --dp: allreduce, or zero1 (sharded optimizer)")
       ->check(CLI::IsMember({"allreduce", "zero1"}))
       ->capture_default_str();
-  std::string dp_update_stream = "comm";
+  std::string dp_update_stream = "captured";
   app.add_option("--dp-update-stream", dp_update_stream,
-                 "with --dp allreduce: where each group's update runs after its all-reduce, comm (the communication "
-                 "stream) or wgrad (the weight-gradient stream); Note [Where summed updates run] in optim/adamw.h")
-      ->check(CLI::IsMember({"comm", "wgrad"}))
+                 "with --dp allreduce: where each group's update runs after its all-reduce: comm (the communication "
+                 "stream), wgrad (the weight-gradient stream) or captured (comm in a captured step, wgrad eager); "
+                 "Note [Where summed updates run] in optim/adamw.h")
+      ->check(CLI::IsMember({"captured", "comm", "wgrad"}))
       ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "with --dp: a rank that does not answer within this is an error")
       ->capture_default_str();
@@ -681,8 +682,9 @@ int main(int argc, char** argv) {
     if (virtual_stages_flag->count() > 0) options.virtual_stages = virtual_stages;
     if (microbatches_flag->count() > 0) options.microbatches = microbatches;
     options.dp_mode = dp_mode == "zero1" ? sg::DataParallelMode::kZero1 : sg::DataParallelMode::kAllReduce;
-    options.dp_update_stream = dp_update_stream == "wgrad" ? sg::AdamW::SummedUpdateStream::kWeightGradient
-                                                           : sg::AdamW::SummedUpdateStream::kCommunication;
+    options.dp_update_stream = dp_update_stream == "wgrad"  ? sg::AdamW::SummedUpdateStream::kWeightGradient
+                               : dp_update_stream == "comm" ? sg::AdamW::SummedUpdateStream::kCommunication
+                                                            : sg::AdamW::SummedUpdateStream::kCommunicationWhenCaptured;
     options.gemm_algorithms = *sg::parse_algorithm_choice(gemm_algorithms);
     if (fp8 != "none") {
       options.fp8 = sg::Fp8Recipe::of(sg::parse_fp8_scaling(fp8));

@@ -105,7 +105,7 @@ struct StepRunOptions {
   Communicator* data_parallel = nullptr;
   DataParallelMode dp_mode = DataParallelMode::kAllReduce;
   // Where each summed group's update runs (Note [Where summed updates run] in optim/adamw.h).
-  AdamW::SummedUpdateStream summed_update_stream = AdamW::SummedUpdateStream::kCommunication;
+  AdamW::SummedUpdateStream summed_update_stream = AdamW::SummedUpdateStream::kCommunicationWhenCaptured;
   // The ranks timed together: they meet before each timed sample and before
   // the pipelined steps (null: this rank is timed alone).
   Communicator* timed_with = nullptr;

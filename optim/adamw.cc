@@ -237,7 +237,12 @@ void check_rank_local(const AdamW& optimizer, std::span<Parameter* const> rank_l
 }  // namespace
 
 std::string_view summed_update_stream_name(AdamW::SummedUpdateStream stream) {
-  return stream == AdamW::SummedUpdateStream::kWeightGradient ? "wgrad" : "comm";
+  switch (stream) {
+    case AdamW::SummedUpdateStream::kWeightGradient: return "wgrad";
+    case AdamW::SummedUpdateStream::kCommunication: return "comm";
+    case AdamW::SummedUpdateStream::kCommunicationWhenCaptured: return "captured";
+  }
+  return "captured";
 }
 
 AdamW::GroupedStep::GroupedStep(Context& ctx, const AdamW& optimizer, Communicator* data_parallel,
@@ -284,8 +289,10 @@ void AdamW::GroupedStep::operator()(std::size_t group) {
   // the updates stay in order on one stream (the last advances the shared
   // step counter).
   const int comm_stream = ctx_.communication_stream();
-  const bool on_comm = summed && optimizer_.summed_update_stream() == SummedUpdateStream::kCommunication &&
-                       comm_stream > 0 && comm_stream != WeightGradScope::kStream;
+  const SummedUpdateStream where = optimizer_.summed_update_stream();
+  const bool wants_comm = where == SummedUpdateStream::kCommunication ||
+                          (where == SummedUpdateStream::kCommunicationWhenCaptured && ctx_.tracing());
+  const bool on_comm = summed && wants_comm && comm_stream > 0 && comm_stream != WeightGradScope::kStream;
   std::optional<StreamScope> after_reduce;
   std::optional<WeightGradScope> weight_grads;
   if (on_comm) {

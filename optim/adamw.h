@@ -133,12 +133,15 @@ class AdamW {
   // stream one group behind (Note [Joining the weight-gradient stream]),
   // waits on reductions too. On the communication stream (kCommunication,
   // the default) the update follows its all-reduce there and the weight
-  // gradients go on: only the next all-reduce waits behind it. The
-  // arithmetic is the same, so results are bitwise unchanged; groups that
-  // nothing sums (no data parallelism, ZeRO-1's own path) update on the
-  // weight-gradient stream either way. Measured in
-  // docs/communication_performance.md (step_bench --dp-update-stream).
-  enum class SummedUpdateStream : std::uint8_t { kWeightGradient, kCommunication };
+  // gradients go on: only the next all-reduce waits behind it. Measured
+  // (docs/communication_performance.md, step_bench --dp-update-stream), the
+  // captured step scales better with kCommunication and the eager one with
+  // kWeightGradient, so the default, kCommunicationWhenCaptured, takes each
+  // where it is faster. The arithmetic is the same, so results are bitwise
+  // unchanged (eager == graph holds for every choice); groups that nothing
+  // sums (no data parallelism, ZeRO-1's own path) update on the
+  // weight-gradient stream either way.
+  enum class SummedUpdateStream : std::uint8_t { kWeightGradient, kCommunication, kCommunicationWhenCaptured };
   void set_summed_update_stream(SummedUpdateStream stream) { summed_update_stream_ = stream; }
   SummedUpdateStream summed_update_stream() const { return summed_update_stream_; }
 
@@ -216,7 +219,7 @@ class AdamW {
   const Tensor& step_counter() const { return step_; }
 
  private:
-  SummedUpdateStream summed_update_stream_ = SummedUpdateStream::kCommunication;
+  SummedUpdateStream summed_update_stream_ = SummedUpdateStream::kCommunicationWhenCaptured;
   // One parameter's tensors; copy is undefined when the master is the value.
   using UpdateTensors = ops::AdamWParamOperands<Tensor>;
   // One launch: its parameters' table and tensors.
@@ -276,7 +279,7 @@ class AdamW {
   bool step_scoped_ = false;
 };
 
-// "wgrad" | "comm": the step_bench flag's spelling of AdamW::SummedUpdateStream.
+// "wgrad" | "comm" | "captured": the step_bench flag's spelling of AdamW::SummedUpdateStream.
 std::string_view summed_update_stream_name(AdamW::SummedUpdateStream stream);
 
 // Runs `backward` and the optimizer's step: each group's update as soon as

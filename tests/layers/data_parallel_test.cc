@@ -228,18 +228,23 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Zero1Test,
                          });
 
 // Note [Where summed updates run] (optim/adamw.h): each group's update after
-// its all-reduce runs on the communication stream (the default) or on the
-// weight-gradient stream; the captured program puts every AdamW launch where
-// asked, and both placements train the same bits, eager and graphed.
-TEST(DataParallelUpdateStreamTest, SummedUpdatesOnEitherStreamTrainTheSameBits) {
+// its all-reduce runs on the communication stream, on the weight-gradient
+// stream, or (the default) on the first when captured and the second eager;
+// the captured program puts every AdamW launch where asked, and every
+// placement trains the same bits, eager and graphed.
+TEST(DataParallelUpdateStreamTest, SummedUpdatesOnAnyStreamTrainTheSameBits) {
   const testing::TestSeed seed;
   constexpr int kRanks = 2;
   constexpr int kSideStreams = 2;  // stream 1 weight gradients, stream 2 collectives
   using Where = AdamW::SummedUpdateStream;
-  std::vector<std::vector<std::uint8_t>> values[2];
-  for (const Where where : {Where::kCommunication, Where::kWeightGradient}) {
-    const int expected_stream = where == Where::kCommunication ? kSideStreams : 1;
-    auto& per_rank = values[where == Where::kCommunication ? 0 : 1];
+  const std::vector<Where> placements = {Where::kCommunication, Where::kWeightGradient,
+                                         Where::kCommunicationWhenCaptured};
+  std::vector<std::vector<std::vector<std::uint8_t>>> values(placements.size());
+  for (std::size_t w = 0; w < placements.size(); ++w) {
+    const Where where = placements[w];
+    // What the captured program shows; kCommunicationWhenCaptured's eager steps update on stream 1.
+    const int expected_stream = where == Where::kWeightGradient ? 1 : kSideStreams;
+    auto& per_rank = values[w];
     per_rank.assign(kRanks, {});
     HostWorld::run(kRanks, [&](Communicator& comm) {
       Context ctx(Device::kHost, kSideStreams);
@@ -273,8 +278,11 @@ TEST(DataParallelUpdateStreamTest, SummedUpdatesOnEitherStreamTrainTheSameBits) 
       per_rank[static_cast<std::size_t>(comm.rank())] = graph_values;
     });
   }
-  for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(values[0][r], values[1][r]) << "rank " << r << ": the two placements trained different values";
+  for (std::size_t w = 1; w < placements.size(); ++w) {
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(values[w][r], values[0][r]) << "rank " << r << ": " << summed_update_stream_name(placements[w])
+                                            << " trained other values than comm";
+    }
   }
 }
 

@@ -31,6 +31,9 @@ constexpr int kTokensPerThread = 4;
 constexpr int kTokenTile = kBackwardThreads * kTokensPerThread;
 constexpr int kColsPerThread = 8;  // one 16-byte load of bf16/fp16, two of fp32
 constexpr int kColumnChunk = kBackwardThreads * kColsPerThread;
+// At least 4 blocks (1024 threads) an SM: the token scan is latency-bound
+// and wants the threads; it caps registers at 64.
+constexpr int kBackwardBlocksPerSm = 4;
 // The tile's (slot, warp) match counts are scanned by one warp, a lane each.
 static_assert(kTokensPerThread * kBackwardWarps == 32);
 
@@ -122,28 +125,39 @@ __device__ __forceinline__ std::int64_t column_of(std::int64_t chunk, int j) {
   }
 }
 
-// acc[j] += dout_row[column j]: one fp32 rounding per column, as the host's.
+// A thread's kColsPerThread elements of one dout row, kept in T until added,
+// so the rows in flight cost only their own bytes of registers.
 template <typename T, bool kVectorized>
-__device__ __forceinline__ void add_row(const T* __restrict__ dout_row, std::int64_t chunk, std::int64_t dim,
-                                        float (&acc)[kColsPerThread]) {
-  if constexpr (kVectorized) {
-    constexpr int kCount = Vec16<T>::kCount;
-    const T* src = dout_row + column_of<true>(chunk, 0);
+struct RowSlice {
+  static constexpr int kCount = Vec16<T>::kCount;
+  // Rows loaded before any is added: latency hiding for a row that many
+  // positions name, which its one block reads alone. More rows than 4 cost
+  // more registers than the occupancy bound leaves (spills for bf16).
+  static constexpr int kInFlight = 4;
+
+  Vec16<T> vectors[kColsPerThread / kCount];  // column j is vectors[j / kCount].values[j % kCount]
+
+  __device__ __forceinline__ void load(const T* __restrict__ dout_row, std::int64_t chunk, std::int64_t dim) {
+    if constexpr (kVectorized) {
+      const T* src = dout_row + column_of<true>(chunk, 0);
 #pragma unroll
-    for (int j = 0; j < kColsPerThread; j += kCount) {
-      float values[kCount];
-      load16(src + j).to_float(values);
+      for (int v = 0; v < kColsPerThread / kCount; ++v) vectors[v] = load16(src + v * kCount);
+    } else {
 #pragma unroll
-      for (int e = 0; e < kCount; ++e) acc[j + e] += values[e];
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kColsPerThread; ++j) {
-      const std::int64_t d = column_of<false>(chunk, j);
-      if (d < dim) acc[j] += to_float(dout_row[d]);
+      for (int j = 0; j < kColsPerThread; ++j) {
+        const std::int64_t d = column_of<false>(chunk, j);
+        // A column past dim is added but never stored.
+        vectors[j / kCount].values[j % kCount] = d < dim ? dout_row[d] : from_float<T>(0.0f);
+      }
     }
   }
-}
+
+  // acc[j] += column j: one fp32 rounding per column, as the host's.
+  __device__ __forceinline__ void add_to(float (&acc)[kColsPerThread]) const {
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) acc[j] += to_float(vectors[j / kCount].values[j % kCount]);
+  }
+};
 
 template <bool kVectorized>
 __device__ __forceinline__ void store_row(float* __restrict__ dtable_row, std::int64_t chunk, std::int64_t dim,
@@ -172,7 +186,7 @@ __device__ __forceinline__ void store_row(float* __restrict__ dtable_row, std::i
 // 0 of dout over the positions naming v's global id, in increasing position
 // order (tiles in order, each tile's matches compacted in order).
 template <typename T, bool kVectorized>
-__global__ void __launch_bounds__(kBackwardThreads)
+__global__ void __launch_bounds__(kBackwardThreads, kBackwardBlocksPerSm)
     backward_kernel(const T* __restrict__ dout, const std::int32_t* __restrict__ tokens, float* __restrict__ dtable,
                     std::int64_t dim, std::int64_t positions, std::int64_t vocab_offset) {
   __shared__ int matches[kTokenTile];
@@ -187,10 +201,20 @@ __global__ void __launch_bounds__(kBackwardThreads)
   for (std::int64_t start = 0; start < positions; start += kTokenTile) {
     const int count = compact_tile_matches(tokens, start, positions, id, matches, counts);
     if (!has_columns) continue;
-    // Unrolled so several rows' loads are in flight before their adds,
-    // which stay in list order per column.
-#pragma unroll 4
-    for (int i = 0; i < count; ++i) add_row<T, kVectorized>(dout + (start + matches[i]) * dim, chunk, dim, acc);
+    // A batch's loads are issued together, then added in list order. The
+    // guards depend on count alone: uniform over the block.
+    using Slice = RowSlice<T, kVectorized>;
+    for (int i = 0; i < count; i += Slice::kInFlight) {
+      Slice rows[Slice::kInFlight];
+#pragma unroll
+      for (int r = 0; r < Slice::kInFlight; ++r) {
+        if (i + r < count) rows[r].load(dout + (start + matches[i + r]) * dim, chunk, dim);
+      }
+#pragma unroll
+      for (int r = 0; r < Slice::kInFlight; ++r) {
+        if (i + r < count) rows[r].add_to(acc);
+      }
+    }
   }
   if (has_columns) store_row<kVectorized>(dtable + v * dim, chunk, dim, acc);
 }

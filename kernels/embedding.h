@@ -38,9 +38,10 @@
 // block walks the tokens in tiles of 1024; each warp ballots its tokens
 // against v's id, the (slot, warp) match counts are scanned, and the tile's
 // matching positions land in shared memory in increasing order; each thread
-// then adds those positions' dout for its 8 columns (16-byte loads where dim
-// is a multiple of 8) into fp32 registers, and the block writes its chunk
-// once (zeros where nothing matched). Tiles in order and matches in order
+// then adds those positions' dout for its 8 columns into fp32 registers
+// (16-byte loads where dim is a multiple of 8; 4 rows' loads issued before
+// their adds), and the block writes its chunk once (zeros where nothing
+// matched). Tiles in order and matches in order
 // within a tile keep every column's adds in position order, whatever the
 // tile or chunk size: the device's sums are the host's.
 // Cost: vocab x positions token comparisons per column chunk (ballots over

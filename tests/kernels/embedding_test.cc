@@ -203,6 +203,18 @@ TEST(EmbeddingTest, ChecksRejectBadDescriptions) {
   expect_invalid_argument([&] { launch_embedding_backward(good, nullptr, nullptr, nullptr, nullptr); }, "null");
 }
 
+// The backward's grid holds a dim of up to 65535 chunks of 2048 columns; a
+// wider table is refused before anything is launched (the pointers are
+// never read), so this runs without a GPU.
+TEST(EmbeddingTest, BackwardRefusesMoreColumnChunksThanTheGridHolds) {
+  const EmbeddingDesc wide{.dtype = kBf16, .vocab = 1, .dim = std::int64_t{2048} * 65536, .rows = 1, .width = 1};
+  ASSERT_NO_THROW(check_embedding(wide));
+  float unused = 0.0f;
+  const std::int32_t token = 0;
+  expect_invalid_argument([&] { launch_embedding_backward(wide, &unused, &token, &unused, nullptr); },
+                          "more than the grid's 65535");
+}
+
 // ---------------------------------------------------------------------------
 // GPU: the kernels against the host reference, bit for bit.
 

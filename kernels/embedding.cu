@@ -31,9 +31,23 @@ constexpr int kTokensPerThread = 4;
 constexpr int kTokenTile = kBackwardThreads * kTokensPerThread;
 constexpr int kColsPerThread = 8;  // one 16-byte load of bf16/fp16, two of fp32
 constexpr int kColumnChunk = kBackwardThreads * kColsPerThread;
-// At least 4 blocks (1024 threads) an SM: the token scan is latency-bound
-// and wants the threads; it caps registers at 64.
-constexpr int kBackwardBlocksPerSm = 4;
+// How a thread hides the latency of its dout loads: the rows it loads before
+// adding them, and the blocks an SM must hold (which caps its registers).
+// Wide: many blocks (a large vocabulary) hide it by occupancy, 4 blocks of
+// 1024 threads an SM (64 registers) for the latency-bound token scan too.
+// Deep: a grid of at most one block an SM (a small vocabulary, each row
+// named by many positions) has no occupancy to lose, so its threads keep 16
+// rows of loads in flight (about 200 registers).
+struct WideLatencyHiding {
+  static constexpr int kRowsInFlight = 4;
+  static constexpr int kBlocksPerSm = 4;
+};
+struct DeepLatencyHiding {
+  static constexpr int kRowsInFlight = 16;
+  static constexpr int kBlocksPerSm = 1;
+};
+// Grids up to this many blocks take DeepLatencyHiding: one an SM of an H100.
+constexpr std::int64_t kDeepGridBlocks = 132;
 // The tile's (slot, warp) match counts are scanned by one warp, a lane each.
 static_assert(kTokensPerThread * kBackwardWarps == 32);
 
@@ -130,11 +144,6 @@ __device__ __forceinline__ std::int64_t column_of(std::int64_t chunk, int j) {
 template <typename T, bool kVectorized>
 struct RowSlice {
   static constexpr int kCount = Vec16<T>::kCount;
-  // Rows loaded before any is added: latency hiding for a row that many
-  // positions name, which its one block reads alone. More rows than 4 cost
-  // more registers than the occupancy bound leaves (spills for bf16).
-  static constexpr int kInFlight = 4;
-
   Vec16<T> vectors[kColsPerThread / kCount];  // column j is vectors[j / kCount].values[j % kCount]
 
   __device__ __forceinline__ void load(const T* __restrict__ dout_row, std::int64_t chunk, std::int64_t dim) {
@@ -185,8 +194,8 @@ __device__ __forceinline__ void store_row(float* __restrict__ dtable_row, std::i
 // [blockIdx.y * kColumnChunk, + kColumnChunk): per column, the fp32 sum from
 // 0 of dout over the positions naming v's global id, in increasing position
 // order (tiles in order, each tile's matches compacted in order).
-template <typename T, bool kVectorized>
-__global__ void __launch_bounds__(kBackwardThreads, kBackwardBlocksPerSm)
+template <typename T, bool kVectorized, typename Latency>
+__global__ void __launch_bounds__(kBackwardThreads, Latency::kBlocksPerSm)
     backward_kernel(const T* __restrict__ dout, const std::int32_t* __restrict__ tokens, float* __restrict__ dtable,
                     std::int64_t dim, std::int64_t positions, std::int64_t vocab_offset) {
   __shared__ int matches[kTokenTile];
@@ -203,21 +212,45 @@ __global__ void __launch_bounds__(kBackwardThreads, kBackwardBlocksPerSm)
     if (!has_columns) continue;
     // A batch's loads are issued together, then added in list order. The
     // guards depend on count alone: uniform over the block.
-    using Slice = RowSlice<T, kVectorized>;
-    for (int i = 0; i < count; i += Slice::kInFlight) {
-      Slice rows[Slice::kInFlight];
+    constexpr int kBatch = Latency::kRowsInFlight;
+    for (int i = 0; i < count; i += kBatch) {
+      RowSlice<T, kVectorized> rows[kBatch];
 #pragma unroll
-      for (int r = 0; r < Slice::kInFlight; ++r) {
+      for (int r = 0; r < kBatch; ++r) {
         if (i + r < count) rows[r].load(dout + (start + matches[i + r]) * dim, chunk, dim);
       }
 #pragma unroll
-      for (int r = 0; r < Slice::kInFlight; ++r) {
+      for (int r = 0; r < kBatch; ++r) {
         if (i + r < count) rows[r].add_to(acc);
       }
     }
   }
   if (has_columns) store_row<kVectorized>(dtable + v * dim, chunk, dim, acc);
 }
+
+// One backward launch's arguments; run<T, kVectorized>() picks the latency
+// hiding and launches.
+struct BackwardLaunch {
+  dim3 grid;
+  bool deep = false;  // DeepLatencyHiding, else WideLatencyHiding
+  const void* dout = nullptr;
+  const std::int32_t* tokens = nullptr;
+  float* dtable = nullptr;
+  std::int64_t dim = 0, positions = 0, vocab_offset = 0;
+  cudaStream_t stream = nullptr;
+
+  template <typename T, bool kVectorized>
+  void run() const {
+    const auto* typed = static_cast<const T*>(dout);
+    if (deep) {
+      backward_kernel<T, kVectorized, DeepLatencyHiding>
+          <<<grid, kBackwardThreads, 0, stream>>>(typed, tokens, dtable, dim, positions, vocab_offset);
+    } else {
+      backward_kernel<T, kVectorized, WideLatencyHiding>
+          <<<grid, kBackwardThreads, 0, stream>>>(typed, tokens, dtable, dim, positions, vocab_offset);
+    }
+  }
+};
 
 void check_pointer(const char* op, const void* pointer, const char* name) {
   SG_CHECK(pointer != nullptr, op, ": ", name, " is null; pass a device pointer");
@@ -260,20 +293,26 @@ void launch_embedding_backward(const EmbeddingDesc& desc, const void* dout, cons
   // 16-byte accesses where every dout and dtable row starts aligned and a
   // thread's columns are whole vectors.
   const bool vectorized = desc.dim % kColsPerThread == 0 && is_aligned16(dout) && is_aligned16(dtable);
-  auto launch = [&]<typename T>() {
-    const auto* typed = static_cast<const T*>(dout);
+  const BackwardLaunch launch{.grid = grid,
+                              .deep = desc.vocab * chunks <= kDeepGridBlocks,
+                              .dout = dout,
+                              .tokens = tokens,
+                              .dtable = dtable,
+                              .dim = desc.dim,
+                              .positions = desc.positions(),
+                              .vocab_offset = desc.vocab_offset,
+                              .stream = stream};
+  auto launch_typed = [&]<typename T>() {
     if (vectorized) {
-      backward_kernel<T, true><<<grid, kBackwardThreads, 0, stream>>>(typed, tokens, dtable, desc.dim,
-                                                                      desc.positions(), desc.vocab_offset);
+      launch.run<T, true>();
     } else {
-      backward_kernel<T, false><<<grid, kBackwardThreads, 0, stream>>>(typed, tokens, dtable, desc.dim,
-                                                                       desc.positions(), desc.vocab_offset);
+      launch.run<T, false>();
     }
   };
   switch (desc.dtype) {
-    case DType::kFloat32: launch.template operator()<float>(); break;
-    case DType::kBFloat16: launch.template operator()<__nv_bfloat16>(); break;
-    case DType::kFloat16: launch.template operator()<__half>(); break;
+    case DType::kFloat32: launch_typed.template operator()<float>(); break;
+    case DType::kBFloat16: launch_typed.template operator()<__nv_bfloat16>(); break;
+    case DType::kFloat16: launch_typed.template operator()<__half>(); break;
     default: SG_THROW(ErrorCode::kInternal, "embedding_backward: dtype ", dtype_name(desc.dtype), " passed the check");
   }
   SG_CUDA_CHECK(cudaGetLastError());

@@ -39,16 +39,19 @@
 // against v's id, the (slot, warp) match counts are scanned, and the tile's
 // matching positions land in shared memory in increasing order; each thread
 // then adds those positions' dout for its 8 columns into fp32 registers
-// (16-byte loads where dim is a multiple of 8; 4 rows' loads issued before
-// their adds), and the block writes its chunk once (zeros where nothing
-// matched). Tiles in order and matches in order
-// within a tile keep every column's adds in position order, whatever the
-// tile or chunk size: the device's sums are the host's.
+// (16-byte loads where dim is a multiple of 8; a batch of rows' loads issued
+// before their adds: 4 rows where the grid fills the GPU with blocks, 16
+// where it has at most one block an SM, as a small vocabulary's does), and
+// the block writes its chunk once (zeros where nothing matched). Tiles in
+// order and matches in order within a tile keep every column's adds in
+// position order, whatever the tile, chunk or batch size: the device's sums
+// are the host's.
 // Cost: vocab x positions token comparisons per column chunk (ballots over
 // tokens the L1/L2 keeps; a tile without a match is its loads and one
 // barrier), each element of a named dout row read once, and dtable written
 // once -- at vocab 8192, dim 2048, 2048 positions, the 64 MiB of dtable
-// writes dominate. The alternative, a stable sort of positions by token then
+// writes dominate. A column's sum is a chain of dependent adds, so a row
+// named by n positions takes about n / batch dout load latencies. The alternative, a stable sort of positions by token then
 // one segment sum per row, reads the tokens once instead of once per row,
 // but needs a workspace the op does not have; with dtable's writes the floor
 // and the tokens cached, the per-row scan costs little more.

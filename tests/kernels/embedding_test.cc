@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/cuda_check.h"
@@ -316,7 +317,9 @@ TEST(EmbeddingCudaTest, Fp32FirstVocabularySliceMatchesHostBitwise) {
 // GPU: the backward's tiles, column chunks and access paths, against the host
 // bit for bit (Note [Deterministic embedding backward]). Its tiles hold 1024
 // tokens; its blocks 2048 columns, 8 a thread (16-byte accesses where dim is
-// a multiple of 8 and dout and dtable are 16-byte aligned).
+// a multiple of 8 and dout and dtable are 16-byte aligned); a grid of up to
+// 132 blocks (vocab x column chunks) keeps 16 rows of loads in flight a
+// thread, a larger one 4.
 
 // `count` tokens: about half name `row`, so its sums run across every tile;
 // the rest are any id of [0, valid_ids) plus every 97th outside it (skipped).
@@ -373,25 +376,30 @@ void expect_backward_matches_host(const EmbeddingDesc& desc, const std::vector<s
   }
 }
 
-TEST(EmbeddingCudaTest, EveryDtypeOneRowNamedAcrossManyTilesMatchesHostBitwise) {
+TEST(EmbeddingCudaTest, EveryDtypeOneRowNamedAcrossManyTilesBothGridsMatchesHostBitwise) {
   SG_SKIP_WITHOUT_GPU();
   for (const DType dtype : {kBf16, kFp16, kFp32}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    testing::SeededRng rng;
-    // 5003 positions: four full tiles and a ragged fifth; dim 2048: one whole
-    // vectorized chunk.
-    const EmbeddingDesc desc{.dtype = dtype, .vocab = 64, .dim = 2048, .rows = 5003, .width = 1};
-    expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 3, rng));
+    for (const std::int64_t vocab : {64, 200}) {  // 64 blocks: 16 rows in flight; 200: 4
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + ", vocab " + std::to_string(vocab));
+      testing::SeededRng rng;
+      // 5003 positions: four full tiles and a ragged fifth; dim 2048: one
+      // whole vectorized chunk.
+      const EmbeddingDesc desc{.dtype = dtype, .vocab = vocab, .dim = 2048, .rows = 5003, .width = 1};
+      expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 3, rng));
+    }
   }
 }
 
-TEST(EmbeddingCudaTest, Fp16RaggedDimAcrossAColumnChunkBoundaryMatchesHostBitwise) {
+TEST(EmbeddingCudaTest, Fp16RaggedDimAcrossAColumnChunkBoundaryBothGridsMatchesHostBitwise) {
   SG_SKIP_WITHOUT_GPU();
-  testing::SeededRng rng;
-  // dim 2053: not a multiple of the vector width (the scalar path), and a
-  // second chunk of 5 columns.
-  const EmbeddingDesc desc{.dtype = kFp16, .vocab = 20, .dim = 2053, .rows = 500, .width = 3};
-  expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 19, rng));
+  for (const std::int64_t vocab : {20, 70}) {  // 40 blocks: 16 rows in flight; 140: 4
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    testing::SeededRng rng;
+    // dim 2053: not a multiple of the vector width (the scalar path), and a
+    // second chunk of 5 columns.
+    const EmbeddingDesc desc{.dtype = kFp16, .vocab = vocab, .dim = 2053, .rows = 500, .width = 3};
+    expect_backward_matches_host(desc, tokens_naming_one_row_often(desc.positions(), desc.vocab, 19, rng));
+  }
 }
 
 TEST(EmbeddingCudaTest, Fp32VectorizedThreeColumnChunksMatchesHostBitwise) {

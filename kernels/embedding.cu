@@ -33,8 +33,8 @@ constexpr int kColsPerThread = 8;  // one 16-byte load of bf16/fp16, two of fp32
 constexpr int kColumnChunk = kBackwardThreads * kColsPerThread;
 // How a thread hides the latency of its dout loads: the rows it loads before
 // adding them, and the blocks an SM must hold (which caps its registers).
-// Wide: many blocks (a large vocabulary) hide it by occupancy, 4 blocks of
-// 1024 threads an SM (64 registers) for the latency-bound token scan too.
+// Wide: many blocks (a large vocabulary) hide it by occupancy, 4 blocks
+// (1024 threads) an SM at 64 registers, which the token scan wants too.
 // Deep: a grid of at most one block an SM (a small vocabulary, each row
 // named by many positions) has no occupancy to lose, so its threads keep 16
 // rows of loads in flight (about 200 registers).

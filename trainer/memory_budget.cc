@@ -121,8 +121,10 @@ void check_run_memory(const TrainerOptions& o, Device device, int world_size, in
   const std::int64_t vocab = o.data.empty() ? o.vocab : inspect_data_file(o.data).vocab;
   const std::int64_t model_ranks =
       std::max<std::int64_t>(o.tp, 1) * std::max<std::int64_t>(o.cp, 1) * std::max<std::int64_t>(o.pp, 1);
-  // --ep's ranks split the batch as replicas do (Note [Expert parallelism in the trainer]).
-  const std::int64_t dp = o.dp > 0 ? o.dp : std::max<std::int64_t>(world_size / model_ranks, 1);
+  // --ep's ranks split the batch as replicas do, --dp's replicas of them too (Note [Expert parallelism in the
+  // trainer]): ep x dp rows a step.
+  const std::int64_t dp =
+      o.dp > 0 ? o.dp * std::max<std::int64_t>(o.ep, 1) : std::max<std::int64_t>(world_size / model_ranks, 1);
   check_memory(estimate_memory(o, vocab, dp), o, vocab, machine_memory(device, local_rank));
 }
 

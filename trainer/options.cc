@@ -118,15 +118,15 @@ void check_expert_parallel_options(const TrainerOptions& o) {
   if (o.tp > 1) beside.push_back("--tp " + std::to_string(o.tp));
   if (o.cp > 1) beside.push_back("--cp " + std::to_string(o.cp));
   if (o.pp > 1) beside.push_back("--pp " + std::to_string(o.pp));
-  if (o.dp > 1) beside.push_back("--dp " + std::to_string(o.dp));
   if (o.dp_mode == DataParallelMode::kZero1) beside.push_back("--dp-mode zero1");
   if (!beside.empty()) {
     std::string given = beside.front();
     for (std::size_t i = 1; i < beside.size(); ++i) given += (i + 1 == beside.size() ? " and " : ", ") + beside[i];
     SG_THROW(ErrorCode::kInvalidArgument, ep, " with ", given,
-             ": expert parallelism runs alone for now (the world is --ep ranks, each training its own rows; no "
-             "tensor, context, pipeline or data parallelism beside it, and no ZeRO-1, which would sum the experts' "
-             "rank-local gradients); leave ", beside.size() == 1 ? "it" : "them", " out, or leave out --ep");
+             ": expert parallelism runs with data parallelism only for now (the world is --ep x --dp ranks, each "
+             "training its own rows; no tensor, context or pipeline parallelism beside it, and no ZeRO-1, which "
+             "would reduce-scatter the experts' gradients over ranks that hold other experts); leave ",
+             beside.size() == 1 ? "it" : "them", " out, or leave out --ep");
   }
   SG_CHECK(o.experts > 0, ep, " spreads the MoE blocks' experts over ", o.ep,
            " ranks: it needs --experts N (a multiple of ", o.ep, ")");
@@ -136,8 +136,15 @@ void check_expert_parallel_options(const TrainerOptions& o) {
            ": FP8 experts under expert parallelism are not built (each rank's tensor-wise scales would cover only "
            "its own experts and tokens); pass --fp8 none, or leave out --ep");
   SG_CHECK(o.buckets.empty(), ep, " with --buckets: shape buckets run on one rank for now; leave one of them out");
-  SG_CHECK(o.batch % o.ep == 0, "--batch (", o.batch, ") must divide by --ep (", o.ep, "): each expert-parallel rank "
-           "trains its own --batch / --ep ", o.heads > 0 ? "sequences" : "examples", " of the global batch");
+  const std::int64_t ranks = o.ep * std::max<std::int64_t>(o.dp, 1);
+  const std::string unit = o.heads > 0 ? "sequences" : "examples";
+  if (o.dp > 1) {
+    SG_CHECK(o.batch % ranks == 0, "--batch (", o.batch, ") must divide by --ep (", o.ep, ") x --dp (", o.dp,
+             "): each of the ", ranks, " ranks trains its own --batch / ", ranks, " ", unit, " of the global batch");
+  } else {
+    SG_CHECK(o.batch % o.ep == 0, "--batch (", o.batch, ") must divide by --ep (", o.ep,
+             "): each expert-parallel rank trains its own --batch / --ep ", unit, " of the global batch");
+  }
 }
 
 }  // namespace
@@ -282,8 +289,9 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   app.add_option("--ep", o.ep,
                  "expert-parallel ranks (0 or 1: none): the world's ranks spread every MoE block's --experts (each "
                  "holds --experts / ep of them), each trains its own 1/ep of the global --batch, and the tokens go "
-                 "to their experts' rank and back inside the step; the world is ep ranks (not with --tp, --cp, --pp "
-                 "or --dp yet)")
+                 "to their experts' rank and back inside the step; the world is ep x --dp ranks, ep innermost (each "
+                 "replica's experts' gradients summed over the --dp ranks holding them; not with --tp, --cp, --pp or "
+                 "--dp-mode zero1 yet)")
       ->check(whole_number(0, kMaxRanks));
   CLI::Option* overlap_option =
       add_parsed(app, "--overlap", o.overlap, MLPOverlap::parse,

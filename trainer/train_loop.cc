@@ -234,7 +234,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const int cp = static_cast<int>(o.cp);
   const int pp = static_cast<int>(o.pp);
   // Note [Pipeline ranks in the trainer]: the world is tp x pp x dp; pipeline_ranks checks it.
-  // Note [Expert parallelism in the trainer]: the world is ep ranks; expert_ranks checks it.
+  // Note [Expert parallelism in the trainer]: the world is ep x dp ranks; expert_ranks checks it.
   std::optional<PipelineRanks> pipe;
   std::optional<ExpertRanks> experts;
   if (pp > 1) {
@@ -248,7 +248,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
     SG_CHECK(ranks % (tp * cp) == 0, "--tp ", o.tp, " x --cp ", o.cp, " must divide the world of ", ranks,
              " ranks (the world is tp x cp x dp: start a multiple of ", tp * cp, " ranks)");
   }
-  // Expert-parallel ranks train their own rows as replicas do, but are no replicas (their experts differ).
+  // Expert-parallel ranks train their own rows as replicas do, but only each EP group is a replica.
   const int dp = ranks / (tp * cp * pp * static_cast<int>(o.ep));
   SG_CHECK(pp > 1 || experts || o.dp == 0 || o.dp == dp, "--dp ", o.dp, " needs a world of ", o.dp * o.tp * o.cp,
            " ranks, but this run has ", ranks, " (the world is --dp x --tp", cp > 1 ? " x --cp" : "",
@@ -298,8 +298,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   Communicator* tp_comm = nullptr;
   Communicator* cp_comm = nullptr;
   Communicator* dp_comm = world;
-  // Expert-parallel: the world, which is also TrainStep's data-parallel group (Note [Expert-parallel ResidualStack]).
-  Communicator* ep_comm = experts ? world : nullptr;
+  // Expert-parallel: each replica's EP group, and the ranks holding the same experts (Note [Expert parallelism in
+  // the trainer]); TrainStep's data-parallel group stays the world.
+  ExpertGroups expert_comms;
+  if (experts) expert_comms = expert_groups(*world, *experts);
+  Communicator* const ep_comm = expert_comms.expert_parallel;
   if (tp > 1) {
     tp_comm = world;
     if (tp < ranks) {
@@ -368,7 +371,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (stages)
     pipeline_step = std::make_unique<PipelineTrainStep>(*stages, optimizer);
   else
-    train_step = std::make_unique<TrainStep>(ctx, *whole_model, optimizer, local_batch, dp_comm, o.dp_mode);
+    train_step = std::make_unique<TrainStep>(
+        ctx, *whole_model, optimizer, local_batch,
+        GradientGroups{.data_parallel = dp_comm,
+                       .mode = o.dp_mode,
+                       .expert_data_parallel = expert_comms.expert_data_parallel});
   // One step, eager or traced, and the communicators its capture checks.
   const auto step = [&] { return pipeline_step ? (*pipeline_step)(ctx) : (*train_step)(ctx); };
   const std::vector<Communicator*> step_communicators =
@@ -427,8 +434,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   if (experts) {
     std::int64_t moe_blocks = 0;
     for (std::int64_t i = 0; i < o.layers; ++i) moe_blocks += whole_model->stack().is_moe_block(i) ? 1 : 0;
-    out << expert_setup_line(*experts, *ep_comm, moe_blocks, local_batch * (sequences ? o.seq_len : 1), o.topk,
-                             sequences);
+    out << expert_setup_line(*experts, expert_comms, *world, moe_blocks, local_batch * (sequences ? o.seq_len : 1),
+                             o.topk, sequences);
   } else if (dp_comm != nullptr && !pipe) {
     out << fmt::format("data parallel: {} ranks ({}), {} examples each per step, {}\n", dp, dp_comm->describe(),
                        local_batch * o.tp * o.cp, zero1 ? "ZeRO-1 (sharded optimizer)" : "all-reduce");
@@ -489,8 +496,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         *world, std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000)),
         zero1     ? "the loss all-reduce, and per parameter group a gradient reduce-scatter and a weight "
                     "all-gather"
-        : experts ? "the loss all-reduce, one gradient all-reduce per parameter group, and every MoE block's "
-                    "exchanges of tokens with the other ranks' experts"
+        : experts ? "the loss all-reduce, per parameter group a gradient all-reduce (the experts' over the ranks "
+                    "holding them), and every MoE block's exchanges of tokens with the other ranks' experts"
                   : "the loss all-reduce and one gradient all-reduce per parameter group");
   }
   // Note [Shape buckets]: one step per bucket, each over up to local_batch

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -15,6 +16,7 @@
 #include "engine/error.h"
 #include "engine/host_reduce.h"
 #include "engine/logging.h"
+#include "launch/rendezvous_pair_transfers.h"
 
 namespace stepgraph {
 namespace {
@@ -232,19 +234,23 @@ class RendezvousCommunicator final : public Communicator {
     });
   }
 
-  // See Note [Collectives over the rendezvous]: a world of two only.
+  // A world of two only: Note [Transfers in a world of two].
   void send(const void* data, std::int64_t count, DType dtype, int peer, CUstream_st*) override {
     check_count("send", count);
     check_peer("send", peer, "peer");
     check_pair("send", "to", peer);
-    point_to_point(rank(), peer, static_cast<const std::byte*>(data), nullptr, count, dtype);
+    transfer({.call = next_transfer(detail::concat("send(", count, " ", dtype_name(dtype), " to rank ", peer, ")")),
+              .send = static_cast<const std::byte*>(data),
+              .send_bytes = count * element_bytes(dtype)});
   }
 
   void recv(void* data, std::int64_t count, DType dtype, int peer, CUstream_st*) override {
     check_count("recv", count);
     check_peer("recv", peer, "peer");
     check_pair("recv", "from", peer);
-    point_to_point(peer, rank(), nullptr, static_cast<std::byte*>(data), count, dtype);
+    transfer({.call = next_transfer(detail::concat("recv(", count, " ", dtype_name(dtype), " from rank ", peer, ")")),
+              .recv = static_cast<std::byte*>(data),
+              .recv_bytes = count * element_bytes(dtype)});
   }
 
   // A collective: every rank gives its pair (to, from) and its bytes, and takes the bytes of `from`.
@@ -253,6 +259,15 @@ class RendezvousCommunicator final : public Communicator {
     check_count("send_recv", count);
     check_peer("send_recv", to, "peer");
     check_peer("send_recv", from, "peer");
+    if (world_size() == 2) {  // Note [Transfers in a world of two]
+      transfer({.call = next_transfer(detail::concat("send_recv(", count, " ", dtype_name(dtype), " to rank ", to,
+                                                     ", from rank ", from, ")")),
+                .send = static_cast<const std::byte*>(send_data),
+                .send_bytes = count * element_bytes(dtype),
+                .recv = static_cast<std::byte*>(recv_data),
+                .recv_bytes = count * element_bytes(dtype)});
+      return;
+    }
     const std::string call = next_call(detail::concat("send_recv(", count, " ", dtype_name(dtype), ")"));
     const auto* in = static_cast<const std::byte*>(send_data);
     auto* out = static_cast<std::byte*>(recv_data);
@@ -318,6 +333,19 @@ class RendezvousCommunicator final : public Communicator {
   }
 
   std::string next_call(std::string_view kind) { return detail::concat(kind, " #", ++calls_); }
+  // Transfers are numbered apart from the collectives: the two ranks of a pipeline make different numbers of them
+  // (one send_recv against a recv and a send), and the collectives after must still agree.
+  std::string next_transfer(std::string_view kind) { return detail::concat(kind, ", transfer #", ++transfers_); }
+
+  // A world of two: see Note [Transfers in a world of two]. A fault spends the communicator on both ranks alike.
+  void transfer(const PairTransfer& pair) {
+    const std::optional<PairTransferFault> fault =
+        run_pair_transfer(rank(), pair, kPartBytes, meetings_, [&](std::string_view local, const std::string& what) {
+          return guarded(
+              what, [&](Rendezvous& rendezvous) { return rendezvous.all_gather(local, what); }, pair.call);
+        });
+    if (fault) fail(fault->code, detail::concat(describe(), " ", pair.call, ": ", fault->message));
+  }
 
   static std::string_view view_of(const std::byte* data, std::int64_t bytes) {
     return bytes == 0 ? std::string_view()
@@ -348,19 +376,6 @@ class RendezvousCommunicator final : public Communicator {
     });
   }
 
-  // One point-to-point message in a world of two: both ranks meet; `from` gives the bytes.
-  void point_to_point(int from, int to, const std::byte* in, std::byte* out, std::int64_t count, DType dtype) {
-    const std::string call =
-        next_call(detail::concat("send/recv(", count, " ", dtype_name(dtype), ", rank ", from, " to rank ", to, ")"));
-    const std::int64_t size = element_bytes(dtype);
-    for_each_part(call, count, kPartBytes / size, [&](std::int64_t first, std::int64_t n, const std::string& name) {
-      const std::vector<std::string> blobs =
-          gather(rank() == from ? view_of(in + first * size, n * size) : std::string_view(), name);
-      check_sizes(blobs, name, [&](int r) { return r == from ? n * size : 0; });
-      if (rank() == to) copy_bytes(out + first * size, blobs[static_cast<std::size_t>(from)].data(), n * size);
-    });
-  }
-
   // ---- the exchanges, and what a failure does (Note [Collectives over the rendezvous])
 
   std::vector<std::string> gather(std::string_view local, const std::string& what) {
@@ -372,19 +387,21 @@ class RendezvousCommunicator final : public Communicator {
   }
 
   // Runs one exchange of the rendezvous: raises at once if the communicator is spent; spends it if the exchange
-  // fails or abort() came meanwhile.
+  // fails or abort() came meanwhile. `transfer`: the transfer this exchange is a meeting of, if one.
   template <typename Exchange>
-  std::invoke_result_t<const Exchange&, Rendezvous&> guarded(const std::string& what, const Exchange& exchange) {
-    Rendezvous& rendezvous = enter(what);
+  std::invoke_result_t<const Exchange&, Rendezvous&> guarded(const std::string& what, const Exchange& exchange,
+                                                             std::string_view transfer = {}) {
+    const std::string label = transfer.empty() ? what : detail::concat(transfer, ", ", what);
+    Rendezvous& rendezvous = enter(label);
     std::invoke_result_t<const Exchange&, Rendezvous&> result;
     try {
       result = exchange(rendezvous);
     } catch (const Error& error) {
-      fail(error.code(), exchange_failure(what, error));
+      fail(error.code(), exchange_failure(label, !transfer.empty(), error));
     } catch (const std::exception& error) {
-      fail(ErrorCode::kInternal, detail::concat(describe(), " ", what, " failed: ", error.what()));
+      fail(ErrorCode::kInternal, detail::concat(describe(), " ", label, " failed: ", error.what()));
     }
-    leave(what);
+    leave(label);
     return result;
   }
 
@@ -406,7 +423,13 @@ class RendezvousCommunicator final : public Communicator {
 
   // The message for a failed exchange. kInvalidState from the rendezvous means the ranks' `what` differ: calls
   // that differ, or are out of order (rendezvous.h).
-  std::string exchange_failure(const std::string& what, const Error& error) const {
+  std::string exchange_failure(const std::string& what, bool transfer, const Error& error) const {
+    if (error.code() == ErrorCode::kInvalidState && transfer) {
+      return detail::concat(describe(), " ", what,
+                            ": the peer is not in a transfer (send, recv or send_recv) but in "
+                            "another call: ",
+                            error.message());
+    }
     if (error.code() == ErrorCode::kInvalidState) {
       return detail::concat(describe(), " ", what, ": collective #", calls_,
                             " differs between ranks: ", error.message());
@@ -478,8 +501,10 @@ class RendezvousCommunicator final : public Communicator {
   std::unique_ptr<Rendezvous> rendezvous_;  // null once closed (failure_ is set then)
   std::string failure_;                     // the first failure or abort; set once
   ErrorCode failure_code_ = ErrorCode::kInternal;
-  bool in_call_ = false;    // an exchange is in flight on the calling thread
-  std::int64_t calls_ = 0;  // calls made (the calling thread only)
+  bool in_call_ = false;        // an exchange is in flight on the calling thread
+  std::int64_t calls_ = 0;      // collectives and exchanges made (the calling thread only)
+  std::int64_t transfers_ = 0;  // sends, recvs and send_recvs of a world of two made (the calling thread only)
+  std::int64_t meetings_ = 0;   // their meetings (Note [Transfers in a world of two]; the calling thread only)
 };
 
 }  // namespace

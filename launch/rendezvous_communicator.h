@@ -25,16 +25,22 @@
 //
 // Point to point. Every exchange of the rendezvous involves every rank, so a
 // send or recv is carried honestly only where it does involve every rank:
-//   - send_recv is a collective: every rank must call it (a ring, a shift),
-//     with the same count and dtype; each rank gives its bytes and its pair
-//     (to, from), and takes the bytes of `from`. A rank whose `to` does not
-//     receive from it is an Error on every rank naming both.
-//   - send / recv work in a world of two, where a send and its recv are a
-//     meeting of every rank (blocking, as NCCL's: a send waits for its recv;
-//     both ranks sending first is an Error naming both calls, not a hang).
-//   - In a larger world a lone send or recv is ErrorCode::kUnsupported:
-//     use send_recv with every rank taking part, or the thread world
-//     (HostWorld) or NCCL, where point to point is real.
+//   - In a world of two, send, recv and send_recv are transfers paired half
+//     by half, as NCCL pairs them: a grouped send_recv on one rank pairs with
+//     a lone recv and a later lone send on the other (a pipeline's 1F1B with
+//     one microbatch). Each blocks until its halves are done, so a send
+//     waits for its receive; transfers that can never move (both ranks send
+//     first) are an Error naming both calls, not a hang. See Note
+//     [Transfers in a world of two] (launch/rendezvous_pair_transfers.h).
+//     They are named "send(8 fp32 to rank 1), transfer #3", numbered apart
+//     from the collectives (the ranks may make different numbers of them).
+//   - In a larger world send_recv is a collective: every rank must call it
+//     (a ring, a shift), with the same count and dtype; each rank gives its
+//     bytes and its pair (to, from), and takes the bytes of `from`. A rank
+//     whose `to` does not receive from it is an Error on every rank naming
+//     both. A lone send or recv is ErrorCode::kUnsupported there: use
+//     send_recv with every rank taking part, or the thread world (HostWorld)
+//     or NCCL, where point to point is real.
 //
 // Faults. A dead rank (its connection closes) or one slower than the
 // rendezvous's timeout (Rendezvous::set_timeout) is the rendezvous's Error

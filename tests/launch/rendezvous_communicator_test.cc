@@ -504,7 +504,104 @@ TEST(RendezvousCommunicatorTest, SendAndRecvWorkInAWorldOfTwo) {
     // Both send first: on NCCL a deadlock, here an Error naming both calls.
     return expect_error([&] { comm->send(mine.data(), 8, DType::kFloat32, 1 - rank, nullptr); },
                         ErrorCode::kInvalidState,
-                        {"send/recv(8 fp32, rank 0 to rank 1) #3", "send/recv(8 fp32, rank 1 to rank 0) #3"});
+                        {"no transfer can move", "send(8 fp32 to rank 1), transfer #3",
+                         "send(8 fp32 to rank 0), transfer #3", "its send waits for a receive", "send_recv"});
+  });
+}
+
+TEST(RendezvousCommunicatorTest, AGroupedSendRecvPairsWithTheLoneRecvAndLaterSendOfThePeer) {
+  // A pipeline of two stages with one microbatch: stage 0 sends its activation and receives its gradient in one
+  // group; stage 1 receives the activation alone, and sends the gradient alone after a collective-free pass. Then
+  // the collectives after agree although the ranks made different numbers of transfers.
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
+    const Bytes mine = input(DType::kFloat32, rank, 300, 4);
+    Bytes got(mine.size());
+    if (rank == 0) {
+      comm->send_recv(mine.data(), 1, got.data(), 1, 300, DType::kFloat32, nullptr);
+    } else {
+      comm->recv(got.data(), 300, DType::kFloat32, 0, nullptr);
+      comm->send(mine.data(), 300, DType::kFloat32, 0, nullptr);
+    }
+    CHILD_CHECK(got == input(DType::kFloat32, 1 - rank, 300, 4));
+    // The other way round: rank 1 sends first alone, rank 0's group receives it and sends back.
+    Bytes back(mine.size());
+    if (rank == 0) {
+      comm->send_recv(mine.data(), 1, back.data(), 1, 300, DType::kFloat32, nullptr);
+    } else {
+      comm->send(mine.data(), 300, DType::kFloat32, 0, nullptr);
+      comm->recv(back.data(), 300, DType::kFloat32, 0, nullptr);
+    }
+    CHILD_CHECK(back == input(DType::kFloat32, 1 - rank, 300, 4));
+    Bytes sum = mine;
+    comm->all_reduce(sum.data(), sum.data(), 300, DType::kFloat32, ReduceOp::kSum, nullptr);
+    int failed = check_fp32_sum(sum, 2, 300, 4, 0, 300, "all_reduce after the transfers");
+    comm->check_health();
+    return failed;
+  });
+}
+
+TEST(RendezvousCommunicatorTest, ALargeSendPairsWithAGroupedReceiveInParts) {
+  // 18 MB: the send travels in two parts within one meeting; the grouped send_recv of rank 1 gets it, then its
+  // own send goes to rank 0's lone recv.
+  constexpr std::int64_t kBig = 4'500'000;
+  const int port = free_port();
+  expect_all_succeeded(run_processes(
+      2,
+      [&](int rank) {
+        auto comm = connect(rank, 2, port, seconds(10));
+        const Bytes mine = input(DType::kFloat32, rank, kBig, 5);
+        Bytes got(mine.size());
+        if (rank == 0) {
+          comm->send(mine.data(), kBig, DType::kFloat32, 1, nullptr);
+          comm->recv(got.data(), kBig, DType::kFloat32, 1, nullptr);
+        } else {
+          comm->send_recv(mine.data(), 0, got.data(), 0, kBig, DType::kFloat32, nullptr);
+        }
+        CHILD_CHECK(got == input(DType::kFloat32, 1 - rank, kBig, 5),
+                    first_difference(got, input(DType::kFloat32, 1 - rank, kBig, 5)));
+        return 0;
+      },
+      seconds(30)));
+}
+
+TEST(RendezvousCommunicatorTest, TransfersThatCannotPairAreAnErrorOnBothRanksNamingBothCalls) {
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
+    Bytes buffer = input(DType::kFloat32, rank, 32, 0);
+    // A send of 32 against a receive of 16.
+    return expect_error(
+        [&] {
+          if (rank == 0)
+            comm->send(buffer.data(), 32, DType::kFloat32, 1, nullptr);
+          else
+            comm->recv(buffer.data(), 16, DType::kFloat32, 0, nullptr);
+        },
+        ErrorCode::kInvalidState,
+        {"rank 0 sends 128 bytes in send(32 fp32 to rank 1), transfer #1",
+         "rank 1 receives 64 bytes in recv(16 fp32 from rank 0), transfer #1", "same count and dtype"});
+  });
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
+    Bytes buffer = input(DType::kFloat32, rank, 16, 0);
+    // Both receive first.
+    int failed = expect_error([&] { comm->recv(buffer.data(), 16, DType::kFloat32, 1 - rank, nullptr); },
+                              ErrorCode::kInvalidState,
+                              {"no transfer can move", "recv(16 fp32 from rank 1), transfer #1",
+                               "recv(16 fp32 from rank 0), transfer #1", "its receive waits for a send"});
+    failed |= expect_error([&] { comm->check_health(); }, ErrorCode::kInvalidState, {"no transfer can move"});
+    return failed;
+  });
+  on_connected_ranks(2, [&](int rank, std::unique_ptr<Communicator>& comm) {
+    Bytes buffer = input(DType::kFloat32, rank, 16, 0);
+    // Rank 0 waits for a gradient that rank 1 never sends: rank 1 goes on to an all_reduce.
+    return expect_error(
+        [&] {
+          if (rank == 0) {
+            comm->send_recv(buffer.data(), 1, buffer.data(), 1, 16, DType::kFloat32, nullptr);
+          } else {
+            comm->recv(buffer.data(), 16, DType::kFloat32, 0, nullptr);
+            comm->all_reduce(buffer.data(), buffer.data(), 16, DType::kFloat32, ReduceOp::kSum, nullptr);
+          }
+        },
+        ErrorCode::kInvalidState, {"point to point #2", "all_reduce(16 fp32, sum) #1"});
   });
 }
 

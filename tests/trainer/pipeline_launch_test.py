@@ -1,8 +1,8 @@
 """The trainer's --pp with its ranks as separate processes on the host backend
 (--nproc-per-node 2), as a user starts them: eager and graph print the same
-losses, only rank 0 prints, a refused combination ends every rank naming the
-flags, and a run stopped at a checkpoint and resumed prints the uninterrupted
-run's losses.
+losses, one microbatch prints one process's losses, only rank 0 prints, a
+refused combination ends every rank naming the flags, and a run stopped at a
+checkpoint and resumed prints the uninterrupted run's losses.
 Bit-for-bit checks on thread worlds: pipeline_trainer_test.cc."""
 
 import os
@@ -38,6 +38,17 @@ def test_two_stages_print_the_same_losses_eager_and_graph():
         assert ("interleaved 1F1B" in graph) == bool(extra), graph
         assert len(step_lines(graph)) == 8 and step_lines(graph) == step_lines(eager), graph + eager
         assert graph.count("step 8 loss") == 1  # only rank 0 prints
+
+
+def test_one_microbatch_trains_as_one_process_eager_and_graph():
+    # Stage 0 sends its activation and receives its gradient in one group; stage 1 receives alone, then sends
+    # alone: the processes' communicator pairs them as NCCL does. One microbatch trains as one rank, bit for bit.
+    alone = run(flags())
+    assert len(step_lines(alone)) == 8, alone
+    for mode in ("graph", "eager"):
+        staged = run(flags(nproc_per_node=2, pp=2, microbatches=1, mode=mode))
+        assert "1 microbatches" in staged, staged
+        assert step_lines(staged) == step_lines(alone), staged + alone
 
 
 def test_a_refused_combination_ends_every_rank_naming_the_flags():

@@ -8,6 +8,7 @@
 #include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "kernels/moe_exchange.cuh"
+#include "kernels/moe_exchange_device.cuh"
 #include "kernels/moe_exchange.h"
 #include "kernels/moe_routing.h"
 
@@ -17,17 +18,6 @@ namespace {
 constexpr int kPlanThreads = 256;
 constexpr int kCopyWarps = 8;
 constexpr std::int64_t kMaxGridBlocks = 132 * 16;
-
-// A running sum over 32 lanes (inclusive), in int64: counts are device values.
-__device__ __forceinline__ std::int64_t warp_inclusive_scan(std::int64_t value) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const std::int64_t other = __shfl_up_sync(0xffffffffu, value, offset);
-    if (lane >= offset) value += other;
-  }
-  return value;
-}
 
 // See Note [Expert-parallel plan]; the host reference is host::ep_plan.
 __global__ void __launch_bounds__(kPlanThreads)
@@ -44,40 +34,27 @@ __global__ void __launch_bounds__(kPlanThreads)
   const std::int64_t first = r * L;  // this rank's first expert
 
   for (std::int64_t p = warp; p < P; p += kPlanThreads / 32) {
-    std::int64_t carry = 0;  // the sum of the counts before this chunk
-    std::int32_t base = 0;   // c_p[first]
-    for (std::int64_t g0 = 0; g0 < E; g0 += 32) {
-      const std::int64_t g = g0 + lane;
-      const std::int64_t v = g < E ? max(counts[p * E + g], 0) : 0;
-      const std::int64_t inclusive = carry + warp_inclusive_scan(v);
-      const auto c_at = static_cast<std::int32_t>(min(inclusive - v, d.rows));  // c_p[g]
-      const auto c_next = static_cast<std::int32_t>(min(inclusive, d.rows));    // c_p[g + 1]
-      if (first >= g0 && first < g0 + 32) base = __shfl_sync(0xffffffffu, c_at, static_cast<int>(first - g0));
-      if (g < E) {
-        if (p == r && g % L == 0) send_off[g / L] = c_at;
-        if (p == r && g == E - 1) send_off[P] = c_next;
-        if (g >= first && g < first + L) {
-          const std::int64_t s = (g - first) * P + p;
-          len[s] = c_next - c_at;
-          in_off[s] = c_at - base;
-        }
-      }
-      carry = __shfl_sync(0xffffffffu, inclusive, 31);
-    }
+    std::int32_t base = 0;  // c_p[first]
+    ep::warp_clamped_sums(counts + p * E, E, d.rows,
+                          [&](std::int64_t g0, std::int64_t g, std::int32_t c_at, std::int32_t c_next) {
+                            if (first >= g0 && first < g0 + 32)
+                              base = __shfl_sync(0xffffffffu, c_at, static_cast<int>(first - g0));
+                            if (g >= E) return;
+                            if (p == r && g % L == 0) send_off[g / L] = c_at;
+                            if (p == r && g == E - 1) send_off[P] = c_next;
+                            if (g >= first && g < first + L) {
+                              const std::int64_t s = (g - first) * P + p;
+                              len[s] = c_next - c_at;
+                              in_off[s] = c_at - base;
+                            }
+                          });
   }
   __syncthreads();
   if (warp != 0) return;
-  std::int64_t carry = 0;
-  for (std::int64_t s0 = 0; s0 < E; s0 += 32) {
-    const std::int64_t s = s0 + lane;
-    const std::int64_t v = s < E ? len[s] : 0;
-    const std::int64_t inclusive = carry + warp_inclusive_scan(v);
-    if (s < E) {
-      out[s] = static_cast<std::int32_t>(inclusive - v);
-      out_off[s] = static_cast<std::int32_t>(inclusive - v);
-    }
-    carry = __shfl_sync(0xffffffffu, inclusive, 31);
-  }
+  const std::int64_t carry = ep::warp_starts(len, E, [&](std::int64_t s, std::int32_t start) {
+    out[s] = start;
+    out_off[s] = start;
+  });
   if (lane == 0) {
     out[E] = static_cast<std::int32_t>(carry);
     out_off[E] = static_cast<std::int32_t>(carry);
@@ -86,25 +63,9 @@ __global__ void __launch_bounds__(kPlanThreads)
   for (std::int64_t e = lane; e < L; e += 32) splits[e] = out[(e + 1) * P] - out[e * P];
 }
 
-// One pointer per peer, passed by value.
-template <typename W>
-struct Slots {
-  W* at[kMaxEpRanks];
-};
-
-// Copies `words` words of W from src to dst (zero when src is null), lanes striding.
-template <typename W>
-__device__ __forceinline__ void copy_row(W* __restrict__ dst, const W* __restrict__ src, std::int64_t words, int lane) {
-  if (src == nullptr) {
-    for (std::int64_t i = lane; i < words; i += 32) dst[i] = W{};
-  } else {
-    for (std::int64_t i = lane; i < words; i += 32) dst[i] = src[i];
-  }
-}
-
 template <typename W>
 __global__ void __launch_bounds__(kCopyWarps * 32)
-    pack_kernel(EpCopyDesc c, const std::int32_t* __restrict__ plan, const W* __restrict__ rows, Slots<W> slots,
+    pack_kernel(EpCopyDesc c, const std::int32_t* __restrict__ plan, const W* __restrict__ rows, ep::RankRows<W> slots,
                 std::int64_t words) {
   const std::int64_t n = ep::pack_rows(c);
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kCopyWarps;
@@ -112,13 +73,13 @@ __global__ void __launch_bounds__(kCopyWarps * 32)
   for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kCopyWarps + threadIdx.x / 32; o < n; o += warps) {
     const std::int64_t src = ep::pack_source(c, plan, o);
     W* dst = slots.at[o / c.plan.rows] + (o % c.plan.rows) * words;
-    copy_row<W>(dst, src < 0 ? nullptr : rows + src * words, words, lane);
+    ep::copy_row<W>(dst, src < 0 ? nullptr : rows + src * words, words, lane);
   }
 }
 
 template <typename W>
 __global__ void __launch_bounds__(kCopyWarps * 32)
-    unpack_kernel(EpCopyDesc c, const std::int32_t* __restrict__ plan, Slots<const W> slots, W* __restrict__ rows,
+    unpack_kernel(EpCopyDesc c, const std::int32_t* __restrict__ plan, ep::RankRows<const W> slots, W* __restrict__ rows,
                   std::int64_t words) {
   const std::int64_t n = ep::unpack_rows(c);
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kCopyWarps;
@@ -126,28 +87,13 @@ __global__ void __launch_bounds__(kCopyWarps * 32)
   for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kCopyWarps + threadIdx.x / 32; o < n; o += warps) {
     int slot = 0;
     const std::int64_t src = ep::unpack_source(c, plan, o, &slot);
-    copy_row<W>(rows + o * words, src < 0 ? nullptr : slots.at[slot] + src * words, words, lane);
+    ep::copy_row<W>(rows + o * words, src < 0 ? nullptr : slots.at[slot] + src * words, words, lane);
   }
 }
 
 unsigned grid_for_rows(std::int64_t rows) {
   const std::int64_t blocks = (rows + kCopyWarps - 1) / kCopyWarps;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks < kMaxGridBlocks ? blocks : kMaxGridBlocks));
-}
-
-// f(W{}) with W the widest of 16, 4, 2 and 1 bytes that divides the row and
-// aligns every pointer.
-template <typename F>
-void with_word(std::size_t row_bytes, const void* one, const void* const* many, int count, F&& f) {
-  auto fits = [&](std::size_t bytes) {
-    bool ok = row_bytes % bytes == 0 && reinterpret_cast<std::uintptr_t>(one) % bytes == 0;
-    for (int i = 0; i < count; ++i) ok = ok && reinterpret_cast<std::uintptr_t>(many[i]) % bytes == 0;
-    return ok;
-  };
-  if (fits(16)) return f(uint4{});
-  if (fits(4)) return f(std::uint32_t{});
-  if (fits(2)) return f(std::uint16_t{});
-  return f(std::uint8_t{});
 }
 
 }  // namespace
@@ -167,9 +113,9 @@ void launch_ep_pack(const EpCopyDesc& desc, const std::int32_t* plan, const void
   const std::int64_t n = ep::pack_rows(desc);
   if (n == 0) return;
   SG_CHECK(plan != nullptr && rows != nullptr && slots != nullptr, "ep_pack: plan, rows and slots must not be null");
-  with_word(desc.row_bytes, rows, slots, desc.plan.ranks, [&](auto word) {
+  ep::with_word(desc.row_bytes, rows, slots, desc.plan.ranks, [&](auto word) {
     using W = decltype(word);
-    Slots<W> out{};
+    ep::RankRows<W> out{};
     for (int q = 0; q < desc.plan.ranks; ++q) out.at[q] = static_cast<W*>(slots[q]);
     pack_kernel<W><<<grid_for_rows(n), kCopyWarps * 32, 0, stream>>>(
         desc, plan, static_cast<const W*>(rows), out, static_cast<std::int64_t>(desc.row_bytes / sizeof(W)));
@@ -183,9 +129,9 @@ void launch_ep_unpack(const EpCopyDesc& desc, const std::int32_t* plan, const vo
   const std::int64_t n = ep::unpack_rows(desc);
   if (n == 0) return;
   SG_CHECK(plan != nullptr && rows != nullptr && slots != nullptr, "ep_unpack: plan, slots and rows must not be null");
-  with_word(desc.row_bytes, rows, slots, desc.plan.ranks, [&](auto word) {
+  ep::with_word(desc.row_bytes, rows, slots, desc.plan.ranks, [&](auto word) {
     using W = decltype(word);
-    Slots<const W> in{};
+    ep::RankRows<const W> in{};
     for (int p = 0; p < desc.plan.ranks; ++p) in.at[p] = static_cast<const W*>(slots[p]);
     unpack_kernel<W><<<grid_for_rows(n), kCopyWarps * 32, 0, stream>>>(
         desc, plan, in, static_cast<W*>(rows), static_cast<std::int64_t>(desc.row_bytes / sizeof(W)));

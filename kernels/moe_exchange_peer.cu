@@ -10,6 +10,7 @@
 
 #include "engine/cuda_check.h"
 #include "engine/error.h"
+#include "kernels/moe_exchange_device.cuh"
 #include "kernels/moe_exchange_peer.cuh"
 #include "kernels/moe_exchange_peer.h"
 #include "kernels/moe_routing.h"
@@ -19,17 +20,6 @@ namespace {
 
 constexpr int kRouteThreads = 256;
 constexpr int kCopyWarps = 8;
-
-// A running sum over 32 lanes (inclusive), in int64: counts are device values.
-__device__ __forceinline__ std::int64_t warp_inclusive_scan(std::int64_t value) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const std::int64_t other = __shfl_up_sync(0xffffffffu, value, offset);
-    if (lane >= offset) value += other;
-  }
-  return value;
-}
 
 // See Note [Expert-parallel routes]; the host reference is host::ep_routes.
 __global__ void __launch_bounds__(kRouteThreads)
@@ -42,15 +32,11 @@ __global__ void __launch_bounds__(kRouteThreads)
   std::int32_t* clamped = routes + at.clamped;
 
   for (std::int64_t p = warp; p < P; p += kRouteThreads / 32) {
-    std::int64_t carry = 0;
-    for (std::int64_t g0 = 0; g0 < E; g0 += 32) {
-      const std::int64_t g = g0 + lane;
-      const std::int64_t v = g < E ? max(counts[p * E + g], 0) : 0;
-      const std::int64_t inclusive = carry + warp_inclusive_scan(v);
-      if (g < E) clamped[p * W + g] = static_cast<std::int32_t>(min(inclusive - v, d.rows));
-      carry = __shfl_sync(0xffffffffu, inclusive, 31);
-    }
-    if (lane == 0) clamped[p * W + E] = static_cast<std::int32_t>(min(carry, d.rows));
+    const std::int64_t total = ep::warp_clamped_sums(
+        counts + p * E, E, d.rows, [&](std::int64_t, std::int64_t g, std::int32_t c_at, std::int32_t) {
+          if (g < E) clamped[p * W + g] = c_at;
+        });
+    if (lane == 0) clamped[p * W + E] = static_cast<std::int32_t>(min(total, d.rows));
   }
   __syncthreads();  // the block's global writes are visible to the block after it
   for (std::int64_t t = threadIdx.x; t < E; t += kRouteThreads) {
@@ -62,58 +48,26 @@ __global__ void __launch_bounds__(kRouteThreads)
   if (threadIdx.x == 0) routes[at.filled] = static_cast<std::int32_t>(ep::route_filled(d, direction, clamped));
   __syncthreads();
   if (warp != 0) return;
-  std::int64_t carry = 0;
-  for (std::int64_t t0 = 0; t0 < E; t0 += 32) {
-    const std::int64_t t = t0 + lane;
-    const std::int64_t v = t < E ? rows[t] : 0;
-    const std::int64_t inclusive = carry + warp_inclusive_scan(v);
-    if (t < E) routes[at.start + t] = static_cast<std::int32_t>(inclusive - v);
-    carry = __shfl_sync(0xffffffffu, inclusive, 31);
-  }
+  const std::int64_t carry =
+      ep::warp_starts(rows, E, [&](std::int64_t t, std::int32_t start) { routes[at.start + t] = start; });
   if (lane == 0) routes[at.start + E] = static_cast<std::int32_t>(carry);
 }
-
-// One receive buffer per rank, passed by value.
-template <typename W>
-struct Receivers {
-  W* at[kMaxEpRanks];
-};
 
 template <typename W>
 __global__ void __launch_bounds__(kCopyWarps * 32)
     peer_copy_kernel(EpCopyDesc c, const std::int32_t* __restrict__ routes, const W* __restrict__ rows,
-                     Receivers<W> out, std::int64_t words) {
+                     ep::RankRows<W> out, std::int64_t words) {
   const std::int64_t n = ep::peer_copy_rows(c, routes);
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kCopyWarps;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kCopyWarps + threadIdx.x / 32; o < n; o += warps) {
     const ep::PeerRow row = ep::peer_copy_row(c, routes, o);
-    W* dst = out.at[row.receiver] + row.dst * words;
-    if (row.src < 0) {
-      for (std::int64_t i = lane; i < words; i += 32) dst[i] = W{};
-    } else {
-      const W* src = rows + row.src * words;
-      for (std::int64_t i = lane; i < words; i += 32) dst[i] = src[i];
-    }
+    ep::copy_row<W>(out.at[row.receiver] + row.dst * words, row.src < 0 ? nullptr : rows + row.src * words, words,
+                    lane);
   }
   // The rows land in the peers' memory before the stream's next operation
   // (the flag post) is seen there.
   __threadfence_system();
-}
-
-// f(W{}) with W the widest of 16, 4, 2 and 1 bytes that divides the row and
-// aligns every pointer.
-template <typename F>
-void with_word(std::size_t row_bytes, const void* one, const void* const* many, int count, F&& f) {
-  auto fits = [&](std::size_t bytes) {
-    bool ok = row_bytes % bytes == 0 && reinterpret_cast<std::uintptr_t>(one) % bytes == 0;
-    for (int i = 0; i < count; ++i) ok = ok && reinterpret_cast<std::uintptr_t>(many[i]) % bytes == 0;
-    return ok;
-  };
-  if (fits(16)) return f(uint4{});
-  if (fits(4)) return f(std::uint32_t{});
-  if (fits(2)) return f(std::uint16_t{});
-  return f(std::uint8_t{});
 }
 
 }  // namespace
@@ -138,9 +92,9 @@ void launch_ep_peer_copy(const EpCopyDesc& desc, int blocks, const std::int32_t*
   const std::int64_t bound = desc.direction == EpDirection::kDispatch ? d.rows : (d.ranks + 1) * d.rows;
   const std::int64_t needed = (bound + kCopyWarps - 1) / kCopyWarps;
   const auto grid = static_cast<unsigned>(needed < blocks ? needed : blocks);
-  with_word(desc.row_bytes, rows, receivers, d.ranks, [&](auto word) {
+  ep::with_word(desc.row_bytes, rows, receivers, d.ranks, [&](auto word) {
     using W = decltype(word);
-    Receivers<W> out{};
+    ep::RankRows<W> out{};
     for (int q = 0; q < d.ranks; ++q) out.at[q] = static_cast<W*>(receivers[q]);
     peer_copy_kernel<W><<<grid, kCopyWarps * 32, 0, stream>>>(desc, routes, static_cast<const W*>(rows), out,
                                                               static_cast<std::int64_t>(desc.row_bytes / sizeof(W)));

@@ -8,6 +8,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/moe_exchange.h"
 #include "ops/collective_ops.h"
+#include "ops/moe_exchange_operands.h"
 #include "ops/moe_exchange_peer.h"
 #include "ops/op_registration.h"
 #include "ops/operands.h"
@@ -17,8 +18,7 @@ namespace stepgraph::ops {
 std::string EpPlanParams::to_string() const { return detail::concat("rank=", rank, "/", ranks, " rows=", rows); }
 
 std::string EpCopyParams::to_string() const {
-  return detail::concat(direction == kernels::EpDirection::kDispatch ? "dispatch" : "combine", " rank=", rank, "/",
-                        ranks, " rows=", rows, " experts=", experts);
+  return detail::concat(ep_direction_name(direction), " rank=", rank, "/", ranks, " rows=", rows, " experts=", experts);
 }
 
 namespace {
@@ -38,16 +38,6 @@ struct EpSplitsOperands {
 template <typename F, typename V>
 void visit_operands(const NoParams&, EpSplitsOperands<F>& o, V& v) {
   v({"splits"}, o.splits);
-}
-
-template <typename F>
-struct EpCountsOperands {
-  F counts;  // int32 [P, E]
-};
-
-template <typename F, typename V>
-void visit_operands(const EpPlanParams&, EpCountsOperands<F>& o, V& v) {
-  v({"counts"}, o.counts);
 }
 
 template <typename F>
@@ -103,22 +93,8 @@ void visit_operands(const EpCopyParams& p, EpUnpackOperands<F>& o, V& v) {
 
 // --- descriptors and checks -----------------------------------------------------
 
-kernels::EpPlanDesc plan_desc(const EpCopyParams& p) { return {p.rank, p.ranks, p.experts, p.rows}; }
-
-kernels::EpCopyDesc copy_desc(const EpCopyParams& p, const TensorMeta& rows) {
-  return {plan_desc(p), p.direction, static_cast<std::size_t>(rows.shape.dim(1)) * dtype_size(rows.dtype)};
-}
-
-void check_counts(std::string_view op, const TensorMeta& counts, int ranks) {
-  SG_CHECK(counts.dtype == DType::kInt32, "op ", op, ": counts must be int32 (from ep_counts), got ",
-           dtype_name(counts.dtype));
-  SG_CHECK(counts.shape.rank() == 2 && counts.shape.dim(0) == ranks, "op ", op,
-           ": counts must be int32 [P, E] with P = ", ranks, " (the expert-parallel ranks), got ", counts.shape,
-           "; make them with ep_counts on the same communicator");
-}
-
 void check_plan_meta(std::string_view op, const EpCopyParams& p, const TensorMeta& plan) {
-  const TensorMeta want{Shape{plan_desc(p).plan_ints()}, DType::kInt32};
+  const TensorMeta want{Shape{ep_plan_desc(p, p.experts).plan_ints()}, DType::kInt32};
   SG_CHECK(plan == want, "op ", op, ": plan must be ", want.shape, " int32 (ep_plan's), got ", plan.shape, " ",
            dtype_name(plan.dtype));
 }
@@ -138,8 +114,8 @@ std::vector<TensorMeta> check_splits_row(const OpParams&, std::span<const Tensor
 std::vector<TensorMeta> check_plan(const OpParams& params, std::span<const TensorMeta> in) {
   const auto& p = params.as<EpPlanParams>();
   const auto o = bind_metas<EpCountsOperands>(kPlan, p, in);
-  check_counts(kPlan, o.counts, p.ranks);
-  const kernels::EpPlanDesc desc{p.rank, p.ranks, o.counts.shape.dim(1), p.rows};
+  check_ep_counts(kPlan, o.counts, p.ranks);
+  const kernels::EpPlanDesc desc = ep_plan_desc(p, o.counts.shape.dim(1));
   kernels::check_ep_plan(desc);
   return output_metas(p, EpPlanOutputs<TensorMeta>{.plan = {Shape{desc.plan_ints()}, DType::kInt32},
                                                    .splits = {Shape{desc.local_experts()}, DType::kInt32}});
@@ -151,7 +127,7 @@ std::vector<TensorMeta> check_pack(const OpParams& params, std::span<const Tenso
   const bool dispatch = p.direction == kernels::EpDirection::kDispatch;
   check_row_matrix(kPack, dispatch ? "x_perm" : "y_rows", o.rows, dispatch ? p.rows : p.ranks * p.rows);
   check_plan_meta(kPack, p, o.plan);
-  kernels::check_ep_copy(copy_desc(p, o.rows));
+  kernels::check_ep_copy(ep_copy_desc(p, o.rows));
   EpSlots<TensorMeta> out;
   out.slots.assign(static_cast<std::size_t>(p.ranks), TensorMeta{Shape{p.rows, o.rows.shape.dim(1)}, o.rows.dtype});
   return output_metas(p, std::move(out));
@@ -169,7 +145,7 @@ std::vector<TensorMeta> check_unpack(const OpParams& params, std::span<const Ten
     SG_CHECK(o.slots[i].shape == first.shape, "op ", kUnpack, ": slots[", i, "] is ", o.slots[i].shape,
              " but slots[0] is ", first.shape);
   }
-  kernels::check_ep_copy(copy_desc(p, first));
+  kernels::check_ep_copy(ep_copy_desc(p, first));
   const std::int64_t rows = p.direction == kernels::EpDirection::kDispatch ? p.ranks * p.rows : p.rows;
   return {TensorMeta{Shape{rows, first.shape.dim(1)}, first.dtype}};
 }
@@ -205,12 +181,6 @@ const OpDef& ep_splits_row_op() {
 }
 SG_REGISTER_OP(ep_splits_row_op);
 
-namespace {
-kernels::EpPlanDesc plan_call_desc(const EpPlanParams& p, const Operand& counts) {
-  return {p.rank, p.ranks, counts.shape().dim(1), p.rows};
-}
-}  // namespace
-
 const OpDef& ep_plan_op() {
   static const OpDef op{
       .name = kPlan,
@@ -220,7 +190,7 @@ const OpDef& ep_plan_op() {
             const auto& p = params.as<EpPlanParams>();
             const auto o = bind_args<EpCountsOperands>(p, a);
             const auto out = bind_outputs<EpPlanOutputs>(p, a);
-            kernels::launch_ep_plan(plan_call_desc(p, o.counts), o.counts.as<std::int32_t>(),
+            kernels::launch_ep_plan(ep_plan_desc(p, o.counts.shape().dim(1)), o.counts.as<std::int32_t>(),
                                     out.plan.as<std::int32_t>(), out.splits.as<std::int32_t>(), s);
           },
       .run_host =
@@ -228,7 +198,7 @@ const OpDef& ep_plan_op() {
             const auto& p = params.as<EpPlanParams>();
             const auto o = bind_args<EpCountsOperands>(p, a);
             const auto out = bind_outputs<EpPlanOutputs>(p, a);
-            kernels::host::ep_plan(plan_call_desc(p, o.counts), o.counts.as<std::int32_t>(),
+            kernels::host::ep_plan(ep_plan_desc(p, o.counts.shape().dim(1)), o.counts.as<std::int32_t>(),
                                    out.plan.as<std::int32_t>(), out.splits.as<std::int32_t>());
           },
   };
@@ -245,7 +215,7 @@ const OpDef& ep_pack_op() {
             const auto& p = params.as<EpCopyParams>();
             const auto o = bind_args<EpPackOperands>(p, a);
             const std::vector<void*> slots = addresses(bind_outputs<EpSlots>(p, a).slots);
-            kernels::launch_ep_pack(copy_desc(p, *o.rows.meta), o.plan.as<std::int32_t>(), o.rows.data, slots.data(),
+            kernels::launch_ep_pack(ep_copy_desc(p, *o.rows.meta), o.plan.as<std::int32_t>(), o.rows.data, slots.data(),
                                     s);
           },
       .run_host =
@@ -253,7 +223,7 @@ const OpDef& ep_pack_op() {
             const auto& p = params.as<EpCopyParams>();
             const auto o = bind_args<EpPackOperands>(p, a);
             const std::vector<void*> slots = addresses(bind_outputs<EpSlots>(p, a).slots);
-            kernels::host::ep_pack(copy_desc(p, *o.rows.meta), o.plan.as<std::int32_t>(), o.rows.data, slots.data());
+            kernels::host::ep_pack(ep_copy_desc(p, *o.rows.meta), o.plan.as<std::int32_t>(), o.rows.data, slots.data());
           },
   };
   return op;
@@ -270,7 +240,7 @@ const OpDef& ep_unpack_op() {
             const auto o = bind_args<EpUnpackOperands>(p, a);
             const std::vector<void*> slots = addresses(o.slots);
             const std::vector<const void*> in(slots.begin(), slots.end());
-            kernels::launch_ep_unpack(copy_desc(p, *o.slots[0].meta), o.plan.as<std::int32_t>(), in.data(),
+            kernels::launch_ep_unpack(ep_copy_desc(p, *o.slots[0].meta), o.plan.as<std::int32_t>(), in.data(),
                                       a.outputs[0], s);
           },
       .run_host =
@@ -279,7 +249,7 @@ const OpDef& ep_unpack_op() {
             const auto o = bind_args<EpUnpackOperands>(p, a);
             const std::vector<void*> slots = addresses(o.slots);
             const std::vector<const void*> in(slots.begin(), slots.end());
-            kernels::host::ep_unpack(copy_desc(p, *o.slots[0].meta), o.plan.as<std::int32_t>(), in.data(),
+            kernels::host::ep_unpack(ep_copy_desc(p, *o.slots[0].meta), o.plan.as<std::int32_t>(), in.data(),
                                      a.outputs[0]);
           },
   };
@@ -299,7 +269,7 @@ void check_call(std::string_view what, Communicator& comm, const Tensor& rows, c
   SG_CHECK(options.blocks >= 1 && options.blocks <= kernels::kMaxEpPeerCopyBlocks, what,
            ": EpPeerOptions::blocks must be in [1, ", kernels::kMaxEpPeerCopyBlocks, "], got ", options.blocks);
   SG_CHECK(rows.shape().rank() == 2, what, ": ", rows_name, " must be a matrix [rows, H], got ", rows.shape());
-  check_counts(what, counts.meta(), comm.world_size());
+  check_ep_counts(what, counts.meta(), comm.world_size());
 }
 
 struct Plan {

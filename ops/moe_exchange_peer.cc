@@ -10,6 +10,7 @@
 #include "engine/error.h"
 #include "engine/peer_window.h"
 #include "kernels/moe_exchange_peer.h"
+#include "ops/moe_exchange_operands.h"
 #include "ops/op_registration.h"
 #include "ops/operands.h"
 
@@ -19,34 +20,20 @@ namespace {
 constexpr std::string_view kRoutes = "ep_routes";
 constexpr std::string_view kPeerCopy = "ep_peer_copy";
 
-const char* direction_name(kernels::EpDirection direction) {
-  return direction == kernels::EpDirection::kDispatch ? "dispatch" : "combine";
-}
-
 }  // namespace
 
 std::string EpRoutesParams::to_string() const {
-  return detail::concat(direction_name(direction), " rank=", rank, "/", ranks, " rows=", rows);
+  return detail::concat(ep_direction_name(direction), " rank=", rank, "/", ranks, " rows=", rows);
 }
 
 std::string EpPeerParams::to_string() const {
-  return detail::concat("comm=", group, "#", communicator, " ", direction_name(direction), " rank=", rank, "/", ranks,
-                        " rows=", rows, " experts=", experts, " slot=", slot, " blocks=", blocks);
+  return detail::concat("comm=", group, "#", communicator, " ", ep_direction_name(direction), " rank=", rank, "/",
+                        ranks, " rows=", rows, " experts=", experts, " slot=", slot, " blocks=", blocks);
 }
 
 namespace {
 
 // --- operands -----------------------------------------------------------------
-
-template <typename F>
-struct EpRoutesOperands {
-  F counts;  // int32 [P, E]
-};
-
-template <typename F, typename V>
-void visit_operands(const EpRoutesParams&, EpRoutesOperands<F>& o, V& v) {
-  v({"counts"}, o.counts);
-}
 
 template <typename F>
 struct EpPeerCopyOperands {
@@ -62,15 +49,11 @@ void visit_operands(const EpPeerParams&, EpPeerCopyOperands<F>& o, V& v) {
 
 // --- checks -----------------------------------------------------------------------
 
-kernels::EpPlanDesc plan_desc(const EpPeerParams& p) { return {p.rank, p.ranks, p.experts, p.rows}; }
-
 std::vector<TensorMeta> check_routes(const OpParams& params, std::span<const TensorMeta> in) {
   const auto& p = params.as<EpRoutesParams>();
-  const auto o = bind_metas<EpRoutesOperands>(kRoutes, p, in);
-  SG_CHECK(o.counts.dtype == DType::kInt32 && o.counts.shape.rank() == 2 && o.counts.shape.dim(0) == p.ranks, "op ",
-           kRoutes, ": counts must be int32 [P, E] with P = ", p.ranks, " (from ep_counts), got ", o.counts.shape, " ",
-           dtype_name(o.counts.dtype));
-  const kernels::EpPlanDesc desc{p.rank, p.ranks, o.counts.shape.dim(1), p.rows};
+  const auto o = bind_metas<EpCountsOperands>(kRoutes, p, in);
+  check_ep_counts(kRoutes, o.counts, p.ranks);
+  const kernels::EpPlanDesc desc = ep_plan_desc(p, o.counts.shape.dim(1));
   kernels::check_ep_plan(desc);
   return {TensorMeta{Shape{kernels::ep_route_ints(desc)}, DType::kInt32}};
 }
@@ -82,13 +65,12 @@ std::vector<TensorMeta> check_peer_copy(const OpParams& params, std::span<const 
   const std::int64_t in_rows = dispatch ? p.rows : p.ranks * p.rows;
   SG_CHECK(o.rows.shape.rank() == 2 && o.rows.shape.dim(0) == in_rows, "op ", kPeerCopy, ": rows must be [", in_rows,
            ", H] (", dispatch ? "x_perm" : "ep_dispatch's rows", "), got ", o.rows.shape);
-  const kernels::EpPlanDesc desc = plan_desc(p);
-  kernels::check_ep_plan(desc);
-  const TensorMeta want{Shape{kernels::ep_route_ints(desc)}, DType::kInt32};
+  const kernels::EpCopyDesc desc = ep_copy_desc(p, o.rows);
+  kernels::check_ep_plan(desc.plan);
+  const TensorMeta want{Shape{kernels::ep_route_ints(desc.plan)}, DType::kInt32};
   SG_CHECK(o.routes == want, "op ", kPeerCopy, ": routes must be ", want.shape, " int32 (ep_routes'), got ",
            o.routes.shape, " ", dtype_name(o.routes.dtype));
-  kernels::check_ep_peer_copy(
-      {desc, p.direction, static_cast<std::size_t>(o.rows.shape.dim(1)) * dtype_size(o.rows.dtype)}, p.blocks);
+  kernels::check_ep_peer_copy(desc, p.blocks);
   SG_CHECK(p.slot >= 0, "op ", kPeerCopy, ": a signal slot must be taken (Communicator::take_signal_slots), got ",
            p.slot);
   return {TensorMeta{Shape{dispatch ? p.ranks * p.rows : p.rows, o.rows.shape.dim(1)}, o.rows.dtype}};
@@ -98,7 +80,7 @@ CollectiveCall peer_copy_collective(const OpParams& params) {
   const auto& p = params.as<EpPeerParams>();
   // Every rank's call must take the same slots (their flags pair up).
   return {p.communicator, -1, -1,
-          detail::concat("group=", p.group, " size=", p.ranks, " ", direction_name(p.direction), " slot=", p.slot,
+          detail::concat("group=", p.group, " size=", p.ranks, " ", ep_direction_name(p.direction), " slot=", p.slot,
                          " experts=", p.experts),
           p.slot};
 }
@@ -126,8 +108,7 @@ void peer_copy_run(const OpParams& params, const KernelArgs& a, CUstream_st* str
     const int to = (r + s) % P;
     comm.window_await(*window, p.slot + to, PeerFlag::kReady, to, stream);
   }
-  const kernels::EpCopyDesc desc{plan_desc(p), p.direction,
-                                 static_cast<std::size_t>(o.rows.shape().dim(1)) * dtype_size(o.rows.dtype())};
+  const kernels::EpCopyDesc desc = ep_copy_desc(p, *o.rows.meta);
   if (on_cuda) {
     kernels::launch_ep_peer_copy(desc, p.blocks, o.routes.as<std::int32_t>(), o.rows.data, receivers.data(), stream);
   } else {
@@ -150,16 +131,16 @@ const OpDef& ep_routes_op() {
       .launch_cuda =
           [](const OpParams& params, const KernelArgs& a, CUstream_st* s) {
             const auto& p = params.as<EpRoutesParams>();
-            const auto o = bind_args<EpRoutesOperands>(p, a);
-            kernels::launch_ep_routes({p.rank, p.ranks, o.counts.shape().dim(1), p.rows}, p.direction,
+            const auto o = bind_args<EpCountsOperands>(p, a);
+            kernels::launch_ep_routes(ep_plan_desc(p, o.counts.shape().dim(1)), p.direction,
                                       o.counts.as<std::int32_t>(), static_cast<std::int32_t*>(a.outputs[0]), s);
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
             const auto& p = params.as<EpRoutesParams>();
-            const auto o = bind_args<EpRoutesOperands>(p, a);
-            kernels::host::ep_routes({p.rank, p.ranks, o.counts.shape().dim(1), p.rows}, p.direction,
-                                     o.counts.as<std::int32_t>(), static_cast<std::int32_t*>(a.outputs[0]));
+            const auto o = bind_args<EpCountsOperands>(p, a);
+            kernels::host::ep_routes(ep_plan_desc(p, o.counts.shape().dim(1)), p.direction, o.counts.as<std::int32_t>(),
+                                     static_cast<std::int32_t*>(a.outputs[0]));
           },
   };
   return op;
@@ -184,7 +165,7 @@ Tensor ep_peer_move(Context& ctx, Communicator& comm, kernels::EpDirection direc
   comm.check_device(ctx.device(), direction == kernels::EpDirection::kDispatch ? "ep_dispatch" : "ep_combine");
   const EpRoutesParams routes_params{direction, comm.rank(), comm.world_size(), R};
   const Tensor routes =
-      ctx.call(ep_routes_op(), routes_params, flatten(kRoutes, routes_params, EpRoutesOperands<Tensor>{counts}))
+      ctx.call(ep_routes_op(), routes_params, flatten(kRoutes, routes_params, EpCountsOperands<Tensor>{counts}))
           .front()
           .set_name("ep.routes");
   const EpPeerParams p{.communicator = comm.id(),

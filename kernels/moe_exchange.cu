@@ -8,8 +8,8 @@
 #include "engine/cuda_check.h"
 #include "engine/error.h"
 #include "kernels/moe_exchange.cuh"
-#include "kernels/moe_exchange_device.cuh"
 #include "kernels/moe_exchange.h"
+#include "kernels/moe_exchange_device.cuh"
 #include "kernels/moe_routing.h"
 
 namespace stepgraph::kernels {
@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kCopyWarps * 32)
 
 template <typename W>
 __global__ void __launch_bounds__(kCopyWarps * 32)
-    unpack_kernel(EpCopyDesc c, const std::int32_t* __restrict__ plan, ep::RankRows<const W> slots, W* __restrict__ rows,
-                  std::int64_t words) {
+    unpack_kernel(EpCopyDesc c, const std::int32_t* __restrict__ plan, ep::RankRows<const W> slots,
+                  W* __restrict__ rows, std::int64_t words) {
   const std::int64_t n = ep::unpack_rows(c);
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kCopyWarps;
   const int lane = static_cast<int>(threadIdx.x) & 31;

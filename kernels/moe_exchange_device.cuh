@@ -31,8 +31,8 @@ __device__ __forceinline__ std::int64_t warp_inclusive_scan(std::int64_t value) 
 // c_next = c_p[g + 1] (lanes with g >= E too, so f may shuffle; they must
 // not store). Returns the unclamped sum of the counts (every lane).
 template <typename F>
-__device__ __forceinline__ std::int64_t warp_clamped_sums(const std::int32_t* __restrict__ counts,
-                                                          std::int64_t experts, std::int64_t rows, F&& f) {
+__device__ __forceinline__ std::int64_t warp_clamped_sums(const std::int32_t* __restrict__ counts, std::int64_t experts,
+                                                          std::int64_t rows, F&& f) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   std::int64_t carry = 0;  // the sum of the counts before this chunk
   for (std::int64_t g0 = 0; g0 < experts; g0 += 32) {

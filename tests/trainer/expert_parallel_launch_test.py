@@ -1,11 +1,12 @@
 """The trainer's --ep with its ranks as separate processes on the host backend
 (--nproc-per-node 2), as a user starts them: eager and graph print the same
 losses as one process on the global batch, only rank 0 prints, a refused
-combination ends every rank naming the flags, and a run stopped at a
-checkpoint and resumed prints the uninterrupted run's losses, one part per rank;
-ranks started under a launcher with other experts stop naming the flag, and a
-killed rank ends the other (inside an MoE block's exchange or the gradients'
-all-reduce) naming it.
+combination ends every rank naming the flags (--ep 2 x --dp 2 among them:
+host processes do not split a world, so they run --ep with --dp 1 only), and
+a run stopped at a checkpoint and resumed prints the uninterrupted run's
+losses, one part per rank; ranks started under a launcher with other experts
+stop naming the flag, and a killed rank ends the other (inside an MoE
+block's exchange or the gradients' all-reduce) naming it.
 Bit-for-bit checks on thread worlds: expert_parallel_trainer_test.cc."""
 
 import os
@@ -49,7 +50,10 @@ def test_two_ranks_print_the_same_losses_eager_and_graph():
 
 def test_a_refused_combination_ends_every_rank_naming_the_flags():
     for overrides, words in (({"tp": 2}, "--ep 2 with --tp 2"), ({"experts": 0}, "--ep 2 spreads the MoE"),
-                             ({"nproc_per_node": 4}, "--ep 2 needs a world of 2 ranks")):
+                             ({"nproc_per_node": 3}, "--ep 2 needs a world of a multiple of 2 ranks"),
+                             ({"dp": 2}, "--ep 2 x --dp 2 needs a world of 4 ranks"),
+                             # Host processes do not split a world: --ep x --dp runs on thread worlds and NCCL.
+                             ({"nproc_per_node": 4, "dp": 2}, "host processes do not split a world")):
         args = flags(**dict({"nproc_per_node": 2, "ep": 2}, **overrides))
         result = subprocess.run([TRAINER] + args, capture_output=True, text=True, timeout=60)
         assert result.returncode != 0, result.stdout

@@ -108,6 +108,10 @@ REQUIRES = {
     "--seq-len": [("--heads", "2"), ("--hidden", "32")],
     "--order": [("--vocab", "4")],
 }
+# Flags drawn beside a flag half the time: the combinations it is built for.
+BESIDE = {
+    "--ep": ["--dp", "--experts", "--nproc-per-node"],
+}
 SWITCHES = ["--skip-nonfinite", "--no-skip-nonfinite", "--fp8-weight-cache", "--profile", "--resume", "--bogus"]
 
 
@@ -239,6 +243,10 @@ def generate(rng, index, workdir):
             # Mostly with what the flag needs, so that valid values run; sometimes without.
             if rng.random() < 0.8:
                 args += [part for need, given in REQUIRES.get(flag, []) if need not in args for part in (need, given)]
+            # Half the time with the flags it combines with (--ep with --dp replicas), any value of theirs.
+            for partner in BESIDE.get(flag, []):
+                if partner not in args and rng.random() < 0.5:
+                    args += [partner, rng.choice(VALUES[partner][0] + VALUES[partner][1])]
         if rng.random() < 0.15:
             args.append(rng.choice(SWITCHES))
         if rng.random() < 0.1:
@@ -270,6 +278,11 @@ def fixed_cases(workdir):
         (["--batch", "2000000000", "--heads", "0", "--context", "2"], [], "fixed: tokens past 2^31"),
         (["--hidden", "2000000000"], [], "fixed: a model past memory"),
         (["--experts", "2", "--dtype", "fp16"], [], "fixed: MoE in fp16"),
+        (["--ep", "2", "--dp", "2", "--experts", "4"], [], "fixed: --ep x --dp on one rank"),
+        (["--ep", "2", "--dp", "2", "--experts", "4", "--batch", "4", "--nproc-per-node", "4"], [],
+         "fixed: --ep x --dp over host processes"),
+        (["--ep", "2", "--dp", "1", "--experts", "4", "--batch", "4", "--nproc-per-node", "2"], [],
+         "fixed: --ep with --dp 1 over host processes"),
     ]
     return [(dedupe_base(BASE + args), named, label) for args, named, label in cases]
 

@@ -491,6 +491,17 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
     if (o.min_seq_len == 0) o.min_seq_len = std::max<std::int64_t>(o.seq_len / 2, 1);
     SG_CHECK(o.min_seq_len >= 1 && o.min_seq_len <= o.seq_len, "--min-seq-len (", o.min_seq_len,
              ") must be in [1, --seq-len ", o.seq_len, "]");
+    if (o.fp8) {
+      // Each bucket is a step's token count: the FP8 GEMMs take it in whole tiles, as --batch x --seq-len below.
+      const std::int64_t tile = o.fp8->scaling == Fp8Scaling::kBlock ? 128 : 16;
+      for (std::int64_t size : parse_buckets(o.buckets, o.batch * o.min_seq_len, o.batch * o.seq_len)) {
+        SG_CHECK(size % tile == 0, "--fp8 ", fp8_flag(o.fp8), " with --buckets ", o.buckets.to_string(),
+                 ": every bucket's token count must be a multiple of ", tile,
+                 " (the FP8 GEMMs' token tiles), but one is ", size, " (--batch ", o.batch, " x --min-seq-len ",
+                 o.min_seq_len, " to --seq-len ", o.seq_len, "); give counts that are multiples of ", tile,
+                 ", or raise --batch or --min-seq-len");
+      }
+    }
   } else {
     SG_CHECK(o.min_seq_len == 0, "--min-seq-len goes with --buckets");
   }

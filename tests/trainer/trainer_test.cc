@@ -607,6 +607,20 @@ TEST(TrainerOptionsTest, Fp8RunsBf16OnlyAndNamesItsShapeFlags) {
                ErrorCode::kInvalidArgument, "--fp8 current needs each step's tokens (--batch x --seq-len = 15)");
   expect_error([&] { resolved({"--fp8", "block"}); }, ErrorCode::kInvalidArgument,
                "to be multiples of 128, got --hidden 64, --ffn 128");
+  // Each shape bucket is a step's token count: a bucket of 8 tokens (pow2 from 4 x 2) was refused only by a
+  // Linear at the first step, naming no flag.
+  expect_error(
+      [&] {
+        resolved({"--fp8", "delayed", "--heads", "2", "--hidden", "64", "--seq-len", "16", "--batch", "4", "--buckets",
+                  "pow2", "--min-seq-len", "2"});
+      },
+      ErrorCode::kInvalidArgument,
+      "--fp8 delayed with --buckets pow2: every bucket's token count must be a multiple of 16 (the FP8 GEMMs' token "
+      "tiles), but one is 8");
+  EXPECT_EQ(resolved({"--fp8", "delayed", "--heads", "2", "--hidden", "64", "--seq-len", "16", "--batch", "4",
+                      "--buckets", "pow2", "--min-seq-len", "4"})
+                .min_seq_len,
+            4);
 }
 
 // An odd head dimension named the rotary kernel's rotary_dim (0), a value no

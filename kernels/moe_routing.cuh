@@ -30,13 +30,20 @@ SG_MOE_HD bool ranks_before(float a, std::int32_t expert_a, float b, std::int32_
   return a > b || (a == b && expert_a < expert_b);
 }
 
-// k = 2 gates from the two chosen logits (l1 ranks first): a softmax over
-// the two. l1 >= l2 (or l2 is -inf), so the exponent is <= 0 and finite math
-// never overflows.
+// k = 2 gates from the two chosen logits: a softmax over the two. The
+// exponent is taken of the smaller minus the larger, so finite math never
+// overflows; without an expert bias l1 >= l2 (l1 ranks first), with one the
+// biased choice may rank the smaller logit first.
 SG_MOE_HD void top2_gates(float l1, float l2, float& g1, float& g2) {
-  const float e = expf(l2 - l1);
-  g1 = 1.0f / (1.0f + e);
-  g2 = e / (1.0f + e);
+  if (!(l2 > l1)) {
+    const float e = expf(l2 - l1);
+    g1 = 1.0f / (1.0f + e);
+    g2 = e / (1.0f + e);
+  } else {
+    const float e = expf(l1 - l2);
+    g1 = e / (1.0f + e);
+    g2 = 1.0f / (1.0f + e);
+  }
 }
 
 // d logits of the chosen experts for k = 2: dl_a = g_a (dg_a - sum_j dg_j g_j).

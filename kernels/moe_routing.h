@@ -23,6 +23,10 @@
 //          a softmax over the two chosen logits)
 // The backward is the exact derivative of these gates w.r.t. every logit (for
 // k = 2 the unchosen logits get zero gradient).
+// With an expert bias b [E] (Note [MoE load balancing] in layers/moe_mlp.h)
+// the k experts are the k largest l + b (the same order and ties), while p
+// and the gates above stay those of the unbiased logits: the bias steers the
+// choice and never the weights, so the backward is unchanged.
 //
 // Note [Stable permutation]
 // Entry i = t*k + j is (token t, slot j). The permuted order groups entries by
@@ -71,8 +75,10 @@ struct RouterDesc {
 // topk in [1, kMaxTopk], 1 <= topk <= experts <= kMaxExperts, tokens in [1, 2^31).
 void check_router(const RouterDesc& desc);
 
+// `bias` (fp32 [E], may be null): added to the logits for the choice of
+// experts only; the gates are of the unbiased logits (Note [Router top-k and gates]).
 void launch_router_topk(const RouterDesc& desc, const void* logits, std::int32_t* experts, float* gates,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const float* bias = nullptr);
 void launch_router_backward(const RouterDesc& desc, const float* dgates, const void* logits,
                             const std::int32_t* experts, const float* gates, void* dlogits, cudaStream_t stream);
 
@@ -128,7 +134,8 @@ void launch_moe_unpermute_backward(const PermuteDesc& desc, const void* dy, cons
                                    cudaStream_t stream);
 
 namespace host {
-void router_topk(const RouterDesc& desc, const void* logits, std::int32_t* experts, float* gates);
+void router_topk(const RouterDesc& desc, const void* logits, std::int32_t* experts, float* gates,
+                 const float* bias = nullptr);
 void router_backward(const RouterDesc& desc, const float* dgates, const void* logits, const std::int32_t* experts,
                      const float* gates, void* dlogits);
 void moe_plan(const PlanDesc& desc, const std::int32_t* experts, std::int32_t* splits, std::int32_t* offsets,

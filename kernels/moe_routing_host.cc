@@ -57,7 +57,8 @@ float load(DType dtype, const void* base, std::int64_t i) { return load_as_float
 
 }  // namespace
 
-void router_topk(const RouterDesc& desc, const void* logits, std::int32_t* experts, float* gates) {
+void router_topk(const RouterDesc& desc, const void* logits, std::int32_t* experts, float* gates,
+                 const float* bias) {
   check_router(desc);
   const std::int64_t E = desc.experts;
   for (std::int64_t t = 0; t < desc.tokens; ++t) {
@@ -66,7 +67,8 @@ void router_topk(const RouterDesc& desc, const void* logits, std::int32_t* exper
     for (int slot = 0; slot < desc.topk; ++slot) {
       for (std::int64_t e = 0; e < E; ++e) {
         if (slot == 1 && e == best[0]) continue;
-        const float v = moe::rank_value(load(desc.logits_type, logits, t * E + e));
+        const float l = load(desc.logits_type, logits, t * E + e);
+        const float v = moe::rank_value(bias != nullptr ? l + bias[e] : l);
         if (moe::ranks_before(v, static_cast<std::int32_t>(e), value[slot], best[slot])) {
           best[slot] = static_cast<std::int32_t>(e);
           value[slot] = v;
@@ -75,11 +77,16 @@ void router_topk(const RouterDesc& desc, const void* logits, std::int32_t* exper
     }
     const float l1 = load(desc.logits_type, logits, t * E + best[0]);
     if (desc.topk == 1) {
+      // Shifted by the largest logit, which is l1 unless a bias chose.
+      float max = l1;
+      if (bias != nullptr) {
+        for (std::int64_t e = 0; e < E; ++e) max = std::fmax(max, load(desc.logits_type, logits, t * E + e));
+      }
       double sum = 0.0;
       for (std::int64_t e = 0; e < E; ++e)
-        sum += std::exp(static_cast<double>(load(desc.logits_type, logits, t * E + e)) - l1);
+        sum += std::exp(static_cast<double>(load(desc.logits_type, logits, t * E + e)) - max);
       experts[t] = best[0];
-      gates[t] = static_cast<float>(1.0 / sum);
+      gates[t] = static_cast<float>(std::exp(static_cast<double>(l1) - max) / sum);
     } else {
       const float l2 = load(desc.logits_type, logits, t * E + best[1]);
       experts[2 * t] = best[0];

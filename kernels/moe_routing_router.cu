@@ -20,13 +20,14 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 // The best expert of `row` other than `skip` (-1: none skipped), on every lane.
+// `bias` (may be null) is added to each logit for the choice only.
 template <typename T>
-__device__ std::int32_t warp_best(const T* row, int experts, std::int32_t skip, int lane) {
+__device__ std::int32_t warp_best(const T* row, const float* bias, int experts, std::int32_t skip, int lane) {
   std::int32_t best = -1;
   float value = 0.0f;
   for (int e = lane; e < experts; e += 32) {
     if (e == skip) continue;
-    const float v = moe::rank_value(to_float(row[e]));
+    const float v = moe::rank_value(bias != nullptr ? to_float(row[e]) + bias[e] : to_float(row[e]));
     if (moe::ranks_before(v, e, value, best)) {
       best = e;
       value = v;
@@ -46,25 +47,31 @@ __device__ std::int32_t warp_best(const T* row, int experts, std::int32_t skip, 
 
 template <typename T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    router_topk_kernel(const T* __restrict__ logits, std::int64_t tokens, int experts, int topk,
-                       std::int32_t* __restrict__ chosen, float* __restrict__ gates) {
+    router_topk_kernel(const T* __restrict__ logits, const float* __restrict__ bias, std::int64_t tokens,
+                       int experts, int topk, std::int32_t* __restrict__ chosen, float* __restrict__ gates) {
   const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= tokens) return;  // whole warps leave together
   const int lane = threadIdx.x % 32;
   const T* row = logits + t * experts;
-  const std::int32_t e1 = warp_best(row, experts, -1, lane);
+  const std::int32_t e1 = warp_best(row, bias, experts, -1, lane);
   const float l1 = to_float(row[e1]);
   if (topk == 1) {
+    // The softmax's shift: the largest logit, which is l1 unless a bias chose.
+    float max = l1;
+    if (bias != nullptr) {
+      for (int e = lane; e < experts; e += 32) max = fmaxf(max, to_float(row[e]));
+      max = warp_max(max);
+    }
     float sum = 0.0f;
-    for (int e = lane; e < experts; e += 32) sum += expf(to_float(row[e]) - l1);
+    for (int e = lane; e < experts; e += 32) sum += expf(to_float(row[e]) - max);
     sum = warp_sum(sum);
     if (lane == 0) {
       chosen[t] = e1;
-      gates[t] = 1.0f / sum;
+      gates[t] = expf(l1 - max) / sum;
     }
     return;
   }
-  const std::int32_t e2 = warp_best(row, experts, e1, lane);
+  const std::int32_t e2 = warp_best(row, bias, experts, e1, lane);
   if (lane == 0) {
     float g1, g2;
     moe::top2_gates(l1, to_float(row[e2]), g1, g2);
@@ -111,14 +118,14 @@ unsigned blocks_for_tokens(std::int64_t tokens) {
 }  // namespace
 
 void launch_router_topk(const RouterDesc& desc, const void* logits, std::int32_t* experts, float* gates,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const float* bias) {
   check_router(desc);
   SG_CHECK(logits != nullptr && experts != nullptr && gates != nullptr,
            "router_topk: logits, experts and gates must not be null");
   moe::with_float_type(desc.logits_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     router_topk_kernel<T><<<blocks_for_tokens(desc.tokens), kWarpsPerBlock * 32, 0, stream>>>(
-        static_cast<const T*>(logits), desc.tokens, static_cast<int>(desc.experts), desc.topk, experts, gates);
+        static_cast<const T*>(logits), bias, desc.tokens, static_cast<int>(desc.experts), desc.topk, experts, gates);
   });
   SG_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,10 +1,13 @@
 #include "layers/moe_mlp.h"
 
+#include <cmath>
+
 #include "engine/error.h"
 #include "kernels/moe_routing.h"
 #include "layers/layer_checks.h"
 #include "ops/activation_ops.h"
 #include "ops/collective_ops.h"
+#include "ops/moe_balance_ops.h"
 #include "ops/moe_exchange_ops.h"
 
 namespace stepgraph {
@@ -24,6 +27,10 @@ const MoEMLPConfig& checked(Context& ctx, const std::string& name, const MoEMLPC
              tp->world_size(), " tensor-parallel ranks (each rank holds ffn / N of every expert); pick an ffn that "
              "is a multiple of the tensor-parallel world size");
   }
+  SG_CHECK(std::isfinite(config.aux_loss_coef) && config.aux_loss_coef >= 0.0f, "MoEMLP '", name,
+           "': aux_loss_coef must be finite and >= 0 (0: no auxiliary loss), got ", config.aux_loss_coef);
+  SG_CHECK(std::isfinite(config.bias_update_rate) && config.bias_update_rate >= 0.0f, "MoEMLP '", name,
+           "': bias_update_rate must be finite and >= 0 (0: no expert bias), got ", config.bias_update_rate);
   if (ep != nullptr) {
     // See Note [Expert-parallel MoE] for what is refused and why.
     SG_CHECK_CODE(tp == nullptr, ErrorCode::kUnsupported, "MoEMLP '", name,
@@ -83,6 +90,16 @@ MoEMLP::MoEMLP(Context& ctx, const std::string& name, const MoEMLPConfig& config
            "MoEMLP '", name, "': the router has ", router_.config().out_features, " outputs but the experts are ",
            fc1_.config().experts, " and ", fc2_.config().experts, "; they must all be ", config.experts);
   routing_error_ = ctx.persistent(name + ".routing_error", {Shape{1}, DType::kInt32});
+  if (config.bias_update_rate > 0.0f) {
+    expert_bias_ = ctx.persistent(name + ".expert_bias", {Shape{config.experts}, DType::kFloat32});
+    const std::vector<float> zeros(static_cast<std::size_t>(config.experts), 0.0f);
+    ctx.copy_from_host(expert_bias_, zeros.data(), zeros.size() * sizeof(float));
+  }
+}
+
+std::vector<StateTensor> MoEMLP::state() const {
+  if (!expert_bias_.defined()) return {};
+  return {{name_ + ".expert_bias", expert_bias_}};
 }
 
 std::vector<GroupedLinear*> MoEMLP::fp8_experts() {
@@ -116,8 +133,11 @@ MoEMLP::Forward MoEMLP::forward(Context& ctx, const FwdArgs& args) const {
   const Linear::Forward router = router_.forward(ctx, {tokens});
   s.router = router.saved;
   s.logits = router.y;
-  s.routed = ops::router_topk(ctx, s.logits, config_.topk);
+  s.routed = ops::router_topk(ctx, s.logits, config_.topk, expert_bias_);  // the bias steers the choice only
   s.plan = ops::moe_plan(ctx, s.routed.experts, routing_error_, config_.experts);
+  if (config_.aux_loss_coef > 0.0f) {
+    out.aux_loss = ops::router_aux_loss(ctx, s.logits, s.plan.splits, aux_params());
+  }
   const Tensor x_perm = ops::moe_permute(ctx, tokens, s.plan.sources);
   // The experts' rows and splits: this rank's, or under expert parallelism
   // every rank's rows for this rank's experts (See Note [Expert-parallel MoE]).
@@ -177,7 +197,12 @@ Tensor MoEMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   // The normed rows reach the output through the experts (summed back over
   // the k copies: permute's backward) and through the router's gates.
   const Tensor d_normed_experts = ops::moe_unpermute(ctx, d_x_perm, saved.plan.positions);
-  const Tensor d_logits = ops::router_topk_backward(ctx, unpermuted.dgates, saved.logits, saved.routed);
+  Tensor d_logits = ops::router_topk_backward(ctx, unpermuted.dgates, saved.logits, saved.routed);
+  if (config_.aux_loss_coef > 0.0f) {
+    d_logits = ops::router_aux_loss_backward(ctx, d_logits, saved.logits, saved.plan.splits, balance_.loss_scale,
+                                             aux_params());
+  }
+  update_expert_bias(ctx, saved);
   const Tensor d_normed_router = router_.backward(ctx, saved.router, {d_logits});
   if (tp_ == nullptr) {
     return norm_.backward(ctx, saved.norm,
@@ -192,6 +217,19 @@ Tensor MoEMLP::backward(Context& ctx, const Saved& saved, const BwdArgs& args) c
   // gamma and beta saw only this rank's tokens.
   ops::all_reduce_many_(ctx, *tp_, norm_.gradients(), ReduceOp::kSum);
   return dx;
+}
+
+ops::AuxLossParams MoEMLP::aux_params() const {
+  return {.coef = config_.aux_loss_coef, .topk = config_.topk, .grad_factor = balance_.loss_factor};
+}
+
+void MoEMLP::update_expert_bias(Context& ctx, const Saved& saved) const {
+  if (!expert_bias_.defined()) return;
+  // Every rank of the group adds the same loads, so every rank's bias moves alike.
+  const Tensor loads = balance_.load_group != nullptr
+                           ? ops::all_reduce(ctx, *balance_.load_group, saved.plan.splits, ReduceOp::kSum)
+                           : saved.plan.splits;
+  ops::expert_bias_update_(ctx, expert_bias_, loads, {.rate = config_.bias_update_rate});
 }
 
 void MoEMLP::check_errors(Context& ctx) const {

@@ -8,7 +8,8 @@
 // Dropless: every token reaches its k experts (no capacity). Gates: See Note
 // [Router top-k and gates] in kernels/moe_routing.h (k = 2 renormalizes over
 // the two chosen experts). The router's gradient flows through the gates; the
-// expert choice itself has none. No auxiliary load-balancing loss.
+// expert choice itself has none. Optional load balancing: See Note [MoE load
+// balancing].
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include "layers/linear.h"
 #include "layers/norm.h"
 #include "layers/parameter.h"
+#include "ops/moe_balance_ops.h"
 #include "ops/moe_ops.h"
 
 namespace stepgraph {
@@ -118,6 +120,51 @@ namespace stepgraph {
 // experts: not built), and FP8 experts under EP (each rank's tensor-wise
 // scales would cover only its experts and rows, so the products would not be
 // the one-rank layer's).
+// Note [MoE load balancing]
+// Two methods, each off by default and on by a config value:
+// - The Switch auxiliary loss (aux_loss_coef = coef > 0):
+//     aux = coef E sum_e f_e P_e
+//   f_e: the fraction of the layer's T k (token, slot) assignments routed to
+//   expert e (the plan's splits / (T k): no gradient), P_e: the mean router
+//   probability of e over the T tokens (softmax of the unbiased logits:
+//   differentiable). Its gradient (kernels/moe_balance.h) is added to the
+//   router's d logits in the backward, times the factor the language-model
+//   loss's gradient carries (MoEBalanceSetup: 1/N over N data-parallel
+//   ranks, and the dynamic loss scale S where the optimizer keeps one), so
+//   the step minimizes loss + aux. f and P are each rank's, over the tokens it
+//   routes (Switch's and Megatron's default): under data or expert
+//   parallelism every rank's aux is of its own tokens and the summed
+//   gradients are those of the ranks' mean aux, as with the loss; under
+//   tensor parallelism every rank routes all the group's tokens, so every
+//   rank computes the same aux and the same router gradient. The forward
+//   returns the value (Forward::aux_loss, fp32 [1]); it is reported beside
+//   the loss, never added to it.
+// - Auxiliary-loss-free balancing (DeepSeek-V3; bias_update_rate = rate > 0):
+//   a persistent per-expert bias b fp32 [E], starting at 0, is added to the
+//   router logits for the top-k choice only; the gates are the unbiased
+//   logits' (Note [Router top-k and gates]), so the bias has no gradient and
+//   the router's backward is unchanged. At the end of the layer's backward,
+//   on the device, b_e += rate * sign(mean load - load_e), load_e the
+//   (token, slot) assignments to e in the step summed over
+//   MoEBalanceSetup::load_group (an int32 all-reduce of the splits: the
+//   step's gradient group, so every rank keeps the same bias; under expert
+//   parallelism ep_counts already holds every EP rank's splits, but the
+//   group may be wider (EP x DP), so the all-reduce serves both). The sign
+//   compares integers, exact on every rank. The next step's choice reads
+//   the new bias; a step the optimizer skips as non-finite still moves it
+//   (its counts are finite). The bias is a StateTensor ("<name>.expert_bias"):
+//   checkpoints hold it and a resume continues exactly.
+struct MoEBalanceSetup {
+  // The group the expert loads are summed over (the step's data-parallel
+  // group); null: this rank's loads alone.
+  Communicator* load_group = nullptr;
+  // The aux loss gradient's factor: the language-model loss's (1/N over N
+  // data-parallel ranks).
+  float loss_factor = 1.0f;
+  // fp32 [3] dynamic loss-scale state (AdamW::loss_scale_state), or undefined.
+  Tensor loss_scale;
+};
+
 struct MoEMLPConfig {
   std::int64_t hidden = 0;
   std::int64_t ffn = 0;  // per expert
@@ -136,6 +183,11 @@ struct MoEMLPConfig {
   // gradients are the same bits. FP8 experts save fc2's input quantized and
   // ignore it.
   bool recompute_activation = false;
+  // Load balancing (Note [MoE load balancing]): the Switch auxiliary loss's
+  // coefficient (0: off; Switch used 1e-2) and the expert bias's update rate
+  // (0: no bias; DeepSeek-V3 used 1e-3).
+  float aux_loss_coef = 0.0f;
+  float bias_update_rate = 0.0f;
 };
 
 class MoEMLP {
@@ -166,6 +218,7 @@ class MoEMLP {
   struct Forward {
     Tensor y;  // [tokens, hidden]
     Saved saved;
+    Tensor aux_loss;  // fp32 [1] with aux_loss_coef > 0 (Note [MoE load balancing]); else undefined
   };
   // dy, and optionally the residual stream's gradient (the input's shape),
   // returned added to dx: the norm's own arguments, its backward fuses the add.
@@ -188,6 +241,13 @@ class MoEMLP {
   void check_errors(Context& ctx) const;
 
   const MoEMLPConfig& config() const { return config_; }
+  // How the balancing meets the step (Note [MoE load balancing]); the step
+  // sets it once, before tracing. The default: one rank, factor 1.
+  void set_balance(const MoEBalanceSetup& setup) { balance_ = setup; }
+  // The expert bias, fp32 [E] (undefined with bias_update_rate 0).
+  const Tensor& expert_bias() const { return expert_bias_; }
+  // The expert bias as checkpoint state; empty without it.
+  std::vector<StateTensor> state() const;
   Communicator* tensor_parallel() const { return tp_; }
   Communicator* expert_parallel() const { return ep_; }
   std::vector<Parameter*> parameters();
@@ -199,6 +259,9 @@ class MoEMLP {
 
  private:
   int ranks() const { return tp_ != nullptr ? tp_->world_size() : 1; }
+  ops::AuxLossParams aux_params() const;
+  // The bias update at the end of the backward (Note [MoE load balancing]).
+  void update_expert_bias(Context& ctx, const Saved& saved) const;
 
   std::string name_;
   MoEMLPConfig config_;
@@ -209,6 +272,8 @@ class MoEMLP {
   GroupedLinear fc1_;  // column-parallel when sharded; this rank's experts under EP
   GroupedLinear fc2_;  // row-parallel when sharded; this rank's experts under EP
   Tensor routing_error_;  // int32 [1], the plan's error word
+  Tensor expert_bias_;    // fp32 [E]: Note [MoE load balancing]
+  MoEBalanceSetup balance_;
 };
 
 }  // namespace stepgraph

@@ -34,11 +34,13 @@ void check_matrix(std::string_view op, const char* what, const TensorMeta& meta)
 template <typename F>
 struct RouterOperands {
   F logits;  // [T, E]
+  F bias;    // fp32 [E], optional: added for the choice only
 };
 
 template <typename F, typename V>
 void visit_operands(const TopkParams&, RouterOperands<F>& o, V& v) {
   v({"logits"}, o.logits);
+  v.optional_last({"bias"}, o.bias);
 }
 
 template <typename F>
@@ -196,6 +198,9 @@ std::vector<TensorMeta> check_router_topk(const OpParams& params, std::span<cons
   check_matrix(kRouter, "logits", o.logits);
   const kernels::RouterDesc desc = router_desc(p, o.logits);
   kernels::check_router(desc);
+  if (operand_layout<RouterOperands>(p, in.size()).at.bias >= 0) {
+    check_meta(kRouter, "the expert bias", o.bias, {Shape{desc.experts}, DType::kFloat32});
+  }
   const Shape out{desc.tokens, desc.topk};
   return output_metas(p, RouterOutputs<TensorMeta>{.experts = {out, DType::kInt32}, .gates = {out, DType::kFloat32}});
 }
@@ -301,7 +306,7 @@ const OpDef& router_topk_op() {
             const auto o = bind_args<RouterOperands>(p, a);
             const auto out = bind_outputs<RouterOutputs>(p, a);
             kernels::launch_router_topk(router_desc(p, *o.logits.meta), o.logits.data, out.experts.as<std::int32_t>(),
-                                        out.gates.as<float>(), s);
+                                        out.gates.as<float>(), s, o.bias.as<const float>());
           },
       .run_host =
           [](const OpParams& params, const KernelArgs& a) {
@@ -309,7 +314,7 @@ const OpDef& router_topk_op() {
             const auto o = bind_args<RouterOperands>(p, a);
             const auto out = bind_outputs<RouterOutputs>(p, a);
             kernels::host::router_topk(router_desc(p, *o.logits.meta), o.logits.data, out.experts.as<std::int32_t>(),
-                                       out.gates.as<float>());
+                                       out.gates.as<float>(), o.bias.as<const float>());
           },
   };
   return op;
@@ -465,10 +470,10 @@ const OpDef& moe_unpermute_backward_op() {
 }
 SG_REGISTER_OP(moe_unpermute_backward_op);
 
-RouterResult router_topk(Context& ctx, const Tensor& logits, int topk) {
+RouterResult router_topk(Context& ctx, const Tensor& logits, int topk, const Tensor& bias) {
   const TopkParams params{topk};
   auto out = bind_results<RouterOutputs>(
-      params, ctx.call(router_topk_op(), params, flatten(kRouter, params, RouterOperands<Tensor>{logits})));
+      params, ctx.call(router_topk_op(), params, flatten(kRouter, params, RouterOperands<Tensor>{logits, bias})));
   out.experts.set_name("router.experts");
   out.gates.set_name("router.gates");
   return {.experts = out.experts, .gates = out.gates};

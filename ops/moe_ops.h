@@ -59,7 +59,9 @@ struct UnpermuteGrads {
 };
 
 // logits [T, E] (bf16, fp16, fp32); topk 1 or 2 (See Note [Router top-k and gates]).
-RouterResult router_topk(Context& ctx, const Tensor& logits, int topk);
+// bias fp32 [E] (optional): added to the logits for the choice only (Note
+// [MoE load balancing] in layers/moe_mlp.h).
+RouterResult router_topk(Context& ctx, const Tensor& logits, int topk, const Tensor& bias = {});
 Tensor router_topk_backward(Context& ctx, const Tensor& dgates, const Tensor& logits, const RouterResult& routed);
 
 // experts int32 [T, k] -> the stable permutation (See Note [Stable permutation]).

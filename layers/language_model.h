@@ -107,6 +107,7 @@ class LanguageModel {
   std::vector<StateTensor> state() const { return stack_.state(); }  // FP8 scaling state, for checkpoints
   std::int64_t non_finite_amaxes(Context& ctx) const { return stack_.non_finite_amaxes(ctx); }
   void set_fp8_amax_group(Communicator* group) { stack_.set_fp8_amax_group(group); }
+  void set_moe_balance(const MoEBalanceSetup& setup) { stack_.set_moe_balance(setup); }  // the stack's
   // parameters() in consecutive groups: the embedding, then the
   // ResidualStack's groups.
   std::vector<std::size_t> parameter_group_sizes();

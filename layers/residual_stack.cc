@@ -12,6 +12,7 @@
 #include "kernels/moe_routing.h"
 #include "ops/collective_ops.h"
 #include "ops/dropout_ops.h"
+#include "ops/elementwise_ops.h"
 #include "ops/stream_ops.h"
 
 namespace stepgraph {
@@ -97,7 +98,9 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
                              .eps = config.eps,
                              .dtype = config.dtype,
                              .fp8 = config.fp8,
-                             .recompute_activation = config.recompute_activation};
+                             .recompute_activation = config.recompute_activation,
+                             .aux_loss_coef = config.moe_aux_loss_coef,
+                             .bias_update_rate = config.moe_bias_update_rate};
       block.moe = std::make_unique<MoEMLP>(ctx, name, moe, seed, tensor_parallel, expert_parallel);
     } else {
       block.dense = std::make_unique<LayerNormMLP>(ctx, name, dense_mlp_config(config), seed, tensor_parallel);
@@ -214,6 +217,11 @@ std::vector<StateTensor> ResidualStack::state() const {
   for (const GroupedLinear* experts : fp8_experts()) {
     for (StateTensor& t : experts->state()) out.push_back(std::move(t));
   }
+  for (const Block& block : blocks_) {
+    if (block.moe) {
+      for (StateTensor& t : block.moe->state()) out.push_back(std::move(t));
+    }
+  }
   return out;
 }
 
@@ -248,6 +256,9 @@ ResidualStack::Forward ResidualStack::forward(Context& ctx, const Tensor& x, con
       MoEMLP::Forward f = block.moe->forward(ctx, {h});
       y = f.y;
       saved.mlp = std::move(f.saved);
+      if (f.aux_loss.defined()) {
+        out.saved.aux_loss = out.saved.aux_loss.defined() ? ops::add(ctx, out.saved.aux_loss, f.aux_loss) : f.aux_loss;
+      }
     } else {
       LayerNormMLP::Forward f = block.dense->forward(ctx, {h});
       y = f.y;
@@ -350,6 +361,12 @@ void ResidualStack::check_errors(Context& ctx) const {
     if (block.moe) block.moe->check_errors(ctx);
   }
   if (config_.fp8) check_non_finite_amaxes(non_finite_amaxes(ctx), *config_.fp8, "ResidualStack");
+}
+
+void ResidualStack::set_moe_balance(const MoEBalanceSetup& setup) {
+  for (Block& block : blocks_) {
+    if (block.moe) block.moe->set_balance(setup);
+  }
 }
 
 void ResidualStack::set_fp8_amax_group(Communicator* group) {

@@ -104,6 +104,10 @@ struct ResidualStackConfig {
   std::int64_t experts = 0;
   std::int64_t topk = 2;
   std::int64_t moe_every = 2;
+  // Every MoE block's load balancing (MoEMLPConfig's aux_loss_coef and
+  // bias_update_rate; Note [MoE load balancing] in layers/moe_mlp.h): 0 is off.
+  float moe_aux_loss_coef = 0.0f;
+  float moe_bias_update_rate = 0.0f;
   // Attention: with heads > 0 every block is a TransformerLayer whose
   // MultiheadAttention has `heads` query heads of hidden / heads features,
   // kv_heads key/value heads (0: heads; fewer: grouped-query attention) and
@@ -159,6 +163,9 @@ class ResidualStack {
     std::vector<BlockSaved> blocks;
     Norm::Saved final_norm;
     VocabParallelHead::Saved head;
+    // The MoE blocks' auxiliary losses summed, fp32 [1] (undefined without
+    // moe_aux_loss_coef): for reporting, the backward does not read it.
+    Tensor aux_loss;
   };
   struct Forward {
     Tensor logits;  // [tokens, vocab] ([all tokens, vocab / N] tensor-parallel)
@@ -225,8 +232,8 @@ class ResidualStack {
 
   const ResidualStackConfig& config() const { return config_; }
   std::vector<Parameter*> parameters();
-  // Every block's FP8 scaling state and the dropout generator's state
-  // (StateTensor): for checkpoints.
+  // Every block's FP8 scaling state, the dropout generator's state and the
+  // MoE blocks' expert biases (StateTensor): for checkpoints.
   std::vector<StateTensor> state() const;
   // The dropout generator's {seed, counter}, int64 [2] (undefined without dropout).
   const Tensor& rng_state() const { return rng_; }
@@ -236,6 +243,9 @@ class ResidualStack {
   // FP8 delayed scaling under data parallelism: every block's amaxes
   // max-all-reduced over `group` (Linear::set_amax_group); TrainStep sets it.
   void set_fp8_amax_group(Communicator* group);
+  // Every MoE block's load-balancing setup (Note [MoE load balancing] in
+  // layers/moe_mlp.h); TrainStep sets it.
+  void set_moe_balance(const MoEBalanceSetup& setup);
   // parameters() in consecutive groups: per block its attention (with
   // attention) and its MLP, then the final norm, the head. The backward
   // finishes them in reverse order.

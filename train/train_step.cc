@@ -24,6 +24,7 @@ class TrainStep::ModelSide {
  public:
   struct Forward {
     Tensor logits;  // [rows, vocab]
+    Tensor aux_loss;  // the MoE blocks' auxiliary losses summed, fp32 [1]; undefined without
     // Writes every parameter gradient from d loss / d logits, calling `ready`
     // as each parameter group's gradients become final.
     std::function<void(const Tensor& dlogits, const GradientsReady& ready)> backward;
@@ -50,6 +51,8 @@ class TrainStep::ModelSide {
   virtual void check_model_errors(Context& ctx) const = 0;
   // FP8 delayed scaling's amaxes reduced over the data-parallel group.
   virtual void set_fp8_amax_group(Communicator* group) = 0;
+  // The MoE blocks' load balancing (Note [MoE load balancing] in layers/moe_mlp.h).
+  virtual void set_moe_balance(const MoEBalanceSetup& setup) = 0;
 
  protected:
   // With attention: a persistent cu_seqlens [sequences + 1], filled with
@@ -92,6 +95,10 @@ class TrainStep::ModelSide {
 
 namespace {
 
+// Where each model kind's forward keeps its stack's summed auxiliary loss.
+const Tensor& aux_loss_of(const ResidualStack::Saved& saved) { return saved.aux_loss; }
+const Tensor& aux_loss_of(const LanguageModel::Saved& saved) { return saved.stack.aux_loss; }
+
 std::int64_t checked_rows(std::int64_t rows, const char* what) {
   SG_CHECK(rows > 0, "TrainStep: ", what, " must be > 0, got ", rows);
   return rows;
@@ -105,7 +112,9 @@ class ModelSideOf : public TrainStep::ModelSide {
  public:
   Forward forward(Context& ctx) const final {
     typename M::Forward f = model_forward(ctx);
-    return {f.logits, [&ctx, this, saved = std::move(f.saved)](const Tensor& dlogits, const GradientsReady& ready) {
+    const Tensor aux = aux_loss_of(f.saved);
+    return {f.logits, aux,
+            [&ctx, this, saved = std::move(f.saved)](const Tensor& dlogits, const GradientsReady& ready) {
               model_.backward(ctx, saved, dlogits, ready);
             }};
   }
@@ -114,6 +123,7 @@ class ModelSideOf : public TrainStep::ModelSide {
   std::vector<Parameter*> expert_parameters() final { return model_.expert_parameters(); }
   void check_model_errors(Context& ctx) const final { model_.check_errors(ctx); }
   void set_fp8_amax_group(Communicator* group) final { model_.set_fp8_amax_group(group); }
+  void set_moe_balance(const MoEBalanceSetup& setup) final { model_.set_moe_balance(setup); }
 
  protected:
   explicit ModelSideOf(M& model) : model_(model) {}
@@ -329,6 +339,24 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
     reported = ops::all_reduce(ctx, *data_parallel_, share, ReduceOp::kSum);
   }
   reported.set_name("loss");
+  // The MoE blocks' balancing (Note [MoE load balancing] in layers/moe_mlp.h):
+  // the aux loss's gradient carries the loss's factors, the expert loads are
+  // summed over the gradient group. Set here, where the optimizer's loss
+  // scaling is final; a plain value the traced ops take as parameters.
+  model_->set_moe_balance(
+      {.load_group = data_parallel_,
+       .loss_factor = 1.0f / static_cast<float>(ranks),
+       .loss_scale = optimizer_.scales_loss() ? optimizer_.loss_scale_state() : Tensor()});
+  std::vector<Tensor> outputs{reported};
+  if (forward.aux_loss.defined()) {  // reported like the loss: the ranks' mean
+    Tensor aux = forward.aux_loss;
+    if (data_parallel_ != nullptr) {
+      aux = ops::all_reduce(ctx, *data_parallel_, ops::axpy(ctx, ops::fill(ctx, aux.meta(), 0.0f), aux, 1.0f / ranks),
+                            ReduceOp::kSum);
+    }
+    aux.set_name("aux_loss");
+    outputs.push_back(aux);
+  }
   // Note [Non-finite steps] (optim/adamw.h): this rank's loss is checked too.
   if (optimizer_.skips_nonfinite()) optimizer_.flag_nonfinite(ctx, loss.loss);
   // Note [Loss scaling] (kernels/step_guard.h): the backward starts from S times the loss gradient.
@@ -336,7 +364,7 @@ std::vector<Tensor> TrainStep::operator()(Context& ctx) const {
   backward_and_update(
       ctx, optimizer_, [&](const GradientsReady& ready) { forward.backward(loss.dlogits, ready); }, data_parallel_,
       stack.tensor_parallel(), rank_local_, expert_data_parallel_);
-  return {reported};
+  return outputs;
 }
 
 void TrainStep::check_errors(Context& ctx) const {

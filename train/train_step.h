@@ -145,7 +145,13 @@ class TrainStep {
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
 
-  // One training step; returns {loss} (fp32 scalar, the mean over the rows).
+  // One training step; returns {loss} (fp32 scalar, the mean over the rows),
+  // and with MoE load balancing's auxiliary loss on (ResidualStackConfig's
+  // moe_aux_loss_coef) {loss, aux_loss}: the MoE blocks' auxiliary losses
+  // summed, averaged over the data-parallel ranks like the loss, reported
+  // only (the loss stays the language model's; the aux loss's gradient is
+  // in the step: Note [MoE load balancing] in layers/moe_mlp.h). The expert
+  // biases' update runs inside the step too.
   // The same call runs eager or is traced.
   std::vector<Tensor> operator()(Context& ctx) const;
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/error.h"
@@ -15,23 +15,14 @@ namespace {
 
 std::string ep_system_name(StepMode mode, int world_size) { return parallel_system_name(mode, "ep", world_size); }
 
-bool is_leader(const Communicator* world) { return world == nullptr || world->rank() == 0; }
+constexpr std::string_view kFlag = "step_bench --ep";
 
 // Runs one mode on this rank and combines it with every rank's.
 RankedResult run_row(const StepConfig& config, StepMode mode, const StepRunOptions& options, Communicator* world,
                      const std::string& what) {
-  if (is_leader(world)) std::cerr << "step_bench --ep: " << what << " ..." << std::endl;
-  const ModeResult mine = run_mode(config, mode, options);
-  std::vector<ModeResult> all;
-  for (const std::string& text : gather(world, mode_result_to_json(mine).dump(), "results of " + what)) {
-    all.push_back(mode_result_from_json(nlohmann::json::parse(text)));
-  }
-  RankedResult out = combine_ranks(all);
-  if (is_leader(world)) {
-    std::cerr << "step_bench --ep: " << what << ": median " << out.combined.step_us.median_us / 1000.0
-              << " ms, first loss " << (out.combined.first_losses.empty() ? NAN : out.combined.first_losses.front())
-              << std::endl;
-  }
+  log_row_start(kFlag, world, what);
+  RankedResult out = combine_ranks(gather_results(world, run_mode(config, mode, options), what));
+  log_row_done(kFlag, world, what, out.combined);
   return out;
 }
 
@@ -55,27 +46,6 @@ void prime(const StepConfig& config, const StepRunOptions& alone, const StepRunO
   }
 }
 
-// The expert-parallel step's first loss is the mean of the ranks' losses on
-// their own batches at the initial parameters; each rank alone computed its own.
-nlohmann::json mean_loss_check(const RankedResult& alone, const RankedResult& parallel) {
-  double mean = 0;
-  for (const float loss : alone.rank_first_loss) mean += loss;
-  mean /= static_cast<double>(std::max<std::size_t>(alone.rank_first_loss.size(), 1));
-  const double got = parallel.combined.first_losses.empty() ? NAN : parallel.combined.first_losses.front();
-  const double diff = std::fabs(got - mean);
-  return {{"baseline_rank_first_losses", alone.rank_first_loss},
-          {"baseline_mean_first_loss", mean},
-          {"ep_first_loss", got},
-          {"abs_diff", diff},
-          {"agrees", diff <= 1e-4 * std::max(1.0, std::fabs(mean))}};
-}
-
-// Whether every rank of a row logged the same first loss (the group's mean).
-bool ranks_agree(const RankedResult& row) {
-  const std::vector<float>& losses = row.rank_first_loss;
-  return std::all_of(losses.begin(), losses.end(), [&](float l) { return l == losses.front(); });
-}
-
 // One row (Note [Expert-parallel rows]): system_json's fields per GPU, the
 // rank spread, the experts a rank holds, and against the ep1 row the scaling.
 nlohmann::json ep_row_json(const StepConfig& config, StepMode mode, int world_size, const RankedResult& r,
@@ -87,24 +57,7 @@ nlohmann::json ep_row_json(const StepConfig& config, StepMode mode, int world_si
   out["rank_median_us"] = r.rank_median_us;
   out["rank_first_loss"] = r.rank_first_loss;
   out["global_tokens_per_s"] = world_size * out["tokens_per_s"].get<double>();
-  const double median = r.combined.step_us.median_us;
-  const double pipelined = r.combined.pipelined_step_us;
-  if (baseline != nullptr) {
-    const double base = baseline->combined.step_us.median_us;
-    const double base_pipelined = baseline->combined.pipelined_step_us;
-    out["baseline_system"] = ep_system_name(mode, 1);
-    out["scaling_efficiency"] = base / median;
-    out["pipelined_scaling_efficiency"] = base_pipelined / pipelined;
-    out["exposed_comm_us"] = median - base;
-    out["exposed_comm_fraction"] = (median - base) / median;
-    out["pipelined_exposed_comm_us"] = pipelined - base_pipelined;
-    out["pipelined_exposed_comm_fraction"] = (pipelined - base_pipelined) / pipelined;
-  } else {
-    for (const char* key : {"baseline_system", "scaling_efficiency", "pipelined_scaling_efficiency", "exposed_comm_us",
-                            "exposed_comm_fraction", "pipelined_exposed_comm_us", "pipelined_exposed_comm_fraction"}) {
-      out[key] = nullptr;
-    }
-  }
+  add_scaling_fields(out, r, baseline, ep_system_name(mode, 1));
   if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
   add_profile_fields(out, r.combined);
   return out;
@@ -118,8 +71,10 @@ void check_expert_parallel_config(const StepConfig& config, int ranks) {
            " has no experts (a dense GPT; expert parallelism spreads MoE blocks' experts over the ranks); leave it "
            "out of --configs (moe runs; on --device host, moe_tiny)");
   SG_CHECK(config.model.experts % ranks == 0, "--ep ", ranks, ": config ", config.name, "'s ", config.model.experts,
-           " experts do not divide by --ep ", ranks, " (each rank holds experts / --ep whole experts); give --ep a "
-           "divisor of ", config.model.experts);
+           " experts do not divide by --ep ", ranks,
+           " (each rank holds experts / --ep whole experts); give --ep a "
+           "divisor of ",
+           config.model.experts);
 }
 
 nlohmann::json ep_config_json(const StepConfig& config, const ExpertParallelResults& results) {
@@ -147,8 +102,10 @@ nlohmann::json ep_config_json(const StepConfig& config, const ExpertParallelResu
     loss_check[ep_system_name(StepMode::kGraph, n)] = results.parallel_graph->combined.first_losses;
     // The group's loss is on every rank (the ep1 ranks train alone: nothing to agree on).
     loss_check["ranks_agree"] = ranks_agree(*results.parallel_eager) && ranks_agree(*results.parallel_graph);
-    out["ep_loss_check"] = {{"eager", mean_loss_check(results.alone_eager, *results.parallel_eager)},
-                            {"graph", mean_loss_check(results.alone_graph, *results.parallel_graph)}};
+    // The expert-parallel step's first loss is the mean of the ranks' losses on their own batches at the initial
+    // parameters; each rank alone computed its own.
+    out["ep_loss_check"] = {{"eager", mean_first_loss_check(results.alone_eager, *results.parallel_eager, "ep")},
+                            {"graph", mean_first_loss_check(results.alone_graph, *results.parallel_graph, "ep")}};
   } else {
     loss_check["ranks_agree"] = true;
   }
@@ -214,15 +171,14 @@ nlohmann::json expert_parallel_header(int world_size, const Communicator* world)
       {"baseline",
        "stepgraph_<mode>_ep1: every rank trains the whole config (every expert) alone on its own GPU and its own "
        "batch (no communicator), all ranks at the same time, on the same Context layout as the expert-parallel step"},
-      {"timing",
-       "the ranks meet before each timed sample; a sample is the largest over the ranks of their step + "
-       "synchronize; pipelined: the largest over the ranks of `steps` steps and one synchronize, / steps"},
+      {"timing", kParallelTimingText},
       {"formulas",
        {{"tokens_per_s", "per GPU: tokens / median step time"},
         {"global_tokens_per_s", "world_size x tokens_per_s"},
         {"scaling_efficiency", "median step time(ep1) / median step time(epN), same mode"},
-        {"exposed_comm_us", "median step time(epN) - median step time(ep1), same mode (net of the expert updates "
-                            "EP saves: may be negative)"},
+        {"exposed_comm_us",
+         "median step time(epN) - median step time(ep1), same mode (net of the expert updates "
+         "EP saves: may be negative)"},
         {"exposed_comm_fraction", "exposed_comm_us / median step time(epN) = 1 - scaling_efficiency"}}},
       {"goal", "graphed epN scaling_efficiency >= 0.9"},
       {"rows", "Note [Expert-parallel rows] in benchmarks/expert_parallel_step_runner.h"},
@@ -267,8 +223,9 @@ std::string ep_config_line(const nlohmann::json& c) {
   if (c.contains("ep_loss_check")) {
     for (const char* mode : {"eager", "graph"}) {
       const nlohmann::json& d = c["ep_loss_check"][mode];
-      line += detail::concat("; ", mode, " first loss vs the ranks' mean alone: ",
-                             d["agrees"].get<bool>() ? "agrees" : "DIFFERS", " (", d["abs_diff"].get<double>(), ")");
+      line += detail::concat("; ", mode,
+                             " first loss vs the ranks' mean alone: ", d["agrees"].get<bool>() ? "agrees" : "DIFFERS",
+                             " (", d["abs_diff"].get<double>(), ")");
     }
   }
   return line;

@@ -3,11 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <random>
@@ -29,12 +27,6 @@
 
 namespace stepgraph::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double microseconds_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-}
 
 LanguageModelConfig language_model_config(const StepConfig& config, const StepRunOptions& options) {
   LanguageModelConfig out;
@@ -118,25 +110,17 @@ OneRankPipeline one_rank_pipeline(Device device) {
   return out;
 }
 
-bool is_leader(const Communicator* world) { return world == nullptr || world->rank() == 0; }
+constexpr std::string_view kFlag = "step_bench --pp";
 
 // Runs one row's mode on this rank and gathers every rank's result.
 PipelineRowResult run_row(const StepConfig& config, StepMode mode, const StepRunOptions& options,
                           Communicator& pipeline, const PipelineRunOptions& pipeline_options, Communicator* world,
                           const std::string& what) {
-  if (is_leader(world)) std::cerr << "step_bench --pp: " << what << " ..." << std::endl;
-  const ModeResult mine = run_pipeline_mode(config, mode, options, pipeline, pipeline_options);
+  log_row_start(kFlag, world, what);
   PipelineRowResult row;
-  for (const std::string& text : gather(world, mode_result_to_json(mine).dump(), "results of " + what)) {
-    row.ranks.push_back(mode_result_from_json(nlohmann::json::parse(text)));
-  }
+  row.ranks = gather_results(world, run_pipeline_mode(config, mode, options, pipeline, pipeline_options), what);
   row.combined = combine_ranks(row.ranks);
-  if (is_leader(world)) {
-    std::cerr << "step_bench --pp: " << what << ": median " << row.combined.combined.step_us.median_us / 1000.0
-              << " ms, first loss "
-              << (row.combined.combined.first_losses.empty() ? NAN : row.combined.combined.first_losses.front())
-              << std::endl;
-  }
+  log_row_done(kFlag, world, what, row.combined.combined);
   return row;
 }
 
@@ -242,12 +226,6 @@ nlohmann::json first_loss_check(const PipelineRowResult& alone, const PipelineRo
           {"agrees", diff <= 1e-4 * std::max(1.0, std::fabs(base))}};
 }
 
-// Whether every rank of a row logged the same first loss (it is broadcast to every stage).
-bool ranks_agree(const PipelineRowResult& row) {
-  const std::vector<float>& losses = row.combined.rank_first_loss;
-  return std::all_of(losses.begin(), losses.end(), [&](float l) { return l == losses.front(); });
-}
-
 }  // namespace
 
 std::string pipeline_schedule_name(int virtual_stages) { return virtual_stages > 1 ? "interleaved 1F1B" : "1F1B"; }
@@ -314,66 +292,9 @@ ModeResult run_pipeline_mode(const StepConfig& config, StepMode mode, const Step
   PipelineTrainStep step(stages, optimizer);
   load_microbatches(ctx, stages, draw_batch(config, microbatches, options.data_seed), microbatches, config.seq_len);
 
-  std::shared_ptr<CapturedStep> captured;
-  std::function<Tensor()> run_one = [&] { return step(ctx).at(0); };
-  if (mode == StepMode::kGraph) {
-    const Clock::time_point start = Clock::now();
-    captured = CapturedStep::capture(
-        ctx, [&] { return step(ctx); },
-        {.pool_report_policy = PoolReportPolicy::kError, .communicators = stages.communicators()});
-    r.capture_wall_ms = microseconds_since(start) / 1000.0;
-    r.capture = captured->timings();
-    r.pool_peak_by_op = pool_by_producer(captured->program(), captured->plan());
-    r.pool_bytes = captured->plan().pool_bytes;
-    r.pool_lower_bound_bytes = captured->plan().lower_bound_bytes;
-    run_one = [&] {
-      captured->replay();
-      return captured->outputs().at(0);
-    };
-  }
-  const auto read_loss = [&](const Tensor& loss) { return ctx.to_vector<float>(loss).at(0); };
-
-  Tensor loss;
-  const int checked = std::min(options.loss_check_steps, options.warmup);
-  for (int i = 0; i < options.warmup; ++i) {
-    loss = run_one();
-    if (i < checked) r.first_losses.push_back(read_loss(loss));
-  }
-  ctx.synchronize();
-  stages.check_errors(ctx);
-
-  r.samples_us.reserve(static_cast<std::size_t>(options.steps));
-  for (int i = 0; i < options.steps; ++i) {
-    meet(options.timed_with, "timed step");
-    const Clock::time_point start = Clock::now();
-    loss = run_one();
-    ctx.synchronize();
-    r.samples_us.push_back(microseconds_since(start));
-  }
-  r.step_us = summarize(r.samples_us);
-
-  meet(options.timed_with, "pipelined steps");
-  const Clock::time_point start = Clock::now();
-  for (int i = 0; i < options.steps; ++i) loss = run_one();
-  ctx.synchronize();
-  r.pipelined_step_us = microseconds_since(start) / options.steps;
-
-  if (options.profile && captured) {
-    const StepProfile profile = captured->profile();
-    r.profile = profile.to_string();
-    r.profile_exposed_comm_us = profile.exposed_communication_us;
-    r.profile_total_us = profile.total_us;
-  }
-  if (options.cuda_profiler_range && captured) {
-    cuda_profiler_start();
-    loss = run_one();
-    ctx.synchronize();
-    cuda_profiler_stop();
-  }
-  r.final_loss = read_loss(loss);
-  SG_CHECK_CODE(std::isfinite(r.final_loss), ErrorCode::kInternal, "config ", config.name, " at --pp ",
-                pipeline.world_size(), ": the loss after ", options.warmup + 2 * options.steps,
-                " steps is not finite (", r.final_loss, ")");
+  time_step(
+      ctx, mode, options, [&] { return step(ctx); }, stages.communicators(), [&] { stages.check_errors(ctx); },
+      detail::concat("config ", config.name, " at --pp ", pipeline.world_size()), r);
   const MemoryStats stats = ctx.memory_stats();
   r.persistent_bytes = stats.persistent_bytes;
   r.persistent_breakdown = persistent_breakdown(stages, optimizer, stats.persistent_bytes);
@@ -419,7 +340,7 @@ nlohmann::json pipeline_config_json(const StepConfig& config, const PipelineResu
                             {"graph", first_loss_check(results.alone_graph, *results.pipeline_graph)}};
   }
   // The pipeline broadcasts its loss to every stage (the pp1 ranks train alone: nothing to agree on).
-  loss_check["ranks_agree"] = ranks_agree(top_eager) && ranks_agree(top_graph);
+  loss_check["ranks_agree"] = ranks_agree(top_eager.combined) && ranks_agree(top_graph.combined);
   out["loss_check"] = loss_check;
 
   nlohmann::json systems = nlohmann::json::array();
@@ -486,9 +407,7 @@ nlohmann::json pipeline_parallel_header(int world_size, const PipelineRunOptions
       {"baseline",
        "stepgraph_<mode>_pp1: every rank trains the whole GPT alone on its GPU over the same M microbatches (one "
        "stage, no transfers), all ranks at the same time"},
-      {"timing",
-       "the ranks meet before each timed sample; a sample is the largest over the ranks of their step + "
-       "synchronize; pipelined: the largest over the ranks of `steps` steps and one synchronize, / steps"},
+      {"timing", kParallelTimingText},
       {"formulas",
        {{"measured_bubble_fraction",
          "1 - median(pp1) / (P x median(ppP)), same mode: the schedule's bubble plus the transfers not hidden, the "

@@ -411,9 +411,7 @@ int run_parallel(const Options& options, Device device, const std::vector<StepCo
       {"baseline",
        "stepgraph_<mode>_dp1: every rank trains the config alone on its own GPU (no communicator, no collective), "
        "all ranks at the same time, on the same Context layout as the data-parallel step"},
-      {"timing",
-       "the ranks meet before each timed sample; a sample is the largest over the ranks of their step + "
-       "synchronize; pipelined: the largest over the ranks of `steps` steps and one synchronize, / steps"},
+      {"timing", kParallelTimingText},
       {"formulas",
        {{"tokens_per_s", "per GPU: tokens / median step time"},
         {"global_tokens_per_s", "world_size x tokens_per_s"},

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,8 +19,8 @@
 #include "engine/error.h"
 #include "engine/half_precision.h"
 #include "graphs/planner.h"
-#include "optim/adamw.h"
 #include "layers/residual_stack.h"
+#include "optim/adamw.h"
 #include "train/context_parallel_batch.h"
 #include "train/train_step.h"
 
@@ -70,6 +71,70 @@ void load_cp_packing(Context& ctx, const TrainStep& step, const StepConfig& conf
 float read_loss(Context& ctx, const Tensor& loss) { return ctx.to_vector<float>(loss).at(0); }
 
 }  // namespace
+
+// See Note [How a step is timed].
+void time_step(Context& ctx, StepMode mode, const StepRunOptions& options, const CapturedStep::StepFunction& step,
+               const std::vector<Communicator*>& communicators, const std::function<void()>& check_errors,
+               std::string_view what, ModeResult& r) {
+  std::shared_ptr<CapturedStep> captured;
+  std::function<Tensor()> run_one = [&] { return step().at(0); };
+  if (mode == StepMode::kGraph) {
+    const Clock::time_point start = Clock::now();
+    captured = CapturedStep::capture(ctx, step,
+                                     {.pool_report_policy = PoolReportPolicy::kError, .communicators = communicators});
+    r.capture_wall_ms = microseconds_since(start) / 1000.0;
+    r.capture = captured->timings();
+    r.pool_peak_by_op = pool_by_producer(captured->program(), captured->plan());
+    r.pool_bytes = captured->plan().pool_bytes;
+    r.pool_lower_bound_bytes = captured->plan().lower_bound_bytes;
+    run_one = [&] {
+      captured->replay();
+      return captured->outputs().at(0);
+    };
+  }
+
+  Tensor loss;
+  const int checked = std::min(options.loss_check_steps, options.warmup);
+  for (int i = 0; i < options.warmup; ++i) {
+    loss = run_one();
+    if (i < checked) r.first_losses.push_back(read_loss(ctx, loss));
+  }
+  ctx.synchronize();
+  check_errors();
+
+  std::vector<double>& samples = r.samples_us;
+  samples.reserve(static_cast<std::size_t>(options.steps));
+  for (int i = 0; i < options.steps; ++i) {
+    meet(options.timed_with, "timed step");
+    const Clock::time_point start = Clock::now();
+    loss = run_one();
+    ctx.synchronize();
+    samples.push_back(microseconds_since(start));
+  }
+  r.step_us = summarize(samples);
+
+  meet(options.timed_with, "pipelined steps");
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < options.steps; ++i) loss = run_one();
+  ctx.synchronize();
+  r.pipelined_step_us = microseconds_since(start) / options.steps;
+
+  if (options.profile && captured) {
+    const StepProfile profile = captured->profile();
+    r.profile = profile.to_string();
+    r.profile_exposed_comm_us = profile.exposed_communication_us;
+    r.profile_total_us = profile.total_us;
+  }
+  if (options.cuda_profiler_range && captured) {
+    cuda_profiler_start();
+    loss = run_one();
+    ctx.synchronize();
+    cuda_profiler_stop();
+  }
+  r.final_loss = read_loss(ctx, loss);
+  SG_CHECK_CODE(std::isfinite(r.final_loss), ErrorCode::kInternal, what, ": the loss after ",
+                options.warmup + 2 * options.steps, " steps is not finite (", r.final_loss, ")");
+}
 
 // Device bytes in use now (cudaMemGetInfo on the current device, the one a
 // Context uses: step_bench selects the rank's GPU before anything else).
@@ -129,10 +194,10 @@ namespace {
 // ModeResult::persistent_breakdown of a model and its optimizer, `total` the
 // context's persistent bytes, so a report can say what each GiB is.
 std::map<std::string, std::int64_t> persistent_breakdown(const ResidualStack& model,
-                                                         const std::vector<Parameter*>& params,
-                                                         const AdamW& optimizer, std::int64_t total) {
-  std::map<std::string, std::int64_t> out{{"masters", 0}, {"gradients", 0}, {"moments", 0}, {"copies", 0},
-                                          {"fp8_state", 0}};
+                                                         const std::vector<Parameter*>& params, const AdamW& optimizer,
+                                                         std::int64_t total) {
+  std::map<std::string, std::int64_t> out{
+      {"masters", 0}, {"gradients", 0}, {"moments", 0}, {"copies", 0}, {"fp8_state", 0}};
   for (const Parameter* p : params) {
     if (p->grad.defined()) out["gradients"] += p->grad.bytes();  // none between steps where step-scoped
     if (!optimizer.sharded()) out["masters"] += p->master.bytes();
@@ -198,12 +263,13 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   SG_CHECK(options.expert_parallel == nullptr || (tp == 1 && cp == 1 && options.data_parallel == nullptr), "config ",
            config.name, ": --ep together with --tp, --cp or --dp is not benchmarked yet");
   SG_CHECK(config.tokens % (2 * cp) == 0, "config ", config.name, ": its ", config.tokens,
-           " tokens do not cut into 2 x ", cp, " context-parallel chunks (Note [Context-parallel token layout]); "
+           " tokens do not cut into 2 x ", cp,
+           " context-parallel chunks (Note [Context-parallel token layout]); "
            "give --cp a value whose double divides them");
   // Context-parallel, the CP group is the step's gradient group (DP x CP with DP = 1), and each rank's rows are
   // tokens / cp; the packing, the group's, is written below (a sequence may span the ranks).
   // Expert-parallel, the EP group is the step's gradient group (Note [Expert-parallel ResidualStack]).
-  Communicator* gradient_group = cp > 1                                ? options.context_parallel
+  Communicator* gradient_group = cp > 1                               ? options.context_parallel
                                  : options.expert_parallel != nullptr ? options.expert_parallel
                                                                       : options.data_parallel;
   TrainStep step(ctx, model, optimizer, config.tokens / tp / cp, gradient_group, options.dp_mode,
@@ -212,65 +278,9 @@ ModeResult run_mode(const StepConfig& config, StepMode mode, const StepRunOption
   load_batch(ctx, step, config, options.data_seed, cp, cp > 1 ? options.context_parallel->rank() : 0);
   if (cp > 1) load_cp_packing(ctx, step, config);
 
-  std::shared_ptr<CapturedStep> captured;
-  std::function<Tensor()> run_one = [&] { return step(ctx).at(0); };
-  if (mode == StepMode::kGraph) {
-    const Clock::time_point start = Clock::now();
-    captured =
-        CapturedStep::capture(ctx, [&] { return step(ctx); },
-                              {.pool_report_policy = PoolReportPolicy::kError, .communicators = step.communicators()});
-    r.capture_wall_ms = microseconds_since(start) / 1000.0;
-    r.capture = captured->timings();
-    r.pool_peak_by_op = pool_by_producer(captured->program(), captured->plan());
-    r.pool_bytes = captured->plan().pool_bytes;
-    r.pool_lower_bound_bytes = captured->plan().lower_bound_bytes;
-    run_one = [&] {
-      captured->replay();
-      return captured->outputs().at(0);
-    };
-  }
-
-  Tensor loss;
-  const int checked = std::min(options.loss_check_steps, options.warmup);
-  for (int i = 0; i < options.warmup; ++i) {
-    loss = run_one();
-    if (i < checked) r.first_losses.push_back(read_loss(ctx, loss));
-  }
-  ctx.synchronize();
-  step.check_errors(ctx);
-
-  std::vector<double>& samples = r.samples_us;
-  samples.reserve(static_cast<std::size_t>(options.steps));
-  for (int i = 0; i < options.steps; ++i) {
-    meet(options.timed_with, "timed step");
-    const Clock::time_point start = Clock::now();
-    loss = run_one();
-    ctx.synchronize();
-    samples.push_back(microseconds_since(start));
-  }
-  r.step_us = summarize(samples);
-
-  meet(options.timed_with, "pipelined steps");
-  const Clock::time_point start = Clock::now();
-  for (int i = 0; i < options.steps; ++i) loss = run_one();
-  ctx.synchronize();
-  r.pipelined_step_us = microseconds_since(start) / options.steps;
-
-  if (options.profile && captured) {
-    const StepProfile profile = captured->profile();
-    r.profile = profile.to_string();
-    r.profile_exposed_comm_us = profile.exposed_communication_us;
-    r.profile_total_us = profile.total_us;
-  }
-  if (options.cuda_profiler_range && captured) {
-    cuda_profiler_start();
-    loss = run_one();
-    ctx.synchronize();
-    cuda_profiler_stop();
-  }
-  r.final_loss = read_loss(ctx, loss);
-  SG_CHECK_CODE(std::isfinite(r.final_loss), ErrorCode::kInternal, "config ", config.name, ": the loss after ",
-                options.warmup + 2 * options.steps, " steps is not finite (", r.final_loss, ")");
+  time_step(
+      ctx, mode, options, [&] { return step(ctx); }, step.communicators(), [&] { step.check_errors(ctx); },
+      detail::concat("config ", config.name), r);
   const MemoryStats stats = ctx.memory_stats();
   r.persistent_bytes = stats.persistent_bytes;
   r.persistent_breakdown = persistent_breakdown(model, model.parameters(), optimizer, stats.persistent_bytes);
@@ -473,7 +483,7 @@ RankedResult combine_ranks(const std::vector<ModeResult>& ranks) {
     }
     out.rank_median_us.push_back(summarize(m.samples_us).median_us);
     if (m.profile_total_us > 0 && (c.profile_total_us <= 0 || m.profile_exposed_comm_us * c.profile_total_us >
-                                                                   c.profile_exposed_comm_us * m.profile_total_us)) {
+                                                                  c.profile_exposed_comm_us * m.profile_total_us)) {
       c.profile_exposed_comm_us = m.profile_exposed_comm_us;  // the rank with the largest exposed share
       c.profile_total_us = m.profile_total_us;
     }
@@ -497,6 +507,66 @@ std::string parallel_system_name(StepMode mode, std::string_view kind, int world
   return detail::concat(mode == StepMode::kEager ? "stepgraph_eager" : "stepgraph_graph", "_", kind, world_size);
 }
 
+bool is_leader(const Communicator* world) { return world == nullptr || world->rank() == 0; }
+
+std::vector<ModeResult> gather_results(Communicator* world, const ModeResult& mine, std::string_view what) {
+  std::vector<ModeResult> all;
+  for (const std::string& text : gather(world, mode_result_to_json(mine).dump(), detail::concat("results of ", what))) {
+    all.push_back(mode_result_from_json(nlohmann::json::parse(text)));
+  }
+  return all;
+}
+
+void log_row_start(std::string_view flag, const Communicator* world, std::string_view what) {
+  if (is_leader(world)) std::cerr << flag << ": " << what << " ..." << std::endl;
+}
+
+void log_row_done(std::string_view flag, const Communicator* world, std::string_view what, const ModeResult& row) {
+  if (!is_leader(world)) return;
+  std::cerr << flag << ": " << what << ": median " << row.step_us.median_us / 1000.0 << " ms, first loss "
+            << (row.first_losses.empty() ? NAN : row.first_losses.front()) << std::endl;
+}
+
+void add_scaling_fields(nlohmann::json& out, const RankedResult& r, const RankedResult* baseline,
+                        const std::string& baseline_name) {
+  const double median = r.combined.step_us.median_us;
+  const double pipelined = r.combined.pipelined_step_us;
+  if (baseline != nullptr) {
+    const double base = baseline->combined.step_us.median_us;
+    const double base_pipelined = baseline->combined.pipelined_step_us;
+    out["baseline_system"] = baseline_name;
+    out["scaling_efficiency"] = base / median;
+    out["pipelined_scaling_efficiency"] = base_pipelined / pipelined;
+    out["exposed_comm_us"] = median - base;
+    out["exposed_comm_fraction"] = (median - base) / median;
+    out["pipelined_exposed_comm_us"] = pipelined - base_pipelined;
+    out["pipelined_exposed_comm_fraction"] = (pipelined - base_pipelined) / pipelined;
+  } else {
+    for (const char* key : {"baseline_system", "scaling_efficiency", "pipelined_scaling_efficiency", "exposed_comm_us",
+                            "exposed_comm_fraction", "pipelined_exposed_comm_us", "pipelined_exposed_comm_fraction"}) {
+      out[key] = nullptr;
+    }
+  }
+}
+
+nlohmann::json mean_first_loss_check(const RankedResult& alone, const RankedResult& parallel, std::string_view kind) {
+  double mean = 0;
+  for (const float loss : alone.rank_first_loss) mean += loss;
+  mean /= static_cast<double>(std::max<std::size_t>(alone.rank_first_loss.size(), 1));
+  const double got = parallel.combined.first_losses.empty() ? NAN : parallel.combined.first_losses.front();
+  const double diff = std::fabs(got - mean);
+  return {{"baseline_rank_first_losses", alone.rank_first_loss},
+          {"baseline_mean_first_loss", mean},
+          {detail::concat(kind, "_first_loss"), got},
+          {"abs_diff", diff},
+          {"agrees", diff <= 1e-4 * std::max(1.0, std::fabs(mean))}};
+}
+
+bool ranks_agree(const RankedResult& row) {
+  const std::vector<float>& losses = row.rank_first_loss;
+  return std::all_of(losses.begin(), losses.end(), [&](float l) { return l == losses.front(); });
+}
+
 namespace {
 
 std::string dp_system_name(StepMode mode, int world_size) { return parallel_system_name(mode, "dp", world_size); }
@@ -512,42 +582,10 @@ nlohmann::json dp_system_json(const StepConfig& config, StepMode mode, int world
   out["dp_mode"] = dp_mode ? nlohmann::json(std::string(data_parallel_mode_name(*dp_mode))) : nullptr;
   out["rank_median_us"] = r.rank_median_us;
   out["global_tokens_per_s"] = world_size * out["tokens_per_s"].get<double>();
-  const double median = r.combined.step_us.median_us;
-  const double pipelined = r.combined.pipelined_step_us;
-  if (baseline != nullptr) {
-    const double base = baseline->combined.step_us.median_us;
-    const double base_pipelined = baseline->combined.pipelined_step_us;
-    out["baseline_system"] = dp_system_name(mode, baseline_world);
-    out["scaling_efficiency"] = base / median;
-    out["pipelined_scaling_efficiency"] = base_pipelined / pipelined;
-    out["exposed_comm_us"] = median - base;
-    out["exposed_comm_fraction"] = (median - base) / median;
-    out["pipelined_exposed_comm_us"] = pipelined - base_pipelined;
-    out["pipelined_exposed_comm_fraction"] = (pipelined - base_pipelined) / pipelined;
-  } else {
-    for (const char* key : {"baseline_system", "scaling_efficiency", "pipelined_scaling_efficiency", "exposed_comm_us",
-                            "exposed_comm_fraction", "pipelined_exposed_comm_us", "pipelined_exposed_comm_fraction"}) {
-      out[key] = nullptr;
-    }
-  }
+  add_scaling_fields(out, r, baseline, dp_system_name(mode, baseline_world));
   if (mode == StepMode::kGraph) add_graph_fields(out, r.combined);
   add_profile_fields(out, r.combined);
   return out;
-}
-
-// The data-parallel step's first loss is the mean of the ranks' losses at the
-// initial parameters; each rank's alone-run (dp1) computed its own.
-nlohmann::json dp_loss_check(const RankedResult& baseline, const RankedResult& dp) {
-  double mean = 0;
-  for (const float loss : baseline.rank_first_loss) mean += loss;
-  mean /= static_cast<double>(baseline.rank_first_loss.size());
-  const double got = dp.combined.first_losses.empty() ? NAN : dp.combined.first_losses.front();
-  const double diff = std::fabs(got - mean);
-  return {{"baseline_rank_first_losses", baseline.rank_first_loss},
-          {"baseline_mean_first_loss", mean},
-          {"dp_first_loss", got},
-          {"abs_diff", diff},
-          {"agrees", diff <= 1e-4 * std::max(1.0, std::fabs(mean))}};
 }
 
 }  // namespace
@@ -576,8 +614,9 @@ nlohmann::json dp_config_json(const StepConfig& config, const DataParallelResult
   if (n > 1) {
     loss_check[dp_system_name(StepMode::kEager, n)] = results.dp_eager->combined.first_losses;
     loss_check[dp_system_name(StepMode::kGraph, n)] = results.dp_graph->combined.first_losses;
-    out["dp_loss_check"] = {{"eager", dp_loss_check(results.baseline_eager, *results.dp_eager)},
-                            {"graph", dp_loss_check(results.baseline_graph, *results.dp_graph)}};
+    // The data-parallel step's first loss is the mean of the ranks' losses at the initial parameters.
+    out["dp_loss_check"] = {{"eager", mean_first_loss_check(results.baseline_eager, *results.dp_eager, "dp")},
+                            {"graph", mean_first_loss_check(results.baseline_graph, *results.dp_graph, "dp")}};
   }
   out["loss_check"] = loss_check;
 
@@ -601,12 +640,7 @@ namespace {
 // Runs one mode on this rank and combines it with every rank's.
 RankedResult run_everywhere(const StepConfig& config, StepMode mode, const StepRunOptions& options, Communicator* world,
                             std::string_view what) {
-  const ModeResult mine = run_mode(config, mode, options);
-  std::vector<ModeResult> all;
-  for (const std::string& text : gather(world, mode_result_to_json(mine).dump(), detail::concat("results of ", what))) {
-    all.push_back(mode_result_from_json(nlohmann::json::parse(text)));
-  }
-  return combine_ranks(all);
+  return combine_ranks(gather_results(world, run_mode(config, mode, options), what));
 }
 
 }  // namespace

@@ -55,8 +55,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -310,6 +310,17 @@ nlohmann::json run_cp_config(const StepConfig& config, const StepRunOptions& opt
 
 // ---- Pieces the parallel runners share (also pipeline_step_runner.h) ----
 
+// Runs `step` (its outputs' first: the loss) in `mode` and measures it (Note
+// [How a step is timed]): graphed, captures it first with `communicators`;
+// then the warm-up (the first losses kept), check_errors(), the timed
+// samples and the pipelined steps (meeting options.timed_with), the profile
+// and the profiler range where asked. Fills r's capture, pool, loss, sample
+// and profile fields; Error naming `what` (e.g. "config tiny") when the final
+// loss is not finite.
+void time_step(Context& ctx, StepMode mode, const StepRunOptions& options, const CapturedStep::StepFunction& step,
+               const std::vector<Communicator*>& communicators, const std::function<void()>& check_errors,
+               std::string_view what, ModeResult& r);
+
 // Every rank's bytes, in rank order (just `mine` in a world of one, `world`
 // null). The exchange carries `what`: ranks at different exchanges get an
 // Error naming both.
@@ -330,12 +341,39 @@ void add_profile_fields(nlohmann::json& out, const ModeResult& r);
 std::pair<bool, double> compare_losses(const std::vector<float>& a, const std::vector<float>& b);
 // stepgraph_<eager|graph>_<kind><world size>.
 std::string parallel_system_name(StepMode mode, std::string_view kind, int world_size);
+// Whether this rank writes the progress lines and the summary: rank 0 of
+// `world`, or the only rank (`world` null).
+bool is_leader(const Communicator* world);
+// Every rank's result of one mode, in rank order (each sent as JSON); the
+// exchange carries "results of <what>".
+std::vector<ModeResult> gather_results(Communicator* world, const ModeResult& mine, std::string_view what);
+// Progress lines on stderr from the leader, `flag` their prefix (e.g.
+// "step_bench --ep"): "<what> ..." before a row, its median and first loss
+// after (`row` the combined result).
+void log_row_start(std::string_view flag, const Communicator* world, std::string_view what);
+void log_row_done(std::string_view flag, const Communicator* world, std::string_view what, const ModeResult& row);
+// A weak-scaling row's fields against its baseline row of the same mode
+// (Note [Data-parallel rows]): baseline_system (`baseline_name`),
+// scaling_efficiency, exposed_comm_us, exposed_comm_fraction and their
+// pipelined_ variants; every one null where `baseline` is null.
+void add_scaling_fields(nlohmann::json& out, const RankedResult& r, const RankedResult* baseline,
+                        const std::string& baseline_name);
+// A weak-scaling row's first loss against the mean of the ranks' first
+// losses alone (the same tokens, the same initial parameters):
+// {baseline_rank_first_losses, baseline_mean_first_loss, <kind>_first_loss,
+// abs_diff, agrees (within 1e-4 relative)}.
+nlohmann::json mean_first_loss_check(const RankedResult& alone, const RankedResult& parallel, std::string_view kind);
+// Whether every rank of a row logged the same first loss.
+bool ranks_agree(const RankedResult& row);
+// How the parallel rows are timed, in the words of step_bench's JSON header.
+inline constexpr const char* kParallelTimingText =
+    "the ranks meet before each timed sample; a sample is the largest over the ranks of their step + synchronize; "
+    "pipelined: the largest over the ranks of `steps` steps and one synchronize, / steps";
 // {steps, compared, identical, max_abs_diff} of two rows' first losses.
 nlohmann::json parallel_loss_check(const RankedResult& eager, const RankedResult& graph, const std::string& eager_name,
                                    const std::string& graph_name);
 // body() in a world of one catches an exception into the config's not_run
 // or failed JSON; at `world_size` > 1 the exception propagates.
-nlohmann::json run_or_failed_row(const StepConfig& config, int world_size,
-                                 const std::function<nlohmann::json()>& body);
+nlohmann::json run_or_failed_row(const StepConfig& config, int world_size, const std::function<nlohmann::json()>& body);
 
 }  // namespace stepgraph::bench

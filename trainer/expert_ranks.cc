@@ -46,9 +46,9 @@ ExpertRanks expert_ranks(const TrainerOptions& o, int rank, int ranks) {
              ranks, "; start ", o.ep * o.dp, " ranks (--nproc-per-node ", o.ep * o.dp,
              " or a launcher), or leave --dp out (the world / --ep replicas)");
   } else {
-    SG_CHECK(ranks % o.ep == 0, "--ep ", o.ep, " needs a world of a multiple of ", o.ep, " ranks (--ep x --dp: ",
-             o.ep, " expert-parallel ranks in each data-parallel replica), but this run has ", ranks, "; start ",
-             o.ep, " x --dp ranks (--nproc-per-node or a launcher), or pass an --ep that divides ", ranks);
+    SG_CHECK(ranks % o.ep == 0, "--ep ", o.ep, " needs a world of a multiple of ", o.ep, " ranks (--ep x --dp: ", o.ep,
+             " expert-parallel ranks in each data-parallel replica), but this run has ", ranks, "; start ", o.ep,
+             " x --dp ranks (--nproc-per-node or a launcher), or pass an --ep that divides ", ranks);
   }
   ExpertRanks e;
   e.ep = static_cast<int>(o.ep);
@@ -101,33 +101,33 @@ std::string expert_setup_line(const ExpertRanks& e, const ExpertGroups& groups, 
   const std::int64_t routed = tokens * topk;
   const bool peer = ep.peer_transport() == PeerTransport::kPeerCopy;
   const std::string captured =
-      peer ? fmt::format("a captured step copies the counted rows straight into the owning rank's pool (peer copies: "
-                         "{}), an eager step sends the padded all-to-all of the bound by send/recv",
-                         ep.peer_transport_reason())
+      peer ? fmt::format(
+                 "a captured step copies the counted rows straight into the owning rank's pool (peer copies: "
+                 "{}), an eager step sends the padded all-to-all of the bound by send/recv",
+                 ep.peer_transport_reason())
            : fmt::format("the padded all-to-all of the bound by send/recv, captured or eager (no peer copies: {})",
                          ep.peer_transport_reason());
   const std::string blocks =
       moe_blocks == 1 ? std::string("the one MoE block") : fmt::format("each of the {} MoE blocks", moe_blocks);
-  const std::string rows = fmt::format("each rank trains its own {} {} of the global batch", e.rows,
-                                       sequences ? "sequences" : "examples");
-  const std::string exchange = fmt::format("({} routed rows a rank, received into {} rows a block whatever the "
-                                           "routing: nothing dropped)",
-                                           routed, e.ep * routed);
+  const std::string rows =
+      fmt::format("each rank trains its own {} {} of the global batch", e.rows, sequences ? "sequences" : "examples");
+  const std::string exchange = fmt::format(
+      "({} routed rows a rank, received into {} rows a block whatever the "
+      "routing: nothing dropped)",
+      routed, e.ep * routed);
   if (e.dp == 1) {
     return fmt::format(
         "expert parallel: {} ranks ({}), experts {} in {}; {}; the replicated parameters' gradients are summed over "
         "the {} ranks, the experts' stay on their rank; the exchange: {} {}\n",
-        e.ep, ep.describe(),
-        listed(e.ep, [&](int r) { return fmt::format("{} on rank {}", experts_of(r), r); }), blocks, rows, e.ep,
-        captured, exchange);
+        e.ep, ep.describe(), listed(e.ep, [&](int r) { return fmt::format("{} on rank {}", experts_of(r), r); }),
+        blocks, rows, e.ep, captured, exchange);
   }
   return fmt::format(
       "expert x data parallel: {} ranks ({}), {} expert-parallel x {} replicas, expert parallelism innermost; the "
       "replicas' expert-parallel groups: {}; experts {} (each set an expert-data-parallel group) in {}; this rank "
       "({}) is EP rank {} of replica {} ({}; {}); {}; the replicated parameters' gradients are summed over the {} "
       "ranks, each expert's over the {} ranks holding it; the exchange, within a replica: {} {}\n",
-      e.ep * e.dp, world.describe(), e.ep, e.dp,
-      listed(e.dp, [&](int d) { return rank_set(d * e.ep, 1, e.ep); }),
+      e.ep * e.dp, world.describe(), e.ep, e.dp, listed(e.dp, [&](int d) { return rank_set(d * e.ep, 1, e.ep); }),
       listed(e.ep, [&](int r) { return fmt::format("{} on ranks {}", experts_of(r), rank_set(r, e.ep, e.dp)); }),
       blocks, e.rank, e.ep_rank(), e.replica(), ep.describe(), groups.expert_data_parallel->describe(), rows,
       e.ep * e.dp, e.dp, captured, exchange);

@@ -5,6 +5,7 @@
 // (benchmarks/nccl_all_to_all.h), under uniform and skewed routing.
 //
 //   torchrun --no-python --nproc-per-node 2 bin/ep_exchange_bench --out ep_exchange_bench.json
+//   ... bin/ep_exchange_bench --copy-blocks 8,16,32,64,132 ...   # the peer copy's thread blocks, swept
 //   ep_exchange_bench --device host --config moe_tiny --reference none ...   # two host processes: a smoke run
 //
 // Rows, per routing (Note [Exchange bandwidth] in ep_exchange_plan.h):
@@ -20,6 +21,14 @@
 //                                the row. The goal's row;
 //   stepgraph_graph_with_counts  the same with ep_counts captured too (the
 //                                all-gather of the splits a step makes);
+//   stepgraph_graph_blocksN      stepgraph_graph with the peer copy's kernel
+//                                on N thread blocks (EpPeerOptions::blocks;
+//                                stepgraph_graph runs the op's default), one
+//                                row per N of --copy-blocks (default: the
+//                                op's default alone); the routing's
+//                                best_copy_blocks names the fastest. The
+//                                padded exchange has no copy kernel: there N
+//                                changes nothing;
 //   stepgraph_eager              dispatch and combine launched from the host
 //                                (the padded exchange over NCCL: eager calls
 //                                take no peer window);
@@ -40,6 +49,7 @@
 // before NCCL starts). Rank 0 prints and writes the JSON.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -50,7 +60,9 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -66,6 +78,7 @@
 #include "engine/error.h"
 #include "engine/peer_window.h"
 #include "graphs/captured_step.h"
+#include "kernels/moe_exchange_peer.h"
 #include "launch/join.h"
 #include "launch/launch_env.h"
 #include "ops/moe_exchange_ops.h"
@@ -84,6 +97,7 @@ struct Options {
   int warmup = 5;
   int iters = 10;
   int timeout_s = 300;
+  std::string copy_blocks = std::to_string(ops::EpPeerOptions{}.blocks);  // as given; copy_block_counts checks it
   std::string out;
 };
 
@@ -96,6 +110,26 @@ std::vector<std::string> split_list(const std::string& text) {
     if (comma == std::string::npos) return out;
     start = comma + 1;
   }
+}
+
+// --copy-blocks "8,16,32" -> {8, 16, 32}: whole numbers in [1, kMaxEpPeerCopyBlocks], each once, in the order given.
+std::vector<int> copy_block_counts(const std::string& text) {
+  constexpr int kMax = kernels::kMaxEpPeerCopyBlocks;
+  std::vector<int> out;
+  std::set<int> seen;
+  for (const std::string& item : split_list(text)) {
+    int blocks = 0;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), blocks);
+    SG_CHECK_CODE(!item.empty() && error == std::errc() && end == item.data() + item.size(),
+                  ErrorCode::kInvalidArgument, "--copy-blocks: '", item, "' in '", text,
+                  "' is not a whole number of thread blocks; pass a comma-separated list, e.g. 8,16,32,64,", kMax);
+    SG_CHECK_CODE(blocks >= 1 && blocks <= kMax, ErrorCode::kInvalidArgument, "--copy-blocks: ", blocks,
+                  " thread blocks is outside [1, ", kMax, "], the peer copy's range (EpPeerOptions::blocks)");
+    SG_CHECK_CODE(seen.insert(blocks).second, ErrorCode::kInvalidArgument, "--copy-blocks: ", blocks,
+                  " appears twice in '", text, "'; name each count once");
+    out.push_back(blocks);
+  }
+  return out;
 }
 
 std::vector<double> as_doubles(const std::string& text) {
@@ -123,6 +157,7 @@ struct System {
   std::function<bool()> round_trip_is_x;  // after an exchange: combine(dispatch(x)) == x
   std::int64_t bytes_moved_per_rank = 0;   // on the links, dispatch and combine
   std::vector<double> samples_us;
+  int copy_blocks = 0;  // a captured exchange's peer copy's thread blocks; 0: none
 };
 
 void take_sample(System& s, Communicator& world, int iters) {
@@ -161,6 +196,7 @@ int run(const Options& options) {
   const StepConfig config = step_config(options.config);
   const std::vector<std::string> routings = split_list(options.routings);
   for (const std::string& routing : routings) (void)routing_splits(routing, 1, 1);  // names checked up front
+  const std::vector<int> copy_blocks = copy_block_counts(options.copy_blocks);
   SG_CHECK(options.samples >= 1 && options.warmup >= 0 && options.iters >= 1, "--samples and --iters must be >= 1 ",
            "and --warmup >= 0, got ", options.samples, ", ", options.iters, " and ", options.warmup);
   SG_CHECK(config.model.experts > 0, "--config ", config.name,
@@ -173,7 +209,7 @@ int run(const Options& options) {
            " experts do not divide by the ", n, " ranks");
   const std::string tag = detail::concat("ep_exchange_bench --config ", config.name, " --routings ", options.routings,
                                          " --samples ", options.samples, " --iters ", options.iters, " --reference ",
-                                         options.reference ? "nccl" : "none");
+                                         options.reference ? "nccl" : "none", " --copy-blocks ", options.copy_blocks);
   JoinedWorld joined = join_world(options.device, tag, std::chrono::seconds(options.timeout_s), launch);
   Communicator& world = *joined.comm;
   const bool leader = world.rank() == 0;
@@ -194,9 +230,10 @@ int run(const Options& options) {
   // Random rows (every second byte 0x3C: finite bf16 values); the exchange moves bytes, checked bit for bit.
   for (std::size_t i = 0; i < x_host.size(); ++i) x_host[i] = i % 2 == 1 ? 0x3C : static_cast<std::uint8_t>(rng());
   ctx.copy_from_host(x, x_host.data(), x_host.size());
-  const auto dispatch_and_combine = [&](const Tensor& with_counts) -> std::vector<Tensor> {
-    const ops::EpDispatch d = ops::ep_dispatch(ctx, world, x, with_counts);
-    return {ops::ep_combine(ctx, world, d.rows, with_counts)};
+  const auto dispatch_and_combine = [&](const Tensor& with_counts,
+                                        const ops::EpPeerOptions& peer = {}) -> std::vector<Tensor> {
+    const ops::EpDispatch d = ops::ep_dispatch(ctx, world, x, with_counts, peer);
+    return {ops::ep_combine(ctx, world, d.rows, with_counts, peer)};
   };
   const std::int64_t windows_before = world.window_transfers();
   const CaptureOptions capture_options{.pool_report_policy = PoolReportPolicy::kError, .communicators = {&world}};
@@ -204,6 +241,12 @@ int run(const Options& options) {
       CapturedStep::capture(ctx, [&] { return dispatch_and_combine(counts); }, capture_options);
   std::shared_ptr<CapturedStep> captured_with_counts = CapturedStep::capture(
       ctx, [&] { return dispatch_and_combine(ops::ep_counts(ctx, world, splits)); }, capture_options);
+  // The sweep of the copy's thread blocks: a captured step each (the count is in the ops' params, so in the key).
+  std::vector<std::shared_ptr<CapturedStep>> captured_by_blocks;
+  for (const int blocks : copy_blocks) {
+    captured_by_blocks.push_back(CapturedStep::capture(
+        ctx, [&] { return dispatch_and_combine(counts, ops::EpPeerOptions{.blocks = blocks}); }, capture_options));
+  }
   std::map<std::string, int> captured_ops;
   const std::string transport = graph_transport(captured->program(), world, captured_ops);
   const auto round_trip_is_x = [&](const Tensor& y) {
@@ -253,6 +296,8 @@ int run(const Options& options) {
        "--iters; a sample is the slowest rank's; the systems alternate sample by sample"},
       {"bytes", "Note [Exchange bandwidth] in benchmarks/ep_exchange_plan.h"},
       {"goal", "stepgraph_graph ratio_vs_nccl >= 0.8 (the same rows moved)"},
+      {"copy_blocks", copy_blocks},
+      {"default_copy_blocks", ops::EpPeerOptions{}.blocks},
       {"routings", nlohmann::json::array()},
   };
   if (leader) {
@@ -283,11 +328,13 @@ int run(const Options& options) {
     // The bytes each system puts on the links a rank: the padded exchange the bound, the others the routed rows.
     const std::int64_t graph_bytes = transport == "peer_copy" ? bytes.cross_rank_bytes_max : bytes.padded_bytes;
     const auto sync = [&] { ctx.synchronize(); };
+    const int default_blocks = ops::EpPeerOptions{}.blocks;
     std::vector<System> systems;
     systems.push_back({"stepgraph_graph", transport, [&] { captured->replay(); }, sync,
-                       [&] { return round_trip_is_x(captured->outputs().at(0)); }, graph_bytes, {}});
+                       [&] { return round_trip_is_x(captured->outputs().at(0)); }, graph_bytes, {}, default_blocks});
     systems.push_back({"stepgraph_graph_with_counts", transport, [&] { captured_with_counts->replay(); }, sync,
-                       [&] { return round_trip_is_x(captured_with_counts->outputs().at(0)); }, graph_bytes, {}});
+                       [&] { return round_trip_is_x(captured_with_counts->outputs().at(0)); }, graph_bytes, {},
+                       default_blocks});
     systems.push_back({"stepgraph_eager", "padded_nccl", [&] { (void)dispatch_and_combine(counts); }, sync,
                        [&] { return round_trip_is_x(dispatch_and_combine(counts).at(0)); }, bytes.padded_bytes, {}});
     if (nccl) {
@@ -307,6 +354,13 @@ int run(const Options& options) {
                          },
                          bytes.cross_rank_bytes_max,
                          {}});
+    }
+    for (std::size_t i = 0; i < copy_blocks.size(); ++i) {
+      CapturedStep& step = *captured_by_blocks[i];
+      systems.push_back({detail::concat("stepgraph_graph_blocks", copy_blocks[i]), transport,
+                         [&step] { step.replay(); }, sync,
+                         [&step, &round_trip_is_x] { return round_trip_is_x(step.outputs().at(0)); }, graph_bytes, {},
+                         copy_blocks[i]});
     }
     // Each system once, then its round trip against x.
     std::vector<bool> verified;
@@ -336,6 +390,7 @@ int run(const Options& options) {
     for (std::size_t i = 0; i < systems.size(); ++i) {
       row["systems"].push_back(system_row(systems[i], world, bytes, verified[i]));
       row["systems"].back()["bytes_moved_per_rank"] = systems[i].bytes_moved_per_rank;
+      if (systems[i].copy_blocks > 0) row["systems"].back()["copy_blocks"] = systems[i].copy_blocks;
       // Every rank's check: one rank's wrong bytes fail the row.
       const std::vector<std::string> checks = world.exchange(verified[i] ? "1" : "0", "check of " + systems[i].name);
       for (const std::string& c : checks) failed = failed || c != "1";
@@ -347,9 +402,16 @@ int run(const Options& options) {
       return (*by_name.at(name))["exchange_us"]["median_us"].get<double>();
     };
     (*by_name.at("stepgraph_graph"))["graph_speedup_vs_eager"] = median("stepgraph_eager") / median("stepgraph_graph");
+    std::vector<std::string> ours = {"stepgraph_graph", "stepgraph_graph_with_counts", "stepgraph_eager"};
+    std::string fastest;  // of the sweep's rows
+    for (const int blocks : copy_blocks) {
+      ours.push_back(detail::concat("stepgraph_graph_blocks", blocks));
+      if (fastest.empty() || median(ours.back()) < median(fastest)) fastest = ours.back();
+    }
+    row["best_copy_blocks"] = (*by_name.at(fastest))["copy_blocks"];
     if (nccl) {
-      for (const char* ours : {"stepgraph_graph", "stepgraph_graph_with_counts", "stepgraph_eager"}) {
-        (*by_name.at(ours))["ratio_vs_nccl"] = median("nccl_all_to_all") / median(ours);
+      for (const std::string& name : ours) {
+        (*by_name.at(name))["ratio_vs_nccl"] = median("nccl_all_to_all") / median(name);
       }
     }
     if (leader) {
@@ -362,7 +424,7 @@ int run(const Options& options) {
                                                 : "",
                     s["verified"].get<bool>() ? "" : " WRONG BYTES");
       }
-      std::printf("\n");
+      std::printf("\n%-8s  fastest copy: %d blocks\n", routing.c_str(), row["best_copy_blocks"].get<int>());
       std::fflush(stdout);
       result["routings"].push_back(std::move(row));
       write_json(options.out, result);  // after every routing: a later failure keeps the earlier rows
@@ -397,6 +459,10 @@ int main(int argc, char** argv) {
   app.add_option("--samples", options.samples, "timed samples per system")->capture_default_str();
   app.add_option("--warmup", options.warmup, "untimed exchanges per system first")->capture_default_str();
   app.add_option("--iters", options.iters, "exchanges per sample, back to back")->capture_default_str();
+  app.add_option("--copy-blocks", options.copy_blocks,
+                 "comma-separated thread-block counts of the captured exchange's peer copy (1 to 132): a "
+                 "stepgraph_graph_blocksN row each")
+      ->capture_default_str();
   app.add_option("--timeout-s", options.timeout_s, "a rank that does not answer within this is an error")
       ->capture_default_str();
   app.add_option("--out", options.out, "write the results as JSON here (rank 0)");

@@ -22,6 +22,17 @@
 //   algbw_gbps = routed_bytes / t, cross_rank_gbps = busiest cross_rank_bytes / t,
 //   ratio_vs_nccl = t(NCCL's all-to-all) / t(ours): the same rows moved, so
 //   the ratio of bandwidths (goal >= 0.8).
+// The captured exchange by peer copies moves its rows with a kernel of
+// EpPeerOptions::blocks thread blocks (8 by default, so that it runs beside
+// the experts' GEMMs; 1 to 132), and its bandwidth grows with them until the
+// links are full: each warp copies one row at a time, looking its route up
+// first (dependent loads) and keeping a few 16-byte loads a lane in flight,
+// so the bytes in flight grow with the warps. --copy-blocks times the same
+// captured exchange once per count (rows stepgraph_graph_blocksN, the same
+// bytes, each with its ratio_vs_nccl), and best_copy_blocks names the
+// fastest per routing: the count to weigh against what the GEMMs beside it
+// lose. The padded exchange has no copy kernel; its rows differ only by
+// noise.
 #pragma once
 
 #include <cstdint>

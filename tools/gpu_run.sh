@@ -363,7 +363,7 @@ if wants multigpu_ep_bench; then
     step multigpu_ep_bench.log "${binary_run[@]}" "$here/bin/step_bench" --ep 2 --configs moe --profile \
       --out "$results/step_bench_ep2.json"
     step multigpu_ep_bench.log "${binary_run[@]}" "$here/bin/ep_exchange_bench" --config moe \
-      --out "$results/ep_exchange_bench.json"
+      --copy-blocks 8,16,32,64 --out "$results/ep_exchange_bench.json"
     # --budget-s: no row starts after 5 minutes; the timeout in case an all-to-all never returns.
     step multigpu_ep_bench.log timeout 480 "${python_run[@]}" "$here/benchmarks/ep_step_peer.py" --configs moe \
       --budget-s 300 --out "$results/ep_step_peer.json"

@@ -1,7 +1,7 @@
 """ep_exchange_bench without a GPU: two host processes launched with torchrun's variables time the captured and eager
 exchange of moe_tiny's rows under uniform and skewed routing (no NCCL reference: --reference none), check that
-combine(dispatch(x)) is x, and record the transport the captured exchange took, the bytes and the bandwidths; the
-flags and worlds it refuses."""
+combine(dispatch(x)) is x, and record the transport the captured exchange took, the bytes and the bandwidths; a
+captured row per --copy-blocks count; the flags and worlds it refuses."""
 
 import json
 import os
@@ -61,22 +61,49 @@ def test_two_host_processes_time_the_exchange(tmp_path):
     for row in rows.values():
         assert row["routed_bytes"] == 2 * 128 * 128 and row["padded_bytes"] == 2 * 128 * 128
         systems = {s["system"]: s for s in row["systems"]}
-        assert list(systems) == ["stepgraph_graph", "stepgraph_graph_with_counts", "stepgraph_eager"], \
-            "no NCCL row with --reference none"
-        graph, counted, eager = (systems[n] for n in systems)
-        assert graph["verified"] and counted["verified"] and eager["verified"], "combine(dispatch(x)) is x everywhere"
-        assert graph["transport"] == counted["transport"] == data["graph_transport"]
+        assert list(systems) == ["stepgraph_graph", "stepgraph_graph_with_counts", "stepgraph_eager",
+                                 "stepgraph_graph_blocks8"], "no NCCL row with --reference none; the op's default swept"
+        graph, counted, eager, swept = (systems[n] for n in systems)
+        assert graph["verified"] and counted["verified"] and eager["verified"] and swept["verified"], \
+            "combine(dispatch(x)) is x everywhere"
+        assert graph["transport"] == counted["transport"] == swept["transport"] == data["graph_transport"]
+        assert graph["copy_blocks"] == counted["copy_blocks"] == swept["copy_blocks"] == 8
+        assert "copy_blocks" not in eager
+        assert row["best_copy_blocks"] == 8
         assert eager["transport"] == "padded_nccl" and eager["bytes_moved_per_rank"] == row["padded_bytes"]
         if data["graph_transport"] != "peer_copy":
             assert graph["bytes_moved_per_rank"] == row["padded_bytes"]
-        for s in (graph, counted, eager):
+        for s in (graph, counted, eager, swept):
             t = s["exchange_us"]["median_us"]
             assert s["algbw_gbps"] == pytest.approx(row["routed_bytes"] / (t * 1e-6) / 1e9)
             assert s["cross_rank_gbps"] == pytest.approx(row["cross_rank_bytes_max"] / (t * 1e-6) / 1e9)
             assert len(s["rank_median_us"]) == 2 and "ratio_vs_nccl" not in s
         assert graph["graph_speedup_vs_eager"] == pytest.approx(eager["exchange_us"]["median_us"] /
                                                                 graph["exchange_us"]["median_us"])
+    assert data["copy_blocks"] == [8] and data["default_copy_blocks"] == 8
     assert "captured exchange:" in logs[0] and "skewed" in logs[0] and "skewed" not in logs[1]
+    assert "fastest copy: 8 blocks" in logs[0]
+
+
+def test_copy_blocks_add_a_captured_row_per_count(tmp_path):
+    codes, logs = run_world(tmp_path, 2, HOST_FLAGS + ["--routings", "uniform", "--copy-blocks", "16,1,132"])
+    assert codes == [0, 0], logs
+    data = json.loads((tmp_path / "rank0.json").read_text())
+    assert data["copy_blocks"] == [16, 1, 132]
+    (row,) = data["routings"]
+    systems = {s["system"]: s for s in row["systems"]}
+    swept = ["stepgraph_graph_blocks16", "stepgraph_graph_blocks1", "stepgraph_graph_blocks132"]
+    assert list(systems) == ["stepgraph_graph", "stepgraph_graph_with_counts", "stepgraph_eager"] + swept
+    assert systems["stepgraph_graph"]["copy_blocks"] == 8, "stepgraph_graph keeps the op's default"
+    for name, blocks in zip(swept, [16, 1, 132]):
+        s = systems[name]
+        assert s["copy_blocks"] == blocks and s["verified"] and s["transport"] == data["graph_transport"]
+        assert s["bytes_moved_per_rank"] == systems["stepgraph_graph"]["bytes_moved_per_rank"]
+        t = s["exchange_us"]["median_us"]
+        assert s["algbw_gbps"] == pytest.approx(row["routed_bytes"] / (t * 1e-6) / 1e9)
+    fastest = min(swept, key=lambda name: systems[name]["exchange_us"]["median_us"])
+    assert row["best_copy_blocks"] == systems[fastest]["copy_blocks"]
+    assert f"fastest copy: {row['best_copy_blocks']} blocks" in logs[0]
 
 
 @pytest.mark.parametrize(
@@ -91,6 +118,11 @@ def test_two_host_processes_time_the_exchange(tmp_path):
          {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3"},
          "--config moe's 8 experts do not divide by the 3 ranks"),
         (["--device", "host", "--reference", "tpu"], {}, "--reference: tpu not in {nccl,none}"),
+        (HOST_FLAGS + ["--copy-blocks", "8,x"], {}, "--copy-blocks: 'x' in '8,x' is not a whole number"),
+        (HOST_FLAGS + ["--copy-blocks", "8,,16"], {}, "--copy-blocks: '' in '8,,16' is not a whole number"),
+        (HOST_FLAGS + ["--copy-blocks", "16,200"], {}, "--copy-blocks: 200 thread blocks is outside [1, 132]"),
+        (HOST_FLAGS + ["--copy-blocks", "0"], {}, "--copy-blocks: 0 thread blocks is outside [1, 132]"),
+        (HOST_FLAGS + ["--copy-blocks", "32,8,32"], {}, "--copy-blocks: 32 appears twice"),
     ],
 )
 def test_refuses_what_it_cannot_run(flags, env, message):

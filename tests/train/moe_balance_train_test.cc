@@ -17,6 +17,7 @@
 #include "layers/residual_stack.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/layers/train_rig.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/seed.h"
 #include "train/train_step.h"
 
@@ -141,6 +142,25 @@ TEST(MoEBalanceTrainTest, CheckpointRestoresTheBiasAndResumesExactly) {
     EXPECT_EQ(step(resumed_ctx, resumed, *resumed_graph, i), want[i - kBefore]) << "loss at step " << i;
   }
   EXPECT_EQ(biases(resumed_ctx, resumed.model), want_biases) << "the biases after the resumed steps";
+}
+
+// A checkpoint and a model that disagree on the bias are refused, naming it:
+// resuming with balancing turned on or off is not the run that was saved.
+TEST(MoEBalanceTrainTest, CheckpointsWithAndWithoutTheBiasDoNotMix) {
+  ResidualStackConfig plain_config = moe_config();
+  plain_config.moe_bias_update_rate = 0.0f;
+  Context ctx(Device::kHost);
+  Rig biased(ctx, moe_config(), kTokens), plain(ctx, plain_config, kTokens);
+  const Checkpoint with_bias =
+      save_training_state(ctx, {biased.model.parameters(), biased.model.state()}, biased.optimizer, {}, 0);
+  const Checkpoint without_bias =
+      save_training_state(ctx, {plain.model.parameters(), plain.model.state()}, plain.optimizer, {}, 0);
+  EXPECT_ERROR_CONTAINS(
+      load_training_state(ctx, {biased.model.parameters(), biased.model.state()}, biased.optimizer, without_bias),
+      "the checkpoint has no tensor 'block0.expert_bias'");
+  EXPECT_ERROR_CONTAINS(
+      load_training_state(ctx, {plain.model.parameters(), plain.model.state()}, plain.optimizer, with_bias),
+      "tensor(s) this model does not have: 'block0.expert_bias', 'block1.expert_bias'");
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_peer as peer  # noqa: E402  (first: comm_peer sets the multicast variables before torch loads)
+import peer_common  # noqa: E402
 import tp_step_peer  # noqa: E402  (the GPT as nn.Modules)
 
 import contextlib  # noqa: E402
@@ -154,11 +155,8 @@ def config_header(name):
 def cp_row(name, c, world, combined, baseline=None, baseline_name=None):
     """A row in step_bench's context-parallel fields (step_runner.cc's cp_system_json): pytorch_peer's row of the
     row's own config `c` from the combined ranks, per GPU, and against a baseline the efficiency."""
-    row = peer.system_json(name, c, combined)
-    row["world_size"] = world
-    row["rank_median_us"] = combined["rank_median_us"]
-    for key in ("tflops", "mfu", "tokens_per_s"):
-        row[key] /= world
+    row = peer_common.per_gpu_row(peer.system_json(name, c, combined), world, combined,
+                                  ("tflops", "mfu", "tokens_per_s"))
     row.update(cp=world, seq_len=c["seq_len"], sequences=c["sequences"], tokens=c["tokens"], baseline_system=None,
                efficiency=None, step_time_ratio=None)
     if baseline is not None:  # Note [Context-parallel rows] in benchmarks/step_runner.h
@@ -171,25 +169,17 @@ def loss_checks(rows, one_gpu):
     """(loss_check, cp_loss_check): the CP rows' first losses against each other (as step_bench compares its eager
     and graph rows), and each CP row's first loss against `one_gpu` (ONE_GPU's loss; None: not computed)."""
     cp_rows = [n for n in CP_ROWS if n in rows]
-    firsts = {n: rows[n]["first_losses"] for n in rows}
-    check = {"steps": min((len(v) for v in firsts.values()), default=0), "compared": cp_rows, **firsts}
-    if len(cp_rows) >= 2:
-        a = firsts[cp_rows[0]]
-        check["identical"] = all(firsts[n] == a for n in cp_rows[1:])
-        check["max_abs_diff"] = max((abs(x - y) for n in cp_rows[1:] for x, y in zip(a, firsts[n])), default=0.0)
     cp_check = {}
     if one_gpu is not None:
         for n in cp_rows:
-            got = firsts[n][0] if firsts[n] else float("nan")
-            diff = abs(got - one_gpu)
-            cp_check[n] = {"first_loss": got, "one_gpu_first_loss": one_gpu, "abs_diff": diff,
-                           "agrees": diff <= CP_LOSS_TOLERANCE * max(1.0, abs(one_gpu))}
-    return check, cp_check
+            cp_check[n] = peer_common.first_loss_agreement(rows[n]["first_losses"], one_gpu, "one_gpu_first_loss",
+                                                           CP_LOSS_TOLERANCE)
+    return peer_common.first_losses_check(rows, cp_rows), cp_check
 
 
 def describe(name, r):
     if r["status"] != "ok":
-        return f"{name:5s} {r['system']}: {r['status']}: {str(r['reason'])[:300]}"
+        return peer_common.describe_not_ok(name, r, 5)
     s = r["step_us"]
     line = (f"{name:5s} {r['system']:26s} {s['median_us'] / 1000:.3f} ms [{s['min_us'] / 1000:.3f}-"
             f"{s['max_us'] / 1000:.3f}] {r['tokens_per_s']:.0f} tok/s/GPU (seq_len {r['seq_len']}")
@@ -208,14 +198,12 @@ def describe_loss(name, row, d):
 def failures(result):
     """config/row of every config not run and every row not ok, but for a compiled or captured CP row that
     failed: PyTorch refusing to compile or capture its ring is a result, said in the row."""
-    out = [f"{c['name']}: {c['reason']}" for c in result["configs"] if c["status"] == "not_run"]
-    for c in result["configs"]:
-        for s in c["systems"]:
-            _, compiled, graph, _ = ROWS[s["system"]]
-            refused = s["status"] == "failed" and s["system"] in CP_ROWS and (compiled or graph)
-            if s["status"] != "ok" and not refused:
-                out.append(f"{c['name']}/{s['system']}")
-    return out
+    def refused(system):
+        _, compiled, graph, _ = ROWS[system]
+        return system in CP_ROWS and (compiled or graph)
+
+    return ([f"{c['name']}: {c['reason']}" for c in result["configs"] if c["status"] == "not_run"]
+            + peer_common.failed_rows(result, refused))
 
 
 # --- the context-parallel step (torch needed from here on) ----------------
@@ -447,11 +435,8 @@ def main(argv=None):
         result = peer.result_header(args, device, flops_text, "row", " (largest over the ranks)")
         result.update({
             "context_parallel": {
-                "world_size": world,
-                "local_world_size": local_world,
-                "launcher": launcher,
-                "nccl_version": peer.comm_nccl_version(),
-                "multicast_env": peer.MULTICAST_ENV,
+                **peer_common.launch_fields(world, local_world, launcher, peer.comm_nccl_version(),
+                                            peer.MULTICAST_ENV),
                 "attention": "torch.distributed.tensor.experimental.context_parallel(mesh, buffers=[x, labels, cos, "
                 "sin], buffer_seq_dims=[1, 1, 0, 0], no_restore_buffers=all): ring attention over SDPA "
                 "(is_causal=True), its default head-tail load balancer, entered once per row",
@@ -476,18 +461,14 @@ def main(argv=None):
             "configs": [],
         })
         if leader:
-            print(f"device: {result['device']}, torch {torch.__version__}, NCCL {peer.comm_nccl_version()}; "
-                  f"{world} rank(s) ({local_world} per host) via {launcher}; context parallel", flush=True)
-            if note:
-                print(f"NOTE: {note}", flush=True)
+            peer_common.print_launch(result, world, local_world, launcher, peer.comm_nccl_version(),
+                                     "context parallel", note)
         deadline = time.perf_counter() + args.budget_s
-        for name in configs:
-            c = run_cp_config(name, rows, args.steps, args.warmup, deadline, group, device, mesh)
-            result["configs"].append(c)
-            if leader:
-                peer.save_progress(result, args.out)
-        wrong = [f"{c['name']}/{row} ({d['first_loss']:.5f} vs {d['one_gpu_first_loss']:.5f})"
-                 for c in result["configs"] for row, d in c["cp_loss_check"].items() if not d["agrees"]]
+        peer_common.run_configs(
+            result, configs, lambda name: run_cp_config(name, rows, args.steps, args.warmup, deadline, group, device,
+                                                        mesh),
+            leader, lambda r: peer.save_progress(r, args.out))
+        wrong = peer_common.disagreements(result, "cp_loss_check", "first_loss", "one_gpu_first_loss")
         return peer.exit_status("cp_step_peer", failures(result), wrong, "a CP row's first loss differs from one GPU's",
                                 leader)
     finally:

@@ -73,6 +73,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTIC
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_peer as peer  # noqa: E402  (first: comm_peer sets the multicast variables before torch loads)
+import peer_common  # noqa: E402
 import tp_step_peer  # noqa: E402  (the launch checks)
 
 import time  # noqa: E402
@@ -147,7 +148,7 @@ def ep_loss_check(baseline, parallel):
 
 def describe(name, r):
     if r["status"] != "ok":
-        return f"{name:7s} {r['system']}: {r['status']}: {r['reason'][:300]}"
+        return peer_common.describe_not_ok(name, r, 7)
     s = r["step_us"]
     text = (f"{name:7s} {r['system']:22s} {s['median_us'] / 1000:.3f} ms [{s['min_us'] / 1000:.3f}-"
             f"{s['max_us'] / 1000:.3f}]  {r['tokens_per_s']:.0f} tok/s/GPU  peak {r['peak_bytes'] / 2**20:.1f} MiB")
@@ -412,11 +413,7 @@ def result_json(args, device, world, local_world, launcher):
     result = peer.result_header(args, device, peer.FLOPS_TEXT, "row", " (largest over the ranks)")
     result.update({
         "expert_parallel": {
-            "world_size": world,
-            "local_world_size": local_world,
-            "launcher": launcher,
-            "nccl_version": peer.comm_nccl_version(),
-            "multicast_env": peer.MULTICAST_ENV,
+            **peer_common.launch_fields(world, local_world, launcher, peer.comm_nccl_version(), peer.MULTICAST_ENV),
             "exchange": "counts all-gathered and copied to the host (.tolist()) every MoE block, all_to_all_single "
             "with those split sizes to the experts' ranks and back (the backward: the reverse exchanges), the local "
             "experts by torch._grouped_mm (a loop without it); eager: torch.cuda.graph refuses the host read",
@@ -453,23 +450,20 @@ def main(argv=None):
         rows = [row_name(k, world) for k in args.systems]
         result = result_json(args, device, world, local_world, launcher)
         if leader:
-            print(f"device: {result['device']}, torch {torch.__version__}, NCCL {peer.comm_nccl_version()}; "
-                  f"{world} rank(s) ({local_world} per host) via {launcher}; expert parallel, "
-                  f"torch._grouped_mm: {hasattr(torch, '_grouped_mm')}", file=sys.stderr, flush=True)
-            if world == 1:
-                print(f"NOTE: {result['expert_parallel']['note']}", file=sys.stderr, flush=True)
+            peer_common.print_launch(result, world, local_world, launcher, peer.comm_nccl_version(),
+                                     f"expert parallel, torch._grouped_mm: {hasattr(torch, '_grouped_mm')}",
+                                     result["expert_parallel"]["note"], file=sys.stderr)
         deadline = time.perf_counter() + args.budget_s
-        for name in args.configs:
-            def progress(partial):
-                if leader:
-                    peer.save_progress(dict(result, configs=result["configs"] + [partial]), args.out)
 
-            result["configs"].append(run_ep_config(name, rows, args.steps, args.warmup, deadline, group, local_rank,
-                                                   progress))
+        def progress(partial):
             if leader:
-                peer.save_progress(result, args.out)
-        wrong = [f"{c['name']}/{mode} ({d['ep_first_loss']:.5f} vs {d['baseline_mean_first_loss']:.5f})"
-                 for c in result["configs"] for mode, d in c["ep_loss_check"].items() if not d["agrees"]]
+                peer.save_progress(dict(result, configs=result["configs"] + [partial]), args.out)
+
+        peer_common.run_configs(
+            result, args.configs,
+            lambda name: run_ep_config(name, rows, args.steps, args.warmup, deadline, group, local_rank, progress),
+            leader, lambda r: peer.save_progress(r, args.out))
+        wrong = peer_common.disagreements(result, "ep_loss_check", "ep_first_loss", "baseline_mean_first_loss")
         return peer.exit_status("ep_step_peer", failures(result), wrong,
                                 "the expert-parallel first loss differs from the ranks' mean alone", leader)
     finally:

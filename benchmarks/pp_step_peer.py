@@ -103,9 +103,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTIC
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_peer as peer  # noqa: E402  (first: comm_peer sets the multicast variables before torch loads)
-import tp_step_peer  # noqa: E402  (the launch checks)
+import peer_common  # noqa: E402
+import tp_step_peer  # noqa: E402  (the launch checks and flags)
 
-import argparse  # noqa: E402
 import inspect  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
@@ -214,15 +214,11 @@ def pp_row(name, c, world, combined, rank_memory, pipeline, baseline=None, basel
     (`pipeline`: pp, virtual_stages, microbatches, schedule) and bubble, and against a baseline the measured bubble
     and speedup; the names are step_bench --pp's (Note [Pipeline-parallel rows] in
     benchmarks/pipeline_step_runner.h)."""
-    row = peer.system_json(name, c, combined)
-    row["world_size"] = world
-    row["rank_median_us"] = combined["rank_median_us"]
+    row = peer_common.per_gpu_row(peer.system_json(name, c, combined), world, combined)
     row["rank_first_loss"] = combined["rank_first_loss"]
     row["rank_peak_bytes"] = [m["peak_bytes"] for m in rank_memory]
     row["rank_device_used_delta_bytes"] = [m["device_used_delta_bytes"] for m in rank_memory]
     row["tokens_per_s_per_gpu"] = row["tokens_per_s"] / world  # tokens_per_s stays the pipeline's
-    row["tflops"] /= world
-    row["mfu"] /= world
     row.update(pipeline)
     theoretical = theoretical_bubble(pipeline["pp"], pipeline["virtual_stages"], pipeline["microbatches"])
     row.update(theoretical_bubble_fraction=theoretical, baseline_system=None, speedup_vs_pp1=None,
@@ -241,17 +237,11 @@ def loss_checks(rows, reference):
     """(loss_check, pp_loss_check): the rows' first losses side by side (the pipeline rows' against each other, as
     step_bench compares its eager and graph rows), and each row's first loss against `reference` (ONE_GPU's; None:
     not computed), also written into the row as loss_rel_diff."""
-    firsts = {n: rows[n]["first_losses"] for n in rows}
-    compared = [n for n in PP_ROWS if n in rows]
-    check = {"steps": min((len(v) for v in firsts.values()), default=0), "compared": compared, **firsts}
-    if len(compared) >= 2:
-        a = firsts[compared[0]]
-        check["identical"] = all(firsts[n] == a for n in compared[1:])
-        check["max_abs_diff"] = max((abs(x - y) for n in compared[1:] for x, y in zip(a, firsts[n])), default=0.0)
+    check = peer_common.first_losses_check(rows, [n for n in PP_ROWS if n in rows])
     one_gpu = {}
     if reference is not None:
         for n, row in rows.items():
-            got = firsts[n][0] if firsts[n] else float("nan")
+            got = row["first_losses"][0] if row["first_losses"] else float("nan")
             rel = abs(got - reference) / max(abs(reference), 1e-30)
             one_gpu[n] = {"first_loss": got, "one_gpu_first_loss": reference, "rel_diff": rel,
                           "agrees": rel <= PP_LOSS_TOLERANCE}
@@ -261,7 +251,7 @@ def loss_checks(rows, reference):
 
 def describe(name, r):
     if r["status"] != "ok":
-        return f"{name:7s} {r['system']}: {r['status']}: {str(r['reason'])[:400]}"
+        return peer_common.describe_not_ok(name, r, 7, 400)
     s = r["step_us"]
     line = (f"{name:7s} {r['system']:24s} {s['median_us'] / 1000:.3f} ms [{s['min_us'] / 1000:.3f}-"
             f"{s['max_us'] / 1000:.3f}] {r['tokens_per_s']:.0f} tok/s, per-GPU MFU {100 * r['mfu']:.1f}%, bubble "
@@ -282,14 +272,12 @@ def describe_loss(name, row, d):
 def failures(result):
     """config/row of every config not run or failed and every row not ok, but for a compiled or captured pipeline
     row that failed: PyTorch refusing to compile or capture its pipeline is a result, said in the row."""
-    out = [f"{c['name']}: {c['reason']}" for c in result["configs"] if c["status"] != "ok"]
-    for c in result["configs"]:
-        for s in c["systems"]:
-            pipelined, compiled, graph, _ = ROWS[s["system"]]
-            refused = s["status"] == "failed" and pipelined and (compiled or graph)
-            if s["status"] != "ok" and not refused:
-                out.append(f"{c['name']}/{s['system']}")
-    return out
+    def refused(system):
+        pipelined, compiled, graph, _ = ROWS[system]
+        return pipelined and (compiled or graph)
+
+    return ([f"{c['name']}: {c['reason']}" for c in result["configs"] if c["status"] != "ok"]
+            + peer_common.failed_rows(result, refused))
 
 
 def capture_summary(row_name, result, why):
@@ -688,22 +676,13 @@ def run_pp_config(name, rows, steps, warmup, deadline, group, virtual, microbatc
 
 def parse_flags(argv):
     """The flags, checked before torch is needed (SystemExit naming the flag)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default="medium,large", help=f"of {', '.join(CONFIGS)}")
-    parser.add_argument("--systems", help=f"rows, of {', '.join(ROWS)} (default all)")
-    parser.add_argument("--microbatches", type=int, default=8, help="M: microbatches of one sequence per step")
-    parser.add_argument("--virtual-stages", type=int, default=1,
-                        help="V: model chunks per rank (V > 1: ScheduleInterleaved1F1B)")
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per row")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after compile or capture)")
-    parser.add_argument("--quick", action="store_true", help="--steps 20 --warmup 5")
-    parser.add_argument("--budget-s", type=float, default=600, help="start no row after this many seconds")
-    parser.add_argument("--timeout-s", type=int, default=300, help="torch.distributed's timeout")
-    parser.add_argument("--out", help="rank 0 writes the results as JSON here")
-    args = parser.parse_args(argv)
-    peer.apply_step_counts(args, "pp_step_peer")
-    if args.timeout_s <= 0:
-        raise SystemExit(f"pp_step_peer: --timeout-s must be positive, got {args.timeout_s}")
+    def pipeline_flags(parser):
+        parser.add_argument("--microbatches", type=int, default=8, help="M: microbatches of one sequence per step")
+        parser.add_argument("--virtual-stages", type=int, default=1,
+                            help="V: model chunks per rank (V > 1: ScheduleInterleaved1F1B)")
+
+    args = tp_step_peer.parse_run_flags(argv, "pp_step_peer", __doc__.split("\n")[0], "medium,large", CONFIGS, ROWS,
+                                        pipeline_flags)
     if args.microbatches < 1:
         raise SystemExit(f"pp_step_peer: --microbatches must be >= 1, got {args.microbatches}")
     if args.virtual_stages < 1:
@@ -724,11 +703,7 @@ def result_json(args, device, world, local_world, launcher):
     result = peer.result_header(args, device, flops_text, "row", " (largest over the ranks)")
     result.update({
         "pipeline_parallel": {
-            "world_size": world,
-            "local_world_size": local_world,
-            "launcher": launcher,
-            "nccl_version": peer.comm_nccl_version(),
-            "multicast_env": peer.MULTICAST_ENV,
+            **peer_common.launch_fields(world, local_world, launcher, peer.comm_nccl_version(), peer.MULTICAST_ENV),
             "pp": world,
             "virtual_stages": args.virtual_stages,
             "microbatches": args.microbatches,
@@ -777,21 +752,17 @@ def main(argv=None):
         pipeline_group = dist.new_group(list(range(world))) if world > 1 else None
         result = result_json(args, device, world, local_world, launcher)
         if leader:
-            print(f"device: {result['device']}, torch {torch.__version__}, NCCL {peer.comm_nccl_version()}; "
-                  f"{world} rank(s) ({local_world} per host) via {launcher}; pipeline parallel, "
-                  f"{schedule_name(args.virtual_stages)}, V {args.virtual_stages}, M {args.microbatches}",
-                  file=sys.stderr, flush=True)
-            if world == 1:
-                print(f"NOTE: {result['pipeline_parallel']['note']}", file=sys.stderr, flush=True)
+            peer_common.print_launch(result, world, local_world, launcher, peer.comm_nccl_version(),
+                                     f"pipeline parallel, {schedule_name(args.virtual_stages)}, V "
+                                     f"{args.virtual_stages}, M {args.microbatches}",
+                                     result["pipeline_parallel"]["note"], file=sys.stderr)
         deadline = time.perf_counter() + args.budget_s
-        for name in args.configs:
-            c = run_pp_config(name, args.systems, args.steps, args.warmup, deadline, group, args.virtual_stages,
-                              args.microbatches, pipeline_group, device)
-            result["configs"].append(c)
-            if leader:
-                peer.save_progress(result, args.out)
-        wrong = [f"{c['name']}/{row} ({d['first_loss']:.5f} vs {d['one_gpu_first_loss']:.5f})"
-                 for c in result["configs"] for row, d in c["pp_loss_check"].items() if not d["agrees"]]
+        peer_common.run_configs(
+            result, args.configs,
+            lambda name: run_pp_config(name, args.systems, args.steps, args.warmup, deadline, group,
+                                       args.virtual_stages, args.microbatches, pipeline_group, device),
+            leader, lambda r: peer.save_progress(r, args.out))
+        wrong = peer_common.disagreements(result, "pp_loss_check", "first_loss", "one_gpu_first_loss")
         return peer.exit_status("pp_step_peer", failures(result), wrong, "a row's first loss differs from one GPU's",
                                 leader)
     finally:

@@ -76,6 +76,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_peer as peer  # noqa: E402  (first: comm_peer sets the multicast variables before torch loads)
+import peer_common  # noqa: E402
 import tp_peer  # noqa: E402
 
 import argparse  # noqa: E402
@@ -125,11 +126,7 @@ def shard(total, rank, world):
 def tp_row(name, c, world, combined, baseline=None, baseline_name=None):
     """A row in step_bench's tensor-parallel fields (Note [Tensor-parallel rows]): pytorch_peer's row from the
     combined ranks, tflops and mfu per GPU, and against a baseline the strong scaling."""
-    row = peer.system_json(name, c, combined)
-    row["world_size"] = world
-    row["rank_median_us"] = combined["rank_median_us"]
-    row["tflops"] /= world
-    row["mfu"] /= world
+    row = peer_common.per_gpu_row(peer.system_json(name, c, combined), world, combined)
     row.update(baseline_system=None, speedup_vs_tp1=None, strong_scaling_efficiency=None)
     if baseline is not None:
         speedup = baseline["step_us"]["median_us"] / row["step_us"]["median_us"]
@@ -142,27 +139,19 @@ def loss_checks(rows):
     step_bench compares its eager and graph rows), and each TP row's first loss against pytorch_eager_tp1's (the
     same global batch and parameters on one GPU)."""
     tp_rows = [n for n in TP_ROWS if n in rows]
-    firsts = {n: rows[n]["first_losses"] for n in rows}
-    check = {"steps": min((len(v) for v in firsts.values()), default=0), "compared": tp_rows, **firsts}
-    if len(tp_rows) >= 2:
-        a = firsts[tp_rows[0]]
-        check["identical"] = all(firsts[n] == a for n in tp_rows[1:])
-        check["max_abs_diff"] = max((abs(x - y) for n in tp_rows[1:] for x, y in zip(a, firsts[n])), default=0.0)
     tp_check = {}
     base = rows.get(EAGER_BASE)
     if base is not None and base["first_losses"]:
         want = base["first_losses"][0]
         for n in tp_rows:
-            got = firsts[n][0] if firsts[n] else float("nan")
-            diff = abs(got - want)
-            tp_check[n] = {"first_loss": got, "baseline_first_loss": want, "abs_diff": diff,
-                           "agrees": diff <= TP_LOSS_TOLERANCE * max(1.0, abs(want))}
-    return check, tp_check
+            tp_check[n] = peer_common.first_loss_agreement(rows[n]["first_losses"], want, "baseline_first_loss",
+                                                           TP_LOSS_TOLERANCE)
+    return peer_common.first_losses_check(rows, tp_rows), tp_check
 
 
 def describe(name, r):
     if r["status"] != "ok":
-        return f"{name:7s} {r['system']}: {r['status']}: {str(r['reason'])[:300]}"
+        return peer_common.describe_not_ok(name, r, 7)
     s = r["step_us"]
     line = (f"{name:7s} {r['system']:28s} {s['median_us'] / 1000:.3f} ms [{s['min_us'] / 1000:.3f}-"
             f"{s['max_us'] / 1000:.3f}] {r['tokens_per_s']:.0f} tok/s")
@@ -398,14 +387,17 @@ def run_tp_config(name, rows, steps, warmup, deadline, group, async_error, mesh=
     return out
 
 
-def parse_run_flags(argv, tool, description, default_configs, configs, rows):
-    """The flags of a parallel step peer (this script and cp_step_peer.py), parsed: configs, rows, step counts
-    (pytorch_peer.apply_step_counts), the row budget, torch.distributed's timeout (positive) and the output."""
+def parse_run_flags(argv, tool, description, default_configs, configs, rows, add_flags=None):
+    """The flags of a parallel step peer (this script, cp_step_peer.py, pp_step_peer.py and ep_step_peer.py),
+    parsed: configs, rows, add_flags(parser)'s own, step counts (pytorch_peer.apply_step_counts), the row budget,
+    torch.distributed's timeout (positive) and the output."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--configs", default=default_configs, help=f"of {', '.join(configs)}")
     parser.add_argument("--systems", help=f"rows, of {', '.join(rows)} (default all)")
+    if add_flags is not None:
+        add_flags(parser)
     parser.add_argument("--steps", type=int, default=50, help="timed steps per row")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after the capture)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (after compile or capture)")
     parser.add_argument("--quick", action="store_true", help="--steps 20 --warmup 5")
     parser.add_argument("--budget-s", type=float, default=600, help="start no row after this many seconds")
     parser.add_argument("--timeout-s", type=int, default=300, help="torch.distributed's timeout")
@@ -454,11 +446,8 @@ def main(argv=None):
         result = peer.result_header(args, device, flops_text, "row", " (largest over the ranks)")
         result.update({
             "tensor_parallel": {
-                "world_size": world,
-                "local_world_size": local_world,
-                "launcher": launcher,
-                "nccl_version": peer.comm_nccl_version(),
-                "multicast_env": peer.MULTICAST_ENV,
+                **peer_common.launch_fields(world, local_world, launcher, peer.comm_nccl_version(),
+                                            peer.MULTICAST_ENV),
                 "sharding": SHARDING,
                 "compile": "each block under torch.compile (Inductor); the head and the loss eager",
                 "async_tp": "torch._inductor.config._micro_pipeline_tp with symmetric memory enabled for the group "
@@ -475,22 +464,18 @@ def main(argv=None):
             "configs": [],
         })
         if leader:
-            print(f"device: {result['device']}, torch {torch.__version__}, NCCL {peer.comm_nccl_version()}; "
-                  f"{world} rank(s) ({local_world} per host) via {launcher}; tensor parallel", flush=True)
-            if note:
-                print(f"NOTE: {note}", flush=True)
+            peer_common.print_launch(result, world, local_world, launcher, peer.comm_nccl_version(), "tensor parallel",
+                                     note)
             if async_error:
                 print(f"tp_step_peer: async TP unavailable: {async_error}", file=sys.stderr, flush=True)
         deadline = time.perf_counter() + args.budget_s
-        for name in configs:
-            c = run_tp_config(name, rows, args.steps, args.warmup, deadline, group, async_error, mesh)
-            result["configs"].append(c)
-            if leader:
-                peer.save_progress(result, args.out)
+        peer_common.run_configs(
+            result, configs,
+            lambda name: run_tp_config(name, rows, args.steps, args.warmup, deadline, group, async_error, mesh),
+            leader, lambda r: peer.save_progress(r, args.out))
         failed = peer.failed_systems(result)
         failed += [f"{c['name']}: {c['reason']}" for c in result["configs"] if c["status"] != "ok"]
-        wrong = [f"{c['name']}/{row} ({d['first_loss']:.5f} vs {d['baseline_first_loss']:.5f})"
-                 for c in result["configs"] for row, d in c["tp_loss_check"].items() if not d["agrees"]]
+        wrong = peer_common.disagreements(result, "tp_loss_check", "first_loss", "baseline_first_loss")
         return peer.exit_status("tp_step_peer", failed, wrong, f"a TP row's first loss differs from {EAGER_BASE}'s",
                                 leader)
     finally:

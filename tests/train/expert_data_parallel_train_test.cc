@@ -56,6 +56,7 @@
 #include "tests/layers/world_steps.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/global_batch.h"
+#include "tests/support/moe_train_rig.h"
 #include "tests/support/seed.h"
 #include "train/expert_data_parallel_groups.h"
 #include "train/train_step.h"
@@ -63,46 +64,16 @@
 namespace stepgraph {
 namespace {
 
-constexpr std::int64_t kHidden = 16;
-constexpr std::int64_t kVocab = 32;
-constexpr std::int64_t kExperts = 8;
+constexpr std::int64_t kHidden = testing::kSmallMoeHidden;
+constexpr std::int64_t kVocab = testing::kSmallMoeVocab;
+constexpr std::int64_t kExperts = testing::kSmallMoeExperts;
 constexpr std::int64_t kTokens = 24;  // the global batch
 constexpr int kSteps = 3;
 
-ResidualStackConfig config(std::int64_t moe_every) {
-  return {.hidden = kHidden,
-          .ffn = 32,
-          .layers = 2,
-          .vocab = kVocab,
-          .dtype = DType::kFloat32,
-          .seed = 5,
-          .experts = kExperts,
-          .topk = 2,
-          .moe_every = moe_every};
-}
-
-// Optimizer groups overlapping the backward (a weight-gradient and a
-// communication stream), or one stream: one update after the backward.
-std::unique_ptr<Context> make_context(bool grouped) {
-  if (!grouped) return std::make_unique<Context>(Device::kHost, 0);
-  auto ctx = std::make_unique<Context>(Device::kHost, 2);
-  ctx->set_communication_stream(2);
-  return ctx;
-}
-
-struct Rig {
-  Rig(Context& ctx, std::int64_t tokens, std::int64_t moe_every, Communicator* ep, const GradientGroups& groups)
-      : model(ctx, config(moe_every), nullptr, nullptr, ep),
-        optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-2f}),
-        step(ctx, model, optimizer, tokens, groups) {}
-  void load(Context& ctx, const testing::GlobalBatch& b, std::int64_t first, std::int64_t tokens) {
-    ctx.copy_from_host(step.inputs(), b.x.data() + first * kHidden, static_cast<std::size_t>(tokens * kHidden) * 4);
-    ctx.copy_from_host(step.labels(), b.labels.data() + first, static_cast<std::size_t>(tokens) * 4);
-  }
-  ResidualStack model;
-  AdamW optimizer;
-  TrainStep step;
-};
+using testing::small_moe_config;
+using testing::small_moe_context;
+using Rig = testing::MoeTrainRig<ResidualStack>;
+using GptRig = testing::MoeTrainRig<LanguageModel>;
 
 testing::GlobalBatch global_batch(std::uint32_t seed, int step) {
   return testing::global_batch(seed, step, kTokens, kHidden, kVocab);
@@ -169,7 +140,8 @@ void steer(Context& ctx, ResidualStack& model, Routing routing, int ep) {
   int steered = 0;
   for (Parameter* router : params) {
     const std::string suffix = ".router.weight";
-    if (router->name.size() < suffix.size() || router->name.compare(router->name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    if (router->name.size() < suffix.size() ||
+        router->name.compare(router->name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
     const std::string block = router->name.substr(0, router->name.size() - suffix.size());
@@ -198,11 +170,13 @@ void expect_routing(Routing routing, int ep_rank, int ep, const std::vector<std:
     const std::size_t per_expert = g.size() / static_cast<std::size_t>(local);
     for (std::int64_t l = 0; l < local; ++l) {
       const std::int64_t expert = ep_rank * local + l;
-      const bool empty = routing == Routing::kOneRanksExperts ? ep_rank != ep - 1
-                                                              : expert == 1 || expert == kExperts - 1;
+      const bool empty =
+          routing == Routing::kOneRanksExperts ? ep_rank != ep - 1 : expert == 1 || expert == kExperts - 1;
       bool zero = true;
-      for (std::size_t i = 0; i < per_expert; ++i) zero = zero && g[static_cast<std::size_t>(l) * per_expert + i] == 0.0f;
-      EXPECT_EQ(zero, empty) << who << ": expert " << expert << (empty ? " should receive nothing" : " received nothing");
+      for (std::size_t i = 0; i < per_expert; ++i)
+        zero = zero && g[static_cast<std::size_t>(l) * per_expert + i] == 0.0f;
+      EXPECT_EQ(zero, empty) << who << ": expert " << expert
+                             << (empty ? " should receive nothing" : " received nothing");
     }
   }
 }
@@ -227,8 +201,8 @@ TEST_P(ExpertDataParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverThreeAda
   const testing::TestSeed seed;
   Reference want;
   {
-    const std::unique_ptr<Context> ctx = make_context(c.grouped);
-    Rig rig(*ctx, kTokens, c.moe_every, nullptr, {});
+    const std::unique_ptr<Context> ctx = small_moe_context(c.grouped);
+    Rig rig(*ctx, small_moe_config(c.moe_every), kTokens, nullptr, {});
     steer(*ctx, rig.model, c.routing, c.ep);
     for (int s = 0; s < kSteps; ++s) {
       rig.load(*ctx, global_batch(seed.value(), s), 0, kTokens);
@@ -254,20 +228,19 @@ TEST_P(ExpertDataParallelTrainTest, EqualsOneProcessOnTheGlobalBatchOverThreeAda
     ASSERT_EQ(groups.expert_parallel->rank(), w % c.ep) << who;
     ASSERT_EQ(groups.expert_data_parallel->rank(), w / c.ep) << who;
     const GradientGroups sums{.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()};
-    const std::unique_ptr<Context> ctx = make_context(c.grouped);
-    Rig eager(*ctx, local, c.moe_every, groups.expert_parallel.get(), sums);
-    Rig graphed(*ctx, local, c.moe_every, groups.expert_parallel.get(), sums);
+    const std::unique_ptr<Context> ctx = small_moe_context(c.grouped);
+    Rig eager(*ctx, small_moe_config(c.moe_every), local, groups.expert_parallel.get(), sums);
+    Rig graphed(*ctx, small_moe_config(c.moe_every), local, groups.expert_parallel.get(), sums);
     steer(*ctx, eager.model, c.routing, c.ep);
     steer(*ctx, graphed.model, c.routing, c.ep);
     ASSERT_EQ(eager.optimizer.group_count() > 0, c.grouped) << who;
     const std::vector<Communicator*> comms = graphed.step.communicators();
     EXPECT_EQ(comms.size(), 3u) << who << ": the EP group, the world and the expert-data-parallel group";
-    ASSERT_NO_FATAL_FAILURE(
-        testing::expect_steps_match_one_process(*ctx, eager, graphed, want.losses, who, [&](int s) {
-          const testing::GlobalBatch b = global_batch(seed.value(), s);
-          eager.load(*ctx, b, w * local, local);
-          graphed.load(*ctx, b, w * local, local);
-        }));
+    ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(*ctx, eager, graphed, want.losses, who, [&](int s) {
+      const testing::GlobalBatch b = global_batch(seed.value(), s);
+      eager.load(*ctx, b, w * local, local);
+      graphed.load(*ctx, b, w * local, local);
+    }));
     const std::vector<Parameter*> expert_list = eager.model.expert_parameters();
     const std::unordered_set<const Parameter*> experts(expert_list.begin(), expert_list.end());
     EXPECT_EQ(experts.size(), 4u * static_cast<std::size_t>(c.moe_every == 1 ? 2 : 1)) << who;
@@ -326,25 +299,10 @@ constexpr std::int64_t kContext = 6;
 constexpr std::int64_t kSequences = 4;  // the global batch's
 
 LanguageModelConfig gpt_config() {
-  ResidualStackConfig model = config(1);
+  ResidualStackConfig model = small_moe_config(1);
   model.heads = 2;
   return {.model = model, .context = kContext};
 }
-
-struct GptRig {
-  GptRig(Context& ctx, std::int64_t sequences, Communicator* ep, const GradientGroups& groups)
-      : model(ctx, gpt_config(), nullptr, nullptr, ep),
-        optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-2f}),
-        step(ctx, model, optimizer, sequences, groups) {}
-  void load(Context& ctx, const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels,
-            std::int64_t first, std::int64_t count) {
-    ctx.copy_from_host(step.inputs(), tokens.data() + first, static_cast<std::size_t>(count) * 4);
-    ctx.copy_from_host(step.labels(), labels.data() + first, static_cast<std::size_t>(count) * 4);
-  }
-  LanguageModel model;
-  AdamW optimizer;
-  TrainStep step;
-};
 
 TEST(ExpertDataParallelGptTrain, EqualsOneProcessOnEveryRanksSequenceAndGraphEqualsEager) {
   const testing::TestSeed seed;
@@ -358,8 +316,8 @@ TEST(ExpertDataParallelGptTrain, EqualsOneProcessOnEveryRanksSequenceAndGraphEqu
   };
   Reference want;
   {
-    const std::unique_ptr<Context> ctx = make_context(true);
-    GptRig rig(*ctx, kSequences, nullptr, {});
+    const std::unique_ptr<Context> ctx = small_moe_context(true);
+    GptRig rig(*ctx, gpt_config(), kSequences, nullptr, {});
     for (int s = 0; s < kSteps; ++s) {
       const auto [tokens, labels] = batch(s);
       rig.load(*ctx, tokens, labels, 0, kAll);
@@ -373,15 +331,14 @@ TEST(ExpertDataParallelGptTrain, EqualsOneProcessOnEveryRanksSequenceAndGraphEqu
     const std::string who = "rank " + std::to_string(w) + " of ep 2 x dp 2 (GPT)";
     const ExpertDataParallelGroups groups = split_expert_data_parallel(world, kEp);
     const GradientGroups sums{.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()};
-    const std::unique_ptr<Context> ctx = make_context(true);
-    GptRig eager(*ctx, kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
-    GptRig graphed(*ctx, kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
-    ASSERT_NO_FATAL_FAILURE(
-        testing::expect_steps_match_one_process(*ctx, eager, graphed, want.losses, who, [&](int s) {
-          const auto [tokens, labels] = batch(s);
-          eager.load(*ctx, tokens, labels, w * kLocal, kLocal);
-          graphed.load(*ctx, tokens, labels, w * kLocal, kLocal);
-        }));
+    const std::unique_ptr<Context> ctx = small_moe_context(true);
+    GptRig eager(*ctx, gpt_config(), kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
+    GptRig graphed(*ctx, gpt_config(), kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
+    ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(*ctx, eager, graphed, want.losses, who, [&](int s) {
+      const auto [tokens, labels] = batch(s);
+      eager.load(*ctx, tokens, labels, w * kLocal, kLocal);
+      graphed.load(*ctx, tokens, labels, w * kLocal, kLocal);
+    }));
     const std::vector<Parameter*> expert_list = eager.model.expert_parameters();
     const std::unordered_set<const Parameter*> experts(expert_list.begin(), expert_list.end());
     const std::vector<Parameter*> pe = eager.model.parameters();
@@ -404,14 +361,15 @@ TEST(ExpertDataParallelGptTrain, EqualsOneProcessOnEveryRanksSequenceAndGraphEqu
 // every sum on the communication stream, and an MoE block's expert sum is
 // issued as soon as the backward finishes that block: block 1's before
 // block 0's expert products' backward, overlapping it.
-TEST(ExpertDataParallelTrainSums, ExpertsOverTheirGroupAndTheRestOverTheWorldOnTheCommunicationStreamDuringTheBackward) {
+TEST(ExpertDataParallelTrainSums,
+     ExpertsOverTheirGroupAndTheRestOverTheWorldOnTheCommunicationStreamDuringTheBackward) {
   constexpr int kCommStream = 2;
   HostWorld::run(4, [&](Communicator& world) {
     const std::string who = "rank " + std::to_string(world.rank());
     const ExpertDataParallelGroups groups = split_expert_data_parallel(world, 2);
-    const std::unique_ptr<Context> ctx = make_context(true);
+    const std::unique_ptr<Context> ctx = small_moe_context(true);
     ASSERT_EQ(ctx->communication_stream(), kCommStream);
-    Rig rig(*ctx, kTokens / 4, 1, groups.expert_parallel.get(),
+    Rig rig(*ctx, small_moe_config(1), kTokens / 4, groups.expert_parallel.get(),
             {.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()});
     auto graph = CapturedStep::capture(
         *ctx, [&] { return rig.step(*ctx); },
@@ -461,7 +419,7 @@ void on_four_ranks(const std::function<void(Communicator& world, Context& ctx)>&
 TEST(ExpertDataParallelTrainErrors, AWorldWithoutExpertDataParallelIsRefusedNamingIt) {
   on_four_ranks([](Communicator& world, Context& ctx) {
     const ExpertDataParallelGroups groups = split_expert_data_parallel(world, 2);
-    ResidualStack model(ctx, config(1), nullptr, nullptr, groups.expert_parallel.get());
+    ResidualStack model(ctx, small_moe_config(1), nullptr, nullptr, groups.expert_parallel.get());
     AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
     EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, 6, &world), "data_parallel must be",
                           "GradientGroups::expert_data_parallel");
@@ -471,13 +429,13 @@ TEST(ExpertDataParallelTrainErrors, AWorldWithoutExpertDataParallelIsRefusedNami
 TEST(ExpertDataParallelTrainErrors, SizesThatDoNotMultiplyUpAreRefusedOnEveryRank) {
   on_four_ranks([](Communicator& world, Context& ctx) {
     const ExpertDataParallelGroups groups = split_expert_data_parallel(world, 2);
-    ResidualStack model(ctx, config(1), nullptr, nullptr, groups.expert_parallel.get());
+    ResidualStack model(ctx, small_moe_config(1), nullptr, nullptr, groups.expert_parallel.get());
     AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
     // The whole world as the experts' group: 2 x 4 ranks in a world of 4.
-    EXPECT_ERROR_CONTAINS(
-        TrainStep step(ctx, model, optimizer, 6, GradientGroups{.data_parallel = &world, .expert_data_parallel = &world}),
-        "data_parallel (world, 4 ranks) must be the expert-parallel group times expert_data_parallel",
-        "expert_data_parallel of 4");
+    EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, 6,
+                                         GradientGroups{.data_parallel = &world, .expert_data_parallel = &world}),
+                          "data_parallel (world, 4 ranks) must be the expert-parallel group times expert_data_parallel",
+                          "expert_data_parallel of 4");
     // The EP group as data_parallel, with an expert-data-parallel group: 2 x 2 ranks in a group of 2.
     EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, 6,
                                          GradientGroups{.data_parallel = groups.expert_parallel.get(),
@@ -492,12 +450,12 @@ TEST(ExpertDataParallelTrainErrors, ExpertParallelismNotInnermostIsRefusedOnEver
     // EP groups {0, 2} and {1, 3}: each mixes the replicas {0, 1} and {2, 3}.
     const std::unique_ptr<Communicator> ep = world.split(w % 2, w, "ep");
     const std::unique_ptr<Communicator> edp = world.split(w / 2, w, "edp");
-    ResidualStack model(ctx, config(1), nullptr, nullptr, ep.get());
+    ResidualStack model(ctx, small_moe_config(1), nullptr, nullptr, ep.get());
     AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
-    EXPECT_ERROR_CONTAINS(
-        TrainStep step(ctx, model, optimizer, 6, GradientGroups{.data_parallel = &world, .expert_data_parallel = edp.get()}),
-        "TrainStep: data_parallel's rank 1 is rank 0 of the model's expert-parallel group",
-        "expert parallelism is innermost", "split_expert_data_parallel");
+    EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, 6,
+                                         GradientGroups{.data_parallel = &world, .expert_data_parallel = edp.get()}),
+                          "TrainStep: data_parallel's rank 1 is rank 0 of the model's expert-parallel group",
+                          "expert parallelism is innermost", "split_expert_data_parallel");
   });
 }
 
@@ -509,12 +467,12 @@ TEST(ExpertDataParallelTrainErrors, GroupsThatMixReplicasAreRefusedOnEveryRank) 
     const std::unique_ptr<Communicator> ep = world.split(w == 0 || w == 3 ? 0 : 1, w % 2, "ep");
     const std::unique_ptr<Communicator> edp = world.split(w % 2, w, "edp");
     ASSERT_EQ(ep->rank(), w % 2);
-    ResidualStack model(ctx, config(1), nullptr, nullptr, ep.get());
+    ResidualStack model(ctx, small_moe_config(1), nullptr, nullptr, ep.get());
     AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
-    EXPECT_ERROR_CONTAINS(
-        TrainStep step(ctx, model, optimizer, 6, GradientGroups{.data_parallel = &world, .expert_data_parallel = edp.get()}),
-        "TrainStep: the model's expert-parallel group", "must hold this rank's replica",
-        "(found on data_parallel rank 0)");
+    EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, 6,
+                                         GradientGroups{.data_parallel = &world, .expert_data_parallel = edp.get()}),
+                          "TrainStep: the model's expert-parallel group", "must hold this rank's replica",
+                          "(found on data_parallel rank 0)");
   });
   on_four_ranks([](Communicator& world, Context& ctx) {
     const int w = world.rank();
@@ -523,12 +481,12 @@ TEST(ExpertDataParallelTrainErrors, GroupsThatMixReplicasAreRefusedOnEveryRank) 
     const std::unique_ptr<Communicator> ep = world.split(w / 2, w, "ep");
     const std::unique_ptr<Communicator> edp = world.split(w == 0 || w == 3 ? 0 : 1, w / 2, "edp");
     ASSERT_EQ(edp->rank(), w / 2);
-    ResidualStack model(ctx, config(1), nullptr, nullptr, ep.get());
+    ResidualStack model(ctx, small_moe_config(1), nullptr, nullptr, ep.get());
     AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
-    EXPECT_ERROR_CONTAINS(
-        TrainStep step(ctx, model, optimizer, 6, GradientGroups{.data_parallel = &world, .expert_data_parallel = edp.get()}),
-        "TrainStep: expert_data_parallel", "must hold the ranks with this rank's experts",
-        "(found on data_parallel rank 0)");
+    EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, 6,
+                                         GradientGroups{.data_parallel = &world, .expert_data_parallel = edp.get()}),
+                          "TrainStep: expert_data_parallel", "must hold the ranks with this rank's experts",
+                          "(found on data_parallel rank 0)");
   });
 }
 
@@ -536,18 +494,18 @@ TEST(ExpertDataParallelTrainErrors, ExpertDataParallelNeedsAnExpertParallelModel
   on_four_ranks([](Communicator& world, Context& ctx) {
     const ExpertDataParallelGroups groups = split_expert_data_parallel(world, 2);
     {
-      ResidualStack dense_experts(ctx, config(1));  // not expert-parallel
+      ResidualStack dense_experts(ctx, small_moe_config(1));  // not expert-parallel
       AdamW optimizer(ctx, dense_experts.parameters(), {.lr = 1e-3f});
       EXPECT_ERROR_CONTAINS(TrainStep step(ctx, dense_experts, optimizer, 6,
                                            GradientGroups{.data_parallel = &world,
                                                           .expert_data_parallel = groups.expert_data_parallel.get()}),
                             "expert_data_parallel", "the model is not expert-parallel");
     }
-    ResidualStack model(ctx, config(1), nullptr, nullptr, groups.expert_parallel.get());
+    ResidualStack model(ctx, small_moe_config(1), nullptr, nullptr, groups.expert_parallel.get());
     AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
-    EXPECT_ERROR_CONTAINS(
-        TrainStep step(ctx, model, optimizer, 6, GradientGroups{.expert_data_parallel = groups.expert_data_parallel.get()}),
-        "expert_data_parallel", "data_parallel is none");
+    EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, 6,
+                                         GradientGroups{.expert_data_parallel = groups.expert_data_parallel.get()}),
+                          "expert_data_parallel", "data_parallel is none");
     testing::expect_error_code(
         [&] {
           TrainStep step(ctx, model, optimizer, 6,

@@ -39,6 +39,7 @@
 #include "optim/adamw.h"
 #include "tests/layers/tensor_io.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/moe_train_rig.h"
 #include "tests/support/seed.h"
 #include "train/expert_data_parallel_groups.h"
 #include "train/train_step.h"
@@ -46,33 +47,17 @@
 namespace stepgraph {
 namespace {
 
-constexpr std::int64_t kHidden = 16;
-constexpr std::int64_t kVocab = 32;
-constexpr std::int64_t kExperts = 8;
+constexpr std::int64_t kHidden = testing::kSmallMoeHidden;
+constexpr std::int64_t kVocab = testing::kSmallMoeVocab;
+constexpr std::int64_t kExperts = testing::kSmallMoeExperts;
 constexpr std::int64_t kTokens = 8;  // a rank's
 constexpr std::int64_t kLayers = 2;  // both MoE
 constexpr int kReplays = 20;
 
-ResidualStackConfig config() {
-  return {.hidden = kHidden,
-          .ffn = 32,
-          .layers = kLayers,
-          .vocab = kVocab,
-          .dtype = DType::kFloat32,
-          .seed = 5,
-          .experts = kExperts,
-          .topk = 2,
-          .moe_every = 1};
-}
-
-struct Rig {
+// A rig over `ep` on kTokens of this rank's, both blocks MoE.
+struct Rig : testing::MoeTrainRig<ResidualStack> {
   Rig(Context& ctx, Communicator* ep, const GradientGroups& sums)
-      : model(ctx, config(), nullptr, nullptr, ep),
-        optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-2f}),
-        step(ctx, model, optimizer, kTokens, sums) {}
-  ResidualStack model;
-  AdamW optimizer;
-  TrainStep step;
+      : MoeTrainRig(ctx, testing::small_moe_config(1), kTokens, ep, sums) {}
 };
 
 // The ids of the values of `program` named `name`.
@@ -108,8 +93,9 @@ void expect_captured_step_reads_nothing_on_the_host(int ep_size, int dp_size) {
     // EP alone: data_parallel is the EP group itself.
     Communicator* ep = dp_size == 1 ? &world : groups.expert_parallel.get();
     const GradientGroups sums =
-        dp_size == 1 ? GradientGroups{.data_parallel = &world}
-                     : GradientGroups{.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()};
+        dp_size == 1
+            ? GradientGroups{.data_parallel = &world}
+            : GradientGroups{.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()};
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
     Rig eager(ctx, ep, sums);
@@ -189,9 +175,10 @@ const OpDef& host_reading_op() {
   static const OpDef op{
       .name = "test_reads_to_host",
       .check = [](const OpParams&, std::span<const TensorMeta> inputs) { return std::vector<TensorMeta>{inputs[0]}; },
-      .run_host = [](const OpParams&, const KernelArgs& args) {
-        std::memcpy(args.outputs[0], args.inputs[0], static_cast<std::size_t>(args.input_metas[0].bytes()));
-      },
+      .run_host =
+          [](const OpParams&, const KernelArgs& args) {
+            std::memcpy(args.outputs[0], args.inputs[0], static_cast<std::size_t>(args.input_metas[0].bytes()));
+          },
       .reads_to_host = true};
   return op;
 }
@@ -199,10 +186,7 @@ const OpDef& host_reading_op() {
 TEST(ExpertParallelHostRead, AnOpThatReadsToTheHostIsRefusedAtCapture) {
   Context ctx(Device::kHost);
   const Tensor counts = ctx.persistent("counts", {Shape{2, kExperts}, DType::kInt32});
-  EXPECT_ERROR_CONTAINS(CapturedStep::capture(ctx,
-                                              [&] {
-                                                return ctx.call(host_reading_op(), NoParams{}, {counts});
-                                              }),
+  EXPECT_ERROR_CONTAINS(CapturedStep::capture(ctx, [&] { return ctx.call(host_reading_op(), NoParams{}, {counts}); }),
                         "op test_reads_to_host reads its result on the host", "cannot be captured");
 }
 

@@ -29,6 +29,7 @@
 #include "layers/residual_stack.h"
 #include "optim/adamw.h"
 #include "tests/layers/tensor_io.h"
+#include "tests/support/moe_train_rig.h"
 #include "tests/support/seed.h"
 #include "train/expert_data_parallel_groups.h"
 #include "train/train_step.h"
@@ -102,8 +103,7 @@ TEST(ExpertParallelReplay, MoELayerStepOnNewRoutingEveryReplayEqualsEagerBitForB
                                        [&] {
                                          const MoEMLP::Forward f = graphed.forward(ctx, {x});
                                          const Tensor dx = graphed.backward(ctx, f.saved, {dy});
-                                         return std::vector<Tensor>{f.y, dx, f.saved.routed.experts,
-                                                                    f.saved.ep_counts};
+                                         return std::vector<Tensor>{f.y, dx, f.saved.routed.experts, f.saved.ep_counts};
                                        },
                                        {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&ep}});
     std::mt19937 rng(seed.value() + 7919u * static_cast<std::uint32_t>(r));
@@ -152,16 +152,7 @@ TEST(ExpertParallelReplay, TrainStepAtEp2Dp2OnNewBatchesEveryReplayEqualsEagerBi
   const testing::TestSeed seed;
   constexpr int kEp = 2;
   constexpr int kDp = 2;
-  constexpr std::int64_t kVocab = 32;
-  const ResidualStackConfig config{.hidden = kHidden,
-                                   .ffn = 32,
-                                   .layers = 2,
-                                   .vocab = kVocab,
-                                   .dtype = DType::kFloat32,
-                                   .seed = 5,
-                                   .experts = kExperts,
-                                   .topk = 2,
-                                   .moe_every = 1};
+  constexpr std::int64_t kVocab = testing::kSmallMoeVocab;
   run_world(kEp * kDp, [&](Communicator& world) {
     const int w = world.rank();
     const std::string who = "rank " + std::to_string(w) + " of ep 2 x dp 2";
@@ -170,17 +161,9 @@ TEST(ExpertParallelReplay, TrainStepAtEp2Dp2OnNewBatchesEveryReplayEqualsEagerBi
     const GradientGroups sums{.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()};
     Context ctx(Device::kHost, 2);
     ctx.set_communication_stream(2);
-    struct Rig {
-      Rig(Context& ctx, const ResidualStackConfig& config, Communicator* ep, const GradientGroups& sums)
-          : model(ctx, config, nullptr, nullptr, ep),
-            optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-2f}),
-            step(ctx, model, optimizer, kTokens, sums) {}
-      ResidualStack model;
-      AdamW optimizer;
-      TrainStep step;
-    };
-    Rig eager(ctx, config, groups.expert_parallel.get(), sums);
-    Rig graphed(ctx, config, groups.expert_parallel.get(), sums);
+    using Rig = testing::MoeTrainRig<ResidualStack>;
+    Rig eager(ctx, testing::small_moe_config(1), kTokens, groups.expert_parallel.get(), sums);
+    Rig graphed(ctx, testing::small_moe_config(1), kTokens, groups.expert_parallel.get(), sums);
     auto graph = CapturedStep::capture(
         ctx, [&] { return graphed.step(ctx); },
         {.pool_report_policy = PoolReportPolicy::kError, .communicators = graphed.step.communicators()});

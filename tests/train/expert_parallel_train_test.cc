@@ -45,52 +45,22 @@
 #include "tests/layers/world_steps.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/global_batch.h"
+#include "tests/support/moe_train_rig.h"
 #include "tests/support/seed.h"
 #include "train/train_step.h"
 
 namespace stepgraph {
 namespace {
 
-constexpr std::int64_t kHidden = 16;
-constexpr std::int64_t kVocab = 32;
-constexpr std::int64_t kExperts = 8;
+constexpr std::int64_t kHidden = testing::kSmallMoeHidden;
+constexpr std::int64_t kVocab = testing::kSmallMoeVocab;
 constexpr std::int64_t kTokens = 24;  // the global batch
 constexpr int kSteps = 3;
 
-ResidualStackConfig config(std::int64_t moe_every) {
-  return {.hidden = kHidden,
-          .ffn = 32,
-          .layers = 2,
-          .vocab = kVocab,
-          .dtype = DType::kFloat32,
-          .seed = 5,
-          .experts = kExperts,
-          .topk = 2,
-          .moe_every = moe_every};
-}
-
-// A context whose optimizer groups overlap the backward (a weight-gradient
-// and a communication stream), or one stream: one update after the backward.
-std::unique_ptr<Context> make_context(bool grouped) {
-  if (!grouped) return std::make_unique<Context>(Device::kHost, 0);
-  auto ctx = std::make_unique<Context>(Device::kHost, 2);
-  ctx->set_communication_stream(2);
-  return ctx;
-}
-
-struct Rig {
-  Rig(Context& ctx, std::int64_t tokens, std::int64_t moe_every, Communicator* ep)
-      : model(ctx, config(moe_every), nullptr, nullptr, ep),
-        optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-2f}),
-        step(ctx, model, optimizer, tokens, ep) {}
-  void load(Context& ctx, const testing::GlobalBatch& b, std::int64_t first, std::int64_t tokens) {
-    ctx.copy_from_host(step.inputs(), b.x.data() + first * kHidden, static_cast<std::size_t>(tokens * kHidden) * 4);
-    ctx.copy_from_host(step.labels(), b.labels.data() + first, static_cast<std::size_t>(tokens) * 4);
-  }
-  ResidualStack model;
-  AdamW optimizer;
-  TrainStep step;
-};
+using testing::small_moe_config;
+using testing::small_moe_context;
+using Rig = testing::MoeTrainRig<ResidualStack>;
+using GptRig = testing::MoeTrainRig<LanguageModel>;
 
 testing::GlobalBatch global_batch(std::uint32_t seed, int step) {
   return testing::global_batch(seed, step, kTokens, kHidden, kVocab);
@@ -111,8 +81,8 @@ TEST_P(ExpertParallelTrainTest, EqualsOneProcessOnTheWholeBatchOverThreeAdamWSte
   std::vector<std::string> names;
   std::vector<std::vector<float>> want_params;
   {
-    const std::unique_ptr<Context> ctx = make_context(c.grouped);
-    Rig rig(*ctx, kTokens, c.moe_every, nullptr);
+    const std::unique_ptr<Context> ctx = small_moe_context(c.grouped);
+    Rig rig(*ctx, small_moe_config(c.moe_every), kTokens, nullptr, {});
     EXPECT_TRUE(rig.model.expert_parameters().empty()) << "no expert parallelism, no rank-local experts";
     for (int s = 0; s < kSteps; ++s) {
       rig.load(*ctx, global_batch(seed.value(), s), 0, kTokens);
@@ -128,16 +98,15 @@ TEST_P(ExpertParallelTrainTest, EqualsOneProcessOnTheWholeBatchOverThreeAdamWSte
     const int r = ep.rank();
     const std::string who = "rank " + std::to_string(r) + " of ep " + std::to_string(c.ep) + " (moe_every " +
                             std::to_string(c.moe_every) + (c.grouped ? ", grouped)" : ", one update)");
-    const std::unique_ptr<Context> ctx = make_context(c.grouped);
-    Rig eager(*ctx, local, c.moe_every, &ep);
-    Rig graphed(*ctx, local, c.moe_every, &ep);
+    const std::unique_ptr<Context> ctx = small_moe_context(c.grouped);
+    Rig eager(*ctx, small_moe_config(c.moe_every), local, &ep, {.data_parallel = &ep});
+    Rig graphed(*ctx, small_moe_config(c.moe_every), local, &ep, {.data_parallel = &ep});
     ASSERT_EQ(eager.optimizer.group_count() > 0, c.grouped) << who;
-    ASSERT_NO_FATAL_FAILURE(
-        testing::expect_steps_match_one_process(*ctx, eager, graphed, want_losses, who, [&](int s) {
-          const testing::GlobalBatch b = global_batch(seed.value(), s);
-          eager.load(*ctx, b, r * local, local);
-          graphed.load(*ctx, b, r * local, local);
-        }));
+    ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(*ctx, eager, graphed, want_losses, who, [&](int s) {
+      const testing::GlobalBatch b = global_batch(seed.value(), s);
+      eager.load(*ctx, b, r * local, local);
+      graphed.load(*ctx, b, r * local, local);
+    }));
     const std::vector<Parameter*> expert_list = eager.model.expert_parameters();
     const std::unordered_set<const Parameter*> experts(expert_list.begin(), expert_list.end());
     // fc1's and fc2's weight and bias in every MoE block.
@@ -166,11 +135,12 @@ TEST_P(ExpertParallelTrainTest, EqualsOneProcessOnTheWholeBatchOverThreeAdamWSte
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ExpertParallelTrainTest,
-                         ::testing::Values(Case{2, 1, true}, Case{2, 2, true}, Case{2, 1, false},
-                                           Case{4, 1, true}, Case{4, 2, false}),
+                         ::testing::Values(Case{2, 1, true}, Case{2, 2, true}, Case{2, 1, false}, Case{4, 1, true},
+                                           Case{4, 2, false}),
                          [](const auto& info) {
                            return "ep" + std::to_string(info.param.ep) + "_moe_every" +
-                                  std::to_string(info.param.moe_every) + (info.param.grouped ? "_grouped" : "_one_update");
+                                  std::to_string(info.param.moe_every) +
+                                  (info.param.grouped ? "_grouped" : "_one_update");
                          });
 
 // The GPT LanguageModel (embedding, attention, MoE blocks) at EP 2: each
@@ -181,25 +151,10 @@ constexpr std::int64_t kContext = 6;
 constexpr std::int64_t kSequences = 4;  // the global batch's
 
 LanguageModelConfig gpt_config() {
-  ResidualStackConfig model = config(1);
+  ResidualStackConfig model = small_moe_config(1);
   model.heads = 2;
   return {.model = model, .context = kContext};
 }
-
-struct GptRig {
-  GptRig(Context& ctx, std::int64_t sequences, Communicator* ep)
-      : model(ctx, gpt_config(), nullptr, nullptr, ep),
-        optimizer(ctx, model.parameters(), {.lr = 1e-3f, .eps = 1e-2f}),
-        step(ctx, model, optimizer, sequences, ep) {}
-  void load(Context& ctx, const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels,
-            std::int64_t first, std::int64_t count) {
-    ctx.copy_from_host(step.inputs(), tokens.data() + first, static_cast<std::size_t>(count) * 4);
-    ctx.copy_from_host(step.labels(), labels.data() + first, static_cast<std::size_t>(count) * 4);
-  }
-  LanguageModel model;
-  AdamW optimizer;
-  TrainStep step;
-};
 
 TEST(ExpertParallelGptTrain, EqualsOneProcessOnEveryRanksSequencesAndGraphEqualsEager) {
   const testing::TestSeed seed;
@@ -214,8 +169,8 @@ TEST(ExpertParallelGptTrain, EqualsOneProcessOnEveryRanksSequencesAndGraphEquals
   std::vector<float> want_losses;
   std::vector<std::vector<float>> want_params;
   {
-    const std::unique_ptr<Context> ctx = make_context(true);
-    GptRig rig(*ctx, kSequences, nullptr);
+    const std::unique_ptr<Context> ctx = small_moe_context(true);
+    GptRig rig(*ctx, gpt_config(), kSequences, nullptr, {});
     for (int s = 0; s < kSteps; ++s) {
       const auto [tokens, labels] = batch(s);
       rig.load(*ctx, tokens, labels, 0, kAll);
@@ -227,15 +182,14 @@ TEST(ExpertParallelGptTrain, EqualsOneProcessOnEveryRanksSequencesAndGraphEquals
   HostWorld::run(kRanks, [&](Communicator& ep) {
     const int r = ep.rank();
     const std::string who = "rank " + std::to_string(r) + " of ep " + std::to_string(kRanks) + " (GPT)";
-    const std::unique_ptr<Context> ctx = make_context(true);
-    GptRig eager(*ctx, kSequences / kRanks, &ep);
-    GptRig graphed(*ctx, kSequences / kRanks, &ep);
-    ASSERT_NO_FATAL_FAILURE(
-        testing::expect_steps_match_one_process(*ctx, eager, graphed, want_losses, who, [&](int s) {
-          const auto [tokens, labels] = batch(s);
-          eager.load(*ctx, tokens, labels, r * kLocal, kLocal);
-          graphed.load(*ctx, tokens, labels, r * kLocal, kLocal);
-        }));
+    const std::unique_ptr<Context> ctx = small_moe_context(true);
+    GptRig eager(*ctx, gpt_config(), kSequences / kRanks, &ep, {.data_parallel = &ep});
+    GptRig graphed(*ctx, gpt_config(), kSequences / kRanks, &ep, {.data_parallel = &ep});
+    ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(*ctx, eager, graphed, want_losses, who, [&](int s) {
+      const auto [tokens, labels] = batch(s);
+      eager.load(*ctx, tokens, labels, r * kLocal, kLocal);
+      graphed.load(*ctx, tokens, labels, r * kLocal, kLocal);
+    }));
     const std::vector<Parameter*> expert_list = eager.model.expert_parameters();
     const std::unordered_set<const Parameter*> experts(expert_list.begin(), expert_list.end());
     EXPECT_EQ(experts.size(), 8u) << who;
@@ -262,27 +216,26 @@ TEST(ExpertParallelGptTrain, EqualsOneProcessOnEveryRanksSequencesAndGraphEquals
 TEST(ExpertParallelTrainErrors, ExpertTimesTensorParallelIsRefusedNamingBoth) {
   HostWorld::run(2, [](Communicator& comm) {
     Context ctx(Device::kHost);
-    testing::expect_error_code([&] { ResidualStack model(ctx, config(1), &comm, nullptr, &comm); },
+    testing::expect_error_code([&] { ResidualStack model(ctx, small_moe_config(1), &comm, nullptr, &comm); },
                                ErrorCode::kUnsupported, "expert parallelism over");
-    EXPECT_ERROR_CONTAINS(ResidualStack model(ctx, config(1), &comm, nullptr, &comm), "tensor parallelism over",
-                          "not both");
+    EXPECT_ERROR_CONTAINS(ResidualStack model(ctx, small_moe_config(1), &comm, nullptr, &comm),
+                          "tensor parallelism over", "not both");
   });
 }
 
 TEST(ExpertParallelTrainErrors, ExpertParallelWithoutExpertsIsRefused) {
   HostWorld::run(2, [](Communicator& comm) {
     Context ctx(Device::kHost);
-    ResidualStackConfig dense = config(1);
+    ResidualStackConfig dense = small_moe_config(1);
     dense.experts = 0;
-    EXPECT_ERROR_CONTAINS(ResidualStack model(ctx, dense, nullptr, nullptr, &comm), "expert_parallel",
-                          "experts is 0");
+    EXPECT_ERROR_CONTAINS(ResidualStack model(ctx, dense, nullptr, nullptr, &comm), "expert_parallel", "experts is 0");
   });
 }
 
 TEST(ExpertParallelTrainErrors, StepMustReduceOverTheExpertParallelGroupWithoutZero1) {
   HostWorld::run(2, [](Communicator& comm) {
     Context ctx(Device::kHost);
-    ResidualStack model(ctx, config(1), nullptr, nullptr, &comm);
+    ResidualStack model(ctx, small_moe_config(1), nullptr, nullptr, &comm);
     AdamW optimizer(ctx, model.parameters(), {.lr = 1e-3f});
     EXPECT_ERROR_CONTAINS(TrainStep step(ctx, model, optimizer, kTokens / 2), "data_parallel must be",
                           "expert-parallel", "none");

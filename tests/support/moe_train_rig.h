@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/communicator.h"
 #include "engine/context.h"
+#include "layers/language_model.h"
 #include "layers/residual_stack.h"
 #include "optim/adamw.h"
 #include "tests/support/global_batch.h"
@@ -34,6 +36,25 @@ inline ResidualStackConfig small_moe_config(std::int64_t moe_every) {
           .experts = kSmallMoeExperts,
           .topk = 2,
           .moe_every = moe_every};
+}
+
+// The GPT LanguageModel over it (every block MoE, 2 heads), on sequences of
+// kSmallMoeContext tokens.
+inline constexpr std::int64_t kSmallMoeContext = 6;
+
+inline LanguageModelConfig small_moe_gpt_config() {
+  ResidualStackConfig model = small_moe_config(1);
+  model.heads = 2;
+  return {.model = model, .context = kSmallMoeContext};
+}
+
+// A GPT step's global batch of `count` tokens and labels, uniform in [0,
+// vocab) from `seed` and the step (the tokens the labels reversed), the same
+// on every rank.
+inline std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> small_moe_gpt_batch(std::uint32_t seed, int step,
+                                                                                           std::int64_t count) {
+  const GlobalBatch b = global_batch(seed, step, count, 1, kSmallMoeVocab);
+  return {std::vector<std::int32_t>(b.labels.rbegin(), b.labels.rend()), b.labels};
 }
 
 // A host Context whose optimizer groups overlap the backward (a

@@ -295,29 +295,19 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ExpertDataParallelTrainTest,
 // each rank its own sequence of the global batch's four, against one process
 // on all of them; the same tolerance (the embedding's and attention's
 // gradients are replicated: summed in another order).
-constexpr std::int64_t kContext = 6;
 constexpr std::int64_t kSequences = 4;  // the global batch's
-
-LanguageModelConfig gpt_config() {
-  ResidualStackConfig model = small_moe_config(1);
-  model.heads = 2;
-  return {.model = model, .context = kContext};
-}
+using testing::small_moe_gpt_config;
 
 TEST(ExpertDataParallelGptTrain, EqualsOneProcessOnEveryRanksSequenceAndGraphEqualsEager) {
   const testing::TestSeed seed;
   constexpr int kEp = 2;
   constexpr int kDp = 2;
-  constexpr std::int64_t kAll = kSequences * kContext;
-  auto batch = [&](int s) {
-    const testing::GlobalBatch b = testing::global_batch(seed.value(), s, kAll, 1, kVocab);
-    std::vector<std::int32_t> tokens(b.labels.rbegin(), b.labels.rend());
-    return std::pair{tokens, b.labels};
-  };
+  constexpr std::int64_t kAll = kSequences * testing::kSmallMoeContext;
+  auto batch = [&](int s) { return testing::small_moe_gpt_batch(seed.value(), s, kAll); };
   Reference want;
   {
     const std::unique_ptr<Context> ctx = small_moe_context(true);
-    GptRig rig(*ctx, gpt_config(), kSequences, nullptr, {});
+    GptRig rig(*ctx, small_moe_gpt_config(), kSequences, nullptr, {});
     for (int s = 0; s < kSteps; ++s) {
       const auto [tokens, labels] = batch(s);
       rig.load(*ctx, tokens, labels, 0, kAll);
@@ -332,8 +322,8 @@ TEST(ExpertDataParallelGptTrain, EqualsOneProcessOnEveryRanksSequenceAndGraphEqu
     const ExpertDataParallelGroups groups = split_expert_data_parallel(world, kEp);
     const GradientGroups sums{.data_parallel = &world, .expert_data_parallel = groups.expert_data_parallel.get()};
     const std::unique_ptr<Context> ctx = small_moe_context(true);
-    GptRig eager(*ctx, gpt_config(), kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
-    GptRig graphed(*ctx, gpt_config(), kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
+    GptRig eager(*ctx, small_moe_gpt_config(), kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
+    GptRig graphed(*ctx, small_moe_gpt_config(), kSequences / (kEp * kDp), groups.expert_parallel.get(), sums);
     ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(*ctx, eager, graphed, want.losses, who, [&](int s) {
       const auto [tokens, labels] = batch(s);
       eager.load(*ctx, tokens, labels, w * kLocal, kLocal);

@@ -147,30 +147,19 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ExpertParallelTrainTest,
 // rank's own sequences, against one process on all of them. The same
 // tolerance as above (the embedding's and attention's gradients are
 // replicated: summed in another order; measured over 3 runs: at most 1.2e-7).
-constexpr std::int64_t kContext = 6;
 constexpr std::int64_t kSequences = 4;  // the global batch's
-
-LanguageModelConfig gpt_config() {
-  ResidualStackConfig model = small_moe_config(1);
-  model.heads = 2;
-  return {.model = model, .context = kContext};
-}
+using testing::small_moe_gpt_config;
 
 TEST(ExpertParallelGptTrain, EqualsOneProcessOnEveryRanksSequencesAndGraphEqualsEager) {
   const testing::TestSeed seed;
   constexpr int kRanks = 2;
-  constexpr std::int64_t kAll = kSequences * kContext;
-  auto batch = [&](int s) {
-    // Tokens and labels of the whole batch, uniform in [0, vocab).
-    const testing::GlobalBatch b = testing::global_batch(seed.value(), s, kAll, 1, kVocab);
-    std::vector<std::int32_t> tokens(b.labels.rbegin(), b.labels.rend());
-    return std::pair{tokens, b.labels};
-  };
+  constexpr std::int64_t kAll = kSequences * testing::kSmallMoeContext;
+  auto batch = [&](int s) { return testing::small_moe_gpt_batch(seed.value(), s, kAll); };
   std::vector<float> want_losses;
   std::vector<std::vector<float>> want_params;
   {
     const std::unique_ptr<Context> ctx = small_moe_context(true);
-    GptRig rig(*ctx, gpt_config(), kSequences, nullptr, {});
+    GptRig rig(*ctx, small_moe_gpt_config(), kSequences, nullptr, {});
     for (int s = 0; s < kSteps; ++s) {
       const auto [tokens, labels] = batch(s);
       rig.load(*ctx, tokens, labels, 0, kAll);
@@ -183,8 +172,8 @@ TEST(ExpertParallelGptTrain, EqualsOneProcessOnEveryRanksSequencesAndGraphEquals
     const int r = ep.rank();
     const std::string who = "rank " + std::to_string(r) + " of ep " + std::to_string(kRanks) + " (GPT)";
     const std::unique_ptr<Context> ctx = small_moe_context(true);
-    GptRig eager(*ctx, gpt_config(), kSequences / kRanks, &ep, {.data_parallel = &ep});
-    GptRig graphed(*ctx, gpt_config(), kSequences / kRanks, &ep, {.data_parallel = &ep});
+    GptRig eager(*ctx, small_moe_gpt_config(), kSequences / kRanks, &ep, {.data_parallel = &ep});
+    GptRig graphed(*ctx, small_moe_gpt_config(), kSequences / kRanks, &ep, {.data_parallel = &ep});
     ASSERT_NO_FATAL_FAILURE(testing::expect_steps_match_one_process(*ctx, eager, graphed, want_losses, who, [&](int s) {
       const auto [tokens, labels] = batch(s);
       eager.load(*ctx, tokens, labels, r * kLocal, kLocal);

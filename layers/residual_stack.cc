@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "engine/error.h"
 #include "layers/fp8_operand.h"
@@ -46,6 +47,14 @@ ResidualStack::ResidualStack(Context& ctx, const ResidualStackConfig& config, Co
     SG_CHECK(config.moe_every >= 1 && config.moe_every <= config.layers,
              "ResidualStack: moe_every must be in [1, layers = ", config.layers,
              "] so that some block is an MoE block, got ", config.moe_every);
+  }
+  // Load balancing (Note [MoE load balancing] in layers/moe_mlp.h) needs MoE blocks to balance.
+  for (const auto& [field, value] : {std::pair{"moe_aux_loss_coef", config.moe_aux_loss_coef},
+                                     std::pair{"moe_bias_update_rate", config.moe_bias_update_rate}}) {
+    SG_CHECK(std::isfinite(value) && value >= 0.0f, "ResidualStack: ", field, " must be finite and >= 0 (0: off), got ",
+             value);
+    SG_CHECK(value == 0.0f || config.experts > 0, "ResidualStack: ", field, " (", value,
+             ") balances the MoE blocks' experts, but experts is 0; set experts > 0, or leave ", field, " at 0");
   }
   SG_CHECK(config.heads >= 0, "ResidualStack: heads must be >= 0 (0: no attention), got ", config.heads);
   SG_CHECK(std::isfinite(config.dropout) && config.dropout >= 0.0f && config.dropout < 1.0f,

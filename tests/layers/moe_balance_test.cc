@@ -24,9 +24,11 @@
 #include "engine/host_world.h"
 #include "graphs/captured_step.h"
 #include "layers/moe_mlp.h"
+#include "layers/residual_stack.h"
 #include "tests/layers/gradient_check.h"
 #include "tests/layers/shard_values.h"
 #include "tests/layers/tensor_io.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
@@ -312,6 +314,24 @@ TEST(MoEBalanceLayerTest, GraphedStepsEqualEagerBitForBitWithTheBiasMoving) {
     graphed.check_errors(graph_ctx);
   }
   EXPECT_NE(biases.front(), biases.back()) << "the bias never moved";
+}
+
+TEST(MoEBalanceLayerTest, BadSettingsAreErrorsNamingTheirField) {
+  Context ctx(Device::kHost);
+  EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "moe", config(2, -1.0f, 0.0f), 1),
+                        "MoEMLP 'moe': aux_loss_coef must be finite and >= 0 (0: no auxiliary loss), got -1");
+  EXPECT_ERROR_CONTAINS(MoEMLP(ctx, "moe", config(2, 0.0f, NAN), 1),
+                        "MoEMLP 'moe': bias_update_rate must be finite and >= 0 (0: no expert bias), got nan");
+  const ResidualStackConfig dense{.hidden = 8, .ffn = 8, .layers = 1, .vocab = 16, .dtype = DType::kFloat32,
+                                  .moe_aux_loss_coef = 0.01f};
+  EXPECT_ERROR_CONTAINS(ResidualStack(ctx, dense),
+                        "ResidualStack: moe_aux_loss_coef (0.01) balances the MoE blocks' experts, but experts is 0");
+  ResidualStackConfig moe = dense;
+  moe.moe_aux_loss_coef = 0.0f;
+  moe.experts = 4;
+  moe.moe_every = 1;
+  moe.moe_bias_update_rate = -0.5f;
+  EXPECT_ERROR_CONTAINS(ResidualStack(ctx, moe), "ResidualStack: moe_bias_update_rate must be finite and >= 0");
 }
 
 }  // namespace

@@ -115,6 +115,33 @@ void check_aux_loss(int topk) {
   with.check_errors(ctx);
 }
 
+// The aux part of the router's gradient carries the dynamic loss scale S as
+// the loss's gradient does (AdamW divides every gradient by S).
+TEST(MoEBalanceLayerTest, AuxGradientCarriesTheDynamicLossScale) {
+  constexpr std::int64_t kTokens = 10;
+  Context ctx(Device::kHost);
+  testing::GradientCheck check(ctx);
+  const Tensor x = check.random_tensor("x", Shape{kTokens, kHidden});
+  const Tensor dy = ctx.persistent("dy", {Shape{kTokens, kHidden}, DType::kFloat32});
+  write_floats(ctx, dy, std::vector<float>(kTokens * kHidden, 0.0f));  // only the aux loss's gradient remains
+  const Tensor state = ctx.persistent("loss_scale", {Shape{3}, DType::kFloat32});
+  write_floats(ctx, state, {8.0f, 0.125f, 0.0f});
+  std::vector<std::vector<float>> grads;
+  for (const bool scaled : {false, true}) {
+    MoEMLP layer(ctx, scaled ? "scaled" : "plain", config(2, 1.0f, 0.0f), 5);
+    layer.set_balance({.loss_factor = 0.5f, .loss_scale = scaled ? state : Tensor()});
+    const MoEMLP::Forward f = layer.forward(ctx, {x});
+    layer.backward(ctx, f.saved, {dy});
+    grads.push_back(read_floats(ctx, layer.parameters()[kRouter]->grad));
+  }
+  float largest = 0.0f;
+  for (std::size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_EQ(grads[1][i], 8.0f * grads[0][i]) << "router weight gradient " << i;  // a power of two: exact
+    largest = std::max(largest, std::fabs(grads[0][i]));
+  }
+  EXPECT_GT(largest, 1e-4f) << "the aux loss gave the router no gradient";
+}
+
 TEST(MoEBalanceLayerTest, AuxLossValueAndGradientTop1) { check_aux_loss(1); }
 TEST(MoEBalanceLayerTest, AuxLossValueAndGradientTop2) { check_aux_loss(2); }
 

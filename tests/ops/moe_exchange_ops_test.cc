@@ -27,6 +27,7 @@
 #include "kernels/moe_exchange.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/support/moe_exchange_inputs.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
@@ -38,131 +39,22 @@ constexpr std::int64_t kTopk = 2;
 constexpr std::int64_t kRows = kTokens * kTopk;  // R
 constexpr std::int64_t kHidden = 16;
 
-enum class Routing {
-  kRandom,
-  kAllToRankZero,     // every row to rank 0's experts
-  kEmptyExpert,       // experts 1 and E - 1 receive nothing from anyone
-  kRankKeepsItsRows,  // rank 1 routes only to its own experts: it sends nothing to peers
-  kRankSendsNothing,  // rank 1 has no rows at all (splits all zero)
-  kCountsOutOfRange,  // rank 0 has a negative split and splits summing past R
-};
-
-std::string routing_name(Routing routing) {
-  switch (routing) {
-    case Routing::kRandom: return "random";
-    case Routing::kAllToRankZero: return "all_to_rank0";
-    case Routing::kEmptyExpert: return "empty_expert";
-    case Routing::kRankKeepsItsRows: return "rank_keeps_its_rows";
-    case Routing::kRankSendsNothing: return "rank_sends_nothing";
-    case Routing::kCountsOutOfRange: return "counts_out_of_range";
-  }
-  return "?";
-}
-
-// One rank's input: splits [E] and x_perm [R, H] as raw bytes.
-struct RankInput {
-  std::vector<std::int32_t> splits;
-  std::vector<std::uint8_t> x;
-};
-
-std::size_t row_bytes(DType dtype) { return static_cast<std::size_t>(kHidden) * dtype_size(dtype); }
-
-// Every rank can make every rank's input (the expectations need them all).
-RankInput make_input(std::uint32_t seed, int rank, int ranks, Routing routing, DType dtype) {
-  std::mt19937 rng(seed * 7919u + static_cast<std::uint32_t>(rank));
-  const std::int64_t L = kExperts / ranks;
-  const int keeper = ranks > 1 ? 1 : 0;
-  std::int64_t low = 0, high = kExperts;  // experts this rank's rows may choose
-  if (routing == Routing::kAllToRankZero) high = L;
-  if (routing == Routing::kRankKeepsItsRows && rank == keeper) low = rank * L, high = (rank + 1) * L;
-  RankInput in{std::vector<std::int32_t>(kExperts, 0), {}};
-  std::uniform_int_distribution<std::int64_t> pick(low, high - 1);
-  for (std::int64_t row = 0; row < kRows; ++row) {
-    std::int64_t e = pick(rng);
-    while (routing == Routing::kEmptyExpert && (e == 1 || e == kExperts - 1)) e = pick(rng);
-    ++in.splits[e];
-  }
-  if (routing == Routing::kRankSendsNothing && rank == keeper) std::fill(in.splits.begin(), in.splits.end(), 0);
-  if (routing == Routing::kCountsOutOfRange && rank == 0) {
-    in.splits[0] = -3;
-    in.splits[kExperts - 1] += static_cast<std::int32_t>(kRows);
-  }
-  in.x.resize(static_cast<std::size_t>(kRows) * row_bytes(dtype));
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (std::uint8_t& b : in.x) b = static_cast<std::uint8_t>(byte(rng));
-  return in;
-}
+constexpr testing::EpExchangeShape kShape{kExperts, kRows, kHidden};
+using Routing = testing::EpRouting;
+using RankInput = testing::EpRankInput;
+using Inputs = testing::EpInputs;
 
 std::vector<RankInput> make_inputs(std::uint32_t seed, int ranks, Routing routing, DType dtype) {
   std::vector<RankInput> all;
-  for (int p = 0; p < ranks; ++p) all.push_back(make_input(seed, p, ranks, routing, dtype));
+  for (int p = 0; p < ranks; ++p) all.push_back(testing::make_ep_input(kShape, seed, p, ranks, routing, dtype));
   return all;
 }
 
-// c[g]: the rows of experts before g, counts clamped to [0, R] (Note [Expert-parallel plan]).
-std::vector<std::int64_t> clamped_starts(const std::vector<std::int32_t>& splits) {
-  std::vector<std::int64_t> c(splits.size() + 1, 0);
-  std::int64_t sum = 0;
-  for (std::size_t g = 0; g <= splits.size(); ++g) {
-    c[g] = std::min(sum, kRows);
-    if (g < splits.size()) sum += std::max(splits[g], 0);
-  }
-  return c;
-}
-
-struct Dispatched {
-  std::vector<std::uint8_t> rows;  // [P*R, H]
-  std::vector<std::int32_t> splits;
-};
-
-// What rank r's experts receive: by local expert, then by source rank.
-Dispatched expected_dispatch(const std::vector<RankInput>& all, int r, DType dtype) {
-  const int P = static_cast<int>(all.size());
-  const std::int64_t L = kExperts / P;
-  const std::size_t B = row_bytes(dtype);
-  Dispatched out{{}, std::vector<std::int32_t>(static_cast<std::size_t>(L), 0)};
-  for (std::int64_t e = 0; e < L; ++e) {
-    const std::int64_t g = r * L + e;
-    for (int p = 0; p < P; ++p) {
-      const std::vector<std::int64_t> c = clamped_starts(all[p].splits);
-      for (std::int64_t j = c[g]; j < c[g + 1]; ++j) {
-        out.rows.insert(out.rows.end(), all[p].x.begin() + j * B, all[p].x.begin() + (j + 1) * B);
-        ++out.splits[e];
-      }
-    }
-  }
-  out.rows.resize(static_cast<std::size_t>(P * kRows) * B, 0);
+// What rank r's experts receive, padded to ep_dispatch's rows [P*R, H].
+testing::EpDispatched expected_dispatch(const std::vector<RankInput>& all, int r, DType dtype) {
+  testing::EpDispatched out = testing::expected_ep_dispatch(kShape, all, r, dtype);
+  out.rows.resize(all.size() * static_cast<std::size_t>(kRows) * kShape.row_bytes(dtype), 0);
   return out;
-}
-
-// combine(dispatch(x)): x's routed rows, zero past them.
-std::vector<std::uint8_t> expected_round_trip(const RankInput& in, DType dtype) {
-  const std::size_t routed = static_cast<std::size_t>(clamped_starts(in.splits).back()) * row_bytes(dtype);
-  std::vector<std::uint8_t> out(in.x.begin(), in.x.begin() + routed);
-  out.resize(in.x.size(), 0);
-  return out;
-}
-
-std::vector<std::uint8_t> bytes_of(Context& ctx, const Tensor& t) {
-  std::vector<std::uint8_t> out(static_cast<std::size_t>(t.bytes()));
-  ctx.copy_to_host(t, out.data(), out.size());
-  return out;
-}
-
-// The step's persistent inputs.
-struct Inputs {
-  Tensor x;       // x_perm [R, H]
-  Tensor splits;  // int32 [E]
-};
-
-Inputs make_inputs_on(Context& ctx, const std::string& prefix, DType dtype) {
-  return {ctx.persistent(prefix + "x_perm", {Shape{kRows, kHidden}, dtype}),
-          ctx.persistent(prefix + "splits", {Shape{kExperts}, DType::kInt32})};
-}
-
-void load(Context& ctx, const Inputs& in, const RankInput& values) {
-  ctx.copy_from_host(in.x, values.x.data(), values.x.size());
-  ctx.copy_from_host(in.splits, values.splits.data(), values.splits.size() * sizeof(std::int32_t));
 }
 
 // counts, dispatch and combine: {rows, splits, y_perm, counts}.
@@ -179,7 +71,8 @@ std::vector<std::uint8_t> received_rows(const std::vector<std::uint8_t>& rows, c
                                         DType dtype) {
   std::int64_t sum = 0;
   for (const std::int32_t s : splits) sum += s;
-  return {rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(sum * static_cast<std::int64_t>(row_bytes(dtype)))};
+  return {rows.begin(),
+          rows.begin() + static_cast<std::ptrdiff_t>(sum * static_cast<std::int64_t>(kShape.row_bytes(dtype)))};
 }
 
 // What the dispatched rows past the received sum hold.
@@ -189,18 +82,18 @@ enum class Padding { kZero, kUnspecified };
 void expect_exchange(Context& ctx, const std::vector<Tensor>& out, const std::vector<RankInput>& all, int r,
                      DType dtype, Padding padding = Padding::kZero) {
   const int P = static_cast<int>(all.size());
-  const Dispatched want = expected_dispatch(all, r, dtype);
+  const testing::EpDispatched want = expected_dispatch(all, r, dtype);
   ASSERT_EQ(out[0].shape(), (Shape{P * kRows, kHidden}));
   ASSERT_EQ(out[1].shape(), (Shape{kExperts / P}));
   EXPECT_EQ(ctx.to_vector<std::int32_t>(out[1]), want.splits) << "rank " << r;
   if (padding == Padding::kZero) {
-    EXPECT_TRUE(bytes_of(ctx, out[0]) == want.rows) << "rank " << r << ": dispatched rows differ";
+    EXPECT_TRUE(testing::tensor_bytes(ctx, out[0]) == want.rows) << "rank " << r << ": dispatched rows differ";
   } else {
-    EXPECT_TRUE(received_rows(bytes_of(ctx, out[0]), want.splits, dtype) ==
+    EXPECT_TRUE(received_rows(testing::tensor_bytes(ctx, out[0]), want.splits, dtype) ==
                 received_rows(want.rows, want.splits, dtype))
         << "rank " << r << ": dispatched rows differ";
   }
-  EXPECT_TRUE(bytes_of(ctx, out[2]) == expected_round_trip(all[r], dtype))
+  EXPECT_TRUE(testing::tensor_bytes(ctx, out[2]) == testing::expected_ep_round_trip(kShape, all[r], dtype))
       << "rank " << r << ": combine(dispatch(x)) is not x";
   std::vector<std::int32_t> counts;
   for (const RankInput& in : all) counts.insert(counts.end(), in.splits.begin(), in.splits.end());
@@ -214,12 +107,12 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "P=" << c.ranks << " " << dtype_name(c.dtype) << " " << routing_name(c.routing);
+  *os << "P=" << c.ranks << " " << dtype_name(c.dtype) << " " << testing::ep_routing_name(c.routing);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return "ep" + std::to_string(info.param.ranks) + "_" + std::string(dtype_name(info.param.dtype)) + "_" +
-         routing_name(info.param.routing);
+         testing::ep_routing_name(info.param.routing);
 }
 
 class EpExchangeTest : public ::testing::TestWithParam<Case> {};
@@ -232,14 +125,16 @@ TEST_P(EpExchangeTest, DispatchGivesEachExpertItsRowsAndCombineRestoresThem) {
     SCOPED_TRACE(testing::seed_note(seed.value()));  // traces are per thread
     Context ctx(Device::kHost, /*side_streams=*/1);
     ctx.set_communication_stream(1);
-    const Inputs in = make_inputs_on(ctx, "", c.dtype);
-    load(ctx, in, all[comm.rank()]);
+    const Inputs in = testing::make_ep_inputs_on(ctx, kShape, "", c.dtype);
+    testing::load_ep_inputs(ctx, in, all[comm.rank()]);
     const std::vector<Tensor> out = exchange_step(ctx, comm, in);
     expect_exchange(ctx, out, all, comm.rank(), c.dtype);
     // The backwards are the other direction.
     const Tensor counts = out[3];
-    EXPECT_TRUE(bytes_of(ctx, ops::ep_dispatch_backward(ctx, comm, out[0], counts)) == bytes_of(ctx, out[2]));
-    EXPECT_TRUE(bytes_of(ctx, ops::ep_combine_backward(ctx, comm, out[2], counts)) == bytes_of(ctx, out[0]));
+    EXPECT_TRUE(testing::tensor_bytes(ctx, ops::ep_dispatch_backward(ctx, comm, out[0], counts)) ==
+                testing::tensor_bytes(ctx, out[2]));
+    EXPECT_TRUE(testing::tensor_bytes(ctx, ops::ep_combine_backward(ctx, comm, out[2], counts)) ==
+                testing::tensor_bytes(ctx, out[0]));
   });
 }
 
@@ -273,8 +168,8 @@ TEST_P(EpExchangeCaptureTest, CapturedStepEqualsEagerWhileRoutingChanges) {
     SCOPED_TRACE(testing::seed_note(seed.value()));  // traces are per thread
     Context ctx(Device::kHost, /*side_streams=*/1);
     ctx.set_communication_stream(1);
-    const Inputs eager = make_inputs_on(ctx, "eager.", c.dtype);
-    const Inputs graphed = make_inputs_on(ctx, "graph.", c.dtype);
+    const Inputs eager = testing::make_ep_inputs_on(ctx, kShape, "eager.", c.dtype);
+    const Inputs graphed = testing::make_ep_inputs_on(ctx, kShape, "graph.", c.dtype);
     auto step = CapturedStep::capture(ctx, [&] { return exchange_step(ctx, comm, graphed); },
                                       {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
     const Routing routings[] = {Routing::kRandom, Routing::kAllToRankZero, Routing::kEmptyExpert,
@@ -283,18 +178,19 @@ TEST_P(EpExchangeCaptureTest, CapturedStepEqualsEagerWhileRoutingChanges) {
       const Routing routing = routings[i % 5];
       const std::vector<RankInput> all =
           make_inputs(seed.value() + static_cast<std::uint32_t>(i), c.ranks, routing, c.dtype);
-      load(ctx, eager, all[comm.rank()]);
-      load(ctx, graphed, all[comm.rank()]);
+      testing::load_ep_inputs(ctx, eager, all[comm.rank()]);
+      testing::load_ep_inputs(ctx, graphed, all[comm.rank()]);
       const std::vector<Tensor> want = exchange_step(ctx, comm, eager);
       step->replay();
       const std::vector<Tensor> got = step->outputs();
       const std::vector<std::int32_t> splits = ctx.to_vector<std::int32_t>(want[1]);
       for (std::size_t k = 0; k < want.size(); ++k) {
         const bool rows = k == 0 && c.ranks > 1;
-        EXPECT_TRUE(rows ? received_rows(bytes_of(ctx, want[k]), splits, c.dtype) ==
-                               received_rows(bytes_of(ctx, got[k]), splits, c.dtype)
-                         : bytes_of(ctx, want[k]) == bytes_of(ctx, got[k]))
-            << "rank " << comm.rank() << " replay " << i << " output " << k << " (" << routing_name(routing) << ")";
+        EXPECT_TRUE(rows ? received_rows(testing::tensor_bytes(ctx, want[k]), splits, c.dtype) ==
+                               received_rows(testing::tensor_bytes(ctx, got[k]), splits, c.dtype)
+                         : testing::tensor_bytes(ctx, want[k]) == testing::tensor_bytes(ctx, got[k]))
+            << "rank " << comm.rank() << " replay " << i << " output " << k << " (" << testing::ep_routing_name(routing)
+            << ")";
       }
       expect_exchange(ctx, got, all, comm.rank(), c.dtype, c.ranks > 1 ? Padding::kUnspecified : Padding::kZero);
       if (::testing::Test::HasFailure()) return;
@@ -372,17 +268,18 @@ TEST(EpExchangeCudaTest, OneRankEqualsTheHostReference) {
     const std::vector<RankInput> all = make_inputs(seed.value(), 1, Routing::kCountsOutOfRange, dtype);
     Context cuda(Device::kCuda, 1);
     cuda.set_communication_stream(1);
-    const Inputs in = make_inputs_on(cuda, "", dtype);
-    load(cuda, in, all[0]);
+    const Inputs in = testing::make_ep_inputs_on(cuda, kShape, "", dtype);
+    testing::load_ep_inputs(cuda, in, all[0]);
     const std::vector<Tensor> got = exchange_step(cuda, *comm, in);
     std::vector<std::vector<std::uint8_t>> want;
     HostWorld::run(1, [&](Communicator& host_comm) {
       Context host(Device::kHost);
-      const Inputs host_in = make_inputs_on(host, "", dtype);
-      load(host, host_in, all[0]);
-      for (const Tensor& t : exchange_step(host, host_comm, host_in)) want.push_back(bytes_of(host, t));
+      const Inputs host_in = testing::make_ep_inputs_on(host, kShape, "", dtype);
+      testing::load_ep_inputs(host, host_in, all[0]);
+      for (const Tensor& t : exchange_step(host, host_comm, host_in)) want.push_back(testing::tensor_bytes(host, t));
     });
-    for (std::size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(bytes_of(cuda, got[k]) == want[k]) << "output " << k;
+    for (std::size_t k = 0; k < got.size(); ++k)
+      EXPECT_TRUE(testing::tensor_bytes(cuda, got[k]) == want[k]) << "output " << k;
     expect_exchange(cuda, got, all, 0, dtype);
   }
 }
@@ -396,17 +293,17 @@ TEST(EpExchangeCudaTest, CapturedOneRankEqualsTheHostReferenceWhileRoutingChange
   auto comm = make_nccl_communicator(make_nccl_unique_id(), 0, 1);
   Context cuda(Device::kCuda, 1);
   cuda.set_communication_stream(1);
-  const Inputs in = make_inputs_on(cuda, "", dtype);
+  const Inputs in = testing::make_ep_inputs_on(cuda, kShape, "", dtype);
   auto step = CapturedStep::capture(cuda, [&] { return exchange_step(cuda, *comm, in); },
                                     {.pool_report_policy = PoolReportPolicy::kError, .communicators = {comm.get()}});
   const Routing routings[] = {Routing::kRandom, Routing::kEmptyExpert, Routing::kCountsOutOfRange};
   for (int i = 0; i < 100; ++i) {
     const Routing routing = routings[i % 3];
     const std::vector<RankInput> all = make_inputs(seed.value() + static_cast<std::uint32_t>(i), 1, routing, dtype);
-    load(cuda, in, all[0]);
+    testing::load_ep_inputs(cuda, in, all[0]);
     step->replay();
     expect_exchange(cuda, step->outputs(), all, 0, dtype);
-    if (::testing::Test::HasFailure()) FAIL() << "replay " << i << " (" << routing_name(routing) << ")";
+    if (::testing::Test::HasFailure()) FAIL() << "replay " << i << " (" << testing::ep_routing_name(routing) << ")";
   }
 }
 
@@ -416,7 +313,7 @@ TEST(EpExchangeCudaTest, KernelsAtSeveralRanksEqualTheHostReferences) {
   SG_SKIP_WITHOUT_GPU();
   const testing::TestSeed seed;
   const DType dtype = DType::kBFloat16;
-  const std::size_t B = row_bytes(dtype);
+  const std::size_t B = kShape.row_bytes(dtype);
   for (const int P : {2, 4}) {
     const std::vector<RankInput> all = make_inputs(seed.value(), P, Routing::kCountsOutOfRange, dtype);
     std::vector<std::int32_t> counts;
@@ -478,12 +375,12 @@ TEST(EpExchangeCudaTest, KernelsAtSeveralRanksEqualTheHostReferences) {
       SG_CUDA_CHECK(cudaMemcpy(got_splits.data(), d_splits[r], splits.size() * 4, cudaMemcpyDeviceToHost));
       EXPECT_EQ(got_plan, plan) << "P " << P << " rank " << r;
       EXPECT_EQ(got_splits, splits) << "P " << P << " rank " << r;
-      const Dispatched want = expected_dispatch(all, r, dtype);
+      const testing::EpDispatched want = expected_dispatch(all, r, dtype);
       std::vector<std::uint8_t> rows(P * slot_bytes), back(slot_bytes);
       SG_CUDA_CHECK(cudaMemcpy(rows.data(), d_rows[r], rows.size(), cudaMemcpyDeviceToHost));
       SG_CUDA_CHECK(cudaMemcpy(back.data(), d_back[r], back.size(), cudaMemcpyDeviceToHost));
       EXPECT_TRUE(rows == want.rows) << "P " << P << " rank " << r;
-      EXPECT_TRUE(back == expected_round_trip(all[r], dtype)) << "P " << P << " rank " << r;
+      EXPECT_TRUE(back == testing::expected_ep_round_trip(kShape, all[r], dtype)) << "P " << P << " rank " << r;
     }
     SG_CUDA_CHECK(cudaFree(d_counts));
     for (int r = 0; r < P; ++r) {

@@ -31,6 +31,7 @@
 #include "ops/moe_exchange_ops.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/gpu.h"
+#include "tests/support/moe_exchange_inputs.h"
 #include "tests/support/seed.h"
 
 namespace stepgraph {
@@ -47,77 +48,16 @@ constexpr int kReplays = 120;
 // A failing rank leaves its peers waiting: they end within this.
 constexpr std::chrono::milliseconds kWorldTimeout = 60s;
 
-enum class Routing {
-  kRandom,
-  kAllToRankZero,        // every row of every rank to rank 0's experts
-  kRankReceivesNothing,  // no row to the last rank's experts
-  kEmptyExpert,          // experts 1 and E - 1 receive nothing
-  kRankSendsNothing,     // rank 1 has no rows (splits all zero)
-  kCountsOutOfRange,     // rank 0 has a negative split and splits summing past R
-};
+constexpr testing::EpExchangeShape kShape{kExperts, kRows, kHidden};
+using Routing = testing::EpRouting;
+using RankInput = testing::EpRankInput;
+using Inputs = testing::EpInputs;
+
 constexpr Routing kRoutings[] = {Routing::kRandom,      Routing::kAllToRankZero,    Routing::kRankReceivesNothing,
                                  Routing::kEmptyExpert, Routing::kRankSendsNothing, Routing::kCountsOutOfRange};
 
-std::string routing_name(Routing routing) {
-  switch (routing) {
-    case Routing::kRandom: return "random";
-    case Routing::kAllToRankZero: return "all_to_rank0";
-    case Routing::kRankReceivesNothing: return "last_rank_receives_nothing";
-    case Routing::kEmptyExpert: return "empty_expert";
-    case Routing::kRankSendsNothing: return "rank1_sends_nothing";
-    case Routing::kCountsOutOfRange: return "counts_out_of_range";
-  }
-  return "?";
-}
-
-std::size_t row_bytes(DType dtype) { return static_cast<std::size_t>(kHidden) * dtype_size(dtype); }
-
-struct RankInput {
-  std::vector<std::int32_t> splits;  // [E]
-  std::vector<std::uint8_t> x;       // x_perm [R, H] as bytes
-};
-
-RankInput make_input(std::uint32_t seed, int rank, int ranks, Routing routing, DType dtype) {
-  std::mt19937 rng(seed * 7919u + static_cast<std::uint32_t>(rank));
-  const std::int64_t L = kExperts / ranks;
-  std::int64_t high = kExperts;
-  if (routing == Routing::kAllToRankZero) high = L;
-  if (routing == Routing::kRankReceivesNothing) high = kExperts - L;
-  RankInput in{std::vector<std::int32_t>(kExperts, 0), {}};
-  std::uniform_int_distribution<std::int64_t> pick(0, high - 1);
-  for (std::int64_t row = 0; row < kRows; ++row) {
-    std::int64_t e = pick(rng);
-    while (routing == Routing::kEmptyExpert && (e == 1 || e == kExperts - 1)) e = pick(rng);
-    ++in.splits[static_cast<std::size_t>(e)];
-  }
-  if (routing == Routing::kRankSendsNothing && rank == 1) std::fill(in.splits.begin(), in.splits.end(), 0);
-  if (routing == Routing::kCountsOutOfRange && rank == 0) {
-    in.splits[0] = -3;
-    in.splits[kExperts - 1] += static_cast<std::int32_t>(kRows);
-  }
-  in.x.resize(static_cast<std::size_t>(kRows) * row_bytes(dtype));
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (std::uint8_t& b : in.x) b = static_cast<std::uint8_t>(byte(rng));
-  return in;
-}
-
 // Replay i's routing and seed (every world and rank derives the same).
 Routing routing_of(int replay) { return kRoutings[replay % std::size(kRoutings)]; }
-
-struct Inputs {
-  Tensor x;       // x_perm [R, H]
-  Tensor splits;  // int32 [E]
-};
-
-Inputs make_inputs_on(Context& ctx, const std::string& prefix, DType dtype) {
-  return {ctx.persistent(prefix + "x_perm", {Shape{kRows, kHidden}, dtype}),
-          ctx.persistent(prefix + "splits", {Shape{kExperts}, DType::kInt32})};
-}
-
-void load(Context& ctx, const Inputs& in, const RankInput& values) {
-  ctx.copy_from_host(in.x, values.x.data(), values.x.size());
-  ctx.copy_from_host(in.splits, values.splits.data(), values.splits.size() * sizeof(std::int32_t));
-}
 
 // Every exchange of a MoE layer's forward and backward:
 // {rows, splits, y_perm, counts, d_x = dispatch_backward(rows), d_rows = combine_backward(y_perm)}.
@@ -136,12 +76,6 @@ std::vector<Tensor> exchange_step(Context& ctx, Communicator& comm, const Inputs
           ops::ep_combine_backward(ctx, comm, y, counts)};
 }
 
-std::vector<std::uint8_t> bytes_of(Context& ctx, const Tensor& t) {
-  std::vector<std::uint8_t> out(static_cast<std::size_t>(t.bytes()));
-  ctx.copy_to_host(t, out.data(), out.size());
-  return out;
-}
-
 // One step's outputs as bytes, the dispatched rows cut at their sum (the
 // peer transport leaves the rows past it as they were).
 std::vector<std::vector<std::uint8_t>> comparable(Context& ctx, const std::vector<Tensor>& out, DType dtype) {
@@ -149,49 +83,12 @@ std::vector<std::vector<std::uint8_t>> comparable(Context& ctx, const std::vecto
   for (const std::int32_t s : ctx.to_vector<std::int32_t>(out[kSplits])) received += s;
   std::vector<std::vector<std::uint8_t>> all;
   for (int k = 0; k < kOutputs; ++k) {
-    std::vector<std::uint8_t> bytes = bytes_of(ctx, out[static_cast<std::size_t>(k)]);
-    if (k == kDispatched || k == kCombineBackward) bytes.resize(static_cast<std::size_t>(received) * row_bytes(dtype));
+    std::vector<std::uint8_t> bytes = testing::tensor_bytes(ctx, out[static_cast<std::size_t>(k)]);
+    if (k == kDispatched || k == kCombineBackward)
+      bytes.resize(static_cast<std::size_t>(received) * kShape.row_bytes(dtype));
     all.push_back(std::move(bytes));
   }
   return all;
-}
-
-// c[g]: the rows of experts before g, counts clamped to [0, R].
-std::vector<std::int64_t> clamped_starts(const std::vector<std::int32_t>& splits) {
-  std::vector<std::int64_t> c(splits.size() + 1, 0);
-  std::int64_t sum = 0;
-  for (std::size_t g = 0; g <= splits.size(); ++g) {
-    c[g] = std::min(sum, kRows);
-    if (g < splits.size()) sum += std::max(splits[g], 0);
-  }
-  return c;
-}
-
-// What rank r's experts receive, by local expert then source rank, without padding.
-std::vector<std::uint8_t> expected_rows(const std::vector<RankInput>& all, int r, DType dtype) {
-  const int P = static_cast<int>(all.size());
-  const std::int64_t L = kExperts / P;
-  const std::size_t B = row_bytes(dtype);
-  std::vector<std::uint8_t> out;
-  for (std::int64_t e = 0; e < L; ++e) {
-    for (int p = 0; p < P; ++p) {
-      const std::vector<std::int64_t> c = clamped_starts(all[static_cast<std::size_t>(p)].splits);
-      const auto& x = all[static_cast<std::size_t>(p)].x;
-      for (std::int64_t j = c[r * L + e]; j < c[r * L + e + 1]; ++j) {
-        out.insert(out.end(), x.begin() + static_cast<std::ptrdiff_t>(j * B),
-                   x.begin() + static_cast<std::ptrdiff_t>((j + 1) * B));
-      }
-    }
-  }
-  return out;
-}
-
-// combine(dispatch(x)): x's routed rows, zero past them.
-std::vector<std::uint8_t> expected_round_trip(const RankInput& in, DType dtype) {
-  const std::size_t routed = static_cast<std::size_t>(clamped_starts(in.splits).back()) * row_bytes(dtype);
-  std::vector<std::uint8_t> out(in.x.begin(), in.x.begin() + static_cast<std::ptrdiff_t>(routed));
-  out.resize(in.x.size(), 0);
-  return out;
 }
 
 struct Case {
@@ -221,19 +118,20 @@ void run_world(const Case& c, std::uint32_t seed, bool peer_copies, Results& cap
         SCOPED_TRACE(testing::seed_note(seed));
         Context ctx(Device::kHost, /*side_streams=*/1);
         ctx.set_communication_stream(1);
-        const Inputs graphed = make_inputs_on(ctx, "graph.", c.dtype);
-        const Inputs direct = make_inputs_on(ctx, "eager.", c.dtype);
+        const Inputs graphed = testing::make_ep_inputs_on(ctx, kShape, "graph.", c.dtype);
+        const Inputs direct = testing::make_ep_inputs_on(ctx, kShape, "eager.", c.dtype);
         ASSERT_EQ(comm.peer_transport(), peer_copies ? PeerTransport::kPeerCopy : PeerTransport::kNccl);
         auto step = CapturedStep::capture(ctx, [&] { return exchange_step(ctx, comm, graphed); },
                                           {.pool_report_policy = PoolReportPolicy::kError, .communicators = {&comm}});
         for (int i = 0; i < kReplays; ++i) {
           std::vector<RankInput> all;
           for (int p = 0; p < c.ranks; ++p) {
-            all.push_back(make_input(seed + static_cast<std::uint32_t>(i), p, c.ranks, routing_of(i), c.dtype));
+            all.push_back(testing::make_ep_input(kShape, seed + static_cast<std::uint32_t>(i), p, c.ranks,
+                                                 routing_of(i), c.dtype));
           }
-          load(ctx, graphed, all[static_cast<std::size_t>(r)]);
+          testing::load_ep_inputs(ctx, graphed, all[static_cast<std::size_t>(r)]);
           if (eager != nullptr) {
-            load(ctx, direct, all[static_cast<std::size_t>(r)]);
+            testing::load_ep_inputs(ctx, direct, all[static_cast<std::size_t>(r)]);
             const std::int64_t before = comm.window_transfers();
             (*eager)[static_cast<std::size_t>(r)].push_back(comparable(ctx, exchange_step(ctx, comm, direct), c.dtype));
             EXPECT_EQ(comm.window_transfers(), before) << "rank " << r << ": an eager exchange took a peer window";
@@ -245,10 +143,11 @@ void run_world(const Case& c, std::uint32_t seed, bool peer_copies, Results& cap
               << "rank " << r << " replay " << i;
           auto got = comparable(ctx, step->outputs(), c.dtype);
           // Against the expectation from every rank's input, too.
-          EXPECT_TRUE(got[kDispatched] == expected_rows(all, r, c.dtype))
-              << "rank " << r << " replay " << i << " (" << routing_name(routing_of(i)) << ")";
-          EXPECT_TRUE(got[kCombined] == expected_round_trip(all[static_cast<std::size_t>(r)], c.dtype))
-              << "rank " << r << " replay " << i << " (" << routing_name(routing_of(i)) << ")";
+          EXPECT_TRUE(got[kDispatched] == testing::expected_ep_dispatch(kShape, all, r, c.dtype).rows)
+              << "rank " << r << " replay " << i << " (" << testing::ep_routing_name(routing_of(i)) << ")";
+          EXPECT_TRUE(got[kCombined] ==
+                      testing::expected_ep_round_trip(kShape, all[static_cast<std::size_t>(r)], c.dtype))
+              << "rank " << r << " replay " << i << " (" << testing::ep_routing_name(routing_of(i)) << ")";
           captured[static_cast<std::size_t>(r)].push_back(std::move(got));
         }
       },
@@ -277,9 +176,9 @@ TEST_P(EpPeerExchangeTest, CapturedPeerCopiesEqualThePaddedExchangeAndEagerWhile
             by_nccl[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)][static_cast<std::size_t>(k)];
         const auto& now = eager[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)][static_cast<std::size_t>(k)];
         ASSERT_TRUE(peer == nccl) << "rank " << r << " replay " << i << " " << names[k] << " ("
-                                  << routing_name(routing_of(i)) << "): peer copies != the padded exchange";
+                                  << testing::ep_routing_name(routing_of(i)) << "): peer copies != the padded exchange";
         ASSERT_TRUE(peer == now) << "rank " << r << " replay " << i << " " << names[k] << " ("
-                                 << routing_name(routing_of(i)) << "): captured != eager";
+                                 << testing::ep_routing_name(routing_of(i)) << "): captured != eager";
       }
     }
   }
@@ -376,15 +275,15 @@ TEST(EpPeerExchangeCudaTest, KernelsAtSeveralRanksEqualTheHostReferences) {
   SG_SKIP_WITHOUT_GPU();
   const testing::TestSeed seed;
   const DType dtype = DType::kBFloat16;
-  const std::size_t B = row_bytes(dtype);
+  const std::size_t B = kShape.row_bytes(dtype);
   using kernels::EpDirection;
   for (const int P : {2, 3, 4}) {
     for (const Routing routing : kRoutings) {
-      SCOPED_TRACE("P " + std::to_string(P) + " " + routing_name(routing));
+      SCOPED_TRACE("P " + std::to_string(P) + " " + testing::ep_routing_name(routing));
       std::vector<std::int32_t> counts;
       std::vector<RankInput> all;
       for (int p = 0; p < P; ++p) {
-        all.push_back(make_input(seed.value(), p, P, routing, dtype));
+        all.push_back(testing::make_ep_input(kShape, seed.value(), p, P, routing, dtype));
         counts.insert(counts.end(), all.back().splits.begin(), all.back().splits.end());
       }
       const kernels::EpPlanDesc base{0, P, kExperts, kRows};
@@ -466,7 +365,7 @@ TEST(EpPeerExchangeCudaTest, KernelsAtSeveralRanksEqualTheHostReferences) {
         EXPECT_EQ(got_combine, combine_routes[r]) << "rank " << r;
         EXPECT_TRUE(got_rows == rows[r]) << "rank " << r << ": dispatched buffer";
         EXPECT_TRUE(got_back == back[r]) << "rank " << r << ": combined buffer";
-        EXPECT_TRUE(got_back == expected_round_trip(all[r], dtype)) << "rank " << r;
+        EXPECT_TRUE(got_back == testing::expected_ep_round_trip(kShape, all[r], dtype)) << "rank " << r;
       }
       SG_CUDA_CHECK(cudaFree(d_counts));
       for (int r = 0; r < P; ++r) {

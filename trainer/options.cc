@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <vector>
 
 #include "engine/error.h"
@@ -54,6 +56,7 @@ constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
 constexpr std::int64_t kMaxRanks = std::int64_t{1} << 16;
 constexpr double kMaxLr = 1e6;               // fp32 on the device, with room for the update's products
 constexpr double kMaxTimeoutSeconds = 1e6;  // 11.6 days, as int64 milliseconds and clock arithmetic
+constexpr double kMaxMoeBalance = 1e6;      // --moe-aux-loss, --moe-bias-rate: fp32 on the device, as --lr
 
 template <typename T>
 void default_if(T& value, T unset, T fallback) {
@@ -212,6 +215,18 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
       ->check(whole_number(0, kMaxSize));
   CLI::Option* topk_option = app.add_option("--topk", o.topk, "with --experts: the experts each token is routed to")
                                   ->check(whole_number(1, kernels::kMaxTopk));
+  CLI::Option* moe_aux_loss_option =
+      app.add_option("--moe-aux-loss", o.moe_aux_loss,
+                     "with --experts: the coefficient of the Switch auxiliary load-balancing loss of every MoE block "
+                     "(0: off; Switch used 1e-2): its gradient trains the routers inside the step, its value is "
+                     "logged as 'aux' beside the loss (which stays the language model's)")
+          ->check(real_number(0, kMaxMoeBalance));
+  CLI::Option* moe_bias_rate_option =
+      app.add_option("--moe-bias-rate", o.moe_bias_rate,
+                     "with --experts: aux-loss-free balancing (DeepSeek-V3; 0: off, it used 1e-3): every MoE block "
+                     "keeps a per-expert bias on its router's top-k choice, moved by this rate toward the mean load "
+                     "after every step, on the device; checkpoints hold it")
+          ->check(real_number(0, kMaxMoeBalance));
   app.add_option("--batch", o.batch,
                  "sequences per step (each predicts its --seq-len next tokens); with --heads 0 examples per step")
       ->check(whole_number(1, kMaxSize));
@@ -341,6 +356,10 @@ ParsedCommandLine parse_command_line(std::span<const std::string> args) {
   std::string ignored;
   if (topk_option->count() > 0 && o.experts == 0) {
     ignored = "--topk routes tokens to experts: it needs --experts N (N >= --topk)";
+  } else if (moe_aux_loss_option->count() > 0 && o.experts == 0) {
+    ignored = "--moe-aux-loss balances the MoE blocks' experts: it needs --experts N";
+  } else if (moe_bias_rate_option->count() > 0 && o.experts == 0) {
+    ignored = "--moe-bias-rate balances the MoE blocks' experts: it needs --experts N";
   } else if (loss_scale_option->count() > 0 && o.dtype != DType::kFloat16) {
     ignored = "--loss-scale-interval sets fp16's loss scaling: it needs --dtype fp16";
   } else if (overlap_option->count() > 0 && o.tp == 1) {
@@ -475,6 +494,15 @@ TrainerOptions resolve_defaults(const TrainerOptions& options, Device device) {
            "or fp32; pass --dtype bf16 or fp32, or leave --experts out");
   SG_CHECK(o.experts == 0 || o.layers >= 2, "--experts makes every second block an MoE block: it needs --layers 2 or "
            "more, got --layers ", o.layers);
+  // MoE load balancing (Note [MoE load balancing] in layers/moe_mlp.h): ResidualStack's rules, asked here to name
+  // the flags. --pp refuses --experts below, and with it these.
+  for (const auto& [flag, value] : {std::pair{"--moe-aux-loss", o.moe_aux_loss},
+                                    std::pair{"--moe-bias-rate", o.moe_bias_rate}}) {
+    SG_CHECK(std::isfinite(value) && value >= 0 && value <= kMaxMoeBalance, flag, " must be a finite number in [0, ",
+             kMaxMoeBalance, "] (0: off), got ", value);
+    SG_CHECK(value == 0 || o.experts > 0, flag, " (", value, ") balances the MoE blocks' experts: it needs --experts N, "
+             "or leave ", flag, " out");
+  }
   SG_CHECK(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH: the file to continue from");
   check_restart_options(o);
   const bool zero1 = o.dp_mode == DataParallelMode::kZero1;

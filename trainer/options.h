@@ -75,6 +75,13 @@ struct TrainerOptions {
   std::int64_t ffn = 0;
   std::int64_t experts = 0;
   std::int64_t topk = 2;
+  // With --experts, the MoE blocks' load balancing (Note [MoE load balancing]
+  // in layers/moe_mlp.h), each 0 (off) by default: the Switch auxiliary
+  // loss's coefficient (its gradient in the step, its value logged beside the
+  // loss) and the expert bias's update rate (DeepSeek-V3's aux-loss-free
+  // balancing: a per-expert router bias moved on the device after every step).
+  double moe_aux_loss = 0;
+  double moe_bias_rate = 0;
   std::int64_t batch = 0;    // sequences (sequence model) or examples (window model) per step, all ranks
   std::int64_t heads = -1;   // attention heads per block; 0: the window model (MLP blocks); -1: default
   std::int64_t kv_heads = 0;  // 0: heads; fewer: grouped-query attention

@@ -10,9 +10,11 @@
 #include <deque>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/algorithm_choice.h"
 #include "engine/context.h"
@@ -72,6 +74,8 @@ LanguageModelConfig model_config(const TrainerOptions& o, std::int64_t vocab) {
                                        .seed = static_cast<std::uint32_t>(o.seed),
                                        .experts = o.experts,
                                        .topk = o.topk,
+                                       .moe_aux_loss_coef = static_cast<float>(o.moe_aux_loss),
+                                       .moe_bias_update_rate = static_cast<float>(o.moe_bias_rate),
                                        .heads = o.heads,
                                        .kv_heads = o.kv_heads,
                                        .overlap = o.overlap,
@@ -137,6 +141,9 @@ RunConfig run_config(const TrainerOptions& o, const DataSource& data, int dp) {
   if (o.dropout > 0) config["config.dropout"] = fmt::format("{}", o.dropout);  // likewise
   if (o.cp > 1) config["config.cp"] = std::to_string(o.cp);                    // likewise
   if (o.ep > 1) config["config.ep"] = std::to_string(o.ep);                    // likewise
+  // The MoE blocks' balancing: the aux loss's gradient and the expert biases (in the checkpoint) shape the run.
+  if (o.moe_aux_loss > 0) config["config.moe-aux-loss"] = fmt::format("{}", o.moe_aux_loss);  // likewise
+  if (o.moe_bias_rate > 0) config["config.moe-bias-rate"] = fmt::format("{}", o.moe_bias_rate);  // likewise
   if (o.pp > 1) {                                                               // likewise
     config["config.pp"] = std::to_string(o.pp);
     config["config.virtual-stages"] = std::to_string(o.virtual_stages);
@@ -194,6 +201,25 @@ void resume_gemm_algorithms(const Checkpoint& saved, AlgorithmChoice choice, con
                        "uninterrupted run\n",
                        printable(recorded->second, 200), library);
   }
+}
+
+// Which of the MoE blocks' balancing methods run (Note [MoE load balancing]
+// in layers/moe_mlp.h), for the setup lines.
+std::string moe_balancing_line(const TrainerOptions& o) {
+  std::vector<std::string> on;
+  if (o.moe_aux_loss > 0) {
+    on.push_back(fmt::format("the Switch auxiliary loss x {} (its gradient trains the routers in the step; its value, "
+                             "summed over the MoE blocks, is logged as aux beside the loss)",
+                             o.moe_aux_loss));
+  }
+  if (o.moe_bias_rate > 0) {
+    on.push_back(fmt::format("the expert bias at rate {} (DeepSeek-V3's aux-loss-free balancing: each block's bias "
+                             "on the top-k choice moved toward the mean load after every step, on the device; in "
+                             "checkpoints)",
+                             o.moe_bias_rate));
+  }
+  if (on.empty()) return "moe balancing: none (--moe-aux-loss and --moe-bias-rate are 0)\n";
+  return fmt::format("moe balancing: {}\n", fmt::join(on, "; "));
 }
 
 std::string mebibytes(std::int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); }
@@ -404,6 +430,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
                              "checkpoints keep the picks"
                            : ": the same bits on every run with this binary and GPU model");
   }
+  if (o.experts > 0) out << moe_balancing_line(o);
   if (config.model.fp8) {
     out << fmt::format("fp8: the attention projections and MLPs' GEMMs{} in FP8, recipe {}\n",
                        config.model.experts > 0 ? " (the experts' grouped products too)" : "",
@@ -562,6 +589,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   std::int64_t interval_tokens = 0;  // predicted tokens (with buckets: without the padding)
   std::int64_t total_tokens = 0;
   PackedBatch packed;  // with buckets: the step's batch in its bucket
+  // TrainStep returns {loss, aux_loss} with the aux loss on (pipeline stages have no experts).
+  const bool aux = o.moe_aux_loss > 0 && !stages;
   result.first_step = done + 1;
   for (std::int64_t s = done + 1; s <= o.steps; ++s) {
     if (watchdog) watchdog->start("step " + std::to_string(s));
@@ -573,6 +602,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       const auto rows = static_cast<std::size_t>(local_batch);
       const auto width = static_cast<std::size_t>(o.context);
       Tensor loss_tensor;
+      Tensor aux_tensor;  // with --moe-aux-loss: the step's second output
       const TrainStep* ran = train_step.get();
       if (!buckets.empty()) {  // Note [Shape buckets]
         const std::vector<std::int64_t> lengths =
@@ -586,12 +616,15 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         ctx.copy_from_host(ran->inputs(), packed.tokens.data(), packed.tokens.size() * sizeof(std::int32_t));
         ctx.copy_from_host(ran->labels(), packed.labels.data(), packed.labels.size() * sizeof(std::int32_t));
         ctx.copy_from_host(ran->packing(), packed.cu_seqlens.data(), packed.cu_seqlens.size() * sizeof(std::int32_t));
+        std::vector<Tensor> outputs;
         if (o.mode == StepMode::kGraph) {
           bucket_graphs.steps[b]->replay();
-          loss_tensor = bucket_graphs.steps[b]->outputs()[0];
+          outputs = bucket_graphs.steps[b]->outputs();
         } else {
-          loss_tensor = (*ran)(ctx)[0];
+          outputs = (*ran)(ctx);
         }
+        loss_tensor = outputs.at(0);
+        if (aux) aux_tensor = outputs.at(1);
         ++bucket_uses[b];
         padded_tokens += buckets[b] - packed.real_tokens;
         step_tokens = packed.real_tokens;
@@ -623,12 +656,15 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
           ctx.copy_from_host(train_step->inputs(), batch.windows.data() + first * width, rows * width * sizeof(std::int32_t));
           ctx.copy_from_host(train_step->labels(), batch.labels.data() + first, rows * sizeof(std::int32_t));
         }
+        std::vector<Tensor> outputs;
         if (graph) {
           graph->replay();
-          loss_tensor = graph->outputs()[0];
+          outputs = graph->outputs();
         } else {
-          loss_tensor = step()[0];
+          outputs = step();
         }
+        loss_tensor = outputs.at(0);
+        if (aux) aux_tensor = outputs.at(1);
       }
       std::uint64_t next_position = position;
       if (s < o.steps) {
@@ -636,6 +672,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         next_position = data->position();
       }
       const float loss = ctx.to_vector<float>(loss_tensor).at(0);
+      const float aux_loss = aux ? ctx.to_vector<float>(aux_tensor).at(0) : 0.0f;
       if (stages)
         stages->check_errors(ctx);
       else
@@ -649,6 +686,7 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
       total_tokens += step_tokens;
 
       result.losses.push_back(loss);
+      if (aux) result.aux_losses.push_back(aux_loss);
       window.push_back(loss);
       window_sum += loss;
       if (static_cast<std::int64_t>(window.size()) > kFloorWindow) {
@@ -669,7 +707,8 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
         const std::string skips = skipped > 0 ? fmt::format(" skipped {}", skipped) : "";
         const std::string scale = optimizer.scales_loss() ? fmt::format(" loss_scale {:g}", optimizer.loss_scale(ctx))
                                                           : "";
-        out << fmt::format("step {} loss {:.4f} tokens/s {:.0f} step_ms {:.2f}{}{}{}\n", s, loss,
+        const std::string aux_text = aux ? fmt::format(" aux {:.4g}", aux_loss) : "";
+        out << fmt::format("step {} loss {:.4f}{} tokens/s {:.0f} step_ms {:.2f}{}{}{}\n", s, loss, aux_text,
                            static_cast<double>(interval_tokens) / interval_seconds,
                            interval_seconds * 1e3 / static_cast<double>(interval_steps), rate, skips, scale);
         out.flush();

@@ -3,6 +3,7 @@
 // progress line on a terminal, checkpoints, resume, and a summary.
 //
 //   step 50 loss 2.3456 tokens/s 123456 step_ms 1.23
+//   step 50 loss 2.3456 aux 0.01234 tokens/s 123456 step_ms 1.23   (with --moe-aux-loss)
 //
 // tokens/s counts predicted tokens (one per example: batch per step); the
 // time of a step is the wall time from copying its batch in to reading its
@@ -25,6 +26,7 @@ namespace stepgraph::trainer {
 struct TrainResult {
   std::int64_t first_step = 1;  // the first step this run took (after a resume: checkpoint step + 1)
   std::vector<float> losses;    // the loss of every step this run took, in order
+  std::vector<float> aux_losses;  // with --moe-aux-loss: every step's MoE auxiliary loss (summed over the blocks)
   std::optional<double> entropy_rate;
   double mean_tokens_per_s = 0;
   // The mean loss of the last kFloorWindow steps, and the first step at which

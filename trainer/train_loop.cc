@@ -406,9 +406,11 @@ TrainResult train(const TrainerOptions& o, Device device, std::ostream& out, Com
   const auto step = [&] { return pipeline_step ? (*pipeline_step)(ctx) : (*train_step)(ctx); };
   const std::vector<Communicator*> step_communicators =
       stages ? stages->communicators() : train_step->communicators();
-  const std::string moe = o.experts > 0 ? fmt::format(" (every {}th an MoE block: {} experts, top-{})",
-                                                      config.model.moe_every, o.experts, o.topk)
-                                        : std::string();
+  const std::string moe_blocks = config.model.moe_every == 1
+                                     ? std::string("every block an MoE block")
+                                     : fmt::format("an MoE block every {} blocks", config.model.moe_every);
+  const std::string moe =
+      o.experts > 0 ? fmt::format(" ({}: {} experts, top-{})", moe_blocks, o.experts, o.topk) : std::string();
   if (sequences) {
     out << fmt::format(
         "model: GPT, {} TransformerLayers{}, hidden {}, {} heads ({} kv), ffn {}, vocab {}, rotary positions, causal "

@@ -27,9 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -39,6 +37,7 @@
 #include "engine/host_world.h"
 #include "tests/support/expect_error.h"
 #include "tests/trainer/small_model.h"
+#include "tests/trainer/world_runs.h"
 #include "trainer/memory_budget.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
@@ -73,53 +72,13 @@ std::vector<float> one_rank(const TrainerOptions& o) {
   return train(resolve_defaults(o, Device::kHost), Device::kHost, log).losses;
 }
 
-struct WorldLosses {
-  std::vector<std::vector<float>> losses;  // per rank
-  std::string log;                         // rank 0's
-};
+using testing::bits;
+using testing::train_ranks;
+using testing::worst_relative;
+using testing::WorldLosses;
 
-WorldLosses train_ranks(const TrainerOptions& o, int ranks) {
-  WorldLosses out;
-  out.losses.resize(static_cast<std::size_t>(ranks));
-  std::mutex mutex;
-  HostWorld::run(ranks, [&](Communicator& comm) {
-    std::ostringstream log;
-    std::vector<float> losses = train(o, Device::kHost, log, &comm).losses;
-    std::lock_guard lock(mutex);
-    out.losses[static_cast<std::size_t>(comm.rank())] = std::move(losses);
-    if (comm.rank() == 0) out.log = log.str();
-  });
-  return out;
-}
-
-std::vector<std::uint32_t> bits(const std::vector<float>& values) {
-  std::vector<std::uint32_t> out(values.size());
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-  return out;
-}
-
-double worst_relative(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double worst = 0;
-  for (std::size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
-    worst = std::max(worst, std::abs(static_cast<double>(got[s]) - want[s]) / std::abs(static_cast<double>(want[s])));
-  }
-  return worst;
-}
-
-// Trains `o` graphed and eager on `ranks`: every rank reports rank 0's loss,
-// eager equals graph bit for bit on every rank; returns the graphed run.
-WorldLosses expect_every_rank_and_mode_agree(TrainerOptions o, int ranks) {
-  o.mode = StepMode::kGraph;
-  const WorldLosses graph = train_ranks(o, ranks);
-  o.mode = StepMode::kEager;
-  const WorldLosses eager = train_ranks(o, ranks);
-  for (int r = 0; r < ranks; ++r) {
-    EXPECT_EQ(bits(graph.losses[r]), bits(graph.losses[0])) << "rank " << r << " reports another loss than rank 0";
-    EXPECT_EQ(bits(eager.losses[r]), bits(graph.losses[r])) << "rank " << r << ": eager and graph differ";
-  }
-  EXPECT_EQ(graph.losses[0].size(), static_cast<std::size_t>(kSteps));
-  return graph;
+WorldLosses expect_every_rank_and_mode_agree(const TrainerOptions& o, int ranks) {
+  return testing::expect_every_rank_and_mode_agree(o, ranks, kSteps);
 }
 
 struct Case {

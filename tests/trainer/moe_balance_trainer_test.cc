@@ -26,6 +26,7 @@
 #include "engine/host_world.h"
 #include "tests/support/expect_error.h"
 #include "tests/trainer/small_model.h"
+#include "tests/trainer/world_runs.h"
 #include "trainer/options.h"
 #include "trainer/train_loop.h"
 
@@ -52,11 +53,7 @@ TrainResult run(const TrainerOptions& o, std::ostream& log) {
   return train(resolve_defaults(o, Device::kHost), Device::kHost, log);
 }
 
-std::vector<std::uint32_t> bits(const std::vector<float>& values) {
-  std::vector<std::uint32_t> out(values.size());
-  std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-  return out;
-}
+using testing::bits;
 
 std::vector<float> tail(const std::vector<float>& values, std::size_t from) {
   return {values.begin() + static_cast<std::ptrdiff_t>(from), values.end()};
